@@ -1,0 +1,89 @@
+//! The `Device` port: the memory, pinning and copy engine of an accelerator.
+//!
+//! Adapters live in the `stagehand` crate: `cpu` (VRAM is capped host memory, copies
+//! are real memcpy on a copy thread), `sim` (virtual time, no bytes) and `cuda`.
+//! Completion is a future: the CPU adapter resolves it from its copy thread, the
+//! simulator from a timer on the paused tokio clock, CUDA from an event. Actors await
+//! these futures on their own runtime and never block their thread on a device.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use crate::host_buffer::HostBuffer;
+
+/// A future a device or storage adapter resolves when its operation completes.
+pub type OpFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send + 'static>>;
+
+/// An address in device memory. Meaningful only to the device that issued it
+/// (the CPU adapter uses host addresses, CUDA uses `CUdeviceptr`, the simulator
+/// uses offsets into nothing).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct DevicePtr(pub u64);
+
+impl DevicePtr {
+    pub fn offset(self, bytes: u64) -> DevicePtr {
+        DevicePtr(self.0 + bytes)
+    }
+}
+
+/// Device memory as the driver reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryInfo {
+    pub total_bytes: u64,
+    /// Free right now, counting other processes (CUDA: `cuMemGetInfo`).
+    pub free_bytes: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    #[error(
+        "device out of memory: asked for {requested_bytes} bytes, {available_bytes} available"
+    )]
+    OutOfMemory {
+        requested_bytes: u64,
+        available_bytes: u64,
+    },
+    #[error("could not pin {bytes} bytes of host memory: {reason}")]
+    PinFailed { bytes: u64, reason: String },
+    #[error("copy failed: {0}")]
+    CopyFailed(String),
+    #[error("device unavailable: {0}")]
+    Unavailable(String),
+    #[error("{0}")]
+    Other(String),
+}
+
+/// One contiguous device allocation, freed by [`Device::free_arena`].
+#[derive(Debug)]
+pub struct DeviceArena {
+    pub base: DevicePtr,
+    pub bytes: u64,
+}
+
+pub trait Device: Send + Sync + 'static {
+    /// Short adapter name for logs and summaries: "cpu", "sim", "cuda:0".
+    fn name(&self) -> String;
+
+    fn memory_info(&self) -> Result<MemoryInfo, DeviceError>;
+
+    /// Allocates the weight arena the VRAM allocator sub-allocates slots from.
+    /// Allocated once at session start, never on the hot path.
+    fn allocate_arena(&self, bytes: u64) -> Result<DeviceArena, DeviceError>;
+
+    fn free_arena(&self, arena: DeviceArena);
+
+    /// A host buffer of `bytes` the device can copy from at full speed (page-locked on
+    /// CUDA). The simulator returns a virtual buffer.
+    fn allocate_pinned(&self, bytes: u64) -> Result<HostBuffer, DeviceError>;
+
+    /// Copies `source[source_offset .. source_offset + bytes]` to `destination` on the
+    /// copy stream. The source buffer is held until the copy has completed and handed
+    /// back with the result, so it can never be freed or refilled under the copy.
+    fn copy_to_device(
+        &self,
+        source: HostBuffer,
+        source_offset: u64,
+        bytes: u64,
+        destination: DevicePtr,
+    ) -> OpFuture<HostBuffer, (DeviceError, HostBuffer)>;
+}

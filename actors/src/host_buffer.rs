@@ -1,0 +1,152 @@
+//! Host buffers: the pinned tier's unit of memory.
+//!
+//! A `HostBuffer` is page-aligned (so the O_DIRECT reader can fill it) and owned by
+//! exactly one party at a time: the pin manager, a disk read in flight, or a copy in
+//! flight. Passing it by value through `Storage::read` and `Device::copy_to_device`
+//! is how a buffer is kept alive until the last operation that uses it has finished.
+//!
+//! The simulator moves no bytes, so a buffer can also be *virtual*: it has a length
+//! and no memory behind it.
+
+use std::alloc::{self, Layout};
+use std::ptr::NonNull;
+
+/// Alignment of every real host buffer: the page size and the common O_DIRECT block size.
+pub const HOST_BUFFER_ALIGN: usize = 4096;
+
+/// Undoes a device-specific registration (e.g. `cuMemHostUnregister`) when dropped.
+pub trait PinRegistration: Send {}
+
+/// The host could not give us the memory.
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("could not allocate {bytes} bytes of host memory")]
+pub struct HostAllocError {
+    pub bytes: usize,
+}
+
+pub struct HostBuffer {
+    memory: Option<NonNull<u8>>,
+    len: usize,
+    registration: Option<Box<dyn PinRegistration>>,
+}
+
+// SAFETY: the buffer owns its allocation exclusively; moving it between threads moves
+// that ownership. Nobody else holds the pointer while the value is alive.
+unsafe impl Send for HostBuffer {}
+
+impl HostBuffer {
+    /// Allocates `len` zeroed, page-aligned bytes. `len == 0` yields an empty buffer.
+    pub fn allocate(len: usize) -> Result<Self, HostAllocError> {
+        if len == 0 {
+            return Ok(Self::virtual_buffer(0));
+        }
+        let layout = Layout::from_size_align(len, HOST_BUFFER_ALIGN)
+            .map_err(|_| HostAllocError { bytes: len })?;
+        // SAFETY: layout has non-zero size.
+        let pointer = unsafe { alloc::alloc_zeroed(layout) };
+        let memory = NonNull::new(pointer).ok_or(HostAllocError { bytes: len })?;
+        Ok(Self {
+            memory: Some(memory),
+            len,
+            registration: None,
+        })
+    }
+
+    /// A buffer with a length and no memory, for the simulator.
+    pub fn virtual_buffer(len: usize) -> Self {
+        Self {
+            memory: None,
+            len,
+            registration: None,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn is_virtual(&self) -> bool {
+        self.memory.is_none()
+    }
+
+    /// The bytes, or `None` for a virtual buffer.
+    pub fn as_slice(&self) -> Option<&[u8]> {
+        // SAFETY: memory is a live allocation of len bytes owned by self.
+        self.memory
+            .map(|memory| unsafe { std::slice::from_raw_parts(memory.as_ptr(), self.len) })
+    }
+
+    pub fn as_mut_slice(&mut self) -> Option<&mut [u8]> {
+        // SAFETY: as above, and &mut self guarantees exclusive access.
+        self.memory
+            .map(|memory| unsafe { std::slice::from_raw_parts_mut(memory.as_ptr(), self.len) })
+    }
+
+    /// Raw address for device APIs; null for a virtual buffer.
+    pub fn as_ptr(&self) -> *const u8 {
+        self.memory
+            .map_or(std::ptr::null(), |memory| memory.as_ptr() as *const u8)
+    }
+
+    pub fn set_registration(&mut self, registration: Box<dyn PinRegistration>) {
+        self.registration = Some(registration);
+    }
+
+    pub fn is_registered(&self) -> bool {
+        self.registration.is_some()
+    }
+
+    /// Drops the registration now (unregisters) and keeps the memory.
+    pub fn clear_registration(&mut self) {
+        self.registration = None;
+    }
+}
+
+impl Drop for HostBuffer {
+    fn drop(&mut self) {
+        // Unregister before the memory goes away.
+        self.registration = None;
+        if let Some(memory) = self.memory {
+            let layout = Layout::from_size_align(self.len, HOST_BUFFER_ALIGN)
+                .expect("layout was valid at allocation");
+            // SAFETY: allocated in `allocate` with this exact layout.
+            unsafe { alloc::dealloc(memory.as_ptr(), layout) };
+        }
+    }
+}
+
+impl std::fmt::Debug for HostBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostBuffer")
+            .field("len", &self.len)
+            .field("virtual", &self.is_virtual())
+            .field("registered", &self.is_registered())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn real_buffers_are_aligned_zeroed_and_writable() {
+        let mut buffer = HostBuffer::allocate(10_000).unwrap();
+        assert_eq!(buffer.as_ptr() as usize % HOST_BUFFER_ALIGN, 0);
+        assert!(buffer.as_slice().unwrap().iter().all(|&byte| byte == 0));
+        buffer.as_mut_slice().unwrap()[9_999] = 7;
+        assert_eq!(buffer.as_slice().unwrap()[9_999], 7);
+    }
+
+    #[test]
+    fn virtual_buffers_have_no_bytes() {
+        let buffer = HostBuffer::virtual_buffer(1 << 40);
+        assert!(buffer.is_virtual());
+        assert!(buffer.as_slice().is_none());
+        assert_eq!(buffer.len(), 1 << 40);
+    }
+}

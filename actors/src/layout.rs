@@ -1,0 +1,89 @@
+//! What the actors know of a model: blocks, their sizes, and where their bytes live.
+//!
+//! The actors never see paths or tensor names. A [`FileId`] is an index the
+//! [`Storage`](crate::Storage) adapter maps to a real file; a block's bytes are its
+//! extents laid end to end, which is exactly how the block sits in its device slot.
+
+use serde::Serialize;
+
+/// Index of a block in [`ModelLayout::blocks`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct BlockId(pub u32);
+
+impl BlockId {
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl std::fmt::Display for BlockId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "block {}", self.0)
+    }
+}
+
+/// Index of a file in the storage adapter's file table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub struct FileId(pub u32);
+
+/// A contiguous byte range of one file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Extent {
+    pub file: FileId,
+    /// Absolute offset in the file (safetensors: 8 + header length + data offset).
+    pub offset: u64,
+    pub length: u64,
+}
+
+/// One schedulable unit: the tensors of one transformer layer (or the head/tail).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BlockLayout {
+    pub name: String,
+    /// Sum of the extents' lengths: the block's size in every tier.
+    pub bytes: u64,
+    /// Extents in the order their bytes are laid out in the block's buffer.
+    pub extents: Vec<Extent>,
+}
+
+impl BlockLayout {
+    pub fn new(name: impl Into<String>, extents: Vec<Extent>) -> Self {
+        let bytes = extents.iter().map(|extent| extent.length).sum();
+        Self {
+            name: name.into(),
+            bytes,
+            extents,
+        }
+    }
+}
+
+/// The blocks of a model, in file order.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ModelLayout {
+    pub blocks: Vec<BlockLayout>,
+}
+
+impl ModelLayout {
+    pub fn total_bytes(&self) -> u64 {
+        self.blocks.iter().map(|block| block.bytes).sum()
+    }
+
+    pub fn largest_block_bytes(&self) -> u64 {
+        self.blocks
+            .iter()
+            .map(|block| block.bytes)
+            .max()
+            .unwrap_or(0)
+    }
+
+    pub fn block(&self, id: BlockId) -> Option<&BlockLayout> {
+        self.blocks.get(id.index())
+    }
+
+    pub fn len(&self) -> usize {
+        self.blocks.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.blocks.is_empty()
+    }
+}

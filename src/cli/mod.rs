@@ -1,0 +1,92 @@
+//! The `stagehand` command line. Each subcommand lives in its own file with its
+//! arguments and an `execute` function; this file only dispatches and maps failures
+//! to exit codes (0 ok, 1 run failed, 2 bad input or config).
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod bench;
+mod bench_disk;
+mod config_cmd;
+mod demo_model;
+mod inspect;
+mod run;
+mod simulate;
+
+/// Why a command failed, which decides the exit status.
+#[derive(Debug)]
+pub enum Failure {
+    /// Bad input or configuration: exit 2.
+    BadInput(anyhow::Error),
+    /// The run itself failed: exit 1.
+    RunFailed(anyhow::Error),
+}
+
+impl Failure {
+    pub fn bad_input(error: impl Into<anyhow::Error>) -> Self {
+        Failure::BadInput(error.into())
+    }
+
+    pub fn run_failed(error: impl Into<anyhow::Error>) -> Self {
+        Failure::RunFailed(error.into())
+    }
+}
+
+pub type CommandResult = Result<(), Failure>;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "stagehand",
+    version,
+    about = "Streams model weights disk → pinned RAM → VRAM just ahead of compute, inside hard memory budgets.",
+    args_conflicts_with_subcommands = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
+    /// With no subcommand, `stagehand` runs the demo workload (same as `stagehand run`).
+    #[command(flatten)]
+    pub run: run::RunArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Stream a model through the budgets step after step and verify the result (the main job).
+    Run(run::RunArgs),
+    /// Show a safetensors checkpoint's files, tensors and block split.
+    Inspect(inspect::InspectArgs),
+    /// Print the effective settings and which layer set each one.
+    Config(config_cmd::ConfigArgs),
+    /// Write the deterministic linear-stack demo model.
+    DemoModel(demo_model::DemoModelArgs),
+    /// Predict, in virtual time, whether a model runs on a box and how fast.
+    Simulate(simulate::SimulateArgs),
+    /// Measure stagehand against its physical bound and baselines (`bench disk FILE` for storage).
+    Bench(bench::BenchArgs),
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        None => run::execute(cli.run),
+        Some(Command::Run(args)) => run::execute(args),
+        Some(Command::Inspect(args)) => inspect::execute(args),
+        Some(Command::Config(args)) => config_cmd::execute(args),
+        Some(Command::DemoModel(args)) => demo_model::execute(args),
+        Some(Command::Simulate(args)) => simulate::execute(args),
+        Some(Command::Bench(args)) => bench::execute(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure::BadInput(error)) => {
+            eprintln!("error: {error:#}");
+            ExitCode::from(2)
+        }
+        Err(Failure::RunFailed(error)) => {
+            eprintln!("run failed: {error:#}");
+            ExitCode::from(1)
+        }
+    }
+}

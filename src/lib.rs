@@ -1,0 +1,17 @@
+//! stagehand: streams model weights disk → pinned host RAM → VRAM just ahead of the
+//! compute that needs them, inside hard memory budgets.
+//!
+//! The scheduling lives in the `stagehand-actors` crate; this crate holds the
+//! application around it: settings, the safetensors model index, the storage and
+//! device adapters, workloads, telemetry, the simulator and the CLI.
+
+pub mod cli;
+pub mod device;
+pub mod model;
+pub mod settings;
+pub mod sim;
+pub mod storage;
+pub mod telemetry;
+pub mod workload;
+
+pub use stagehand_actors as actors;

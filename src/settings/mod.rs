@@ -1,0 +1,83 @@
+//! Deployment settings, layered: built-in defaults < `config/default.toml` <
+//! `--config FILE` < `STAGEHAND_*` environment < command-line flags.
+//!
+//! This struct is the contract every subcommand reads; the loading, validation and
+//! provenance live beside it.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use bytesize::ByteSize;
+use serde::{Deserialize, Serialize};
+
+/// Which device adapter runs the session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceKind {
+    /// CUDA when a device is present, else the CPU backend.
+    Auto,
+    Cpu,
+    Sim,
+    Cuda,
+}
+
+/// The effective settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    pub device: DeviceKind,
+    /// VRAM stagehand may use for weights; `None` = device total − reserve_vram − vram_headroom
+    /// (the CPU backend then uses 40 % of the model, so the demo really streams).
+    pub vram_budget: Option<ByteSize>,
+    /// VRAM kept out of stagehand's own accounting.
+    pub reserve_vram: ByteSize,
+    /// VRAM kept free even counting other processes.
+    pub vram_headroom: ByteSize,
+    /// Most host memory stagehand pins; `None` = derived from free RAM − ram_floor.
+    pub pin_ceiling: Option<ByteSize>,
+    /// Free RAM kept for the rest of the machine; clamped to ≥ 2 GiB.
+    pub ram_floor: ByteSize,
+    /// Stream from disk every step through a pinned staging ring (O_DIRECT).
+    pub fast_disk: bool,
+    /// Streamed blocks loaded ahead of the compute position.
+    pub prefetch_depth: u32,
+    /// Serve Prometheus `/metrics` here; `None` = off.
+    pub metrics_addr: Option<SocketAddr>,
+    /// Write a Chrome trace of the run here.
+    pub trace: Option<PathBuf>,
+    /// Log filter (tracing env-filter syntax).
+    pub log: String,
+    /// Regex whose first capture group is a tensor's block index; `None` = the built-in prefixes.
+    pub block_pattern: Option<String>,
+    /// Pinned staging buffers in the fast-disk ring.
+    pub staging_buffers: u32,
+    /// Size of each staging buffer.
+    pub staging_buffer_size: ByteSize,
+    /// Size of one disk read request.
+    pub read_request_size: ByteSize,
+    /// Disk reader worker threads.
+    pub reader_threads: u32,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            device: DeviceKind::Auto,
+            vram_budget: None,
+            reserve_vram: ByteSize::mib(256),
+            vram_headroom: ByteSize::b(0),
+            pin_ceiling: None,
+            ram_floor: ByteSize::gib(2),
+            fast_disk: false,
+            prefetch_depth: 2,
+            metrics_addr: None,
+            trace: None,
+            log: "info".to_string(),
+            block_pattern: None,
+            staging_buffers: 3,
+            staging_buffer_size: ByteSize::mib(64),
+            read_request_size: ByteSize::mib(4),
+            reader_threads: 4,
+        }
+    }
+}
