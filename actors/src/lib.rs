@@ -15,3 +15,17 @@ pub use observer::{
     AcquireBatch, ErrorKind, Link, NoObserver, Observer, Owner, Tee, Tier, TierUsage,
 };
 pub use storage::{Storage, StorageError};
+
+mod arena;
+mod plan;
+mod residency;
+mod stats;
+mod vram_state;
+
+pub use plan::{
+    keep_by_priority, max_scatter_priority, Bytes, PinPlan, PlanError, ResidencyPolicy, StepOrder,
+    VramPlan,
+};
+pub use residency::{BlockHandle, BlockState, ResidencyTable};
+pub use stats::{LinkSnapshot, Stats, StatsSnapshot, TierSnapshot};
+pub use vram_state::{ActivationError, Decisions, Load, VramState};

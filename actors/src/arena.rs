@@ -1,0 +1,119 @@
+//! First-fit sub-allocation of the VRAM arena's resident area.
+//!
+//! The resident set changes only when the plan does (start, activation pressure), so a
+//! simple sorted free list is enough; streaming never allocates here — it uses the
+//! fixed ring slots.
+
+/// Free ranges `[offset, offset + bytes)` of an area, sorted and coalesced.
+#[derive(Debug, Clone)]
+pub struct FreeList {
+    free: Vec<(u64, u64)>,
+    capacity_bytes: u64,
+    used_bytes: u64,
+}
+
+/// Every allocation is rounded up to this, so tensors stay aligned for any dtype.
+pub const SLOT_ALIGN: u64 = 256;
+
+pub fn align_up(bytes: u64) -> u64 {
+    bytes.div_ceil(SLOT_ALIGN) * SLOT_ALIGN
+}
+
+impl FreeList {
+    pub fn new(capacity_bytes: u64) -> Self {
+        let free = if capacity_bytes == 0 {
+            Vec::new()
+        } else {
+            vec![(0, capacity_bytes)]
+        };
+        Self {
+            free,
+            capacity_bytes,
+            used_bytes: 0,
+        }
+    }
+
+    pub fn used_bytes(&self) -> u64 {
+        self.used_bytes
+    }
+
+    /// Offset of a new range of `bytes` (rounded up to [`SLOT_ALIGN`]), or `None`.
+    pub fn allocate(&mut self, bytes: u64) -> Option<u64> {
+        let bytes = align_up(bytes.max(1));
+        let index = self.free.iter().position(|&(_, length)| length >= bytes)?;
+        let (offset, length) = self.free[index];
+        if length == bytes {
+            self.free.remove(index);
+        } else {
+            self.free[index] = (offset + bytes, length - bytes);
+        }
+        self.used_bytes += bytes;
+        Some(offset)
+    }
+
+    pub fn free(&mut self, offset: u64, bytes: u64) {
+        let bytes = align_up(bytes.max(1));
+        debug_assert!(offset + bytes <= self.capacity_bytes);
+        let index = self.free.partition_point(|&(start, _)| start < offset);
+        debug_assert!(
+            index == 0 || self.free[index - 1].0 + self.free[index - 1].1 <= offset,
+            "double free"
+        );
+        self.free.insert(index, (offset, bytes));
+        self.used_bytes -= bytes;
+        if index + 1 < self.free.len() && offset + bytes == self.free[index + 1].0 {
+            self.free[index].1 += self.free[index + 1].1;
+            self.free.remove(index + 1);
+        }
+        if index > 0 && self.free[index - 1].0 + self.free[index - 1].1 == offset {
+            self.free[index - 1].1 += self.free[index].1;
+            self.free.remove(index);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn freed_ranges_coalesce() {
+        let mut list = FreeList::new(4 * SLOT_ALIGN);
+        let a = list.allocate(SLOT_ALIGN).unwrap();
+        let b = list.allocate(SLOT_ALIGN).unwrap();
+        let c = list.allocate(2 * SLOT_ALIGN).unwrap();
+        assert!(list.allocate(1).is_none());
+        list.free(a, SLOT_ALIGN);
+        list.free(b, SLOT_ALIGN);
+        assert_eq!(list.allocate(2 * SLOT_ALIGN), Some(0));
+        list.free(c, 2 * SLOT_ALIGN);
+        list.free(0, 2 * SLOT_ALIGN);
+        assert_eq!(list.used_bytes(), 0);
+        assert_eq!(list.allocate(4 * SLOT_ALIGN), Some(0));
+    }
+
+    proptest! {
+        /// Live ranges never overlap and never leave the area, whatever the sequence.
+        #[test]
+        fn live_ranges_never_overlap(ops in proptest::collection::vec((1u64..5000, any::<bool>()), 1..200)) {
+            let mut list = FreeList::new(64 * 1024);
+            let mut live: Vec<(u64, u64)> = Vec::new();
+            for (bytes, free_one) in ops {
+                if free_one && !live.is_empty() {
+                    let (offset, length) = live.remove(bytes as usize % live.len());
+                    list.free(offset, length);
+                } else if let Some(offset) = list.allocate(bytes) {
+                    let length = align_up(bytes);
+                    prop_assert!(offset + length <= 64 * 1024);
+                    for &(other, other_length) in &live {
+                        prop_assert!(offset + length <= other || other + align_up(other_length) <= offset);
+                    }
+                    live.push((offset, bytes));
+                }
+                let expected: u64 = live.iter().map(|&(_, length)| align_up(length)).sum();
+                prop_assert_eq!(list.used_bytes(), expected);
+            }
+        }
+    }
+}

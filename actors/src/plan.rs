@@ -1,0 +1,488 @@
+//! Which blocks stay resident in a tier and which stream through it.
+//!
+//! On a cyclic access order with a cache smaller than the working set, LRU evicts every
+//! block just before it is needed again. The optimal policy for a known future (Belady)
+//! keeps a fixed subset resident and streams the rest through a small ring of slots.
+//! Which blocks stream matters too: spreading them evenly over the order lets each
+//! streamed copy hide behind the compute of the resident blocks around it. A block's
+//! *max-scatter* priority is the bit-reversal of its position in the order; keeping the
+//! highest priorities leaves the streamed ones evenly spaced (8 blocks, room for 4 →
+//! positions {1, 3, 5, 7} stay; room for 2 → {3, 7}).
+
+use crate::arena::align_up;
+use crate::layout::{BlockId, ModelLayout};
+
+/// Max-scatter priority of an order position: its 16-bit bit-reversal.
+pub fn max_scatter_priority(position: usize) -> u16 {
+    (position as u16).reverse_bits()
+}
+
+/// The step's access order and, for each block, where it occurs in it.
+#[derive(Debug, Clone)]
+pub struct StepOrder {
+    order: Vec<BlockId>,
+    positions: Vec<Vec<usize>>,
+}
+
+impl StepOrder {
+    /// `block_count` is the model's number of blocks; every id in `order` must be below it.
+    pub fn new(order: Vec<BlockId>, block_count: usize) -> Result<Self, PlanError> {
+        if order.is_empty() {
+            return Err(PlanError::EmptyOrder);
+        }
+        let mut positions = vec![Vec::new(); block_count];
+        for (position, block) in order.iter().enumerate() {
+            let Some(slot) = positions.get_mut(block.index()) else {
+                return Err(PlanError::UnknownBlock {
+                    block: *block,
+                    block_count,
+                });
+            };
+            slot.push(position);
+        }
+        Ok(Self { order, positions })
+    }
+
+    pub fn len(&self) -> usize {
+        self.order.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.order.is_empty()
+    }
+
+    pub fn blocks(&self) -> &[BlockId] {
+        &self.order
+    }
+
+    pub fn at(&self, position: usize) -> BlockId {
+        self.order[position % self.order.len()]
+    }
+
+    pub fn first_position(&self, block: BlockId) -> Option<usize> {
+        self.positions.get(block.index())?.first().copied()
+    }
+
+    pub fn contains(&self, block: BlockId) -> bool {
+        self.first_position(block).is_some()
+    }
+
+    /// How many positions after `cursor` the block is next used (the order repeats);
+    /// `None` for a block not in the order. A block at `cursor` itself is `0`.
+    pub fn distance_to_next_use(&self, cursor: usize, block: BlockId) -> Option<usize> {
+        let positions = self.positions.get(block.index())?;
+        let cursor = cursor % self.order.len();
+        let first = *positions.first()?;
+        let next = match positions.binary_search(&cursor) {
+            Ok(_) => return Some(0),
+            Err(index) => positions.get(index).copied(),
+        };
+        Some(match next {
+            Some(position) => position - cursor,
+            None => first + self.order.len() - cursor,
+        })
+    }
+
+    /// Blocks by descending max-scatter priority of their first position.
+    fn by_priority(&self) -> Vec<BlockId> {
+        let mut blocks: Vec<(u16, usize, BlockId)> = self
+            .positions
+            .iter()
+            .enumerate()
+            .filter_map(|(index, positions)| {
+                let first = *positions.first()?;
+                Some((max_scatter_priority(first), first, BlockId(index as u32)))
+            })
+            .collect();
+        blocks.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        blocks.into_iter().map(|(_, _, block)| block).collect()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    #[error("the step order is empty: declare at least one block")]
+    EmptyOrder,
+    #[error("{block} is not in the model (it has {block_count} blocks)")]
+    UnknownBlock { block: BlockId, block_count: usize },
+    #[error("vram_budget {budget} is below the {needed} this model needs at minimum: largest block {largest} × (prefetch_depth {depth} + 1)")]
+    VramBudgetTooSmall {
+        budget: Bytes,
+        needed: Bytes,
+        largest: Bytes,
+        depth: u32,
+    },
+    #[error("pin_ceiling {ceiling} is below the {needed} the staging ring needs: largest block {largest} × {buffers} staging buffers")]
+    PinCeilingTooSmall {
+        ceiling: Bytes,
+        needed: Bytes,
+        largest: Bytes,
+        buffers: u32,
+    },
+    #[error("{what} must be greater than zero")]
+    Zero { what: &'static str },
+}
+
+/// Bytes, displayed in binary units ("96 MiB").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Bytes(pub u64);
+
+impl std::fmt::Display for Bytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+        let mut value = self.0 as f64;
+        let mut unit = 0;
+        while value >= 1024.0 && unit + 1 < UNITS.len() {
+            value /= 1024.0;
+            unit += 1;
+        }
+        if unit == 0 {
+            write!(f, "{} B", self.0)
+        } else if (value - value.round()).abs() < 0.005 {
+            write!(f, "{value:.0} {}", UNITS[unit])
+        } else {
+            write!(f, "{value:.2} {}", UNITS[unit])
+        }
+    }
+}
+
+/// How a tier decides what to keep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ResidencyPolicy {
+    /// A fixed, max-scatter-chosen resident set plus a ring of `depth + 1` slots
+    /// (Belady-optimal on a cyclic order). Speculative loads that would evict a block
+    /// needed sooner are declined.
+    #[default]
+    Planned,
+    /// Baseline: every block competes for slots, least recently used evicted first,
+    /// no exhaustion prediction (what a generic cache does).
+    Lru,
+}
+
+/// The VRAM tier's split: which blocks stay resident, and the streaming ring.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VramPlan {
+    /// Per block: kept resident for the whole run.
+    pub resident: Vec<bool>,
+    pub resident_bytes: u64,
+    /// Streaming slots and the size of each (the largest block's aligned footprint).
+    pub ring_slots: u32,
+    pub slot_bytes: u64,
+    /// Bytes that must cross to VRAM every steady-state step.
+    pub streamed_bytes_per_step: u64,
+}
+
+impl VramPlan {
+    pub fn ring_bytes(&self) -> u64 {
+        u64::from(self.ring_slots) * self.slot_bytes
+    }
+
+    pub fn is_resident(&self, block: BlockId) -> bool {
+        self.resident.get(block.index()).copied().unwrap_or(false)
+    }
+
+    /// Plans the VRAM tier for a budget. `capacity_bytes` is the budget less any
+    /// activation reservation.
+    pub fn new(
+        layout: &ModelLayout,
+        order: &StepOrder,
+        capacity_bytes: u64,
+        depth: u32,
+        policy: ResidencyPolicy,
+    ) -> Result<Self, PlanError> {
+        let block_bytes: Vec<u64> = layout.blocks.iter().map(|block| block.bytes).collect();
+        // Capacity decisions use each block's footprint in the arena (aligned).
+        let footprint: Vec<u64> = block_bytes.iter().map(|&bytes| align_up(bytes)).collect();
+        let ordered_bytes: u64 = distinct_order_bytes(order, &footprint);
+        let largest = order
+            .blocks()
+            .iter()
+            .map(|block| footprint[block.index()])
+            .max()
+            .unwrap_or(0);
+        if policy == ResidencyPolicy::Planned && ordered_bytes <= capacity_bytes {
+            let resident: Vec<bool> = (0..footprint.len())
+                .map(|index| order.contains(BlockId(index as u32)))
+                .collect();
+            return Ok(Self {
+                resident,
+                resident_bytes: ordered_bytes,
+                ring_slots: 0,
+                slot_bytes: largest,
+                streamed_bytes_per_step: 0,
+            });
+        }
+        let minimum_slots = depth + 1;
+        let needed = largest * u64::from(minimum_slots);
+        if capacity_bytes < needed || largest == 0 {
+            return Err(PlanError::VramBudgetTooSmall {
+                budget: Bytes(capacity_bytes),
+                needed: Bytes(needed),
+                largest: Bytes(largest),
+                depth,
+            });
+        }
+        let mut resident = vec![false; block_bytes.len()];
+        let (ring_slots, resident_bytes) = match policy {
+            ResidencyPolicy::Planned => {
+                let room = capacity_bytes - needed;
+                let kept = keep_by_priority(order, &footprint, room, |_| true);
+                let mut kept_bytes = 0;
+                for block in kept {
+                    resident[block.index()] = true;
+                    kept_bytes += footprint[block.index()];
+                }
+                (minimum_slots, kept_bytes)
+            }
+            // Every block competes: as many slots as the budget holds.
+            ResidencyPolicy::Lru => ((capacity_bytes / largest) as u32, 0),
+        };
+        let streamed_bytes_per_step = order
+            .blocks()
+            .iter()
+            .filter(|block| !resident[block.index()])
+            .map(|block| block_bytes[block.index()])
+            .sum();
+        Ok(Self {
+            resident,
+            resident_bytes,
+            ring_slots,
+            slot_bytes: largest,
+            streamed_bytes_per_step,
+        })
+    }
+}
+
+fn distinct_order_bytes(order: &StepOrder, block_bytes: &[u64]) -> u64 {
+    (0..block_bytes.len())
+        .filter(|&index| order.contains(BlockId(index as u32)))
+        .map(|index| block_bytes[index])
+        .sum()
+}
+
+/// Greedy by max-scatter priority: keeps each eligible block that still fits in `room`.
+pub fn keep_by_priority(
+    order: &StepOrder,
+    block_bytes: &[u64],
+    room_bytes: u64,
+    eligible: impl Fn(BlockId) -> bool,
+) -> Vec<BlockId> {
+    let mut left = room_bytes;
+    let mut kept = Vec::new();
+    for block in order.by_priority() {
+        let bytes = block_bytes[block.index()];
+        if eligible(block) && bytes <= left {
+            left -= bytes;
+            kept.push(block);
+        }
+    }
+    kept
+}
+
+/// The pinned tier's split: which streamed blocks keep a pinned copy, and the staging ring.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PinPlan {
+    pub cached: Vec<bool>,
+    pub cached_bytes: u64,
+    pub staging_buffers: u32,
+    pub staging_buffer_bytes: u64,
+    /// Bytes read from disk every steady-state step.
+    pub disk_bytes_per_step: u64,
+}
+
+impl PinPlan {
+    pub fn staging_bytes(&self) -> u64 {
+        u64::from(self.staging_buffers) * self.staging_buffer_bytes
+    }
+
+    pub fn is_cached(&self, block: BlockId) -> bool {
+        self.cached.get(block.index()).copied().unwrap_or(false)
+    }
+
+    /// Among the blocks VRAM streams, keeps pinned copies of as many as the ceiling
+    /// allows after the staging ring, by the same max-scatter priority.
+    pub fn new(
+        layout: &ModelLayout,
+        order: &StepOrder,
+        vram: &VramPlan,
+        pin_ceiling_bytes: u64,
+        staging_buffers: u32,
+    ) -> Result<Self, PlanError> {
+        let block_bytes: Vec<u64> = layout.blocks.iter().map(|block| block.bytes).collect();
+        let largest = vram.slot_bytes;
+        let staging_bytes = largest * u64::from(staging_buffers);
+        if pin_ceiling_bytes < staging_bytes || staging_buffers == 0 {
+            return Err(PlanError::PinCeilingTooSmall {
+                ceiling: Bytes(pin_ceiling_bytes),
+                needed: Bytes(staging_bytes),
+                largest: Bytes(largest),
+                buffers: staging_buffers,
+            });
+        }
+        let streamed = |block: BlockId| !vram.is_resident(block);
+        let kept = keep_by_priority(
+            order,
+            &block_bytes,
+            pin_ceiling_bytes - staging_bytes,
+            streamed,
+        );
+        let mut cached = vec![false; block_bytes.len()];
+        let mut cached_bytes = 0;
+        for block in kept {
+            cached[block.index()] = true;
+            cached_bytes += block_bytes[block.index()];
+        }
+        let disk_bytes_per_step = order
+            .blocks()
+            .iter()
+            .filter(|block| streamed(**block) && !cached[block.index()])
+            .map(|block| block_bytes[block.index()])
+            .sum();
+        Ok(Self {
+            cached,
+            cached_bytes,
+            staging_buffers,
+            staging_buffer_bytes: largest,
+            disk_bytes_per_step,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::{BlockLayout, Extent, FileId};
+
+    /// One unit of the arena's alignment, so footprints equal sizes.
+    const U: u64 = 256;
+
+    fn layout(sizes: &[u64]) -> ModelLayout {
+        let mut offset = 0;
+        ModelLayout {
+            blocks: sizes
+                .iter()
+                .enumerate()
+                .map(|(index, &bytes)| {
+                    let extent = Extent {
+                        file: FileId(0),
+                        offset,
+                        length: bytes,
+                    };
+                    offset += bytes;
+                    BlockLayout::new(format!("blocks.{index}"), vec![extent])
+                })
+                .collect(),
+        }
+    }
+
+    fn sequential(count: usize) -> StepOrder {
+        StepOrder::new((0..count as u32).map(BlockId).collect(), count).unwrap()
+    }
+
+    fn kept_positions(order: &StepOrder, sizes: &[u64], room: u64) -> Vec<u32> {
+        let mut kept: Vec<u32> = keep_by_priority(order, sizes, room, |_| true)
+            .into_iter()
+            .map(|block| block.0)
+            .collect();
+        kept.sort();
+        kept
+    }
+
+    #[test]
+    fn max_scatter_matches_the_reference_examples() {
+        let order = sequential(8);
+        assert_eq!(kept_positions(&order, &[1; 8], 4), vec![1, 3, 5, 7]);
+        assert_eq!(kept_positions(&order, &[1; 8], 2), vec![3, 7]);
+        let order = sequential(40);
+        let kept = kept_positions(&order, &[1; 40], 10);
+        assert_eq!(kept, (0..10).map(|i| i * 4 + 3).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn next_use_distance_wraps_around_the_step() {
+        let order = sequential(5);
+        assert_eq!(order.distance_to_next_use(2, BlockId(2)), Some(0));
+        assert_eq!(order.distance_to_next_use(2, BlockId(4)), Some(2));
+        assert_eq!(order.distance_to_next_use(2, BlockId(1)), Some(4));
+        assert_eq!(order.distance_to_next_use(0, BlockId(9)), None);
+    }
+
+    #[test]
+    fn the_vram_plan_streams_model_minus_budget_minus_ring() {
+        let sizes = [10 * U; 10];
+        let plan = VramPlan::new(
+            &layout(&sizes),
+            &sequential(10),
+            55 * U,
+            2,
+            ResidencyPolicy::Planned,
+        )
+        .unwrap();
+        assert_eq!(plan.ring_bytes(), 30 * U);
+        assert_eq!(plan.resident_bytes, 20 * U);
+        assert_eq!(plan.streamed_bytes_per_step, (100 - 20) * U);
+        assert!(plan.resident_bytes + plan.ring_bytes() <= 55 * U);
+    }
+
+    #[test]
+    fn a_model_that_fits_is_all_resident() {
+        let plan = VramPlan::new(
+            &layout(&[10 * U; 4]),
+            &sequential(4),
+            40 * U,
+            2,
+            ResidencyPolicy::Planned,
+        )
+        .unwrap();
+        assert_eq!(plan.ring_slots, 0);
+        assert_eq!(plan.streamed_bytes_per_step, 0);
+    }
+
+    #[test]
+    fn a_budget_below_the_ring_is_refused_with_the_figures() {
+        let error = VramPlan::new(
+            &layout(&[32 << 20; 8]),
+            &sequential(8),
+            64 << 20,
+            2,
+            ResidencyPolicy::Planned,
+        )
+        .unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "vram_budget 64 MiB is below the 96 MiB this model needs at minimum: largest block 32 MiB × (prefetch_depth 2 + 1)"
+        );
+    }
+
+    #[test]
+    fn lru_streams_everything() {
+        let plan = VramPlan::new(
+            &layout(&[10 * U; 10]),
+            &sequential(10),
+            55 * U,
+            1,
+            ResidencyPolicy::Lru,
+        )
+        .unwrap();
+        assert_eq!(plan.ring_slots, 5);
+        assert_eq!(plan.streamed_bytes_per_step, 100 * U);
+    }
+
+    #[test]
+    fn the_pin_plan_caches_streamed_blocks_up_to_the_ceiling() {
+        let model = layout(&[10 * U; 10]);
+        let order = sequential(10);
+        let vram = VramPlan::new(&model, &order, 55 * U, 2, ResidencyPolicy::Planned).unwrap();
+        let pins = PinPlan::new(&model, &order, &vram, 70 * U, 3).unwrap();
+        assert_eq!(pins.staging_bytes(), 30 * U);
+        assert_eq!(pins.cached_bytes, 40 * U);
+        for (index, cached) in pins.cached.iter().enumerate() {
+            assert!(
+                !(*cached && vram.resident[index]),
+                "resident blocks need no pin"
+            );
+        }
+        assert_eq!(pins.disk_bytes_per_step, (80 - 40) * U);
+        assert!(PinPlan::new(&model, &order, &vram, 20 * U, 3).is_err());
+    }
+}

@@ -1,0 +1,224 @@
+//! The session's own record of what moved: an [`Observer`] over atomics.
+//!
+//! The run summary is read from here and the Prometheus adapter is fed by the same
+//! observer calls, so the two always agree.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use serde::Serialize;
+
+use crate::observer::{AcquireBatch, ErrorKind, Link, Observer, Owner, Tier, TierUsage};
+
+#[derive(Default)]
+struct LinkCounters {
+    model_bytes: AtomicU64,
+    lora_bytes: AtomicU64,
+    transfers: AtomicU64,
+    busy_nanos: AtomicU64,
+}
+
+#[derive(Default)]
+struct TierCounters {
+    used_bytes: AtomicU64,
+    peak_used_bytes: AtomicU64,
+    budget_bytes: AtomicU64,
+    model_bytes: AtomicU64,
+    lora_bytes: AtomicU64,
+    blocks: AtomicU64,
+    evictions: AtomicU64,
+}
+
+/// Counters for one session. Cheap to update from any thread.
+#[derive(Default)]
+pub struct Stats {
+    links: [LinkCounters; 3],
+    tiers: [TierCounters; 2],
+    hits: AtomicU64,
+    misses: AtomicU64,
+    stall_nanos: AtomicU64,
+    consolidations: AtomicU64,
+    consolidated_operations: AtomicU64,
+    speculative_declined: AtomicU64,
+    errors: AtomicU64,
+    steps: Mutex<Vec<f64>>,
+}
+
+fn link_index(link: Link) -> usize {
+    match link {
+        Link::DiskToPinned => 0,
+        Link::PinnedToVram => 1,
+        Link::DiskToVram => 2,
+    }
+}
+
+fn tier_index(tier: Tier) -> usize {
+    match tier {
+        Tier::Vram => 0,
+        Tier::Pinned => 1,
+    }
+}
+
+impl Observer for Stats {
+    fn transfer(&self, link: Link, owner: Owner, bytes: u64, seconds: f64) {
+        let counters = &self.links[link_index(link)];
+        match owner {
+            Owner::Model => counters.model_bytes.fetch_add(bytes, Ordering::Relaxed),
+            Owner::Lora => counters.lora_bytes.fetch_add(bytes, Ordering::Relaxed),
+        };
+        counters.transfers.fetch_add(1, Ordering::Relaxed);
+        counters
+            .busy_nanos
+            .fetch_add((seconds * 1e9) as u64, Ordering::Relaxed);
+    }
+
+    fn tier_usage(&self, tier: Tier, usage: TierUsage) {
+        let counters = &self.tiers[tier_index(tier)];
+        let used = usage.used_bytes();
+        counters.used_bytes.store(used, Ordering::Relaxed);
+        counters.peak_used_bytes.fetch_max(used, Ordering::Relaxed);
+        counters
+            .budget_bytes
+            .store(usage.budget_bytes, Ordering::Relaxed);
+        counters
+            .model_bytes
+            .store(usage.model_bytes, Ordering::Relaxed);
+        counters
+            .lora_bytes
+            .store(usage.lora_bytes, Ordering::Relaxed);
+        counters.blocks.store(usage.blocks, Ordering::Relaxed);
+    }
+
+    fn eviction(&self, tier: Tier, blocks: u64) {
+        self.tiers[tier_index(tier)]
+            .evictions
+            .fetch_add(blocks, Ordering::Relaxed);
+    }
+
+    fn pin_consolidation(&self, operations: u64) {
+        self.consolidations.fetch_add(1, Ordering::Relaxed);
+        self.consolidated_operations
+            .fetch_add(operations, Ordering::Relaxed);
+    }
+
+    fn speculative_declined(&self) {
+        self.speculative_declined.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn acquires(&self, batch: AcquireBatch) {
+        self.hits.fetch_add(batch.hits, Ordering::Relaxed);
+        self.misses.fetch_add(batch.misses, Ordering::Relaxed);
+        self.stall_nanos
+            .fetch_add((batch.stall_seconds * 1e9) as u64, Ordering::Relaxed);
+    }
+
+    fn step(&self, seconds: f64) {
+        if let Ok(mut steps) = self.steps.lock() {
+            steps.push(seconds);
+        }
+    }
+
+    fn error(&self, _kind: ErrorKind) {
+        self.errors.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Bytes moved over one link.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct LinkSnapshot {
+    pub model_bytes: u64,
+    pub lora_bytes: u64,
+    pub transfers: u64,
+    /// Sum of transfer durations (overlapping transfers add up).
+    pub busy_seconds: f64,
+}
+
+/// One tier's occupancy now and at its peak.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct TierSnapshot {
+    pub used_bytes: u64,
+    pub peak_used_bytes: u64,
+    pub budget_bytes: u64,
+    pub model_bytes: u64,
+    pub lora_bytes: u64,
+    pub blocks: u64,
+    pub evictions: u64,
+}
+
+/// A plain copy of the counters at one instant.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct StatsSnapshot {
+    pub disk_to_pinned: LinkSnapshot,
+    pub pinned_to_vram: LinkSnapshot,
+    pub disk_to_vram: LinkSnapshot,
+    pub vram: TierSnapshot,
+    pub pinned: TierSnapshot,
+    pub hits: u64,
+    pub misses: u64,
+    pub stall_seconds: f64,
+    pub consolidations: u64,
+    pub consolidated_operations: u64,
+    pub speculative_declined: u64,
+    pub errors: u64,
+    pub step_seconds: Vec<f64>,
+}
+
+impl StatsSnapshot {
+    pub fn link(&self, link: Link) -> &LinkSnapshot {
+        match link {
+            Link::DiskToPinned => &self.disk_to_pinned,
+            Link::PinnedToVram => &self.pinned_to_vram,
+            Link::DiskToVram => &self.disk_to_vram,
+        }
+    }
+
+    pub fn hit_rate(&self) -> f64 {
+        let total = self.hits + self.misses;
+        if total == 0 {
+            0.0
+        } else {
+            self.hits as f64 / total as f64
+        }
+    }
+}
+
+impl Stats {
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let link = |index: usize| {
+            let counters = &self.links[index];
+            LinkSnapshot {
+                model_bytes: counters.model_bytes.load(Ordering::Relaxed),
+                lora_bytes: counters.lora_bytes.load(Ordering::Relaxed),
+                transfers: counters.transfers.load(Ordering::Relaxed),
+                busy_seconds: counters.busy_nanos.load(Ordering::Relaxed) as f64 / 1e9,
+            }
+        };
+        let tier = |index: usize| {
+            let counters = &self.tiers[index];
+            TierSnapshot {
+                used_bytes: counters.used_bytes.load(Ordering::Relaxed),
+                peak_used_bytes: counters.peak_used_bytes.load(Ordering::Relaxed),
+                budget_bytes: counters.budget_bytes.load(Ordering::Relaxed),
+                model_bytes: counters.model_bytes.load(Ordering::Relaxed),
+                lora_bytes: counters.lora_bytes.load(Ordering::Relaxed),
+                blocks: counters.blocks.load(Ordering::Relaxed),
+                evictions: counters.evictions.load(Ordering::Relaxed),
+            }
+        };
+        StatsSnapshot {
+            disk_to_pinned: link(0),
+            pinned_to_vram: link(1),
+            disk_to_vram: link(2),
+            vram: tier(0),
+            pinned: tier(1),
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
+            stall_seconds: self.stall_nanos.load(Ordering::Relaxed) as f64 / 1e9,
+            consolidations: self.consolidations.load(Ordering::Relaxed),
+            consolidated_operations: self.consolidated_operations.load(Ordering::Relaxed),
+            speculative_declined: self.speculative_declined.load(Ordering::Relaxed),
+            errors: self.errors.load(Ordering::Relaxed),
+            step_seconds: self.steps.lock().map(|s| s.clone()).unwrap_or_default(),
+        }
+    }
+}

@@ -1,0 +1,458 @@
+//! The VRAM allocator's decisions: where each block goes, what to prefetch, what to
+//! evict. A plain state machine; [`crate::vram_allocator`] is the actor around it.
+//!
+//! The arena is laid out as `[ring slot 0 .. ring slot n][resident area]`. Resident
+//! blocks are placed once in the resident area; streamed blocks rotate through the
+//! fixed ring slots, so streaming never fragments memory. In use = resident area used +
+//! occupied ring slots + activations, and that never exceeds the budget.
+
+use std::sync::Arc;
+
+use crate::arena::{align_up, FreeList};
+use crate::layout::{BlockId, ModelLayout};
+use crate::plan::{Bytes, PlanError, ResidencyPolicy, StepOrder, VramPlan};
+use crate::residency::{BlockState, ResidencyTable};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Placement {
+    Resident { offset: u64 },
+    Ring { slot: usize },
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct RingSlot {
+    block: Option<BlockId>,
+    last_use: u64,
+}
+
+/// A load the actor must start: fetch the block's bytes and copy them to `offset`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Load {
+    pub block: BlockId,
+    pub offset: u64,
+    pub bytes: u64,
+    pub speculative: bool,
+}
+
+/// What one scheduling pass decided.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Decisions {
+    pub loads: Vec<Load>,
+    pub evicted: u64,
+    /// A speculative load was refused because it would evict a block needed sooner.
+    pub declined: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ActivationError {
+    #[error("activations of {requested} do not fit: vram_budget {budget} less the streaming ring {ring} leaves {available}, and {held} of weights are held by compute")]
+    DoNotFit {
+        requested: Bytes,
+        budget: Bytes,
+        ring: Bytes,
+        available: Bytes,
+        held: Bytes,
+    },
+}
+
+pub struct VramState {
+    block_bytes: Vec<u64>,
+    order: StepOrder,
+    plan: VramPlan,
+    policy: ResidencyPolicy,
+    depth: u32,
+    table: Arc<ResidencyTable>,
+    budget_bytes: u64,
+    ring_area_bytes: u64,
+    resident_area: FreeList,
+    activation_bytes: u64,
+    ring: Vec<RingSlot>,
+    placement: Vec<Option<Placement>>,
+    /// Blocks whose load was started and not finished.
+    loading: Vec<bool>,
+    loads_in_flight: usize,
+    cursor: usize,
+    use_clock: u64,
+    last_declined: Option<BlockId>,
+    peak_used_bytes: u64,
+}
+
+impl VramState {
+    pub fn new(
+        layout: &ModelLayout,
+        order: StepOrder,
+        budget_bytes: u64,
+        depth: u32,
+        policy: ResidencyPolicy,
+        table: Arc<ResidencyTable>,
+    ) -> Result<Self, PlanError> {
+        if budget_bytes == 0 {
+            return Err(PlanError::Zero {
+                what: "vram_budget",
+            });
+        }
+        let plan = VramPlan::new(layout, &order, budget_bytes, depth, policy)?;
+        let ring_slots = u64::from(plan.ring_slots);
+        let ring_area_bytes = plan.ring_bytes();
+        let resident_capacity = budget_bytes.saturating_sub(ring_area_bytes);
+        let block_count = layout.blocks.len();
+        Ok(Self {
+            block_bytes: layout.blocks.iter().map(|block| block.bytes).collect(),
+            order,
+            plan,
+            policy,
+            depth,
+            table,
+            budget_bytes,
+            ring_area_bytes,
+            resident_area: FreeList::new(resident_capacity),
+            activation_bytes: 0,
+            ring: vec![RingSlot::default(); ring_slots as usize],
+            placement: vec![None; block_count],
+            loading: vec![false; block_count],
+            loads_in_flight: 0,
+            cursor: 0,
+            use_clock: 0,
+            last_declined: None,
+            peak_used_bytes: 0,
+        })
+    }
+
+    pub fn plan(&self) -> &VramPlan {
+        &self.plan
+    }
+
+    pub fn order(&self) -> &StepOrder {
+        &self.order
+    }
+
+    pub fn budget_bytes(&self) -> u64 {
+        self.budget_bytes
+    }
+
+    pub fn slot_bytes(&self) -> u64 {
+        if self.ring.is_empty() {
+            0
+        } else {
+            self.ring_area_bytes / self.ring.len() as u64
+        }
+    }
+
+    pub fn loads_in_flight(&self) -> usize {
+        self.loads_in_flight
+    }
+
+    /// Bytes held now: placed blocks (resident area, occupied ring slots) + activations.
+    pub fn used_bytes(&self) -> u64 {
+        self.resident_area.used_bytes() + self.occupied_ring_bytes() + self.activation_bytes
+    }
+
+    pub fn peak_used_bytes(&self) -> u64 {
+        self.peak_used_bytes
+    }
+
+    /// Model bytes of blocks placed (loading or ready) and how many.
+    pub fn placed_model(&self) -> (u64, u64) {
+        self.placement
+            .iter()
+            .enumerate()
+            .filter(|(_, placement)| placement.is_some())
+            .fold((0, 0), |(bytes, count), (index, _)| {
+                (bytes + self.block_bytes[index], count + 1)
+            })
+    }
+
+    pub fn activation_bytes(&self) -> u64 {
+        self.activation_bytes
+    }
+
+    fn occupied_ring_bytes(&self) -> u64 {
+        self.ring.iter().filter(|slot| slot.block.is_some()).count() as u64 * self.slot_bytes()
+    }
+
+    fn record_peak(&mut self) {
+        let used = self.used_bytes();
+        assert!(
+            used <= self.budget_bytes,
+            "VRAM in use {used} exceeds the budget {}",
+            self.budget_bytes
+        );
+        self.peak_used_bytes = self.peak_used_bytes.max(used);
+    }
+
+    /// The compute thread is at `position` of the order.
+    pub fn advance(&mut self, position: usize) {
+        self.cursor = position % self.order.len();
+    }
+
+    /// The compute thread released a streamed block (LRU bookkeeping).
+    pub fn released(&mut self, block: BlockId, position: usize) {
+        self.advance(position);
+        self.use_clock += 1;
+        if let Some(Placement::Ring { slot }) = self.placement[block.index()] {
+            self.ring[slot].last_use = self.use_clock;
+        }
+    }
+
+    /// Decides which loads to start: `demand` first (the compute thread waits on it),
+    /// then up to `depth` not-yet-ready blocks ahead of the cursor.
+    pub fn schedule(&mut self, demand: Option<BlockId>) -> Decisions {
+        let mut decisions = Decisions::default();
+        if let Some(block) = demand {
+            if self.needs_load(block) {
+                self.try_start(block, false, &mut decisions);
+            }
+        }
+        let mut ahead = 0;
+        for step in 1..=self.order.len() {
+            if ahead >= self.depth {
+                break;
+            }
+            let block = self.order.at(self.cursor + step);
+            match self.table.state(block) {
+                BlockState::Ready => continue,
+                BlockState::Failed => break,
+                _ => ahead += 1,
+            }
+            if !self.needs_load(block) {
+                continue;
+            }
+            if !self.try_start(block, true, &mut decisions) {
+                // Later blocks are needed even later: they would be declined too.
+                break;
+            }
+        }
+        self.record_peak();
+        decisions
+    }
+
+    fn needs_load(&self, block: BlockId) -> bool {
+        self.placement[block.index()].is_none() && !self.loading[block.index()]
+    }
+
+    fn try_start(&mut self, block: BlockId, speculative: bool, decisions: &mut Decisions) -> bool {
+        let bytes = self.block_bytes[block.index()];
+        let placement = if self.plan.is_resident(block) {
+            self.place_resident(bytes)
+                .or_else(|| self.place_in_ring(block, speculative, decisions))
+        } else {
+            self.place_in_ring(block, speculative, decisions)
+        };
+        let Some(placement) = placement else {
+            return false;
+        };
+        let offset = match placement {
+            Placement::Resident { offset } => self.ring_area_bytes + offset,
+            Placement::Ring { slot } => {
+                self.ring[slot].block = Some(block);
+                self.ring[slot].last_use = self.use_clock;
+                slot as u64 * self.slot_bytes()
+            }
+        };
+        self.placement[block.index()] = Some(placement);
+        self.loading[block.index()] = true;
+        self.loads_in_flight += 1;
+        self.table.mark_loading(block);
+        decisions.loads.push(Load {
+            block,
+            offset,
+            bytes,
+            speculative,
+        });
+        true
+    }
+
+    fn place_resident(&mut self, bytes: u64) -> Option<Placement> {
+        let limit = self
+            .budget_bytes
+            .saturating_sub(self.ring_area_bytes + self.activation_bytes);
+        if self.resident_area.used_bytes() + align_up(bytes) > limit {
+            return None;
+        }
+        self.resident_area
+            .allocate(bytes)
+            .map(|offset| Placement::Resident { offset })
+    }
+
+    fn place_in_ring(
+        &mut self,
+        block: BlockId,
+        speculative: bool,
+        decisions: &mut Decisions,
+    ) -> Option<Placement> {
+        if let Some(slot) = self.ring.iter().position(|slot| slot.block.is_none()) {
+            return Some(Placement::Ring { slot });
+        }
+        let needed_in = self
+            .order
+            .distance_to_next_use(self.cursor, block)
+            .unwrap_or(0);
+        let victim = self.choose_victim(needed_in, speculative);
+        let Some(slot) = victim else {
+            if speculative {
+                if self.last_declined != Some(block) {
+                    decisions.declined = true;
+                    self.last_declined = Some(block);
+                }
+            }
+            return None;
+        };
+        let evicted = self.ring[slot].block.take()?;
+        self.table.finish_evict(evicted);
+        self.placement[evicted.index()] = None;
+        decisions.evicted += 1;
+        Some(Placement::Ring { slot })
+    }
+
+    /// A ring slot whose block is ready, unheld and — for the planned policy — needed
+    /// later than the block we want to load (exhaustion prediction).
+    fn choose_victim(&mut self, needed_in: usize, speculative: bool) -> Option<usize> {
+        let mut best: Option<(usize, u64)> = None;
+        for (index, slot) in self.ring.iter().enumerate() {
+            let Some(block) = slot.block else { continue };
+            if self.loading[block.index()] || self.table.holders(block) > 0 {
+                continue;
+            }
+            if self.table.state(block) != BlockState::Ready {
+                continue;
+            }
+            let score = match self.policy {
+                ResidencyPolicy::Planned => {
+                    let distance = self
+                        .order
+                        .distance_to_next_use(self.cursor, block)
+                        .unwrap_or(usize::MAX);
+                    // The block at the cursor itself is in use or about to be.
+                    let distance = if distance == 0 {
+                        self.order.len()
+                    } else {
+                        distance
+                    };
+                    if speculative && distance <= needed_in {
+                        continue;
+                    }
+                    distance as u64
+                }
+                ResidencyPolicy::Lru => u64::MAX - slot.last_use,
+            };
+            if best.is_none_or(|(_, best_score)| score > best_score) {
+                best = Some((index, score));
+            }
+        }
+        let (index, _) = best?;
+        let block = self.ring[index].block?;
+        // The holder check above and this compare-exchange race only with acquires,
+        // which the compare-exchange settles: a block acquired in between stays.
+        self.table.try_begin_evict(block).then_some(index)
+    }
+
+    /// A load finished: returns the block's arena offset and whether it streams.
+    pub fn loaded(&mut self, block: BlockId) -> Option<(u64, bool)> {
+        if !self.loading[block.index()] {
+            return None;
+        }
+        self.loading[block.index()] = false;
+        self.loads_in_flight -= 1;
+        self.last_declined = None;
+        match self.placement[block.index()]? {
+            Placement::Resident { offset } => Some((self.ring_area_bytes + offset, false)),
+            Placement::Ring { slot } => Some((slot as u64 * self.slot_bytes(), true)),
+        }
+    }
+
+    /// A load failed or was abandoned: frees its place.
+    pub fn abandon(&mut self, block: BlockId, failed: bool) {
+        if self.loading[block.index()] {
+            self.loading[block.index()] = false;
+            self.loads_in_flight -= 1;
+        }
+        self.unplace(block);
+        if failed {
+            self.table.mark_failed(block);
+        } else {
+            self.table.finish_evict(block);
+        }
+    }
+
+    fn unplace(&mut self, block: BlockId) {
+        match self.placement[block.index()].take() {
+            Some(Placement::Resident { offset }) => {
+                self.resident_area
+                    .free(offset, self.block_bytes[block.index()]);
+            }
+            Some(Placement::Ring { slot }) => self.ring[slot].block = None,
+            None => {}
+        }
+    }
+
+    /// Activations always win: evicts resident blocks (furthest next use first) until
+    /// `bytes` more fit, and streams those blocks from now on.
+    pub fn reserve_activations(&mut self, bytes: u64) -> Result<u64, ActivationError> {
+        let mut evicted = 0;
+        loop {
+            let used = self.used_bytes();
+            if used + bytes <= self.budget_bytes {
+                break;
+            }
+            let victim = self
+                .placement
+                .iter()
+                .enumerate()
+                .filter_map(|(index, placement)| match placement {
+                    Some(Placement::Resident { .. }) => Some(BlockId(index as u32)),
+                    _ => None,
+                })
+                .filter(|&block| !self.loading[block.index()] && self.table.holders(block) == 0)
+                .max_by_key(|&block| {
+                    self.order
+                        .distance_to_next_use(self.cursor, block)
+                        .unwrap_or(usize::MAX)
+                });
+            let Some(block) = victim.filter(|&block| self.table.try_begin_evict(block)) else {
+                let held = self.resident_area.used_bytes();
+                return Err(ActivationError::DoNotFit {
+                    requested: Bytes(bytes),
+                    budget: Bytes(self.budget_bytes),
+                    ring: Bytes(self.ring_area_bytes),
+                    available: Bytes(
+                        self.budget_bytes
+                            .saturating_sub(self.ring_area_bytes + self.activation_bytes),
+                    ),
+                    held: Bytes(held),
+                });
+            };
+            self.unplace(block);
+            self.table.finish_evict(block);
+            self.plan.resident[block.index()] = false;
+            evicted += 1;
+        }
+        self.activation_bytes += bytes;
+        self.record_peak();
+        Ok(evicted)
+    }
+
+    pub fn release_activations(&mut self, bytes: u64) {
+        self.activation_bytes = self.activation_bytes.saturating_sub(bytes);
+    }
+
+    /// Evicts every unheld ready block (shutdown). Returns how many.
+    pub fn evict_all(&mut self) -> u64 {
+        let mut evicted = 0;
+        for index in 0..self.placement.len() {
+            let block = BlockId(index as u32);
+            if self.placement[index].is_some()
+                && !self.loading[index]
+                && self.table.try_begin_evict(block)
+            {
+                self.unplace(block);
+                self.table.finish_evict(block);
+                evicted += 1;
+            }
+        }
+        evicted
+    }
+}
+
+#[cfg(test)]
+#[path = "vram_state_tests.rs"]
+mod tests;
