@@ -1,1 +1,54 @@
-//! Placeholder module, filled in by its owner.
+//! The simulator: the `Device` and `Storage` ports on virtual time, hardware
+//! profiles, model descriptions and the fit-check arithmetic.
+//!
+//! Everything timed runs on a current-thread tokio runtime started paused
+//! ([`virtual_time_runtime`], [`virtual_time_system`]): a read takes
+//! `bytes / disk bandwidth`, a copy `bytes / link bandwidth`, a block's compute a
+//! modelled duration, and no bytes move. Hours of virtual time pass in milliseconds,
+//! deterministically; jitter and faults come from a seeded [`FaultPlan`].
+//!
+//! All timed parts share one [`SimClock`], which keeps the exact timeline (tokio's
+//! timers have millisecond ticks; see `clock.rs`). Read times from it, not from
+//! `Instant`, when sub-millisecond precision matters.
+
+mod clock;
+mod compute;
+mod device;
+mod faults;
+mod storage;
+pub mod trace;
+
+pub use clock::{transfer_duration, SerialLane, SimClock};
+pub use compute::{ComputeRates, SimCompute};
+pub use device::{CopyLabeler, CopyStats, LinkRates, SimDevice, SimDeviceSpec};
+pub use faults::{FaultPlan, SplitMix64};
+pub use storage::{DiskRates, ReadStats, SimStorage};
+pub use trace::{Lane, TraceError, TraceRecorder, TraceSlice};
+
+/// What can go wrong setting up a simulation.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    #[error("the simulator must run inside its virtual-time runtime (sim::virtual_time_runtime)")]
+    NoRuntime,
+    #[error("could not build the virtual-time runtime: {0}")]
+    Runtime(String),
+    #[error("fault plan: `{key}`: {message}")]
+    InvalidFaults { key: String, message: String },
+}
+
+/// A current-thread tokio runtime whose clock starts paused: time advances only when
+/// every task waits, straight to the next timer.
+pub fn virtual_time_runtime() -> Result<tokio::runtime::Runtime, SimError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .map_err(|error| SimError::Runtime(error.to_string()))
+}
+
+/// An actix system on [`virtual_time_runtime`], for running the actors in virtual time.
+pub fn virtual_time_system() -> Result<actix_rt::SystemRunner, SimError> {
+    let runtime = virtual_time_runtime()?;
+    Ok(actix_rt::System::with_tokio_rt(move || runtime))
+}
+

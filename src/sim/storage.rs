@@ -1,0 +1,235 @@
+//! The simulated disk: reads take time and move nothing.
+//!
+//! One disk serves one read at a time at its sequential bandwidth, so reads queue on
+//! its timeline in the order they were issued. A read pays the request latency
+//! (an NVMe command, an HDD seek) for every extent that does not continue where the
+//! disk's previous extent ended: streaming a file front to back costs bandwidth only,
+//! jumping around costs latency too.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use serde::Serialize;
+use stagehand_actors::{Extent, FileId, HostBuffer, ModelLayout, OpFuture, Storage, StorageError};
+
+use super::clock::{transfer_duration, SerialLane, SimClock};
+use super::faults::{FaultPlan, Outcome, Perturber};
+use super::trace::{Lane, TraceRecorder};
+
+/// Sequential read rate and per-request latency of one disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct DiskRates {
+    pub bytes_per_second: u64,
+    pub request_latency: Duration,
+}
+
+/// Counters of what the disk did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct ReadStats {
+    pub reads: u64,
+    pub bytes: u64,
+    pub failed: u64,
+}
+
+/// Perturbation stream of the disk (see [`FaultPlan::perturber`]).
+const DISK_STREAM: u64 = 1;
+
+pub struct SimStorage {
+    disk: DiskRates,
+    clock: Arc<SimClock>,
+    lane: SerialLane,
+    trace: Option<Arc<TraceRecorder>>,
+    /// Where each block starts, to label reads and to check extents.
+    blocks: HashMap<(FileId, u64), String>,
+    file_ends: HashMap<FileId, u64>,
+    seed: u64,
+    state: Mutex<DiskState>,
+}
+
+struct DiskState {
+    /// Where the previous extent ended: a read continuing there pays no latency.
+    position: Option<(FileId, u64)>,
+    perturber: Perturber,
+    stats: ReadStats,
+}
+
+impl SimStorage {
+    pub fn new(disk: DiskRates, clock: Arc<SimClock>, faults: &FaultPlan) -> Self {
+        Self {
+            disk,
+            clock,
+            lane: SerialLane::default(),
+            trace: None,
+            blocks: HashMap::new(),
+            file_ends: HashMap::new(),
+            seed: faults.seed,
+            state: Mutex::new(DiskState {
+                position: None,
+                perturber: faults.perturber(DISK_STREAM),
+                stats: ReadStats::default(),
+            }),
+        }
+    }
+
+    /// Knows the model: reads are labelled with the block they start in, and an
+    /// extent outside every block's file range is an error, as a short file would be.
+    pub fn with_layout(mut self, layout: &ModelLayout) -> Self {
+        for block in &layout.blocks {
+            if let Some(first) = block.extents.first() {
+                self.blocks
+                    .insert((first.file, first.offset), block.name.clone());
+            }
+            for extent in &block.extents {
+                let end = self.file_ends.entry(extent.file).or_insert(0);
+                *end = (*end).max(extent.offset + extent.length);
+            }
+        }
+        self
+    }
+
+    pub fn with_trace(mut self, trace: Arc<TraceRecorder>) -> Self {
+        self.trace = Some(trace);
+        self
+    }
+
+    pub fn disk(&self) -> DiskRates {
+        self.disk
+    }
+
+    pub fn read_stats(&self) -> ReadStats {
+        self.lock().stats
+    }
+
+    /// When the disk's last queued read ends (exact virtual time).
+    pub fn busy_until(&self) -> Duration {
+        self.lane.busy_until()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, DiskState> {
+        // The state is a position, counters and an RNG updated together: consistent
+        // even if a panic poisoned the lock.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn check_extents(&self, extents: &[Extent]) -> Result<(), StorageError> {
+        if self.file_ends.is_empty() {
+            return Ok(());
+        }
+        for extent in extents {
+            let Some(&file_end) = self.file_ends.get(&extent.file) else {
+                return Err(StorageError::UnknownFile(extent.file));
+            };
+            if extent.offset + extent.length > file_end {
+                return Err(StorageError::Io {
+                    path: format!("sim file {}", extent.file.0),
+                    reason: format!(
+                        "read of {} bytes at {} runs past the end ({file_end})",
+                        extent.length, extent.offset
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Latency for every extent that does not continue the previous one, plus the
+    /// bytes at the disk's rate.
+    fn nominal_duration(
+        &self,
+        position: &mut Option<(FileId, u64)>,
+        extents: &[Extent],
+    ) -> Duration {
+        let mut duration = Duration::ZERO;
+        for extent in extents {
+            if *position != Some((extent.file, extent.offset)) {
+                duration += self.disk.request_latency;
+            }
+            duration += transfer_duration(extent.length, self.disk.bytes_per_second);
+            *position = Some((extent.file, extent.offset + extent.length));
+        }
+        duration
+    }
+
+    fn label(&self, extents: &[Extent], bytes: u64) -> String {
+        extents
+            .first()
+            .and_then(|first| self.blocks.get(&(first.file, first.offset)).cloned())
+            .unwrap_or_else(|| format!("read {bytes} B"))
+    }
+}
+
+impl Storage for SimStorage {
+    fn name(&self) -> String {
+        "sim".to_string()
+    }
+
+    fn read(
+        &self,
+        extents: Vec<Extent>,
+        into: HostBuffer,
+        into_offset: u64,
+    ) -> OpFuture<HostBuffer, (StorageError, HostBuffer)> {
+        let bytes: u64 = extents.iter().map(|extent| extent.length).sum();
+        let buffer_bytes = into.len() as u64;
+        if into_offset.saturating_add(bytes) > buffer_bytes {
+            let error = StorageError::BufferTooSmall {
+                requested_bytes: bytes,
+                buffer_bytes: buffer_bytes.saturating_sub(into_offset),
+            };
+            return Box::pin(async move { Err((error, into)) });
+        }
+        if let Err(error) = self.check_extents(&extents) {
+            return Box::pin(async move { Err((error, into)) });
+        }
+        let outcome = {
+            let mut state = self.lock();
+            let nominal = self.nominal_duration(&mut state.position, &extents);
+            let outcome = state.perturber.read(nominal);
+            match outcome {
+                Outcome::Completes(_) => {
+                    state.stats.reads += 1;
+                    state.stats.bytes += bytes;
+                }
+                Outcome::Fails { .. } => state.stats.failed += 1,
+            }
+            outcome
+        };
+        let duration = match outcome {
+            Outcome::Completes(duration) => duration,
+            Outcome::Fails { operation } => {
+                let error = StorageError::Injected(format!(
+                    "read #{operation} of {bytes} bytes failed (fail_read_after, seed {})",
+                    self.seed
+                ));
+                return Box::pin(async move { Err((error, into)) });
+            }
+        };
+        let (start, end) = self.lane.book(self.clock.now(), duration);
+        if let Some(trace) = &self.trace {
+            trace.record(
+                Lane::Disk,
+                self.label(&extents, bytes),
+                start,
+                end,
+                Some(bytes),
+            );
+        }
+        let clock = Arc::clone(&self.clock);
+        Box::pin(async move {
+            clock.wait_until(end).await;
+            Ok(into)
+        })
+    }
+}
+
+impl std::fmt::Debug for SimStorage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimStorage")
+            .field("disk", &self.disk)
+            .field("stats", &self.read_stats())
+            .finish()
+    }
+}
