@@ -29,3 +29,18 @@ pub use plan::{
 pub use residency::{BlockHandle, BlockState, ResidencyTable};
 pub use stats::{LinkSnapshot, Stats, StatsSnapshot, TierSnapshot};
 pub use vram_state::{ActivationError, Decisions, Load, VramState};
+
+mod compute_stream;
+mod disk_reader;
+mod error;
+mod lora_offloader;
+mod messages;
+mod pin_manager;
+mod pin_state;
+mod session;
+mod vram_allocator;
+
+pub use error::SessionError;
+pub use lora_offloader::{AdapterSummary, Attach, Attached, Detach, LoraOffloader};
+pub use pin_state::{BufferHome, Consolidation, PinState};
+pub use session::{Session, SessionConfig, SessionPlan};

@@ -131,6 +131,10 @@ impl ResidencyTable {
         ((previous & HOLDER_MASK) >> HOLDER_SHIFT) - 1
     }
 
+    pub fn block_bytes(&self, block: BlockId) -> u64 {
+        self.entry(block).map_or(0, |entry| entry.bytes)
+    }
+
     pub fn state(&self, block: BlockId) -> BlockState {
         self.entry(block).map_or(BlockState::Absent, |entry| {
             BlockState::from_word(entry.word.load(Ordering::Acquire))

@@ -138,6 +138,10 @@ impl VramState {
         }
     }
 
+    pub fn cursor(&self) -> usize {
+        self.cursor
+    }
+
     pub fn loads_in_flight(&self) -> usize {
         self.loads_in_flight
     }
@@ -289,11 +293,9 @@ impl VramState {
             .unwrap_or(0);
         let victim = self.choose_victim(needed_in, speculative);
         let Some(slot) = victim else {
-            if speculative {
-                if self.last_declined != Some(block) {
-                    decisions.declined = true;
-                    self.last_declined = Some(block);
-                }
+            if speculative && self.last_declined != Some(block) {
+                decisions.declined = true;
+                self.last_declined = Some(block);
             }
             return None;
         };

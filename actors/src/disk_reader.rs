@@ -1,0 +1,87 @@
+//! DiskReader: owns the storage adapter and bounds the reads in flight.
+//!
+//! The adapter (`pread` worker pool, O_DIRECT, or the simulator) does the blocking
+//! work off this thread; this actor only queues requests beyond the bound and turns
+//! completions into `ReadDone` messages.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use actix::prelude::*;
+use tokio::time::Instant;
+
+use crate::messages::{ReadBlock, ReadDone};
+use crate::storage::Storage;
+
+pub struct DiskReader {
+    storage: Arc<dyn Storage>,
+    max_in_flight: usize,
+    in_flight: usize,
+    queued: VecDeque<ReadBlock>,
+}
+
+impl DiskReader {
+    pub fn new(storage: Arc<dyn Storage>, max_in_flight: usize) -> Self {
+        Self {
+            storage,
+            max_in_flight: max_in_flight.max(1),
+            in_flight: 0,
+            queued: VecDeque::new(),
+        }
+    }
+
+    fn start(&mut self, request: ReadBlock, ctx: &mut Context<Self>) {
+        self.in_flight += 1;
+        let ReadBlock {
+            block,
+            extents,
+            buffer,
+            home,
+            reply_to,
+        } = request;
+        let bytes = extents.iter().map(|extent| extent.length).sum();
+        let started = Instant::now();
+        let read = self.storage.read(extents, buffer, 0);
+        ctx.spawn(
+            actix::fut::wrap_future::<_, Self>(read).map(move |result, actor, ctx| {
+                actor.in_flight -= 1;
+                let seconds = started.elapsed().as_secs_f64();
+                let (buffer, error) = match result {
+                    Ok(buffer) => (buffer, None),
+                    Err((error, buffer)) => (buffer, Some(error.to_string())),
+                };
+                reply_to.do_send(ReadDone {
+                    block,
+                    home,
+                    buffer,
+                    bytes,
+                    seconds,
+                    error,
+                });
+                if let Some(next) = actor.queued.pop_front() {
+                    actor.start(next, ctx);
+                }
+            }),
+        );
+    }
+}
+
+impl Actor for DiskReader {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        ctx.set_mailbox_capacity(256);
+    }
+}
+
+impl Handler<ReadBlock> for DiskReader {
+    type Result = ();
+
+    fn handle(&mut self, request: ReadBlock, ctx: &mut Self::Context) {
+        if self.in_flight < self.max_in_flight {
+            self.start(request, ctx);
+        } else {
+            self.queued.push_back(request);
+        }
+    }
+}

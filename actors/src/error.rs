@@ -1,0 +1,25 @@
+//! Errors the compute thread can see.
+
+use crate::layout::BlockId;
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SessionError {
+    #[error("{block} is not in the model: it has {block_count} blocks")]
+    UnknownBlock { block: BlockId, block_count: usize },
+    #[error("{0}")]
+    Plan(#[from] crate::plan::PlanError),
+    #[error("{0}")]
+    Activations(#[from] crate::vram_state::ActivationError),
+    #[error("reading {block} failed: {reason}")]
+    ReadFailed { block: BlockId, reason: String },
+    #[error("copying {block} to the device failed: {reason}")]
+    CopyFailed { block: BlockId, reason: String },
+    #[error("pinning host memory failed: {0}")]
+    PinFailed(String),
+    #[error("device: {0}")]
+    Device(String),
+    #[error("{block} could not be made resident after {attempts} attempts")]
+    Starved { block: BlockId, attempts: u32 },
+    #[error("the session has stopped")]
+    Stopped,
+}

@@ -1,0 +1,150 @@
+//! The message protocol between the compute thread and the actors.
+//!
+//! Mailbox bounds: every actor sets a mailbox capacity, but the real bound is the
+//! protocol. The compute thread has at most one miss outstanding and at most
+//! `ring_slots` streamed releases in flight; the allocator has at most `depth + 1`
+//! loads per scheduling pass and never more loads in flight than arena places; the pin
+//! manager lends out at most its staging ring plus its cache; the disk reader runs at
+//! most `max_reads_in_flight` reads and queues the rest.
+
+use actix::prelude::*;
+
+use crate::error::SessionError;
+use crate::host_buffer::HostBuffer;
+use crate::layout::{BlockId, Extent};
+use crate::observer::AcquireBatch;
+use crate::pin_state::BufferHome;
+
+pub type Reply<T> = flume::Sender<T>;
+
+// Compute thread → ComputeStream.
+
+/// The compute thread needs `block` (at `position` of the order) and it is not ready.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Miss {
+    pub block: BlockId,
+    pub position: usize,
+    pub reply: Reply<Result<(), SessionError>>,
+}
+
+/// The compute thread released a streamed block: its ring slot may be reused.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ReleaseStreamed {
+    pub block: BlockId,
+    pub position: usize,
+}
+
+/// End of a step, with the hits and misses batched since the last one.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct StepDone {
+    pub batch: AcquireBatch,
+    pub step_seconds: f64,
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ReserveActivations {
+    pub bytes: u64,
+    pub reply: Reply<Result<(), SessionError>>,
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ReleaseActivations {
+    pub bytes: u64,
+}
+
+/// Drain every actor, release every budget, then stop.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Shutdown {
+    pub reply: Reply<()>,
+}
+
+// ComputeStream → VramAllocator.
+
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Demand {
+    pub block: BlockId,
+    pub position: usize,
+    pub reply: Reply<Result<(), SessionError>>,
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Released {
+    pub block: BlockId,
+    pub position: usize,
+}
+
+/// Finish what is in flight, free everything, then answer.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Drain {
+    pub reply: Reply<()>,
+}
+
+// VramAllocator ↔ PinManager.
+
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct EnsurePinned {
+    pub block: BlockId,
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Pinned {
+    pub block: BlockId,
+    pub buffer: HostBuffer,
+    pub home: BufferHome,
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct PinFailed {
+    pub block: BlockId,
+    pub error: SessionError,
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ReturnBuffer {
+    pub block: BlockId,
+    pub buffer: HostBuffer,
+    pub home: BufferHome,
+}
+
+/// A block boundary where compute waits anyway: do the deferred pin work now.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct SyncPoint {
+    pub cursor: usize,
+}
+
+// PinManager ↔ DiskReader.
+
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ReadBlock {
+    pub block: BlockId,
+    pub extents: Vec<Extent>,
+    pub buffer: HostBuffer,
+    pub home: BufferHome,
+    pub reply_to: Recipient<ReadDone>,
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ReadDone {
+    pub block: BlockId,
+    pub home: BufferHome,
+    pub buffer: HostBuffer,
+    pub bytes: u64,
+    pub seconds: f64,
+    pub error: Option<String>,
+}

@@ -1,0 +1,304 @@
+//! The pin manager's decisions: which blocks keep a pinned copy, the staging ring, and
+//! the pin work deferred to sync points. A plain state machine; the actor in
+//! [`crate::pin_manager`] performs the reads and registrations it asks for.
+//!
+//! Registering or freeing pinned memory forces a device synchronisation, so doing it in
+//! the middle of a block stalls copies in flight. Requests therefore never register:
+//! a block planned for the pinned cache that has no buffer yet goes through a staging
+//! buffer this time, and its registration is queued for the next sync point — a block
+//! boundary where compute waits anyway.
+
+use std::collections::VecDeque;
+
+use crate::host_buffer::HostBuffer;
+use crate::layout::BlockId;
+use crate::plan::{PinPlan, StepOrder};
+
+/// Where a pinned buffer handed out for a copy must go back to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BufferHome {
+    Cache,
+    Staging,
+}
+
+/// What the actor must do for a request.
+#[derive(Debug)]
+pub enum PinAction {
+    /// The bytes are already pinned: copy from this buffer.
+    Ready {
+        block: BlockId,
+        buffer: HostBuffer,
+        home: BufferHome,
+    },
+    /// Read the block from disk into this buffer, then hand it out.
+    Read {
+        block: BlockId,
+        buffer: HostBuffer,
+        home: BufferHome,
+    },
+}
+
+enum CacheSlot {
+    Empty,
+    /// Registered; `None` while lent out for a copy or a read.
+    Held {
+        buffer: Option<HostBuffer>,
+        filled: bool,
+    },
+}
+
+/// Pin work done at one sync point.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Consolidation {
+    pub registered: Vec<BlockId>,
+    pub unregistered: Vec<BlockId>,
+}
+
+impl Consolidation {
+    pub fn operations(&self) -> u64 {
+        (self.registered.len() + self.unregistered.len()) as u64
+    }
+}
+
+pub struct PinState {
+    block_bytes: Vec<u64>,
+    order: StepOrder,
+    plan: PinPlan,
+    ceiling_bytes: u64,
+    cache: Vec<CacheSlot>,
+    cache_bytes: u64,
+    staging_free: Vec<HostBuffer>,
+    staging_bytes: u64,
+    waiting_for_staging: VecDeque<BlockId>,
+    pending_register: Vec<BlockId>,
+    /// How many positions ahead of the cursor a sync point registers planned buffers.
+    lookahead: usize,
+    peak_used_bytes: u64,
+}
+
+impl PinState {
+    pub fn new(
+        block_bytes: Vec<u64>,
+        order: StepOrder,
+        plan: PinPlan,
+        ceiling_bytes: u64,
+        lookahead: usize,
+    ) -> Self {
+        let block_count = block_bytes.len();
+        Self {
+            block_bytes,
+            order,
+            plan,
+            ceiling_bytes,
+            cache: (0..block_count).map(|_| CacheSlot::Empty).collect(),
+            cache_bytes: 0,
+            staging_free: Vec::new(),
+            staging_bytes: 0,
+            waiting_for_staging: VecDeque::new(),
+            pending_register: Vec::new(),
+            lookahead,
+            peak_used_bytes: 0,
+        }
+    }
+
+    pub fn plan(&self) -> &PinPlan {
+        &self.plan
+    }
+
+    pub fn ceiling_bytes(&self) -> u64 {
+        self.ceiling_bytes
+    }
+
+    pub fn used_bytes(&self) -> u64 {
+        self.cache_bytes + self.staging_bytes
+    }
+
+    pub fn cache_bytes(&self) -> u64 {
+        self.cache_bytes
+    }
+
+    pub fn staging_bytes(&self) -> u64 {
+        self.staging_bytes
+    }
+
+    pub fn cached_blocks(&self) -> u64 {
+        self.cache
+            .iter()
+            .filter(|slot| matches!(slot, CacheSlot::Held { .. }))
+            .count() as u64
+    }
+
+    pub fn peak_used_bytes(&self) -> u64 {
+        self.peak_used_bytes
+    }
+
+    fn record(&mut self) {
+        let used = self.used_bytes();
+        assert!(
+            used <= self.ceiling_bytes,
+            "pinned {used} bytes exceeds the pin ceiling {}",
+            self.ceiling_bytes
+        );
+        self.peak_used_bytes = self.peak_used_bytes.max(used);
+    }
+
+    /// Adds a staging buffer the actor allocated at start.
+    pub fn add_staging(&mut self, buffer: HostBuffer) {
+        self.staging_bytes += buffer.len() as u64;
+        self.staging_free.push(buffer);
+        self.record();
+    }
+
+    /// The staging ring the plan asks for, not yet allocated.
+    pub fn staging_wanted(&self) -> Option<u64> {
+        let allocated = self.staging_bytes / self.plan.staging_buffer_bytes.max(1);
+        (allocated < u64::from(self.plan.staging_buffers)).then_some(self.plan.staging_buffer_bytes)
+    }
+
+    /// The allocator needs the block's bytes pinned.
+    pub fn request(&mut self, block: BlockId) -> Option<PinAction> {
+        if let CacheSlot::Held { buffer, filled } = &mut self.cache[block.index()] {
+            if let Some(buffer) = buffer.take() {
+                let home = BufferHome::Cache;
+                return Some(if *filled {
+                    PinAction::Ready {
+                        block,
+                        buffer,
+                        home,
+                    }
+                } else {
+                    PinAction::Read {
+                        block,
+                        buffer,
+                        home,
+                    }
+                });
+            }
+        } else if self.plan.is_cached(block) && !self.pending_register.contains(&block) {
+            self.pending_register.push(block);
+        }
+        match self.staging_free.pop() {
+            Some(buffer) => Some(PinAction::Read {
+                block,
+                buffer,
+                home: BufferHome::Staging,
+            }),
+            None => {
+                self.waiting_for_staging.push_back(block);
+                None
+            }
+        }
+    }
+
+    /// A read into a cache buffer finished: its bytes stay valid.
+    pub fn filled(&mut self, block: BlockId) {
+        if let CacheSlot::Held { filled, .. } = &mut self.cache[block.index()] {
+            *filled = true;
+        }
+    }
+
+    /// A buffer came back from a copy (or a failed read). Returns the action for a
+    /// request that was waiting for a staging buffer, if any.
+    pub fn give_back(
+        &mut self,
+        block: BlockId,
+        buffer: HostBuffer,
+        home: BufferHome,
+        bytes_valid: bool,
+    ) -> Option<PinAction> {
+        match home {
+            BufferHome::Cache => {
+                if let CacheSlot::Held {
+                    buffer: slot,
+                    filled,
+                } = &mut self.cache[block.index()]
+                {
+                    *slot = Some(buffer);
+                    *filled &= bytes_valid;
+                }
+                None
+            }
+            BufferHome::Staging => {
+                let waiting = self.waiting_for_staging.pop_front();
+                match waiting {
+                    Some(next) => Some(PinAction::Read {
+                        block: next,
+                        buffer,
+                        home: BufferHome::Staging,
+                    }),
+                    None => {
+                        self.staging_free.push(buffer);
+                        None
+                    }
+                }
+            }
+        }
+    }
+
+    /// Sync point at `cursor`: which planned blocks to register now — those queued by
+    /// requests and those coming up within the lookahead — within the ceiling.
+    pub fn registrations_due(&mut self, cursor: usize) -> Vec<(BlockId, u64)> {
+        let mut due: Vec<BlockId> = std::mem::take(&mut self.pending_register);
+        for step in 0..self.lookahead.min(self.order.len()) {
+            let block = self.order.at(cursor + step);
+            if self.plan.is_cached(block) && !due.contains(&block) {
+                due.push(block);
+            }
+        }
+        let mut room = self.ceiling_bytes.saturating_sub(self.used_bytes());
+        let mut granted = Vec::new();
+        for block in due {
+            let bytes = self.block_bytes[block.index()];
+            if matches!(self.cache[block.index()], CacheSlot::Empty) && bytes <= room {
+                room -= bytes;
+                granted.push((block, bytes));
+            }
+        }
+        granted
+    }
+
+    /// The actor registered a cache buffer for `block`.
+    pub fn registered(&mut self, block: BlockId, buffer: HostBuffer) {
+        self.cache_bytes += buffer.len() as u64;
+        self.cache[block.index()] = CacheSlot::Held {
+            buffer: Some(buffer),
+            filled: false,
+        };
+        self.record();
+    }
+
+    /// Takes back every buffer not lent out, for unregistration at shutdown.
+    /// Returns the buffers and how many of them were cache buffers.
+    pub fn release_all(&mut self) -> (Vec<HostBuffer>, u64) {
+        let mut buffers = Vec::new();
+        for buffer in self.staging_free.drain(..) {
+            self.staging_bytes -= buffer.len() as u64;
+            buffers.push(buffer);
+        }
+        let mut cache_buffers = 0;
+        for slot in &mut self.cache {
+            let taken = match slot {
+                CacheSlot::Held { buffer, .. } => buffer.take(),
+                CacheSlot::Empty => None,
+            };
+            if let Some(buffer) = taken {
+                self.cache_bytes -= buffer.len() as u64;
+                buffers.push(buffer);
+                cache_buffers += 1;
+                *slot = CacheSlot::Empty;
+            }
+        }
+        (buffers, cache_buffers)
+    }
+
+    /// Buffers lent out (reads or copies in flight).
+    pub fn lent_out(&self) -> usize {
+        let cache_out = self
+            .cache
+            .iter()
+            .filter(|slot| matches!(slot, CacheSlot::Held { buffer: None, .. }))
+            .count();
+        let staging_total = (self.staging_bytes / self.plan.staging_buffer_bytes.max(1)) as usize;
+        cache_out + staging_total.saturating_sub(self.staging_free.len())
+    }
+}

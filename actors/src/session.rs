@@ -1,0 +1,430 @@
+//! The compute thread's API: how an inference engine embeds stagehand.
+//!
+//! ```text
+//! let mut session = Session::start(config, layout, order, device, storage, observer)?;
+//! for step in 0..steps {
+//!     for &block in &order {
+//!         let handle = session.acquire(block)?;   // atomic load when resident
+//!         compute(handle.ptr, handle.bytes);
+//!         session.release(handle);
+//!     }
+//!     session.step_done();
+//! }
+//! let report = session.finish()?;
+//! ```
+//!
+//! `acquire` of a ready block touches only the residency table. A miss sends one
+//! message and waits for that block only. Releases of resident blocks send nothing;
+//! releases of streamed blocks send one message, because they free a ring slot.
+
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use actix::prelude::*;
+use tokio::time::Instant;
+
+use crate::compute_stream::ComputeStream;
+use crate::device::Device;
+use crate::disk_reader::DiskReader;
+use crate::error::SessionError;
+use crate::layout::{BlockId, ModelLayout};
+use crate::lora_offloader::LoraOffloader;
+use crate::messages::{
+    Miss, ReleaseActivations, ReleaseStreamed, ReserveActivations, Shutdown, StepDone,
+};
+use crate::observer::{AcquireBatch, Observer, Tee};
+use crate::pin_manager::PinManager;
+use crate::pin_state::PinState;
+use crate::plan::{PinPlan, ResidencyPolicy, StepOrder, VramPlan};
+use crate::residency::{BlockHandle, ResidencyTable};
+use crate::stats::{Stats, StatsSnapshot};
+use crate::storage::Storage;
+use crate::vram_allocator::{ConnectPins, VramAllocator};
+use crate::vram_state::VramState;
+
+/// How a session uses its budgets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionConfig {
+    pub vram_budget_bytes: u64,
+    pub pin_ceiling_bytes: u64,
+    pub prefetch_depth: u32,
+    pub staging_buffers: u32,
+    pub policy: ResidencyPolicy,
+    pub max_reads_in_flight: usize,
+}
+
+/// What the session decided at start, for summaries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionPlan {
+    pub vram: VramPlan,
+    pub pins: PinPlan,
+}
+
+/// A started pipeline. Owned by the compute thread (it is `Send`, not `Sync`).
+pub struct Session {
+    table: Arc<ResidencyTable>,
+    stream: Addr<ComputeStream>,
+    lora: Addr<LoraOffloader>,
+    order: StepOrder,
+    position: usize,
+    batch: AcquireBatch,
+    step_started: Instant,
+    stats: Arc<Stats>,
+    plan: SessionPlan,
+    system_thread: Option<JoinHandle<()>>,
+}
+
+struct Wiring {
+    stream: Addr<ComputeStream>,
+    lora: Addr<LoraOffloader>,
+}
+
+impl Session {
+    /// Plans the budgets and starts the actors on their own thread.
+    pub fn start(
+        config: SessionConfig,
+        layout: ModelLayout,
+        order: Vec<BlockId>,
+        device: Arc<dyn Device>,
+        storage: Arc<dyn Storage>,
+        observer: Arc<dyn Observer>,
+    ) -> Result<Self, SessionError> {
+        let prepared = Prepared::new(&config, &layout, order)?;
+        let (sender, receiver) = flume::bounded(1);
+        let moved = prepared.clone();
+        let thread = std::thread::Builder::new()
+            .name("stagehand-actors".into())
+            .spawn(move || {
+                let system = System::new();
+                system.block_on(async move {
+                    let wiring =
+                        moved.start_actors(config, layout, device, storage, observer, true);
+                    let _ = sender.send(wiring);
+                });
+                if let Err(error) = system.run() {
+                    tracing::error!("actor system: {error}");
+                }
+            })
+            .map_err(|error| {
+                SessionError::Device(format!("could not start the actor thread: {error}"))
+            })?;
+        let wiring = receiver.recv().map_err(|_| SessionError::Stopped)??;
+        Ok(prepared.into_session(wiring, Some(thread)))
+    }
+
+    /// Starts the actors on the current actix system (the simulator's paused runtime).
+    /// Use the `_async` methods from a task on that same thread.
+    pub fn start_local(
+        config: SessionConfig,
+        layout: ModelLayout,
+        order: Vec<BlockId>,
+        device: Arc<dyn Device>,
+        storage: Arc<dyn Storage>,
+        observer: Arc<dyn Observer>,
+    ) -> Result<Self, SessionError> {
+        let prepared = Prepared::new(&config, &layout, order)?;
+        let wiring = prepared
+            .clone()
+            .start_actors(config, layout, device, storage, observer, false)?;
+        Ok(prepared.into_session(wiring, None))
+    }
+
+    pub fn plan(&self) -> &SessionPlan {
+        &self.plan
+    }
+
+    pub fn order(&self) -> &[BlockId] {
+        self.order.blocks()
+    }
+
+    pub fn stats(&self) -> StatsSnapshot {
+        self.stats.snapshot()
+    }
+
+    pub fn lora(&self) -> &Addr<LoraOffloader> {
+        &self.lora
+    }
+
+    /// The hot path: a hold on `block` if it is ready, without a message or a lock.
+    #[inline]
+    pub fn try_acquire(&mut self, block: BlockId) -> Option<BlockHandle> {
+        let handle = self.table.try_acquire(block)?;
+        self.batch.hits += 1;
+        self.advance_to(block);
+        Some(handle)
+    }
+
+    #[inline]
+    fn advance_to(&mut self, block: BlockId) {
+        if self.order.at(self.position) != block {
+            if let Some(distance) = self.order.distance_to_next_use(self.position, block) {
+                self.position += distance;
+            }
+        }
+        self.position = (self.position + 1) % self.order.len();
+    }
+
+    fn current_position(&self, block: BlockId) -> usize {
+        let distance = self
+            .order
+            .distance_to_next_use(self.position, block)
+            .unwrap_or(0);
+        (self.position + distance) % self.order.len()
+    }
+
+    fn check_block(&self, block: BlockId) -> Result<(), SessionError> {
+        if block.index() >= self.table.len() {
+            return Err(SessionError::UnknownBlock {
+                block,
+                block_count: self.table.len(),
+            });
+        }
+        Ok(())
+    }
+
+    fn send_miss(&self, block: BlockId) -> flume::Receiver<Result<(), SessionError>> {
+        let (reply, receiver) = flume::bounded(1);
+        self.stream.do_send(Miss {
+            block,
+            position: self.current_position(block),
+            reply,
+        });
+        receiver
+    }
+
+    /// Blocks the calling thread until `block` is resident, then holds it.
+    pub fn acquire(&mut self, block: BlockId) -> Result<BlockHandle, SessionError> {
+        if let Some(handle) = self.try_acquire(block) {
+            return Ok(handle);
+        }
+        self.check_block(block)?;
+        let started = Instant::now();
+        for _attempt in 0..MAX_MISS_ATTEMPTS {
+            let receiver = self.send_miss(block);
+            receiver.recv().map_err(|_| SessionError::Stopped)??;
+            if let Some(handle) = self.table.try_acquire(block) {
+                self.count_miss(started);
+                self.advance_to(block);
+                return Ok(handle);
+            }
+        }
+        Err(SessionError::Starved {
+            block,
+            attempts: MAX_MISS_ATTEMPTS,
+        })
+    }
+
+    /// As [`Session::acquire`], for a task on the actors' own runtime.
+    pub async fn acquire_async(&mut self, block: BlockId) -> Result<BlockHandle, SessionError> {
+        if let Some(handle) = self.try_acquire(block) {
+            return Ok(handle);
+        }
+        self.check_block(block)?;
+        let started = Instant::now();
+        for _attempt in 0..MAX_MISS_ATTEMPTS {
+            let receiver = self.send_miss(block);
+            receiver
+                .recv_async()
+                .await
+                .map_err(|_| SessionError::Stopped)??;
+            if let Some(handle) = self.table.try_acquire(block) {
+                self.count_miss(started);
+                self.advance_to(block);
+                return Ok(handle);
+            }
+        }
+        Err(SessionError::Starved {
+            block,
+            attempts: MAX_MISS_ATTEMPTS,
+        })
+    }
+
+    fn count_miss(&mut self, started: Instant) {
+        self.batch.misses += 1;
+        self.batch.stall_seconds += started.elapsed().as_secs_f64();
+    }
+
+    /// Drops the hold. Only a streamed block's release sends a message.
+    #[inline]
+    pub fn release(&mut self, handle: BlockHandle) {
+        let left = self.table.release(&handle);
+        if handle.streamed && left == 0 {
+            let position = (self.position + self.order.len() - 1) % self.order.len();
+            self.stream.do_send(ReleaseStreamed {
+                block: handle.block,
+                position,
+            });
+        }
+    }
+
+    /// Marks the end of a step: flushes the batched hit/miss counts and times the step.
+    pub fn step_done(&mut self) {
+        let now = Instant::now();
+        let step_seconds = now.duration_since(self.step_started).as_secs_f64();
+        self.step_started = now;
+        self.stream.do_send(StepDone {
+            batch: std::mem::take(&mut self.batch),
+            step_seconds,
+        });
+    }
+
+    /// Reserves VRAM for activations, evicting weights if needed (activations win).
+    pub fn reserve_activations(&mut self, bytes: u64) -> Result<(), SessionError> {
+        let (reply, receiver) = flume::bounded(1);
+        self.stream.do_send(ReserveActivations { bytes, reply });
+        receiver.recv().map_err(|_| SessionError::Stopped)?
+    }
+
+    pub async fn reserve_activations_async(&mut self, bytes: u64) -> Result<(), SessionError> {
+        let (reply, receiver) = flume::bounded(1);
+        self.stream.do_send(ReserveActivations { bytes, reply });
+        receiver
+            .recv_async()
+            .await
+            .map_err(|_| SessionError::Stopped)?
+    }
+
+    pub fn release_activations(&mut self, bytes: u64) {
+        self.stream.do_send(ReleaseActivations { bytes });
+    }
+
+    /// Drains every actor, releases every budget and stops the actor thread.
+    /// Returns the final counters. Release every handle first.
+    pub fn finish(mut self) -> StatsSnapshot {
+        let (reply, receiver) = flume::bounded(1);
+        self.stream.do_send(Shutdown { reply });
+        let _ = receiver.recv();
+        if let Some(thread) = self.system_thread.take() {
+            let _ = thread.join();
+        }
+        self.stats.snapshot()
+    }
+
+    pub async fn finish_async(self) -> StatsSnapshot {
+        let (reply, receiver) = flume::bounded(1);
+        self.stream.do_send(Shutdown { reply });
+        let _ = receiver.recv_async().await;
+        self.stats.snapshot()
+    }
+}
+
+/// A miss is retried if the block was evicted again before the compute thread got it
+/// (activation pressure); past this many tries something is wrong.
+const MAX_MISS_ATTEMPTS: u32 = 64;
+
+/// Everything decided before any actor starts.
+#[derive(Clone)]
+struct Prepared {
+    table: Arc<ResidencyTable>,
+    order: StepOrder,
+    plan: SessionPlan,
+    stats: Arc<Stats>,
+}
+
+impl Prepared {
+    fn new(
+        config: &SessionConfig,
+        layout: &ModelLayout,
+        order: Vec<BlockId>,
+    ) -> Result<Self, SessionError> {
+        let order = StepOrder::new(order, layout.len())?;
+        let vram = VramPlan::new(
+            layout,
+            &order,
+            config.vram_budget_bytes,
+            config.prefetch_depth,
+            config.policy,
+        )?;
+        let pins = PinPlan::new(
+            layout,
+            &order,
+            &vram,
+            config.pin_ceiling_bytes,
+            config.staging_buffers,
+        )?;
+        let table = Arc::new(ResidencyTable::new(
+            layout.blocks.iter().map(|block| block.bytes),
+        ));
+        Ok(Self {
+            table,
+            order,
+            plan: SessionPlan { vram, pins },
+            stats: Arc::new(Stats::default()),
+        })
+    }
+
+    fn start_actors(
+        self,
+        config: SessionConfig,
+        layout: ModelLayout,
+        device: Arc<dyn Device>,
+        storage: Arc<dyn Storage>,
+        observer: Arc<dyn Observer>,
+        owns_system: bool,
+    ) -> Result<Wiring, SessionError> {
+        let observer: Arc<dyn Observer> = Arc::new(Tee(self.stats.clone(), observer));
+        let state = VramState::new(
+            &layout,
+            self.order.clone(),
+            config.vram_budget_bytes,
+            config.prefetch_depth,
+            config.policy,
+            self.table.clone(),
+        )?;
+        let arena = device
+            .allocate_arena(config.vram_budget_bytes)
+            .map_err(|error| SessionError::Device(error.to_string()))?;
+        let block_bytes: Vec<u64> = layout.blocks.iter().map(|block| block.bytes).collect();
+        let extents = layout
+            .blocks
+            .into_iter()
+            .map(|block| block.extents)
+            .collect();
+        let lookahead = 2 * (config.prefetch_depth as usize + 1);
+        let pin_state = PinState::new(
+            block_bytes,
+            self.order.clone(),
+            self.plan.pins.clone(),
+            config.pin_ceiling_bytes,
+            lookahead,
+        );
+        let reader = DiskReader::new(storage, config.max_reads_in_flight).start();
+        let allocator = VramAllocator::new(
+            state,
+            self.table.clone(),
+            device.clone(),
+            arena,
+            observer.clone(),
+        )
+        .start();
+        let pins = PinManager::new(
+            pin_state,
+            extents,
+            device,
+            reader,
+            allocator.clone().recipient(),
+            allocator.clone().recipient(),
+            observer.clone(),
+        )
+        .start();
+        allocator.do_send(ConnectPins(pins.clone()));
+        let lora = LoraOffloader::new(observer.clone()).start();
+        let stream = ComputeStream::new(allocator, pins, observer, owns_system).start();
+        Ok(Wiring { stream, lora })
+    }
+
+    fn into_session(self, wiring: Wiring, system_thread: Option<JoinHandle<()>>) -> Session {
+        Session {
+            table: self.table,
+            stream: wiring.stream,
+            lora: wiring.lora,
+            order: self.order,
+            position: 0,
+            batch: AcquireBatch::default(),
+            step_started: Instant::now(),
+            stats: self.stats,
+            plan: self.plan,
+            system_thread,
+        }
+    }
+}

@@ -1,0 +1,335 @@
+//! VramAllocator: owns the VRAM budget, the arena and the residency table's state
+//! transitions. Turns scheduling decisions into pin requests and device copies, and
+//! publishes blocks as ready when their copy completes.
+
+use std::sync::Arc;
+
+use actix::prelude::*;
+use tokio::time::Instant;
+
+use crate::device::{Device, DeviceArena};
+use crate::error::SessionError;
+use crate::layout::BlockId;
+use crate::messages::{
+    Demand, Drain, EnsurePinned, PinFailed, Pinned, ReleaseActivations, Released, Reply,
+    ReserveActivations, ReturnBuffer,
+};
+use crate::observer::{ErrorKind, Link, Observer, Owner, Tier, TierUsage};
+use crate::pin_manager::PinManager;
+use crate::residency::{BlockState, ResidencyTable};
+use crate::vram_state::{Decisions, VramState};
+
+type Waiter = Reply<Result<(), SessionError>>;
+
+pub struct VramAllocator {
+    state: VramState,
+    table: Arc<ResidencyTable>,
+    device: Arc<dyn Device>,
+    arena: Option<DeviceArena>,
+    pins: Option<Addr<PinManager>>,
+    observer: Arc<dyn Observer>,
+    /// Per block: the arena offset of the load in flight.
+    load_offsets: Vec<u64>,
+    waiters: Vec<Vec<Waiter>>,
+    draining: Option<Reply<()>>,
+}
+
+/// Wires the pin manager in after both actors exist.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ConnectPins(pub Addr<PinManager>);
+
+impl VramAllocator {
+    pub fn new(
+        state: VramState,
+        table: Arc<ResidencyTable>,
+        device: Arc<dyn Device>,
+        arena: DeviceArena,
+        observer: Arc<dyn Observer>,
+    ) -> Self {
+        let blocks = table.len();
+        Self {
+            state,
+            table,
+            device,
+            arena: Some(arena),
+            pins: None,
+            observer,
+            load_offsets: vec![0; blocks],
+            waiters: (0..blocks).map(|_| Vec::new()).collect(),
+            draining: None,
+        }
+    }
+
+    fn report_usage(&self) {
+        let (model_bytes, blocks) = self.state.placed_model();
+        self.observer.tier_usage(
+            Tier::Vram,
+            TierUsage {
+                model_bytes,
+                lora_bytes: 0,
+                other_bytes: self.state.activation_bytes(),
+                budget_bytes: self.state.budget_bytes(),
+                blocks,
+            },
+        );
+    }
+
+    fn apply(&mut self, decisions: Decisions) {
+        if decisions.evicted > 0 {
+            self.observer.eviction(Tier::Vram, decisions.evicted);
+        }
+        if decisions.declined {
+            self.observer.speculative_declined();
+        }
+        for load in &decisions.loads {
+            self.load_offsets[load.block.index()] = load.offset;
+            if let Some(pins) = &self.pins {
+                pins.do_send(EnsurePinned { block: load.block });
+            }
+        }
+        if !decisions.loads.is_empty() || decisions.evicted > 0 {
+            self.report_usage();
+        }
+        let lead = self.prefetch_lead();
+        self.observer.prefetch_lead(lead);
+    }
+
+    /// Ready blocks ahead of the cursor before the first one that is not.
+    fn prefetch_lead(&self) -> u64 {
+        let order = self.state.order();
+        let cursor = self.state_cursor();
+        (1..=order.len())
+            .take_while(|step| self.table.state(order.at(cursor + step)) == BlockState::Ready)
+            .count() as u64
+    }
+
+    fn state_cursor(&self) -> usize {
+        self.state.cursor()
+    }
+
+    fn schedule(&mut self, demand: Option<BlockId>) {
+        if self.draining.is_some() {
+            return;
+        }
+        let decisions = self.state.schedule(demand);
+        self.apply(decisions);
+    }
+
+    fn notify(&mut self, block: BlockId, result: Result<(), SessionError>) {
+        for waiter in self.waiters[block.index()].drain(..) {
+            let _ = waiter.send(result.clone());
+        }
+    }
+
+    fn return_buffer(&self, message: ReturnBuffer) {
+        if let Some(pins) = &self.pins {
+            pins.do_send(message);
+        }
+    }
+
+    fn copy_finished(
+        &mut self,
+        block: BlockId,
+        outcome: Result<crate::HostBuffer, (crate::DeviceError, crate::HostBuffer)>,
+        home: crate::pin_state::BufferHome,
+        bytes: u64,
+        started: Instant,
+    ) {
+        let buffer = match outcome {
+            Ok(buffer) => {
+                self.observer.transfer(
+                    Link::PinnedToVram,
+                    Owner::Model,
+                    bytes,
+                    started.elapsed().as_secs_f64(),
+                );
+                if let Some((offset, streamed)) = self.state.loaded(block) {
+                    let base = self.arena.as_ref().map_or(0, |arena| arena.base.0);
+                    self.table
+                        .publish_ready(block, crate::DevicePtr(base + offset), streamed);
+                }
+                self.notify(block, Ok(()));
+                buffer
+            }
+            Err((error, buffer)) => {
+                self.observer.error(ErrorKind::Copy);
+                self.state.abandon(block, true);
+                self.notify(
+                    block,
+                    Err(SessionError::CopyFailed {
+                        block,
+                        reason: error.to_string(),
+                    }),
+                );
+                buffer
+            }
+        };
+        self.return_buffer(ReturnBuffer {
+            block,
+            buffer,
+            home,
+        });
+        self.schedule(None);
+        self.report_usage();
+        self.try_finish_drain();
+    }
+
+    fn try_finish_drain(&mut self) {
+        if self.draining.is_none() || self.state.loads_in_flight() > 0 {
+            return;
+        }
+        let evicted = self.state.evict_all();
+        if evicted > 0 {
+            self.observer.eviction(Tier::Vram, evicted);
+        }
+        self.state.release_activations(u64::MAX);
+        if let Some(arena) = self.arena.take() {
+            self.device.free_arena(arena);
+        }
+        for index in 0..self.waiters.len() {
+            self.notify(BlockId(index as u32), Err(SessionError::Stopped));
+        }
+        self.report_usage();
+        if let Some(reply) = self.draining.take() {
+            let _ = reply.send(());
+        }
+    }
+}
+
+impl Actor for VramAllocator {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        ctx.set_mailbox_capacity(1024);
+        self.report_usage();
+    }
+}
+
+impl Handler<ConnectPins> for VramAllocator {
+    type Result = ();
+
+    fn handle(&mut self, message: ConnectPins, _ctx: &mut Self::Context) {
+        self.pins = Some(message.0);
+        self.schedule(None);
+    }
+}
+
+impl Handler<Demand> for VramAllocator {
+    type Result = ();
+
+    fn handle(&mut self, message: Demand, _ctx: &mut Self::Context) {
+        let Demand {
+            block,
+            position,
+            reply,
+        } = message;
+        if self.draining.is_some() {
+            let _ = reply.send(Err(SessionError::Stopped));
+            return;
+        }
+        match self.table.state(block) {
+            BlockState::Ready => {
+                let _ = reply.send(Ok(()));
+                return;
+            }
+            BlockState::Failed => self.table.finish_evict(block),
+            _ => {}
+        }
+        self.waiters[block.index()].push(reply);
+        self.state.advance(position);
+        self.schedule(Some(block));
+    }
+}
+
+impl Handler<Released> for VramAllocator {
+    type Result = ();
+
+    fn handle(&mut self, message: Released, _ctx: &mut Self::Context) {
+        self.state.released(message.block, message.position);
+        self.schedule(None);
+    }
+}
+
+impl Handler<Pinned> for VramAllocator {
+    type Result = ();
+
+    fn handle(&mut self, message: Pinned, ctx: &mut Self::Context) {
+        let Pinned {
+            block,
+            buffer,
+            home,
+        } = message;
+        let Some(arena) = self.arena.as_ref().filter(|_| self.draining.is_none()) else {
+            self.state.abandon(block, false);
+            self.return_buffer(ReturnBuffer {
+                block,
+                buffer,
+                home,
+            });
+            self.try_finish_drain();
+            return;
+        };
+        let bytes = self.table.block_bytes(block);
+        let destination = arena.base.offset(self.load_offsets[block.index()]);
+        let started = Instant::now();
+        let copy = self.device.copy_to_device(buffer, 0, bytes, destination);
+        ctx.spawn(
+            actix::fut::wrap_future::<_, Self>(copy).map(move |outcome, actor, _ctx| {
+                actor.copy_finished(block, outcome, home, bytes, started)
+            }),
+        );
+    }
+}
+
+impl Handler<PinFailed> for VramAllocator {
+    type Result = ();
+
+    fn handle(&mut self, message: PinFailed, _ctx: &mut Self::Context) {
+        self.state.abandon(message.block, true);
+        self.notify(message.block, Err(message.error));
+        self.report_usage();
+        self.try_finish_drain();
+    }
+}
+
+impl Handler<ReserveActivations> for VramAllocator {
+    type Result = ();
+
+    fn handle(&mut self, message: ReserveActivations, _ctx: &mut Self::Context) {
+        let result = self.state.reserve_activations(message.bytes);
+        let reply = match result {
+            Ok(evicted) => {
+                if evicted > 0 {
+                    self.observer.eviction(Tier::Vram, evicted);
+                }
+                Ok(())
+            }
+            Err(error) => {
+                self.observer.error(ErrorKind::Budget);
+                Err(SessionError::from(error))
+            }
+        };
+        self.report_usage();
+        let _ = message.reply.send(reply);
+    }
+}
+
+impl Handler<ReleaseActivations> for VramAllocator {
+    type Result = ();
+
+    fn handle(&mut self, message: ReleaseActivations, _ctx: &mut Self::Context) {
+        self.state.release_activations(message.bytes);
+        self.report_usage();
+        self.schedule(None);
+    }
+}
+
+impl Handler<Drain> for VramAllocator {
+    type Result = ();
+
+    fn handle(&mut self, message: Drain, _ctx: &mut Self::Context) {
+        self.draining = Some(message.reply);
+        self.try_finish_drain();
+    }
+}
