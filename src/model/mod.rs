@@ -1,1 +1,14 @@
-//! Placeholder module, filled in by its owner.
+//! The safetensors model index: which tensors a checkpoint holds, where their bytes
+//! live, and how they group into the blocks the scheduler moves. Also the generator of
+//! the linear-stack demo model.
+
+mod blocks;
+pub mod demo;
+mod error;
+mod header;
+mod index;
+mod source;
+
+pub use error::IndexError;
+pub use header::MAX_HEADER_BYTES;
+pub use index::{BlockInfo, ModelIndex, ShardFile, TensorInfo};

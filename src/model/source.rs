@@ -1,0 +1,153 @@
+//! Turning what the user pointed at (a file, a folder, an index) into the list of
+//! shard files to read, in a stable order.
+
+use std::collections::BTreeMap;
+use std::path::{Component, Path, PathBuf};
+
+use serde::Deserialize;
+
+use super::error::IndexError;
+
+/// Index files larger than this are not a real Hugging Face index.
+const MAX_INDEX_JSON_BYTES: u64 = 100_000_000;
+
+/// The shard files of a checkpoint and, when an index named them, which tensors the
+/// index expects in each.
+#[derive(Debug)]
+pub(crate) struct Sources {
+    pub shards: Vec<PathBuf>,
+    /// `Some` when the checkpoint came from a `*.safetensors.index.json`: its path and
+    /// tensor name → index into `shards`.
+    pub index: Option<(PathBuf, BTreeMap<String, usize>)>,
+}
+
+#[derive(Deserialize)]
+struct IndexJson {
+    weight_map: BTreeMap<String, String>,
+}
+
+pub(crate) fn resolve(path: &Path) -> Result<Sources, IndexError> {
+    let meta = std::fs::metadata(path).map_err(|error| IndexError::io(path, &error))?;
+    if meta.is_dir() {
+        return resolve_directory(path);
+    }
+    if is_index_name(path) || path.extension().is_some_and(|ext| ext == "json") {
+        return resolve_index(path);
+    }
+    Ok(Sources {
+        shards: vec![path.to_path_buf()],
+        index: None,
+    })
+}
+
+fn is_index_name(path: &Path) -> bool {
+    path.file_name()
+        .and_then(|name| name.to_str())
+        .is_some_and(|name| name.ends_with(".safetensors.index.json"))
+}
+
+/// A folder: its index if it has exactly one, else every `*.safetensors` in it.
+fn resolve_directory(dir: &Path) -> Result<Sources, IndexError> {
+    let listing = std::fs::read_dir(dir).map_err(|error| IndexError::io(dir, &error))?;
+    let mut indexes = Vec::new();
+    let mut shards = Vec::new();
+    for entry in listing {
+        let entry = entry.map_err(|error| IndexError::io(dir, &error))?;
+        let path = entry.path();
+        // Follows symlinks: the Hugging Face cache links snapshot files to blobs.
+        if !path.is_file() {
+            continue;
+        }
+        if is_index_name(&path) {
+            indexes.push(path);
+        } else if path.extension().is_some_and(|ext| ext == "safetensors") {
+            shards.push(path);
+        }
+    }
+    indexes.sort();
+    shards.sort();
+    match indexes.as_slice() {
+        [index] => resolve_index(index),
+        [] if shards.is_empty() => Err(IndexError::EmptyDirectory {
+            path: dir.to_path_buf(),
+        }),
+        [] => Ok(Sources {
+            shards,
+            index: None,
+        }),
+        several => Err(IndexError::Model {
+            path: dir.to_path_buf(),
+            problem: format!(
+                "holds {} index files ({}); pass the one you mean",
+                several.len(),
+                several
+                    .iter()
+                    .filter_map(|path| path.file_name())
+                    .map(|name| name.to_string_lossy().into_owned())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }),
+    }
+}
+
+fn resolve_index(index_path: &Path) -> Result<Sources, IndexError> {
+    let problem = |problem: String| IndexError::Index {
+        path: index_path.to_path_buf(),
+        problem,
+    };
+    let meta = std::fs::metadata(index_path).map_err(|error| IndexError::io(index_path, &error))?;
+    if meta.len() > MAX_INDEX_JSON_BYTES {
+        return Err(problem(format!(
+            "{} bytes is too large for a safetensors index",
+            meta.len()
+        )));
+    }
+    let bytes = std::fs::read(index_path).map_err(|error| IndexError::io(index_path, &error))?;
+    let index: IndexJson = serde_json::from_slice(&bytes).map_err(|error| {
+        problem(format!(
+            "not a safetensors index ({error}); expected an object with a `weight_map`"
+        ))
+    })?;
+    if index.weight_map.is_empty() {
+        return Err(problem("`weight_map` is empty".to_string()));
+    }
+    let dir = index_path.parent().unwrap_or(Path::new("."));
+
+    let mut shard_names: Vec<&String> = index.weight_map.values().collect();
+    shard_names.sort();
+    shard_names.dedup();
+    let mut shards = Vec::with_capacity(shard_names.len());
+    for name in &shard_names {
+        let relative = Path::new(name.as_str());
+        let stays_inside = !name.is_empty()
+            && relative
+                .components()
+                .all(|component| matches!(component, Component::Normal(_)));
+        if !stays_inside {
+            return Err(problem(format!(
+                "names shard `{name}`, which is outside the index's directory; shard names \
+                 must be plain file names next to the index"
+            )));
+        }
+        let shard = dir.join(relative);
+        if !shard.is_file() {
+            return Err(problem(format!(
+                "names shard `{name}`, which does not exist in {}",
+                dir.display()
+            )));
+        }
+        shards.push(shard);
+    }
+    let mut expected = BTreeMap::new();
+    for (tensor, shard_name) in &index.weight_map {
+        // `shard_names` is sorted and holds every value of the map, so this finds it.
+        if let Ok(position) = shard_names.binary_search(&shard_name) {
+            expected.insert(tensor.clone(), position);
+        }
+    }
+    Ok(Sources {
+        shards,
+        index: Some((index_path.to_path_buf(), expected)),
+    })
+}
