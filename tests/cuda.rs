@@ -164,3 +164,134 @@ fn gpu_cast_buffer_grows_in_place_and_shrinks() {
         "shrinking kept the VRAM"
     );
 }
+
+/// Uploads `bytes` into a fresh arena through a pinned buffer.
+fn upload(device: &CudaDevice, bytes: &[u8]) -> stagehand::actors::DeviceArena {
+    let arena = device.allocate_arena(bytes.len() as u64).expect("arena");
+    let mut pinned = device.allocate_pinned(bytes.len() as u64).expect("pinned");
+    pinned.as_mut_slice().unwrap().copy_from_slice(bytes);
+    block_on(device.copy_to_device(pinned, 0, bytes.len() as u64, arena.base)).expect("upload");
+    arena
+}
+
+/// Deterministic values uniform in ±bound (a 64-bit LCG; no dependency needed).
+fn uniform_values(count: usize, bound: f32, seed: u64) -> Vec<f32> {
+    let mut state = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..count)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let unit = (state >> 40) as f32 / (1u64 << 24) as f32;
+            (unit * 2.0 - 1.0) * bound
+        })
+        .collect()
+}
+
+#[test]
+fn gpu_cublas_forward_matches_the_cpu_reference() {
+    // Proves the cuBLAS linear stack (sgemm for f32, GemmEx for f16/bf16) computes the
+    // same y = x·Wᵀ as the CPU reference within the stated tolerance, on non-square
+    // layers so a transposed operand would show.
+    let Some(device) = gpu_device() else { return };
+    let blas = cuda::CublasLinear::new(&device).expect("cuBLAS");
+    let widths = [384usize, 256, 512, 128, 320];
+    let batch = 8;
+    for dtype in [cuda::DType::F32, cuda::DType::F16, cuda::DType::Bf16] {
+        let mut host_weights = Vec::new();
+        let mut arenas = Vec::new();
+        let mut layers = Vec::new();
+        for (index, pair) in widths.windows(2).enumerate() {
+            let shape = cuda::LayerShape {
+                in_features: pair[0],
+                out_features: pair[1],
+            };
+            let bound = 1.0 / (pair[0] as f32).sqrt();
+            let weight: Vec<f32> = uniform_values(pair[0] * pair[1], bound, index as u64)
+                .into_iter()
+                .map(|value| dtype.round(value))
+                .collect();
+            let arena = upload(&device, &dtype.encode(&weight));
+            layers.push(cuda::DeviceLayer {
+                weight: arena.base,
+                shape,
+            });
+            host_weights.push((weight, shape));
+            arenas.push(arena);
+        }
+        let input: Vec<f32> = uniform_values(batch * widths[0], 1.0, 99)
+            .into_iter()
+            .map(|value| dtype.round(value))
+            .collect();
+        let widest = widths.iter().max().copied().unwrap() * batch * dtype.size_bytes();
+        let mut input_bytes = dtype.encode(&input);
+        input_bytes.resize(widest, 0);
+        let ping = upload(&device, &input_bytes);
+        let pong = device.allocate_arena(widest as u64).unwrap();
+        let output = blas
+            .forward(dtype, &layers, batch, [ping.base, pong.base])
+            .unwrap();
+        block_on(device.compute_done()).expect("compute done");
+        let output_len = batch * widths[widths.len() - 1];
+        let mut output_bytes = vec![0u8; output_len * dtype.size_bytes()];
+        device.copy_to_host(output, &mut output_bytes).unwrap();
+        let gpu = dtype.decode(&output_bytes);
+
+        let weights: Vec<(&[f32], cuda::LayerShape)> = host_weights
+            .iter()
+            .map(|(weight, shape)| (weight.as_slice(), *shape))
+            .collect();
+        let cpu = cuda::reference_forward(&weights, dtype, batch, &input).unwrap();
+        let error = cuda::normalised_error(&cpu, &gpu);
+        println!(
+            "{dtype:?}: normalised error {error:.3e} (tolerance {:.0e})",
+            cuda::tolerance(dtype)
+        );
+        assert!(
+            cpu.iter().any(|value| value.abs() > 1e-3),
+            "degenerate reference"
+        );
+        assert!(
+            error <= cuda::tolerance(dtype),
+            "{dtype:?}: error {error} over tolerance"
+        );
+        for arena in arenas.into_iter().chain([ping, pong]) {
+            device.free_arena(arena);
+        }
+    }
+}
+
+#[test]
+fn gpu_checksum_kernel_matches_the_cpu() {
+    // Proves the NVRTC checksum of device bytes equals the CPU checksum for aligned and
+    // unaligned ranges and ragged lengths, and changes when one byte on the device does.
+    let Some(device) = gpu_device() else { return };
+    let kernel = cuda::ChecksumKernel::new(&device).expect("NVRTC kernel");
+    let bytes: Vec<u8> = (0..(3u32 << 20) + 3)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    let arena = upload(&device, &bytes);
+    for (offset, len) in [
+        (0usize, bytes.len()),
+        (1, 4097),
+        (2, 6),
+        (4, 1 << 20),
+        (3, 0),
+        (7, 1),
+    ] {
+        let gpu = kernel
+            .checksum(arena.base.offset(offset as u64), len as u64)
+            .unwrap();
+        let cpu = cuda::checksum_cpu(&bytes[offset..offset + len]);
+        assert_eq!(gpu, cpu, "offset {offset} length {len}");
+    }
+    let before = kernel.checksum(arena.base, bytes.len() as u64).unwrap();
+    let mut flipped = device.allocate_pinned(1).unwrap();
+    flipped.as_mut_slice().unwrap()[0] = bytes[123_457] ^ 1;
+    let _ = block_on(device.copy_to_device(flipped, 0, 1, arena.base.offset(123_457))).unwrap();
+    let after = kernel.checksum(arena.base, bytes.len() as u64).unwrap();
+    assert_ne!(before, after, "a changed byte on the device went unnoticed");
+    device.free_arena(arena);
+}
