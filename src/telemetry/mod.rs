@@ -1,6 +1,7 @@
 //! Observability: every metric declared once ([`catalog`]), the Prometheus adapter of the
 //! pipeline's `Observer` port ([`PrometheusObserver`]), the `/metrics` listener
-//! ([`install`]) and a reader of the text exposition ([`exposition`]).
+//! ([`install`]), a reader of the text exposition ([`exposition`]) and the PromQL checks the
+//! dashboard tests use ([`promql`]).
 //!
 //! ```no_run
 //! # fn demo() -> Result<(), stagehand::telemetry::TelemetryError> {
@@ -13,6 +14,7 @@
 pub mod catalog;
 pub mod exposition;
 mod observer;
+pub mod promql;
 mod server;
 
 use std::net::SocketAddr;
