@@ -15,6 +15,8 @@ mod clock;
 mod compute;
 mod device;
 mod faults;
+mod hardware;
+mod machine;
 mod storage;
 pub mod trace;
 
@@ -22,6 +24,8 @@ pub use clock::{transfer_duration, SerialLane, SimClock};
 pub use compute::{ComputeRates, SimCompute};
 pub use device::{CopyLabeler, CopyStats, LinkRates, SimDevice, SimDeviceSpec};
 pub use faults::{FaultPlan, SplitMix64};
+pub use hardware::{DiskSpec, GpuSpec, HardwareProfile, LinkSpec};
+pub use machine::SimMachine;
 pub use storage::{DiskRates, ReadStats, SimStorage};
 pub use trace::{Lane, TraceError, TraceRecorder, TraceSlice};
 
@@ -34,6 +38,14 @@ pub enum SimError {
     Runtime(String),
     #[error("fault plan: `{key}`: {message}")]
     InvalidFaults { key: String, message: String },
+    #[error("unknown {kind} `{name}`: not a shipped one ({known}) and not a file")]
+    UnknownProfile {
+        kind: &'static str,
+        name: String,
+        known: String,
+    },
+    #[error("{file}: {message}")]
+    Profile { file: String, message: String },
 }
 
 /// A current-thread tokio runtime whose clock starts paused: time advances only when
@@ -51,4 +63,3 @@ pub fn virtual_time_system() -> Result<actix_rt::SystemRunner, SimError> {
     let runtime = virtual_time_runtime()?;
     Ok(actix_rt::System::with_tokio_rt(move || runtime))
 }
-

@@ -1,0 +1,396 @@
+//! Hardware profiles: a GPU, its host link, a disk and the host's RAM.
+//!
+//! The shipped profiles live in `config/hardware/*.toml` and are embedded in the
+//! binary, so `--hardware rtx4090` works from any directory. A user's own profile is
+//! a file of the same shape, given by path; it may name a shipped link or disk or
+//! describe its own in a `[link]` / `[disk]` table.
+
+use std::path::Path;
+use std::time::Duration;
+
+use bytesize::ByteSize;
+use serde::{Deserialize, Serialize};
+
+use super::compute::ComputeRates;
+use super::device::{LinkRates, SimDeviceSpec};
+use super::storage::DiskRates;
+use super::SimError;
+
+/// The shipped machine profiles, by name.
+const BUILTIN_PROFILES: &[(&str, &str)] = &[
+    (
+        "rtx3060-12gb",
+        include_str!("../../config/hardware/rtx3060-12gb.toml"),
+    ),
+    (
+        "rtx4090",
+        include_str!("../../config/hardware/rtx4090.toml"),
+    ),
+    (
+        "rtx5090",
+        include_str!("../../config/hardware/rtx5090.toml"),
+    ),
+    (
+        "rtx-pro-6000",
+        include_str!("../../config/hardware/rtx-pro-6000.toml"),
+    ),
+    (
+        "h100-80gb",
+        include_str!("../../config/hardware/h100-80gb.toml"),
+    ),
+    ("h200", include_str!("../../config/hardware/h200.toml")),
+];
+const LINKS_FILE: &str = include_str!("../../config/hardware/links.toml");
+const DISKS_FILE: &str = include_str!("../../config/hardware/disks.toml");
+
+/// A resolved machine: everything the simulator and the fit check need.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct HardwareProfile {
+    /// The name it was loaded by (built-in name or file stem).
+    pub name: String,
+    /// "built-in" or the file it came from.
+    pub source: String,
+    pub gpu: GpuSpec,
+    pub link: LinkSpec,
+    pub disk: DiskSpec,
+    pub ram_bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuSpec {
+    pub name: String,
+    pub vram: ByteSize,
+    pub pcie_generation: u32,
+    /// Dense (no sparsity) bf16 tensor throughput, FP32 accumulate.
+    pub bf16_dense_tflops: f64,
+    /// Fraction of the dense peak a whole model step sustains.
+    pub sustained_efficiency: f64,
+    pub memory_gb_per_s: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LinkSpec {
+    #[serde(default)]
+    pub name: String,
+    pub pinned_gb_per_s: f64,
+    pub pageable_gb_per_s: f64,
+    pub latency_us: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiskSpec {
+    #[serde(default)]
+    pub name: String,
+    pub read_gb_per_s: f64,
+    pub request_latency_us: f64,
+}
+
+/// The file format of a machine profile.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ProfileFile {
+    gpu: GpuSpec,
+    host: HostSection,
+    /// A link of the user's own, instead of the one the PCIe generation names.
+    link: Option<LinkSpec>,
+    /// A disk of the user's own, instead of `host.disk`.
+    disk: Option<DiskSpec>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HostSection {
+    ram: ByteSize,
+    /// Name of a shipped disk (hdd, sata, nvme3, nvme4, nvme5).
+    disk: Option<String>,
+}
+
+impl HardwareProfile {
+    /// Loads a shipped profile by name, or a user's profile file by path.
+    pub fn load(name_or_path: &str) -> Result<Self, SimError> {
+        if let Some((name, text)) = BUILTIN_PROFILES
+            .iter()
+            .find(|(name, _)| *name == name_or_path)
+        {
+            return Self::parse(name, "built-in", text);
+        }
+        let path = Path::new(name_or_path);
+        if !path.is_file() {
+            return Err(SimError::UnknownProfile {
+                kind: "hardware",
+                name: name_or_path.to_string(),
+                known: Self::builtin_names().join(", "),
+            });
+        }
+        let text = std::fs::read_to_string(path).map_err(|error| SimError::Profile {
+            file: path.display().to_string(),
+            message: error.to_string(),
+        })?;
+        let name = path.file_stem().map_or_else(
+            || name_or_path.to_string(),
+            |stem| stem.to_string_lossy().into_owned(),
+        );
+        Self::parse(&name, &path.display().to_string(), &text)
+    }
+
+    /// Names `load` accepts without a path.
+    pub fn builtin_names() -> Vec<&'static str> {
+        BUILTIN_PROFILES.iter().map(|(name, _)| *name).collect()
+    }
+
+    /// Names `with_disk` accepts.
+    pub fn disk_names() -> Result<Vec<String>, SimError> {
+        Ok(catalog::<DiskSpec>("disks.toml", DISKS_FILE)?
+            .into_iter()
+            .map(|(name, _)| name)
+            .collect())
+    }
+
+    /// Parses a profile's text; `source` names it in errors.
+    pub fn parse(name: &str, source: &str, text: &str) -> Result<Self, SimError> {
+        let profile_error = |message: String| SimError::Profile {
+            file: source.to_string(),
+            message,
+        };
+        let file: ProfileFile =
+            toml::from_str(text).map_err(|error| profile_error(error.to_string()))?;
+        let link = match file.link {
+            Some(link) => link,
+            None => named_link(&format!("pcie{}", file.gpu.pcie_generation)).map_err(|_| {
+                profile_error(format!(
+                    "gpu.pcie_generation = {}: no shipped link `pcie{0}` (3, 4 or 5); describe it in a [link] table",
+                    file.gpu.pcie_generation
+                ))
+            })?,
+        };
+        let disk = match (file.disk, file.host.disk) {
+            (Some(_), Some(_)) => {
+                return Err(profile_error(
+                    "both host.disk and a [disk] table: keep one".to_string(),
+                ))
+            }
+            (Some(disk), None) => disk,
+            (None, Some(name)) => {
+                named_disk(&name).map_err(|error| profile_error(format!("host.disk: {error}")))?
+            }
+            (None, None) => {
+                return Err(profile_error(
+                    "no disk: set host.disk to a shipped disk or add a [disk] table".to_string(),
+                ))
+            }
+        };
+        let profile = Self {
+            name: name.to_string(),
+            source: source.to_string(),
+            gpu: file.gpu,
+            link,
+            disk,
+            ram_bytes: file.host.ram.as_u64(),
+        };
+        profile.validate().map_err(profile_error)?;
+        Ok(profile)
+    }
+
+    /// The same machine with another amount of RAM (`--ram`).
+    pub fn with_ram(mut self, ram: ByteSize) -> Self {
+        self.ram_bytes = ram.as_u64();
+        self
+    }
+
+    /// The same machine with a shipped disk (`--disk nvme4`).
+    pub fn with_disk(mut self, name: &str) -> Result<Self, SimError> {
+        self.disk = named_disk(name)?;
+        Ok(self)
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        let positive = [
+            ("gpu.bf16_dense_tflops", self.gpu.bf16_dense_tflops),
+            ("gpu.memory_gb_per_s", self.gpu.memory_gb_per_s),
+            ("link.pinned_gb_per_s", self.link.pinned_gb_per_s),
+            ("link.pageable_gb_per_s", self.link.pageable_gb_per_s),
+            ("disk.read_gb_per_s", self.disk.read_gb_per_s),
+        ];
+        for (key, value) in positive {
+            if !(value.is_finite() && value > 0.0) {
+                return Err(format!("{key} = {value}: must be a positive number"));
+            }
+        }
+        let efficiency = self.gpu.sustained_efficiency;
+        if !(efficiency > 0.0 && efficiency <= 1.0) {
+            return Err(format!(
+                "gpu.sustained_efficiency = {efficiency}: must be in (0, 1]"
+            ));
+        }
+        for (key, value) in [
+            ("link.latency_us", self.link.latency_us),
+            ("disk.request_latency_us", self.disk.request_latency_us),
+        ] {
+            if !(value.is_finite() && value >= 0.0) {
+                return Err(format!("{key} = {value}: must be zero or positive"));
+            }
+        }
+        if self.gpu.vram.as_u64() == 0 {
+            return Err("gpu.vram: must be more than 0".to_string());
+        }
+        if self.ram_bytes == 0 {
+            return Err("host.ram: must be more than 0".to_string());
+        }
+        Ok(())
+    }
+
+    pub fn vram_bytes(&self) -> u64 {
+        self.gpu.vram.as_u64()
+    }
+
+    pub fn link_rates(&self) -> LinkRates {
+        LinkRates {
+            pinned_bytes_per_second: gigabytes(self.link.pinned_gb_per_s),
+            pageable_bytes_per_second: gigabytes(self.link.pageable_gb_per_s),
+            latency: microseconds(self.link.latency_us),
+        }
+    }
+
+    pub fn disk_rates(&self) -> DiskRates {
+        DiskRates {
+            bytes_per_second: gigabytes(self.disk.read_gb_per_s),
+            request_latency: microseconds(self.disk.request_latency_us),
+        }
+    }
+
+    pub fn compute_rates(&self) -> ComputeRates {
+        ComputeRates {
+            sustained_flops_per_second: self.gpu.bf16_dense_tflops
+                * 1e12
+                * self.gpu.sustained_efficiency,
+            memory_bytes_per_second: gigabytes(self.gpu.memory_gb_per_s),
+        }
+    }
+
+    /// The simulated device; it may pin at most the host's RAM (the pin manager's
+    /// ceiling is the tighter, deliberate limit).
+    pub fn device_spec(&self) -> SimDeviceSpec {
+        SimDeviceSpec {
+            vram_bytes: self.vram_bytes(),
+            pinnable_bytes: self.ram_bytes,
+            link: self.link_rates(),
+        }
+    }
+}
+
+fn named_link(name: &str) -> Result<LinkSpec, SimError> {
+    named("link", "links.toml", LINKS_FILE, name)
+}
+
+fn named_disk(name: &str) -> Result<DiskSpec, SimError> {
+    named("disk", "disks.toml", DISKS_FILE, name)
+}
+
+fn named<T: for<'de> Deserialize<'de> + NamedSpec>(
+    kind: &'static str,
+    file: &str,
+    text: &str,
+    name: &str,
+) -> Result<T, SimError> {
+    let entries = catalog::<T>(file, text)?;
+    let known: Vec<&str> = entries.iter().map(|(name, _)| name.as_str()).collect();
+    let known = known.join(", ");
+    entries
+        .into_iter()
+        .find(|(entry, _)| entry == name)
+        .map(|(_, spec)| spec)
+        .ok_or_else(|| SimError::UnknownProfile {
+            kind,
+            name: name.to_string(),
+            known,
+        })
+}
+
+/// The tables of a catalog file, in file order, each with its name filled in.
+fn catalog<T: for<'de> Deserialize<'de> + NamedSpec>(
+    file: &str,
+    text: &str,
+) -> Result<Vec<(String, T)>, SimError> {
+    let error = |message: String| SimError::Profile {
+        file: format!("config/hardware/{file}"),
+        message,
+    };
+    let table: toml::Table = toml::from_str(text).map_err(|e| error(e.to_string()))?;
+    let mut entries = Vec::new();
+    for (name, value) in table {
+        let mut spec: T = value
+            .try_into()
+            .map_err(|e: toml::de::Error| error(format!("[{name}]: {e}")))?;
+        spec.set_name(&name);
+        entries.push((name, spec));
+    }
+    Ok(entries)
+}
+
+trait NamedSpec {
+    fn set_name(&mut self, name: &str);
+}
+
+impl NamedSpec for LinkSpec {
+    fn set_name(&mut self, name: &str) {
+        self.name = name.to_string();
+    }
+}
+
+impl NamedSpec for DiskSpec {
+    fn set_name(&mut self, name: &str) {
+        self.name = name.to_string();
+    }
+}
+
+/// Decimal GB/s to bytes per second.
+fn gigabytes(gb_per_second: f64) -> u64 {
+    (gb_per_second * 1e9).round() as u64
+}
+
+fn microseconds(value: f64) -> Duration {
+    Duration::from_nanos((value * 1e3).round() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_profile_resolves_its_link_from_the_pcie_generation() {
+        let profile = HardwareProfile::load("rtx4090").unwrap();
+        assert_eq!(profile.link.name, "pcie4");
+        assert_eq!(profile.link_rates().pinned_bytes_per_second, 25_000_000_000);
+        assert_eq!(profile.vram_bytes(), 24 << 30);
+    }
+
+    #[test]
+    fn errors_name_the_file_and_the_key() {
+        let text = "[gpu]\nname = \"x\"\nvram = \"8 GiB\"\npcie_generation = 4\nbf16_dense_tflops = 10\nsustained_efficiency = 0.5\nmemory_gb_per_s = 100\nbogus = 1\n[host]\nram = \"8 GiB\"\ndisk = \"nvme4\"\n";
+        let message = HardwareProfile::parse("x", "my-box.toml", text)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            message.contains("my-box.toml") && message.contains("bogus"),
+            "{message}"
+        );
+
+        let slow = text.replace("bogus = 1\n", "").replace("0.5", "1.5");
+        let message = HardwareProfile::parse("x", "my-box.toml", &slow)
+            .unwrap_err()
+            .to_string();
+        assert!(message.contains("gpu.sustained_efficiency"), "{message}");
+
+        let floppy = text.replace("bogus = 1\n", "").replace("nvme4", "floppy");
+        let message = HardwareProfile::parse("x", "my-box.toml", &floppy)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            message.contains("floppy") && message.contains("nvme5"),
+            "{message}"
+        );
+    }
+}

@@ -1,0 +1,58 @@
+//! A whole simulated machine built from a hardware profile: one clock, one device,
+//! one disk, one compute stream, optionally one trace.
+
+use std::sync::Arc;
+
+use stagehand_actors::ModelLayout;
+
+use super::clock::SimClock;
+use super::compute::SimCompute;
+use super::device::SimDevice;
+use super::faults::FaultPlan;
+use super::hardware::HardwareProfile;
+use super::storage::SimStorage;
+use super::trace::TraceRecorder;
+use super::SimError;
+
+/// The adapters of one simulated box, sharing one exact timeline.
+#[derive(Debug)]
+pub struct SimMachine {
+    pub clock: Arc<SimClock>,
+    pub device: Arc<SimDevice>,
+    pub storage: Arc<SimStorage>,
+    pub compute: Arc<SimCompute>,
+    pub trace: Option<Arc<TraceRecorder>>,
+}
+
+impl SimMachine {
+    /// Builds the machine; must be called inside [`super::virtual_time_runtime`].
+    /// With the model's layout, reads are labelled by block in the trace and reads
+    /// outside the model's files are errors.
+    pub fn new(
+        profile: &HardwareProfile,
+        faults: &FaultPlan,
+        layout: Option<&ModelLayout>,
+        trace: Option<Arc<TraceRecorder>>,
+    ) -> Result<Self, SimError> {
+        faults.validate()?;
+        let clock = SimClock::new()?;
+        let mut device = SimDevice::new(profile.device_spec(), Arc::clone(&clock), faults);
+        let mut storage = SimStorage::new(profile.disk_rates(), Arc::clone(&clock), faults);
+        if let Some(layout) = layout {
+            storage = storage.with_layout(layout);
+        }
+        let mut compute = SimCompute::new(profile.compute_rates(), Arc::clone(&clock));
+        if let Some(trace) = &trace {
+            device = device.with_trace(Arc::clone(trace));
+            storage = storage.with_trace(Arc::clone(trace));
+            compute = compute.with_trace(Arc::clone(trace));
+        }
+        Ok(Self {
+            clock,
+            device: Arc::new(device),
+            storage: Arc::new(storage),
+            compute: Arc::new(compute),
+            trace,
+        })
+    }
+}
