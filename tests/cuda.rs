@@ -295,3 +295,24 @@ fn gpu_checksum_kernel_matches_the_cpu() {
     assert_ne!(before, after, "a changed byte on the device went unnoticed");
     device.free_arena(arena);
 }
+
+#[test]
+fn gpu_link_figures_are_measured() {
+    // Proves the link benchmark runs end to end and yields positive, finite figures
+    // (no timing assertion: those belong to the benchmark report, not a test).
+    let Some(device) = gpu_device() else { return };
+    assert!(
+        cuda::bench::link_figures(&device, 4096).is_err(),
+        "too small to measure"
+    );
+    let figures = cuda::bench::link_figures(&device, 64 << 20).expect("link figures");
+    println!("{}", figures.to_markdown());
+    for value in [
+        figures.pinned_h2d_bytes_per_second,
+        figures.pageable_h2d_bytes_per_second,
+        figures.register_seconds_per_gib,
+        figures.unregister_seconds_per_gib,
+    ] {
+        assert!(value.is_finite() && value > 0.0, "{figures:?}");
+    }
+}

@@ -6,6 +6,7 @@
 //! point checks they are present first ([`library`]), so a machine without a GPU gets
 //! a `CudaError` saying what to do, never a panic.
 
+pub mod bench;
 mod budget;
 mod cast_buffer;
 mod checksum;
