@@ -4,7 +4,10 @@
 use std::time::Duration;
 
 use bytesize::ByteSize;
-use stagehand::sim::{virtual_time_runtime, FaultPlan, HardwareProfile, SimMachine, TraceRecorder};
+use stagehand::model::ModelIndex;
+use stagehand::sim::{
+    virtual_time_runtime, FaultPlan, HardwareProfile, ModelDescription, SimMachine, TraceRecorder,
+};
 
 const GIB: u64 = 1 << 30;
 
@@ -155,4 +158,105 @@ fn a_machine_built_from_a_profile_runs_at_the_profiles_rates() {
     // 250 MB at PCIe 4.0's 25 GB/s plus the link's 10 µs.
     assert_eq!(done_at, Duration::from_micros(10_010));
     assert_eq!(trace.len(), 1);
+}
+
+#[test]
+fn every_shipped_model_loads_with_its_published_size() {
+    // (name, parameters from the published configs, blocks, tensors)
+    let expected = [
+        ("flux1-dev", 11_901_408_320_u64, 59, 780),
+        ("wan2.2-14b", 14_288_491_584, 42, 1_095),
+        ("sdxl-unet", 2_567_463_684, 9, 1_680),
+        ("llama3-8b", 8_030_261_248, 34, 291),
+        ("llama3-70b", 70_553_706_496, 82, 723),
+        ("mixtral-8x7b", 46_702_792_704, 34, 995),
+    ];
+    assert_eq!(ModelDescription::builtin_names().len(), expected.len());
+    for (name, parameters, blocks, tensors) in expected {
+        let model = ModelDescription::load(name).unwrap();
+        assert_eq!(model.name, name);
+        assert_eq!(model.dtype, "bf16");
+        assert_eq!(model.total_bytes(), 2 * parameters, "{name}");
+        assert_eq!(model.blocks.len(), blocks, "{name}");
+        assert_eq!(model.tensor_count(), tensors, "{name}");
+        let layout = model.layout();
+        assert_eq!(layout.total_bytes(), model.total_bytes(), "{name}");
+        assert_eq!(layout.largest_block_bytes(), model.largest_block_bytes());
+    }
+}
+
+#[test]
+fn shipped_models_have_the_step_flops_their_arithmetic_says() {
+    // Flux: 4608 tokens × 57 blocks × 283.1 MFLOP ≈ 74.4 TFLOP per step.
+    let flux = ModelDescription::load("flux1-dev").unwrap();
+    let flux_tflop = flux.step_flops() / 1e12;
+    assert!((74.0..75.0).contains(&flux_tflop), "{flux_tflop}");
+    // Mixtral: only 2 of 8 experts run per token.
+    let mixtral = ModelDescription::load("mixtral-8x7b").unwrap();
+    let experts = mixtral.experts.unwrap();
+    assert_eq!((experts.per_layer, experts.top_k), (8, 2));
+    assert_eq!(experts.bytes_each, 352_321_536);
+    let layer = &mixtral.blocks[1];
+    assert!(layer.flops_per_token < layer.bytes as f64 / 2.0 * 2.0 / 3.0);
+}
+
+#[test]
+fn a_users_model_file_and_a_real_checkpoint_both_describe_a_model() {
+    let directory = tempfile::tempdir().unwrap();
+    let path = directory.path().join("tiny.toml");
+    std::fs::write(
+        &path,
+        "dtype = \"f32\"\ntokens_per_step = 8\nblock_count = 4\nbytes_per_block = 4096\nflops_per_token_per_block = 2048.0\n",
+    )
+    .unwrap();
+    let model = ModelDescription::load(path.to_str().unwrap()).unwrap();
+    assert_eq!((model.name.as_str(), model.blocks.len()), ("tiny", 4));
+
+    let checkpoint = directory.path().join("two_layers.safetensors");
+    write_checkpoint(&checkpoint);
+    let index = ModelIndex::open(&checkpoint, None).unwrap();
+    let model = ModelDescription::from_model_index(&index, 16, None).unwrap();
+    assert_eq!(model.total_bytes(), index.total_bytes());
+    assert_eq!(model.tokens_per_step, 16);
+    // Each layer holds one 8×4 f32 matrix and an 8-element bias: 2 × 32 FLOPs per token.
+    let layer = model
+        .blocks
+        .iter()
+        .find(|block| block.name.ends_with(".0"))
+        .unwrap();
+    assert_eq!(layer.flops_per_token, 64.0);
+    assert_eq!(layer.bytes, (32 + 8) * 4);
+}
+
+#[test]
+fn unknown_models_list_the_shipped_ones() {
+    let error = ModelDescription::load("gpt-5").unwrap_err().to_string();
+    assert!(
+        error.contains("gpt-5") && error.contains("llama3-70b"),
+        "{error}"
+    );
+}
+
+/// A two-layer f32 safetensors file: `layers.N.weight` [8, 4] and `layers.N.bias` [8].
+fn write_checkpoint(path: &std::path::Path) {
+    let mut header = serde_json::Map::new();
+    let mut offset = 0usize;
+    for layer in 0..2 {
+        for (name, shape) in [("weight", vec![8, 4]), ("bias", vec![8])] {
+            let bytes = shape.iter().product::<usize>() * 4;
+            header.insert(
+                format!("layers.{layer}.{name}"),
+                serde_json::json!({"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + bytes]}),
+            );
+            offset += bytes;
+        }
+    }
+    let mut json = serde_json::to_vec(&header).unwrap();
+    while json.len() % 8 != 0 {
+        json.push(b' ');
+    }
+    let mut file = (json.len() as u64).to_le_bytes().to_vec();
+    file.extend(json);
+    file.extend(vec![0u8; offset]);
+    std::fs::write(path, file).unwrap();
 }

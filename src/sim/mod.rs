@@ -17,6 +17,7 @@ mod device;
 mod faults;
 mod hardware;
 mod machine;
+mod model;
 mod storage;
 pub mod trace;
 
@@ -26,6 +27,7 @@ pub use device::{CopyLabeler, CopyStats, LinkRates, SimDevice, SimDeviceSpec};
 pub use faults::{FaultPlan, SplitMix64};
 pub use hardware::{DiskSpec, GpuSpec, HardwareProfile, LinkSpec};
 pub use machine::SimMachine;
+pub use model::{BlockDesc, ExpertDesc, ModelDescription};
 pub use storage::{DiskRates, ReadStats, SimStorage};
 pub use trace::{Lane, TraceError, TraceRecorder, TraceSlice};
 

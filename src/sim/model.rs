@@ -1,0 +1,514 @@
+//! Model descriptions: what the simulator and the fit check know of a model.
+//!
+//! A description is the model's blocks in forward order, each with its bytes and the
+//! FLOPs one token costs in it, plus how many tokens one step processes. It comes from
+//! a small TOML (the shipped ones in `config/models/*.toml`, embedded in the binary,
+//! carry their arithmetic in comments) or from a real checkpoint's header.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use stagehand_actors::{BlockLayout, Extent, FileId, ModelLayout};
+
+use super::SimError;
+use crate::model::ModelIndex;
+
+const BUILTIN_MODELS: &[(&str, &str)] = &[
+    (
+        "flux1-dev",
+        include_str!("../../config/models/flux1-dev.toml"),
+    ),
+    (
+        "wan2.2-14b",
+        include_str!("../../config/models/wan2.2-14b.toml"),
+    ),
+    (
+        "sdxl-unet",
+        include_str!("../../config/models/sdxl-unet.toml"),
+    ),
+    (
+        "llama3-8b",
+        include_str!("../../config/models/llama3-8b.toml"),
+    ),
+    (
+        "llama3-70b",
+        include_str!("../../config/models/llama3-70b.toml"),
+    ),
+    (
+        "mixtral-8x7b",
+        include_str!("../../config/models/mixtral-8x7b.toml"),
+    ),
+];
+
+/// Most blocks a description may have (a bound, and far above any real model).
+const MAX_BLOCKS: u64 = 100_000;
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModelDescription {
+    pub name: String,
+    /// "built-in", a TOML path, or the checkpoint path.
+    pub source: String,
+    pub dtype: String,
+    /// Tokens one step pushes through every block: image/video latent tokens (× 2
+    /// with classifier-free guidance) for diffusion, the batch size for decode.
+    pub tokens_per_step: u64,
+    /// In forward order.
+    pub blocks: Vec<BlockDesc>,
+    pub experts: Option<ExpertDesc>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BlockDesc {
+    pub name: String,
+    pub bytes: u64,
+    pub flops_per_token: f64,
+    /// Tensors in the block (extents in the simulated file).
+    #[serde(default = "one")]
+    pub tensors: u32,
+}
+
+/// Mixture-of-experts layers: each block holds `per_layer` experts of `bytes_each`,
+/// of which a token uses `top_k`. Block bytes include every expert; block FLOPs only
+/// the active ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExpertDesc {
+    pub per_layer: u32,
+    pub top_k: u32,
+    pub bytes_each: u64,
+}
+
+/// The TOML format. Blocks come from exactly one of: `[[blocks]]`, `[[groups]]`, or
+/// the uniform `block_count` + `bytes_per_block` + `flops_per_token_per_block`;
+/// `[head]` and `[tail]` wrap any of them.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ModelFile {
+    name: Option<String>,
+    dtype: String,
+    tokens_per_step: u64,
+    blocks: Option<Vec<BlockDesc>>,
+    groups: Option<Vec<GroupDesc>>,
+    block_count: Option<u64>,
+    bytes_per_block: Option<u64>,
+    flops_per_token_per_block: Option<f64>,
+    tensors_per_block: Option<u32>,
+    head: Option<BlockDesc>,
+    tail: Option<BlockDesc>,
+    experts: Option<ExpertDesc>,
+}
+
+/// `count` equal blocks named `name.0`, `name.1`, ...
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GroupDesc {
+    name: String,
+    count: u64,
+    bytes_per_block: u64,
+    flops_per_token_per_block: f64,
+    #[serde(default = "one")]
+    tensors_per_block: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+impl ModelDescription {
+    /// Loads a shipped description by name, or a TOML file by path.
+    pub fn load(name_or_path: &str) -> Result<Self, SimError> {
+        if let Some((name, text)) = BUILTIN_MODELS
+            .iter()
+            .find(|(name, _)| *name == name_or_path)
+        {
+            return Self::parse(name, "built-in", text);
+        }
+        let path = Path::new(name_or_path);
+        if !path.is_file() {
+            return Err(SimError::UnknownProfile {
+                kind: "model",
+                name: name_or_path.to_string(),
+                known: Self::builtin_names().join(", "),
+            });
+        }
+        let source = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|error| SimError::Profile {
+            file: source.clone(),
+            message: error.to_string(),
+        })?;
+        let stem = path.file_stem().map_or_else(
+            || source.clone(),
+            |stem| stem.to_string_lossy().into_owned(),
+        );
+        Self::parse(&stem, &source, &text)
+    }
+
+    pub fn builtin_names() -> Vec<&'static str> {
+        BUILTIN_MODELS.iter().map(|(name, _)| *name).collect()
+    }
+
+    /// Parses a description; `source` names it in errors.
+    pub fn parse(default_name: &str, source: &str, text: &str) -> Result<Self, SimError> {
+        let error = |message: String| SimError::Profile {
+            file: source.to_string(),
+            message,
+        };
+        let file: ModelFile = toml::from_str(text).map_err(|e| error(e.to_string()))?;
+        let body = body_blocks(&file).map_err(error)?;
+        let mut blocks = Vec::with_capacity(body.len() + 2);
+        blocks.extend(file.head);
+        blocks.extend(body);
+        blocks.extend(file.tail);
+        let description = Self {
+            name: file.name.unwrap_or_else(|| default_name.to_string()),
+            source: source.to_string(),
+            dtype: file.dtype,
+            tokens_per_step: file.tokens_per_step,
+            blocks,
+            experts: file.experts,
+        };
+        description.validate().map_err(error)?;
+        Ok(description)
+    }
+
+    /// Describes a real checkpoint from its index. FLOPs per token are estimated as
+    /// 2 × the elements of every tensor of two or more dimensions (each token
+    /// multiplies each weight matrix once; per output position for a convolution),
+    /// leaving out token-embedding tables (a lookup, not a product) and attention's
+    /// sequence-length term, which a header cannot tell. Expert tensors count
+    /// `top_k / experts per layer` of their FLOPs (all of them when `top_k` is `None`).
+    pub fn from_model_index(
+        index: &ModelIndex,
+        tokens_per_step: u64,
+        top_k: Option<u32>,
+    ) -> Result<Self, SimError> {
+        let source = index.path.display().to_string();
+        let experts = expert_desc(index, top_k);
+        let active_expert_share = experts.map_or(1.0, |experts| {
+            f64::from(experts.top_k) / f64::from(experts.per_layer.max(1))
+        });
+        let blocks = index
+            .blocks
+            .iter()
+            .map(|block| {
+                let flops_per_token = block
+                    .tensors
+                    .iter()
+                    .filter_map(|&tensor| index.tensors.get(tensor))
+                    .filter(|tensor| tensor.shape.len() >= 2 && !is_embedding_table(&tensor.name))
+                    .map(|tensor| {
+                        let elements: f64 = tensor.shape.iter().map(|&dim| dim as f64).product();
+                        let share = if tensor.expert.is_some() {
+                            active_expert_share
+                        } else {
+                            1.0
+                        };
+                        2.0 * elements * share
+                    })
+                    .sum();
+                BlockDesc {
+                    name: block.name.clone(),
+                    bytes: block.bytes,
+                    flops_per_token,
+                    tensors: u32::try_from(block.tensors.len()).unwrap_or(u32::MAX),
+                }
+            })
+            .collect();
+        let dtypes: BTreeSet<&str> = index
+            .tensors
+            .iter()
+            .map(|tensor| tensor.dtype.as_str())
+            .collect();
+        let name = index.path.file_stem().map_or_else(
+            || source.clone(),
+            |stem| stem.to_string_lossy().into_owned(),
+        );
+        let description = Self {
+            name,
+            source: source.clone(),
+            dtype: dtypes
+                .into_iter()
+                .collect::<Vec<_>>()
+                .join("+")
+                .to_lowercase(),
+            tokens_per_step,
+            blocks,
+            experts,
+        };
+        description
+            .validate()
+            .map_err(|message| SimError::Profile {
+                file: source,
+                message,
+            })?;
+        Ok(description)
+    }
+
+    pub fn total_bytes(&self) -> u64 {
+        self.blocks.iter().map(|block| block.bytes).sum()
+    }
+
+    pub fn largest_block_bytes(&self) -> u64 {
+        self.blocks
+            .iter()
+            .map(|block| block.bytes)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// FLOPs of one block for one step.
+    pub fn block_step_flops(&self, block: &BlockDesc) -> f64 {
+        block.flops_per_token * self.tokens_per_step as f64
+    }
+
+    /// FLOPs of the whole model for one step.
+    pub fn step_flops(&self) -> f64 {
+        self.blocks
+            .iter()
+            .map(|block| self.block_step_flops(block))
+            .sum()
+    }
+
+    pub fn tensor_count(&self) -> u64 {
+        self.blocks
+            .iter()
+            .map(|block| u64::from(block.tensors))
+            .sum()
+    }
+
+    /// A layout for the simulated disk: one file holding the blocks end to end in
+    /// forward order, each block split into its tensors' extents (equal parts).
+    pub fn layout(&self) -> ModelLayout {
+        let mut offset = 0;
+        let blocks = self
+            .blocks
+            .iter()
+            .map(|block| {
+                let parts = u64::from(block.tensors.max(1)).min(block.bytes.max(1));
+                let extents = (0..parts)
+                    .map(|part| {
+                        let start = block.bytes * part / parts;
+                        let end = block.bytes * (part + 1) / parts;
+                        Extent {
+                            file: FileId(0),
+                            offset: offset + start,
+                            length: end - start,
+                        }
+                    })
+                    .collect();
+                offset += block.bytes;
+                BlockLayout::new(block.name.clone(), extents)
+            })
+            .collect();
+        ModelLayout { blocks }
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        if self.blocks.is_empty() {
+            return Err("no blocks".to_string());
+        }
+        if self.tokens_per_step == 0 {
+            return Err("tokens_per_step: must be at least 1".to_string());
+        }
+        for block in &self.blocks {
+            if block.bytes == 0 {
+                return Err(format!("block `{}`: bytes must be more than 0", block.name));
+            }
+            if !(block.flops_per_token.is_finite() && block.flops_per_token >= 0.0) {
+                return Err(format!(
+                    "block `{}`: flops_per_token = {} must be zero or positive",
+                    block.name, block.flops_per_token
+                ));
+            }
+        }
+        if let Some(experts) = self.experts {
+            if experts.per_layer == 0 || experts.top_k == 0 || experts.top_k > experts.per_layer {
+                return Err(format!(
+                    "experts: top_k = {} must be between 1 and per_layer = {}",
+                    experts.top_k, experts.per_layer
+                ));
+            }
+            let all_experts = experts
+                .bytes_each
+                .saturating_mul(u64::from(experts.per_layer));
+            if all_experts > self.largest_block_bytes() {
+                return Err(format!(
+                    "experts: {} × {} bytes do not fit in the largest block ({} bytes); block bytes include every expert",
+                    experts.per_layer,
+                    experts.bytes_each,
+                    self.largest_block_bytes()
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The blocks between head and tail, from whichever form the file uses.
+fn body_blocks(file: &ModelFile) -> Result<Vec<BlockDesc>, String> {
+    let uniform = file.block_count.is_some()
+        || file.bytes_per_block.is_some()
+        || file.flops_per_token_per_block.is_some()
+        || file.tensors_per_block.is_some();
+    let forms = [file.blocks.is_some(), file.groups.is_some(), uniform];
+    if forms.iter().filter(|&&used| used).count() != 1 {
+        return Err(
+            "give the blocks exactly one way: [[blocks]], [[groups]], or block_count + bytes_per_block + flops_per_token_per_block"
+                .to_string(),
+        );
+    }
+    if let Some(blocks) = &file.blocks {
+        return Ok(blocks.clone());
+    }
+    let groups = match &file.groups {
+        Some(groups) => groups.iter().collect::<Vec<_>>(),
+        None => Vec::new(),
+    };
+    let uniform_group;
+    let groups = if uniform {
+        let missing = |key: &str| format!("{key}: required with block_count");
+        uniform_group = GroupDesc {
+            name: "blocks".to_string(),
+            count: file.block_count.ok_or_else(|| missing("block_count"))?,
+            bytes_per_block: file
+                .bytes_per_block
+                .ok_or_else(|| missing("bytes_per_block"))?,
+            flops_per_token_per_block: file
+                .flops_per_token_per_block
+                .ok_or_else(|| missing("flops_per_token_per_block"))?,
+            tensors_per_block: file.tensors_per_block.unwrap_or(1),
+        };
+        vec![&uniform_group]
+    } else {
+        groups
+    };
+    let total: u64 = groups.iter().map(|group| group.count).sum();
+    if total > MAX_BLOCKS {
+        return Err(format!(
+            "{total} blocks is more than the {MAX_BLOCKS} supported"
+        ));
+    }
+    let mut blocks = Vec::new();
+    for group in groups {
+        if group.count == 0 {
+            return Err(format!("group `{}`: count must be at least 1", group.name));
+        }
+        for index in 0..group.count {
+            let name = if group.count == 1 {
+                group.name.clone()
+            } else {
+                format!("{}.{index}", group.name)
+            };
+            blocks.push(BlockDesc {
+                name,
+                bytes: group.bytes_per_block,
+                flops_per_token: group.flops_per_token_per_block,
+                tensors: group.tensors_per_block,
+            });
+        }
+    }
+    Ok(blocks)
+}
+
+/// Experts per layer = the most distinct experts in one block; bytes of one expert =
+/// the tensors of one expert in that block.
+fn expert_desc(index: &ModelIndex, top_k: Option<u32>) -> Option<ExpertDesc> {
+    let mut best: Option<ExpertDesc> = None;
+    for block in &index.blocks {
+        let tensors: Vec<_> = block
+            .tensors
+            .iter()
+            .filter_map(|&tensor| index.tensors.get(tensor))
+            .filter(|tensor| tensor.expert.is_some())
+            .collect();
+        let experts: BTreeSet<u32> = tensors.iter().filter_map(|tensor| tensor.expert).collect();
+        let Some(&first) = experts.iter().next() else {
+            continue;
+        };
+        let per_layer = u32::try_from(experts.len()).unwrap_or(u32::MAX);
+        if best.is_some_and(|best| best.per_layer >= per_layer) {
+            continue;
+        }
+        let bytes_each = tensors
+            .iter()
+            .filter(|tensor| tensor.expert == Some(first))
+            .map(|tensor| tensor.bytes)
+            .sum();
+        best = Some(ExpertDesc {
+            per_layer,
+            top_k: top_k.unwrap_or(per_layer).clamp(1, per_layer),
+            bytes_each,
+        });
+    }
+    best
+}
+
+/// Token-embedding tables are looked up, not multiplied.
+fn is_embedding_table(name: &str) -> bool {
+    [
+        "embed_tokens.",
+        "wte.",
+        "tok_embeddings.",
+        "word_embeddings.",
+        "embedding.weight",
+    ]
+    .iter()
+    .any(|pattern| name.contains(pattern))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_uniform_form_wraps_head_and_tail() {
+        let text = r#"
+dtype = "bf16"
+tokens_per_step = 10
+block_count = 3
+bytes_per_block = 100
+flops_per_token_per_block = 200.0
+tensors_per_block = 4
+[head]
+name = "embed"
+bytes = 50
+flops_per_token = 0.0
+"#;
+        let model = ModelDescription::parse("tiny", "tiny.toml", text).unwrap();
+        let names: Vec<_> = model
+            .blocks
+            .iter()
+            .map(|block| block.name.as_str())
+            .collect();
+        assert_eq!(names, ["embed", "blocks.0", "blocks.1", "blocks.2"]);
+        assert_eq!(model.total_bytes(), 350);
+        assert_eq!(model.step_flops(), 6000.0);
+        let layout = model.layout();
+        assert_eq!(layout.total_bytes(), 350);
+        assert_eq!(layout.blocks[1].extents.len(), 4);
+        assert_eq!(layout.blocks[1].extents[0].offset, 50);
+    }
+
+    #[test]
+    fn two_block_forms_at_once_are_refused() {
+        let text = "dtype = \"bf16\"\ntokens_per_step = 1\nblock_count = 2\nbytes_per_block = 1\nflops_per_token_per_block = 1.0\n[[blocks]]\nname = \"a\"\nbytes = 1\nflops_per_token = 1.0\n";
+        let message = ModelDescription::parse("x", "x.toml", text)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            message.contains("x.toml") && message.contains("exactly one way"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_missing_uniform_key_is_named() {
+        let text = "dtype = \"bf16\"\ntokens_per_step = 1\nblock_count = 2\nbytes_per_block = 1\n";
+        let message = ModelDescription::parse("x", "x.toml", text)
+            .unwrap_err()
+            .to_string();
+        assert!(message.contains("flops_per_token_per_block"), "{message}");
+    }
+}
