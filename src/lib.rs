@@ -8,6 +8,7 @@
 pub mod cli;
 pub mod device;
 pub mod model;
+pub mod run;
 pub mod settings;
 pub mod sim;
 pub mod storage;

@@ -34,6 +34,11 @@ pub struct HostBuffer {
 // that ownership. Nobody else holds the pointer while the value is alive.
 unsafe impl Send for HostBuffer {}
 
+// SAFETY: a shared reference only reads: the bytes (`as_slice`), the length, the
+// address, and whether a registration exists. The registration itself is reachable only
+// through `&mut self`, so it is never touched from two threads at once.
+unsafe impl Sync for HostBuffer {}
+
 impl HostBuffer {
     /// Allocates `len` zeroed, page-aligned bytes. `len == 0` yields an empty buffer.
     pub fn allocate(len: usize) -> Result<Self, HostAllocError> {

@@ -1,12 +1,188 @@
-//! Placeholder: `stagehand run`, filled in by the pipeline work.
+//! `stagehand run`: the main job. With no arguments it writes the demo model to the
+//! cache directory if needed, streams it for several steps under a VRAM budget of 40 %
+//! of its size and a pin ceiling of 50 %, checks every step's output equals the
+//! fully-resident reference bit for bit, and prints the summary.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use stagehand_actors::ResidencyPolicy;
 
 use super::{CommandResult, Failure};
+use crate::model::demo::DemoSpec;
+use crate::run::summary::Summary;
+use crate::run::{
+    default_cache_dir, ensure_demo_model, no_observer, prepare, resolve_budgets, RunError, RunPlan,
+    WorkloadKind,
+};
+use crate::settings::{self, DeviceKind, SettingsArgs};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PolicyArg {
+    /// Fixed max-scatter resident set + streaming ring (stagehand).
+    Planned,
+    /// Baseline: LRU over slots (what a generic cache does).
+    Lru,
+}
 
 #[derive(Debug, clap::Args)]
-pub struct RunArgs {}
+pub struct RunArgs {
+    /// Model to run: a linear-stack model from `demo-model`, or any safetensors
+    /// checkpoint (file, shard folder or index.json) with stream-verify. Default: the
+    /// demo model in the cache directory, created if missing.
+    #[arg(long, value_name = "PATH")]
+    pub model: Option<PathBuf>,
+    #[arg(long, value_enum, default_value = "auto")]
+    pub workload: WorkloadKind,
+    /// Steps to run; 0 runs until Ctrl-C.
+    #[arg(long, default_value_t = 6)]
+    pub steps: u64,
+    /// Rows per forward pass of the linear-stack workload (compute grows with it).
+    #[arg(long, default_value_t = 64)]
+    pub batch: usize,
+    #[arg(long, value_enum, default_value = "planned")]
+    pub policy: PolicyArg,
+    /// Where the demo model is cached.
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Print the summary as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// No progress bar.
+    #[arg(long)]
+    pub quiet: bool,
+    #[command(flatten)]
+    pub settings: SettingsArgs,
+}
 
-pub fn execute(_args: RunArgs) -> CommandResult {
-    Err(Failure::bad_input(anyhow::anyhow!(
-        "`run` is not built yet"
-    )))
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_interrupt(_signal: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::Relaxed);
+}
+
+/// Ctrl-C (and SIGTERM) end the run at the next step boundary, cleanly.
+fn install_interrupt_handler() -> Arc<AtomicBool> {
+    let handler = on_interrupt as extern "C" fn(libc::c_int) as libc::sighandler_t;
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        libc::signal(libc::SIGINT, handler);
+        libc::signal(libc::SIGTERM, handler);
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    std::thread::Builder::new()
+        .name("stagehand-signal".into())
+        .spawn(move || loop {
+            if INTERRUPTED.load(Ordering::Relaxed) {
+                flag.store(true, Ordering::Relaxed);
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        })
+        .ok();
+    stop
+}
+
+pub fn init_logging(filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}
+
+fn run_error(error: RunError) -> Failure {
+    match error {
+        RunError::BadInput(message) => Failure::bad_input(anyhow::anyhow!(message)),
+        RunError::Failed(message) => Failure::run_failed(anyhow::anyhow!(message)),
+    }
+}
+
+pub fn execute(args: RunArgs) -> CommandResult {
+    let loaded = settings::load(&args.settings).map_err(Failure::bad_input)?;
+    let settings = loaded.settings;
+    init_logging(&settings.log);
+    match settings.device {
+        DeviceKind::Sim => {
+            return Err(Failure::bad_input(anyhow::anyhow!(
+                "device `sim` runs in virtual time: use `stagehand simulate --model PATH --hardware NAME`"
+            )))
+        }
+        DeviceKind::Cuda => {
+            return Err(Failure::bad_input(anyhow::anyhow!(
+                "device `cuda`: the CUDA run path is not wired into `run` yet; use --device cpu (or auto) — `stagehand bench --device cuda` measures the GPU links"
+            )))
+        }
+        DeviceKind::Auto => tracing::info!("device auto: using the CPU backend"),
+        DeviceKind::Cpu => {}
+    }
+    let (model, is_demo) = match &args.model {
+        Some(path) => (path.clone(), false),
+        None => {
+            let cache = args.cache_dir.clone().unwrap_or_else(default_cache_dir);
+            (
+                ensure_demo_model(&cache, &DemoSpec::default()).map_err(run_error)?,
+                true,
+            )
+        }
+    };
+    let prepared =
+        prepare(&model, args.workload, args.batch, &settings, is_demo).map_err(run_error)?;
+    let model_bytes = prepared.index.total_bytes();
+    let budgets = resolve_budgets(&settings, model_bytes, prepared.is_demo);
+    let observer = match settings.metrics_addr {
+        Some(addr) => {
+            let observer = crate::telemetry::install(addr).map_err(Failure::bad_input)?;
+            tracing::info!("serving metrics on http://{addr}/metrics");
+            Arc::new(observer) as Arc<dyn stagehand_actors::Observer>
+        }
+        None => no_observer(),
+    };
+    let progress = if args.quiet || args.json {
+        ProgressBar::hidden()
+    } else if args.steps == 0 {
+        ProgressBar::new_spinner()
+    } else {
+        ProgressBar::new(args.steps)
+    };
+    progress.set_style(
+        ProgressStyle::with_template("{spinner} step {pos}/{len} [{bar:30}] {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let bar = progress.clone();
+    let outcome = crate::run::execute(
+        &prepared,
+        RunPlan {
+            settings: &settings,
+            budgets,
+            prefetch_depth: settings.prefetch_depth,
+            policy: match args.policy {
+                PolicyArg::Planned => ResidencyPolicy::Planned,
+                PolicyArg::Lru => ResidencyPolicy::Lru,
+            },
+            steps: args.steps,
+            stop: install_interrupt_handler(),
+            observer,
+            on_step: Box::new(move |_step, seconds| {
+                bar.inc(1);
+                bar.set_message(format!("{:.1} ms", seconds * 1e3));
+            }),
+            fail_after_reads: None,
+        },
+    );
+    progress.finish_and_clear();
+    let outcome = outcome.map_err(run_error)?;
+    let summary = Summary::new(&outcome);
+    if args.json {
+        let text = serde_json::to_string_pretty(&summary).map_err(Failure::run_failed)?;
+        println!("{text}");
+    } else {
+        print!("{}", summary.render());
+    }
+    Ok(())
 }

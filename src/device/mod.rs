@@ -1,2 +1,7 @@
-//! Placeholder module, filled in by its owner.
+//! Device adapters behind `stagehand_actors::Device`: `cpu` (the default), `sim`
+//! (virtual time, in `crate::sim`) and `cuda`.
+
+pub mod cpu;
 pub mod cuda;
+
+pub use cpu::CpuDevice;

@@ -1,0 +1,287 @@
+//! Wires settings, a model, the adapters and a workload into a run: what `stagehand
+//! run` and `stagehand bench` share.
+
+pub mod summary;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use stagehand_actors::{
+    BlockId, Device, NoObserver, Observer, ResidencyPolicy, Session, SessionConfig, Storage,
+};
+
+use crate::device::CpuDevice;
+use crate::model::demo::{write_linear_stack, DemoSpec};
+use crate::model::ModelIndex;
+use crate::settings::Settings;
+use crate::storage::{open_storage, StorageFile, StorageOptions};
+use crate::workload::bound::{measure_rates, LinkRates, StepBound};
+use crate::workload::driver::{drive, DriverOptions, RunReport, Workload};
+use crate::workload::linear_stack::LinearStack;
+use crate::workload::stream_verify::expected_checksums;
+use crate::workload::WorkloadError;
+
+/// Fraction of the model the CPU backend's VRAM budget defaults to, so the demo streams.
+pub const DEFAULT_VRAM_FRACTION: f64 = 0.4;
+/// Fraction of the model the demo's pin ceiling defaults to, so the disk tier works too.
+pub const DEFAULT_DEMO_PIN_FRACTION: f64 = 0.5;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum WorkloadKind {
+    /// linear-stack for a generated demo model, else stream-verify.
+    Auto,
+    LinearStack,
+    StreamVerify,
+}
+
+/// Why a run could not be set up (exit 2) or failed (exit 1).
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("{0}")]
+    BadInput(String),
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// The demo model in the cache directory, written if missing or different.
+pub fn ensure_demo_model(cache_dir: &Path, spec: &DemoSpec) -> Result<PathBuf, RunError> {
+    let path = cache_dir.join("linear-stack.safetensors");
+    if let Ok(index) = ModelIndex::open(&path, None) {
+        if DemoSpec::from_metadata(&index.metadata).as_ref() == Some(spec) {
+            return Ok(path);
+        }
+    }
+    std::fs::create_dir_all(cache_dir).map_err(|error| {
+        RunError::BadInput(format!("cache dir {}: {error}", cache_dir.display()))
+    })?;
+    tracing::info!("writing the demo model to {}", path.display());
+    write_linear_stack(cache_dir, spec).map_err(|error| RunError::Failed(error.to_string()))
+}
+
+/// `$XDG_CACHE_HOME/stagehand`, else `$HOME/.cache/stagehand`, else `./target/stagehand-cache`.
+pub fn default_cache_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME").filter(|dir| !dir.is_empty()) {
+        return PathBuf::from(dir).join("stagehand");
+    }
+    if let Some(home) = std::env::var_os("HOME").filter(|home| !home.is_empty()) {
+        return PathBuf::from(home).join(".cache").join("stagehand");
+    }
+    PathBuf::from("target").join("stagehand-cache")
+}
+
+/// Free host memory the kernel could give us now (`MemAvailable`), if known.
+pub fn available_ram_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text
+        .lines()
+        .find(|line| line.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// A model opened for a run, with its workload.
+pub struct Prepared {
+    pub index: ModelIndex,
+    pub workload: Workload,
+    pub is_demo: bool,
+}
+
+pub fn prepare(
+    model: &Path,
+    kind: WorkloadKind,
+    batch: usize,
+    settings: &Settings,
+    is_demo: bool,
+) -> Result<Prepared, RunError> {
+    let index = ModelIndex::open(model, settings.block_pattern.as_deref())
+        .map_err(|error| RunError::BadInput(error.to_string()))?;
+    if index.blocks.is_empty() {
+        return Err(RunError::BadInput(format!(
+            "{}: the model has no tensors to stream",
+            model.display()
+        )));
+    }
+    let demo = DemoSpec::from_metadata(&index.metadata).is_some();
+    let kind = match kind {
+        WorkloadKind::Auto if demo => WorkloadKind::LinearStack,
+        WorkloadKind::Auto => WorkloadKind::StreamVerify,
+        other => other,
+    };
+    let workload = match kind {
+        WorkloadKind::LinearStack => {
+            let model = LinearStack::from_index(&index, batch)
+                .map_err(|error| RunError::BadInput(error.to_string()))?;
+            let reference = model
+                .reference(&index)
+                .map_err(|error| RunError::Failed(error.to_string()))?;
+            Workload::LinearStack { model, reference }
+        }
+        _ => Workload::StreamVerify {
+            names: index
+                .blocks
+                .iter()
+                .map(|block| block.name.clone())
+                .collect(),
+            checksums: expected_checksums(&index)
+                .map_err(|error| RunError::Failed(error.to_string()))?,
+        },
+    };
+    Ok(Prepared {
+        index,
+        workload,
+        is_demo,
+    })
+}
+
+/// The budgets a run uses, resolved from the settings and the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Budgets {
+    pub vram_budget_bytes: u64,
+    pub pin_ceiling_bytes: u64,
+}
+
+pub fn resolve_budgets(settings: &Settings, model_bytes: u64, is_demo: bool) -> Budgets {
+    let vram_budget_bytes = settings
+        .vram_budget
+        .map(|size| size.as_u64())
+        .unwrap_or((model_bytes as f64 * DEFAULT_VRAM_FRACTION) as u64);
+    let floor = settings.ram_floor.as_u64();
+    let spare = available_ram_bytes().map(|available| available.saturating_sub(floor));
+    let wanted = match settings.pin_ceiling {
+        Some(size) => size.as_u64(),
+        None if is_demo => (model_bytes as f64 * DEFAULT_DEMO_PIN_FRACTION) as u64,
+        None => spare.unwrap_or(model_bytes),
+    };
+    let pin_ceiling_bytes = match spare {
+        Some(spare) if wanted > spare => {
+            tracing::warn!(
+                "pin_ceiling lowered from {wanted} to {spare} bytes so free RAM stays above ram_floor"
+            );
+            spare
+        }
+        _ => wanted,
+    };
+    Budgets {
+        vram_budget_bytes,
+        pin_ceiling_bytes,
+    }
+}
+
+/// One run's knobs beyond the settings.
+pub struct RunPlan<'a> {
+    pub settings: &'a Settings,
+    pub budgets: Budgets,
+    pub prefetch_depth: u32,
+    pub policy: ResidencyPolicy,
+    pub steps: u64,
+    pub stop: Arc<AtomicBool>,
+    pub observer: Arc<dyn Observer>,
+    pub on_step: Box<dyn FnMut(u64, f64) + Send>,
+    /// Fault injection for tests: fail reads after this many.
+    pub fail_after_reads: Option<u64>,
+}
+
+/// What a run produced: its report, the rates and the bound.
+pub struct Outcome {
+    pub report: RunReport,
+    pub rates: LinkRates,
+    pub bound: StepBound,
+    pub budgets: Budgets,
+    pub model_bytes: u64,
+    pub device: String,
+    pub storage: String,
+}
+
+pub fn execute(prepared: &Prepared, plan: RunPlan<'_>) -> Result<Outcome, RunError> {
+    let settings = plan.settings;
+    let index = &prepared.index;
+    let layout = index.layout();
+    let model_bytes = layout.total_bytes();
+    let device: Arc<dyn Device> = Arc::new(
+        CpuDevice::new(
+            plan.budgets
+                .vram_budget_bytes
+                .max(layout.largest_block_bytes()),
+        )
+        .map_err(|error| RunError::Failed(error.to_string()))?,
+    );
+    let files: Vec<StorageFile> = index
+        .files
+        .iter()
+        .map(|file| StorageFile {
+            path: file.path.clone(),
+            expected_bytes: file.bytes,
+        })
+        .collect();
+    let mut options = StorageOptions::from_settings(settings);
+    options.fail_after_reads = plan.fail_after_reads;
+    let storage: Arc<dyn Storage> = open_storage(&files, &options, settings.fast_disk)
+        .map_err(|error| RunError::BadInput(error.to_string()))?;
+    let config = SessionConfig {
+        vram_budget_bytes: plan.budgets.vram_budget_bytes,
+        pin_ceiling_bytes: plan.budgets.pin_ceiling_bytes,
+        prefetch_depth: plan.prefetch_depth,
+        staging_buffers: settings.staging_buffers.clamp(2, plan.prefetch_depth + 2),
+        policy: plan.policy,
+        max_reads_in_flight: (settings.reader_threads as usize).max(2),
+    };
+    let order: Vec<BlockId> = (0..layout.len() as u32).map(BlockId).collect();
+    let session = Session::start(
+        config,
+        layout.clone(),
+        order,
+        device.clone(),
+        storage.clone(),
+        plan.observer,
+    )
+    .map_err(|error| RunError::BadInput(error.to_string()))?;
+    let report = drive(
+        session,
+        &prepared.workload,
+        DriverOptions {
+            steps: plan.steps,
+            stop: plan.stop,
+            on_step: plan.on_step,
+        },
+    )
+    .map_err(|failure| {
+        let (error, stats) = *failure;
+        let released = stats.vram.used_bytes == 0 && stats.pinned.used_bytes == 0;
+        RunError::Failed(format!(
+            "{error}{}",
+            if released {
+                " (every budget was released)"
+            } else {
+                " (budgets NOT fully released)"
+            }
+        ))
+    })?;
+    let rates = measure_rates(&device, &storage, &layout).map_err(RunError::Failed)?;
+    let bound = StepBound::new(
+        report.steady_compute_seconds(),
+        report.plan.vram.streamed_bytes_per_step as f64,
+        report.plan.pins.disk_bytes_per_step as f64,
+        rates,
+    );
+    Ok(Outcome {
+        report,
+        rates,
+        bound,
+        budgets: plan.budgets,
+        model_bytes,
+        device: device.name(),
+        storage: storage.name(),
+    })
+}
+
+/// An observer that records nothing, for runs without metrics.
+pub fn no_observer() -> Arc<dyn Observer> {
+    Arc::new(NoObserver)
+}
+
+impl From<WorkloadError> for RunError {
+    fn from(error: WorkloadError) -> Self {
+        RunError::Failed(error.to_string())
+    }
+}

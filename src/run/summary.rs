@@ -1,0 +1,150 @@
+//! The run summary: what a user reads after `stagehand run`, and its JSON form.
+
+use serde::Serialize;
+use stagehand_actors::{Bytes, Link};
+
+use super::Outcome;
+
+#[derive(Debug, Serialize)]
+pub struct Summary {
+    pub device: String,
+    pub storage: String,
+    pub steps: u64,
+    pub verified_steps: u64,
+    pub model_bytes: u64,
+    pub vram_budget_bytes: u64,
+    pub pin_ceiling_bytes: u64,
+    pub resident_bytes: u64,
+    pub streamed_bytes_per_step_planned: u64,
+    pub disk_bytes_per_step_planned: u64,
+    pub first_step_seconds: f64,
+    pub steady_step_seconds: f64,
+    pub steady_compute_seconds: f64,
+    pub bound_seconds: f64,
+    pub bound_limited_by: &'static str,
+    pub efficiency: f64,
+    pub copy_bytes_per_second: f64,
+    pub read_bytes_per_second: f64,
+    pub pinned_to_vram_bytes_per_step: f64,
+    pub disk_to_pinned_bytes_per_step: f64,
+    pub hits: u64,
+    pub misses: u64,
+    pub stall_seconds: f64,
+    pub peak_vram_bytes: u64,
+    pub peak_pinned_bytes: u64,
+    pub vram_evictions: u64,
+    pub pin_consolidations: u64,
+    pub speculative_declined: u64,
+    pub vram_bytes_after_shutdown: u64,
+    pub pinned_bytes_after_shutdown: u64,
+    pub step_seconds: Vec<f64>,
+}
+
+impl Summary {
+    pub fn new(outcome: &Outcome) -> Self {
+        let report = &outcome.report;
+        let stats = &report.stats;
+        let steady = report.steady_step_seconds();
+        let bound = outcome.bound.seconds();
+        Self {
+            device: outcome.device.clone(),
+            storage: outcome.storage.clone(),
+            steps: report.steps,
+            verified_steps: report.verified_steps,
+            model_bytes: outcome.model_bytes,
+            vram_budget_bytes: outcome.budgets.vram_budget_bytes,
+            pin_ceiling_bytes: outcome.budgets.pin_ceiling_bytes,
+            resident_bytes: report.plan.vram.resident_bytes,
+            streamed_bytes_per_step_planned: report.plan.vram.streamed_bytes_per_step,
+            disk_bytes_per_step_planned: report.plan.pins.disk_bytes_per_step,
+            first_step_seconds: report.step_seconds.first().copied().unwrap_or(0.0),
+            steady_step_seconds: steady,
+            steady_compute_seconds: report.steady_compute_seconds(),
+            bound_seconds: bound,
+            bound_limited_by: outcome.bound.limited_by(),
+            efficiency: if steady > 0.0 { bound / steady } else { 0.0 },
+            copy_bytes_per_second: outcome.rates.copy_bytes_per_second,
+            read_bytes_per_second: outcome.rates.read_bytes_per_second,
+            pinned_to_vram_bytes_per_step: report.steady_bytes_per_step(Link::PinnedToVram),
+            disk_to_pinned_bytes_per_step: report.steady_bytes_per_step(Link::DiskToPinned),
+            hits: stats.hits,
+            misses: stats.misses,
+            stall_seconds: stats.stall_seconds,
+            peak_vram_bytes: stats.vram.peak_used_bytes,
+            peak_pinned_bytes: stats.pinned.peak_used_bytes,
+            vram_evictions: stats.vram.evictions,
+            pin_consolidations: stats.consolidations,
+            speculative_declined: stats.speculative_declined,
+            vram_bytes_after_shutdown: stats.vram.used_bytes,
+            pinned_bytes_after_shutdown: stats.pinned.used_bytes,
+            step_seconds: report.step_seconds.clone(),
+        }
+    }
+
+    pub fn render(&self) -> String {
+        let bytes = |value: u64| Bytes(value).to_string();
+        let rate = |value: f64| format!("{:.2} GB/s", value / 1e9);
+        let ms = |seconds: f64| format!("{:.1} ms", seconds * 1e3);
+        let mut out = String::new();
+        let mut line = |text: String| {
+            out.push_str(&text);
+            out.push('\n');
+        };
+        line(format!(
+            "stagehand run: {} steps on {} ({} reads), {} verified against the fully-resident reference",
+            self.steps, self.device, self.storage, self.verified_steps
+        ));
+        line(format!(
+            "  model {}  vram budget {} ({} resident + streaming ring)  pin ceiling {}",
+            bytes(self.model_bytes),
+            bytes(self.vram_budget_bytes),
+            bytes(self.resident_bytes),
+            bytes(self.pin_ceiling_bytes)
+        ));
+        line(format!(
+            "  step time: first {}  steady {} (median)  compute {}",
+            ms(self.first_step_seconds),
+            ms(self.steady_step_seconds),
+            ms(self.steady_compute_seconds)
+        ));
+        line(format!(
+            "  physical bound {} (limited by {}; copy {}, reads {})  efficiency {:.2} (bound/actual)",
+            ms(self.bound_seconds),
+            self.bound_limited_by,
+            rate(self.copy_bytes_per_second),
+            rate(self.read_bytes_per_second),
+            self.efficiency
+        ));
+        line(format!(
+            "  per steady step: pinned→vram {} (plan {})  disk→pinned {} (plan {})",
+            bytes(self.pinned_to_vram_bytes_per_step as u64),
+            bytes(self.streamed_bytes_per_step_planned),
+            bytes(self.disk_to_pinned_bytes_per_step as u64),
+            bytes(self.disk_bytes_per_step_planned)
+        ));
+        let total = (self.hits + self.misses).max(1);
+        line(format!(
+            "  acquires: {} hits, {} misses ({:.1}% hit)  compute stalled {}",
+            self.hits,
+            self.misses,
+            100.0 * self.hits as f64 / total as f64,
+            ms(self.stall_seconds)
+        ));
+        line(format!(
+            "  peak vram {} of {}  peak pinned {} of {}  evictions {}  pin consolidations {}  speculative loads declined {}",
+            bytes(self.peak_vram_bytes),
+            bytes(self.vram_budget_bytes),
+            bytes(self.peak_pinned_bytes),
+            bytes(self.pin_ceiling_bytes),
+            self.vram_evictions,
+            self.pin_consolidations,
+            self.speculative_declined
+        ));
+        line(format!(
+            "  after shutdown: vram {} pinned {} held",
+            bytes(self.vram_bytes_after_shutdown),
+            bytes(self.pinned_bytes_after_shutdown)
+        ));
+        out
+    }
+}

@@ -1,0 +1,104 @@
+//! The physical bound of a step, `max(compute, bytes to VRAM / copy rate, bytes from
+//! disk / read rate)`, with the rates measured on this machine in the same process.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::Serialize;
+use stagehand_actors::{Device, ModelLayout, Storage};
+
+/// Link rates measured with plain copy and read loops through the same adapters.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct LinkRates {
+    pub copy_bytes_per_second: f64,
+    pub read_bytes_per_second: f64,
+}
+
+/// Bytes each calibration loop moves (or the largest block, if larger).
+const CALIBRATION_BYTES: u64 = 128 << 20;
+
+/// Times copies of the largest block into an arena and reads of the model's blocks
+/// through the storage adapter (as warm as the run left the page cache).
+pub fn measure_rates(
+    device: &Arc<dyn Device>,
+    storage: &Arc<dyn Storage>,
+    layout: &ModelLayout,
+) -> Result<LinkRates, String> {
+    let largest = layout.largest_block_bytes().max(1);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|error| error.to_string())?;
+    let arena = device
+        .allocate_arena(largest)
+        .map_err(|error| format!("calibration arena: {error}"))?;
+    let mut buffer = device
+        .allocate_pinned(largest)
+        .map_err(|error| format!("calibration buffer: {error}"))?;
+    let rounds = CALIBRATION_BYTES.div_ceil(largest).max(2);
+    let copy_started = Instant::now();
+    for _ in 0..rounds {
+        buffer = runtime
+            .block_on(device.copy_to_device(buffer, 0, largest, arena.base))
+            .map_err(|(error, _)| format!("calibration copy: {error}"))?;
+    }
+    let copy_seconds = copy_started.elapsed().as_secs_f64();
+    device.free_arena(arena);
+
+    let mut read_bytes = 0u64;
+    let read_started = Instant::now();
+    'reads: for _ in 0..rounds {
+        for block in &layout.blocks {
+            if block.bytes > buffer.len() as u64 {
+                continue;
+            }
+            buffer = runtime
+                .block_on(storage.read(block.extents.clone(), buffer, 0))
+                .map_err(|(error, _)| format!("calibration read: {error}"))?;
+            read_bytes += block.bytes;
+            if read_bytes >= CALIBRATION_BYTES {
+                break 'reads;
+            }
+        }
+    }
+    let read_seconds = read_started.elapsed().as_secs_f64();
+    Ok(LinkRates {
+        copy_bytes_per_second: (rounds * largest) as f64 / copy_seconds.max(1e-9),
+        read_bytes_per_second: read_bytes as f64 / read_seconds.max(1e-9),
+    })
+}
+
+/// The bound of one steady-state step and which resource sets it.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct StepBound {
+    pub compute_seconds: f64,
+    pub copy_seconds: f64,
+    pub read_seconds: f64,
+}
+
+impl StepBound {
+    pub fn new(compute_seconds: f64, vram_bytes: f64, disk_bytes: f64, rates: LinkRates) -> Self {
+        Self {
+            compute_seconds,
+            copy_seconds: vram_bytes / rates.copy_bytes_per_second,
+            read_seconds: disk_bytes / rates.read_bytes_per_second,
+        }
+    }
+
+    pub fn seconds(&self) -> f64 {
+        self.compute_seconds
+            .max(self.copy_seconds)
+            .max(self.read_seconds)
+    }
+
+    pub fn limited_by(&self) -> &'static str {
+        let bound = self.seconds();
+        if bound == self.compute_seconds {
+            "compute"
+        } else if bound == self.copy_seconds {
+            "copy to VRAM"
+        } else {
+            "disk reads"
+        }
+    }
+}

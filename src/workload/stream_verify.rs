@@ -1,0 +1,75 @@
+//! stream-verify: any safetensors checkpoint. Every block crosses the tiers and its
+//! bytes, as they sit in the device, are checksummed against the file's.
+
+use std::os::unix::fs::FileExt;
+
+use crate::model::ModelIndex;
+
+use super::WorkloadError;
+
+/// FNV-1a over 64-bit little-endian words (the tail bytes one by one): fast enough to
+/// keep up with the copy engine, and the same function the CUDA kernel computes.
+pub fn checksum(bytes: &[u8]) -> u64 {
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut words = bytes.chunks_exact(8);
+    for word in &mut words {
+        let value = u64::from_le_bytes(word.try_into().unwrap_or([0; 8]));
+        hash = (hash ^ value).wrapping_mul(PRIME);
+    }
+    for &byte in words.remainder() {
+        hash = (hash ^ u64::from(byte)).wrapping_mul(PRIME);
+    }
+    hash
+}
+
+/// The expected checksum of each block, computed from the files with plain reads.
+pub fn expected_checksums(index: &ModelIndex) -> Result<Vec<u64>, WorkloadError> {
+    let files: Vec<std::fs::File> = index
+        .files
+        .iter()
+        .map(|shard| {
+            std::fs::File::open(&shard.path).map_err(|error| WorkloadError::Io {
+                path: shard.path.display().to_string(),
+                reason: error.to_string(),
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    index
+        .blocks
+        .iter()
+        .map(|block| {
+            let mut bytes = vec![0u8; block.bytes as usize];
+            let mut at = 0usize;
+            for extent in &block.extents {
+                files[extent.file.0 as usize]
+                    .read_exact_at(&mut bytes[at..at + extent.length as usize], extent.offset)
+                    .map_err(|error| WorkloadError::Io {
+                        path: index.files[extent.file.0 as usize]
+                            .path
+                            .display()
+                            .to_string(),
+                        reason: error.to_string(),
+                    })?;
+                at += extent.length as usize;
+            }
+            Ok(checksum(&bytes))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::checksum;
+
+    #[test]
+    fn checksum_sees_every_byte() {
+        let mut bytes = vec![0u8; 1001];
+        let base = checksum(&bytes);
+        for index in [0, 7, 8, 999, 1000] {
+            bytes[index] ^= 1;
+            assert_ne!(checksum(&bytes), base, "flip at {index}");
+            bytes[index] ^= 1;
+        }
+    }
+}
