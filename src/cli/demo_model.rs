@@ -1,12 +1,55 @@
-//! Placeholder: filled in by its owner.
+//! `stagehand demo-model --out DIR`: writes the deterministic linear-stack model that
+//! `stagehand run` streams.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use bytesize::ByteSize;
 
 use super::{CommandResult, Failure};
+use crate::model::demo::{write_linear_stack, DemoError, DemoSpec};
 
 #[derive(Debug, clap::Args)]
-pub struct DemoModelArgs {}
+pub struct DemoModelArgs {
+    /// Folder to write linear-stack.safetensors into (created if missing).
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// Number of blocks (the unit the scheduler streams).
+    #[arg(long, default_value_t = DemoSpec::default().blocks)]
+    pub blocks: u32,
+    /// Linear layers per block.
+    #[arg(long, default_value_t = DemoSpec::default().layers_per_block)]
+    pub layers_per_block: u32,
+    /// Width of every layer: each weight is dim x dim f32.
+    #[arg(long, default_value_t = DemoSpec::default().dim)]
+    pub dim: u32,
+    /// Seed of the weights; the same seed always writes the same bytes.
+    #[arg(long, default_value_t = DemoSpec::default().seed)]
+    pub seed: u64,
+}
 
-pub fn execute(_args: DemoModelArgs) -> CommandResult {
-    Err(Failure::bad_input(anyhow::anyhow!(
-        "`demo_model` is not built yet"
-    )))
+pub fn execute(args: DemoModelArgs) -> CommandResult {
+    let spec = DemoSpec {
+        blocks: args.blocks,
+        layers_per_block: args.layers_per_block,
+        dim: args.dim,
+        seed: args.seed,
+    };
+    let started = Instant::now();
+    let path = write_linear_stack(&args.out, &spec).map_err(|error| match error {
+        DemoError::InvalidSpec(_) => Failure::bad_input(error),
+        DemoError::Io { .. } => Failure::run_failed(error),
+    })?;
+    println!(
+        "wrote {} ({} blocks x {} layers x {}x{} f32 = {}, seed {}) in {:.2} s",
+        path.display(),
+        spec.blocks,
+        spec.layers_per_block,
+        spec.dim,
+        spec.dim,
+        ByteSize::b(spec.total_bytes()),
+        spec.seed,
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
 }

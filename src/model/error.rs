@@ -21,7 +21,7 @@ pub enum IndexError {
     #[error("{}: bad safetensors header: {problem}", path.display())]
     Header { path: PathBuf, problem: String },
 
-    #[error("{}: tensor `{tensor}`: {problem}", path.display())]
+    #[error("{}: tensor `{}`: {problem}", path.display(), tensor.escape_debug())]
     Tensor {
         path: PathBuf,
         tensor: String,

@@ -181,9 +181,10 @@ fn diagnose(
                 "bad entry ({error}); expected dtype, shape and data_offsets"
             ))
         })?;
-        let dtype: Dtype =
-            serde_json::from_value(serde_json::Value::String(entry.dtype.clone()))
-                .map_err(|_| tensor_problem(format!("unknown dtype `{}`", entry.dtype)))?;
+        let dtype: Dtype = serde_json::from_value(serde_json::Value::String(entry.dtype.clone()))
+            .map_err(|_| {
+            tensor_problem(format!("unknown dtype `{}`", entry.dtype.escape_debug()))
+        })?;
         let (start, end) = entry.data_offsets;
         if end < start {
             return Err(tensor_problem(format!(
@@ -245,8 +246,11 @@ fn check_coverage(
             return Err(IndexError::Header {
                 path: path.to_path_buf(),
                 problem: format!(
-                    "tensors `{other}` and `{}` overlap (data bytes {}..{})",
-                    tensor.name, tensor.offset, covered_to
+                    "tensors `{}` and `{}` overlap (data bytes {}..{})",
+                    other.escape_debug(),
+                    tensor.name.escape_debug(),
+                    tensor.offset,
+                    covered_to
                 ),
             });
         }
@@ -255,7 +259,8 @@ fn check_coverage(
                 path: path.to_path_buf(),
                 problem: format!(
                     "data bytes {covered_to}..{} belong to no tensor (gap before `{}`)",
-                    tensor.offset, tensor.name
+                    tensor.offset,
+                    tensor.name.escape_debug()
                 ),
             });
         }

@@ -140,7 +140,8 @@ fn check_against_index(
             return Err(IndexError::Index {
                 path: index_path.to_path_buf(),
                 problem: format!(
-                    "places tensor `{tensor}` in {}, which has no such tensor",
+                    "places tensor `{}` in {}, which has no such tensor",
+                    tensor.escape_debug(),
                     header.path.display()
                 ),
             });

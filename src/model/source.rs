@@ -126,14 +126,16 @@ fn resolve_index(index_path: &Path) -> Result<Sources, IndexError> {
                 .all(|component| matches!(component, Component::Normal(_)));
         if !stays_inside {
             return Err(problem(format!(
-                "names shard `{name}`, which is outside the index's directory; shard names \
-                 must be plain file names next to the index"
+                "names shard `{}`, which is outside the index's directory; shard names \
+                 must be plain file names next to the index",
+                name.escape_debug()
             )));
         }
         let shard = dir.join(relative);
         if !shard.is_file() {
             return Err(problem(format!(
-                "names shard `{name}`, which does not exist in {}",
+                "names shard `{}`, which does not exist in {}",
+                name.escape_debug(),
                 dir.display()
             )));
         }

@@ -4,6 +4,21 @@
 //! This struct is the contract every subcommand reads; the loading, validation and
 //! provenance live beside it.
 
+mod args;
+mod error;
+mod keys;
+mod layers;
+mod load;
+mod provenance;
+mod validate;
+
+pub use args::SettingsArgs;
+pub use error::SettingsError;
+pub use keys::{display_value, parse_metrics_addr, KEYS};
+pub use load::{find_default_file, load, load_with, LoadOptions, Loaded, DEFAULT_FILE};
+pub use provenance::{Origin, Provenance, Source};
+pub use validate::{check_block_pattern, IO_ALIGN_BYTES, MIN_RAM_FLOOR};
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 

@@ -1,0 +1,99 @@
+//! The deployment flags every subcommand shares (`#[command(flatten)]` them).
+//!
+//! Every flag is optional: an absent flag leaves the value of the lower layers alone.
+//! Values stay text here and are parsed with the same code as the file and environment
+//! layers, so "2GiB" means the same everywhere and errors name the flag.
+
+use std::path::PathBuf;
+
+use config::Value;
+
+use super::provenance::Source;
+
+#[derive(Debug, Clone, Default, clap::Args)]
+#[command(next_help_heading = "Deployment settings (file < STAGEHAND_* env < flag)")]
+pub struct SettingsArgs {
+    /// TOML file layered over config/default.toml.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Device backend: auto, cpu, sim or cuda.
+    #[arg(long, value_name = "KIND")]
+    pub device: Option<String>,
+    /// VRAM for weights, e.g. 8GiB ("" = device total - reserve - headroom).
+    #[arg(long, value_name = "SIZE")]
+    pub vram_budget: Option<String>,
+    /// VRAM left out of stagehand's accounting, e.g. 256MiB.
+    #[arg(long, value_name = "SIZE")]
+    pub reserve_vram: Option<String>,
+    /// VRAM kept free even counting other processes, e.g. 1GiB.
+    #[arg(long, value_name = "SIZE")]
+    pub vram_headroom: Option<String>,
+    /// Most host RAM stagehand pins ("" = free RAM - ram floor).
+    #[arg(long, value_name = "SIZE")]
+    pub pin_ceiling: Option<String>,
+    /// Free RAM always left to the machine (at least 2GiB).
+    #[arg(long, value_name = "SIZE")]
+    pub ram_floor: Option<String>,
+    /// Stream from disk every step through a pinned staging ring (O_DIRECT).
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub fast_disk: Option<bool>,
+    /// Streamed blocks loaded ahead of compute (1..=64).
+    #[arg(long, value_name = "N")]
+    pub prefetch_depth: Option<String>,
+    /// Serve Prometheus /metrics at HOST:PORT, :PORT or PORT (127.0.0.1 unless a host is given).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<String>,
+    /// Write a Chrome trace (Perfetto) of the run to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<String>,
+    /// Log filter, tracing env-filter syntax (info, stagehand=debug).
+    #[arg(long, value_name = "FILTER")]
+    pub log: Option<String>,
+    /// Regex whose first capture group is a tensor's block key (overrides layers.N. etc.).
+    #[arg(long, value_name = "REGEX")]
+    pub block_pattern: Option<String>,
+    /// Pinned staging buffers in the fast-disk ring (2..=64).
+    #[arg(long, value_name = "N")]
+    pub staging_buffers: Option<String>,
+    /// Size of each staging buffer, a multiple of 4KiB.
+    #[arg(long, value_name = "SIZE")]
+    pub staging_buffer_size: Option<String>,
+    /// Size of one disk read request, a multiple of 4KiB.
+    #[arg(long, value_name = "SIZE")]
+    pub read_request_size: Option<String>,
+    /// Disk reader worker threads (1..=64).
+    #[arg(long, value_name = "N")]
+    pub reader_threads: Option<String>,
+}
+
+impl SettingsArgs {
+    /// The flags that were given, as (key, value, source) in field order.
+    pub(crate) fn entries(&self) -> Vec<(String, Value, Source)> {
+        let text = |value: &Option<String>| value.as_ref().map(|text| Value::from(text.as_str()));
+        let candidates: [(&str, Option<Value>); 16] = [
+            ("device", text(&self.device)),
+            ("vram_budget", text(&self.vram_budget)),
+            ("reserve_vram", text(&self.reserve_vram)),
+            ("vram_headroom", text(&self.vram_headroom)),
+            ("pin_ceiling", text(&self.pin_ceiling)),
+            ("ram_floor", text(&self.ram_floor)),
+            ("fast_disk", self.fast_disk.map(Value::from)),
+            ("prefetch_depth", text(&self.prefetch_depth)),
+            ("metrics_addr", text(&self.metrics_addr)),
+            ("trace", text(&self.trace)),
+            ("log", text(&self.log)),
+            ("block_pattern", text(&self.block_pattern)),
+            ("staging_buffers", text(&self.staging_buffers)),
+            ("staging_buffer_size", text(&self.staging_buffer_size)),
+            ("read_request_size", text(&self.read_request_size)),
+            ("reader_threads", text(&self.reader_threads)),
+        ];
+        candidates
+            .into_iter()
+            .filter_map(|(key, value)| {
+                let flag = format!("--{}", key.replace('_', "-"));
+                value.map(|value| (key.to_string(), value, Source::Flag(flag)))
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,124 @@
+//! Merging the layers: built-in defaults < `config/default.toml` < `--config FILE` <
+//! `STAGEHAND_*` environment < flags, then validation.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use super::args::SettingsArgs;
+use super::error::SettingsError;
+use super::keys::{apply, known_key, value_text};
+use super::layers::{env_layer, file_layer, unknown_key_hint, Entry};
+use super::provenance::{Provenance, Source};
+use super::validate::clamp;
+use super::Settings;
+
+/// Where the shipped defaults live, relative to the working directory or the crate.
+pub const DEFAULT_FILE: &str = "config/default.toml";
+
+/// The effective settings and, per key, the layer that set them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Loaded {
+    pub settings: Settings,
+    pub provenance: Provenance,
+}
+
+/// The inputs of [`load_with`] that come from the process, made explicit so tests can
+/// load settings without touching the real environment or working directory.
+#[derive(Debug, Clone, Default)]
+pub struct LoadOptions {
+    /// `None` skips the default-file layer.
+    pub default_file: Option<PathBuf>,
+    /// Environment variables, name → value (only `STAGEHAND_*` ones matter).
+    pub env: BTreeMap<String, String>,
+}
+
+impl LoadOptions {
+    /// The real process: `config/default.toml` if found, and the process environment.
+    pub fn from_process() -> Self {
+        let env = std::env::vars_os()
+            .filter_map(|(name, value)| {
+                let name = name.into_string().ok()?;
+                // A non-UTF-8 value of ours still gets reported (lossily) rather than
+                // silently dropped.
+                name.to_ascii_uppercase()
+                    .starts_with("STAGEHAND_")
+                    .then(|| (name, value.to_string_lossy().into_owned()))
+            })
+            .collect();
+        Self {
+            default_file: find_default_file(),
+            env,
+        }
+    }
+}
+
+/// `config/default.toml` under the working directory, else under the crate source
+/// (so `cargo run` and the tests find it from anywhere in the checkout).
+pub fn find_default_file() -> Option<PathBuf> {
+    let candidates = [
+        std::env::current_dir()
+            .ok()
+            .map(|dir| dir.join(DEFAULT_FILE)),
+        Some(Path::new(env!("CARGO_MANIFEST_DIR")).join(DEFAULT_FILE)),
+    ];
+    candidates.into_iter().flatten().find(|path| path.is_file())
+}
+
+/// Loads the settings the way every subcommand does.
+pub fn load(args: &SettingsArgs) -> Result<Loaded, SettingsError> {
+    load_with(args, &LoadOptions::from_process())
+}
+
+pub fn load_with(args: &SettingsArgs, options: &LoadOptions) -> Result<Loaded, SettingsError> {
+    let mut layers: Vec<Vec<Entry>> = Vec::with_capacity(4);
+    if let Some(path) = &options.default_file {
+        if path.is_file() {
+            layers.push(file_layer(path, Source::DefaultFile(path.clone()))?);
+        }
+    }
+    if let Some(path) = &args.config {
+        layers.push(file_layer(path, Source::ConfigFile(path.clone()))?);
+    }
+    layers.push(env_layer(&options.env)?);
+    layers.push(args.entries());
+
+    let mut settings = Settings::default();
+    let mut provenance = Provenance::default();
+    for (key, value, source) in layers.into_iter().flatten() {
+        let Some(known) = known_key(&key) else {
+            return Err(SettingsError::UnknownKey {
+                hint: unknown_key_hint(&key, &source),
+                key,
+                value: value_text(&value),
+                layer: source,
+            });
+        };
+        let text = value_text(&value);
+        apply(&mut settings, known, value).map_err(|reason| SettingsError::BadValue {
+            key: key.clone(),
+            value: text,
+            layer: source.clone(),
+            reason,
+        })?;
+        provenance.set(known, source);
+    }
+
+    for (key, note) in clamp(&mut settings) {
+        provenance.note(key, note);
+    }
+    settings.check().map_err(|invalid| {
+        let layer = provenance
+            .get(invalid.key)
+            .map_or(Source::Default, |origin| origin.source.clone());
+        SettingsError::BadValue {
+            key: invalid.key.to_string(),
+            value: invalid.value,
+            layer,
+            reason: invalid.reason,
+        }
+    })?;
+    Ok(Loaded {
+        settings,
+        provenance,
+    })
+}

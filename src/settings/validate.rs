@@ -1,0 +1,154 @@
+//! Rules a merged configuration must satisfy, with messages that name the key.
+
+use bytesize::ByteSize;
+use regex::Regex;
+
+use super::error::SettingsError;
+use super::Settings;
+
+/// Free RAM never drops below this, whatever the configuration says: the OS, the page
+/// cache and the rest of the process need it, and a swapping host is slower than any
+/// offload.
+pub const MIN_RAM_FLOOR: ByteSize = ByteSize::gib(2);
+
+/// Direct I/O needs sizes aligned to the logical block size; 4 KiB covers NVMe and SATA.
+pub const IO_ALIGN_BYTES: u64 = 4096;
+
+const MAX_PREFETCH_DEPTH: u32 = 64;
+const MAX_STAGING_BUFFERS: u32 = 64;
+const MAX_READER_THREADS: u32 = 64;
+
+/// One rule broken.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Invalid {
+    pub key: &'static str,
+    pub value: String,
+    pub reason: String,
+}
+
+/// Raises values that have a hard minimum; returns (key, note) for each change.
+pub(crate) fn clamp(settings: &mut Settings) -> Vec<(&'static str, String)> {
+    let mut notes = Vec::new();
+    if settings.ram_floor < MIN_RAM_FLOOR {
+        notes.push((
+            "ram_floor",
+            format!(
+                "raised from {} to the {MIN_RAM_FLOOR} minimum",
+                settings.ram_floor
+            ),
+        ));
+        settings.ram_floor = MIN_RAM_FLOOR;
+    }
+    notes
+}
+
+impl Settings {
+    /// Checks every rule; the error names the key, its value and what is allowed.
+    /// (`ram_floor` below 2 GiB is not an error: loading raises it.)
+    pub fn validate(&self) -> Result<(), SettingsError> {
+        self.check().map_err(|invalid| SettingsError::Invalid {
+            key: invalid.key.to_string(),
+            value: invalid.value,
+            reason: invalid.reason,
+        })
+    }
+
+    pub(crate) fn check(&self) -> Result<(), Invalid> {
+        let fail =
+            |key: &'static str, value: String, reason: String| Err(Invalid { key, value, reason });
+        if self.vram_budget.is_some_and(|size| size.as_u64() == 0) {
+            return fail(
+                "vram_budget",
+                "0".to_string(),
+                "must be more than 0; leave it unset to use the device total minus reserve_vram \
+                 and vram_headroom"
+                    .to_string(),
+            );
+        }
+        if self.pin_ceiling.is_some_and(|size| size.as_u64() == 0) {
+            return fail(
+                "pin_ceiling",
+                "0".to_string(),
+                "must be more than 0; leave it unset to derive it from free RAM minus ram_floor"
+                    .to_string(),
+            );
+        }
+        check_range("prefetch_depth", self.prefetch_depth, 1, MAX_PREFETCH_DEPTH)?;
+        check_range(
+            "staging_buffers",
+            self.staging_buffers,
+            2,
+            MAX_STAGING_BUFFERS,
+        )?;
+        check_range("reader_threads", self.reader_threads, 1, MAX_READER_THREADS)?;
+        check_aligned("staging_buffer_size", self.staging_buffer_size)?;
+        check_aligned("read_request_size", self.read_request_size)?;
+        if self.read_request_size > self.staging_buffer_size {
+            return fail(
+                "read_request_size",
+                self.read_request_size.to_string(),
+                format!(
+                    "must not exceed staging_buffer_size ({}): one read fills at most one buffer",
+                    self.staging_buffer_size
+                ),
+            );
+        }
+        if let Some(pattern) = &self.block_pattern {
+            check_block_pattern(pattern).map_err(|reason| Invalid {
+                key: "block_pattern",
+                value: pattern.clone(),
+                reason,
+            })?;
+        }
+        if tracing_subscriber::EnvFilter::try_new(&self.log).is_err() {
+            return fail(
+                "log",
+                self.log.clone(),
+                "not a log filter; use e.g. info, warn, or stagehand=debug".to_string(),
+            );
+        }
+        Ok(())
+    }
+}
+
+fn check_range(key: &'static str, value: u32, min: u32, max: u32) -> Result<(), Invalid> {
+    if (min..=max).contains(&value) {
+        return Ok(());
+    }
+    Err(Invalid {
+        key,
+        value: value.to_string(),
+        reason: format!("must be between {min} and {max}"),
+    })
+}
+
+fn check_aligned(key: &'static str, size: ByteSize) -> Result<(), Invalid> {
+    let bytes = size.as_u64();
+    if bytes > 0 && bytes % IO_ALIGN_BYTES == 0 {
+        return Ok(());
+    }
+    Err(Invalid {
+        key,
+        value: size.to_string(),
+        reason: format!(
+            "must be a non-zero multiple of 4 KiB ({bytes} bytes is not); direct I/O needs \
+             aligned sizes, so write e.g. 4MiB rather than 4MB"
+        ),
+    })
+}
+
+/// A block pattern must compile and have a capture group (its text is the block key).
+pub fn check_block_pattern(pattern: &str) -> Result<(), String> {
+    let regex = Regex::new(pattern).map_err(|error| {
+        format!(
+            "not a valid regex ({})",
+            error.to_string().lines().last().unwrap_or("").trim()
+        )
+    })?;
+    if regex.captures_len() < 2 {
+        return Err(
+            "needs a capture group; its text is the block key, e.g. layers\\.(\\d+)\\.".to_string(),
+        );
+    }
+    Ok(())
+}
