@@ -1,11 +1,41 @@
-//! Placeholder: `stagehand bench`, filled in by the pipeline work.
+//! `stagehand bench`: in one process, the demo workload (a) fully resident — compute
+//! only, (b) naive — each block loaded when needed, no prefetch, same budgets, and (c)
+//! stagehand, for a compute-bound, a balanced and a transfer-bound configuration.
+//! Prints the physical bound, each time, and the ratios (c)/bound and (b)/(c).
+//! `stagehand bench disk FILE` measures the storage read paths instead.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use serde::Serialize;
+use stagehand_actors::ResidencyPolicy;
 
 use super::{CommandResult, Failure};
+use crate::model::demo::DemoSpec;
+use crate::run::{
+    default_cache_dir, ensure_demo_model, no_observer, prepare, resolve_budgets, Budgets, Outcome,
+    RunError, RunPlan, WorkloadKind,
+};
+use crate::settings::{self, DeviceKind, Settings, SettingsArgs};
+use crate::workload::bound::StepBound;
 
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
     #[command(subcommand)]
     pub target: Option<BenchTarget>,
+    /// Steps per run (the first, cold, step is not counted in steady figures).
+    #[arg(long, default_value_t = 4)]
+    pub steps: u64,
+    /// Batch of the compute-bound configuration; the balanced one is derived from it.
+    #[arg(long, default_value_t = 128)]
+    pub compute_batch: usize,
+    /// Batch of the transfer-bound configuration.
+    #[arg(long, default_value_t = 1)]
+    pub transfer_batch: usize,
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub settings: SettingsArgs,
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -14,11 +44,178 @@ pub enum BenchTarget {
     Disk(super::bench_disk::BenchDiskArgs),
 }
 
-pub fn execute(args: BenchArgs) -> CommandResult {
-    match args.target {
-        Some(BenchTarget::Disk(disk)) => super::bench_disk::execute(disk),
-        None => Err(Failure::bad_input(anyhow::anyhow!(
-            "`bench` is not built yet"
-        ))),
+#[derive(Debug, Serialize)]
+struct Configuration {
+    name: &'static str,
+    batch: usize,
+    bound_seconds: f64,
+    bound_limited_by: &'static str,
+    resident_seconds: f64,
+    naive_seconds: f64,
+    stagehand_seconds: f64,
+    stagehand_over_bound: f64,
+    naive_over_stagehand: f64,
+    streamed_bytes_per_step: u64,
+    disk_bytes_per_step: u64,
+}
+
+fn run_error(error: RunError) -> Failure {
+    match error {
+        RunError::BadInput(message) => Failure::bad_input(anyhow::anyhow!(message)),
+        RunError::Failed(message) => Failure::run_failed(anyhow::anyhow!(message)),
     }
+}
+
+struct Bench<'a> {
+    settings: &'a Settings,
+    steps: u64,
+    model: std::path::PathBuf,
+    model_bytes: u64,
+}
+
+impl Bench<'_> {
+    fn run(
+        &self,
+        batch: usize,
+        budgets: Budgets,
+        depth: u32,
+        policy: ResidencyPolicy,
+    ) -> Result<Outcome, Failure> {
+        let prepared = prepare(
+            &self.model,
+            WorkloadKind::LinearStack,
+            batch,
+            self.settings,
+            true,
+        )
+        .map_err(run_error)?;
+        crate::run::execute(
+            &prepared,
+            RunPlan {
+                settings: self.settings,
+                budgets,
+                prefetch_depth: depth,
+                policy,
+                steps: self.steps,
+                stop: Arc::new(AtomicBool::new(false)),
+                observer: no_observer(),
+                on_step: Box::new(|_, _| {}),
+                fail_after_reads: None,
+            },
+        )
+        .map_err(run_error)
+    }
+
+    fn configuration(
+        &self,
+        name: &'static str,
+        batch: usize,
+        budgets: Budgets,
+    ) -> Result<Configuration, Failure> {
+        eprintln!("bench: {name} (batch {batch}): resident, naive, stagehand");
+        // Room for every block, with the arena's per-block alignment.
+        let resident_budgets = Budgets {
+            vram_budget_bytes: self.model_bytes + (1 << 20),
+            pin_ceiling_bytes: budgets.pin_ceiling_bytes,
+        };
+        let depth = self.settings.prefetch_depth;
+        let resident = self.run(batch, resident_budgets, depth, ResidencyPolicy::Planned)?;
+        let naive = self.run(batch, budgets, 0, ResidencyPolicy::Planned)?;
+        let stagehand = self.run(batch, budgets, depth, ResidencyPolicy::Planned)?;
+        let compute = resident.report.steady_step_seconds();
+        let bound = StepBound::new(
+            compute,
+            stagehand.report.plan.vram.streamed_bytes_per_step as f64,
+            stagehand.report.plan.pins.disk_bytes_per_step as f64,
+            stagehand.rates,
+        );
+        let stagehand_seconds = stagehand.report.steady_step_seconds();
+        let naive_seconds = naive.report.steady_step_seconds();
+        Ok(Configuration {
+            name,
+            batch,
+            bound_seconds: bound.seconds(),
+            bound_limited_by: bound.limited_by(),
+            resident_seconds: compute,
+            naive_seconds,
+            stagehand_seconds,
+            stagehand_over_bound: stagehand_seconds / bound.seconds(),
+            naive_over_stagehand: naive_seconds / stagehand_seconds,
+            streamed_bytes_per_step: stagehand.report.plan.vram.streamed_bytes_per_step,
+            disk_bytes_per_step: stagehand.report.plan.pins.disk_bytes_per_step,
+        })
+    }
+}
+
+pub fn execute(args: BenchArgs) -> CommandResult {
+    if let Some(BenchTarget::Disk(disk)) = args.target {
+        return super::bench_disk::execute(disk);
+    }
+    let loaded = settings::load(&args.settings).map_err(Failure::bad_input)?;
+    let settings = loaded.settings;
+    super::run::init_logging(&settings.log);
+    if settings.device == DeviceKind::Cuda {
+        return super::bench_cuda::execute(&settings, args.json);
+    }
+    if args.steps < 2 {
+        return Err(Failure::bad_input(anyhow::anyhow!(
+            "--steps must be at least 2: the first step is cold and not measured"
+        )));
+    }
+    let model = ensure_demo_model(&default_cache_dir(), &DemoSpec::default()).map_err(run_error)?;
+    let model_bytes = DemoSpec::default().total_bytes();
+    let budgets = resolve_budgets(&settings, model_bytes, true);
+    let bench = Bench {
+        settings: &settings,
+        steps: args.steps,
+        model,
+        model_bytes,
+    };
+    let compute_bound = bench.configuration("compute-bound", args.compute_batch, budgets)?;
+    // Balanced: scale the batch so compute ≈ the transfer-bound configuration's bound.
+    let per_row = compute_bound.resident_seconds / args.compute_batch as f64;
+    let transfer = bench.configuration("transfer-bound", args.transfer_batch, budgets)?;
+    let transfer_side = transfer.bound_seconds;
+    let balanced_batch = ((transfer_side / per_row).round() as usize).max(1);
+    let balanced = bench.configuration("balanced", balanced_batch, budgets)?;
+    let configurations = [compute_bound, balanced, transfer];
+    if args.json {
+        let text = serde_json::to_string_pretty(&configurations).map_err(Failure::run_failed)?;
+        println!("{text}");
+        return Ok(());
+    }
+    println!(
+        "stagehand bench: demo model {} MiB, vram budget {} MiB, pin ceiling {} MiB, prefetch depth {}",
+        model_bytes >> 20,
+        budgets.vram_budget_bytes >> 20,
+        budgets.pin_ceiling_bytes >> 20,
+        settings.prefetch_depth
+    );
+    println!(
+        "{:<15} {:>5} {:>10} {:>12} {:>10} {:>10} {:>10} {:>12} {:>11}",
+        "configuration",
+        "batch",
+        "bound ms",
+        "limited by",
+        "resident",
+        "naive",
+        "stagehand",
+        "(c)/bound",
+        "(b)/(c)"
+    );
+    for row in &configurations {
+        println!(
+            "{:<15} {:>5} {:>10.1} {:>12} {:>10.1} {:>10.1} {:>10.1} {:>12.3} {:>11.3}",
+            row.name,
+            row.batch,
+            row.bound_seconds * 1e3,
+            row.bound_limited_by,
+            row.resident_seconds * 1e3,
+            row.naive_seconds * 1e3,
+            row.stagehand_seconds * 1e3,
+            row.stagehand_over_bound,
+            row.naive_over_stagehand
+        );
+    }
+    Ok(())
 }

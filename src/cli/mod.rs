@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod bench_cuda;
 mod bench_disk;
 mod config_cmd;
 mod demo_model;
