@@ -6,7 +6,8 @@ use std::time::Duration;
 use bytesize::ByteSize;
 use stagehand::model::ModelIndex;
 use stagehand::sim::{
-    virtual_time_runtime, FaultPlan, HardwareProfile, ModelDescription, SimMachine, TraceRecorder,
+    virtual_time_runtime, Bottleneck, FaultPlan, FitCheck, FitSettings, HardwareProfile,
+    ModelDescription, SimMachine, TraceRecorder,
 };
 
 const GIB: u64 = 1 << 30;
@@ -259,4 +260,119 @@ fn write_checkpoint(path: &std::path::Path) {
     file.extend(json);
     file.extend(vec![0u8; offset]);
     std::fs::write(path, file).unwrap();
+}
+
+/// `actual` within a millionth of `expected`.
+fn close(actual: f64, expected: f64) -> bool {
+    (actual - expected).abs() <= expected.abs() * 1e-6
+}
+
+#[test]
+fn worked_example_flux_on_an_rtx3060_is_compute_bound() {
+    // FLUX.1-dev (23,802,816,640 bytes; largest block a double block of 679,662,592)
+    // on the RTX 3060 12 GB box (PCIe 4.0, 32 GiB RAM, NVMe gen4), default settings:
+    //   vram_budget = 12 GiB − 256 MiB reserve = 12,616,466,432
+    //   ring = 679,662,592 × (depth 2 + 1) = 2,038,987,776
+    //   resident = 12,616,466,432 − 2,038,987,776 = 10,577,478,656
+    //   pcie bytes/step = 23,802,816,640 − 10,577,478,656 = 13,225,337,984
+    //     → 13,225,337,984 / 25 GB/s = 0.529 s
+    //   pin ceiling = 32 GiB − 2 GiB floor = 32,212,254,720; staging = 3 × 679,662,592;
+    //     the remaining 30.2 GB cache every streamed byte: nothing from disk.
+    //   compute: 25.5 TFLOPS × 0.55 = 14.025 TFLOP/s sustained; a double or single
+    //     block is 283,115,520 × 4608 = 1.3046 TFLOP → 93.0 ms (its weight reads at
+    //     360 GB/s take ≤ 1.9 ms); 57 blocks + head (1.04 ms) + tail (0.12 ms) = 5.303 s.
+    //   bound = max(5.303, 0.529, 0) = 5.303 s: compute-bound, PCIe is 10 % of it.
+    let model = ModelDescription::load("flux1-dev").unwrap();
+    let hardware = HardwareProfile::load("rtx3060-12gb").unwrap();
+    let check = FitCheck::new(&model, &hardware, &FitSettings::default());
+    assert!(check.fits, "{:?}", check.failures);
+    assert_eq!(check.vram_budget_bytes, 12_616_466_432);
+    assert_eq!(check.ring_bytes, 2_038_987_776);
+    assert_eq!(check.resident_bytes, 10_577_478_656);
+    assert_eq!(check.pcie_bytes_per_step, 13_225_337_984);
+    assert_eq!(check.pin_ceiling_bytes, 32_212_254_720);
+    assert_eq!(check.staging_bytes, 2_038_987_776);
+    assert_eq!(check.disk_bytes_per_step, 0);
+    assert!(
+        close(check.pcie_seconds, 0.529_013_519_36),
+        "{}",
+        check.pcie_seconds
+    );
+    assert!(
+        close(check.compute_seconds, 5.303_260_034),
+        "{}",
+        check.compute_seconds
+    );
+    assert_eq!(check.bottleneck, Bottleneck::Compute);
+    assert!(close(check.bound_seconds, check.compute_seconds));
+    // Cold: 23.8 GB from NVMe at 7 GB/s = 3.40 s, still under compute.
+    assert!(close(check.cold_bound_seconds, check.compute_seconds));
+}
+
+#[test]
+fn worked_example_llama70b_on_a_12gb_card_with_an_hdd_streams_from_disk() {
+    // Llama-3-70B (141,107,412,992 bytes; largest block the lm_head tail, 2,101,362,688)
+    // on the RTX 3060 box with 32 GiB RAM and an HDD, default settings:
+    //   vram_budget = 12,616,466,432; ring = 3 × 2,101,362,688 = 6,304,088,064
+    //   resident = 6,312,378,368; pcie bytes/step = 134,795,034,624 → 5.392 s at 25 GB/s
+    //   pin ceiling 32,212,254,720 − staging 6,304,088,064 = 25,908,166,656 cached
+    //   disk bytes/step = 134,795,034,624 − 25,908,166,656 = 108,886,867,968
+    //     → 544.43 s at 0.2 GB/s
+    //   compute (decode, 1 token): each layer reads 1.71 GB at 360 GB/s = 4.75 ms
+    //     (its 1.85 GFLOP take 0.13 ms) → 0.392 s for the model
+    //   bound = 544.4 s per token, disk-bound. Every budget holds, so it "fits":
+    //   it runs, at ~9 minutes a token. Cold: 141 GB / 0.2 GB/s = 705.5 s.
+    let model = ModelDescription::load("llama3-70b").unwrap();
+    let hardware = HardwareProfile::load("rtx3060-12gb")
+        .unwrap()
+        .with_ram(ByteSize::gib(32))
+        .with_disk("hdd")
+        .unwrap();
+    let check = FitCheck::new(&model, &hardware, &FitSettings::default());
+    assert!(check.fits, "{:?}", check.failures);
+    assert_eq!(check.ring_bytes, 6_304_088_064);
+    assert_eq!(check.resident_bytes, 6_312_378_368);
+    assert_eq!(check.pcie_bytes_per_step, 134_795_034_624);
+    assert_eq!(check.pinned_cache_bytes, 25_908_166_656);
+    assert_eq!(check.disk_bytes_per_step, 108_886_867_968);
+    assert!(close(check.pcie_seconds, 5.391_801_384_96));
+    assert!(close(check.disk_seconds, 544.434_339_84));
+    assert!(
+        close(check.compute_seconds, 0.391_965_036),
+        "{}",
+        check.compute_seconds
+    );
+    assert_eq!(check.bottleneck, Bottleneck::Disk);
+    assert!(close(check.bound_seconds, 544.434_339_84));
+    assert!(close(check.cold_bound_seconds, 705.537_064_96));
+}
+
+#[test]
+fn worked_example_llama70b_under_tight_budgets_does_not_fit_and_says_why() {
+    // Same model, --vram-budget 5GiB --pin-ceiling 4GiB:
+    //   ring 6,304,088,064 > 5 GiB (5,368,709,120): 935,378,944 bytes short
+    //   staging 6,304,088,064 > 4 GiB (4,294,967,296): 2,009,120,768 bytes short
+    let model = ModelDescription::load("llama3-70b").unwrap();
+    let hardware = HardwareProfile::load("rtx3060-12gb").unwrap();
+    let settings = FitSettings {
+        vram_budget_bytes: Some(5 * GIB),
+        pin_ceiling_bytes: Some(4 * GIB),
+        ..FitSettings::default()
+    };
+    let check = FitCheck::new(&model, &hardware, &settings);
+    assert!(!check.fits);
+    let failures: Vec<_> = check
+        .failures
+        .iter()
+        .map(|failure| (failure.budget(), failure.short_by_bytes()))
+        .collect();
+    assert_eq!(
+        failures,
+        [("vram_budget", 935_378_944), ("pin_ceiling", 2_009_120_768)]
+    );
+    let message = check.failures[0].to_string();
+    assert!(
+        message.contains("streaming ring") && message.contains("--vram-budget"),
+        "{message}"
+    );
 }

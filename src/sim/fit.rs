@@ -1,0 +1,395 @@
+//! The fit check: will a model run on a machine under given budgets, and what is the
+//! fastest a step can possibly be?
+//!
+//! The arithmetic is DESIGN §1's and mirrors the pipeline's plans (`VramPlan`,
+//! `PinPlan`), so simulated runs can be checked against it:
+//!
+//! - VRAM: a model larger than the budget streams through a ring of
+//!   `largest block × (prefetch_depth + 1)`; the rest of the budget keeps blocks
+//!   resident. Bytes over PCIe per step = model − (budget − ring), at least 0.
+//! - Pinned RAM: the staging ring is `largest block × staging_buffers`; the rest of
+//!   the pin ceiling caches streamed blocks. Bytes from disk per step = streamed −
+//!   cache, at least 0. A cache smaller than the streamed bytes is not a failure: it
+//!   means those bytes stream from disk every step.
+//! - Bound: `max(compute, pcie bytes / pinned link rate, disk bytes / disk rate)`.
+//!   The cold first step must read and copy everything once.
+
+use serde::Serialize;
+use stagehand_actors::Bytes;
+
+use super::hardware::HardwareProfile;
+use super::model::ModelDescription;
+use crate::settings::Settings;
+
+/// Free RAM never goes below this, whatever `ram_floor` says (DESIGN §2).
+pub const RAM_FLOOR_MIN_BYTES: u64 = 2 << 30;
+
+/// The budget knobs the fit check reads (the same names as the settings).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct FitSettings {
+    /// `None` = VRAM − reserve_vram − vram_headroom.
+    pub vram_budget_bytes: Option<u64>,
+    pub reserve_vram_bytes: u64,
+    pub vram_headroom_bytes: u64,
+    /// `None` = RAM − max(ram_floor, 2 GiB).
+    pub pin_ceiling_bytes: Option<u64>,
+    pub ram_floor_bytes: u64,
+    pub prefetch_depth: u32,
+    pub staging_buffers: u32,
+}
+
+impl FitSettings {
+    pub fn from_settings(settings: &Settings) -> Self {
+        Self {
+            vram_budget_bytes: settings.vram_budget.map(|budget| budget.as_u64()),
+            reserve_vram_bytes: settings.reserve_vram.as_u64(),
+            vram_headroom_bytes: settings.vram_headroom.as_u64(),
+            pin_ceiling_bytes: settings.pin_ceiling.map(|ceiling| ceiling.as_u64()),
+            ram_floor_bytes: settings.ram_floor.as_u64(),
+            prefetch_depth: settings.prefetch_depth,
+            staging_buffers: settings.staging_buffers,
+        }
+    }
+}
+
+impl Default for FitSettings {
+    fn default() -> Self {
+        Self::from_settings(&Settings::default())
+    }
+}
+
+/// A budget that cannot work, with the figures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum FitFailure {
+    /// `vram_budget` asks for more than the card has after reserve and headroom.
+    VramBudgetAboveDevice {
+        budget_bytes: u64,
+        available_bytes: u64,
+    },
+    /// The budget cannot hold the streaming ring.
+    VramBelowRing {
+        budget_bytes: u64,
+        ring_bytes: u64,
+        largest_block_bytes: u64,
+        prefetch_depth: u32,
+    },
+    /// `pin_ceiling` asks for more than the host can spare above the RAM floor.
+    PinCeilingAboveHost {
+        ceiling_bytes: u64,
+        available_bytes: u64,
+    },
+    /// The pin ceiling cannot hold the staging ring.
+    PinnedBelowStaging {
+        ceiling_bytes: u64,
+        staging_bytes: u64,
+        largest_block_bytes: u64,
+        staging_buffers: u32,
+    },
+}
+
+impl FitFailure {
+    /// The setting that fails.
+    pub fn budget(&self) -> &'static str {
+        match self {
+            FitFailure::VramBudgetAboveDevice { .. } | FitFailure::VramBelowRing { .. } => {
+                "vram_budget"
+            }
+            FitFailure::PinCeilingAboveHost { .. } | FitFailure::PinnedBelowStaging { .. } => {
+                "pin_ceiling"
+            }
+        }
+    }
+
+    /// How many bytes the budget is short (or over, for the "above" cases).
+    pub fn short_by_bytes(&self) -> u64 {
+        match *self {
+            FitFailure::VramBudgetAboveDevice {
+                budget_bytes,
+                available_bytes,
+            } => budget_bytes - available_bytes,
+            FitFailure::VramBelowRing {
+                budget_bytes,
+                ring_bytes,
+                ..
+            } => ring_bytes - budget_bytes,
+            FitFailure::PinCeilingAboveHost {
+                ceiling_bytes,
+                available_bytes,
+            } => ceiling_bytes - available_bytes,
+            FitFailure::PinnedBelowStaging {
+                ceiling_bytes,
+                staging_bytes,
+                ..
+            } => staging_bytes - ceiling_bytes,
+        }
+    }
+}
+
+impl std::fmt::Display for FitFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let short = Bytes(self.short_by_bytes());
+        match *self {
+            FitFailure::VramBudgetAboveDevice { budget_bytes, available_bytes } => write!(
+                f,
+                "vram_budget {} is {short} more than the card has after reserve_vram and vram_headroom ({}); lower --vram-budget",
+                Bytes(budget_bytes),
+                Bytes(available_bytes)
+            ),
+            FitFailure::VramBelowRing { budget_bytes, ring_bytes, largest_block_bytes, prefetch_depth } => write!(
+                f,
+                "vram_budget {} is {short} short of the streaming ring: largest block {} × (prefetch_depth {prefetch_depth} + 1) = {}; raise --vram-budget or lower --prefetch-depth",
+                Bytes(budget_bytes),
+                Bytes(largest_block_bytes),
+                Bytes(ring_bytes)
+            ),
+            FitFailure::PinCeilingAboveHost { ceiling_bytes, available_bytes } => write!(
+                f,
+                "pin_ceiling {} is {short} more than the host can spare above its RAM floor ({}); lower --pin-ceiling or add RAM",
+                Bytes(ceiling_bytes),
+                Bytes(available_bytes)
+            ),
+            FitFailure::PinnedBelowStaging { ceiling_bytes, staging_bytes, largest_block_bytes, staging_buffers } => write!(
+                f,
+                "pin_ceiling {} is {short} short of the staging ring: largest block {} × {staging_buffers} staging buffers = {}; add RAM, raise --pin-ceiling or lower --staging-buffers",
+                Bytes(ceiling_bytes),
+                Bytes(largest_block_bytes),
+                Bytes(staging_bytes)
+            ),
+        }
+    }
+}
+
+/// What limits a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Bottleneck {
+    Compute,
+    Link,
+    Disk,
+}
+
+/// The verdict and the figures behind it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FitCheck {
+    pub fits: bool,
+    pub failures: Vec<FitFailure>,
+    pub model_bytes: u64,
+    pub largest_block_bytes: u64,
+    pub vram_budget_bytes: u64,
+    /// 0 when the whole model stays resident.
+    pub ring_bytes: u64,
+    pub resident_bytes: u64,
+    pub pcie_bytes_per_step: u64,
+    pub pin_ceiling_bytes: u64,
+    pub staging_bytes: u64,
+    pub pinned_cache_bytes: u64,
+    pub disk_bytes_per_step: u64,
+    pub compute_seconds: f64,
+    pub pcie_seconds: f64,
+    pub disk_seconds: f64,
+    /// Steady state: `max(compute, pcie, disk)`.
+    pub bound_seconds: f64,
+    pub bottleneck: Bottleneck,
+    /// First step: every byte read from disk and copied once.
+    pub cold_bound_seconds: f64,
+}
+
+impl FitCheck {
+    pub fn new(
+        model: &ModelDescription,
+        hardware: &HardwareProfile,
+        settings: &FitSettings,
+    ) -> Self {
+        let mut failures = Vec::new();
+        let model_bytes = model.total_bytes();
+        let largest_block_bytes = model.largest_block_bytes();
+
+        let vram_available_bytes = hardware
+            .vram_bytes()
+            .saturating_sub(settings.reserve_vram_bytes)
+            .saturating_sub(settings.vram_headroom_bytes);
+        let vram_budget_bytes = settings.vram_budget_bytes.unwrap_or(vram_available_bytes);
+        if vram_budget_bytes > vram_available_bytes {
+            failures.push(FitFailure::VramBudgetAboveDevice {
+                budget_bytes: vram_budget_bytes,
+                available_bytes: vram_available_bytes,
+            });
+        }
+        let streams = model_bytes > vram_budget_bytes;
+        let ring_bytes = if streams {
+            largest_block_bytes * (u64::from(settings.prefetch_depth) + 1)
+        } else {
+            0
+        };
+        if ring_bytes > vram_budget_bytes {
+            failures.push(FitFailure::VramBelowRing {
+                budget_bytes: vram_budget_bytes,
+                ring_bytes,
+                largest_block_bytes,
+                prefetch_depth: settings.prefetch_depth,
+            });
+        }
+        let resident_bytes = model_bytes.min(vram_budget_bytes.saturating_sub(ring_bytes));
+        let pcie_bytes_per_step = model_bytes - resident_bytes;
+
+        let ram_floor_bytes = settings.ram_floor_bytes.max(RAM_FLOOR_MIN_BYTES);
+        let pin_available_bytes = hardware.ram_bytes.saturating_sub(ram_floor_bytes);
+        let pin_ceiling_bytes = settings.pin_ceiling_bytes.unwrap_or(pin_available_bytes);
+        if pin_ceiling_bytes > pin_available_bytes {
+            failures.push(FitFailure::PinCeilingAboveHost {
+                ceiling_bytes: pin_ceiling_bytes,
+                available_bytes: pin_available_bytes,
+            });
+        }
+        let staging_bytes = largest_block_bytes * u64::from(settings.staging_buffers.max(1));
+        if staging_bytes > pin_ceiling_bytes {
+            failures.push(FitFailure::PinnedBelowStaging {
+                ceiling_bytes: pin_ceiling_bytes,
+                staging_bytes,
+                largest_block_bytes,
+                staging_buffers: settings.staging_buffers.max(1),
+            });
+        }
+        let pinned_cache_bytes = pin_ceiling_bytes
+            .saturating_sub(staging_bytes)
+            .min(pcie_bytes_per_step);
+        let disk_bytes_per_step = pcie_bytes_per_step - pinned_cache_bytes;
+
+        let compute_rates = hardware.compute_rates();
+        let compute_seconds: f64 = model
+            .blocks
+            .iter()
+            .map(|block| {
+                compute_rates
+                    .block_duration(model.block_step_flops(block), block.bytes)
+                    .as_secs_f64()
+            })
+            .sum();
+        let link_rate = hardware.link_rates().pinned_bytes_per_second as f64;
+        let disk_rate = hardware.disk_rates().bytes_per_second as f64;
+        let pcie_seconds = pcie_bytes_per_step as f64 / link_rate;
+        let disk_seconds = disk_bytes_per_step as f64 / disk_rate;
+        let (bound_seconds, bottleneck) = [
+            (compute_seconds, Bottleneck::Compute),
+            (pcie_seconds, Bottleneck::Link),
+            (disk_seconds, Bottleneck::Disk),
+        ]
+        .into_iter()
+        .fold((0.0, Bottleneck::Compute), |best, candidate| {
+            if candidate.0 > best.0 {
+                candidate
+            } else {
+                best
+            }
+        });
+        let cold_bound_seconds = compute_seconds
+            .max(model_bytes as f64 / link_rate)
+            .max(model_bytes as f64 / disk_rate);
+
+        Self {
+            fits: failures.is_empty(),
+            failures,
+            model_bytes,
+            largest_block_bytes,
+            vram_budget_bytes,
+            ring_bytes,
+            resident_bytes,
+            pcie_bytes_per_step,
+            pin_ceiling_bytes,
+            staging_bytes,
+            pinned_cache_bytes,
+            disk_bytes_per_step,
+            compute_seconds,
+            pcie_seconds,
+            disk_seconds,
+            bound_seconds,
+            bottleneck,
+            cold_bound_seconds,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    fn tiny_model(blocks: u64, bytes_per_block: u64) -> ModelDescription {
+        let text = format!(
+            "dtype = \"bf16\"\ntokens_per_step = 1000\nblock_count = {blocks}\nbytes_per_block = {bytes_per_block}\nflops_per_token_per_block = 1e9\n"
+        );
+        ModelDescription::parse("tiny", "test", &text).unwrap()
+    }
+
+    fn rtx4090() -> HardwareProfile {
+        HardwareProfile::load("rtx4090").unwrap()
+    }
+
+    #[test]
+    fn a_model_that_fits_in_vram_moves_nothing_per_step() {
+        // 10 × 1 GiB on a 24 GiB card: resident, no ring, no traffic.
+        let check = FitCheck::new(&tiny_model(10, GIB), &rtx4090(), &FitSettings::default());
+        assert!(check.fits);
+        assert_eq!((check.ring_bytes, check.pcie_bytes_per_step), (0, 0));
+        assert_eq!(check.disk_bytes_per_step, 0);
+        assert_eq!(check.bottleneck, Bottleneck::Compute);
+    }
+
+    #[test]
+    fn streaming_moves_model_minus_budget_minus_ring() {
+        // 40 × 1 GiB, budget 20 GiB, depth 2: ring 3 GiB, resident 17 GiB, 23 GiB over
+        // PCIe. Pin ceiling 10 GiB − staging 3 GiB = 7 GiB cached: 16 GiB from disk.
+        let settings = FitSettings {
+            vram_budget_bytes: Some(20 * GIB),
+            pin_ceiling_bytes: Some(10 * GIB),
+            ..FitSettings::default()
+        };
+        let check = FitCheck::new(&tiny_model(40, GIB), &rtx4090(), &settings);
+        assert!(check.fits, "{:?}", check.failures);
+        assert_eq!(check.ring_bytes, 3 * GIB);
+        assert_eq!(check.resident_bytes, 17 * GIB);
+        assert_eq!(check.pcie_bytes_per_step, 23 * GIB);
+        assert_eq!(check.pinned_cache_bytes, 7 * GIB);
+        assert_eq!(check.disk_bytes_per_step, 16 * GIB);
+        // 16 GiB at 7 GB/s ≈ 2.45 s dominates 23 GiB at 25 GB/s ≈ 0.99 s.
+        assert_eq!(check.bottleneck, Bottleneck::Disk);
+        assert!((check.bound_seconds - 16.0 * GIB as f64 / 7e9).abs() < 1e-9);
+    }
+
+    #[test]
+    fn each_failing_budget_is_named_with_its_shortfall() {
+        let settings = FitSettings {
+            vram_budget_bytes: Some(2 * GIB),
+            pin_ceiling_bytes: Some(GIB),
+            ..FitSettings::default()
+        };
+        let check = FitCheck::new(&tiny_model(40, GIB), &rtx4090(), &settings);
+        assert!(!check.fits);
+        assert_eq!(check.failures.len(), 2);
+        assert_eq!(check.failures[0].budget(), "vram_budget");
+        assert_eq!(check.failures[0].short_by_bytes(), GIB);
+        assert_eq!(check.failures[1].budget(), "pin_ceiling");
+        assert_eq!(check.failures[1].short_by_bytes(), 2 * GIB);
+        let message = check.failures[0].to_string();
+        assert!(
+            message.contains("1 GiB short") && message.contains("--prefetch-depth"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn budgets_above_the_hardware_are_failures() {
+        let settings = FitSettings {
+            vram_budget_bytes: Some(30 * GIB),
+            pin_ceiling_bytes: Some(64 * GIB),
+            ..FitSettings::default()
+        };
+        let check = FitCheck::new(&tiny_model(4, GIB), &rtx4090(), &settings);
+        let budgets: Vec<_> = check.failures.iter().map(FitFailure::budget).collect();
+        assert_eq!(budgets, ["vram_budget", "pin_ceiling"]);
+        // 64 GiB host − 2 GiB floor = 62 GiB spare: 2 GiB over.
+        assert_eq!(check.failures[1].short_by_bytes(), 2 * GIB);
+    }
+}
