@@ -50,5 +50,72 @@ fn hot_path(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, hot_path);
+/// The same path through a real session: the compute thread's `acquire` (residency
+/// word, position tracking, hit counter) and `release` on a fully resident model.
+fn session_hot_path(c: &mut Criterion) {
+    use std::sync::Arc;
+    use stagehand::actors::{NoObserver, ResidencyPolicy, Session, SessionConfig};
+    use stagehand::device::CpuDevice;
+    use stagehand::model::demo::{write_linear_stack, DemoSpec};
+    use stagehand::model::ModelIndex;
+    use stagehand::storage::{PreadStorage, StorageFile, StorageOptions};
+
+    let dir = std::env::temp_dir().join(format!("stagehand-hot-path-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let spec = DemoSpec {
+        blocks: 16,
+        layers_per_block: 1,
+        dim: 64,
+        seed: 1,
+    };
+    let path = write_linear_stack(&dir, &spec).expect("demo model");
+    let index = ModelIndex::open(&path, None).expect("index");
+    let layout = index.layout();
+    let files: Vec<StorageFile> = index
+        .files
+        .iter()
+        .map(|file| StorageFile {
+            path: file.path.clone(),
+            expected_bytes: file.bytes,
+        })
+        .collect();
+    let storage = Arc::new(PreadStorage::open(&files, &StorageOptions::default()).expect("storage"));
+    let budget = layout.total_bytes() * 2;
+    let device = Arc::new(CpuDevice::new(budget).expect("device"));
+    let order: Vec<BlockId> = (0..layout.len() as u32).map(BlockId).collect();
+    let mut session = Session::start(
+        SessionConfig {
+            vram_budget_bytes: budget,
+            pin_ceiling_bytes: budget,
+            prefetch_depth: 2,
+            staging_buffers: 3,
+            policy: ResidencyPolicy::Planned,
+            max_reads_in_flight: 4,
+        },
+        layout,
+        order.clone(),
+        device,
+        storage,
+        Arc::new(NoObserver),
+    )
+    .expect("session");
+    for &block in &order {
+        let handle = session.acquire(block).expect("warm-up acquire");
+        session.release(handle);
+    }
+    let mut position = 0usize;
+    c.bench_function("session acquire+release (resident)", |b| {
+        b.iter(|| {
+            let block = order[position];
+            position = (position + 1) % order.len();
+            let handle = session.try_acquire(block).expect("resident");
+            black_box(handle.ptr);
+            session.release(handle);
+        })
+    });
+    session.finish();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+criterion_group!(benches, hot_path, session_hot_path);
 criterion_main!(benches);
