@@ -70,19 +70,21 @@ fn counting_devices_never_panics() {
 
 #[test]
 fn asking_for_a_device_past_the_last_names_the_count() {
-    // Proves an out-of-range ordinal is refused with the number of devices present.
-    let Ok(count) = cuda::device_count() else {
-        println!("skipped: no CUDA driver");
-        return;
-    };
+    // Proves an out-of-range ordinal is refused with the number of devices present (or,
+    // without a driver, with the missing library), never a panic.
+    let count = cuda::device_count().unwrap_or(0);
     let error = CudaDevice::open(count + 7).err().expect("no such device");
     let message = error.to_string();
-    assert!(message.contains("no CUDA device"), "{message}");
-    if count > 0 {
+    if !cuda::libraries().driver {
+        assert!(message.contains("libcuda not found"), "{message}");
+    } else if count > 0 {
         assert!(
             message.contains(&format!("device {}", count + 7)),
             "{message}"
         );
+        assert!(message.contains(&format!("has {count}")), "{message}");
+    } else {
+        assert!(message.starts_with("no CUDA device"), "{message}");
     }
 }
 
@@ -315,4 +317,28 @@ fn gpu_link_figures_are_measured() {
     ] {
         assert!(value.is_finite() && value > 0.0, "{figures:?}");
     }
+}
+
+#[test]
+fn gpu_copy_and_compute_events_order_the_streams() {
+    // Proves the stream-ordering calls the pipeline uses (compute-done events, copies
+    // waiting on them, compute waiting on copies) are accepted by the driver and that
+    // the compute-done future resolves.
+    let Some(device) = gpu_device() else { return };
+    let compute_done = device.record_compute_done().expect("compute-done event");
+    device
+        .copies_wait_for(&compute_done)
+        .expect("copy stream waits");
+    let mut pinned = device.allocate_pinned(1 << 20).unwrap();
+    pinned.as_mut_slice().unwrap().fill(7);
+    let arena = device.allocate_arena(1 << 20).unwrap();
+    let copy = device.copy_to_device(pinned, 0, 1 << 20, arena.base);
+    device
+        .compute_waits_for_copies()
+        .expect("compute stream waits");
+    block_on(device.compute_done()).expect("compute done resolves");
+    let pinned = block_on(copy).expect("copy done");
+    compute_done.synchronize().unwrap();
+    drop(pinned);
+    device.free_arena(arena);
 }

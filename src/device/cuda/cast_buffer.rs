@@ -14,6 +14,7 @@ use stagehand_actors::DevicePtr;
 
 use super::chunk_plan::ChunkPlan;
 use super::error::CudaError;
+use super::events::make_current;
 
 pub struct CastBuffer {
     base: sys::CUdeviceptr,
@@ -166,11 +167,8 @@ impl CastBuffer {
         if change.unmap.is_empty() {
             return Ok(());
         }
-        self.context
-            .bind_to_thread()
-            .map_err(CudaError::driver("cuCtxSetCurrent"))?;
-        self.context
-            .synchronize()
+        make_current(&self.context)?;
+        cudarc::driver::result::ctx::synchronize()
             .map_err(CudaError::driver("cuCtxSynchronize"))?;
         for index in change.unmap.rev() {
             self.unmap_chunk(index)?;

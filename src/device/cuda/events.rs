@@ -86,13 +86,22 @@ impl Event {
 
 impl Drop for Event {
     fn drop(&mut self) {
-        if self.context.bind_to_thread().is_err() {
+        if make_current(&self.context).is_err() {
             return;
         }
         // SAFETY: destroyed exactly once; the driver defers the release until the
         // recorded work is done if it is still pending.
         let _ = unsafe { sys::cuEventDestroy_v2(self.event) };
     }
+}
+
+/// Makes `context` current on this thread. Unlike `CudaContext::bind_to_thread` it
+/// ignores errors cudarc recorded earlier, so cleanup (unregister, unmap, destroy)
+/// still runs after a failure elsewhere instead of leaking driver resources.
+pub(crate) fn make_current(context: &CudaContext) -> Result<(), CudaError> {
+    // SAFETY: the context handle is live for as long as `context` is.
+    unsafe { cudarc::driver::result::ctx::set_current(context.cu_ctx()) }
+        .map_err(CudaError::driver("cuCtxSetCurrent"))
 }
 
 type Completion = Box<dyn FnOnce(Result<(), CudaError>) + Send>;

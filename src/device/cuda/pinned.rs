@@ -12,6 +12,7 @@ use cudarc::driver::CudaContext;
 use stagehand_actors::{HostBuffer, PinRegistration};
 
 use super::error::CudaError;
+use super::events::make_current;
 
 /// A live `cuMemHostRegister` of one host range; unregisters on drop.
 ///
@@ -76,7 +77,7 @@ impl PinRegistration for HostRegistration {}
 
 impl Drop for HostRegistration {
     fn drop(&mut self) {
-        if let Err(error) = self.context.bind_to_thread() {
+        if let Err(error) = make_current(&self.context) {
             tracing::warn!(%error, "could not bind the CUDA context to unregister host memory");
             return;
         }

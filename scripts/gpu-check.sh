@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# One prepared GPU check for a machine with a GPU but no network and no cargo.
+#
+# Here (with cargo):      scripts/build-gpu-bin.sh      # fills gpu-bin/
+# On the GPU machine:     scripts/gpu-check.sh          # OUT=dir to choose the output
+#
+# It prints nvidia-smi, runs every GPU test binary in gpu-bin/tests/ with
+# STAGEHAND_GPU_TESTS=1, runs `gpu-bin/stagehand bench --device cuda --json`, and writes
+# into $OUT (default ./gpu-out):
+#   nvidia-smi.txt, tests-<target>.txt, bench.json, bench.stderr.txt,
+#   summary.json (every step's exit code and seconds) and report.md (the same, readable).
+# Everything runs under one deadline, 5 minutes in all: each step gets what is left, and
+# the report is written even when a step fails or runs out of time. Exit status: 0 only
+# if every step passed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+if [ -z "${GPU_CHECK_INNER:-}" ]; then
+    # Safety net over the per-step deadlines: nothing outlives 5 minutes.
+    GPU_CHECK_INNER=1 exec timeout --kill-after=5 300 "$0" "$@"
+fi
+
+OUT=${OUT:-./gpu-out}
+BIN=gpu-bin
+BUDGET_SECONDS=${GPU_CHECK_SECONDS:-285}
+START=$(date +%s)
+mkdir -p "$OUT"
+
+remaining() {
+    local left=$((BUDGET_SECONDS - ($(date +%s) - START)))
+    if [ "$left" -lt 1 ]; then left=1; fi
+    echo "$left"
+}
+
+STEPS_JSON=""
+STEPS_MD=""
+FAILED=0
+
+# run_step NAME OUTPUT_FILE COMMAND...: runs under the remaining deadline, tees output.
+run_step() {
+    local name=$1 output=$2
+    shift 2
+    local began rc seconds
+    began=$(date +%s.%N)
+    echo "== $name"
+    timeout --kill-after=5 "$(remaining)" "$@" 2>&1 | tee "$output"
+    rc=${PIPESTATUS[0]}
+    seconds=$(awk -v a="$began" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+    local verdict=passed
+    if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then verdict="timed out"; fi
+    if [ "$rc" -ne 0 ] && [ "$verdict" = passed ]; then verdict="failed"; fi
+    if [ "$rc" -ne 0 ]; then FAILED=1; fi
+    echo "== $name: $verdict (exit $rc, ${seconds} s)"
+    STEPS_JSON="$STEPS_JSON${STEPS_JSON:+,}
+    {\"name\": \"$name\", \"exit_code\": $rc, \"verdict\": \"$verdict\", \"seconds\": $seconds, \"output\": \"$(basename "$output")\"}"
+    STEPS_MD="$STEPS_MD| $name | $verdict | $rc | $seconds |
+"
+}
+
+if [ ! -x "$BIN/stagehand" ]; then
+    echo "gpu-check: $BIN/stagehand is missing: run scripts/build-gpu-bin.sh on a machine with cargo first" >&2
+    exit 2
+fi
+
+run_step "nvidia-smi" "$OUT/nvidia-smi.txt" nvidia-smi
+
+for test_binary in "$BIN"/tests/*; do
+    [ -x "$test_binary" ] || continue
+    target=$(basename "$test_binary")
+    # One thread: the tests compare the driver's free-memory figure before and after
+    # their own allocations, which concurrent tests would disturb.
+    run_step "tests/$target" "$OUT/tests-$target.txt" \
+        env STAGEHAND_GPU_TESTS=1 "$test_binary" --test-threads=1 --nocapture
+done
+
+run_step "bench --device cuda" "$OUT/bench.stderr.txt" \
+    sh -c "'$BIN/stagehand' bench --device cuda --json > '$OUT/bench.json'"
+
+TOTAL_SECONDS=$(( $(date +%s) - START ))
+
+# summary.json: the steps, plus the bench's own JSON when it produced an object.
+BENCH_JSON=null
+if [ -s "$OUT/bench.json" ] && [ "$(head -c 1 "$OUT/bench.json")" = "{" ]; then
+    BENCH_JSON=$(cat "$OUT/bench.json")
+fi
+cat > "$OUT/summary.json" <<JSON
+{
+  "passed": $([ "$FAILED" -eq 0 ] && echo true || echo false),
+  "total_seconds": $TOTAL_SECONDS,
+  "manifest": "$(head -n 1 "$BIN/MANIFEST" 2>/dev/null | sed 's/"/\\"/g')",
+  "steps": [$STEPS_JSON
+  ],
+  "bench": $BENCH_JSON
+}
+JSON
+
+{
+    echo "# GPU check"
+    echo
+    echo "$(head -n 1 "$BIN/MANIFEST" 2>/dev/null || echo 'commit: unknown'), $(date -u +%Y-%m-%dT%H:%M:%SZ), ${TOTAL_SECONDS} s in all"
+    echo
+    echo '```'
+    nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pcie.link.width.current \
+        --format=csv 2>/dev/null || head -n 12 "$OUT/nvidia-smi.txt"
+    echo '```'
+    echo
+    echo "| step | verdict | exit | seconds |"
+    echo "|---|---|---|---|"
+    printf '%s' "$STEPS_MD"
+    for log in "$OUT"/tests-*.txt; do
+        [ -f "$log" ] || continue
+        echo
+        echo "## $(basename "$log" .txt)"
+        echo
+        echo '```'
+        # Test lines, the tolerances met, and each panic with the message that follows it.
+        awk '/^test |^test result|normalised error|skipped/ { print } /panicked at/ { print; getline; print }' "$log"
+        echo '```'
+        # Tables the tests print (the link figures) go in as Markdown.
+        grep -E '^\|' "$log" || true
+    done
+    echo
+    echo "## bench --device cuda"
+    echo
+    if [ "$BENCH_JSON" != null ] && command -v python3 >/dev/null 2>&1; then
+        python3 - "$OUT/bench.json" <<'PY'
+import json, sys
+def rows(value, prefix=""):
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            yield from rows(inner, f"{prefix}{key}.")
+    elif isinstance(value, list):
+        for index, inner in enumerate(value):
+            yield from rows(inner, f"{prefix}{index}.")
+    else:
+        yield prefix.rstrip("."), value
+print("| figure | value |\n|---|---|")
+for key, value in rows(json.load(open(sys.argv[1]))):
+    print(f"| {key} | {value:.4g} |" if isinstance(value, float) else f"| {key} | {value} |")
+PY
+    elif [ "$BENCH_JSON" != null ]; then
+        echo '```json'
+        cat "$OUT/bench.json"
+        echo '```'
+    else
+        echo "No bench JSON; its output:"
+        echo
+        echo '```'
+        tail -n 30 "$OUT/bench.stderr.txt"
+        echo '```'
+    fi
+} > "$OUT/report.md"
+
+echo
+cat "$OUT/report.md"
+exit "$FAILED"
