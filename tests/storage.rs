@@ -333,22 +333,54 @@ fn opening_a_missing_or_resized_file_names_it() {
     ));
 }
 
+/// A file big enough that one read at 4 KiB requests needs more requests than the
+/// worker queue holds (256), so the future queues the rest itself.
+fn many_requests_file(dir: &Path) -> (StorageFile, Vec<u8>) {
+    let contents = pattern(3, 3 << 20);
+    (write_file(dir, "big.safetensors", &contents), contents)
+}
+
+fn tiny_requests() -> StorageOptions {
+    StorageOptions {
+        reader_threads: 2,
+        read_request_bytes: 4096,
+        ..StorageOptions::default()
+    }
+}
+
+#[test]
+fn reads_of_more_requests_than_the_queue_holds_return_the_right_bytes() {
+    // Proves: requests that did not fit the bounded queue at `read` time are queued by the
+    // future and still land in the right place, for both adapters.
+    let dir = disk_dir();
+    let (file, contents) = many_requests_file(dir.path());
+    let runtime = runtime();
+    for fast_disk in [false, true] {
+        let storage =
+            open_storage(std::slice::from_ref(&file), &tiny_requests(), fast_disk).expect("open");
+        let extents = [extent(0, 5, (3 << 20) - 10)];
+        let read = read_all(&runtime, storage.as_ref(), &extents, 1).expect("read");
+        assert_eq!(read, &contents[5..(3 << 20) - 5], "fast_disk {fast_disk}");
+    }
+}
+
 #[test]
 fn dropping_the_storage_under_a_pending_read_completes_it_without_hanging() {
     // Proves: a read whose requests did not all fit the queue still resolves (with its
     // buffer) when the storage is dropped before it is polled.
     let dir = disk_dir();
-    let (files, _contents) = two_files(dir.path());
-    let storage = PreadStorage::open(&files, &small_requests()).expect("open");
-    let buffer = HostBuffer::allocate(300_007).expect("buffer");
-    let pending = storage.read(vec![extent(0, 0, 300_007)], buffer, 0);
+    let (file, _contents) = many_requests_file(dir.path());
+    let storage = PreadStorage::open(std::slice::from_ref(&file), &tiny_requests()).expect("open");
+    let buffer = HostBuffer::allocate(3 << 20).expect("buffer");
+    let pending = storage.read(vec![extent(0, 0, 3 << 20)], buffer, 0);
     drop(storage);
     let runtime = runtime();
     let outcome = runtime.block_on(async {
         tokio::time::timeout(std::time::Duration::from_secs(10), pending).await
     });
     match outcome.expect("read hung after the storage was dropped") {
-        Ok(buffer) | Err((_, buffer)) => assert_eq!(buffer.len(), 300_007),
+        Ok(_) => panic!("a read cut short by closing the storage must not report success"),
+        Err((_, buffer)) => assert_eq!(buffer.len(), 3 << 20),
     }
 }
 

@@ -17,6 +17,12 @@ use super::read_plan::{plan_chunks, Chunk};
 use super::worker_pool::{Job, ReaderPool, WorkerMessage, WorkerScratch};
 use super::{direct, pread, StorageOptions};
 
+/// Requests queued for the workers at most. Large enough that a staging ring's reads
+/// (2 × 64 MiB in flight = 32 requests of 4 MiB) are all queued by `read` itself, so the
+/// disk never idles waiting for the actor thread to be scheduled and queue the rest; a
+/// queued request is a few dozen bytes.
+const QUEUE_BOUND_JOBS: usize = 256;
+
 /// How a worker reads one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ReadMode {
@@ -51,9 +57,7 @@ impl ReadEngine {
         request_bytes: u64,
     ) -> Result<Self, StorageError> {
         options.validate()?;
-        // Two queued requests per worker keep every worker busy between wake-ups
-        // without letting one read's requests hog an unbounded queue.
-        let pool = ReaderPool::start(options.reader_threads, options.reader_threads * 2)?;
+        let pool = ReaderPool::start(options.reader_threads, QUEUE_BOUND_JOBS)?;
         let shared = Arc::new(Shared {
             files,
             mode,
