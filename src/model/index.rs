@@ -1,7 +1,7 @@
 //! The model index: every tensor of a checkpoint, where its bytes are, and which block
 //! it belongs to. Built from headers only; no tensor data is read.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
@@ -132,11 +132,21 @@ fn check_against_index(
     expected: &BTreeMap<String, usize>,
     headers: &[ShardHeader],
 ) -> Result<(), IndexError> {
+    let present: HashSet<(usize, &str)> = headers
+        .iter()
+        .enumerate()
+        .flat_map(|(shard, header)| {
+            header
+                .tensors
+                .iter()
+                .map(move |tensor| (shard, tensor.name.as_str()))
+        })
+        .collect();
     for (tensor, &shard) in expected {
         let Some(header) = headers.get(shard) else {
             continue;
         };
-        if !header.tensors.iter().any(|found| &found.name == tensor) {
+        if !present.contains(&(shard, tensor.as_str())) {
             return Err(IndexError::Index {
                 path: index_path.to_path_buf(),
                 problem: format!(
