@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use serde_json::Value;
-use stagehand::actors::{AcquireBatch, ErrorKind, Link, Observer, Owner, Tier, TierUsage};
+use stagehand::actors::{
+    AcquireBatch, ErrorKind, Link, Observer, Owner, Stats, Tee, Tier, TierUsage,
+};
 use stagehand::telemetry::{catalog, exposition, promql, MetricKind, PrometheusObserver, CATALOG};
 
 fn repo_path(relative: &str) -> PathBuf {
@@ -540,10 +542,103 @@ fn counters_equal_what_was_fed_in() {
     assert_eq!(value(&steps, &[]), 4.0);
     assert_eq!(value(catalog::PREFETCH_LEAD_BLOCKS, &[]), 4.0);
     assert_eq!(value(catalog::PREFETCH_SPECULATIVE_DECLINED, &[]), 2.0);
-    assert_eq!(value(catalog::PIN_CONSOLIDATIONS, &[]), 2.0);
+    assert_eq!(value(catalog::PIN_CONSOLIDATIONS, &[]), 1.0);
+    assert_eq!(value(catalog::PIN_OPERATIONS, &[]), 2.0);
     assert_eq!(value(catalog::ERRORS, &[("kind", "read")]), 2.0);
     assert_eq!(value(catalog::ERRORS, &[("kind", "budget")]), 1.0);
     assert_eq!(value(catalog::ERRORS, &[]), 3.0);
+}
+
+#[test]
+fn figures_match_the_run_summary_stats() {
+    // Proves a scrape and the run summary agree: both are fed by the same Observer calls
+    // (the summary by `Stats`), and every figure they share is equal.
+    let observer = std::sync::Arc::new(PrometheusObserver::in_process().expect("observer"));
+    let stats = std::sync::Arc::new(Stats::default());
+    feed(&Tee(stats.clone(), observer.clone()));
+    let summary = stats.snapshot();
+    let samples = exposition::parse(&observer.render()).expect("parse exposition");
+    let value = |name: &str, labels: &[(&str, &str)]| exposition::sum(&samples, name, labels);
+    let close = |left: f64, right: f64| (left - right).abs() < 1e-6;
+
+    let durations_sum = format!("{}_sum", catalog::LINK_TRANSFER_DURATION);
+    let durations_count = format!("{}_count", catalog::LINK_TRANSFER_DURATION);
+    for link in Link::ALL {
+        let figures = summary.link(link);
+        let on_link = [("from", link.from_label()), ("to", link.to_label())];
+        let owned = |owner: &'static str| [on_link[0], on_link[1], ("owner", owner)];
+        let bytes = catalog::LINK_TRANSFERRED_BYTES;
+        assert_eq!(
+            value(bytes, &owned("model")),
+            figures.model_bytes as f64,
+            "{link:?}"
+        );
+        assert_eq!(
+            value(bytes, &owned("lora")),
+            figures.lora_bytes as f64,
+            "{link:?}"
+        );
+        assert_eq!(value(&durations_count, &on_link), figures.transfers as f64);
+        assert!(
+            close(value(&durations_sum, &on_link), figures.busy_seconds),
+            "{link:?}"
+        );
+    }
+    for (tier, figures) in [(Tier::Vram, summary.vram), (Tier::Pinned, summary.pinned)] {
+        let on_tier = [("tier", tier.label())];
+        assert_eq!(
+            value(catalog::TIER_USED_BYTES, &on_tier),
+            figures.used_bytes as f64
+        );
+        let model = [on_tier[0], ("owner", "model")];
+        assert_eq!(
+            value(catalog::TIER_USED_BYTES, &model),
+            figures.model_bytes as f64
+        );
+        let lora = [on_tier[0], ("owner", "lora")];
+        assert_eq!(
+            value(catalog::TIER_USED_BYTES, &lora),
+            figures.lora_bytes as f64
+        );
+        assert_eq!(
+            value(catalog::TIER_BUDGET_BYTES, &on_tier),
+            figures.budget_bytes as f64
+        );
+        assert_eq!(
+            value(catalog::TIER_RESIDENT_BLOCKS, &on_tier),
+            figures.blocks as f64
+        );
+        assert_eq!(
+            value(catalog::TIER_EVICTED_BLOCKS, &on_tier),
+            figures.evictions as f64
+        );
+    }
+    assert_eq!(
+        value(catalog::COMPUTE_ACQUIRE_HITS, &[]),
+        summary.hits as f64
+    );
+    assert_eq!(
+        value(catalog::COMPUTE_ACQUIRE_MISSES, &[]),
+        summary.misses as f64
+    );
+    let stall_sum = format!("{}_sum", catalog::COMPUTE_STALL);
+    assert!(close(value(&stall_sum, &[]), summary.stall_seconds));
+    let steps_count = format!("{}_count", catalog::COMPUTE_STEP_DURATION);
+    assert_eq!(value(&steps_count, &[]), summary.step_seconds.len() as f64);
+    let steps_sum = format!("{}_sum", catalog::COMPUTE_STEP_DURATION);
+    assert!(close(
+        value(&steps_sum, &[]),
+        summary.step_seconds.iter().sum()
+    ));
+    assert_eq!(
+        value(catalog::PIN_CONSOLIDATIONS, &[]),
+        summary.consolidations as f64
+    );
+    let operations = summary.consolidated_operations as f64;
+    assert_eq!(value(catalog::PIN_OPERATIONS, &[]), operations);
+    let declined = summary.speculative_declined as f64;
+    assert_eq!(value(catalog::PREFETCH_SPECULATIVE_DECLINED, &[]), declined);
+    assert_eq!(value(catalog::ERRORS, &[]), summary.errors as f64);
 }
 
 #[test]

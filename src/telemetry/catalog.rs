@@ -124,6 +124,7 @@ pub const COMPUTE_STEP_DURATION: &str = "stagehand_compute_step_duration_seconds
 pub const PREFETCH_LEAD_BLOCKS: &str = "stagehand_prefetch_lead_blocks";
 pub const PREFETCH_SPECULATIVE_DECLINED: &str = "stagehand_prefetch_speculative_declined_total";
 pub const PIN_CONSOLIDATIONS: &str = "stagehand_pin_consolidations_total";
+pub const PIN_OPERATIONS: &str = "stagehand_pin_operations_total";
 pub const ERRORS: &str = "stagehand_errors_total";
 
 /// Every metric stagehand exports.
@@ -227,9 +228,17 @@ pub const CATALOG: &[MetricSpec] = &[
     MetricSpec {
         name: PIN_CONSOLIDATIONS,
         kind: MetricKind::Counter,
+        unit: "consolidations",
+        labels: &[],
+        description: "Sync points at which the pin manager did its collected pin work at once, instead of stalling transfers mid-block.",
+        buckets: &[],
+    },
+    MetricSpec {
+        name: PIN_OPERATIONS,
+        kind: MetricKind::Counter,
         unit: "operations",
         labels: &[],
-        description: "Pinned-memory consolidation operations (merging or re-registering pinned regions).",
+        description: "Pinned-memory registrations and releases done at those sync points.",
         buckets: &[],
     },
     MetricSpec {

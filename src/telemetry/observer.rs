@@ -114,6 +114,7 @@ pub struct PrometheusObserver {
     prefetch_lead: Gauge,
     speculative_declined: Counter,
     pin_consolidations: Counter,
+    pin_operations: Counter,
     errors: [Counter; ERROR_COUNT],
     handle: PrometheusHandle,
     /// Kept only so the listener lives exactly as long as the observer.
@@ -175,6 +176,7 @@ impl PrometheusObserver {
             prefetch_lead: registrar.gauge(catalog::PREFETCH_LEAD_BLOCKS, &[]),
             speculative_declined: registrar.counter(catalog::PREFETCH_SPECULATIVE_DECLINED, &[]),
             pin_consolidations: registrar.counter(catalog::PIN_CONSOLIDATIONS, &[]),
+            pin_operations: registrar.counter(catalog::PIN_OPERATIONS, &[]),
             errors,
             handle,
             _server: server,
@@ -225,7 +227,8 @@ impl Observer for PrometheusObserver {
     }
 
     fn pin_consolidation(&self, operations: u64) {
-        self.pin_consolidations.increment(operations);
+        self.pin_consolidations.increment(1);
+        self.pin_operations.increment(operations);
     }
 
     fn speculative_declined(&self) {
