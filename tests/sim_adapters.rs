@@ -282,13 +282,15 @@ fn a_read_outside_the_models_files_is_an_error() {
     });
 }
 
-/// End times of 50 reads of 100 MB and 50 copies, one after another, under `faults`.
-fn perturbed_timeline(faults: &FaultPlan) -> Vec<Duration> {
+/// End times of 50 reads of 100 MB and 50 copies, one after another, under `faults`,
+/// and the Chrome trace of the run.
+fn perturbed_timeline(faults: &FaultPlan) -> (Vec<Duration>, String) {
     let runtime = virtual_time_runtime().unwrap();
-    runtime.block_on(async {
+    let trace = Arc::new(TraceRecorder::new());
+    let ends = runtime.block_on(async {
         let clock = SimClock::new().unwrap();
-        let storage = nvme(&clock, faults);
-        let device = device(&clock, faults);
+        let storage = nvme(&clock, faults).with_trace(Arc::clone(&trace));
+        let device = device(&clock, faults).with_trace(Arc::clone(&trace));
         let arena = device.allocate_arena(100_000_000).unwrap();
         let mut buffer = device.allocate_pinned(100_000_000).unwrap();
         let mut ends = Vec::new();
@@ -308,7 +310,8 @@ fn perturbed_timeline(faults: &FaultPlan) -> Vec<Duration> {
             ends.push(clock.now());
         }
         ends
-    })
+    });
+    (ends, trace.chrome_trace_json())
 }
 
 #[test]
@@ -320,11 +323,16 @@ fn jitter_and_slow_reads_are_deterministic_per_seed() {
         slow_read_factor: 5.0,
         fail_read_after: None,
     };
-    let first = perturbed_timeline(&faults(42));
-    assert_eq!(first, perturbed_timeline(&faults(42)));
-    assert_ne!(first, perturbed_timeline(&faults(43)));
+    let (first, first_trace) = perturbed_timeline(&faults(42));
+    let (again, again_trace) = perturbed_timeline(&faults(42));
+    assert_eq!(first, again);
+    // The same seed writes the same trace, byte for byte.
+    assert_eq!(first_trace, again_trace);
+    let (other, other_trace) = perturbed_timeline(&faults(43));
+    assert_ne!(first, other);
+    assert_ne!(first_trace, other_trace);
     // Jitter really perturbs: the exact, unperturbed timeline differs.
-    assert_ne!(first, perturbed_timeline(&FaultPlan::default()));
+    assert_ne!(first, perturbed_timeline(&FaultPlan::default()).0);
 }
 
 #[test]
@@ -415,6 +423,7 @@ fn compute_is_serialised_and_every_lane_is_traced_without_overlap() {
         }
         assert_eq!(clock.now(), compute.busy_until());
     });
+    check_chrome_trace_file(&trace);
     let slices = trace.slices();
     assert_eq!(slices.len(), 12);
     for lane in Lane::ALL {
@@ -446,4 +455,103 @@ fn compute_is_serialised_and_every_lane_is_traced_without_overlap() {
         last_compute.end - last_compute.start,
         Duration::from_millis(200)
     );
+}
+
+#[test]
+fn fifty_naive_steps_of_a_70b_model_take_exactly_their_summed_durations() {
+    // Load each block when needed, no prefetch: every step reads, copies and computes
+    // all 82 blocks one after another, so virtual time is the plain sum. Also a
+    // measure of the adapters' own cost: 12,300 timed operations.
+    use stagehand::sim::{transfer_duration, HardwareProfile, ModelDescription, SimMachine};
+    let model = ModelDescription::load("llama3-70b").unwrap();
+    let hardware = HardwareProfile::load("rtx3060-12gb").unwrap();
+    let layout = model.layout();
+    let steps = 50;
+
+    let disk = hardware.disk_rates();
+    let link = hardware.link_rates();
+    let compute_rates = hardware.compute_rates();
+    let mut step = disk.request_latency; // each step jumps back to the file's start
+    for (block, desc) in layout.blocks.iter().zip(&model.blocks) {
+        for extent in &block.extents {
+            step += transfer_duration(extent.length, disk.bytes_per_second);
+        }
+        step += link.latency + transfer_duration(block.bytes, link.pinned_bytes_per_second);
+        step += compute_rates.block_duration(model.block_step_flops(desc), block.bytes);
+    }
+
+    let wall = Instant::now();
+    let runtime = virtual_time_runtime().unwrap();
+    let done_at = runtime.block_on(async {
+        let machine =
+            SimMachine::new(&hardware, &FaultPlan::default(), Some(&layout), None).unwrap();
+        let largest = layout.largest_block_bytes();
+        let arena = machine.device.allocate_arena(largest).unwrap();
+        let mut buffer = machine.device.allocate_pinned(largest).unwrap();
+        for _ in 0..steps {
+            for (block, desc) in layout.blocks.iter().zip(&model.blocks) {
+                buffer = machine
+                    .storage
+                    .read(block.extents.clone(), buffer, 0)
+                    .await
+                    .unwrap();
+                buffer = machine
+                    .device
+                    .copy_to_device(buffer, 0, block.bytes, arena.base)
+                    .await
+                    .unwrap();
+                let duration = machine
+                    .compute
+                    .block_duration(model.block_step_flops(desc), block.bytes);
+                machine.compute.compute(&desc.name, duration).await;
+            }
+        }
+        machine.clock.now()
+    });
+    let wall_elapsed = wall.elapsed();
+    assert_eq!(done_at, steps * step);
+    println!(
+        "50 naive steps of llama3-70b: {:.1} s of virtual time in {wall_elapsed:?} of wall time",
+        done_at.as_secs_f64()
+    );
+}
+
+/// Writes the trace to a file, parses it back, and checks what Perfetto will show: the
+/// three named lanes, and slices on one lane that never overlap.
+fn check_chrome_trace_file(trace: &TraceRecorder) {
+    let directory = tempfile::tempdir().unwrap();
+    let path = directory.path().join("trace.json");
+    trace.write_chrome_trace(&path).unwrap();
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let events = json["traceEvents"].as_array().unwrap();
+    let mut lanes = std::collections::BTreeMap::new();
+    for event in events.iter().filter(|event| event["name"] == "thread_name") {
+        lanes.insert(
+            event["tid"].as_u64().unwrap(),
+            event["args"]["name"].as_str().unwrap().to_string(),
+        );
+    }
+    assert_eq!(
+        lanes.values().map(String::as_str).collect::<Vec<_>>(),
+        ["disk", "copy", "compute"]
+    );
+    for (tid, lane) in &lanes {
+        let mut slices: Vec<(f64, f64)> = events
+            .iter()
+            .filter(|event| event["ph"] == "X" && event["tid"].as_u64() == Some(*tid))
+            .map(|event| {
+                (
+                    event["ts"].as_f64().unwrap(),
+                    event["dur"].as_f64().unwrap(),
+                )
+            })
+            .collect();
+        assert!(!slices.is_empty(), "no slices on {lane}");
+        slices.sort_by(|a, b| a.0.total_cmp(&b.0));
+        for pair in slices.windows(2) {
+            let first_end = pair[0].0 + pair[0].1;
+            assert!(first_end <= pair[1].0 + 1e-6, "{lane}: {pair:?} overlap");
+        }
+    }
 }

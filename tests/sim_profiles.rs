@@ -370,9 +370,9 @@ fn worked_example_llama70b_under_tight_budgets_does_not_fit_and_says_why() {
         failures,
         [("vram_budget", 935_378_944), ("pin_ceiling", 2_009_120_768)]
     );
-    let message = check.failures[0].to_string();
-    assert!(
-        message.contains("streaming ring") && message.contains("--vram-budget"),
-        "{message}"
+    assert_eq!(
+        check.failures[0].to_string(),
+        "vram_budget 5 GiB is 892.05 MiB short of the streaming ring: largest block 1.96 GiB × \
+         (prefetch_depth 2 + 1) = 5.87 GiB; raise --vram-budget or lower --prefetch-depth"
     );
 }

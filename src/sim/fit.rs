@@ -7,10 +7,13 @@
 //! - VRAM: a model larger than the budget streams through a ring of
 //!   `largest block × (prefetch_depth + 1)`; the rest of the budget keeps blocks
 //!   resident. Bytes over PCIe per step = model − (budget − ring), at least 0.
-//! - Pinned RAM: the staging ring is `largest block × staging_buffers`; the rest of
-//!   the pin ceiling caches streamed blocks. Bytes from disk per step = streamed −
+//! - Pinned RAM: without `fast_disk` the staging ring is `largest block ×
+//!   staging_buffers` inside the pin ceiling and the rest of the ceiling caches
+//!   streamed blocks; with `fast_disk` blocks stream in chunks through a ring of
+//!   `staging_buffers × staging_buffer_size` beside the ceiling (the host must spare
+//!   RAM for both) and the whole ceiling caches. Bytes from disk per step = streamed −
 //!   cache, at least 0. A cache smaller than the streamed bytes is not a failure: it
-//!   means those bytes stream from disk every step.
+//!   means those bytes stream from disk every step. Either ring needs ≥ 2 buffers.
 //! - Bound: `max(compute, pcie bytes / pinned link rate, disk bytes / disk rate)`.
 //!   The cold first step must read and copy everything once.
 
@@ -36,7 +39,13 @@ pub struct FitSettings {
     pub ram_floor_bytes: u64,
     pub prefetch_depth: u32,
     pub staging_buffers: u32,
+    /// Chunk size of the fast-disk ring.
+    pub staging_buffer_bytes: u64,
+    pub fast_disk: bool,
 }
+
+/// Fewest buffers a staging ring works with (one filling, one being copied).
+pub const MIN_STAGING_BUFFERS: u32 = 2;
 
 impl FitSettings {
     pub fn from_settings(settings: &Settings) -> Self {
@@ -48,6 +57,8 @@ impl FitSettings {
             ram_floor_bytes: settings.ram_floor.as_u64(),
             prefetch_depth: settings.prefetch_depth,
             staging_buffers: settings.staging_buffers,
+            staging_buffer_bytes: settings.staging_buffer_size.as_u64(),
+            fast_disk: settings.fast_disk,
         }
     }
 }
@@ -86,6 +97,11 @@ pub enum FitFailure {
         largest_block_bytes: u64,
         staging_buffers: u32,
     },
+    /// A staging ring needs at least [`MIN_STAGING_BUFFERS`] buffers of some size.
+    StagingRingUnusable {
+        staging_buffers: u32,
+        staging_buffer_bytes: u64,
+    },
 }
 
 impl FitFailure {
@@ -98,6 +114,7 @@ impl FitFailure {
             FitFailure::PinCeilingAboveHost { .. } | FitFailure::PinnedBelowStaging { .. } => {
                 "pin_ceiling"
             }
+            FitFailure::StagingRingUnusable { .. } => "staging_buffers",
         }
     }
 
@@ -122,6 +139,14 @@ impl FitFailure {
                 staging_bytes,
                 ..
             } => staging_bytes - ceiling_bytes,
+            FitFailure::StagingRingUnusable {
+                staging_buffers,
+                staging_buffer_bytes,
+            } => {
+                let wanted = u64::from(staging_buffers.max(MIN_STAGING_BUFFERS))
+                    * staging_buffer_bytes.max(1);
+                wanted.saturating_sub(u64::from(staging_buffers) * staging_buffer_bytes)
+            }
         }
     }
 }
@@ -155,6 +180,11 @@ impl std::fmt::Display for FitFailure {
                 Bytes(ceiling_bytes),
                 Bytes(largest_block_bytes),
                 Bytes(staging_bytes)
+            ),
+            FitFailure::StagingRingUnusable { staging_buffers, staging_buffer_bytes } => write!(
+                f,
+                "a staging ring of {staging_buffers} × {} cannot stream: it needs at least {MIN_STAGING_BUFFERS} buffers of more than 0 bytes; raise --staging-buffers or --staging-buffer-size",
+                Bytes(staging_buffer_bytes)
             ),
         }
     }
@@ -233,8 +263,26 @@ impl FitCheck {
         let resident_bytes = model_bytes.min(vram_budget_bytes.saturating_sub(ring_bytes));
         let pcie_bytes_per_step = model_bytes - resident_bytes;
 
+        // The pipeline's staging ring: block-sized buffers inside the ceiling, or
+        // fast-disk chunks beside it.
+        let (staging_buffers, staging_buffer_bytes) = if settings.fast_disk {
+            (settings.staging_buffers, settings.staging_buffer_bytes)
+        } else {
+            (settings.staging_buffers, largest_block_bytes)
+        };
+        let staging_bytes = u64::from(staging_buffers) * staging_buffer_bytes;
+        if staging_buffers < MIN_STAGING_BUFFERS || staging_buffer_bytes == 0 {
+            failures.push(FitFailure::StagingRingUnusable {
+                staging_buffers,
+                staging_buffer_bytes,
+            });
+        }
         let ram_floor_bytes = settings.ram_floor_bytes.max(RAM_FLOOR_MIN_BYTES);
-        let pin_available_bytes = hardware.ram_bytes.saturating_sub(ram_floor_bytes);
+        let ring_beside_ceiling_bytes = if settings.fast_disk { staging_bytes } else { 0 };
+        let pin_available_bytes = hardware
+            .ram_bytes
+            .saturating_sub(ram_floor_bytes)
+            .saturating_sub(ring_beside_ceiling_bytes);
         let pin_ceiling_bytes = settings.pin_ceiling_bytes.unwrap_or(pin_available_bytes);
         if pin_ceiling_bytes > pin_available_bytes {
             failures.push(FitFailure::PinCeilingAboveHost {
@@ -242,18 +290,20 @@ impl FitCheck {
                 available_bytes: pin_available_bytes,
             });
         }
-        let staging_bytes = largest_block_bytes * u64::from(settings.staging_buffers.max(1));
-        if staging_bytes > pin_ceiling_bytes {
-            failures.push(FitFailure::PinnedBelowStaging {
-                ceiling_bytes: pin_ceiling_bytes,
-                staging_bytes,
-                largest_block_bytes,
-                staging_buffers: settings.staging_buffers.max(1),
-            });
-        }
-        let pinned_cache_bytes = pin_ceiling_bytes
-            .saturating_sub(staging_bytes)
-            .min(pcie_bytes_per_step);
+        let cache_room_bytes = if settings.fast_disk {
+            pin_ceiling_bytes
+        } else {
+            if staging_bytes > pin_ceiling_bytes {
+                failures.push(FitFailure::PinnedBelowStaging {
+                    ceiling_bytes: pin_ceiling_bytes,
+                    staging_bytes,
+                    largest_block_bytes,
+                    staging_buffers,
+                });
+            }
+            pin_ceiling_bytes.saturating_sub(staging_bytes)
+        };
+        let pinned_cache_bytes = cache_room_bytes.min(pcie_bytes_per_step);
         let disk_bytes_per_step = pcie_bytes_per_step - pinned_cache_bytes;
 
         let compute_rates = hardware.compute_rates();
@@ -391,5 +441,41 @@ mod tests {
         assert_eq!(budgets, ["vram_budget", "pin_ceiling"]);
         // 64 GiB host − 2 GiB floor = 62 GiB spare: 2 GiB over.
         assert_eq!(check.failures[1].short_by_bytes(), 2 * GIB);
+    }
+
+    #[test]
+    fn fast_disk_streams_chunks_through_a_ring_beside_the_ceiling() {
+        // 40 × 1 GiB, budget 20 GiB: 23 GiB over PCIe. With --fast-disk the 3 × 64 MiB
+        // ring sits beside the 10 GiB ceiling, which caches 10 GiB: 13 GiB from disk.
+        let settings = FitSettings {
+            vram_budget_bytes: Some(20 * GIB),
+            pin_ceiling_bytes: Some(10 * GIB),
+            fast_disk: true,
+            ..FitSettings::default()
+        };
+        let check = FitCheck::new(&tiny_model(40, GIB), &rtx4090(), &settings);
+        assert!(check.fits, "{:?}", check.failures);
+        assert_eq!(check.staging_bytes, 3 * (64 << 20));
+        assert_eq!(check.pinned_cache_bytes, 10 * GIB);
+        assert_eq!(check.disk_bytes_per_step, 13 * GIB);
+        // The default ceiling leaves the host room for the ring: 64 − 2 GiB − 192 MiB.
+        let defaults = FitSettings {
+            fast_disk: true,
+            ..FitSettings::default()
+        };
+        let check = FitCheck::new(&tiny_model(40, GIB), &rtx4090(), &defaults);
+        assert_eq!(check.pin_ceiling_bytes, 62 * GIB - 3 * (64 << 20));
+    }
+
+    #[test]
+    fn a_ring_of_one_buffer_is_refused() {
+        let settings = FitSettings {
+            staging_buffers: 1,
+            ..FitSettings::default()
+        };
+        let check = FitCheck::new(&tiny_model(40, GIB), &rtx4090(), &settings);
+        assert!(!check.fits);
+        assert_eq!(check.failures[0].budget(), "staging_buffers");
+        assert_eq!(check.failures[0].short_by_bytes(), GIB);
     }
 }
