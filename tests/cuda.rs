@@ -2,19 +2,27 @@
 //! says what to do. With `STAGEHAND_GPU_TESTS=1` on a GPU machine: real pinned copies,
 //! cast buffers, cuBLAS and the checksum kernel, checked against the CPU.
 
+use std::sync::{Mutex, MutexGuard};
+
 use stagehand::actors::{Device, DevicePtr};
 use stagehand::device::cuda::{self, CudaDevice};
 
-/// The device for a GPU test, or `None` (printed) when GPU tests are not asked for.
-/// When they are asked for, a missing device fails the test: a GPU check that silently
-/// skipped would report success without having run.
-fn gpu_device() -> Option<CudaDevice> {
+/// Serialises the GPU tests: some compare the driver's free-memory figure before and
+/// after their own allocations, which a concurrent test would disturb.
+static GPU: Mutex<()> = Mutex::new(());
+
+/// The device for a GPU test (with the lock that keeps GPU tests one at a time), or
+/// `None` (printed) when GPU tests are not asked for. When they are asked for, a missing
+/// device fails the test: a GPU check that silently skipped would report success
+/// without having run.
+fn gpu_device() -> Option<(MutexGuard<'static, ()>, CudaDevice)> {
     if std::env::var("STAGEHAND_GPU_TESTS").as_deref() != Ok("1") {
         println!("skipped: STAGEHAND_GPU_TESTS not set");
         return None;
     }
+    let guard = GPU.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     match CudaDevice::open(0) {
-        Ok(device) => Some(device),
+        Ok(device) => Some((guard, device)),
         Err(error) => panic!("STAGEHAND_GPU_TESTS=1 but no usable CUDA device: {error}"),
     }
 }
@@ -93,7 +101,9 @@ fn gpu_pinned_copies_round_trip() {
     // Proves bytes copied from a registered buffer on the copy stream arrive intact,
     // that the buffer comes back still registered, and that bad copies are refused
     // with the buffer handed back.
-    let Some(device) = gpu_device() else { return };
+    let Some((_gpu, device)) = gpu_device() else {
+        return;
+    };
     let bytes = 8 << 20;
     let mut source = device.allocate_pinned(bytes).expect("pinned buffer");
     assert!(source.is_registered());
@@ -128,7 +138,9 @@ fn gpu_cast_buffer_grows_in_place_and_shrinks() {
     // Proves the cast buffer keeps its base address and its data while it grows, counts
     // mapped chunks against VRAM, refuses to pass its reservation, and gives memory back
     // when it shrinks.
-    let Some(device) = gpu_device() else { return };
+    let Some((_gpu, device)) = gpu_device() else {
+        return;
+    };
     let mut buffer = device.cast_buffer(1 << 30, 16 << 20).expect("cast buffer");
     let base = buffer.base();
     let chunk = buffer.chunk_bytes();
@@ -197,7 +209,9 @@ fn gpu_cublas_forward_matches_the_cpu_reference() {
     // Proves the cuBLAS linear stack (sgemm for f32, GemmEx for f16/bf16) computes the
     // same y = x·Wᵀ as the CPU reference within the stated tolerance, on non-square
     // layers so a transposed operand would show.
-    let Some(device) = gpu_device() else { return };
+    let Some((_gpu, device)) = gpu_device() else {
+        return;
+    };
     let blas = cuda::CublasLinear::new(&device).expect("cuBLAS");
     let widths = [384usize, 256, 512, 128, 320];
     let batch = 8;
@@ -269,7 +283,9 @@ fn gpu_cublas_forward_matches_the_cpu_reference() {
 fn gpu_checksum_kernel_matches_the_cpu() {
     // Proves the NVRTC checksum of device bytes equals the CPU checksum for aligned and
     // unaligned ranges and ragged lengths, and changes when one byte on the device does.
-    let Some(device) = gpu_device() else { return };
+    let Some((_gpu, device)) = gpu_device() else {
+        return;
+    };
     let kernel = cuda::ChecksumKernel::new(&device).expect("NVRTC kernel");
     let bytes: Vec<u8> = (0..(3u32 << 20) + 3)
         .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
@@ -302,7 +318,9 @@ fn gpu_checksum_kernel_matches_the_cpu() {
 fn gpu_link_figures_are_measured() {
     // Proves the link benchmark runs end to end and yields positive, finite figures
     // (no timing assertion: those belong to the benchmark report, not a test).
-    let Some(device) = gpu_device() else { return };
+    let Some((_gpu, device)) = gpu_device() else {
+        return;
+    };
     assert!(
         cuda::bench::link_figures(&device, 4096).is_err(),
         "too small to measure"
@@ -324,7 +342,9 @@ fn gpu_copy_and_compute_events_order_the_streams() {
     // Proves the stream-ordering calls the pipeline uses (compute-done events, copies
     // waiting on them, compute waiting on copies) are accepted by the driver and that
     // the compute-done future resolves.
-    let Some(device) = gpu_device() else { return };
+    let Some((_gpu, device)) = gpu_device() else {
+        return;
+    };
     let compute_done = device.record_compute_done().expect("compute-done event");
     device
         .copies_wait_for(&compute_done)
