@@ -264,6 +264,14 @@ fn unknown_env_variable_is_reported() {
 }
 
 #[test]
+fn gpu_test_switch_is_not_a_setting() {
+    // Proves the GPU test suite's opt-in variable does not break settings loading.
+    let environment = env(&[("STAGEHAND_GPU_TESTS", "1"), ("STAGEHAND_LOG", "warn")]);
+    let loaded = load(&SettingsArgs::default(), None, environment).expect("loads");
+    assert_eq!(loaded.settings.log, "warn");
+}
+
+#[test]
 fn ram_floor_is_clamped_and_says_so() {
     // Proves a floor below 2 GiB is raised, with a note in the provenance.
     let args = flags(&["--ram-floor", "512MiB"]);

@@ -40,11 +40,21 @@ pub(crate) fn file_layer(path: &Path, source: Source) -> Result<Vec<Entry>, Sett
     Ok(entries)
 }
 
+/// `STAGEHAND_*` variables that are not settings: the opt-in switch of the GPU test
+/// suite, which is set around test binaries that in turn start `stagehand`. Every other
+/// `STAGEHAND_*` variable must be a setting, so a typo is reported instead of ignored.
+pub const NOT_SETTINGS_ENV: &[&str] = &["STAGEHAND_GPU_TESTS"];
+
 /// `STAGEHAND_*` variables from `env` (name → value). Values are taken verbatim from
 /// `env`, not as the config crate guessed their type, so "1e3" stays "1e3".
 pub(crate) fn env_layer(env: &BTreeMap<String, String>) -> Result<Vec<Entry>, SettingsError> {
     let source_map: Map<String, String> = env
         .iter()
+        .filter(|(name, _)| {
+            !NOT_SETTINGS_ENV
+                .iter()
+                .any(|reserved| name.eq_ignore_ascii_case(reserved))
+        })
         .map(|(name, value)| (name.clone(), value.clone()))
         .collect();
     let table = Environment::with_prefix(ENV_PREFIX)
