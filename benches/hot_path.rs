@@ -53,12 +53,12 @@ fn hot_path(c: &mut Criterion) {
 /// The same path through a real session: the compute thread's `acquire` (residency
 /// word, position tracking, hit counter) and `release` on a fully resident model.
 fn session_hot_path(c: &mut Criterion) {
-    use std::sync::Arc;
     use stagehand::actors::{NoObserver, ResidencyPolicy, Session, SessionConfig};
     use stagehand::device::CpuDevice;
     use stagehand::model::demo::{write_linear_stack, DemoSpec};
     use stagehand::model::ModelIndex;
     use stagehand::storage::{PreadStorage, StorageFile, StorageOptions};
+    use std::sync::Arc;
 
     let dir = std::env::temp_dir().join(format!("stagehand-hot-path-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
@@ -79,7 +79,8 @@ fn session_hot_path(c: &mut Criterion) {
             expected_bytes: file.bytes,
         })
         .collect();
-    let storage = Arc::new(PreadStorage::open(&files, &StorageOptions::default()).expect("storage"));
+    let storage =
+        Arc::new(PreadStorage::open(&files, &StorageOptions::default()).expect("storage"));
     let budget = layout.total_bytes() * 2;
     let device = Arc::new(CpuDevice::new(budget).expect("device"));
     let order: Vec<BlockId> = (0..layout.len() as u32).map(BlockId).collect();
@@ -89,6 +90,7 @@ fn session_hot_path(c: &mut Criterion) {
             pin_ceiling_bytes: budget,
             prefetch_depth: 2,
             staging_buffers: 3,
+            fast_disk_chunk_bytes: None,
             policy: ResidencyPolicy::Planned,
             max_reads_in_flight: 4,
         },

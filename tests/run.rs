@@ -54,11 +54,12 @@ fn run_json(model: &Path, extra: &[&str]) -> serde_json::Value {
         "cpu",
         "--vram-budget",
         "2560KiB",
-        "--pin-ceiling",
-        "3MiB",
         "--ram-floor",
         "2GiB",
     ];
+    if !extra.contains(&"--pin-ceiling") {
+        args.extend_from_slice(&["--pin-ceiling", "3MiB"]);
+    }
     args.extend_from_slice(extra);
     let (code, stdout, stderr) = stagehand(&args);
     assert_eq!(code, 0, "stderr: {stderr}");
@@ -236,4 +237,29 @@ fn a_model_truncated_while_running_fails_cleanly() {
     };
     assert!(message.contains("changed"), "{message}");
     assert!(message.contains("every budget was released"), "{message}");
+}
+
+#[test]
+fn fast_disk_streams_straight_to_vram_within_ring_plus_ceiling() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = demo_model(dir.path());
+    let summary = run_json(
+        &model,
+        &[
+            "--fast-disk",
+            "--staging-buffers",
+            "3",
+            "--staging-buffer-size",
+            "64KiB",
+            "--read-request-size",
+            "64KiB",
+            "--pin-ceiling",
+            "1MiB",
+        ],
+    );
+    assert_eq!(number(&summary, "verified_steps"), 4.0);
+    assert!(number(&summary, "disk_to_vram_bytes_per_step") > 0.0);
+    let ring = (3 * 64 * KIB) as f64;
+    assert!(number(&summary, "peak_pinned_bytes") <= (1024 * KIB) as f64 + ring);
+    assert_eq!(number(&summary, "pinned_bytes_after_shutdown"), 0.0);
 }

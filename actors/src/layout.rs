@@ -87,3 +87,28 @@ impl ModelLayout {
         self.blocks.is_empty()
     }
 }
+
+/// The extents covering bytes `start .. start + length` of a region laid out as
+/// `extents` end to end (a chunk of a block, for chunked reads).
+pub fn slice_extents(extents: &[Extent], start: u64, length: u64) -> Vec<Extent> {
+    let end = start.saturating_add(length);
+    let mut sliced = Vec::new();
+    let mut region_offset = 0u64;
+    for extent in extents {
+        let extent_end = region_offset + extent.length;
+        let overlap_start = start.max(region_offset);
+        let overlap_end = end.min(extent_end);
+        if overlap_start < overlap_end {
+            sliced.push(Extent {
+                file: extent.file,
+                offset: extent.offset + (overlap_start - region_offset),
+                length: overlap_end - overlap_start,
+            });
+        }
+        region_offset = extent_end;
+        if region_offset >= end {
+            break;
+        }
+    }
+    sliced
+}

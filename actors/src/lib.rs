@@ -10,7 +10,7 @@ mod storage;
 
 pub use device::{Device, DeviceArena, DeviceError, DevicePtr, MemoryInfo, OpFuture};
 pub use host_buffer::{HostAllocError, HostBuffer, PinRegistration, HOST_BUFFER_ALIGN};
-pub use layout::{BlockId, BlockLayout, Extent, FileId, ModelLayout};
+pub use layout::{slice_extents, BlockId, BlockLayout, Extent, FileId, ModelLayout};
 pub use observer::{
     AcquireBatch, ErrorKind, Link, NoObserver, Observer, Owner, Tee, Tier, TierUsage,
 };
@@ -23,8 +23,8 @@ mod stats;
 mod vram_state;
 
 pub use plan::{
-    keep_by_priority, max_scatter_priority, Bytes, PinPlan, PlanError, ResidencyPolicy, StepOrder,
-    VramPlan,
+    keep_by_priority, max_scatter_priority, Bytes, PinPlan, PlanError, ResidencyPolicy, Staging,
+    StepOrder, VramPlan,
 };
 pub use residency::{BlockHandle, BlockState, ResidencyTable};
 pub use stats::{LinkSnapshot, Stats, StatsSnapshot, TierSnapshot};

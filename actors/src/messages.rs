@@ -9,6 +9,7 @@
 
 use actix::prelude::*;
 
+use crate::device::DevicePtr;
 use crate::error::SessionError;
 use crate::host_buffer::HostBuffer;
 use crate::layout::{BlockId, Extent};
@@ -93,6 +94,15 @@ pub struct Drain {
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct EnsurePinned {
+    pub block: BlockId,
+    /// Where the block goes in VRAM, for fast-disk streaming straight there.
+    pub destination: DevicePtr,
+}
+
+/// Fast disk: the block has been streamed into its VRAM place chunk by chunk.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Streamed {
     pub block: BlockId,
 }
 

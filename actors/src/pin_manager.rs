@@ -8,20 +8,39 @@ use actix::prelude::*;
 use crate::device::Device;
 use crate::disk_reader::DiskReader;
 use crate::error::SessionError;
-use crate::layout::Extent;
+use std::collections::VecDeque;
+
+use crate::device::DevicePtr;
+use crate::layout::{slice_extents, BlockId, Extent};
 use crate::messages::{
-    Drain, EnsurePinned, PinFailed, Pinned, ReadBlock, ReadDone, Reply, ReturnBuffer, SyncPoint,
+    Drain, EnsurePinned, PinFailed, Pinned, ReadBlock, ReadDone, Reply, ReturnBuffer, Streamed,
+    SyncPoint,
 };
 use crate::observer::{ErrorKind, Link, Observer, Owner, Tier, TierUsage};
 use crate::pin_state::{BufferHome, PinAction, PinState};
+use crate::vram_allocator::VramAllocator;
+
+/// A block on its way from disk to VRAM through the fast-disk chunk ring.
+struct ChunkStream {
+    block: BlockId,
+    destination: DevicePtr,
+    bytes: u64,
+    next_offset: u64,
+    done_bytes: u64,
+    failed: bool,
+    in_flight: u32,
+}
 
 pub struct PinManager {
     state: PinState,
+    /// Fast-disk streams in request order; the ring serves the oldest first.
+    streams: VecDeque<ChunkStream>,
+
     extents: Vec<Vec<Extent>>,
     device: Arc<dyn Device>,
     reader: Addr<DiskReader>,
-    allocator: Recipient<Pinned>,
-    failures: Recipient<PinFailed>,
+    /// Where pinned blocks, streamed blocks and failures are reported.
+    allocator: Addr<VramAllocator>,
     observer: Arc<dyn Observer>,
     draining: Option<Reply<()>>,
 }
@@ -32,17 +51,16 @@ impl PinManager {
         extents: Vec<Vec<Extent>>,
         device: Arc<dyn Device>,
         reader: Addr<DiskReader>,
-        allocator: Recipient<Pinned>,
-        failures: Recipient<PinFailed>,
+        allocator: Addr<VramAllocator>,
         observer: Arc<dyn Observer>,
     ) -> Self {
         Self {
             state,
+            streams: VecDeque::new(),
             extents,
             device,
             reader,
             allocator,
-            failures,
             observer,
             draining: None,
         }
@@ -63,6 +81,7 @@ impl PinManager {
 
     fn act(&mut self, action: PinAction, ctx: &mut Context<Self>) {
         match action {
+            PinAction::Stream { .. } => self.pump(ctx),
             PinAction::Ready {
                 block,
                 buffer,
@@ -83,6 +102,111 @@ impl PinManager {
                 home,
                 reply_to: ctx.address().recipient(),
             }),
+        }
+    }
+
+    /// Starts chunk reads while ring buffers are free: fill slot i while the device
+    /// copies slot i − 1.
+    fn pump(&mut self, ctx: &mut Context<Self>) {
+        while let Some(stream) = self
+            .streams
+            .iter_mut()
+            .find(|stream| !stream.failed && stream.next_offset < stream.bytes)
+        {
+            let Some(buffer) = self.state.take_chunk_buffer() else {
+                return;
+            };
+            let offset = stream.next_offset;
+            let length = (buffer.len() as u64).min(stream.bytes - offset);
+            stream.next_offset += length;
+            stream.in_flight += 1;
+            let block = stream.block;
+            let extents = slice_extents(&self.extents[block.index()], offset, length);
+            self.reader.do_send(ReadBlock {
+                block,
+                extents,
+                buffer,
+                home: BufferHome::Chunk { offset },
+                reply_to: ctx.address().recipient(),
+            });
+        }
+    }
+
+    /// A chunk arrived in pinned memory: copy it on to its place in VRAM.
+    fn copy_chunk(
+        &mut self,
+        block: BlockId,
+        offset: u64,
+        buffer: crate::HostBuffer,
+        bytes: u64,
+        read_seconds: f64,
+        ctx: &mut Context<Self>,
+    ) {
+        let Some(destination) = self
+            .streams
+            .iter()
+            .find(|stream| stream.block == block)
+            .map(|stream| stream.destination.offset(offset))
+        else {
+            self.state
+                .give_back(block, buffer, BufferHome::Chunk { offset }, false);
+            return;
+        };
+        let started = tokio::time::Instant::now();
+        let copy = self.device.copy_to_device(buffer, 0, bytes, destination);
+        ctx.spawn(
+            actix::fut::wrap_future::<_, Self>(copy).map(move |outcome, actor, ctx| {
+                let seconds = read_seconds + started.elapsed().as_secs_f64();
+                let (buffer, error) = match outcome {
+                    Ok(buffer) => (buffer, None),
+                    Err((error, buffer)) => (buffer, Some(error.to_string())),
+                };
+                actor
+                    .state
+                    .give_back(block, buffer, BufferHome::Chunk { offset }, true);
+                match error {
+                    None => {
+                        actor
+                            .observer
+                            .transfer(Link::DiskToVram, Owner::Model, bytes, seconds);
+                        actor.chunk_done(block, bytes, None);
+                    }
+                    Some(reason) => {
+                        actor.observer.error(ErrorKind::Copy);
+                        actor.chunk_done(
+                            block,
+                            bytes,
+                            Some(SessionError::CopyFailed { block, reason }),
+                        );
+                    }
+                }
+                actor.pump(ctx);
+                actor.try_finish_drain();
+            }),
+        );
+    }
+
+    /// Accounts a finished (or failed) chunk; reports the block when all have landed.
+    fn chunk_done(&mut self, block: BlockId, bytes: u64, error: Option<SessionError>) {
+        let Some(index) = self.streams.iter().position(|stream| stream.block == block) else {
+            return;
+        };
+        let stream = &mut self.streams[index];
+        stream.in_flight -= 1;
+        stream.done_bytes += bytes;
+        if let Some(error) = error {
+            if !stream.failed {
+                stream.failed = true;
+                self.allocator.do_send(PinFailed { block, error });
+            }
+        }
+        let finished =
+            stream.in_flight == 0 && (stream.failed || stream.done_bytes >= stream.bytes);
+        if finished {
+            let stream = self.streams.remove(index);
+            if stream.is_some_and(|stream| !stream.failed) {
+                self.allocator.do_send(Streamed { block });
+            }
         }
     }
 
@@ -119,6 +243,13 @@ impl PinManager {
         }
     }
 
+    fn block_bytes(&self, block: BlockId) -> u64 {
+        self.extents[block.index()]
+            .iter()
+            .map(|extent| extent.length)
+            .sum()
+    }
+
     fn try_finish_drain(&mut self) {
         if self.draining.is_none() || self.state.lent_out() > 0 {
             return;
@@ -148,7 +279,19 @@ impl Handler<EnsurePinned> for PinManager {
     type Result = ();
 
     fn handle(&mut self, message: EnsurePinned, ctx: &mut Self::Context) {
-        if let Some(action) = self.state.request(message.block) {
+        let action = self.state.request(message.block);
+        if let Some(PinAction::Stream { block }) = &action {
+            self.streams.push_back(ChunkStream {
+                block: *block,
+                destination: message.destination,
+                bytes: self.block_bytes(*block),
+                next_offset: 0,
+                done_bytes: 0,
+                failed: false,
+                in_flight: 0,
+            });
+        }
+        if let Some(action) = action {
             self.act(action, ctx);
         }
     }
@@ -166,9 +309,26 @@ impl Handler<ReadDone> for PinManager {
             seconds,
             error,
         } = done;
+        if let BufferHome::Chunk { offset } = home {
+            match error {
+                None => self.copy_chunk(block, offset, buffer, bytes, seconds, ctx),
+                Some(reason) => {
+                    self.observer.error(ErrorKind::Read);
+                    self.state.give_back(block, buffer, home, false);
+                    self.chunk_done(
+                        block,
+                        bytes,
+                        Some(SessionError::ReadFailed { block, reason }),
+                    );
+                    self.pump(ctx);
+                    self.try_finish_drain();
+                }
+            }
+            return;
+        }
         if let Some(reason) = error {
             self.observer.error(ErrorKind::Read);
-            self.failures.do_send(PinFailed {
+            self.allocator.do_send(PinFailed {
                 block,
                 error: SessionError::ReadFailed { block, reason },
             });

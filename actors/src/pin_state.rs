@@ -19,6 +19,10 @@ use crate::plan::{PinPlan, StepOrder};
 pub enum BufferHome {
     Cache,
     Staging,
+    /// A fast-disk ring buffer carrying bytes `offset..` of a block on to VRAM.
+    Chunk {
+        offset: u64,
+    },
 }
 
 /// What the actor must do for a request.
@@ -36,6 +40,8 @@ pub enum PinAction {
         buffer: HostBuffer,
         home: BufferHome,
     },
+    /// Fast disk: stream the block from disk through the chunk ring straight to VRAM.
+    Stream { block: BlockId },
 }
 
 enum CacheSlot {
@@ -109,6 +115,11 @@ impl PinState {
         self.ceiling_bytes
     }
 
+    /// A free ring buffer for the next fast-disk chunk.
+    pub fn take_chunk_buffer(&mut self) -> Option<HostBuffer> {
+        self.staging_free.pop()
+    }
+
     pub fn used_bytes(&self) -> u64 {
         self.cache_bytes + self.staging_bytes
     }
@@ -177,6 +188,9 @@ impl PinState {
         } else if self.plan.is_cached(block) && !self.pending_register.contains(&block) {
             self.pending_register.push(block);
         }
+        if self.plan.chunked {
+            return Some(PinAction::Stream { block });
+        }
         match self.staging_free.pop() {
             Some(buffer) => Some(PinAction::Read {
                 block,
@@ -216,6 +230,10 @@ impl PinState {
                     *slot = Some(buffer);
                     *filled &= bytes_valid;
                 }
+                None
+            }
+            BufferHome::Chunk { .. } => {
+                self.staging_free.push(buffer);
                 None
             }
             BufferHome::Staging => {

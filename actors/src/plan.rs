@@ -279,6 +279,18 @@ pub fn keep_by_priority(
     kept
 }
 
+/// How blocks without a pinned copy reach VRAM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Staging {
+    /// Each is read whole into one of `buffers` block-sized pinned buffers, then copied.
+    /// The ring counts against the pin ceiling.
+    WholeBlocks { buffers: u32 },
+    /// `--fast-disk`: read in `buffer_bytes` chunks through a ring of `buffers` pinned
+    /// buffers and copied on to VRAM chunk by chunk, so a block never needs a full
+    /// pinned copy. The ring is allocated beside the pin ceiling, which the cache keeps.
+    Chunks { buffers: u32, buffer_bytes: u64 },
+}
+
 /// The pinned tier's split: which streamed blocks keep a pinned copy, and the staging ring.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PinPlan {
@@ -286,6 +298,8 @@ pub struct PinPlan {
     pub cached_bytes: u64,
     pub staging_buffers: u32,
     pub staging_buffer_bytes: u64,
+    /// Chunked fast-disk streaming (the ring sits beside the ceiling, not under it).
+    pub chunked: bool,
     /// Bytes read from disk every steady-state step.
     pub disk_bytes_per_step: u64,
 }
@@ -306,26 +320,36 @@ impl PinPlan {
         order: &StepOrder,
         vram: &VramPlan,
         pin_ceiling_bytes: u64,
-        staging_buffers: u32,
+        staging: Staging,
     ) -> Result<Self, PlanError> {
         let block_bytes: Vec<u64> = layout.blocks.iter().map(|block| block.bytes).collect();
         let largest = vram.slot_bytes;
-        let staging_bytes = largest * u64::from(staging_buffers);
-        if pin_ceiling_bytes < staging_bytes || staging_buffers == 0 {
+        let (staging_buffers, staging_buffer_bytes, chunked) = match staging {
+            Staging::WholeBlocks { buffers } => (buffers, largest, false),
+            Staging::Chunks {
+                buffers,
+                buffer_bytes,
+            } => (buffers, buffer_bytes, true),
+        };
+        let staging_bytes = staging_buffer_bytes * u64::from(staging_buffers);
+        let cache_room = if chunked {
+            pin_ceiling_bytes
+        } else {
+            pin_ceiling_bytes.saturating_sub(staging_bytes)
+        };
+        if (!chunked && pin_ceiling_bytes < staging_bytes)
+            || staging_buffers < 2
+            || staging_buffer_bytes == 0
+        {
             return Err(PlanError::PinCeilingTooSmall {
                 ceiling: Bytes(pin_ceiling_bytes),
-                needed: Bytes(staging_bytes),
-                largest: Bytes(largest),
-                buffers: staging_buffers,
+                needed: Bytes(staging_bytes.max(2 * staging_buffer_bytes)),
+                largest: Bytes(staging_buffer_bytes),
+                buffers: staging_buffers.max(2),
             });
         }
         let streamed = |block: BlockId| !vram.is_resident(block);
-        let kept = keep_by_priority(
-            order,
-            &block_bytes,
-            pin_ceiling_bytes - staging_bytes,
-            streamed,
-        );
+        let kept = keep_by_priority(order, &block_bytes, cache_room, streamed);
         let mut cached = vec![false; block_bytes.len()];
         let mut cached_bytes = 0;
         for block in kept {
@@ -342,7 +366,8 @@ impl PinPlan {
             cached,
             cached_bytes,
             staging_buffers,
-            staging_buffer_bytes: largest,
+            staging_buffer_bytes,
+            chunked,
             disk_bytes_per_step,
         })
     }
@@ -473,7 +498,14 @@ mod tests {
         let model = layout(&[10 * U; 10]);
         let order = sequential(10);
         let vram = VramPlan::new(&model, &order, 55 * U, 2, ResidencyPolicy::Planned).unwrap();
-        let pins = PinPlan::new(&model, &order, &vram, 70 * U, 3).unwrap();
+        let pins = PinPlan::new(
+            &model,
+            &order,
+            &vram,
+            70 * U,
+            Staging::WholeBlocks { buffers: 3 },
+        )
+        .unwrap();
         assert_eq!(pins.staging_bytes(), 30 * U);
         assert_eq!(pins.cached_bytes, 40 * U);
         for (index, cached) in pins.cached.iter().enumerate() {
@@ -483,6 +515,13 @@ mod tests {
             );
         }
         assert_eq!(pins.disk_bytes_per_step, (80 - 40) * U);
-        assert!(PinPlan::new(&model, &order, &vram, 20 * U, 3).is_err());
+        assert!(PinPlan::new(
+            &model,
+            &order,
+            &vram,
+            20 * U,
+            Staging::WholeBlocks { buffers: 3 }
+        )
+        .is_err());
     }
 }

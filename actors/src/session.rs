@@ -35,7 +35,7 @@ use crate::messages::{
 use crate::observer::{AcquireBatch, Observer, Tee};
 use crate::pin_manager::PinManager;
 use crate::pin_state::PinState;
-use crate::plan::{PinPlan, ResidencyPolicy, StepOrder, VramPlan};
+use crate::plan::{PinPlan, ResidencyPolicy, Staging, StepOrder, VramPlan};
 use crate::residency::{BlockHandle, ResidencyTable};
 use crate::stats::{Stats, StatsSnapshot};
 use crate::storage::Storage;
@@ -49,6 +49,9 @@ pub struct SessionConfig {
     pub pin_ceiling_bytes: u64,
     pub prefetch_depth: u32,
     pub staging_buffers: u32,
+    /// `--fast-disk`: stream blocks without a pinned copy through a ring of
+    /// `staging_buffers` chunks of this size straight to VRAM. `None`: whole-block staging.
+    pub fast_disk_chunk_bytes: Option<u64>,
     pub policy: ResidencyPolicy,
     pub max_reads_in_flight: usize,
 }
@@ -335,13 +338,16 @@ impl Prepared {
             config.prefetch_depth,
             config.policy,
         )?;
-        let pins = PinPlan::new(
-            layout,
-            &order,
-            &vram,
-            config.pin_ceiling_bytes,
-            config.staging_buffers,
-        )?;
+        let staging = match config.fast_disk_chunk_bytes {
+            Some(buffer_bytes) => Staging::Chunks {
+                buffers: config.staging_buffers,
+                buffer_bytes,
+            },
+            None => Staging::WholeBlocks {
+                buffers: config.staging_buffers,
+            },
+        };
+        let pins = PinPlan::new(layout, &order, &vram, config.pin_ceiling_bytes, staging)?;
         let table = Arc::new(ResidencyTable::new(
             layout.blocks.iter().map(|block| block.bytes),
         ));
@@ -381,11 +387,17 @@ impl Prepared {
             .map(|block| block.extents)
             .collect();
         let lookahead = 2 * (config.prefetch_depth as usize + 1);
+        // With fast disk the chunk ring sits beside the ceiling: pinned ≤ ring + ceiling.
+        let pinned_limit = if self.plan.pins.chunked {
+            config.pin_ceiling_bytes + self.plan.pins.staging_bytes()
+        } else {
+            config.pin_ceiling_bytes
+        };
         let pin_state = PinState::new(
             block_bytes,
             self.order.clone(),
             self.plan.pins.clone(),
-            config.pin_ceiling_bytes,
+            pinned_limit,
             lookahead,
         );
         let reader = DiskReader::new(storage, config.max_reads_in_flight).start();
@@ -402,8 +414,7 @@ impl Prepared {
             extents,
             device,
             reader,
-            allocator.clone().recipient(),
-            allocator.clone().recipient(),
+            allocator.clone(),
             observer.clone(),
         )
         .start();

@@ -12,7 +12,7 @@ use crate::error::SessionError;
 use crate::layout::BlockId;
 use crate::messages::{
     Demand, Drain, EnsurePinned, PinFailed, Pinned, ReleaseActivations, Released, Reply,
-    ReserveActivations, ReturnBuffer,
+    ReserveActivations, ReturnBuffer, Streamed,
 };
 use crate::observer::{ErrorKind, Link, Observer, Owner, Tier, TierUsage};
 use crate::pin_manager::PinManager;
@@ -82,10 +82,17 @@ impl VramAllocator {
         if decisions.declined {
             self.observer.speculative_declined();
         }
+        let base = self
+            .arena
+            .as_ref()
+            .map_or(crate::DevicePtr(0), |arena| arena.base);
         for load in &decisions.loads {
             self.load_offsets[load.block.index()] = load.offset;
             if let Some(pins) = &self.pins {
-                pins.do_send(EnsurePinned { block: load.block });
+                pins.do_send(EnsurePinned {
+                    block: load.block,
+                    destination: base.offset(load.offset),
+                });
             }
         }
         if !decisions.loads.is_empty() || decisions.evicted > 0 {
@@ -99,7 +106,7 @@ impl VramAllocator {
     fn prefetch_lead(&self) -> u64 {
         let order = self.state.order();
         let cursor = self.state_cursor();
-        (1..=order.len())
+        (0..order.len())
             .take_while(|step| self.table.state(order.at(cursor + step)) == BlockState::Ready)
             .count() as u64
     }
@@ -144,12 +151,7 @@ impl VramAllocator {
                     bytes,
                     started.elapsed().as_secs_f64(),
                 );
-                if let Some((offset, streamed)) = self.state.loaded(block) {
-                    let base = self.arena.as_ref().map_or(0, |arena| arena.base.0);
-                    self.table
-                        .publish_ready(block, crate::DevicePtr(base + offset), streamed);
-                }
-                self.notify(block, Ok(()));
+                self.publish(block);
                 buffer
             }
             Err((error, buffer)) => {
@@ -173,6 +175,18 @@ impl VramAllocator {
         self.schedule(None);
         self.report_usage();
         self.try_finish_drain();
+    }
+
+    /// The block's bytes are in place: flip it to ready and wake whoever waits.
+    fn publish(&mut self, block: BlockId) {
+        if self.draining.is_some() {
+            self.state.abandon(block, false);
+        } else if let Some((offset, streamed)) = self.state.loaded(block) {
+            let base = self.arena.as_ref().map_or(0, |arena| arena.base.0);
+            self.table
+                .publish_ready(block, crate::DevicePtr(base + offset), streamed);
+        }
+        self.notify(block, Ok(()));
     }
 
     fn try_finish_drain(&mut self) {
@@ -279,6 +293,17 @@ impl Handler<Pinned> for VramAllocator {
                 actor.copy_finished(block, outcome, home, bytes, started)
             }),
         );
+    }
+}
+
+impl Handler<Streamed> for VramAllocator {
+    type Result = ();
+
+    fn handle(&mut self, message: Streamed, _ctx: &mut Self::Context) {
+        self.publish(message.block);
+        self.schedule(None);
+        self.report_usage();
+        self.try_finish_drain();
     }
 }
 

@@ -184,14 +184,17 @@ impl VramState {
         self.peak_used_bytes = self.peak_used_bytes.max(used);
     }
 
-    /// The compute thread is at `position` of the order.
+    /// The compute thread needs `position` of the order next. Distances to next use are
+    /// measured from here, so the block at the cursor (distance 0) is the one needed
+    /// soonest and is never a victim for a speculative load.
     pub fn advance(&mut self, position: usize) {
         self.cursor = position % self.order.len();
     }
 
-    /// The compute thread released a streamed block (LRU bookkeeping).
+    /// The compute thread released the streamed block at `position`: it needs the next
+    /// position next.
     pub fn released(&mut self, block: BlockId, position: usize) {
-        self.advance(position);
+        self.advance(position + 1);
         self.use_clock += 1;
         if let Some(Placement::Ring { slot }) = self.placement[block.index()] {
             self.ring[slot].last_use = self.use_clock;
@@ -208,7 +211,7 @@ impl VramState {
             }
         }
         let mut ahead = 0;
-        for step in 1..=self.order.len() {
+        for step in 0..self.order.len() {
             if ahead >= self.depth {
                 break;
             }
@@ -324,12 +327,6 @@ impl VramState {
                         .order
                         .distance_to_next_use(self.cursor, block)
                         .unwrap_or(usize::MAX);
-                    // The block at the cursor itself is in use or about to be.
-                    let distance = if distance == 0 {
-                        self.order.len()
-                    } else {
-                        distance
-                    };
                     if speculative && distance <= needed_in {
                         continue;
                     }

@@ -151,6 +151,7 @@ fn config(budget_blocks: u64, pin_blocks: u64, policy: ResidencyPolicy) -> Sessi
         pin_ceiling_bytes: pin_blocks * BLOCK,
         prefetch_depth: 2,
         staging_buffers: 3,
+        fast_disk_chunk_bytes: None,
         policy,
         max_reads_in_flight: 4,
     }
@@ -295,4 +296,30 @@ fn acquiring_a_block_outside_the_model_is_an_error() {
         "block 9 is not in the model: it has 4 blocks"
     );
     session.finish();
+}
+
+#[test]
+fn fast_disk_streams_chunks_straight_to_vram_within_ring_plus_ceiling() {
+    let mut fast = config(7, 4, ResidencyPolicy::Planned);
+    // 1000-byte chunks: unaligned to the 2048-byte extents, so chunks straddle them.
+    fast.fast_disk_chunk_bytes = Some(1000);
+    let (outcome, stats, _) = run(16, fast, 4, None);
+    outcome.unwrap();
+    assert!(
+        stats.disk_to_vram.model_bytes > 0,
+        "nothing streamed disk→vram"
+    );
+    assert!(stats.pinned.peak_used_bytes <= 4 * BLOCK + 3 * 1000);
+    assert_eq!(stats.pinned.used_bytes, 0);
+    assert_eq!(stats.vram.used_bytes, 0);
+}
+
+#[test]
+fn a_failed_chunk_read_fails_the_fast_disk_run_cleanly() {
+    let mut fast = config(7, 4, ResidencyPolicy::Planned);
+    fast.fast_disk_chunk_bytes = Some(1000);
+    let (outcome, stats, _) = run(16, fast, 3, Some(30));
+    assert!(outcome.is_err());
+    assert_eq!(stats.pinned.used_bytes, 0);
+    assert_eq!(stats.vram.used_bytes, 0);
 }

@@ -222,7 +222,16 @@ pub fn execute(prepared: &Prepared, plan: RunPlan<'_>) -> Result<Outcome, RunErr
         vram_budget_bytes: plan.budgets.vram_budget_bytes,
         pin_ceiling_bytes: plan.budgets.pin_ceiling_bytes,
         prefetch_depth: plan.prefetch_depth,
-        staging_buffers: settings.staging_buffers.clamp(2, plan.prefetch_depth + 2),
+        // Whole-block staging needs depth + 1 buffers to keep the ring busy; fast-disk
+        // chunks use the configured ring (default 3 × 64 MiB).
+        staging_buffers: if settings.fast_disk {
+            settings.staging_buffers
+        } else {
+            settings.staging_buffers.clamp(2, plan.prefetch_depth + 2)
+        },
+        fast_disk_chunk_bytes: settings
+            .fast_disk
+            .then(|| settings.staging_buffer_size.as_u64()),
         policy: plan.policy,
         max_reads_in_flight: (settings.reader_threads as usize).max(2),
     };

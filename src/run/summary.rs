@@ -27,6 +27,8 @@ pub struct Summary {
     pub read_bytes_per_second: f64,
     pub pinned_to_vram_bytes_per_step: f64,
     pub disk_to_pinned_bytes_per_step: f64,
+    pub disk_to_vram_bytes_per_step: f64,
+    pub fast_disk: bool,
     pub hits: u64,
     pub misses: u64,
     pub stall_seconds: f64,
@@ -67,6 +69,8 @@ impl Summary {
             read_bytes_per_second: outcome.rates.read_bytes_per_second,
             pinned_to_vram_bytes_per_step: report.steady_bytes_per_step(Link::PinnedToVram),
             disk_to_pinned_bytes_per_step: report.steady_bytes_per_step(Link::DiskToPinned),
+            disk_to_vram_bytes_per_step: report.steady_bytes_per_step(Link::DiskToVram),
+            fast_disk: report.plan.pins.chunked,
             hits: stats.hits,
             misses: stats.misses,
             stall_seconds: stats.stall_seconds,
@@ -115,13 +119,23 @@ impl Summary {
             rate(self.read_bytes_per_second),
             self.efficiency
         ));
-        line(format!(
-            "  per steady step: pinned→vram {} (plan {})  disk→pinned {} (plan {})",
-            bytes(self.pinned_to_vram_bytes_per_step as u64),
-            bytes(self.streamed_bytes_per_step_planned),
-            bytes(self.disk_to_pinned_bytes_per_step as u64),
-            bytes(self.disk_bytes_per_step_planned)
-        ));
+        if self.fast_disk {
+            line(format!(
+                "  per steady step: pinned→vram {}  disk→vram {} (fast disk; plan {} to vram, {} from disk)",
+                bytes(self.pinned_to_vram_bytes_per_step as u64),
+                bytes(self.disk_to_vram_bytes_per_step as u64),
+                bytes(self.streamed_bytes_per_step_planned),
+                bytes(self.disk_bytes_per_step_planned)
+            ));
+        } else {
+            line(format!(
+                "  per steady step: pinned→vram {} (plan {})  disk→pinned {} (plan {})",
+                bytes(self.pinned_to_vram_bytes_per_step as u64),
+                bytes(self.streamed_bytes_per_step_planned),
+                bytes(self.disk_to_pinned_bytes_per_step as u64),
+                bytes(self.disk_bytes_per_step_planned)
+            ));
+        }
         let total = (self.hits + self.misses).max(1);
         line(format!(
             "  acquires: {} hits, {} misses ({:.1}% hit)  compute stalled {}",
