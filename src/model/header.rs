@@ -57,13 +57,12 @@ pub(crate) fn read_shard(path: &Path) -> Result<ShardHeader, IndexError> {
         path: path.to_path_buf(),
         reason,
     };
-    let mut file = File::open(path).map_err(|error| IndexError::io(path, &error))?;
-    let file_meta = file
-        .metadata()
-        .map_err(|error| IndexError::io(path, &error))?;
+    // Checked before opening: opening a FIFO would block forever.
+    let file_meta = std::fs::metadata(path).map_err(|error| IndexError::io(path, &error))?;
     if !file_meta.is_file() {
         return Err(not_safetensors("not a regular file".to_string()));
     }
+    let mut file = File::open(path).map_err(|error| IndexError::io(path, &error))?;
     let file_bytes = file_meta.len();
     if file_bytes < LENGTH_FIELD_BYTES {
         return Err(not_safetensors(format!(

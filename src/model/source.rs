@@ -97,6 +97,9 @@ fn resolve_index(index_path: &Path) -> Result<Sources, IndexError> {
         problem,
     };
     let meta = std::fs::metadata(index_path).map_err(|error| IndexError::io(index_path, &error))?;
+    if !meta.is_file() {
+        return Err(problem("not a regular file".to_string()));
+    }
     if meta.len() > MAX_INDEX_JSON_BYTES {
         return Err(problem(format!(
             "{} bytes is too large for a safetensors index",
