@@ -7,8 +7,8 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use stagehand::actors::{Extent, FileId, HostBuffer, Storage, StorageError};
 use stagehand::storage::{
-    open_storage, stream_block, DirectStorage, PreadStorage, StagingRing, StorageFile,
-    StorageOptions, StreamError,
+    cached_bytes, drop_page_cache, open_storage, stream_block, DirectStorage, PreadStorage,
+    StagingRing, StorageFile, StorageOptions, StreamError,
 };
 
 /// Deterministic, position-dependent bytes so a misplaced range cannot compare equal.
@@ -382,6 +382,45 @@ fn dropping_the_storage_under_a_pending_read_completes_it_without_hanging() {
         Ok(_) => panic!("a read cut short by closing the storage must not report success"),
         Err((_, buffer)) => assert_eq!(buffer.len(), 3 << 20),
     }
+}
+
+/// Writes the file and flushes it, so its cached pages are clean and can be dropped.
+fn write_clean_file(dir: &Path, name: &str, contents: &[u8]) -> StorageFile {
+    let file = write_file(dir, name, contents);
+    std::fs::File::open(&file.path)
+        .and_then(|handle| handle.sync_all())
+        .expect("flush test file");
+    file
+}
+
+#[test]
+fn drop_page_cache_empties_the_cache_of_a_clean_file() {
+    // Proves: drop_page_cache (fadvise DONTNEED) really evicts a file's clean pages.
+    let dir = disk_dir();
+    let contents = pattern(4, 1 << 20);
+    let file = write_clean_file(dir.path(), "cached.bin", &contents);
+    assert_eq!(std::fs::read(&file.path).expect("warm the cache"), contents);
+    assert_eq!(cached_bytes(&file.path).expect("mincore"), 1 << 20);
+    drop_page_cache(&file.path, 0, 0).expect("fadvise");
+    assert_eq!(cached_bytes(&file.path).expect("mincore"), 0);
+}
+
+#[test]
+fn drop_page_cache_option_leaves_read_ranges_uncached() {
+    // Proves: with drop_page_cache set, a buffered read does not leave the file cached.
+    let dir = disk_dir();
+    let contents = pattern(5, 1 << 20);
+    let file = write_clean_file(dir.path(), "dropped.bin", &contents);
+    drop_page_cache(&file.path, 0, 0).expect("start cold");
+    let options = StorageOptions {
+        drop_page_cache: true,
+        ..small_requests()
+    };
+    let storage = PreadStorage::open(std::slice::from_ref(&file), &options).expect("open");
+    let runtime = runtime();
+    let read = read_all(&runtime, &storage, &[extent(0, 0, 1 << 20)], 0).expect("read");
+    assert_eq!(read, contents);
+    assert_eq!(cached_bytes(&file.path).expect("mincore"), 0);
 }
 
 #[derive(Debug, thiserror::Error)]

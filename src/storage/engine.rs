@@ -9,9 +9,10 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use stagehand_actors::{Extent, HostBuffer, OpFuture, StorageError};
+use stagehand_actors::{Extent, FileId, HostBuffer, OpFuture, StorageError};
 
 use super::file_table::FileTable;
+use super::page_cache::advise_dont_need;
 use super::read_op::{closed_error, ReadOp};
 use super::read_plan::{plan_chunks, Chunk};
 use super::worker_pool::{Job, ReaderPool, WorkerMessage, WorkerScratch};
@@ -106,10 +107,15 @@ impl ReadEngine {
         if chunks.is_empty() {
             return ready(Ok(into));
         }
-        let (op, receiver) = match ReadOp::new(into, into_offset, region_bytes, chunks.len()) {
-            Ok(created) => created,
-            Err(failure) => return ready(Err(failure)),
-        };
+        let after_read = self
+            .shared
+            .drop_page_cache
+            .then(|| drop_cache_after_read(Arc::clone(&self.shared), &chunks));
+        let (op, receiver) =
+            match ReadOp::new(into, into_offset, region_bytes, chunks.len(), after_read) {
+                Ok(created) => created,
+                Err(failure) => return ready(Err(failure)),
+            };
 
         let mut waiting: Vec<Job> = Vec::new();
         for chunk in chunks {
@@ -189,6 +195,32 @@ fn ready(
     Box::pin(std::future::ready(outcome))
 }
 
+/// Advice to drop the read's file pages, run once every request is done. Per-request
+/// advice would race the kernel's readahead, and it would miss most of the range anyway:
+/// the page cache holds large folios (16 KiB and up) and DONTNEED skips every folio its
+/// range covers only in part. So the advice goes once per contiguous run of the read.
+fn drop_cache_after_read(shared: Arc<Shared>, chunks: &[Chunk]) -> Box<dyn FnOnce() + Send> {
+    let mut runs: Vec<(FileId, u64, u64)> = Vec::new();
+    for chunk in chunks {
+        match runs.last_mut() {
+            Some((file, offset, length))
+                if *file == chunk.file && *offset + *length == chunk.file_offset =>
+            {
+                *length += chunk.length;
+            }
+            _ => runs.push((chunk.file, chunk.file_offset, chunk.length)),
+        }
+    }
+    Box::new(move || {
+        for (file_id, offset, length) in runs {
+            if let Ok(file) = shared.files.get(file_id) {
+                // Advice only: a failure costs RAM, never correctness.
+                let _ = advise_dont_need(&file.buffered, offset, length);
+            }
+        }
+    })
+}
+
 fn make_job(shared: Arc<Shared>, op: Arc<ReadOp>, chunk: Chunk) -> Job {
     Box::new(move |scratch: &mut WorkerScratch| {
         let result = run_chunk(&shared, &op, &chunk, scratch);
@@ -223,11 +255,6 @@ fn run_chunk(
             scratch,
             &shared.direct_refusal_logged,
         )?,
-    }
-    if shared.drop_page_cache {
-        // Advice only: a failure costs RAM, never correctness.
-        let _ =
-            super::page_cache::advise_dont_need(&file.buffered, chunk.file_offset, chunk.length);
     }
     Ok(())
 }

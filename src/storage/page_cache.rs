@@ -11,7 +11,9 @@ use stagehand_actors::StorageError;
 /// Advises the kernel to drop the page cache of `path[offset .. offset + len]`
 /// (`len == 0`: to the end of the file). Once a block has a pinned copy its file pages
 /// are a second copy of the same bytes; dropping them keeps RAM for the pin budget.
-/// Dirty pages are not dropped (the kernel writes them back first on its own time).
+/// Dirty pages are not dropped (the kernel writes them back first on its own time), and
+/// neither are large folios the range covers only in part: advise whole blocks, not
+/// tensor by tensor.
 pub fn drop_page_cache(path: &Path, offset: u64, len: u64) -> Result<(), StorageError> {
     let io_error = |what: &str, error: io::Error| StorageError::Io {
         path: path.display().to_string(),

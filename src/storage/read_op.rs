@@ -30,6 +30,8 @@ pub(crate) struct ReadOp {
     failed: AtomicBool,
     first_error: Mutex<Option<StorageError>>,
     done: Mutex<Option<oneshot::Sender<ReadOutcome>>>,
+    /// Run by the last request before the read completes (page-cache advice).
+    after_read: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -55,6 +57,7 @@ impl ReadOp {
         into_offset: u64,
         region_bytes: u64,
         chunks: usize,
+        after_read: Option<Box<dyn FnOnce() + Send>>,
     ) -> Result<(Arc<Self>, oneshot::Receiver<ReadOutcome>), (StorageError, HostBuffer)> {
         let fits = into_offset
             .checked_add(region_bytes)
@@ -76,6 +79,7 @@ impl ReadOp {
             failed: AtomicBool::new(false),
             first_error: Mutex::new(None),
             done: Mutex::new(Some(sender)),
+            after_read: Mutex::new(after_read),
         });
         Ok((op, receiver))
     }
@@ -117,6 +121,10 @@ impl ReadOp {
             self.failed.store(true, Ordering::Release);
         }
         if self.remaining_chunks.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let after_read = lock(&self.after_read).take();
+            if let Some(after_read) = after_read {
+                after_read();
+            }
             self.complete(None);
         }
     }
