@@ -6,6 +6,8 @@
 
 use serde::Serialize;
 
+use crate::layout::BlockId;
+
 /// A link bytes travel over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 pub enum Link {
@@ -127,6 +129,9 @@ pub struct AcquireBatch {
 /// Receives pipeline events. Every method has a no-op default.
 pub trait Observer: Send + Sync + 'static {
     fn transfer(&self, _link: Link, _owner: Owner, _bytes: u64, _seconds: f64) {}
+    /// The same transfer, with the block it carried (for traces). Called right after
+    /// `transfer`; `seconds` ended now.
+    fn block_transfer(&self, _link: Link, _block: BlockId, _bytes: u64, _seconds: f64) {}
     fn tier_usage(&self, _tier: Tier, _usage: TierUsage) {}
     fn eviction(&self, _tier: Tier, _blocks: u64) {}
     fn pin_consolidation(&self, _operations: u64) {}
@@ -144,6 +149,10 @@ impl<A: Observer, B: Observer> Observer for Tee<A, B> {
     fn transfer(&self, link: Link, owner: Owner, bytes: u64, seconds: f64) {
         self.0.transfer(link, owner, bytes, seconds);
         self.1.transfer(link, owner, bytes, seconds);
+    }
+    fn block_transfer(&self, link: Link, block: BlockId, bytes: u64, seconds: f64) {
+        self.0.block_transfer(link, block, bytes, seconds);
+        self.1.block_transfer(link, block, bytes, seconds);
     }
     fn tier_usage(&self, tier: Tier, usage: TierUsage) {
         self.0.tier_usage(tier, usage);
@@ -187,6 +196,9 @@ impl Observer for NoObserver {}
 impl<T: Observer + ?Sized> Observer for std::sync::Arc<T> {
     fn transfer(&self, link: Link, owner: Owner, bytes: u64, seconds: f64) {
         (**self).transfer(link, owner, bytes, seconds)
+    }
+    fn block_transfer(&self, link: Link, block: BlockId, bytes: u64, seconds: f64) {
+        (**self).block_transfer(link, block, bytes, seconds)
     }
     fn tier_usage(&self, tier: Tier, usage: TierUsage) {
         (**self).tier_usage(tier, usage)

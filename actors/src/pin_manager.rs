@@ -169,6 +169,9 @@ impl PinManager {
                         actor
                             .observer
                             .transfer(Link::DiskToVram, Owner::Model, bytes, seconds);
+                        actor
+                            .observer
+                            .block_transfer(Link::DiskToVram, block, bytes, seconds);
                         actor.chunk_done(block, bytes, None);
                     }
                     Some(reason) => {
@@ -340,6 +343,8 @@ impl Handler<ReadDone> for PinManager {
         }
         self.observer
             .transfer(Link::DiskToPinned, Owner::Model, bytes, seconds);
+        self.observer
+            .block_transfer(Link::DiskToPinned, block, bytes, seconds);
         if home == BufferHome::Cache {
             self.state.filled(block);
         }

@@ -145,12 +145,11 @@ impl VramAllocator {
     ) {
         let buffer = match outcome {
             Ok(buffer) => {
-                self.observer.transfer(
-                    Link::PinnedToVram,
-                    Owner::Model,
-                    bytes,
-                    started.elapsed().as_secs_f64(),
-                );
+                let seconds = started.elapsed().as_secs_f64();
+                self.observer
+                    .transfer(Link::PinnedToVram, Owner::Model, bytes, seconds);
+                self.observer
+                    .block_transfer(Link::PinnedToVram, block, bytes, seconds);
                 self.publish(block);
                 buffer
             }
