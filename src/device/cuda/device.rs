@@ -293,7 +293,12 @@ impl CudaDevice {
         }
         .result()
         .map_err(CudaError::driver("cuMemcpyHtoDAsync"))?;
-        Event::record(&self.copy_stream)
+        Event::record(&self.copy_stream).inspect_err(|_| {
+            // The copy is queued but nothing will say when it is done, and the caller
+            // gets the source back with the error: wait here so it is not freed under
+            // the transfer.
+            let _ = self.copy_stream.synchronize();
+        })
     }
 }
 

@@ -3,8 +3,23 @@
 //! buffers on virtual memory management, and the device-side workloads.
 //!
 //! Compiled everywhere: cudarc loads the CUDA libraries at run time, and every entry
-//! point checks they are present first ([`library`]), so a machine without a GPU gets
-//! a `CudaError` saying what to do, never a panic.
+//! point checks they are present first ([`libraries`], [`require_driver`]), so a
+//! machine without a GPU gets a [`CudaError`] saying what to do, never a panic.
+//!
+//! How the pieces fit (the session and the bench call these):
+//! - [`CudaDevice::open`]`(ordinal)` → the `Device` port (`allocate_arena` = `cuMemAlloc`,
+//!   `allocate_pinned` = page-aligned `HostBuffer` + `cuMemHostRegister`,
+//!   `copy_to_device` = async copy on the copy stream, resolved from its event).
+//!   [`device_count`] answers `--device auto` without opening anything.
+//! - [`CudaDevice::vram_budget`] / [`vram_budget`]: total − reserve_vram − vram_headroom,
+//!   capped by the driver's free − vram_headroom.
+//! - [`CudaDevice::cast_buffer`] → [`CastBuffer`] (`grow_to`, `shrink_to`, `mapped_bytes`).
+//! - Stream order: [`CudaDevice::record_compute_done`] + [`CudaDevice::copies_wait_for`]
+//!   before overwriting a slot the compute may still read;
+//!   [`CudaDevice::compute_waits_for_copies`]; [`CudaDevice::compute_done`] as a future.
+//! - Workloads: [`CublasLinear::forward`] (checked against [`reference_forward`] within
+//!   [`tolerance`]) and [`ChecksumKernel::checksum`] (equal to [`checksum_cpu`]).
+//! - [`bench::link_figures`]: pinned and pageable H2D, registration cost.
 
 pub mod bench;
 mod budget;
