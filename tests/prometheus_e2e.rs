@@ -1,7 +1,8 @@
 //! End to end against a real Prometheus: a live `stagehand run --steps 0` serving
 //! `/metrics` on loopback is scraped by Debian's `prometheus` (installed by
 //! `scripts/install-prometheus.sh`), loaded with `dashboards/rules.yml`; the test queries
-//! the HTTP API for moved bytes and for every dashboard expression, checks every rule
+//! the HTTP API for moved bytes and for every dashboard expression, lints a live scrape
+//! with `promtool check metrics`, checks every rule
 //! evaluates cleanly, then interrupts stagehand and expects a clean exit.
 //!
 //! If prometheus cannot be started the test fails and says why: it never passes
@@ -177,6 +178,35 @@ fn wait_for<T>(
     }
 }
 
+/// A live scrape of stagehand's own `/metrics` passes `promtool check metrics` with no lint.
+fn assert_lint_clean(metrics_addr: SocketAddr) {
+    let (status, body) = http_get(metrics_addr, "/metrics").expect("scrape stagehand");
+    assert_eq!(status, 200);
+    let mut promtool = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|error| {
+            panic!("cannot run promtool ({error}); install it with scripts/install-prometheus.sh")
+        });
+    let mut stdin = promtool.stdin.take().expect("piped stdin");
+    stdin.write_all(body.as_bytes()).expect("feed promtool");
+    drop(stdin);
+    let output = promtool.wait_with_output().expect("promtool finished");
+    let lint = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        output.status.success() && lint.trim().is_empty(),
+        "promtool check metrics on a live scrape: {}\n{lint}\nscrape:\n{body}",
+        output.status
+    );
+}
+
 fn dashboard_expressions() -> Vec<(String, String)> {
     let text = std::fs::read_to_string(repo_path("dashboards/stagehand.json"))
         .expect("read dashboards/stagehand.json");
@@ -291,6 +321,7 @@ fn a_real_prometheus_scrapes_a_live_run_and_every_dashboard_query_succeeds() {
         || format!("stagehand log:\n{}", read_log(&stagehand_log)),
     );
     assert!(moved_bytes > 0.0);
+    assert_lint_clean(metrics_addr);
     // Rates need two samples of the same series; three scrapes leave margin.
     wait_for(
         "three scrapes",
