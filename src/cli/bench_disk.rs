@@ -108,7 +108,11 @@ pub fn execute(args: BenchDiskArgs) -> CommandResult {
         read_request_bytes: args.request_size.as_u64(),
         ..StorageOptions::default()
     };
-    options.validate().map_err(Failure::bad_input)?;
+    options.validate().map_err(|error| {
+        Failure::bad_input(anyhow!(
+            "{error} (set by --request-size / --reader-threads here)"
+        ))
+    })?;
 
     let mut rounds = Vec::with_capacity(args.rounds as usize);
     for _ in 0..args.rounds {
