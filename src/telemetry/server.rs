@@ -96,7 +96,8 @@ pub fn install(addr: SocketAddr) -> Result<PrometheusObserver, TelemetryError> {
         shutdown: Some(shutdown),
         thread: Some(thread),
     };
-    tracing::info!(%addr, "serving Prometheus metrics at http://{addr}/metrics");
+    // The CLI announces the address to the user; here it is only a debugging aid.
+    tracing::debug!(%addr, "metrics listener bound");
     Ok(PrometheusObserver::register(
         &recorder,
         handle,
