@@ -7,6 +7,7 @@
 
 pub mod cli;
 pub mod device;
+pub mod lora;
 pub mod model;
 pub mod run;
 pub mod settings;

@@ -1,0 +1,375 @@
+//! Reading an adapter file and mapping its modules to the model's tensors.
+//!
+//! PEFT names a module's factors `<module>.lora_A.weight` / `<module>.lora_B.weight`
+//! with `<module>` a dotted path, often under `base_model.model.`; its scale comes from
+//! a per-module `<module>.alpha` tensor or `lora_alpha` in an `adapter_config.json`
+//! beside the file. kohya names them `<module>.lora_down.weight` / `.lora_up.weight`
+//! (+ `<module>.alpha`) with `<module>` the dotted path flattened with `_` behind a
+//! `lora_unet_`-style prefix. Without an alpha, alpha = rank (scale = strength).
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use safetensors::{Dtype, SafeTensors};
+
+use super::{Adapter, LoraError, LoraTarget};
+use crate::model::ModelIndex;
+
+/// How many unmatched keys an error lists.
+const LISTED_KEYS: usize = 5;
+/// Adapter files are small; anything above this is not a LoRA we should read whole.
+const MAX_ADAPTER_BYTES: u64 = 16 << 30;
+/// kohya module prefixes, longest first so `lora_te1_` wins over `lora_te_`.
+const KOHYA_PREFIXES: [&str; 7] = [
+    "lora_transformer_",
+    "lora_unet_",
+    "lora_te1_",
+    "lora_te2_",
+    "lora_te_",
+    "lora_",
+    "",
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Naming {
+    Peft,
+    Kohya,
+}
+
+impl std::fmt::Display for Naming {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Naming::Peft => "PEFT (lora_A/lora_B)",
+            Naming::Kohya => "kohya (lora_down/lora_up)",
+        })
+    }
+}
+
+impl Naming {
+    fn suffixes(self) -> (&'static str, &'static str) {
+        match self {
+            Naming::Peft => (".lora_A.weight", ".lora_B.weight"),
+            Naming::Kohya => (".lora_down.weight", ".lora_up.weight"),
+        }
+    }
+}
+
+/// One module's raw factors as read.
+#[derive(Default)]
+struct Module {
+    down: Option<(Vec<usize>, Vec<f32>)>,
+    up: Option<(Vec<usize>, Vec<f32>)>,
+    alpha: Option<f32>,
+}
+
+/// Loads `path` and maps it onto `index`. `name` must be unique among attached adapters.
+pub fn load_adapter(
+    path: &Path,
+    strength: f32,
+    name: String,
+    index: &ModelIndex,
+) -> Result<Adapter, LoraError> {
+    let io = |reason: String| LoraError::Io {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let length = std::fs::metadata(path)
+        .map_err(|error| io(error.to_string()))?
+        .len();
+    if length > MAX_ADAPTER_BYTES {
+        return Err(io(format!("{length} bytes is more than a LoRA file holds")));
+    }
+    let bytes = std::fs::read(path).map_err(|error| io(error.to_string()))?;
+    let file = SafeTensors::deserialize(&bytes).map_err(|error| LoraError::Format {
+        path: path.to_path_buf(),
+        reason: error.to_string(),
+    })?;
+    let mut keys: Vec<String> = file.names().into_iter().map(str::to_string).collect();
+    keys.sort();
+    let naming = guess_naming(&keys).ok_or_else(|| LoraError::UnknownNaming {
+        path: path.to_path_buf(),
+        first: keys.iter().take(LISTED_KEYS).cloned().collect(),
+    })?;
+    let modules = read_modules(path, &file, &keys, naming)?;
+    let config_alpha = peft_config_alpha(path, naming)?;
+    let bases = BaseNames::new(index);
+
+    let mut unmatched = Vec::new();
+    let mut targets = Vec::with_capacity(modules.len());
+    for (module_name, module) in &modules {
+        let Some(tensor) = bases.find(module_name, naming) else {
+            unmatched.push(module_name.clone());
+            continue;
+        };
+        targets.push(target(
+            path,
+            index,
+            tensor,
+            module_name,
+            module,
+            config_alpha,
+        )?);
+    }
+    if !unmatched.is_empty() {
+        return Err(LoraError::Unmatched {
+            path: path.to_path_buf(),
+            model: index.path.clone(),
+            naming: naming.to_string(),
+            count: unmatched.len(),
+            total: modules.len(),
+            first: unmatched.into_iter().take(LISTED_KEYS).collect(),
+        });
+    }
+    // Adapter order is application order: keep it stable (by base tensor position).
+    targets.sort_by_key(|target| target.tensor);
+    Ok(Adapter {
+        name,
+        path: path.to_path_buf(),
+        naming,
+        strength,
+        targets,
+    })
+}
+
+fn guess_naming(keys: &[String]) -> Option<Naming> {
+    let count = |naming: Naming| {
+        let (down, up) = naming.suffixes();
+        keys.iter()
+            .filter(|key| key.ends_with(down) || key.ends_with(up))
+            .count()
+    };
+    let (peft, kohya) = (count(Naming::Peft), count(Naming::Kohya));
+    match (peft, kohya) {
+        (0, 0) => None,
+        (peft, kohya) if peft >= kohya => Some(Naming::Peft),
+        _ => Some(Naming::Kohya),
+    }
+}
+
+fn read_modules(
+    path: &Path,
+    file: &SafeTensors<'_>,
+    keys: &[String],
+    naming: Naming,
+) -> Result<BTreeMap<String, Module>, LoraError> {
+    let (down_suffix, up_suffix) = naming.suffixes();
+    let mut modules: BTreeMap<String, Module> = BTreeMap::new();
+    for key in keys {
+        let view = file.tensor(key).map_err(|error| LoraError::Format {
+            path: path.to_path_buf(),
+            reason: error.to_string(),
+        })?;
+        if let Some(module) = key.strip_suffix(down_suffix) {
+            let values = to_f32(path, key, view.dtype(), view.data())?;
+            modules.entry(module.to_string()).or_default().down =
+                Some((view.shape().to_vec(), values));
+        } else if let Some(module) = key.strip_suffix(up_suffix) {
+            let values = to_f32(path, key, view.dtype(), view.data())?;
+            modules.entry(module.to_string()).or_default().up =
+                Some((view.shape().to_vec(), values));
+        } else if let Some(module) = key.strip_suffix(".alpha") {
+            let values = to_f32(path, key, view.dtype(), view.data())?;
+            let [alpha] = values[..] else {
+                return Err(LoraError::Shape {
+                    path: path.to_path_buf(),
+                    key: key.clone(),
+                    problem: format!("alpha must be one value, found {}", values.len()),
+                });
+            };
+            modules.entry(module.to_string()).or_default().alpha = Some(alpha);
+        }
+        // Other keys (e.g. kohya's text-encoder metadata tensors) are not factors.
+    }
+    Ok(modules)
+}
+
+/// PEFT keeps alpha in `adapter_config.json` beside the weights.
+fn peft_config_alpha(path: &Path, naming: Naming) -> Result<Option<f32>, LoraError> {
+    if naming != Naming::Peft {
+        return Ok(None);
+    }
+    let config_path = path.with_file_name("adapter_config.json");
+    let Ok(text) = std::fs::read_to_string(&config_path) else {
+        return Ok(None);
+    };
+    let config_error = |reason: String| LoraError::Config {
+        path: config_path.clone(),
+        reason,
+    };
+    let value: serde_json::Value =
+        serde_json::from_str(&text).map_err(|error| config_error(error.to_string()))?;
+    match value.get("lora_alpha") {
+        None => Ok(None),
+        Some(alpha) => alpha
+            .as_f64()
+            .filter(|alpha| alpha.is_finite())
+            .map(|alpha| Some(alpha as f32))
+            .ok_or_else(|| config_error(format!("lora_alpha {alpha} is not a finite number"))),
+    }
+}
+
+/// The model's tensor names, dotted and flattened, for both namings' lookups.
+struct BaseNames {
+    dotted: HashMap<String, usize>,
+    flattened: HashMap<String, usize>,
+}
+
+impl BaseNames {
+    fn new(index: &ModelIndex) -> Self {
+        let mut dotted = HashMap::new();
+        let mut flattened = HashMap::new();
+        for (position, tensor) in index.tensors.iter().enumerate() {
+            dotted.insert(tensor.name.clone(), position);
+            if let Some(module) = tensor.name.strip_suffix(".weight") {
+                flattened.insert(module.replace('.', "_"), position);
+            }
+        }
+        Self { dotted, flattened }
+    }
+
+    fn find(&self, module: &str, naming: Naming) -> Option<usize> {
+        match naming {
+            // Try the full path, then drop leading components (`base_model.model.`,
+            // `transformer.`, …) one at a time.
+            Naming::Peft => {
+                let mut rest = module;
+                loop {
+                    if let Some(&tensor) = self.dotted.get(&format!("{rest}.weight")) {
+                        return Some(tensor);
+                    }
+                    rest = rest.split_once('.')?.1;
+                }
+            }
+            Naming::Kohya => KOHYA_PREFIXES.iter().find_map(|prefix| {
+                let rest = module.strip_prefix(prefix)?;
+                self.flattened.get(rest).copied()
+            }),
+        }
+    }
+}
+
+fn target(
+    path: &Path,
+    index: &ModelIndex,
+    tensor: usize,
+    module_name: &str,
+    module: &Module,
+    config_alpha: Option<f32>,
+) -> Result<LoraTarget, LoraError> {
+    let base = &index.tensors[tensor];
+    let missing = |present: &str, missing: &str| LoraError::MissingFactor {
+        path: path.to_path_buf(),
+        module: module_name.to_string(),
+        present: present.to_string(),
+        missing: missing.to_string(),
+    };
+    let (down_shape, down) = module
+        .down
+        .as_ref()
+        .ok_or_else(|| missing("an up/B factor", "down/A factor"))?;
+    let (up_shape, up) = module
+        .up
+        .as_ref()
+        .ok_or_else(|| missing("a down/A factor", "up/B factor"))?;
+    let shape_error = |problem: String| LoraError::Shape {
+        path: path.to_path_buf(),
+        key: module_name.to_string(),
+        problem,
+    };
+    let [out_features, in_features] = base.shape[..] else {
+        return Err(shape_error(format!(
+            "base tensor `{}` has shape {:?}; LoRA patches 2-D weights only",
+            base.name, base.shape
+        )));
+    };
+    let ([rank, a_in], [b_out, b_rank]) = (&down_shape[..], &up_shape[..]) else {
+        return Err(shape_error(format!(
+            "factors must be 2-D, found A {down_shape:?} and B {up_shape:?}"
+        )));
+    };
+    if *rank == 0 || *b_rank == 0 {
+        return Err(LoraError::RankZero {
+            path: path.to_path_buf(),
+            module: module_name.to_string(),
+        });
+    }
+    if rank != b_rank || *a_in != in_features || *b_out != out_features {
+        return Err(shape_error(format!(
+            "A {down_shape:?} · B {up_shape:?} does not patch `{}` {:?} (need A [rank, {in_features}] and B [{out_features}, rank])",
+            base.name, base.shape
+        )));
+    }
+    let alpha = module.alpha.or(config_alpha).unwrap_or(*rank as f32);
+    check_finite(path, &format!("{module_name} alpha"), &[alpha])?;
+    check_finite(path, &format!("{module_name} A"), down)?;
+    check_finite(path, &format!("{module_name} B"), up)?;
+    Ok(LoraTarget {
+        tensor,
+        base: base.name.clone(),
+        block: base.block,
+        block_offset: base.block_offset,
+        out_features,
+        in_features,
+        rank: *rank,
+        alpha,
+        a: down.clone(),
+        b: up.clone(),
+    })
+}
+
+fn check_finite(path: &Path, key: &str, values: &[f32]) -> Result<(), LoraError> {
+    match values.iter().position(|value| !value.is_finite()) {
+        None => Ok(()),
+        Some(index) => Err(LoraError::NonFinite {
+            path: path.to_path_buf(),
+            key: key.to_string(),
+            index,
+            value: values[index],
+        }),
+    }
+}
+
+fn to_f32(path: &Path, key: &str, dtype: Dtype, data: &[u8]) -> Result<Vec<f32>, LoraError> {
+    let values = match dtype {
+        Dtype::F32 => data
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+        Dtype::F16 => data
+            .chunks_exact(2)
+            .map(|b| f16_to_f32(u16::from_le_bytes([b[0], b[1]])))
+            .collect(),
+        Dtype::BF16 => data
+            .chunks_exact(2)
+            .map(|b| f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16))
+            .collect(),
+        other => {
+            return Err(LoraError::Dtype {
+                path: PathBuf::from(path),
+                key: key.to_string(),
+                dtype: format!("{other:?}"),
+            })
+        }
+    };
+    Ok(values)
+}
+
+/// IEEE half → single, exact (every f16 is representable as an f32).
+pub(crate) fn f16_to_f32(half: u16) -> f32 {
+    let sign = u32::from(half >> 15) << 31;
+    let exponent = u32::from((half >> 10) & 0x1f);
+    let mantissa = u32::from(half & 0x3ff);
+    let bits = match (exponent, mantissa) {
+        (0, 0) => sign,
+        (0, _) => {
+            // Subnormal: normalise the mantissa.
+            let shift = mantissa.leading_zeros() - 21;
+            let mantissa = (mantissa << shift) & 0x3ff;
+            sign | ((113 - shift) << 23) | (mantissa << 13)
+        }
+        (0x1f, 0) => sign | 0x7f80_0000,
+        (0x1f, _) => sign | 0x7fc0_0000 | (mantissa << 13),
+        _ => sign | ((exponent + 112) << 23) | (mantissa << 13),
+    };
+    f32::from_bits(bits)
+}

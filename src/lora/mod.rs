@@ -1,0 +1,115 @@
+//! LoRA adapters: loading PEFT and kohya safetensors files against a model's tensors,
+//! the merge and low-rank arithmetic, and a generator of test adapters.
+//!
+//! An adapter patches a base weight `W` (row-major `[out, in]`) with two low-rank
+//! factors: `W' = W + s·B·A`, `A` is `[rank, in]`, `B` is `[out, rank]` and
+//! `s = strength · alpha / rank`.
+
+mod error;
+mod generate;
+mod load;
+mod math;
+
+pub use error::LoraError;
+pub use generate::{write_demo_lora, DemoLora, LoraNaming};
+pub use load::{load_adapter, Naming};
+pub use math::{apply_low_rank, merge_into};
+
+use std::path::PathBuf;
+
+/// `FILE[:STRENGTH]` as given on the command line.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoraSpec {
+    pub path: PathBuf,
+    pub strength: f32,
+}
+
+/// Strengths beyond this are almost surely a typo (`:10` for `:1.0`).
+const MAX_STRENGTH: f32 = 100.0;
+
+impl LoraSpec {
+    /// Parses `FILE[:STRENGTH]`; the strength defaults to 1. A `:` followed by
+    /// something that is not a number is taken as part of the path.
+    pub fn parse(text: &str) -> Result<Self, LoraError> {
+        let (path, strength) = match text.rsplit_once(':') {
+            Some((path, strength)) => match strength.parse::<f32>() {
+                Ok(value) => (path, value),
+                Err(_) if strength.chars().any(|c| c.is_ascii_digit()) => {
+                    return Err(LoraError::Strength {
+                        spec: text.to_string(),
+                        problem: format!("`{strength}` is not a number"),
+                    })
+                }
+                Err(_) => (text, 1.0),
+            },
+            _ => (text, 1.0),
+        };
+        if !strength.is_finite() || strength.abs() > MAX_STRENGTH {
+            return Err(LoraError::Strength {
+                spec: text.to_string(),
+                problem: format!("must be a finite number within ±{MAX_STRENGTH}"),
+            });
+        }
+        if path.is_empty() {
+            return Err(LoraError::Strength {
+                spec: text.to_string(),
+                problem: "no file given; use FILE[:STRENGTH]".to_string(),
+            });
+        }
+        Ok(Self {
+            path: PathBuf::from(path),
+            strength,
+        })
+    }
+}
+
+/// One base weight's factors, validated against the model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoraTarget {
+    /// Index into `ModelIndex::tensors`.
+    pub tensor: usize,
+    pub base: String,
+    /// The base tensor's block and where it starts in the block's buffer.
+    pub block: usize,
+    pub block_offset: u64,
+    pub out_features: usize,
+    pub in_features: usize,
+    pub rank: usize,
+    pub alpha: f32,
+    /// `[rank, in]`, row-major.
+    pub a: Vec<f32>,
+    /// `[out, rank]`, row-major.
+    pub b: Vec<f32>,
+}
+
+impl LoraTarget {
+    /// `s = strength · alpha / rank`.
+    pub fn scale(&self, strength: f32) -> f32 {
+        strength * self.alpha / self.rank as f32
+    }
+
+    /// Bytes of both factors as f32 (what the pipeline holds for them).
+    pub fn bytes(&self) -> u64 {
+        ((self.a.len() + self.b.len()) * 4) as u64
+    }
+}
+
+/// A loaded adapter: every module it patches, mapped to the model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Adapter {
+    /// Unique among attached adapters: the file stem (plus `#n` for repeats).
+    pub name: String,
+    pub path: PathBuf,
+    pub naming: Naming,
+    pub strength: f32,
+    pub targets: Vec<LoraTarget>,
+}
+
+impl Adapter {
+    pub fn bytes(&self) -> u64 {
+        self.targets.iter().map(LoraTarget::bytes).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests;
