@@ -10,7 +10,7 @@ use std::sync::Arc;
 use actix::prelude::*;
 use tokio::time::Instant;
 
-use crate::messages::{ReadBlock, ReadDone};
+use crate::messages::{ForgetCached, ReadBlock, ReadDone};
 use crate::storage::Storage;
 
 pub struct DiskReader {
@@ -83,5 +83,13 @@ impl Handler<ReadBlock> for DiskReader {
         } else {
             self.queued.push_back(request);
         }
+    }
+}
+
+impl Handler<ForgetCached> for DiskReader {
+    type Result = ();
+
+    fn handle(&mut self, message: ForgetCached, _ctx: &mut Self::Context) {
+        self.storage.forget_cached(&message.extents);
     }
 }

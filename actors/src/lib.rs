@@ -17,11 +17,15 @@ pub use observer::{
 pub use storage::{Storage, StorageError};
 
 mod arena;
+mod expert_cache;
 mod plan;
 mod residency;
 mod stats;
 mod vram_state;
 
+pub use expert_cache::{
+    replay, replay_optimal, CacheFigures, ExpertCache, ExpertPolicy, SkewedRouting,
+};
 pub use plan::{
     keep_by_priority, max_scatter_priority, Bytes, PinPlan, PlanError, ResidencyPolicy, Staging,
     StepOrder, VramPlan,
@@ -41,6 +45,6 @@ mod session;
 mod vram_allocator;
 
 pub use error::SessionError;
-pub use lora_offloader::{AdapterSummary, Attach, Attached, Detach, LoraOffloader};
+pub use lora_offloader::{AdapterSummary, LoraOffloader, LoraUsage};
 pub use pin_state::{BufferHome, Consolidation, PinState};
-pub use session::{Session, SessionConfig, SessionPlan};
+pub use session::{ExpertConfig, Session, SessionConfig, SessionPlan};

@@ -148,6 +148,13 @@ pub struct ReadBlock {
     pub reply_to: Recipient<ReadDone>,
 }
 
+/// These extents now live in the pinned cache; their page-cache copy may go.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ForgetCached {
+    pub extents: Vec<Extent>,
+}
+
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct ReadDone {
@@ -157,4 +164,38 @@ pub struct ReadDone {
     pub bytes: u64,
     pub seconds: f64,
     pub error: Option<String>,
+}
+
+// LoraOffloader → VramAllocator, and the compute thread → VramAllocator.
+
+/// Reserve VRAM for LoRA factors, counted apart from model bytes (evicts resident
+/// weights if needed, like activations).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ReserveLora {
+    pub bytes: u64,
+    pub reply: Reply<Result<(), SessionError>>,
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ReleaseLora {
+    pub bytes: u64,
+}
+
+/// Drop these blocks' device copies (if ready and unheld) so their next use reloads
+/// pristine bytes: their resident copies were patched and the patch changed.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Invalidate {
+    pub blocks: Vec<BlockId>,
+    pub reply: Reply<u64>,
+}
+
+/// Speculative loads of blocks outside the step order (MoE experts): load each if it
+/// can be done without evicting something needed sooner.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Hint {
+    pub blocks: Vec<BlockId>,
 }

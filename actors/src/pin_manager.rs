@@ -13,8 +13,8 @@ use std::collections::VecDeque;
 use crate::device::DevicePtr;
 use crate::layout::{slice_extents, BlockId, Extent};
 use crate::messages::{
-    Drain, EnsurePinned, PinFailed, Pinned, ReadBlock, ReadDone, Reply, ReturnBuffer, Streamed,
-    SyncPoint,
+    Drain, EnsurePinned, ForgetCached, PinFailed, Pinned, ReadBlock, ReadDone, Reply, ReturnBuffer,
+    Streamed, SyncPoint,
 };
 use crate::observer::{ErrorKind, Link, Observer, Owner, Tier, TierUsage};
 use crate::pin_state::{BufferHome, PinAction, PinState};
@@ -347,6 +347,10 @@ impl Handler<ReadDone> for PinManager {
             .block_transfer(Link::DiskToPinned, block, bytes, seconds);
         if home == BufferHome::Cache {
             self.state.filled(block);
+            // The block now has a pinned copy; its file pages need not stay cached too.
+            self.reader.do_send(ForgetCached {
+                extents: self.extents[block.index()].clone(),
+            });
         }
         self.allocator.do_send(Pinned {
             block,

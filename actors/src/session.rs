@@ -27,10 +27,12 @@ use crate::compute_stream::ComputeStream;
 use crate::device::Device;
 use crate::disk_reader::DiskReader;
 use crate::error::SessionError;
+use crate::expert_cache::ExpertPolicy;
 use crate::layout::{BlockId, ModelLayout};
-use crate::lora_offloader::LoraOffloader;
+use crate::lora_offloader::{AdapterSummary, Attach, Detach, LoraOffloader, LoraUsage, Usage};
 use crate::messages::{
-    Miss, ReleaseActivations, ReleaseStreamed, ReserveActivations, Shutdown, StepDone,
+    Hint, Invalidate, Miss, ReleaseActivations, ReleaseStreamed, ReserveActivations, Shutdown,
+    StepDone,
 };
 use crate::observer::{AcquireBatch, Observer, Tee};
 use crate::pin_manager::PinManager;
@@ -56,6 +58,21 @@ pub struct SessionConfig {
     pub max_reads_in_flight: usize,
 }
 
+/// An expert cache for blocks outside the step order (MoE experts): `slots` slots of
+/// `slot_bytes` each, carved out of the VRAM budget.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ExpertConfig {
+    pub slots: u32,
+    pub slot_bytes: u64,
+    pub policy: ExpertPolicy,
+}
+
+impl ExpertConfig {
+    pub fn area_bytes(&self) -> u64 {
+        u64::from(self.slots) * crate::arena::align_up(self.slot_bytes)
+    }
+}
+
 /// What the session decided at start, for summaries.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SessionPlan {
@@ -68,6 +85,7 @@ pub struct Session {
     table: Arc<ResidencyTable>,
     stream: Addr<ComputeStream>,
     lora: Addr<LoraOffloader>,
+    allocator: Addr<VramAllocator>,
     order: StepOrder,
     position: usize,
     batch: AcquireBatch,
@@ -80,6 +98,7 @@ pub struct Session {
 struct Wiring {
     stream: Addr<ComputeStream>,
     lora: Addr<LoraOffloader>,
+    allocator: Addr<VramAllocator>,
 }
 
 impl Session {
@@ -92,7 +111,20 @@ impl Session {
         storage: Arc<dyn Storage>,
         observer: Arc<dyn Observer>,
     ) -> Result<Self, SessionError> {
-        let prepared = Prepared::new(&config, &layout, order)?;
+        Self::start_with_experts(config, None, layout, order, device, storage, observer)
+    }
+
+    /// As [`Session::start`], with an expert cache for the blocks outside `order`.
+    pub fn start_with_experts(
+        config: SessionConfig,
+        experts: Option<ExpertConfig>,
+        layout: ModelLayout,
+        order: Vec<BlockId>,
+        device: Arc<dyn Device>,
+        storage: Arc<dyn Storage>,
+        observer: Arc<dyn Observer>,
+    ) -> Result<Self, SessionError> {
+        let prepared = Prepared::new(&config, experts, &layout, order)?;
         let (sender, receiver) = flume::bounded(1);
         let moved = prepared.clone();
         let thread = std::thread::Builder::new()
@@ -100,8 +132,8 @@ impl Session {
             .spawn(move || {
                 let system = System::new();
                 system.block_on(async move {
-                    let wiring =
-                        moved.start_actors(config, layout, device, storage, observer, true);
+                    let wiring = moved
+                        .start_actors(config, experts, layout, device, storage, observer, true);
                     let _ = sender.send(wiring);
                 });
                 if let Err(error) = system.run() {
@@ -125,10 +157,10 @@ impl Session {
         storage: Arc<dyn Storage>,
         observer: Arc<dyn Observer>,
     ) -> Result<Self, SessionError> {
-        let prepared = Prepared::new(&config, &layout, order)?;
+        let prepared = Prepared::new(&config, None, &layout, order)?;
         let wiring = prepared
             .clone()
-            .start_actors(config, layout, device, storage, observer, false)?;
+            .start_actors(config, None, layout, device, storage, observer, false)?;
         Ok(prepared.into_session(wiring, None))
     }
 
@@ -160,6 +192,10 @@ impl Session {
     #[inline]
     fn advance_to(&mut self, block: BlockId) {
         if self.order.at(self.position) != block {
+            if !self.order.contains(block) {
+                // A block outside the order (an expert) does not move the position.
+                return;
+            }
             if let Some(distance) = self.order.distance_to_next_use(self.position, block) {
                 self.position += distance;
             }
@@ -247,6 +283,56 @@ impl Session {
         self.batch.stall_seconds += started.elapsed().as_secs_f64();
     }
 
+    /// Attaches a LoRA adapter's factors: reserves their VRAM inside the budget (counted
+    /// as LoRA bytes) and records them. Waits for the allocator's answer.
+    pub fn attach_lora(&mut self, adapter: AdapterSummary) -> Result<(), SessionError> {
+        let (reply, receiver) = flume::bounded(1);
+        self.lora.do_send(Attach { adapter, reply });
+        receiver.recv().map_err(|_| SessionError::Stopped)?
+    }
+
+    /// Detaches an adapter and gives its VRAM back; `false` if none had that name.
+    pub fn detach_lora(&mut self, name: &str) -> Result<bool, SessionError> {
+        let (reply, receiver) = flume::bounded(1);
+        self.lora.do_send(Detach {
+            name: name.to_string(),
+            reply,
+        });
+        receiver.recv().map_err(|_| SessionError::Stopped)
+    }
+
+    /// The LoRA offloader's own accounting.
+    pub fn lora_usage(&self) -> Result<LoraUsage, SessionError> {
+        let (reply, receiver) = flume::bounded(1);
+        self.lora.do_send(Usage(reply));
+        receiver.recv().map_err(|_| SessionError::Stopped)
+    }
+
+    /// Drops the device copies of these blocks (ready and unheld ones) so their next use
+    /// reloads pristine bytes — after patching resident copies with a LoRA set that has
+    /// since changed. Waits until done; returns how many were dropped.
+    pub fn invalidate(&mut self, blocks: &[BlockId]) -> Result<u64, SessionError> {
+        let (reply, receiver) = flume::bounded(1);
+        self.allocator.do_send(Invalidate {
+            blocks: blocks.to_vec(),
+            reply,
+        });
+        receiver.recv().map_err(|_| SessionError::Stopped)
+    }
+
+    /// Speculative prefetch of blocks outside the order (experts the router is expected
+    /// to pick): loaded if that evicts nothing needed sooner. Does not wait.
+    pub fn hint(&mut self, blocks: &[BlockId]) {
+        let blocks: Vec<BlockId> = blocks
+            .iter()
+            .copied()
+            .filter(|block| block.index() < self.table.len())
+            .collect();
+        if !blocks.is_empty() {
+            self.allocator.do_send(Hint { blocks });
+        }
+    }
+
     /// Drops the hold. Only a streamed block's release sends a message.
     #[inline]
     pub fn release(&mut self, handle: BlockHandle) {
@@ -327,6 +413,7 @@ struct Prepared {
 impl Prepared {
     fn new(
         config: &SessionConfig,
+        experts: Option<ExpertConfig>,
         layout: &ModelLayout,
         order: Vec<BlockId>,
     ) -> Result<Self, SessionError> {
@@ -334,7 +421,7 @@ impl Prepared {
         let vram = VramPlan::new(
             layout,
             &order,
-            config.vram_budget_bytes,
+            planned_budget(config, experts)?,
             config.prefetch_depth,
             config.policy,
         )?;
@@ -359,9 +446,11 @@ impl Prepared {
         })
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn start_actors(
         self,
         config: SessionConfig,
+        experts: Option<ExpertConfig>,
         layout: ModelLayout,
         device: Arc<dyn Device>,
         storage: Arc<dyn Storage>,
@@ -369,14 +458,17 @@ impl Prepared {
         owns_system: bool,
     ) -> Result<Wiring, SessionError> {
         let observer: Arc<dyn Observer> = Arc::new(Tee(self.stats.clone(), observer));
-        let state = VramState::new(
+        let mut state = VramState::new(
             &layout,
             self.order.clone(),
-            config.vram_budget_bytes,
+            planned_budget(&config, experts)?,
             config.prefetch_depth,
             config.policy,
             self.table.clone(),
         )?;
+        if let Some(experts) = experts {
+            state = state.with_experts(experts.slots, experts.slot_bytes, experts.policy);
+        }
         let arena = device
             .allocate_arena(config.vram_budget_bytes)
             .map_err(|error| SessionError::Device(error.to_string()))?;
@@ -419,9 +511,13 @@ impl Prepared {
         )
         .start();
         allocator.do_send(ConnectPins(pins.clone()));
-        let lora = LoraOffloader::new(observer.clone()).start();
-        let stream = ComputeStream::new(allocator, pins, observer, owns_system).start();
-        Ok(Wiring { stream, lora })
+        let lora = LoraOffloader::new(allocator.clone(), observer.clone()).start();
+        let stream = ComputeStream::new(allocator.clone(), pins, observer, owns_system).start();
+        Ok(Wiring {
+            stream,
+            lora,
+            allocator,
+        })
     }
 
     fn into_session(self, wiring: Wiring, system_thread: Option<JoinHandle<()>>) -> Session {
@@ -429,6 +525,7 @@ impl Prepared {
             table: self.table,
             stream: wiring.stream,
             lora: wiring.lora,
+            allocator: wiring.allocator,
             order: self.order,
             position: 0,
             batch: AcquireBatch::default(),
@@ -437,5 +534,24 @@ impl Prepared {
             plan: self.plan,
             system_thread,
         }
+    }
+}
+
+/// The budget the step order is planned in: the VRAM budget less the expert cache.
+fn planned_budget(
+    config: &SessionConfig,
+    experts: Option<ExpertConfig>,
+) -> Result<u64, SessionError> {
+    let area = experts.map_or(0, |experts| experts.area_bytes());
+    match config.vram_budget_bytes.checked_sub(area) {
+        Some(left) if left > 0 || area == 0 => Ok(left),
+        _ => Err(SessionError::Plan(
+            crate::plan::PlanError::VramBudgetTooSmall {
+                budget: crate::plan::Bytes(config.vram_budget_bytes),
+                needed: crate::plan::Bytes(area),
+                largest: crate::plan::Bytes(experts.map_or(0, |experts| experts.slot_bytes)),
+                depth: 0,
+            },
+        )),
     }
 }

@@ -41,4 +41,8 @@ pub trait Storage: Send + Sync + 'static {
         into: HostBuffer,
         into_offset: u64,
     ) -> OpFuture<HostBuffer, (StorageError, HostBuffer)>;
+
+    /// These bytes now have a pinned copy: the adapter may drop them from the page
+    /// cache so the same bytes are not held twice. Advisory; errors are ignored.
+    fn forget_cached(&self, _extents: &[Extent]) {}
 }

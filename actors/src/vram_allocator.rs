@@ -11,8 +11,8 @@ use crate::device::{Device, DeviceArena};
 use crate::error::SessionError;
 use crate::layout::BlockId;
 use crate::messages::{
-    Demand, Drain, EnsurePinned, PinFailed, Pinned, ReleaseActivations, Released, Reply,
-    ReserveActivations, ReturnBuffer, Streamed,
+    Demand, Drain, EnsurePinned, Hint, Invalidate, PinFailed, Pinned, ReleaseActivations,
+    ReleaseLora, Released, Reply, ReserveActivations, ReserveLora, ReturnBuffer, Streamed,
 };
 use crate::observer::{ErrorKind, Link, Observer, Owner, Tier, TierUsage};
 use crate::pin_manager::PinManager;
@@ -67,7 +67,7 @@ impl VramAllocator {
             Tier::Vram,
             TierUsage {
                 model_bytes,
-                lora_bytes: 0,
+                lora_bytes: self.state.lora_bytes(),
                 other_bytes: self.state.activation_bytes(),
                 budget_bytes: self.state.budget_bytes(),
                 blocks,
@@ -197,6 +197,7 @@ impl VramAllocator {
             self.observer.eviction(Tier::Vram, evicted);
         }
         self.state.release_activations(u64::MAX);
+        self.state.release_lora(u64::MAX);
         if let Some(arena) = self.arena.take() {
             self.device.free_arena(arena);
         }
@@ -355,5 +356,66 @@ impl Handler<Drain> for VramAllocator {
     fn handle(&mut self, message: Drain, _ctx: &mut Self::Context) {
         self.draining = Some(message.reply);
         self.try_finish_drain();
+    }
+}
+
+impl Handler<ReserveLora> for VramAllocator {
+    type Result = ();
+
+    fn handle(&mut self, message: ReserveLora, _ctx: &mut Self::Context) {
+        if self.draining.is_some() {
+            let _ = message.reply.send(Err(SessionError::Stopped));
+            return;
+        }
+        let reply = match self.state.reserve_lora(message.bytes) {
+            Ok(evicted) => {
+                if evicted > 0 {
+                    self.observer.eviction(Tier::Vram, evicted);
+                }
+                Ok(())
+            }
+            Err(error) => {
+                self.observer.error(ErrorKind::Budget);
+                Err(SessionError::from(error))
+            }
+        };
+        self.report_usage();
+        let _ = message.reply.send(reply);
+    }
+}
+
+impl Handler<ReleaseLora> for VramAllocator {
+    type Result = ();
+
+    fn handle(&mut self, message: ReleaseLora, _ctx: &mut Self::Context) {
+        self.state.release_lora(message.bytes);
+        self.report_usage();
+        self.schedule(None);
+    }
+}
+
+impl Handler<Invalidate> for VramAllocator {
+    type Result = ();
+
+    fn handle(&mut self, message: Invalidate, _ctx: &mut Self::Context) {
+        let dropped = self.state.invalidate(&message.blocks);
+        if dropped > 0 {
+            self.observer.eviction(Tier::Vram, dropped);
+            self.report_usage();
+        }
+        self.schedule(None);
+        let _ = message.reply.send(dropped);
+    }
+}
+
+impl Handler<Hint> for VramAllocator {
+    type Result = ();
+
+    fn handle(&mut self, message: Hint, _ctx: &mut Self::Context) {
+        if self.draining.is_some() {
+            return;
+        }
+        let decisions = self.state.hint(&message.blocks);
+        self.apply(decisions);
     }
 }

@@ -9,14 +9,37 @@
 use std::sync::Arc;
 
 use crate::arena::{align_up, FreeList};
+use crate::expert_cache::{ExpertCache, ExpertPolicy};
 use crate::layout::{BlockId, ModelLayout};
 use crate::plan::{Bytes, PlanError, ResidencyPolicy, StepOrder, VramPlan};
 use crate::residency::{BlockState, ResidencyTable};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Placement {
-    Resident { offset: u64 },
-    Ring { slot: usize },
+    Resident {
+        offset: u64,
+    },
+    Ring {
+        slot: usize,
+    },
+    /// A block outside the step order (an MoE expert) in the expert cache.
+    Expert {
+        slot: usize,
+    },
+}
+
+/// The expert cache: slots for blocks outside the step order, acquired on demand or
+/// hinted, kept by an [`ExpertPolicy`]. Laid out after the ring in the arena.
+struct ExpertArea {
+    slot_bytes: u64,
+    slots: Vec<Option<BlockId>>,
+    cache: ExpertCache,
+    /// Per block: the hint round it was last demanded or hinted in. A speculative load
+    /// never evicts an expert touched in this round or the one before (needed sooner).
+    touched_round: Vec<u64>,
+    round: u64,
+    /// Demands that found every slot held or loading; retried on each pass.
+    pending: Vec<BlockId>,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -75,6 +98,9 @@ pub struct VramState {
     use_clock: u64,
     last_declined: Option<BlockId>,
     peak_used_bytes: u64,
+    /// VRAM held by LoRA factors: counted apart from model bytes, inside the budget.
+    lora_bytes: u64,
+    experts: Option<ExpertArea>,
 }
 
 impl VramState {
@@ -115,7 +141,46 @@ impl VramState {
             use_clock: 0,
             last_declined: None,
             peak_used_bytes: 0,
+            lora_bytes: 0,
+            experts: None,
         })
+    }
+
+    /// Adds an expert cache of `slots` × `slot_bytes` after the ring, growing the budget
+    /// by its size: plan the rest with `budget − expert area` and call this to make the
+    /// total the real budget.
+    pub fn with_experts(mut self, slots: u32, slot_bytes: u64, policy: ExpertPolicy) -> Self {
+        let slot_bytes = align_up(slot_bytes);
+        self.budget_bytes += u64::from(slots) * slot_bytes;
+        self.experts = Some(ExpertArea {
+            slot_bytes,
+            slots: vec![None; slots as usize],
+            cache: ExpertCache::new(policy),
+            touched_round: vec![0; self.placement.len()],
+            round: 1,
+            pending: Vec::new(),
+        });
+        self
+    }
+
+    fn expert_area_bytes(&self) -> u64 {
+        self.experts
+            .as_ref()
+            .map_or(0, |area| area.slot_bytes * area.slots.len() as u64)
+    }
+
+    /// Where the resident area starts: after the ring and the expert area.
+    fn resident_base(&self) -> u64 {
+        self.ring_area_bytes + self.expert_area_bytes()
+    }
+
+    fn expert_offset(&self, slot: usize) -> u64 {
+        let slot_bytes = self.experts.as_ref().map_or(0, |area| area.slot_bytes);
+        self.ring_area_bytes + slot as u64 * slot_bytes
+    }
+
+    pub fn lora_bytes(&self) -> u64 {
+        self.lora_bytes
     }
 
     pub fn plan(&self) -> &VramPlan {
@@ -148,7 +213,17 @@ impl VramState {
 
     /// Bytes held now: placed blocks (resident area, occupied ring slots) + activations.
     pub fn used_bytes(&self) -> u64 {
-        self.resident_area.used_bytes() + self.occupied_ring_bytes() + self.activation_bytes
+        self.resident_area.used_bytes()
+            + self.occupied_ring_bytes()
+            + self.occupied_expert_bytes()
+            + self.activation_bytes
+            + self.lora_bytes
+    }
+
+    fn occupied_expert_bytes(&self) -> u64 {
+        self.experts.as_ref().map_or(0, |area| {
+            area.slots.iter().filter(|slot| slot.is_some()).count() as u64 * area.slot_bytes
+        })
     }
 
     pub fn peak_used_bytes(&self) -> u64 {
@@ -194,6 +269,13 @@ impl VramState {
     /// The compute thread released the streamed block at `position`: it needs the next
     /// position next.
     pub fn released(&mut self, block: BlockId, position: usize) {
+        if let Some(Placement::Expert { .. }) = self.placement[block.index()] {
+            // An expert's use is counted once, at its release; the cursor stays put.
+            if let Some(area) = self.experts.as_mut() {
+                area.cache.touch(block.0);
+            }
+            return;
+        }
         self.advance(position + 1);
         self.use_clock += 1;
         if let Some(Placement::Ring { slot }) = self.placement[block.index()] {
@@ -205,9 +287,18 @@ impl VramState {
     /// then up to `depth` not-yet-ready blocks ahead of the cursor.
     pub fn schedule(&mut self, demand: Option<BlockId>) -> Decisions {
         let mut decisions = Decisions::default();
+        self.retry_pending_experts(&mut decisions);
         if let Some(block) = demand {
-            if self.needs_load(block) {
-                self.try_start(block, false, &mut decisions);
+            if let Some(area) = self.experts.as_mut() {
+                area.touched_round[block.index()] = area.round;
+            }
+            if self.needs_load(block)
+                && !self.try_start(block, false, &mut decisions)
+                && !self.order.contains(block)
+            {
+                if let Some(area) = self.experts.as_mut() {
+                    area.pending.push(block);
+                }
             }
         }
         let mut ahead = 0;
@@ -239,7 +330,9 @@ impl VramState {
 
     fn try_start(&mut self, block: BlockId, speculative: bool, decisions: &mut Decisions) -> bool {
         let bytes = self.block_bytes[block.index()];
-        let placement = if self.plan.is_resident(block) {
+        let placement = if self.experts.is_some() && !self.order.contains(block) {
+            self.place_expert(block, speculative, decisions)
+        } else if self.plan.is_resident(block) {
             self.place_resident(bytes)
                 .or_else(|| self.place_in_ring(block, speculative, decisions))
         } else {
@@ -249,7 +342,8 @@ impl VramState {
             return false;
         };
         let offset = match placement {
-            Placement::Resident { offset } => self.ring_area_bytes + offset,
+            Placement::Resident { offset } => self.resident_base() + offset,
+            Placement::Expert { slot } => self.expert_offset(slot),
             Placement::Ring { slot } => {
                 self.ring[slot].block = Some(block);
                 self.ring[slot].last_use = self.use_clock;
@@ -270,9 +364,12 @@ impl VramState {
     }
 
     fn place_resident(&mut self, bytes: u64) -> Option<Placement> {
-        let limit = self
-            .budget_bytes
-            .saturating_sub(self.ring_area_bytes + self.activation_bytes);
+        let limit = self.budget_bytes.saturating_sub(
+            self.ring_area_bytes
+                + self.expert_area_bytes()
+                + self.activation_bytes
+                + self.lora_bytes,
+        );
         if self.resident_area.used_bytes() + align_up(bytes) > limit {
             return None;
         }
@@ -354,7 +451,9 @@ impl VramState {
         self.loads_in_flight -= 1;
         self.last_declined = None;
         match self.placement[block.index()]? {
-            Placement::Resident { offset } => Some((self.ring_area_bytes + offset, false)),
+            Placement::Resident { offset } => Some((self.resident_base() + offset, false)),
+            // Streamed: its release comes back as a message, which counts the use.
+            Placement::Expert { slot } => Some((self.expert_offset(slot), true)),
             Placement::Ring { slot } => Some((slot as u64 * self.slot_bytes(), true)),
         }
     }
@@ -380,6 +479,11 @@ impl VramState {
                     .free(offset, self.block_bytes[block.index()]);
             }
             Some(Placement::Ring { slot }) => self.ring[slot].block = None,
+            Some(Placement::Expert { slot }) => {
+                if let Some(area) = self.experts.as_mut() {
+                    area.slots[slot] = None;
+                }
+            }
             None => {}
         }
     }
@@ -432,6 +536,128 @@ impl VramState {
 
     pub fn release_activations(&mut self, bytes: u64) {
         self.activation_bytes = self.activation_bytes.saturating_sub(bytes);
+    }
+
+    /// Reserves VRAM for LoRA factors the way activations are (evicting resident weights
+    /// if needed) but counts it as LoRA bytes.
+    pub fn reserve_lora(&mut self, bytes: u64) -> Result<u64, ActivationError> {
+        let evicted = self.reserve_activations(bytes)?;
+        self.activation_bytes -= bytes;
+        self.lora_bytes += bytes;
+        Ok(evicted)
+    }
+
+    pub fn release_lora(&mut self, bytes: u64) {
+        self.lora_bytes = self.lora_bytes.saturating_sub(bytes);
+    }
+
+    /// Drops the device copy of each ready, unheld block so its next use reloads it:
+    /// its resident copy was patched (a LoRA bake) and the patch changed. Returns how
+    /// many were dropped.
+    pub fn invalidate(&mut self, blocks: &[BlockId]) -> u64 {
+        let mut dropped = 0;
+        for &block in blocks {
+            let index = block.index();
+            if index >= self.placement.len()
+                || self.placement[index].is_none()
+                || self.loading[index]
+                || !self.table.try_begin_evict(block)
+            {
+                continue;
+            }
+            self.unplace(block);
+            self.table.finish_evict(block);
+            dropped += 1;
+        }
+        dropped
+    }
+
+    /// Speculative loads of experts the compute thread expects soon (a hint). Each is
+    /// loaded only into a free slot or over an expert not touched in this round or
+    /// the one before; otherwise it is declined.
+    pub fn hint(&mut self, blocks: &[BlockId]) -> Decisions {
+        let mut decisions = Decisions::default();
+        let Some(area) = self.experts.as_mut() else {
+            return decisions;
+        };
+        area.round += 1;
+        let round = area.round;
+        for &block in blocks {
+            if let Some(touched) = area.touched_round.get_mut(block.index()) {
+                *touched = round;
+            }
+        }
+        for &block in blocks {
+            if block.index() < self.placement.len()
+                && !self.order.contains(block)
+                && self.needs_load(block)
+            {
+                self.try_start(block, true, &mut decisions);
+            }
+        }
+        self.record_peak();
+        decisions
+    }
+
+    fn retry_pending_experts(&mut self, decisions: &mut Decisions) {
+        let Some(area) = self.experts.as_mut() else {
+            return;
+        };
+        let pending = std::mem::take(&mut area.pending);
+        for block in pending {
+            if self.needs_load(block) && !self.try_start(block, false, decisions) {
+                if let Some(area) = self.experts.as_mut() {
+                    area.pending.push(block);
+                }
+            }
+        }
+    }
+
+    fn place_expert(
+        &mut self,
+        block: BlockId,
+        speculative: bool,
+        decisions: &mut Decisions,
+    ) -> Option<Placement> {
+        let bytes = align_up(self.block_bytes[block.index()]);
+        let area = self.experts.as_ref()?;
+        if bytes > area.slot_bytes {
+            return None;
+        }
+        if let Some(slot) = area.slots.iter().position(Option::is_none) {
+            self.experts.as_mut()?.slots[slot] = Some(block);
+            return Some(Placement::Expert { slot });
+        }
+        let protected_from = area.round.saturating_sub(1);
+        let candidates: Vec<u32> = area
+            .slots
+            .iter()
+            .flatten()
+            .filter(|&&held| {
+                !self.loading[held.index()]
+                    && self.table.holders(held) == 0
+                    && self.table.state(held) == BlockState::Ready
+                    && !(speculative && area.touched_round[held.index()] >= protected_from)
+            })
+            .map(|held| held.0)
+            .collect();
+        let victim = area
+            .cache
+            .victim(candidates)
+            .map(BlockId)
+            .filter(|&victim| self.table.try_begin_evict(victim));
+        let Some(victim) = victim else {
+            if speculative {
+                decisions.declined = true;
+            }
+            return None;
+        };
+        let slot = area.slots.iter().position(|held| *held == Some(victim))?;
+        self.table.finish_evict(victim);
+        self.placement[victim.index()] = None;
+        decisions.evicted += 1;
+        self.experts.as_mut()?.slots[slot] = Some(block);
+        Some(Placement::Expert { slot })
     }
 
     /// Evicts every unheld ready block (shutdown). Returns how many.
