@@ -263,3 +263,55 @@ fn fast_disk_streams_straight_to_vram_within_ring_plus_ceiling() {
     assert!(number(&summary, "peak_pinned_bytes") <= (1024 * KIB) as f64 + ring);
     assert_eq!(number(&summary, "pinned_bytes_after_shutdown"), 0.0);
 }
+
+#[test]
+fn blocks_with_a_pinned_copy_leave_the_page_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = demo_model(dir.path());
+    let settings = settings();
+    let prepared = prepare(&model, WorkloadKind::Auto, 2, &settings, false).unwrap();
+    let file_bytes = std::fs::metadata(&model).unwrap().len();
+    let mut plan = plan_for(&settings, 4);
+    // Room to pin every streamed block (6 × 512 KiB) beside the 3-buffer staging ring.
+    plan.budgets.pin_ceiling_bytes = 4608 * KIB;
+    let outcome = execute(&prepared, plan).unwrap();
+    let pinned = outcome.report.plan.pins.cached_bytes;
+    assert_eq!(pinned, 6 * 512 * KIB);
+    let cached = stagehand::storage::cached_bytes(&model).unwrap();
+    assert!(
+        cached + pinned <= file_bytes + 64 * KIB,
+        "{cached} bytes still in the page cache of a {file_bytes}-byte file with {pinned} pinned"
+    );
+}
+
+#[test]
+fn a_model_truncated_during_a_fast_disk_run_fails_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = demo_model(dir.path());
+    let settings = Settings {
+        fast_disk: true,
+        staging_buffers: 3,
+        staging_buffer_size: bytesize::ByteSize::kib(64),
+        read_request_size: bytesize::ByteSize::kib(64),
+        ..settings()
+    };
+    let prepared = prepare(&model, WorkloadKind::Auto, 2, &settings, false).unwrap();
+    let mut plan = plan_for(&settings, 6);
+    plan.budgets.pin_ceiling_bytes = 512 * KIB;
+    let truncate = model.clone();
+    plan.on_step = Box::new(move |step, _| {
+        if step == 0 {
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&truncate)
+                .unwrap();
+            file.set_len(1024 * 1024).unwrap();
+        }
+    });
+    let error = execute(&prepared, plan).err().expect("the run must fail");
+    let RunError::Failed(message) = error else {
+        panic!("expected a run failure, got {error:?}");
+    };
+    assert!(message.contains("changed"), "{message}");
+    assert!(message.contains("every budget was released"), "{message}");
+}

@@ -48,6 +48,15 @@ impl Storage for PreadStorage {
     ) -> OpFuture<HostBuffer, (StorageError, HostBuffer)> {
         self.engine.read(extents, into, into_offset)
     }
+
+    fn forget_cached(&self, extents: &[Extent]) {
+        for extent in extents {
+            if let Ok(file) = self.engine.files().get(extent.file) {
+                // Whole ranges at once: the kernel skips folios a range only partly covers.
+                let _ = super::drop_page_cache(&file.path, extent.offset, extent.length);
+            }
+        }
+    }
 }
 
 /// Fills `destination` from `offset`; a short read means the file shrank under us.

@@ -59,30 +59,8 @@ pub(crate) fn plan_chunks(extents: &[Extent], request_bytes: u64) -> Vec<Chunk> 
     chunks
 }
 
-/// The extents covering bytes `[start, start + length)` of the region the given extents
-/// fill back to back. The staging ring uses it to cut a block into slot-sized pieces.
-pub fn slice_extents(extents: &[Extent], start: u64, length: u64) -> Vec<Extent> {
-    let end = start.saturating_add(length);
-    let mut sliced = Vec::new();
-    let mut region_offset = 0u64;
-    for extent in extents {
-        let extent_end = region_offset + extent.length;
-        let overlap_start = start.max(region_offset);
-        let overlap_end = end.min(extent_end);
-        if overlap_start < overlap_end {
-            sliced.push(Extent {
-                file: extent.file,
-                offset: extent.offset + (overlap_start - region_offset),
-                length: overlap_end - overlap_start,
-            });
-        }
-        region_offset = extent_end;
-        if region_offset >= end {
-            break;
-        }
-    }
-    sliced
-}
+/// Cutting a block into slot-sized pieces is the pipeline's own arithmetic too.
+pub use stagehand_actors::slice_extents;
 
 #[cfg(test)]
 mod tests {
