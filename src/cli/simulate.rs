@@ -1,12 +1,286 @@
-//! Placeholder: filled in by its owner.
+//! `stagehand simulate --model M --hardware H`: will the model run on that box, and
+//! how fast? Runs stagehand and two baselines through the real actors on simulated
+//! hardware in virtual time (see docs/simulator.md; `--json` is documented there).
+
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+
+use bytesize::ByteSize;
+use stagehand_actors::Bytes;
 
 use super::{CommandResult, Failure};
+use crate::model::ModelIndex;
+use crate::settings::{self, SettingsArgs};
+use crate::sim::{
+    simulate, FaultPlan, FitSettings, HardwareProfile, ModelDescription, PolicyFigures,
+    SimRunError, SimulateOptions, Simulation, TraceRecorder,
+};
 
 #[derive(Debug, clap::Args)]
-pub struct SimulateArgs {}
+pub struct SimulateArgs {
+    /// A shipped model (flux1-dev, llama3-8b, ...), a description TOML, or a checkpoint.
+    #[arg(long, value_name = "MODEL")]
+    pub model: String,
+    /// A shipped hardware profile (rtx3060-12gb, rtx4090, ...) or a profile TOML.
+    #[arg(long, value_name = "PROFILE")]
+    pub hardware: String,
+    /// Host RAM instead of the profile's, e.g. 32GiB.
+    #[arg(long, value_name = "SIZE")]
+    pub ram: Option<String>,
+    /// A shipped disk instead of the profile's: hdd, sata, nvme3, nvme4, nvme5.
+    #[arg(long, value_name = "DISK")]
+    pub disk: Option<String>,
+    /// Steps to simulate (the first is the cold one).
+    #[arg(long, default_value_t = 10, value_name = "N")]
+    pub steps: u64,
+    /// Seed of the jitter and fault injection.
+    #[arg(long, default_value_t = 0, value_name = "S")]
+    pub seed: u64,
+    /// Each read and copy takes its time × uniform [1 − J, 1 + J] (0 = exact).
+    #[arg(long, default_value_t = 0.0, value_name = "J")]
+    pub jitter: f64,
+    /// Tokens per step, for a checkpoint (a description TOML says its own).
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub tokens_per_step: u64,
+    /// Skip the naive and LRU baselines.
+    #[arg(long)]
+    pub no_baselines: bool,
+    /// Print the result as JSON (schema in docs/simulator.md).
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub settings: SettingsArgs,
+}
 
-pub fn execute(_args: SimulateArgs) -> CommandResult {
-    Err(Failure::bad_input(anyhow::anyhow!(
-        "`simulate` is not built yet"
-    )))
+pub fn execute(args: SimulateArgs) -> CommandResult {
+    if args.steps == 0 {
+        return Err(Failure::bad_input(anyhow::anyhow!(
+            "--steps 0: simulate at least 1 step"
+        )));
+    }
+    let loaded = settings::load(&args.settings).map_err(Failure::bad_input)?;
+    let settings = loaded.settings;
+    let model = load_model(&args, settings.block_pattern.as_deref())?;
+    let mut hardware = HardwareProfile::load(&args.hardware).map_err(Failure::bad_input)?;
+    if let Some(ram) = &args.ram {
+        let ram: ByteSize = ram.parse().map_err(|error| {
+            Failure::bad_input(anyhow::anyhow!(
+                "--ram {ram}: {error}; give a size like 32GiB"
+            ))
+        })?;
+        hardware = hardware.with_ram(ram);
+    }
+    if let Some(disk) = &args.disk {
+        hardware = hardware.with_disk(disk).map_err(Failure::bad_input)?;
+    }
+    let faults = FaultPlan {
+        seed: args.seed,
+        jitter: args.jitter,
+        ..FaultPlan::default()
+    };
+    faults.validate().map_err(Failure::bad_input)?;
+    let trace = settings
+        .trace
+        .as_ref()
+        .map(|_| Arc::new(TraceRecorder::new()));
+    let options = SimulateOptions {
+        steps: args.steps,
+        settings: FitSettings::from_settings(&settings),
+        faults,
+        trace: trace.clone(),
+        max_reads_in_flight: settings.reader_threads as usize,
+        baselines: !args.no_baselines,
+    };
+    let simulation = simulate(&model, &hardware, &options).map_err(|error| match error {
+        SimRunError::Setup(_) | SimRunError::Plan { .. } => Failure::bad_input(error),
+        SimRunError::Failed { .. } | SimRunError::Stalled { .. } => Failure::run_failed(error),
+    })?;
+    if let (Some(path), Some(trace)) = (&settings.trace, &trace) {
+        trace
+            .write_chrome_trace(path)
+            .map_err(Failure::run_failed)?;
+    }
+    let mut out = std::io::stdout().lock();
+    let written = if args.json {
+        serde_json::to_writer_pretty(&mut out, &simulation)
+            .map_err(std::io::Error::from)
+            .and_then(|()| writeln!(out))
+    } else {
+        write_text(&mut out, &simulation, settings.trace.as_deref())
+    };
+    match written {
+        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => other.map_err(Failure::run_failed),
+    }
+}
+
+/// A shipped name or description TOML, else a checkpoint `inspect` can read.
+fn load_model(args: &SimulateArgs, pattern: Option<&str>) -> Result<ModelDescription, Failure> {
+    let path = Path::new(&args.model);
+    let is_description = ModelDescription::builtin_names().contains(&args.model.as_str())
+        || path.extension().is_some_and(|ext| ext == "toml")
+        || !path.exists();
+    if is_description {
+        return ModelDescription::load(&args.model).map_err(Failure::bad_input);
+    }
+    if args.tokens_per_step == 0 {
+        return Err(Failure::bad_input(anyhow::anyhow!(
+            "--tokens-per-step 0: a step processes at least 1 token"
+        )));
+    }
+    let index = ModelIndex::open(path, pattern).map_err(Failure::bad_input)?;
+    ModelDescription::from_model_index(&index, args.tokens_per_step, None)
+        .map_err(Failure::bad_input)
+}
+
+fn seconds(value: f64) -> String {
+    if value >= 1.0 {
+        format!("{value:.3} s")
+    } else {
+        format!("{:.3} ms", value * 1e3)
+    }
+}
+
+fn per_step(bytes: f64) -> String {
+    Bytes(bytes.round() as u64).to_string()
+}
+
+fn write_text(
+    out: &mut impl Write,
+    simulation: &Simulation,
+    trace: Option<&Path>,
+) -> std::io::Result<()> {
+    let fit = &simulation.fit;
+    writeln!(
+        out,
+        "{} ({}) on {} ({}; {} RAM, {} disk, {} link), {} steps, seed {}",
+        simulation.model,
+        Bytes(fit.model_bytes),
+        simulation.hardware,
+        simulation.gpu,
+        Bytes(simulation.ram_bytes),
+        simulation.disk,
+        simulation.link,
+        simulation.steps,
+        simulation.seed
+    )?;
+    writeln!(
+        out,
+        "budgets: vram {} (ring {}, resident {}), pin ceiling {} (staging {}, cache {})",
+        Bytes(fit.vram_budget_bytes),
+        Bytes(fit.ring_bytes),
+        Bytes(fit.resident_bytes),
+        Bytes(fit.pin_ceiling_bytes),
+        Bytes(fit.staging_bytes),
+        Bytes(fit.pinned_cache_bytes)
+    )?;
+    if !simulation.fits {
+        writeln!(out, "fits: NO")?;
+        for message in &simulation.failure_messages {
+            writeln!(out, "  - {message}")?;
+        }
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "fits: yes; per step {} over PCIe, {} from disk",
+        Bytes(fit.pcie_bytes_per_step),
+        Bytes(fit.disk_bytes_per_step)
+    )?;
+    writeln!(
+        out,
+        "bound: {} per step, {:?}-bound (compute {}, pcie {}, disk {}); cold first step ≥ {}",
+        seconds(fit.bound_seconds),
+        fit.bottleneck,
+        seconds(fit.compute_seconds),
+        seconds(fit.pcie_seconds),
+        seconds(fit.disk_seconds),
+        seconds(fit.cold_bound_seconds)
+    )
+    .map(|()| ())?;
+    writeln!(out)?;
+    writeln!(
+        out,
+        "{:<13} {:>5} {:>11} {:>11} {:>11} {:>8} {:>7} {:>12} {:>12} {:>12} {:>21} {:>21}",
+        "policy",
+        "depth",
+        "cold",
+        "steady",
+        "bound",
+        "×bound",
+        "×plan",
+        "disk→pinned",
+        "pinned→vram",
+        "disk→vram",
+        "peak vram / budget",
+        "peak pinned / limit"
+    )?;
+    let row = |out: &mut dyn Write, name: &str, figures: &PolicyFigures| {
+        let run = &figures.run;
+        let bytes = &run.steady_bytes_per_step;
+        writeln!(
+            out,
+            "{:<13} {:>5} {:>11} {:>11} {:>11} {:>7.3}× {:>6.3}× {:>12} {:>12} {:>12} {:>21} {:>21}",
+            name,
+            run.prefetch_depth,
+            seconds(run.cold_step_seconds),
+            seconds(run.steady_step_seconds),
+            seconds(figures.bound_seconds),
+            figures.steady_over_bound,
+            figures.steady_over_plan_bound,
+            per_step(bytes.disk_to_pinned),
+            per_step(bytes.pinned_to_vram),
+            per_step(bytes.disk_to_vram),
+            format!(
+                "{} / {}",
+                Bytes(run.peak_vram_bytes),
+                Bytes(run.vram_budget_bytes)
+            ),
+            format!(
+                "{} / {}",
+                Bytes(run.peak_pinned_bytes),
+                Bytes(run.pinned_limit_bytes)
+            ),
+        )
+    };
+    if let Some(stagehand) = &simulation.stagehand {
+        row(out, "stagehand", stagehand)?;
+    }
+    for baseline in &simulation.baselines {
+        match &baseline.figures {
+            Some(figures) => row(out, baseline.policy.label(), figures)?,
+            None => writeln!(
+                out,
+                "{:<13} could not run: {}",
+                baseline.policy.label(),
+                baseline.error.as_deref().unwrap_or("unknown")
+            )?,
+        }
+    }
+    writeln!(
+        out,
+        "(bound: the fit check's at each policy's prefetch depth; ×plan: steady step over the bound of the bytes its plan moves; bytes per steady step)"
+    )?;
+    if let Some(stagehand) = &simulation.stagehand {
+        writeln!(
+            out,
+            "stagehand reaches {:.1} % of the bound",
+            stagehand.efficiency * 100.0
+        )?;
+    }
+    for baseline in &simulation.baselines {
+        if let Some(speedup) = baseline.stagehand_speedup {
+            writeln!(
+                out,
+                "stagehand vs {} ({}): {speedup:.2}× faster per steady step",
+                baseline.policy.label(),
+                baseline.description
+            )?;
+        }
+    }
+    if let Some(path) = trace {
+        writeln!(out, "trace (stagehand run): {}", path.display())?;
+    }
+    Ok(())
 }

@@ -19,8 +19,11 @@ mod fit;
 mod hardware;
 mod machine;
 mod model;
+mod run;
+mod simulation;
 mod storage;
 pub mod trace;
+mod trace_observer;
 
 pub use clock::{transfer_duration, SerialLane, SimClock};
 pub use compute::{ComputeRates, SimCompute};
@@ -30,8 +33,13 @@ pub use fit::{Bottleneck, FitCheck, FitFailure, FitSettings, RAM_FLOOR_MIN_BYTES
 pub use hardware::{DiskSpec, GpuSpec, HardwareProfile, LinkSpec};
 pub use machine::SimMachine;
 pub use model::{BlockDesc, ExpertDesc, ModelDescription};
+pub use run::{
+    run_policy, steady_window, LinkBytes, Policy, PolicyRun, RunOptions, SimRunError, SteadyBytes,
+};
+pub use simulation::{simulate, BaselineFigures, PolicyFigures, SimulateOptions, Simulation};
 pub use storage::{DiskRates, ReadStats, SimStorage};
 pub use trace::{Lane, TraceError, TraceRecorder, TraceSlice};
+pub use trace_observer::TraceObserver;
 
 /// What can go wrong setting up a simulation.
 #[derive(Debug, thiserror::Error)]

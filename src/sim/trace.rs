@@ -48,6 +48,10 @@ impl Lane {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct TraceSlice {
     pub lane: Lane,
+    /// Sub-lane: real runs overlap transfers on one resource (several reads in
+    /// flight), and a trace row must not overlap, so they are packed onto rows
+    /// `disk 0`, `disk 1`, ... The simulator's lanes are serial: always row 0.
+    pub row: u32,
     pub label: String,
     pub start: Duration,
     pub end: Duration,
@@ -92,10 +96,23 @@ impl TraceRecorder {
         }
     }
 
-    /// Records one slice; times are offsets from the run's start.
+    /// Records one slice on the lane's first row; times are offsets from the run's start.
     pub fn record(
         &self,
         lane: Lane,
+        label: impl Into<String>,
+        start: Duration,
+        end: Duration,
+        bytes: Option<u64>,
+    ) {
+        self.record_on_row(lane, 0, label, start, end, bytes);
+    }
+
+    /// Records one slice on a sub-lane (see [`TraceSlice::row`]).
+    pub fn record_on_row(
+        &self,
+        lane: Lane,
+        row: u32,
         label: impl Into<String>,
         start: Duration,
         end: Duration,
@@ -108,11 +125,32 @@ impl TraceRecorder {
         }
         slices.push(TraceSlice {
             lane,
+            row,
             label: label.into(),
             start,
             end: end.max(start),
             bytes,
         });
+    }
+
+    /// Renames the most recent slice on `lane` that ended exactly at `end` (the
+    /// simulator names copies once the actors say which block they carried).
+    /// Returns whether one was found.
+    pub fn relabel(&self, lane: Lane, end: Duration, label: &str) -> bool {
+        let mut slices = self.lock();
+        // Completions are reported promptly: the slice is near the back.
+        match slices
+            .iter_mut()
+            .rev()
+            .take(RELABEL_SEARCH_SLICES)
+            .find(|slice| slice.lane == lane && slice.end == end)
+        {
+            Some(slice) => {
+                slice.label = label.to_string();
+                true
+            }
+            None => false,
+        }
     }
 
     /// Slices dropped because the recorder was full.
@@ -128,12 +166,13 @@ impl TraceRecorder {
         self.len() == 0
     }
 
-    /// All slices, ordered by lane then start time (a stable order, so the same run
+    /// All slices, ordered by lane, row, then start time (a stable order, so the same run
     /// gives the same file byte for byte even when threads recorded out of order).
     pub fn slices(&self) -> Vec<TraceSlice> {
         let mut slices = self.lock().clone();
         slices.sort_by(|a, b| {
-            (a.lane, a.start, a.end, &a.label).cmp(&(b.lane, b.start, b.end, &b.label))
+            (a.lane, a.row, a.start, a.end, &a.label)
+                .cmp(&(b.lane, b.row, b.start, b.end, &b.label))
         });
         slices
     }
@@ -145,14 +184,29 @@ impl TraceRecorder {
             0,
             "stagehand".to_string(),
         )];
+        let slices = self.slices();
         for lane in Lane::ALL {
-            events.push(ChromeEvent::metadata(
-                "thread_name",
-                lane.thread_id(),
-                lane.label().to_string(),
-            ));
+            let rows = slices
+                .iter()
+                .filter(|slice| slice.lane == lane)
+                .map(|slice| slice.row + 1)
+                .max()
+                .unwrap_or(1);
+            for row in 0..rows {
+                // One row keeps the plain lane name; packed rows are numbered.
+                let name = if rows == 1 {
+                    lane.label().to_string()
+                } else {
+                    format!("{} {row}", lane.label())
+                };
+                events.push(ChromeEvent::metadata(
+                    "thread_name",
+                    thread_id(lane, row),
+                    name,
+                ));
+            }
         }
-        events.extend(self.slices().into_iter().map(ChromeEvent::slice));
+        events.extend(slices.into_iter().map(ChromeEvent::slice));
         let trace = ChromeTrace {
             trace_events: events,
             display_time_unit: "ms",
@@ -241,7 +295,7 @@ impl ChromeEvent {
             ts: Some(microseconds(slice.start)),
             dur: Some(microseconds(slice.end - slice.start)),
             pid: 1,
-            tid: slice.lane.thread_id(),
+            tid: thread_id(slice.lane, slice.row),
             args: slice.bytes.map(|bytes| ChromeArgs {
                 name: None,
                 bytes: Some(bytes),
@@ -249,6 +303,18 @@ impl ChromeEvent {
         }
     }
 }
+
+/// Row 0 keeps the lane's own id; further rows get ids of their own after it.
+fn thread_id(lane: Lane, row: u32) -> u32 {
+    if row == 0 {
+        lane.thread_id()
+    } else {
+        lane.thread_id() * 1000 + row
+    }
+}
+
+/// How far back `relabel` looks.
+const RELABEL_SEARCH_SLICES: usize = 4096;
 
 fn microseconds(duration: Duration) -> f64 {
     duration.as_nanos() as f64 / 1_000.0

@@ -1,0 +1,495 @@
+//! Simulated runs: N steps of a model description on a hardware profile, through the
+//! same actors a real run uses (`Session::start_local` on the virtual-time runtime).
+//!
+//! The compute side is a task on the actors' own thread that acquires each block,
+//! spends the block's modelled compute time on the simulated compute stream, and
+//! releases it. Step times come from the exact timeline ([`SimClock`]), bytes per link
+//! from the session's own `Stats`, so a simulated run reports exactly what a real run
+//! would report about itself.
+//!
+//! Three policies run through the same machinery; only the session's configuration
+//! differs (see [`Policy`]).
+
+use std::cell::Cell;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use stagehand_actors::{
+    BlockId, Link, NoObserver, Observer, ResidencyPolicy, Session, SessionConfig, StatsSnapshot,
+};
+
+use super::clock::SimClock;
+use super::faults::FaultPlan;
+use super::fit::FitSettings;
+use super::hardware::HardwareProfile;
+use super::machine::SimMachine;
+use super::model::ModelDescription;
+use super::trace::{Lane, TraceRecorder};
+use super::{virtual_time_system, SimError};
+
+/// How the session uses its budgets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Policy {
+    /// Planned residency (a fixed max-scatter resident set plus a ring), prefetching
+    /// `prefetch_depth` blocks ahead.
+    Stagehand,
+    /// Accelerate-style: load each block when it is needed, nothing ahead
+    /// (`prefetch_depth = 0`, planned residency for what fits).
+    Naive,
+    /// Diffusers group-offload style: every block competes for LRU slots, one block
+    /// prefetched ahead.
+    LruPrefetch,
+}
+
+impl Policy {
+    pub const ALL: [Policy; 3] = [Policy::Stagehand, Policy::Naive, Policy::LruPrefetch];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Policy::Stagehand => "stagehand",
+            Policy::Naive => "naive",
+            Policy::LruPrefetch => "lru-prefetch",
+        }
+    }
+
+    pub fn description(self) -> &'static str {
+        match self {
+            Policy::Stagehand => "planned residency, prefetch_depth from settings",
+            Policy::Naive => "load each block when needed, no prefetch (accelerate-style)",
+            Policy::LruPrefetch => "prefetch depth 1, LRU residency (diffusers group offload)",
+        }
+    }
+
+    fn residency(self) -> ResidencyPolicy {
+        match self {
+            Policy::Stagehand | Policy::Naive => ResidencyPolicy::Planned,
+            Policy::LruPrefetch => ResidencyPolicy::Lru,
+        }
+    }
+
+    /// The prefetch depth this policy runs with, given the configured one.
+    pub fn prefetch_depth(self, configured: u32) -> u32 {
+        match self {
+            Policy::Stagehand => configured,
+            Policy::Naive => 0,
+            Policy::LruPrefetch => 1,
+        }
+    }
+}
+
+/// What a simulated run needs besides the model and the machine.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// Steps to run (the first is the cold one); at least 1.
+    pub steps: u64,
+    /// Budgets and depths, as resolved by the fit check.
+    pub vram_budget_bytes: u64,
+    pub pin_ceiling_bytes: u64,
+    pub settings: FitSettings,
+    pub faults: FaultPlan,
+    pub trace: Option<Arc<TraceRecorder>>,
+    /// Reads the disk reader keeps in flight (the settings' `reader_threads`, ≥ 2).
+    pub max_reads_in_flight: usize,
+    /// The run must end within this much virtual time, or it is reported as stalled.
+    /// `None`: derived from the model and the machine (very generous).
+    pub virtual_time_limit: Option<Duration>,
+}
+
+/// Bytes over each link.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct LinkBytes {
+    pub disk_to_pinned: u64,
+    pub pinned_to_vram: u64,
+    pub disk_to_vram: u64,
+}
+
+impl LinkBytes {
+    fn of(stats: &StatsSnapshot) -> Self {
+        Self {
+            disk_to_pinned: stats.link(Link::DiskToPinned).model_bytes,
+            pinned_to_vram: stats.link(Link::PinnedToVram).model_bytes,
+            disk_to_vram: stats.link(Link::DiskToVram).model_bytes,
+        }
+    }
+
+    fn minus(self, earlier: Self) -> Self {
+        Self {
+            disk_to_pinned: self.disk_to_pinned - earlier.disk_to_pinned,
+            pinned_to_vram: self.pinned_to_vram - earlier.pinned_to_vram,
+            disk_to_vram: self.disk_to_vram - earlier.disk_to_vram,
+        }
+    }
+
+    /// Bytes that reached VRAM (from pinned RAM or straight from disk).
+    pub fn to_vram(&self) -> u64 {
+        self.pinned_to_vram + self.disk_to_vram
+    }
+
+    /// Bytes read from disk.
+    pub fn from_disk(&self) -> u64 {
+        self.disk_to_pinned + self.disk_to_vram
+    }
+}
+
+/// What one simulated run measured.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PolicyRun {
+    pub policy: Policy,
+    pub prefetch_depth: u32,
+    pub steps: u64,
+    /// Exact virtual duration of every step.
+    pub step_seconds: Vec<f64>,
+    pub cold_step_seconds: f64,
+    /// Median of the steady-state steps (see [`steady_window`]).
+    pub steady_step_seconds: f64,
+    /// Bytes over each link in each step (the counters' growth across the step).
+    pub bytes_per_step: Vec<LinkBytes>,
+    /// Mean bytes over each link per steady-state step (see [`steady_window`]).
+    pub steady_bytes_per_step: SteadyBytes,
+    /// What the session's plan says must cross each step.
+    pub plan_streamed_bytes_per_step: u64,
+    pub plan_disk_bytes_per_step: u64,
+    pub vram_budget_bytes: u64,
+    pub peak_vram_bytes: u64,
+    /// The pin ceiling, plus the fast-disk chunk ring that sits beside it.
+    pub pinned_limit_bytes: u64,
+    pub peak_pinned_bytes: u64,
+    /// Blocks the compute side acquired, in order, over the whole run.
+    pub acquires: u64,
+    /// Exact virtual time from start to the end of the last step.
+    pub virtual_seconds: f64,
+    pub stats: StatsSnapshot,
+}
+
+/// Mean bytes per steady-state step over each link.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct SteadyBytes {
+    pub disk_to_pinned: f64,
+    pub pinned_to_vram: f64,
+    pub disk_to_vram: f64,
+}
+
+impl SteadyBytes {
+    pub fn to_vram(&self) -> f64 {
+        self.pinned_to_vram + self.disk_to_vram
+    }
+
+    pub fn from_disk(&self) -> f64 {
+        self.disk_to_pinned + self.disk_to_vram
+    }
+}
+
+/// Why a simulated run did not complete.
+#[derive(Debug, thiserror::Error)]
+pub enum SimRunError {
+    #[error(transparent)]
+    Setup(#[from] SimError),
+    #[error("{policy}: the session refused the budgets: {reason}")]
+    Plan {
+        policy: &'static str,
+        reason: String,
+    },
+    #[error("{policy}: step {step} failed at block `{block}`: {reason} (seed {seed}; {})",
+        if *released { "every budget was released" } else { "budgets NOT fully released" })]
+    Failed {
+        policy: &'static str,
+        step: u64,
+        block: String,
+        reason: String,
+        seed: u64,
+        /// VRAM and pinned usage were back to zero after the session shut down.
+        released: bool,
+    },
+    #[error("{policy}: no progress: the run did not end within {limit_seconds:.1} s of virtual time (stuck in step {step} at block `{block}`, seed {seed}) — a deadlock in the pipeline")]
+    Stalled {
+        policy: &'static str,
+        limit_seconds: f64,
+        step: u64,
+        block: String,
+        seed: u64,
+    },
+}
+
+/// Runs `options.steps` steps of `model` on `hardware` under `policy`.
+pub fn run_policy(
+    model: &ModelDescription,
+    hardware: &HardwareProfile,
+    policy: Policy,
+    options: &RunOptions,
+) -> Result<PolicyRun, SimRunError> {
+    let system = virtual_time_system()?;
+    system.block_on(run_on_current_system(model, hardware, policy, options))
+}
+
+/// Where the compute side is, for stall reports.
+#[derive(Default)]
+struct Progress {
+    step: Cell<u64>,
+    position: Cell<usize>,
+}
+
+async fn run_on_current_system(
+    model: &ModelDescription,
+    hardware: &HardwareProfile,
+    policy: Policy,
+    options: &RunOptions,
+) -> Result<PolicyRun, SimRunError> {
+    let layout = model.layout();
+    let names: Vec<String> = layout.blocks.iter().map(|b| b.name.clone()).collect();
+    let machine = SimMachine::new(
+        hardware,
+        &options.faults,
+        Some(&layout),
+        options.trace.clone(),
+    )?;
+    let depth = policy.prefetch_depth(options.settings.prefetch_depth);
+    let config = session_config(policy, depth, options);
+    let observer: Arc<dyn Observer> = match &options.trace {
+        Some(trace) => Arc::new(CopyLabels {
+            trace: Arc::clone(trace),
+            clock: Arc::clone(&machine.clock),
+            names: names.clone(),
+        }),
+        None => Arc::new(NoObserver),
+    };
+    let order: Vec<BlockId> = (0..layout.len() as u32).map(BlockId).collect();
+    let mut session = Session::start_local(
+        config.clone(),
+        layout,
+        order.clone(),
+        machine.device.clone(),
+        machine.storage.clone(),
+        observer,
+    )
+    .map_err(|error| SimRunError::Plan {
+        policy: policy.label(),
+        reason: error.to_string(),
+    })?;
+    let plan = session.plan().clone();
+    let block_durations: Vec<Duration> = model
+        .blocks
+        .iter()
+        .map(|block| {
+            machine
+                .compute
+                .block_duration(model.block_step_flops(block), block.bytes)
+        })
+        .collect();
+
+    let progress = Progress::default();
+    let limit = options
+        .virtual_time_limit
+        .unwrap_or_else(|| default_limit(model, hardware, options.steps));
+    let steps = options.steps.max(1);
+    let mut boundaries = vec![(Duration::ZERO, LinkBytes::default())];
+    let driven = tokio::time::timeout(
+        limit,
+        drive(
+            &mut session,
+            &machine,
+            &order,
+            &names,
+            &block_durations,
+            steps,
+            &progress,
+            &mut boundaries,
+        ),
+    )
+    .await;
+    let outcome = match driven {
+        Ok(outcome) => outcome,
+        Err(_elapsed) => {
+            let block = names
+                .get(order[progress.position.get() % order.len()].index())
+                .cloned()
+                .unwrap_or_default();
+            return Err(SimRunError::Stalled {
+                policy: policy.label(),
+                limit_seconds: limit.as_secs_f64(),
+                step: progress.step.get(),
+                block,
+                seed: options.faults.seed,
+            });
+        }
+    };
+    let stats = session.finish_async().await;
+    if let Err(reason) = outcome {
+        let block = names
+            .get(order[progress.position.get() % order.len()].index())
+            .cloned()
+            .unwrap_or_default();
+        return Err(SimRunError::Failed {
+            policy: policy.label(),
+            step: progress.step.get(),
+            block,
+            reason,
+            seed: options.faults.seed,
+            released: stats.vram.used_bytes == 0 && stats.pinned.used_bytes == 0,
+        });
+    }
+
+    let step_seconds: Vec<f64> = boundaries
+        .windows(2)
+        .map(|pair| (pair[1].0 - pair[0].0).as_secs_f64())
+        .collect();
+    let bytes_per_step: Vec<LinkBytes> = boundaries
+        .windows(2)
+        .map(|pair| pair[1].1.minus(pair[0].1))
+        .collect();
+    let pinned_limit_bytes = if plan.pins.chunked {
+        config.pin_ceiling_bytes + plan.pins.staging_bytes()
+    } else {
+        config.pin_ceiling_bytes
+    };
+    Ok(PolicyRun {
+        policy,
+        prefetch_depth: depth,
+        steps,
+        cold_step_seconds: step_seconds.first().copied().unwrap_or(0.0),
+        steady_step_seconds: steady(&step_seconds),
+        steady_bytes_per_step: steady_bytes(&bytes_per_step),
+        step_seconds,
+        bytes_per_step,
+        plan_streamed_bytes_per_step: plan.vram.streamed_bytes_per_step,
+        plan_disk_bytes_per_step: plan.pins.disk_bytes_per_step,
+        vram_budget_bytes: config.vram_budget_bytes,
+        peak_vram_bytes: stats.vram.peak_used_bytes,
+        pinned_limit_bytes,
+        peak_pinned_bytes: stats.pinned.peak_used_bytes,
+        acquires: steps * order.len() as u64,
+        virtual_seconds: boundaries.last().map_or(0.0, |last| last.0.as_secs_f64()),
+        stats,
+    })
+}
+
+/// The session configuration of a policy, staged like `stagehand run` stages it.
+fn session_config(policy: Policy, depth: u32, options: &RunOptions) -> SessionConfig {
+    let settings = &options.settings;
+    SessionConfig {
+        vram_budget_bytes: options.vram_budget_bytes,
+        pin_ceiling_bytes: options.pin_ceiling_bytes,
+        prefetch_depth: depth,
+        // As `stagehand run`: whole-block staging keeps depth + 1 reads busy at most.
+        staging_buffers: if settings.fast_disk {
+            settings.staging_buffers
+        } else {
+            settings.staging_buffers.clamp(2, depth + 2)
+        },
+        fast_disk_chunk_bytes: settings.fast_disk.then_some(settings.staging_buffer_bytes),
+        policy: policy.residency(),
+        max_reads_in_flight: options.max_reads_in_flight.max(2),
+    }
+}
+
+/// The compute side: every block in order, every step. Records the exact time and
+/// the link counters at each step's end. An error is the failing acquire's message.
+#[allow(clippy::too_many_arguments)]
+async fn drive(
+    session: &mut Session,
+    machine: &SimMachine,
+    order: &[BlockId],
+    names: &[String],
+    block_durations: &[Duration],
+    steps: u64,
+    progress: &Progress,
+    boundaries: &mut Vec<(Duration, LinkBytes)>,
+) -> Result<(), String> {
+    for step in 0..steps {
+        progress.step.set(step);
+        for (position, &block) in order.iter().enumerate() {
+            progress.position.set(position);
+            let handle = session
+                .acquire_async(block)
+                .await
+                .map_err(|error| error.to_string())?;
+            let index = block.index();
+            machine
+                .compute
+                .compute(names[index].clone(), block_durations[index])
+                .await;
+            session.release(handle);
+        }
+        session.step_done();
+        boundaries.push((machine.clock.now(), LinkBytes::of(&session.stats())));
+    }
+    Ok(())
+}
+
+/// Far more virtual time than any policy needs: every step reading and copying the
+/// whole model serially at the slowest rates, plus its compute, ten times over.
+fn default_limit(model: &ModelDescription, hardware: &HardwareProfile, steps: u64) -> Duration {
+    let bytes = model.total_bytes() as f64;
+    let disk = bytes / hardware.disk_rates().bytes_per_second.max(1) as f64;
+    let link = bytes / hardware.link_rates().pageable_bytes_per_second.max(1) as f64;
+    let rates = hardware.compute_rates();
+    let compute: f64 = model
+        .blocks
+        .iter()
+        .map(|block| {
+            rates
+                .block_duration(model.block_step_flops(block), block.bytes)
+                .as_secs_f64()
+        })
+        .sum();
+    // Latencies: a seek per extent and a copy per block, generously.
+    let latency =
+        model.tensor_count() as f64 * (hardware.disk_rates().request_latency.as_secs_f64() + 1e-3);
+    let per_step = disk + link + compute + latency;
+    Duration::try_from_secs_f64(10.0 * per_step * (steps.max(1) as f64 + 1.0) + 60.0)
+        .unwrap_or(Duration::MAX)
+}
+
+/// The steps that count as steady state: the first step is cold (everything read
+/// and copied once), and the second still benefits from what the first prefetched
+/// for it, so both are left out when there are enough steps.
+pub fn steady_window<T>(per_step: &[T]) -> &[T] {
+    let skip = match per_step.len() {
+        0 | 1 => 0,
+        2 => 1,
+        _ => 2,
+    };
+    &per_step[skip..]
+}
+
+fn steady(step_seconds: &[f64]) -> f64 {
+    let later = steady_window(step_seconds);
+    if later.is_empty() {
+        return 0.0;
+    }
+    let mut sorted = later.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted[sorted.len() / 2]
+}
+
+fn steady_bytes(bytes_per_step: &[LinkBytes]) -> SteadyBytes {
+    let later = steady_window(bytes_per_step);
+    let count = later.len().max(1) as f64;
+    let sum = |field: fn(&LinkBytes) -> u64| later.iter().map(field).sum::<u64>() as f64 / count;
+    SteadyBytes {
+        disk_to_pinned: sum(|bytes| bytes.disk_to_pinned),
+        pinned_to_vram: sum(|bytes| bytes.pinned_to_vram),
+        disk_to_vram: sum(|bytes| bytes.disk_to_vram),
+    }
+}
+
+/// Names the copy slices the device recorded. The device cannot know which block a
+/// copy carries; the actors report it in `block_transfer` from the copy's completion
+/// handler, where the clock's causal time is that copy's exact end, so the slice that
+/// ended then on the copy lane is this block's.
+struct CopyLabels {
+    trace: Arc<TraceRecorder>,
+    clock: Arc<SimClock>,
+    names: Vec<String>,
+}
+
+impl Observer for CopyLabels {
+    fn block_transfer(&self, link: Link, block: BlockId, _bytes: u64, _seconds: f64) {
+        if matches!(link, Link::PinnedToVram | Link::DiskToVram) {
+            if let Some(name) = self.names.get(block.index()) {
+                self.trace.relabel(Lane::Copy, self.clock.now(), name);
+            }
+        }
+    }
+}
