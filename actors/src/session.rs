@@ -236,21 +236,7 @@ impl Session {
         if let Some(handle) = self.try_acquire(block) {
             return Ok(handle);
         }
-        self.check_block(block)?;
-        let started = Instant::now();
-        for _attempt in 0..MAX_MISS_ATTEMPTS {
-            let receiver = self.send_miss(block);
-            receiver.recv().map_err(|_| SessionError::Stopped)??;
-            if let Some(handle) = self.table.try_acquire(block) {
-                self.count_miss(started);
-                self.advance_to(block);
-                return Ok(handle);
-            }
-        }
-        Err(SessionError::Starved {
-            block,
-            attempts: MAX_MISS_ATTEMPTS,
-        })
+        block_on(self.wait_for(block))
     }
 
     /// As [`Session::acquire`], for a task on the actors' own runtime.
@@ -258,6 +244,11 @@ impl Session {
         if let Some(handle) = self.try_acquire(block) {
             return Ok(handle);
         }
+        self.wait_for(block).await
+    }
+
+    /// The miss path: asks for the block and waits for that block only.
+    async fn wait_for(&mut self, block: BlockId) -> Result<BlockHandle, SessionError> {
         self.check_block(block)?;
         let started = Instant::now();
         for _attempt in 0..MAX_MISS_ATTEMPTS {
@@ -394,6 +385,29 @@ impl Session {
         self.stream.do_send(Shutdown { reply });
         let _ = receiver.recv_async().await;
         self.stats.snapshot()
+    }
+}
+
+/// Wakes a parked compute thread.
+struct ThreadWaker(std::thread::Thread);
+
+impl std::task::Wake for ThreadWaker {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+/// Runs a future to completion on the calling (compute) thread, parking between polls.
+/// Used only on the miss path, where the thread waits anyway.
+fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    let mut future = std::pin::pin!(future);
+    let waker = std::task::Waker::from(Arc::new(ThreadWaker(std::thread::current())));
+    let mut context = std::task::Context::from_waker(&waker);
+    loop {
+        if let std::task::Poll::Ready(output) = future.as_mut().poll(&mut context) {
+            return output;
+        }
+        std::thread::park();
     }
 }
 
