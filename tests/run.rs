@@ -214,13 +214,13 @@ fn a_failed_read_fails_the_run_and_releases_every_budget() {
     assert!(message.contains("every budget was released"), "{message}");
 }
 
-#[test]
-fn a_model_truncated_while_running_fails_cleanly() {
+/// Runs six steps, truncates the model file after the first, and expects a clean failure.
+fn assert_truncation_fails_cleanly(settings: &Settings, pin_ceiling_bytes: u64) {
     let dir = tempfile::tempdir().unwrap();
     let model = demo_model(dir.path());
-    let settings = settings();
-    let prepared = prepare(&model, WorkloadKind::Auto, 2, &settings, false).unwrap();
-    let mut plan = plan_for(&settings, 6);
+    let prepared = prepare(&model, WorkloadKind::Auto, 2, settings, false).unwrap();
+    let mut plan = plan_for(settings, 6);
+    plan.budgets.pin_ceiling_bytes = pin_ceiling_bytes;
     let truncate = model.clone();
     plan.on_step = Box::new(move |step, _| {
         if step == 0 {
@@ -237,6 +237,11 @@ fn a_model_truncated_while_running_fails_cleanly() {
     };
     assert!(message.contains("changed"), "{message}");
     assert!(message.contains("every budget was released"), "{message}");
+}
+
+#[test]
+fn a_model_truncated_while_running_fails_cleanly() {
+    assert_truncation_fails_cleanly(&settings(), 2048 * KIB);
 }
 
 #[test]
@@ -286,32 +291,12 @@ fn blocks_with_a_pinned_copy_leave_the_page_cache() {
 
 #[test]
 fn a_model_truncated_during_a_fast_disk_run_fails_cleanly() {
-    let dir = tempfile::tempdir().unwrap();
-    let model = demo_model(dir.path());
-    let settings = Settings {
+    let fast_disk = Settings {
         fast_disk: true,
         staging_buffers: 3,
         staging_buffer_size: bytesize::ByteSize::kib(64),
         read_request_size: bytesize::ByteSize::kib(64),
         ..settings()
     };
-    let prepared = prepare(&model, WorkloadKind::Auto, 2, &settings, false).unwrap();
-    let mut plan = plan_for(&settings, 6);
-    plan.budgets.pin_ceiling_bytes = 512 * KIB;
-    let truncate = model.clone();
-    plan.on_step = Box::new(move |step, _| {
-        if step == 0 {
-            let file = std::fs::OpenOptions::new()
-                .write(true)
-                .open(&truncate)
-                .unwrap();
-            file.set_len(1024 * 1024).unwrap();
-        }
-    });
-    let error = execute(&prepared, plan).err().expect("the run must fail");
-    let RunError::Failed(message) = error else {
-        panic!("expected a run failure, got {error:?}");
-    };
-    assert!(message.contains("changed"), "{message}");
-    assert!(message.contains("every budget was released"), "{message}");
+    assert_truncation_fails_cleanly(&fast_disk, 512 * KIB);
 }
