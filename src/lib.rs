@@ -16,4 +16,5 @@ pub mod storage;
 pub mod telemetry;
 pub mod workload;
 
+pub use sim::harness;
 pub use stagehand_actors as actors;

@@ -191,7 +191,7 @@ impl std::fmt::Display for FitFailure {
 }
 
 /// What limits a step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Bottleneck {
     Compute,

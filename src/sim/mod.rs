@@ -17,6 +17,7 @@ mod device;
 mod faults;
 mod fit;
 mod hardware;
+pub mod harness;
 mod machine;
 mod model;
 mod run;
