@@ -1,20 +1,464 @@
-//! `stagehand bench --device cuda`: the GPU link figures.
+//! `stagehand bench --device cuda`: in one process, so the ratios are comparable,
+//! (a) pinned H2D peak, (b) pageable H2D, (c) `cuMemHostRegister` cost per GiB, then
+//! the linear-stack model (d) fully resident — compute only — and (e) streamed under a
+//! VRAM budget of a third of its size, for a transfer-bound (small batch) and a
+//! compute-bound (large batch) configuration: streamed / bound, bytes moved per step,
+//! and the streamed H2D rate against (a).
+//!
+//! The model is a 1 GiB linear stack (16 blocks of 4 × 2048² f32 layers, 64 MiB
+//! blocks) in its own cache folder, so blocks are large enough that a copy, not the
+//! per-block message round trip, is what a streamed step waits on. The transfer-bound
+//! configuration is checked against the CPU reference; the compute-bound one's batch
+//! would take the CPU minutes, so its resident GPU output is the streamed run's check.
+//!
+//! `--json` prints one JSON object on stdout and the Markdown tables on stderr after a
+//! `<!-- bench-cuda-markdown -->` line, which `scripts/gpu-check.sh` copies into its
+//! report; without `--json` the Markdown goes to stdout.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::Serialize;
+use stagehand_actors::{Link, ResidencyPolicy};
 
 use super::{CommandResult, Failure};
-use crate::device::cuda::{bench::link_figures, CudaDevice};
+use crate::device::cuda::bench::{link_figures, LinkFigures};
+use crate::device::cuda::run::{execute_cuda_with, CudaOutcome, CudaRunOptions};
+use crate::device::cuda::{tolerance, CudaDevice, DType};
+use crate::model::demo::DemoSpec;
+use crate::model::ModelIndex;
+use crate::run::{
+    available_ram_bytes, default_cache_dir, ensure_demo_model, no_observer, prepare, Budgets,
+    Prepared, RunError, RunPlan, WorkloadKind,
+};
 use crate::settings::Settings;
+use crate::workload::bound::{LinkRates, StepBound};
+use crate::workload::driver::Workload;
+use crate::workload::linear_stack::LinearStack;
 
-/// Bytes each link loop moves.
+/// Bytes each link loop copies at once.
 const LINK_BYTES: u64 = 1 << 30;
+/// The bench model: 16 × 4 × 2048² f32 = 1 GiB, 64 MiB blocks.
+const BENCH_SPEC: DemoSpec = DemoSpec {
+    blocks: 16,
+    layers_per_block: 4,
+    dim: 2048,
+    seed: 0x5747_4e44,
+};
+/// Rows per forward pass: small enough that copies dominate, large enough that the
+/// GPU, not the launch rate, sets the compute time.
+const TRANSFER_BATCH: usize = 16;
+const COMPUTE_BATCH: usize = 4096;
+/// Steps per run; the first (cold) one is left out of the steady figures.
+const STEPS: u64 = 6;
+/// Marker before the Markdown on stderr in `--json` mode.
+pub const MARKDOWN_MARKER: &str = "<!-- bench-cuda-markdown -->";
 
-pub fn execute(_settings: &Settings, json: bool) -> CommandResult {
-    let device = CudaDevice::open(0).map_err(Failure::bad_input)?;
-    let figures = link_figures(&device, LINK_BYTES).map_err(Failure::run_failed)?;
+#[derive(Debug, Serialize)]
+pub struct ModelFigures {
+    pub path: PathBuf,
+    pub bytes: u64,
+    pub blocks: u32,
+    pub block_bytes: u64,
+    pub dim: u32,
+    pub layers_per_block: u32,
+}
+
+/// (d) and (e) for one batch size.
+#[derive(Debug, Serialize)]
+pub struct Configuration {
+    pub name: &'static str,
+    pub batch: usize,
+    /// What each step's output was checked against, and the worst normalised error.
+    pub checked_against: &'static str,
+    pub max_normalised_error: f32,
+    pub tolerance: f32,
+    /// (d) fully resident: steady step and its device compute time.
+    pub resident_step_seconds: f64,
+    pub resident_compute_seconds: f64,
+    /// (e) streamed under the small budget.
+    pub streamed_step_seconds: f64,
+    pub streamed_compute_seconds: f64,
+    pub vram_budget_bytes: u64,
+    pub resident_bytes: u64,
+    pub bound_seconds: f64,
+    pub bound_limited_by: &'static str,
+    pub streamed_over_bound: f64,
+    pub streamed_bytes_per_step_planned: u64,
+    /// Pinned → VRAM bytes per steady step, from the session's counters.
+    pub pinned_to_vram_bytes_per_step: f64,
+    pub disk_bytes_per_step: f64,
+    /// Bytes moved per steady step over the streamed step's time, and that over (a).
+    pub streamed_h2d_bytes_per_second: f64,
+    pub streamed_h2d_over_pinned_peak: f64,
+    /// The driver's used figure over its pre-weights baseline, at its peak, against
+    /// budget + vram_headroom.
+    pub vram_peak_over_baseline_bytes: u64,
+    pub vram_budget_plus_headroom_bytes: u64,
+    pub vram_within_budget_and_headroom: bool,
+}
+
+#[derive(Debug, Serialize)]
+pub struct BenchCuda {
+    pub device: String,
+    pub link: LinkFigures,
+    pub model: ModelFigures,
+    pub prefetch_depth: u32,
+    pub pin_ceiling_bytes: u64,
+    pub configurations: Vec<Configuration>,
+    pub seconds: f64,
+}
+
+fn run_error(error: RunError) -> Failure {
+    match error {
+        RunError::BadInput(message) => Failure::bad_input(anyhow::anyhow!(message)),
+        RunError::Failed(message) => Failure::run_failed(anyhow::anyhow!(message)),
+    }
+}
+
+struct Bench<'a> {
+    settings: &'a Settings,
+    device: Arc<CudaDevice>,
+    link: LinkFigures,
+    model: PathBuf,
+    model_bytes: u64,
+    pin_ceiling_bytes: u64,
+}
+
+impl Bench<'_> {
+    fn run(
+        &self,
+        prepared: &Prepared,
+        vram_budget_bytes: u64,
+        check_first_step: bool,
+        resident: bool,
+    ) -> Result<CudaOutcome, Failure> {
+        execute_cuda_with(
+            prepared,
+            RunPlan {
+                settings: self.settings,
+                budgets: Budgets {
+                    vram_budget_bytes,
+                    pin_ceiling_bytes: self.pin_ceiling_bytes,
+                },
+                prefetch_depth: self.settings.prefetch_depth,
+                policy: ResidencyPolicy::Planned,
+                steps: STEPS,
+                stop: Arc::new(AtomicBool::new(false)),
+                observer: no_observer(),
+                on_step: Box::new(|_, _| {}),
+                fail_after_reads: None,
+            },
+            CudaRunOptions {
+                device: Some(self.device.clone()),
+                link: Some(self.link.clone()),
+                check_first_step,
+                skip_read_rate: resident,
+            },
+        )
+        .map_err(run_error)
+    }
+
+    /// (d) then (e) for `batch`. With `cpu_reference` the CPU backend's result checks
+    /// both; without, the resident run's first step checks itself and then the
+    /// streamed run.
+    fn configuration(
+        &self,
+        name: &'static str,
+        batch: usize,
+        cpu_reference: bool,
+    ) -> Result<Configuration, Failure> {
+        eprintln!("bench cuda: {name} (batch {batch}): resident, then streamed");
+        let prepared = if cpu_reference {
+            prepare(
+                &self.model,
+                WorkloadKind::LinearStack,
+                batch,
+                self.settings,
+                true,
+            )
+            .map_err(run_error)?
+        } else {
+            prepared_with_reference(&self.model, batch, Vec::new())?
+        };
+        // Room for every block, with the arena's per-block alignment.
+        let resident = self.run(
+            &prepared,
+            self.model_bytes + (64 << 20),
+            !cpu_reference,
+            true,
+        )?;
+        let streamed_prepared = match (&resident.last_output, cpu_reference) {
+            (Some(output), false) => prepared_with_reference(&self.model, batch, output.clone())?,
+            _ => prepared,
+        };
+        let streamed = self.run(&streamed_prepared, self.model_bytes / 3, false, false)?;
+        Ok(self.figures(name, batch, cpu_reference, &resident, &streamed))
+    }
+
+    fn figures(
+        &self,
+        name: &'static str,
+        batch: usize,
+        cpu_reference: bool,
+        resident: &CudaOutcome,
+        streamed: &CudaOutcome,
+    ) -> Configuration {
+        let report = &streamed.outcome.report;
+        let resident_step_seconds = resident.outcome.report.steady_step_seconds();
+        let streamed_step_seconds = report.steady_step_seconds();
+        let bound = StepBound::new(
+            resident_step_seconds,
+            report.plan.vram.streamed_bytes_per_step as f64,
+            report.plan.pins.disk_bytes_per_step as f64,
+            LinkRates {
+                copy_bytes_per_second: self.link.pinned_h2d_bytes_per_second,
+                read_bytes_per_second: streamed.outcome.rates.read_bytes_per_second,
+            },
+        );
+        let moved = report.steady_bytes_per_step(Link::PinnedToVram);
+        let streamed_h2d = moved / streamed_step_seconds.max(1e-12);
+        let errors = resident
+            .normalised_errors
+            .iter()
+            .chain(&streamed.normalised_errors);
+        let vram = &streamed.vram;
+        Configuration {
+            name,
+            batch,
+            checked_against: if cpu_reference {
+                "the CPU backend's fully-resident reference"
+            } else {
+                "the resident GPU run's output"
+            },
+            max_normalised_error: errors.fold(0f32, |max, error| max.max(*error)),
+            tolerance: tolerance(DType::F32),
+            resident_step_seconds,
+            resident_compute_seconds: resident.outcome.report.steady_compute_seconds(),
+            streamed_step_seconds,
+            streamed_compute_seconds: report.steady_compute_seconds(),
+            vram_budget_bytes: streamed.outcome.budgets.vram_budget_bytes,
+            resident_bytes: report.plan.vram.resident_bytes,
+            bound_seconds: bound.seconds(),
+            bound_limited_by: bound.limited_by(),
+            streamed_over_bound: streamed_step_seconds / bound.seconds().max(1e-12),
+            streamed_bytes_per_step_planned: report.plan.vram.streamed_bytes_per_step,
+            pinned_to_vram_bytes_per_step: moved,
+            disk_bytes_per_step: report.steady_bytes_per_step(Link::DiskToPinned)
+                + report.steady_bytes_per_step(Link::DiskToVram),
+            streamed_h2d_bytes_per_second: streamed_h2d,
+            streamed_h2d_over_pinned_peak: streamed_h2d / self.link.pinned_h2d_bytes_per_second,
+            vram_peak_over_baseline_bytes: vram.peak_over_baseline_bytes,
+            vram_budget_plus_headroom_bytes: vram.budget.budget_bytes + vram.vram_headroom_bytes,
+            vram_within_budget_and_headroom: vram.within_budget_and_headroom,
+        }
+    }
+}
+
+/// A linear-stack run of `model` at `batch` whose steps are checked against
+/// `reference` (or, empty, against the first step).
+fn prepared_with_reference(
+    model: &Path,
+    batch: usize,
+    reference: Vec<f32>,
+) -> Result<Prepared, Failure> {
+    let index = ModelIndex::open(model, None).map_err(Failure::bad_input)?;
+    let stack = LinearStack::from_index(&index, batch).map_err(Failure::bad_input)?;
+    Ok(Prepared {
+        index,
+        workload: Workload::LinearStack {
+            model: stack,
+            reference,
+            lora: Vec::new(),
+        },
+        is_demo: true,
+    })
+}
+
+/// Pin room for the whole model plus the staging ring, within what the host can spare,
+/// so the streamed configuration measures the PCIe link and not disk reads.
+fn bench_pin_ceiling(settings: &Settings, model_bytes: u64, block_bytes: u64) -> u64 {
+    if let Some(ceiling) = settings.pin_ceiling {
+        return ceiling.as_u64();
+    }
+    let wanted = model_bytes + u64::from(settings.prefetch_depth + 2) * block_bytes;
+    match available_ram_bytes() {
+        Some(available) => wanted.min(available.saturating_sub(settings.ram_floor.as_u64())),
+        None => wanted,
+    }
+}
+
+pub fn execute(settings: &Settings, json: bool) -> CommandResult {
+    let started = Instant::now();
+    let device = Arc::new(CudaDevice::open(0).map_err(Failure::bad_input)?);
+    eprintln!(
+        "bench cuda: {} ({}): link figures",
+        stagehand_actors::Device::name(device.as_ref()),
+        device.device_name()
+    );
+    let link = link_figures(&device, LINK_BYTES).map_err(Failure::run_failed)?;
+    let cache = default_cache_dir().join("bench-cuda");
+    let model = ensure_demo_model(&cache, &BENCH_SPEC).map_err(run_error)?;
+    let model_bytes = BENCH_SPEC.total_bytes();
+    let pin_ceiling_bytes = bench_pin_ceiling(settings, model_bytes, BENCH_SPEC.block_bytes());
+    let bench = Bench {
+        settings,
+        device: device.clone(),
+        link: link.clone(),
+        model: model.clone(),
+        model_bytes,
+        pin_ceiling_bytes,
+    };
+    let configurations = vec![
+        bench.configuration("transfer-bound", TRANSFER_BATCH, true)?,
+        bench.configuration("compute-bound", COMPUTE_BATCH, false)?,
+    ];
+    let result = BenchCuda {
+        device: link.device.clone(),
+        link,
+        model: ModelFigures {
+            path: model,
+            bytes: model_bytes,
+            blocks: BENCH_SPEC.blocks,
+            block_bytes: BENCH_SPEC.block_bytes(),
+            dim: BENCH_SPEC.dim,
+            layers_per_block: BENCH_SPEC.layers_per_block,
+        },
+        prefetch_depth: settings.prefetch_depth,
+        pin_ceiling_bytes,
+        configurations,
+        seconds: started.elapsed().as_secs_f64(),
+    };
     if json {
-        let text = serde_json::to_string_pretty(&figures).map_err(Failure::run_failed)?;
+        let text = serde_json::to_string_pretty(&result).map_err(Failure::run_failed)?;
         println!("{text}");
+        eprintln!("{MARKDOWN_MARKER}");
+        eprintln!("{}", to_markdown(&result));
     } else {
-        println!("{}", figures.to_markdown());
+        println!("{}", to_markdown(&result));
     }
     Ok(())
+}
+
+/// The report's Markdown: the link table, then one row per configuration.
+pub fn to_markdown(bench: &BenchCuda) -> String {
+    let mib = |bytes: f64| bytes / (1u64 << 20) as f64;
+    let ms = |seconds: f64| seconds * 1e3;
+    let mut out = bench.link.to_markdown();
+    out.push_str(&format!(
+        "\nlinear stack: {} MiB ({} blocks of {} MiB, {} × {}² f32 layers each), prefetch depth {}, pin ceiling {} MiB, {:.0} s in all\n\n",
+        bench.model.bytes >> 20,
+        bench.model.blocks,
+        bench.model.block_bytes >> 20,
+        bench.model.layers_per_block,
+        bench.model.dim,
+        bench.prefetch_depth,
+        bench.pin_ceiling_bytes >> 20,
+        bench.seconds,
+    ));
+    out.push_str(
+        "| configuration | batch | (d) resident ms | (e) streamed ms | bound ms (limited by) | streamed/bound | VRAM budget MiB | moved MiB/step | streamed H2D GB/s (of (a)) | VRAM over baseline MiB (≤ budget+headroom) | max error (tol) |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for row in &bench.configurations {
+        out.push_str(&format!(
+            "| {} | {} | {:.2} | {:.2} | {:.2} ({}) | {:.3} | {:.0} | {:.0} | {:.2} ({:.0} %) | {:.0} ({}) | {:.1e} ({:.0e}) |\n",
+            row.name,
+            row.batch,
+            ms(row.resident_step_seconds),
+            ms(row.streamed_step_seconds),
+            ms(row.bound_seconds),
+            row.bound_limited_by,
+            row.streamed_over_bound,
+            mib(row.vram_budget_bytes as f64),
+            mib(row.pinned_to_vram_bytes_per_step),
+            row.streamed_h2d_bytes_per_second / 1e9,
+            row.streamed_h2d_over_pinned_peak * 100.0,
+            mib(row.vram_peak_over_baseline_bytes as f64),
+            if row.vram_within_budget_and_headroom { "within" } else { "ABOVE" },
+            row.max_normalised_error,
+            row.tolerance,
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bench_model_is_a_valid_gib_stack_with_large_blocks() {
+        // Proves the bench model is the 1 GiB, 64 MiB-block stack the docs describe.
+        BENCH_SPEC.validate().unwrap();
+        assert_eq!(BENCH_SPEC.total_bytes(), 1 << 30);
+        assert_eq!(BENCH_SPEC.block_bytes(), 64 << 20);
+    }
+
+    #[test]
+    fn the_markdown_has_one_row_per_configuration_with_its_ratios() {
+        // Proves the report carries (a)–(c) and, per configuration, (d), (e), the bound
+        // ratio, bytes per step and the streamed rate against the peak.
+        let link = LinkFigures {
+            device: "cuda:0 (Test GPU)".to_string(),
+            copy_bytes: 1 << 30,
+            copies_per_loop: 4,
+            pinned_h2d_bytes_per_second: 50e9,
+            pageable_h2d_bytes_per_second: 20e9,
+            pageable_over_pinned: 0.4,
+            register_seconds_per_gib: 0.2,
+            unregister_seconds_per_gib: 0.1,
+        };
+        let row = Configuration {
+            name: "transfer-bound",
+            batch: 16,
+            checked_against: "cpu",
+            max_normalised_error: 2e-6,
+            tolerance: 1e-4,
+            resident_step_seconds: 0.002,
+            resident_compute_seconds: 0.0015,
+            streamed_step_seconds: 0.0198,
+            streamed_compute_seconds: 0.0015,
+            vram_budget_bytes: 341 << 20,
+            resident_bytes: 128 << 20,
+            bound_seconds: 0.018,
+            bound_limited_by: "copy to VRAM",
+            streamed_over_bound: 1.1,
+            streamed_bytes_per_step_planned: 896 << 20,
+            pinned_to_vram_bytes_per_step: (896u64 << 20) as f64,
+            disk_bytes_per_step: 0.0,
+            streamed_h2d_bytes_per_second: 47.45e9,
+            streamed_h2d_over_pinned_peak: 0.949,
+            vram_peak_over_baseline_bytes: 342 << 20,
+            vram_budget_plus_headroom_bytes: 341 << 20,
+            vram_within_budget_and_headroom: false,
+        };
+        let bench = BenchCuda {
+            device: link.device.clone(),
+            link,
+            model: ModelFigures {
+                path: PathBuf::from("m"),
+                bytes: 1 << 30,
+                blocks: 16,
+                block_bytes: 64 << 20,
+                dim: 2048,
+                layers_per_block: 4,
+            },
+            prefetch_depth: 2,
+            pin_ceiling_bytes: 1280 << 20,
+            configurations: vec![row],
+            seconds: 12.0,
+        };
+        let markdown = to_markdown(&bench);
+        assert!(
+            markdown.contains("| (a) pinned H2D | 50.00 GB/s |"),
+            "{markdown}"
+        );
+        assert!(markdown.contains("| transfer-bound | 16 | 2.00 | 19.80 | 18.00 (copy to VRAM) | 1.100 | 341 | 896 | 47.45 (95 %) | 342 (ABOVE) |"), "{markdown}");
+        let json = serde_json::to_value(&bench).unwrap();
+        assert_eq!(json["configurations"][0]["streamed_over_bound"], 1.1);
+        assert_eq!(json["link"]["pinned_h2d_bytes_per_second"], 50e9);
+    }
 }

@@ -131,6 +131,41 @@ impl ChecksumKernel {
         })
     }
 
+    /// Queues the sum of word terms of `length_bytes` bytes at `data`, added into the
+    /// device u64 at `sum_out` (which the caller zeroed), after everything already on
+    /// the compute stream. Nothing waits: read `sum_out` back after the stream passes
+    /// and finish it with [`finish`]. Lets a run checksum every block of a step and
+    /// read all sums back once.
+    pub fn queue_sum(
+        &self,
+        data: DevicePtr,
+        length_bytes: u64,
+        sum_out: DevicePtr,
+    ) -> Result<(), CudaError> {
+        if (length_bytes > 0 && data.0 == 0) || sum_out.0 == 0 {
+            return Err(CudaError::InvalidArgument(
+                "checksum of or into a null device pointer".to_string(),
+            ));
+        }
+        let words = length_bytes.div_ceil(4);
+        let blocks = words
+            .div_ceil(u64::from(BLOCK_THREADS))
+            .clamp(1, GRID_BLOCKS_MAX) as u32;
+        let config = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (BLOCK_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (address, sum_address) = (data.0, sum_out.0);
+        let mut launch = self.device_stream.launch_builder(&self.function);
+        launch.arg(&address).arg(&length_bytes).arg(&sum_address);
+        // SAFETY: the kernel's parameters are (pointer, u64, pointer) and we pass three
+        // u64 values; the caller names a device range of `length_bytes` and an 8-byte
+        // aligned u64 it allocated, both alive until the compute stream passes.
+        unsafe { launch.launch(config) }.map_err(CudaError::driver("cuLaunchKernel"))?;
+        Ok(())
+    }
+
     /// Checksums `length_bytes` bytes of device memory at `data`, after everything
     /// already queued on the compute stream, and waits for the answer.
     pub fn checksum(&self, data: DevicePtr, length_bytes: u64) -> Result<u64, CudaError> {

@@ -35,14 +35,26 @@ impl Event {
     /// Creates an event and records it on `stream`: it completes once all work queued
     /// on the stream so far has completed.
     pub fn record(stream: &CudaStream) -> Result<Self, CudaError> {
+        // Blocking sync makes the waiter thread sleep in the driver instead of spinning
+        // a core for the length of every transfer; timing is not needed.
+        Self::record_with_flags(
+            stream,
+            sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC as u32
+                | sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
+        )
+    }
+
+    /// As [`Event::record`], but with timing enabled so [`Event::seconds_since`] can
+    /// measure the device time between two such events (the run's compute time).
+    pub fn record_timed(stream: &CudaStream) -> Result<Self, CudaError> {
+        Self::record_with_flags(stream, sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC as u32)
+    }
+
+    fn record_with_flags(stream: &CudaStream, flags: u32) -> Result<Self, CudaError> {
         let context = stream.context().clone();
         context
             .bind_to_thread()
             .map_err(CudaError::driver("cuCtxSetCurrent"))?;
-        // Blocking sync makes the waiter thread sleep in the driver instead of spinning
-        // a core for the length of every transfer; timing is not needed.
-        let flags = sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC as u32
-            | sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
         let mut event = std::ptr::null_mut();
         // SAFETY: `event` is a valid out-pointer; the context is current.
         unsafe { sys::cuEventCreate(&mut event, flags) }
@@ -54,6 +66,31 @@ impl Event {
             .result()
             .map_err(CudaError::driver("cuEventRecord"))?;
         Ok(event)
+    }
+
+    /// True once the work recorded before the event has completed; never blocks.
+    pub fn query(&self) -> Result<bool, CudaError> {
+        make_current(&self.context)?;
+        // SAFETY: the event is live.
+        match unsafe { sys::cuEventQuery(self.event) } {
+            sys::cudaError_enum::CUDA_SUCCESS => Ok(true),
+            sys::cudaError_enum::CUDA_ERROR_NOT_READY => Ok(false),
+            error => Err(CudaError::driver("cuEventQuery")(
+                cudarc::driver::DriverError(error),
+            )),
+        }
+    }
+
+    /// Device seconds from `start` to this event; both must come from
+    /// [`Event::record_timed`] and have completed.
+    pub fn seconds_since(&self, start: &Event) -> Result<f64, CudaError> {
+        make_current(&self.context)?;
+        let mut milliseconds = 0f32;
+        // SAFETY: both events are live, timed and (the caller guarantees) complete.
+        unsafe { sys::cuEventElapsedTime_v2(&mut milliseconds, start.event, self.event) }
+            .result()
+            .map_err(CudaError::driver("cuEventElapsedTime"))?;
+        Ok(f64::from(milliseconds) / 1e3)
     }
 
     pub fn raw(&self) -> sys::CUevent {

@@ -20,7 +20,12 @@
 //! - Workloads: [`CublasLinear::forward`] (checked against [`reference_forward`] within
 //!   [`tolerance`]) and [`ChecksumKernel::checksum`] (equal to [`checksum_cpu`]).
 //! - [`bench::link_figures`]: pinned and pageable H2D, registration cost.
+//! - [`run::execute_cuda`]: `stagehand run --device cuda` (the session with this device,
+//!   the CUDA driver loop, the linear stack as cuBLAS + [`RmsNormKernel`] checked against
+//!   the CPU reference, stream-verify against [`expected_checksums_cuda`]).
+//! - [`pick_auto`]: what `--device auto` resolves to, with the line to print.
 
+mod auto;
 pub mod bench;
 mod budget;
 mod cast_buffer;
@@ -33,7 +38,13 @@ mod floats;
 mod library;
 mod linear;
 mod pinned;
+mod rmsnorm;
+pub mod run;
+mod stack;
+mod stepper;
+mod verify;
 
+pub use auto::{choose as choose_auto, pick_auto, AutoChoice};
 pub use budget::{vram_budget, BudgetError, BudgetInputs, BudgetLimit, VramBudget};
 pub use cast_buffer::CastBuffer;
 pub use checksum::{
@@ -49,3 +60,7 @@ pub use linear::{
     normalised_error, reference_forward, tolerance, CublasLinear, DeviceLayer, LayerShape,
 };
 pub use pinned::{allocate_registered, register_buffer, HostRegistration};
+pub use rmsnorm::{rmsnorm_rows, RmsNormKernel, RMS_EPSILON};
+pub use stack::{layer_cpu, layer_offsets, LinearStackGpu};
+pub use stepper::{GpuWork, OutputCheck, StepError};
+pub use verify::{expected_checksums_cuda, read_block, ChecksumMismatch, StreamVerifyGpu};
