@@ -8,17 +8,23 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use stagehand_actors::{
-    BlockId, Device, NoObserver, Observer, ResidencyPolicy, Session, SessionConfig, Storage,
+    BlockId, Device, ExpertConfig, ExpertPolicy, NoObserver, Observer, ResidencyPolicy, Session,
+    SessionConfig, Storage,
 };
 
 use crate::device::CpuDevice;
+use crate::lora::LoraSpec;
 use crate::model::demo::{write_linear_stack, DemoSpec};
 use crate::model::ModelIndex;
 use crate::settings::Settings;
 use crate::storage::{open_storage, StorageFile, StorageOptions};
 use crate::workload::bound::{measure_rates, LinkRates, StepBound};
 use crate::workload::driver::{drive, DriverOptions, RunReport, Workload};
+use crate::workload::driver::LoraPhase;
 use crate::workload::linear_stack::LinearStack;
+use crate::workload::lora_set::LoraSet;
+use crate::workload::moe::{HintMode, MoeRun};
+use crate::workload::moe_model::{write_moe_model, MoeLayout, MoeSpec, MOE_FILE};
 use crate::workload::stream_verify::expected_checksums;
 use crate::workload::WorkloadError;
 
@@ -33,6 +39,34 @@ pub enum WorkloadKind {
     Auto,
     LinearStack,
     StreamVerify,
+    /// The generated mixture-of-experts model: experts acquired as routed, through an
+    /// expert cache with speculative prefetch.
+    Moe,
+}
+
+/// What a run adds to its workload: LoRA adapters (linear-stack) or the MoE knobs.
+#[derive(Debug, Clone, Default)]
+pub struct Extras {
+    pub loras: Vec<LoraSpec>,
+    pub moe: MoeOptions,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct MoeOptions {
+    pub policy: ExpertPolicy,
+    pub hint: HintMode,
+    /// Expert cache slots; `None`: as many as the budget leaves after the dense blocks.
+    pub slots: Option<u32>,
+}
+
+impl Default for MoeOptions {
+    fn default() -> Self {
+        Self {
+            policy: ExpertPolicy::default(),
+            hint: HintMode::NextLayer,
+            slots: None,
+        }
+    }
 }
 
 /// Why a run could not be set up (exit 2) or failed (exit 1).
@@ -42,6 +76,18 @@ pub enum RunError {
     BadInput(String),
     #[error("{0}")]
     Failed(String),
+}
+
+/// The MoE demo model in the cache directory, written if missing or different.
+pub fn ensure_moe_model(cache_dir: &Path, spec: &MoeSpec) -> Result<PathBuf, RunError> {
+    let path = cache_dir.join(MOE_FILE);
+    if let Ok(index) = ModelIndex::open(&path, None) {
+        if MoeSpec::from_metadata(&index.metadata).as_ref() == Some(spec) {
+            return Ok(path);
+        }
+    }
+    tracing::info!("writing the MoE demo model to {}", path.display());
+    write_moe_model(cache_dir, spec).map_err(|error| RunError::Failed(error.to_string()))
 }
 
 /// The demo model in the cache directory, written if missing or different.
@@ -94,6 +140,18 @@ pub fn prepare(
     settings: &Settings,
     is_demo: bool,
 ) -> Result<Prepared, RunError> {
+    prepare_with(model, kind, batch, settings, is_demo, &Extras::default())
+}
+
+/// As [`prepare`], with LoRA adapters or MoE options.
+pub fn prepare_with(
+    model: &Path,
+    kind: WorkloadKind,
+    batch: usize,
+    settings: &Settings,
+    is_demo: bool,
+    extras: &Extras,
+) -> Result<Prepared, RunError> {
     let index = ModelIndex::open(model, settings.block_pattern.as_deref())
         .map_err(|error| RunError::BadInput(error.to_string()))?;
     if index.blocks.is_empty() {
@@ -103,11 +161,18 @@ pub fn prepare(
         )));
     }
     let demo = DemoSpec::from_metadata(&index.metadata).is_some();
+    let moe = MoeSpec::from_metadata(&index.metadata);
     let kind = match kind {
+        WorkloadKind::Auto if moe.is_some() => WorkloadKind::Moe,
         WorkloadKind::Auto if demo => WorkloadKind::LinearStack,
         WorkloadKind::Auto => WorkloadKind::StreamVerify,
         other => other,
     };
+    if !extras.loras.is_empty() && kind != WorkloadKind::LinearStack {
+        return Err(RunError::BadInput(
+            "--lora applies to the linear-stack workload (the demo model); drop --lora or use --workload linear-stack".to_string(),
+        ));
+    }
     let workload = match kind {
         WorkloadKind::LinearStack => {
             let model = LinearStack::from_index(&index, batch)
@@ -115,7 +180,39 @@ pub fn prepare(
             let reference = model
                 .reference(&index)
                 .map_err(|error| RunError::Failed(error.to_string()))?;
-            Workload::LinearStack { model, reference }
+            let mut lora = Vec::new();
+            if !extras.loras.is_empty() {
+                let set = LoraSet::load(&model, &index, &extras.loras)
+                    .map_err(|error| RunError::BadInput(error.to_string()))?;
+                let reference = model
+                    .reference_merged(&index, Some(&set))
+                    .map_err(|error| RunError::Failed(error.to_string()))?;
+                lora.push(LoraPhase {
+                    from_step: 0,
+                    set,
+                    reference,
+                });
+            }
+            Workload::LinearStack {
+                model,
+                reference,
+                lora,
+            }
+        }
+        WorkloadKind::Moe => {
+            let spec = moe.ok_or_else(|| {
+                RunError::BadInput(format!(
+                    "{} is not a generated MoE model (no stagehand.kind = moe metadata); run `stagehand run --workload moe` without --model to use the demo one",
+                    model.display()
+                ))
+            })?;
+            let layout = MoeLayout::new(&index, spec)
+                .map_err(|error| RunError::BadInput(error.to_string()))?;
+            let mut run = MoeRun::new(&index, layout, batch, extras.moe.hint)
+                .map_err(|error| RunError::BadInput(error.to_string()))?;
+            run.policy = extras.moe.policy;
+            run.slots = extras.moe.slots;
+            Workload::Moe(run)
         }
         _ => Workload::StreamVerify {
             names: index
@@ -235,9 +332,19 @@ pub fn execute(prepared: &Prepared, plan: RunPlan<'_>) -> Result<Outcome, RunErr
         policy: plan.policy,
         max_reads_in_flight: (settings.reader_threads as usize).max(2),
     };
-    let order: Vec<BlockId> = (0..layout.len() as u32).map(BlockId).collect();
-    let session = Session::start(
+    let (layout, order, experts) = match &prepared.workload {
+        Workload::Moe(run) => {
+            let experts = expert_config(run, &config)?;
+            (run.model.layout.clone(), run.model.order(), Some(experts))
+        }
+        _ => {
+            let order: Vec<BlockId> = (0..layout.len() as u32).map(BlockId).collect();
+            (layout, order, None)
+        }
+    };
+    let session = Session::start_with_experts(
         config,
+        experts,
         layout.clone(),
         order,
         device.clone(),
@@ -266,7 +373,9 @@ pub fn execute(prepared: &Prepared, plan: RunPlan<'_>) -> Result<Outcome, RunErr
             }
         ))
     })?;
-    let rates = measure_rates(&device, &storage, &layout).map_err(RunError::Failed)?;
+    let rates = measure_rates(&device, &storage, &layout, |index| {
+        !report.plan.pins.is_cached(stagehand_actors::BlockId(index as u32))
+    }).map_err(RunError::Failed)?;
     let bound = StepBound::new(
         report.steady_compute_seconds(),
         report.plan.vram.streamed_bytes_per_step as f64,
@@ -281,6 +390,42 @@ pub fn execute(prepared: &Prepared, plan: RunPlan<'_>) -> Result<Outcome, RunErr
         model_bytes,
         device: device.name(),
         storage: storage.name(),
+    })
+}
+
+/// The expert cache of an MoE run: the dense blocks (used by every token) stay
+/// resident if they fit beside at least `2 × top_k` expert slots; the rest of the
+/// budget is expert slots.
+fn expert_config(run: &MoeRun, config: &SessionConfig) -> Result<ExpertConfig, RunError> {
+    let align = |bytes: u64| bytes.div_ceil(256) * 256;
+    let spec = run.model.spec;
+    let expert_bytes = align(spec.expert_bytes());
+    let dense_bytes = align(run.model.dense_bytes());
+    let budget = config.vram_budget_bytes;
+    let all_dense = dense_bytes * u64::from(spec.layers);
+    let ring = dense_bytes * u64::from(config.prefetch_depth + 1);
+    let minimum = u64::from(2 * spec.top_k);
+    let total_experts = u64::from(spec.layers * spec.experts);
+    let room = |reserved: u64| budget.saturating_sub(reserved) / expert_bytes;
+    let slots = match run.slots {
+        Some(slots) => u64::from(slots),
+        None if room(all_dense) >= minimum => room(all_dense).min(total_experts),
+        None => room(ring).min(total_experts),
+    };
+    if slots < minimum || slots * expert_bytes + ring > budget {
+        return Err(RunError::BadInput(format!(
+            "vram_budget {} is too small for this MoE model: it needs {} expert slots (2 × top-k) of {} plus a ring of {} dense blocks of {}",
+            stagehand_actors::Bytes(budget),
+            minimum,
+            stagehand_actors::Bytes(expert_bytes),
+            config.prefetch_depth + 1,
+            stagehand_actors::Bytes(dense_bytes)
+        )));
+    }
+    Ok(ExpertConfig {
+        slots: slots as u32,
+        slot_bytes: expert_bytes,
+        policy: run.policy,
     })
 }
 

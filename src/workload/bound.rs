@@ -17,12 +17,16 @@ pub struct LinkRates {
 /// Bytes each calibration loop moves (or the largest block, if larger).
 const CALIBRATION_BYTES: u64 = 128 << 20;
 
-/// Times copies of the largest block into an arena and reads of the model's blocks
-/// through the storage adapter (as warm as the run left the page cache).
+/// Times copies of the largest block into an arena, and reads through the storage
+/// adapter of the blocks the run reads from disk every step (`read_from_disk`; as warm
+/// as the run left the page cache). Blocks with a pinned copy are not read again: that
+/// would pull their pages back into the page cache the run just dropped them from.
+/// With nothing read from disk each step the read rate is 0 and does not bound a step.
 pub fn measure_rates(
     device: &Arc<dyn Device>,
     storage: &Arc<dyn Storage>,
     layout: &ModelLayout,
+    read_from_disk: impl Fn(usize) -> bool,
 ) -> Result<LinkRates, String> {
     let largest = layout.largest_block_bytes().max(1);
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -48,10 +52,12 @@ pub fn measure_rates(
     let mut read_bytes = 0u64;
     let read_started = Instant::now();
     'reads: for _ in 0..rounds {
-        for block in &layout.blocks {
-            if block.bytes > buffer.len() as u64 {
+        let mut read_any = false;
+        for (index, block) in layout.blocks.iter().enumerate() {
+            if block.bytes > buffer.len() as u64 || !read_from_disk(index) {
                 continue;
             }
+            read_any = true;
             buffer = runtime
                 .block_on(storage.read(block.extents.clone(), buffer, 0))
                 .map_err(|(error, _)| format!("calibration read: {error}"))?;
@@ -60,11 +66,18 @@ pub fn measure_rates(
                 break 'reads;
             }
         }
+        if !read_any {
+            break;
+        }
     }
     let read_seconds = read_started.elapsed().as_secs_f64();
     Ok(LinkRates {
         copy_bytes_per_second: (rounds * largest) as f64 / copy_seconds.max(1e-9),
-        read_bytes_per_second: read_bytes as f64 / read_seconds.max(1e-9),
+        read_bytes_per_second: if read_bytes > 0 {
+            read_bytes as f64 / read_seconds.max(1e-9)
+        } else {
+            0.0
+        },
     })
 }
 
@@ -81,7 +94,11 @@ impl StepBound {
         Self {
             compute_seconds,
             copy_seconds: vram_bytes / rates.copy_bytes_per_second,
-            read_seconds: disk_bytes / rates.read_bytes_per_second,
+            read_seconds: if disk_bytes > 0.0 {
+                disk_bytes / rates.read_bytes_per_second
+            } else {
+                0.0
+            },
         }
     }
 

@@ -288,7 +288,7 @@ pub fn execute_cuda_with(
     let read_bytes_per_second = if options.skip_read_rate {
         f64::INFINITY
     } else {
-        measure_rates(&device_port, &storage, &layout)
+        measure_rates(&device_port, &storage, &layout, |_| true)
             .map_err(RunError::Failed)?
             .read_bytes_per_second
     };
