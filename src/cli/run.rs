@@ -11,13 +11,16 @@ use indicatif::{ProgressBar, ProgressStyle};
 use stagehand_actors::ResidencyPolicy;
 
 use super::{CommandResult, Failure};
+use crate::lora::LoraSpec;
 use crate::model::demo::DemoSpec;
 use crate::run::summary::Summary;
 use crate::run::{
-    default_cache_dir, ensure_demo_model, no_observer, prepare, resolve_budgets, RunError, RunPlan,
-    WorkloadKind,
+    default_cache_dir, ensure_demo_model, ensure_moe_model, no_observer, prepare_with,
+    resolve_budgets, Extras, MoeOptions, RunError, RunPlan, WorkloadKind,
 };
 use crate::settings::{self, DeviceKind, SettingsArgs};
+use crate::workload::moe::HintMode;
+use crate::workload::moe_model::MoeSpec;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum PolicyArg {
@@ -47,6 +50,19 @@ pub struct RunArgs {
     /// Where the demo model is cached.
     #[arg(long, value_name = "DIR")]
     pub cache_dir: Option<PathBuf>,
+    /// Attach a LoRA adapter (PEFT or kohya safetensors) to the linear-stack model, with
+    /// an optional strength (default 1). Repeatable; checked against the merged weights.
+    #[arg(long, value_name = "FILE[:STRENGTH]", value_parser = parse_lora)]
+    pub lora: Vec<LoraSpec>,
+    /// MoE: which experts the expert cache keeps.
+    #[arg(long, value_enum, default_value = "lfu-aging")]
+    pub expert_policy: ExpertPolicyArg,
+    /// MoE: speculative expert prefetch from the next layer's routing.
+    #[arg(long, value_enum, default_value = "next-layer")]
+    pub moe_hint: HintMode,
+    /// MoE: expert cache slots (default: what the VRAM budget leaves after the dense blocks).
+    #[arg(long)]
+    pub expert_slots: Option<u32>,
     /// Print the summary as JSON.
     #[arg(long)]
     pub json: bool,
@@ -55,6 +71,28 @@ pub struct RunArgs {
     pub quiet: bool,
     #[command(flatten)]
     pub settings: SettingsArgs,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ExpertPolicyArg {
+    Lru,
+    Lfu,
+    /// LFU whose counts halve every 512 expert uses (the default; BENCHMARKS.md).
+    LfuAging,
+}
+
+impl ExpertPolicyArg {
+    fn policy(self) -> stagehand_actors::ExpertPolicy {
+        match self {
+            ExpertPolicyArg::Lru => stagehand_actors::ExpertPolicy::Lru,
+            ExpertPolicyArg::Lfu => stagehand_actors::ExpertPolicy::Lfu,
+            ExpertPolicyArg::LfuAging => stagehand_actors::ExpertPolicy::default(),
+        }
+    }
+}
+
+fn parse_lora(text: &str) -> Result<LoraSpec, String> {
+    LoraSpec::parse(text).map_err(|error| error.to_string())
 }
 
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
@@ -123,6 +161,13 @@ pub fn execute(args: RunArgs) -> CommandResult {
     }
     let (model, is_demo) = match &args.model {
         Some(path) => (path.clone(), false),
+        None if args.workload == WorkloadKind::Moe => {
+            let cache = args.cache_dir.clone().unwrap_or_else(default_cache_dir);
+            (
+                ensure_moe_model(&cache, &MoeSpec::default()).map_err(run_error)?,
+                true,
+            )
+        }
         None => {
             let cache = args.cache_dir.clone().unwrap_or_else(default_cache_dir);
             (
@@ -131,8 +176,23 @@ pub fn execute(args: RunArgs) -> CommandResult {
             )
         }
     };
-    let prepared =
-        prepare(&model, args.workload, args.batch, &settings, is_demo).map_err(run_error)?;
+    let extras = Extras {
+        loras: args.lora.clone(),
+        moe: MoeOptions {
+            policy: args.expert_policy.policy(),
+            hint: args.moe_hint,
+            slots: args.expert_slots,
+        },
+    };
+    let prepared = prepare_with(
+        &model,
+        args.workload,
+        args.batch,
+        &settings,
+        is_demo,
+        &extras,
+    )
+    .map_err(run_error)?;
     let model_bytes = prepared.index.total_bytes();
     let budgets = resolve_budgets(&settings, model_bytes, prepared.is_demo);
     let observer = match settings.metrics_addr {

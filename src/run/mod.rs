@@ -19,8 +19,8 @@ use crate::model::ModelIndex;
 use crate::settings::Settings;
 use crate::storage::{open_storage, StorageFile, StorageOptions};
 use crate::workload::bound::{measure_rates, LinkRates, StepBound};
-use crate::workload::driver::{drive, DriverOptions, RunReport, Workload};
 use crate::workload::driver::LoraPhase;
+use crate::workload::driver::{drive, DriverOptions, RunReport, Workload};
 use crate::workload::linear_stack::LinearStack;
 use crate::workload::lora_set::LoraSet;
 use crate::workload::moe::{HintMode, MoeRun};
@@ -374,8 +374,12 @@ pub fn execute(prepared: &Prepared, plan: RunPlan<'_>) -> Result<Outcome, RunErr
         ))
     })?;
     let rates = measure_rates(&device, &storage, &layout, |index| {
-        !report.plan.pins.is_cached(stagehand_actors::BlockId(index as u32))
-    }).map_err(RunError::Failed)?;
+        !report
+            .plan
+            .pins
+            .is_cached(stagehand_actors::BlockId(index as u32))
+    })
+    .map_err(RunError::Failed)?;
     let bound = StepBound::new(
         report.steady_compute_seconds(),
         report.plan.vram.streamed_bytes_per_step as f64,

@@ -1,7 +1,7 @@
 //! The run summary: what a user reads after `stagehand run`, and its JSON form.
 
 use serde::Serialize;
-use stagehand_actors::{Bytes, Link};
+use stagehand_actors::{AdapterSummary, Bytes, Link};
 
 use super::Outcome;
 
@@ -40,6 +40,20 @@ pub struct Summary {
     pub vram_bytes_after_shutdown: u64,
     pub pinned_bytes_after_shutdown: u64,
     pub step_seconds: Vec<f64>,
+    /// LoRA adapters attached, and their bytes — counted apart from `model_bytes`.
+    pub lora_adapters: Vec<AdapterSummary>,
+    pub lora_bytes: u64,
+    pub peak_vram_lora_bytes: u64,
+    pub lora_bytes_to_vram: u64,
+    /// Steps checked against the merged reference within the LoRA tolerance.
+    pub lora_tolerance_steps: u64,
+    /// MoE: expert acquires that found the expert ready / that waited for it.
+    pub expert_hits: u64,
+    pub expert_misses: u64,
+    pub expert_hit_rate: f64,
+    pub expert_hints: u64,
+    /// Peak model bytes in VRAM; never above `model_bytes`.
+    pub vram_model_bytes_after_first_step: u64,
 }
 
 impl Summary {
@@ -82,6 +96,23 @@ impl Summary {
             vram_bytes_after_shutdown: stats.vram.used_bytes,
             pinned_bytes_after_shutdown: stats.pinned.used_bytes,
             step_seconds: report.step_seconds.clone(),
+            lora_adapters: report.lora.adapters.clone(),
+            lora_bytes: report.lora.vram_bytes,
+            peak_vram_lora_bytes: report.after_first_step.vram.lora_bytes,
+            lora_bytes_to_vram: stats.pinned_to_vram.lora_bytes,
+            lora_tolerance_steps: report.tolerance_steps,
+            expert_hits: report.expert_hits,
+            expert_misses: report.expert_misses,
+            expert_hit_rate: {
+                let total = report.expert_hits + report.expert_misses;
+                if total == 0 {
+                    0.0
+                } else {
+                    report.expert_hits as f64 / total as f64
+                }
+            },
+            expert_hints: report.expert_hints,
+            vram_model_bytes_after_first_step: report.after_first_step.vram.model_bytes,
         }
     }
 
@@ -154,6 +185,30 @@ impl Summary {
             self.pin_consolidations,
             self.speculative_declined
         ));
+        if !self.lora_adapters.is_empty() {
+            let names: Vec<String> = self
+                .lora_adapters
+                .iter()
+                .map(|adapter| format!("{}:{}", adapter.name, adapter.strength))
+                .collect();
+            line(format!(
+                "  lora: {} ({} of factors, counted apart from the model; in vram {})  {} steps within {:e} of the merged reference",
+                names.join(", "),
+                bytes(self.lora_bytes),
+                bytes(self.peak_vram_lora_bytes),
+                self.lora_tolerance_steps,
+                crate::workload::lora_set::LORA_TOLERANCE
+            ));
+        }
+        if self.expert_hits + self.expert_misses > 0 {
+            line(format!(
+                "  experts: {} hits, {} misses ({:.1}% hit)  {} hinted",
+                self.expert_hits,
+                self.expert_misses,
+                100.0 * self.expert_hit_rate,
+                self.expert_hints
+            ));
+        }
         line(format!(
             "  after shutdown: vram {} pinned {} held",
             bytes(self.vram_bytes_after_shutdown),

@@ -4,9 +4,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use stagehand_actors::{BlockId, Session, SessionPlan, StatsSnapshot};
+use stagehand_actors::{BlockHandle, BlockId, LoraUsage, Session, SessionPlan, StatsSnapshot};
 
-use super::linear_stack::{first_difference, Activations, LinearStack};
+use super::linear_stack::{first_difference, first_difference_within, Activations, LinearStack};
+use super::lora_set::{LoraSet, LORA_TOLERANCE};
 use super::stream_verify::checksum;
 use super::WorkloadError;
 use crate::device::cpu::block_bytes;
@@ -16,11 +17,22 @@ pub enum Workload {
     LinearStack {
         model: LinearStack,
         reference: Vec<f32>,
+        /// LoRA sets by step; empty: no LoRA.
+        lora: Vec<LoraPhase>,
     },
+    Moe(super::moe::MoeRun),
     StreamVerify {
         names: Vec<String>,
         checksums: Vec<u64>,
     },
+}
+
+/// From `from_step` on, the run applies `set` (attached to the session when the phase
+/// starts, detached when it ends) and checks every step against `reference`.
+pub struct LoraPhase {
+    pub from_step: u64,
+    pub set: LoraSet,
+    pub reference: Vec<f32>,
 }
 
 pub struct DriverOptions {
@@ -45,6 +57,14 @@ pub struct RunReport {
     pub plan: SessionPlan,
     /// Every step's result matched the reference (bit for bit, or checksums).
     pub verified_steps: u64,
+    /// The LoRA offloader's accounting just before shutdown.
+    pub lora: LoraUsage,
+    /// Steps checked within [`LORA_TOLERANCE`] rather than bit for bit.
+    pub tolerance_steps: u64,
+    /// MoE runs: expert acquires that found the expert ready, and those that waited.
+    pub expert_hits: u64,
+    pub expert_misses: u64,
+    pub expert_hints: u64,
 }
 
 impl RunReport {
@@ -95,12 +115,18 @@ pub fn drive(
     workload: &Workload,
     mut options: DriverOptions,
 ) -> Result<RunReport, Box<(WorkloadError, StatsSnapshot)>> {
+    let phases = match workload {
+        Workload::Moe(run) => return super::moe::drive(session, run, options),
+        Workload::LinearStack { lora, .. } => &lora[..],
+        Workload::StreamVerify { .. } => &[][..],
+    };
     let order: Vec<BlockId> = session.order().to_vec();
     let plan = session.plan().clone();
     let mut activations = match workload {
         Workload::LinearStack { model, .. } => Some(model.activations()),
-        Workload::StreamVerify { .. } => None,
+        _ => None,
     };
+    let mut lora = LoraState::new(session.order().len(), phases);
     let initial = activations.as_ref().map(|a| a.x.clone());
     let mut report = RunReport {
         steps: 0,
@@ -110,6 +136,11 @@ pub fn drive(
         stats: StatsSnapshot::default(),
         plan,
         verified_steps: 0,
+        lora: LoraUsage::default(),
+        tolerance_steps: 0,
+        expert_hits: 0,
+        expert_misses: 0,
+        expert_hints: 0,
     };
     let mut step = 0u64;
     while options.steps == 0 || step < options.steps {
@@ -120,7 +151,16 @@ pub fn drive(
             activations.x.copy_from_slice(initial);
         }
         let started = Instant::now();
-        let outcome = run_step(&mut session, &order, workload, activations.as_mut(), step);
+        let outcome = lora.enter_step(&mut session, step).and_then(|()| {
+            run_step(
+                &mut session,
+                &order,
+                workload,
+                activations.as_mut(),
+                &mut lora,
+                step,
+            )
+        });
         let compute_seconds = match outcome {
             Ok(seconds) => seconds,
             Err(error) => {
@@ -133,6 +173,9 @@ pub fn drive(
         report.step_seconds.push(step_seconds);
         report.compute_seconds.push(compute_seconds);
         report.verified_steps += 1;
+        if lora.phase_set().is_some_and(|set| !set.is_empty()) {
+            report.tolerance_steps += 1;
+        }
         if step == 0 {
             report.after_first_step = session.stats();
         }
@@ -140,6 +183,7 @@ pub fn drive(
         step += 1;
     }
     report.steps = step;
+    report.lora = session.lora_usage().unwrap_or_default();
     report.stats = session.finish();
     Ok(report)
 }
@@ -150,18 +194,30 @@ fn run_step(
     order: &[BlockId],
     workload: &Workload,
     mut activations: Option<&mut Activations>,
+    lora: &mut LoraState<'_>,
     step: u64,
 ) -> Result<f64, WorkloadError> {
     let mut compute_seconds = 0.0;
+    let set = lora.phase_set();
     for &block in order {
         let handle = session.acquire(block)?;
+        let started = Instant::now();
+        let baked = match (workload, set) {
+            (Workload::LinearStack { model, .. }, Some(set)) => {
+                lora.bake_if_resident(model, set, &handle)
+            }
+            _ => Ok(()),
+        };
         // SAFETY: the handle is held until the release below, so the allocator can
         // neither evict nor overwrite this range meanwhile.
         let bytes = unsafe { block_bytes(handle.ptr, handle.bytes) };
-        let started = Instant::now();
         let result = match (workload, activations.as_deref_mut()) {
+            _ if baked.is_err() => baked,
             (Workload::LinearStack { model, .. }, Some(activations)) => {
-                model.forward_block(block.index(), bytes, activations)
+                // Resident blocks carry their patches baked in; streamed ones get them
+                // the low-rank way as they are computed.
+                let streamed_set = set.filter(|_| handle.streamed);
+                model.forward_block_patched(block.index(), bytes, activations, streamed_set)
             }
             (Workload::StreamVerify { names, checksums }, _) => {
                 if checksum(bytes) == checksums[block.index()] {
@@ -173,14 +229,21 @@ fn run_step(
                     })
                 }
             }
-            (Workload::LinearStack { .. }, None) => Ok(()),
+            _ => Ok(()),
         };
         compute_seconds += started.elapsed().as_secs_f64();
         session.release(handle);
         result?;
     }
     if let (Workload::LinearStack { reference, .. }, Some(activations)) = (workload, activations) {
-        if let Some((index, got, expected)) = first_difference(&activations.x, reference) {
+        let difference = match lora.phase() {
+            Some(phase) if !phase.set.is_empty() => {
+                first_difference_within(&activations.x, &phase.reference, LORA_TOLERANCE)
+            }
+            Some(phase) => first_difference(&activations.x, &phase.reference),
+            None => first_difference(&activations.x, reference),
+        };
+        if let Some((index, got, expected)) = difference {
             return Err(WorkloadError::Mismatch {
                 step,
                 index,
@@ -190,4 +253,89 @@ fn run_step(
         }
     }
     Ok(compute_seconds)
+}
+
+/// Which LoRA phase is attached, and which resident blocks carry it baked in.
+struct LoraState<'a> {
+    phases: &'a [LoraPhase],
+    phase: Option<usize>,
+    /// Per block: the (generation, phase) of the resident copy that was baked.
+    baked: Vec<Option<(u32, usize)>>,
+}
+
+impl<'a> LoraState<'a> {
+    fn new(blocks: usize, phases: &'a [LoraPhase]) -> Self {
+        Self {
+            phases,
+            phase: None,
+            baked: vec![None; blocks],
+        }
+    }
+
+    fn phase(&self) -> Option<&'a LoraPhase> {
+        self.phases.get(self.phase?)
+    }
+
+    fn phase_set(&self) -> Option<&'a LoraSet> {
+        self.phase().map(|phase| &phase.set)
+    }
+
+    /// At a step boundary: switches to the phase this step belongs to — detaches the
+    /// old adapters, attaches the new ones and drops baked resident copies so they
+    /// reload pristine and are baked again with the new set.
+    fn enter_step(&mut self, session: &mut Session, step: u64) -> Result<(), WorkloadError> {
+        let phases = self.phases;
+        let wanted = phases.iter().rposition(|phase| phase.from_step <= step);
+        if wanted == self.phase {
+            return Ok(());
+        }
+        if let Some(old) = self.phase.and_then(|index| phases.get(index)) {
+            for adapter in old.set.adapters() {
+                session.detach_lora(&adapter.name)?;
+            }
+        }
+        let stale: Vec<BlockId> = (0..self.baked.len())
+            .filter(|&block| self.baked[block].is_some())
+            .map(|block| BlockId(block as u32))
+            .collect();
+        if !stale.is_empty() {
+            session.invalidate(&stale)?;
+        }
+        self.baked.iter_mut().for_each(|baked| *baked = None);
+        self.phase = wanted;
+        if let Some(new) = wanted.and_then(|index| phases.get(index)) {
+            for summary in new.set.summaries() {
+                session.attach_lora(summary)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Bakes the set into a resident block's copy once per load of that copy.
+    fn bake_if_resident(
+        &mut self,
+        model: &LinearStack,
+        set: &LoraSet,
+        handle: &BlockHandle,
+    ) -> Result<(), WorkloadError> {
+        let block = handle.block.index();
+        let Some(phase) = self.phase else {
+            return Ok(());
+        };
+        if handle.streamed || !set.touches(block) {
+            return Ok(());
+        }
+        if self.baked[block] == Some((handle.generation, phase)) {
+            return Ok(());
+        }
+        // SAFETY: the handle is held, the block is resident (its range belongs to it
+        // alone until evicted, which a held block is not), and the compute thread is
+        // the only reader of that range while it holds it.
+        let bytes = unsafe {
+            std::slice::from_raw_parts_mut(handle.ptr.0 as *mut u8, handle.bytes as usize)
+        };
+        model.bake_block(block, bytes, set)?;
+        self.baked[block] = Some((handle.generation, phase));
+        Ok(())
+    }
 }

@@ -8,6 +8,7 @@ use std::os::unix::fs::FileExt;
 use crate::model::demo::DemoSpec;
 use crate::model::ModelIndex;
 
+use super::lora_set::LoraSet;
 use super::WorkloadError;
 
 /// One layer's weight inside its block's buffer.
@@ -28,6 +29,8 @@ pub struct LinearStack {
 pub struct Activations {
     pub x: Vec<f32>,
     y: Vec<f32>,
+    /// `batch × rank` scratch of the low-rank LoRA path.
+    low_rank: Vec<f32>,
 }
 
 const RMS_EPSILON: f32 = 1e-6;
@@ -111,6 +114,7 @@ impl LinearStack {
         Activations {
             x,
             y: vec![0.0; count],
+            low_rank: Vec::new(),
         }
     }
 
@@ -121,31 +125,88 @@ impl LinearStack {
         block_bytes: &[u8],
         activations: &mut Activations,
     ) -> Result<(), WorkloadError> {
+        self.forward_block_patched(block, block_bytes, activations, None)
+    }
+
+    /// As [`LinearStack::forward_block`], adding each layer's LoRA patches the low-rank
+    /// way (`y += s·(x·Aᵀ)·Bᵀ`) before the norm: the streamed-weight path.
+    pub fn forward_block_patched(
+        &self,
+        block: usize,
+        block_bytes: &[u8],
+        activations: &mut Activations,
+        lora: Option<&LoraSet>,
+    ) -> Result<(), WorkloadError> {
         let dim = self.dim();
-        let layer_values = dim * dim;
-        for layer in &self.layers[block] {
+        for (layer_number, layer) in self.layers[block].iter().enumerate() {
+            let weights = layer_weights(block, block_bytes, layer.block_offset, dim)?;
+            let Activations { x, y, low_rank } = activations;
+            gemm(weights, dim, self.batch, x, y);
+            if let Some(lora) = lora {
+                for (target, scale) in lora.patches(block, layer_number) {
+                    crate::lora::apply_low_rank(x, self.batch, target, scale, low_rank, y);
+                }
+            }
+            rms_norm(dim, y, x);
+        }
+        Ok(())
+    }
+
+    /// Bakes the LoRA set into a block's weights in place: `W ← W + s·B·A` per patch,
+    /// in adapter order — the resident-weight path and the merged reference.
+    pub fn bake_block(
+        &self,
+        block: usize,
+        block_bytes: &mut [u8],
+        lora: &LoraSet,
+    ) -> Result<(), WorkloadError> {
+        let dim = self.dim();
+        for (layer_number, layer) in self.layers[block].iter().enumerate() {
             let start = layer.block_offset as usize;
             let bytes = block_bytes
-                .get(start..start + layer_values * 4)
+                .get_mut(start..start + dim * dim * 4)
                 .ok_or_else(|| {
                     WorkloadError::Model(format!("block {block} buffer is too short"))
                 })?;
-            // SAFETY: every bit pattern is a valid f32; `align_to` only yields the
-            // aligned middle, and we insist it is the whole slice.
-            let (prefix, weights, suffix) = unsafe { bytes.align_to::<f32>() };
+            // SAFETY: every bit pattern is a valid f32; we insist the slice is aligned.
+            let (prefix, weights, suffix) = unsafe { bytes.align_to_mut::<f32>() };
             if !prefix.is_empty() || !suffix.is_empty() {
                 return Err(WorkloadError::Model(format!(
                     "block {block}: weights are not 4-byte aligned in memory"
                 )));
             }
-            linear(weights, dim, self.batch, activations);
+            for (target, scale) in lora.patches(block, layer_number) {
+                crate::lora::merge_into(weights, target, scale);
+            }
         }
         Ok(())
+    }
+
+    /// The layer of `block` whose weight starts at `block_offset`.
+    pub fn layer_at(&self, block: usize, block_offset: u64) -> Option<usize> {
+        self.layers
+            .get(block)?
+            .iter()
+            .position(|layer| layer.block_offset == block_offset)
+    }
+
+    pub fn layers_per_block(&self) -> usize {
+        self.spec.layers_per_block as usize
     }
 
     /// The fully-resident reference: every weight read straight from the file, the
     /// same arithmetic in the same order.
     pub fn reference(&self, index: &ModelIndex) -> Result<Vec<f32>, WorkloadError> {
+        self.reference_merged(index, None)
+    }
+
+    /// The fully-merged reference: every weight read from the file with the LoRA set
+    /// merged in (`W + s·B·A`), then the same forward pass.
+    pub fn reference_merged(
+        &self,
+        index: &ModelIndex,
+        lora: Option<&LoraSet>,
+    ) -> Result<Vec<f32>, WorkloadError> {
         let mut activations = self.activations();
         let files: Vec<std::fs::File> = index
             .files
@@ -176,15 +237,38 @@ impl LinearStack {
                     })?;
                 at += extent.length as usize;
             }
+            if let Some(lora) = lora {
+                self.bake_block(block_number, bytes, lora)?;
+            }
             self.forward_block(block_number, bytes, &mut activations)?;
         }
         Ok(activations.x)
     }
 }
 
-/// `x ← rmsnorm(x · Wᵀ)` for a batch of rows; `weights` is row-major [out, in].
-fn linear(weights: &[f32], dim: usize, batch: usize, activations: &mut Activations) {
-    let Activations { x, y } = activations;
+fn layer_weights(
+    block: usize,
+    block_bytes: &[u8],
+    block_offset: u64,
+    dim: usize,
+) -> Result<&[f32], WorkloadError> {
+    let start = block_offset as usize;
+    let bytes = block_bytes
+        .get(start..start + dim * dim * 4)
+        .ok_or_else(|| WorkloadError::Model(format!("block {block} buffer is too short")))?;
+    // SAFETY: every bit pattern is a valid f32; `align_to` only yields the aligned
+    // middle, and we insist it is the whole slice.
+    let (prefix, weights, suffix) = unsafe { bytes.align_to::<f32>() };
+    if !prefix.is_empty() || !suffix.is_empty() {
+        return Err(WorkloadError::Model(format!(
+            "block {block}: weights are not 4-byte aligned in memory"
+        )));
+    }
+    Ok(weights)
+}
+
+/// `y ← x · Wᵀ` for a batch of rows; `weights` is row-major [out, in].
+pub(crate) fn gemm(weights: &[f32], dim: usize, batch: usize, x: &[f32], y: &mut [f32]) {
     // SAFETY: x is batch×dim, weights dim×dim, y batch×dim, all row-major with the
     // strides given; y does not alias x or weights.
     unsafe {
@@ -205,6 +289,10 @@ fn linear(weights: &[f32], dim: usize, batch: usize, activations: &mut Activatio
             1,
         );
     }
+}
+
+/// `x ← rmsnorm(y)` row by row.
+pub(crate) fn rms_norm(dim: usize, y: &[f32], x: &mut [f32]) {
     for (row_in, row_out) in y.chunks_exact(dim).zip(x.chunks_exact_mut(dim)) {
         let mean_square = row_in.iter().map(|v| v * v).sum::<f32>() / dim as f32;
         let scale = 1.0 / (mean_square + RMS_EPSILON).sqrt();
@@ -225,4 +313,20 @@ pub fn first_difference(got: &[f32], expected: &[f32]) -> Option<(usize, f32, f3
             (got.len() != expected.len())
                 .then(|| (got.len().min(expected.len()), f32::NAN, f32::NAN))
         })
+}
+
+/// The first element where two outputs differ by more than `tolerance`.
+pub fn first_difference_within(
+    got: &[f32],
+    expected: &[f32],
+    tolerance: f32,
+) -> Option<(usize, f32, f32)> {
+    if got.len() != expected.len() {
+        return Some((got.len().min(expected.len()), f32::NAN, f32::NAN));
+    }
+    got.iter()
+        .zip(expected)
+        .enumerate()
+        .find(|(_, (a, b))| !((*a - *b).abs() <= tolerance))
+        .map(|(index, (a, b))| (index, *a, *b))
 }

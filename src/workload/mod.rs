@@ -9,6 +9,9 @@
 pub mod bound;
 pub mod driver;
 pub mod linear_stack;
+pub mod lora_set;
+pub mod moe;
+pub mod moe_model;
 pub mod stream_verify;
 
 #[derive(Debug, thiserror::Error)]

@@ -1,0 +1,277 @@
+//! The generated mixture-of-experts demo model: `layers` layers, each a dense
+//! `dim × dim` linear plus an `[experts, dim]` router (one block in the step order)
+//! and `experts` expert linears of `dim × dim` (each its own unit, outside the order).
+//! Weights are seeded per tensor; routing is drawn from a seeded skewed distribution.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use serde_json::json;
+use stagehand_actors::{BlockId, BlockLayout, Extent, FileId, ModelLayout, SkewedRouting};
+
+use super::WorkloadError;
+use crate::model::ModelIndex;
+
+pub const MOE_FILE: &str = "moe.safetensors";
+pub const MOE_KIND: &str = "moe";
+const MAX_VALUES: u64 = 1 << 32;
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MoeSpec {
+    pub layers: u32,
+    pub experts: u32,
+    pub top_k: u32,
+    pub dim: u32,
+    /// Zipf exponent of the routing.
+    pub skew: f64,
+    /// Tokens between rotations of each layer's popular experts (0: none).
+    pub drift_tokens: u32,
+    pub seed: u64,
+}
+
+impl Default for MoeSpec {
+    /// 8 layers × 16 experts of 256×256 f32, top-2: about 34 MiB.
+    fn default() -> Self {
+        Self {
+            layers: 8,
+            experts: 16,
+            top_k: 2,
+            dim: 256,
+            skew: 1.1,
+            drift_tokens: 64,
+            seed: 0x4d6f_45,
+        }
+    }
+}
+
+impl MoeSpec {
+    pub fn validate(&self) -> Result<(), WorkloadError> {
+        let values = u64::from(self.layers)
+            * (u64::from(self.experts) + 2)
+            * u64::from(self.dim)
+            * u64::from(self.dim);
+        if self.layers == 0 || self.experts == 0 || self.dim == 0 {
+            return Err(WorkloadError::Model(
+                "moe: layers, experts and dim must be at least 1".into(),
+            ));
+        }
+        if self.top_k == 0 || self.top_k > self.experts {
+            return Err(WorkloadError::Model(format!(
+                "moe: top-k {} must be between 1 and the {} experts",
+                self.top_k, self.experts
+            )));
+        }
+        if values > MAX_VALUES || !self.skew.is_finite() || self.skew < 0.0 {
+            return Err(WorkloadError::Model(format!(
+                "moe: {values} values or skew {} is out of range",
+                self.skew
+            )));
+        }
+        Ok(())
+    }
+
+    pub fn routing(&self) -> SkewedRouting {
+        SkewedRouting {
+            layers: self.layers,
+            experts: self.experts,
+            top_k: self.top_k,
+            skew: self.skew,
+            drift_tokens: self.drift_tokens,
+            seed: self.seed,
+        }
+    }
+
+    pub fn expert_bytes(&self) -> u64 {
+        u64::from(self.dim) * u64::from(self.dim) * 4
+    }
+
+    pub fn dense_name(layer: u32) -> String {
+        format!("layers.{layer}.dense.weight")
+    }
+
+    pub fn router_name(layer: u32) -> String {
+        format!("layers.{layer}.router.weight")
+    }
+
+    pub fn expert_name(layer: u32, expert: u32) -> String {
+        format!("layers.{layer}.mlp.experts.{expert}.weight")
+    }
+
+    fn metadata(&self) -> BTreeMap<String, String> {
+        BTreeMap::from([
+            ("stagehand.kind".into(), MOE_KIND.into()),
+            ("stagehand.layers".into(), self.layers.to_string()),
+            ("stagehand.experts".into(), self.experts.to_string()),
+            ("stagehand.top_k".into(), self.top_k.to_string()),
+            ("stagehand.dim".into(), self.dim.to_string()),
+            ("stagehand.skew".into(), self.skew.to_string()),
+            (
+                "stagehand.drift_tokens".into(),
+                self.drift_tokens.to_string(),
+            ),
+            ("stagehand.seed".into(), self.seed.to_string()),
+        ])
+    }
+
+    pub fn from_metadata(metadata: &BTreeMap<String, String>) -> Option<Self> {
+        if metadata.get("stagehand.kind").map(String::as_str) != Some(MOE_KIND) {
+            return None;
+        }
+        let field = |key: &str| metadata.get(key)?.parse::<u64>().ok();
+        let spec = Self {
+            layers: u32::try_from(field("stagehand.layers")?).ok()?,
+            experts: u32::try_from(field("stagehand.experts")?).ok()?,
+            top_k: u32::try_from(field("stagehand.top_k")?).ok()?,
+            dim: u32::try_from(field("stagehand.dim")?).ok()?,
+            skew: metadata.get("stagehand.skew")?.parse().ok()?,
+            drift_tokens: u32::try_from(field("stagehand.drift_tokens")?).ok()?,
+            seed: field("stagehand.seed")?,
+        };
+        spec.validate().ok().map(|()| spec)
+    }
+
+    /// Tensors in file order: per layer dense, router, then its experts.
+    fn tensors(&self) -> Vec<(String, [u32; 2])> {
+        let mut tensors = Vec::new();
+        for layer in 0..self.layers {
+            tensors.push((Self::dense_name(layer), [self.dim, self.dim]));
+            tensors.push((Self::router_name(layer), [self.experts, self.dim]));
+            for expert in 0..self.experts {
+                tensors.push((Self::expert_name(layer, expert), [self.dim, self.dim]));
+            }
+        }
+        tensors
+    }
+}
+
+/// Writes `dir/moe.safetensors` (through a temporary name) and returns its path.
+pub fn write_moe_model(dir: &Path, spec: &MoeSpec) -> Result<PathBuf, WorkloadError> {
+    spec.validate()?;
+    let io = |path: &Path, error: std::io::Error| WorkloadError::Io {
+        path: path.display().to_string(),
+        reason: error.to_string(),
+    };
+    std::fs::create_dir_all(dir).map_err(|error| io(dir, error))?;
+    let path = dir.join(MOE_FILE);
+    let temp = dir.join(format!(".{MOE_FILE}.{}.tmp", std::process::id()));
+    let result = write_file(&temp, spec)
+        .and_then(|()| std::fs::rename(&temp, &path))
+        .map_err(|error| io(&path, error));
+    if result.is_err() {
+        let _ = std::fs::remove_file(&temp);
+    }
+    result.map(|()| path)
+}
+
+fn write_file(path: &Path, spec: &MoeSpec) -> std::io::Result<()> {
+    let tensors = spec.tensors();
+    let mut header = serde_json::Map::new();
+    header.insert("__metadata__".into(), json!(spec.metadata()));
+    let mut offset = 0u64;
+    for (name, shape) in &tensors {
+        let end = offset + u64::from(shape[0]) * u64::from(shape[1]) * 4;
+        header.insert(
+            name.clone(),
+            json!({"dtype": "F32", "shape": shape, "data_offsets": [offset, end]}),
+        );
+        offset = end;
+    }
+    let mut header = serde_json::Value::Object(header).to_string().into_bytes();
+    while header.len() % 8 != 0 {
+        header.push(b' ');
+    }
+    let mut writer = BufWriter::with_capacity(1 << 20, File::create(path)?);
+    writer.write_all(&(header.len() as u64).to_le_bytes())?;
+    writer.write_all(&header)?;
+    let bound = 1.0 / (spec.dim as f32).sqrt();
+    for (number, (_, shape)) in tensors.iter().enumerate() {
+        let mut state = spec.seed ^ (number as u64).wrapping_mul(0xA24B_AED4_963E_E407);
+        let values = u64::from(shape[0]) * u64::from(shape[1]);
+        for _ in 0..values {
+            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            let unit = ((z ^ (z >> 31)) >> 40) as f32 / (1u64 << 24) as f32;
+            writer.write_all(&((unit * 2.0 - 1.0) * bound).to_le_bytes())?;
+        }
+    }
+    let file = writer.into_inner().map_err(|error| error.into_error())?;
+    file.sync_all()
+}
+
+/// The scheduler's units: dense blocks `0..layers` (the step order), then each expert
+/// as its own unit at `layers + layer·experts + expert`.
+#[derive(Debug, Clone)]
+pub struct MoeLayout {
+    pub spec: MoeSpec,
+    pub layout: ModelLayout,
+    /// Where the router starts inside a dense block's buffer.
+    pub router_offset: u64,
+}
+
+impl MoeLayout {
+    pub fn new(index: &ModelIndex, spec: MoeSpec) -> Result<Self, WorkloadError> {
+        let extent = |name: &str, shape: [u32; 2]| -> Result<Extent, WorkloadError> {
+            let tensor = index.tensor(name).ok_or_else(|| {
+                WorkloadError::Model(format!(
+                    "{}: tensor {name} is missing",
+                    index.path.display()
+                ))
+            })?;
+            let expected = [shape[0] as usize, shape[1] as usize];
+            if tensor.dtype != "F32" || tensor.shape != expected {
+                return Err(WorkloadError::Model(format!(
+                    "{name}: expected F32 {expected:?}, found {} {:?}",
+                    tensor.dtype, tensor.shape
+                )));
+            }
+            Ok(Extent {
+                file: FileId(tensor.file as u32),
+                offset: tensor.offset,
+                length: tensor.bytes,
+            })
+        };
+        let mut blocks = Vec::new();
+        for layer in 0..spec.layers {
+            let dense = extent(&MoeSpec::dense_name(layer), [spec.dim, spec.dim])?;
+            let router = extent(&MoeSpec::router_name(layer), [spec.experts, spec.dim])?;
+            blocks.push(BlockLayout::new(
+                format!("layers.{layer}"),
+                vec![dense, router],
+            ));
+        }
+        for layer in 0..spec.layers {
+            for expert in 0..spec.experts {
+                let weight = extent(&MoeSpec::expert_name(layer, expert), [spec.dim, spec.dim])?;
+                blocks.push(BlockLayout::new(
+                    format!("layers.{layer}.experts.{expert}"),
+                    vec![weight],
+                ));
+            }
+        }
+        Ok(Self {
+            spec,
+            layout: ModelLayout { blocks },
+            router_offset: spec.expert_bytes(),
+        })
+    }
+
+    pub fn dense_block(&self, layer: u32) -> BlockId {
+        BlockId(layer)
+    }
+
+    pub fn expert_block(&self, layer: u32, expert: u32) -> BlockId {
+        BlockId(self.spec.layers + layer * self.spec.experts + expert)
+    }
+
+    pub fn order(&self) -> Vec<BlockId> {
+        (0..self.spec.layers).map(BlockId).collect()
+    }
+
+    pub fn dense_bytes(&self) -> u64 {
+        self.layout.blocks[0].bytes
+    }
+}
