@@ -4,10 +4,10 @@
 # (git-ignored; carry it to the GPU machine with the working tree).
 #
 #   scripts/build-gpu-bin.sh            # release stagehand + the GPU test binaries
-#   GPU_TEST_TARGETS="cuda other" scripts/build-gpu-bin.sh
+#   GPU_TEST_TARGETS="cuda cuda_run other" scripts/build-gpu-bin.sh
 #
 # Layout written:
-#   gpu-bin/stagehand          the CLI (`stagehand bench --device cuda`)
+#   gpu-bin/stagehand          the CLI (`stagehand bench --device cuda`, `stagehand run --device cuda`)
 #   gpu-bin/tests/<target>     one libtest binary per GPU test target (tests/<target>.rs)
 #   gpu-bin/MANIFEST           commit, toolchain and file sizes, for the report
 # Binaries are stripped of debug info: the carry to the GPU machine is capped (64 MiB).
@@ -15,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 OUT_DIR=gpu-bin
-TARGETS=${GPU_TEST_TARGETS:-cuda}
+TARGETS=${GPU_TEST_TARGETS:-cuda cuda_run}
 CARRY_LIMIT_BYTES=$((60 * 1024 * 1024))
 
 rm -rf "$OUT_DIR"

@@ -5,10 +5,13 @@
 # On the GPU machine:     scripts/gpu-check.sh          # OUT=dir to choose the output
 #
 # It prints nvidia-smi, runs every GPU test binary in gpu-bin/tests/ with
-# STAGEHAND_GPU_TESTS=1, runs `gpu-bin/stagehand bench --device cuda --json`, and writes
-# into $OUT (default ./gpu-out):
-#   nvidia-smi.txt, tests-<target>.txt, bench.json, bench.stderr.txt,
-#   summary.json (every step's exit code and seconds) and report.md (the same, readable).
+# STAGEHAND_GPU_TESTS=1, runs `gpu-bin/stagehand bench --device cuda --json` and a short
+# `gpu-bin/stagehand run --device cuda --steps 3 --json`, and writes into $OUT
+# (default ./gpu-out):
+#   nvidia-smi.txt, tests-<target>.txt, bench.json, bench.stderr.txt, bench.md,
+#   run.json, run.stderr.txt,
+#   summary.json (every step's exit code and seconds, the bench and run JSON) and
+#   report.md (the same, readable, with the bench's own Markdown tables).
 # Everything runs under one deadline, 5 minutes in all: each step gets what is left, and
 # the report is written even when a step fails or runs out of time. Exit status: 0 only
 # if every step passed.
@@ -75,6 +78,14 @@ done
 
 run_step "bench --device cuda" "$OUT/bench.stderr.txt" \
     sh -c "'$BIN/stagehand' bench --device cuda --json > '$OUT/bench.json'"
+# The bench prints its Markdown on stderr after a marker line.
+MARKER='<!-- bench-cuda-markdown -->'
+if grep -qF "$MARKER" "$OUT/bench.stderr.txt"; then
+    sed -n "/$MARKER/,\$p" "$OUT/bench.stderr.txt" | tail -n +2 > "$OUT/bench.md"
+fi
+
+run_step "run --device cuda --steps 3" "$OUT/run.stderr.txt" \
+    sh -c "'$BIN/stagehand' run --device cuda --steps 3 --json > '$OUT/run.json'"
 
 TOTAL_SECONDS=$(( $(date +%s) - START ))
 
@@ -83,6 +94,10 @@ BENCH_JSON=null
 if [ -s "$OUT/bench.json" ] && [ "$(head -c 1 "$OUT/bench.json")" = "{" ]; then
     BENCH_JSON=$(cat "$OUT/bench.json")
 fi
+RUN_JSON=null
+if [ -s "$OUT/run.json" ] && [ "$(head -c 1 "$OUT/run.json")" = "{" ]; then
+    RUN_JSON=$(cat "$OUT/run.json")
+fi
 cat > "$OUT/summary.json" <<JSON
 {
   "passed": $([ "$FAILED" -eq 0 ] && echo true || echo false),
@@ -90,7 +105,8 @@ cat > "$OUT/summary.json" <<JSON
   "manifest": "$(head -n 1 "$BIN/MANIFEST" 2>/dev/null | sed 's/"/\\"/g')",
   "steps": [$STEPS_JSON
   ],
-  "bench": $BENCH_JSON
+  "bench": $BENCH_JSON,
+  "run": $RUN_JSON
 }
 JSON
 
@@ -122,7 +138,9 @@ JSON
     echo
     echo "## bench --device cuda"
     echo
-    if [ "$BENCH_JSON" != null ] && command -v python3 >/dev/null 2>&1; then
+    if [ -s "$OUT/bench.md" ]; then
+        cat "$OUT/bench.md"
+    elif [ "$BENCH_JSON" != null ] && command -v python3 >/dev/null 2>&1; then
         python3 - "$OUT/bench.json" <<'PY'
 import json, sys
 def rows(value, prefix=""):
@@ -149,6 +167,22 @@ PY
         tail -n 30 "$OUT/bench.stderr.txt"
         echo '```'
     fi
+    echo
+    echo "## run --device cuda --steps 3"
+    echo
+    if [ "$RUN_JSON" != null ]; then
+        echo '```'
+        grep -E '"(device|steps|verified_steps|model_bytes|vram_budget_bytes|streamed_bytes_per_step_planned|steady_step_seconds|steady_compute_seconds|bound_seconds|bound_limited_by|efficiency|copy_bytes_per_second|pinned_to_vram_bytes_per_step|peak_vram_bytes|vram_bytes_after_shutdown|pinned_bytes_after_shutdown)"' "$OUT/run.json"
+        echo '```'
+    else
+        echo "No run JSON; its output:"
+        echo
+        echo '```'
+        tail -n 20 "$OUT/run.stderr.txt"
+        echo '```'
+    fi
+    # The run logs the driver's VRAM figure against budget + headroom.
+    grep -h "VRAM in use (driver figure)" "$OUT/run.stderr.txt" 2>/dev/null | sed 's/^/    /' || true
 } > "$OUT/report.md"
 
 echo

@@ -148,13 +148,26 @@ fn weight_budget(
     } else {
         Some(plan.budgets.vram_budget_bytes)
     };
-    device
+    let mut budget = device
         .vram_budget(
             settings.reserve_vram.as_u64(),
             settings.vram_headroom.as_u64(),
             configured,
         )
-        .map_err(cuda_error)
+        .map_err(cuda_error)?;
+    budget.budget_bytes = arena_bytes(budget.budget_bytes);
+    Ok(budget)
+}
+
+/// The driver backs `cuMemAlloc` with 2 MiB pages: the weight arena is rounded down
+/// to whole pages so the driver's used figure for it never exceeds the budget.
+const DRIVER_PAGE_BYTES: u64 = 2 << 20;
+
+fn arena_bytes(budget_bytes: u64) -> u64 {
+    if budget_bytes < DRIVER_PAGE_BYTES {
+        return budget_bytes;
+    }
+    budget_bytes / DRIVER_PAGE_BYTES * DRIVER_PAGE_BYTES
 }
 
 pub fn execute_cuda_with(
@@ -369,6 +382,16 @@ mod tests {
             vec![411 * mib],
         );
         assert!(!above.within_budget_and_headroom);
+    }
+
+    #[test]
+    fn the_weight_arena_is_whole_driver_pages_never_above_the_budget() {
+        // Proves the rounding only ever lowers the budget, to a 2 MiB multiple.
+        let mib = 1u64 << 20;
+        assert_eq!(arena_bytes(102 * mib + 400 * 1024), 102 * mib);
+        assert_eq!(arena_bytes(103 * mib), 102 * mib);
+        assert_eq!(arena_bytes(64 * mib), 64 * mib);
+        assert_eq!(arena_bytes(mib), mib);
     }
 
     #[test]

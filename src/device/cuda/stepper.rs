@@ -5,9 +5,11 @@
 //! stream), queue its layers on the compute stream at `handle.ptr + block_offset`,
 //! record a "compute done" event, and keep the handle until that event has completed:
 //! releasing earlier would let the allocator copy the next block into the slot while a
-//! kernel still reads it. Finished holds are released as soon as a poll sees their
-//! event (never blocking); before a blocking acquire every hold is released first,
-//! because the block we wait for may need one of those slots.
+//! kernel still reads it. A streamed hold is waited for as soon as the next block's
+//! kernels are queued behind it (so the GPU always has work while this thread waits,
+//! and the slot frees the moment its compute ends); resident holds go when a poll
+//! sees their event. Before a blocking acquire every hold is released, because the
+//! block we wait for may need one of those slots.
 //!
 //! The step's compute time is the device time between timed events around each block's
 //! kernels, so it counts compute and not the waits for copies.
@@ -122,6 +124,31 @@ impl Holds {
             }
         }
         Ok(())
+    }
+
+    /// Waits for the compute of the newest *streamed* hold other than the block just
+    /// queued, then releases it and everything before it, so its ring slot is freed as
+    /// soon as the GPU is done with it and the next copy starts under the compute of the
+    /// block just queued. Without this the thread, which queues faster than the GPU
+    /// computes, would run ahead and free slots only at its next miss, after the GPU
+    /// had drained: copies would then follow compute instead of overlapping it.
+    fn release_behind_newest(&mut self, session: &mut Session) -> Result<(), CudaError> {
+        let older = self.pending.len().saturating_sub(1);
+        let newest_streamed = self
+            .pending
+            .iter()
+            .take(older)
+            .rposition(|(handle, _)| handle.streamed);
+        if let Some(position) = newest_streamed {
+            // The stream runs in order: once this event is done, so are those before it.
+            self.pending[position].1.synchronize()?;
+            for _ in 0..=position {
+                if let Some((handle, _)) = self.pending.pop_front() {
+                    session.release(handle);
+                }
+            }
+        }
+        self.release_finished(session)
     }
 
     /// Waits for every held block's compute, then releases it. On a device error the
@@ -243,7 +270,7 @@ fn run_step(
         };
         holds.pending.push_back((handle, end.clone()));
         timings.push((start, end));
-        holds.release_finished(session)?;
+        holds.release_behind_newest(session)?;
     }
     holds.release_all(session)?;
     let mut compute_seconds = 0.0;
