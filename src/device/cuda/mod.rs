@@ -35,6 +35,7 @@ mod device;
 mod error;
 mod events;
 mod floats;
+mod holds;
 mod library;
 mod linear;
 mod pinned;

@@ -14,7 +14,6 @@
 //! The step's compute time is the device time between timed events around each block's
 //! kernels, so it counts compute and not the waits for copies.
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -25,6 +24,7 @@ use super::device::CudaDevice;
 use super::error::CudaError;
 use super::events::Event;
 use super::floats::DType;
+use super::holds::Holds;
 use super::linear::{normalised_error, tolerance};
 use super::stack::LinearStackGpu;
 use super::verify::StreamVerifyGpu;
@@ -107,64 +107,6 @@ pub struct StepFigures {
     pub last_output: Option<Vec<f32>>,
 }
 
-/// Blocks held until the compute that reads them has completed.
-struct Holds {
-    pending: VecDeque<(BlockHandle, Arc<Event>)>,
-}
-
-impl Holds {
-    /// Releases, in order, every hold whose compute has completed; never blocks.
-    fn release_finished(&mut self, session: &mut Session) -> Result<(), CudaError> {
-        while let Some((_, done)) = self.pending.front() {
-            if !done.query()? {
-                break;
-            }
-            if let Some((handle, _)) = self.pending.pop_front() {
-                session.release(handle);
-            }
-        }
-        Ok(())
-    }
-
-    /// Waits for the compute of the newest *streamed* hold other than the block just
-    /// queued, then releases it and everything before it, so its ring slot is freed as
-    /// soon as the GPU is done with it and the next copy starts under the compute of the
-    /// block just queued. Without this the thread, which queues faster than the GPU
-    /// computes, would run ahead and free slots only at its next miss, after the GPU
-    /// had drained: copies would then follow compute instead of overlapping it.
-    fn release_behind_newest(&mut self, session: &mut Session) -> Result<(), CudaError> {
-        let older = self.pending.len().saturating_sub(1);
-        let newest_streamed = self
-            .pending
-            .iter()
-            .take(older)
-            .rposition(|(handle, _)| handle.streamed);
-        if let Some(position) = newest_streamed {
-            // The stream runs in order: once this event is done, so are those before it.
-            self.pending[position].1.synchronize()?;
-            for _ in 0..=position {
-                if let Some((handle, _)) = self.pending.pop_front() {
-                    session.release(handle);
-                }
-            }
-        }
-        self.release_finished(session)
-    }
-
-    /// Waits for every held block's compute, then releases it. On a device error the
-    /// handle is still released: a failed context runs nothing more on it.
-    fn release_all(&mut self, session: &mut Session) -> Result<(), CudaError> {
-        let mut first_error = None;
-        while let Some((handle, done)) = self.pending.pop_front() {
-            if let Err(error) = done.synchronize() {
-                first_error.get_or_insert(error);
-            }
-            session.release(handle);
-        }
-        first_error.map_or(Ok(()), Err)
-    }
-}
-
 /// Runs the steps. On any failure the holds are released and the session is shut down
 /// (every budget released) before the error is returned.
 pub fn drive_cuda(
@@ -189,9 +131,7 @@ pub fn drive_cuda(
         expert_hints: 0,
     };
     let mut figures = StepFigures::default();
-    let mut holds = Holds {
-        pending: VecDeque::with_capacity(order.len()),
-    };
+    let mut holds: Holds<Arc<Event>> = Holds::with_capacity(order.len());
     let mut step = 0u64;
     while options.steps == 0 || step < options.steps {
         if options.stop.load(Ordering::Relaxed) {
@@ -208,7 +148,7 @@ pub fn drive_cuda(
             Ok(seconds) => seconds,
             Err(error) => {
                 let _ = device.synchronize();
-                let _ = holds.release_all(&mut session);
+                let _ = holds.release_all(&mut |handle| session.release(handle));
                 let stats = session.finish();
                 return Err(Box::new((error, stats)));
             }
@@ -241,7 +181,7 @@ fn run_step(
     device: &CudaDevice,
     order: &[BlockId],
     work: &GpuWork,
-    holds: &mut Holds,
+    holds: &mut Holds<Arc<Event>>,
     step: u64,
 ) -> Result<f64, StepError> {
     let stream = device.compute_stream();
@@ -251,7 +191,7 @@ fn run_step(
         let handle = match session.try_acquire(block) {
             Some(handle) => handle,
             None => {
-                holds.release_all(session)?;
+                holds.release_all(&mut |handle| session.release(handle))?;
                 session.acquire(block).map_err(WorkloadError::from)?
             }
         };
@@ -268,11 +208,11 @@ fn run_step(
                 return Err(error.into());
             }
         };
-        holds.pending.push_back((handle, end.clone()));
+        holds.push(handle, end.clone());
         timings.push((start, end));
-        holds.release_behind_newest(session)?;
+        holds.release_behind_newest(&mut |handle| session.release(handle))?;
     }
-    holds.release_all(session)?;
+    holds.release_all(&mut |handle| session.release(handle))?;
     let mut compute_seconds = 0.0;
     for (start, end) in &timings {
         compute_seconds += end.seconds_since(start)?;
