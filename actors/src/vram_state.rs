@@ -418,12 +418,18 @@ impl VramState {
             if self.table.state(block) != BlockState::Ready {
                 continue;
             }
+            let distance = self
+                .order
+                .distance_to_next_use(self.cursor, block)
+                .unwrap_or(usize::MAX);
+            // Whatever the policy, a speculative load never takes the block the compute
+            // thread needs next: it may be the one it is waiting for, and evicting it
+            // between its copy and the acquire would starve the compute thread.
+            if speculative && distance == 0 {
+                continue;
+            }
             let score = match self.policy {
                 ResidencyPolicy::Planned => {
-                    let distance = self
-                        .order
-                        .distance_to_next_use(self.cursor, block)
-                        .unwrap_or(usize::MAX);
                     if speculative && distance <= needed_in {
                         continue;
                     }
