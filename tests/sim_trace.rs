@@ -200,3 +200,43 @@ fn simulate_says_what_does_not_fit_and_refuses_bad_input() {
         assert!(message.contains(bad[bad.len() - 1]), "{message}");
     }
 }
+
+#[test]
+fn run_trace_packs_real_transfers_onto_rows_that_never_overlap() {
+    // Proves `stagehand run --trace FILE` (wall clock, TraceObserver) writes disk, copy
+    // and compute rows, one compute slice per block per step, no row overlapping.
+    let folder = tempfile::tempdir().unwrap();
+    let trace = folder.path().join("run.json");
+    let output = Command::new(env!("CARGO_BIN_EXE_stagehand"))
+        .current_dir(folder.path())
+        .args(["run", "--steps", "3", "--trace"])
+        .arg(&trace)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let lanes = lanes(&std::fs::read_to_string(&trace).unwrap());
+    for prefix in ["disk", "copy", "compute"] {
+        assert!(
+            lanes.keys().any(|lane| lane.starts_with(prefix)),
+            "no {prefix} lane: {:?}",
+            lanes.keys()
+        );
+    }
+    let compute: usize = lanes
+        .iter()
+        .filter(|(lane, _)| lane.starts_with("compute"))
+        .map(|(_, slices)| slices.len())
+        .sum();
+    assert_eq!(compute % 3, 0, "{compute} compute slices over 3 steps");
+    for (lane, slices) in &lanes {
+        let mut sorted = slices.clone();
+        sorted.sort_by(|a, b| a.1.total_cmp(&b.1));
+        for pair in sorted.windows(2) {
+            assert!(pair[1].1 >= pair[0].2 - 1e-3, "{lane}: {pair:?}");
+        }
+    }
+}

@@ -20,7 +20,7 @@ use crate::settings::Settings;
 use crate::storage::{open_storage, StorageFile, StorageOptions};
 use crate::workload::bound::{measure_rates, LinkRates, StepBound};
 use crate::workload::driver::LoraPhase;
-use crate::workload::driver::{drive, DriverOptions, RunReport, Workload};
+use crate::workload::driver::{drive_traced, DriverOptions, RunReport, Workload};
 use crate::workload::linear_stack::LinearStack;
 use crate::workload::lora_set::LoraSet;
 use crate::workload::moe::{HintMode, MoeRun};
@@ -342,6 +342,21 @@ pub fn execute(prepared: &Prepared, plan: RunPlan<'_>) -> Result<Outcome, RunErr
             (layout, order, None)
         }
     };
+    // `--trace FILE`: transfers from the actors' observer calls, compute from the driver.
+    let trace = settings.trace.as_ref().map(|_| {
+        Arc::new(crate::sim::TraceObserver::new(
+            Arc::new(crate::sim::TraceRecorder::new()),
+            layout
+                .blocks
+                .iter()
+                .map(|block| block.name.clone())
+                .collect(),
+        ))
+    });
+    let observer: Arc<dyn Observer> = match &trace {
+        Some(trace) => Arc::new(stagehand_actors::Tee(plan.observer, Arc::clone(trace))),
+        None => plan.observer,
+    };
     let session = Session::start_with_experts(
         config,
         experts,
@@ -349,10 +364,10 @@ pub fn execute(prepared: &Prepared, plan: RunPlan<'_>) -> Result<Outcome, RunErr
         order,
         device.clone(),
         storage.clone(),
-        plan.observer,
+        observer,
     )
     .map_err(|error| RunError::BadInput(error.to_string()))?;
-    let report = drive(
+    let report = drive_traced(
         session,
         &prepared.workload,
         DriverOptions {
@@ -360,6 +375,7 @@ pub fn execute(prepared: &Prepared, plan: RunPlan<'_>) -> Result<Outcome, RunErr
             stop: plan.stop,
             on_step: plan.on_step,
         },
+        trace.as_deref(),
     )
     .map_err(|failure| {
         let (error, stats) = *failure;
@@ -373,6 +389,12 @@ pub fn execute(prepared: &Prepared, plan: RunPlan<'_>) -> Result<Outcome, RunErr
             }
         ))
     })?;
+    if let (Some(path), Some(trace)) = (&settings.trace, &trace) {
+        trace
+            .recorder()
+            .write_chrome_trace(path)
+            .map_err(|error| RunError::Failed(error.to_string()))?;
+    }
     let rates = measure_rates(&device, &storage, &layout, |index| {
         !report
             .plan

@@ -111,9 +111,19 @@ pub fn median(values: &[f64]) -> f64 {
 /// Runs the steps. On any failure the session is still shut down — every budget is
 /// released — before the error is returned.
 pub fn drive(
+    session: Session,
+    workload: &Workload,
+    options: DriverOptions,
+) -> Result<RunReport, Box<(WorkloadError, StatsSnapshot)>> {
+    drive_traced(session, workload, options, None)
+}
+
+/// As [`drive`], recording each block's compute into `trace` (`--trace`).
+pub fn drive_traced(
     mut session: Session,
     workload: &Workload,
     mut options: DriverOptions,
+    trace: Option<&crate::sim::TraceObserver>,
 ) -> Result<RunReport, Box<(WorkloadError, StatsSnapshot)>> {
     let phases = match workload {
         Workload::Moe(run) => return super::moe::drive(session, run, options),
@@ -159,6 +169,7 @@ pub fn drive(
                 activations.as_mut(),
                 &mut lora,
                 step,
+                trace,
             )
         });
         let compute_seconds = match outcome {
@@ -196,6 +207,7 @@ fn run_step(
     mut activations: Option<&mut Activations>,
     lora: &mut LoraState<'_>,
     step: u64,
+    trace: Option<&crate::sim::TraceObserver>,
 ) -> Result<f64, WorkloadError> {
     let mut compute_seconds = 0.0;
     let set = lora.phase_set();
@@ -232,6 +244,9 @@ fn run_step(
             _ => Ok(()),
         };
         compute_seconds += started.elapsed().as_secs_f64();
+        if let Some(trace) = trace {
+            trace.compute(block, started, Instant::now());
+        }
         session.release(handle);
         result?;
     }
