@@ -25,7 +25,7 @@ impl Default for ExpertPolicy {
     /// The best on the measured skewed, drifting trace (BENCHMARKS.md, "LoRA and MoE").
     fn default() -> Self {
         ExpertPolicy::LfuAging {
-            half_life_accesses: 512,
+            half_life_accesses: 128,
         }
     }
 }

@@ -77,7 +77,7 @@ pub struct RunArgs {
 pub enum ExpertPolicyArg {
     Lru,
     Lfu,
-    /// LFU whose counts halve every 512 expert uses (the default; BENCHMARKS.md).
+    /// LFU whose counts halve every 128 expert uses (the default; BENCHMARKS.md).
     LfuAging,
 }
 
