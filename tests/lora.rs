@@ -218,7 +218,7 @@ fn attach_and_detach_during_a_session_rebakes_resident_blocks() {
         set: LoraSet::default(),
         reference: reference.clone(),
     };
-    let lora = vec![
+    let lora = [
         none,
         phase(
             &model,

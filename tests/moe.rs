@@ -34,8 +34,7 @@ fn a_long_moe_run_stays_in_budget_matches_the_reference_and_releases_everything(
     // both tiers read zero after shutdown — for every policy, with and without hints.
     let dir = tempfile::tempdir().unwrap();
     let model = write_moe_model(dir.path(), &spec()).unwrap();
-    let mut settings = Settings::default();
-    settings.ram_floor = bytesize::ByteSize::gib(2);
+    let settings = Settings::default();
     let model_bytes = std::fs::metadata(&model).unwrap().len();
     let vram_budget_bytes = model_bytes / 4;
     for (policy, hint) in [

@@ -327,6 +327,10 @@ pub fn first_difference_within(
     got.iter()
         .zip(expected)
         .enumerate()
-        .find(|(_, (a, b))| !((*a - *b).abs() <= tolerance))
+        .find(|(_, (a, b))| {
+            // NaN differences fail too: `<=` is false for them.
+            let close = (*a - *b).abs() <= tolerance;
+            !close
+        })
         .map(|(index, (a, b))| (index, *a, *b))
 }

@@ -41,7 +41,7 @@ impl Default for MoeSpec {
             dim: 256,
             skew: 1.1,
             drift_tokens: 64,
-            seed: 0x4d6f_45,
+            seed: 0x004d_6f45,
         }
     }
 }
