@@ -165,7 +165,6 @@ proptest! {
 }
 
 #[test]
-#[ignore = "actors bug (lead): under ResidencyPolicy::Lru speculative loads are not bounded by distance; FLUX.1-dev on the 3060 at depth 1 copies ~5.7× the model per step"]
 fn lru_prefetch_copies_each_block_at_most_once_per_steady_step() {
     // Proves (once fixed) the LRU baseline behaves like diffusers' group offload: one
     // block ahead, each block copied at most once a step. Today VramState::schedule keeps

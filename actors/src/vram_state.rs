@@ -253,7 +253,16 @@ impl VramState {
             }
         }
         let mut ahead = 0;
-        for step in 0..self.order.len() {
+        // The planned policy looks past resident blocks to the next `depth` streamed
+        // ones; exhaustion prediction bounds how far. The LRU baseline has no such
+        // bound, so it looks exactly `depth` positions ahead (one group ahead, as
+        // diffusers' group offloading does) — otherwise it would evict its own
+        // prefetches all the way round the step.
+        let window = match self.policy {
+            ResidencyPolicy::Planned => self.order.len(),
+            ResidencyPolicy::Lru => (self.depth as usize + 1).min(self.order.len()),
+        };
+        for step in 0..window {
             if ahead >= self.depth {
                 break;
             }
@@ -296,6 +305,9 @@ impl VramState {
             Placement::Resident { offset } => self.resident_base() + offset,
             Placement::Expert { slot } => self.expert_offset(slot),
             Placement::Ring { slot } => {
+                // A load counts as a use: LRU must not take a block it just prefetched
+                // for one released earlier.
+                self.use_clock += 1;
                 self.ring[slot].block = Some(block);
                 self.ring[slot].last_use = self.use_clock;
                 slot as u64 * self.slot_bytes()

@@ -16,7 +16,7 @@ use crate::run::{
     default_cache_dir, ensure_demo_model, no_observer, prepare, resolve_budgets, Budgets, Outcome,
     RunError, RunPlan, WorkloadKind,
 };
-use crate::settings::{self, DeviceKind, Settings, SettingsArgs};
+use crate::settings::{self, Settings, SettingsArgs};
 use crate::workload::bound::StepBound;
 
 #[derive(Debug, clap::Args)]
@@ -154,7 +154,7 @@ pub fn execute(args: BenchArgs) -> CommandResult {
     let loaded = settings::load(&args.settings).map_err(Failure::bad_input)?;
     let settings = loaded.settings;
     super::run::init_logging(&settings.log);
-    if settings.device == DeviceKind::Cuda {
+    if super::run::use_cuda(settings.device)? {
         return super::bench_cuda::execute(&settings, args.json);
     }
     if args.steps < 2 {

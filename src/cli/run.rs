@@ -141,24 +141,28 @@ fn run_error(error: RunError) -> Failure {
     }
 }
 
+/// Which backend runs: `cuda` as asked, `auto` → CUDA when a device is present (said
+/// once at start), `sim` → pointed at `simulate`.
+pub fn use_cuda(device: DeviceKind) -> Result<bool, Failure> {
+    match device {
+        DeviceKind::Sim => Err(Failure::bad_input(anyhow::anyhow!(
+            "device `sim` runs in virtual time: use `stagehand simulate --model PATH --hardware NAME`"
+        ))),
+        DeviceKind::Cuda => Ok(true),
+        DeviceKind::Auto => {
+            let choice = crate::device::cuda::pick_auto();
+            tracing::info!("{}", choice.message);
+            Ok(choice.device == DeviceKind::Cuda)
+        }
+        DeviceKind::Cpu => Ok(false),
+    }
+}
+
 pub fn execute(args: RunArgs) -> CommandResult {
     let loaded = settings::load(&args.settings).map_err(Failure::bad_input)?;
     let settings = loaded.settings;
     init_logging(&settings.log);
-    match settings.device {
-        DeviceKind::Sim => {
-            return Err(Failure::bad_input(anyhow::anyhow!(
-                "device `sim` runs in virtual time: use `stagehand simulate --model PATH --hardware NAME`"
-            )))
-        }
-        DeviceKind::Cuda => {
-            return Err(Failure::bad_input(anyhow::anyhow!(
-                "device `cuda`: the CUDA run path is not wired into `run` yet; use --device cpu (or auto) — `stagehand bench --device cuda` measures the GPU links"
-            )))
-        }
-        DeviceKind::Auto => tracing::info!("device auto: using the CPU backend"),
-        DeviceKind::Cpu => {}
-    }
+    let use_cuda = use_cuda(settings.device)?;
     let (model, is_demo) = match &args.model {
         Some(path) => (path.clone(), false),
         None if args.workload == WorkloadKind::Moe => {
@@ -215,26 +219,28 @@ pub fn execute(args: RunArgs) -> CommandResult {
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     let bar = progress.clone();
-    let outcome = crate::run::execute(
-        &prepared,
-        RunPlan {
-            settings: &settings,
-            budgets,
-            prefetch_depth: settings.prefetch_depth,
-            policy: match args.policy {
-                PolicyArg::Planned => ResidencyPolicy::Planned,
-                PolicyArg::Lru => ResidencyPolicy::Lru,
-            },
-            steps: args.steps,
-            stop: install_interrupt_handler(),
-            observer,
-            on_step: Box::new(move |_step, seconds| {
-                bar.inc(1);
-                bar.set_message(format!("{:.1} ms", seconds * 1e3));
-            }),
-            fail_after_reads: None,
+    let plan = RunPlan {
+        settings: &settings,
+        budgets,
+        prefetch_depth: settings.prefetch_depth,
+        policy: match args.policy {
+            PolicyArg::Planned => ResidencyPolicy::Planned,
+            PolicyArg::Lru => ResidencyPolicy::Lru,
         },
-    );
+        steps: args.steps,
+        stop: install_interrupt_handler(),
+        observer,
+        on_step: Box::new(move |_step, seconds| {
+            bar.inc(1);
+            bar.set_message(format!("{:.1} ms", seconds * 1e3));
+        }),
+        fail_after_reads: None,
+    };
+    let outcome = if use_cuda {
+        crate::device::cuda::run::execute_cuda(&prepared, plan)
+    } else {
+        crate::run::execute(&prepared, plan)
+    };
     progress.finish_and_clear();
     let outcome = outcome.map_err(run_error)?;
     let summary = Summary::new(&outcome);
