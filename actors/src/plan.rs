@@ -112,6 +112,14 @@ pub enum PlanError {
         largest: Bytes,
         depth: u32,
     },
+    #[error("vram_budget {budget} is below the {needed} this model needs at minimum: {oversized} of blocks too large to stream, kept resident, + largest streamed block {slot} × (prefetch_depth {depth} + 1)")]
+    VramBudgetTooSmallForLargeBlocks {
+        budget: Bytes,
+        needed: Bytes,
+        oversized: Bytes,
+        slot: Bytes,
+        depth: u32,
+    },
     #[error("pin_ceiling {ceiling} is below the {needed} the staging ring needs: largest block {largest} × {buffers} staging buffers")]
     PinCeilingTooSmall {
         ceiling: Bytes,
@@ -165,9 +173,12 @@ pub struct VramPlan {
     /// Per block: kept resident for the whole run.
     pub resident: Vec<bool>,
     pub resident_bytes: u64,
-    /// Streaming slots and the size of each (the largest block's aligned footprint).
+    /// Streaming slots and the size of each: the largest streamed block's aligned
+    /// footprint (blocks larger than that stay resident).
     pub ring_slots: u32,
     pub slot_bytes: u64,
+    /// The largest block's aligned footprint (what a whole-block staging buffer holds).
+    pub largest_block_bytes: u64,
     /// Bytes that must cross to VRAM every steady-state step.
     pub streamed_bytes_per_step: u64,
 }
@@ -204,38 +215,42 @@ impl VramPlan {
             let resident: Vec<bool> = (0..footprint.len())
                 .map(|index| order.contains(BlockId(index as u32)))
                 .collect();
+            // Spare room still gets a ring, so activation pressure can turn resident
+            // blocks into streamed ones later; without room, everything just stays.
+            let spare_ring = ordered_bytes + largest * u64::from(depth + 1) <= capacity_bytes;
             return Ok(Self {
                 resident,
                 resident_bytes: ordered_bytes,
-                ring_slots: 0,
+                ring_slots: if spare_ring { depth + 1 } else { 0 },
                 slot_bytes: largest,
+                largest_block_bytes: largest,
                 streamed_bytes_per_step: 0,
             });
         }
         let minimum_slots = depth + 1;
-        let needed = largest * u64::from(minimum_slots);
-        if capacity_bytes < needed || largest == 0 {
-            return Err(PlanError::VramBudgetTooSmall {
-                budget: Bytes(capacity_bytes),
-                needed: Bytes(needed),
-                largest: Bytes(largest),
-                depth,
-            });
-        }
         let mut resident = vec![false; block_bytes.len()];
-        let (ring_slots, resident_bytes) = match policy {
+        let (ring_slots, slot_bytes, resident_bytes) = match policy {
             ResidencyPolicy::Planned => {
-                let room = capacity_bytes - needed;
-                let kept = keep_by_priority(order, &footprint, room, |_| true);
-                let mut kept_bytes = 0;
-                for block in kept {
+                let choice = choose_slot_size(order, &footprint, capacity_bytes, minimum_slots)
+                    .map_err(|minimum| minimum.into_error(capacity_bytes, largest, depth))?;
+                for &block in &choice.resident {
                     resident[block.index()] = true;
-                    kept_bytes += footprint[block.index()];
                 }
-                (minimum_slots, kept_bytes)
+                (minimum_slots, choice.slot_bytes, choice.resident_bytes)
             }
             // Every block competes: as many slots as the budget holds.
-            ResidencyPolicy::Lru => ((capacity_bytes / largest) as u32, 0),
+            ResidencyPolicy::Lru => {
+                let needed = largest * u64::from(minimum_slots);
+                if capacity_bytes < needed || largest == 0 {
+                    return Err(PlanError::VramBudgetTooSmall {
+                        budget: Bytes(capacity_bytes),
+                        needed: Bytes(needed),
+                        largest: Bytes(largest),
+                        depth,
+                    });
+                }
+                ((capacity_bytes / largest) as u32, largest, 0)
+            }
         };
         let streamed_bytes_per_step = order
             .blocks()
@@ -247,10 +262,117 @@ impl VramPlan {
             resident,
             resident_bytes,
             ring_slots,
-            slot_bytes: largest,
+            slot_bytes,
+            largest_block_bytes: largest,
             streamed_bytes_per_step,
         })
     }
+}
+
+/// A ring slot size and the resident set it leaves room for.
+struct SlotChoice {
+    slot_bytes: u64,
+    resident: Vec<BlockId>,
+    resident_bytes: u64,
+}
+
+/// The least VRAM any slot size needs: blocks larger than the slot (resident) + ring.
+struct MinimumNeed {
+    needed_bytes: u64,
+    slot_bytes: u64,
+    oversized_bytes: u64,
+}
+
+impl MinimumNeed {
+    fn into_error(self, capacity_bytes: u64, largest: u64, depth: u32) -> PlanError {
+        if self.oversized_bytes == 0 || self.slot_bytes == largest {
+            PlanError::VramBudgetTooSmall {
+                budget: Bytes(capacity_bytes),
+                needed: Bytes(self.needed_bytes),
+                largest: Bytes(self.slot_bytes),
+                depth,
+            }
+        } else {
+            PlanError::VramBudgetTooSmallForLargeBlocks {
+                budget: Bytes(capacity_bytes),
+                needed: Bytes(self.needed_bytes),
+                oversized: Bytes(self.oversized_bytes),
+                slot: Bytes(self.slot_bytes),
+                depth,
+            }
+        }
+    }
+}
+
+/// Ring slots are sized for the largest *streamed* block. Sizing them for the largest
+/// block of all wastes `depth + 1` times its size when one block is much larger than the
+/// rest (an embedding table): keeping such blocks resident and streaming the rest
+/// through smaller slots leaves more room for resident blocks. Every distinct block
+/// size is a candidate slot size; the one that keeps the most bytes resident wins.
+fn choose_slot_size(
+    order: &StepOrder,
+    footprint: &[u64],
+    capacity_bytes: u64,
+    slots: u32,
+) -> Result<SlotChoice, MinimumNeed> {
+    let in_order: Vec<BlockId> = (0..footprint.len() as u32)
+        .map(BlockId)
+        .filter(|&block| order.contains(block))
+        .collect();
+    let mut sizes: Vec<u64> = in_order
+        .iter()
+        .map(|block| footprint[block.index()])
+        .filter(|&bytes| bytes > 0)
+        .collect();
+    sizes.sort_unstable_by(|a, b| b.cmp(a));
+    sizes.dedup();
+    let mut best: Option<SlotChoice> = None;
+    let mut minimum: Option<MinimumNeed> = None;
+    for &slot_bytes in &sizes {
+        let oversized: Vec<BlockId> = in_order
+            .iter()
+            .copied()
+            .filter(|block| footprint[block.index()] > slot_bytes)
+            .collect();
+        let oversized_bytes: u64 = oversized.iter().map(|block| footprint[block.index()]).sum();
+        let needed_bytes = oversized_bytes + slot_bytes * u64::from(slots);
+        if minimum
+            .as_ref()
+            .is_none_or(|minimum| needed_bytes < minimum.needed_bytes)
+        {
+            minimum = Some(MinimumNeed {
+                needed_bytes,
+                slot_bytes,
+                oversized_bytes,
+            });
+        }
+        if needed_bytes > capacity_bytes {
+            continue;
+        }
+        let room = capacity_bytes - needed_bytes;
+        let kept = keep_by_priority(order, footprint, room, |block| {
+            footprint[block.index()] <= slot_bytes
+        });
+        let kept_bytes: u64 = kept.iter().map(|block| footprint[block.index()]).sum();
+        let resident_bytes = oversized_bytes + kept_bytes;
+        if best
+            .as_ref()
+            .is_none_or(|best| resident_bytes > best.resident_bytes)
+        {
+            let mut resident = oversized;
+            resident.extend(kept);
+            best = Some(SlotChoice {
+                slot_bytes,
+                resident,
+                resident_bytes,
+            });
+        }
+    }
+    best.ok_or(minimum.unwrap_or(MinimumNeed {
+        needed_bytes: 0,
+        slot_bytes: 0,
+        oversized_bytes: 0,
+    }))
 }
 
 fn distinct_order_bytes(order: &StepOrder, block_bytes: &[u64]) -> u64 {
@@ -323,7 +445,8 @@ impl PinPlan {
         staging: Staging,
     ) -> Result<Self, PlanError> {
         let block_bytes: Vec<u64> = layout.blocks.iter().map(|block| block.bytes).collect();
-        let largest = vram.slot_bytes;
+        // Whole-block staging carries every block once, resident ones included.
+        let largest = vram.largest_block_bytes;
         let (staging_buffers, staging_buffer_bytes, chunked) = match staging {
             Staging::WholeBlocks { buffers } => (buffers, largest, false),
             Staging::Chunks {
@@ -523,5 +646,43 @@ mod tests {
             Staging::WholeBlocks { buffers: 3 }
         )
         .is_err());
+    }
+
+    #[test]
+    fn an_oversized_block_stays_resident_so_the_ring_can_be_small() {
+        // An embedding-like head of 40 units, then 20 layers of 4 units: a ring sized
+        // for the head would take 120 units; sized for a layer it takes 12.
+        let mut sizes = vec![40 * U];
+        sizes.extend([4 * U; 20]);
+        let model = layout(&sizes);
+        let order = sequential(21);
+        let plan = VramPlan::new(&model, &order, 100 * U, 2, ResidencyPolicy::Planned).unwrap();
+        assert_eq!(plan.slot_bytes, 4 * U);
+        assert!(
+            plan.is_resident(BlockId(0)),
+            "the head is too large to stream"
+        );
+        assert_eq!(plan.largest_block_bytes, 40 * U);
+        // 100 − 40 (head) − 12 (ring) leaves 48 units: 12 layers resident, 8 stream.
+        assert_eq!(plan.streamed_bytes_per_step, 8 * 4 * U);
+        assert!(plan.resident_bytes + plan.ring_bytes() <= 100 * U);
+    }
+
+    #[test]
+    fn the_minimum_budget_counts_blocks_too_large_to_stream() {
+        let mut sizes = vec![40 * U];
+        sizes.extend([4 * U; 20]);
+        let error = VramPlan::new(
+            &layout(&sizes),
+            &sequential(21),
+            50 * U,
+            2,
+            ResidencyPolicy::Planned,
+        )
+        .unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "vram_budget 12.50 KiB is below the 13 KiB this model needs at minimum: 10 KiB of blocks too large to stream, kept resident, + largest streamed block 1 KiB × (prefetch_depth 2 + 1)"
+        );
     }
 }

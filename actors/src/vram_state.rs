@@ -293,8 +293,12 @@ impl VramState {
         let placement = if self.experts.is_some() && !self.order.contains(block) {
             self.place_expert(block, speculative, decisions)
         } else if self.plan.is_resident(block) {
-            self.place_resident(bytes)
-                .or_else(|| self.place_in_ring(block, speculative, decisions))
+            let fits_a_slot = align_up(bytes) <= self.slot_bytes();
+            self.place_resident(bytes).or_else(|| {
+                fits_a_slot
+                    .then(|| self.place_in_ring(block, speculative, decisions))
+                    .flatten()
+            })
         } else {
             self.place_in_ring(block, speculative, decisions)
         };
@@ -474,7 +478,12 @@ impl VramState {
                     Some(Placement::Resident { .. }) => Some(BlockId(index as u32)),
                     _ => None,
                 })
-                .filter(|&block| !self.loading[block.index()] && self.table.holders(block) == 0)
+                // A block larger than a ring slot cannot stream: it stays.
+                .filter(|&block| {
+                    !self.loading[block.index()]
+                        && self.table.holders(block) == 0
+                        && align_up(self.block_bytes[block.index()]) <= self.slot_bytes()
+                })
                 .max_by_key(|&block| {
                     self.order
                         .distance_to_next_use(self.cursor, block)

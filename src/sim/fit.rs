@@ -225,6 +225,26 @@ pub struct FitCheck {
     pub cold_bound_seconds: f64,
 }
 
+/// The streaming ring of the pipeline's VRAM plan for this budget, if one is feasible.
+fn pipeline_ring_bytes(model: &ModelDescription, budget_bytes: u64, depth: u32) -> Option<u64> {
+    use stagehand_actors::{BlockId, ResidencyPolicy, StepOrder, VramPlan};
+    let layout = model.layout();
+    let order = StepOrder::new(
+        (0..layout.len() as u32).map(BlockId).collect(),
+        layout.len(),
+    )
+    .ok()?;
+    let plan = VramPlan::new(
+        &layout,
+        &order,
+        budget_bytes,
+        depth,
+        ResidencyPolicy::Planned,
+    )
+    .ok()?;
+    Some(plan.ring_bytes())
+}
+
 impl FitCheck {
     pub fn new(
         model: &ModelDescription,
@@ -247,8 +267,12 @@ impl FitCheck {
             });
         }
         let streams = model_bytes > vram_budget_bytes;
+        // The ring the pipeline's own plan picks: slots sized for the largest block it
+        // streams (blocks too large to stream stay resident). Without a feasible plan,
+        // the ring a largest-block slot would need, to report the shortfall.
         let ring_bytes = if streams {
-            largest_block_bytes * (u64::from(settings.prefetch_depth) + 1)
+            pipeline_ring_bytes(model, vram_budget_bytes, settings.prefetch_depth)
+                .unwrap_or(largest_block_bytes * (u64::from(settings.prefetch_depth) + 1))
         } else {
             0
         };
