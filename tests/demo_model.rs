@@ -158,3 +158,58 @@ fn cli_writes_the_model_and_rejects_bad_sizes() {
         .expect("runs");
     assert_bad_input(&bad, &["dim (0)", "at least 1"]);
 }
+
+/// `demo-model --lora-out` writes an adapter that `run --lora` applies and verifies.
+#[test]
+fn the_demo_lora_runs_against_its_merged_reference() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let lora = dir.path().join("demo-lora.safetensors");
+    let output = stagehand()
+        .args([
+            "demo-model",
+            "--blocks",
+            "6",
+            "--layers-per-block",
+            "2",
+            "--dim",
+            "64",
+        ])
+        .args(["--lora-rank", "4", "--out"])
+        .arg(dir.path())
+        .arg("--lora-out")
+        .arg(&lora)
+        .output()
+        .expect("runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let model = dir.path().join(LINEAR_STACK_FILE);
+    let output = stagehand()
+        .args([
+            "run",
+            "--steps",
+            "2",
+            "--json",
+            "--device",
+            "cpu",
+            "--vram-budget",
+            "128KiB",
+        ])
+        .arg("--model")
+        .arg(&model)
+        .arg("--lora")
+        .arg(format!("{}:0.8", lora.display()))
+        .output()
+        .expect("runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let summary: serde_json::Value =
+        serde_json::from_slice(&output.stdout).expect("summary is JSON");
+    assert_eq!(summary["verified_steps"], 2);
+    assert!(summary["lora_bytes"].as_u64().unwrap_or(0) > 0, "{summary}");
+}

@@ -7,6 +7,7 @@ use std::time::Instant;
 use bytesize::ByteSize;
 
 use super::{CommandResult, Failure};
+use crate::lora::{write_demo_lora, DemoLora};
 use crate::model::demo::{write_linear_stack, DemoError, DemoSpec};
 
 #[derive(Debug, clap::Args)]
@@ -26,6 +27,12 @@ pub struct DemoModelArgs {
     /// Seed of the weights; the same seed always writes the same bytes.
     #[arg(long, default_value_t = DemoSpec::default().seed)]
     pub seed: u64,
+    /// Also write a PEFT-style LoRA adapter for this model here, for `run --lora FILE`.
+    #[arg(long, value_name = "FILE")]
+    pub lora_out: Option<PathBuf>,
+    /// Rank of the adapter written with --lora-out.
+    #[arg(long, default_value_t = 8)]
+    pub lora_rank: usize,
 }
 
 pub fn execute(args: DemoModelArgs) -> CommandResult {
@@ -51,5 +58,20 @@ pub fn execute(args: DemoModelArgs) -> CommandResult {
         spec.seed,
         started.elapsed().as_secs_f64()
     );
+    if let Some(lora_path) = &args.lora_out {
+        let lora = DemoLora {
+            rank: args.lora_rank,
+            ..DemoLora::default()
+        };
+        let bytes = write_demo_lora(lora_path, &spec, &lora).map_err(Failure::bad_input)?;
+        println!(
+            "wrote {} (rank {} LoRA, {}); try: stagehand run --model {} --lora {}:0.8",
+            lora_path.display(),
+            lora.rank,
+            ByteSize::b(bytes),
+            path.display(),
+            lora_path.display()
+        );
+    }
     Ok(())
 }
