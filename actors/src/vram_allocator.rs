@@ -188,6 +188,27 @@ impl VramAllocator {
         self.notify(block, Ok(()));
     }
 
+    /// Reports a reservation (activations or LoRA factors) and turns it into a reply.
+    fn reserved(
+        &mut self,
+        result: Result<u64, crate::vram_state::ActivationError>,
+    ) -> Result<(), SessionError> {
+        let reply = match result {
+            Ok(evicted) => {
+                if evicted > 0 {
+                    self.observer.eviction(Tier::Vram, evicted);
+                }
+                Ok(())
+            }
+            Err(error) => {
+                self.observer.error(ErrorKind::Budget);
+                Err(SessionError::from(error))
+            }
+        };
+        self.report_usage();
+        reply
+    }
+
     fn try_finish_drain(&mut self) {
         if self.draining.is_none() || self.state.loads_in_flight() > 0 {
             return;
@@ -323,20 +344,7 @@ impl Handler<ReserveActivations> for VramAllocator {
 
     fn handle(&mut self, message: ReserveActivations, _ctx: &mut Self::Context) {
         let result = self.state.reserve_activations(message.bytes);
-        let reply = match result {
-            Ok(evicted) => {
-                if evicted > 0 {
-                    self.observer.eviction(Tier::Vram, evicted);
-                }
-                Ok(())
-            }
-            Err(error) => {
-                self.observer.error(ErrorKind::Budget);
-                Err(SessionError::from(error))
-            }
-        };
-        self.report_usage();
-        let _ = message.reply.send(reply);
+        let _ = message.reply.send(self.reserved(result));
     }
 }
 
@@ -367,20 +375,8 @@ impl Handler<ReserveLora> for VramAllocator {
             let _ = message.reply.send(Err(SessionError::Stopped));
             return;
         }
-        let reply = match self.state.reserve_lora(message.bytes) {
-            Ok(evicted) => {
-                if evicted > 0 {
-                    self.observer.eviction(Tier::Vram, evicted);
-                }
-                Ok(())
-            }
-            Err(error) => {
-                self.observer.error(ErrorKind::Budget);
-                Err(SessionError::from(error))
-            }
-        };
-        self.report_usage();
-        let _ = message.reply.send(reply);
+        let result = self.state.reserve_lora(message.bytes);
+        let _ = message.reply.send(self.reserved(result));
     }
 }
 

@@ -265,6 +265,53 @@ pub fn resolve_budgets(settings: &Settings, model_bytes: u64, is_demo: bool) -> 
     }
 }
 
+/// The storage adapter for a model's files, as the settings ask (O_DIRECT with
+/// `fast_disk`, else buffered `pread`).
+pub fn open_model_storage(
+    index: &ModelIndex,
+    settings: &Settings,
+    fail_after_reads: Option<u64>,
+) -> Result<Arc<dyn Storage>, RunError> {
+    let files: Vec<StorageFile> = index
+        .files
+        .iter()
+        .map(|file| StorageFile {
+            path: file.path.clone(),
+            expected_bytes: file.bytes,
+        })
+        .collect();
+    let mut options = StorageOptions::from_settings(settings);
+    options.fail_after_reads = fail_after_reads;
+    open_storage(&files, &options, settings.fast_disk)
+        .map_err(|error| RunError::BadInput(error.to_string()))
+}
+
+/// The session's budgets and ring from the settings, for any device.
+pub fn session_config(
+    settings: &Settings,
+    budgets: Budgets,
+    prefetch_depth: u32,
+    policy: ResidencyPolicy,
+) -> SessionConfig {
+    SessionConfig {
+        vram_budget_bytes: budgets.vram_budget_bytes,
+        pin_ceiling_bytes: budgets.pin_ceiling_bytes,
+        prefetch_depth,
+        // Whole-block staging needs depth + 1 buffers to keep the ring busy; fast-disk
+        // chunks use the configured ring (default 3 × 64 MiB).
+        staging_buffers: if settings.fast_disk {
+            settings.staging_buffers
+        } else {
+            settings.staging_buffers.clamp(2, prefetch_depth + 2)
+        },
+        fast_disk_chunk_bytes: settings
+            .fast_disk
+            .then(|| settings.staging_buffer_size.as_u64()),
+        policy,
+        max_reads_in_flight: (settings.reader_threads as usize).max(2),
+    }
+}
+
 /// One run's knobs beyond the settings.
 pub struct RunPlan<'a> {
     pub settings: &'a Settings,
@@ -303,35 +350,8 @@ pub fn execute(prepared: &Prepared, plan: RunPlan<'_>) -> Result<Outcome, RunErr
         )
         .map_err(|error| RunError::Failed(error.to_string()))?,
     );
-    let files: Vec<StorageFile> = index
-        .files
-        .iter()
-        .map(|file| StorageFile {
-            path: file.path.clone(),
-            expected_bytes: file.bytes,
-        })
-        .collect();
-    let mut options = StorageOptions::from_settings(settings);
-    options.fail_after_reads = plan.fail_after_reads;
-    let storage: Arc<dyn Storage> = open_storage(&files, &options, settings.fast_disk)
-        .map_err(|error| RunError::BadInput(error.to_string()))?;
-    let config = SessionConfig {
-        vram_budget_bytes: plan.budgets.vram_budget_bytes,
-        pin_ceiling_bytes: plan.budgets.pin_ceiling_bytes,
-        prefetch_depth: plan.prefetch_depth,
-        // Whole-block staging needs depth + 1 buffers to keep the ring busy; fast-disk
-        // chunks use the configured ring (default 3 × 64 MiB).
-        staging_buffers: if settings.fast_disk {
-            settings.staging_buffers
-        } else {
-            settings.staging_buffers.clamp(2, plan.prefetch_depth + 2)
-        },
-        fast_disk_chunk_bytes: settings
-            .fast_disk
-            .then(|| settings.staging_buffer_size.as_u64()),
-        policy: plan.policy,
-        max_reads_in_flight: (settings.reader_threads as usize).max(2),
-    };
+    let storage = open_model_storage(index, settings, plan.fail_after_reads)?;
+    let config = session_config(settings, plan.budgets, plan.prefetch_depth, plan.policy);
     let (layout, order, experts) = match &prepared.workload {
         Workload::Moe(run) => {
             let experts = expert_config(run, &config)?;

@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use serde::Serialize;
-use stagehand_actors::{BlockId, Device, Session, SessionConfig, Storage};
+use stagehand_actors::{BlockId, Device, Session};
 
 use super::bench::{link_figures, LinkFigures};
 use super::budget::VramBudget;
@@ -21,7 +21,6 @@ use super::stack::LinearStackGpu;
 use super::stepper::{drive_cuda, GpuWork, OutputCheck, StepOptions};
 use super::verify::StreamVerifyGpu;
 use crate::run::{Budgets, Outcome, Prepared, RunError, RunPlan};
-use crate::storage::{open_storage, StorageFile, StorageOptions};
 use crate::workload::bound::{measure_rates, LinkRates, StepBound};
 use crate::workload::driver::Workload;
 
@@ -226,35 +225,8 @@ pub fn execute_cuda_with(
         activation_bytes >> 20
     );
 
-    let files: Vec<StorageFile> = index
-        .files
-        .iter()
-        .map(|file| StorageFile {
-            path: file.path.clone(),
-            expected_bytes: file.bytes,
-        })
-        .collect();
-    let mut storage_options = StorageOptions::from_settings(settings);
-    storage_options.fail_after_reads = plan.fail_after_reads;
-    let storage: Arc<dyn Storage> = open_storage(&files, &storage_options, settings.fast_disk)
-        .map_err(|error| RunError::BadInput(error.to_string()))?;
-    let config = SessionConfig {
-        vram_budget_bytes: budgets.vram_budget_bytes,
-        pin_ceiling_bytes: budgets.pin_ceiling_bytes,
-        prefetch_depth: plan.prefetch_depth,
-        // As the CPU run: whole-block staging needs depth + 1 buffers to keep the ring
-        // busy; fast-disk chunks use the configured ring.
-        staging_buffers: if settings.fast_disk {
-            settings.staging_buffers
-        } else {
-            settings.staging_buffers.clamp(2, plan.prefetch_depth + 2)
-        },
-        fast_disk_chunk_bytes: settings
-            .fast_disk
-            .then(|| settings.staging_buffer_size.as_u64()),
-        policy: plan.policy,
-        max_reads_in_flight: (settings.reader_threads as usize).max(2),
-    };
+    let storage = crate::run::open_model_storage(index, settings, plan.fail_after_reads)?;
+    let config = crate::run::session_config(settings, budgets, plan.prefetch_depth, plan.policy);
     let device_port: Arc<dyn Device> = device.clone();
     let order: Vec<BlockId> = (0..layout.len() as u32).map(BlockId).collect();
     let session = Session::start(
