@@ -190,7 +190,10 @@ fn resident_bake_is_exact_and_streamed_low_rank_is_within_tolerance() {
         if exact {
             assert_eq!(report.plan.vram.streamed_bytes_per_step, 0, "all resident");
         } else {
-            assert!(report.plan.vram.streamed_bytes_per_step > 0, "some blocks stream");
+            assert!(
+                report.plan.vram.streamed_bytes_per_step > 0,
+                "some blocks stream"
+            );
         }
     }
 }
