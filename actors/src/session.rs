@@ -25,7 +25,6 @@ use tokio::time::Instant;
 
 use crate::compute_stream::ComputeStream;
 use crate::device::Device;
-use crate::disk_reader::DiskReader;
 use crate::error::SessionError;
 use crate::expert_cache::ExpertPolicy;
 use crate::layout::{BlockId, ModelLayout};
@@ -34,15 +33,16 @@ use crate::messages::{
     Hint, Invalidate, Miss, ReleaseActivations, ReleaseStreamed, ReserveActivations, Shutdown,
     StepDone,
 };
-use crate::observer::{AcquireBatch, Observer, Tee};
-use crate::pin_manager::PinManager;
-use crate::pin_state::PinState;
-use crate::plan::{PinPlan, ResidencyPolicy, Staging, StepOrder, VramPlan};
+use crate::observer::{AcquireBatch, Observer};
+use crate::plan::{PinPlan, ResidencyPolicy, StepOrder, VramPlan};
 use crate::residency::{BlockHandle, ResidencyTable};
 use crate::stats::{Stats, StatsSnapshot};
 use crate::storage::Storage;
-use crate::vram_allocator::{ConnectPins, VramAllocator};
-use crate::vram_state::VramState;
+use crate::vram_allocator::VramAllocator;
+
+mod prepare;
+
+use prepare::Prepared;
 
 /// How a session uses its budgets.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -414,158 +414,3 @@ fn block_on<F: std::future::Future>(future: F) -> F::Output {
 /// A miss is retried if the block was evicted again before the compute thread got it
 /// (activation pressure); past this many tries something is wrong.
 const MAX_MISS_ATTEMPTS: u32 = 64;
-
-/// Everything decided before any actor starts.
-#[derive(Clone)]
-struct Prepared {
-    table: Arc<ResidencyTable>,
-    order: StepOrder,
-    plan: SessionPlan,
-    stats: Arc<Stats>,
-}
-
-impl Prepared {
-    fn new(
-        config: &SessionConfig,
-        experts: Option<ExpertConfig>,
-        layout: &ModelLayout,
-        order: Vec<BlockId>,
-    ) -> Result<Self, SessionError> {
-        let order = StepOrder::new(order, layout.len())?;
-        let vram = VramPlan::new(
-            layout,
-            &order,
-            planned_budget(config, experts)?,
-            config.prefetch_depth,
-            config.policy,
-        )?;
-        let staging = match config.fast_disk_chunk_bytes {
-            Some(buffer_bytes) => Staging::Chunks {
-                buffers: config.staging_buffers,
-                buffer_bytes,
-            },
-            None => Staging::WholeBlocks {
-                buffers: config.staging_buffers,
-            },
-        };
-        let pins = PinPlan::new(layout, &order, &vram, config.pin_ceiling_bytes, staging)?;
-        let table = Arc::new(ResidencyTable::new(
-            layout.blocks.iter().map(|block| block.bytes),
-        ));
-        Ok(Self {
-            table,
-            order,
-            plan: SessionPlan { vram, pins },
-            stats: Arc::new(Stats::default()),
-        })
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn start_actors(
-        self,
-        config: SessionConfig,
-        experts: Option<ExpertConfig>,
-        layout: ModelLayout,
-        device: Arc<dyn Device>,
-        storage: Arc<dyn Storage>,
-        observer: Arc<dyn Observer>,
-        owns_system: bool,
-    ) -> Result<Wiring, SessionError> {
-        let observer: Arc<dyn Observer> = Arc::new(Tee(self.stats.clone(), observer));
-        let mut state = VramState::new(
-            &layout,
-            self.order.clone(),
-            planned_budget(&config, experts)?,
-            config.prefetch_depth,
-            config.policy,
-            self.table.clone(),
-        )?;
-        if let Some(experts) = experts {
-            state = state.with_experts(experts.slots, experts.slot_bytes, experts.policy);
-        }
-        let arena = device
-            .allocate_arena(config.vram_budget_bytes)
-            .map_err(|error| SessionError::Device(error.to_string()))?;
-        let block_bytes: Vec<u64> = layout.blocks.iter().map(|block| block.bytes).collect();
-        let extents = layout
-            .blocks
-            .into_iter()
-            .map(|block| block.extents)
-            .collect();
-        let lookahead = 2 * (config.prefetch_depth as usize + 1);
-        // With fast disk the chunk ring sits beside the ceiling: pinned ≤ ring + ceiling.
-        let pinned_limit = if self.plan.pins.chunked {
-            config.pin_ceiling_bytes + self.plan.pins.staging_bytes()
-        } else {
-            config.pin_ceiling_bytes
-        };
-        let pin_state = PinState::new(
-            block_bytes,
-            self.order.clone(),
-            self.plan.pins.clone(),
-            pinned_limit,
-            lookahead,
-        );
-        let reader = DiskReader::new(storage, config.max_reads_in_flight).start();
-        let allocator = VramAllocator::new(
-            state,
-            self.table.clone(),
-            device.clone(),
-            arena,
-            observer.clone(),
-        )
-        .start();
-        let pins = PinManager::new(
-            pin_state,
-            extents,
-            device,
-            reader,
-            allocator.clone(),
-            observer.clone(),
-        )
-        .start();
-        allocator.do_send(ConnectPins(pins.clone()));
-        let lora = LoraOffloader::new(allocator.clone(), observer.clone()).start();
-        let stream = ComputeStream::new(allocator.clone(), pins, observer, owns_system).start();
-        Ok(Wiring {
-            stream,
-            lora,
-            allocator,
-        })
-    }
-
-    fn into_session(self, wiring: Wiring, system_thread: Option<JoinHandle<()>>) -> Session {
-        Session {
-            table: self.table,
-            stream: wiring.stream,
-            lora: wiring.lora,
-            allocator: wiring.allocator,
-            order: self.order,
-            position: 0,
-            batch: AcquireBatch::default(),
-            step_started: Instant::now(),
-            stats: self.stats,
-            plan: self.plan,
-            system_thread,
-        }
-    }
-}
-
-/// The budget the step order is planned in: the VRAM budget less the expert cache.
-fn planned_budget(
-    config: &SessionConfig,
-    experts: Option<ExpertConfig>,
-) -> Result<u64, SessionError> {
-    let area = experts.map_or(0, |experts| experts.area_bytes());
-    match config.vram_budget_bytes.checked_sub(area) {
-        Some(left) if left > 0 || area == 0 => Ok(left),
-        _ => Err(SessionError::Plan(
-            crate::plan::PlanError::VramBudgetTooSmall {
-                budget: crate::plan::Bytes(config.vram_budget_bytes),
-                needed: crate::plan::Bytes(area),
-                largest: crate::plan::Bytes(experts.map_or(0, |experts| experts.slot_bytes)),
-                depth: 0,
-            },
-        )),
-    }
-}
