@@ -148,8 +148,7 @@ impl PinManager {
             .find(|stream| stream.block == block)
             .map(|stream| stream.destination.offset(offset))
         else {
-            self.state
-                .give_back(block, buffer, BufferHome::Chunk { offset }, false);
+            self.give_back(block, buffer, BufferHome::Chunk { offset }, false, ctx);
             return;
         };
         let started = tokio::time::Instant::now();
@@ -161,9 +160,7 @@ impl PinManager {
                     Ok(buffer) => (buffer, None),
                     Err((error, buffer)) => (buffer, Some(error.to_string())),
                 };
-                actor
-                    .state
-                    .give_back(block, buffer, BufferHome::Chunk { offset }, true);
+                actor.give_back(block, buffer, BufferHome::Chunk { offset }, true, ctx);
                 match error {
                     None => {
                         actor
@@ -187,6 +184,20 @@ impl PinManager {
                 actor.try_finish_drain();
             }),
         );
+    }
+
+    /// Returns a buffer to its home; a request that was waiting for it goes ahead.
+    fn give_back(
+        &mut self,
+        block: BlockId,
+        buffer: crate::HostBuffer,
+        home: BufferHome,
+        bytes_valid: bool,
+        ctx: &mut Context<Self>,
+    ) {
+        if let Some(action) = self.state.give_back(block, buffer, home, bytes_valid) {
+            self.act(action, ctx);
+        }
     }
 
     /// Accounts a finished (or failed) chunk; reports the block when all have landed.
@@ -317,7 +328,7 @@ impl Handler<ReadDone> for PinManager {
                 None => self.copy_chunk(block, offset, buffer, bytes, seconds, ctx),
                 Some(reason) => {
                     self.observer.error(ErrorKind::Read);
-                    self.state.give_back(block, buffer, home, false);
+                    self.give_back(block, buffer, home, false, ctx);
                     self.chunk_done(
                         block,
                         bytes,
@@ -335,9 +346,7 @@ impl Handler<ReadDone> for PinManager {
                 block,
                 error: SessionError::ReadFailed { block, reason },
             });
-            if let Some(action) = self.state.give_back(block, buffer, home, false) {
-                self.act(action, ctx);
-            }
+            self.give_back(block, buffer, home, false, ctx);
             self.try_finish_drain();
             return;
         }
@@ -369,9 +378,9 @@ impl Handler<ReturnBuffer> for PinManager {
             buffer,
             home,
         } = message;
-        if let Some(action) = self.state.give_back(block, buffer, home, true) {
-            self.act(action, ctx);
-        }
+        self.give_back(block, buffer, home, true, ctx);
+        // A returned staging buffer may be what a chunked load is waiting for.
+        self.pump(ctx);
         self.try_finish_drain();
     }
 }

@@ -188,7 +188,9 @@ impl PinState {
         } else if self.plan.is_cached(block) && !self.pending_register.contains(&block) {
             self.pending_register.push(block);
         }
-        if self.plan.chunked {
+        // Fast disk streams every uncached block in chunks; whole-block staging does so
+        // only for a block larger than its buffers (one kept resident, loaded once).
+        if self.plan.chunked || self.block_bytes[block.index()] > self.plan.staging_buffer_bytes {
             return Some(PinAction::Stream { block });
         }
         match self.staging_free.pop() {
@@ -232,11 +234,9 @@ impl PinState {
                 }
                 None
             }
-            BufferHome::Chunk { .. } => {
-                self.staging_free.push(buffer);
-                None
-            }
-            BufferHome::Staging => {
+            // Chunk and whole-block staging share one ring: a waiting whole-block request
+            // gets the buffer first; otherwise it goes back for the next chunk.
+            BufferHome::Chunk { .. } | BufferHome::Staging => {
                 let waiting = self.waiting_for_staging.pop_front();
                 match waiting {
                     Some(next) => Some(PinAction::Read {

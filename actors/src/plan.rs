@@ -445,8 +445,9 @@ impl PinPlan {
         staging: Staging,
     ) -> Result<Self, PlanError> {
         let block_bytes: Vec<u64> = layout.blocks.iter().map(|block| block.bytes).collect();
-        // Whole-block staging carries every block once, resident ones included.
-        let largest = vram.largest_block_bytes;
+        // Whole-block staging buffers hold the largest streamed block; a resident block
+        // too large for them is loaded once in chunks through the same buffers.
+        let largest = vram.slot_bytes;
         let (staging_buffers, staging_buffer_bytes, chunked) = match staging {
             Staging::WholeBlocks { buffers } => (buffers, largest, false),
             Staging::Chunks {

@@ -323,3 +323,74 @@ fn a_failed_chunk_read_fails_the_fast_disk_run_cleanly() {
     assert_eq!(stats.pinned.used_bytes, 0);
     assert_eq!(stats.vram.used_bytes, 0);
 }
+
+#[test]
+fn a_block_too_large_for_the_staging_buffers_loads_in_chunks_and_stays_resident() {
+    // A head three blocks long, then 12 blocks: the head stays resident (too large to
+    // stream), ring slots and staging buffers are sized for one block, and the head is
+    // loaded once through the staging buffers in chunks.
+    let head = 3 * BLOCK;
+    let count = 12u64;
+    let total = head + count * BLOCK;
+    let file: Vec<u8> = (0..total).map(|i| (i * 13 % 251) as u8).collect();
+    let mut blocks = vec![BlockLayout::new(
+        "head",
+        vec![Extent {
+            file: FileId(0),
+            offset: 0,
+            length: head,
+        }],
+    )];
+    blocks.extend((0..count).map(|index| {
+        BlockLayout::new(
+            format!("blocks.{index}"),
+            vec![Extent {
+                file: FileId(0),
+                offset: head + index * BLOCK,
+                length: BLOCK,
+            }],
+        )
+    }));
+    let layout = ModelLayout { blocks };
+    let device = Arc::new(MemDevice::new(total as usize));
+    let storage = Arc::new(MemStorage {
+        file: file.clone(),
+        reads: AtomicU64::new(0),
+        fail_after: None,
+    });
+    let order: Vec<BlockId> = (0..=count as u32).map(BlockId).collect();
+    let mut session = Session::start(
+        config(8, 5, ResidencyPolicy::Planned),
+        layout.clone(),
+        order.clone(),
+        device.clone(),
+        storage,
+        Arc::new(NoObserver),
+    )
+    .unwrap();
+    assert_eq!(session.plan().vram.slot_bytes, BLOCK);
+    assert!(session.plan().vram.resident[0], "the head stays resident");
+    assert_eq!(session.plan().pins.staging_buffer_bytes, BLOCK);
+    for _ in 0..3 {
+        for &block in &order {
+            let handle = session.acquire(block).unwrap();
+            let extent = layout.blocks[block.index()].extents[0];
+            let start = extent.offset as usize;
+            assert_eq!(
+                device.read(handle.ptr, handle.bytes),
+                file[start..start + extent.length as usize],
+                "{block} bytes"
+            );
+            session.release(handle);
+        }
+        session.step_done();
+    }
+    let stats = session.finish();
+    assert!(stats.vram.peak_used_bytes <= 8 * BLOCK);
+    assert!(stats.pinned.peak_used_bytes <= 5 * BLOCK);
+    assert_eq!(
+        stats.disk_to_vram.model_bytes, head,
+        "the head crossed once, in chunks"
+    );
+    assert_eq!(stats.pinned.used_bytes, 0);
+}

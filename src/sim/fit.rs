@@ -225,8 +225,8 @@ pub struct FitCheck {
     pub cold_bound_seconds: f64,
 }
 
-/// The streaming ring of the pipeline's VRAM plan for this budget, if one is feasible.
-fn pipeline_ring_bytes(model: &ModelDescription, budget_bytes: u64, depth: u32) -> Option<u64> {
+/// The pipeline's VRAM plan for this budget, if one is feasible: (ring bytes, slot bytes).
+fn pipeline_ring(model: &ModelDescription, budget_bytes: u64, depth: u32) -> Option<(u64, u64)> {
     use stagehand_actors::{BlockId, ResidencyPolicy, StepOrder, VramPlan};
     let layout = model.layout();
     let order = StepOrder::new(
@@ -242,7 +242,7 @@ fn pipeline_ring_bytes(model: &ModelDescription, budget_bytes: u64, depth: u32) 
         ResidencyPolicy::Planned,
     )
     .ok()?;
-    Some(plan.ring_bytes())
+    Some((plan.ring_bytes(), plan.slot_bytes))
 }
 
 impl FitCheck {
@@ -270,9 +270,15 @@ impl FitCheck {
         // The ring the pipeline's own plan picks: slots sized for the largest block it
         // streams (blocks too large to stream stay resident). Without a feasible plan,
         // the ring a largest-block slot would need, to report the shortfall.
+        let planned = pipeline_ring(model, vram_budget_bytes, settings.prefetch_depth);
+        // Whole-block staging buffers hold the largest streamed block (a larger, resident
+        // block is loaded once in chunks through them).
+        let slot_bytes = planned.map_or(largest_block_bytes, |(_, slot)| slot);
         let ring_bytes = if streams {
-            pipeline_ring_bytes(model, vram_budget_bytes, settings.prefetch_depth)
-                .unwrap_or(largest_block_bytes * (u64::from(settings.prefetch_depth) + 1))
+            planned.map_or(
+                largest_block_bytes * (u64::from(settings.prefetch_depth) + 1),
+                |(ring, _)| ring,
+            )
         } else {
             0
         };
@@ -292,7 +298,7 @@ impl FitCheck {
         let (staging_buffers, staging_buffer_bytes) = if settings.fast_disk {
             (settings.staging_buffers, settings.staging_buffer_bytes)
         } else {
-            (settings.staging_buffers, largest_block_bytes)
+            (settings.staging_buffers, slot_bytes)
         };
         let staging_bytes = u64::from(staging_buffers) * staging_buffer_bytes;
         if staging_buffers < MIN_STAGING_BUFFERS || staging_buffer_bytes == 0 {

@@ -6,7 +6,7 @@
 //! disk's previous extent ended: streaming a file front to back costs bandwidth only,
 //! jumping around costs latency too.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -41,7 +41,8 @@ pub struct SimStorage {
     lane: SerialLane,
     trace: Option<Arc<TraceRecorder>>,
     /// Where each block starts, to label reads and to check extents.
-    blocks: HashMap<(FileId, u64), String>,
+    /// Every block extent by (file, start): its end and the block's name.
+    blocks: BTreeMap<(u32, u64), (u64, String)>,
     file_ends: HashMap<FileId, u64>,
     seed: u64,
     state: Mutex<DiskState>,
@@ -61,7 +62,7 @@ impl SimStorage {
             clock,
             lane: SerialLane::default(),
             trace: None,
-            blocks: HashMap::new(),
+            blocks: BTreeMap::new(),
             file_ends: HashMap::new(),
             seed: faults.seed,
             state: Mutex::new(DiskState {
@@ -76,9 +77,11 @@ impl SimStorage {
     /// extent outside every block's file range is an error, as a short file would be.
     pub fn with_layout(mut self, layout: &ModelLayout) -> Self {
         for block in &layout.blocks {
-            if let Some(first) = block.extents.first() {
-                self.blocks
-                    .insert((first.file, first.offset), block.name.clone());
+            for extent in &block.extents {
+                self.blocks.insert(
+                    (extent.file.0, extent.offset),
+                    (extent.offset + extent.length, block.name.clone()),
+                );
             }
             for extent in &block.extents {
                 let end = self.file_ends.entry(extent.file).or_insert(0);
@@ -154,9 +157,17 @@ impl SimStorage {
     }
 
     fn label(&self, extents: &[Extent], bytes: u64) -> String {
+        // A chunk of a block (fast disk, or a block larger than the staging buffers)
+        // starts inside one of its extents, not at it.
         extents
             .first()
-            .and_then(|first| self.blocks.get(&(first.file, first.offset)).cloned())
+            .and_then(|first| {
+                let ((file, _), (end, name)) = self
+                    .blocks
+                    .range(..=(first.file.0, first.offset))
+                    .next_back()?;
+                (*file == first.file.0 && first.offset < *end).then(|| name.clone())
+            })
             .unwrap_or_else(|| format!("read {bytes} B"))
     }
 }
