@@ -5,7 +5,6 @@
 //! a file of the same shape, given by path; it may name a shipped link or disk or
 //! describe its own in a `[link]` / `[disk]` table.
 
-use std::path::Path;
 use std::time::Duration;
 
 use bytesize::ByteSize;
@@ -111,29 +110,9 @@ struct HostSection {
 impl HardwareProfile {
     /// Loads a shipped profile by name, or a user's profile file by path.
     pub fn load(name_or_path: &str) -> Result<Self, SimError> {
-        if let Some((name, text)) = BUILTIN_PROFILES
-            .iter()
-            .find(|(name, _)| *name == name_or_path)
-        {
-            return Self::parse(name, "built-in", text);
-        }
-        let path = Path::new(name_or_path);
-        if !path.is_file() {
-            return Err(SimError::UnknownProfile {
-                kind: "hardware",
-                name: name_or_path.to_string(),
-                known: Self::builtin_names().join(", "),
-            });
-        }
-        let text = std::fs::read_to_string(path).map_err(|error| SimError::Profile {
-            file: path.display().to_string(),
-            message: error.to_string(),
-        })?;
-        let name = path.file_stem().map_or_else(
-            || name_or_path.to_string(),
-            |stem| stem.to_string_lossy().into_owned(),
-        );
-        Self::parse(&name, &path.display().to_string(), &text)
+        let (name, source, text) =
+            super::shipped_or_file("hardware", name_or_path, BUILTIN_PROFILES)?;
+        Self::parse(&name, &source, &text)
     }
 
     /// Names `load` accepts without a path.

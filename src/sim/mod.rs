@@ -42,6 +42,37 @@ pub use storage::{DiskRates, ReadStats, SimStorage};
 pub use trace::{Lane, TraceError, TraceRecorder, TraceSlice};
 pub use trace_observer::TraceObserver;
 
+/// A description file to parse: a shipped one by name (embedded in the binary), or a
+/// user's file by path. Returns (name, source for errors, TOML text).
+fn shipped_or_file(
+    kind: &'static str,
+    name_or_path: &str,
+    shipped: &[(&'static str, &'static str)],
+) -> Result<(String, String, String), SimError> {
+    if let Some((name, text)) = shipped.iter().find(|(name, _)| *name == name_or_path) {
+        return Ok((name.to_string(), "built-in".to_string(), text.to_string()));
+    }
+    let path = std::path::Path::new(name_or_path);
+    if !path.is_file() {
+        let known: Vec<&str> = shipped.iter().map(|(name, _)| *name).collect();
+        return Err(SimError::UnknownProfile {
+            kind,
+            name: name_or_path.to_string(),
+            known: known.join(", "),
+        });
+    }
+    let source = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|error| SimError::Profile {
+        file: source.clone(),
+        message: error.to_string(),
+    })?;
+    let name = path.file_stem().map_or_else(
+        || name_or_path.to_string(),
+        |stem| stem.to_string_lossy().into_owned(),
+    );
+    Ok((name, source, text))
+}
+
 /// What can go wrong setting up a simulation.
 #[derive(Debug, thiserror::Error)]
 pub enum SimError {

@@ -6,7 +6,6 @@
 //! carry their arithmetic in comments) or from a real checkpoint's header.
 
 use std::collections::BTreeSet;
-use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use stagehand_actors::{BlockLayout, Extent, FileId, ModelLayout};
@@ -119,30 +118,8 @@ fn one() -> u32 {
 impl ModelDescription {
     /// Loads a shipped description by name, or a TOML file by path.
     pub fn load(name_or_path: &str) -> Result<Self, SimError> {
-        if let Some((name, text)) = BUILTIN_MODELS
-            .iter()
-            .find(|(name, _)| *name == name_or_path)
-        {
-            return Self::parse(name, "built-in", text);
-        }
-        let path = Path::new(name_or_path);
-        if !path.is_file() {
-            return Err(SimError::UnknownProfile {
-                kind: "model",
-                name: name_or_path.to_string(),
-                known: Self::builtin_names().join(", "),
-            });
-        }
-        let source = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|error| SimError::Profile {
-            file: source.clone(),
-            message: error.to_string(),
-        })?;
-        let stem = path.file_stem().map_or_else(
-            || source.clone(),
-            |stem| stem.to_string_lossy().into_owned(),
-        );
-        Self::parse(&stem, &source, &text)
+        let (name, source, text) = super::shipped_or_file("model", name_or_path, BUILTIN_MODELS)?;
+        Self::parse(&name, &source, &text)
     }
 
     pub fn builtin_names() -> Vec<&'static str> {

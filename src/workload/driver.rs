@@ -179,24 +179,44 @@ pub fn drive_traced(
                 return Err(Box::new((error, stats)));
             }
         };
-        session.step_done();
-        let step_seconds = started.elapsed().as_secs_f64();
-        report.step_seconds.push(step_seconds);
-        report.compute_seconds.push(compute_seconds);
-        report.verified_steps += 1;
         if lora.phase_set().is_some_and(|set| !set.is_empty()) {
             report.tolerance_steps += 1;
         }
-        if step == 0 {
-            report.after_first_step = session.stats();
-        }
-        (options.on_step)(step, step_seconds);
+        close_step(
+            &mut session,
+            &mut report,
+            step,
+            started,
+            compute_seconds,
+            &mut options.on_step,
+        );
         step += 1;
     }
     report.steps = step;
     report.lora = session.lora_usage().unwrap_or_default();
     report.stats = session.finish();
     Ok(report)
+}
+
+/// Closes a verified step: flushes its counters to the session, records its times,
+/// keeps the counters after the cold first step, and tells the caller.
+pub(super) fn close_step(
+    session: &mut Session,
+    report: &mut RunReport,
+    step: u64,
+    started: Instant,
+    compute_seconds: f64,
+    on_step: &mut Box<dyn FnMut(u64, f64) + Send>,
+) {
+    session.step_done();
+    let step_seconds = started.elapsed().as_secs_f64();
+    report.step_seconds.push(step_seconds);
+    report.compute_seconds.push(compute_seconds);
+    report.verified_steps += 1;
+    if step == 0 {
+        report.after_first_step = session.stats();
+    }
+    on_step(step, step_seconds);
 }
 
 /// One pass over the order. Returns the seconds spent computing.

@@ -102,17 +102,8 @@ impl LinearStack {
     /// A deterministic input batch.
     pub fn activations(&self) -> Activations {
         let count = self.batch * self.dim();
-        let mut state = self.spec.seed ^ 0x1234_5678;
-        let x = (0..count)
-            .map(|_| {
-                state = state
-                    .wrapping_mul(6_364_136_223_846_793_005)
-                    .wrapping_add(1_442_695_040_888_963_407);
-                ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect();
         Activations {
-            x,
+            x: input_batch(self.spec.seed, count),
             y: vec![0.0; count],
             low_rank: Vec::new(),
         }
@@ -289,6 +280,20 @@ pub(crate) fn gemm(weights: &[f32], dim: usize, batch: usize, x: &[f32], y: &mut
             1,
         );
     }
+}
+
+/// A deterministic input batch of `count` values in [-1, 1) from a model's seed (an LCG:
+/// the same seed gives the same input to a streamed run and to its reference).
+pub fn input_batch(seed: u64, count: usize) -> Vec<f32> {
+    let mut state = seed ^ 0x1234_5678;
+    (0..count)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
 }
 
 /// `x ← rmsnorm(y)` row by row.

@@ -9,8 +9,8 @@ use std::time::Instant;
 
 use stagehand_actors::{BlockHandle, LoraUsage, Session, StatsSnapshot};
 
-use super::driver::{DriverOptions, RunReport};
-use super::linear_stack::{first_difference, gemm, rms_norm};
+use super::driver::{close_step, DriverOptions, RunReport};
+use super::linear_stack::{first_difference, gemm, input_batch, rms_norm};
 use super::moe_model::MoeLayout;
 use super::WorkloadError;
 use crate::device::cpu::block_bytes;
@@ -100,17 +100,8 @@ impl MoeRun {
     fn scratch(&self) -> Scratch {
         let dim = self.model.spec.dim as usize;
         let count = self.batch * dim;
-        let mut state = self.model.spec.seed ^ 0x1234_5678;
-        let x = (0..count)
-            .map(|_| {
-                state = state
-                    .wrapping_mul(6_364_136_223_846_793_005)
-                    .wrapping_add(1_442_695_040_888_963_407);
-                ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect();
         Scratch {
-            x,
+            x: input_batch(self.model.spec.seed, count),
             y: vec![0.0; count],
             mixed: vec![0.0; count],
             gates: vec![0.0; self.batch * self.model.spec.top_k as usize],
@@ -233,15 +224,14 @@ pub fn drive(
                 return Err(Box::new((error, stats)));
             }
         };
-        session.step_done();
-        let step_seconds = started.elapsed().as_secs_f64();
-        report.step_seconds.push(step_seconds);
-        report.compute_seconds.push(compute_seconds);
-        report.verified_steps += 1;
-        if token == 0 {
-            report.after_first_step = session.stats();
-        }
-        (options.on_step)(token, step_seconds);
+        close_step(
+            &mut session,
+            &mut report,
+            token,
+            started,
+            compute_seconds,
+            &mut options.on_step,
+        );
         token += 1;
     }
     report.steps = token;

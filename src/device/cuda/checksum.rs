@@ -15,7 +15,6 @@ use stagehand_actors::DevicePtr;
 
 use super::device::CudaDevice;
 use super::error::CudaError;
-use super::library::require_nvrtc;
 
 const GOLDEN_GAMMA: u64 = 0x9e37_79b9_7f4a_7c15;
 
@@ -113,18 +112,7 @@ pub struct ChecksumKernel {
 impl ChecksumKernel {
     /// Compiles the kernel with NVRTC (checked present first) and loads it.
     pub fn new(device: &CudaDevice) -> Result<Self, CudaError> {
-        require_nvrtc()?;
-        let ptx = cudarc::nvrtc::compile_ptx(KERNEL_SOURCE).map_err(|error| CudaError::Nvrtc {
-            kernel: KERNEL_NAME,
-            log: format!("{error:?}"),
-        })?;
-        let module = device
-            .context()
-            .load_module(ptx)
-            .map_err(CudaError::driver("cuModuleLoadData"))?;
-        let function = module
-            .load_function(KERNEL_NAME)
-            .map_err(CudaError::driver("cuModuleGetFunction"))?;
+        let function = super::kernel::compile(device, KERNEL_SOURCE, KERNEL_NAME)?;
         Ok(Self {
             function,
             device_stream: device.compute_stream().clone(),

@@ -36,6 +36,7 @@ mod error;
 mod events;
 mod floats;
 mod holds;
+mod kernel;
 mod library;
 mod linear;
 mod pinned;

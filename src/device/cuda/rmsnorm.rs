@@ -14,7 +14,6 @@ use stagehand_actors::DevicePtr;
 
 use super::device::CudaDevice;
 use super::error::CudaError;
-use super::library::require_nvrtc;
 
 /// The ε the CPU linear-stack adds to the mean square (`linear_stack::RMS_EPSILON`).
 pub const RMS_EPSILON: f32 = 1e-6;
@@ -99,18 +98,7 @@ pub struct RmsNormKernel {
 impl RmsNormKernel {
     /// Compiles the kernel with NVRTC (checked present first) and loads it.
     pub fn new(device: &CudaDevice) -> Result<Self, CudaError> {
-        require_nvrtc()?;
-        let ptx = cudarc::nvrtc::compile_ptx(KERNEL_SOURCE).map_err(|error| CudaError::Nvrtc {
-            kernel: KERNEL_NAME,
-            log: format!("{error:?}"),
-        })?;
-        let module = device
-            .context()
-            .load_module(ptx)
-            .map_err(CudaError::driver("cuModuleLoadData"))?;
-        let function = module
-            .load_function(KERNEL_NAME)
-            .map_err(CudaError::driver("cuModuleGetFunction"))?;
+        let function = super::kernel::compile(device, KERNEL_SOURCE, KERNEL_NAME)?;
         Ok(Self {
             function,
             stream: device.compute_stream().clone(),
