@@ -7,7 +7,7 @@ use std::time::Instant;
 use bytesize::ByteSize;
 
 use super::{CommandResult, Failure};
-use crate::lora::{write_demo_lora, DemoLora};
+use crate::lora::{write_demo_lora, DemoLora, LoraDtype};
 use crate::model::demo::{write_linear_stack, DemoError, DemoSpec};
 
 #[derive(Debug, clap::Args)]
@@ -33,6 +33,9 @@ pub struct DemoModelArgs {
     /// Rank of the adapter written with --lora-out.
     #[arg(long, default_value_t = 8)]
     pub lora_rank: usize,
+    /// Precision of the adapter's factors: the same seeded values, rounded to nearest.
+    #[arg(long, value_enum, default_value_t = LoraDtype::F32)]
+    pub lora_dtype: LoraDtype,
 }
 
 pub fn execute(args: DemoModelArgs) -> CommandResult {
@@ -61,13 +64,15 @@ pub fn execute(args: DemoModelArgs) -> CommandResult {
     if let Some(lora_path) = &args.lora_out {
         let lora = DemoLora {
             rank: args.lora_rank,
+            dtype: args.lora_dtype,
             ..DemoLora::default()
         };
         let bytes = write_demo_lora(lora_path, &spec, &lora).map_err(Failure::bad_input)?;
         println!(
-            "wrote {} (rank {} LoRA, {}); try: stagehand run --model {} --lora {}:0.8",
+            "wrote {} (rank {} {:?} LoRA, {}); try: stagehand run --model {} --lora {}:0.8",
             lora_path.display(),
             lora.rank,
+            lora.dtype,
             ByteSize::b(bytes),
             path.display(),
             lora_path.display()

@@ -9,11 +9,13 @@ mod error;
 mod generate;
 mod load;
 mod math;
+mod precision;
 
 pub use error::LoraError;
-pub use generate::{write_demo_lora, DemoLora, LoraNaming};
+pub use generate::{write_demo_lora, DemoLora, LoraDtype, LoraNaming};
 pub use load::{load_adapter, Naming};
 pub use math::{apply_low_rank, merge_into};
+pub use precision::{LORA_BF16_TOLERANCE, LORA_F16_TOLERANCE, LORA_PRECISION_SCALE_LIMIT};
 
 use std::path::PathBuf;
 
