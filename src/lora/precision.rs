@@ -15,8 +15,8 @@
 //! or two stacked — alpha up to twice the rank at strength up to 1, as real adapters
 //! mostly are. Measured worst `max |out(narrow) − out(f32)|` over ~300 seeded cases
 //! (single adapters at s = 0.5–2 with ranks 4–32, and PEFT + kohya pairs at s = 1.6 + 2
-//! and 2 + 2): 9.1 u for either dtype — 4.4e-3 for f16 and 3.6e-2 for bf16. The
-//! tolerances allow 16 u, about 1.75× the worst seen. Beyond the limit the error is not
+//! and 2 + 2): 7.9 u for f16 (3.9e-3) and 9.1 u for bf16 (3.6e-2). The tolerances
+//! allow 16 u, about 1.75× the worst seen. Beyond the limit the error is not
 //! bounded by a constant: at s = 4 the worst of 128 seeds was 21 u (f16) and 42 u
 //! (bf16), and single seeds at s = 6–8 reached 56 u.
 //!
@@ -27,7 +27,7 @@ pub const LORA_PRECISION_SCALE_LIMIT: f32 = 2.0;
 
 /// Largest absolute difference allowed between the demo model's output with f16
 /// factors and the merged reference of the same adapter in f32: 16 × 2^-11 = 2^-7.
-/// Measured worst: 4.4e-3 (9.1 u).
+/// Measured worst: 3.9e-3 (7.9 u).
 pub const LORA_F16_TOLERANCE: f32 = 0.007_812_5;
 
 /// Largest absolute difference allowed between the demo model's output with bf16
