@@ -16,7 +16,7 @@
 //! mostly are. Measured worst `max |out(narrow) − out(f32)|` over ~300 seeded cases
 //! (single adapters at s = 0.5–2 with ranks 4–32, and PEFT + kohya pairs at s = 1.6 + 2
 //! and 2 + 2): 7.9 u for f16 (3.9e-3) and 9.1 u for bf16 (3.6e-2). The tolerances
-//! allow 16 u, about 1.75× the worst seen. Beyond the limit the error is not
+//! allow 16 u, 1.75× (bf16) to 2× (f16) the worst seen. Beyond the limit the error is not
 //! bounded by a constant: at s = 4 the worst of 128 seeds was 21 u (f16) and 42 u
 //! (bf16), and single seeds at s = 6–8 reached 56 u.
 //!
