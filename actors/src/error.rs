@@ -22,4 +22,13 @@ pub enum SessionError {
     Starved { block: BlockId, attempts: u32 },
     #[error("the session has stopped")]
     Stopped,
+    #[error("LoRA factors need {requested_bytes} bytes of pinned memory and the pin ceiling has {available_bytes} left after the staging ring and buffers in use; raise --pin-ceiling or detach an adapter")]
+    LoraPinCeiling {
+        requested_bytes: u64,
+        available_bytes: u64,
+    },
+    #[error("at most {max} LoRA adapters can be attached at once; detach one first")]
+    TooManyAdapters { max: usize },
+    #[error("LoRA adapter `{name}`: {problem}")]
+    Lora { name: String, problem: String },
 }

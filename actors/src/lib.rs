@@ -38,6 +38,7 @@ mod compute_stream;
 mod disk_reader;
 mod error;
 mod lora_offloader;
+mod lora_state;
 mod messages;
 mod pin_manager;
 mod pin_state;
@@ -45,6 +46,7 @@ mod session;
 mod vram_allocator;
 
 pub use error::SessionError;
-pub use lora_offloader::{AdapterSummary, LoraOffloader, LoraUsage};
+pub use lora_offloader::{LoraAttach, LoraOffloader, LoraPack};
+pub use lora_state::{AdapterSummary, LoraSlot, LoraState, LoraUsage, MAX_ADAPTERS};
 pub use pin_state::{BufferHome, Consolidation, PinState};
 pub use session::{ExpertConfig, Session, SessionConfig, SessionPlan};

@@ -1,52 +1,59 @@
-//! LoraOffloader: LoRA adapters attached to base weights, with their own accounting.
+//! LoraOffloader: LoRA adapters' factors, streamed with their blocks through the same
+//! tiers in their own accounting — a pinned set from the pin manager, a VRAM region
+//! from the allocator — and copied to the device on the copy stream as their blocks
+//! load. The decisions live in [`crate::lora_state`]; this actor turns messages into
+//! calls on it and runs the copies.
 //!
-//! The compute side loads and validates an adapter, then attaches it here. The
-//! offloader reserves the factors' VRAM from the allocator — inside the budget, counted
-//! as LoRA bytes, never as model bytes, so "loaded" never reads more than the model —
-//! and keeps its own tally of host and device bytes per adapter. Detaching gives the
-//! VRAM back. The arithmetic (bake into resident weights, low-rank apply on streamed
-//! ones) runs on the compute thread, which holds the factors.
+//! Attach: the compute side hands over per-block packs of factors (read from the
+//! adapter file and validated by the loader). The offloader asks the pin manager for
+//! pinned buffers (the model's pinned cache gives way under the ceiling), then the
+//! allocator for its VRAM region (resident weights give way, like activations), fills
+//! the buffers and answers the adapter's [`LoraSlot`]. Detach gives both back once
+//! the adapter's copies in flight have landed. A failed attach gives back whatever it
+//! got: nothing leaks.
 
-use std::collections::BTreeMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use actix::prelude::*;
-use serde::Serialize;
+use tokio::time::Instant;
 
+use crate::device::Device;
 use crate::error::SessionError;
-use crate::messages::{ReleaseLora, Reply, ReserveLora};
-use crate::observer::{Link, Observer, Owner};
+use crate::layout::BlockId;
+use crate::lora_state::{AdapterSummary, Detached, LoraSlot, LoraState, LoraUsage, PackLoad};
+use crate::messages::{
+    AllocateLoraPins, Drain, FreeLoraPins, LoraPrefetch, ReleaseLora, Reply, ReserveLora,
+};
+use crate::observer::{ErrorKind, Link, Observer, Owner};
+use crate::pin_manager::PinManager;
+use crate::residency::BlockState;
 use crate::vram_allocator::VramAllocator;
 
-/// An adapter's factors, as far as the budgets are concerned.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct AdapterSummary {
-    pub name: String,
-    pub strength: f32,
-    /// Bytes of its factors, held once in host memory and once in VRAM.
-    pub bytes: u64,
+type Waiter = Reply<Result<(), SessionError>>;
+
+/// One block's factors of an adapter, laid out by the compute side.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoraPack {
+    pub block: BlockId,
+    pub bytes: Vec<u8>,
 }
 
-/// The offloader's own accounting, apart from the model's.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct LoraUsage {
-    pub adapters: Vec<AdapterSummary>,
-    pub host_bytes: u64,
-    pub vram_bytes: u64,
-    /// Adapters attached and detached since the start.
-    pub attached_total: u64,
-    pub detached_total: u64,
+/// An adapter to attach: its name (unique among attached ones), strength and packs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoraAttach {
+    pub summary: AdapterSummary,
+    pub packs: Vec<LoraPack>,
 }
 
-/// Attach an adapter: reserve its VRAM, then count it. Replaces one of the same name.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub(crate) struct Attach {
-    pub adapter: AdapterSummary,
-    pub reply: Reply<Result<(), SessionError>>,
+    pub adapter: LoraAttach,
+    pub reply: Reply<Result<LoraSlot, SessionError>>,
 }
 
-/// Detach by name; answers whether it was attached.
+/// Detach by name; answers whether it was attached, once its budgets are back.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub(crate) struct Detach {
@@ -54,53 +61,157 @@ pub(crate) struct Detach {
     pub reply: Reply<bool>,
 }
 
+/// The compute thread needs `block`'s pack of `slot` and it is not ready.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct DemandPack {
+    pub slot: LoraSlot,
+    pub block: BlockId,
+    pub reply: Reply<Result<(), SessionError>>,
+}
+
 #[derive(Message)]
 #[rtype(result = "()")]
 pub(crate) struct Usage(pub Reply<LoraUsage>);
 
 pub struct LoraOffloader {
-    adapters: BTreeMap<String, AdapterSummary>,
-    attached_total: u64,
-    detached_total: u64,
+    state: LoraState,
+    device: Arc<dyn Device>,
     allocator: Addr<VramAllocator>,
+    pins: Addr<PinManager>,
     observer: Arc<dyn Observer>,
+    waiters: HashMap<(LoraSlot, BlockId), Vec<Waiter>>,
+    /// Demands that found every slot held or loading; retried as copies land.
+    pending: VecDeque<(LoraSlot, BlockId)>,
+    detach_replies: HashMap<LoraSlot, Reply<bool>>,
+    draining: Option<Reply<()>>,
 }
 
 impl LoraOffloader {
-    pub(crate) fn new(allocator: Addr<VramAllocator>, observer: Arc<dyn Observer>) -> Self {
+    pub(crate) fn new(
+        state: LoraState,
+        device: Arc<dyn Device>,
+        allocator: Addr<VramAllocator>,
+        pins: Addr<PinManager>,
+        observer: Arc<dyn Observer>,
+    ) -> Self {
         Self {
-            adapters: BTreeMap::new(),
-            attached_total: 0,
-            detached_total: 0,
+            state,
+            device,
             allocator,
+            pins,
             observer,
+            waiters: HashMap::new(),
+            pending: VecDeque::new(),
+            detach_replies: HashMap::new(),
+            draining: None,
         }
     }
 
-    pub fn bytes(&self) -> u64 {
-        self.adapters.values().map(|adapter| adapter.bytes).sum()
+    fn start_copy(&mut self, load: PackLoad, ctx: &mut Context<Self>) {
+        let PackLoad {
+            slot,
+            block,
+            buffer,
+            bytes,
+            destination,
+        } = load;
+        let started = Instant::now();
+        let copy = self.device.copy_to_device(buffer, 0, bytes, destination);
+        ctx.spawn(
+            actix::fut::wrap_future::<_, Self>(copy).map(move |outcome, actor, ctx| {
+                let (buffer, result) = match outcome {
+                    Ok(buffer) => {
+                        let seconds = started.elapsed().as_secs_f64();
+                        actor
+                            .observer
+                            .transfer(Link::PinnedToVram, Owner::Lora, bytes, seconds);
+                        (buffer, Ok(()))
+                    }
+                    Err((error, buffer)) => {
+                        actor.observer.error(ErrorKind::Copy);
+                        let reason = error.to_string();
+                        (buffer, Err(SessionError::CopyFailed { block, reason }))
+                    }
+                };
+                let detached = actor.state.loaded(slot, block, buffer, result.is_ok());
+                for waiter in actor.waiters.remove(&(slot, block)).unwrap_or_default() {
+                    let _ = waiter.send(result.clone());
+                }
+                if let Some(detached) = detached {
+                    actor.give_back(detached);
+                }
+                actor.retry_pending(ctx);
+                actor.try_finish_drain();
+            }),
+        );
     }
 
-    fn usage(&self) -> LoraUsage {
-        let bytes = self.bytes();
-        LoraUsage {
-            adapters: self.adapters.values().cloned().collect(),
-            host_bytes: bytes,
-            vram_bytes: bytes,
-            attached_total: self.attached_total,
-            detached_total: self.detached_total,
+    /// Demands that waited for a slot: a copy has landed, so one may be free now.
+    fn retry_pending(&mut self, ctx: &mut Context<Self>) {
+        for _ in 0..self.pending.len() {
+            let Some((slot, block)) = self.pending.pop_front() else {
+                break;
+            };
+            self.demand(slot, block, ctx);
         }
     }
 
-    fn remove(&mut self, name: &str) -> bool {
-        let Some(adapter) = self.adapters.remove(name) else {
-            return false;
-        };
-        self.allocator.do_send(ReleaseLora {
-            bytes: adapter.bytes,
+    /// Serves a demand: answers waiters if the pack is ready, else loads it (or
+    /// queues it until a slot frees up).
+    fn demand(&mut self, slot: LoraSlot, block: BlockId, ctx: &mut Context<Self>) {
+        if !self.state.is_attached(slot) || !self.state.has_pack(slot, block) {
+            let problem = format!("has no factors for {block}");
+            for waiter in self.waiters.remove(&(slot, block)).unwrap_or_default() {
+                let _ = waiter.send(Err(SessionError::Lora {
+                    name: format!("#{}", slot.index()),
+                    problem: problem.clone(),
+                }));
+            }
+            return;
+        }
+        match self.state.state(slot, block) {
+            BlockState::Ready => {
+                for waiter in self.waiters.remove(&(slot, block)).unwrap_or_default() {
+                    let _ = waiter.send(Ok(()));
+                }
+            }
+            BlockState::Loading => {}
+            _ => match self.state.start_load(slot, block) {
+                Some(load) => self.start_copy(load, ctx),
+                None => self.pending.push_back((slot, block)),
+            },
+        }
+    }
+
+    fn give_back(&mut self, detached: Detached) {
+        let Detached {
+            slot,
+            region,
+            buffers,
+        } = detached;
+        self.allocator.do_send(ReleaseLora { region });
+        self.pins.do_send(FreeLoraPins { buffers });
+        self.pending.retain(|&(pending, _)| pending != slot);
+        self.waiters.retain(|&(waiting, _), waiters| {
+            if waiting == slot {
+                for waiter in waiters.drain(..) {
+                    let _ = waiter.send(Err(SessionError::Stopped));
+                }
+            }
+            waiting != slot
         });
-        self.detached_total += 1;
-        true
+        if let Some(reply) = self.detach_replies.remove(&slot) {
+            let _ = reply.send(true);
+        }
+    }
+
+    fn try_finish_drain(&mut self) {
+        if self.draining.is_some() && !self.state.any_attached() {
+            if let Some(reply) = self.draining.take() {
+                let _ = reply.send(());
+            }
+        }
     }
 }
 
@@ -108,7 +219,7 @@ impl Actor for LoraOffloader {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
-        ctx.set_mailbox_capacity(64);
+        ctx.set_mailbox_capacity(256);
     }
 }
 
@@ -117,33 +228,99 @@ impl Handler<Attach> for LoraOffloader {
 
     fn handle(&mut self, message: Attach, ctx: &mut Self::Context) {
         let Attach { adapter, reply } = message;
-        self.remove(&adapter.name);
-        let (reserved, answer) = flume::bounded(1);
-        self.allocator.do_send(ReserveLora {
-            bytes: adapter.bytes,
-            reply: reserved,
-        });
-        let wait = async move {
-            answer
+        let refuse = |problem: String| SessionError::Lora {
+            name: adapter.summary.name.clone(),
+            problem,
+        };
+        if self.draining.is_some() {
+            let _ = reply.send(Err(SessionError::Stopped));
+            return;
+        }
+        if self.state.find(&adapter.summary.name).is_some() {
+            let _ = reply.send(Err(refuse("is already attached; detach it first".into())));
+            return;
+        }
+        if let Some(pack) = adapter
+            .packs
+            .iter()
+            .find(|pack| pack.block.index() >= self.state.blocks() || pack.bytes.is_empty())
+        {
+            let problem = format!(
+                "has a pack for {} of {} bytes; the model has {} blocks and packs are not empty",
+                pack.block,
+                pack.bytes.len(),
+                self.state.blocks()
+            );
+            let _ = reply.send(Err(refuse(problem)));
+            return;
+        }
+        let Some(slot) = self.state.claim() else {
+            let _ = reply.send(Err(SessionError::TooManyAdapters {
+                max: crate::lora_state::MAX_ADAPTERS,
+            }));
+            return;
+        };
+        let sizes = adapter.packs.iter().map(|p| p.bytes.len() as u64).collect();
+        let plan = self.state.plan_attach(sizes);
+        let pins = self.pins.clone();
+        let allocator = self.allocator.clone();
+        let (pack_sizes, region_bytes) = (plan.pack_sizes.clone(), plan.region_bytes());
+        // Pinned set first, then the VRAM region; whatever was granted goes back if
+        // the other is refused.
+        let acquire = async move {
+            let (pinned_reply, pinned) = flume::bounded(1);
+            pins.do_send(AllocateLoraPins {
+                sizes: pack_sizes,
+                reply: pinned_reply,
+            });
+            let buffers = pinned
+                .recv_async()
+                .await
+                .unwrap_or(Err(SessionError::Stopped))?;
+            let (region_reply, region) = flume::bounded(1);
+            allocator.do_send(ReserveLora {
+                bytes: region_bytes,
+                reply: region_reply,
+            });
+            match region
                 .recv_async()
                 .await
                 .unwrap_or(Err(SessionError::Stopped))
+            {
+                Ok(region) => Ok((buffers, region)),
+                Err(error) => {
+                    pins.do_send(FreeLoraPins { buffers });
+                    Err(error)
+                }
+            }
         };
         ctx.spawn(
-            actix::fut::wrap_future::<_, Self>(wait).map(move |result, actor, _ctx| {
-                if result.is_ok() {
-                    // The factors were read from the file into host memory by the
-                    // loader, then cross to the device once while attached.
-                    actor
-                        .observer
-                        .transfer(Link::DiskToPinned, Owner::Lora, adapter.bytes, 0.0);
-                    actor
-                        .observer
-                        .transfer(Link::PinnedToVram, Owner::Lora, adapter.bytes, 0.0);
-                    actor.attached_total += 1;
-                    actor.adapters.insert(adapter.name.clone(), adapter);
+            actix::fut::wrap_future::<_, Self>(acquire).map(move |granted, actor, _ctx| {
+                let (mut buffers, region) = match granted {
+                    Ok(granted) => granted,
+                    Err(error) => {
+                        actor.state.unclaim(slot);
+                        let _ = reply.send(Err(error));
+                        return;
+                    }
+                };
+                for (buffer, pack) in buffers.iter_mut().zip(&adapter.packs) {
+                    // A simulator's virtual buffer has no bytes to fill.
+                    if let Some(bytes) = buffer.as_mut_slice() {
+                        bytes[..pack.bytes.len()].copy_from_slice(&pack.bytes);
+                    }
                 }
-                let _ = reply.send(result);
+                let blocks: Vec<BlockId> = adapter.packs.iter().map(|pack| pack.block).collect();
+                let bytes = adapter.summary.bytes;
+                actor
+                    .state
+                    .attach(slot, adapter.summary, &plan, &blocks, buffers, region);
+                // The loader read the factors from the adapter file into host memory;
+                // they now sit in the offloader's pinned set.
+                actor
+                    .observer
+                    .transfer(Link::DiskToPinned, Owner::Lora, bytes, 0.0);
+                let _ = reply.send(Ok(slot));
             }),
         );
     }
@@ -153,8 +330,41 @@ impl Handler<Detach> for LoraOffloader {
     type Result = ();
 
     fn handle(&mut self, message: Detach, _ctx: &mut Self::Context) {
-        let removed = self.remove(&message.name);
-        let _ = message.reply.send(removed);
+        let Some(slot) = self.state.find(&message.name) else {
+            let _ = message.reply.send(false);
+            return;
+        };
+        self.detach_replies.insert(slot, message.reply);
+        if let Some(detached) = self.state.begin_detach(slot, false) {
+            self.give_back(detached);
+        }
+    }
+}
+
+impl Handler<LoraPrefetch> for LoraOffloader {
+    type Result = ();
+
+    fn handle(&mut self, message: LoraPrefetch, ctx: &mut Self::Context) {
+        if self.draining.is_some() {
+            return;
+        }
+        for load in self.state.prefetch(message.block) {
+            self.start_copy(load, ctx);
+        }
+    }
+}
+
+impl Handler<DemandPack> for LoraOffloader {
+    type Result = ();
+
+    fn handle(&mut self, message: DemandPack, ctx: &mut Self::Context) {
+        let DemandPack { slot, block, reply } = message;
+        if self.draining.is_some() {
+            let _ = reply.send(Err(SessionError::Stopped));
+            return;
+        }
+        self.waiters.entry((slot, block)).or_default().push(reply);
+        self.demand(slot, block, ctx);
     }
 }
 
@@ -162,6 +372,22 @@ impl Handler<Usage> for LoraOffloader {
     type Result = ();
 
     fn handle(&mut self, message: Usage, _ctx: &mut Self::Context) {
-        let _ = message.0.send(self.usage());
+        let _ = message.0.send(self.state.usage());
+    }
+}
+
+impl Handler<Drain> for LoraOffloader {
+    type Result = ();
+
+    /// Shutdown: detach everything, once copies in flight have landed, before the
+    /// allocator frees the arena the regions live in.
+    fn handle(&mut self, message: Drain, _ctx: &mut Self::Context) {
+        self.draining = Some(message.reply);
+        for slot in self.state.attached() {
+            if let Some(detached) = self.state.begin_detach(slot, true) {
+                self.give_back(detached);
+            }
+        }
+        self.try_finish_drain();
     }
 }

@@ -166,21 +166,47 @@ pub struct ReadDone {
     pub error: Option<String>,
 }
 
-// LoraOffloader → VramAllocator, and the compute thread → VramAllocator.
+// LoraOffloader ↔ VramAllocator and PinManager, and the compute thread → VramAllocator.
 
-/// Reserve VRAM for LoRA factors, counted apart from model bytes (evicts resident
-/// weights if needed, like activations).
+/// Place a VRAM region of `bytes` for an adapter's factor slots, counted as LoRA bytes
+/// apart from the model's (evicts resident weights if needed, like activations).
+/// Answers the region's device address.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct ReserveLora {
     pub bytes: u64,
-    pub reply: Reply<Result<(), SessionError>>,
+    pub reply: Reply<Result<DevicePtr, SessionError>>,
 }
 
+/// Free the LoRA region at `region`.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct ReleaseLora {
-    pub bytes: u64,
+    pub region: DevicePtr,
+}
+
+/// VramAllocator → LoraOffloader: a load of `block` has started; its factors ride
+/// along with it.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct LoraPrefetch {
+    pub block: BlockId,
+}
+
+/// LoraOffloader → PinManager: pinned buffers of these sizes for an adapter's factors,
+/// inside the pin ceiling (the pinned cache of model blocks gives way).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct AllocateLoraPins {
+    pub sizes: Vec<u64>,
+    pub reply: Reply<Result<Vec<HostBuffer>, SessionError>>,
+}
+
+/// LoraOffloader → PinManager: an adapter's pinned buffers, no longer used.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct FreeLoraPins {
+    pub buffers: Vec<HostBuffer>,
 }
 
 /// Drop these blocks' device copies (if ready and unheld) so their next use reloads

@@ -77,6 +77,8 @@ pub struct PinState {
     staging_bytes: u64,
     waiting_for_staging: VecDeque<BlockId>,
     pending_register: Vec<BlockId>,
+    /// Pinned bytes lent to the LoRA offloader for adapter factors (its own set).
+    lora_bytes: u64,
     /// How many positions ahead of the cursor a sync point registers planned buffers.
     lookahead: usize,
     peak_used_bytes: u64,
@@ -102,6 +104,7 @@ impl PinState {
             staging_bytes: 0,
             waiting_for_staging: VecDeque::new(),
             pending_register: Vec::new(),
+            lora_bytes: 0,
             lookahead,
             peak_used_bytes: 0,
         }
@@ -121,7 +124,64 @@ impl PinState {
     }
 
     pub fn used_bytes(&self) -> u64 {
-        self.cache_bytes + self.staging_bytes
+        self.cache_bytes + self.staging_bytes + self.lora_bytes
+    }
+
+    pub fn lora_bytes(&self) -> u64 {
+        self.lora_bytes
+    }
+
+    /// Makes room for `bytes` of LoRA factors under the ceiling: the pinned cache of
+    /// model blocks gives way (cache buffers not lent out, latest in the step order
+    /// first; they stream through staging from now on, or come back at a sync point
+    /// when room returns). Returns the cache buffers to unregister, or the room there
+    /// is when even that is not enough.
+    pub fn reserve_lora(&mut self, bytes: u64) -> Result<Vec<HostBuffer>, u64> {
+        let freeable: u64 = self
+            .cache
+            .iter()
+            .map(|slot| match slot {
+                CacheSlot::Held {
+                    buffer: Some(buffer),
+                    ..
+                } => buffer.len() as u64,
+                _ => 0,
+            })
+            .sum();
+        let floor = self.used_bytes() - freeable;
+        if floor + bytes > self.ceiling_bytes {
+            return Err(self.ceiling_bytes.saturating_sub(floor));
+        }
+        let mut freed = Vec::new();
+        for position in (0..self.order.len()).rev() {
+            if self.used_bytes() + bytes <= self.ceiling_bytes {
+                break;
+            }
+            let slot = &mut self.cache[self.order.at(position).index()];
+            if matches!(
+                slot,
+                CacheSlot::Held {
+                    buffer: Some(_),
+                    ..
+                }
+            ) {
+                if let CacheSlot::Held {
+                    buffer: Some(buffer),
+                    ..
+                } = std::mem::replace(slot, CacheSlot::Empty)
+                {
+                    self.cache_bytes -= buffer.len() as u64;
+                    freed.push(buffer);
+                }
+            }
+        }
+        self.lora_bytes += bytes;
+        self.record();
+        Ok(freed)
+    }
+
+    pub fn release_lora(&mut self, bytes: u64) {
+        self.lora_bytes = self.lora_bytes.saturating_sub(bytes);
     }
 
     pub fn cache_bytes(&self) -> u64 {

@@ -28,7 +28,8 @@ use crate::device::Device;
 use crate::error::SessionError;
 use crate::expert_cache::ExpertPolicy;
 use crate::layout::{BlockId, ModelLayout};
-use crate::lora_offloader::{AdapterSummary, Attach, Detach, LoraOffloader, LoraUsage, Usage};
+use crate::lora_offloader::{Attach, DemandPack, Detach, LoraAttach, LoraOffloader, Usage};
+use crate::lora_state::{LoraSlot, LoraState, LoraUsage};
 use crate::messages::{
     Hint, Invalidate, Miss, ReleaseActivations, ReleaseStreamed, ReserveActivations, Shutdown,
     StepDone,
@@ -83,6 +84,10 @@ pub struct SessionPlan {
 /// A started pipeline. Owned by the compute thread (it is `Send`, not `Sync`).
 pub struct Session {
     table: Arc<ResidencyTable>,
+    /// Packs of LoRA factors in VRAM, one entry per (adapter slot, block).
+    lora_table: Arc<ResidencyTable>,
+    /// LoRA packs the compute thread holds now (a detach waits for none).
+    lora_held: u32,
     stream: Addr<ComputeStream>,
     lora: Addr<LoraOffloader>,
     allocator: Addr<VramAllocator>,
@@ -274,22 +279,66 @@ impl Session {
         self.batch.stall_seconds += started.elapsed().as_secs_f64();
     }
 
-    /// Attaches a LoRA adapter's factors: reserves their VRAM inside the budget (counted
-    /// as LoRA bytes) and records them. Waits for the allocator's answer.
-    pub fn attach_lora(&mut self, adapter: AdapterSummary) -> Result<(), SessionError> {
+    /// Attaches a LoRA adapter: its packs go to the offloader's own pinned set and a
+    /// VRAM region of a few pack slots is placed inside the budget (counted as LoRA
+    /// bytes). From now on each block's factors travel with the block. Waits for the
+    /// answer; a refused attach leaves nothing behind.
+    pub fn attach_lora(&mut self, adapter: LoraAttach) -> Result<LoraSlot, SessionError> {
         let (reply, receiver) = flume::bounded(1);
         self.lora.do_send(Attach { adapter, reply });
         receiver.recv().map_err(|_| SessionError::Stopped)?
     }
 
-    /// Detaches an adapter and gives its VRAM back; `false` if none had that name.
+    /// Detaches an adapter and gives its pinned set and VRAM back once its copies in
+    /// flight have landed; `false` if none had that name. Release every LoRA handle
+    /// first.
     pub fn detach_lora(&mut self, name: &str) -> Result<bool, SessionError> {
+        if self.lora_held > 0 {
+            return Err(SessionError::Lora {
+                name: name.to_string(),
+                problem: format!(
+                    "cannot be detached while {} of its packs are held; release them first",
+                    self.lora_held
+                ),
+            });
+        }
         let (reply, receiver) = flume::bounded(1);
         self.lora.do_send(Detach {
             name: name.to_string(),
             reply,
         });
         receiver.recv().map_err(|_| SessionError::Stopped)
+    }
+
+    /// Holds `block`'s factors of adapter `slot` in VRAM: an atomic load when they
+    /// came with the block, else one message and a wait for that pack only. Only for
+    /// blocks the adapter patches (those it was given packs for).
+    pub fn acquire_lora(
+        &mut self,
+        slot: LoraSlot,
+        block: BlockId,
+    ) -> Result<BlockHandle, SessionError> {
+        self.check_block(block)?;
+        let key = LoraState::key(self.table.len(), slot, block);
+        for _attempt in 0..MAX_MISS_ATTEMPTS {
+            if let Some(handle) = self.lora_table.try_acquire(key) {
+                self.lora_held += 1;
+                return Ok(handle);
+            }
+            let (reply, receiver) = flume::bounded(1);
+            self.lora.do_send(DemandPack { slot, block, reply });
+            block_on(receiver.recv_async()).map_err(|_| SessionError::Stopped)??;
+        }
+        Err(SessionError::Starved {
+            block,
+            attempts: MAX_MISS_ATTEMPTS,
+        })
+    }
+
+    /// Drops the hold on a pack. Sends nothing: the offloader reuses unheld slots.
+    pub fn release_lora(&mut self, handle: BlockHandle) {
+        self.lora_table.release(&handle);
+        self.lora_held = self.lora_held.saturating_sub(1);
     }
 
     /// The LoRA offloader's own accounting.

@@ -10,9 +10,11 @@ use tokio::time::Instant;
 use crate::device::{Device, DeviceArena};
 use crate::error::SessionError;
 use crate::layout::BlockId;
+use crate::lora_offloader::LoraOffloader;
 use crate::messages::{
-    Demand, Drain, EnsurePinned, Hint, Invalidate, PinFailed, Pinned, ReleaseActivations,
-    ReleaseLora, Released, Reply, ReserveActivations, ReserveLora, ReturnBuffer, Streamed,
+    Demand, Drain, EnsurePinned, Hint, Invalidate, LoraPrefetch, PinFailed, Pinned,
+    ReleaseActivations, ReleaseLora, Released, Reply, ReserveActivations, ReserveLora,
+    ReturnBuffer, Streamed,
 };
 use crate::observer::{ErrorKind, Link, Observer, Owner, Tier, TierUsage};
 use crate::pin_manager::PinManager;
@@ -27,6 +29,8 @@ pub struct VramAllocator {
     device: Arc<dyn Device>,
     arena: Option<DeviceArena>,
     pins: Option<Addr<PinManager>>,
+    /// Told of every load while an adapter is attached, so factors ride with blocks.
+    lora: Option<Addr<LoraOffloader>>,
     observer: Arc<dyn Observer>,
     /// Per block: the arena offset of the load in flight.
     load_offsets: Vec<u64>,
@@ -38,6 +42,11 @@ pub struct VramAllocator {
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct ConnectPins(pub Addr<PinManager>);
+
+/// Wires the LoRA offloader in after both actors exist.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ConnectLora(pub Addr<LoraOffloader>);
 
 impl VramAllocator {
     pub fn new(
@@ -54,6 +63,7 @@ impl VramAllocator {
             device,
             arena: Some(arena),
             pins: None,
+            lora: None,
             observer,
             load_offsets: vec![0; blocks],
             waiters: (0..blocks).map(|_| Vec::new()).collect(),
@@ -86,6 +96,7 @@ impl VramAllocator {
             .arena
             .as_ref()
             .map_or(crate::DevicePtr(0), |arena| arena.base);
+        let lora = self.lora.as_ref().filter(|_| self.state.lora_bytes() > 0);
         for load in &decisions.loads {
             self.load_offsets[load.block.index()] = load.offset;
             if let Some(pins) = &self.pins {
@@ -93,6 +104,9 @@ impl VramAllocator {
                     block: load.block,
                     destination: base.offset(load.offset),
                 });
+            }
+            if let Some(lora) = lora {
+                lora.do_send(LoraPrefetch { block: load.block });
             }
         }
         if !decisions.loads.is_empty() || decisions.evicted > 0 {
@@ -189,16 +203,16 @@ impl VramAllocator {
     }
 
     /// Reports a reservation (activations or LoRA factors) and turns it into a reply.
-    fn reserved(
+    fn reserved<T>(
         &mut self,
-        result: Result<u64, crate::vram_state::ActivationError>,
-    ) -> Result<(), SessionError> {
+        result: Result<(T, u64), crate::vram_state::ActivationError>,
+    ) -> Result<T, SessionError> {
         let reply = match result {
-            Ok(evicted) => {
+            Ok((value, evicted)) => {
                 if evicted > 0 {
                     self.observer.eviction(Tier::Vram, evicted);
                 }
-                Ok(())
+                Ok(value)
             }
             Err(error) => {
                 self.observer.error(ErrorKind::Budget);
@@ -218,7 +232,7 @@ impl VramAllocator {
             self.observer.eviction(Tier::Vram, evicted);
         }
         self.state.release_activations(u64::MAX);
-        self.state.release_lora(u64::MAX);
+        self.state.release_all_lora();
         if let Some(arena) = self.arena.take() {
             self.device.free_arena(arena);
         }
@@ -247,6 +261,14 @@ impl Handler<ConnectPins> for VramAllocator {
     fn handle(&mut self, message: ConnectPins, _ctx: &mut Self::Context) {
         self.pins = Some(message.0);
         self.schedule(None);
+    }
+}
+
+impl Handler<ConnectLora> for VramAllocator {
+    type Result = ();
+
+    fn handle(&mut self, message: ConnectLora, _ctx: &mut Self::Context) {
+        self.lora = Some(message.0);
     }
 }
 
@@ -343,7 +365,10 @@ impl Handler<ReserveActivations> for VramAllocator {
     type Result = ();
 
     fn handle(&mut self, message: ReserveActivations, _ctx: &mut Self::Context) {
-        let result = self.state.reserve_activations(message.bytes);
+        let result = self
+            .state
+            .reserve_activations(message.bytes)
+            .map(|evicted| ((), evicted));
         let _ = message.reply.send(self.reserved(result));
     }
 }
@@ -375,7 +400,11 @@ impl Handler<ReserveLora> for VramAllocator {
             let _ = message.reply.send(Err(SessionError::Stopped));
             return;
         }
-        let result = self.state.reserve_lora(message.bytes);
+        let base = self.arena.as_ref().map_or(0, |arena| arena.base.0);
+        let result = self
+            .state
+            .reserve_lora(message.bytes)
+            .map(|(offset, evicted)| (crate::DevicePtr(base + offset), evicted));
         let _ = message.reply.send(self.reserved(result));
     }
 }
@@ -384,7 +413,10 @@ impl Handler<ReleaseLora> for VramAllocator {
     type Result = ();
 
     fn handle(&mut self, message: ReleaseLora, _ctx: &mut Self::Context) {
-        self.state.release_lora(message.bytes);
+        let base = self.arena.as_ref().map_or(0, |arena| arena.base.0);
+        if !self.state.release_lora(message.region.0.wrapping_sub(base)) {
+            self.observer.error(ErrorKind::Protocol);
+        }
         self.report_usage();
         self.schedule(None);
     }

@@ -61,6 +61,14 @@ pub enum ActivationError {
         available: Bytes,
         held: Bytes,
     },
+    #[error("LoRA factors need a VRAM region of {requested} and it does not fit: vram_budget {budget} less the streaming ring {ring} leaves {available} beside activations and other adapters, and {held} of weights are held by compute or cannot stream; detach an adapter, lower its rank, or raise --vram-budget")]
+    LoraDoesNotFit {
+        requested: Bytes,
+        budget: Bytes,
+        ring: Bytes,
+        available: Bytes,
+        held: Bytes,
+    },
 }
 
 pub struct VramState {
@@ -83,8 +91,11 @@ pub struct VramState {
     use_clock: u64,
     last_declined: Option<BlockId>,
     peak_used_bytes: u64,
-    /// VRAM held by LoRA factors: counted apart from model bytes, inside the budget.
+    /// VRAM held by LoRA factors: regions of the resident area, counted apart from
+    /// model bytes, inside the budget.
     lora_bytes: u64,
+    /// `(resident-area offset, bytes)` of each LoRA region.
+    lora_regions: Vec<(u64, u64)>,
     experts: Option<ExpertArea>,
 }
 
@@ -127,6 +138,7 @@ impl VramState {
             last_declined: None,
             peak_used_bytes: 0,
             lora_bytes: 0,
+            lora_regions: Vec::new(),
             experts: None,
         })
     }
@@ -174,7 +186,6 @@ impl VramState {
             + self.occupied_ring_bytes()
             + self.occupied_expert_bytes()
             + self.activation_bytes
-            + self.lora_bytes
     }
 
     pub fn peak_used_bytes(&self) -> u64 {
@@ -332,10 +343,7 @@ impl VramState {
 
     fn place_resident(&mut self, bytes: u64) -> Option<Placement> {
         let limit = self.budget_bytes.saturating_sub(
-            self.ring_area_bytes
-                + self.expert_area_bytes()
-                + self.activation_bytes
-                + self.lora_bytes,
+            self.ring_area_bytes + self.expert_area_bytes() + self.activation_bytes,
         );
         if self.resident_area.used_bytes() + align_up(bytes) > limit {
             return None;
@@ -461,95 +469,6 @@ impl VramState {
         }
     }
 
-    /// Activations always win: evicts resident blocks (furthest next use first) until
-    /// `bytes` more fit, and streams those blocks from now on.
-    pub fn reserve_activations(&mut self, bytes: u64) -> Result<u64, ActivationError> {
-        let mut evicted = 0;
-        loop {
-            let used = self.used_bytes();
-            if used + bytes <= self.budget_bytes {
-                break;
-            }
-            let victim = self
-                .placement
-                .iter()
-                .enumerate()
-                .filter_map(|(index, placement)| match placement {
-                    Some(Placement::Resident { .. }) => Some(BlockId(index as u32)),
-                    _ => None,
-                })
-                // A block larger than a ring slot cannot stream: it stays.
-                .filter(|&block| {
-                    !self.loading[block.index()]
-                        && self.table.holders(block) == 0
-                        && align_up(self.block_bytes[block.index()]) <= self.slot_bytes()
-                })
-                .max_by_key(|&block| {
-                    self.order
-                        .distance_to_next_use(self.cursor, block)
-                        .unwrap_or(usize::MAX)
-                });
-            let Some(block) = victim.filter(|&block| self.table.try_begin_evict(block)) else {
-                let held = self.resident_area.used_bytes();
-                return Err(ActivationError::DoNotFit {
-                    requested: Bytes(bytes),
-                    budget: Bytes(self.budget_bytes),
-                    ring: Bytes(self.ring_area_bytes),
-                    available: Bytes(
-                        self.budget_bytes
-                            .saturating_sub(self.ring_area_bytes + self.activation_bytes),
-                    ),
-                    held: Bytes(held),
-                });
-            };
-            self.unplace(block);
-            self.table.finish_evict(block);
-            self.plan.resident[block.index()] = false;
-            evicted += 1;
-        }
-        self.activation_bytes += bytes;
-        self.record_peak();
-        Ok(evicted)
-    }
-
-    pub fn release_activations(&mut self, bytes: u64) {
-        self.activation_bytes = self.activation_bytes.saturating_sub(bytes);
-    }
-
-    /// Reserves VRAM for LoRA factors the way activations are (evicting resident weights
-    /// if needed) but counts it as LoRA bytes.
-    pub fn reserve_lora(&mut self, bytes: u64) -> Result<u64, ActivationError> {
-        let evicted = self.reserve_activations(bytes)?;
-        self.activation_bytes -= bytes;
-        self.lora_bytes += bytes;
-        Ok(evicted)
-    }
-
-    pub fn release_lora(&mut self, bytes: u64) {
-        self.lora_bytes = self.lora_bytes.saturating_sub(bytes);
-    }
-
-    /// Drops the device copy of each ready, unheld block so its next use reloads it:
-    /// its resident copy was patched (a LoRA bake) and the patch changed. Returns how
-    /// many were dropped.
-    pub fn invalidate(&mut self, blocks: &[BlockId]) -> u64 {
-        let mut dropped = 0;
-        for &block in blocks {
-            let index = block.index();
-            if index >= self.placement.len()
-                || self.placement[index].is_none()
-                || self.loading[index]
-                || !self.table.try_begin_evict(block)
-            {
-                continue;
-            }
-            self.unplace(block);
-            self.table.finish_evict(block);
-            dropped += 1;
-        }
-        dropped
-    }
-
     /// Evicts every unheld ready block (shutdown). Returns how many.
     pub fn evict_all(&mut self) -> u64 {
         let mut evicted = 0;
@@ -569,6 +488,7 @@ impl VramState {
 }
 
 mod experts;
+mod reservations;
 
 use experts::ExpertArea;
 

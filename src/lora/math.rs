@@ -7,11 +7,37 @@
 //!   temporary. This sums in another order than the merge, so it agrees with the
 //!   merged reference to f32 rounding, not bit for bit.
 
-use super::LoraTarget;
+/// One weight's factors wherever they live: the loader's host copy (the reference)
+/// or a pack in VRAM (the pipeline). `a` is `[rank, in]`, `b` is `[out, rank]`,
+/// row-major.
+#[derive(Debug, Clone, Copy)]
+pub struct Factors<'a> {
+    pub a: &'a [f32],
+    pub b: &'a [f32],
+    pub out_features: usize,
+    pub in_features: usize,
+    pub rank: usize,
+}
+
+impl Factors<'_> {
+    fn check(&self) {
+        assert_eq!(
+            self.a.len(),
+            self.rank * self.in_features,
+            "A must be [rank, in]"
+        );
+        assert_eq!(
+            self.b.len(),
+            self.out_features * self.rank,
+            "B must be [out, rank]"
+        );
+    }
+}
 
 /// `W ← W + scale·B·A` for a row-major `[out, in]` weight.
-pub fn merge_into(weight: &mut [f32], target: &LoraTarget, scale: f32) {
+pub fn merge_into(weight: &mut [f32], target: &Factors<'_>, scale: f32) {
     let (out, rank, input) = (target.out_features, target.rank, target.in_features);
+    target.check();
     assert_eq!(weight.len(), out * input, "weight must be [out, in]");
     // SAFETY: B is out×rank, A rank×in, W out×in, all row-major with the strides
     // given and lengths checked at load; W aliases neither factor.
@@ -39,12 +65,13 @@ pub fn merge_into(weight: &mut [f32], target: &LoraTarget, scale: f32) {
 pub fn apply_low_rank(
     x: &[f32],
     batch: usize,
-    target: &LoraTarget,
+    target: &Factors<'_>,
     scale: f32,
     scratch: &mut Vec<f32>,
     y: &mut [f32],
 ) {
     let (out, rank, input) = (target.out_features, target.rank, target.in_features);
+    target.check();
     assert_eq!(x.len(), batch * input, "x must be [batch, in]");
     assert_eq!(y.len(), batch * out, "y must be [batch, out]");
     scratch.clear();

@@ -14,7 +14,7 @@ mod precision;
 pub use error::LoraError;
 pub use generate::{write_demo_lora, DemoLora, LoraDtype, LoraNaming};
 pub use load::{load_adapter, Naming};
-pub use math::{apply_low_rank, merge_into};
+pub use math::{apply_low_rank, merge_into, Factors};
 pub use precision::{LORA_BF16_TOLERANCE, LORA_F16_TOLERANCE, LORA_PRECISION_SCALE_LIMIT};
 
 use std::path::PathBuf;
@@ -93,6 +93,17 @@ impl LoraTarget {
     /// Bytes of both factors as f32 (what the pipeline holds for them).
     pub fn bytes(&self) -> u64 {
         ((self.a.len() + self.b.len()) * 4) as u64
+    }
+
+    /// The loader's host copy of the factors.
+    pub fn factors(&self) -> Factors<'_> {
+        Factors {
+            a: &self.a,
+            b: &self.b,
+            out_features: self.out_features,
+            in_features: self.in_features,
+            rank: self.rank,
+        }
     }
 }
 

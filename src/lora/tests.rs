@@ -68,11 +68,18 @@ fn merge_and_low_rank_agree_to_rounding() {
         y
     };
     let mut merged = weight.clone();
-    merge_into(&mut merged, &lora, scale);
+    merge_into(&mut merged, &lora.factors(), scale);
     let reference = gemm(&merged);
     let mut streamed = gemm(&weight);
     let mut scratch = Vec::new();
-    apply_low_rank(&x, batch, &lora, scale, &mut scratch, &mut streamed);
+    apply_low_rank(
+        &x,
+        batch,
+        &lora.factors(),
+        scale,
+        &mut scratch,
+        &mut streamed,
+    );
     let worst = reference
         .iter()
         .zip(&streamed)

@@ -40,12 +40,18 @@ pub struct Summary {
     pub vram_bytes_after_shutdown: u64,
     pub pinned_bytes_after_shutdown: u64,
     pub step_seconds: Vec<f64>,
-    /// LoRA adapters attached, and their bytes — counted apart from `model_bytes`.
+    /// LoRA adapters attached, and their factor bytes — counted apart from
+    /// `model_bytes`.
     pub lora_adapters: Vec<AdapterSummary>,
     pub lora_bytes: u64,
+    /// The LoRA offloader's own pinned set (every pack) and VRAM (its pack slots).
+    pub lora_pinned_bytes: u64,
     pub peak_vram_lora_bytes: u64,
     pub lora_bytes_to_vram: u64,
-    /// Steps checked against the merged reference within the LoRA tolerance.
+    /// LoRA bytes re-sent to VRAM per steady step: the packs of streamed blocks.
+    pub lora_bytes_to_vram_per_step: f64,
+    /// Steps checked against the merged reference within the LoRA tolerance (some
+    /// block took the low-rank path); the other LoRA steps matched it bit for bit.
     pub lora_tolerance_steps: u64,
     /// MoE: expert acquires that found the expert ready / that waited for it.
     pub expert_hits: u64,
@@ -97,9 +103,15 @@ impl Summary {
             pinned_bytes_after_shutdown: stats.pinned.used_bytes,
             step_seconds: report.step_seconds.clone(),
             lora_adapters: report.lora.adapters.clone(),
-            lora_bytes: report.lora.vram_bytes,
+            lora_bytes: report.lora.adapters.iter().map(|a| a.bytes).sum(),
+            lora_pinned_bytes: report.lora.pinned_bytes,
             peak_vram_lora_bytes: report.after_first_step.vram.lora_bytes,
             lora_bytes_to_vram: stats.pinned_to_vram.lora_bytes,
+            lora_bytes_to_vram_per_step: {
+                let later = report.steps.saturating_sub(1).max(1) as f64;
+                let first = report.after_first_step.pinned_to_vram.lora_bytes;
+                stats.pinned_to_vram.lora_bytes.saturating_sub(first) as f64 / later
+            },
             lora_tolerance_steps: report.tolerance_steps,
             expert_hits: report.expert_hits,
             expert_misses: report.expert_misses,
@@ -192,10 +204,12 @@ impl Summary {
                 .map(|adapter| format!("{}:{}", adapter.name, adapter.strength))
                 .collect();
             line(format!(
-                "  lora: {} ({} of factors, counted apart from the model; in vram {})  {} steps within {:e} of the merged reference",
+                "  lora: {} ({} of factors, counted apart from the model; pinned {}, vram {} of pack slots, {}/step re-sent with streamed blocks)  {} steps low-rank within {:e} of the merged reference, the rest bit-exact",
                 names.join(", "),
                 bytes(self.lora_bytes),
+                bytes(self.lora_pinned_bytes),
                 bytes(self.peak_vram_lora_bytes),
+                bytes(self.lora_bytes_to_vram_per_step as u64),
                 self.lora_tolerance_steps,
                 crate::workload::lora_set::LORA_TOLERANCE
             ));

@@ -4,10 +4,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use stagehand_actors::{BlockHandle, BlockId, LoraUsage, Session, SessionPlan, StatsSnapshot};
+use stagehand_actors::{BlockId, LoraUsage, Session, SessionPlan, StatsSnapshot};
 
 use super::linear_stack::{first_difference, first_difference_within, Activations, LinearStack};
 use super::lora_set::{LoraSet, LORA_TOLERANCE};
+use super::lora_steps::{LoraSteps, Path};
 use super::stream_verify::checksum;
 use super::WorkloadError;
 use crate::device::cpu::block_bytes;
@@ -136,7 +137,7 @@ pub fn drive_traced(
         Workload::LinearStack { model, .. } => Some(model.activations()),
         _ => None,
     };
-    let mut lora = LoraState::new(session.order().len(), phases);
+    let mut lora = LoraSteps::new(session.order().len(), phases);
     let initial = activations.as_ref().map(|a| a.x.clone());
     let mut report = RunReport {
         steps: 0,
@@ -173,15 +174,17 @@ pub fn drive_traced(
             )
         });
         let compute_seconds = match outcome {
-            Ok(seconds) => seconds,
+            Ok((seconds, path)) => {
+                if path == Path::LowRank {
+                    report.tolerance_steps += 1;
+                }
+                seconds
+            }
             Err(error) => {
                 let stats = session.finish();
                 return Err(Box::new((error, stats)));
             }
         };
-        if lora.phase_set().is_some_and(|set| !set.is_empty()) {
-            report.tolerance_steps += 1;
-        }
         close_step(
             &mut session,
             &mut report,
@@ -219,39 +222,34 @@ pub(super) fn close_step(
     on_step(step, step_seconds);
 }
 
-/// One pass over the order. Returns the seconds spent computing.
+/// One pass over the order. Returns the seconds spent computing, and whether any
+/// block took the low-rank LoRA path (then the step is checked within tolerance).
 fn run_step(
     session: &mut Session,
     order: &[BlockId],
     workload: &Workload,
     mut activations: Option<&mut Activations>,
-    lora: &mut LoraState<'_>,
+    lora: &mut LoraSteps<'_>,
     step: u64,
     trace: Option<&crate::sim::TraceObserver>,
-) -> Result<f64, WorkloadError> {
+) -> Result<(f64, Path), WorkloadError> {
     let mut compute_seconds = 0.0;
-    let set = lora.phase_set();
+    let mut step_path = Path::Exact;
     for &block in order {
         let handle = session.acquire(block)?;
         let started = Instant::now();
-        let baked = match (workload, set) {
-            (Workload::LinearStack { model, .. }, Some(set)) => {
-                lora.bake_if_resident(model, set, &handle)
-            }
-            _ => Ok(()),
-        };
-        // SAFETY: the handle is held until the release below, so the allocator can
-        // neither evict nor overwrite this range meanwhile.
-        let bytes = unsafe { block_bytes(handle.ptr, handle.bytes) };
         let result = match (workload, activations.as_deref_mut()) {
-            _ if baked.is_err() => baked,
-            (Workload::LinearStack { model, .. }, Some(activations)) => {
-                // Resident blocks carry their patches baked in; streamed ones get them
-                // the low-rank way as they are computed.
-                let streamed_set = set.filter(|_| handle.streamed);
-                model.forward_block_patched(block.index(), bytes, activations, streamed_set)
-            }
+            (Workload::LinearStack { model, .. }, Some(activations)) => lora
+                .forward(session, model, &handle, activations)
+                .map(|path| {
+                    if path == Path::LowRank {
+                        step_path = Path::LowRank;
+                    }
+                }),
             (Workload::StreamVerify { names, checksums }, _) => {
+                // SAFETY: the handle is held until the release below, so the allocator
+                // can neither evict nor overwrite this range meanwhile.
+                let bytes = unsafe { block_bytes(handle.ptr, handle.bytes) };
                 if checksum(bytes) == checksums[block.index()] {
                     Ok(())
                 } else {
@@ -271,12 +269,10 @@ fn run_step(
         result?;
     }
     if let (Workload::LinearStack { reference, .. }, Some(activations)) = (workload, activations) {
-        let difference = match lora.phase() {
-            Some(phase) if !phase.set.is_empty() => {
-                first_difference_within(&activations.x, &phase.reference, LORA_TOLERANCE)
-            }
-            Some(phase) => first_difference(&activations.x, &phase.reference),
-            None => first_difference(&activations.x, reference),
+        let expected = lora.phase().map_or(reference, |phase| &phase.reference);
+        let difference = match step_path {
+            Path::LowRank => first_difference_within(&activations.x, expected, LORA_TOLERANCE),
+            Path::Exact => first_difference(&activations.x, expected),
         };
         if let Some((index, got, expected)) = difference {
             return Err(WorkloadError::Mismatch {
@@ -287,90 +283,5 @@ fn run_step(
             });
         }
     }
-    Ok(compute_seconds)
-}
-
-/// Which LoRA phase is attached, and which resident blocks carry it baked in.
-struct LoraState<'a> {
-    phases: &'a [LoraPhase],
-    phase: Option<usize>,
-    /// Per block: the (generation, phase) of the resident copy that was baked.
-    baked: Vec<Option<(u32, usize)>>,
-}
-
-impl<'a> LoraState<'a> {
-    fn new(blocks: usize, phases: &'a [LoraPhase]) -> Self {
-        Self {
-            phases,
-            phase: None,
-            baked: vec![None; blocks],
-        }
-    }
-
-    fn phase(&self) -> Option<&'a LoraPhase> {
-        self.phases.get(self.phase?)
-    }
-
-    fn phase_set(&self) -> Option<&'a LoraSet> {
-        self.phase().map(|phase| &phase.set)
-    }
-
-    /// At a step boundary: switches to the phase this step belongs to — detaches the
-    /// old adapters, attaches the new ones and drops baked resident copies so they
-    /// reload pristine and are baked again with the new set.
-    fn enter_step(&mut self, session: &mut Session, step: u64) -> Result<(), WorkloadError> {
-        let phases = self.phases;
-        let wanted = phases.iter().rposition(|phase| phase.from_step <= step);
-        if wanted == self.phase {
-            return Ok(());
-        }
-        if let Some(old) = self.phase.and_then(|index| phases.get(index)) {
-            for adapter in old.set.adapters() {
-                session.detach_lora(&adapter.name)?;
-            }
-        }
-        let stale: Vec<BlockId> = (0..self.baked.len())
-            .filter(|&block| self.baked[block].is_some())
-            .map(|block| BlockId(block as u32))
-            .collect();
-        if !stale.is_empty() {
-            session.invalidate(&stale)?;
-        }
-        self.baked.iter_mut().for_each(|baked| *baked = None);
-        self.phase = wanted;
-        if let Some(new) = wanted.and_then(|index| phases.get(index)) {
-            for summary in new.set.summaries() {
-                session.attach_lora(summary)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Bakes the set into a resident block's copy once per load of that copy.
-    fn bake_if_resident(
-        &mut self,
-        model: &LinearStack,
-        set: &LoraSet,
-        handle: &BlockHandle,
-    ) -> Result<(), WorkloadError> {
-        let block = handle.block.index();
-        let Some(phase) = self.phase else {
-            return Ok(());
-        };
-        if handle.streamed || !set.touches(block) {
-            return Ok(());
-        }
-        if self.baked[block] == Some((handle.generation, phase)) {
-            return Ok(());
-        }
-        // SAFETY: the handle is held, the block is resident (its range belongs to it
-        // alone until evicted, which a held block is not), and the compute thread is
-        // the only reader of that range while it holds it.
-        let bytes = unsafe {
-            std::slice::from_raw_parts_mut(handle.ptr.0 as *mut u8, handle.bytes as usize)
-        };
-        model.bake_block(block, bytes, set)?;
-        self.baked[block] = Some((handle.generation, phase));
-        Ok(())
-    }
+    Ok((compute_seconds, step_path))
 }

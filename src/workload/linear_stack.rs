@@ -8,7 +8,7 @@ use std::os::unix::fs::FileExt;
 use crate::model::demo::DemoSpec;
 use crate::model::ModelIndex;
 
-use super::lora_set::LoraSet;
+use super::lora_set::{BlockPatches, LoraSet};
 use super::WorkloadError;
 
 /// One layer's weight inside its block's buffer.
@@ -126,17 +126,16 @@ impl LinearStack {
         block: usize,
         block_bytes: &[u8],
         activations: &mut Activations,
-        lora: Option<&LoraSet>,
+        lora: Option<&BlockPatches<'_>>,
     ) -> Result<(), WorkloadError> {
         let dim = self.dim();
         for (layer_number, layer) in self.layers[block].iter().enumerate() {
             let weights = layer_weights(block, block_bytes, layer.block_offset, dim)?;
             let Activations { x, y, low_rank } = activations;
             gemm(weights, dim, self.batch, x, y);
-            if let Some(lora) = lora {
-                for (target, scale) in lora.patches(block, layer_number) {
-                    crate::lora::apply_low_rank(x, self.batch, target, scale, low_rank, y);
-                }
+            let patches = lora.and_then(|layers| layers.get(layer_number));
+            for (factors, scale) in patches.into_iter().flatten() {
+                crate::lora::apply_low_rank(x, self.batch, factors, *scale, low_rank, y);
             }
             rms_norm(dim, y, x);
         }
@@ -149,7 +148,7 @@ impl LinearStack {
         &self,
         block: usize,
         block_bytes: &mut [u8],
-        lora: &LoraSet,
+        lora: &BlockPatches<'_>,
     ) -> Result<(), WorkloadError> {
         let dim = self.dim();
         for (layer_number, layer) in self.layers[block].iter().enumerate() {
@@ -166,8 +165,8 @@ impl LinearStack {
                     "block {block}: weights are not 4-byte aligned in memory"
                 )));
             }
-            for (target, scale) in lora.patches(block, layer_number) {
-                crate::lora::merge_into(weights, target, scale);
+            for (factors, scale) in lora.get(layer_number).into_iter().flatten() {
+                crate::lora::merge_into(weights, factors, *scale);
             }
         }
         Ok(())
@@ -229,7 +228,7 @@ impl LinearStack {
                 at += extent.length as usize;
             }
             if let Some(lora) = lora {
-                self.bake_block(block_number, bytes, lora)?;
+                self.bake_block(block_number, bytes, &lora.host_patches(block_number))?;
             }
             self.forward_block(block_number, bytes, &mut activations)?;
         }

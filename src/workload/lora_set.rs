@@ -3,11 +3,11 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use stagehand_actors::AdapterSummary;
+use stagehand_actors::{AdapterSummary, BlockId, LoraAttach, LoraPack};
 
 use super::linear_stack::LinearStack;
 use super::WorkloadError;
-use crate::lora::{load_adapter, Adapter, LoraError, LoraSpec, LoraTarget};
+use crate::lora::{load_adapter, Adapter, Factors, LoraError, LoraSpec};
 use crate::model::ModelIndex;
 
 /// Outputs of a run with LoRA on streamed blocks are checked against the merged
@@ -20,12 +20,21 @@ use crate::model::ModelIndex;
 pub const LORA_TOLERANCE: f32 = 1e-4;
 
 /// Adapters in application order, and per block and layer which patches apply.
+///
+/// Each adapter travels through the pipeline as one pack per block it patches: the
+/// f32 factors of its targets in that block, `A` then `B` per target, in target
+/// order. `pack_offsets[adapter][target]` is where a target's `A` starts in its
+/// block's pack.
 #[derive(Debug, Clone, Default)]
 pub struct LoraSet {
     adapters: Vec<Arc<Adapter>>,
     /// `[block][layer]` → (adapter, target) indices, in adapter order.
     patches: Vec<Vec<Vec<(usize, usize)>>>,
+    pack_offsets: Vec<Vec<usize>>,
 }
+
+/// Per layer of one block, each patch's factors and scale, in adapter order.
+pub type BlockPatches<'a> = Vec<Vec<(Factors<'a>, f32)>>;
 
 impl LoraSet {
     /// Lays the adapters out on the model's layers; refuses targets that are not
@@ -56,7 +65,26 @@ impl LoraSet {
                 patches[target.block][layer].push((adapter_number, target_number));
             }
         }
-        Ok(Self { adapters, patches })
+        let pack_offsets = adapters
+            .iter()
+            .map(|adapter| {
+                let mut next_in_block = vec![0usize; model.blocks()];
+                adapter
+                    .targets
+                    .iter()
+                    .map(|target| {
+                        let offset = next_in_block[target.block];
+                        next_in_block[target.block] += target.bytes() as usize;
+                        offset
+                    })
+                    .collect()
+            })
+            .collect();
+        Ok(Self {
+            adapters,
+            patches,
+            pack_offsets,
+        })
     }
 
     /// Loads each `FILE[:STRENGTH]` against the model, naming adapters by file stem.
@@ -98,22 +126,110 @@ impl LoraSet {
         Self::new(model, index, kept).unwrap_or_default()
     }
 
-    /// `(factors, scale)` of every patch on one layer, in adapter order.
-    pub fn patches(
-        &self,
-        block: usize,
-        layer: usize,
-    ) -> impl Iterator<Item = (&LoraTarget, f32)> + '_ {
-        self.patches
+    /// The adapters (by index) that patch `block`.
+    pub fn adapters_on(&self, block: usize) -> Vec<usize> {
+        let mut adapters: Vec<usize> = self
+            .patches
             .get(block)
-            .and_then(|layers| layers.get(layer))
             .into_iter()
             .flatten()
-            .map(|&(adapter, target)| {
-                let adapter = &self.adapters[adapter];
-                let target = &adapter.targets[target];
-                (target, target.scale(adapter.strength))
+            .flatten()
+            .map(|&(adapter, _)| adapter)
+            .collect();
+        adapters.sort_unstable();
+        adapters.dedup();
+        adapters
+    }
+
+    /// `block`'s patches with the loader's host factors (the merged reference).
+    pub fn host_patches(&self, block: usize) -> BlockPatches<'_> {
+        self.block_patches(block, |adapter, target| {
+            Some(self.adapters[adapter].targets[target].factors())
+        })
+        .unwrap_or_default()
+    }
+
+    /// `block`'s patches with factors read from packs: `pack(adapter)` is the bytes of
+    /// that adapter's pack for this block (in VRAM, for the pipeline). `None` if a
+    /// pack is missing or too short.
+    pub fn pack_patches<'a>(
+        &self,
+        block: usize,
+        pack: impl Fn(usize) -> Option<&'a [f32]>,
+    ) -> Option<BlockPatches<'a>> {
+        self.block_patches(block, |adapter, target| {
+            let factors = &self.adapters[adapter].targets[target];
+            let start = self.pack_offsets[adapter][target] / 4;
+            let (a_len, b_len) = (factors.a.len(), factors.b.len());
+            let floats = pack(adapter)?.get(start..start + a_len + b_len)?;
+            Some(Factors {
+                a: &floats[..a_len],
+                b: &floats[a_len..],
+                out_features: factors.out_features,
+                in_features: factors.in_features,
+                rank: factors.rank,
             })
+        })
+    }
+
+    fn block_patches<'a>(
+        &self,
+        block: usize,
+        factors: impl Fn(usize, usize) -> Option<Factors<'a>>,
+    ) -> Option<BlockPatches<'a>> {
+        let layers = self.patches.get(block)?;
+        layers
+            .iter()
+            .map(|patches| {
+                patches
+                    .iter()
+                    .map(|&(adapter, target)| {
+                        let strength = self.adapters[adapter].strength;
+                        let scale = self.adapters[adapter].targets[target].scale(strength);
+                        factors(adapter, target).map(|factors| (factors, scale))
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Bytes of adapter `adapter`'s pack for `block` (0 if it does not patch it).
+    pub fn pack_bytes(&self, adapter: usize, block: usize) -> usize {
+        self.adapters[adapter]
+            .targets
+            .iter()
+            .filter(|target| target.block == block)
+            .map(|target| target.bytes() as usize)
+            .sum()
+    }
+
+    /// What the session attaches for adapter `adapter`: its name, strength, bytes, and
+    /// one pack per block it patches.
+    pub fn attach_request(&self, adapter: usize) -> LoraAttach {
+        let source = &self.adapters[adapter];
+        // Per block, the targets' A then B in target order: the layout of pack_offsets.
+        let mut packs: std::collections::BTreeMap<usize, Vec<u8>> = Default::default();
+        for target in &source.targets {
+            let pack = packs.entry(target.block).or_default();
+            for value in target.a.iter().chain(&target.b) {
+                pack.extend_from_slice(&value.to_ne_bytes());
+            }
+        }
+        let packs = packs
+            .into_iter()
+            .map(|(block, bytes)| LoraPack {
+                block: BlockId(block as u32),
+                bytes,
+            })
+            .collect();
+        LoraAttach {
+            summary: AdapterSummary {
+                name: source.name.clone(),
+                strength: source.strength,
+                bytes: source.bytes(),
+            },
+            packs,
+        }
     }
 
     pub fn touches(&self, block: usize) -> bool {

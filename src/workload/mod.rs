@@ -10,6 +10,7 @@ pub mod bound;
 pub mod driver;
 pub mod linear_stack;
 pub mod lora_set;
+mod lora_steps;
 pub mod moe;
 pub mod moe_model;
 pub mod stream_verify;

@@ -12,6 +12,7 @@ use crate::disk_reader::DiskReader;
 use crate::error::SessionError;
 use crate::layout::{BlockId, ModelLayout};
 use crate::lora_offloader::LoraOffloader;
+use crate::lora_state::LoraState;
 use crate::observer::{AcquireBatch, Observer, Tee};
 use crate::pin_manager::PinManager;
 use crate::pin_state::PinState;
@@ -19,7 +20,7 @@ use crate::plan::{PinPlan, Staging, StepOrder, VramPlan};
 use crate::residency::ResidencyTable;
 use crate::stats::Stats;
 use crate::storage::Storage;
-use crate::vram_allocator::{ConnectPins, VramAllocator};
+use crate::vram_allocator::{ConnectLora, ConnectPins, VramAllocator};
 use crate::vram_state::VramState;
 
 use super::{ExpertConfig, Session, SessionConfig, SessionPlan, Wiring};
@@ -28,6 +29,7 @@ use super::{ExpertConfig, Session, SessionConfig, SessionPlan, Wiring};
 #[derive(Clone)]
 pub(super) struct Prepared {
     table: Arc<ResidencyTable>,
+    lora_table: Arc<ResidencyTable>,
     order: StepOrder,
     plan: SessionPlan,
     stats: Arc<Stats>,
@@ -61,8 +63,10 @@ impl Prepared {
         let table = Arc::new(ResidencyTable::new(
             layout.blocks.iter().map(|block| block.bytes),
         ));
+        let lora_table = Arc::new(LoraState::new_table(layout.len()));
         Ok(Self {
             table,
+            lora_table,
             order,
             plan: SessionPlan { vram, pins },
             stats: Arc::new(Stats::default()),
@@ -127,15 +131,25 @@ impl Prepared {
         let pins = PinManager::new(
             pin_state,
             extents,
-            device,
+            device.clone(),
             reader,
             allocator.clone(),
             observer.clone(),
         )
         .start();
         allocator.do_send(ConnectPins(pins.clone()));
-        let lora = LoraOffloader::new(allocator.clone(), observer.clone()).start();
-        let stream = ComputeStream::new(allocator.clone(), pins, observer, owns_system).start();
+        let lora = LoraOffloader::new(
+            LoraState::with_table(self.lora_table.clone(), self.plan.vram.ring_slots as usize),
+            device,
+            allocator.clone(),
+            pins.clone(),
+            observer.clone(),
+        )
+        .start();
+        allocator.do_send(ConnectLora(lora.clone()));
+        let stream =
+            ComputeStream::new(allocator.clone(), pins, lora.clone(), observer, owns_system)
+                .start();
         Ok(Wiring {
             stream,
             lora,
@@ -150,6 +164,8 @@ impl Prepared {
     ) -> Session {
         Session {
             table: self.table,
+            lora_table: self.lora_table,
+            lora_held: 0,
             stream: wiring.stream,
             lora: wiring.lora,
             allocator: wiring.allocator,

@@ -1,0 +1,159 @@
+//! What the compute side reserves beside the weights: activations (always win) and
+//! LoRA regions (the offloader's own VRAM, placed in the resident area), and the
+//! invalidation of patched resident copies.
+
+use crate::arena::align_up;
+use crate::layout::BlockId;
+use crate::plan::Bytes;
+
+use super::{ActivationError, Placement, VramState};
+
+impl VramState {
+    /// Activations always win: evicts resident blocks (furthest next use first) until
+    /// `bytes` more fit, and streams those blocks from now on.
+    pub fn reserve_activations(&mut self, bytes: u64) -> Result<u64, ActivationError> {
+        let mut evicted = 0;
+        while self.used_bytes() + bytes > self.budget_bytes {
+            if !self.evict_one_resident() {
+                return Err(self.do_not_fit(bytes, false));
+            }
+            evicted += 1;
+        }
+        self.activation_bytes += bytes;
+        self.record_peak();
+        Ok(evicted)
+    }
+
+    pub fn release_activations(&mut self, bytes: u64) {
+        self.activation_bytes = self.activation_bytes.saturating_sub(bytes);
+    }
+
+    /// Places a LoRA region of `bytes` in the resident area, evicting resident weights
+    /// (furthest next use first) until it fits — inside the budget, counted as LoRA
+    /// bytes. Returns its arena offset and how many blocks were evicted.
+    pub fn reserve_lora(&mut self, bytes: u64) -> Result<(u64, u64), ActivationError> {
+        let aligned = align_up(bytes.max(1));
+        let mut evicted = 0;
+        loop {
+            if self.used_bytes() + aligned <= self.budget_bytes {
+                if let Some(offset) = self.resident_area.allocate(aligned) {
+                    self.lora_bytes += aligned;
+                    self.lora_regions.push((offset, aligned));
+                    self.record_peak();
+                    return Ok((self.resident_base() + offset, evicted));
+                }
+            }
+            // Over the budget, or free space too fragmented for one region.
+            if !self.evict_one_resident() {
+                return Err(self.do_not_fit(aligned, true));
+            }
+            evicted += 1;
+        }
+    }
+
+    /// Frees the LoRA region at arena `offset`; false if there is none.
+    pub fn release_lora(&mut self, offset: u64) -> bool {
+        let Some(relative) = offset.checked_sub(self.resident_base()) else {
+            return false;
+        };
+        let Some(index) = self
+            .lora_regions
+            .iter()
+            .position(|&(start, _)| start == relative)
+        else {
+            return false;
+        };
+        let (start, bytes) = self.lora_regions.swap_remove(index);
+        self.resident_area.free(start, bytes);
+        self.lora_bytes -= bytes;
+        true
+    }
+
+    /// Frees every LoRA region (shutdown).
+    pub fn release_all_lora(&mut self) {
+        for (start, bytes) in std::mem::take(&mut self.lora_regions) {
+            self.resident_area.free(start, bytes);
+        }
+        self.lora_bytes = 0;
+    }
+
+    /// Evicts the unheld resident block needed furthest ahead and streams it from now
+    /// on. A block larger than a ring slot cannot stream: it stays. False if none.
+    fn evict_one_resident(&mut self) -> bool {
+        let victim = self
+            .placement
+            .iter()
+            .enumerate()
+            .filter_map(|(index, placement)| match placement {
+                Some(Placement::Resident { .. }) => Some(BlockId(index as u32)),
+                _ => None,
+            })
+            .filter(|&block| {
+                !self.loading[block.index()]
+                    && self.table.holders(block) == 0
+                    && align_up(self.block_bytes[block.index()]) <= self.slot_bytes()
+            })
+            .max_by_key(|&block| {
+                self.order
+                    .distance_to_next_use(self.cursor, block)
+                    .unwrap_or(usize::MAX)
+            });
+        let Some(block) = victim.filter(|&block| self.table.try_begin_evict(block)) else {
+            return false;
+        };
+        self.unplace(block);
+        self.table.finish_evict(block);
+        self.plan.resident[block.index()] = false;
+        true
+    }
+
+    fn do_not_fit(&self, requested: u64, lora: bool) -> ActivationError {
+        let budget = Bytes(self.budget_bytes);
+        let ring = Bytes(self.ring_area_bytes);
+        let held = Bytes(
+            self.resident_area
+                .used_bytes()
+                .saturating_sub(self.lora_bytes),
+        );
+        let taken = self.ring_area_bytes + self.activation_bytes + self.lora_bytes;
+        let available = Bytes(self.budget_bytes.saturating_sub(taken));
+        if lora {
+            ActivationError::LoraDoesNotFit {
+                requested: Bytes(requested),
+                budget,
+                ring,
+                available,
+                held,
+            }
+        } else {
+            ActivationError::DoNotFit {
+                requested: Bytes(requested),
+                budget,
+                ring,
+                available,
+                held,
+            }
+        }
+    }
+
+    /// Drops the device copy of each ready, unheld block so its next use reloads it:
+    /// its resident copy was patched (a LoRA bake) and the patch changed. Returns how
+    /// many were dropped.
+    pub fn invalidate(&mut self, blocks: &[BlockId]) -> u64 {
+        let mut dropped = 0;
+        for &block in blocks {
+            let index = block.index();
+            if index >= self.placement.len()
+                || self.placement[index].is_none()
+                || self.loading[index]
+                || !self.table.try_begin_evict(block)
+            {
+                continue;
+            }
+            self.unplace(block);
+            self.table.finish_evict(block);
+            dropped += 1;
+        }
+        dropped
+    }
+}
