@@ -174,7 +174,10 @@ fn check_precision(dtype: LoraDtype) -> f32 {
         assert_eq!(report.verified_steps, 3, "{dtype:?} at {budget} B");
         // Every block baked (all resident): bit for bit; streamed blocks: low-rank.
         let low_rank_steps = if all_resident { 0 } else { 3 };
-        assert_eq!(report.tolerance_steps, low_rank_steps, "{dtype:?} at {budget} B");
+        assert_eq!(
+            report.tolerance_steps, low_rank_steps,
+            "{dtype:?} at {budget} B"
+        );
         // The pipeline holds factors widened to f32, whatever the file stored.
         let lora_bytes: u64 = report.lora.adapters.iter().map(|a| a.bytes).sum();
         assert_eq!(lora_bytes, (2 * 16 * 8 + 2 * 6 * 4) * 256 * 4);

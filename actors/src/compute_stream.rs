@@ -6,7 +6,6 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 
-use crate::lora_offloader::LoraOffloader;
 use crate::messages::{
     Demand, Drain, Miss, ReleaseActivations, ReleaseStreamed, Released, ReserveActivations,
     Shutdown, StepDone, SyncPoint,
@@ -18,7 +17,6 @@ use crate::vram_allocator::VramAllocator;
 pub struct ComputeStream {
     allocator: Addr<VramAllocator>,
     pins: Addr<PinManager>,
-    lora: Addr<LoraOffloader>,
     observer: Arc<dyn Observer>,
     /// Stop the actix system after shutdown (the session owns it).
     owns_system: bool,
@@ -28,14 +26,12 @@ impl ComputeStream {
     pub fn new(
         allocator: Addr<VramAllocator>,
         pins: Addr<PinManager>,
-        lora: Addr<LoraOffloader>,
         observer: Arc<dyn Observer>,
         owns_system: bool,
     ) -> Self {
         Self {
             allocator,
             pins,
-            lora,
             observer,
             owns_system,
         }
@@ -112,15 +108,10 @@ impl Handler<Shutdown> for ComputeStream {
     fn handle(&mut self, shutdown: Shutdown, ctx: &mut Self::Context) {
         let allocator = self.allocator.clone();
         let pins = self.pins.clone();
-        let lora = self.lora.clone();
         let owns_system = self.owns_system;
-        // The LoRA offloader drains first (its regions live in the allocator's arena,
-        // its buffers go back to the pins), then the allocator (its copies in flight
-        // return buffers to the pins), then the pins.
+        // The allocator drains first (it drains the LoRA offloader, whose regions live
+        // in its arena; copies in flight return buffers to the pins), then the pins.
         let drain = async move {
-            let (reply, done) = flume::bounded(1);
-            lora.do_send(Drain { reply });
-            let _ = done.recv_async().await;
             let (reply, done) = flume::bounded(1);
             allocator.do_send(Drain { reply });
             let _ = done.recv_async().await;

@@ -35,7 +35,12 @@ pub struct VramAllocator {
     /// Per block: the arena offset of the load in flight.
     load_offsets: Vec<u64>,
     waiters: Vec<Vec<Waiter>>,
+    /// LoRA regions that did not fit while loads were in flight (a block being
+    /// loaded cannot be evicted yet); retried as each load ends.
+    pending_lora: Vec<ReserveLora>,
     draining: Option<Reply<()>>,
+    /// The LoRA offloader has drained: no copy of its own still lands in the arena.
+    lora_drained: bool,
 }
 
 /// Wires the pin manager in after both actors exist.
@@ -67,7 +72,9 @@ impl VramAllocator {
             observer,
             load_offsets: vec![0; blocks],
             waiters: (0..blocks).map(|_| Vec::new()).collect(),
+            pending_lora: Vec::new(),
             draining: None,
+            lora_drained: false,
         }
     }
 
@@ -185,6 +192,7 @@ impl VramAllocator {
             buffer,
             home,
         });
+        self.retry_lora();
         self.schedule(None);
         self.report_usage();
         self.try_finish_drain();
@@ -223,8 +231,31 @@ impl VramAllocator {
         reply
     }
 
+    /// Places a LoRA region, or keeps the request while loads are in flight: the
+    /// blocks being loaded may be evictable once they land. Answers otherwise.
+    fn reserve_lora(&mut self, message: ReserveLora) {
+        if self.draining.is_some() {
+            let _ = message.reply.send(Err(SessionError::Stopped));
+            return;
+        }
+        let base = self.arena.as_ref().map_or(0, |arena| arena.base.0);
+        let result = self.state.reserve_lora(message.bytes);
+        if result.is_err() && self.state.loads_in_flight() > 0 {
+            self.pending_lora.push(message);
+            return;
+        }
+        let result = result.map(|(offset, evicted)| (crate::DevicePtr(base + offset), evicted));
+        let _ = message.reply.send(self.reserved(result));
+    }
+
+    fn retry_lora(&mut self) {
+        for message in std::mem::take(&mut self.pending_lora) {
+            self.reserve_lora(message);
+        }
+    }
+
     fn try_finish_drain(&mut self) {
-        if self.draining.is_none() || self.state.loads_in_flight() > 0 {
+        if self.draining.is_none() || self.state.loads_in_flight() > 0 || !self.lora_drained {
             return;
         }
         let evicted = self.state.evict_all();
@@ -238,6 +269,9 @@ impl VramAllocator {
         }
         for index in 0..self.waiters.len() {
             self.notify(BlockId(index as u32), Err(SessionError::Stopped));
+        }
+        for message in std::mem::take(&mut self.pending_lora) {
+            let _ = message.reply.send(Err(SessionError::Stopped));
         }
         self.report_usage();
         if let Some(reply) = self.draining.take() {
@@ -344,6 +378,7 @@ impl Handler<Streamed> for VramAllocator {
 
     fn handle(&mut self, message: Streamed, _ctx: &mut Self::Context) {
         self.publish(message.block);
+        self.retry_lora();
         self.schedule(None);
         self.report_usage();
         self.try_finish_drain();
@@ -356,6 +391,7 @@ impl Handler<PinFailed> for VramAllocator {
     fn handle(&mut self, message: PinFailed, _ctx: &mut Self::Context) {
         self.state.abandon(message.block, true);
         self.notify(message.block, Err(message.error));
+        self.retry_lora();
         self.report_usage();
         self.try_finish_drain();
     }
@@ -386,9 +422,26 @@ impl Handler<ReleaseActivations> for VramAllocator {
 impl Handler<Drain> for VramAllocator {
     type Result = ();
 
-    fn handle(&mut self, message: Drain, _ctx: &mut Self::Context) {
+    /// Stops scheduling, drains the LoRA offloader (its regions live in the arena),
+    /// waits for loads in flight, then frees everything.
+    fn handle(&mut self, message: Drain, ctx: &mut Self::Context) {
         self.draining = Some(message.reply);
-        self.try_finish_drain();
+        let Some(lora) = self.lora.clone() else {
+            self.lora_drained = true;
+            self.try_finish_drain();
+            return;
+        };
+        let drained = async move {
+            let (reply, done) = flume::bounded(1);
+            lora.do_send(Drain { reply });
+            let _ = done.recv_async().await;
+        };
+        ctx.spawn(
+            actix::fut::wrap_future::<_, Self>(drained).map(|(), actor, _ctx| {
+                actor.lora_drained = true;
+                actor.try_finish_drain();
+            }),
+        );
     }
 }
 
@@ -396,16 +449,7 @@ impl Handler<ReserveLora> for VramAllocator {
     type Result = ();
 
     fn handle(&mut self, message: ReserveLora, _ctx: &mut Self::Context) {
-        if self.draining.is_some() {
-            let _ = message.reply.send(Err(SessionError::Stopped));
-            return;
-        }
-        let base = self.arena.as_ref().map_or(0, |arena| arena.base.0);
-        let result = self
-            .state
-            .reserve_lora(message.bytes)
-            .map(|(offset, evicted)| (crate::DevicePtr(base + offset), evicted));
-        let _ = message.reply.send(self.reserved(result));
+        self.reserve_lora(message);
     }
 }
 

@@ -147,9 +147,7 @@ impl Prepared {
         )
         .start();
         allocator.do_send(ConnectLora(lora.clone()));
-        let stream =
-            ComputeStream::new(allocator.clone(), pins, lora.clone(), observer, owns_system)
-                .start();
+        let stream = ComputeStream::new(allocator.clone(), pins, observer, owns_system).start();
         Ok(Wiring {
             stream,
             lora,
