@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod bench_cuda;
 mod bench_disk;
+mod bench_lora;
 mod config_cmd;
 mod demo_model;
 mod inspect;

@@ -107,11 +107,7 @@ impl Summary {
             lora_pinned_bytes: report.lora.pinned_bytes,
             peak_vram_lora_bytes: report.after_first_step.vram.lora_bytes,
             lora_bytes_to_vram: stats.pinned_to_vram.lora_bytes,
-            lora_bytes_to_vram_per_step: {
-                let later = report.steps.saturating_sub(1).max(1) as f64;
-                let first = report.after_first_step.pinned_to_vram.lora_bytes;
-                stats.pinned_to_vram.lora_bytes.saturating_sub(first) as f64 / later
-            },
+            lora_bytes_to_vram_per_step: report.steady_lora_bytes_per_step(),
             lora_tolerance_steps: report.tolerance_steps,
             expert_hits: report.expert_hits,
             expert_misses: report.expert_misses,

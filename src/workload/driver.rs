@@ -88,6 +88,14 @@ impl RunReport {
         )
     }
 
+    /// LoRA bytes copied pinned → VRAM per steady step: the packs re-sent with
+    /// streamed blocks (the first, cold step excluded).
+    pub fn steady_lora_bytes_per_step(&self) -> f64 {
+        let later_steps = self.steps.saturating_sub(1).max(1) as f64;
+        let first = self.after_first_step.pinned_to_vram.lora_bytes;
+        self.stats.pinned_to_vram.lora_bytes.saturating_sub(first) as f64 / later_steps
+    }
+
     /// Bytes per steady-state step over a link, from the counters' growth after step 1.
     pub fn steady_bytes_per_step(&self, link: stagehand_actors::Link) -> f64 {
         let later_steps = self.steps.saturating_sub(1);

@@ -1,0 +1,156 @@
+//! `stagehand bench lora`: what a streamed LoRA costs. In one process, on the demo model
+//! with the deployment budgets, interleaved rounds of (a) stagehand without an adapter
+//! and (b) stagehand with a generated rank-R adapter on every layer, whose factors ride
+//! with their blocks (re-sent each step for streamed blocks, baked once into resident
+//! ones). Prints both step times, the ratio (b)/(a), and the LoRA bytes re-sent per step
+//! against the model bytes streamed per step: the two overheads should be about equal
+//! to the adapter's share of the weights, `rank·(in + out) / (in·out)`.
+
+use serde::Serialize;
+use stagehand_actors::{Link, ResidencyPolicy};
+
+use super::bench::{keep_faster, run_error, Bench};
+use super::{CommandResult, Failure};
+use crate::lora::{write_demo_lora, DemoLora, LoraSpec};
+use crate::model::demo::DemoSpec;
+use crate::run::{default_cache_dir, ensure_demo_model, resolve_budgets, Extras, Outcome};
+use crate::settings::{self, SettingsArgs};
+
+#[derive(Debug, clap::Args)]
+pub struct BenchLoraArgs {
+    /// Rank of the generated adapter (it patches every layer of the demo model).
+    #[arg(long, default_value_t = 16)]
+    pub rank: usize,
+    /// Rows per step: the default is the balanced configuration of `stagehand bench`.
+    #[arg(long, default_value_t = 24)]
+    pub batch: usize,
+    /// Steps per run (the first, cold, step is not counted).
+    #[arg(long, default_value_t = 6)]
+    pub steps: u64,
+    /// Interleaved rounds; each figure is the fastest round's.
+    #[arg(long, default_value_t = 2)]
+    pub rounds: u32,
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub settings: SettingsArgs,
+}
+
+#[derive(Debug, Serialize)]
+struct LoraBench {
+    rank: usize,
+    batch: usize,
+    plain_seconds: f64,
+    lora_seconds: f64,
+    lora_over_plain: f64,
+    model_bytes_per_step: f64,
+    lora_bytes_per_step: f64,
+    lora_bytes: u64,
+    lora_vram_bytes: u64,
+    lora_pinned_bytes: u64,
+    /// The adapter's share of the weights it patches.
+    adapter_share: f64,
+    low_rank_steps: u64,
+    verified_steps: u64,
+}
+
+pub fn execute(args: BenchLoraArgs) -> CommandResult {
+    let loaded = settings::load(&args.settings).map_err(Failure::bad_input)?;
+    let settings = loaded.settings;
+    super::run::init_logging(&settings.log);
+    if args.steps < 2 || args.rounds == 0 || args.rank == 0 {
+        return Err(Failure::bad_input(anyhow::anyhow!(
+            "--steps must be at least 2 (the first step is cold), --rounds and --rank at least 1"
+        )));
+    }
+    let spec = DemoSpec::default();
+    let cache = default_cache_dir();
+    let model = ensure_demo_model(&cache, &spec).map_err(run_error)?;
+    let lora_path = cache.join(format!("lora-rank{}.safetensors", args.rank));
+    let lora = DemoLora {
+        rank: args.rank,
+        ..DemoLora::default()
+    };
+    write_demo_lora(&lora_path, &spec, &lora).map_err(Failure::bad_input)?;
+    let model_bytes = spec.total_bytes();
+    let budgets = resolve_budgets(&settings, model_bytes, true);
+    let bench = Bench {
+        settings: &settings,
+        steps: args.steps,
+        model,
+        model_bytes,
+        rounds: args.rounds,
+    };
+    let with_lora = Extras {
+        loras: vec![LoraSpec {
+            path: lora_path,
+            strength: 0.8,
+        }],
+        ..Extras::default()
+    };
+    let depth = settings.prefetch_depth;
+    let policy = ResidencyPolicy::Planned;
+    let mut plain: Option<Outcome> = None;
+    let mut patched: Option<Outcome> = None;
+    for round in 0..args.rounds {
+        eprintln!("bench lora: round {} of {}", round + 1, args.rounds);
+        let outcome = bench.run_with(args.batch, budgets, depth, policy, &Extras::default())?;
+        keep_faster(&mut plain, outcome);
+        let outcome = bench.run_with(args.batch, budgets, depth, policy, &with_lora)?;
+        keep_faster(&mut patched, outcome);
+    }
+    let (Some(plain), Some(patched)) = (plain, patched) else {
+        return Err(Failure::bad_input(anyhow::anyhow!(
+            "--rounds must be at least 1"
+        )));
+    };
+    let dim = spec.dim as f64;
+    let row = LoraBench {
+        rank: args.rank,
+        batch: args.batch,
+        plain_seconds: plain.report.steady_step_seconds(),
+        lora_seconds: patched.report.steady_step_seconds(),
+        lora_over_plain: patched.report.steady_step_seconds() / plain.report.steady_step_seconds(),
+        model_bytes_per_step: patched.report.steady_bytes_per_step(Link::PinnedToVram),
+        lora_bytes_per_step: patched.report.steady_lora_bytes_per_step(),
+        lora_bytes: patched.report.lora.adapters.iter().map(|a| a.bytes).sum(),
+        lora_vram_bytes: patched.report.lora.vram_bytes,
+        lora_pinned_bytes: patched.report.lora.pinned_bytes,
+        adapter_share: args.rank as f64 * 2.0 * dim / (dim * dim),
+        low_rank_steps: patched.report.tolerance_steps,
+        verified_steps: patched.report.verified_steps,
+    };
+    if args.json {
+        let text = serde_json::to_string_pretty(&row).map_err(Failure::run_failed)?;
+        println!("{text}");
+        return Ok(());
+    }
+    println!(
+        "stagehand bench lora: demo model {} MiB, rank {} adapter on every layer ({} MiB of factors), batch {}, vram budget {} MiB",
+        model_bytes >> 20,
+        row.rank,
+        row.lora_bytes >> 20,
+        row.batch,
+        budgets.vram_budget_bytes >> 20
+    );
+    println!(
+        "  step: {:.1} ms without, {:.1} ms with the adapter: {:.3}× (adapter share of the weights {:.3})",
+        row.plain_seconds * 1e3,
+        row.lora_seconds * 1e3,
+        row.lora_over_plain,
+        1.0 + row.adapter_share
+    );
+    println!(
+        "  per step: {:.1} MiB of model and {:.2} MiB of LoRA factors to vram ({:.3} of the model bytes); LoRA holds {:.2} MiB of vram, {:.2} MiB pinned",
+        row.model_bytes_per_step / (1u64 << 20) as f64,
+        row.lora_bytes_per_step / (1u64 << 20) as f64,
+        row.lora_bytes_per_step / row.model_bytes_per_step.max(1.0),
+        row.lora_vram_bytes as f64 / (1u64 << 20) as f64,
+        row.lora_pinned_bytes as f64 / (1u64 << 20) as f64
+    );
+    println!(
+        "  verified: {} steps ({} low-rank within tolerance, the rest bit-exact)",
+        row.verified_steps, row.low_rank_steps
+    );
+    Ok(())
+}
