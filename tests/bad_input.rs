@@ -317,3 +317,13 @@ fn valid_fuzz_seed_file_opens() {
     assert_eq!(index.tensors.len(), 2);
     assert_eq!(index.metadata.get("k").map(String::as_str), Some("v"));
 }
+
+#[test]
+fn bench_lora_with_rank_zero() {
+    // Proves `stagehand bench lora` refuses a rank-0 adapter before doing any work.
+    let output = stagehand()
+        .args(["bench", "lora", "--rank", "0"])
+        .output()
+        .expect("binary runs");
+    assert_bad_input(&output, &["--rank", "at least 1"]);
+}
