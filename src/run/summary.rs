@@ -133,8 +133,13 @@ impl Summary {
             out.push_str(&text);
             out.push('\n');
         };
+        let reference = if self.lora_adapters.is_empty() {
+            "the fully-resident reference"
+        } else {
+            "the fully-merged LoRA reference"
+        };
         line(format!(
-            "stagehand run: {} steps on {} ({} reads), {} verified against the fully-resident reference",
+            "stagehand run: {} steps on {} ({} reads), {} verified against {reference}",
             self.steps, self.device, self.storage, self.verified_steps
         ));
         line(format!(
