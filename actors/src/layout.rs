@@ -23,7 +23,7 @@ impl std::fmt::Display for BlockId {
 }
 
 /// Index of a file in the storage adapter's file table.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 pub struct FileId(pub u32);
 
 /// A contiguous byte range of one file.
@@ -88,6 +88,25 @@ impl ModelLayout {
     }
 }
 
+/// The same bytes as `extents`, sorted and with touching or overlapping ranges of a
+/// file merged: one range per run of adjacent tensors (or blocks).
+pub fn coalesce_extents(mut extents: Vec<Extent>) -> Vec<Extent> {
+    extents.sort_by_key(|extent| (extent.file, extent.offset));
+    let mut merged: Vec<Extent> = Vec::with_capacity(extents.len());
+    for extent in extents.into_iter().filter(|extent| extent.length > 0) {
+        match merged.last_mut() {
+            Some(last)
+                if last.file == extent.file && extent.offset <= last.offset + last.length =>
+            {
+                let end = (last.offset + last.length).max(extent.offset + extent.length);
+                last.length = end - last.offset;
+            }
+            _ => merged.push(extent),
+        }
+    }
+    merged
+}
+
 /// The extents covering bytes `start .. start + length` of a region laid out as
 /// `extents` end to end (a chunk of a block, for chunked reads).
 pub fn slice_extents(extents: &[Extent], start: u64, length: u64) -> Vec<Extent> {
@@ -111,4 +130,36 @@ pub fn slice_extents(extents: &[Extent], start: u64, length: u64) -> Vec<Extent>
         }
     }
     sliced
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn extent(file: u32, offset: u64, length: u64) -> Extent {
+        Extent {
+            file: FileId(file),
+            offset,
+            length,
+        }
+    }
+
+    #[test]
+    fn coalescing_merges_touching_and_overlapping_ranges_per_file() {
+        // Proves adjacent tensors become one range, gaps and other files stay apart,
+        // order does not matter and empty ranges vanish.
+        let merged = coalesce_extents(vec![
+            extent(0, 100, 50),
+            extent(1, 0, 10),
+            extent(0, 0, 100),
+            extent(0, 160, 40),
+            extent(0, 190, 20),
+            extent(1, 10, 0),
+            extent(1, 10, 5),
+        ]);
+        assert_eq!(
+            merged,
+            vec![extent(0, 0, 150), extent(0, 160, 50), extent(1, 0, 15),]
+        );
+    }
 }

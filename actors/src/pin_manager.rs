@@ -11,7 +11,7 @@ use crate::error::SessionError;
 use std::collections::VecDeque;
 
 use crate::device::DevicePtr;
-use crate::layout::{slice_extents, BlockId, Extent};
+use crate::layout::{coalesce_extents, slice_extents, BlockId, Extent};
 use crate::messages::{
     AllocateLoraPins, Drain, EnsurePinned, ForgetCached, FreeLoraPins, PinFailed, Pinned,
     ReadBlock, ReadDone, Reply, ReturnBuffer, Streamed, SyncPoint,
@@ -42,6 +42,11 @@ pub struct PinManager {
     /// Where pinned blocks, streamed blocks and failures are reported.
     allocator: Addr<VramAllocator>,
     observer: Arc<dyn Observer>,
+    /// File ranges of blocks that now have a pinned copy: their page-cache copy is
+    /// dropped at the next sync point, merged, so that folios straddling two tensors
+    /// (or two adjacent pinned blocks) go too — the kernel keeps any folio a range
+    /// covers only in part.
+    forget: Vec<Extent>,
     draining: Option<Reply<()>>,
 }
 
@@ -62,6 +67,7 @@ impl PinManager {
             reader,
             allocator,
             observer,
+            forget: Vec::new(),
             draining: None,
         }
     }
@@ -226,7 +232,16 @@ impl PinManager {
 
     /// Registers what the plan wants pinned now. Runs only at sync points (and once at
     /// start for the staging ring), never in the middle of a block.
+    /// Drops the page-cache copy of what was pinned since the last sync point.
+    fn forget_pinned(&mut self) {
+        if !self.forget.is_empty() {
+            let extents = coalesce_extents(std::mem::take(&mut self.forget));
+            self.reader.do_send(ForgetCached { extents });
+        }
+    }
+
     fn consolidate(&mut self, cursor: usize) {
+        self.forget_pinned();
         let mut operations = 0;
         while let Some(bytes) = self.state.staging_wanted() {
             match self.device.allocate_pinned(bytes) {
@@ -268,6 +283,7 @@ impl PinManager {
         if self.draining.is_none() || self.state.lent_out() > 0 {
             return;
         }
+        self.forget_pinned();
         let (buffers, cache_buffers) = self.state.release_all();
         drop(buffers);
         if cache_buffers > 0 {
@@ -357,9 +373,7 @@ impl Handler<ReadDone> for PinManager {
         if home == BufferHome::Cache {
             self.state.filled(block);
             // The block now has a pinned copy; its file pages need not stay cached too.
-            self.reader.do_send(ForgetCached {
-                extents: self.extents[block.index()].clone(),
-            });
+            self.forget.extend_from_slice(&self.extents[block.index()]);
         }
         self.allocator.do_send(Pinned {
             block,
