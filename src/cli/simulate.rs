@@ -1,6 +1,10 @@
 //! `stagehand simulate --model M --hardware H`: will the model run on that box, and
 //! how fast? Runs stagehand and two baselines through the real actors on simulated
 //! hardware in virtual time (see docs/simulator.md; `--json` is documented there).
+//!
+//! Unless a layer the user wrote sets `prefetch_depth` (a `--config` file, the
+//! environment, the flag), the simulator chooses it (`--prefetch-depth auto`) and says
+//! which depth to put in the config.
 
 use std::io::Write;
 use std::path::Path;
@@ -11,11 +15,17 @@ use stagehand_actors::Bytes;
 
 use super::{CommandResult, Failure};
 use crate::model::ModelIndex;
-use crate::settings::{self, SettingsArgs};
+use crate::settings::{self, LoadOptions, SettingsArgs, Source};
 use crate::sim::{
     simulate, FaultPlan, FitSettings, HardwareProfile, ModelDescription, PolicyFigures,
-    SimRunError, SimulateOptions, Simulation, TraceRecorder,
+    SimRunError, SimulateOptions, Simulation, TraceRecorder, AUTO_DEPTH_MAX, SEARCH_STEPS,
+    TIE_RELATIVE,
 };
+
+/// The value of `--prefetch-depth` (or `STAGEHAND_PREFETCH_DEPTH`) that asks the
+/// simulator to choose the depth.
+const AUTO: &str = "auto";
+const DEPTH_ENV: &str = "STAGEHAND_PREFETCH_DEPTH";
 
 #[derive(Debug, clap::Args)]
 pub struct SimulateArgs {
@@ -59,7 +69,36 @@ pub fn execute(args: SimulateArgs) -> CommandResult {
             "--steps 0: simulate at least 1 step"
         )));
     }
-    let loaded = settings::load(&args.settings).map_err(Failure::bad_input)?;
+    // `auto` is the simulator's own value, not a setting: take it out before the
+    // settings are parsed, then decide from the layer that set the depth.
+    let mut settings_args = args.settings.clone();
+    let mut asked_auto = false;
+    if settings_args
+        .prefetch_depth
+        .as_deref()
+        .is_some_and(|value| value.eq_ignore_ascii_case(AUTO))
+    {
+        settings_args.prefetch_depth = None;
+        asked_auto = true;
+    }
+    let mut load_options = LoadOptions::from_process();
+    let env_auto = load_options.env.iter().find_map(|(name, value)| {
+        (name.eq_ignore_ascii_case(DEPTH_ENV) && value.trim().eq_ignore_ascii_case(AUTO))
+            .then(|| name.clone())
+    });
+    if let Some(name) = env_auto {
+        load_options.env.remove(&name);
+        asked_auto |= settings_args.prefetch_depth.is_none();
+    }
+    let loaded = settings::load_with(&settings_args, &load_options).map_err(Failure::bad_input)?;
+    let depth_source = loaded
+        .provenance
+        .get("prefetch_depth")
+        .map_or(Source::Default, |origin| origin.source.clone());
+    // The shipped defaults (built in, or config/default.toml) are not a choice the
+    // user made for this machine.
+    let auto_prefetch_depth =
+        asked_auto || matches!(depth_source, Source::Default | Source::DefaultFile(_));
     let settings = loaded.settings;
     let model = load_model(&args, settings.block_pattern.as_deref())?;
     let mut hardware = HardwareProfile::load(&args.hardware).map_err(Failure::bad_input)?;
@@ -91,6 +130,7 @@ pub fn execute(args: SimulateArgs) -> CommandResult {
         trace: trace.clone(),
         max_reads_in_flight: settings.reader_threads as usize,
         baselines: !args.no_baselines,
+        auto_prefetch_depth,
     };
     let simulation = simulate(&model, &hardware, &options).map_err(|error| match error {
         SimRunError::Setup(_) | SimRunError::Plan { .. } => Failure::bad_input(error),
@@ -107,7 +147,12 @@ pub fn execute(args: SimulateArgs) -> CommandResult {
             .map_err(std::io::Error::from)
             .and_then(|()| writeln!(out))
     } else {
-        write_text(&mut out, &simulation, settings.trace.as_deref())
+        write_text(
+            &mut out,
+            &simulation,
+            &depth_source,
+            settings.trace.as_deref(),
+        )
     };
     match written {
         Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
@@ -149,6 +194,7 @@ fn per_step(bytes: f64) -> String {
 fn write_text(
     out: &mut impl Write,
     simulation: &Simulation,
+    depth_source: &Source,
     trace: Option<&Path>,
 ) -> std::io::Result<()> {
     let fit = &simulation.fit;
@@ -199,6 +245,7 @@ fn write_text(
         seconds(fit.cold_bound_seconds)
     )
     .map(|()| ())?;
+    write_depth_search(out, simulation, depth_source)?;
     writeln!(out)?;
     writeln!(
         out,
@@ -279,8 +326,97 @@ fn write_text(
             )?;
         }
     }
+    write_depth_advice(out, simulation)?;
     if let Some(path) = trace {
         writeln!(out, "trace (stagehand run): {}", path.display())?;
     }
     Ok(())
+}
+
+/// Where the depth came from and, with auto, every candidate's figure.
+fn write_depth_search(
+    out: &mut impl Write,
+    simulation: &Simulation,
+    depth_source: &Source,
+) -> std::io::Result<()> {
+    let configured = simulation.prefetch_depth_configured;
+    if !simulation.prefetch_depth_auto {
+        return writeln!(
+            out,
+            "prefetch depth: {configured} (set by {depth_source}); --prefetch-depth auto lets the simulator choose"
+        );
+    }
+    let tried: Vec<String> = simulation
+        .depth_candidates
+        .iter()
+        .map(|candidate| match candidate.steady_step_seconds {
+            Some(steady) => format!("{} → {}", candidate.depth, seconds(steady)),
+            None => format!("{} → could not run", candidate.depth),
+        })
+        .collect();
+    let chosen = match simulation.prefetch_depth_chosen {
+        Some(depth) => format!("chose {depth}"),
+        None => format!("no depth could run; checked the configured {configured}"),
+    };
+    writeln!(
+        out,
+        "prefetch depth: auto, steady step over {SEARCH_STEPS} steps at each of 0..={AUTO_DEPTH_MAX}: {}; {chosen}",
+        tried.join(", ")
+    )?;
+    for candidate in &simulation.depth_candidates {
+        if let Some(error) = &candidate.error {
+            writeln!(out, "  depth {}: {error}", candidate.depth)?;
+        }
+    }
+    Ok(())
+}
+
+/// The depth to put in the config for this model on this machine.
+fn write_depth_advice(out: &mut impl Write, simulation: &Simulation) -> std::io::Result<()> {
+    let Some(advice) = simulation.depth_advice() else {
+        return Ok(());
+    };
+    let chosen = seconds(advice.steady_step_seconds);
+    let configured = advice.configured_depth;
+    if advice.depth == configured {
+        return writeln!(
+            out,
+            "the configured prefetch_depth = {configured} is the fastest for this model on this box: {chosen}/step"
+        );
+    }
+    let versus = match advice.configured_steady_step_seconds {
+        Some(steady) if steady <= advice.steady_step_seconds * (1.0 + TIE_RELATIVE) => {
+            format!(
+                "as fast as the configured {configured}, with fewer buffers in VRAM and pinned RAM"
+            )
+        }
+        Some(steady) => format!("vs {} at the configured {configured}", seconds(steady)),
+        None => format!("; the configured {configured} cannot run under these budgets"),
+    };
+    write!(
+        out,
+        "recommended prefetch_depth = {} for this model on this box: {chosen}/step {versus}",
+        advice.depth
+    )?;
+    if advice.depth == 0 {
+        // The settings refuse 0 today (1..=64): name the best depth they accept too.
+        let accepted = simulation
+            .depth_candidates
+            .iter()
+            .filter(|candidate| candidate.depth >= 1)
+            .filter_map(|candidate| Some((candidate.depth, candidate.steady_step_seconds?)))
+            .min_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+        match accepted {
+            Some((depth, steady)) => write!(
+                out,
+                " (the settings accept 1..=64 today; the best of those here is {depth}: {}/step)",
+                seconds(steady)
+            )?,
+            None => write!(
+                out,
+                " (the settings accept 1..=64 today, and none of those runs under these budgets)"
+            )?,
+        }
+    }
+    writeln!(out)
 }

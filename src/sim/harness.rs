@@ -239,7 +239,7 @@ impl Scenario {
                 .with_disk(disk)
                 .map_err(|e| invalid(format!("disk: {e}")))?;
         }
-        let args = settings_args(&file.settings).map_err(&invalid)?;
+        let (args, auto_prefetch_depth) = settings_args(&file.settings).map_err(&invalid)?;
         let loaded = settings::load_with(&args, &LoadOptions::default())
             .map_err(|e| invalid(format!("[settings]: {e}")))?;
         let faults = FaultPlan {
@@ -262,6 +262,7 @@ impl Scenario {
             trace: None,
             max_reads_in_flight: loaded.settings.reader_threads as usize,
             baselines: file.baselines,
+            auto_prefetch_depth,
         };
         let name = path.file_stem().map_or_else(
             || path.display().to_string(),
@@ -339,10 +340,16 @@ pub fn scenario_files(folder: &Path) -> Result<Vec<PathBuf>, HarnessError> {
 }
 
 /// The `[settings]` table as the flags it stands for, so it is parsed and validated
-/// by the same code as the command line.
-fn settings_args(table: &toml::Table) -> Result<SettingsArgs, String> {
+/// by the same code as the command line; `true` with `prefetch_depth = "auto"` (the
+/// simulator chooses the depth; the configured one is then the built-in default).
+fn settings_args(table: &toml::Table) -> Result<(SettingsArgs, bool), String> {
     let mut args = SettingsArgs::default();
+    let mut auto_prefetch_depth = false;
     for (key, value) in table {
+        if key == "prefetch_depth" && value.as_str() == Some("auto") {
+            auto_prefetch_depth = true;
+            continue;
+        }
         let text = match value {
             toml::Value::String(text) => text.clone(),
             toml::Value::Integer(number) => number.to_string(),
@@ -381,5 +388,5 @@ fn settings_args(table: &toml::Table) -> Result<SettingsArgs, String> {
         };
         *slot = Some(text);
     }
-    Ok(args)
+    Ok((args, auto_prefetch_depth))
 }

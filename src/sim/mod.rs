@@ -13,6 +13,7 @@
 
 mod clock;
 mod compute;
+mod depth;
 mod device;
 mod faults;
 mod fit;
@@ -28,6 +29,10 @@ mod trace_observer;
 
 pub use clock::{transfer_duration, SerialLane, SimClock};
 pub use compute::{ComputeRates, SimCompute};
+pub use depth::{
+    candidate_depths, pick_depth, search_prefetch_depth, DepthCandidate, AUTO_DEPTH_MAX,
+    SEARCH_STEPS, TIE_RELATIVE,
+};
 pub use device::{CopyLabeler, CopyStats, LinkRates, SimDevice, SimDeviceSpec};
 pub use faults::{FaultPlan, SplitMix64};
 pub use fit::{Bottleneck, FitCheck, FitFailure, FitSettings, RAM_FLOOR_MIN_BYTES};
@@ -37,7 +42,9 @@ pub use model::{BlockDesc, ExpertDesc, ModelDescription};
 pub use run::{
     run_policy, steady_window, LinkBytes, Policy, PolicyRun, RunOptions, SimRunError, SteadyBytes,
 };
-pub use simulation::{simulate, BaselineFigures, PolicyFigures, SimulateOptions, Simulation};
+pub use simulation::{
+    simulate, BaselineFigures, DepthAdvice, PolicyFigures, SimulateOptions, Simulation,
+};
 pub use storage::{DiskRates, ReadStats, SimStorage};
 pub use trace::{Lane, TraceError, TraceRecorder, TraceSlice};
 pub use trace_observer::TraceObserver;

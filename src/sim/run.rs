@@ -21,7 +21,7 @@ use stagehand_actors::{
 
 use super::clock::SimClock;
 use super::faults::FaultPlan;
-use super::fit::FitSettings;
+use super::fit::{whole_block_staging_buffers, FitSettings, MIN_STAGING_BUFFERS};
 use super::hardware::HardwareProfile;
 use super::machine::SimMachine;
 use super::model::ModelDescription;
@@ -371,11 +371,12 @@ fn session_config(policy: Policy, depth: u32, options: &RunOptions) -> SessionCo
         vram_budget_bytes: options.vram_budget_bytes,
         pin_ceiling_bytes: options.pin_ceiling_bytes,
         prefetch_depth: depth,
-        // As `stagehand run`: whole-block staging keeps depth + 1 reads busy at most.
+        // As `stagehand run`: whole-block staging keeps depth + 1 reads busy at most
+        // (the fit check stages with the same count).
         staging_buffers: if settings.fast_disk {
             settings.staging_buffers
         } else {
-            settings.staging_buffers.clamp(2, depth + 2)
+            whole_block_staging_buffers(settings.staging_buffers, depth).max(MIN_STAGING_BUFFERS)
         },
         fast_disk_chunk_bytes: settings.fast_disk.then_some(settings.staging_buffer_bytes),
         policy: policy.residency(),

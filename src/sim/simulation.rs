@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
+use super::depth::{candidate_depths, pick_depth, search_prefetch_depth, DepthCandidate};
 use super::faults::FaultPlan;
 use super::fit::{FitCheck, FitSettings};
 use super::hardware::HardwareProfile;
@@ -24,6 +25,9 @@ pub struct SimulateOptions {
     pub max_reads_in_flight: usize,
     /// Also run the naive and LRU baselines.
     pub baselines: bool,
+    /// Choose stagehand's prefetch depth by simulating each candidate (see
+    /// `sim::depth`) instead of using `settings.prefetch_depth`.
+    pub auto_prefetch_depth: bool,
 }
 
 impl Default for SimulateOptions {
@@ -35,6 +39,7 @@ impl Default for SimulateOptions {
             trace: None,
             max_reads_in_flight: 4,
             baselines: true,
+            auto_prefetch_depth: false,
         }
     }
 }
@@ -58,6 +63,26 @@ pub struct Simulation {
     pub stagehand: Option<PolicyFigures>,
     /// Naive and LRU-prefetch, when asked for and the model fits.
     pub baselines: Vec<BaselineFigures>,
+    /// The depth the settings give.
+    pub prefetch_depth_configured: u32,
+    /// The depth was chosen by simulation (`--prefetch-depth auto`).
+    pub prefetch_depth_auto: bool,
+    /// With auto: the depth the search chose, which the stagehand run and the fit check
+    /// above use. `None` without auto, or when no candidate could run.
+    pub prefetch_depth_chosen: Option<u32>,
+    /// With auto: every depth tried, with its steady step over a short run.
+    pub depth_candidates: Vec<DepthCandidate>,
+}
+
+/// What the simulation says to put in the config: the chosen depth, and how it
+/// compares with the configured one (both from the search's short runs).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DepthAdvice {
+    pub depth: u32,
+    pub steady_step_seconds: f64,
+    pub configured_depth: u32,
+    /// `None` when the configured depth could not run (e.g. its ring does not fit).
+    pub configured_steady_step_seconds: Option<f64>,
 }
 
 /// One policy's run, with its ratio to the bound.
@@ -123,6 +148,23 @@ impl PolicyFigures {
 }
 
 impl Simulation {
+    /// With auto, the depth to configure for this model on this machine.
+    pub fn depth_advice(&self) -> Option<DepthAdvice> {
+        let depth = self.prefetch_depth_chosen?;
+        let steady = |wanted: u32| {
+            self.depth_candidates
+                .iter()
+                .find(|candidate| candidate.depth == wanted)
+                .and_then(|candidate| candidate.steady_step_seconds)
+        };
+        Some(DepthAdvice {
+            depth,
+            steady_step_seconds: steady(depth)?,
+            configured_depth: self.prefetch_depth_configured,
+            configured_steady_step_seconds: steady(self.prefetch_depth_configured),
+        })
+    }
+
     /// The baseline of a policy, if it was run.
     pub fn baseline(&self, policy: Policy) -> Option<&BaselineFigures> {
         self.baselines
@@ -143,6 +185,8 @@ fn ratio(numerator: f64, denominator: f64) -> f64 {
 }
 
 /// Checks the fit and, when it fits, runs stagehand and (optionally) both baselines.
+/// With `auto_prefetch_depth`, first chooses stagehand's depth by simulation (when no
+/// depth can run, the configured one is checked and run as without auto).
 /// A failed stagehand run is an error; a baseline that cannot run is reported in its
 /// figures (e.g. LRU's slots do not fit a budget stagehand's ring does).
 pub fn simulate(
@@ -150,7 +194,25 @@ pub fn simulate(
     hardware: &HardwareProfile,
     options: &SimulateOptions,
 ) -> Result<Simulation, SimRunError> {
-    let fit = FitCheck::new(model, hardware, &options.settings);
+    let configured = options.settings.prefetch_depth;
+    let mut settings = options.settings;
+    let mut depth_candidates = Vec::new();
+    let mut prefetch_depth_chosen = None;
+    if options.auto_prefetch_depth {
+        depth_candidates = search_prefetch_depth(
+            model,
+            hardware,
+            &settings,
+            &options.faults,
+            options.max_reads_in_flight,
+            &candidate_depths(configured),
+        );
+        prefetch_depth_chosen = pick_depth(&depth_candidates);
+        if let Some(depth) = prefetch_depth_chosen {
+            settings.prefetch_depth = depth;
+        }
+    }
+    let fit = FitCheck::new(model, hardware, &settings);
     let mut simulation = Simulation {
         model: model.name.clone(),
         hardware: hardware.name.clone(),
@@ -165,6 +227,10 @@ pub fn simulate(
         fit,
         stagehand: None,
         baselines: Vec::new(),
+        prefetch_depth_configured: configured,
+        prefetch_depth_auto: options.auto_prefetch_depth,
+        prefetch_depth_chosen,
+        depth_candidates,
     };
     if !simulation.fits {
         return Ok(simulation);
@@ -173,7 +239,7 @@ pub fn simulate(
         steps: simulation.steps,
         vram_budget_bytes: simulation.fit.vram_budget_bytes,
         pin_ceiling_bytes: simulation.fit.pin_ceiling_bytes,
-        settings: options.settings,
+        settings,
         faults: options.faults.clone(),
         trace: options.trace.clone(),
         max_reads_in_flight: options.max_reads_in_flight,
@@ -181,12 +247,7 @@ pub fn simulate(
     };
     let stagehand = run_policy(model, hardware, Policy::Stagehand, &run_options)?;
     let stagehand_steady = stagehand.steady_step_seconds;
-    simulation.stagehand = Some(PolicyFigures::new(
-        stagehand,
-        model,
-        hardware,
-        &options.settings,
-    ));
+    simulation.stagehand = Some(PolicyFigures::new(stagehand, model, hardware, &settings));
     if options.baselines {
         let baseline_options = RunOptions {
             trace: None,
@@ -199,7 +260,7 @@ pub fn simulate(
                     policy,
                     description: policy.description(),
                     stagehand_speedup: Some(ratio(run.steady_step_seconds, stagehand_steady)),
-                    figures: Some(PolicyFigures::new(run, model, hardware, &options.settings)),
+                    figures: Some(PolicyFigures::new(run, model, hardware, &settings)),
                     error: None,
                 },
                 Err(error) => BaselineFigures {
