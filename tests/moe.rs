@@ -14,12 +14,15 @@ use stagehand::settings::Settings;
 use stagehand::workload::moe::HintMode;
 use stagehand::workload::moe_model::{write_moe_model, MoeSpec};
 
+/// 6 layers × 12 experts of 32×32 f32 (about 320 KiB). The run's length, not the
+/// matrices' width, is what the long-run test is about; at 128 wide a debug build spent
+/// a minute packing matrices for the GEMMs.
 fn spec() -> MoeSpec {
     MoeSpec {
         layers: 6,
         experts: 12,
         top_k: 2,
-        dim: 128,
+        dim: 32,
         skew: 1.1,
         drift_tokens: 50,
         seed: 21,
@@ -71,6 +74,10 @@ fn a_long_moe_run_stays_in_budget_matches_the_reference_and_releases_everything(
         )
         .unwrap_or_else(|error| panic!("{policy:?}: {error}"));
         let report = &outcome.report;
+        eprintln!(
+            "{policy:?}, {hint:?}: {} hits, {} misses, peak VRAM {} of {vram_budget_bytes} B",
+            report.expert_hits, report.expert_misses, report.stats.vram.peak_used_bytes
+        );
         assert_eq!(report.verified_steps, 400);
         assert_eq!(report.expert_hits + report.expert_misses, 400 * 6 * 2);
         assert!(report.expert_misses > 0, "the experts must not all fit");
@@ -96,7 +103,7 @@ fn stagehand_run_workload_moe_reports_the_expert_hit_rate() {
                 "--workload",
                 "moe",
                 "--steps",
-                "20",
+                "8",
                 "--batch",
                 "2",
                 "--json",
@@ -120,7 +127,8 @@ fn stagehand_run_workload_moe_reports_the_expert_hit_rate() {
         String::from_utf8_lossy(&output.stderr)
     );
     let summary: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
-    assert_eq!(summary["verified_steps"], 20);
+    assert_eq!(summary["verified_steps"], 8);
+    // Seeded: 8 tokens miss 2 of their 128 expert acquires (0.984 measured).
     let rate = summary["expert_hit_rate"].as_f64().unwrap();
     assert!(rate > 0.0 && rate < 1.0, "{rate}");
     assert_eq!(summary["vram_bytes_after_shutdown"], 0);
