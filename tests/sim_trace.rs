@@ -2,6 +2,8 @@
 //! transfer or compute, no overlap on a lane, byte-identical for the same seed; and
 //! the `simulate` command's output and exit statuses.
 
+mod common;
+
 use std::collections::hash_map::DefaultHasher;
 use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
@@ -208,9 +210,20 @@ fn run_trace_packs_real_transfers_onto_rows_that_never_overlap() {
     // and compute rows, one compute slice per block per step, no row overlapping.
     let folder = tempfile::tempdir().unwrap();
     let trace = folder.path().join("run.json");
+    // The small demo model, streamed through a budget below its 4 MiB: the default
+    // 256 MiB model at batch 64 spent 40 s of a debug build in GEMMs.
+    let model = common::demo::small_demo_model(folder.path());
     let output = Command::new(env!("CARGO_BIN_EXE_stagehand"))
         .current_dir(folder.path())
-        .args(["run", "--steps", "3", "--trace"])
+        .args(["run", "--steps", "3", "--batch", "4", "--model"])
+        .arg(&model)
+        .args([
+            "--vram-budget",
+            "2560KiB",
+            "--pin-ceiling",
+            "3MiB",
+            "--trace",
+        ])
         .arg(&trace)
         .output()
         .unwrap();

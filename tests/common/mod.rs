@@ -2,6 +2,8 @@
 //! `safetensors` crate, crafting broken files by hand, and running the binary.
 #![allow(dead_code)] // Each test binary uses a different subset.
 
+pub mod demo;
+
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
