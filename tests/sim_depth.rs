@@ -245,3 +245,21 @@ fn a_scenario_can_ask_for_auto_and_ties_go_to_the_smaller_depth() {
     let stagehand = simulation.stagehand.as_ref().unwrap();
     assert_eq!(stagehand.run.prefetch_depth, 1);
 }
+
+#[test]
+fn a_resident_model_gets_no_depth_advice() {
+    // Proves the answer does not recommend a depth that cannot matter: SDXL's UNet
+    // stays whole in an H200's VRAM, so every depth ties and the text says so.
+    let output = stagehand()
+        .args(["simulate", "--model", "sdxl-unet", "--hardware", "h200"])
+        .args(["--steps", "3", "--no-baselines"])
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        text.contains("prefetch_depth makes no difference here")
+            && !text.contains("recommended prefetch_depth"),
+        "{text}"
+    );
+}

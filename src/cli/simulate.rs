@@ -378,6 +378,12 @@ fn write_depth_advice(out: &mut impl Write, simulation: &Simulation) -> std::io:
     };
     let chosen = seconds(advice.steady_step_seconds);
     let configured = advice.configured_depth;
+    if simulation.fit.ring_bytes == 0 {
+        return writeln!(
+            out,
+            "the whole model stays resident in VRAM: prefetch_depth makes no difference here ({chosen}/step)"
+        );
+    }
     if advice.depth == configured {
         return writeln!(
             out,
