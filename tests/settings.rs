@@ -292,7 +292,7 @@ fn ram_floor_is_clamped_and_says_so() {
 fn validation_names_the_key_and_its_source() {
     // Proves each range rule rejects its key with the layer that set it.
     let cases: [(&[&str], &str); 8] = [
-        (&["--prefetch-depth", "0"], "prefetch_depth"),
+        (&["--prefetch-depth", "1000"], "prefetch_depth"),
         (&["--prefetch-depth", "65"], "prefetch_depth"),
         (&["--staging-buffers", "1"], "staging_buffers"),
         (&["--reader-threads", "0"], "reader_threads"),

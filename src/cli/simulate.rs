@@ -404,25 +404,5 @@ fn write_depth_advice(out: &mut impl Write, simulation: &Simulation) -> std::io:
         "recommended prefetch_depth = {} for this model on this box: {chosen}/step {versus}",
         advice.depth
     )?;
-    if advice.depth == 0 {
-        // The settings refuse 0 today (1..=64): name the best depth they accept too.
-        let accepted = simulation
-            .depth_candidates
-            .iter()
-            .filter(|candidate| candidate.depth >= 1)
-            .filter_map(|candidate| Some((candidate.depth, candidate.steady_step_seconds?)))
-            .min_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
-        match accepted {
-            Some((depth, steady)) => write!(
-                out,
-                " (the settings accept 1..=64 today; the best of those here is {depth}: {}/step)",
-                seconds(steady)
-            )?,
-            None => write!(
-                out,
-                " (the settings accept 1..=64 today, and none of those runs under these budgets)"
-            )?,
-        }
-    }
     writeln!(out)
 }

@@ -37,7 +37,8 @@ pub struct SettingsArgs {
     /// Stream from disk every step through a pinned staging ring (O_DIRECT).
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
     pub fast_disk: Option<bool>,
-    /// Streamed blocks loaded ahead of compute (1..=64).
+    /// Streamed blocks loaded ahead of compute (0..=64; 0 = load each when needed).
+    /// `simulate` also takes `auto`: it tries 0..=4 and uses the fastest.
     #[arg(long, value_name = "N")]
     pub prefetch_depth: Option<String>,
     /// Serve Prometheus /metrics at HOST:PORT, :PORT or PORT (127.0.0.1 unless a host is given).

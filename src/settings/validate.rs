@@ -73,7 +73,9 @@ impl Settings {
                     .to_string(),
             );
         }
-        check_range("prefetch_depth", self.prefetch_depth, 1, MAX_PREFETCH_DEPTH)?;
+        // 0 is no prefetch (one ring slot): best when the step is disk-bound with
+        // nothing to overlap, as `stagehand simulate` finds.
+        check_range("prefetch_depth", self.prefetch_depth, 0, MAX_PREFETCH_DEPTH)?;
         check_range(
             "staging_buffers",
             self.staging_buffers,
