@@ -1,84 +1,18 @@
-//! LoRA end to end on the CPU backend: adapters in both namings loaded against the demo
-//! model, baked into resident blocks and applied low-rank on streamed ones, checked
-//! against the fully merged reference; bad adapters refused with clear errors.
+//! LoRA end to end on the CPU backend: adapters baked into resident blocks and applied
+//! low-rank on streamed ones, checked against the fully merged reference; attached and
+//! detached mid-session; a refused adapter leaving the session untouched; and
+//! `stagehand run --lora`.
 
-use std::path::{Path, PathBuf};
+mod common;
+
 use std::process::Command;
-use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
 
-use stagehand::actors::{BlockId, NoObserver, ResidencyPolicy, Session, SessionConfig};
-use stagehand::device::CpuDevice;
-use stagehand::lora::{load_adapter, write_demo_lora, DemoLora, LoraError, LoraNaming, LoraSpec};
-use stagehand::model::demo::{write_linear_stack, DemoSpec};
+use common::lora::{lora_file, options, peft_and_kohya, session, setup, write_f32_tensors};
+use stagehand::lora::{DemoLora, LoraSpec};
 use stagehand::model::ModelIndex;
-use stagehand::storage::{open_storage, StorageFile, StorageOptions};
-use stagehand::workload::driver::{drive, DriverOptions, LoraPhase, Workload};
+use stagehand::workload::driver::{drive, LoraPhase, Workload};
 use stagehand::workload::linear_stack::LinearStack;
 use stagehand::workload::lora_set::LoraSet;
-
-fn spec() -> DemoSpec {
-    DemoSpec {
-        blocks: 8,
-        layers_per_block: 2,
-        dim: 256,
-        seed: 7,
-    }
-}
-
-fn setup() -> (tempfile::TempDir, PathBuf, ModelIndex) {
-    let dir = tempfile::tempdir().unwrap();
-    let model = write_linear_stack(dir.path(), &spec()).unwrap();
-    let index = ModelIndex::open(&model, None).unwrap();
-    (dir, model, index)
-}
-
-fn lora_file(dir: &Path, name: &str, lora: &DemoLora) -> PathBuf {
-    let path = dir.join(name);
-    write_demo_lora(&path, &spec(), lora).unwrap();
-    path
-}
-
-fn session(index: &ModelIndex, vram_budget_bytes: u64) -> Session {
-    let layout = index.layout();
-    let settings = stagehand::settings::Settings::default();
-    let files: Vec<StorageFile> = index
-        .files
-        .iter()
-        .map(|file| StorageFile {
-            path: file.path.clone(),
-            expected_bytes: file.bytes,
-        })
-        .collect();
-    let storage = open_storage(&files, &StorageOptions::from_settings(&settings), false).unwrap();
-    let device = Arc::new(CpuDevice::new(vram_budget_bytes).unwrap());
-    let order: Vec<BlockId> = (0..layout.len() as u32).map(BlockId).collect();
-    Session::start(
-        SessionConfig {
-            vram_budget_bytes,
-            pin_ceiling_bytes: 3 << 20,
-            prefetch_depth: 1,
-            staging_buffers: 3,
-            fast_disk_chunk_bytes: None,
-            policy: ResidencyPolicy::Planned,
-            max_reads_in_flight: 2,
-        },
-        layout,
-        order,
-        device,
-        storage,
-        Arc::new(NoObserver),
-    )
-    .unwrap()
-}
-
-fn options(steps: u64) -> DriverOptions {
-    DriverOptions {
-        steps,
-        stop: Arc::new(AtomicBool::new(false)),
-        on_step: Box::new(|_, _| {}),
-    }
-}
 
 fn phase(model: &LinearStack, index: &ModelIndex, from_step: u64, specs: &[LoraSpec]) -> LoraPhase {
     let set = LoraSet::load(model, index, specs).unwrap();
@@ -91,72 +25,15 @@ fn phase(model: &LinearStack, index: &ModelIndex, from_step: u64, specs: &[LoraS
 }
 
 #[test]
-fn both_namings_load_to_the_same_factors() {
-    // Proves a PEFT and a kohya file of the same factors map to the same base tensors
-    // with the same scale, and alpha defaults to the rank without an alpha tensor.
-    let (dir, _model, index) = setup();
-    let peft = lora_file(dir.path(), "p.safetensors", &DemoLora::default());
-    let kohya = lora_file(
-        dir.path(),
-        "k.safetensors",
-        &DemoLora {
-            naming: LoraNaming::Kohya,
-            ..DemoLora::default()
-        },
-    );
-    let a = load_adapter(&peft, 0.5, "p".into(), &index).unwrap();
-    let b = load_adapter(&kohya, 0.5, "k".into(), &index).unwrap();
-    assert_eq!(a.targets.len(), 16);
-    assert_eq!(a.targets, b.targets);
-    assert_eq!(a.targets[0].base, "blocks.0.linear0.weight");
-    assert_eq!(a.targets[0].scale(0.5), 0.5 * 16.0 / 8.0);
-    let plain = lora_file(
-        dir.path(),
-        "n.safetensors",
-        &DemoLora {
-            alpha: None,
-            ..DemoLora::default()
-        },
-    );
-    let c = load_adapter(&plain, 1.0, "n".into(), &index).unwrap();
-    assert_eq!(c.targets[0].scale(1.0), 1.0);
-}
-
-#[test]
-fn peft_alpha_comes_from_adapter_config() {
-    // Proves PEFT's lora_alpha in adapter_config.json beside the file sets the scale.
-    let (dir, _model, index) = setup();
-    let sub = dir.path().join("peft");
-    let path = lora_file(
-        &sub,
-        "adapter_model.safetensors",
-        &DemoLora {
-            alpha: None,
-            ..DemoLora::default()
-        },
-    );
-    std::fs::write(
-        sub.join("adapter_config.json"),
-        r#"{"r": 8, "lora_alpha": 32}"#,
-    )
-    .unwrap();
-    let adapter = load_adapter(&path, 1.0, "a".into(), &index).unwrap();
-    assert_eq!(adapter.targets[0].scale(1.0), 4.0);
-}
-
-#[test]
 fn resident_bake_is_exact_and_streamed_low_rank_is_within_tolerance() {
     // Proves both LoRA paths agree with the fully merged reference within
     // LORA_TOLERANCE — all resident (every block baked) and streaming (low-rank on the
     // ring's blocks) — and LoRA bytes are counted apart: model bytes in VRAM never
     // exceed the model, and LoRA VRAM returns to zero at shutdown.
     let (dir, _model, index) = setup();
-    let peft = lora_file(dir.path(), "p.safetensors", &DemoLora::default());
-    let kohya = lora_file(
+    let (peft, kohya) = peft_and_kohya(
         dir.path(),
-        "k.safetensors",
-        &DemoLora {
-            naming: LoraNaming::Kohya,
+        DemoLora {
             seed: 99,
             every: 3,
             rank: 4,
@@ -291,102 +168,6 @@ fn attach_and_detach_during_a_session_rebakes_resident_blocks() {
     }
 }
 
-fn write_raw(path: &Path, tensors: &[(&str, Vec<usize>, Vec<f32>)]) {
-    let bytes: Vec<Vec<u8>> = tensors
-        .iter()
-        .map(|(_, _, values)| values.iter().flat_map(|v| v.to_le_bytes()).collect())
-        .collect();
-    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
-        .iter()
-        .zip(&bytes)
-        .map(|((name, shape, _), bytes)| {
-            (
-                name.to_string(),
-                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), bytes)
-                    .unwrap(),
-            )
-        })
-        .collect();
-    safetensors::serialize_to_file(views, None, path).unwrap();
-}
-
-#[test]
-fn bad_adapters_are_refused_with_clear_errors() {
-    // Proves shape mismatch, rank 0, NaN, unmatched keys (another model) and an unknown
-    // naming each give an error naming the file, the key and the problem.
-    let (dir, _model, index) = setup();
-    let dim = 256;
-    let case = |name: &str, tensors: Vec<(&str, Vec<usize>, Vec<f32>)>| -> LoraError {
-        let path = dir.path().join(name);
-        write_raw(&path, &tensors);
-        load_adapter(&path, 1.0, name.into(), &index).unwrap_err()
-    };
-    let a = "blocks.0.linear0.lora_A.weight";
-    let b = "blocks.0.linear0.lora_B.weight";
-    let shape = case(
-        "shape.safetensors",
-        vec![
-            (a, vec![4, 128], vec![0.0; 512]),
-            (b, vec![dim, 4], vec![0.0; dim * 4]),
-        ],
-    );
-    assert!(
-        shape
-            .to_string()
-            .contains("does not patch `blocks.0.linear0.weight`"),
-        "{shape}"
-    );
-    let rank = case(
-        "rank.safetensors",
-        vec![(a, vec![0, dim], vec![]), (b, vec![dim, 0], vec![])],
-    );
-    assert!(rank.to_string().contains("rank 0"), "{rank}");
-    let mut values = vec![0.0; 4 * dim];
-    values[17] = f32::NAN;
-    let nan = case(
-        "nan.safetensors",
-        vec![
-            (a, vec![4, dim], values),
-            (b, vec![dim, 4], vec![0.0; dim * 4]),
-        ],
-    );
-    assert!(
-        nan.to_string()
-            .contains("non-finite value (NaN) at element 17"),
-        "{nan}"
-    );
-    let other = case(
-        "other.safetensors",
-        vec![
-            (
-                "lora_unet_down_blocks_0_attn1_to_q.lora_down.weight",
-                vec![4, 8],
-                vec![0.0; 32],
-            ),
-            (
-                "lora_unet_down_blocks_0_attn1_to_q.lora_up.weight",
-                vec![8, 4],
-                vec![0.0; 32],
-            ),
-        ],
-    );
-    let text = other.to_string();
-    assert!(
-        text.contains("1 of 1 LoRA modules match no tensor"),
-        "{text}"
-    );
-    assert!(text.contains("naming guessed: kohya"), "{text}");
-    assert!(
-        text.contains("lora_unet_down_blocks_0_attn1_to_q"),
-        "{text}"
-    );
-    let unknown = case("plain.safetensors", vec![("weight", vec![2], vec![0.0; 2])]);
-    assert!(
-        unknown.to_string().contains("no LoRA keys found"),
-        "{unknown}"
-    );
-}
-
 #[test]
 fn a_bad_adapter_mid_session_leaves_the_session_running_without_it() {
     // Proves a refused adapter changes nothing: the session keeps running bit-exact
@@ -395,7 +176,7 @@ fn a_bad_adapter_mid_session_leaves_the_session_running_without_it() {
     let path = dir.path().join("bad.safetensors");
     let mut values = vec![0.0; 4 * 256];
     values[3] = f32::INFINITY;
-    write_raw(
+    write_f32_tensors(
         &path,
         &[
             ("blocks.1.linear1.lora_A.weight", vec![4, 256], values),
@@ -431,15 +212,7 @@ fn stagehand_run_with_lora_verifies_against_the_merged_reference() {
     // Proves `stagehand run --lora FILE:STRENGTH` (twice) verifies every step and
     // reports LoRA bytes apart from model bytes; a missing file is a clear exit 2.
     let (dir, model, _index) = setup();
-    let peft = lora_file(dir.path(), "p.safetensors", &DemoLora::default());
-    let kohya = lora_file(
-        dir.path(),
-        "k.safetensors",
-        &DemoLora {
-            naming: LoraNaming::Kohya,
-            ..DemoLora::default()
-        },
-    );
+    let (peft, kohya) = peft_and_kohya(dir.path(), DemoLora::default());
     let run = |extra: &[String]| {
         let mut args: Vec<String> = [
             "run",
