@@ -99,6 +99,15 @@ pub struct EnsurePinned {
     pub destination: DevicePtr,
 }
 
+/// The streamed blocks due after the prefetch window, nearest first: read them from
+/// disk into idle staging buffers now, so the disk is not idle while the ring is full.
+/// Replaces the previous list.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ReadAhead {
+    pub blocks: Vec<BlockId>,
+}
+
 /// Fast disk: the block has been streamed into its VRAM place chunk by chunk.
 #[derive(Message)]
 #[rtype(result = "()")]

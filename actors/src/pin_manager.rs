@@ -14,10 +14,10 @@ use crate::device::DevicePtr;
 use crate::layout::{coalesce_extents, slice_extents, BlockId, Extent};
 use crate::messages::{
     AllocateLoraPins, Drain, EnsurePinned, ForgetCached, FreeLoraPins, PinFailed, Pinned,
-    ReadBlock, ReadDone, Reply, ReturnBuffer, Streamed, SyncPoint,
+    ReadAhead, ReadBlock, ReadDone, Reply, ReturnBuffer, Streamed, SyncPoint,
 };
 use crate::observer::{ErrorKind, Link, Observer, Owner, Tier, TierUsage};
-use crate::pin_state::{BufferHome, PinAction, PinState};
+use crate::pin_state::{AheadDone, BufferHome, PinAction, PinState};
 use crate::vram_allocator::VramAllocator;
 
 /// A block on its way from disk to VRAM through the fast-disk chunk ring.
@@ -206,6 +206,52 @@ impl PinManager {
         }
     }
 
+    /// A read-ahead read landed (or failed): hand it to the allocator if it already
+    /// asked, else keep it for when it does.
+    fn read_ahead_done(
+        &mut self,
+        block: BlockId,
+        buffer: crate::HostBuffer,
+        bytes: u64,
+        seconds: f64,
+        error: Option<String>,
+        ctx: &mut Context<Self>,
+    ) {
+        if error.is_none() {
+            self.observer
+                .transfer(Link::DiskToPinned, Owner::Model, bytes, seconds);
+            self.observer
+                .block_transfer(Link::DiskToPinned, block, bytes, seconds);
+        } else {
+            self.observer.error(ErrorKind::Read);
+        }
+        match self.state.ahead_done(block, buffer, error.is_none()) {
+            AheadDone::Wanted(action) => self.act(action, ctx),
+            AheadDone::Failed(action) => {
+                let reason = error.unwrap_or_default();
+                self.allocator.do_send(PinFailed {
+                    block,
+                    error: SessionError::ReadFailed { block, reason },
+                });
+                if let Some(action) = action {
+                    self.act(action, ctx);
+                }
+            }
+            AheadDone::Kept(action) => {
+                if let Some(action) = action {
+                    self.act(action, ctx);
+                }
+            }
+        }
+        if self.draining.is_none() {
+            if let Some(action) = self.state.next_read_ahead() {
+                self.act(action, ctx);
+            }
+        }
+        self.pump(ctx);
+        self.try_finish_drain();
+    }
+
     /// Accounts a finished (or failed) chunk; reports the block when all have landed.
     fn chunk_done(&mut self, block: BlockId, bytes: u64, error: Option<SessionError>) {
         let Some(index) = self.streams.iter().position(|stream| stream.block == block) else {
@@ -356,6 +402,15 @@ impl Handler<ReadDone> for PinManager {
             }
             return;
         }
+        if home == BufferHome::Ahead {
+            self.read_ahead_done(block, buffer, bytes, seconds, error, ctx);
+            return;
+        }
+        // A read for a request landed: the disk may be idle for a read-ahead now.
+        self.state.request_read_done();
+        if let Some(action) = self.state.next_read_ahead() {
+            self.act(action, ctx);
+        }
         if let Some(reason) = error {
             self.observer.error(ErrorKind::Read);
             self.allocator.do_send(PinFailed {
@@ -393,8 +448,14 @@ impl Handler<ReturnBuffer> for PinManager {
             home,
         } = message;
         self.give_back(block, buffer, home, true, ctx);
-        // A returned staging buffer may be what a chunked load is waiting for.
+        // A returned staging buffer may be what a chunked load is waiting for, or room
+        // for a read-ahead.
         self.pump(ctx);
+        if self.draining.is_none() {
+            if let Some(action) = self.state.next_read_ahead() {
+                self.act(action, ctx);
+            }
+        }
         self.try_finish_drain();
     }
 }
@@ -412,8 +473,11 @@ impl Handler<SyncPoint> for PinManager {
 impl Handler<Drain> for PinManager {
     type Result = ();
 
-    fn handle(&mut self, message: Drain, _ctx: &mut Self::Context) {
+    fn handle(&mut self, message: Drain, ctx: &mut Self::Context) {
         self.draining = Some(message.reply);
+        for action in self.state.cancel_read_ahead() {
+            self.act(action, ctx);
+        }
         self.try_finish_drain();
     }
 }
@@ -477,5 +541,18 @@ impl Handler<FreeLoraPins> for PinManager {
         drop(message.buffers);
         self.state.release_lora(bytes);
         self.report_usage();
+    }
+}
+
+impl Handler<ReadAhead> for PinManager {
+    type Result = ();
+
+    fn handle(&mut self, message: ReadAhead, ctx: &mut Self::Context) {
+        if self.draining.is_some() {
+            return;
+        }
+        for action in self.state.read_ahead(&message.blocks) {
+            self.act(action, ctx);
+        }
     }
 }

@@ -23,6 +23,8 @@ pub enum BufferHome {
     Chunk {
         offset: u64,
     },
+    /// A staging buffer filled by disk read-ahead, before the allocator asked.
+    Ahead,
 }
 
 /// What the actor must do for a request.
@@ -77,6 +79,11 @@ pub struct PinState {
     staging_bytes: u64,
     waiting_for_staging: VecDeque<BlockId>,
     pending_register: Vec<BlockId>,
+    /// Disk read-ahead into idle staging buffers (bounded by the ring): the reads in
+    /// flight or landed, the allocator's latest list, and reads for requests in flight.
+    ahead: Vec<read_ahead::Entry>,
+    ahead_list: Vec<BlockId>,
+    request_reads: usize,
     /// Pinned bytes lent to the LoRA offloader for adapter factors (its own set).
     lora_bytes: u64,
     /// How many positions ahead of the cursor a sync point registers planned buffers.
@@ -104,6 +111,9 @@ impl PinState {
             staging_bytes: 0,
             waiting_for_staging: VecDeque::new(),
             pending_register: Vec::new(),
+            ahead: Vec::new(),
+            ahead_list: Vec::new(),
+            request_reads: 0,
             lora_bytes: 0,
             lookahead,
             peak_used_bytes: 0,
@@ -231,18 +241,18 @@ impl PinState {
         if let CacheSlot::Held { buffer, filled } = &mut self.cache[block.index()] {
             if let Some(buffer) = buffer.take() {
                 let home = BufferHome::Cache;
-                return Some(if *filled {
-                    PinAction::Ready {
+                if *filled {
+                    return Some(PinAction::Ready {
                         block,
                         buffer,
                         home,
-                    }
-                } else {
-                    PinAction::Read {
-                        block,
-                        buffer,
-                        home,
-                    }
+                    });
+                }
+                self.request_reads += 1;
+                return Some(PinAction::Read {
+                    block,
+                    buffer,
+                    home,
                 });
             }
         } else if self.plan.is_cached(block) && !self.pending_register.contains(&block) {
@@ -253,12 +263,18 @@ impl PinState {
         if self.plan.chunked || self.block_bytes[block.index()] > self.plan.staging_buffer_bytes {
             return Some(PinAction::Stream { block });
         }
+        if let Ok(action) = self.take_ahead(block) {
+            return action;
+        }
         match self.staging_free.pop() {
-            Some(buffer) => Some(PinAction::Read {
-                block,
-                buffer,
-                home: BufferHome::Staging,
-            }),
+            Some(buffer) => {
+                self.request_reads += 1;
+                Some(PinAction::Read {
+                    block,
+                    buffer,
+                    home: BufferHome::Staging,
+                })
+            }
             None => {
                 self.waiting_for_staging.push_back(block);
                 None
@@ -296,14 +312,17 @@ impl PinState {
             }
             // Chunk and whole-block staging share one ring: a waiting whole-block request
             // gets the buffer first; otherwise it goes back for the next chunk.
-            BufferHome::Chunk { .. } | BufferHome::Staging => {
+            BufferHome::Chunk { .. } | BufferHome::Staging | BufferHome::Ahead => {
                 let waiting = self.waiting_for_staging.pop_front();
                 match waiting {
-                    Some(next) => Some(PinAction::Read {
-                        block: next,
-                        buffer,
-                        home: BufferHome::Staging,
-                    }),
+                    Some(next) => {
+                        self.request_reads += 1;
+                        Some(PinAction::Read {
+                            block: next,
+                            buffer,
+                            home: BufferHome::Staging,
+                        })
+                    }
                     None => {
                         self.staging_free.push(buffer);
                         None
@@ -380,6 +399,10 @@ impl PinState {
         cache_out + staging_total.saturating_sub(self.staging_free.len())
     }
 }
+
+mod read_ahead;
+
+pub use read_ahead::AheadDone;
 
 #[cfg(test)]
 #[path = "pin_state_tests.rs"]

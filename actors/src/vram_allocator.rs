@@ -12,7 +12,7 @@ use crate::error::SessionError;
 use crate::layout::BlockId;
 use crate::lora_offloader::LoraOffloader;
 use crate::messages::{
-    Demand, Drain, EnsurePinned, Hint, Invalidate, LoraPrefetch, PinFailed, Pinned,
+    Demand, Drain, EnsurePinned, Hint, Invalidate, LoraPrefetch, PinFailed, Pinned, ReadAhead,
     ReleaseActivations, ReleaseLora, Released, Reply, ReserveActivations, ReserveLora,
     ReturnBuffer, Streamed,
 };
@@ -41,6 +41,8 @@ pub struct VramAllocator {
     draining: Option<Reply<()>>,
     /// The LoRA offloader has drained: no copy of its own still lands in the arena.
     lora_drained: bool,
+    /// The read-ahead list last sent to the pin manager.
+    read_ahead: Vec<BlockId>,
 }
 
 /// Wires the pin manager in after both actors exist.
@@ -75,6 +77,7 @@ impl VramAllocator {
             pending_lora: Vec::new(),
             draining: None,
             lora_drained: false,
+            read_ahead: Vec::new(),
         }
     }
 
@@ -114,6 +117,14 @@ impl VramAllocator {
             }
             if let Some(lora) = lora {
                 lora.do_send(LoraPrefetch { block: load.block });
+            }
+        }
+        if decisions.read_ahead != self.read_ahead {
+            self.read_ahead = decisions.read_ahead;
+            if let Some(pins) = &self.pins {
+                pins.do_send(ReadAhead {
+                    blocks: self.read_ahead.clone(),
+                });
             }
         }
         if !decisions.loads.is_empty() || decisions.evicted > 0 {
@@ -487,7 +498,9 @@ impl Handler<Hint> for VramAllocator {
         if self.draining.is_some() {
             return;
         }
-        let decisions = self.state.hint(&message.blocks);
+        let mut decisions = self.state.hint(&message.blocks);
+        // A hint pass does not look along the order: keep the read-ahead list.
+        decisions.read_ahead = self.read_ahead.clone();
         self.apply(decisions);
     }
 }

@@ -49,6 +49,9 @@ pub struct Decisions {
     pub evicted: u64,
     /// A speculative load was refused because it would evict a block needed sooner.
     pub declined: bool,
+    /// Streamed blocks due after the prefetch window, nearest first: their bytes may
+    /// be read from disk ahead, into free staging buffers (disk read-ahead).
+    pub read_ahead: Vec<BlockId>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -96,6 +99,8 @@ pub struct VramState {
     lora_bytes: u64,
     /// `(resident-area offset, bytes)` of each LoRA region.
     lora_regions: Vec<(u64, u64)>,
+    /// Streamed blocks past the prefetch window named for disk read-ahead, at most.
+    read_ahead_blocks: usize,
     experts: Option<ExpertArea>,
 }
 
@@ -139,6 +144,7 @@ impl VramState {
             peak_used_bytes: 0,
             lora_bytes: 0,
             lora_regions: Vec::new(),
+            read_ahead_blocks: 0,
             experts: None,
         })
     }
@@ -291,8 +297,33 @@ impl VramState {
                 break;
             }
         }
+        decisions.read_ahead = self.read_ahead();
         self.record_peak();
         decisions
+    }
+
+    /// The next streamed blocks neither on the device nor loading, nearest first: the
+    /// VRAM ring cannot take them yet (or declined to), but their disk reads can start.
+    fn read_ahead(&self) -> Vec<BlockId> {
+        if self.read_ahead_blocks == 0 {
+            return Vec::new();
+        }
+        (0..self.order.len())
+            .map(|step| self.order.at(self.cursor + step))
+            .filter(|&block| {
+                !self.plan.is_resident(block)
+                    && self.needs_load(block)
+                    && self.table.state(block) == BlockState::Absent
+            })
+            .take(self.read_ahead_blocks)
+            .collect()
+    }
+
+    /// Names up to `blocks` streamed blocks past the prefetch window in each pass, for
+    /// disk read-ahead (0: none — the naive and LRU baselines).
+    pub fn with_read_ahead(mut self, blocks: usize) -> Self {
+        self.read_ahead_blocks = blocks;
+        self
     }
 
     fn needs_load(&self, block: BlockId) -> bool {

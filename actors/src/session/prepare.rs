@@ -93,6 +93,11 @@ impl Prepared {
             config.policy,
             self.table.clone(),
         )?;
+        // Disk read-ahead past the prefetch window, into idle staging buffers. Off at
+        // depth 0 (naive: each block loaded when needed) and for the LRU baseline.
+        if config.prefetch_depth > 0 && config.policy == crate::plan::ResidencyPolicy::Planned {
+            state = state.with_read_ahead(READ_AHEAD_BLOCKS);
+        }
         if let Some(experts) = experts {
             state = state.with_experts(experts.slots, experts.slot_bytes, experts.policy);
         }
@@ -177,6 +182,10 @@ impl Prepared {
         }
     }
 }
+
+/// Streamed blocks past the prefetch window whose disk reads may start early: more than
+/// the staging buffers (at most 3 by default) can hold is never used.
+const READ_AHEAD_BLOCKS: usize = 4;
 
 /// The budget the step order is planned in: the VRAM budget less the expert cache.
 fn planned_budget(
