@@ -2,80 +2,20 @@
 //! low-rank) verify against the merged reference of the factors as loaded, and that
 //! reference stays within the stated tolerance of the same adapter in f32.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
+mod common;
 
-use stagehand::actors::{BlockId, NoObserver, ResidencyPolicy, Session, SessionConfig};
-use stagehand::device::CpuDevice;
+use std::path::Path;
+use std::process::Command;
+
+use common::demo::small_demo_spec as spec;
+use common::lora::{options, session, setup};
 use stagehand::lora::{
     write_demo_lora, DemoLora, LoraDtype, LoraNaming, LoraSpec, LORA_BF16_TOLERANCE,
     LORA_F16_TOLERANCE, LORA_PRECISION_SCALE_LIMIT,
 };
-use stagehand::model::demo::{write_linear_stack, DemoSpec};
-use stagehand::model::ModelIndex;
-use stagehand::storage::{open_storage, StorageFile, StorageOptions};
-use stagehand::workload::driver::{drive, DriverOptions, LoraPhase, Workload};
+use stagehand::workload::driver::{drive, LoraPhase, Workload};
 use stagehand::workload::linear_stack::LinearStack;
 use stagehand::workload::lora_set::{LoraSet, LORA_TOLERANCE};
-
-fn spec() -> DemoSpec {
-    DemoSpec {
-        blocks: 8,
-        layers_per_block: 2,
-        dim: 256,
-        seed: 7,
-    }
-}
-
-fn setup() -> (tempfile::TempDir, PathBuf, ModelIndex) {
-    let dir = tempfile::tempdir().unwrap();
-    let model = write_linear_stack(dir.path(), &spec()).unwrap();
-    let index = ModelIndex::open(&model, None).unwrap();
-    (dir, model, index)
-}
-
-fn session(index: &ModelIndex, vram_budget_bytes: u64) -> Session {
-    let layout = index.layout();
-    let settings = stagehand::settings::Settings::default();
-    let files: Vec<StorageFile> = index
-        .files
-        .iter()
-        .map(|file| StorageFile {
-            path: file.path.clone(),
-            expected_bytes: file.bytes,
-        })
-        .collect();
-    let storage = open_storage(&files, &StorageOptions::from_settings(&settings), false).unwrap();
-    let device = Arc::new(CpuDevice::new(vram_budget_bytes).unwrap());
-    let order: Vec<BlockId> = (0..layout.len() as u32).map(BlockId).collect();
-    Session::start(
-        SessionConfig {
-            vram_budget_bytes,
-            pin_ceiling_bytes: 3 << 20,
-            prefetch_depth: 1,
-            staging_buffers: 3,
-            fast_disk_chunk_bytes: None,
-            policy: ResidencyPolicy::Planned,
-            max_reads_in_flight: 2,
-        },
-        layout,
-        order,
-        device,
-        storage,
-        Arc::new(NoObserver),
-    )
-    .unwrap()
-}
-
-fn options(steps: u64) -> DriverOptions {
-    DriverOptions {
-        steps,
-        stop: Arc::new(AtomicBool::new(false)),
-        on_step: Box::new(|_, _| {}),
-    }
-}
 
 /// The two adapters of tests/lora.rs (PEFT rank 8 on every layer, kohya rank 4 on every
 /// third, both alpha 16) at `dtype`, as `FILE:STRENGTH` specs. Same seeds at every
