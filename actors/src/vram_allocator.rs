@@ -13,8 +13,7 @@ use crate::layout::BlockId;
 use crate::lora_offloader::LoraOffloader;
 use crate::messages::{
     Demand, Drain, EnsurePinned, Hint, Invalidate, LoraPrefetch, PinFailed, Pinned, ReadAhead,
-    ReleaseActivations, ReleaseLora, Released, Reply, ReserveActivations, ReserveLora,
-    ReturnBuffer, Streamed,
+    ReleaseActivations, Released, Reply, ReserveActivations, ReserveLora, ReturnBuffer, Streamed,
 };
 use crate::observer::{ErrorKind, Link, Observer, Owner, Tier, TierUsage};
 use crate::pin_manager::PinManager;
@@ -242,29 +241,6 @@ impl VramAllocator {
         reply
     }
 
-    /// Places a LoRA region, or keeps the request while loads are in flight: the
-    /// blocks being loaded may be evictable once they land. Answers otherwise.
-    fn reserve_lora(&mut self, message: ReserveLora) {
-        if self.draining.is_some() {
-            let _ = message.reply.send(Err(SessionError::Stopped));
-            return;
-        }
-        let base = self.arena.as_ref().map_or(0, |arena| arena.base.0);
-        let result = self.state.reserve_lora(message.bytes);
-        if result.is_err() && self.state.loads_in_flight() > 0 {
-            self.pending_lora.push(message);
-            return;
-        }
-        let result = result.map(|(offset, evicted)| (crate::DevicePtr(base + offset), evicted));
-        let _ = message.reply.send(self.reserved(result));
-    }
-
-    fn retry_lora(&mut self) {
-        for message in std::mem::take(&mut self.pending_lora) {
-            self.reserve_lora(message);
-        }
-    }
-
     fn try_finish_drain(&mut self) {
         if self.draining.is_none() || self.state.loads_in_flight() > 0 || !self.lora_drained {
             return;
@@ -291,6 +267,8 @@ impl VramAllocator {
     }
 }
 
+mod lora_regions;
+
 impl Actor for VramAllocator {
     type Context = Context<Self>;
 
@@ -306,14 +284,6 @@ impl Handler<ConnectPins> for VramAllocator {
     fn handle(&mut self, message: ConnectPins, _ctx: &mut Self::Context) {
         self.pins = Some(message.0);
         self.schedule(None);
-    }
-}
-
-impl Handler<ConnectLora> for VramAllocator {
-    type Result = ();
-
-    fn handle(&mut self, message: ConnectLora, _ctx: &mut Self::Context) {
-        self.lora = Some(message.0);
     }
 }
 
@@ -453,27 +423,6 @@ impl Handler<Drain> for VramAllocator {
                 actor.try_finish_drain();
             }),
         );
-    }
-}
-
-impl Handler<ReserveLora> for VramAllocator {
-    type Result = ();
-
-    fn handle(&mut self, message: ReserveLora, _ctx: &mut Self::Context) {
-        self.reserve_lora(message);
-    }
-}
-
-impl Handler<ReleaseLora> for VramAllocator {
-    type Result = ();
-
-    fn handle(&mut self, message: ReleaseLora, _ctx: &mut Self::Context) {
-        let base = self.arena.as_ref().map_or(0, |arena| arena.base.0);
-        if !self.state.release_lora(message.region.0.wrapping_sub(base)) {
-            self.observer.error(ErrorKind::Protocol);
-        }
-        self.report_usage();
-        self.schedule(None);
     }
 }
 

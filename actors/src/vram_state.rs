@@ -384,76 +384,6 @@ impl VramState {
             .map(|offset| Placement::Resident { offset })
     }
 
-    fn place_in_ring(
-        &mut self,
-        block: BlockId,
-        speculative: bool,
-        decisions: &mut Decisions,
-    ) -> Option<Placement> {
-        if let Some(slot) = self.ring.iter().position(|slot| slot.block.is_none()) {
-            return Some(Placement::Ring { slot });
-        }
-        let needed_in = self
-            .order
-            .distance_to_next_use(self.cursor, block)
-            .unwrap_or(0);
-        let victim = self.choose_victim(needed_in, speculative);
-        let Some(slot) = victim else {
-            if speculative && self.last_declined != Some(block) {
-                decisions.declined = true;
-                self.last_declined = Some(block);
-            }
-            return None;
-        };
-        let evicted = self.ring[slot].block.take()?;
-        self.table.finish_evict(evicted);
-        self.placement[evicted.index()] = None;
-        decisions.evicted += 1;
-        Some(Placement::Ring { slot })
-    }
-
-    /// A ring slot whose block is ready, unheld and — for the planned policy — needed
-    /// later than the block we want to load (exhaustion prediction).
-    fn choose_victim(&mut self, needed_in: usize, speculative: bool) -> Option<usize> {
-        let mut best: Option<(usize, u64)> = None;
-        for (index, slot) in self.ring.iter().enumerate() {
-            let Some(block) = slot.block else { continue };
-            if self.loading[block.index()] || self.table.holders(block) > 0 {
-                continue;
-            }
-            if self.table.state(block) != BlockState::Ready {
-                continue;
-            }
-            let distance = self
-                .order
-                .distance_to_next_use(self.cursor, block)
-                .unwrap_or(usize::MAX);
-            // Whatever the policy, a speculative load never takes the block the compute
-            // thread needs next: it may be the one it is waiting for, and evicting it
-            // between its copy and the acquire would starve the compute thread.
-            if speculative && distance == 0 {
-                continue;
-            }
-            let score = match self.policy {
-                ResidencyPolicy::Planned => {
-                    if speculative && distance <= needed_in {
-                        continue;
-                    }
-                    distance as u64
-                }
-                ResidencyPolicy::Lru => u64::MAX - slot.last_use,
-            };
-            if best.is_none_or(|(_, best_score)| score > best_score) {
-                best = Some((index, score));
-            }
-        }
-        let (index, _) = best?;
-        let block = self.ring[index].block?;
-        // The holder check above and this compare-exchange race only with acquires,
-        // which the compare-exchange settles: a block acquired in between stays.
-        self.table.try_begin_evict(block).then_some(index)
-    }
-
     /// A load finished: returns the block's arena offset and whether it streams.
     pub fn loaded(&mut self, block: BlockId) -> Option<(u64, bool)> {
         if !self.loading[block.index()] {
@@ -520,6 +450,7 @@ impl VramState {
 
 mod experts;
 mod reservations;
+mod ring;
 
 use experts::ExpertArea;
 
