@@ -106,10 +106,13 @@ impl ExpertCache {
 
     /// The candidate to evict, if any.
     pub fn victim(&self, candidates: impl IntoIterator<Item = u32>) -> Option<u32> {
-        candidates.into_iter().min_by(|&a, &b| {
-            let (a, b) = (self.score(a), self.score(b));
-            a.0.total_cmp(&b.0).then(a.1.cmp(&b.1))
-        })
+        // Each candidate scored once (a lookup and, with aging, an exp2), not once per
+        // comparison; the first of equal scores wins, as before.
+        candidates
+            .into_iter()
+            .map(|expert| (self.score(expert), expert))
+            .min_by(|(a, _), (b, _)| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)))
+            .map(|(_, expert)| expert)
     }
 }
 
