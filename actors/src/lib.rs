@@ -12,7 +12,8 @@ pub use device::{Device, DeviceArena, DeviceError, DevicePtr, MemoryInfo, OpFutu
 pub use host_buffer::{HostAllocError, HostBuffer, PinRegistration, HOST_BUFFER_ALIGN};
 pub use layout::{slice_extents, BlockId, BlockLayout, Extent, FileId, ModelLayout};
 pub use observer::{
-    AcquireBatch, ErrorKind, Link, NoObserver, Observer, Owner, Tee, Tier, TierUsage,
+    AcquireBatch, ErrorKind, Link, NoObserver, Observer, Owner, ReadAheadOutcome, Tee, Tier,
+    TierUsage,
 };
 pub use storage::{Storage, StorageError};
 

@@ -100,6 +100,33 @@ impl ErrorKind {
     }
 }
 
+/// What became of a disk read-ahead, as a low-cardinality label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub enum ReadAheadOutcome {
+    /// A request found the block already read (or on its way).
+    Used,
+    /// Dropped unused: the block left the list (it became resident) or the run ended.
+    Dropped,
+    /// The read failed; the request reads the block itself.
+    Failed,
+}
+
+impl ReadAheadOutcome {
+    pub const ALL: [ReadAheadOutcome; 3] = [
+        ReadAheadOutcome::Used,
+        ReadAheadOutcome::Dropped,
+        ReadAheadOutcome::Failed,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            ReadAheadOutcome::Used => "used",
+            ReadAheadOutcome::Dropped => "dropped",
+            ReadAheadOutcome::Failed => "failed",
+        }
+    }
+}
+
 /// Occupancy of one tier, reported whenever it changes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 pub struct TierUsage {
@@ -136,6 +163,8 @@ pub trait Observer: Send + Sync + 'static {
     fn eviction(&self, _tier: Tier, _blocks: u64) {}
     fn pin_consolidation(&self, _operations: u64) {}
     fn speculative_declined(&self) {}
+    /// Disk read-aheads that ended with `outcome` since the last report.
+    fn read_ahead(&self, _outcome: ReadAheadOutcome, _blocks: u64) {}
     fn acquires(&self, _batch: AcquireBatch) {}
     fn prefetch_lead(&self, _blocks_ahead: u64) {}
     fn step(&self, _seconds: f64) {}
@@ -169,6 +198,10 @@ impl<A: Observer, B: Observer> Observer for Tee<A, B> {
     fn speculative_declined(&self) {
         self.0.speculative_declined();
         self.1.speculative_declined();
+    }
+    fn read_ahead(&self, outcome: ReadAheadOutcome, blocks: u64) {
+        self.0.read_ahead(outcome, blocks);
+        self.1.read_ahead(outcome, blocks);
     }
     fn acquires(&self, batch: AcquireBatch) {
         self.0.acquires(batch);
@@ -211,6 +244,9 @@ impl<T: Observer + ?Sized> Observer for std::sync::Arc<T> {
     }
     fn speculative_declined(&self) {
         (**self).speculative_declined()
+    }
+    fn read_ahead(&self, outcome: ReadAheadOutcome, blocks: u64) {
+        (**self).read_ahead(outcome, blocks)
     }
     fn acquires(&self, batch: AcquireBatch) {
         (**self).acquires(batch)

@@ -286,8 +286,19 @@ impl PinManager {
         }
     }
 
+    /// Reports what became of the read-aheads since the last sync point.
+    fn report_read_ahead(&mut self) {
+        let outcomes = self.state.take_read_ahead_outcomes();
+        for (outcome, blocks) in crate::observer::ReadAheadOutcome::ALL.iter().zip(outcomes) {
+            if blocks > 0 {
+                self.observer.read_ahead(*outcome, blocks);
+            }
+        }
+    }
+
     fn consolidate(&mut self, cursor: usize) {
         self.forget_pinned();
+        self.report_read_ahead();
         let mut operations = 0;
         while let Some(bytes) = self.state.staging_wanted() {
             match self.device.allocate_pinned(bytes) {
@@ -330,6 +341,7 @@ impl PinManager {
             return;
         }
         self.forget_pinned();
+        self.report_read_ahead();
         let (buffers, cache_buffers) = self.state.release_all();
         drop(buffers);
         if cache_buffers > 0 {

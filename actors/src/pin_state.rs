@@ -84,6 +84,8 @@ pub struct PinState {
     ahead: Vec<read_ahead::Entry>,
     ahead_list: Vec<BlockId>,
     request_reads: usize,
+    /// Read-aheads used, dropped and failed since the actor last reported them.
+    ahead_outcomes: [u64; 3],
     /// Pinned bytes lent to the LoRA offloader for adapter factors (its own set).
     lora_bytes: u64,
     /// How many positions ahead of the cursor a sync point registers planned buffers.
@@ -114,6 +116,7 @@ impl PinState {
             ahead: Vec::new(),
             ahead_list: Vec::new(),
             request_reads: 0,
+            ahead_outcomes: [0; 3],
             lora_bytes: 0,
             lookahead,
             peak_used_bytes: 0,

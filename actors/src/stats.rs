@@ -8,7 +8,9 @@ use std::sync::Mutex;
 
 use serde::Serialize;
 
-use crate::observer::{AcquireBatch, ErrorKind, Link, Observer, Owner, Tier, TierUsage};
+use crate::observer::{
+    AcquireBatch, ErrorKind, Link, Observer, Owner, ReadAheadOutcome, Tier, TierUsage,
+};
 
 #[derive(Default)]
 struct LinkCounters {
@@ -40,6 +42,8 @@ pub struct Stats {
     consolidations: AtomicU64,
     consolidated_operations: AtomicU64,
     speculative_declined: AtomicU64,
+    /// Disk read-aheads by outcome: used, dropped, failed.
+    read_ahead: [AtomicU64; 3],
     errors: AtomicU64,
     steps: Mutex<Vec<f64>>,
 }
@@ -105,6 +109,15 @@ impl Observer for Stats {
         self.speculative_declined.fetch_add(1, Ordering::Relaxed);
     }
 
+    fn read_ahead(&self, outcome: ReadAheadOutcome, blocks: u64) {
+        let index = match outcome {
+            ReadAheadOutcome::Used => 0,
+            ReadAheadOutcome::Dropped => 1,
+            ReadAheadOutcome::Failed => 2,
+        };
+        self.read_ahead[index].fetch_add(blocks, Ordering::Relaxed);
+    }
+
     fn acquires(&self, batch: AcquireBatch) {
         self.hits.fetch_add(batch.hits, Ordering::Relaxed);
         self.misses.fetch_add(batch.misses, Ordering::Relaxed);
@@ -159,6 +172,10 @@ pub struct StatsSnapshot {
     pub consolidations: u64,
     pub consolidated_operations: u64,
     pub speculative_declined: u64,
+    /// Disk read-aheads a request used, dropped unused, and failed.
+    pub read_ahead_used: u64,
+    pub read_ahead_dropped: u64,
+    pub read_ahead_failed: u64,
     pub errors: u64,
     pub step_seconds: Vec<f64>,
 }
@@ -217,6 +234,9 @@ impl Stats {
             consolidations: self.consolidations.load(Ordering::Relaxed),
             consolidated_operations: self.consolidated_operations.load(Ordering::Relaxed),
             speculative_declined: self.speculative_declined.load(Ordering::Relaxed),
+            read_ahead_used: self.read_ahead[0].load(Ordering::Relaxed),
+            read_ahead_dropped: self.read_ahead[1].load(Ordering::Relaxed),
+            read_ahead_failed: self.read_ahead[2].load(Ordering::Relaxed),
             errors: self.errors.load(Ordering::Relaxed),
             step_seconds: self.steps.lock().map(|s| s.clone()).unwrap_or_default(),
         }

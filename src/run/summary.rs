@@ -37,6 +37,10 @@ pub struct Summary {
     pub vram_evictions: u64,
     pub pin_consolidations: u64,
     pub speculative_declined: u64,
+    /// Disk read-aheads a load used, dropped unused, and failed.
+    pub read_ahead_used: u64,
+    pub read_ahead_dropped: u64,
+    pub read_ahead_failed: u64,
     pub vram_bytes_after_shutdown: u64,
     pub pinned_bytes_after_shutdown: u64,
     pub step_seconds: Vec<f64>,
@@ -99,6 +103,9 @@ impl Summary {
             vram_evictions: stats.vram.evictions,
             pin_consolidations: stats.consolidations,
             speculative_declined: stats.speculative_declined,
+            read_ahead_used: stats.read_ahead_used,
+            read_ahead_dropped: stats.read_ahead_dropped,
+            read_ahead_failed: stats.read_ahead_failed,
             vram_bytes_after_shutdown: stats.vram.used_bytes,
             pinned_bytes_after_shutdown: stats.pinned.used_bytes,
             step_seconds: report.step_seconds.clone(),
@@ -198,6 +205,13 @@ impl Summary {
             self.pin_consolidations,
             self.speculative_declined
         ));
+        let read_ahead = self.read_ahead_used + self.read_ahead_dropped + self.read_ahead_failed;
+        if read_ahead > 0 {
+            line(format!(
+                "  disk read-ahead: {} blocks read while the ring was full: {} used, {} dropped, {} failed",
+                read_ahead, self.read_ahead_used, self.read_ahead_dropped, self.read_ahead_failed
+            ));
+        }
         if !self.lora_adapters.is_empty() {
             let names: Vec<String> = self
                 .lora_adapters

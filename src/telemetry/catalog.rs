@@ -92,6 +92,10 @@ const USAGE_OWNER: LabelSpec = LabelSpec {
     name: "owner",
     values: &["model", "lora", "other"],
 };
+const READ_AHEAD_OUTCOME: LabelSpec = LabelSpec {
+    name: "outcome",
+    values: &["used", "dropped", "failed"],
+};
 const ERROR_KIND: LabelSpec = LabelSpec {
     name: "kind",
     values: &["read", "copy", "pin", "budget", "protocol"],
@@ -123,6 +127,7 @@ pub const COMPUTE_STALL: &str = "stagehand_compute_stall_seconds";
 pub const COMPUTE_STEP_DURATION: &str = "stagehand_compute_step_duration_seconds";
 pub const PREFETCH_LEAD_BLOCKS: &str = "stagehand_prefetch_lead_blocks";
 pub const PREFETCH_SPECULATIVE_DECLINED: &str = "stagehand_prefetch_speculative_declined_total";
+pub const PREFETCH_READ_AHEAD: &str = "stagehand_prefetch_read_ahead_blocks_total";
 pub const PIN_CONSOLIDATIONS: &str = "stagehand_pin_consolidations_total";
 pub const PIN_OPERATIONS: &str = "stagehand_pin_operations_total";
 pub const ERRORS: &str = "stagehand_errors_total";
@@ -223,6 +228,14 @@ pub const CATALOG: &[MetricSpec] = &[
         unit: "loads",
         labels: &[],
         description: "Speculative loads declined because the budget was predicted to run out.",
+        buckets: &[],
+    },
+    MetricSpec {
+        name: PREFETCH_READ_AHEAD,
+        kind: MetricKind::Counter,
+        unit: "blocks",
+        labels: &[READ_AHEAD_OUTCOME],
+        description: "Blocks read from disk ahead of the VRAM ring into idle staging buffers, by outcome: used by a load, dropped unused, or failed (the load then reads the block itself).",
         buckets: &[],
     },
     MetricSpec {

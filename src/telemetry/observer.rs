@@ -6,7 +6,9 @@
 
 use metrics::{Counter, Gauge, Histogram, Key, Label, Metadata, Recorder};
 use metrics_exporter_prometheus::PrometheusHandle;
-use stagehand_actors::{AcquireBatch, ErrorKind, Link, Observer, Owner, Tier, TierUsage};
+use stagehand_actors::{
+    AcquireBatch, ErrorKind, Link, Observer, Owner, ReadAheadOutcome, Tier, TierUsage,
+};
 
 use super::catalog::{self, describe_all};
 use super::server::MetricsServer;
@@ -113,6 +115,8 @@ pub struct PrometheusObserver {
     step_duration: Histogram,
     prefetch_lead: Gauge,
     speculative_declined: Counter,
+    /// In [`ReadAheadOutcome::ALL`] order.
+    read_ahead: [Counter; 3],
     pin_consolidations: Counter,
     pin_operations: Counter,
     errors: [Counter; ERROR_COUNT],
@@ -175,6 +179,12 @@ impl PrometheusObserver {
             step_duration: registrar.histogram(catalog::COMPUTE_STEP_DURATION, &[]),
             prefetch_lead: registrar.gauge(catalog::PREFETCH_LEAD_BLOCKS, &[]),
             speculative_declined: registrar.counter(catalog::PREFETCH_SPECULATIVE_DECLINED, &[]),
+            read_ahead: ReadAheadOutcome::ALL.map(|outcome| {
+                registrar.counter(
+                    catalog::PREFETCH_READ_AHEAD,
+                    &[("outcome", outcome.label())],
+                )
+            }),
             pin_consolidations: registrar.counter(catalog::PIN_CONSOLIDATIONS, &[]),
             pin_operations: registrar.counter(catalog::PIN_OPERATIONS, &[]),
             errors,
@@ -233,6 +243,14 @@ impl Observer for PrometheusObserver {
 
     fn speculative_declined(&self) {
         self.speculative_declined.increment(1);
+    }
+
+    fn read_ahead(&self, outcome: ReadAheadOutcome, blocks: u64) {
+        let index = ReadAheadOutcome::ALL
+            .iter()
+            .position(|&known| known == outcome)
+            .unwrap_or(0);
+        self.read_ahead[index].increment(blocks);
     }
 
     fn acquires(&self, batch: AcquireBatch) {

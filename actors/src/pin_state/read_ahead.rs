@@ -8,6 +8,7 @@
 
 use crate::host_buffer::HostBuffer;
 use crate::layout::BlockId;
+use crate::observer::ReadAheadOutcome;
 
 use super::{BufferHome, PinAction, PinState};
 
@@ -64,6 +65,10 @@ impl PinState {
                 self.ahead.remove(index);
                 continue;
             }
+            if entry.cancelled {
+                index += 1;
+                continue;
+            }
             match entry.buffer.take() {
                 Some(buffer) => {
                     let block = self.ahead.remove(index).block;
@@ -74,6 +79,7 @@ impl PinState {
                     index += 1;
                 }
             }
+            self.count(ReadAheadOutcome::Dropped);
         }
         actions.extend(self.next_read_ahead());
         actions
@@ -134,6 +140,7 @@ impl PinState {
             return Ok(None);
         }
         let entry = self.ahead.remove(index);
+        self.count(ReadAheadOutcome::Used);
         Ok(entry.buffer.map(|buffer| PinAction::Ready {
             block,
             buffer,
@@ -154,12 +161,14 @@ impl PinState {
         if entry.wanted {
             self.ahead.remove(index);
             if succeeded {
+                self.count(ReadAheadOutcome::Used);
                 return AheadDone::Wanted(PinAction::Ready {
                     block,
                     buffer,
                     home: BufferHome::Staging,
                 });
             }
+            self.count(ReadAheadOutcome::Failed);
             return AheadDone::Failed(self.give_back(block, buffer, BufferHome::Staging, false));
         }
         if entry.cancelled {
@@ -168,6 +177,7 @@ impl PinState {
         }
         if !succeeded {
             entry.failed = true;
+            self.count(ReadAheadOutcome::Failed);
             return AheadDone::Kept(self.give_back(block, buffer, BufferHome::Staging, false));
         }
         entry.buffer = Some(buffer);
@@ -180,6 +190,9 @@ impl PinState {
         let mut actions = Vec::new();
         let entries = std::mem::take(&mut self.ahead);
         for mut entry in entries.into_iter().filter(|entry| !entry.failed) {
+            if !entry.cancelled {
+                self.count(ReadAheadOutcome::Dropped);
+            }
             match entry.buffer.take() {
                 Some(buffer) => {
                     actions.extend(self.give_back(entry.block, buffer, BufferHome::Staging, false))
@@ -191,6 +204,19 @@ impl PinState {
             }
         }
         actions
+    }
+
+    fn count(&mut self, outcome: ReadAheadOutcome) {
+        let index = ReadAheadOutcome::ALL
+            .iter()
+            .position(|&known| known == outcome)
+            .unwrap_or(0);
+        self.ahead_outcomes[index] += 1;
+    }
+
+    /// Read-aheads per outcome (in [`ReadAheadOutcome::ALL`] order) since the last call.
+    pub fn take_read_ahead_outcomes(&mut self) -> [u64; 3] {
+        std::mem::take(&mut self.ahead_outcomes)
     }
 
     /// Read-ahead reads in flight or landed and not yet asked for.
