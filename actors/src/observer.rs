@@ -118,6 +118,11 @@ impl ReadAheadOutcome {
         ReadAheadOutcome::Failed,
     ];
 
+    /// Its place in [`ReadAheadOutcome::ALL`], for per-outcome counter arrays.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
     pub fn label(self) -> &'static str {
         match self {
             ReadAheadOutcome::Used => "used",

@@ -1,6 +1,7 @@
 //! PinManager: owns the pinned RAM budget — the pinned cache of streamed blocks and the
 //! staging ring — and does its registration work only at sync points.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use actix::prelude::*;
@@ -8,28 +9,14 @@ use actix::prelude::*;
 use crate::device::Device;
 use crate::disk_reader::DiskReader;
 use crate::error::SessionError;
-use std::collections::VecDeque;
-
-use crate::device::DevicePtr;
-use crate::layout::{coalesce_extents, slice_extents, BlockId, Extent};
+use crate::layout::{coalesce_extents, BlockId, Extent};
 use crate::messages::{
     Drain, EnsurePinned, ForgetCached, PinFailed, Pinned, ReadAhead, ReadBlock, ReadDone, Reply,
-    ReturnBuffer, Streamed, SyncPoint,
+    ReturnBuffer, SyncPoint,
 };
 use crate::observer::{ErrorKind, Link, Observer, Owner, Tier, TierUsage};
 use crate::pin_state::{AheadDone, BufferHome, PinAction, PinState};
 use crate::vram_allocator::VramAllocator;
-
-/// A block on its way from disk to VRAM through the fast-disk chunk ring.
-struct ChunkStream {
-    block: BlockId,
-    destination: DevicePtr,
-    bytes: u64,
-    next_offset: u64,
-    done_bytes: u64,
-    failed: bool,
-    in_flight: u32,
-}
 
 pub struct PinManager {
     state: PinState,
@@ -111,87 +98,6 @@ impl PinManager {
         }
     }
 
-    /// Starts chunk reads while ring buffers are free: fill slot i while the device
-    /// copies slot i − 1.
-    fn pump(&mut self, ctx: &mut Context<Self>) {
-        while let Some(stream) = self
-            .streams
-            .iter_mut()
-            .find(|stream| !stream.failed && stream.next_offset < stream.bytes)
-        {
-            let Some(buffer) = self.state.take_chunk_buffer() else {
-                return;
-            };
-            let offset = stream.next_offset;
-            let length = (buffer.len() as u64).min(stream.bytes - offset);
-            stream.next_offset += length;
-            stream.in_flight += 1;
-            let block = stream.block;
-            let extents = slice_extents(&self.extents[block.index()], offset, length);
-            self.reader.do_send(ReadBlock {
-                block,
-                extents,
-                buffer,
-                home: BufferHome::Chunk { offset },
-                reply_to: ctx.address().recipient(),
-            });
-        }
-    }
-
-    /// A chunk arrived in pinned memory: copy it on to its place in VRAM.
-    fn copy_chunk(
-        &mut self,
-        block: BlockId,
-        offset: u64,
-        buffer: crate::HostBuffer,
-        bytes: u64,
-        read_seconds: f64,
-        ctx: &mut Context<Self>,
-    ) {
-        let Some(destination) = self
-            .streams
-            .iter()
-            .find(|stream| stream.block == block)
-            .map(|stream| stream.destination.offset(offset))
-        else {
-            self.give_back(block, buffer, BufferHome::Chunk { offset }, false, ctx);
-            return;
-        };
-        let started = tokio::time::Instant::now();
-        let copy = self.device.copy_to_device(buffer, 0, bytes, destination);
-        ctx.spawn(
-            actix::fut::wrap_future::<_, Self>(copy).map(move |outcome, actor, ctx| {
-                let seconds = read_seconds + started.elapsed().as_secs_f64();
-                let (buffer, error) = match outcome {
-                    Ok(buffer) => (buffer, None),
-                    Err((error, buffer)) => (buffer, Some(error.to_string())),
-                };
-                actor.give_back(block, buffer, BufferHome::Chunk { offset }, true, ctx);
-                match error {
-                    None => {
-                        actor
-                            .observer
-                            .transfer(Link::DiskToVram, Owner::Model, bytes, seconds);
-                        actor
-                            .observer
-                            .block_transfer(Link::DiskToVram, block, bytes, seconds);
-                        actor.chunk_done(block, bytes, None);
-                    }
-                    Some(reason) => {
-                        actor.observer.error(ErrorKind::Copy);
-                        actor.chunk_done(
-                            block,
-                            bytes,
-                            Some(SessionError::CopyFailed { block, reason }),
-                        );
-                    }
-                }
-                actor.pump(ctx);
-                actor.try_finish_drain();
-            }),
-        );
-    }
-
     /// Returns a buffer to its home; a request that was waiting for it goes ahead.
     fn give_back(
         &mut self,
@@ -252,32 +158,6 @@ impl PinManager {
         self.try_finish_drain();
     }
 
-    /// Accounts a finished (or failed) chunk; reports the block when all have landed.
-    fn chunk_done(&mut self, block: BlockId, bytes: u64, error: Option<SessionError>) {
-        let Some(index) = self.streams.iter().position(|stream| stream.block == block) else {
-            return;
-        };
-        let stream = &mut self.streams[index];
-        stream.in_flight -= 1;
-        stream.done_bytes += bytes;
-        if let Some(error) = error {
-            if !stream.failed {
-                stream.failed = true;
-                self.allocator.do_send(PinFailed { block, error });
-            }
-        }
-        let finished =
-            stream.in_flight == 0 && (stream.failed || stream.done_bytes >= stream.bytes);
-        if finished {
-            let stream = self.streams.remove(index);
-            if stream.is_some_and(|stream| !stream.failed) {
-                self.allocator.do_send(Streamed { block });
-            }
-        }
-    }
-
-    /// Registers what the plan wants pinned now. Runs only at sync points (and once at
-    /// start for the staging ring), never in the middle of a block.
     /// Drops the page-cache copy of what was pinned since the last sync point.
     fn forget_pinned(&mut self) {
         if !self.forget.is_empty() {
@@ -296,6 +176,8 @@ impl PinManager {
         }
     }
 
+    /// Registers what the plan wants pinned now. Runs only at sync points (and once at
+    /// start for the staging ring), never in the middle of a block.
     fn consolidate(&mut self, cursor: usize) {
         self.forget_pinned();
         self.report_read_ahead();
@@ -354,7 +236,10 @@ impl PinManager {
     }
 }
 
+mod chunks;
 mod lora_pins;
+
+use chunks::ChunkStream;
 
 impl Actor for PinManager {
     type Context = Context<Self>;
@@ -371,15 +256,9 @@ impl Handler<EnsurePinned> for PinManager {
     fn handle(&mut self, message: EnsurePinned, ctx: &mut Self::Context) {
         let action = self.state.request(message.block);
         if let Some(PinAction::Stream { block }) = &action {
-            self.streams.push_back(ChunkStream {
-                block: *block,
-                destination: message.destination,
-                bytes: self.block_bytes(*block),
-                next_offset: 0,
-                done_bytes: 0,
-                failed: false,
-                in_flight: 0,
-            });
+            let bytes = self.block_bytes(*block);
+            self.streams
+                .push_back(ChunkStream::new(*block, message.destination, bytes));
         }
         if let Some(action) = action {
             self.act(action, ctx);

@@ -110,12 +110,7 @@ impl Observer for Stats {
     }
 
     fn read_ahead(&self, outcome: ReadAheadOutcome, blocks: u64) {
-        let index = match outcome {
-            ReadAheadOutcome::Used => 0,
-            ReadAheadOutcome::Dropped => 1,
-            ReadAheadOutcome::Failed => 2,
-        };
-        self.read_ahead[index].fetch_add(blocks, Ordering::Relaxed);
+        self.read_ahead[outcome.index()].fetch_add(blocks, Ordering::Relaxed);
     }
 
     fn acquires(&self, batch: AcquireBatch) {
@@ -234,9 +229,12 @@ impl Stats {
             consolidations: self.consolidations.load(Ordering::Relaxed),
             consolidated_operations: self.consolidated_operations.load(Ordering::Relaxed),
             speculative_declined: self.speculative_declined.load(Ordering::Relaxed),
-            read_ahead_used: self.read_ahead[0].load(Ordering::Relaxed),
-            read_ahead_dropped: self.read_ahead[1].load(Ordering::Relaxed),
-            read_ahead_failed: self.read_ahead[2].load(Ordering::Relaxed),
+            read_ahead_used: self.read_ahead[ReadAheadOutcome::Used.index()]
+                .load(Ordering::Relaxed),
+            read_ahead_dropped: self.read_ahead[ReadAheadOutcome::Dropped.index()]
+                .load(Ordering::Relaxed),
+            read_ahead_failed: self.read_ahead[ReadAheadOutcome::Failed.index()]
+                .load(Ordering::Relaxed),
             errors: self.errors.load(Ordering::Relaxed),
             step_seconds: self.steps.lock().map(|s| s.clone()).unwrap_or_default(),
         }

@@ -7,8 +7,10 @@ pub mod demo;
 mod error;
 mod header;
 mod index;
+mod reader;
 mod source;
 
 pub use error::IndexError;
 pub use header::MAX_HEADER_BYTES;
 pub use index::{BlockInfo, ModelIndex, ShardFile, TensorInfo};
+pub use reader::{BlockReadError, BlockReader};

@@ -399,15 +399,7 @@ pub fn execute(prepared: &Prepared, plan: RunPlan<'_>) -> Result<Outcome, RunErr
     )
     .map_err(|failure| {
         let (error, stats) = *failure;
-        let released = stats.vram.used_bytes == 0 && stats.pinned.used_bytes == 0;
-        RunError::Failed(format!(
-            "{error}{}",
-            if released {
-                " (every budget was released)"
-            } else {
-                " (budgets NOT fully released)"
-            }
-        ))
+        failed_run(error, &stats)
     })?;
     if let (Some(path), Some(trace)) = (&settings.trace, &trace) {
         trace
@@ -476,6 +468,22 @@ fn expert_config(run: &MoeRun, config: &SessionConfig) -> Result<ExpertConfig, R
 }
 
 /// An observer that records nothing, for runs without metrics.
+/// A run that failed, saying whether every budget came back (it must).
+pub fn failed_run(
+    error: impl std::fmt::Display,
+    stats: &stagehand_actors::StatsSnapshot,
+) -> RunError {
+    let released = stats.vram.used_bytes == 0 && stats.pinned.used_bytes == 0;
+    RunError::Failed(format!(
+        "{error}{}",
+        if released {
+            " (every budget was released)"
+        } else {
+            " (budgets NOT fully released)"
+        }
+    ))
+}
+
 pub fn no_observer() -> Arc<dyn Observer> {
     Arc::new(NoObserver)
 }

@@ -246,11 +246,7 @@ impl Observer for PrometheusObserver {
     }
 
     fn read_ahead(&self, outcome: ReadAheadOutcome, blocks: u64) {
-        let index = ReadAheadOutcome::ALL
-            .iter()
-            .position(|&known| known == outcome)
-            .unwrap_or(0);
-        self.read_ahead[index].increment(blocks);
+        self.read_ahead[outcome.index()].increment(blocks);
     }
 
     fn acquires(&self, batch: AcquireBatch) {

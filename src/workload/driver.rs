@@ -69,6 +69,24 @@ pub struct RunReport {
 }
 
 impl RunReport {
+    /// A report with nothing run yet, for a session that planned `plan`.
+    pub fn new(plan: SessionPlan) -> Self {
+        Self {
+            steps: 0,
+            step_seconds: Vec::new(),
+            compute_seconds: Vec::new(),
+            after_first_step: StatsSnapshot::default(),
+            stats: StatsSnapshot::default(),
+            plan,
+            verified_steps: 0,
+            lora: LoraUsage::default(),
+            tolerance_steps: 0,
+            expert_hits: 0,
+            expert_misses: 0,
+            expert_hints: 0,
+        }
+    }
+
     /// Median of the steps after the first.
     pub fn steady_step_seconds(&self) -> f64 {
         median(
@@ -147,20 +165,7 @@ pub fn drive_traced(
     };
     let mut lora = LoraSteps::new(session.order().len(), phases);
     let initial = activations.as_ref().map(|a| a.x.clone());
-    let mut report = RunReport {
-        steps: 0,
-        step_seconds: Vec::new(),
-        compute_seconds: Vec::new(),
-        after_first_step: StatsSnapshot::default(),
-        stats: StatsSnapshot::default(),
-        plan,
-        verified_steps: 0,
-        lora: LoraUsage::default(),
-        tolerance_steps: 0,
-        expert_hits: 0,
-        expert_misses: 0,
-        expert_hints: 0,
-    };
+    let mut report = RunReport::new(plan);
     let mut step = 0u64;
     while options.steps == 0 || step < options.steps {
         if options.stop.load(Ordering::Relaxed) {

@@ -3,8 +3,6 @@
 //! (pure Rust, maintained, deterministic and single-threaded by default, so a streamed
 //! run and the resident reference produce the same bits).
 
-use std::os::unix::fs::FileExt;
-
 use crate::model::demo::DemoSpec;
 use crate::model::ModelIndex;
 
@@ -198,35 +196,14 @@ impl LinearStack {
         lora: Option<&LoraSet>,
     ) -> Result<Vec<f32>, WorkloadError> {
         let mut activations = self.activations();
-        let files: Vec<std::fs::File> = index
-            .files
-            .iter()
-            .map(|shard| {
-                std::fs::File::open(&shard.path).map_err(|error| WorkloadError::Io {
-                    path: shard.path.display().to_string(),
-                    reason: error.to_string(),
-                })
-            })
-            .collect::<Result<_, _>>()?;
+        let reader = crate::model::BlockReader::open(index)?;
         for (block_number, block) in index.blocks.iter().enumerate().take(self.blocks()) {
             let mut buffer = vec![0u32; (block.bytes as usize).div_ceil(4)];
             // SAFETY: a u32 buffer viewed as bytes, for an aligned read target.
             let bytes = unsafe {
                 std::slice::from_raw_parts_mut(buffer.as_mut_ptr() as *mut u8, block.bytes as usize)
             };
-            let mut at = 0usize;
-            for extent in &block.extents {
-                let file = &files[extent.file.0 as usize];
-                file.read_exact_at(&mut bytes[at..at + extent.length as usize], extent.offset)
-                    .map_err(|error| WorkloadError::Io {
-                        path: index.files[extent.file.0 as usize]
-                            .path
-                            .display()
-                            .to_string(),
-                        reason: error.to_string(),
-                    })?;
-                at += extent.length as usize;
-            }
+            reader.read_into(block_number, bytes)?;
             if let Some(lora) = lora {
                 self.bake_block(block_number, bytes, &lora.host_patches(block_number))?;
             }

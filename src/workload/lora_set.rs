@@ -31,6 +31,8 @@ pub struct LoraSet {
     /// `[block][layer]` → (adapter, target) indices, in adapter order.
     patches: Vec<Vec<Vec<(usize, usize)>>>,
     pack_offsets: Vec<Vec<usize>>,
+    /// `[adapter][block]`: bytes of that adapter's pack for the block (0: none).
+    pack_bytes: Vec<Vec<usize>>,
 }
 
 /// Per layer of one block, each patch's factors and scale, in adapter order.
@@ -65,25 +67,29 @@ impl LoraSet {
                 patches[target.block][layer].push((adapter_number, target_number));
             }
         }
-        let pack_offsets = adapters
-            .iter()
-            .map(|adapter| {
-                let mut next_in_block = vec![0usize; model.blocks()];
-                adapter
-                    .targets
-                    .iter()
-                    .map(|target| {
-                        let offset = next_in_block[target.block];
-                        next_in_block[target.block] += target.bytes() as usize;
-                        offset
-                    })
-                    .collect()
-            })
-            .collect();
+        // Per adapter: where each target starts in its block's pack, and each block's
+        // pack size (the running end once every target is placed).
+        let mut pack_offsets = Vec::with_capacity(adapters.len());
+        let mut pack_bytes = Vec::with_capacity(adapters.len());
+        for adapter in &adapters {
+            let mut next_in_block = vec![0usize; model.blocks()];
+            let offsets = adapter
+                .targets
+                .iter()
+                .map(|target| {
+                    let offset = next_in_block[target.block];
+                    next_in_block[target.block] += target.bytes() as usize;
+                    offset
+                })
+                .collect();
+            pack_offsets.push(offsets);
+            pack_bytes.push(next_in_block);
+        }
         Ok(Self {
             adapters,
             patches,
             pack_offsets,
+            pack_bytes,
         })
     }
 
@@ -195,12 +201,7 @@ impl LoraSet {
 
     /// Bytes of adapter `adapter`'s pack for `block` (0 if it does not patch it).
     pub fn pack_bytes(&self, adapter: usize, block: usize) -> usize {
-        self.adapters[adapter]
-            .targets
-            .iter()
-            .filter(|target| target.block == block)
-            .map(|target| target.bytes() as usize)
-            .sum()
+        self.pack_bytes[adapter].get(block).copied().unwrap_or(0)
     }
 
     /// What the session attaches for adapter `adapter`: its name, strength, bytes, and
@@ -236,18 +237,6 @@ impl LoraSet {
         self.patches
             .get(block)
             .is_some_and(|layers| layers.iter().any(|patches| !patches.is_empty()))
-    }
-
-    /// What the LoRA offloader accounts for each adapter.
-    pub fn summaries(&self) -> Vec<AdapterSummary> {
-        self.adapters
-            .iter()
-            .map(|adapter| AdapterSummary {
-                name: adapter.name.clone(),
-                strength: adapter.strength,
-                bytes: adapter.bytes(),
-            })
-            .collect()
     }
 
     pub fn bytes(&self) -> u64 {

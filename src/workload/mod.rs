@@ -33,3 +33,12 @@ pub enum WorkloadError {
     #[error("{block}: bytes differ from the file at offset {offset} of the block")]
     Corrupt { block: String, offset: u64 },
 }
+
+impl From<crate::model::BlockReadError> for WorkloadError {
+    fn from(error: crate::model::BlockReadError) -> Self {
+        WorkloadError::Io {
+            path: error.path.display().to_string(),
+            reason: error.reason,
+        }
+    }
+}

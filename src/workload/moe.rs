@@ -4,10 +4,9 @@
 //! their own, outside the step order — are mixed. The output of every token must equal
 //! the fully-resident reference bit for bit.
 
-use std::os::unix::fs::FileExt;
 use std::time::Instant;
 
-use stagehand_actors::{BlockHandle, LoraUsage, Session, StatsSnapshot};
+use stagehand_actors::{BlockHandle, Session, StatsSnapshot};
 
 use super::driver::{close_step, DriverOptions, RunReport};
 use super::linear_stack::{first_difference, gemm, input_batch, rms_norm};
@@ -53,33 +52,11 @@ impl MoeRun {
         if batch == 0 {
             return Err(WorkloadError::Model("batch must be at least 1".into()));
         }
-        let files: Vec<std::fs::File> = index
-            .files
-            .iter()
-            .map(|shard| {
-                std::fs::File::open(&shard.path).map_err(|error| WorkloadError::Io {
-                    path: shard.path.display().to_string(),
-                    reason: error.to_string(),
-                })
-            })
-            .collect::<Result<_, _>>()?;
+        let reader = crate::model::BlockReader::open(index)?;
         let mut resident = Vec::with_capacity(model.layout.blocks.len());
         for block in &model.layout.blocks {
             let mut bytes = vec![0u8; block.bytes as usize];
-            let mut at = 0usize;
-            for extent in &block.extents {
-                let length = extent.length as usize;
-                files[extent.file.0 as usize]
-                    .read_exact_at(&mut bytes[at..at + length], extent.offset)
-                    .map_err(|error| WorkloadError::Io {
-                        path: index.files[extent.file.0 as usize]
-                            .path
-                            .display()
-                            .to_string(),
-                        reason: error.to_string(),
-                    })?;
-                at += length;
-            }
+            reader.read_extents(&block.extents, &mut bytes)?;
             resident.push(
                 bytes
                     .chunks_exact(4)
@@ -196,20 +173,7 @@ pub fn drive(
     run: &MoeRun,
     mut options: DriverOptions,
 ) -> Result<RunReport, Box<(WorkloadError, StatsSnapshot)>> {
-    let mut report = RunReport {
-        steps: 0,
-        step_seconds: Vec::new(),
-        compute_seconds: Vec::new(),
-        after_first_step: StatsSnapshot::default(),
-        stats: StatsSnapshot::default(),
-        plan: session.plan().clone(),
-        verified_steps: 0,
-        lora: LoraUsage::default(),
-        tolerance_steps: 0,
-        expert_hits: 0,
-        expert_misses: 0,
-        expert_hints: 0,
-    };
+    let mut report = RunReport::new(session.plan().clone());
     let mut token = 0u64;
     while options.steps == 0 || token < options.steps {
         if options.stop.load(std::sync::atomic::Ordering::Relaxed) {

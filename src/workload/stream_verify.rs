@@ -1,8 +1,6 @@
 //! stream-verify: any safetensors checkpoint. Every block crosses the tiers and its
 //! bytes, as they sit in the device, are checksummed against the file's.
 
-use std::os::unix::fs::FileExt;
-
 use crate::model::ModelIndex;
 
 use super::WorkloadError;
@@ -25,36 +23,9 @@ pub fn checksum(bytes: &[u8]) -> u64 {
 
 /// The expected checksum of each block, computed from the files with plain reads.
 pub fn expected_checksums(index: &ModelIndex) -> Result<Vec<u64>, WorkloadError> {
-    let files: Vec<std::fs::File> = index
-        .files
-        .iter()
-        .map(|shard| {
-            std::fs::File::open(&shard.path).map_err(|error| WorkloadError::Io {
-                path: shard.path.display().to_string(),
-                reason: error.to_string(),
-            })
-        })
-        .collect::<Result<_, _>>()?;
-    index
-        .blocks
-        .iter()
-        .map(|block| {
-            let mut bytes = vec![0u8; block.bytes as usize];
-            let mut at = 0usize;
-            for extent in &block.extents {
-                files[extent.file.0 as usize]
-                    .read_exact_at(&mut bytes[at..at + extent.length as usize], extent.offset)
-                    .map_err(|error| WorkloadError::Io {
-                        path: index.files[extent.file.0 as usize]
-                            .path
-                            .display()
-                            .to_string(),
-                        reason: error.to_string(),
-                    })?;
-                at += extent.length as usize;
-            }
-            Ok(checksum(&bytes))
-        })
+    let reader = crate::model::BlockReader::open(index)?;
+    (0..index.blocks.len())
+        .map(|block| Ok(checksum(&reader.read(block)?)))
         .collect()
 }
 

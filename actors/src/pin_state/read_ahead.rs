@@ -207,11 +207,7 @@ impl PinState {
     }
 
     fn count(&mut self, outcome: ReadAheadOutcome) {
-        let index = ReadAheadOutcome::ALL
-            .iter()
-            .position(|&known| known == outcome)
-            .unwrap_or(0);
-        self.ahead_outcomes[index] += 1;
+        self.ahead_outcomes[outcome.index()] += 1;
     }
 
     /// Read-aheads per outcome (in [`ReadAheadOutcome::ALL`] order) since the last call.

@@ -250,15 +250,7 @@ pub fn execute_cuda_with(
     )
     .map_err(|failure| {
         let (error, stats) = *failure;
-        let released = stats.vram.used_bytes == 0 && stats.pinned.used_bytes == 0;
-        RunError::Failed(format!(
-            "{error}{}",
-            if released {
-                " (every budget was released)"
-            } else {
-                " (budgets NOT fully released)"
-            }
-        ))
+        crate::run::failed_run(error, &stats)
     })?;
     drop(work);
 

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use stagehand_actors::{BlockHandle, BlockId, LoraUsage, Session, StatsSnapshot};
+use stagehand_actors::{BlockHandle, BlockId, Session, StatsSnapshot};
 
 use super::device::CudaDevice;
 use super::error::CudaError;
@@ -116,20 +116,7 @@ pub fn drive_cuda(
     mut options: StepOptions,
 ) -> Result<(RunReport, StepFigures), Box<(StepError, StatsSnapshot)>> {
     let order: Vec<BlockId> = session.order().to_vec();
-    let mut report = RunReport {
-        steps: 0,
-        step_seconds: Vec::new(),
-        compute_seconds: Vec::new(),
-        after_first_step: StatsSnapshot::default(),
-        stats: StatsSnapshot::default(),
-        plan: session.plan().clone(),
-        verified_steps: 0,
-        lora: LoraUsage::default(),
-        tolerance_steps: 0,
-        expert_hits: 0,
-        expert_misses: 0,
-        expert_hints: 0,
-    };
+    let mut report = RunReport::new(session.plan().clone());
     let mut figures = StepFigures::default();
     let mut holds: Holds<Arc<Event>> = Holds::with_capacity(order.len());
     let mut step = 0u64;

@@ -7,7 +7,6 @@
 //! from the file with the same function ([`expected_checksums_cuda`]).
 
 use std::ffi::c_void;
-use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
 use cudarc::driver::sys;
@@ -16,35 +15,32 @@ use stagehand_actors::{Device, DeviceArena, DevicePtr};
 use super::checksum::{checksum_cpu, finish, ChecksumKernel};
 use super::device::CudaDevice;
 use super::error::CudaError;
-use crate::model::ModelIndex;
+use crate::model::{BlockReader, ModelIndex};
 
 /// Reads block `block` of `index` from its files into one buffer.
 pub fn read_block(index: &ModelIndex, block: usize) -> Result<Vec<u8>, CudaError> {
-    let info = index.blocks.get(block).ok_or_else(|| {
-        CudaError::InvalidArgument(format!(
+    if block >= index.blocks.len() {
+        return Err(CudaError::InvalidArgument(format!(
             "block {block} is not in the {}-block model",
             index.blocks.len()
-        ))
-    })?;
-    let mut bytes = vec![0u8; info.bytes as usize];
-    let mut at = 0usize;
-    for extent in &info.extents {
-        let shard = &index.files[extent.file.0 as usize];
-        let read = std::fs::File::open(&shard.path).and_then(|file| {
-            file.read_exact_at(&mut bytes[at..at + extent.length as usize], extent.offset)
-        });
-        read.map_err(|error| {
-            CudaError::InvalidArgument(format!("reading {}: {error}", shard.path.display()))
-        })?;
-        at += extent.length as usize;
+        )));
     }
-    Ok(bytes)
+    BlockReader::open(index)
+        .and_then(|reader| reader.read(block))
+        .map_err(|error| CudaError::InvalidArgument(format!("reading {error}")))
 }
 
 /// The device checksum ([`checksum_cpu`]) of every block, computed from the files.
 pub fn expected_checksums_cuda(index: &ModelIndex) -> Result<Vec<u64>, CudaError> {
+    let reader = BlockReader::open(index)
+        .map_err(|error| CudaError::InvalidArgument(format!("reading {error}")))?;
     (0..index.blocks.len())
-        .map(|block| read_block(index, block).map(|bytes| checksum_cpu(&bytes)))
+        .map(|block| {
+            reader
+                .read(block)
+                .map(|bytes| checksum_cpu(&bytes))
+                .map_err(|error| CudaError::InvalidArgument(format!("reading {error}")))
+        })
         .collect()
 }
 
