@@ -111,6 +111,7 @@ impl Bench<'_> {
         crate::run::execute(
             &prepared,
             RunPlan {
+                keep_outputs: false,
                 settings: self.settings,
                 budgets,
                 prefetch_depth: depth,
@@ -201,7 +202,9 @@ pub fn execute(args: BenchArgs) -> CommandResult {
     let settings = loaded.settings;
     super::run::init_logging(&settings.log);
     if super::run::use_cuda(settings.device)? {
-        return super::bench_cuda::execute(&settings, args.json);
+        return Err(Failure::bad_input(anyhow::anyhow!(
+            "bench --device cuda is being moved onto the compute port; use --device cpu"
+        )));
     }
     if args.steps < 2 {
         return Err(Failure::bad_input(anyhow::anyhow!(

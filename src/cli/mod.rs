@@ -7,7 +7,6 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod bench;
-mod bench_cuda;
 mod bench_disk;
 mod bench_lora;
 mod config_cmd;

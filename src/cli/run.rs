@@ -19,6 +19,7 @@ use crate::run::{
     resolve_budgets, Extras, MoeOptions, RunError, RunPlan, WorkloadKind,
 };
 use crate::settings::{self, DeviceKind, SettingsArgs};
+use crate::workload::encoder::EmbeddingPlacement;
 use crate::workload::moe::HintMode;
 use crate::workload::moe_model::MoeSpec;
 
@@ -63,6 +64,10 @@ pub struct RunArgs {
     /// MoE: expert cache slots (default: what the VRAM budget leaves after the dense blocks).
     #[arg(long)]
     pub expert_slots: Option<u32>,
+    /// Encoders: where the word-embedding table lives (auto: host memory when a
+    /// batch's rows are fewer bytes than the table, so only those rows go to the device).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub embeddings: EmbeddingPlacement,
     /// Print the summary as JSON.
     #[arg(long)]
     pub json: bool,
@@ -149,10 +154,16 @@ pub fn use_cuda(device: DeviceKind) -> Result<bool, Failure> {
             "device `sim` runs in virtual time: use `stagehand simulate --model PATH --hardware NAME`"
         ))),
         DeviceKind::Cuda => Ok(true),
+        #[cfg(feature = "cuda")]
         DeviceKind::Auto => {
             let choice = crate::device::cuda::pick_auto();
             tracing::info!("{}", choice.message);
             Ok(choice.device == DeviceKind::Cuda)
+        }
+        #[cfg(not(feature = "cuda"))]
+        DeviceKind::Auto => {
+            tracing::info!("device auto: this build has no CUDA support; using the CPU backend");
+            Ok(false)
         }
         DeviceKind::Cpu => Ok(false),
     }
@@ -187,6 +198,8 @@ pub fn execute(args: RunArgs) -> CommandResult {
             hint: args.moe_hint,
             slots: args.expert_slots,
         },
+        encoder: None,
+        embeddings: args.embeddings,
     };
     let prepared = prepare_with(
         &model,
@@ -235,9 +248,10 @@ pub fn execute(args: RunArgs) -> CommandResult {
             bar.set_message(format!("{:.1} ms", seconds * 1e3));
         }),
         fail_after_reads: None,
+        keep_outputs: false,
     };
     let outcome = if use_cuda {
-        crate::device::cuda::run::execute_cuda(&prepared, plan)
+        crate::run::execute_cuda(&prepared, plan)
     } else {
         crate::run::execute(&prepared, plan)
     };
