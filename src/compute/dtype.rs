@@ -122,7 +122,7 @@ impl DType {
             DType::F8E4M3 | DType::F8E5M2 => {
                 let format = self.fp8().unwrap_or(Fp8::E4M3);
                 for (code, value) in out.iter_mut().zip(values) {
-                    *code = format.from_f32(*value);
+                    *code = format.encode(*value);
                 }
             }
         }

@@ -87,7 +87,7 @@ impl Fp8 {
     }
 
     /// The nearest code to `value` (ties to even, saturating).
-    pub fn from_f32(self, value: f32) -> u8 {
+    pub fn encode(self, value: f32) -> u8 {
         let tables = tables(self);
         if value.is_nan() {
             return match self {
@@ -143,14 +143,14 @@ mod tests {
             for code in 0u8..=255 {
                 let value = format.to_f32(code);
                 if value.is_finite() && value != 0.0 {
-                    assert_eq!(format.from_f32(value), code, "{format:?} {code:#04x}");
+                    assert_eq!(format.encode(value), code, "{format:?} {code:#04x}");
                 }
             }
         }
         // 1.0 (0x38) and 1.125 (0x39): 1.0625 ties to the even code 0x38.
-        assert_eq!(Fp8::E4M3.from_f32(1.0625), 0x38);
-        assert_eq!(Fp8::E4M3.from_f32(1.07), 0x39);
-        assert_eq!(Fp8::E4M3.from_f32(1e6), 0x7e);
-        assert_eq!(Fp8::E4M3.from_f32(-1e6), 0xfe);
+        assert_eq!(Fp8::E4M3.encode(1.0625), 0x38);
+        assert_eq!(Fp8::E4M3.encode(1.07), 0x39);
+        assert_eq!(Fp8::E4M3.encode(1e6), 0x7e);
+        assert_eq!(Fp8::E4M3.encode(-1e6), 0xfe);
     }
 }
