@@ -128,6 +128,7 @@ impl Bench<'_> {
             &prepared,
             RunPlan {
                 keep_outputs: false,
+                on_token: None,
                 settings: self.settings,
                 budgets,
                 prefetch_depth: depth,
@@ -307,6 +308,7 @@ fn bench_model(args: &BenchArgs, settings: &Settings, model: &std::path::Path) -
         &probe,
         settings,
         resolve_budgets(settings, model_bytes, false),
+        args.steps,
     );
     let workload = match probe.describe() {
         "bert encoder" => WorkloadKind::Encoder,
