@@ -1,0 +1,75 @@
+//! One pass of every kind of operation on tiny shapes, before a run takes the
+//! driver's used figure as its baseline: the kernels' code is loaded (lazily, on first
+//! launch), cuBLAS creates its workspace, the upload and score buffers exist. What the
+//! run then allocates is its own.
+
+use super::compute::CudaCompute;
+use crate::compute::{Attention, Compute, ComputeError, DType, LowRank, Mask, TensorSlot};
+
+const ROWS: usize = 4;
+const COLS: usize = 8;
+
+fn slot(dtype: DType, rows: usize, cols: usize, offset: usize) -> TensorSlot {
+    TensorSlot {
+        offset: offset as u64,
+        dtype,
+        rows,
+        cols,
+    }
+}
+
+impl CudaCompute {
+    /// Runs each operation once and waits for the stream.
+    pub fn warm_up(&self) -> Result<(), ComputeError> {
+        let values: Vec<f32> = (0..COLS * COLS).map(|i| (i % 7) as f32 * 0.125).collect();
+        // A block of an f16 matrix (cast path), then f32 vectors and factors.
+        let mut bytes = DType::F16.encode(&values);
+        let vectors_at = bytes.len();
+        bytes.extend(DType::F32.encode(&values));
+        let block = self.load_block(&bytes)?;
+        let view = self.block_view(&block);
+        let matrix = view.weight(&slot(DType::F16, COLS, COLS, 0))?;
+        let vector = view.weight(&slot(DType::F32, 1, COLS, vectors_at))?;
+        let factor_a = view.weight(&slot(DType::F32, 2, COLS, vectors_at))?;
+        let factor_b = view.weight(&slot(DType::F32, COLS, 2, vectors_at))?;
+        let low_rank = LowRank::new(factor_a, factor_b)?;
+
+        let mut x = self.tensor(ROWS, COLS)?;
+        self.write(&mut x, &values[..ROWS * COLS])?;
+        let mut y = self.tensor(ROWS, COLS)?;
+        let mut scratch = self.tensor(ROWS, 2)?;
+        self.linear(&x, &matrix, Some(&vector), &mut y)?;
+        self.low_rank_add(&x, &low_rank, 0.5, &mut scratch, &mut y)?;
+        self.layer_norm(&y, &vector, &vector, 1e-5, &mut x)?;
+        self.rms_norm(&x, Some(&vector), 1e-6, &mut y)?;
+        self.gelu_erf(&mut y)?;
+        self.add(&mut x, &y)?;
+        self.add_scaled_rows(&mut x, &y, &[1.0; ROWS])?;
+        self.gather_add(&matrix, &[0, 1, 2, 3], &mut x)?;
+        let lengths = [2usize, 1];
+        let shape = Attention {
+            sequences: 2,
+            sequence_length: ROWS / 2,
+            heads: 2,
+            kv_heads: 1,
+            head_dim: COLS / 2,
+            scale: 0.5,
+            mask: Mask::Padding(&lengths),
+        };
+        let mut k = self.tensor(ROWS, COLS / 2)?;
+        let mut copied = self.tensor(ROWS, 2)?;
+        self.copy(&scratch, &mut copied)?;
+        self.write(&mut k, &values[..ROWS * COLS / 2])?;
+        self.attention(&x, &k, &k, &shape, &mut y)?;
+        self.merge_low_rank(&matrix, &low_rank, 0.5)?;
+        self.checksum(&view)?;
+        let fence = self.fence()?;
+        self.wait(fence)?;
+        self.read(&y)?;
+        // The warm-up's segments are not a run's compute time.
+        self.device_time()
+            .take_seconds()
+            .map_err(super::compute::compute_error)?;
+        Ok(())
+    }
+}
