@@ -229,9 +229,159 @@ impl Drop for Blas {
     }
 }
 
+/// What cuBLAS computes for `gemm`, by its column-major definition, on host memory
+/// (the pointers are host addresses): lets the row-major mapping, leading dimensions,
+/// strides and batches be checked on a machine without a GPU.
+///
+/// # Safety
+/// Every matrix `gemm` names is host f32 memory of the sizes it implies.
+#[cfg(test)]
+pub(super) unsafe fn emulate(gemm: &Gemm) {
+    let cm = gemm.column_major();
+    for batch in 0..gemm.batch {
+        let a = (cm.a.0 as *const f32).wrapping_add(batch * cm.stride_a);
+        let b = (cm.b.0 as *const f32).wrapping_add(batch * cm.stride_b);
+        let c = (gemm.c.0 as *mut f32).wrapping_add(batch * gemm.stride_c);
+        for j in 0..cm.n {
+            for i in 0..cm.m {
+                let mut sum = 0f64;
+                for l in 0..cm.k {
+                    let op_a = if cm.transpose_a {
+                        a.wrapping_add(l + i * cm.lda)
+                    } else {
+                        a.wrapping_add(i + l * cm.lda)
+                    };
+                    // SAFETY: the caller's promise covers every index of the product.
+                    let product = unsafe { *op_a * *b.wrapping_add(l + j * cm.ldb) };
+                    sum += f64::from(product);
+                }
+                let at = c.wrapping_add(i + j * gemm.ldc);
+                // SAFETY: as above.
+                unsafe { *at = gemm.alpha * sum as f32 + gemm.beta * *at };
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn ptr(values: &[f32]) -> DevicePtr {
+        DevicePtr(values.as_ptr() as u64)
+    }
+
+    /// The address of an output: taken from a mutable borrow, so writing through it is
+    /// sound.
+    fn written(values: &mut [f32]) -> DevicePtr {
+        DevicePtr(values.as_mut_ptr() as u64)
+    }
+
+    fn values(count: usize, seed: u32) -> Vec<f32> {
+        (0..count as u32)
+            .map(|i| ((i * 7 + seed * 13) % 11) as f32 - 5.0)
+            .collect()
+    }
+
+    #[test]
+    fn the_products_the_port_needs_compute_their_row_major_meaning() {
+        // Proves, through cuBLAS's column-major definition, that linear (y = x·Wᵀ + y),
+        // the LoRA merge (W += s·B·A) and its low-rank pair compute what they mean on
+        // row-major matrices.
+        let (rows, input, out, rank) = (3, 5, 4, 2);
+        let x = values(rows * input, 1);
+        let w = values(out * input, 2);
+        let mut y = values(rows * out, 3);
+        let expected: Vec<f32> = (0..rows * out)
+            .map(|at| {
+                let (r, o) = (at / out, at % out);
+                y[at]
+                    + (0..input)
+                        .map(|i| x[r * input + i] * w[o * input + i])
+                        .sum::<f32>()
+            })
+            .collect();
+        let linear = Gemm::dense(
+            rows,
+            out,
+            input,
+            ptr(&x),
+            ptr(&w),
+            true,
+            written(&mut y),
+            1.0,
+            1.0,
+        );
+        // SAFETY: host arrays of the product's sizes.
+        unsafe { emulate(&linear) };
+        assert_eq!(y, expected);
+
+        let a = values(rank * input, 4);
+        let b = values(out * rank, 5);
+        let mut merged = w.clone();
+        let expected: Vec<f32> = (0..out * input)
+            .map(|at| {
+                let (o, i) = (at / input, at % input);
+                w[at]
+                    + 0.5
+                        * (0..rank)
+                            .map(|r| b[o * rank + r] * a[r * input + i])
+                            .sum::<f32>()
+            })
+            .collect();
+        let merge = Gemm::dense(
+            out,
+            input,
+            rank,
+            ptr(&b),
+            ptr(&a),
+            false,
+            written(&mut merged),
+            0.5,
+            1.0,
+        );
+        // SAFETY: as above.
+        unsafe { emulate(&merge) };
+        assert_eq!(merged, expected);
+
+        let mut scratch = vec![0f32; rows * rank];
+        let mut low_rank = vec![0f32; rows * out];
+        let down = Gemm::dense(
+            rows,
+            rank,
+            input,
+            ptr(&x),
+            ptr(&a),
+            true,
+            written(&mut scratch),
+            1.0,
+            0.0,
+        );
+        // SAFETY: as above.
+        unsafe { emulate(&down) };
+        let up = Gemm::dense(
+            rows,
+            out,
+            rank,
+            ptr(&scratch),
+            ptr(&b),
+            true,
+            written(&mut low_rank),
+            0.5,
+            1.0,
+        );
+        // SAFETY: as above; the scratch was written before this reads it.
+        unsafe { emulate(&up) };
+        let merged_only: Vec<f32> = (0..rows * out)
+            .map(|at| {
+                let (r, o) = (at / out, at % out);
+                (0..input)
+                    .map(|i| x[r * input + i] * (merged[o * input + i] - w[o * input + i]))
+                    .sum::<f32>()
+            })
+            .collect();
+        assert_eq!(low_rank, merged_only, "x·(s·B·A)ᵀ = s·(x·Aᵀ)·Bᵀ");
+    }
 
     #[test]
     fn a_row_major_linear_is_the_transposed_column_major_product() {
