@@ -382,3 +382,56 @@ fn gpu_the_compute_shares_the_devices_memory_space_and_reuses_its_cast_buffer() 
         }
     }
 }
+
+#[test]
+fn the_kernels_compute_their_definitions_on_a_cpu_emulator() {
+    // Proves, without a GPU, that kernels.cu as written (a std::thread per CUDA
+    // thread, real barriers and warp shuffles) converts f16/bf16 exactly and rounds to
+    // nearest even, widens and narrows at any byte offset, computes the norms, the
+    // masked softmax, the row operations and GELU against plain loops, and sums the
+    // checksum as crate::compute::checksum does. Needs g++ (C++20); says so if absent.
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    if std::process::Command::new("g++")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        println!("skipped: no g++ to build the kernel emulator");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let binary = dir.path().join("emulate_kernels");
+    let built = std::process::Command::new("g++")
+        .args(["-std=c++20", "-O1", "-pthread", "-I"])
+        .arg(root.join("src/device/cuda"))
+        .arg(root.join("tests/cuda/emulate_kernels.cpp"))
+        .arg("-o")
+        .arg(&binary)
+        .output()
+        .expect("g++ runs");
+    assert!(
+        built.status.success(),
+        "the emulator does not build:\n{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let run = std::process::Command::new(&binary).output().unwrap();
+    let printed = String::from_utf8_lossy(&run.stdout);
+    println!("{printed}");
+    assert!(run.status.success(), "kernel checks failed:\n{printed}");
+    let bytes: Vec<u8> = (0..(1u32 << 16) + 7)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let mut checked = 0;
+    for line in printed.lines().filter(|line| line.starts_with("checksum ")) {
+        let fields: Vec<u64> = line[9..]
+            .split(' ')
+            .map(|field| field.parse().unwrap())
+            .collect();
+        let (offset, length) = (fields[0] as usize, fields[1] as usize);
+        let expected =
+            stagehand::compute::checksum::partial_sum(&bytes[offset..offset + length], 0);
+        assert_eq!(fields[2], expected, "checksum sum at {offset}+{length}");
+        checked += 1;
+    }
+    assert_eq!(checked, 6, "every checksum case was printed");
+}
