@@ -6,6 +6,7 @@ mod blocks;
 pub mod demo;
 mod error;
 pub mod folder;
+pub mod generated;
 mod header;
 mod index;
 mod reader;

@@ -167,16 +167,22 @@ fn resolve_kind(
     index: &ModelIndex,
     folder: Option<&ModelFolder>,
 ) -> Result<WorkloadKind, RunError> {
-    if kind != WorkloadKind::Auto {
+    if kind != WorkloadKind::Auto && kind != WorkloadKind::Encoder {
         return Ok(kind);
     }
-    if MoeSpec::from_metadata(&index.metadata).is_some() {
+    if kind == WorkloadKind::Auto && MoeSpec::from_metadata(&index.metadata).is_some() {
         return Ok(WorkloadKind::Moe);
     }
-    if DemoSpec::from_metadata(&index.metadata).is_some() {
+    if kind == WorkloadKind::Auto && DemoSpec::from_metadata(&index.metadata).is_some() {
         return Ok(WorkloadKind::LinearStack);
     }
     let Some(folder) = folder else {
+        if kind == WorkloadKind::Encoder {
+            return Err(RunError::BadInput(format!(
+                "{}: no config.json beside the weights, so this is a bare checkpoint; an encoder needs its Hugging Face folder (config.json, weights, tokenizer.json)",
+                index.path.display()
+            )));
+        }
         return Ok(WorkloadKind::StreamVerify);
     };
     match folder.model_type().as_deref() {
