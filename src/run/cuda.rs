@@ -5,8 +5,10 @@
 //! Budget: with `--vram-budget` (or a budget the caller chose, as the bench and the
 //! demo's 40 % default do) that figure, checked against the device; for any other
 //! model without one, the device's own budget (total − reserve_vram − vram_headroom,
-//! capped by the driver's free − vram_headroom), rounded down to the driver's 2 MiB
-//! pages. The step bound uses the pinned H2D peak measured in the same process and
+//! capped by the driver's free − vram_headroom), of which reserve_vram is also kept
+//! out of the driver's free memory (the compute's activations are allocated after the
+//! session's weight arena) and never more than the model needs, rounded down to the
+//! driver's 2 MiB pages. The step bound uses the pinned H2D peak measured in the same process and
 //! the step's device compute time (the fences' segments: on a GPU the host only
 //! queues, so its own timing of a block says nothing about compute).
 //!
@@ -161,15 +163,45 @@ fn weight_budget(
     } else {
         Some(plan.budgets.vram_budget_bytes)
     };
+    let reserve_vram_bytes = settings.reserve_vram.as_u64();
     let mut budget = device
         .vram_budget(
-            settings.reserve_vram.as_u64(),
+            reserve_vram_bytes,
             settings.vram_headroom.as_u64(),
             configured,
         )
         .map_err(cuda_error)?;
+    if configured.is_none() {
+        let room = budget.driver_limit_bytes.saturating_sub(reserve_vram_bytes);
+        budget.budget_bytes = budget
+            .budget_bytes
+            .min(room)
+            .min(model_need_bytes(prepared, plan.prefetch_depth));
+    }
     budget.budget_bytes = arena_bytes(budget.budget_bytes);
     Ok(budget)
+}
+
+/// VRAM that holds the whole model resident: every block and LoRA pack at the
+/// arena's alignment, plus a ring of the largest block per prefetch slot.
+fn model_need_bytes(prepared: &Prepared, prefetch_depth: u32) -> u64 {
+    let align = |bytes: u64| bytes.div_ceil(256) * 256;
+    let layout = prepared.workload.layout();
+    let blocks: u64 = layout.blocks.iter().map(|block| align(block.bytes)).sum();
+    let ring = u64::from(prefetch_depth + 1) * align(layout.largest_block_bytes());
+    let lora: u64 = prepared
+        .workload
+        .lora
+        .iter()
+        .map(|phase| {
+            (0..phase.set.adapters().len())
+                .flat_map(|adapter| {
+                    (0..layout.len()).map(move |block| align(phase.set.pack_bytes(adapter, block)))
+                })
+                .sum::<u64>()
+        })
+        .sum();
+    blocks + ring + lora
 }
 
 /// The weight arena in whole driver pages, so the driver's used figure for it never
@@ -356,6 +388,32 @@ mod tests {
         assert_eq!(arena_bytes(103 * mib), 102 * mib);
         assert_eq!(arena_bytes(64 * mib), 64 * mib);
         assert_eq!(arena_bytes(mib), mib);
+    }
+
+    #[test]
+    fn a_model_needs_its_aligned_blocks_and_a_ring() {
+        // Proves the cap on an automatic budget: every block at the arena's 256-byte
+        // alignment plus one largest block per prefetch slot, nothing more.
+        let dir = tempfile::tempdir().unwrap();
+        let spec = crate::model::demo::DemoSpec {
+            blocks: 3,
+            layers_per_block: 1,
+            dim: 10,
+            seed: 1,
+        };
+        let model = crate::model::demo::write_linear_stack(dir.path(), &spec).unwrap();
+        let settings = crate::settings::Settings::default();
+        let prepared = crate::run::prepare(
+            &model,
+            crate::run::WorkloadKind::LinearStack,
+            1,
+            &settings,
+            true,
+        )
+        .unwrap();
+        // Each block is one 10 × 10 f32 layer: 400 bytes, 512 aligned.
+        assert_eq!(model_need_bytes(&prepared, 2), 3 * 512 + 3 * 512);
+        assert_eq!(model_need_bytes(&prepared, 0), 3 * 512 + 512);
     }
 
     #[test]
