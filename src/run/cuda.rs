@@ -18,6 +18,7 @@
 //! started, must stay within budget + vram_headroom.
 
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use stagehand_actors::Device;
@@ -314,6 +315,13 @@ pub fn execute_cuda_with(
 
 /// The run's step callback, sampling after each step: the driver's used memory, what
 /// the compute adapter holds, and the step's device compute time.
+///
+/// The run loop calls back after it has checked the step, which may compute a new
+/// reference on the same stream: work queued after the step's own is told apart by
+/// when its segments opened. The step started after the previous callback returned
+/// and lasted `seconds`, so segments opened later than that belong to the check. (The
+/// first step's figure also holds the reference computed before the session started;
+/// it is the cold step, left out of steady figures.)
 fn sampling(
     mut inner: Box<dyn FnMut(u64, f64) + Send>,
     device: Arc<CudaDevice>,
@@ -322,11 +330,18 @@ fn sampling(
 ) -> Box<dyn FnMut(u64, f64) + Send> {
     let footprint = compute.footprint();
     let time = compute.device_time();
+    let mut step_may_start = Instant::now();
     Box::new(move |step, seconds| {
         {
             let mut samples = samples.lock().unwrap_or_else(|poison| poison.into_inner());
-            match (device.memory(), time.take_seconds()) {
-                (Ok(memory), Ok(device_seconds)) => {
+            let step_ended_by = step_may_start + Duration::from_secs_f64(seconds.max(0.0));
+            let cutoff = if step == 0 {
+                Instant::now()
+            } else {
+                step_ended_by
+            };
+            match (device.memory(), time.take_seconds_split(cutoff)) {
+                (Ok(memory), Ok((device_seconds, _reference_seconds))) => {
                     samples
                         .used_bytes
                         .push(memory.total_bytes - memory.free_bytes);
@@ -339,6 +354,7 @@ fn sampling(
             }
         }
         inner(step, seconds);
+        step_may_start = Instant::now();
     })
 }
 
