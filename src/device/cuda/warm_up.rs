@@ -21,55 +21,73 @@ fn slot(dtype: DType, rows: usize, cols: usize, offset: usize) -> TensorSlot {
 impl CudaCompute {
     /// Runs each operation once and waits for the stream.
     pub fn warm_up(&self) -> Result<(), ComputeError> {
-        let values: Vec<f32> = (0..COLS * COLS).map(|i| (i % 7) as f32 * 0.125).collect();
-        // A block of an f16 matrix (cast path), then f32 vectors and factors.
-        let mut bytes = DType::F16.encode(&values);
-        let vectors_at = bytes.len();
-        bytes.extend(DType::F32.encode(&values));
-        let block = self.load_block(&bytes)?;
-        let view = self.block_view(&block);
-        let matrix = view.weight(&slot(DType::F16, COLS, COLS, 0))?;
-        let vector = view.weight(&slot(DType::F32, 1, COLS, vectors_at))?;
-        let factor_a = view.weight(&slot(DType::F32, 2, COLS, vectors_at))?;
-        let factor_b = view.weight(&slot(DType::F32, COLS, 2, vectors_at))?;
-        let low_rank = LowRank::new(factor_a, factor_b)?;
-
-        let mut x = self.tensor(ROWS, COLS)?;
-        self.write(&mut x, &values[..ROWS * COLS])?;
-        let mut y = self.tensor(ROWS, COLS)?;
-        let mut scratch = self.tensor(ROWS, 2)?;
-        self.linear(&x, &matrix, Some(&vector), &mut y)?;
-        self.low_rank_add(&x, &low_rank, 0.5, &mut scratch, &mut y)?;
-        self.layer_norm(&y, &vector, &vector, 1e-5, &mut x)?;
-        self.rms_norm(&x, Some(&vector), 1e-6, &mut y)?;
-        self.gelu_erf(&mut y)?;
-        self.add(&mut x, &y)?;
-        self.add_scaled_rows(&mut x, &y, &[1.0; ROWS])?;
-        self.gather_add(&matrix, &[0, 1, 2, 3], &mut x)?;
-        let lengths = [2usize, 1];
-        let shape = Attention {
-            sequences: 2,
-            sequence_length: ROWS / 2,
-            heads: 2,
-            kv_heads: 1,
-            head_dim: COLS / 2,
-            scale: 0.5,
-            mask: Mask::Padding(&lengths),
-        };
-        let mut k = self.tensor(ROWS, COLS / 2)?;
-        let mut copied = self.tensor(ROWS, 2)?;
-        self.copy(&scratch, &mut copied)?;
-        self.write(&mut k, &values[..ROWS * COLS / 2])?;
-        self.attention(&x, &k, &k, &shape, &mut y)?;
-        self.merge_low_rank(&matrix, &low_rank, 0.5)?;
-        self.checksum(&view)?;
-        let fence = self.fence()?;
-        self.wait(fence)?;
-        self.read(&y)?;
+        every_operation(self)?;
         // The warm-up's segments are not a run's compute time.
         self.device_time()
             .take_seconds()
             .map_err(super::compute::compute_error)?;
         Ok(())
+    }
+}
+
+/// Each operation of the port once, on tiny shapes, then a wait for the stream.
+fn every_operation<C: Compute>(compute: &C) -> Result<(), ComputeError> {
+    let values: Vec<f32> = (0..COLS * COLS).map(|i| (i % 7) as f32 * 0.125).collect();
+    // A block of an f16 matrix (cast path), then f32 vectors and factors.
+    let mut bytes = DType::F16.encode(&values);
+    let vectors_at = bytes.len();
+    bytes.extend(DType::F32.encode(&values));
+    let block = compute.load_block(&bytes)?;
+    let view = compute.block_view(&block);
+    let matrix = view.weight(&slot(DType::F16, COLS, COLS, 0))?;
+    let vector = view.weight(&slot(DType::F32, 1, COLS, vectors_at))?;
+    let factor_a = view.weight(&slot(DType::F32, 2, COLS, vectors_at))?;
+    let factor_b = view.weight(&slot(DType::F32, COLS, 2, vectors_at))?;
+    let low_rank = LowRank::new(factor_a, factor_b)?;
+
+    let mut x = compute.tensor(ROWS, COLS)?;
+    compute.write(&mut x, &values[..ROWS * COLS])?;
+    let mut y = compute.tensor(ROWS, COLS)?;
+    let mut scratch = compute.tensor(ROWS, 2)?;
+    compute.linear(&x, &matrix, Some(&vector), &mut y)?;
+    compute.low_rank_add(&x, &low_rank, 0.5, &mut scratch, &mut y)?;
+    compute.layer_norm(&y, &vector, &vector, 1e-5, &mut x)?;
+    compute.rms_norm(&x, Some(&vector), 1e-6, &mut y)?;
+    compute.gelu_erf(&mut y)?;
+    compute.add(&mut x, &y)?;
+    compute.add_scaled_rows(&mut x, &y, &[1.0; ROWS])?;
+    compute.gather_add(&matrix, &[0, 1, 2, 3], &mut x)?;
+    let lengths = [2usize, 1];
+    let shape = Attention {
+        sequences: 2,
+        sequence_length: ROWS / 2,
+        heads: 2,
+        kv_heads: 1,
+        head_dim: COLS / 2,
+        scale: 0.5,
+        mask: Mask::Padding(&lengths),
+    };
+    let mut k = compute.tensor(ROWS, COLS / 2)?;
+    let mut copied = compute.tensor(ROWS, 2)?;
+    compute.copy(&scratch, &mut copied)?;
+    compute.write(&mut k, &values[..ROWS * COLS / 2])?;
+    compute.attention(&x, &k, &k, &shape, &mut y)?;
+    compute.merge_low_rank(&matrix, &low_rank, 0.5)?;
+    compute.checksum(&view)?;
+    let fence = compute.fence()?;
+    compute.wait(fence)?;
+    compute.read(&y)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_warm_up_is_a_valid_pass_of_every_operation() {
+        // Proves the warm-up's shapes fit together (it must never fail a run), on the
+        // CPU adapter, which checks shapes the same way.
+        every_operation(&crate::device::CpuCompute::new()).unwrap();
     }
 }
