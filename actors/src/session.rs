@@ -407,13 +407,17 @@ impl Session {
     }
 
     /// Reserves VRAM for activations, evicting weights if needed (activations win).
-    pub fn reserve_activations(&mut self, bytes: u64) -> Result<(), SessionError> {
+    /// Returns the resident blocks that gave way: they stream from now on.
+    pub fn reserve_activations(&mut self, bytes: u64) -> Result<Vec<BlockId>, SessionError> {
         let (reply, receiver) = flume::bounded(1);
         self.stream.do_send(ReserveActivations { bytes, reply });
         receiver.recv().map_err(|_| SessionError::Stopped)?
     }
 
-    pub async fn reserve_activations_async(&mut self, bytes: u64) -> Result<(), SessionError> {
+    pub async fn reserve_activations_async(
+        &mut self,
+        bytes: u64,
+    ) -> Result<Vec<BlockId>, SessionError> {
         let (reply, receiver) = flume::bounded(1);
         self.stream.do_send(ReserveActivations { bytes, reply });
         receiver

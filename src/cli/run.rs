@@ -182,7 +182,7 @@ pub(super) struct Launch {
 /// The VRAM budget a run uses: the configured one, or the automatic one raised to
 /// what the plan needs (a ring of `prefetch_depth + 1` slots of the largest block),
 /// so a model runs with no flags; the note says when it then fits whole.
-fn automatic_budget(
+pub(super) fn automatic_budget(
     prepared: &crate::run::Prepared,
     settings: &settings::Settings,
     budgets: crate::run::Budgets,

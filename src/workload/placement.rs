@@ -108,6 +108,7 @@ impl<'i> PlacementBuilder<'i> {
                             dtype,
                             rows,
                             cols,
+                            scale: None,
                         },
                     ),
                 );

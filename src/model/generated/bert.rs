@@ -184,6 +184,8 @@ impl BertDemo {
                 DType::F32 => "float32",
                 DType::F16 => "float16",
                 DType::Bf16 => "bfloat16",
+                DType::F8E4M3 => "float8_e4m3fn",
+                DType::F8E5M2 => "float8_e5m2",
             },
             "type_vocab_size": 2,
             "vocab_size": shape.vocab,
