@@ -252,7 +252,7 @@ fn the_operation_scenario_runs_and_repeats_on_the_cpu_adapter() {
             "{what}: degenerate output"
         );
     }
-    assert_eq!(first.merged.len(), 8);
+    assert_eq!(first.merged.len(), 10);
     assert_eq!(first.checksums.len(), 5);
 }
 
@@ -304,6 +304,8 @@ fn gpu_every_operation_matches_the_cpu_adapter() {
             DType::F32 => 1e-6,
             DType::F16 => 1.0 / 1024.0,
             DType::Bf16 => 1.0 / 128.0,
+            DType::F8E4M3 => 1.0 / 8.0,
+            DType::F8E5M2 => 1.0 / 4.0,
         };
         let difference =
             ops::normalised_difference(&dtype.decode(cpu_bytes), &dtype.decode(gpu_bytes));
@@ -354,12 +356,7 @@ fn gpu_the_compute_shares_the_devices_memory_space_and_reuses_its_cast_buffer() 
         .unwrap();
     let view = compute.block_view(&block);
     let weight = view
-        .weight(&TensorSlot {
-            offset: 0,
-            dtype: DType::F16,
-            rows: out,
-            cols: inner,
-        })
+        .weight(&TensorSlot::new(0, DType::F16, out, inner))
         .unwrap();
     let x = compute.tensor(rows, inner).unwrap();
     let mut y = compute.tensor(rows, out).unwrap();
@@ -434,4 +431,27 @@ fn the_kernels_compute_their_definitions_on_a_cpu_emulator() {
         checked += 1;
     }
     assert_eq!(checked, 6, "every checksum case was printed");
+    let mut narrowed = 0;
+    for line in printed.lines().filter(|line| line.starts_with("narrow ")) {
+        let fields: Vec<u32> = line[7..]
+            .split(' ')
+            .map(|field| field.parse().unwrap())
+            .collect();
+        let dtype = match fields[0] {
+            1 => DType::F16,
+            2 => DType::Bf16,
+            3 => DType::F8E4M3,
+            _ => DType::F8E5M2,
+        };
+        let value = f32::from_bits(fields[1]);
+        let mut expected = dtype.encode(&[value]);
+        expected.resize(2, 0);
+        let expected = u32::from(u16::from_le_bytes([expected[0], expected[1]]));
+        assert_eq!(fields[2], expected, "{dtype} narrowing of {value:e}");
+        narrowed += 1;
+    }
+    assert!(
+        narrowed > 1000,
+        "the narrowing sweep was printed ({narrowed})"
+    );
 }

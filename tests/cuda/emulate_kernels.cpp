@@ -70,6 +70,10 @@ static unsigned __float_as_uint(float value) {
     return bits;
 }
 
+static float __fmul_rn(float a, float b) {
+    return a * b;
+}
+
 static unsigned long long atomicAdd(unsigned long long* address, unsigned long long value) {
     std::lock_guard<std::mutex> guard(atomic_lock);
     const unsigned long long old = *address;
@@ -128,7 +132,12 @@ static std::vector<float> seeded(size_t count, unsigned long long seed, float sc
 }
 
 static float from_bits(int dtype, unsigned bits) {
+    if (dtype == STAGEHAND_F8E4M3 || dtype == STAGEHAND_F8E5M2) return stagehand_fp8_to_float(bits, dtype);
     return dtype == STAGEHAND_F16 ? stagehand_half_to_float(bits) : stagehand_bf16_to_float(bits);
+}
+
+static size_t size_of(int dtype) {
+    return dtype == STAGEHAND_F32 ? 4 : (dtype == STAGEHAND_F16 || dtype == STAGEHAND_BF16) ? 2 : 1;
 }
 
 static void conversions() {
@@ -157,6 +166,39 @@ static void conversions() {
     CHECK(stagehand_float_to_half(std::ldexp(1.5f, -25)) == 1, "f16 smallest subnormal");
     CHECK(stagehand_float_to_bf16(1.0f + std::ldexp(1.0f, -8)) == 0x3f80, "bf16 tie to even");
     CHECK(std::isnan(stagehand_bf16_to_float(stagehand_float_to_bf16(NAN))), "bf16 keeps NaN");
+    // FP8: every code decodes to its layout's value, finite codes round-trip, ties go
+    // to the even code and out-of-range values saturate.
+    for (int dtype : {STAGEHAND_F8E4M3, STAGEHAND_F8E5M2}) {
+        const bool e4m3 = dtype == STAGEHAND_F8E4M3;
+        const int mantissa_bits = e4m3 ? 3 : 2, bias = e4m3 ? 7 : 15, top = e4m3 ? 15 : 31;
+        for (unsigned code = 0; code < 256; ++code) {
+            const int exponent = (code & 0x7f) >> mantissa_bits, mantissa = code & ((1 << mantissa_bits) - 1);
+            const double sign = (code & 0x80) ? -1.0 : 1.0;
+            const float value = stagehand_fp8_to_float(code, dtype);
+            if (e4m3 && exponent == top && mantissa == 7) {
+                CHECK(std::isnan(value), "e4m3 %#04x is NaN", code);
+                continue;
+            }
+            if (!e4m3 && exponent == top) {
+                CHECK(mantissa == 0 ? std::isinf(value) : std::isnan(value), "e5m2 %#04x", code);
+                continue;
+            }
+            const double expected = exponent == 0
+                ? sign * std::ldexp((double)mantissa, 1 - bias - mantissa_bits)
+                : sign * std::ldexp(1.0 + (double)mantissa / (1 << mantissa_bits), exponent - bias);
+            CHECK((double)value == expected, "fp8 %d %#04x decodes to %g, not %g", dtype, code, value, expected);
+            if (value != 0.0f) {
+                CHECK(stagehand_float_to_fp8(value, dtype) == code, "fp8 %d %#04x round trip", dtype, code);
+            }
+        }
+    }
+    CHECK(stagehand_float_to_fp8(1.0625f, STAGEHAND_F8E4M3) == 0x38, "e4m3 tie to even");
+    CHECK(stagehand_float_to_fp8(1.07f, STAGEHAND_F8E4M3) == 0x39, "e4m3 rounds up");
+    CHECK(stagehand_float_to_fp8(1e6f, STAGEHAND_F8E4M3) == 0x7e, "e4m3 saturates");
+    CHECK(stagehand_float_to_fp8(-1e6f, STAGEHAND_F8E4M3) == 0xfe, "e4m3 saturates negative");
+    CHECK(stagehand_float_to_fp8(INFINITY, STAGEHAND_F8E5M2) == 0x7b, "e5m2 saturates infinity");
+    CHECK(stagehand_float_to_fp8(NAN, STAGEHAND_F8E4M3) == 0x7f, "e4m3 NaN");
+    CHECK(stagehand_float_to_fp8(-0.0f, STAGEHAND_F8E4M3) == 0x80, "negative zero keeps its sign");
     // Every rounding is to a nearest neighbour.
     for (float value = 1e-4f; value < 6e4f; value *= 1.013f) {
         for (int dtype : {STAGEHAND_F16, STAGEHAND_BF16}) {
@@ -175,6 +217,8 @@ static void encode(int dtype, const std::vector<float>& values, unsigned char* o
     for (size_t i = 0; i < values.size(); ++i) {
         if (dtype == STAGEHAND_F32) {
             std::memcpy(out + 4 * i, &values[i], 4);
+        } else if (size_of(dtype) == 1) {
+            out[i] = (unsigned char)stagehand_float_to_fp8(values[i], dtype);
         } else {
             const unsigned bits = dtype == STAGEHAND_F16 ? stagehand_float_to_half(values[i])
                                                          : stagehand_float_to_bf16(values[i]);
@@ -187,19 +231,21 @@ static void encode(int dtype, const std::vector<float>& values, unsigned char* o
 static void widen_and_narrow() {
     const size_t count = 1000;
     const auto values = seeded(count, 1, 100.0f);
-    for (int dtype : {STAGEHAND_F32, STAGEHAND_F16, STAGEHAND_BF16}) {
-        const size_t size = dtype == STAGEHAND_F32 ? 4 : 2;
+    for (int dtype : {STAGEHAND_F32, STAGEHAND_F16, STAGEHAND_BF16, STAGEHAND_F8E4M3, STAGEHAND_F8E5M2}) {
+        const size_t size = size_of(dtype);
         for (size_t offset = 0; offset < 4; ++offset) {
             std::vector<unsigned char> bytes(offset + count * size + 4, 0xAB);
             encode(dtype, values, bytes.data() + offset);
             std::vector<float> widened(count);
-            launch(3, 64, [&] { stagehand_widen(bytes.data() + offset, dtype, widened.data(), count); });
+            launch(3, 64, [&] { stagehand_widen(bytes.data() + offset, dtype, nullptr, widened.data(), count); });
             std::vector<unsigned char> narrowed(offset + count * size + 4, 0xCD);
-            launch(2, 96, [&] { stagehand_narrow(widened.data(), narrowed.data() + offset, dtype, count); });
+            launch(2, 96, [&] { stagehand_narrow(widened.data(), narrowed.data() + offset, dtype, nullptr, count); });
             for (size_t i = 0; i < count; ++i) {
                 float stored;
                 if (dtype == STAGEHAND_F32) {
                     std::memcpy(&stored, bytes.data() + offset + 4 * i, 4);
+                } else if (size == 1) {
+                    stored = stagehand_fp8_to_float(bytes[offset + i], dtype);
                 } else {
                     const unsigned char* at = bytes.data() + offset + 2 * i;
                     stored = from_bits(dtype, at[0] | (at[1] << 8));
@@ -262,7 +308,7 @@ static void softmax() {
             const auto original = seeded(count, length + causal, 8.0f);
             auto scores = original;
             launch(heads * sequences * length, 64, [&] {
-                stagehand_masked_softmax(scores.data(), lengths.data(), sequences, length, causal);
+                stagehand_masked_softmax(scores.data(), lengths.data(), sequences, length, length, 0, causal);
             });
             for (size_t row = 0; row < count / length; ++row) {
                 const unsigned query = row % length, sequence = (row / length) % sequences;
@@ -304,7 +350,7 @@ static void rows() {
             expected[r * cols + c] = expected[r * cols + c] + stagehand_half_to_float(at[0] | (at[1] << 8));
         }
     }
-    launch(1, 256, [&] { stagehand_gather_add(bytes.data() + 3, STAGEHAND_F16, ids.data(), x.data(), rows, cols); });
+    launch(1, 256, [&] { stagehand_gather_add(bytes.data() + 3, STAGEHAND_F16, nullptr, ids.data(), x.data(), rows, cols); });
     CHECK(x == expected, "gather_add from an odd offset");
 
     const auto bias = seeded(cols, 7, 1.0f);
@@ -323,6 +369,77 @@ static void rows() {
     }
 }
 
+// A weight with a scale at an odd address: widened values are stored × scale, and a
+// merged value narrows back through the scale to the same code.
+static void scaled() {
+    const size_t count = 300;
+    const auto values = seeded(count, 9, 400.0f);
+    std::vector<unsigned char> bytes(1 + count + 4 + 1);
+    encode(STAGEHAND_F8E4M3, values, bytes.data() + 1);
+    const float scale = 0.0625f;
+    std::memcpy(bytes.data() + 1 + count, &scale, 4);
+    const unsigned char* scale_at = bytes.data() + 1 + count;
+    std::vector<float> widened(count);
+    launch(1, 64, [&] { stagehand_widen(bytes.data() + 1, STAGEHAND_F8E4M3, scale_at, widened.data(), count); });
+    std::vector<unsigned char> narrowed(count);
+    launch(1, 64, [&] { stagehand_narrow(widened.data(), narrowed.data(), STAGEHAND_F8E4M3, scale_at, count); });
+    for (size_t i = 0; i < count; ++i) {
+        CHECK(widened[i] == stagehand_fp8_to_float(bytes[1 + i], STAGEHAND_F8E4M3) * scale, "scaled widen %zu", i);
+        CHECK(narrowed[i] == bytes[1 + i], "scaled narrow %zu", i);
+    }
+    std::vector<unsigned> ids = {2, 0};
+    std::vector<float> out(2 * 10, 1.0f);
+    launch(1, 32, [&] { stagehand_gather_add(bytes.data() + 1, STAGEHAND_F8E4M3, scale_at, ids.data(), out.data(), 2, 10); });
+    for (unsigned r = 0; r < 2; ++r)
+        for (unsigned c = 0; c < 10; ++c)
+            CHECK(out[r * 10 + c] == 1.0f + stagehand_fp8_to_float(bytes[1 + ids[r] * 10 + c], STAGEHAND_F8E4M3) * scale,
+                  "scaled gather [%u,%u]", r, c);
+}
+
+static void decoder() {
+    // Causal softmax over a cache: query i of `queries` sees keys 0..=past + i.
+    const unsigned heads = 2, queries = 3, past = 4, keys = past + queries;
+    const auto original = seeded(heads * queries * keys, 11, 6.0f);
+    auto scores = original;
+    launch(heads * queries, 64, [&] { stagehand_masked_softmax(scores.data(), nullptr, 1, queries, keys, past, 1); });
+    for (unsigned row = 0; row < heads * queries; ++row) {
+        const unsigned visible = past + row % queries + 1;
+        double top = -INFINITY, total = 0;
+        for (unsigned j = 0; j < visible; ++j) top = std::fmax(top, original[row * keys + j]);
+        for (unsigned j = 0; j < visible; ++j) total += std::exp(original[row * keys + j] - top);
+        for (unsigned j = 0; j < keys; ++j) {
+            const double expected = j < visible ? std::exp(original[row * keys + j] - top) / total : 0.0;
+            CHECK(j < visible ? relative(scores[row * keys + j], expected) < 1e-5 : scores[row * keys + j] == 0.0f,
+                  "cached softmax row %u key %u", row, j);
+        }
+    }
+
+    auto gate = seeded(200, 12, 8.0f);
+    const auto up = seeded(200, 13, 2.0f), before = gate;
+    launch(1, 64, [&] { stagehand_silu_mul(gate.data(), up.data(), gate.size()); });
+    for (size_t i = 0; i < gate.size(); ++i) {
+        const double expected = before[i] / (1.0 + std::exp(-(double)before[i])) * up[i];
+        CHECK(relative(gate[i], expected) < 1e-5, "silu_mul %zu", i);
+    }
+
+    const unsigned rows = 3, rope_heads = 2, head_dim = 8, half = head_dim / 2;
+    auto x = seeded(rows * rope_heads * head_dim, 14, 1.0f);
+    const auto original_x = x;
+    const std::vector<unsigned> positions = {0, 5, 1000};
+    const std::vector<float> frequencies = {1.0f, 0.1f, 0.01f, 0.001f};
+    launch(1, 32, [&] { stagehand_rope(x.data(), positions.data(), frequencies.data(), rows, rope_heads, head_dim); });
+    for (unsigned r = 0; r < rows; ++r)
+        for (unsigned h = 0; h < rope_heads; ++h)
+            for (unsigned i = 0; i < half; ++i) {
+                const size_t at = (r * rope_heads + h) * head_dim + i;
+                const double angle = (double)(float)((float)positions[r] * frequencies[i]);
+                const double a = original_x[at], b = original_x[at + half];
+                CHECK(std::fabs(x[at] - (a * std::cos(angle) - b * std::sin(angle))) < 1e-5 &&
+                          std::fabs(x[at + half] - (b * std::cos(angle) + a * std::sin(angle))) < 1e-5,
+                      "rope row %u head %u pair %u", r, h, i);
+            }
+}
+
 // Prints "checksum OFFSET LENGTH SUM" for a buffer tests/cuda.rs rebuilds: byte i is
 // (i · 2654435761 mod 2^32) >> 13, truncated to a byte.
 static void checksums() {
@@ -336,13 +453,42 @@ static void checksums() {
     }
 }
 
+// Prints "narrow DTYPE F32BITS CODE" for a sweep of values (ties, subnormals, out of
+// range, both signs), which tests/cuda.rs compares with crate::compute::DType's own
+// narrowing.
+static void narrowing_sweep() {
+    std::vector<float> sweep;
+    for (float value = 1e-9f; value < 1e6f; value *= 1.37f) {
+        sweep.push_back(value);
+        sweep.push_back(-value);
+    }
+    for (int dtype : {STAGEHAND_F16, STAGEHAND_BF16, STAGEHAND_F8E4M3, STAGEHAND_F8E5M2}) {
+        // Values half-way between neighbouring codes: the ties.
+        for (unsigned code = 0; code < (size_of(dtype) == 1 ? 0x7eu : 0x7bffu); code += 7) {
+            const float low = from_bits(dtype, code), high = from_bits(dtype, code + 1);
+            if (std::isfinite(low) && std::isfinite(high)) sweep.push_back((low + high) / 2);
+        }
+    }
+    for (int dtype : {STAGEHAND_F16, STAGEHAND_BF16, STAGEHAND_F8E4M3, STAGEHAND_F8E5M2}) {
+        for (float value : sweep) {
+            unsigned char stored[2] = {0, 0};
+            stagehand_store(stored, 0, dtype, value);
+            const unsigned code = size_of(dtype) == 1 ? stored[0] : stored[0] | (stored[1] << 8);
+            std::printf("narrow %d %u %u\n", dtype, __float_as_uint(value), code);
+        }
+    }
+}
+
 int main() {
     conversions();
     widen_and_narrow();
     norms();
     softmax();
     rows();
+    scaled();
+    decoder();
     checksums();
+    narrowing_sweep();
     std::printf("%s: %d failure(s)\n", failures ? "FAILED" : "passed", failures);
     return failures ? 1 : 0;
 }

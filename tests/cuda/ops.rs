@@ -4,7 +4,7 @@
 //! adapter, repeated (bit for bit).
 
 use stagehand::compute::{
-    Attention, BlockView, Compute, ComputeError, DType, LowRank, Mask, TensorSlot,
+    Attention, BlockView, CachedAttention, Compute, ComputeError, DType, LowRank, Mask, TensorSlot,
 };
 
 /// What one pass of the scenario produced.
@@ -32,13 +32,11 @@ pub fn seeded(count: usize, seed: u64, scale: f32) -> Vec<f32> {
 }
 
 fn slot(dtype: DType, rows: usize, cols: usize, offset: usize) -> TensorSlot {
-    TensorSlot {
-        offset: offset as u64,
-        dtype,
-        rows,
-        cols,
-    }
+    TensorSlot::new(offset as u64, dtype, rows, cols)
 }
+
+/// FP8 weights are stored divided by their scale, which follows them in the block.
+const FP8_SCALE: f32 = 1.0 / 64.0;
 
 /// max |a − b| over max(1, max |a|); infinite for different lengths or a NaN.
 pub fn normalised_difference(a: &[f32], b: &[f32]) -> f32 {
@@ -75,6 +73,28 @@ impl<C: Compute> Scenario<'_, C> {
         let mut bytes: Vec<u8> = (0..offset).map(|i| i as u8).collect();
         bytes.extend(dtype.encode(values));
         self.compute.load_block(&bytes)
+    }
+
+    /// A block of `values` stored as `dtype` divided by [`FP8_SCALE`], the scale right
+    /// after them, all after `offset` filler bytes; and the slot that reads them back.
+    fn scaled_block(
+        &self,
+        values: &[f32],
+        dtype: DType,
+        offset: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<(C::Block, TensorSlot), ComputeError> {
+        let mut bytes: Vec<u8> = (0..offset).map(|i| i as u8).collect();
+        let stored: Vec<f32> = values.iter().map(|value| value / FP8_SCALE).collect();
+        bytes.extend(dtype.encode(&stored));
+        let scale_at = bytes.len() as u64;
+        bytes.extend(FP8_SCALE.to_le_bytes());
+        let slot = TensorSlot {
+            scale: Some(scale_at),
+            ..slot(dtype, rows, cols, offset)
+        };
+        Ok((self.compute.load_block(&bytes)?, slot))
     }
 
     fn keep(
@@ -159,6 +179,17 @@ impl<C: Compute> Scenario<'_, C> {
                     bytes,
                 ));
             }
+            let (merged, slot) = self.scaled_block(&weights, DType::F8E5M2, 1, out, input)?;
+            let merged_view = self.compute.block_view(&merged);
+            let weight = merged_view.weight(&slot)?;
+            self.compute.merge_low_rank(&weight, &low_rank, 0.5)?;
+            self.compute.wait(self.compute.fence()?)?;
+            let bytes = self.read_back(&merged_view, 1, weight.bytes());
+            self.outputs.merged.push((
+                format!("merge {dtype} factors into a scaled f8e5m2+1"),
+                DType::F8E5M2,
+                bytes,
+            ));
         }
         Ok(())
     }
@@ -257,6 +288,57 @@ impl<C: Compute> Scenario<'_, C> {
         Ok(())
     }
 
+    fn decoder(&mut self) -> Result<(), ComputeError> {
+        let (rows, cols) = (3, 32);
+        let mut gate = self.tensor(rows, cols, &seeded(rows * cols, 40, 6.0))?;
+        let up = self.tensor(rows, cols, &seeded(rows * cols, 41, 2.0))?;
+        self.compute.silu_mul(&mut gate, &up)?;
+        self.keep("silu_mul".into(), &gate, 1e-5)?;
+        let mut x = self.tensor(rows, cols, &seeded(rows * cols, 42, 1.0))?;
+        let frequencies: Vec<f32> = (0..4).map(|i| 10_000f32.powf(-(i as f32) / 4.0)).collect();
+        self.compute
+            .rope(&mut x, 4, 8, &[0, 7, 4095], &frequencies)?;
+        self.keep("rope".into(), &x, 1e-5)?;
+
+        // A cache grown row by row, shrunk and grown again: new rows read as zeros.
+        let (heads, kv_heads, dim, past, queries) = (4, 2, 8, 5, 2);
+        let kv_cols = kv_heads * dim;
+        let mut k_cache = self.compute.tensor(0, kv_cols)?;
+        let mut v_cache = self.compute.tensor(0, kv_cols)?;
+        let keys = past + queries;
+        let k_values = seeded(keys * kv_cols, 43, 1.0);
+        let v_values = seeded(keys * kv_cols, 44, 1.0);
+        for row in 0..keys {
+            for (cache, values) in [(&mut k_cache, &k_values), (&mut v_cache, &v_values)] {
+                self.compute.resize_rows(cache, row + 1)?;
+                let new = self.tensor(1, kv_cols, &values[row * kv_cols..(row + 1) * kv_cols])?;
+                self.compute.write_rows(cache, row, &new)?;
+            }
+        }
+        let mut grown = self.tensor(2, kv_cols, &k_values[..2 * kv_cols])?;
+        self.compute.resize_rows(&mut grown, 1)?;
+        self.compute.resize_rows(&mut grown, 3)?;
+        self.keep("resize_rows shrunk then grown".into(), &grown, 0.0)?;
+        let q = self.tensor(
+            queries,
+            heads * dim,
+            &seeded(queries * heads * dim, 45, 2.0),
+        )?;
+        let mut out = self.compute.tensor(queries, heads * dim)?;
+        let shape = CachedAttention {
+            heads,
+            kv_heads,
+            head_dim: dim,
+            scale: 1.0 / (dim as f32).sqrt(),
+            past,
+            queries,
+        };
+        self.compute
+            .attention_cached(&q, &k_cache, &v_cache, &shape, &mut out)?;
+        self.keep("attention_cached".into(), &out, 1e-5)?;
+        Ok(())
+    }
+
     fn checksums(&mut self) -> Result<(), ComputeError> {
         let bytes: Vec<u8> = (0..(1u32 << 20) + 7)
             .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
@@ -306,6 +388,7 @@ pub fn run_ops<C: Compute>(
     scenario.low_rank()?;
     scenario.rows()?;
     scenario.attention()?;
+    scenario.decoder()?;
     scenario.checksums()?;
     compute.wait(compute.fence()?)?;
     Ok(scenario.outputs)

@@ -149,6 +149,8 @@ pub(super) fn attention(
                 shape.heads,
                 shape.sequences,
                 shape.sequence_length,
+                shape.sequence_length,
+                0,
                 matches!(shape.mask, Mask::Causal),
             )
         }?;
@@ -297,12 +299,14 @@ mod tests {
                 unsafe { emulate(gemm) };
             }
             let expected = naive(&q, &k, &v, &shape);
-            let worst = out
-                .iter()
-                .zip(&expected)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0f32, f32::max);
-            assert!(worst < 1e-5, "{heads}/{kv_heads} {mask:?}: {worst}");
+            for (index, (got, expected)) in out.iter().zip(&expected).enumerate() {
+                // Written as a negated `<` so a NaN fails too.
+                let close = (got - expected).abs() < 1e-5;
+                assert!(
+                    close,
+                    "{heads}/{kv_heads} {mask:?} [{index}]: {got} vs {expected}"
+                );
+            }
         }
     }
 

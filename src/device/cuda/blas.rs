@@ -256,8 +256,16 @@ pub(super) unsafe fn emulate(gemm: &Gemm) {
                     sum += f64::from(product);
                 }
                 let at = c.wrapping_add(i + j * gemm.ldc);
+                // cuBLAS does not read C when beta is 0 (it may hold anything, NaN
+                // included).
                 // SAFETY: as above.
-                unsafe { *at = gemm.alpha * sum as f32 + gemm.beta * *at };
+                unsafe {
+                    *at = if gemm.beta == 0.0 {
+                        gemm.alpha * sum as f32
+                    } else {
+                        gemm.alpha * sum as f32 + gemm.beta * *at
+                    }
+                };
             }
         }
     }

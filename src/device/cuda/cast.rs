@@ -2,8 +2,9 @@
 //! out in regions per operation.
 //!
 //! Weights cross every link in their storage dtype. An operation asks for each weight
-//! as f32: an f32 weight aligned for vector loads is used where it lies; anything else
-//! (f16, bf16, or f32 the file left unaligned) is widened by a kernel into a region of
+//! as f32: an unscaled f32 weight aligned for vector loads is used where it lies;
+//! anything else (f16, bf16, fp8 and its scale, or f32 the file left unaligned) is
+//! widened by a kernel into a region of
 //! the [`CastBuffer`], which grows (in mapped chunks, never moving) to the most one
 //! operation needs and stays there. Regions are reused from the start by the next
 //! operation: it queues behind this one on the same stream, so its casts cannot
@@ -32,9 +33,11 @@ pub struct CastArena {
     footprint: Arc<Footprint>,
 }
 
-/// Whether a weight can be read where it lies (f32 on a region boundary).
-pub fn readable_in_place(dtype: DType, ptr: DevicePtr) -> bool {
-    dtype == DType::F32 && ptr.0 % REGION_ALIGN_BYTES == 0
+/// Whether a weight can be read where it lies: unscaled f32 on a region boundary.
+pub fn readable_in_place(weight: &Weight<'_>) -> bool {
+    weight.dtype() == DType::F32
+        && weight.scale().is_none()
+        && weight.ptr().0 % REGION_ALIGN_BYTES == 0
 }
 
 /// Bytes of `count` f32 rounded up to the region boundary.
@@ -89,7 +92,7 @@ impl CastArena {
         kernels: &Kernels,
         weight: &Weight<'_>,
     ) -> Result<DevicePtr, CudaError> {
-        if readable_in_place(weight.dtype(), weight.ptr()) {
+        if readable_in_place(weight) {
             return Ok(weight.ptr());
         }
         let count = weight.elements() as u64;
@@ -99,7 +102,7 @@ impl CastArena {
         // after a fence behind this operation; the region was just mapped for `count`
         // f32 and nothing else uses it until the next operation, which the stream runs
         // after this one.
-        unsafe { kernels.widen(weight.ptr(), weight.dtype(), region, count) }?;
+        unsafe { kernels.widen(weight.ptr(), weight.dtype(), weight.scale(), region, count) }?;
         Ok(region)
     }
 }
@@ -112,10 +115,21 @@ mod tests {
     fn only_aligned_f32_is_read_in_place() {
         // Proves half-precision weights and f32 off a 16-byte boundary are cast, and
         // regions keep the boundary.
-        assert!(readable_in_place(DType::F32, DevicePtr(0x1000)));
-        assert!(!readable_in_place(DType::F32, DevicePtr(0x1004)));
-        assert!(!readable_in_place(DType::F16, DevicePtr(0x1000)));
-        assert!(!readable_in_place(DType::Bf16, DevicePtr(0x1000)));
+        let place = |dtype: DType, offset: u64, scale: Option<u64>| {
+            // SAFETY: only the view's addresses are inspected, never read.
+            let view = unsafe { crate::compute::BlockView::new(DevicePtr(0x1000), 4096) };
+            let slot = crate::compute::TensorSlot {
+                scale,
+                ..crate::compute::TensorSlot::new(offset, dtype, 4, 4)
+            };
+            readable_in_place(&view.weight(&slot).unwrap())
+        };
+        assert!(place(DType::F32, 0, None));
+        assert!(!place(DType::F32, 4, None));
+        assert!(!place(DType::F32, 0, Some(2048)), "a scaled weight is cast");
+        assert!(!place(DType::F16, 0, None));
+        assert!(!place(DType::Bf16, 0, None));
+        assert!(!place(DType::F8E4M3, 0, None));
         assert_eq!(region_bytes(1), Some(16));
         assert_eq!(region_bytes(4), Some(16));
         assert_eq!(region_bytes(5), Some(32));

@@ -29,7 +29,9 @@ use super::memory::{
 };
 use super::tensor::{same_shape, shape_error, tensor_bytes, CudaBlock, CudaTensor};
 use super::timing::{CudaFence, DeviceTime};
-use crate::compute::{Attention, BlockView, Compute, ComputeError, LowRank, Weight};
+use crate::compute::{
+    Attention, BlockView, CachedAttention, Compute, ComputeError, LowRank, Weight,
+};
 
 /// Address space the cast buffer reserves beyond the device's memory, at least: the
 /// reservation costs no memory, only what is mapped does.
@@ -225,7 +227,7 @@ impl Compute for CudaCompute {
         same_shape("copy", from, to)?;
         // SAFETY: two distinct tensors (one borrowed mutably) of the same size, alive
         // until a drop that waits for the stream.
-        unsafe { copy_on_device(&self.stream, from.ptr(), to.ptr(), from.buffer.bytes()) }
+        unsafe { copy_on_device(&self.stream, from.ptr(), to.ptr(), from.value_bytes()) }
             .map_err(compute_error)
     }
 
@@ -339,6 +341,45 @@ impl Compute for CudaCompute {
         out: &mut CudaTensor,
     ) -> Result<(), ComputeError> {
         super::attention::attention(self, q, k, v, shape, out)
+    }
+
+    fn silu_mul(&self, gate: &mut CudaTensor, up: &CudaTensor) -> Result<(), ComputeError> {
+        super::decoder::silu_mul(self, gate, up)
+    }
+
+    fn rope(
+        &self,
+        x: &mut CudaTensor,
+        heads: usize,
+        head_dim: usize,
+        positions: &[u32],
+        inv_freq: &[f32],
+    ) -> Result<(), ComputeError> {
+        super::decoder::rope(self, x, heads, head_dim, positions, inv_freq)
+    }
+
+    fn resize_rows(&self, tensor: &mut CudaTensor, rows: usize) -> Result<(), ComputeError> {
+        super::decoder::resize_rows(self, tensor, rows)
+    }
+
+    fn write_rows(
+        &self,
+        cache: &mut CudaTensor,
+        at: usize,
+        rows: &CudaTensor,
+    ) -> Result<(), ComputeError> {
+        super::decoder::write_rows(self, cache, at, rows)
+    }
+
+    fn attention_cached(
+        &self,
+        q: &CudaTensor,
+        k_cache: &CudaTensor,
+        v_cache: &CudaTensor,
+        shape: &CachedAttention,
+        out: &mut CudaTensor,
+    ) -> Result<(), ComputeError> {
+        super::decoder::attention_cached(self, q, k_cache, v_cache, shape, out)
     }
 
     fn checksum(&self, block: &BlockView<'_>) -> Result<u64, ComputeError> {

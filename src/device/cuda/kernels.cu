@@ -8,7 +8,9 @@
 // equals the resident run. The one atomic is the checksum's integer sum, which is
 // order-independent.
 //
-// dtype codes: 0 = f32, 1 = f16, 2 = bf16 (little-endian, as in safetensors).
+// dtype codes: 0 = f32, 1 = f16, 2 = bf16, 3 = fp8 e4m3, 4 = fp8 e5m2 (little-endian,
+// as in safetensors). A weight may carry an f32 scale (FP8 checkpoints): its values
+// are stored × scale; kernels take the scale's address, 0 for none.
 
 typedef unsigned long long u64;
 typedef unsigned int u32;
@@ -17,6 +19,8 @@ typedef unsigned short u16;
 #define STAGEHAND_F32 0
 #define STAGEHAND_F16 1
 #define STAGEHAND_BF16 2
+#define STAGEHAND_F8E4M3 3
+#define STAGEHAND_F8E5M2 4
 
 __device__ __forceinline__ float stagehand_half_to_float(u32 bits) {
     const u32 sign = (bits & 0x8000u) << 16;
@@ -81,9 +85,80 @@ __device__ __forceinline__ u32 stagehand_float_to_bf16(float value) {
     return (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
 }
 
+// FP8 codes, exactly (crate::compute's fp8 module): E4M3 has no infinities and
+// S.1111.111 is NaN; E5M2 is IEEE-like. For the non-negative codes, value grows with
+// the code up to the largest finite one.
+__device__ __forceinline__ float stagehand_fp8_to_float(u32 code, int dtype) {
+    const bool e4m3 = dtype == STAGEHAND_F8E4M3;
+    const u32 sign = (code & 0x80u) << 24;
+    const u32 mantissa_bits = e4m3 ? 3u : 2u;
+    const u32 exponent = (code & 0x7fu) >> mantissa_bits;
+    const u32 mantissa = code & ((1u << mantissa_bits) - 1u);
+    const int bias = e4m3 ? 7 : 15;
+    if (e4m3 && exponent == 15u && mantissa == 7u) {
+        return __uint_as_float(0x7fc00000u);
+    }
+    if (!e4m3 && exponent == 31u) {
+        return mantissa == 0u ? __uint_as_float(sign | 0x7f800000u) : __uint_as_float(0x7fc00000u);
+    }
+    if (exponent == 0u) {
+        // Subnormal: mantissa · 2^(1 − bias − mantissa_bits), exact in f32.
+        const float magnitude = (float)mantissa * (e4m3 ? 1.953125e-3f : 1.52587890625e-5f);
+        return sign ? -magnitude : magnitude;
+    }
+    return __uint_as_float(sign | ((u32)((int)exponent - bias + 127) << 23) |
+                           (mantissa << (23u - mantissa_bits)));
+}
+
+// The nearest code, ties to the even code, saturating at the largest finite value.
+__device__ __forceinline__ u32 stagehand_float_to_fp8(float value, int dtype) {
+    const bool e4m3 = dtype == STAGEHAND_F8E4M3;
+    const u32 bits = __float_as_uint(value);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) {
+        return e4m3 ? 0x7fu : 0x7eu;
+    }
+    const u32 sign = (bits >> 24) & 0x80u;
+    const float magnitude = __uint_as_float(bits & 0x7fffffffu);
+    const u32 largest = e4m3 ? 0x7eu : 0x7bu;
+    // The first code whose value is at least the magnitude (largest + 1 if none).
+    u32 low = 0u, high = largest + 1u;
+    while (low < high) {
+        const u32 middle = (low + high) / 2u;
+        if (stagehand_fp8_to_float(middle, dtype) < magnitude) {
+            low = middle + 1u;
+        } else {
+            high = middle;
+        }
+    }
+    u32 code;
+    if (low == 0u) {
+        code = 0u;
+    } else if (low > largest) {
+        code = largest;
+    } else {
+        const float below = stagehand_fp8_to_float(low - 1u, dtype);
+        const float above = stagehand_fp8_to_float(low, dtype);
+        const float to_below = magnitude - below, to_above = above - magnitude;
+        code = (to_below < to_above || (to_below == to_above && ((low - 1u) & 1u) == 0u)) ? low - 1u : low;
+    }
+    return sign | code;
+}
+
+// The scale at `scale` (any byte address), or 1 for none.
+__device__ __forceinline__ float stagehand_scale(const unsigned char* scale) {
+    if (scale == 0) {
+        return 1.0f;
+    }
+    const u32 bits = (u32)scale[0] | ((u32)scale[1] << 8) | ((u32)scale[2] << 16) | ((u32)scale[3] << 24);
+    return __uint_as_float(bits);
+}
+
 // Element `index` of a weight in `dtype` at any byte address: whole loads when the
 // address is aligned for the type, byte loads when the file left it unaligned.
 __device__ __forceinline__ float stagehand_load(const unsigned char* base, u64 index, int dtype) {
+    if (dtype == STAGEHAND_F8E4M3 || dtype == STAGEHAND_F8E5M2) {
+        return stagehand_fp8_to_float(base[index], dtype);
+    }
     if (dtype == STAGEHAND_F32) {
         const unsigned char* at = base + index * 4ull;
         if ((((u64)at) & 3ull) == 0ull) {
@@ -99,6 +174,10 @@ __device__ __forceinline__ float stagehand_load(const unsigned char* base, u64 i
 }
 
 __device__ __forceinline__ void stagehand_store(unsigned char* base, u64 index, int dtype, float value) {
+    if (dtype == STAGEHAND_F8E4M3 || dtype == STAGEHAND_F8E5M2) {
+        base[index] = (unsigned char)stagehand_float_to_fp8(value, dtype);
+        return;
+    }
     if (dtype == STAGEHAND_F32) {
         unsigned char* at = base + index * 4ull;
         if ((((u64)at) & 3ull) == 0ull) {
@@ -175,17 +254,24 @@ __device__ float stagehand_block_max(float value, float* shared) {
     return shared[0];
 }
 
-// dst[i] = src[i] widened to f32 (the cast just before use).
-extern "C" __global__ void stagehand_widen(const unsigned char* src, int dtype, float* dst, u64 count) {
+// dst[i] = src[i] widened to f32, times the weight's scale if it has one (the cast
+// just before use).
+extern "C" __global__ void stagehand_widen(const unsigned char* src, int dtype, const unsigned char* scale,
+                                           float* dst, u64 count) {
+    const float factor = stagehand_scale(scale);
     STAGEHAND_GRID_STRIDE(i, count) {
-        dst[i] = stagehand_load(src, i, dtype);
+        const float value = stagehand_load(src, i, dtype);
+        dst[i] = scale ? value * factor : value;
     }
 }
 
-// dst[i] = src[i] narrowed to `dtype`, rounded to nearest even (a merged weight).
-extern "C" __global__ void stagehand_narrow(const float* src, unsigned char* dst, int dtype, u64 count) {
+// dst[i] = src[i] (divided by the weight's scale if it has one) narrowed to `dtype`,
+// rounded to nearest even (a merged weight stored back).
+extern "C" __global__ void stagehand_narrow(const float* src, unsigned char* dst, int dtype,
+                                            const unsigned char* scale, u64 count) {
+    const float factor = stagehand_scale(scale);
     STAGEHAND_GRID_STRIDE(i, count) {
-        stagehand_store(dst, i, dtype, src[i]);
+        stagehand_store(dst, i, dtype, scale ? src[i] / factor : src[i]);
     }
 }
 
@@ -209,13 +295,17 @@ extern "C" __global__ void stagehand_add_scaled_rows(float* acc, const float* y,
     }
 }
 
-// out[r] += table[ids[r]] (ids were checked against the table on the host).
-extern "C" __global__ void stagehand_gather_add(const unsigned char* table, int dtype, const u32* ids,
+// out[r] += table[ids[r]] (times its scale; ids were checked against the table on the
+// host). The product is rounded before the add, as the CPU adapter does.
+extern "C" __global__ void stagehand_gather_add(const unsigned char* table, int dtype,
+                                                const unsigned char* scale, const u32* ids,
                                                 float* out, u64 rows, u32 cols) {
+    const float factor = stagehand_scale(scale);
     STAGEHAND_GRID_STRIDE(i, rows * cols) {
         const u64 row = i / cols;
         const u64 col = i % cols;
-        out[i] = out[i] + stagehand_load(table, (u64)ids[row] * cols + col, dtype);
+        const float value = stagehand_load(table, (u64)ids[row] * cols + col, dtype);
+        out[i] = out[i] + (scale ? __fmul_rn(value, factor) : value);
     }
 }
 
@@ -268,16 +358,17 @@ extern "C" __global__ void stagehand_gelu_erf(float* x, u64 count) {
     }
 }
 
-// One block per score row of [heads][sequences][length][length]: softmax over the keys
-// the query may see (its sequence's real tokens, or keys 0..=i when causal), exactly 0
-// for the rest.
+// One block per score row of [heads][sequences][queries][keys]: softmax over the keys
+// the query may see (its sequence's real tokens, or, when causal, keys 0..=past + i for
+// query i), exactly 0 for the rest.
 extern "C" __global__ void stagehand_masked_softmax(float* scores, const u32* lengths, u32 sequences,
-                                                    u32 length, int causal) {
+                                                    u32 queries, u32 keys, u32 past, int causal) {
     __shared__ float shared[32];
     const u64 row = blockIdx.x;
-    const u32 query = (u32)(row % length);
-    const u32 sequence = (u32)((row / length) % sequences);
-    const u32 visible = causal ? query + 1u : lengths[sequence];
+    const u32 query = (u32)(row % queries);
+    const u32 sequence = (u32)((row / queries) % sequences);
+    const u32 visible = causal ? past + query + 1u : lengths[sequence];
+    const u32 length = keys;
     float* values = scores + row * length;
     float top = -__uint_as_float(0x7f800000u);
     for (u32 j = threadIdx.x; j < visible; j += blockDim.x) {
@@ -293,6 +384,33 @@ extern "C" __global__ void stagehand_masked_softmax(float* scores, const u32* le
     total = stagehand_block_sum(total, shared);
     for (u32 j = threadIdx.x; j < length; j += blockDim.x) {
         values[j] = j < visible ? values[j] / total : 0.0f;
+    }
+}
+
+// gate = silu(gate)·up (SwiGLU), in the CPU adapter's order of operations.
+extern "C" __global__ void stagehand_silu_mul(float* gate, const float* up, u64 count) {
+    STAGEHAND_GRID_STRIDE(i, count) {
+        const float value = gate[i];
+        gate[i] = value / (1.0f + expf(-value)) * up[i];
+    }
+}
+
+// Rotary embedding, Llama's rotate-half layout: in each head of each row, the pair
+// (i, i + half) turns by positions[row] · inv_freq[i].
+extern "C" __global__ void stagehand_rope(float* x, const u32* positions, const float* inv_freq,
+                                          u64 rows, u32 heads, u32 head_dim) {
+    const u32 half = head_dim / 2u;
+    STAGEHAND_GRID_STRIDE(i, rows * heads * half) {
+        const u32 pair = (u32)(i % half);
+        const u64 head = i / half;
+        const u64 row = head / heads;
+        float* at = x + head * head_dim;
+        const float angle = (float)positions[row] * inv_freq[pair];
+        float sine, cosine;
+        sincosf(angle, &sine, &cosine);
+        const float a = at[pair], b = at[pair + half];
+        at[pair] = a * cosine - b * sine;
+        at[pair + half] = b * cosine + a * sine;
     }
 }
 

@@ -30,7 +30,14 @@ pub fn dtype_code(dtype: DType) -> i32 {
         DType::F32 => 0,
         DType::F16 => 1,
         DType::Bf16 => 2,
+        DType::F8E4M3 => 3,
+        DType::F8E5M2 => 4,
     }
+}
+
+/// A weight's scale address for the kernels: 0 for none.
+fn scale_address(scale: Option<DevicePtr>) -> u64 {
+    scale.map_or(0, |scale| scale.0)
 }
 
 /// Grid of a grid-stride launch over `count` elements.
@@ -46,7 +53,7 @@ pub fn grid_for(count: u64) -> LaunchConfig {
 }
 
 /// One block per row.
-fn per_row(rows: u64) -> Result<LaunchConfig, CudaError> {
+pub(super) fn per_row(rows: u64) -> Result<LaunchConfig, CudaError> {
     let rows = u32::try_from(rows)
         .ok()
         .filter(|rows| *rows < i32::MAX as u32)
@@ -60,13 +67,13 @@ fn per_row(rows: u64) -> Result<LaunchConfig, CudaError> {
     })
 }
 
-fn narrow_u32(value: usize, what: &str) -> Result<u32, CudaError> {
+pub(super) fn narrow_u32(value: usize, what: &str) -> Result<u32, CudaError> {
     u32::try_from(value)
         .map_err(|_| CudaError::InvalidArgument(format!("{what} {value} is too large")))
 }
 
 pub struct Kernels {
-    stream: Arc<CudaStream>,
+    pub(super) stream: Arc<CudaStream>,
     widen: CudaFunction,
     narrow: CudaFunction,
     fill_rows: CudaFunction,
@@ -76,7 +83,9 @@ pub struct Kernels {
     layer_norm: CudaFunction,
     rms_norm: CudaFunction,
     gelu_erf: CudaFunction,
-    masked_softmax: CudaFunction,
+    pub(super) masked_softmax: CudaFunction,
+    pub(super) silu_mul: CudaFunction,
+    pub(super) rope: CudaFunction,
     checksum: CudaFunction,
 }
 
@@ -109,11 +118,14 @@ impl Kernels {
             rms_norm: function("stagehand_rms_norm")?,
             gelu_erf: function("stagehand_gelu_erf")?,
             masked_softmax: function("stagehand_masked_softmax")?,
+            silu_mul: function("stagehand_silu_mul")?,
+            rope: function("stagehand_rope")?,
             checksum: function("stagehand_checksum")?,
         })
     }
 
-    /// `dst[0..count] ← src` widened from `dtype` (any byte address).
+    /// `dst[0..count] ← src` widened from `dtype` (any byte address), times the f32
+    /// at `scale` when there is one.
     ///
     /// # Safety
     /// See the module docs.
@@ -121,22 +133,29 @@ impl Kernels {
         &self,
         src: DevicePtr,
         dtype: DType,
+        scale: Option<DevicePtr>,
         dst: DevicePtr,
         count: u64,
     ) -> Result<(), CudaError> {
         if count == 0 {
             return Ok(());
         }
-        let (src, dtype, dst) = (src.0, dtype_code(dtype), dst.0);
+        let (src, dtype, scale, dst) = (src.0, dtype_code(dtype), scale_address(scale), dst.0);
         let mut launch = self.stream.launch_builder(&self.widen);
-        launch.arg(&src).arg(&dtype).arg(&dst).arg(&count);
-        // SAFETY: (pointer, int, pointer, u64) as the kernel declares; the caller's
-        // promise covers the ranges.
+        launch
+            .arg(&src)
+            .arg(&dtype)
+            .arg(&scale)
+            .arg(&dst)
+            .arg(&count);
+        // SAFETY: (pointer, int, pointer, pointer, u64) as the kernel declares; the
+        // caller's promise covers the ranges.
         unsafe { launch.launch(grid_for(count)) }.map_err(CudaError::driver("cuLaunchKernel"))?;
         Ok(())
     }
 
-    /// `dst ← src` narrowed to `dtype` with round-to-nearest-even (any byte address).
+    /// `dst ← src` (divided by the f32 at `scale` when there is one) narrowed to
+    /// `dtype` with round-to-nearest-even (any byte address).
     ///
     /// # Safety
     /// See the module docs.
@@ -145,15 +164,22 @@ impl Kernels {
         src: DevicePtr,
         dst: DevicePtr,
         dtype: DType,
+        scale: Option<DevicePtr>,
         count: u64,
     ) -> Result<(), CudaError> {
         if count == 0 {
             return Ok(());
         }
-        let (src, dst, dtype) = (src.0, dst.0, dtype_code(dtype));
+        let (src, dst, dtype, scale) = (src.0, dst.0, dtype_code(dtype), scale_address(scale));
         let mut launch = self.stream.launch_builder(&self.narrow);
-        launch.arg(&src).arg(&dst).arg(&dtype).arg(&count);
-        // SAFETY: (pointer, pointer, int, u64); the caller's promise covers the ranges.
+        launch
+            .arg(&src)
+            .arg(&dst)
+            .arg(&dtype)
+            .arg(&scale)
+            .arg(&count);
+        // SAFETY: (pointer, pointer, int, pointer, u64); the caller's promise covers
+        // the ranges.
         unsafe { launch.launch(grid_for(count)) }.map_err(CudaError::driver("cuLaunchKernel"))?;
         Ok(())
     }
@@ -222,8 +248,9 @@ impl Kernels {
         Ok(())
     }
 
-    /// `out[r] ← out[r] + table[ids[r]]`, the table in `dtype` at any byte address;
-    /// the ids must lie inside the table (checked by the caller).
+    /// `out[r] ← out[r] + table[ids[r]]`, the table in `dtype` at any byte address
+    /// (times the f32 at `scale` when there is one); the ids must lie inside the table
+    /// (checked by the caller).
     ///
     /// # Safety
     /// See the module docs.
@@ -232,6 +259,7 @@ impl Kernels {
         &self,
         table: DevicePtr,
         dtype: DType,
+        scale: Option<DevicePtr>,
         ids: DevicePtr,
         out: DevicePtr,
         rows: usize,
@@ -241,18 +269,20 @@ impl Kernels {
         if count == 0 {
             return Ok(());
         }
-        let (table, dtype, ids, out) = (table.0, dtype_code(dtype), ids.0, out.0);
+        let (table, dtype, scale) = (table.0, dtype_code(dtype), scale_address(scale));
+        let (ids, out) = (ids.0, out.0);
         let (rows, cols) = (rows as u64, narrow_u32(cols, "columns")?);
         let mut launch = self.stream.launch_builder(&self.gather_add);
         launch
             .arg(&table)
             .arg(&dtype)
+            .arg(&scale)
             .arg(&ids)
             .arg(&out)
             .arg(&rows)
             .arg(&cols);
-        // SAFETY: (pointer, int, pointer, pointer, u64, u32); the caller's promise
-        // covers the ranges and the ids.
+        // SAFETY: (pointer, int, pointer ×3, u64, u32); the caller's promise covers
+        // the ranges and the ids.
         unsafe { launch.launch(grid_for(count)) }.map_err(CudaError::driver("cuLaunchKernel"))?;
         Ok(())
     }
@@ -332,42 +362,6 @@ impl Kernels {
         Ok(())
     }
 
-    /// Softmax of every `length`-wide row of `scores`
-    /// (`[heads][sequences][length][length]`), masked by `lengths` (one u32 per
-    /// sequence) or, with `causal`, by the query's position.
-    ///
-    /// # Safety
-    /// See the module docs; `lengths` may be null only when `causal`.
-    pub unsafe fn masked_softmax(
-        &self,
-        scores: DevicePtr,
-        lengths: DevicePtr,
-        heads: usize,
-        sequences: usize,
-        length: usize,
-        causal: bool,
-    ) -> Result<(), CudaError> {
-        let rows = (heads as u64) * (sequences as u64) * (length as u64);
-        if rows == 0 {
-            return Ok(());
-        }
-        let config = per_row(rows)?;
-        let (scores, lengths) = (scores.0, lengths.0);
-        let sequences = narrow_u32(sequences, "sequences")?;
-        let length = narrow_u32(length, "sequence length")?;
-        let causal = i32::from(causal);
-        let mut launch = self.stream.launch_builder(&self.masked_softmax);
-        launch
-            .arg(&scores)
-            .arg(&lengths)
-            .arg(&sequences)
-            .arg(&length)
-            .arg(&causal);
-        // SAFETY: (pointer, pointer, u32, u32, int); the caller's promise covers them.
-        unsafe { launch.launch(config) }.map_err(CudaError::driver("cuLaunchKernel"))?;
-        Ok(())
-    }
-
     /// Adds the checksum terms of `length` bytes at `data` into the u64 at `sum`.
     ///
     /// # Safety
@@ -407,6 +401,8 @@ mod tests {
             "stagehand_rms_norm",
             "stagehand_gelu_erf",
             "stagehand_masked_softmax",
+            "stagehand_silu_mul",
+            "stagehand_rope",
             "stagehand_checksum",
         ] {
             assert!(
@@ -435,5 +431,7 @@ mod tests {
         assert!(per_row(u64::from(u32::MAX)).is_err());
         assert_eq!(per_row(7).unwrap().grid_dim.0, 7);
         assert_eq!(dtype_code(DType::Bf16), 2);
+        assert_eq!(dtype_code(DType::F8E5M2), 4);
+        assert_eq!(scale_address(None), 0);
     }
 }

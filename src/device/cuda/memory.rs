@@ -241,6 +241,26 @@ pub unsafe fn copy_on_device(
     .map_err(CudaError::driver("cuMemcpyDtoDAsync"))
 }
 
+/// Queues a zero fill of `bytes` at `destination` on `stream`.
+///
+/// # Safety
+/// The range must be device memory of the stream's context that stays allocated until
+/// the stream passes the fill.
+pub unsafe fn zero_on_device(
+    stream: &CudaStream,
+    destination: DevicePtr,
+    bytes: u64,
+) -> Result<(), CudaError> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    make_current(stream.context())?;
+    // SAFETY: see the function's contract.
+    unsafe { sys::cuMemsetD8Async(destination.0, 0, bytes as usize, stream.cu_stream()) }
+        .result()
+        .map_err(CudaError::driver("cuMemsetD8Async"))
+}
+
 /// Waits until everything queued on `stream` has run.
 pub fn synchronize(stream: &CudaStream) -> Result<(), CudaError> {
     make_current(stream.context())?;

@@ -160,7 +160,7 @@ pub(super) fn merge_low_rank(
         // An aligned f32 weight takes the update where it lies; any other is
         // widened, updated in the cast buffer and narrowed back, rounded to
         // nearest even.
-        let in_place = readable_in_place(weight.dtype(), weight.ptr());
+        let in_place = readable_in_place(weight);
         let target = if in_place {
             weight.ptr()
         } else {
@@ -170,7 +170,7 @@ pub(super) fn merge_low_rank(
             unsafe {
                 compute
                     .kernels
-                    .widen(weight.ptr(), weight.dtype(), region, count)
+                    .widen(weight.ptr(), weight.dtype(), weight.scale(), region, count)
             }?;
             region
         };
@@ -184,7 +184,7 @@ pub(super) fn merge_low_rank(
             unsafe {
                 compute
                     .kernels
-                    .narrow(target, weight.ptr(), weight.dtype(), count)
+                    .narrow(target, weight.ptr(), weight.dtype(), weight.scale(), count)
             }?;
         }
         Ok(())

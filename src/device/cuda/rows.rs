@@ -77,6 +77,7 @@ pub(super) fn gather_add(
             compute.kernels.gather_add(
                 table.ptr(),
                 table.dtype(),
+                table.scale(),
                 ids,
                 out.ptr(),
                 out.rows,

@@ -4,9 +4,10 @@
 use stagehand_actors::DevicePtr;
 
 use super::memory::DeviceBuffer;
-use crate::compute::{Attention, ComputeError, Mask};
+use crate::compute::{Attention, CachedAttention, ComputeError, Mask};
 
-/// A row-major `rows × cols` f32 matrix in VRAM (the port's `Tensor`).
+/// A row-major `rows × cols` f32 matrix in VRAM (the port's `Tensor`). Its buffer
+/// may hold more rows than it has (a KV cache grows into room it already has).
 pub struct CudaTensor {
     pub(super) buffer: DeviceBuffer,
     pub(super) rows: usize,
@@ -28,6 +29,11 @@ impl CudaTensor {
 
     pub fn elements(&self) -> usize {
         self.rows * self.cols
+    }
+
+    /// Bytes of the tensor's values (its buffer may be larger).
+    pub fn value_bytes(&self) -> u64 {
+        self.elements() as u64 * 4
     }
 }
 
@@ -99,6 +105,31 @@ pub fn check_attention(
                 shape.sequences, shape.sequence_length
             ));
         }
+    }
+    Ok(())
+}
+
+/// The checks of a cached attention's shapes, the same as the CPU adapter makes.
+pub fn check_cached_attention(
+    shape: &CachedAttention,
+    q: (usize, usize),
+    k: (usize, usize),
+    v: (usize, usize),
+) -> Result<(), ComputeError> {
+    let keys = shape.past + shape.queries;
+    let kv_cols = shape.kv_heads * shape.head_dim;
+    if shape.heads == 0 || shape.kv_heads == 0 || shape.heads % shape.kv_heads != 0 {
+        return Err(ComputeError::Shape(format!(
+            "cached attention: {} query heads cannot share {} key/value heads",
+            shape.heads, shape.kv_heads
+        )));
+    }
+    if q != (shape.queries, shape.heads * shape.head_dim) || k.0 < keys || k.1 != kv_cols || v != k
+    {
+        return Err(ComputeError::Shape(format!(
+            "cached attention: q {q:?}, k {k:?}, v {v:?} for {} queries after {} cached rows",
+            shape.queries, shape.past
+        )));
     }
     Ok(())
 }

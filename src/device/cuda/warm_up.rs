@@ -4,18 +4,15 @@
 //! run then allocates is its own.
 
 use super::compute::CudaCompute;
-use crate::compute::{Attention, Compute, ComputeError, DType, LowRank, Mask, TensorSlot};
+use crate::compute::{
+    Attention, CachedAttention, Compute, ComputeError, DType, LowRank, Mask, TensorSlot,
+};
 
 const ROWS: usize = 4;
 const COLS: usize = 8;
 
 fn slot(dtype: DType, rows: usize, cols: usize, offset: usize) -> TensorSlot {
-    TensorSlot {
-        offset: offset as u64,
-        dtype,
-        rows,
-        cols,
-    }
+    TensorSlot::new(offset as u64, dtype, rows, cols)
 }
 
 impl CudaCompute {
@@ -73,10 +70,50 @@ fn every_operation<C: Compute>(compute: &C) -> Result<(), ComputeError> {
     compute.write(&mut k, &values[..ROWS * COLS / 2])?;
     compute.attention(&x, &k, &k, &shape, &mut y)?;
     compute.merge_low_rank(&matrix, &low_rank, 0.5)?;
+    decoder_operations(compute, &values)?;
     compute.checksum(&view)?;
     let fence = compute.fence()?;
     compute.wait(fence)?;
     compute.read(&y)?;
+    Ok(())
+}
+
+/// The decoder's operations, with an FP8 weight and its scale (the scaled cast).
+fn decoder_operations<C: Compute>(compute: &C, values: &[f32]) -> Result<(), ComputeError> {
+    let mut bytes = DType::F8E4M3.encode(values);
+    let scale_at = bytes.len();
+    bytes.extend(0.5f32.to_le_bytes());
+    let block = compute.load_block(&bytes)?;
+    let view = compute.block_view(&block);
+    let scaled = view.weight(&TensorSlot {
+        scale: Some(scale_at as u64),
+        ..slot(DType::F8E4M3, COLS, COLS, 0)
+    })?;
+    let mut x = compute.tensor(ROWS, COLS)?;
+    compute.write(&mut x, &values[..ROWS * COLS])?;
+    let mut y = compute.tensor(ROWS, COLS)?;
+    compute.linear(&x, &scaled, None, &mut y)?;
+    compute.gather_add(&scaled, &[3, 2, 1, 0], &mut y)?;
+    compute.silu_mul(&mut y, &x)?;
+    compute.rope(&mut y, 2, COLS / 2, &[0, 1, 2, 3], &[1.0, 0.5])?;
+    let mut cache = compute.tensor(0, COLS / 2)?;
+    compute.resize_rows(&mut cache, ROWS)?;
+    let mut rows = compute.tensor(ROWS, COLS / 2)?;
+    compute.write(&mut rows, &values[..ROWS * COLS / 2])?;
+    compute.write_rows(&mut cache, 0, &rows)?;
+    let mut query = compute.tensor(1, COLS)?;
+    compute.write(&mut query, &values[..COLS])?;
+    let mut out = compute.tensor(1, COLS)?;
+    let shape = CachedAttention {
+        heads: 2,
+        kv_heads: 1,
+        head_dim: COLS / 2,
+        scale: 0.5,
+        past: ROWS - 1,
+        queries: 1,
+    };
+    compute.attention_cached(&query, &cache, &cache, &shape, &mut out)?;
+    compute.wait(compute.fence()?)?;
     Ok(())
 }
 
