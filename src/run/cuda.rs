@@ -316,12 +316,12 @@ pub fn execute_cuda_with(
 /// The run's step callback, sampling after each step: the driver's used memory, what
 /// the compute adapter holds, and the step's device compute time.
 ///
-/// The run loop calls back after it has checked the step, which may compute a new
-/// reference on the same stream: work queued after the step's own is told apart by
-/// when its segments opened. The step started after the previous callback returned
-/// and lasted `seconds`, so segments opened later than that belong to the check. (The
-/// first step's figure also holds the reference computed before the session started;
-/// it is the cold step, left out of steady figures.)
+/// Only the step's own work counts: anything the run loop queues on the same stream
+/// between a step and its callback (a check, a reference pass) is told apart by when
+/// its segments opened. The step started after the previous callback returned and
+/// lasted `seconds`, so segments opened later than that are not the step's. (The
+/// first step takes everything queued since the warm-up; it is the cold step, left out
+/// of steady figures.)
 fn sampling(
     mut inner: Box<dyn FnMut(u64, f64) + Send>,
     device: Arc<CudaDevice>,

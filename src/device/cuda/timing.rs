@@ -9,8 +9,7 @@
 //! host-side timing of the run loop cannot see this: on CUDA it only queues.
 //!
 //! Each segment also keeps the host instant it was opened, so a reader can tell a
-//! step's own work from work queued after it (the run loop computes a new reference
-//! between a step and its callback).
+//! step's own work from work queued after it on the same stream.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
