@@ -219,8 +219,11 @@ pub fn execute(args: BenchArgs) -> CommandResult {
     let settings = loaded.settings;
     super::run::init_logging(&settings.log);
     if super::run::use_cuda(settings.device)? {
+        #[cfg(feature = "cuda")]
+        return super::bench_cuda::execute(&settings, args.json);
+        #[cfg(not(feature = "cuda"))]
         return Err(Failure::bad_input(anyhow::anyhow!(
-            "bench --device cuda is being moved onto the compute port; use --device cpu"
+            "this stagehand was built without CUDA (--no-default-features); use --device cpu or rebuild with the default features"
         )));
     }
     if args.steps < 2 {

@@ -7,6 +7,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod bench;
+#[cfg(feature = "cuda")]
+mod bench_cuda;
 mod bench_disk;
 mod bench_lora;
 mod config_cmd;

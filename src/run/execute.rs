@@ -26,13 +26,9 @@ pub fn execute(prepared: &Prepared, plan: RunPlan<'_>) -> Result<Outcome, RunErr
     execute_on(prepared, plan, device, &CpuCompute::new())
 }
 
-/// A run on the CUDA backend.
+/// A run on the CUDA backend (`super::cuda`).
 #[cfg(feature = "cuda")]
-pub fn execute_cuda(_prepared: &Prepared, _plan: RunPlan<'_>) -> Result<Outcome, RunError> {
-    Err(RunError::BadInput(
-        "--device cuda is being moved onto the compute port; use --device cpu".to_string(),
-    ))
-}
+pub use super::cuda::execute_cuda;
 
 /// Without the `cuda` feature there is no CUDA backend to run on.
 #[cfg(not(feature = "cuda"))]

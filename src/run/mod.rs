@@ -1,6 +1,8 @@
 //! Wires settings, a model, the adapters and a workload into a run: what `stagehand
 //! run` and `stagehand bench` share.
 
+#[cfg(feature = "cuda")]
+mod cuda;
 mod execute;
 mod prepare;
 pub mod summary;
@@ -25,6 +27,8 @@ use crate::workload::moe::HintMode;
 use crate::workload::moe_model::{write_moe_model, MoeSpec, MOE_FILE};
 use crate::workload::WorkloadError;
 
+#[cfg(feature = "cuda")]
+pub use cuda::{execute_cuda_with, CudaOutcome, CudaRunOptions, VramFigures};
 pub use execute::{execute, execute_cuda, execute_on, peak_rss_bytes};
 pub use prepare::{
     parse_token_ids, prepare, prepare_with, texts_from_file, DecoderInput, EncoderInput, Prepared,
