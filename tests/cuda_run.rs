@@ -53,6 +53,7 @@ fn plan(settings: &Settings, model_bytes: u64, steps: u64, is_demo: bool) -> Run
         on_step: Box::new(|_, _| {}),
         fail_after_reads: None,
         keep_outputs: false,
+        on_token: None,
     }
 }
 

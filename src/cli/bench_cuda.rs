@@ -136,6 +136,7 @@ impl Bench<'_> {
                 on_step: Box::new(|_, _| {}),
                 fail_after_reads: None,
                 keep_outputs: false,
+                on_token: None,
             },
             CudaRunOptions {
                 device: Some(self.device.clone()),

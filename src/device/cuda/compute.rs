@@ -362,6 +362,15 @@ impl Compute for CudaCompute {
         super::decoder::resize_rows(self, tensor, rows)
     }
 
+    fn slice_rows(
+        &self,
+        from: &CudaTensor,
+        first: usize,
+        to: &mut CudaTensor,
+    ) -> Result<(), ComputeError> {
+        super::decoder::slice_rows(self, from, first, to)
+    }
+
     fn write_rows(
         &self,
         cache: &mut CudaTensor,

@@ -116,6 +116,35 @@ pub(super) fn resize_rows(
     Ok(())
 }
 
+pub(super) fn slice_rows(
+    compute: &CudaCompute,
+    from: &CudaTensor,
+    first: usize,
+    to: &mut CudaTensor,
+) -> Result<(), ComputeError> {
+    if from.cols != to.cols || first.checked_add(to.rows).is_none_or(|end| end > from.rows) {
+        return Err(shape_error(
+            "slice_rows",
+            format!(
+                "rows {first}.. of a [{}, {}] tensor into [{}, {}]",
+                from.rows, from.cols, to.rows, to.cols
+            ),
+        ));
+    }
+    let offset = (first * from.cols) as u64 * 4;
+    // SAFETY: the rows lie inside `from` (checked) and `to` holds exactly them; `to` is
+    // borrowed mutably, so the ranges are distinct.
+    unsafe {
+        copy_on_device(
+            &compute.stream,
+            from.ptr().offset(offset),
+            to.ptr(),
+            to.value_bytes(),
+        )
+    }
+    .map_err(compute_error)
+}
+
 pub(super) fn write_rows(
     compute: &CudaCompute,
     cache: &mut CudaTensor,
