@@ -288,7 +288,11 @@ fn bad_folders_and_inputs_exit_2_with_one_line() {
     refused(&llama, &["x"], &["\"t5\"", "supported: bert"]);
     let decoder = fresh("decoder");
     edit_config(&decoder, |config| config["model_type"] = "llama".into());
-    refused(&decoder, &["x"], &["a decoder model, not an encoder", "generate"]);
+    refused(
+        &decoder,
+        &["x"],
+        &["a decoder model, not an encoder", "generate"],
+    );
     let output = stagehand()
         .args([
             "run",
