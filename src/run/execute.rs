@@ -115,7 +115,16 @@ pub fn execute_on<C: Compute>(
         report.plan.pins.disk_bytes_per_step as f64,
         rates,
     );
+    let gave_way: u64 = report
+        .kv_growth
+        .iter()
+        .flat_map(|(_, _, blocks)| blocks)
+        .filter_map(|block| layout.block(*block))
+        .map(|block| block.bytes)
+        .sum();
+    let streamed_bytes_per_step_after_kv = report.plan.vram.streamed_bytes_per_step + gave_way;
     Ok(Outcome {
+        streamed_bytes_per_step_after_kv,
         report,
         rates,
         bound,
