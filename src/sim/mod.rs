@@ -21,6 +21,7 @@ mod hardware;
 pub mod harness;
 mod machine;
 mod model;
+mod reuse;
 mod run;
 mod simulation;
 mod storage;
