@@ -11,14 +11,17 @@ use stagehand::device::cuda::{self, CudaDevice};
 /// after their own allocations, which a concurrent test would disturb.
 static GPU: Mutex<()> = Mutex::new(());
 
-/// The device for a GPU test (with the lock that keeps GPU tests one at a time), or
-/// `None` (printed) when GPU tests are not asked for. When they are asked for, a missing
-/// device fails the test: a GPU check that silently skipped would report success
-/// without having run.
+/// The device for a GPU test, with the lock that keeps GPU tests one at a time. GPU
+/// tests are `#[ignore]`d, so a plain `cargo test` lists them as ignored; run without
+/// STAGEHAND_GPU_TESTS=1 or without a device they fail: a GPU check that silently
+/// skipped would report success without having run.
 fn gpu_device() -> Option<(MutexGuard<'static, ()>, CudaDevice)> {
     if std::env::var("STAGEHAND_GPU_TESTS").as_deref() != Ok("1") {
-        println!("skipped: STAGEHAND_GPU_TESTS not set");
-        return None;
+        // GPU tests are #[ignore]d: reaching here means they were asked for
+        // (--include-ignored) without saying there is a GPU. Passing would hide that.
+        panic!(
+            "GPU test run without STAGEHAND_GPU_TESTS=1: set it on a machine with a CUDA device"
+        );
     }
     let guard = GPU.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     match CudaDevice::open(0) {
@@ -97,6 +100,7 @@ fn asking_for_a_device_past_the_last_names_the_count() {
 }
 
 #[test]
+#[ignore = "needs a CUDA device: run with STAGEHAND_GPU_TESTS=1 and --include-ignored (scripts/gpu-check.sh does)"]
 fn gpu_pinned_copies_round_trip() {
     // Proves bytes copied from a registered buffer on the copy stream arrive intact,
     // that the buffer comes back still registered, and that bad copies are refused
@@ -134,6 +138,7 @@ fn gpu_pinned_copies_round_trip() {
 }
 
 #[test]
+#[ignore = "needs a CUDA device: run with STAGEHAND_GPU_TESTS=1 and --include-ignored (scripts/gpu-check.sh does)"]
 fn gpu_cast_buffer_grows_in_place_and_shrinks() {
     // Proves the cast buffer keeps its base address and its data while it grows, counts
     // mapped chunks against VRAM, refuses to pass its reservation, and gives memory back
@@ -205,6 +210,7 @@ fn uniform_values(count: usize, bound: f32, seed: u64) -> Vec<f32> {
 }
 
 #[test]
+#[ignore = "needs a CUDA device: run with STAGEHAND_GPU_TESTS=1 and --include-ignored (scripts/gpu-check.sh does)"]
 fn gpu_cublas_forward_matches_the_cpu_reference() {
     // Proves the cuBLAS linear stack (sgemm for f32, GemmEx for f16/bf16) computes the
     // same y = x·Wᵀ as the CPU reference within the stated tolerance, on non-square
@@ -280,6 +286,7 @@ fn gpu_cublas_forward_matches_the_cpu_reference() {
 }
 
 #[test]
+#[ignore = "needs a CUDA device: run with STAGEHAND_GPU_TESTS=1 and --include-ignored (scripts/gpu-check.sh does)"]
 fn gpu_checksum_kernel_matches_the_cpu() {
     // Proves the NVRTC checksum of device bytes equals the CPU checksum for aligned and
     // unaligned ranges and ragged lengths, and changes when one byte on the device does.
@@ -315,6 +322,7 @@ fn gpu_checksum_kernel_matches_the_cpu() {
 }
 
 #[test]
+#[ignore = "needs a CUDA device: run with STAGEHAND_GPU_TESTS=1 and --include-ignored (scripts/gpu-check.sh does)"]
 fn gpu_link_figures_are_measured() {
     // Proves the link benchmark runs end to end and yields positive, finite figures
     // (no timing assertion: those belong to the benchmark report, not a test).
@@ -338,6 +346,7 @@ fn gpu_link_figures_are_measured() {
 }
 
 #[test]
+#[ignore = "needs a CUDA device: run with STAGEHAND_GPU_TESTS=1 and --include-ignored (scripts/gpu-check.sh does)"]
 fn gpu_copy_and_compute_events_order_the_streams() {
     // Proves the stream-ordering calls the pipeline uses (compute-done events, copies
     // waiting on them, compute waiting on copies) are accepted by the driver and that
