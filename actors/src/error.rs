@@ -16,7 +16,8 @@ pub enum SessionError {
     CopyFailed { block: BlockId, reason: String },
     #[error("pinning host memory failed: {0}")]
     PinFailed(String),
-    #[error("device: {0}")]
+    /// A device failure, in the device's own words (they name the device already).
+    #[error("{0}")]
     Device(String),
     #[error("{block} could not be made resident after {attempts} attempts")]
     Starved { block: BlockId, attempts: u32 },

@@ -3,5 +3,6 @@
 
 pub mod cpu;
 pub mod cuda;
+pub mod host_memory;
 
 pub use cpu::CpuDevice;

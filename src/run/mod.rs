@@ -116,15 +116,7 @@ pub fn default_cache_dir() -> PathBuf {
     PathBuf::from("target").join("stagehand-cache")
 }
 
-/// Free host memory the kernel could give us now (`MemAvailable`), if known.
-pub fn available_ram_bytes() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text
-        .lines()
-        .find(|line| line.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
+pub use crate::device::host_memory::available_ram_bytes;
 
 /// A model opened for a run, with its workload.
 pub struct Prepared {
