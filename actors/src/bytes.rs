@@ -59,7 +59,9 @@ impl Bytes {
         let first = (u128::from(self.0) * 100).div_ceil(u128::from(scale)) as u64;
         for hundredths in first..first + 2 {
             let text = format!("{}.{:02}", hundredths / 100, hundredths % 100);
-            let parsed = text.parse::<f64>().map_or(0, |value| (value * scale as f64) as u64);
+            let parsed = text
+                .parse::<f64>()
+                .map_or(0, |value| (value * scale as f64) as u64);
             if parsed >= self.0 {
                 return format!("{text}{}", UNITS[unit]);
             }

@@ -15,8 +15,8 @@ use crate::lora::LoraSpec;
 use crate::model::demo::DemoSpec;
 use crate::run::summary::Summary;
 use crate::run::{
-    default_cache_dir, ensure_demo_model, ensure_moe_model, no_observer, prepare_with,
-    resolve_budgets, Extras, MoeOptions, RunError, RunPlan, WorkloadKind,
+    default_cache_dir, ensure_demo_model, ensure_moe_model, no_observer, prepare_with, Extras,
+    MoeOptions, RunError, RunPlan, WorkloadKind,
 };
 use crate::settings::{self, DeviceKind, SettingsArgs};
 use crate::workload::moe::HintMode;
@@ -197,8 +197,11 @@ pub fn execute(args: RunArgs) -> CommandResult {
         &extras,
     )
     .map_err(run_error)?;
-    let model_bytes = prepared.index.total_bytes();
-    let budgets = resolve_budgets(&settings, model_bytes, prepared.is_demo);
+    let policy = match args.policy {
+        PolicyArg::Planned => ResidencyPolicy::Planned,
+        PolicyArg::Lru => ResidencyPolicy::Lru,
+    };
+    let budgets = crate::run::budgets::resolve_for_run(&settings, &prepared, policy);
     let observer = match settings.metrics_addr {
         Some(addr) => {
             let observer = crate::telemetry::install(addr).map_err(Failure::bad_input)?;
@@ -223,10 +226,7 @@ pub fn execute(args: RunArgs) -> CommandResult {
         settings: &settings,
         budgets,
         prefetch_depth: settings.prefetch_depth,
-        policy: match args.policy {
-            PolicyArg::Planned => ResidencyPolicy::Planned,
-            PolicyArg::Lru => ResidencyPolicy::Lru,
-        },
+        policy,
         steps: args.steps,
         stop: install_interrupt_handler(),
         observer,

@@ -88,33 +88,3 @@ pub fn resident_bytes() -> Option<u64> {
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_large_reservation_costs_no_resident_memory_until_touched() {
-        // Proves the arena's pages are committed lazily: reserving 8 GiB barely moves
-        // RSS, and writing 16 MiB of it commits about 16 MiB.
-        let before = resident_bytes().expect("VmRSS");
-        let memory = ReservedMemory::reserve(8 << 30).expect("reserve 8 GiB");
-        let reserved = resident_bytes().expect("VmRSS");
-        assert!(
-            reserved < before + (4 << 20),
-            "RSS grew from {before} to {reserved} on an untouched reservation"
-        );
-        // SAFETY: the first 16 MiB are inside the mapping, which nobody else uses.
-        let head = unsafe { std::slice::from_raw_parts_mut(memory.as_ptr(), 16 << 20) };
-        assert!(
-            head.iter().all(|&byte| byte == 0),
-            "fresh pages read as zero"
-        );
-        head.fill(1);
-        let touched = resident_bytes().expect("VmRSS");
-        assert!(
-            touched >= reserved + (15 << 20),
-            "RSS {touched} after writing 16 MiB, {reserved} before"
-        );
-    }
-}

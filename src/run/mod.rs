@@ -1,6 +1,7 @@
 //! Wires settings, a model, the adapters and a workload into a run: what `stagehand
 //! run` and `stagehand bench` share.
 
+pub mod budgets;
 pub mod summary;
 
 use std::path::{Path, PathBuf};
@@ -219,7 +220,9 @@ pub fn prepare_with(
     Ok(Prepared {
         index,
         workload,
-        is_demo,
+        // A generated demo model gets the demo's defaults (budgets that make both
+        // tiers stream) however it was named: plainly or with --model.
+        is_demo: is_demo || demo || moe.is_some(),
     })
 }
 
