@@ -49,7 +49,7 @@ impl Bytes {
             unit += 1;
             scale <<= 10;
         }
-        if self.0.is_multiple_of(scale) {
+        if self.0 % scale == 0 {
             return format!("{}{}", self.0 / scale, UNITS[unit]);
         }
         // The smallest hundredth of the unit at or above the size, checked the way a
