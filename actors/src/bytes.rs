@@ -70,6 +70,33 @@ impl Bytes {
     }
 }
 
+impl Bytes {
+    /// A flag value that parses to at most these bytes (rounded *down* to a hundredth
+    /// of the unit), for "lower --pin-ceiling to …" advice.
+    pub fn flag_value_at_most(self) -> String {
+        if self.0 < 1024 {
+            return format!("{}B", self.0);
+        }
+        let mut unit = 0;
+        let mut scale = 1u64;
+        while unit + 1 < UNITS.len() && self.0 as f64 / scale as f64 >= 1024.0 {
+            unit += 1;
+            scale <<= 10;
+        }
+        let first = (u128::from(self.0) * 100 / u128::from(scale)) as u64;
+        for hundredths in (first.saturating_sub(1)..=first).rev() {
+            let text = format!("{}.{:02}", hundredths / 100, hundredths % 100);
+            let parsed = text
+                .parse::<f64>()
+                .map_or(u64::MAX, |value| (value * scale as f64) as u64);
+            if parsed <= self.0 {
+                return format!("{}{}", text.trim_end_matches(".00"), UNITS[unit]);
+            }
+        }
+        format!("{}B", self.0)
+    }
+}
+
 impl From<u64> for Bytes {
     fn from(bytes: u64) -> Self {
         Bytes(bytes)
@@ -105,5 +132,7 @@ mod tests {
         assert_eq!(Bytes(68_975_330).flag_value_at_least(), "65.79MiB");
         assert_eq!(Bytes(100).flag_value_at_least(), "100B");
         assert_eq!(Bytes((2 << 30) + 1).flag_value_at_least(), "2.01GiB");
+        assert_eq!(Bytes((2 << 30) + 1).flag_value_at_most(), "2GiB");
+        assert_eq!(Bytes(68_975_330).flag_value_at_most(), "65.78MiB");
     }
 }

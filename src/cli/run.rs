@@ -10,6 +10,7 @@ use std::sync::Arc;
 use indicatif::{ProgressBar, ProgressStyle};
 use stagehand_actors::ResidencyPolicy;
 
+pub use super::logging::init_logging;
 use super::{CommandResult, Failure};
 use crate::lora::LoraSpec;
 use crate::model::demo::DemoSpec;
@@ -124,16 +125,6 @@ fn install_interrupt_handler() -> Arc<AtomicBool> {
     stop
 }
 
-pub fn init_logging(filter: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_new(filter)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .try_init();
-}
-
 fn run_error(error: RunError) -> Failure {
     match error {
         RunError::BadInput(message) => Failure::bad_input(anyhow::anyhow!(message)),
@@ -163,6 +154,9 @@ pub fn execute(args: RunArgs) -> CommandResult {
     let settings = loaded.settings;
     init_logging(&settings.log);
     let use_cuda = use_cuda(settings.device)?;
+    let preparing = (args.model.is_none()).then(|| {
+        super::progress::Status::start("preparing the demo model (written once, then cached)")
+    });
     let (model, is_demo) = match &args.model {
         Some(path) => (path.clone(), false),
         None if args.workload == WorkloadKind::Moe => {
@@ -180,6 +174,7 @@ pub fn execute(args: RunArgs) -> CommandResult {
             )
         }
     };
+    drop(preparing);
     let extras = Extras {
         loras: args.lora.clone(),
         moe: MoeOptions {
