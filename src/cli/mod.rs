@@ -15,6 +15,7 @@ mod config_cmd;
 mod demo_model;
 mod inspect;
 mod logging;
+mod machine_load;
 mod progress;
 mod run;
 mod simulate;
