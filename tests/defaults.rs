@@ -68,6 +68,11 @@ fn a_checkpoint_whose_embedding_outweighs_40_percent_runs_with_no_flags() {
         stderr.contains("is below what its plan needs; using"),
         "{stderr}"
     );
+    // stderr is a pipe here, not a terminal: log lines carry no colour codes.
+    assert!(
+        !stderr.contains('\u{1b}'),
+        "ANSI escape in piped stderr: {stderr:?}"
+    );
 }
 
 #[test]

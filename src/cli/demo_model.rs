@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use bytesize::ByteSize;
+use stagehand_actors::Bytes;
 
 use super::{CommandResult, Failure};
 use crate::lora::{write_demo_lora, DemoLora, LoraDtype};
@@ -57,7 +57,7 @@ pub fn execute(args: DemoModelArgs) -> CommandResult {
         spec.layers_per_block,
         spec.dim,
         spec.dim,
-        ByteSize::b(spec.total_bytes()),
+        Bytes(spec.total_bytes()),
         spec.seed,
         started.elapsed().as_secs_f64()
     );
@@ -73,7 +73,7 @@ pub fn execute(args: DemoModelArgs) -> CommandResult {
             lora_path.display(),
             lora.rank,
             lora.dtype,
-            ByteSize::b(bytes),
+            Bytes(bytes),
             path.display(),
             lora_path.display()
         );

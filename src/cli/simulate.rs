@@ -152,6 +152,10 @@ pub fn execute(args: SimulateArgs) -> CommandResult {
         trace
             .write_chrome_trace(path)
             .map_err(Failure::run_failed)?;
+        eprintln!(
+            "wrote the Chrome trace of the stagehand run to {} (open it in https://ui.perfetto.dev)",
+            path.display()
+        );
     }
     let mut out = std::io::stdout().lock();
     let written = if args.json {
@@ -234,7 +238,7 @@ fn write_text(
     let fit = &simulation.fit;
     writeln!(
         out,
-        "{} ({}) on {} ({}; {} RAM, {} disk, {} link), {} steps, seed {}",
+        "{} ({}) on {} ({}; {} RAM, {} disk, {} link), {} step{}, seed {}",
         simulation.model,
         Bytes(fit.model_bytes),
         simulation.hardware,
@@ -243,6 +247,7 @@ fn write_text(
         simulation.disk,
         simulation.link,
         simulation.steps,
+        if simulation.steps == 1 { "" } else { "s" },
         simulation.seed
     )?;
     writeln!(

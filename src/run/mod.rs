@@ -248,7 +248,9 @@ pub fn resolve_budgets(settings: &Settings, model_bytes: u64, is_demo: bool) -> 
     let pin_ceiling_bytes = match spare {
         Some(spare) if wanted > spare => {
             tracing::warn!(
-                "pin_ceiling lowered from {wanted} to {spare} bytes so free RAM stays above ram_floor"
+                "pin_ceiling lowered from {} to {} so free RAM stays above ram_floor",
+                stagehand_actors::Bytes(wanted),
+                stagehand_actors::Bytes(spare)
             );
             spare
         }
@@ -401,6 +403,10 @@ pub fn execute(prepared: &Prepared, plan: RunPlan<'_>) -> Result<Outcome, RunErr
             .recorder()
             .write_chrome_trace(path)
             .map_err(|error| RunError::Failed(error.to_string()))?;
+        tracing::info!(
+            "wrote the Chrome trace to {} (open it in https://ui.perfetto.dev)",
+            path.display()
+        );
     }
     let rates = measure_rates(&device, &storage, &layout, |index| {
         !report
