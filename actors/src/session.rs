@@ -24,7 +24,7 @@ use actix::prelude::*;
 use tokio::time::Instant;
 
 use crate::compute_stream::ComputeStream;
-use crate::device::Device;
+use crate::device::{Device, MemorySpace};
 use crate::error::SessionError;
 use crate::expert_cache::ExpertPolicy;
 use crate::layout::{BlockId, ModelLayout};
@@ -83,6 +83,8 @@ pub struct SessionPlan {
 
 /// A started pipeline. Owned by the compute thread (it is `Send`, not `Sync`).
 pub struct Session {
+    /// The device's address space: what a held block's `DevicePtr` means.
+    memory_space: MemorySpace,
     table: Arc<ResidencyTable>,
     /// Packs of LoRA factors in VRAM, one entry per (adapter slot, block).
     lora_table: Arc<ResidencyTable>,
@@ -130,6 +132,7 @@ impl Session {
         observer: Arc<dyn Observer>,
     ) -> Result<Self, SessionError> {
         let prepared = Prepared::new(&config, experts, &layout, order)?;
+        let memory_space = device.memory_space();
         let (sender, receiver) = flume::bounded(1);
         let moved = prepared.clone();
         let thread = std::thread::Builder::new()
@@ -149,7 +152,7 @@ impl Session {
                 SessionError::Device(format!("could not start the actor thread: {error}"))
             })?;
         let wiring = receiver.recv().map_err(|_| SessionError::Stopped)??;
-        Ok(prepared.into_session(wiring, Some(thread)))
+        Ok(prepared.into_session(wiring, Some(thread), memory_space))
     }
 
     /// Starts the actors on the current actix system (the simulator's paused runtime).
@@ -163,10 +166,16 @@ impl Session {
         observer: Arc<dyn Observer>,
     ) -> Result<Self, SessionError> {
         let prepared = Prepared::new(&config, None, &layout, order)?;
+        let memory_space = device.memory_space();
         let wiring = prepared
             .clone()
             .start_actors(config, None, layout, device, storage, observer, false)?;
-        Ok(prepared.into_session(wiring, None))
+        Ok(prepared.into_session(wiring, None, memory_space))
+    }
+
+    /// The address space of the blocks this session hands out.
+    pub fn memory_space(&self) -> MemorySpace {
+        self.memory_space
     }
 
     pub fn plan(&self) -> &SessionPlan {
@@ -398,13 +407,17 @@ impl Session {
     }
 
     /// Reserves VRAM for activations, evicting weights if needed (activations win).
-    pub fn reserve_activations(&mut self, bytes: u64) -> Result<(), SessionError> {
+    /// Returns the resident blocks that gave way: they stream from now on.
+    pub fn reserve_activations(&mut self, bytes: u64) -> Result<Vec<BlockId>, SessionError> {
         let (reply, receiver) = flume::bounded(1);
         self.stream.do_send(ReserveActivations { bytes, reply });
         receiver.recv().map_err(|_| SessionError::Stopped)?
     }
 
-    pub async fn reserve_activations_async(&mut self, bytes: u64) -> Result<(), SessionError> {
+    pub async fn reserve_activations_async(
+        &mut self,
+        bytes: u64,
+    ) -> Result<Vec<BlockId>, SessionError> {
         let (reply, receiver) = flume::bounded(1);
         self.stream.do_send(ReserveActivations { bytes, reply });
         receiver

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use stagehand_actors::{
-    Device, DeviceArena, DeviceError, DevicePtr, HostBuffer, MemoryInfo, OpFuture,
+    Device, DeviceArena, DeviceError, DevicePtr, HostBuffer, MemoryInfo, MemorySpace, OpFuture,
 };
 
 use super::host_memory::{available_ram_bytes, ReservedMemory};
@@ -124,6 +124,10 @@ impl Drop for CpuDevice {
 impl Device for CpuDevice {
     fn name(&self) -> String {
         "cpu".into()
+    }
+
+    fn memory_space(&self) -> MemorySpace {
+        MemorySpace::Host
     }
 
     fn memory_info(&self) -> Result<MemoryInfo, DeviceError> {

@@ -5,12 +5,15 @@
 mod blocks;
 pub mod demo;
 mod error;
+pub mod folder;
+pub mod generated;
 mod header;
 mod index;
 mod reader;
 mod source;
 
 pub use error::IndexError;
+pub use folder::{FolderError, ModelFolder, Pooling, SentenceHead};
 pub use header::MAX_HEADER_BYTES;
 pub use index::{BlockInfo, ModelIndex, ShardFile, TensorInfo};
 pub use reader::{BlockReadError, BlockReader};

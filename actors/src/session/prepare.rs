@@ -7,7 +7,7 @@ use actix::prelude::*;
 use tokio::time::Instant;
 
 use crate::compute_stream::ComputeStream;
-use crate::device::Device;
+use crate::device::{Device, MemorySpace};
 use crate::disk_reader::DiskReader;
 use crate::error::SessionError;
 use crate::layout::{BlockId, ModelLayout};
@@ -164,8 +164,10 @@ impl Prepared {
         self,
         wiring: Wiring,
         system_thread: Option<JoinHandle<()>>,
+        memory_space: MemorySpace,
     ) -> Session {
         Session {
+            memory_space,
             table: self.table,
             lora_table: self.lora_table,
             lora_held: 0,
