@@ -10,7 +10,7 @@ use crate::compute::Compute;
 use crate::device::{CpuCompute, CpuDevice};
 use crate::model::BlockReader;
 use crate::workload::bound::{measure_rates, StepBound};
-use crate::workload::driver::{drive_traced, DriverOptions, Model, References};
+use crate::workload::driver::{drive_traced, DriverOptions, Model};
 use crate::workload::moe::MoeRun;
 
 use super::{failed_run, open_model_storage, session_config, Outcome, Prepared, RunError, RunPlan};
@@ -77,10 +77,6 @@ pub fn execute_on<C: Compute>(
     };
     let files =
         BlockReader::open(&prepared.index).map_err(|error| RunError::Failed(error.to_string()))?;
-    let mut references = References::new(&files);
-    references
-        .prime(compute, workload, 0)
-        .map_err(|error| RunError::Failed(format!("the fully-resident reference: {error}")))?;
     let session = Session::start_with_experts(
         config,
         experts,
@@ -95,7 +91,7 @@ pub fn execute_on<C: Compute>(
         session,
         compute,
         workload,
-        &mut references,
+        &files,
         DriverOptions {
             steps: plan.steps,
             stop: plan.stop,

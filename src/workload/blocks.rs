@@ -401,6 +401,7 @@ impl<'a, C: Compute> FromFiles<'a, C> {
             .ok_or_else(|| WorkloadError::Model(format!("{block} is not a block of this model")))?;
         let mut bytes = vec![0u8; layout.bytes as usize];
         self.reader.read_extents(&layout.extents, &mut bytes)?;
+        self.reader.forget(&layout.extents);
         let memory = compute.load_block(&bytes)?;
         if let Some(set) = self.lora {
             let packs: Vec<Option<C::Block>> = (0..set.adapters().len())

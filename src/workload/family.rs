@@ -54,6 +54,13 @@ pub trait Family {
         0
     }
 
+    /// Whether the reference must replay the steps in order with one state (a
+    /// decoder's KV cache carries from token to token); otherwise each distinct
+    /// [`Family::reference_key`] is computed once from a fresh state.
+    fn reference_is_sequential(&self) -> bool {
+        false
+    }
+
     /// Whether the reference keeps every block it read loaded (a family that uses
     /// blocks out of order and many times a step, such as MoE experts).
     fn reference_keeps_blocks(&self) -> bool {

@@ -19,6 +19,7 @@ pub mod lora_set;
 pub mod moe;
 pub mod moe_model;
 pub mod placement;
+mod reference;
 mod report;
 pub mod stream_verify;
 
