@@ -140,6 +140,7 @@ impl VramState {
         );
         let taken = self.ring_area_bytes + self.activation_bytes + self.lora_bytes;
         let available = Bytes(self.budget_bytes.saturating_sub(taken));
+        let needed = Bytes(taken + requested + held.0);
         if lora {
             ActivationError::LoraDoesNotFit {
                 requested: Bytes(requested),
@@ -147,6 +148,7 @@ impl VramState {
                 ring,
                 available,
                 held,
+                needed,
             }
         } else {
             ActivationError::DoNotFit {
@@ -155,6 +157,7 @@ impl VramState {
                 ring,
                 available,
                 held,
+                needed,
             }
         }
     }
