@@ -155,6 +155,7 @@ fn run_folder(model: &Path, share: f64, steps: u64) -> Outcome {
             on_step: Box::new(|_, _| {}),
             fail_after_reads: None,
             keep_outputs: true,
+            on_token: None,
         },
     )
     .unwrap()

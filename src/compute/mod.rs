@@ -197,6 +197,13 @@ pub trait Compute {
     ) -> Result<(), ComputeError>;
     /// Grows (or shrinks) a tensor to `rows` rows, keeping the first rows' values.
     fn resize_rows(&self, tensor: &mut Self::Tensor, rows: usize) -> Result<(), ComputeError>;
+    /// `to ← from[first .. first + to.rows]` (same columns).
+    fn slice_rows(
+        &self,
+        from: &Self::Tensor,
+        first: usize,
+        to: &mut Self::Tensor,
+    ) -> Result<(), ComputeError>;
     /// Copies every row of `rows` into `cache` from row `at` on.
     fn write_rows(
         &self,

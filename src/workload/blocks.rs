@@ -109,6 +109,11 @@ pub trait Blocks<C: Compute> {
     fn hint(&mut self, _blocks: &[BlockId]) {}
     /// The LoRA set attached now, whose low-rank patches a family applies.
     fn lora(&self) -> Option<&LoraSet>;
+    /// Reserves device memory for activations (a growing KV cache): resident weights
+    /// give way when the budget is full. Returns the blocks that gave way.
+    fn reserve_activations(&mut self, _bytes: u64) -> Result<Vec<BlockId>, WorkloadError> {
+        Ok(Vec::new())
+    }
 }
 
 /// Blocks streamed through a session, with the compute thread's bookkeeping: holds
@@ -362,6 +367,10 @@ impl<C: Compute> Blocks<C> for Streamed<'_, C> {
 
     fn hint(&mut self, blocks: &[BlockId]) {
         self.session.hint(blocks);
+    }
+
+    fn reserve_activations(&mut self, bytes: u64) -> Result<Vec<BlockId>, WorkloadError> {
+        Ok(self.session.reserve_activations(bytes)?)
     }
 
     fn lora(&self) -> Option<&LoraSet> {

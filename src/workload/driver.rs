@@ -8,6 +8,7 @@ use std::time::Instant;
 use stagehand_actors::{BlockId, ModelLayout, Session, StatsSnapshot};
 
 use super::blocks::Streamed;
+use super::decoder::Decoder;
 use super::encoder::Encoder;
 use super::family::Family;
 use super::linear_stack::{first_difference, first_difference_within, LinearStack};
@@ -31,6 +32,8 @@ pub enum Model {
     StreamVerify(StreamVerify),
     /// A BERT-family encoder from a Hugging Face folder.
     Encoder(Box<Encoder>),
+    /// A Llama-family decoder (or Mixtral) from a Hugging Face folder.
+    Decoder(Box<Decoder>),
 }
 
 /// What each step computes, and the LoRA sets it applies.
@@ -54,6 +57,10 @@ macro_rules! with_family {
             Model::Moe($family) => $body,
             Model::StreamVerify($family) => $body,
             Model::Encoder($family) => {
+                let $family = &**$family;
+                $body
+            }
+            Model::Decoder($family) => {
                 let $family = &**$family;
                 $body
             }
@@ -118,6 +125,8 @@ pub struct DriverOptions {
     pub on_step: Box<dyn FnMut(u64, f64) + Send>,
     /// Keep each reference key's last output in the report (`embed` prints them).
     pub keep_outputs: bool,
+    /// Called with each token a decoder picks, as it is picked (`generate`).
+    pub on_token: Option<Box<dyn FnMut(u32) + Send>>,
 }
 
 impl DriverOptions {
@@ -127,6 +136,7 @@ impl DriverOptions {
             stop: Arc::new(AtomicBool::new(false)),
             on_step: Box::new(|_, _| {}),
             keep_outputs: false,
+            on_token: None,
         }
     }
 }
@@ -279,6 +289,10 @@ fn run_steps<'a, C: Compute, F: Family>(
         report.expert_hits += output.expert_hits;
         report.expert_misses += output.expert_misses;
         report.expert_hints += output.expert_hints;
+        report.record_decoder_step(step, &output);
+        if let (Some(token), Some(on_token)) = (output.token, options.on_token.as_mut()) {
+            on_token(token);
+        }
         if step == 0 {
             report.after_first_step = blocks.session().stats();
         }

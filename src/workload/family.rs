@@ -20,6 +20,15 @@ pub struct StepOutput {
     pub expert_hits: u64,
     pub expert_misses: u64,
     pub expert_hints: u64,
+    /// Decoders: the token this step picked.
+    pub token: Option<u32>,
+    /// MoE decoders: per layer, the experts this step used, in router order.
+    pub routes: Vec<Vec<u32>>,
+    /// Decoders: bytes of KV cache after this step, bytes reserved for it in this step,
+    /// and the resident blocks that gave way to that reservation.
+    pub kv_bytes: u64,
+    pub kv_reserved_bytes: u64,
+    pub kv_evicted: Vec<stagehand_actors::BlockId>,
 }
 
 /// A model family's forward pass.

@@ -11,9 +11,11 @@
 
 pub mod blocks;
 pub mod bound;
+pub mod decoder;
 pub mod driver;
 pub mod encoder;
 pub mod family;
+mod host_table;
 pub mod linear_stack;
 pub mod lora_set;
 pub mod moe;

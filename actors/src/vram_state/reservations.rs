@@ -15,7 +15,9 @@ impl VramState {
     /// for the smaller budget (the plan re-balances). Returns the blocks that gave way.
     pub fn reserve_activations(&mut self, bytes: u64) -> Result<Vec<BlockId>, ActivationError> {
         let mut evicted = Vec::new();
-        while self.used_bytes() + bytes > self.budget_bytes {
+        // The ring and the expert area are committed whether or not their slots are
+        // filled right now: activations come out of the resident area.
+        while self.committed_bytes() + bytes > self.budget_bytes {
             match self.evict_lowest_priority() {
                 Some(block) => evicted.push(block),
                 None => return Err(self.do_not_fit(bytes, false)),
@@ -24,6 +26,12 @@ impl VramState {
         self.activation_bytes += bytes;
         self.record_peak();
         Ok(evicted)
+    }
+
+    /// Bytes the resident area holds plus the ring and expert areas whole, plus
+    /// activations: what a new activation reservation must fit beside.
+    fn committed_bytes(&self) -> u64 {
+        self.resident_area.used_bytes() + self.resident_base() + self.activation_bytes
     }
 
     pub fn release_activations(&mut self, bytes: u64) {

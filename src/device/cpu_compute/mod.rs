@@ -537,6 +537,30 @@ impl Compute for CpuCompute {
         Ok(())
     }
 
+    fn slice_rows(
+        &self,
+        from: &CpuTensor,
+        first: usize,
+        to: &mut CpuTensor,
+    ) -> Result<(), ComputeError> {
+        if from.cols != to.cols || first + to.rows > from.rows {
+            return Err(shape_error(
+                "slice_rows",
+                format!(
+                    "rows {first}..{} of a [{}, {}] tensor into [{}, {}]",
+                    first + to.rows,
+                    from.rows,
+                    from.cols,
+                    to.rows,
+                    to.cols
+                ),
+            ));
+        }
+        to.data
+            .copy_from_slice(&from.data[first * from.cols..(first + to.rows) * from.cols]);
+        Ok(())
+    }
+
     fn write_rows(
         &self,
         cache: &mut CpuTensor,

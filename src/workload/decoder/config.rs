@@ -54,10 +54,15 @@ impl DecoderConfig {
             WorkloadError::Model(format!("{}: `{key}` {problem}", path.display()))
         };
         let size = |key: &str| -> Result<usize, WorkloadError> {
-            let value = config.get(key).ok_or_else(|| bad(key, "is missing".into()))?;
+            let value = config
+                .get(key)
+                .ok_or_else(|| bad(key, "is missing".into()))?;
             match value.as_u64() {
                 Some(number) if (1..=MAX_DIMENSION).contains(&number) => Ok(number as usize),
-                _ => Err(bad(key, format!("is {value}; expected a whole number from 1 to {MAX_DIMENSION}"))),
+                _ => Err(bad(
+                    key,
+                    format!("is {value}; expected a whole number from 1 to {MAX_DIMENSION}"),
+                )),
             }
         };
         let optional_size = |key: &str| match config.get(key) {
@@ -101,11 +106,20 @@ impl DecoderConfig {
             }
         };
         if head_dim % 2 != 0 {
-            return Err(bad("head_dim", format!("is {head_dim}; rotary embedding needs it even")));
+            return Err(bad(
+                "head_dim",
+                format!("is {head_dim}; rotary embedding needs it even"),
+            ));
         }
-        let activation = config.get("hidden_act").and_then(Value::as_str).unwrap_or("silu");
+        let activation = config
+            .get("hidden_act")
+            .and_then(Value::as_str)
+            .unwrap_or("silu");
         if activation != "silu" {
-            return Err(bad("hidden_act", format!("is \"{activation}\"; Llama-family decoders use \"silu\"")));
+            return Err(bad(
+                "hidden_act",
+                format!("is \"{activation}\"; Llama-family decoders use \"silu\""),
+            ));
         }
         let experts = if model_type == "mixtral" {
             let count = size("num_local_experts")?;
@@ -156,7 +170,8 @@ impl DecoderConfig {
                 } else if wavelength > low_wavelength {
                     frequency / scaling.factor
                 } else {
-                    let smooth = (scaling.original_max_positions / wavelength - scaling.low_freq_factor)
+                    let smooth = (scaling.original_max_positions / wavelength
+                        - scaling.low_freq_factor)
                         / (scaling.high_freq_factor - scaling.low_freq_factor);
                     (1.0 - smooth) * frequency / scaling.factor + smooth * frequency
                 };
