@@ -1,7 +1,10 @@
-//! `stagehand bench`: in one process, the demo workload (a) fully resident — compute
-//! only, (b) naive — each block loaded when needed, no prefetch, same budgets, and (c)
-//! stagehand, for a compute-bound, a balanced and a transfer-bound configuration.
-//! Prints the physical bound, each time, and the ratios (c)/bound and (b)/(c).
+//! `stagehand bench`: in one process, the demo workload run three ways — *resident*
+//! (every block in VRAM: compute only), *naive* (each block loaded when needed, no
+//! prefetch, same budgets) and *stagehand* — at three batch sizes aimed at a
+//! compute-heavy, a balanced and a transfer-heavy step. Prints the physical bound,
+//! each time, and the ratios stagehand/bound and naive/stagehand; each row is named by
+//! what its *measured* bound says limits it, whatever the batch aimed at. It samples
+//! the machine's load before and after and says when the ratios cannot be trusted.
 //! `stagehand bench disk FILE` measures the storage read paths instead.
 
 use std::sync::atomic::AtomicBool;
@@ -10,6 +13,9 @@ use std::sync::Arc;
 use serde::Serialize;
 use stagehand_actors::ResidencyPolicy;
 
+use stagehand_actors::Bytes;
+
+use super::machine_load::{CpuSample, MachineLoad};
 use super::{CommandResult, Failure};
 use crate::model::demo::DemoSpec;
 use crate::run::{
@@ -35,6 +41,7 @@ pub struct BenchArgs {
     /// Batch of the transfer-bound configuration.
     #[arg(long, default_value_t = 1)]
     pub transfer_batch: usize,
+    /// Print {"configurations": [...], "machine_load": {...}} as JSON instead of the table.
     #[arg(long)]
     pub json: bool,
     /// Bench this model instead of the demo: a Hugging Face folder of a supported
@@ -58,7 +65,10 @@ pub enum BenchTarget {
 
 #[derive(Debug, Serialize)]
 struct Configuration {
+    /// What the measured bound says: "compute-bound", "copy-bound" or "disk-bound".
     name: &'static str,
+    /// What the batch size aimed at (the measured bound may say otherwise).
+    aim: &'static str,
     batch: usize,
     bound_seconds: f64,
     bound_limited_by: &'static str,
@@ -145,11 +155,11 @@ impl Bench<'_> {
 
     fn configuration(
         &self,
-        name: &'static str,
+        aim: &'static str,
         batch: usize,
         budgets: Budgets,
     ) -> Result<Configuration, Failure> {
-        eprintln!("bench: {name} (batch {batch}): resident, naive, stagehand");
+        eprintln!("bench: batch {batch} (aimed {aim}): resident, naive, stagehand");
         // Room for every block, with the arena's per-block alignment.
         let resident_budgets = Budgets {
             vram_budget_bytes: self.model_bytes + (1 << 20),
@@ -183,7 +193,12 @@ impl Bench<'_> {
         );
         let stagehand_seconds = stagehand.report.steady_step_seconds();
         Ok(Configuration {
-            name,
+            name: match bound.limited_by() {
+                "compute" => "compute-bound",
+                "copy to VRAM" => "copy-bound",
+                _ => "disk-bound",
+            },
+            aim,
             batch,
             bound_seconds: bound.seconds(),
             bound_limited_by: bound.limited_by(),
@@ -234,7 +249,9 @@ pub fn execute(args: BenchArgs) -> CommandResult {
     if let Some(model) = &args.model {
         return bench_model(&args, &settings, model);
     }
+    let preparing = super::progress::Status::start("preparing the demo model");
     let model = ensure_demo_model(&default_cache_dir(), &DemoSpec::default()).map_err(run_error)?;
+    drop(preparing);
     let model_bytes = DemoSpec::default().total_bytes();
     let budgets = resolve_budgets(&settings, model_bytes, true);
     let bench = Bench {
@@ -245,6 +262,7 @@ pub fn execute(args: BenchArgs) -> CommandResult {
         rounds: args.rounds,
         workload: WorkloadKind::LinearStack,
     };
+    let before = CpuSample::now();
     let compute_bound = bench.configuration("compute-bound", args.compute_batch, budgets)?;
     // Balanced: scale the batch so compute ≈ the transfer-bound configuration's bound.
     let per_row = compute_bound.resident_seconds / args.compute_batch as f64;
@@ -252,38 +270,73 @@ pub fn execute(args: BenchArgs) -> CommandResult {
     let transfer_side = transfer.bound_seconds;
     let balanced_batch = ((transfer_side / per_row).round() as usize).max(1);
     let balanced = bench.configuration("balanced", balanced_batch, budgets)?;
+    let machine_load = before
+        .zip(CpuSample::now())
+        .map(|(before, after)| MachineLoad::between(before, after));
     let configurations = [compute_bound, balanced, transfer];
     if args.json {
-        let text = serde_json::to_string_pretty(&configurations).map_err(Failure::run_failed)?;
+        let report = JsonReport {
+            configurations: &configurations,
+            machine_load,
+        };
+        let text = serde_json::to_string_pretty(&report).map_err(Failure::run_failed)?;
         println!("{text}");
+        if let Some(load) = machine_load.filter(|load| !load.trustworthy) {
+            eprintln!("{}", load.verdict());
+        }
         return Ok(());
     }
+    print_table(
+        &settings,
+        budgets,
+        model_bytes,
+        args.rounds,
+        &configurations,
+    );
+    match machine_load {
+        Some(load) => println!("{}", load.verdict()),
+        None => println!("machine load: unknown (/proc unreadable): judge the ratios with care"),
+    }
+    Ok(())
+}
+
+#[derive(Serialize)]
+struct JsonReport<'a> {
+    configurations: &'a [Configuration],
+    machine_load: Option<MachineLoad>,
+}
+
+fn print_table(
+    settings: &Settings,
+    budgets: Budgets,
+    model_bytes: u64,
+    rounds: u32,
+    configurations: &[Configuration],
+) {
     println!(
-        "stagehand bench: demo model {} MiB, vram budget {} MiB, pin ceiling {} MiB, prefetch depth {}",
-        model_bytes >> 20,
-        budgets.vram_budget_bytes >> 20,
-        budgets.pin_ceiling_bytes >> 20,
+        "stagehand bench: demo model {}, vram budget {}, pin ceiling {}, prefetch depth {}",
+        Bytes(model_bytes),
+        Bytes(budgets.vram_budget_bytes),
+        Bytes(budgets.pin_ceiling_bytes),
         settings.prefetch_depth
     );
     println!(
-        "{:<15} {:>5} {:>10} {:>12} {:>10} {:>10} {:>10} {:>12} {:>11}",
-        "configuration",
+        "{:<14} {:>5} {:>9} {:>12} {:>9} {:>13} {:>16} {:>16}",
+        "bound",
         "batch",
         "bound ms",
-        "limited by",
-        "resident",
-        "naive",
-        "stagehand",
-        "(c)/bound",
-        "(b)/(c)"
+        "resident ms",
+        "naive ms",
+        "stagehand ms",
+        "stagehand/bound",
+        "naive/stagehand"
     );
-    for row in &configurations {
+    for row in configurations {
         println!(
-            "{:<15} {:>5} {:>10.1} {:>12} {:>10.1} {:>10.1} {:>10.1} {:>12.3} {:>11.3}",
+            "{:<14} {:>5} {:>9.1} {:>12.1} {:>9.1} {:>13.1} {:>16.3} {:>16.3}",
             row.name,
             row.batch,
             row.bound_seconds * 1e3,
-            row.bound_limited_by,
             row.resident_seconds * 1e3,
             row.naive_seconds * 1e3,
             row.stagehand_seconds * 1e3,
@@ -291,7 +344,24 @@ pub fn execute(args: BenchArgs) -> CommandResult {
             row.naive_over_stagehand
         );
     }
-    Ok(())
+    println!(
+        "resident: every block in VRAM, compute only (the bound's compute part); naive: the same \
+         budgets, each block loaded when needed, no prefetch; stagehand: planned residency, \
+         prefetch depth {}. Steady-step times, fastest of {rounds} interleaved rounds. \
+         stagehand/bound 1.00 is the physical limit; naive/stagehand above 1 means stagehand is faster.",
+        settings.prefetch_depth
+    );
+    let missed = |row: &&Configuration| match row.aim {
+        "compute-bound" => row.name != "compute-bound",
+        "transfer-bound" => row.name == "compute-bound",
+        _ => false,
+    };
+    for row in configurations.iter().filter(missed) {
+        println!(
+            "note: batch {} aimed at a {} step, but on this machine its bound is {} (limited by {})",
+            row.batch, row.aim, row.name, row.bound_limited_by
+        );
+    }
 }
 
 /// `bench --model PATH`: resident, naive and stagehand at each of `--batches`, on the
@@ -332,6 +402,7 @@ fn bench_model(args: &BenchArgs, settings: &Settings, model: &std::path::Path) -
         rounds: args.rounds,
         workload,
     };
+    let before = CpuSample::now();
     let mut rows = Vec::with_capacity(args.batches.len());
     for &batch in &args.batches {
         if batch == 0 {
@@ -341,9 +412,19 @@ fn bench_model(args: &BenchArgs, settings: &Settings, model: &std::path::Path) -
         }
         rows.push(bench.configuration("model", batch, budgets)?);
     }
+    let machine_load = before
+        .zip(CpuSample::now())
+        .map(|(before, after)| MachineLoad::between(before, after));
     if args.json {
-        let text = serde_json::to_string_pretty(&rows).map_err(Failure::run_failed)?;
+        let report = JsonReport {
+            configurations: &rows,
+            machine_load,
+        };
+        let text = serde_json::to_string_pretty(&report).map_err(Failure::run_failed)?;
         println!("{text}");
+        if let Some(load) = machine_load.filter(|load| !load.trustworthy) {
+            eprintln!("{}", load.verdict());
+        }
         return Ok(());
     }
     println!(
@@ -379,6 +460,10 @@ fn bench_model(args: &BenchArgs, settings: &Settings, model: &std::path::Path) -
             row.naive_over_stagehand,
             stagehand_actors::Bytes(row.streamed_bytes_per_step).to_string()
         );
+    }
+    match machine_load {
+        Some(load) => println!("{}", load.verdict()),
+        None => println!("machine load: unknown (/proc unreadable): judge the ratios with care"),
     }
     Ok(())
 }

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use indicatif::{ProgressBar, ProgressStyle};
 use stagehand_actors::ResidencyPolicy;
 
+pub use super::logging::init_logging;
 use super::{CommandResult, Failure};
 use crate::lora::LoraSpec;
 use crate::model::demo::DemoSpec;
@@ -129,16 +130,6 @@ fn install_interrupt_handler() -> Arc<AtomicBool> {
     stop
 }
 
-pub fn init_logging(filter: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_new(filter)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .try_init();
-}
-
 pub(super) fn run_error(error: RunError) -> Failure {
     match error {
         RunError::BadInput(message) => Failure::bad_input(anyhow::anyhow!(message)),
@@ -234,6 +225,7 @@ pub(super) fn run_prepared(
     let model_bytes = prepared.streamed_model_bytes();
     let budgets = resolve_budgets(settings, model_bytes, prepared.is_demo);
     let budgets = automatic_budget(prepared, settings, budgets, launch.steps);
+    let budgets = crate::run::demo_pins::demo_pin_room(prepared, settings, budgets);
     let observer = match settings.metrics_addr {
         Some(addr) => {
             let observer = crate::telemetry::install(addr).map_err(Failure::bad_input)?;
@@ -287,6 +279,9 @@ pub fn execute(args: RunArgs) -> CommandResult {
     let settings = loaded.settings;
     init_logging(&settings.log);
     let use_cuda = use_cuda(settings.device)?;
+    let preparing = (args.model.is_none()).then(|| {
+        super::progress::Status::start("preparing the demo model (written once, then cached)")
+    });
     let (model, is_demo) = match &args.model {
         Some(path) => (path.clone(), false),
         None if args.workload == WorkloadKind::Moe => {
@@ -304,6 +299,7 @@ pub fn execute(args: RunArgs) -> CommandResult {
             )
         }
     };
+    drop(preparing);
     let extras = Extras {
         loras: args.lora.clone(),
         moe: MoeOptions {

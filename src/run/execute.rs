@@ -104,6 +104,10 @@ pub fn execute_on<C: Compute>(
             .recorder()
             .write_chrome_trace(path)
             .map_err(|error| RunError::Failed(error.to_string()))?;
+        tracing::info!(
+            "wrote the Chrome trace to {} (open it in https://ui.perfetto.dev)",
+            path.display()
+        );
     }
     let rates = measure_rates(&device, &storage, &layout, |index| {
         !report.plan.pins.is_cached(BlockId(index as u32))

@@ -3,6 +3,7 @@
 
 #[cfg(feature = "cuda")]
 mod cuda;
+pub mod demo_pins;
 mod execute;
 mod prepare;
 pub mod summary;
@@ -134,15 +135,7 @@ pub fn default_cache_dir() -> PathBuf {
     PathBuf::from("target").join("stagehand-cache")
 }
 
-/// Free host memory the kernel could give us now (`MemAvailable`), if known.
-pub fn available_ram_bytes() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text
-        .lines()
-        .find(|line| line.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
+pub use crate::device::host_memory::available_ram_bytes;
 
 /// The budgets a run uses, resolved from the settings and the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -166,7 +159,9 @@ pub fn resolve_budgets(settings: &Settings, model_bytes: u64, is_demo: bool) -> 
     let pin_ceiling_bytes = match spare {
         Some(spare) if wanted > spare => {
             tracing::warn!(
-                "pin_ceiling lowered from {wanted} to {spare} bytes so free RAM stays above ram_floor"
+                "pin_ceiling lowered from {} to {} so free RAM stays above ram_floor",
+                stagehand_actors::Bytes(wanted),
+                stagehand_actors::Bytes(spare)
             );
             spare
         }

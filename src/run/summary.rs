@@ -188,13 +188,20 @@ impl Summary {
         };
         if self.workload == "stream-verify" {
             line(format!(
-                "stagehand run: stream-verify, {} steps on {} ({} reads): checked bytes only — every block's checksum on the device equals the file's in {} steps; nothing was computed",
-                self.steps, self.device, self.storage, self.verified_steps
+                "stagehand run: stream-verify, {} on {} ({} reads): checked bytes only — every block's checksum on the device equals the file's in {} steps; nothing was computed",
+                counted(self.steps, "step", "steps"),
+                self.device,
+                self.storage,
+                self.verified_steps
             ));
         } else {
             line(format!(
-                "stagehand run: {}, {} steps on {} ({} reads), {} verified against {reference}",
-                self.workload, self.steps, self.device, self.storage, self.verified_steps
+                "stagehand run: {}, {} on {} ({} reads), {} verified against {reference}",
+                self.workload,
+                counted(self.steps, "step", "steps"),
+                self.device,
+                self.storage,
+                self.verified_steps
             ));
         }
         line(format!(
@@ -226,6 +233,16 @@ impl Summary {
                 bytes(self.streamed_bytes_per_step_planned),
                 bytes(self.disk_bytes_per_step_planned)
             ));
+        } else if self.expert_hits + self.expert_misses > 0 {
+            // The plan covers the dense blocks in step order; experts load as the router
+            // picks them, through the expert cache, and no plan predicts those bytes.
+            line(format!(
+                "  per steady step: pinned→vram {} (dense blocks planned {}, the rest experts as routed)  disk→pinned {} (dense blocks planned {})",
+                bytes(self.pinned_to_vram_bytes_per_step as u64),
+                bytes(self.streamed_bytes_per_step_planned),
+                bytes(self.disk_to_pinned_bytes_per_step as u64),
+                bytes(self.disk_bytes_per_step_planned)
+            ));
         } else {
             line(format!(
                 "  per steady step: pinned→vram {} (plan {})  disk→pinned {} (plan {})",
@@ -237,9 +254,9 @@ impl Summary {
         }
         let total = (self.hits + self.misses).max(1);
         line(format!(
-            "  acquires: {} hits, {} misses ({:.1}% hit)  compute stalled {}",
-            self.hits,
-            self.misses,
+            "  acquires: {}, {} ({:.1}% hit)  compute stalled {}",
+            counted(self.hits, "hit", "hits"),
+            counted(self.misses, "miss", "misses"),
             100.0 * self.hits as f64 / total as f64,
             ms(self.stall_seconds)
         ));
@@ -256,8 +273,11 @@ impl Summary {
         let read_ahead = self.read_ahead_used + self.read_ahead_dropped + self.read_ahead_failed;
         if read_ahead > 0 {
             line(format!(
-                "  disk read-ahead: {} blocks read while the ring was full: {} used, {} dropped, {} failed",
-                read_ahead, self.read_ahead_used, self.read_ahead_dropped, self.read_ahead_failed
+                "  disk read-ahead: {} read while the ring was full: {} used, {} dropped, {} failed",
+                counted(read_ahead, "block", "blocks"),
+                self.read_ahead_used,
+                self.read_ahead_dropped,
+                self.read_ahead_failed
             ));
         }
         if !self.lora_adapters.is_empty() {
@@ -279,9 +299,9 @@ impl Summary {
         }
         if self.expert_hits + self.expert_misses > 0 {
             line(format!(
-                "  experts: {} hits, {} misses ({:.1}% hit)  {} hinted",
-                self.expert_hits,
-                self.expert_misses,
+                "  experts: {}, {} ({:.1}% hit)  {} hinted",
+                counted(self.expert_hits, "hit", "hits"),
+                counted(self.expert_misses, "miss", "misses"),
                 100.0 * self.expert_hit_rate,
                 self.expert_hints
             ));
@@ -325,4 +345,9 @@ impl Summary {
         ));
         out
     }
+}
+
+/// "1 miss", "2 misses": a count with the right noun.
+fn counted(count: u64, one: &str, many: &str) -> String {
+    format!("{count} {}", if count == 1 { one } else { many })
 }

@@ -173,6 +173,7 @@ impl VramState {
         );
         let taken = self.ring_area_bytes + self.activation_bytes + self.lora_bytes;
         let available = Bytes(self.budget_bytes.saturating_sub(taken));
+        let needed = Bytes(taken + requested + held.0);
         if lora {
             ActivationError::LoraDoesNotFit {
                 requested: Bytes(requested),
@@ -180,6 +181,7 @@ impl VramState {
                 ring,
                 available,
                 held,
+                needed,
             }
         } else {
             ActivationError::DoNotFit {
@@ -188,6 +190,7 @@ impl VramState {
                 ring,
                 available,
                 held,
+                needed,
             }
         }
     }
