@@ -93,11 +93,15 @@ pub struct DecoderState<C: Compute> {
 }
 
 impl Decoder {
+    /// A decoder over `index`. `headers_only`: read no tensor data (the host copies of
+    /// the embedding table and the routers), for a description of the model that will
+    /// not run.
     pub fn new(
         index: &ModelIndex,
         config: DecoderConfig,
         prompt: Vec<u32>,
         sampling: Sampling,
+        headers_only: bool,
     ) -> Result<Self, WorkloadError> {
         if prompt.is_empty() {
             return Err(WorkloadError::Model("the prompt has no tokens".into()));
@@ -117,14 +121,14 @@ impl Decoder {
         }
         sampling.validate().map_err(WorkloadError::Model)?;
         let weights = DecoderWeights::place(index, &config)?;
-        let host_table = if config.tie_embeddings {
+        let host_table = if config.tie_embeddings || headers_only {
             None
         } else {
             Some(HostTable::read(index, weights.embed_tensor)?)
         };
         let host_routers = match config.experts {
-            Some(_) => experts::read_host_routers(index, config.layers)?,
-            None => Vec::new(),
+            Some(_) if !headers_only => experts::read_host_routers(index, config.layers)?,
+            _ => Vec::new(),
         };
         Ok(Self {
             inv_freq: config.inv_freq(),
@@ -178,6 +182,39 @@ impl Decoder {
             .filter_map(|block| layout.block(BlockId(block)))
             .map(|block| block.bytes)
             .sum()
+    }
+
+    /// Floating-point operations per token of layer `layer`'s block: the projections,
+    /// and the dense MLP or the router (experts count apart, see
+    /// [`Decoder::expert_flops_per_token`]). Attention's sequence-length term is left
+    /// out (a short context).
+    pub fn layer_flops_per_token(&self) -> f64 {
+        let config = &self.config;
+        let hidden = config.hidden as f64;
+        let projections = hidden * (2 * config.q_dim() + 2 * config.kv_dim()) as f64;
+        let mlp = match config.experts {
+            None => 3.0 * hidden * config.intermediate as f64,
+            Some(experts) => experts.count as f64 * hidden,
+        };
+        2.0 * (projections + mlp)
+    }
+
+    /// Floating-point operations per token of one expert.
+    pub fn expert_flops_per_token(&self) -> f64 {
+        2.0 * 3.0 * (self.config.hidden * self.config.intermediate) as f64
+    }
+
+    /// Floating-point operations per token of the head (`lm_head`).
+    pub fn head_flops_per_token(&self) -> f64 {
+        2.0 * (self.config.hidden * self.config.vocab) as f64
+    }
+
+    /// The experts of layer `layer`, as block ids.
+    pub fn expert_blocks(&self, layer: usize) -> Vec<BlockId> {
+        let count = self.config.experts.map_or(0, |experts| experts.count);
+        (0..count)
+            .map(|expert| BlockId(self.weights.expert_block(layer, expert)))
+            .collect()
     }
 
     /// Floating-point operations of one decode step (one token), for the bound.
