@@ -9,6 +9,7 @@
 //! buffer owned by this adapter just before the GEMM that reads them; the cast buffer
 //! grows to the largest weight once and is reused.
 
+mod gemv;
 mod kernels;
 mod products;
 

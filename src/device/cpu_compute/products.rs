@@ -3,7 +3,7 @@
 
 use crate::compute::{shapes, ComputeError, LowRank, Weight};
 
-use super::{as_f32, kernels, vector, weight_bytes, weight_scale, CpuCompute, CpuTensor};
+use super::{as_f32, gemv, kernels, vector, weight_bytes, weight_scale, CpuCompute, CpuTensor};
 
 pub(super) fn linear(
     compute: &CpuCompute,
@@ -14,6 +14,9 @@ pub(super) fn linear(
 ) -> Result<(), ComputeError> {
     shapes::linear(x.dims(), weight, y.dims())?;
     let (out_features, in_features) = (weight.rows(), weight.cols());
+    if x.rows <= gemv::GEMV_ROWS {
+        return few_rows(compute, x, weight, bias, y);
+    }
     let beta = match bias {
         Some(bias) => {
             let mut small = compute.cast_small.borrow_mut();
@@ -34,6 +37,37 @@ pub(super) fn linear(
         weights,
         out_features,
         beta,
+        &mut y.data,
+    );
+    Ok(())
+}
+
+/// A product of at most [`gemv::GEMV_ROWS`] rows (a decode step): the weight is read
+/// once in its own dtype, a row at a time.
+fn few_rows(
+    compute: &CpuCompute,
+    x: &CpuTensor,
+    weight: &Weight<'_>,
+    bias: Option<&Weight<'_>>,
+    y: &mut CpuTensor,
+) -> Result<(), ComputeError> {
+    let (out_features, in_features) = (weight.rows(), weight.cols());
+    let mut small = compute.cast_small.borrow_mut();
+    let bias = match bias {
+        Some(bias) => Some(vector("linear bias", bias, out_features, &mut small)?),
+        None => None,
+    };
+    let mut row = compute.cast.borrow_mut();
+    gemv::gemv(
+        &x.data,
+        x.rows,
+        in_features,
+        weight_bytes(weight),
+        weight.dtype(),
+        weight_scale(weight),
+        bias,
+        out_features,
+        &mut row,
         &mut y.data,
     );
     Ok(())
