@@ -22,6 +22,9 @@ pub enum SessionError {
     Starved { block: BlockId, attempts: u32 },
     #[error("the session has stopped")]
     Stopped,
+    /// The owner asked the run to stop (a signal) while the compute thread waited.
+    #[error("interrupted: the run was asked to stop")]
+    Interrupted,
     #[error("LoRA factors need {requested_bytes} bytes of pinned memory and the pin ceiling has {available_bytes} left after the staging ring and buffers in use; raise --pin-ceiling or detach an adapter")]
     LoraPinCeiling {
         requested_bytes: u64,

@@ -1,5 +1,5 @@
 //! Simulated runs: N steps of a model description on a hardware profile, through the
-//! same actors a real run uses (`Session::start_local` on the virtual-time runtime).
+//! same actors a real run uses (a `LocalSession` on the virtual-time runtime).
 //!
 //! The compute side is a task on the actors' own thread that acquires each block,
 //! spends the block's modelled compute time on the simulated compute stream, and
@@ -16,7 +16,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 use stagehand_actors::{
-    BlockId, Link, NoObserver, Observer, ResidencyPolicy, Session, SessionConfig, StatsSnapshot,
+    BlockId, Link, LocalSession, NoObserver, Observer, ResidencyPolicy, SessionConfig,
+    StatsSnapshot,
 };
 
 use super::clock::SimClock;
@@ -255,7 +256,7 @@ async fn run_on_current_system(
         None => Arc::new(NoObserver),
     };
     let order: Vec<BlockId> = (0..layout.len() as u32).map(BlockId).collect();
-    let mut session = Session::start_local(
+    let mut session = LocalSession::start(
         config.clone(),
         layout,
         order.clone(),
@@ -314,7 +315,7 @@ async fn run_on_current_system(
             });
         }
     };
-    let stats = session.finish_async().await;
+    let stats = session.finish().await;
     if let Err(reason) = outcome {
         let block = names
             .get(order[progress.position.get() % order.len()].index())
@@ -388,7 +389,7 @@ fn session_config(policy: Policy, depth: u32, options: &RunOptions) -> SessionCo
 /// the link counters at each step's end. An error is the failing acquire's message.
 #[allow(clippy::too_many_arguments)]
 async fn drive(
-    session: &mut Session,
+    session: &mut LocalSession,
     machine: &SimMachine,
     order: &[BlockId],
     names: &[String],
@@ -402,7 +403,7 @@ async fn drive(
         for (position, &block) in order.iter().enumerate() {
             progress.position.set(position);
             let handle = session
-                .acquire_async(block)
+                .acquire(block)
                 .await
                 .map_err(|error| error.to_string())?;
             let index = block.index();
@@ -410,9 +411,9 @@ async fn drive(
                 .compute
                 .compute(names[index].clone(), block_durations[index])
                 .await;
-            session.release(handle);
+            session.release(handle).await;
         }
-        session.step_done();
+        session.step_done().await;
         boundaries.push((machine.clock.now(), LinkBytes::of(&session.stats())));
     }
     Ok(())

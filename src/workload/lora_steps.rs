@@ -3,7 +3,7 @@
 //! or applied the low-rank way to a streamed one — reading the factors from the packs
 //! the LoRA offloader brought to VRAM with the block.
 
-use stagehand_actors::{BlockHandle, BlockId, LoraSlot, Session};
+use stagehand_actors::{BlockHandle, BlockId, LoraHandle, LoraSlot, Session};
 
 use super::driver::LoraPhase;
 use super::linear_stack::{Activations, LinearStack};
@@ -139,7 +139,7 @@ fn with_packs(
     compute: impl FnOnce(&BlockPatches<'_>) -> Result<(), WorkloadError>,
 ) -> Result<(), WorkloadError> {
     let adapters = set.adapters_on(block);
-    let mut held: Vec<(usize, BlockHandle)> = Vec::with_capacity(adapters.len());
+    let mut held: Vec<(usize, LoraHandle)> = Vec::with_capacity(adapters.len());
     let mut outcome = Ok(());
     for &adapter in &adapters {
         let Some(&slot) = slots.get(adapter) else {

@@ -3,6 +3,8 @@
 
 use actix::prelude::*;
 
+use crate::mailbox::Post;
+
 use super::PinManager;
 use crate::device::DevicePtr;
 use crate::error::SessionError;
@@ -55,7 +57,7 @@ impl PinManager {
             stream.in_flight += 1;
             let block = stream.block;
             let extents = slice_extents(&self.extents[block.index()], offset, length);
-            self.reader.do_send(ReadBlock {
+            self.reader.post(ReadBlock {
                 block,
                 extents,
                 buffer,
@@ -130,7 +132,7 @@ impl PinManager {
         if let Some(error) = error {
             if !stream.failed {
                 stream.failed = true;
-                self.allocator.do_send(PinFailed { block, error });
+                self.allocator.post(PinFailed { block, error });
             }
         }
         let finished =
@@ -138,7 +140,7 @@ impl PinManager {
         if finished {
             let stream = self.streams.remove(index);
             if stream.is_some_and(|stream| !stream.failed) {
-                self.allocator.do_send(Streamed { block });
+                self.allocator.post(Streamed { block });
             }
         }
     }

@@ -114,7 +114,7 @@ mod tests {
     use std::cell::Cell;
     use std::rc::Rc;
 
-    use stagehand_actors::{BlockId, DevicePtr};
+    use stagehand_actors::{BlockId, DevicePtr, ResidencyTable};
 
     use super::*;
 
@@ -137,14 +137,18 @@ mod tests {
         }
     }
 
+    /// A real hold on `block` (handles are only made by a residency table); the
+    /// table is leaked so the handle can outlive this call, as a session's would.
     fn handle(block: u32, streamed: bool) -> BlockHandle {
-        BlockHandle {
-            block: BlockId(block),
-            ptr: DevicePtr(0x1000 * u64::from(block + 1)),
-            bytes: 64,
-            generation: 0,
+        let table: &'static ResidencyTable = Box::leak(Box::new(ResidencyTable::new([64; 4])));
+        table.publish_ready(
+            BlockId(block),
+            DevicePtr(0x1000 * u64::from(block + 1)),
             streamed,
-        }
+        );
+        table
+            .try_acquire(BlockId(block))
+            .expect("a published block can be acquired")
     }
 
     fn flag() -> Flag {
