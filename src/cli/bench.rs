@@ -4,9 +4,6 @@
 //! Prints the physical bound, each time, and the ratios (c)/bound and (b)/(c).
 //! `stagehand bench disk FILE` measures the storage read paths instead.
 
-use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
-
 use serde::Serialize;
 use stagehand_actors::ResidencyPolicy;
 
@@ -116,7 +113,7 @@ impl Bench<'_> {
                 prefetch_depth: depth,
                 policy,
                 steps: self.steps,
-                stop: Arc::new(AtomicBool::new(false)),
+                stop: crate::signals::stop_flag(),
                 observer: no_observer(),
                 on_step: Box::new(|_, _| {}),
                 fail_after_reads: None,

@@ -4,7 +4,6 @@
 //! fully-resident reference bit for bit, and prints the summary.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use indicatif::{ProgressBar, ProgressStyle};
@@ -95,41 +94,14 @@ fn parse_lora(text: &str) -> Result<LoraSpec, String> {
     LoraSpec::parse(text).map_err(|error| error.to_string())
 }
 
-static INTERRUPTED: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_interrupt(_signal: libc::c_int) {
-    INTERRUPTED.store(true, Ordering::Relaxed);
-}
-
-/// Ctrl-C (and SIGTERM) end the run at the next step boundary, cleanly.
-fn install_interrupt_handler() -> Arc<AtomicBool> {
-    let handler = on_interrupt as extern "C" fn(libc::c_int) as libc::sighandler_t;
-    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-    unsafe {
-        libc::signal(libc::SIGINT, handler);
-        libc::signal(libc::SIGTERM, handler);
-    }
-    let stop = Arc::new(AtomicBool::new(false));
-    let flag = stop.clone();
-    std::thread::Builder::new()
-        .name("stagehand-signal".into())
-        .spawn(move || loop {
-            if INTERRUPTED.load(Ordering::Relaxed) {
-                flag.store(true, Ordering::Relaxed);
-                return;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        })
-        .ok();
-    stop
-}
-
 pub fn init_logging(filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_new(filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // A full or closed stderr drops log lines; reporting that would panic.
+        .log_internal_errors(false)
         .with_target(false)
         .try_init();
 }
@@ -228,7 +200,7 @@ pub fn execute(args: RunArgs) -> CommandResult {
             PolicyArg::Lru => ResidencyPolicy::Lru,
         },
         steps: args.steps,
-        stop: install_interrupt_handler(),
+        stop: crate::signals::stop_flag(),
         observer,
         on_step: Box::new(move |_step, seconds| {
             bar.inc(1);

@@ -97,6 +97,19 @@ impl ModelIndex {
         build(path, headers, &matcher)
     }
 
+    /// Indexes a one-file checkpoint from an image of the whole file in memory, with
+    /// the same checks as [`ModelIndex::open`]; `path` only names it in errors. (The
+    /// header fuzz target's entry point.)
+    pub fn from_image(
+        path: &Path,
+        image: &[u8],
+        block_pattern: Option<&str>,
+    ) -> Result<ModelIndex, IndexError> {
+        let matcher = BlockMatcher::new(block_pattern)?;
+        let header = header::parse_shard(path, image, image.len() as u64)?;
+        build(path, vec![header], &matcher)
+    }
+
     /// What the actors need: blocks and extents, with `FileId(i)` = `files[i]`.
     pub fn layout(&self) -> ModelLayout {
         ModelLayout {

@@ -7,10 +7,13 @@ pub mod demo;
 mod error;
 mod header;
 mod index;
+mod open;
 mod reader;
 mod source;
 
 pub use error::IndexError;
 pub use header::MAX_HEADER_BYTES;
 pub use index::{BlockInfo, ModelIndex, ShardFile, TensorInfo};
+pub use open::{open_regular, read_regular};
 pub use reader::{BlockReadError, BlockReader};
+pub use source::{parse_index, ParsedIndex};

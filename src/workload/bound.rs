@@ -16,6 +16,10 @@ pub struct LinkRates {
 
 /// Bytes each calibration loop moves (or the largest block, if larger).
 const CALIBRATION_BYTES: u64 = 128 << 20;
+/// Copies or reads each calibration loop makes at most: a model of tiny blocks would
+/// otherwise need millions of them to move `CALIBRATION_BYTES` (one-byte blocks: 134
+/// million cross-thread copies, hours).
+const CALIBRATION_OPERATIONS: u64 = 256;
 
 /// Times copies of the largest block into an arena, and reads through the storage
 /// adapter of the blocks the run reads from disk every step (`read_from_disk`; as warm
@@ -39,9 +43,15 @@ pub fn measure_rates(
     let mut buffer = device
         .allocate_pinned(largest)
         .map_err(|error| format!("calibration buffer: {error}"))?;
-    let rounds = CALIBRATION_BYTES.div_ceil(largest).max(2);
+    let rounds = CALIBRATION_BYTES
+        .div_ceil(largest)
+        .clamp(2, CALIBRATION_OPERATIONS);
     let copy_started = Instant::now();
     for _ in 0..rounds {
+        if let Err(interrupted) = crate::signals::check() {
+            device.free_arena(arena);
+            return Err(interrupted.to_string());
+        }
         buffer = runtime
             .block_on(device.copy_to_device(buffer, 0, largest, arena.base))
             .map_err(|(error, _)| format!("calibration copy: {error}"))?;
@@ -50,6 +60,7 @@ pub fn measure_rates(
     device.free_arena(arena);
 
     let mut read_bytes = 0u64;
+    let mut reads = 0u64;
     let read_started = Instant::now();
     'reads: for _ in 0..rounds {
         let mut read_any = false;
@@ -57,6 +68,11 @@ pub fn measure_rates(
             if block.bytes > buffer.len() as u64 || !read_from_disk(index) {
                 continue;
             }
+            crate::signals::check().map_err(|interrupted| interrupted.to_string())?;
+            if reads == CALIBRATION_OPERATIONS {
+                break 'reads;
+            }
+            reads += 1;
             read_any = true;
             buffer = runtime
                 .block_on(storage.read(block.extents.clone(), buffer, 0))

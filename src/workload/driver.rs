@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use stagehand_actors::{BlockId, LoraUsage, Session, SessionPlan, StatsSnapshot};
+use stagehand_actors::{BlockId, LoraUsage, Session, SessionError, SessionPlan, StatsSnapshot};
 
 use super::linear_stack::{first_difference, first_difference_within, Activations, LinearStack};
 use super::lora_set::{LoraSet, LORA_TOLERANCE};
@@ -44,10 +44,14 @@ pub struct DriverOptions {
     pub on_step: Box<dyn FnMut(u64, f64) + Send>,
 }
 
+/// Step times a report keeps: the first step and the latest ones.
+pub const REPORT_STEP_HISTORY: usize = 4096;
+
 /// What a run measured.
 #[derive(Debug, Clone)]
 pub struct RunReport {
     pub steps: u64,
+    /// The first step's time and the latest ones' ([`REPORT_STEP_HISTORY`] in all).
     pub step_seconds: Vec<f64>,
     /// Time the compute thread spent computing (not waiting) in each step.
     pub compute_seconds: Vec<f64>,
@@ -152,6 +156,8 @@ pub fn drive_traced(
     mut options: DriverOptions,
     trace: Option<&crate::sim::TraceObserver>,
 ) -> Result<RunReport, Box<(WorkloadError, StatsSnapshot)>> {
+    // A stop request also ends any wait inside a step (a miss, an attach).
+    session.stop_on(Arc::clone(&options.stop));
     let phases = match workload {
         Workload::Moe(run) => return super::moe::drive(session, run, options),
         Workload::LinearStack { lora, .. } => &lora[..],
@@ -193,6 +199,8 @@ pub fn drive_traced(
                 }
                 seconds
             }
+            // Stopped inside a step: the steps before it stand; the session drains below.
+            Err(WorkloadError::Session(SessionError::Interrupted)) => break,
             Err(error) => {
                 let stats = session.finish();
                 return Err(Box::new((error, stats)));
@@ -226,6 +234,12 @@ pub(super) fn close_step(
 ) {
     session.step_done();
     let step_seconds = started.elapsed().as_secs_f64();
+    if report.step_seconds.len() == REPORT_STEP_HISTORY {
+        // Bounded for runs that never end (`--steps 0`): the cold first step stays,
+        // the oldest steady one goes.
+        report.step_seconds.remove(1);
+        report.compute_seconds.remove(1);
+    }
     report.step_seconds.push(step_seconds);
     report.compute_seconds.push(compute_seconds);
     report.verified_steps += 1;

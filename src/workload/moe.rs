@@ -183,6 +183,8 @@ pub fn drive(
         let outcome = token_step(&mut session, run, token, &mut report);
         let compute_seconds = match outcome {
             Ok(seconds) => seconds,
+            // Stopped inside a token: the tokens before it stand.
+            Err(WorkloadError::Session(stagehand_actors::SessionError::Interrupted)) => break,
             Err(error) => {
                 let stats = session.finish();
                 return Err(Box::new((error, stats)));
