@@ -134,6 +134,10 @@ pub fn execute(args: RunArgs) -> CommandResult {
     let loaded = settings::load(&args.settings).map_err(Failure::bad_input)?;
     let settings = loaded.settings;
     init_logging(&settings.log);
+    if let Some(path) = &settings.trace {
+        crate::sim::TraceRecorder::check_writable(path).map_err(Failure::bad_input)?;
+    }
+    crate::run::memory::check_staging_ring(&settings).map_err(run_error)?;
     let use_cuda = use_cuda(settings.device)?;
     let (model, is_demo) = match &args.model {
         Some(path) => (path.clone(), false),

@@ -40,6 +40,8 @@ pub(crate) struct HeaderTensor {
 pub(crate) struct ShardHeader {
     pub path: PathBuf,
     pub file_bytes: u64,
+    /// The file as it was read (`None` for an image in memory).
+    pub stamp: Option<super::FileStamp>,
     /// Bytes before the data section: the length field plus the JSON header.
     pub header_bytes: u64,
     /// Sorted by offset.
@@ -85,7 +87,9 @@ pub(crate) fn read_shard(path: &Path) -> Result<ShardHeader, IndexError> {
             path: path.to_path_buf(),
             reason: error.to_string(),
         })?;
-    parse_shard(path, &file, file_meta.len())
+    let mut header = parse_shard(path, &file, file_meta.len())?;
+    header.stamp = Some(super::FileStamp::of(&file_meta));
+    Ok(header)
 }
 
 /// Reads and checks the header of a shard of `file_bytes` bytes at `path` (named in
@@ -177,6 +181,7 @@ pub(crate) fn parse_shard<S: ShardSource + ?Sized>(
     Ok(ShardHeader {
         path: path.to_path_buf(),
         file_bytes,
+        stamp: None,
         header_bytes,
         tensors,
         metadata,

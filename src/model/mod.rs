@@ -14,6 +14,6 @@ mod source;
 pub use error::IndexError;
 pub use header::MAX_HEADER_BYTES;
 pub use index::{BlockInfo, ModelIndex, ShardFile, TensorInfo};
-pub use open::{open_regular, read_regular};
+pub use open::{create_regular, open_regular, read_regular, FileStamp};
 pub use reader::{BlockReadError, BlockReader};
 pub use source::{parse_index, ParsedIndex};

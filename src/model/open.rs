@@ -8,8 +8,53 @@
 
 use std::fs::{File, Metadata, OpenOptions};
 use std::io;
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
+
+/// What a file looked like when it was read: any write (its modification and change
+/// times), truncation (its length) or replacement (its inode) gives another stamp. The
+/// change time cannot be set back by `touch`, so a rewrite never passes for the file
+/// that was read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FileStamp {
+    pub device: u64,
+    pub inode: u64,
+    pub bytes: u64,
+    pub modified_ns: i128,
+    pub changed_ns: i128,
+}
+
+impl FileStamp {
+    pub fn of(metadata: &Metadata) -> Self {
+        let nanoseconds = |seconds: i64, nanoseconds: i64| {
+            i128::from(seconds) * 1_000_000_000 + i128::from(nanoseconds)
+        };
+        Self {
+            device: metadata.dev(),
+            inode: metadata.ino(),
+            bytes: metadata.len(),
+            modified_ns: nanoseconds(metadata.mtime(), metadata.mtime_nsec()),
+            changed_ns: nanoseconds(metadata.ctime(), metadata.ctime_nsec()),
+        }
+    }
+
+    /// What is different now, in words; `None` if nothing is.
+    pub fn difference(&self, now: &FileStamp) -> Option<String> {
+        if now.device != self.device || now.inode != self.inode {
+            return Some("it was replaced by another file".to_string());
+        }
+        if now.bytes != self.bytes {
+            return Some(format!(
+                "its length went from {} to {} bytes",
+                self.bytes, now.bytes
+            ));
+        }
+        if now.modified_ns != self.modified_ns || now.changed_ns != self.changed_ns {
+            return Some("it was written to".to_string());
+        }
+        None
+    }
+}
 
 /// Opens `path` for reading if it is a regular file; an error saying what it is
 /// otherwise (a FIFO, a socket, a device, a folder).
@@ -38,6 +83,28 @@ pub fn open_regular(path: &Path) -> io::Result<(File, Metadata)> {
         io::ErrorKind::InvalidInput,
         format!("not a regular file: it is {what}"),
     ))
+}
+
+/// Creates (or truncates) `path` for writing if it is, or will be, a regular file. A
+/// FIFO with no reader fails at once (ENXIO) instead of blocking, and one with a reader
+/// is refused too: output goes to files.
+pub fn create_regular(path: &Path) -> io::Result<File> {
+    let file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    let file_type = file.metadata()?.file_type();
+    if !file_type.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file (a FIFO, a socket or a device); write to a file",
+        ));
+    }
+    // Truncated only now that it is known to be a regular file.
+    file.set_len(0)?;
+    Ok(file)
 }
 
 /// The whole of a regular file of at most `max_bytes` bytes.

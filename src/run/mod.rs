@@ -1,6 +1,7 @@
 //! Wires settings, a model, the adapters and a workload into a run: what `stagehand
 //! run` and `stagehand bench` share.
 
+pub mod memory;
 pub mod summary;
 
 use std::path::{Path, PathBuf};
@@ -168,6 +169,16 @@ pub fn prepare_with(
         WorkloadKind::Auto => WorkloadKind::StreamVerify,
         other => other,
     };
+    memory::check_largest_block(&index, settings)?;
+    // The activations a batch needs, checked before they are allocated.
+    let width = match kind {
+        WorkloadKind::LinearStack => DemoSpec::from_metadata(&index.metadata).map(|spec| spec.dim),
+        WorkloadKind::Moe => moe.as_ref().map(|spec| spec.dim),
+        _ => None,
+    };
+    if let Some(dim) = width {
+        memory::check_batch(batch, u64::from(dim), settings)?;
+    }
     if !extras.loras.is_empty() && kind != WorkloadKind::LinearStack {
         return Err(RunError::BadInput(
             "--lora applies to the linear-stack workload (the demo model); drop --lora or use --workload linear-stack".to_string(),
@@ -243,8 +254,9 @@ pub fn resolve_budgets(settings: &Settings, model_bytes: u64, is_demo: bool) -> 
         .vram_budget
         .map(|size| size.as_u64())
         .unwrap_or((model_bytes as f64 * DEFAULT_VRAM_FRACTION) as u64);
-    let floor = settings.ram_floor.as_u64();
-    let spare = available_ram_bytes().map(|available| available.saturating_sub(floor));
+    // What may be pinned: MemAvailable less the floor and less the fast-disk staging
+    // ring, which is pinned beside the ceiling (every pinned byte counts against the floor).
+    let spare = available_ram_bytes().map(|available| memory::pinnable_bytes(available, settings));
     let wanted = match settings.pin_ceiling {
         Some(size) => size.as_u64(),
         None if is_demo => (model_bytes as f64 * DEFAULT_DEMO_PIN_FRACTION) as u64,
@@ -280,6 +292,11 @@ pub fn open_model_storage(
             expected_bytes: file.bytes,
         })
         .collect();
+    // A file rewritten or replaced since it was indexed (while its reference was
+    // computed, say) is caught here, before any step runs.
+    index
+        .check_unchanged()
+        .map_err(|error| RunError::Failed(error.to_string()))?;
     let mut options = StorageOptions::from_settings(settings);
     options.fail_after_reads = fail_after_reads;
     open_storage(&files, &options, settings.fast_disk)

@@ -41,6 +41,7 @@ pub use machine::SimMachine;
 pub use model::{BlockDesc, ExpertDesc, ModelDescription};
 pub use run::{
     run_policy, steady_window, LinkBytes, Policy, PolicyRun, RunOptions, SimRunError, SteadyBytes,
+    MAX_STEPS,
 };
 pub use simulation::{
     simulate, BaselineFigures, DepthAdvice, PolicyFigures, SimulateOptions, Simulation,

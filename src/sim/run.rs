@@ -365,6 +365,10 @@ async fn run_on_current_system(
     })
 }
 
+/// Steps one simulation may run: each keeps its time and bytes for the report, and a
+/// steady state shows after a few (a 70B model's 10,000 steps take about 30 s).
+pub const MAX_STEPS: u64 = 10_000;
+
 /// The session configuration of a policy, staged like `stagehand run` stages it.
 fn session_config(policy: Policy, depth: u32, options: &RunOptions) -> SessionConfig {
     let settings = &options.settings;
@@ -399,6 +403,8 @@ async fn drive(
     boundaries: &mut Vec<(Duration, LinkBytes)>,
 ) -> Result<(), String> {
     for step in 0..steps {
+        // A signal stops a long simulation between steps, like a real run.
+        crate::signals::check().map_err(|interrupted| interrupted.to_string())?;
         progress.step.set(step);
         for (position, &block) in order.iter().enumerate() {
             progress.position.set(position);
