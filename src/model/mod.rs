@@ -3,6 +3,8 @@
 //! the linear-stack demo model.
 
 mod blocks;
+pub mod cache;
+mod checksum;
 pub mod demo;
 mod error;
 mod header;
@@ -11,6 +13,10 @@ mod open;
 mod reader;
 mod source;
 
+pub use checksum::{
+    checksum_text, verify_data_checksum, ChecksumError, DataChecksum, GeneratedWriter,
+    DATA_CHECKSUM_KEY, PENDING_CHECKSUM,
+};
 pub use error::IndexError;
 pub use header::MAX_HEADER_BYTES;
 pub use index::{BlockInfo, ModelIndex, ShardFile, TensorInfo};

@@ -138,7 +138,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            too_big.contains("2 GiB") && too_big.contains("1 GiB"),
+            too_big.contains("2.0 GiB") && too_big.contains("1.0 GiB"),
             "{too_big}"
         );
         assert!(too_big.contains("use --batch 4"), "{too_big}");

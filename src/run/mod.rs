@@ -15,7 +15,7 @@ use stagehand_actors::{
 
 use crate::device::CpuDevice;
 use crate::lora::LoraSpec;
-use crate::model::demo::{write_linear_stack, DemoSpec};
+use crate::model::demo::DemoSpec;
 use crate::model::ModelIndex;
 use crate::settings::Settings;
 use crate::storage::{open_storage, StorageFile, StorageOptions};
@@ -25,7 +25,7 @@ use crate::workload::driver::{drive_traced, DriverOptions, RunReport, Workload};
 use crate::workload::linear_stack::LinearStack;
 use crate::workload::lora_set::LoraSet;
 use crate::workload::moe::{HintMode, MoeRun};
-use crate::workload::moe_model::{write_moe_model, MoeLayout, MoeSpec, MOE_FILE};
+use crate::workload::moe_model::{MoeLayout, MoeSpec};
 use crate::workload::stream_verify::expected_checksums;
 use crate::workload::WorkloadError;
 
@@ -79,31 +79,23 @@ pub enum RunError {
     Failed(String),
 }
 
-/// The MoE demo model in the cache directory, written if missing or different.
+/// The MoE demo model in the cache directory, written if missing, different or
+/// corrupt (see [`crate::model::cache`]).
 pub fn ensure_moe_model(cache_dir: &Path, spec: &MoeSpec) -> Result<PathBuf, RunError> {
-    let path = cache_dir.join(MOE_FILE);
-    if let Ok(index) = ModelIndex::open(&path, None) {
-        if MoeSpec::from_metadata(&index.metadata).as_ref() == Some(spec) {
-            return Ok(path);
-        }
-    }
-    tracing::info!("writing the MoE demo model to {}", path.display());
-    write_moe_model(cache_dir, spec).map_err(|error| RunError::Failed(error.to_string()))
+    crate::model::cache::ensure_moe_model(cache_dir, spec).map_err(cache_error)
 }
 
-/// The demo model in the cache directory, written if missing or different.
+/// The demo model in the cache directory, written if missing, different or corrupt
+/// (see [`crate::model::cache`]).
 pub fn ensure_demo_model(cache_dir: &Path, spec: &DemoSpec) -> Result<PathBuf, RunError> {
-    let path = cache_dir.join("linear-stack.safetensors");
-    if let Ok(index) = ModelIndex::open(&path, None) {
-        if DemoSpec::from_metadata(&index.metadata).as_ref() == Some(spec) {
-            return Ok(path);
-        }
+    crate::model::cache::ensure_demo_model(cache_dir, spec).map_err(cache_error)
+}
+
+fn cache_error(error: crate::model::cache::CacheError) -> RunError {
+    match error {
+        crate::model::cache::CacheError::Folder { .. } => RunError::BadInput(error.to_string()),
+        _ => RunError::Failed(error.to_string()),
     }
-    std::fs::create_dir_all(cache_dir).map_err(|error| {
-        RunError::BadInput(format!("cache dir {}: {error}", cache_dir.display()))
-    })?;
-    tracing::info!("writing the demo model to {}", path.display());
-    write_linear_stack(cache_dir, spec).map_err(|error| RunError::Failed(error.to_string()))
 }
 
 /// `$XDG_CACHE_HOME/stagehand`, else `$HOME/.cache/stagehand`, else `./target/stagehand-cache`.
