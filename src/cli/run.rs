@@ -212,6 +212,14 @@ pub fn execute(args: RunArgs) -> CommandResult {
         }),
         fail_after_reads: None,
     };
+    tracing::info!(
+        "streaming {} ({}; SIGINT or SIGTERM stops at the next step)",
+        model.display(),
+        match args.steps {
+            0 => "until stopped".to_string(),
+            steps => format!("{steps} steps"),
+        }
+    );
     let outcome = if use_cuda {
         crate::device::cuda::run::execute_cuda(&prepared, plan)
     } else {

@@ -46,18 +46,28 @@ pub fn measure_rates(
     let rounds = CALIBRATION_BYTES
         .div_ceil(largest)
         .clamp(2, CALIBRATION_OPERATIONS);
+    // A stop request cuts the calibration short (the rates come from what was
+    // measured); the first copy always runs, so there is a rate to report.
+    let stopped = || crate::signals::check().is_err();
+    let mut copies = 0u64;
     let copy_started = Instant::now();
-    for _ in 0..rounds {
-        if let Err(interrupted) = crate::signals::check() {
-            device.free_arena(arena);
-            return Err(interrupted.to_string());
+    let mut copy_error = None;
+    while copies < rounds && !(copies > 0 && stopped()) {
+        match runtime.block_on(device.copy_to_device(buffer, 0, largest, arena.base)) {
+            Ok(returned) => buffer = returned,
+            Err((error, returned)) => {
+                buffer = returned;
+                copy_error = Some(format!("calibration copy: {error}"));
+                break;
+            }
         }
-        buffer = runtime
-            .block_on(device.copy_to_device(buffer, 0, largest, arena.base))
-            .map_err(|(error, _)| format!("calibration copy: {error}"))?;
+        copies += 1;
     }
     let copy_seconds = copy_started.elapsed().as_secs_f64();
     device.free_arena(arena);
+    if let Some(error) = copy_error {
+        return Err(error);
+    }
 
     let mut read_bytes = 0u64;
     let mut reads = 0u64;
@@ -68,8 +78,7 @@ pub fn measure_rates(
             if block.bytes > buffer.len() as u64 || !read_from_disk(index) {
                 continue;
             }
-            crate::signals::check().map_err(|interrupted| interrupted.to_string())?;
-            if reads == CALIBRATION_OPERATIONS {
+            if reads == CALIBRATION_OPERATIONS || stopped() {
                 break 'reads;
             }
             reads += 1;
@@ -88,7 +97,7 @@ pub fn measure_rates(
     }
     let read_seconds = read_started.elapsed().as_secs_f64();
     Ok(LinkRates {
-        copy_bytes_per_second: (rounds * largest) as f64 / copy_seconds.max(1e-9),
+        copy_bytes_per_second: (copies * largest) as f64 / copy_seconds.max(1e-9),
         read_bytes_per_second: if read_bytes > 0 {
             read_bytes as f64 / read_seconds.max(1e-9)
         } else {

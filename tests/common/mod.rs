@@ -5,6 +5,7 @@
 pub mod demo;
 pub mod lora;
 pub mod metrics;
+pub mod process;
 pub mod sim;
 pub mod storage;
 
