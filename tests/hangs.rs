@@ -44,7 +44,7 @@ fn stream_verify_of_models_with_tiny_blocks_finishes() {
     // end-of-run calibration used to make 128 MiB / block size copies (134 million
     // for one byte) and never finished.
     let dir = tempfile::tempdir().expect("temp dir");
-    let cases: [(&str, &[(&str, Dtype, &[usize])]); 3] = [
+    let cases: [(&str, &[common::Spec<'_>]); 3] = [
         ("one-byte", &[("w", Dtype::U8, &[1])]),
         ("four-bytes", &[("w", Dtype::U8, &[4])]),
         (
