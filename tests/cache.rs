@@ -32,7 +32,8 @@ fn zero_the_weights(path: &Path) {
         .open(path)
         .expect("writable");
     let zeros = vec![0u8; (shard.bytes - shard.header_bytes) as usize];
-    file.write_all_at(&zeros, shard.header_bytes).expect("zeroed");
+    file.write_all_at(&zeros, shard.header_bytes)
+        .expect("zeroed");
 }
 
 #[test]
@@ -46,7 +47,10 @@ fn a_corrupt_cached_model_is_rebuilt_not_trusted() {
     let index = ModelIndex::open(&path, None).expect("indexes");
     verify_data_checksum(&index).expect("a fresh model passes its check");
 
-    let modified = std::fs::metadata(&path).expect("stat").modified().expect("mtime");
+    let modified = std::fs::metadata(&path)
+        .expect("stat")
+        .modified()
+        .expect("mtime");
     zero_the_weights(&path);
     let corrupt = ModelIndex::open(&path, None).expect("still indexes");
     assert!(matches!(
@@ -122,10 +126,19 @@ fn concurrent_fills_of_one_entry_write_it_once() {
         .map(|handle| handle.join().expect("filler"))
         .collect();
     let last = stamp(&cache.path().join(LINEAR_STACK_FILE));
-    assert!(stamps.iter().all(|seen| *seen == last), "{stamps:?} vs {last:?}");
+    assert!(
+        stamps.iter().all(|seen| *seen == last),
+        "{stamps:?} vs {last:?}"
+    );
     let leftovers: Vec<String> = std::fs::read_dir(cache.path())
         .expect("listable")
-        .map(|entry| entry.expect("entry").file_name().to_string_lossy().into_owned())
+        .map(|entry| {
+            entry
+                .expect("entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
         .filter(|name| name.ends_with(".tmp"))
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");

@@ -93,7 +93,10 @@ fn a_model_rewritten_truncated_or_replaced_after_indexing_is_refused() {
     let index = ModelIndex::open(&model, None).expect("indexes");
     index.check_unchanged().expect("untouched");
 
-    let file = std::fs::OpenOptions::new().write(true).open(&model).expect("open");
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&model)
+        .expect("open");
     file.write_all_at(&[0u8; 4], index.files[0].header_bytes)
         .expect("rewritten in place");
     let error = index.check_unchanged().expect_err("rewritten");
@@ -122,10 +125,18 @@ fn a_model_truncated_while_its_reference_is_read_fails_at_the_next_block() {
     let index = ModelIndex::open(&model, None).expect("indexes");
     let reader = BlockReader::open(&index).expect("opens");
     reader.read(0).expect("block 0 before the change");
-    let file = std::fs::OpenOptions::new().write(true).open(&model).expect("open");
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&model)
+        .expect("open");
     file.set_len(index.files[0].bytes / 2).expect("truncated");
     let error = reader.read(1).expect_err("block 1 after the change");
-    assert!(error.to_string().contains("changed while it was being read"), "{error}");
+    assert!(
+        error
+            .to_string()
+            .contains("changed while it was being read"),
+        "{error}"
+    );
 }
 
 #[test]
@@ -136,7 +147,10 @@ fn a_model_changed_after_its_reference_was_computed_fails_before_any_step() {
     let model = common::demo::small_demo_model(dir.path());
     let settings = Settings::default();
     let prepared = prepare(&model, WorkloadKind::Auto, 4, &settings, true).expect("prepares");
-    let file = std::fs::OpenOptions::new().write(true).open(&model).expect("open");
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&model)
+        .expect("open");
     file.write_all_at(&[0u8; 8], prepared.index.files[0].header_bytes)
         .expect("overwritten");
     let steps = Arc::new(std::sync::atomic::AtomicU64::new(0));

@@ -24,6 +24,8 @@ pub struct PinManager {
     state: PinState,
     /// Fast-disk streams in request order; the ring serves the oldest first.
     streams: VecDeque<ChunkStream>,
+    /// The last stream's number (each stream gets the next one).
+    next_stream: u64,
 
     extents: Vec<Vec<Extent>>,
     device: Arc<dyn Device>,
@@ -51,6 +53,7 @@ impl PinManager {
         Self {
             state,
             streams: VecDeque::new(),
+            next_stream: 0,
             extents,
             device,
             reader,
@@ -249,8 +252,13 @@ impl Handler<EnsurePinned> for PinManager {
         let action = self.state.request(message.block);
         if let Some(PinAction::Stream { block }) = &action {
             let bytes = self.block_bytes(*block);
-            self.streams
-                .push_back(ChunkStream::new(*block, message.destination, bytes));
+            self.next_stream += 1;
+            self.streams.push_back(ChunkStream::new(
+                self.next_stream,
+                *block,
+                message.destination,
+                bytes,
+            ));
         }
         if let Some(action) = action {
             self.act(action, ctx);
@@ -270,14 +278,14 @@ impl Handler<ReadDone> for PinManager {
             seconds,
             error,
         } = done;
-        if let BufferHome::Chunk { offset } = home {
+        if let BufferHome::Chunk { offset, stream } = home {
             match error {
-                None => self.copy_chunk(block, offset, buffer, bytes, seconds, ctx),
+                None => self.copy_chunk(block, stream, offset, buffer, bytes, seconds, ctx),
                 Some(reason) => {
                     self.observer.error(ErrorKind::Read);
                     self.give_back(block, buffer, home, false, ctx);
                     self.chunk_done(
-                        block,
+                        stream,
                         bytes,
                         Some(SessionError::ReadFailed { block, reason }),
                     );

@@ -11,6 +11,7 @@
 //! timers have millisecond ticks; see `clock.rs`). Read times from it, not from
 //! `Instant`, when sub-millisecond precision matters.
 
+mod chaos;
 mod clock;
 mod compute;
 mod depth;
@@ -27,6 +28,7 @@ mod storage;
 pub mod trace;
 mod trace_observer;
 
+pub use chaos::{ChaosCounts, ChaosDevice, ChaosPlan, ChaosStorage};
 pub use clock::{transfer_duration, SerialLane, SimClock};
 pub use compute::{ComputeRates, SimCompute};
 pub use depth::{
