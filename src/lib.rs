@@ -6,6 +6,7 @@
 //! device adapters, workloads, telemetry, the simulator and the CLI.
 
 pub mod cli;
+pub mod compute;
 pub mod device;
 pub mod lora;
 pub mod model;

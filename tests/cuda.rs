@@ -1,3 +1,4 @@
+#![cfg(feature = "cuda")]
 //! The CUDA adapter. Without a GPU: every entry point fails cleanly, with a message that
 //! says what to do. With `STAGEHAND_GPU_TESTS=1` on a GPU machine: real pinned copies,
 //! cast buffers, cuBLAS and the checksum kernel, checked against the CPU.

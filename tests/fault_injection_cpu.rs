@@ -22,7 +22,7 @@ use stagehand::model::cache::write_atomically;
 use stagehand::run::{open_model_storage, prepare, session_config, Budgets, WorkloadKind};
 use stagehand::settings::Settings;
 use stagehand::sim::{ChaosCounts, ChaosDevice, ChaosPlan, ChaosStorage, SplitMix64};
-use stagehand::workload::driver::{drive, DriverOptions};
+use stagehand::workload::driver::{drive_cpu, DriverOptions};
 use stagehand::workload::WorkloadError;
 
 const KIB: u64 = 1024;
@@ -119,8 +119,9 @@ fn seeded_faults_on_the_cpu_backend_end_cleanly_and_leave_nothing_behind() {
                     steps: 2 + rng.next_u64() % 3,
                     stop: Arc::new(AtomicBool::new(false)),
                     on_step: Box::new(|_, _| {}),
+                    keep_outputs: false,
                 };
-                let stats = match drive(session, &prepared.workload, options) {
+                let stats = match drive_cpu(session, &prepared.workload, &prepared.index, options) {
                     Ok(report) => {
                         verified += 1;
                         report.stats

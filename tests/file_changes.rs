@@ -170,6 +170,7 @@ fn a_model_changed_after_its_reference_was_computed_fails_before_any_step() {
             counted.fetch_add(1, Ordering::Relaxed);
         }),
         fail_after_reads: None,
+        keep_outputs: false,
     };
     let Err(error) = execute(&prepared, plan) else {
         panic!("a changed model must not run");

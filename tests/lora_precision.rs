@@ -13,7 +13,8 @@ use stagehand::lora::{
     write_demo_lora, DemoLora, LoraDtype, LoraNaming, LoraSpec, LORA_BF16_TOLERANCE,
     LORA_F16_TOLERANCE, LORA_PRECISION_SCALE_LIMIT,
 };
-use stagehand::workload::driver::{drive, LoraPhase, Workload};
+use stagehand::model::ModelIndex;
+use stagehand::workload::driver::{drive_cpu, LoraPhase, Model, Workload};
 use stagehand::workload::linear_stack::LinearStack;
 use stagehand::workload::lora_set::{LoraSet, LORA_TOLERANCE};
 
@@ -59,6 +60,22 @@ fn tolerance(dtype: LoraDtype) -> f32 {
     }
 }
 
+/// The fully-resident output on the CPU with `set` merged into the weights.
+fn merged_reference(model: &LinearStack, index: &ModelIndex, set: Option<&LoraSet>) -> Vec<f32> {
+    let phases = set
+        .map(|set| {
+            vec![LoraPhase {
+                from_step: 0,
+                set: set.clone(),
+            }]
+        })
+        .unwrap_or_default();
+    Workload::new(Model::LinearStack(model.clone()))
+        .with_lora(phases)
+        .reference(&stagehand::device::CpuCompute::new(), index, 0)
+        .unwrap()
+}
+
 /// Runs `dtype` adapters resident and streamed; returns the merged references' worst
 /// difference from the f32 twin's.
 fn check_precision(dtype: LoraDtype) -> f32 {
@@ -68,16 +85,15 @@ fn check_precision(dtype: LoraDtype) -> f32 {
     // within the range the tolerances are stated for.
     let strengths = [0.8, 0.5];
     assert!(strengths[1] * 16.0 / 4.0 <= LORA_PRECISION_SCALE_LIMIT);
-    let narrow = LoraSet::load(&model, &index, &adapters(dir.path(), dtype, strengths)).unwrap();
-    let wide = LoraSet::load(
-        &model,
-        &index,
-        &adapters(dir.path(), LoraDtype::F32, strengths),
-    )
-    .unwrap();
-    let narrow_reference = model.reference_merged(&index, Some(&narrow)).unwrap();
-    let wide_reference = model.reference_merged(&index, Some(&wide)).unwrap();
-    let plain_reference = model.reference(&index).unwrap();
+    let narrow = model
+        .lora_set(&index, &adapters(dir.path(), dtype, strengths))
+        .unwrap();
+    let wide = model
+        .lora_set(&index, &adapters(dir.path(), LoraDtype::F32, strengths))
+        .unwrap();
+    let narrow_reference = merged_reference(&model, &index, Some(&narrow));
+    let wide_reference = merged_reference(&model, &index, Some(&wide));
+    let plain_reference = merged_reference(&model, &index, None);
     let difference = max_difference(&narrow_reference, &wide_reference);
     let effect = max_difference(&wide_reference, &plain_reference);
     eprintln!(
@@ -99,18 +115,15 @@ fn check_precision(dtype: LoraDtype) -> f32 {
         "adapter effect {effect:e} is not well above the tolerance"
     );
     for (budget, all_resident) in [(8u64 << 20, true), (2560 << 10, false)] {
-        let workload = Workload::LinearStack {
-            model: model.clone(),
-            reference: plain_reference.clone(),
-            lora: vec![LoraPhase {
+        let workload =
+            Workload::new(Model::LinearStack(model.clone())).with_lora(vec![LoraPhase {
                 from_step: 0,
                 set: narrow.clone(),
-                reference: narrow_reference.clone(),
-            }],
-        };
-        // The run checks every step against `narrow_reference` within LORA_TOLERANCE
-        // and fails with a mismatch otherwise.
-        let report = drive(session(&index, budget), &workload, options(3)).unwrap();
+            }]);
+        // The run checks every step against the merged reference of `narrow` (what
+        // `narrow_reference` holds) within LORA_TOLERANCE and fails with a mismatch
+        // otherwise.
+        let report = drive_cpu(session(&index, budget), &workload, &index, options(3)).unwrap();
         assert_eq!(report.verified_steps, 3, "{dtype:?} at {budget} B");
         // Every block baked (all resident): bit for bit; streamed blocks: low-rank.
         let low_rank_steps = if all_resident { 0 } else { 3 };
@@ -177,8 +190,8 @@ fn stated_tolerances_hold_across_seeds_ranks_and_scales() {
                 };
                 write_demo_lora(&path, &spec(), &lora).unwrap();
                 let specs = [LoraSpec::parse(&format!("{}:{strength}", path.display())).unwrap()];
-                let set = LoraSet::load(&model, &index, &specs).unwrap();
-                model.reference_merged(&index, Some(&set)).unwrap()
+                let set = model.lora_set(&index, &specs).unwrap();
+                merged_reference(&model, &index, Some(&set))
             };
             let wide = reference(LoraDtype::F32);
             let f16 = max_difference(&reference(LoraDtype::F16), &wide);

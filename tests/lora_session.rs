@@ -10,18 +10,19 @@ use std::process::Command;
 use common::lora::{lora_file, options, peft_and_kohya, session, setup, write_f32_tensors};
 use stagehand::lora::{DemoLora, LoraSpec};
 use stagehand::model::ModelIndex;
-use stagehand::workload::driver::{drive, LoraPhase, Workload};
+use stagehand::workload::driver::{drive_cpu, LoraPhase, Model, Workload};
 use stagehand::workload::linear_stack::LinearStack;
 use stagehand::workload::lora_set::LoraSet;
 
 fn phase(model: &LinearStack, index: &ModelIndex, from_step: u64, specs: &[LoraSpec]) -> LoraPhase {
-    let set = LoraSet::load(model, index, specs).unwrap();
-    let reference = model.reference_merged(index, Some(&set)).unwrap();
     LoraPhase {
         from_step,
-        set,
-        reference,
+        set: model.lora_set(index, specs).unwrap(),
     }
+}
+
+fn workload(model: &LinearStack, phases: Vec<LoraPhase>) -> Workload {
+    Workload::new(Model::LinearStack(model.clone())).with_lora(phases)
 }
 
 #[test]
@@ -45,17 +46,16 @@ fn resident_bake_is_exact_and_streamed_low_rank_is_within_tolerance() {
         LoraSpec::parse(&format!("{}:0.8", peft.display())).unwrap(),
         LoraSpec::parse(&format!("{}:1.5", kohya.display())).unwrap(),
     ];
-    let plain_reference = model.reference(&index).unwrap();
-    let set = LoraSet::load(&model, &index, &specs).unwrap();
+    let compute = stagehand::device::CpuCompute::new();
+    let plain_reference = workload(&model, Vec::new())
+        .reference(&compute, &index, 0)
+        .unwrap();
+    let set = model.lora_set(&index, &specs).unwrap();
     for (budget, all_resident) in [(8u64 << 20, true), (2560 << 10, false)] {
-        let lora = vec![phase(&model, &index, 0, &specs)];
-        assert_ne!(lora[0].reference, plain_reference);
-        let workload = Workload::LinearStack {
-            model: model.clone(),
-            reference: plain_reference.clone(),
-            lora,
-        };
-        let report = drive(session(&index, budget), &workload, options(3)).unwrap();
+        let workload = workload(&model, vec![phase(&model, &index, 0, &specs)]);
+        let merged_reference = workload.reference(&compute, &index, 0).unwrap();
+        assert_ne!(merged_reference, plain_reference);
+        let report = drive_cpu(session(&index, budget), &workload, &index, options(3)).unwrap();
         assert_eq!(report.verified_steps, 3);
         let lora_bytes: u64 = report.lora.adapters.iter().map(|a| a.bytes).sum();
         assert_eq!(lora_bytes, set.bytes());
@@ -78,7 +78,7 @@ fn resident_bake_is_exact_and_streamed_low_rank_is_within_tolerance() {
             / 2;
         let streamed_pack_bytes: u64 = (0..model.blocks())
             .filter(|&block| !report.plan.vram.resident[block])
-            .map(|block| (0..2).map(|a| set.pack_bytes(a, block) as u64).sum::<u64>())
+            .map(|block| (0..2).map(|a| set.pack_bytes(a, block)).sum::<u64>())
             .sum();
         eprintln!(
             "budget {budget}: lora {lora_bytes} B, vram slots {} B, re-sent {resent_per_step} B/step, planned streamed packs {streamed_pack_bytes} B",
@@ -117,11 +117,9 @@ fn attach_and_detach_during_a_session_rebakes_resident_blocks() {
         },
     );
     let model = LinearStack::from_index(&index, 4).unwrap();
-    let reference = model.reference(&index).unwrap();
     let none = LoraPhase {
         from_step: 0,
         set: LoraSet::default(),
-        reference: reference.clone(),
     };
     let lora = [
         none,
@@ -140,23 +138,18 @@ fn attach_and_detach_during_a_session_rebakes_resident_blocks() {
         LoraPhase {
             from_step: 6,
             set: LoraSet::default(),
-            reference: reference.clone(),
         },
     ];
     for budget in [8u64 << 20, 2560 << 10] {
-        let workload = Workload::LinearStack {
-            model: model.clone(),
-            reference: reference.clone(),
-            lora: lora
-                .iter()
-                .map(|p| LoraPhase {
-                    from_step: p.from_step,
-                    set: p.set.clone(),
-                    reference: p.reference.clone(),
-                })
-                .collect(),
-        };
-        let report = drive(session(&index, budget), &workload, options(7)).unwrap();
+        let phases = lora
+            .iter()
+            .map(|p| LoraPhase {
+                from_step: p.from_step,
+                set: p.set.clone(),
+            })
+            .collect();
+        let workload = workload(&model, phases);
+        let report = drive_cpu(session(&index, budget), &workload, &index, options(7)).unwrap();
         assert_eq!(report.verified_steps, 7);
         // All resident: every LoRA step is baked, bit for bit; streaming: low-rank.
         let low_rank_steps = if budget == 8 << 20 { 0 } else { 4 };
@@ -189,19 +182,11 @@ fn a_bad_adapter_mid_session_leaves_the_session_running_without_it() {
     );
     let model = LinearStack::from_index(&index, 4).unwrap();
     let session = session(&index, 2560 << 10);
-    let refused = LoraSet::load(
-        &model,
-        &index,
-        &[LoraSpec::parse(path.to_str().unwrap()).unwrap()],
-    );
+    let refused = model.lora_set(&index, &[LoraSpec::parse(path.to_str().unwrap()).unwrap()]);
     assert!(refused.is_err());
     assert!(session.lora_usage().unwrap().adapters.is_empty());
-    let workload = Workload::LinearStack {
-        reference: model.reference(&index).unwrap(),
-        model,
-        lora: Vec::new(),
-    };
-    let report = drive(session, &workload, options(2)).unwrap();
+    let workload = workload(&model, Vec::new());
+    let report = drive_cpu(session, &workload, &index, options(2)).unwrap();
     assert_eq!(report.verified_steps, 2);
     assert_eq!(report.stats.vram.used_bytes, 0);
     assert_eq!(report.stats.pinned.used_bytes, 0);

@@ -52,6 +52,7 @@ fn a_long_moe_run_stays_in_budget_matches_the_reference_and_releases_everything(
                 hint,
                 slots: None,
             },
+            ..Extras::default()
         };
         let prepared =
             prepare_with(&model, WorkloadKind::Auto, 2, &settings, false, &extras).unwrap();
@@ -70,6 +71,7 @@ fn a_long_moe_run_stays_in_budget_matches_the_reference_and_releases_everything(
                 observer: no_observer(),
                 on_step: Box::new(|_, _| {}),
                 fail_after_reads: None,
+                keep_outputs: false,
             },
         )
         .unwrap_or_else(|error| panic!("{policy:?}: {error}"));

@@ -195,6 +195,7 @@ fn plan_for(settings: &Settings, steps: u64) -> RunPlan<'_> {
         observer: no_observer(),
         on_step: Box::new(|_, _| {}),
         fail_after_reads: None,
+        keep_outputs: false,
     }
 }
 

@@ -50,6 +50,7 @@ fn run(fail_after_reads: Option<u64>) -> bool {
             observer: no_observer(),
             on_step: Box::new(|_, _| {}),
             fail_after_reads,
+            keep_outputs: false,
         },
     )
     .is_ok()

@@ -26,6 +26,18 @@ impl DevicePtr {
     }
 }
 
+/// Whose address space a device's `DevicePtr`s are in, so a compute adapter can
+/// check that it can read the blocks a session hands out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MemorySpace {
+    /// Plain host addresses (the CPU backend).
+    Host,
+    /// An accelerator's address space: `kind` names the adapter, `id` the context.
+    Accelerator { kind: &'static str, id: u64 },
+    /// Addresses nobody can read (the simulator's virtual memory, test doubles).
+    Opaque,
+}
+
 /// Device memory as the driver reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MemoryInfo {
@@ -65,6 +77,11 @@ pub trait Device: Send + Sync + 'static {
     fn name(&self) -> String;
 
     fn memory_info(&self) -> Result<MemoryInfo, DeviceError>;
+
+    /// The address space of this device's `DevicePtr`s.
+    fn memory_space(&self) -> MemorySpace {
+        MemorySpace::Opaque
+    }
 
     /// Allocates the weight arena the VRAM allocator sub-allocates slots from.
     /// Allocated once at session start, never on the hot path.

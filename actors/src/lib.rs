@@ -8,7 +8,7 @@ mod layout;
 mod observer;
 mod storage;
 
-pub use device::{Device, DeviceArena, DeviceError, DevicePtr, MemoryInfo, OpFuture};
+pub use device::{Device, DeviceArena, DeviceError, DevicePtr, MemoryInfo, MemorySpace, OpFuture};
 pub use host_buffer::{HostAllocError, HostBuffer, PinRegistration, HOST_BUFFER_ALIGN};
 pub use layout::{slice_extents, BlockId, BlockLayout, Extent, FileId, ModelLayout};
 pub use observer::{

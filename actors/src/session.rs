@@ -28,7 +28,7 @@ use actix::prelude::*;
 use tokio::time::Instant;
 
 use crate::compute_stream::ComputeStream;
-use crate::device::Device;
+use crate::device::{Device, MemorySpace};
 use crate::error::SessionError;
 use crate::expert_cache::ExpertPolicy;
 use crate::layout::{BlockId, ModelLayout};
@@ -142,6 +142,7 @@ impl Session {
         observer: Arc<dyn Observer>,
     ) -> Result<Self, SessionError> {
         let prepared = Prepared::new(&config, experts, &layout, order)?;
+        let memory_space = device.memory_space();
         let (sender, receiver) = flume::bounded(1);
         let moved = prepared.clone();
         let thread = std::thread::Builder::new()
@@ -177,7 +178,7 @@ impl Session {
             }
         };
         Ok(Self {
-            core: prepared.into_core(wiring),
+            core: prepared.into_core(wiring, memory_space),
             stop: None,
             system_thread: Some(thread),
         })
@@ -187,6 +188,11 @@ impl Session {
     /// [`SessionError::Interrupted`] once `flag` is set, within [`STOP_POLL`].
     pub fn stop_on(&mut self, flag: Arc<AtomicBool>) {
         self.stop = Some(flag);
+    }
+
+    /// The address space of the blocks this session hands out.
+    pub fn memory_space(&self) -> MemorySpace {
+        self.core.memory_space
     }
 
     pub fn plan(&self) -> &SessionPlan {

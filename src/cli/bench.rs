@@ -11,7 +11,7 @@ use super::{CommandResult, Failure};
 use crate::model::demo::DemoSpec;
 use crate::run::{
     default_cache_dir, ensure_demo_model, no_observer, prepare_with, resolve_budgets, Budgets,
-    Extras, Outcome, RunError, RunPlan, WorkloadKind,
+    EncoderInput, Extras, Outcome, RunError, RunPlan, WorkloadKind, BUILT_IN_SENTENCES,
 };
 use crate::settings::{self, Settings, SettingsArgs};
 use crate::workload::bound::StepBound;
@@ -34,6 +34,13 @@ pub struct BenchArgs {
     pub transfer_batch: usize,
     #[arg(long)]
     pub json: bool,
+    /// Bench this model instead of the demo: a Hugging Face folder of a supported
+    /// family, at a VRAM budget of 40 % of its streamed bytes (or --vram-budget).
+    #[arg(long, value_name = "PATH")]
+    pub model: Option<std::path::PathBuf>,
+    /// With --model: the batches to measure (texts per step for an encoder).
+    #[arg(long, value_name = "N,N", value_delimiter = ',', default_value = "1,4")]
+    pub batches: Vec<usize>,
     #[command(flatten)]
     pub settings: SettingsArgs,
 }
@@ -74,6 +81,8 @@ pub(super) struct Bench<'a> {
     pub model: std::path::PathBuf,
     pub model_bytes: u64,
     pub rounds: u32,
+    /// The demo linear stack, or a model folder of a supported family.
+    pub workload: WorkloadKind,
 }
 
 impl Bench<'_> {
@@ -96,18 +105,26 @@ impl Bench<'_> {
         policy: ResidencyPolicy,
         extras: &Extras,
     ) -> Result<Outcome, Failure> {
+        let is_demo = self.workload == WorkloadKind::LinearStack;
+        let mut extras = extras.clone();
+        if !is_demo {
+            // An encoder embeds `batch` of the built-in sentences per step.
+            let texts = BUILT_IN_SENTENCES.iter().cycle().take(batch);
+            extras.encoder = Some(EncoderInput::Texts(texts.map(|s| s.to_string()).collect()));
+        }
         let prepared = prepare_with(
             &self.model,
-            WorkloadKind::LinearStack,
+            self.workload,
             batch,
             self.settings,
-            true,
-            extras,
+            is_demo,
+            &extras,
         )
         .map_err(run_error)?;
         crate::run::execute(
             &prepared,
             RunPlan {
+                keep_outputs: false,
                 settings: self.settings,
                 budgets,
                 prefetch_depth: depth,
@@ -198,12 +215,17 @@ pub fn execute(args: BenchArgs) -> CommandResult {
     let settings = loaded.settings;
     super::run::init_logging(&settings.log);
     if super::run::use_cuda(settings.device)? {
-        return super::bench_cuda::execute(&settings, args.json);
+        return Err(Failure::bad_input(anyhow::anyhow!(
+            "bench --device cuda is being moved onto the compute port; use --device cpu"
+        )));
     }
     if args.steps < 2 {
         return Err(Failure::bad_input(anyhow::anyhow!(
             "--steps must be at least 2: the first step is cold and not measured"
         )));
+    }
+    if let Some(model) = &args.model {
+        return bench_model(&args, &settings, model);
     }
     let model = ensure_demo_model(&default_cache_dir(), &DemoSpec::default()).map_err(run_error)?;
     let model_bytes = DemoSpec::default().total_bytes();
@@ -214,6 +236,7 @@ pub fn execute(args: BenchArgs) -> CommandResult {
         model,
         model_bytes,
         rounds: args.rounds,
+        workload: WorkloadKind::LinearStack,
     };
     let compute_bound = bench.configuration("compute-bound", args.compute_batch, budgets)?;
     // Balanced: scale the batch so compute ≈ the transfer-bound configuration's bound.
@@ -259,6 +282,94 @@ pub fn execute(args: BenchArgs) -> CommandResult {
             row.stagehand_seconds * 1e3,
             row.stagehand_over_bound,
             row.naive_over_stagehand
+        );
+    }
+    Ok(())
+}
+
+/// `bench --model PATH`: resident, naive and stagehand at each of `--batches`, on the
+/// model's own family, at 40 % of its streamed bytes (raised to the plan's minimum).
+fn bench_model(args: &BenchArgs, settings: &Settings, model: &std::path::Path) -> CommandResult {
+    let probe = prepare_with(
+        model,
+        WorkloadKind::Auto,
+        1,
+        settings,
+        false,
+        &Extras::default(),
+    )
+    .map_err(run_error)?;
+    let model_bytes = probe.streamed_model_bytes();
+    let budgets = super::run::automatic_budget(
+        &probe,
+        settings,
+        resolve_budgets(settings, model_bytes, false),
+    );
+    let workload = match probe.describe() {
+        "bert encoder" => WorkloadKind::Encoder,
+        "linear-stack" => WorkloadKind::LinearStack,
+        other => {
+            return Err(Failure::bad_input(anyhow::anyhow!(
+                "bench --model measures computed models; {} is {other}",
+                model.display()
+            )))
+        }
+    };
+    drop(probe);
+    let bench = Bench {
+        settings,
+        steps: args.steps,
+        model: model.to_path_buf(),
+        model_bytes,
+        rounds: args.rounds,
+        workload,
+    };
+    let mut rows = Vec::with_capacity(args.batches.len());
+    for &batch in &args.batches {
+        if batch == 0 {
+            return Err(Failure::bad_input(anyhow::anyhow!(
+                "--batches must be at least 1"
+            )));
+        }
+        rows.push(bench.configuration("model", batch, budgets)?);
+    }
+    if args.json {
+        let text = serde_json::to_string_pretty(&rows).map_err(Failure::run_failed)?;
+        println!("{text}");
+        return Ok(());
+    }
+    println!(
+        "stagehand bench: {} ({} streamed), vram budget {}, pin ceiling {}, prefetch depth {}",
+        model.display(),
+        stagehand_actors::Bytes(model_bytes),
+        stagehand_actors::Bytes(budgets.vram_budget_bytes),
+        stagehand_actors::Bytes(budgets.pin_ceiling_bytes),
+        settings.prefetch_depth
+    );
+    println!(
+        "{:>5} {:>10} {:>12} {:>10} {:>10} {:>10} {:>16} {:>17} {:>12}",
+        "batch",
+        "bound ms",
+        "limited by",
+        "resident",
+        "naive",
+        "stagehand",
+        "stagehand/bound",
+        "naive/stagehand",
+        "streamed/step"
+    );
+    for row in &rows {
+        println!(
+            "{:>5} {:>10.1} {:>12} {:>10.1} {:>10.1} {:>10.1} {:>16.3} {:>17.3} {:>12}",
+            row.batch,
+            row.bound_seconds * 1e3,
+            row.bound_limited_by,
+            row.resident_seconds * 1e3,
+            row.naive_seconds * 1e3,
+            row.stagehand_seconds * 1e3,
+            row.stagehand_over_bound,
+            row.naive_over_stagehand,
+            stagehand_actors::Bytes(row.streamed_bytes_per_step).to_string()
         );
     }
     Ok(())

@@ -80,6 +80,7 @@ pub fn execute(args: BenchLoraArgs) -> CommandResult {
         model,
         model_bytes,
         rounds: args.rounds,
+        workload: crate::run::WorkloadKind::LinearStack,
     };
     let with_lora = Extras {
         loras: vec![LoraSpec {

@@ -1,5 +1,6 @@
 //! `stagehand demo-model --out DIR`: writes the deterministic linear-stack model that
-//! `stagehand run` streams.
+//! `stagehand run` streams, or (`--arch bert`) a Hugging Face encoder folder with real
+//! BERT shapes and names and seeded weights.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -7,14 +8,52 @@ use std::time::Instant;
 use bytesize::ByteSize;
 
 use super::{CommandResult, Failure};
+use crate::compute::DType;
 use crate::lora::{write_demo_lora, DemoLora, LoraDtype};
 use crate::model::demo::{write_linear_stack, DemoError, DemoSpec};
+use crate::model::generated::{write_bert_folder, write_bert_lora, BertDemo, BertPreset};
+
+/// Which model `demo-model` writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Arch {
+    /// The linear-stack demo model (one safetensors file).
+    LinearStack,
+    /// A BERT encoder folder (config.json, weights, tokenizer.json, sentence-transformers head).
+    Bert,
+}
+
+/// Storage dtype of a generated folder's weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DTypeArg {
+    F32,
+    F16,
+    Bf16,
+}
+
+impl DTypeArg {
+    fn dtype(self) -> DType {
+        match self {
+            DTypeArg::F32 => DType::F32,
+            DTypeArg::F16 => DType::F16,
+            DTypeArg::Bf16 => DType::Bf16,
+        }
+    }
+}
 
 #[derive(Debug, clap::Args)]
 pub struct DemoModelArgs {
-    /// Folder to write linear-stack.safetensors into (created if missing).
+    /// Folder to write the model into (created if missing).
     #[arg(long, value_name = "DIR")]
     pub out: PathBuf,
+    /// What to write.
+    #[arg(long, value_enum, default_value = "linear-stack")]
+    pub arch: Arch,
+    /// `--arch bert`: the shapes (tiny: tests; base and large: BERT-base/large).
+    #[arg(long, value_enum, default_value = "tiny")]
+    pub preset: BertPreset,
+    /// `--arch bert`: storage dtype of the weights.
+    #[arg(long, value_enum, default_value = "f32")]
+    pub dtype: DTypeArg,
     /// Number of blocks (the unit the scheduler streams).
     #[arg(long, default_value_t = DemoSpec::default().blocks)]
     pub blocks: u32,
@@ -39,6 +78,9 @@ pub struct DemoModelArgs {
 }
 
 pub fn execute(args: DemoModelArgs) -> CommandResult {
+    if args.arch == Arch::Bert {
+        return write_bert(&args);
+    }
     let spec = DemoSpec {
         blocks: args.blocks,
         layers_per_block: args.layers_per_block,
@@ -81,6 +123,52 @@ pub fn execute(args: DemoModelArgs) -> CommandResult {
             ByteSize::b(bytes),
             path.display(),
             lora_path.display()
+        );
+    }
+    Ok(())
+}
+
+/// `--arch bert`: the encoder folder, and with `--lora-out DIR` a PEFT adapter folder.
+fn write_bert(args: &DemoModelArgs) -> CommandResult {
+    let demo = BertDemo {
+        preset: args.preset,
+        dtype: args.dtype.dtype(),
+        seed: args.seed,
+        ..BertDemo::default()
+    };
+    let started = Instant::now();
+    let dir = write_bert_folder(&args.out, &demo)
+        .map_err(|error| Failure::run_failed(anyhow::anyhow!("{}: {error}", args.out.display())))?;
+    let shape = args.preset.shape();
+    println!(
+        "wrote {} (BERT {:?}: {} layers of {}, {} heads, {} weights = {}, seed {}) in {:.2} s",
+        dir.display(),
+        args.preset,
+        shape.layers,
+        shape.hidden,
+        shape.heads,
+        demo.dtype,
+        ByteSize::b(demo.weight_bytes()),
+        args.seed,
+        started.elapsed().as_secs_f64()
+    );
+    if let Some(lora_dir) = &args.lora_out {
+        if args.lora_rank == 0 || args.lora_rank > shape.hidden {
+            return Err(Failure::bad_input(anyhow::anyhow!(
+                "--lora-rank must be between 1 and the hidden size {}",
+                shape.hidden
+            )));
+        }
+        let path = write_bert_lora(lora_dir, &demo, args.lora_rank, args.seed ^ 0x4c6f_5241)
+            .map_err(|error| {
+                Failure::run_failed(anyhow::anyhow!("{}: {error}", lora_dir.display()))
+            })?;
+        println!(
+            "wrote {} (PEFT rank {} on query/value); try: stagehand embed --model {} --lora {} \"hello world\"",
+            path.display(),
+            args.lora_rank,
+            dir.display(),
+            path.display()
         );
     }
     Ok(())

@@ -32,11 +32,11 @@ macro_rules! eprintln {
 pub mod output;
 
 mod bench;
-mod bench_cuda;
 mod bench_disk;
 mod bench_lora;
 mod config_cmd;
 mod demo_model;
+mod embed;
 mod inspect;
 mod run;
 mod simulate;
@@ -82,6 +82,8 @@ pub struct Cli {
 pub enum Command {
     /// Stream a model through the budgets step after step and verify the result (the main job).
     Run(run::RunArgs),
+    /// Sentence embeddings from an encoder folder, streamed under the budgets.
+    Embed(embed::EmbedArgs),
     /// Show a safetensors checkpoint's files, tensors and block split.
     Inspect(inspect::InspectArgs),
     /// Print the effective settings and which layer set each one.
@@ -107,6 +109,7 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         None => run::execute(cli.run),
         Some(Command::Run(args)) => run::execute(args),
+        Some(Command::Embed(args)) => embed::execute(args),
         Some(Command::Inspect(args)) => inspect::execute(args),
         Some(Command::Config(args)) => config_cmd::execute(args),
         Some(Command::DemoModel(args)) => demo_model::execute(args),

@@ -18,6 +18,7 @@ use crate::run::{
     resolve_budgets, Extras, MoeOptions, RunError, RunPlan, WorkloadKind,
 };
 use crate::settings::{self, DeviceKind, SettingsArgs};
+use crate::workload::encoder::EmbeddingPlacement;
 use crate::workload::moe::HintMode;
 use crate::workload::moe_model::MoeSpec;
 
@@ -51,7 +52,7 @@ pub struct RunArgs {
     pub cache_dir: Option<PathBuf>,
     /// Attach a LoRA adapter (PEFT or kohya safetensors) to the linear-stack model, with
     /// an optional strength (default 1). Repeatable; checked against the merged weights.
-    #[arg(long, value_name = "FILE[:STRENGTH]", value_parser = parse_lora)]
+    #[arg(long, value_name = "FILE[:STRENGTH]", value_parser = parse_lora_arg)]
     pub lora: Vec<LoraSpec>,
     /// MoE: which experts the expert cache keeps.
     #[arg(long, value_enum, default_value = "lfu-aging")]
@@ -62,6 +63,10 @@ pub struct RunArgs {
     /// MoE: expert cache slots (default: what the VRAM budget leaves after the dense blocks).
     #[arg(long)]
     pub expert_slots: Option<u32>,
+    /// Encoders: where the word-embedding table lives (auto: host memory when a
+    /// batch's rows are fewer bytes than the table, so only those rows go to the device).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub embeddings: EmbeddingPlacement,
     /// Print the summary as JSON.
     #[arg(long)]
     pub json: bool,
@@ -90,7 +95,7 @@ impl ExpertPolicyArg {
     }
 }
 
-fn parse_lora(text: &str) -> Result<LoraSpec, String> {
+pub(super) fn parse_lora_arg(text: &str) -> Result<LoraSpec, String> {
     LoraSpec::parse(text).map_err(|error| error.to_string())
 }
 
@@ -106,7 +111,7 @@ pub fn init_logging(filter: &str) {
         .try_init();
 }
 
-fn run_error(error: RunError) -> Failure {
+pub(super) fn run_error(error: RunError) -> Failure {
     match error {
         RunError::BadInput(message) => Failure::bad_input(anyhow::anyhow!(message)),
         RunError::Failed(message) => Failure::run_failed(anyhow::anyhow!(message)),
@@ -121,13 +126,129 @@ pub fn use_cuda(device: DeviceKind) -> Result<bool, Failure> {
             "device `sim` runs in virtual time: use `stagehand simulate --model PATH --hardware NAME`"
         ))),
         DeviceKind::Cuda => Ok(true),
+        #[cfg(feature = "cuda")]
         DeviceKind::Auto => {
             let choice = crate::device::cuda::pick_auto();
             tracing::info!("{}", choice.message);
             Ok(choice.device == DeviceKind::Cuda)
         }
+        #[cfg(not(feature = "cuda"))]
+        DeviceKind::Auto => {
+            tracing::info!("device auto: this build has no CUDA support; using the CPU backend");
+            Ok(false)
+        }
         DeviceKind::Cpu => Ok(false),
     }
+}
+
+/// How `run_prepared` runs a prepared model.
+pub(super) struct Launch {
+    pub steps: u64,
+    pub policy: PolicyArg,
+    /// No progress bar.
+    pub quiet: bool,
+    pub keep_outputs: bool,
+    pub use_cuda: bool,
+}
+
+/// The VRAM budget a run uses: the configured one, or the automatic one raised to
+/// what the plan needs (a ring of `prefetch_depth + 1` slots of the largest block),
+/// so a model runs with no flags; the note says when it then fits whole.
+pub(super) fn automatic_budget(
+    prepared: &crate::run::Prepared,
+    settings: &settings::Settings,
+    budgets: crate::run::Budgets,
+) -> crate::run::Budgets {
+    if settings.vram_budget.is_some() {
+        return budgets;
+    }
+    let layout = prepared.workload.layout();
+    let align = |bytes: u64| bytes.div_ceil(256) * 256;
+    let total: u64 = layout.blocks.iter().map(|block| align(block.bytes)).sum();
+    let ring = align(layout.largest_block_bytes()) * u64::from(settings.prefetch_depth + 1);
+    let minimum = ring.min(total);
+    if budgets.vram_budget_bytes >= minimum {
+        return budgets;
+    }
+    let fits = if minimum >= total {
+        "; the model then fits whole"
+    } else {
+        ""
+    };
+    tracing::info!(
+        "vram budget raised from {} to {}, the least this model's plan needs (a ring of {} slots of its largest block){fits}",
+        stagehand_actors::Bytes(budgets.vram_budget_bytes),
+        stagehand_actors::Bytes(minimum),
+        settings.prefetch_depth + 1
+    );
+    crate::run::Budgets {
+        vram_budget_bytes: minimum,
+        ..budgets
+    }
+}
+
+/// Budgets, metrics, progress and the backend for a prepared model; runs it.
+pub(super) fn run_prepared(
+    prepared: &crate::run::Prepared,
+    settings: &settings::Settings,
+    launch: Launch,
+) -> Result<crate::run::Outcome, Failure> {
+    let model_bytes = prepared.streamed_model_bytes();
+    let budgets = resolve_budgets(settings, model_bytes, prepared.is_demo);
+    let budgets = automatic_budget(prepared, settings, budgets);
+    let observer = match settings.metrics_addr {
+        Some(addr) => {
+            let observer = crate::telemetry::install(addr).map_err(Failure::bad_input)?;
+            tracing::info!("serving metrics on http://{addr}/metrics");
+            Arc::new(observer) as Arc<dyn stagehand_actors::Observer>
+        }
+        None => no_observer(),
+    };
+    let progress = if launch.quiet {
+        ProgressBar::hidden()
+    } else if launch.steps == 0 {
+        ProgressBar::new_spinner()
+    } else {
+        ProgressBar::new(launch.steps)
+    };
+    progress.set_style(
+        ProgressStyle::with_template("{spinner} step {pos}/{len} [{bar:30}] {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let bar = progress.clone();
+    let plan = RunPlan {
+        settings,
+        budgets,
+        prefetch_depth: settings.prefetch_depth,
+        policy: match launch.policy {
+            PolicyArg::Planned => ResidencyPolicy::Planned,
+            PolicyArg::Lru => ResidencyPolicy::Lru,
+        },
+        steps: launch.steps,
+        stop: crate::signals::stop_flag(),
+        observer,
+        on_step: Box::new(move |_step, seconds| {
+            bar.inc(1);
+            bar.set_message(format!("{:.1} ms", seconds * 1e3));
+        }),
+        fail_after_reads: None,
+        keep_outputs: launch.keep_outputs,
+    };
+    tracing::info!(
+        "streaming {} ({}; SIGINT or SIGTERM stops at the next step)",
+        prepared.index.path.display(),
+        match launch.steps {
+            0 => "until stopped".to_string(),
+            steps => format!("{steps} steps"),
+        }
+    );
+    let outcome = if launch.use_cuda {
+        crate::run::execute_cuda(prepared, plan)
+    } else {
+        crate::run::execute(prepared, plan)
+    };
+    progress.finish_and_clear();
+    outcome.map_err(run_error)
 }
 
 pub fn execute(args: RunArgs) -> CommandResult {
@@ -163,6 +284,8 @@ pub fn execute(args: RunArgs) -> CommandResult {
             hint: args.moe_hint,
             slots: args.expert_slots,
         },
+        encoder: None,
+        embeddings: args.embeddings,
     };
     let prepared = prepare_with(
         &model,
@@ -173,60 +296,17 @@ pub fn execute(args: RunArgs) -> CommandResult {
         &extras,
     )
     .map_err(run_error)?;
-    let model_bytes = prepared.index.total_bytes();
-    let budgets = resolve_budgets(&settings, model_bytes, prepared.is_demo);
-    let observer = match settings.metrics_addr {
-        Some(addr) => {
-            let observer = crate::telemetry::install(addr).map_err(Failure::bad_input)?;
-            tracing::info!("serving metrics on http://{addr}/metrics");
-            Arc::new(observer) as Arc<dyn stagehand_actors::Observer>
-        }
-        None => no_observer(),
-    };
-    let progress = if args.quiet || args.json {
-        ProgressBar::hidden()
-    } else if args.steps == 0 {
-        ProgressBar::new_spinner()
-    } else {
-        ProgressBar::new(args.steps)
-    };
-    progress.set_style(
-        ProgressStyle::with_template("{spinner} step {pos}/{len} [{bar:30}] {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    let bar = progress.clone();
-    let plan = RunPlan {
-        settings: &settings,
-        budgets,
-        prefetch_depth: settings.prefetch_depth,
-        policy: match args.policy {
-            PolicyArg::Planned => ResidencyPolicy::Planned,
-            PolicyArg::Lru => ResidencyPolicy::Lru,
+    let outcome = run_prepared(
+        &prepared,
+        &settings,
+        Launch {
+            steps: args.steps,
+            policy: args.policy,
+            quiet: args.quiet || args.json,
+            keep_outputs: false,
+            use_cuda,
         },
-        steps: args.steps,
-        stop: crate::signals::stop_flag(),
-        observer,
-        on_step: Box::new(move |_step, seconds| {
-            bar.inc(1);
-            bar.set_message(format!("{:.1} ms", seconds * 1e3));
-        }),
-        fail_after_reads: None,
-    };
-    tracing::info!(
-        "streaming {} ({}; SIGINT or SIGTERM stops at the next step)",
-        model.display(),
-        match args.steps {
-            0 => "until stopped".to_string(),
-            steps => format!("{steps} steps"),
-        }
-    );
-    let outcome = if use_cuda {
-        crate::device::cuda::run::execute_cuda(&prepared, plan)
-    } else {
-        crate::run::execute(&prepared, plan)
-    };
-    progress.finish_and_clear();
-    let outcome = outcome.map_err(run_error)?;
+    )?;
     let summary = Summary::new(&outcome);
     if args.json {
         let text = serde_json::to_string_pretty(&summary).map_err(Failure::run_failed)?;

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use stagehand_actors::{
-    Device, DeviceArena, DeviceError, DevicePtr, HostBuffer, MemoryInfo, OpFuture,
+    Device, DeviceArena, DeviceError, DevicePtr, HostBuffer, MemoryInfo, MemorySpace, OpFuture,
 };
 
 /// One arena's memory. Copy jobs hold a clone, so an arena freed while a copy is in
@@ -121,6 +121,10 @@ impl Drop for CpuDevice {
 impl Device for CpuDevice {
     fn name(&self) -> String {
         "cpu".into()
+    }
+
+    fn memory_space(&self) -> MemorySpace {
+        MemorySpace::Host
     }
 
     fn memory_info(&self) -> Result<MemoryInfo, DeviceError> {

@@ -2,6 +2,9 @@
 //! (virtual time, in `crate::sim`) and `cuda`.
 
 pub mod cpu;
+pub mod cpu_compute;
+#[cfg(feature = "cuda")]
 pub mod cuda;
 
 pub use cpu::CpuDevice;
+pub use cpu_compute::CpuCompute;

@@ -7,6 +7,8 @@ pub mod cache;
 mod checksum;
 pub mod demo;
 mod error;
+pub mod folder;
+pub mod generated;
 mod header;
 mod index;
 mod open;
@@ -18,6 +20,7 @@ pub use checksum::{
     DATA_CHECKSUM_KEY, PENDING_CHECKSUM,
 };
 pub use error::IndexError;
+pub use folder::{FolderError, ModelFolder, Pooling, SentenceHead};
 pub use header::MAX_HEADER_BYTES;
 pub use index::{BlockInfo, ModelIndex, ShardFile, TensorInfo};
 pub use open::{create_regular, open_regular, read_regular, FileStamp};

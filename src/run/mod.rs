@@ -1,7 +1,9 @@
 //! Wires settings, a model, the adapters and a workload into a run: what `stagehand
 //! run` and `stagehand bench` share.
 
+mod execute;
 pub mod memory;
+mod prepare;
 pub mod summary;
 
 use std::path::{Path, PathBuf};
@@ -9,25 +11,26 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use stagehand_actors::{
-    BlockId, Device, ExpertConfig, ExpertPolicy, NoObserver, Observer, ResidencyPolicy, Session,
-    SessionConfig, Storage,
+    ExpertPolicy, NoObserver, Observer, ResidencyPolicy, SessionConfig, Storage,
 };
 
-use crate::device::CpuDevice;
 use crate::lora::LoraSpec;
 use crate::model::demo::DemoSpec;
 use crate::model::ModelIndex;
 use crate::settings::Settings;
 use crate::storage::{open_storage, StorageFile, StorageOptions};
-use crate::workload::bound::{measure_rates, LinkRates, StepBound};
-use crate::workload::driver::LoraPhase;
-use crate::workload::driver::{drive_traced, DriverOptions, RunReport, Workload};
-use crate::workload::linear_stack::LinearStack;
-use crate::workload::lora_set::LoraSet;
-use crate::workload::moe::{HintMode, MoeRun};
-use crate::workload::moe_model::{MoeLayout, MoeSpec};
-use crate::workload::stream_verify::expected_checksums;
+use crate::workload::bound::{LinkRates, StepBound};
+use crate::workload::driver::RunReport;
+use crate::workload::encoder::EmbeddingPlacement;
+use crate::workload::moe::HintMode;
+use crate::workload::moe_model::MoeSpec;
 use crate::workload::WorkloadError;
+
+pub use execute::{execute, execute_cuda, execute_on, peak_rss_bytes};
+pub use prepare::{
+    parse_token_ids, prepare, prepare_with, texts_from_file, EncoderInput, Prepared,
+    BUILT_IN_SENTENCES, SUPPORTED_FAMILIES,
+};
 
 /// Fraction of the model the CPU backend's VRAM budget defaults to, so the demo streams.
 pub const DEFAULT_VRAM_FRACTION: f64 = 0.4;
@@ -36,20 +39,27 @@ pub const DEFAULT_DEMO_PIN_FRACTION: f64 = 0.5;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum WorkloadKind {
-    /// linear-stack for a generated demo model, else stream-verify.
+    /// The model's own: the family its config.json names, linear-stack or moe for a
+    /// generated model, stream-verify for a bare checkpoint.
     Auto,
     LinearStack,
+    /// Stream and checksum every block against the file; computes nothing.
     StreamVerify,
+    /// A BERT-family encoder from a Hugging Face folder.
+    Encoder,
     /// The generated mixture-of-experts model: experts acquired as routed, through an
     /// expert cache with speculative prefetch.
     Moe,
 }
 
-/// What a run adds to its workload: LoRA adapters (linear-stack) or the MoE knobs.
+/// What a run adds to its workload: LoRA adapters, the MoE knobs, an encoder's texts.
 #[derive(Debug, Clone, Default)]
 pub struct Extras {
     pub loras: Vec<LoraSpec>,
     pub moe: MoeOptions,
+    /// What an encoder embeds; `None`: the built-in sentences.
+    pub encoder: Option<EncoderInput>,
+    pub embeddings: EmbeddingPlacement,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -117,121 +127,6 @@ pub fn available_ram_bytes() -> Option<u64> {
         .find(|line| line.starts_with("MemAvailable:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
-}
-
-/// A model opened for a run, with its workload.
-pub struct Prepared {
-    pub index: ModelIndex,
-    pub workload: Workload,
-    pub is_demo: bool,
-}
-
-pub fn prepare(
-    model: &Path,
-    kind: WorkloadKind,
-    batch: usize,
-    settings: &Settings,
-    is_demo: bool,
-) -> Result<Prepared, RunError> {
-    prepare_with(model, kind, batch, settings, is_demo, &Extras::default())
-}
-
-/// As [`prepare`], with LoRA adapters or MoE options.
-pub fn prepare_with(
-    model: &Path,
-    kind: WorkloadKind,
-    batch: usize,
-    settings: &Settings,
-    is_demo: bool,
-    extras: &Extras,
-) -> Result<Prepared, RunError> {
-    let index = ModelIndex::open(model, settings.block_pattern.as_deref())
-        .map_err(|error| RunError::BadInput(error.to_string()))?;
-    if index.blocks.is_empty() {
-        return Err(RunError::BadInput(format!(
-            "{}: the model has no tensors to stream",
-            model.display()
-        )));
-    }
-    let demo = DemoSpec::from_metadata(&index.metadata).is_some();
-    let moe = MoeSpec::from_metadata(&index.metadata);
-    let kind = match kind {
-        WorkloadKind::Auto if moe.is_some() => WorkloadKind::Moe,
-        WorkloadKind::Auto if demo => WorkloadKind::LinearStack,
-        WorkloadKind::Auto => WorkloadKind::StreamVerify,
-        other => other,
-    };
-    memory::check_largest_block(&index, settings)?;
-    // The activations a batch needs, checked before they are allocated.
-    let width = match kind {
-        WorkloadKind::LinearStack => DemoSpec::from_metadata(&index.metadata).map(|spec| spec.dim),
-        WorkloadKind::Moe => moe.as_ref().map(|spec| spec.dim),
-        _ => None,
-    };
-    if let Some(dim) = width {
-        memory::check_batch(batch, u64::from(dim), settings)?;
-    }
-    if !extras.loras.is_empty() && kind != WorkloadKind::LinearStack {
-        return Err(RunError::BadInput(
-            "--lora applies to the linear-stack workload (the demo model); drop --lora or use --workload linear-stack".to_string(),
-        ));
-    }
-    let workload = match kind {
-        WorkloadKind::LinearStack => {
-            let model = LinearStack::from_index(&index, batch)
-                .map_err(|error| RunError::BadInput(error.to_string()))?;
-            let reference = model
-                .reference(&index)
-                .map_err(|error| RunError::Failed(error.to_string()))?;
-            let mut lora = Vec::new();
-            if !extras.loras.is_empty() {
-                let set = LoraSet::load(&model, &index, &extras.loras)
-                    .map_err(|error| RunError::BadInput(error.to_string()))?;
-                let reference = model
-                    .reference_merged(&index, Some(&set))
-                    .map_err(|error| RunError::Failed(error.to_string()))?;
-                lora.push(LoraPhase {
-                    from_step: 0,
-                    set,
-                    reference,
-                });
-            }
-            Workload::LinearStack {
-                model,
-                reference,
-                lora,
-            }
-        }
-        WorkloadKind::Moe => {
-            let spec = moe.ok_or_else(|| {
-                RunError::BadInput(format!(
-                    "{} is not a generated MoE model (no stagehand.kind = moe metadata); run `stagehand run --workload moe` without --model to use the demo one",
-                    model.display()
-                ))
-            })?;
-            let layout = MoeLayout::new(&index, spec)
-                .map_err(|error| RunError::BadInput(error.to_string()))?;
-            let mut run = MoeRun::new(&index, layout, batch, extras.moe.hint)
-                .map_err(|error| RunError::BadInput(error.to_string()))?;
-            run.policy = extras.moe.policy;
-            run.slots = extras.moe.slots;
-            Workload::Moe(run)
-        }
-        _ => Workload::StreamVerify {
-            names: index
-                .blocks
-                .iter()
-                .map(|block| block.name.clone())
-                .collect(),
-            checksums: expected_checksums(&index)
-                .map_err(|error| RunError::Failed(error.to_string()))?,
-        },
-    };
-    Ok(Prepared {
-        index,
-        workload,
-        is_demo,
-    })
 }
 
 /// The budgets a run uses, resolved from the settings and the model.
@@ -333,6 +228,8 @@ pub struct RunPlan<'a> {
     pub on_step: Box<dyn FnMut(u64, f64) + Send>,
     /// Fault injection for tests: fail reads after this many.
     pub fail_after_reads: Option<u64>,
+    /// Keep each step's output in the report (`embed` prints them).
+    pub keep_outputs: bool,
 }
 
 /// What a run produced: its report, the rates and the bound.
@@ -344,136 +241,13 @@ pub struct Outcome {
     pub model_bytes: u64,
     pub device: String,
     pub storage: String,
-}
-
-pub fn execute(prepared: &Prepared, plan: RunPlan<'_>) -> Result<Outcome, RunError> {
-    let settings = plan.settings;
-    let index = &prepared.index;
-    let layout = index.layout();
-    let model_bytes = layout.total_bytes();
-    let device: Arc<dyn Device> = Arc::new(
-        CpuDevice::new(
-            plan.budgets
-                .vram_budget_bytes
-                .max(layout.largest_block_bytes()),
-        )
-        .map_err(|error| RunError::Failed(error.to_string()))?,
-    );
-    let storage = open_model_storage(index, settings, plan.fail_after_reads)?;
-    let config = session_config(settings, plan.budgets, plan.prefetch_depth, plan.policy);
-    let (layout, order, experts) = match &prepared.workload {
-        Workload::Moe(run) => {
-            let experts = expert_config(run, &config)?;
-            (run.model.layout.clone(), run.model.order(), Some(experts))
-        }
-        _ => {
-            let order: Vec<BlockId> = (0..layout.len() as u32).map(BlockId).collect();
-            (layout, order, None)
-        }
-    };
-    // `--trace FILE`: transfers from the actors' observer calls, compute from the driver.
-    let trace = settings.trace.as_ref().map(|_| {
-        Arc::new(crate::sim::TraceObserver::new(
-            Arc::new(crate::sim::TraceRecorder::new()),
-            layout
-                .blocks
-                .iter()
-                .map(|block| block.name.clone())
-                .collect(),
-        ))
-    });
-    let observer: Arc<dyn Observer> = match &trace {
-        Some(trace) => Arc::new(stagehand_actors::Tee(plan.observer, Arc::clone(trace))),
-        None => plan.observer,
-    };
-    let session = Session::start_with_experts(
-        config,
-        experts,
-        layout.clone(),
-        order,
-        device.clone(),
-        storage.clone(),
-        observer,
-    )
-    .map_err(|error| RunError::BadInput(error.to_string()))?;
-    let report = drive_traced(
-        session,
-        &prepared.workload,
-        DriverOptions {
-            steps: plan.steps,
-            stop: plan.stop,
-            on_step: plan.on_step,
-        },
-        trace.as_deref(),
-    )
-    .map_err(|failure| {
-        let (error, stats) = *failure;
-        failed_run(error, &stats)
-    })?;
-    if let (Some(path), Some(trace)) = (&settings.trace, &trace) {
-        trace
-            .recorder()
-            .write_chrome_trace(path)
-            .map_err(|error| RunError::Failed(error.to_string()))?;
-    }
-    let rates = measure_rates(&device, &storage, &layout, |index| {
-        !report
-            .plan
-            .pins
-            .is_cached(stagehand_actors::BlockId(index as u32))
-    })
-    .map_err(RunError::Failed)?;
-    let bound = StepBound::new(
-        report.steady_compute_seconds(),
-        report.plan.vram.streamed_bytes_per_step as f64,
-        report.plan.pins.disk_bytes_per_step as f64,
-        rates,
-    );
-    Ok(Outcome {
-        report,
-        rates,
-        bound,
-        budgets: plan.budgets,
-        model_bytes,
-        device: device.name(),
-        storage: storage.name(),
-    })
-}
-
-/// The expert cache of an MoE run: the dense blocks (used by every token) stay
-/// resident if they fit beside at least `2 × top_k` expert slots; the rest of the
-/// budget is expert slots.
-fn expert_config(run: &MoeRun, config: &SessionConfig) -> Result<ExpertConfig, RunError> {
-    let align = |bytes: u64| bytes.div_ceil(256) * 256;
-    let spec = run.model.spec;
-    let expert_bytes = align(spec.expert_bytes());
-    let dense_bytes = align(run.model.dense_bytes());
-    let budget = config.vram_budget_bytes;
-    let all_dense = dense_bytes * u64::from(spec.layers);
-    let ring = dense_bytes * u64::from(config.prefetch_depth + 1);
-    let minimum = u64::from(2 * spec.top_k);
-    let total_experts = u64::from(spec.layers * spec.experts);
-    let room = |reserved: u64| budget.saturating_sub(reserved) / expert_bytes;
-    let slots = match run.slots {
-        Some(slots) => u64::from(slots),
-        None if room(all_dense) >= minimum => room(all_dense).min(total_experts),
-        None => room(ring).min(total_experts),
-    };
-    if slots < minimum || slots * expert_bytes + ring > budget {
-        return Err(RunError::BadInput(format!(
-            "vram_budget {} is too small for this MoE model: it needs {} expert slots (2 × top-k) of {} plus a ring of {} dense blocks of {}",
-            stagehand_actors::Bytes(budget),
-            minimum,
-            stagehand_actors::Bytes(expert_bytes),
-            config.prefetch_depth + 1,
-            stagehand_actors::Bytes(dense_bytes)
-        )));
-    }
-    Ok(ExpertConfig {
-        slots: slots as u32,
-        slot_bytes: expert_bytes,
-        policy: run.policy,
-    })
+    /// What ran: "linear-stack", "moe", "bert encoder", or "stream-verify" (bytes
+    /// checked, nothing computed).
+    pub workload: &'static str,
+    /// Model bytes kept in host memory outside the tiers (an encoder's word table).
+    pub host_bytes: u64,
+    /// The process's peak resident set at the end of the run.
+    pub peak_rss_bytes: Option<u64>,
 }
 
 /// An observer that records nothing, for runs without metrics.

@@ -7,6 +7,9 @@ use super::Outcome;
 
 #[derive(Debug, Serialize)]
 pub struct Summary {
+    /// What ran: "linear-stack", "moe", "bert encoder", or "stream-verify" (bytes
+    /// checked against the file, nothing computed).
+    pub workload: &'static str,
     pub device: String,
     pub storage: String,
     pub steps: u64,
@@ -64,7 +67,19 @@ pub struct Summary {
     pub expert_hints: u64,
     /// Peak model bytes in VRAM; never above `model_bytes`.
     pub vram_model_bytes_after_first_step: u64,
+    /// Model bytes kept in host memory outside the tiers (an encoder's word table,
+    /// of which only the gathered rows go to the device).
+    pub host_model_bytes: u64,
+    /// The process's peak resident set, and what the budgets allow it:
+    /// (VRAM budget + peak pinned + host model bytes) × 1.1 + 64 MiB.
+    pub peak_rss_bytes: Option<u64>,
+    pub rss_limit_bytes: u64,
 }
+
+/// Host memory the budgets account for may be exceeded by this factor and margin
+/// (allocator slack, the binary, the tokenizer, activations).
+const RSS_SLACK: f64 = 1.1;
+const RSS_MARGIN_BYTES: u64 = 64 << 20;
 
 impl Summary {
     pub fn new(outcome: &Outcome) -> Self {
@@ -72,7 +87,10 @@ impl Summary {
         let stats = &report.stats;
         let steady = report.steady_step_seconds();
         let bound = outcome.bound.seconds();
+        let accounted =
+            outcome.budgets.vram_budget_bytes + stats.pinned.peak_used_bytes + outcome.host_bytes;
         Self {
+            workload: outcome.workload,
             device: outcome.device.clone(),
             storage: outcome.storage.clone(),
             steps: report.steps,
@@ -128,6 +146,9 @@ impl Summary {
             },
             expert_hints: report.expert_hints,
             vram_model_bytes_after_first_step: report.after_first_step.vram.model_bytes,
+            host_model_bytes: outcome.host_bytes,
+            peak_rss_bytes: outcome.peak_rss_bytes,
+            rss_limit_bytes: (accounted as f64 * RSS_SLACK) as u64 + RSS_MARGIN_BYTES,
         }
     }
 
@@ -145,10 +166,17 @@ impl Summary {
         } else {
             "the fully-merged LoRA reference"
         };
-        line(format!(
-            "stagehand run: {} steps on {} ({} reads), {} verified against {reference}",
-            self.steps, self.device, self.storage, self.verified_steps
-        ));
+        if self.workload == "stream-verify" {
+            line(format!(
+                "stagehand run: stream-verify, {} steps on {} ({} reads): checked bytes only — every block's checksum on the device equals the file's in {} steps; nothing was computed",
+                self.steps, self.device, self.storage, self.verified_steps
+            ));
+        } else {
+            line(format!(
+                "stagehand run: {}, {} steps on {} ({} reads), {} verified against {reference}",
+                self.workload, self.steps, self.device, self.storage, self.verified_steps
+            ));
+        }
         line(format!(
             "  model {}  vram budget {} ({} resident + streaming ring)  pin ceiling {}",
             bytes(self.model_bytes),
@@ -236,6 +264,20 @@ impl Summary {
                 self.expert_misses,
                 100.0 * self.expert_hit_rate,
                 self.expert_hints
+            ));
+        }
+        if self.host_model_bytes > 0 {
+            line(format!(
+                "  host memory: {} of embedding table kept on the host (only gathered rows go to the device)",
+                bytes(self.host_model_bytes)
+            ));
+        }
+        if let Some(peak) = self.peak_rss_bytes {
+            line(format!(
+                "  peak RSS {} ({} the {} the budgets account for: (vram budget + peak pinned + host) × 1.1 + 64 MiB)",
+                bytes(peak),
+                if peak <= self.rss_limit_bytes { "within" } else { "ABOVE" },
+                bytes(self.rss_limit_bytes)
             ));
         }
         line(format!(

@@ -1,37 +1,35 @@
 //! The linear-stack workload: each block is a few dim×dim f32 linear layers; a layer
-//! computes `x ← rmsnorm(x · Wᵀ)` for a batch of rows. The GEMM is `matrixmultiply`
-//! (pure Rust, maintained, deterministic and single-threaded by default, so a streamed
-//! run and the resident reference produce the same bits).
+//! computes `x ← rmsnorm(x · Wᵀ)` for a batch of rows (plus the attached LoRA's
+//! low-rank update on streamed blocks). Written once against the compute port.
 
+use stagehand_actors::{BlockId, ModelLayout};
+
+use super::blocks::Blocks;
+use super::family::{Family, StepOutput};
+use super::WorkloadError;
+use crate::compute::{Compute, DType, TensorSlot};
 use crate::model::demo::DemoSpec;
 use crate::model::ModelIndex;
 
-use super::lora_set::{BlockPatches, LoraSet};
-use super::WorkloadError;
-
-/// One layer's weight inside its block's buffer.
-#[derive(Debug, Clone, Copy)]
-struct LayerRef {
-    block_offset: u64,
-}
+const RMS_EPSILON: f32 = 1e-6;
 
 #[derive(Debug, Clone)]
 pub struct LinearStack {
     pub spec: DemoSpec,
     pub batch: usize,
-    /// Per block, its layers in order.
-    layers: Vec<Vec<LayerRef>>,
+    /// Per block, its layers' weights in order.
+    layers: Vec<Vec<TensorSlot>>,
+    layout: ModelLayout,
+    input: Vec<f32>,
 }
 
-/// The running activations and a scratch buffer, allocated once.
-pub struct Activations {
-    pub x: Vec<f32>,
-    y: Vec<f32>,
-    /// `batch × rank` scratch of the low-rank LoRA path.
-    low_rank: Vec<f32>,
+/// The running activations and scratch, on the compute device.
+pub struct StackState<C: Compute> {
+    x: C::Tensor,
+    y: C::Tensor,
+    /// `batch × rank` scratch of the low-rank LoRA path (resized as needed).
+    low_rank: C::Tensor,
 }
-
-const RMS_EPSILON: f32 = 1e-6;
 
 impl LinearStack {
     /// Recognises a generated demo model and locates each layer in its block.
@@ -49,7 +47,7 @@ impl LinearStack {
         let layer_bytes = (dim * dim * 4) as u64;
         let mut layers = Vec::with_capacity(index.blocks.len());
         for block in 0..spec.blocks {
-            let mut refs = Vec::with_capacity(spec.layers_per_block as usize);
+            let mut slots = Vec::with_capacity(spec.layers_per_block as usize);
             for layer in 0..spec.layers_per_block {
                 let name = DemoSpec::tensor_name(block, layer);
                 let tensor = index.tensor(&name).ok_or_else(|| {
@@ -70,16 +68,22 @@ impl LinearStack {
                         tensor.block
                     )));
                 }
-                refs.push(LayerRef {
-                    block_offset: tensor.block_offset,
+                slots.push(TensorSlot {
+                    offset: tensor.block_offset,
+                    dtype: DType::F32,
+                    rows: dim,
+                    cols: dim,
                 });
             }
-            layers.push(refs);
+            layers.push(slots);
         }
+        let input = input_batch(spec.seed, checked_count(batch, dim)?);
         Ok(Self {
             spec,
             batch,
             layers,
+            layout: index.layout(),
+            input,
         })
     }
 
@@ -91,170 +95,103 @@ impl LinearStack {
         self.layers.len()
     }
 
+    pub fn layers_per_block(&self) -> usize {
+        self.spec.layers_per_block as usize
+    }
+
     /// Floating-point operations of one block for the whole batch.
     pub fn flops_per_block(&self) -> f64 {
         let dim = self.dim() as f64;
         2.0 * self.batch as f64 * dim * dim * self.spec.layers_per_block as f64
     }
 
-    /// A deterministic input batch.
-    pub fn activations(&self) -> Activations {
-        let count = self.batch * self.dim();
-        Activations {
-            x: input_batch(self.spec.seed, count),
-            y: vec![0.0; count],
-            low_rank: Vec::new(),
-        }
-    }
-
-    /// Runs block `block` on `activations`, reading weights from the block's buffer.
-    pub fn forward_block(
-        &self,
-        block: usize,
-        block_bytes: &[u8],
-        activations: &mut Activations,
-    ) -> Result<(), WorkloadError> {
-        self.forward_block_patched(block, block_bytes, activations, None)
-    }
-
-    /// As [`LinearStack::forward_block`], adding each layer's LoRA patches the low-rank
-    /// way (`y += s·(x·Aᵀ)·Bᵀ`) before the norm: the streamed-weight path.
-    pub fn forward_block_patched(
-        &self,
-        block: usize,
-        block_bytes: &[u8],
-        activations: &mut Activations,
-        lora: Option<&BlockPatches<'_>>,
-    ) -> Result<(), WorkloadError> {
-        let dim = self.dim();
-        for (layer_number, layer) in self.layers[block].iter().enumerate() {
-            let weights = layer_weights(block, block_bytes, layer.block_offset, dim)?;
-            let Activations { x, y, low_rank } = activations;
-            gemm(weights, dim, self.batch, x, y);
-            let patches = lora.and_then(|layers| layers.get(layer_number));
-            for (factors, scale) in patches.into_iter().flatten() {
-                crate::lora::apply_low_rank(x, self.batch, factors, *scale, low_rank, y);
-            }
-            rms_norm(dim, y, x);
-        }
-        Ok(())
-    }
-
-    /// Bakes the LoRA set into a block's weights in place: `W ← W + s·B·A` per patch,
-    /// in adapter order — the resident-weight path and the merged reference.
-    pub fn bake_block(
-        &self,
-        block: usize,
-        block_bytes: &mut [u8],
-        lora: &BlockPatches<'_>,
-    ) -> Result<(), WorkloadError> {
-        let dim = self.dim();
-        for (layer_number, layer) in self.layers[block].iter().enumerate() {
-            let start = layer.block_offset as usize;
-            let bytes = block_bytes
-                .get_mut(start..start + dim * dim * 4)
-                .ok_or_else(|| {
-                    WorkloadError::Model(format!("block {block} buffer is too short"))
-                })?;
-            // SAFETY: every bit pattern is a valid f32; we insist the slice is aligned.
-            let (prefix, weights, suffix) = unsafe { bytes.align_to_mut::<f32>() };
-            if !prefix.is_empty() || !suffix.is_empty() {
-                return Err(WorkloadError::Model(format!(
-                    "block {block}: weights are not 4-byte aligned in memory"
-                )));
-            }
-            for (factors, scale) in lora.get(layer_number).into_iter().flatten() {
-                crate::lora::merge_into(weights, factors, *scale);
-            }
-        }
-        Ok(())
-    }
-
-    /// The layer of `block` whose weight starts at `block_offset`.
-    pub fn layer_at(&self, block: usize, block_offset: u64) -> Option<usize> {
-        self.layers
-            .get(block)?
-            .iter()
-            .position(|layer| layer.block_offset == block_offset)
-    }
-
-    pub fn layers_per_block(&self) -> usize {
-        self.spec.layers_per_block as usize
-    }
-
-    /// The fully-resident reference: every weight read straight from the file, the
-    /// same arithmetic in the same order.
-    pub fn reference(&self, index: &ModelIndex) -> Result<Vec<f32>, WorkloadError> {
-        self.reference_merged(index, None)
-    }
-
-    /// The fully-merged reference: every weight read from the file with the LoRA set
-    /// merged in (`W + s·B·A`), then the same forward pass.
-    pub fn reference_merged(
+    /// Loads LoRA adapters onto this model's layers.
+    pub fn lora_set(
         &self,
         index: &ModelIndex,
-        lora: Option<&LoraSet>,
-    ) -> Result<Vec<f32>, WorkloadError> {
-        let mut activations = self.activations();
-        let reader = crate::model::BlockReader::open(index)?;
-        for (block_number, block) in index.blocks.iter().enumerate().take(self.blocks()) {
-            let mut buffer = vec![0u32; (block.bytes as usize).div_ceil(4)];
-            // SAFETY: a u32 buffer viewed as bytes, for an aligned read target.
-            let bytes = unsafe {
-                std::slice::from_raw_parts_mut(buffer.as_mut_ptr() as *mut u8, block.bytes as usize)
-            };
-            reader.read_into(block_number, bytes)?;
-            if let Some(lora) = lora {
-                self.bake_block(block_number, bytes, &lora.host_patches(block_number))?;
-            }
-            self.forward_block(block_number, bytes, &mut activations)?;
+        specs: &[crate::lora::LoraSpec],
+    ) -> Result<super::lora_set::LoraSet, crate::lora::LoraError> {
+        super::lora_set::LoraSet::load(index, specs, self.blocks(), &|tensor| {
+            self.place(index, tensor)
+        })
+    }
+
+    /// Where a tensor of the index sits, for LoRA targets: every layer weight, in the
+    /// index's own blocks.
+    pub fn place(&self, index: &ModelIndex, tensor: usize) -> Option<(usize, TensorSlot)> {
+        let info = index.tensors.get(tensor)?;
+        let slot = self
+            .layers
+            .get(info.block)?
+            .iter()
+            .find(|slot| slot.offset == info.block_offset)?;
+        Some((info.block, *slot))
+    }
+}
+
+/// `batch × dim`, or a clear error when that many activations cannot be addressed.
+fn checked_count(batch: usize, dim: usize) -> Result<usize, WorkloadError> {
+    batch
+        .checked_mul(dim)
+        .filter(|count| count.checked_mul(4).is_some())
+        .ok_or_else(|| {
+            WorkloadError::Model(format!(
+                "batch {batch} × dim {dim} is too large; lower --batch"
+            ))
+        })
+}
+
+impl Family for LinearStack {
+    type State<C: Compute> = StackState<C>;
+
+    fn layout(&self) -> &ModelLayout {
+        &self.layout
+    }
+
+    fn start<C: Compute>(&self, compute: &C) -> Result<StackState<C>, WorkloadError> {
+        let dim = self.dim();
+        Ok(StackState {
+            x: compute.tensor(self.batch, dim)?,
+            y: compute.tensor(self.batch, dim)?,
+            low_rank: compute.tensor(self.batch, 1)?,
+        })
+    }
+
+    fn step<C: Compute, B: Blocks<C>>(
+        &self,
+        compute: &C,
+        state: &mut StackState<C>,
+        blocks: &mut B,
+        _step: u64,
+    ) -> Result<StepOutput, WorkloadError> {
+        compute.write(&mut state.x, &self.input)?;
+        for (block, layers) in self.layers.iter().enumerate() {
+            let held = blocks.acquire(compute, BlockId(block as u32))?;
+            let outcome = (|| {
+                let view = held.view(compute);
+                for slot in layers {
+                    let weight = view.weight(slot)?;
+                    compute.linear(&state.x, &weight, None, &mut state.y)?;
+                    for (factors, scale) in held.low_rank(blocks.lora(), slot)? {
+                        compute.low_rank_add(
+                            &state.x,
+                            &factors,
+                            scale,
+                            &mut state.low_rank,
+                            &mut state.y,
+                        )?;
+                    }
+                    compute.rms_norm(&state.y, None, RMS_EPSILON, &mut state.x)?;
+                }
+                Ok::<(), WorkloadError>(())
+            })();
+            blocks.release(compute, held)?;
+            outcome?;
         }
-        Ok(activations.x)
-    }
-}
-
-fn layer_weights(
-    block: usize,
-    block_bytes: &[u8],
-    block_offset: u64,
-    dim: usize,
-) -> Result<&[f32], WorkloadError> {
-    let start = block_offset as usize;
-    let bytes = block_bytes
-        .get(start..start + dim * dim * 4)
-        .ok_or_else(|| WorkloadError::Model(format!("block {block} buffer is too short")))?;
-    // SAFETY: every bit pattern is a valid f32; `align_to` only yields the aligned
-    // middle, and we insist it is the whole slice.
-    let (prefix, weights, suffix) = unsafe { bytes.align_to::<f32>() };
-    if !prefix.is_empty() || !suffix.is_empty() {
-        return Err(WorkloadError::Model(format!(
-            "block {block}: weights are not 4-byte aligned in memory"
-        )));
-    }
-    Ok(weights)
-}
-
-/// `y ← x · Wᵀ` for a batch of rows; `weights` is row-major [out, in].
-pub(crate) fn gemm(weights: &[f32], dim: usize, batch: usize, x: &[f32], y: &mut [f32]) {
-    // SAFETY: x is batch×dim, weights dim×dim, y batch×dim, all row-major with the
-    // strides given; y does not alias x or weights.
-    unsafe {
-        matrixmultiply::sgemm(
-            batch,
-            dim,
-            dim,
-            1.0,
-            x.as_ptr(),
-            dim as isize,
-            1,
-            weights.as_ptr(),
-            1,
-            dim as isize,
-            0.0,
-            y.as_mut_ptr(),
-            dim as isize,
-            1,
-        );
+        Ok(StepOutput {
+            output: Some(compute.read(&state.x)?),
+            ..StepOutput::default()
+        })
     }
 }
 
@@ -270,17 +207,6 @@ pub fn input_batch(seed: u64, count: usize) -> Vec<f32> {
             ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
         })
         .collect()
-}
-
-/// `x ← rmsnorm(y)` row by row.
-pub(crate) fn rms_norm(dim: usize, y: &[f32], x: &mut [f32]) {
-    for (row_in, row_out) in y.chunks_exact(dim).zip(x.chunks_exact_mut(dim)) {
-        let mean_square = row_in.iter().map(|v| v * v).sum::<f32>() / dim as f32;
-        let scale = 1.0 / (mean_square + RMS_EPSILON).sqrt();
-        for (out, value) in row_out.iter_mut().zip(row_in) {
-            *out = value * scale;
-        }
-    }
 }
 
 /// The first element where two outputs differ in their bits.

@@ -1,18 +1,25 @@
-//! What the main job computes on the weights it streams.
+//! What a run computes on the weights it streams: the model families, written once
+//! against the compute port (DESIGN §6), and the one run loop that drives them.
 //!
-//! - `linear_stack`: the generated demo model; a real GEMM forward pass whose output
-//!   must equal the fully-resident reference bit for bit.
+//! - `linear_stack`: the generated demo model; a real GEMM forward pass.
+//! - `moe`: the generated mixture-of-experts model; experts acquired as routed.
+//! - `encoder`: BERT-family encoders from Hugging Face folders.
 //! - `stream_verify`: any safetensors checkpoint; every block's bytes are checked
-//!   against the file after they have crossed the tiers.
-//! - `driver`: runs steps of either over a session and collects the figures.
+//!   against the file after they have crossed the tiers. Nothing is computed.
+//! - `driver`: runs steps of any of them over a session and checks each against the
+//!   family's own fully-resident reference on the same device.
 
+pub mod blocks;
 pub mod bound;
 pub mod driver;
+pub mod encoder;
+pub mod family;
 pub mod linear_stack;
 pub mod lora_set;
-mod lora_steps;
 pub mod moe;
 pub mod moe_model;
+pub mod placement;
+mod report;
 pub mod stream_verify;
 
 #[derive(Debug, thiserror::Error)]
@@ -23,6 +30,8 @@ pub enum WorkloadError {
     Io { path: String, reason: String },
     #[error("{0}")]
     Session(#[from] stagehand_actors::SessionError),
+    #[error("{0}")]
+    Compute(#[from] crate::compute::ComputeError),
     #[error("output mismatch at step {step}: element {index} is {got}, the fully-resident reference has {expected}")]
     Mismatch {
         step: u64,

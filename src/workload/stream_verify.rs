@@ -1,46 +1,70 @@
 //! stream-verify: any safetensors checkpoint. Every block crosses the tiers and its
-//! bytes, as they sit in the device, are checksummed against the file's.
+//! bytes, as they sit in the device, are checksummed on the device against the
+//! file's. Nothing is computed on the weights: this checks bytes only.
 
+use stagehand_actors::{BlockId, ModelLayout};
+
+use super::blocks::Blocks;
+use super::family::{Family, StepOutput};
+use super::WorkloadError;
+use crate::compute::checksum::checksum;
+use crate::compute::Compute;
 use crate::model::ModelIndex;
 
-use super::WorkloadError;
-
-/// FNV-1a over 64-bit little-endian words (the tail bytes one by one): fast enough to
-/// keep up with the copy engine, and the same function the CUDA kernel computes.
-pub fn checksum(bytes: &[u8]) -> u64 {
-    const PRIME: u64 = 0x0000_0100_0000_01b3;
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut words = bytes.chunks_exact(8);
-    for word in &mut words {
-        let value = u64::from_le_bytes(word.try_into().unwrap_or([0; 8]));
-        hash = (hash ^ value).wrapping_mul(PRIME);
-    }
-    for &byte in words.remainder() {
-        hash = (hash ^ u64::from(byte)).wrapping_mul(PRIME);
-    }
-    hash
+pub struct StreamVerify {
+    layout: ModelLayout,
+    names: Vec<String>,
+    /// Each block's checksum, from plain reads of the files.
+    checksums: Vec<u64>,
 }
 
-/// The expected checksum of each block, computed from the files with plain reads.
-pub fn expected_checksums(index: &ModelIndex) -> Result<Vec<u64>, WorkloadError> {
-    let reader = crate::model::BlockReader::open(index)?;
-    (0..index.blocks.len())
-        .map(|block| Ok(checksum(&reader.read(block)?)))
-        .collect()
+impl StreamVerify {
+    pub fn new(index: &ModelIndex) -> Result<Self, WorkloadError> {
+        let reader = crate::model::BlockReader::open(index)?;
+        let checksums = (0..index.blocks.len())
+            .map(|block| Ok(checksum(&reader.read(block)?)))
+            .collect::<Result<_, WorkloadError>>()?;
+        Ok(Self {
+            layout: index.layout(),
+            names: index
+                .blocks
+                .iter()
+                .map(|block| block.name.clone())
+                .collect(),
+            checksums,
+        })
+    }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::checksum;
+impl Family for StreamVerify {
+    type State<C: Compute> = ();
 
-    #[test]
-    fn checksum_sees_every_byte() {
-        let mut bytes = vec![0u8; 1001];
-        let base = checksum(&bytes);
-        for index in [0, 7, 8, 999, 1000] {
-            bytes[index] ^= 1;
-            assert_ne!(checksum(&bytes), base, "flip at {index}");
-            bytes[index] ^= 1;
+    fn layout(&self) -> &ModelLayout {
+        &self.layout
+    }
+
+    fn start<C: Compute>(&self, _compute: &C) -> Result<(), WorkloadError> {
+        Ok(())
+    }
+
+    fn step<C: Compute, B: Blocks<C>>(
+        &self,
+        compute: &C,
+        _state: &mut (),
+        blocks: &mut B,
+        _step: u64,
+    ) -> Result<StepOutput, WorkloadError> {
+        for (block, expected) in self.checksums.iter().enumerate() {
+            let held = blocks.acquire(compute, BlockId(block as u32))?;
+            let outcome = compute.checksum(&held.view(compute));
+            blocks.release(compute, held)?;
+            if outcome? != *expected {
+                return Err(WorkloadError::Corrupt {
+                    block: self.names[block].clone(),
+                    offset: 0,
+                });
+            }
         }
+        Ok(StepOutput::default())
     }
 }

@@ -2,7 +2,6 @@
 //! session over it, and hand-written adapter files.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use stagehand::actors::{BlockId, NoObserver, ResidencyPolicy, Session, SessionConfig};
@@ -81,11 +80,7 @@ pub fn session(index: &ModelIndex, vram_budget_bytes: u64) -> Session {
 
 /// Runs `steps` steps, never stopped early, with no per-step callback.
 pub fn options(steps: u64) -> DriverOptions {
-    DriverOptions {
-        steps,
-        stop: Arc::new(AtomicBool::new(false)),
-        on_step: Box::new(|_, _| {}),
-    }
+    DriverOptions::steps(steps)
 }
 
 /// A safetensors file of f32 tensors `(name, shape, values)`, for adapters the demo

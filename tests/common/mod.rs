@@ -3,6 +3,7 @@
 #![allow(dead_code)] // Each test binary uses a different subset.
 
 pub mod demo;
+pub mod encoder;
 pub mod lora;
 pub mod metrics;
 pub mod process;

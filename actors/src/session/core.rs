@@ -23,6 +23,8 @@ use crate::vram_allocator::VramAllocator;
 use super::SessionPlan;
 
 pub(super) struct Core {
+    /// The device's address space: what a held block's `DevicePtr` means.
+    pub memory_space: crate::device::MemorySpace,
     pub table: Arc<ResidencyTable>,
     /// Packs of LoRA factors in VRAM, one entry per (adapter slot, block).
     pub lora_table: Arc<ResidencyTable>,

@@ -36,12 +36,18 @@ impl LocalSession {
         observer: Arc<dyn Observer>,
     ) -> Result<Self, SessionError> {
         let prepared = Prepared::new(&config, None, &layout, order)?;
+        let memory_space = device.memory_space();
         let wiring = prepared
             .clone()
             .start_actors(config, None, layout, device, storage, observer, false)?;
         Ok(Self {
-            core: prepared.into_core(wiring),
+            core: prepared.into_core(wiring, memory_space),
         })
+    }
+
+    /// The address space of the blocks this session hands out.
+    pub fn memory_space(&self) -> crate::device::MemorySpace {
+        self.core.memory_space
     }
 
     pub fn plan(&self) -> &SessionPlan {

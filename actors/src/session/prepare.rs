@@ -6,7 +6,7 @@ use actix::prelude::*;
 use tokio::time::Instant;
 
 use crate::compute_stream::ComputeStream;
-use crate::device::Device;
+use crate::device::{Device, MemorySpace};
 use crate::disk_reader::DiskReader;
 use crate::error::SessionError;
 use crate::layout::{BlockId, ModelLayout};
@@ -174,8 +174,9 @@ impl Prepared {
         })
     }
 
-    pub(super) fn into_core(self, wiring: Wiring) -> Core {
+    pub(super) fn into_core(self, wiring: Wiring, memory_space: MemorySpace) -> Core {
         Core {
+            memory_space,
             table: self.table,
             lora_table: self.lora_table,
             lora_held: 0,

@@ -35,16 +35,11 @@ mod device;
 mod error;
 mod events;
 mod floats;
-mod holds;
 mod kernel;
 mod library;
 mod linear;
 mod pinned;
 mod rmsnorm;
-pub mod run;
-mod stack;
-mod stepper;
-mod verify;
 
 pub use auto::{choose as choose_auto, pick_auto, AutoChoice};
 pub use budget::{vram_budget, BudgetError, BudgetInputs, BudgetLimit, VramBudget};
@@ -63,6 +58,3 @@ pub use linear::{
 };
 pub use pinned::{allocate_registered, register_buffer, HostRegistration};
 pub use rmsnorm::{rmsnorm_rows, RmsNormKernel, RMS_EPSILON};
-pub use stack::{layer_cpu, layer_offsets, LinearStackGpu};
-pub use stepper::{GpuWork, OutputCheck, StepError};
-pub use verify::{expected_checksums_cuda, read_block, ChecksumMismatch, StreamVerifyGpu};

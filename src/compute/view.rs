@@ -1,0 +1,158 @@
+//! Views of weights in the device tier. A [`BlockView`] stands for a block the caller
+//! holds; every [`Weight`] taken from it borrows that hold, so the type system keeps a
+//! weight from outliving the hold on its block.
+
+use std::marker::PhantomData;
+
+use stagehand_actors::DevicePtr;
+
+use super::{ComputeError, DType};
+
+/// Where one tensor sits inside its block's buffer, and what it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TensorSlot {
+    /// Byte offset of the tensor's first element in its block.
+    pub offset: u64,
+    pub dtype: DType,
+    /// A matrix `[rows, cols]`, row-major; a vector is one row.
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl TensorSlot {
+    pub fn elements(&self) -> usize {
+        self.rows * self.cols
+    }
+
+    pub fn bytes(&self) -> u64 {
+        (self.elements() * self.dtype.size_bytes()) as u64
+    }
+}
+
+/// A block's bytes in the device tier, valid for `'a`.
+#[derive(Debug, Clone, Copy)]
+pub struct BlockView<'a> {
+    ptr: DevicePtr,
+    bytes: u64,
+    held: PhantomData<&'a [u8]>,
+}
+
+impl<'a> BlockView<'a> {
+    /// # Safety
+    /// `ptr .. ptr + bytes` must be memory of the device whose [`super::Compute`]
+    /// adapter will run operations on this view's weights, and it must stay allocated
+    /// and unchanged (but for [`super::Compute::merge_low_rank`] by the holder) for
+    /// `'a`: a block held from a session until the hold is released, or a block the
+    /// adapter loaded itself while it is borrowed.
+    pub unsafe fn new(ptr: DevicePtr, bytes: u64) -> Self {
+        Self {
+            ptr,
+            bytes,
+            held: PhantomData,
+        }
+    }
+
+    pub fn ptr(&self) -> DevicePtr {
+        self.ptr
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// The tensor at `slot`, checked to lie inside the block.
+    pub fn weight(&self, slot: &TensorSlot) -> Result<Weight<'a>, ComputeError> {
+        let end = slot.offset.checked_add(slot.bytes());
+        if end.is_none_or(|end| end > self.bytes) {
+            return Err(ComputeError::Shape(format!(
+                "a {} [{}, {}] tensor at offset {} does not fit in a block of {} bytes",
+                slot.dtype, slot.rows, slot.cols, slot.offset, self.bytes
+            )));
+        }
+        Ok(Weight {
+            ptr: self.ptr.offset(slot.offset),
+            dtype: slot.dtype,
+            rows: slot.rows,
+            cols: slot.cols,
+            held: PhantomData,
+        })
+    }
+}
+
+/// A weight matrix `[rows, cols]` in the device tier, in its storage dtype.
+#[derive(Debug, Clone, Copy)]
+pub struct Weight<'a> {
+    ptr: DevicePtr,
+    dtype: DType,
+    rows: usize,
+    cols: usize,
+    held: PhantomData<&'a [u8]>,
+}
+
+impl Weight<'_> {
+    pub fn ptr(&self) -> DevicePtr {
+        self.ptr
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    pub fn elements(&self) -> usize {
+        self.rows * self.cols
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.elements() * self.dtype.size_bytes()
+    }
+}
+
+/// A LoRA's factors of one weight: `a` is `[rank, in]`, `b` is `[out, rank]`.
+#[derive(Debug, Clone, Copy)]
+pub struct LowRank<'a> {
+    a: Weight<'a>,
+    b: Weight<'a>,
+}
+
+impl<'a> LowRank<'a> {
+    pub fn new(a: Weight<'a>, b: Weight<'a>) -> Result<Self, ComputeError> {
+        if a.rows() != b.cols() || a.rows() == 0 {
+            return Err(ComputeError::Shape(format!(
+                "LoRA factors disagree: A is [{}, {}], B is [{}, {}]; A must be [rank, in] and B [out, rank]",
+                a.rows(),
+                a.cols(),
+                b.rows(),
+                b.cols()
+            )));
+        }
+        Ok(Self { a, b })
+    }
+
+    pub fn a(&self) -> &Weight<'a> {
+        &self.a
+    }
+
+    pub fn b(&self) -> &Weight<'a> {
+        &self.b
+    }
+
+    pub fn rank(&self) -> usize {
+        self.a.rows()
+    }
+
+    pub fn in_features(&self) -> usize {
+        self.a.cols()
+    }
+
+    pub fn out_features(&self) -> usize {
+        self.b.rows()
+    }
+}

@@ -1,0 +1,317 @@
+//! The CPU kernels behind `CpuCompute`, on plain f32 slices. Each reduction runs in a
+//! fixed order; `matrixmultiply` is single-threaded and deterministic.
+
+use crate::compute::{Attention, ComputeError, Mask};
+
+/// `y ← x·Wᵀ + beta·y`: `x` is `[rows, inner]`, `weights` row-major `[out, inner]`.
+pub(super) fn gemm_transposed(
+    x: &[f32],
+    rows: usize,
+    inner: usize,
+    weights: &[f32],
+    out: usize,
+    beta: f32,
+    y: &mut [f32],
+) {
+    assert_eq!(x.len(), rows * inner);
+    assert_eq!(weights.len(), out * inner);
+    assert_eq!(y.len(), rows * out);
+    // SAFETY: x is rows×inner, Wᵀ is read from W (out×inner) with swapped strides, y
+    // is rows×out; all lengths were checked above and y aliases neither input.
+    unsafe {
+        matrixmultiply::sgemm(
+            rows,
+            inner,
+            out,
+            1.0,
+            x.as_ptr(),
+            inner as isize,
+            1,
+            weights.as_ptr(),
+            1,
+            inner as isize,
+            beta,
+            y.as_mut_ptr(),
+            out as isize,
+            1,
+        );
+    }
+}
+
+/// `y ← y + scale·(x·Aᵀ)·Bᵀ` with `A` `[rank, input]` and `B` `[out, rank]`, through a
+/// `[rows, rank]` scratch: two thin GEMMs, no `out × input` temporary.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn low_rank_add(
+    x: &[f32],
+    rows: usize,
+    input: usize,
+    a: &[f32],
+    b: &[f32],
+    rank: usize,
+    out: usize,
+    scale: f32,
+    scratch: &mut [f32],
+    y: &mut [f32],
+) {
+    assert_eq!(a.len(), rank * input);
+    assert_eq!(b.len(), out * rank);
+    assert_eq!(scratch.len(), rows * rank);
+    gemm_transposed(x, rows, input, a, rank, 0.0, scratch);
+    assert_eq!(y.len(), rows * out);
+    // SAFETY: scratch is rows×rank, Bᵀ is read from B (out×rank) with swapped
+    // strides, y is rows×out; lengths checked above, no output aliases an input.
+    unsafe {
+        matrixmultiply::sgemm(
+            rows,
+            rank,
+            out,
+            scale,
+            scratch.as_ptr(),
+            rank as isize,
+            1,
+            b.as_ptr(),
+            1,
+            rank as isize,
+            1.0,
+            y.as_mut_ptr(),
+            out as isize,
+            1,
+        );
+    }
+}
+
+/// `W ← W + scale·B·A` for a row-major `[out, input]` weight.
+pub(super) fn merge(
+    weight: &mut [f32],
+    a: &[f32],
+    b: &[f32],
+    rank: usize,
+    out: usize,
+    input: usize,
+    scale: f32,
+) {
+    assert_eq!(weight.len(), out * input);
+    assert_eq!(a.len(), rank * input);
+    assert_eq!(b.len(), out * rank);
+    // SAFETY: B is out×rank, A rank×input, W out×input, all row-major, lengths checked
+    // above; W aliases neither factor.
+    unsafe {
+        matrixmultiply::sgemm(
+            out,
+            rank,
+            input,
+            scale,
+            b.as_ptr(),
+            rank as isize,
+            1,
+            a.as_ptr(),
+            input as isize,
+            1,
+            1.0,
+            weight.as_mut_ptr(),
+            input as isize,
+            1,
+        );
+    }
+}
+
+/// `y ← (x − mean)/√(var + eps)·gamma + beta` row by row (biased variance, as PyTorch).
+pub(super) fn layer_norm(
+    x: &[f32],
+    cols: usize,
+    gamma: &[f32],
+    beta: &[f32],
+    eps: f32,
+    y: &mut [f32],
+) {
+    for (row_in, row_out) in x.chunks_exact(cols).zip(y.chunks_exact_mut(cols)) {
+        let mean = row_in.iter().sum::<f32>() / cols as f32;
+        let variance = row_in
+            .iter()
+            .map(|value| (value - mean) * (value - mean))
+            .sum::<f32>()
+            / cols as f32;
+        let inverse = 1.0 / (variance + eps).sqrt();
+        for (((out, value), gamma), beta) in row_out.iter_mut().zip(row_in).zip(gamma).zip(beta) {
+            *out = (value - mean) * inverse * gamma + beta;
+        }
+    }
+}
+
+/// `y ← x/√(mean(x²) + eps)·gamma` row by row.
+pub(super) fn rms_norm(x: &[f32], cols: usize, gamma: Option<&[f32]>, eps: f32, y: &mut [f32]) {
+    for (row_in, row_out) in x.chunks_exact(cols).zip(y.chunks_exact_mut(cols)) {
+        let mean_square = row_in.iter().map(|value| value * value).sum::<f32>() / cols as f32;
+        let scale = 1.0 / (mean_square + eps).sqrt();
+        match gamma {
+            Some(gamma) => {
+                for ((out, value), gamma) in row_out.iter_mut().zip(row_in).zip(gamma) {
+                    *out = value * scale * gamma;
+                }
+            }
+            None => {
+                for (out, value) in row_out.iter_mut().zip(row_in) {
+                    *out = value * scale;
+                }
+            }
+        }
+    }
+}
+
+/// `x·Φ(x)` with `Φ` from the complementary error function: `x·(1 − erfc(x/√2)/2)`.
+pub(super) fn gelu_erf(x: f32) -> f32 {
+    let x = f64::from(x);
+    (x * (1.0 - 0.5 * erfc(x * std::f64::consts::FRAC_1_SQRT_2))) as f32
+}
+
+/// The complementary error function, by the Chebyshev fit of Numerical Recipes
+/// (`erfcc`): relative error below 1.2e-7 everywhere, well inside f32's precision once
+/// the result is rounded.
+fn erfc(x: f64) -> f64 {
+    let z = x.abs();
+    let t = 1.0 / (1.0 + 0.5 * z);
+    let polynomial = -z * z - 1.265_512_23
+        + t * (1.000_023_68
+            + t * (0.374_091_96
+                + t * (0.096_784_18
+                    + t * (-0.186_288_06
+                        + t * (0.278_868_07
+                            + t * (-1.135_203_98
+                                + t * (1.488_515_87 + t * (-0.822_152_23 + t * 0.170_872_77))))))));
+    let value = t * polynomial.exp();
+    if x >= 0.0 {
+        value
+    } else {
+        2.0 - value
+    }
+}
+
+pub(super) fn check_attention(
+    shape: &Attention<'_>,
+    q: (usize, usize),
+    k: (usize, usize),
+    v: (usize, usize),
+) -> Result<(), ComputeError> {
+    let rows = shape.sequences * shape.sequence_length;
+    let fail = |detail: String| Err(ComputeError::Shape(format!("attention: {detail}")));
+    if shape.heads == 0 || shape.kv_heads == 0 || shape.heads % shape.kv_heads != 0 {
+        return fail(format!(
+            "{} query heads cannot share {} key/value heads",
+            shape.heads, shape.kv_heads
+        ));
+    }
+    if q != (rows, shape.heads * shape.head_dim)
+        || k != (rows, shape.kv_heads * shape.head_dim)
+        || v != k
+    {
+        return fail(format!(
+            "q {q:?}, k {k:?}, v {v:?} for {} sequences of {} rows, {} heads ({} kv) of {}",
+            shape.sequences, shape.sequence_length, shape.heads, shape.kv_heads, shape.head_dim
+        ));
+    }
+    if let Mask::Padding(lengths) = shape.mask {
+        if lengths.len() != shape.sequences
+            || lengths
+                .iter()
+                .any(|&length| length == 0 || length > shape.sequence_length)
+        {
+            return fail(format!(
+                "padding lengths {lengths:?} for {} sequences of {} rows",
+                shape.sequences, shape.sequence_length
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Softmax attention per sequence and head: `scores = scale·Q·Kᵀ` (masked), a row
+/// softmax, then `out = P·V`, each product one GEMM over strided views.
+pub(super) fn attention(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    shape: &Attention<'_>,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    let length = shape.sequence_length;
+    let head_dim = shape.head_dim;
+    let q_stride = shape.heads * head_dim;
+    let kv_stride = shape.kv_heads * head_dim;
+    let group = shape.heads / shape.kv_heads;
+    scores.clear();
+    scores.resize(length * length, 0.0);
+    for sequence in 0..shape.sequences {
+        let first_row = sequence * length;
+        let keys = match shape.mask {
+            Mask::Padding(lengths) => lengths[sequence],
+            Mask::Causal => length,
+        };
+        for head in 0..shape.heads {
+            let kv_head = head / group;
+            let q_at = first_row * q_stride + head * head_dim;
+            let kv_at = first_row * kv_stride + kv_head * head_dim;
+            // SAFETY: Q rows `first_row..first_row + length` of head `head` lie inside
+            // q (checked shapes), likewise K and V for `kv_head`; scores is
+            // length×length; the reads are strided views and the output aliases none.
+            unsafe {
+                matrixmultiply::sgemm(
+                    length,
+                    head_dim,
+                    length,
+                    shape.scale,
+                    q.as_ptr().add(q_at),
+                    q_stride as isize,
+                    1,
+                    k.as_ptr().add(kv_at),
+                    1,
+                    kv_stride as isize,
+                    0.0,
+                    scores.as_mut_ptr(),
+                    length as isize,
+                    1,
+                );
+            }
+            for (query, row) in scores.chunks_exact_mut(length).enumerate() {
+                let visible = match shape.mask {
+                    Mask::Padding(_) => keys,
+                    Mask::Causal => query + 1,
+                };
+                softmax_prefix(row, visible);
+            }
+            // SAFETY: P is length×length, V's head view and the output head view are
+            // strided inside v and out (checked shapes); out aliases neither input.
+            unsafe {
+                matrixmultiply::sgemm(
+                    length,
+                    length,
+                    head_dim,
+                    1.0,
+                    scores.as_ptr(),
+                    length as isize,
+                    1,
+                    v.as_ptr().add(kv_at),
+                    kv_stride as isize,
+                    1,
+                    0.0,
+                    out.as_mut_ptr().add(q_at),
+                    q_stride as isize,
+                    1,
+                );
+            }
+        }
+    }
+}
+
+/// Softmax over `row[..visible]`; the masked rest becomes exactly 0.
+fn softmax_prefix(row: &mut [f32], visible: usize) {
+    let (kept, masked) = row.split_at_mut(visible);
+    let top = kept.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut total = 0.0;
+    for value in kept.iter_mut() {
+        *value = (*value - top).exp();
+        total += *value;
+    }
+    kept.iter_mut().for_each(|value| *value /= total);
+    masked.iter_mut().for_each(|value| *value = 0.0);
+}

@@ -1,0 +1,483 @@
+//! The CPU backend's compute (the `Compute` port): GEMMs with `matrixmultiply` (pure
+//! Rust, single-threaded and deterministic by default) and plain loops for the rest.
+//! Every reduction runs in a fixed order, so a pass over streamed blocks and a pass
+//! over the same blocks loaded from the file produce the same bits.
+//!
+//! "Device memory" is host memory here: a weight's `DevicePtr` is a host address
+//! inside the CPU device's arena (a held block) or a [`CpuBlock`] this adapter loaded.
+//! Weights in f16/bf16, or f32 weights the file left unaligned, are widened into a cast
+//! buffer owned by this adapter just before the GEMM that reads them; the cast buffer
+//! grows to the largest weight once and is reused.
+
+mod kernels;
+
+use std::cell::RefCell;
+
+use stagehand_actors::{DevicePtr, HostBuffer, MemorySpace};
+
+use crate::compute::{Attention, BlockView, Compute, ComputeError, DType, LowRank, Weight};
+
+/// The CPU compute stream. Not `Sync`: it belongs to the compute thread.
+#[derive(Default)]
+pub struct CpuCompute {
+    /// Weights widened to f32 just before use (the largest matrix of the model).
+    cast: RefCell<Vec<f32>>,
+    /// Small vectors (bias, norm weights) and the second LoRA factor.
+    cast_small: RefCell<Vec<f32>>,
+    /// Attention scores of one head of one sequence.
+    scores: RefCell<Vec<f32>>,
+}
+
+/// A row-major f32 matrix in host memory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CpuTensor {
+    data: Vec<f32>,
+    rows: usize,
+    cols: usize,
+}
+
+impl CpuTensor {
+    pub fn values(&self) -> &[f32] {
+        &self.data
+    }
+}
+
+/// A block loaded for the reference pass: page-aligned host memory.
+pub struct CpuBlock {
+    buffer: HostBuffer,
+}
+
+impl CpuCompute {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Bytes the cast buffers hold now (they grow to the largest weight and stay).
+    pub fn cast_buffer_bytes(&self) -> u64 {
+        let floats = self.cast.borrow().capacity() + self.cast_small.borrow().capacity();
+        (floats * 4) as u64
+    }
+}
+
+fn weight_bytes<'w>(weight: &'w Weight<'_>) -> &'w [u8] {
+    // SAFETY: a `Weight` comes from a `BlockView` whose contract (see
+    // `BlockView::new`) is that its range is live host memory of this device for the
+    // view's lifetime, and `weight` borrows that lifetime.
+    unsafe { std::slice::from_raw_parts(weight.ptr().0 as *const u8, weight.bytes()) }
+}
+
+/// The weight as f32: in place when it is aligned f32, else widened into `buffer`.
+fn as_f32<'w>(weight: &'w Weight<'_>, buffer: &'w mut Vec<f32>) -> &'w [f32] {
+    let bytes = weight_bytes(weight);
+    if weight.dtype() == DType::F32 {
+        // SAFETY: every bit pattern is a valid f32; `align_to` only yields the
+        // aligned middle, which we use only when it is the whole slice.
+        let (prefix, floats, suffix) = unsafe { bytes.align_to::<f32>() };
+        if prefix.is_empty() && suffix.is_empty() {
+            return floats;
+        }
+    }
+    buffer.clear();
+    buffer.resize(weight.elements(), 0.0);
+    weight.dtype().widen(bytes, buffer);
+    buffer
+}
+
+fn allocate(rows: usize, cols: usize) -> Result<Vec<f32>, ComputeError> {
+    let too_large = || {
+        ComputeError::OutOfMemory(format!(
+            "an activation of {rows} × {cols} f32 does not fit in host memory; lower --batch"
+        ))
+    };
+    let count = rows.checked_mul(cols).ok_or_else(too_large)?;
+    let mut data = Vec::new();
+    data.try_reserve_exact(count).map_err(|_| too_large())?;
+    data.resize(count, 0.0);
+    Ok(data)
+}
+
+fn shape_error(what: &str, detail: String) -> ComputeError {
+    ComputeError::Shape(format!("{what}: {detail}"))
+}
+
+fn same_shape(what: &str, a: &CpuTensor, b: &CpuTensor) -> Result<(), ComputeError> {
+    if (a.rows, a.cols) != (b.rows, b.cols) {
+        return Err(shape_error(
+            what,
+            format!("[{}, {}] vs [{}, {}]", a.rows, a.cols, b.rows, b.cols),
+        ));
+    }
+    Ok(())
+}
+
+/// A vector weight of `expected` elements, as f32.
+fn vector<'w>(
+    what: &str,
+    weight: &'w Weight<'_>,
+    expected: usize,
+    buffer: &'w mut Vec<f32>,
+) -> Result<&'w [f32], ComputeError> {
+    if weight.elements() != expected {
+        return Err(shape_error(
+            what,
+            format!("{} elements, expected {expected}", weight.elements()),
+        ));
+    }
+    Ok(as_f32(weight, buffer))
+}
+
+impl Compute for CpuCompute {
+    type Tensor = CpuTensor;
+    type Fence = ();
+    type Block = CpuBlock;
+
+    fn name(&self) -> String {
+        "cpu".into()
+    }
+
+    fn memory_space(&self) -> MemorySpace {
+        MemorySpace::Host
+    }
+
+    fn tensor(&self, rows: usize, cols: usize) -> Result<CpuTensor, ComputeError> {
+        Ok(CpuTensor {
+            data: allocate(rows, cols)?,
+            rows,
+            cols,
+        })
+    }
+
+    fn dims(&self, tensor: &CpuTensor) -> (usize, usize) {
+        (tensor.rows, tensor.cols)
+    }
+
+    fn write(&self, tensor: &mut CpuTensor, values: &[f32]) -> Result<(), ComputeError> {
+        if values.len() != tensor.data.len() {
+            return Err(shape_error(
+                "write",
+                format!(
+                    "{} values into [{}, {}]",
+                    values.len(),
+                    tensor.rows,
+                    tensor.cols
+                ),
+            ));
+        }
+        tensor.data.copy_from_slice(values);
+        Ok(())
+    }
+
+    fn read(&self, tensor: &CpuTensor) -> Result<Vec<f32>, ComputeError> {
+        Ok(tensor.data.clone())
+    }
+
+    fn copy(&self, from: &CpuTensor, to: &mut CpuTensor) -> Result<(), ComputeError> {
+        same_shape("copy", from, to)?;
+        to.data.copy_from_slice(&from.data);
+        Ok(())
+    }
+
+    fn load_block(&self, bytes: &[u8]) -> Result<CpuBlock, ComputeError> {
+        let mut buffer = HostBuffer::allocate(bytes.len()).map_err(|error| {
+            ComputeError::OutOfMemory(format!("loading a block for the reference: {error}"))
+        })?;
+        if let Some(target) = buffer.as_mut_slice() {
+            target.copy_from_slice(bytes);
+        }
+        Ok(CpuBlock { buffer })
+    }
+
+    fn block_view<'a>(&self, block: &'a CpuBlock) -> BlockView<'a> {
+        // SAFETY: the buffer is host memory this adapter owns; the view borrows it,
+        // so it stays allocated and unchanged for the view's lifetime.
+        unsafe {
+            BlockView::new(
+                DevicePtr(block.buffer.as_ptr() as u64),
+                block.buffer.len() as u64,
+            )
+        }
+    }
+
+    fn linear(
+        &self,
+        x: &CpuTensor,
+        weight: &Weight<'_>,
+        bias: Option<&Weight<'_>>,
+        y: &mut CpuTensor,
+    ) -> Result<(), ComputeError> {
+        let (out_features, in_features) = (weight.rows(), weight.cols());
+        if x.cols != in_features || y.rows != x.rows || y.cols != out_features {
+            return Err(shape_error(
+                "linear",
+                format!(
+                    "x [{}, {}] · W[{out_features}, {in_features}]ᵀ into y [{}, {}]",
+                    x.rows, x.cols, y.rows, y.cols
+                ),
+            ));
+        }
+        let beta = match bias {
+            Some(bias) => {
+                let mut small = self.cast_small.borrow_mut();
+                let bias = vector("linear bias", bias, out_features, &mut small)?;
+                for row in y.data.chunks_exact_mut(out_features) {
+                    row.copy_from_slice(bias);
+                }
+                1.0
+            }
+            None => 0.0,
+        };
+        let mut cast = self.cast.borrow_mut();
+        let weights = as_f32(weight, &mut cast);
+        kernels::gemm_transposed(
+            &x.data,
+            x.rows,
+            in_features,
+            weights,
+            out_features,
+            beta,
+            &mut y.data,
+        );
+        Ok(())
+    }
+
+    fn low_rank_add(
+        &self,
+        x: &CpuTensor,
+        factors: &LowRank<'_>,
+        scale: f32,
+        scratch: &mut CpuTensor,
+        y: &mut CpuTensor,
+    ) -> Result<(), ComputeError> {
+        let (rank, input, out) = (
+            factors.rank(),
+            factors.in_features(),
+            factors.out_features(),
+        );
+        if x.cols != input || y.cols != out || y.rows != x.rows {
+            return Err(shape_error(
+                "LoRA",
+                format!(
+                    "x [{}, {}] with A [{rank}, {input}], B [{out}, {rank}] into y [{}, {}]",
+                    x.rows, x.cols, y.rows, y.cols
+                ),
+            ));
+        }
+        if scratch.rows != x.rows || scratch.cols != rank {
+            *scratch = self.tensor(x.rows, rank)?;
+        }
+        let mut cast = self.cast.borrow_mut();
+        let mut small = self.cast_small.borrow_mut();
+        let a = as_f32(factors.a(), &mut cast);
+        let b = as_f32(factors.b(), &mut small);
+        kernels::low_rank_add(
+            &x.data,
+            x.rows,
+            input,
+            a,
+            b,
+            rank,
+            out,
+            scale,
+            &mut scratch.data,
+            &mut y.data,
+        );
+        Ok(())
+    }
+
+    fn merge_low_rank(
+        &self,
+        weight: &Weight<'_>,
+        factors: &LowRank<'_>,
+        scale: f32,
+    ) -> Result<(), ComputeError> {
+        if weight.rows() != factors.out_features() || weight.cols() != factors.in_features() {
+            return Err(shape_error(
+                "LoRA merge",
+                format!(
+                    "W [{}, {}] with B·A [{}, {}]",
+                    weight.rows(),
+                    weight.cols(),
+                    factors.out_features(),
+                    factors.in_features()
+                ),
+            ));
+        }
+        let mut small = self.cast_small.borrow_mut();
+        let mut widened = Vec::new();
+        let a = as_f32(factors.a(), &mut widened);
+        let b = as_f32(factors.b(), &mut small);
+        let mut cast = self.cast.borrow_mut();
+        cast.clear();
+        cast.resize(weight.elements(), 0.0);
+        weight.dtype().widen(weight_bytes(weight), &mut cast);
+        kernels::merge(
+            &mut cast,
+            a,
+            b,
+            factors.rank(),
+            weight.rows(),
+            weight.cols(),
+            scale,
+        );
+        // SAFETY: the caller holds the block alone (the port's contract for merges),
+        // so nothing else reads or writes this range while we write it.
+        let target =
+            unsafe { std::slice::from_raw_parts_mut(weight.ptr().0 as *mut u8, weight.bytes()) };
+        weight.dtype().narrow(&cast, target);
+        Ok(())
+    }
+
+    fn add(&self, x: &mut CpuTensor, y: &CpuTensor) -> Result<(), ComputeError> {
+        same_shape("add", x, y)?;
+        x.data.iter_mut().zip(&y.data).for_each(|(x, y)| *x += y);
+        Ok(())
+    }
+
+    fn add_scaled_rows(
+        &self,
+        acc: &mut CpuTensor,
+        y: &CpuTensor,
+        scales: &[f32],
+    ) -> Result<(), ComputeError> {
+        same_shape("add_scaled_rows", acc, y)?;
+        if scales.len() != acc.rows {
+            return Err(shape_error(
+                "add_scaled_rows",
+                format!("{} scales for {} rows", scales.len(), acc.rows),
+            ));
+        }
+        for ((out, values), scale) in acc
+            .data
+            .chunks_exact_mut(acc.cols)
+            .zip(y.data.chunks_exact(y.cols))
+            .zip(scales)
+        {
+            out.iter_mut()
+                .zip(values)
+                .for_each(|(out, value)| *out += scale * value);
+        }
+        Ok(())
+    }
+
+    fn gather_add(
+        &self,
+        table: &Weight<'_>,
+        rows: &[u32],
+        out: &mut CpuTensor,
+    ) -> Result<(), ComputeError> {
+        if rows.len() != out.rows || table.cols() != out.cols {
+            return Err(shape_error(
+                "embedding lookup",
+                format!(
+                    "{} ids from a [{}, {}] table into [{}, {}]",
+                    rows.len(),
+                    table.rows(),
+                    table.cols(),
+                    out.rows,
+                    out.cols
+                ),
+            ));
+        }
+        let bytes = weight_bytes(table);
+        let row_bytes = table.cols() * table.dtype().size_bytes();
+        let mut small = self.cast_small.borrow_mut();
+        small.clear();
+        small.resize(table.cols(), 0.0);
+        for (&id, out_row) in rows.iter().zip(out.data.chunks_exact_mut(out.cols)) {
+            let id = id as usize;
+            if id >= table.rows() {
+                return Err(shape_error(
+                    "embedding lookup",
+                    format!("id {id} is outside a table of {} rows", table.rows()),
+                ));
+            }
+            table
+                .dtype()
+                .widen(&bytes[id * row_bytes..(id + 1) * row_bytes], &mut small);
+            out_row
+                .iter_mut()
+                .zip(small.iter())
+                .for_each(|(out, value)| *out += value);
+        }
+        Ok(())
+    }
+
+    fn layer_norm(
+        &self,
+        x: &CpuTensor,
+        gamma: &Weight<'_>,
+        beta: &Weight<'_>,
+        eps: f32,
+        y: &mut CpuTensor,
+    ) -> Result<(), ComputeError> {
+        same_shape("layer_norm", x, y)?;
+        let mut cast = self.cast.borrow_mut();
+        let mut small = self.cast_small.borrow_mut();
+        let gamma = vector("layer_norm weight", gamma, x.cols, &mut cast)?;
+        let beta = vector("layer_norm bias", beta, x.cols, &mut small)?;
+        kernels::layer_norm(&x.data, x.cols, gamma, beta, eps, &mut y.data);
+        Ok(())
+    }
+
+    fn rms_norm(
+        &self,
+        x: &CpuTensor,
+        gamma: Option<&Weight<'_>>,
+        eps: f32,
+        y: &mut CpuTensor,
+    ) -> Result<(), ComputeError> {
+        same_shape("rms_norm", x, y)?;
+        let mut small = self.cast_small.borrow_mut();
+        let gamma = match gamma {
+            Some(gamma) => Some(vector("rms_norm weight", gamma, x.cols, &mut small)?),
+            None => None,
+        };
+        kernels::rms_norm(&x.data, x.cols, gamma, eps, &mut y.data);
+        Ok(())
+    }
+
+    fn gelu_erf(&self, x: &mut CpuTensor) -> Result<(), ComputeError> {
+        x.data
+            .iter_mut()
+            .for_each(|value| *value = kernels::gelu_erf(*value));
+        Ok(())
+    }
+
+    fn attention(
+        &self,
+        q: &CpuTensor,
+        k: &CpuTensor,
+        v: &CpuTensor,
+        shape: &Attention<'_>,
+        out: &mut CpuTensor,
+    ) -> Result<(), ComputeError> {
+        kernels::check_attention(shape, (q.rows, q.cols), (k.rows, k.cols), (v.rows, v.cols))?;
+        same_shape("attention output", q, out)?;
+        let mut scores = self.scores.borrow_mut();
+        kernels::attention(&q.data, &k.data, &v.data, shape, &mut scores, &mut out.data);
+        Ok(())
+    }
+
+    fn checksum(&self, block: &BlockView<'_>) -> Result<u64, ComputeError> {
+        // SAFETY: the view's contract: live host memory of this device for its lifetime.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(block.ptr().0 as *const u8, block.bytes() as usize)
+        };
+        Ok(crate::compute::checksum::checksum(bytes))
+    }
+
+    fn fence(&self) -> Result<(), ComputeError> {
+        Ok(())
+    }
+
+    fn is_done(&self, _fence: &()) -> Result<bool, ComputeError> {
+        Ok(true)
+    }
+
+    fn wait(&self, _fence: ()) -> Result<(), ComputeError> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

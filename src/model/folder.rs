@@ -1,0 +1,223 @@
+//! Hugging Face model folders: `config.json` (which architecture), the weights
+//! (`model.safetensors`, or shards with a `*.safetensors.index.json`), `tokenizer.json`,
+//! and for sentence-transformers folders `modules.json` with its pooling and
+//! normalisation modules.
+//!
+//! A path is a folder's model when it is the folder, or a `.safetensors` file or index
+//! inside a folder that has a `config.json`. A checkpoint with no `config.json` beside
+//! it is a bare checkpoint: its bytes can be streamed and checked, not computed on.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+/// Largest `config.json`/`modules.json` we read (real ones are a few KiB).
+const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+/// A model folder that was found and read.
+#[derive(Debug, Clone)]
+pub struct ModelFolder {
+    pub dir: PathBuf,
+    /// `config.json`, parsed.
+    pub config: Value,
+    /// What to index: the given file, or the folder's index/weights.
+    pub checkpoint: PathBuf,
+    /// `tokenizer.json`, if the folder has one.
+    pub tokenizer: Option<PathBuf>,
+    /// The sentence-transformers head, if `modules.json` declares one.
+    pub sentence: Option<SentenceHead>,
+}
+
+/// How sentence-transformers turns token states into one embedding per text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SentenceHead {
+    pub pooling: Pooling,
+    /// A `Normalize` module follows the pooling: embeddings are L2-normalised.
+    pub normalize: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pooling {
+    /// The mean over the real (not padding) tokens.
+    Mean,
+    /// The first token's state.
+    Cls,
+}
+
+/// What was wrong with a folder.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}: {problem}", path.display())]
+pub struct FolderError {
+    pub path: PathBuf,
+    pub problem: String,
+}
+
+fn error(path: &Path, problem: impl Into<String>) -> FolderError {
+    FolderError {
+        path: path.to_path_buf(),
+        problem: problem.into(),
+    }
+}
+
+impl ModelFolder {
+    /// The folder `path` is or lies in, when it has a `config.json`; `Ok(None)` for a
+    /// bare checkpoint.
+    pub fn find(path: &Path) -> Result<Option<Self>, FolderError> {
+        let (dir, given) = if path.is_dir() {
+            (path.to_path_buf(), None)
+        } else {
+            let dir = path
+                .parent()
+                .map(Path::to_path_buf)
+                .filter(|dir| !dir.as_os_str().is_empty())
+                .unwrap_or_else(|| PathBuf::from("."));
+            (dir, Some(path.to_path_buf()))
+        };
+        let config_path = dir.join("config.json");
+        if !config_path.is_file() {
+            return Ok(None);
+        }
+        let config = read_json(&config_path)?;
+        if !config.is_object() {
+            return Err(error(
+                &config_path,
+                "is not a JSON object; is this a Hugging Face config.json?",
+            ));
+        }
+        let checkpoint = match given {
+            Some(file) => file,
+            None => weights_in(&dir)?,
+        };
+        let tokenizer = Some(dir.join("tokenizer.json")).filter(|path| path.is_file());
+        let sentence = sentence_head(&dir)?;
+        Ok(Some(Self {
+            dir,
+            config,
+            checkpoint,
+            tokenizer,
+            sentence,
+        }))
+    }
+
+    /// `model_type` from `config.json` (or the first of `architectures`, lowercased,
+    /// as a fallback for old configs).
+    pub fn model_type(&self) -> Option<String> {
+        if let Some(kind) = self.config.get("model_type").and_then(Value::as_str) {
+            return Some(kind.to_string());
+        }
+        let architecture = self
+            .config
+            .get("architectures")?
+            .as_array()?
+            .first()?
+            .as_str()?;
+        let known = [("Bert", "bert")];
+        known
+            .iter()
+            .find(|(prefix, _)| architecture.starts_with(prefix))
+            .map(|(_, kind)| kind.to_string())
+    }
+
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.join("config.json")
+    }
+}
+
+fn read_json(path: &Path) -> Result<Value, FolderError> {
+    let length = std::fs::metadata(path)
+        .map_err(|failure| error(path, failure.to_string()))?
+        .len();
+    if length > MAX_CONFIG_BYTES {
+        return Err(error(
+            path,
+            format!("{length} bytes is too large for a JSON config"),
+        ));
+    }
+    let text = std::fs::read_to_string(path).map_err(|failure| error(path, failure.to_string()))?;
+    serde_json::from_str(&text).map_err(|failure| {
+        error(
+            path,
+            format!("is not valid JSON ({failure}); fix or replace the file"),
+        )
+    })
+}
+
+/// The weights of a folder: a sharded index if there is one, else `model.safetensors`,
+/// else the folder itself (its `.safetensors` files as shards).
+fn weights_in(dir: &Path) -> Result<PathBuf, FolderError> {
+    let index = dir.join("model.safetensors.index.json");
+    if index.is_file() {
+        return Ok(index);
+    }
+    let single = dir.join("model.safetensors");
+    if single.is_file() {
+        return Ok(single);
+    }
+    let entries = std::fs::read_dir(dir).map_err(|failure| error(dir, failure.to_string()))?;
+    let mut indexes: Vec<PathBuf> = entries
+        .filter_map(Result::ok)
+        .map(|entry| entry.path())
+        .filter(|path| {
+            path.file_name()
+                .and_then(|name| name.to_str())
+                .is_some_and(|name| name.ends_with(".safetensors.index.json"))
+        })
+        .collect();
+    indexes.sort();
+    Ok(indexes
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| dir.to_path_buf()))
+}
+
+/// sentence-transformers' `modules.json`: a Pooling module (with its
+/// `1_Pooling/config.json`) and an optional Normalize module.
+fn sentence_head(dir: &Path) -> Result<Option<SentenceHead>, FolderError> {
+    let modules_path = dir.join("modules.json");
+    if !modules_path.is_file() {
+        return Ok(None);
+    }
+    let modules = read_json(&modules_path)?;
+    let modules = modules
+        .as_array()
+        .ok_or_else(|| error(&modules_path, "must be a JSON list of modules"))?;
+    let kind = |module: &Value| {
+        module
+            .get("type")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
+    let Some(pooling_module) = modules
+        .iter()
+        .find(|module| kind(module).ends_with(".Pooling"))
+    else {
+        return Ok(None);
+    };
+    let normalize = modules
+        .iter()
+        .any(|module| kind(module).ends_with(".Normalize"));
+    let folder = pooling_module
+        .get("path")
+        .and_then(Value::as_str)
+        .unwrap_or("1_Pooling");
+    let config_path = dir.join(folder).join("config.json");
+    let pooling = if config_path.is_file() {
+        let config = read_json(&config_path)?;
+        let flag = |key: &str| config.get(key).and_then(Value::as_bool).unwrap_or(false);
+        if flag("pooling_mode_mean_tokens") {
+            Pooling::Mean
+        } else if flag("pooling_mode_cls_token") {
+            Pooling::Cls
+        } else {
+            return Err(error(
+                &config_path,
+                "asks for a pooling mode stagehand does not implement (it does mean and CLS)",
+            ));
+        }
+    } else {
+        // sentence-transformers' own default.
+        Pooling::Mean
+    };
+    Ok(Some(SentenceHead { pooling, normalize }))
+}

@@ -1,0 +1,11 @@
+//! Generated Hugging Face model folders with real shapes and names (no model hub is
+//! reachable offline): seeded weights, a real `config.json` and a `tokenizer.json`
+//! that Hugging Face's `tokenizers` reads.
+
+mod bert;
+mod tokenizer;
+mod writer;
+
+pub use bert::{write_bert_folder, write_bert_lora, BertDemo, BertPreset, BertShape};
+pub use tokenizer::{minimum_vocabulary, tokenizer_json};
+pub use writer::{write_atomically, write_checkpoint, write_single, TensorSpec, Values};

@@ -1,0 +1,309 @@
+//! From what the user pointed at to a workload: a Hugging Face folder of a supported
+//! family (computed), a generated demo model (computed), or a bare checkpoint (its
+//! bytes checked, nothing computed).
+
+use std::path::Path;
+
+use crate::lora::LoraSpec;
+use crate::model::demo::DemoSpec;
+use crate::model::{ModelFolder, ModelIndex};
+use crate::settings::Settings;
+use crate::workload::driver::{LoraPhase, Model, Workload};
+use crate::workload::encoder::{self, EmbeddingPlacement, Encoder, Tokens};
+use crate::workload::linear_stack::LinearStack;
+use crate::workload::lora_set::LoraSet;
+use crate::workload::moe::MoeRun;
+use crate::workload::moe_model::{MoeLayout, MoeSpec};
+use crate::workload::stream_verify::StreamVerify;
+
+use super::{Extras, RunError, WorkloadKind};
+
+/// The model families stagehand computes, by `config.json` `model_type`.
+pub const SUPPORTED_FAMILIES: &[&str] = &["bert"];
+
+/// Sentences `stagehand run` embeds with an encoder when no text is given: the two
+/// of the sentence-transformers similarity example first.
+pub const BUILT_IN_SENTENCES: &[&str] = &[
+    "A man is eating food.",
+    "A man is eating a piece of bread.",
+    "The new movie is awesome.",
+    "A man is riding a horse.",
+    "Two men pushed carts through the woods.",
+    "A woman is playing violin.",
+    "The cat sits outside.",
+    "Weights stream from disk to pinned memory to the device just ahead of compute.",
+];
+
+/// What an encoder run embeds.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EncoderInput {
+    Texts(Vec<String>),
+    /// Token ids given directly (`--token-ids`), for folders without `tokenizer.json`.
+    TokenIds(Vec<Vec<u32>>),
+}
+
+/// A model opened for a run, with its workload.
+pub struct Prepared {
+    pub index: ModelIndex,
+    pub workload: Workload,
+    pub is_demo: bool,
+    pub folder: Option<ModelFolder>,
+    /// Texts that were longer than the model takes, by position (encoders).
+    pub truncated_texts: Vec<usize>,
+}
+
+impl Prepared {
+    /// Bytes the session streams: the layout's, which may leave out tensors the
+    /// forward pass never reads or keeps on the host.
+    pub fn streamed_model_bytes(&self) -> u64 {
+        self.workload.layout().total_bytes()
+    }
+
+    /// A one-line name of what runs, for summaries.
+    pub fn describe(&self) -> &'static str {
+        match &self.workload.model {
+            Model::LinearStack(_) => "linear-stack",
+            Model::Moe(_) => "moe",
+            Model::StreamVerify(_) => "stream-verify",
+            Model::Encoder(_) => "bert encoder",
+        }
+    }
+}
+
+pub fn prepare(
+    model: &Path,
+    kind: WorkloadKind,
+    batch: usize,
+    settings: &Settings,
+    is_demo: bool,
+) -> Result<Prepared, RunError> {
+    prepare_with(model, kind, batch, settings, is_demo, &Extras::default())
+}
+
+/// As [`prepare`], with LoRA adapters, MoE options or an encoder's texts.
+pub fn prepare_with(
+    model: &Path,
+    kind: WorkloadKind,
+    batch: usize,
+    settings: &Settings,
+    is_demo: bool,
+    extras: &Extras,
+) -> Result<Prepared, RunError> {
+    let bad = |error: &dyn std::fmt::Display| RunError::BadInput(error.to_string());
+    let folder = ModelFolder::find(model).map_err(|error| bad(&error))?;
+    let checkpoint = folder
+        .as_ref()
+        .map_or(model, |folder| folder.checkpoint.as_path());
+    let index = ModelIndex::open(checkpoint, settings.block_pattern.as_deref())
+        .map_err(|error| bad(&error))?;
+    if index.blocks.is_empty() {
+        return Err(RunError::BadInput(format!(
+            "{}: the model has no tensors to stream",
+            model.display()
+        )));
+    }
+    let kind = resolve_kind(kind, &index, folder.as_ref())?;
+    super::memory::check_largest_block(&index, settings)?;
+    // The activations a batch needs, checked before they are allocated.
+    let width = match kind {
+        WorkloadKind::LinearStack => crate::model::demo::DemoSpec::from_metadata(&index.metadata)
+            .map(|spec| u64::from(spec.dim)),
+        WorkloadKind::Moe => {
+            MoeSpec::from_metadata(&index.metadata).map(|spec| u64::from(spec.dim))
+        }
+        _ => None,
+    };
+    if let Some(dim) = width {
+        super::memory::check_batch(batch, dim, settings)?;
+    }
+    if !extras.loras.is_empty() && matches!(kind, WorkloadKind::StreamVerify | WorkloadKind::Moe) {
+        return Err(RunError::BadInput(
+            "--lora applies to models stagehand computes with dense layers (the demo linear stack, BERT encoders); drop --lora for this model".to_string(),
+        ));
+    }
+    let mut truncated_texts = Vec::new();
+    let (model, lora) = match kind {
+        WorkloadKind::LinearStack => {
+            let stack = LinearStack::from_index(&index, batch).map_err(|error| bad(&error))?;
+            let lora = lora_phase(&index, &extras.loras, stack.blocks(), &|tensor| {
+                stack.place(&index, tensor)
+            })?;
+            (Model::LinearStack(stack), lora)
+        }
+        WorkloadKind::Moe => {
+            let spec = MoeSpec::from_metadata(&index.metadata).ok_or_else(|| {
+                RunError::BadInput(format!(
+                    "{} is not a generated MoE model (no stagehand.kind = moe metadata); run `stagehand run --workload moe` without --model to use the demo one",
+                    model.display()
+                ))
+            })?;
+            let layout = MoeLayout::new(&index, spec).map_err(|error| bad(&error))?;
+            let mut run =
+                MoeRun::new(layout, batch, extras.moe.hint).map_err(|error| bad(&error))?;
+            run.policy = extras.moe.policy;
+            run.slots = extras.moe.slots;
+            (Model::Moe(run), Vec::new())
+        }
+        WorkloadKind::Encoder => {
+            let Some(folder) = folder.as_ref() else {
+                return Err(RunError::BadInput(format!(
+                    "{}: an encoder needs its Hugging Face folder (config.json beside the weights)",
+                    model.display()
+                )));
+            };
+            let (encoder, truncated) = open_encoder(folder, &index, batch, extras)?;
+            truncated_texts = truncated;
+            let lora = lora_phase(&index, &extras.loras, encoder.layout_len(), &|tensor| {
+                encoder.place(tensor)
+            })?;
+            (Model::Encoder(Box::new(encoder)), lora)
+        }
+        WorkloadKind::StreamVerify | WorkloadKind::Auto => (
+            Model::StreamVerify(
+                StreamVerify::new(&index).map_err(|error| RunError::Failed(error.to_string()))?,
+            ),
+            Vec::new(),
+        ),
+    };
+    Ok(Prepared {
+        index,
+        workload: Workload { model, lora },
+        is_demo,
+        folder,
+        truncated_texts,
+    })
+}
+
+/// What `--workload auto` means for this model, and whether an explicit choice fits.
+fn resolve_kind(
+    kind: WorkloadKind,
+    index: &ModelIndex,
+    folder: Option<&ModelFolder>,
+) -> Result<WorkloadKind, RunError> {
+    if kind != WorkloadKind::Auto && kind != WorkloadKind::Encoder {
+        return Ok(kind);
+    }
+    if kind == WorkloadKind::Auto && MoeSpec::from_metadata(&index.metadata).is_some() {
+        return Ok(WorkloadKind::Moe);
+    }
+    if kind == WorkloadKind::Auto && DemoSpec::from_metadata(&index.metadata).is_some() {
+        return Ok(WorkloadKind::LinearStack);
+    }
+    let Some(folder) = folder else {
+        if kind == WorkloadKind::Encoder {
+            return Err(RunError::BadInput(format!(
+                "{}: no config.json beside the weights, so this is a bare checkpoint; an encoder needs its Hugging Face folder (config.json, weights, tokenizer.json)",
+                index.path.display()
+            )));
+        }
+        return Ok(WorkloadKind::StreamVerify);
+    };
+    match folder.model_type().as_deref() {
+        Some("bert") => Ok(WorkloadKind::Encoder),
+        other => Err(RunError::BadInput(format!(
+            "{}: model_type {} is not a family stagehand computes yet (supported: {}); pass --workload stream-verify to stream and check its bytes without computing",
+            folder.config_path().display(),
+            other.map_or("(none)".to_string(), |kind| format!("\"{kind}\"")),
+            SUPPORTED_FAMILIES.join(", ")
+        ))),
+    }
+}
+
+/// The encoder over a folder, for the texts in `extras` (or the built-in sentences),
+/// and which texts were truncated.
+fn open_encoder(
+    folder: &ModelFolder,
+    index: &ModelIndex,
+    batch: usize,
+    extras: &Extras,
+) -> Result<(Encoder, Vec<usize>), RunError> {
+    let bad = |error: &dyn std::fmt::Display| RunError::BadInput(error.to_string());
+    let config =
+        encoder::bert_config(&folder.config_path(), &folder.config).map_err(|error| bad(&error))?;
+    let input = extras.encoder.clone().unwrap_or_else(|| {
+        EncoderInput::Texts(BUILT_IN_SENTENCES.iter().map(|s| s.to_string()).collect())
+    });
+    let tokens: Vec<Tokens> = match &input {
+        EncoderInput::Texts(texts) => {
+            if texts.is_empty() {
+                return Err(RunError::BadInput(
+                    "no text to embed: give one or more texts, or --file".to_string(),
+                ));
+            }
+            let Some(tokenizer) = &folder.tokenizer else {
+                return Err(RunError::BadInput(format!(
+                    "{}: no tokenizer.json in the folder; add it, or give token ids with --token-ids 101,7592,102",
+                    folder.dir.display()
+                )));
+            };
+            encoder::tokenize(tokenizer, texts, config.max_positions)
+                .map_err(|error| bad(&error))?
+        }
+        EncoderInput::TokenIds(ids) => {
+            if ids.is_empty() || ids.iter().any(Vec::is_empty) {
+                return Err(RunError::BadInput(
+                    "--token-ids: every text needs at least one id".to_string(),
+                ));
+            }
+            encoder::from_ids(ids, config.max_positions)
+        }
+    };
+    let truncated = tokens
+        .iter()
+        .enumerate()
+        .filter(|(_, text)| text.truncated)
+        .map(|(position, _)| position)
+        .collect();
+    let embeddings = extras.embeddings;
+    let encoder = Encoder::new(index, config, folder.sentence, &tokens, batch, embeddings)
+        .map_err(|error| bad(&error))?;
+    Ok((encoder, truncated))
+}
+
+/// One LoRA phase from step 0 with `specs` placed by `place`, or none.
+fn lora_phase(
+    index: &ModelIndex,
+    specs: &[LoraSpec],
+    blocks: usize,
+    place: &crate::workload::lora_set::Placement<'_>,
+) -> Result<Vec<LoraPhase>, RunError> {
+    if specs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let set = LoraSet::load(index, specs, blocks, place)
+        .map_err(|error| RunError::BadInput(error.to_string()))?;
+    Ok(vec![LoraPhase { from_step: 0, set }])
+}
+
+/// Texts read from `--file`: one per line, blank lines skipped.
+pub fn texts_from_file(path: &Path) -> Result<Vec<String>, RunError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|error| RunError::BadInput(format!("{}: {error}", path.display())))?;
+    Ok(text
+        .lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty())
+        .map(str::to_string)
+        .collect())
+}
+
+/// `--token-ids 101,2023,102` (one text; repeat the flag for more).
+pub fn parse_token_ids(text: &str) -> Result<Vec<u32>, String> {
+    text.split(',')
+        .map(|id| {
+            id.trim()
+                .parse::<u32>()
+                .map_err(|_| format!("`{id}` is not a token id; write ids as 101,2023,102"))
+        })
+        .collect()
+}
+
+impl EmbeddingPlacement {
+    pub fn describe(self) -> &'static str {
+        match self {
+            EmbeddingPlacement::Auto => "auto",
+            EmbeddingPlacement::Host => "host",
+            EmbeddingPlacement::Device => "device",
+        }
+    }
+}

@@ -1,0 +1,62 @@
+//! What every model family gives the run loop: one step written against the compute
+//! port and a block source (DESIGN §6). The loop runs the same step over a session
+//! (the streamed run) and over blocks read straight from the files (the
+//! fully-resident reference), and compares the two.
+
+use stagehand_actors::{BlockId, ModelLayout};
+
+use super::blocks::Blocks;
+use super::WorkloadError;
+use crate::compute::Compute;
+
+/// What one step produced.
+#[derive(Debug, Default, Clone)]
+pub struct StepOutput {
+    /// The values the step is checked on against the reference (`None`: the step
+    /// checked itself, as stream-verify does against the file's checksums).
+    pub output: Option<Vec<f32>>,
+    /// MoE: expert acquires that found the expert ready, those that waited, and the
+    /// experts hinted ahead.
+    pub expert_hits: u64,
+    pub expert_misses: u64,
+    pub expert_hints: u64,
+}
+
+/// A model family's forward pass.
+pub trait Family {
+    /// Activations and scratch, allocated once per run on the compute device.
+    type State<C: Compute>;
+
+    /// The blocks the session streams (which may leave out tensors the forward pass
+    /// does not use, or keeps on the host).
+    fn layout(&self) -> &ModelLayout;
+
+    /// The step order over the layout's blocks.
+    fn order(&self) -> Vec<BlockId> {
+        (0..self.layout().len() as u32).map(BlockId).collect()
+    }
+
+    fn start<C: Compute>(&self, compute: &C) -> Result<Self::State<C>, WorkloadError>;
+
+    /// Runs step `step` over `blocks`.
+    fn step<C: Compute, B: Blocks<C>>(
+        &self,
+        compute: &C,
+        state: &mut Self::State<C>,
+        blocks: &mut B,
+        step: u64,
+    ) -> Result<StepOutput, WorkloadError>;
+
+    /// Steps with the same key compute the same output, so the reference is computed
+    /// once per key.
+    fn reference_key(&self, step: u64) -> u64 {
+        let _ = step;
+        0
+    }
+
+    /// Whether the reference keeps every block it read loaded (a family that uses
+    /// blocks out of order and many times a step, such as MoE experts).
+    fn reference_keeps_blocks(&self) -> bool {
+        false
+    }
+}
