@@ -7,12 +7,20 @@
 
 mod common;
 
-use stagehand::actors::ResidencyPolicy;
+use std::sync::Arc;
+
+use stagehand::actors::{Device, ResidencyPolicy, Session};
+use stagehand::device::CpuDevice;
 use stagehand::model::demo::{write_linear_stack, DemoSpec};
 use stagehand::model::{BlockReader, ModelIndex};
-use stagehand::run::{execute, no_observer, prepare, Budgets, RunPlan, WorkloadKind};
+use stagehand::run::{
+    execute, no_observer, open_model_storage, prepare, session_config, Budgets, RunPlan,
+    WorkloadKind,
+};
 use stagehand::settings::Settings;
 use stagehand::signals;
+use stagehand::workload::bound::measure_rates;
+use stagehand::workload::driver::{drive_cpu, DriverOptions};
 use stagehand::workload::stream_verify::StreamVerify;
 
 fn entries(dir: &std::path::Path) -> Vec<String> {
@@ -75,8 +83,7 @@ fn every_long_phase_stops_at_its_next_unit_of_work_once_a_stop_is_requested() {
         entries(&cache)
     );
 
-    // A run: no step starts, the session drains, both budgets come back; the
-    // calibration after it is cut short but still reports a rate.
+    // A run: its first phase (the fully-resident reference) stops with the error.
     let plan = RunPlan {
         settings: &settings,
         budgets: Budgets {
@@ -92,10 +99,50 @@ fn every_long_phase_stops_at_its_next_unit_of_work_once_a_stop_is_requested() {
         fail_after_reads: None,
         keep_outputs: false,
     };
-    let outcome = execute(&prepared, plan).expect("a stopped run still reports");
-    assert_eq!(outcome.report.steps, 0);
-    assert_eq!(outcome.report.stats.vram.used_bytes, 0);
-    assert_eq!(outcome.report.stats.pinned.used_bytes, 0);
-    assert!(outcome.rates.copy_bytes_per_second > 0.0);
+    let Err(error) = execute(&prepared, plan) else {
+        panic!("a run after the stop must stop");
+    };
+    assert!(error.to_string().contains(interrupted), "{error}");
+
+    // Driving a session: no step starts, the session drains, both budgets come back.
+    let layout = prepared.workload.layout().clone();
+    let budget = layout.total_bytes();
+    let device: Arc<dyn Device> = Arc::new(CpuDevice::new(budget).expect("device"));
+    let storage = open_model_storage(&prepared.index, &settings, None).expect("storage");
+    let config = session_config(
+        &settings,
+        Budgets {
+            vram_budget_bytes: budget,
+            pin_ceiling_bytes: budget,
+        },
+        2,
+        ResidencyPolicy::Planned,
+    );
+    let session = Session::start(
+        config,
+        layout.clone(),
+        prepared.workload.order(),
+        device.clone(),
+        storage.clone(),
+        no_observer(),
+    )
+    .expect("session");
+    let options = DriverOptions {
+        steps: 0,
+        stop: signals::stop_flag(),
+        on_step: Box::new(|_, _| {}),
+        keep_outputs: false,
+    };
+    let report = drive_cpu(session, &prepared.workload, &prepared.index, options)
+        .unwrap_or_else(|failure| panic!("a stopped drive still reports: {}", failure.0));
+    assert_eq!(report.steps, 0);
+    assert_eq!(
+        (report.stats.vram.used_bytes, report.stats.pinned.used_bytes),
+        (0, 0)
+    );
+
+    // The calibration after a run is cut short but still reports a rate.
+    let rates = measure_rates(&device, &storage, &layout, |_| true).expect("rates");
+    assert!(rates.copy_bytes_per_second > 0.0);
     assert_eq!(signals::received(), Some(libc::SIGTERM));
 }

@@ -43,12 +43,12 @@ fn entries(dir: &Path) -> Vec<String> {
 
 #[test]
 fn sigint_stops_an_endless_run_with_every_budget_released_and_status_130() {
-    // Proves `--steps 0` (run until stopped) ends on SIGINT at a step boundary,
-    // prints its summary with both budgets back at zero, and exits 130.
+    // Proves `--steps 0` (run until stopped), once stepping, ends on SIGINT at a step
+    // boundary, prints its summary with both budgets back at zero, and exits 130.
     let dir = tempfile::tempdir().expect("temp dir");
     let model = common::demo::small_demo_model(dir.path());
     let mut child = endless_run(&model).spawn().expect("starts");
-    let (_, rest) = wait_for_line(child.stderr.take().expect("stderr"), "streaming");
+    let (_, rest) = wait_for_line(child.stderr.take().expect("stderr"), "step 1 verified");
     send_signal(&child, libc::SIGINT);
     let mut stdout = String::new();
     std::io::Read::read_to_string(&mut child.stdout.take().expect("stdout"), &mut stdout)

@@ -227,7 +227,13 @@ pub(super) fn run_prepared(
         steps: launch.steps,
         stop: crate::signals::stop_flag(),
         observer,
-        on_step: Box::new(move |_step, seconds| {
+        on_step: Box::new(move |step, seconds| {
+            if step == 0 {
+                tracing::info!(
+                    "step 1 verified ({:.1} ms, cold); SIGINT or SIGTERM stops at the next step",
+                    seconds * 1e3
+                );
+            }
             bar.inc(1);
             bar.set_message(format!("{:.1} ms", seconds * 1e3));
         }),
@@ -235,7 +241,7 @@ pub(super) fn run_prepared(
         keep_outputs: launch.keep_outputs,
     };
     tracing::info!(
-        "streaming {} ({}; SIGINT or SIGTERM stops at the next step)",
+        "streaming {} ({})",
         prepared.index.path.display(),
         match launch.steps {
             0 => "until stopped".to_string(),

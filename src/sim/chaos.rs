@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use stagehand_actors::{
-    Device, DeviceArena, DeviceError, DevicePtr, Extent, HostBuffer, MemoryInfo, OpFuture, Storage,
-    StorageError,
+    Device, DeviceArena, DeviceError, DevicePtr, Extent, HostBuffer, MemoryInfo, MemorySpace,
+    OpFuture, Storage, StorageError,
 };
 
 use super::faults::SplitMix64;
@@ -209,6 +209,10 @@ impl Device for ChaosDevice {
 
     fn memory_info(&self) -> Result<MemoryInfo, DeviceError> {
         self.inner.memory_info()
+    }
+
+    fn memory_space(&self) -> MemorySpace {
+        self.inner.memory_space()
     }
 
     fn allocate_arena(&self, bytes: u64) -> Result<DeviceArena, DeviceError> {

@@ -47,7 +47,8 @@ pub fn measure_rates(
         .div_ceil(largest)
         .clamp(2, CALIBRATION_OPERATIONS);
     // A stop request cuts the calibration short (the rates come from what was
-    // measured); the first copy always runs, so there is a rate to report.
+    // measured); the first copy and the first read always run, so there are rates to
+    // report.
     let stopped = || crate::signals::check().is_err();
     let mut copies = 0u64;
     let copy_started = Instant::now();
@@ -78,7 +79,9 @@ pub fn measure_rates(
             if block.bytes > buffer.len() as u64 || !read_from_disk(index) {
                 continue;
             }
-            if reads == CALIBRATION_OPERATIONS || stopped() {
+            // As for copies, the first read always runs: a rate of 0 would make the
+            // bound of a step that reads from disk infinite.
+            if reads == CALIBRATION_OPERATIONS || (reads > 0 && stopped()) {
                 break 'reads;
             }
             reads += 1;
