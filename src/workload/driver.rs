@@ -24,6 +24,10 @@ pub use super::report::{median, RunReport};
 /// Step times a report keeps: the first step and the latest ones.
 pub const REPORT_STEP_HISTORY: usize = 4096;
 
+/// Reference outputs a run keeps (see [`References`]): every input of an encoder run
+/// of up to this many texts stays computed once.
+pub const REFERENCES_KEPT: usize = 256;
+
 /// The model a run computes.
 pub enum Model {
     /// The generated demo model: a real GEMM forward pass.
@@ -130,10 +134,15 @@ impl DriverOptions {
 }
 
 /// The fully-resident reference outputs of a run, by (reference key, LoRA phase),
-/// computed by the family itself over blocks read straight from the files.
+/// computed by the family itself over blocks read straight from the files. At most
+/// [`REFERENCES_KEPT`] are kept, the oldest dropped first: a family whose every step
+/// has its own key (MoE: one per token) would otherwise grow without end in a run of
+/// `--steps 0` (the soak found 60 KiB a token).
 pub struct References<'a, C: Compute> {
     files: &'a BlockReader<'a>,
     outputs: HashMap<(u64, Option<usize>), Vec<f32>>,
+    /// Keys in `outputs`, oldest first.
+    kept: std::collections::VecDeque<(u64, Option<usize>)>,
     /// Blocks kept loaded between references of the same phase (MoE).
     source: Option<(Option<usize>, FromFiles<'a, C>)>,
 }
@@ -143,8 +152,18 @@ impl<'a, C: Compute> References<'a, C> {
         Self {
             files,
             outputs: HashMap::new(),
+            kept: std::collections::VecDeque::new(),
             source: None,
         }
+    }
+
+    /// Reference outputs kept now (at most [`REFERENCES_KEPT`]).
+    pub fn len(&self) -> usize {
+        self.outputs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.outputs.is_empty()
     }
 
     /// Computes the reference of step `step` now — before a session starts, so the
@@ -186,7 +205,13 @@ impl<'a, C: Compute> References<'a, C> {
             };
             let mut state = family.start(compute)?;
             let output = family.step(compute, &mut state, source, step)?.output;
+            if self.kept.len() == REFERENCES_KEPT {
+                if let Some(oldest) = self.kept.pop_front() {
+                    self.outputs.remove(&oldest);
+                }
+            }
             self.outputs.insert(key, output.unwrap_or_default());
+            self.kept.push_back(key);
         }
         Ok(&self.outputs[&key])
     }
