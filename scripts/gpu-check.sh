@@ -5,13 +5,16 @@
 # On the GPU machine:     scripts/gpu-check.sh          # OUT=dir to choose the output
 #
 # It prints nvidia-smi, runs every GPU test binary in gpu-bin/tests/ with
-# STAGEHAND_GPU_TESTS=1, runs `gpu-bin/stagehand bench --device cuda --json` and a short
-# `gpu-bin/stagehand run --device cuda --steps 3 --json`, and writes into $OUT
-# (default ./gpu-out):
+# STAGEHAND_GPU_TESTS=1, runs `gpu-bin/stagehand bench --device cuda --json`, a short
+# `gpu-bin/stagehand run --device cuda --steps 3 --json`, and `stagehand embed` of two
+# sentences on a generated BERT-base folder (f16 weights, written to $WORK, outside
+# $OUT) streamed on the GPU and, for comparison, on the CPU backend. It writes into
+# $OUT (default ./gpu-out):
 #   nvidia-smi.txt, tests-<target>.txt, bench.json, bench.stderr.txt, bench.md,
-#   run.json, run.stderr.txt,
-#   summary.json (every step's exit code and seconds, the bench and run JSON) and
-#   report.md (the same, readable, with the bench's own Markdown tables).
+#   run.json, run.stderr.txt, bert.txt, embed-cuda.json, embed-cuda.stderr.txt,
+#   embed-cpu.json, embed-cpu.stderr.txt,
+#   summary.json (every step's exit code and seconds, the bench, run and embed JSON)
+#   and report.md (the same, readable, with the bench's own Markdown tables).
 # Everything runs under one deadline, 5 minutes in all: each step gets what is left, and
 # the report is written even when a step fails or runs out of time. Exit status: 0 only
 # if every step passed.
@@ -25,6 +28,9 @@ fi
 
 OUT=${OUT:-./gpu-out}
 BIN=gpu-bin
+# The generated model folder is large (BERT-base, ~220 MB): kept out of $OUT, which is
+# carried back.
+WORK=${WORK:-$(mktemp -d)}
 BUDGET_SECONDS=${GPU_CHECK_SECONDS:-285}
 START=$(date +%s)
 mkdir -p "$OUT"
@@ -87,6 +93,18 @@ fi
 run_step "run --device cuda --steps 3" "$OUT/run.stderr.txt" \
     sh -c "'$BIN/stagehand' run --device cuda --steps 3 --json > '$OUT/run.json'"
 
+# A real architecture on the GPU: a generated BERT-base folder (f16), most layers
+# streamed under a 96 MiB budget, each step equal to its resident pass on the GPU (the
+# run checks it), and the same sentences on the CPU backend for the similarity.
+FOOD="A man is eating food."
+BREAD="A man is eating a piece of bread."
+run_step "demo-model --arch bert --preset base --dtype f16" "$OUT/bert.txt" \
+    "$BIN/stagehand" demo-model --arch bert --preset base --dtype f16 --out "$WORK/bert-base"
+run_step "embed --device cuda (BERT-base f16, 96 MiB)" "$OUT/embed-cuda.stderr.txt" \
+    sh -c "'$BIN/stagehand' embed --model '$WORK/bert-base' --device cuda --vram-budget 96MiB --json '$FOOD' '$BREAD' > '$OUT/embed-cuda.json'"
+run_step "embed --device cpu (BERT-base f16, 96 MiB)" "$OUT/embed-cpu.stderr.txt" \
+    sh -c "'$BIN/stagehand' embed --model '$WORK/bert-base' --device cpu --vram-budget 96MiB --json '$FOOD' '$BREAD' > '$OUT/embed-cpu.json'"
+
 TOTAL_SECONDS=$(( $(date +%s) - START ))
 
 # summary.json: the steps, plus the bench's own JSON when it produced an object.
@@ -98,6 +116,14 @@ RUN_JSON=null
 if [ -s "$OUT/run.json" ] && [ "$(head -c 1 "$OUT/run.json")" = "{" ]; then
     RUN_JSON=$(cat "$OUT/run.json")
 fi
+EMBED_CUDA_JSON=null
+if [ -s "$OUT/embed-cuda.json" ] && [ "$(head -c 1 "$OUT/embed-cuda.json")" = "{" ]; then
+    EMBED_CUDA_JSON=$(cat "$OUT/embed-cuda.json")
+fi
+EMBED_CPU_JSON=null
+if [ -s "$OUT/embed-cpu.json" ] && [ "$(head -c 1 "$OUT/embed-cpu.json")" = "{" ]; then
+    EMBED_CPU_JSON=$(cat "$OUT/embed-cpu.json")
+fi
 cat > "$OUT/summary.json" <<JSON
 {
   "passed": $([ "$FAILED" -eq 0 ] && echo true || echo false),
@@ -106,7 +132,9 @@ cat > "$OUT/summary.json" <<JSON
   "steps": [$STEPS_JSON
   ],
   "bench": $BENCH_JSON,
-  "run": $RUN_JSON
+  "run": $RUN_JSON,
+  "embed_cuda": $EMBED_CUDA_JSON,
+  "embed_cpu": $EMBED_CPU_JSON
 }
 JSON
 
@@ -183,6 +211,23 @@ PY
     fi
     # The run logs the driver's VRAM figure against budget + headroom.
     grep -h "VRAM in use (driver figure)" "$OUT/run.stderr.txt" 2>/dev/null | sed 's/^/    /' || true
+    echo
+    echo "## embed: generated BERT-base (f16), two sentences, cuda then cpu"
+    echo
+    for device in cuda cpu; do
+        echo "### --device $device"
+        echo
+        echo '```'
+        if [ -s "$OUT/embed-$device.json" ]; then
+            # The 2 × 2 similarity matrix, then the run's figures.
+            grep -A 9 '"similarity": \[' "$OUT/embed-$device.json" | tr -d ' \n' && echo
+            grep -E '"(device|steps|verified_steps|vram_budget_bytes|streamed_bytes_per_step_planned|steady_step_seconds|bound_seconds|bound_limited_by|efficiency)"' "$OUT/embed-$device.json"
+        else
+            tail -n 20 "$OUT/embed-$device.stderr.txt" 2>/dev/null
+        fi
+        echo '```'
+    done
+    grep -h "VRAM in use (driver figure)" "$OUT/embed-cuda.stderr.txt" 2>/dev/null | sed 's/^/    /' || true
 } > "$OUT/report.md"
 
 echo

@@ -1,12 +1,19 @@
 #![cfg(feature = "cuda")]
-//! The CUDA adapter. Without a GPU: every entry point fails cleanly, with a message that
-//! says what to do. With `STAGEHAND_GPU_TESTS=1` on a GPU machine: real pinned copies,
-//! cast buffers, cuBLAS and the checksum kernel, checked against the CPU.
+//! The CUDA adapters. Without a GPU: every entry point fails cleanly, with a message
+//! that says what to do, and the operation scenario the GPU tests use runs on the CPU
+//! adapter. With `STAGEHAND_GPU_TESTS=1` on a GPU machine: real pinned copies, cast
+//! buffers, events, and every operation of `CudaCompute` against `CpuCompute` (within
+//! a tolerance: a GPU sums in another order) and against itself (bit for bit).
 
 use std::sync::{Mutex, MutexGuard};
 
-use stagehand::actors::{Device, DevicePtr};
-use stagehand::device::cuda::{self, CudaDevice};
+use stagehand::actors::{Device, DevicePtr, MemorySpace};
+use stagehand::compute::{Compute, ComputeError, DType, TensorSlot};
+use stagehand::device::cuda::{self, CudaCompute, CudaDevice};
+use stagehand::device::CpuCompute;
+
+#[path = "cuda/ops.rs"]
+mod ops;
 
 /// Serialises the GPU tests: some compare the driver's free-memory figure before and
 /// after their own allocations, which a concurrent test would disturb.
@@ -180,141 +187,6 @@ fn gpu_cast_buffer_grows_in_place_and_shrinks() {
     );
 }
 
-/// Uploads `bytes` into a fresh arena through a pinned buffer.
-fn upload(device: &CudaDevice, bytes: &[u8]) -> stagehand::actors::DeviceArena {
-    let arena = device.allocate_arena(bytes.len() as u64).expect("arena");
-    let mut pinned = device.allocate_pinned(bytes.len() as u64).expect("pinned");
-    pinned.as_mut_slice().unwrap().copy_from_slice(bytes);
-    block_on(device.copy_to_device(pinned, 0, bytes.len() as u64, arena.base)).expect("upload");
-    arena
-}
-
-/// Deterministic values uniform in ±bound (a 64-bit LCG; no dependency needed).
-fn uniform_values(count: usize, bound: f32, seed: u64) -> Vec<f32> {
-    let mut state = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    (0..count)
-        .map(|_| {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            let unit = (state >> 40) as f32 / (1u64 << 24) as f32;
-            (unit * 2.0 - 1.0) * bound
-        })
-        .collect()
-}
-
-#[test]
-fn gpu_cublas_forward_matches_the_cpu_reference() {
-    // Proves the cuBLAS linear stack (sgemm for f32, GemmEx for f16/bf16) computes the
-    // same y = x·Wᵀ as the CPU reference within the stated tolerance, on non-square
-    // layers so a transposed operand would show.
-    let Some((_gpu, device)) = gpu_device() else {
-        return;
-    };
-    let blas = cuda::CublasLinear::new(&device).expect("cuBLAS");
-    let widths = [384usize, 256, 512, 128, 320];
-    let batch = 8;
-    for dtype in [cuda::DType::F32, cuda::DType::F16, cuda::DType::Bf16] {
-        let mut host_weights = Vec::new();
-        let mut arenas = Vec::new();
-        let mut layers = Vec::new();
-        for (index, pair) in widths.windows(2).enumerate() {
-            let shape = cuda::LayerShape {
-                in_features: pair[0],
-                out_features: pair[1],
-            };
-            let bound = 1.0 / (pair[0] as f32).sqrt();
-            let weight: Vec<f32> = uniform_values(pair[0] * pair[1], bound, index as u64)
-                .into_iter()
-                .map(|value| dtype.round(value))
-                .collect();
-            let arena = upload(&device, &dtype.encode(&weight));
-            layers.push(cuda::DeviceLayer {
-                weight: arena.base,
-                shape,
-            });
-            host_weights.push((weight, shape));
-            arenas.push(arena);
-        }
-        let input: Vec<f32> = uniform_values(batch * widths[0], 1.0, 99)
-            .into_iter()
-            .map(|value| dtype.round(value))
-            .collect();
-        let widest = widths.iter().max().copied().unwrap() * batch * dtype.size_bytes();
-        let mut input_bytes = dtype.encode(&input);
-        input_bytes.resize(widest, 0);
-        let ping = upload(&device, &input_bytes);
-        let pong = device.allocate_arena(widest as u64).unwrap();
-        let output = blas
-            .forward(dtype, &layers, batch, [ping.base, pong.base])
-            .unwrap();
-        block_on(device.compute_done()).expect("compute done");
-        let output_len = batch * widths[widths.len() - 1];
-        let mut output_bytes = vec![0u8; output_len * dtype.size_bytes()];
-        device.copy_to_host(output, &mut output_bytes).unwrap();
-        let gpu = dtype.decode(&output_bytes);
-
-        let weights: Vec<(&[f32], cuda::LayerShape)> = host_weights
-            .iter()
-            .map(|(weight, shape)| (weight.as_slice(), *shape))
-            .collect();
-        let cpu = cuda::reference_forward(&weights, dtype, batch, &input).unwrap();
-        let error = cuda::normalised_error(&cpu, &gpu);
-        println!(
-            "{dtype:?}: normalised error {error:.3e} (tolerance {:.0e})",
-            cuda::tolerance(dtype)
-        );
-        assert!(
-            cpu.iter().any(|value| value.abs() > 1e-3),
-            "degenerate reference"
-        );
-        assert!(
-            error <= cuda::tolerance(dtype),
-            "{dtype:?}: error {error} over tolerance"
-        );
-        for arena in arenas.into_iter().chain([ping, pong]) {
-            device.free_arena(arena);
-        }
-    }
-}
-
-#[test]
-fn gpu_checksum_kernel_matches_the_cpu() {
-    // Proves the NVRTC checksum of device bytes equals the CPU checksum for aligned and
-    // unaligned ranges and ragged lengths, and changes when one byte on the device does.
-    let Some((_gpu, device)) = gpu_device() else {
-        return;
-    };
-    let kernel = cuda::ChecksumKernel::new(&device).expect("NVRTC kernel");
-    let bytes: Vec<u8> = (0..(3u32 << 20) + 3)
-        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
-        .collect();
-    let arena = upload(&device, &bytes);
-    for (offset, len) in [
-        (0usize, bytes.len()),
-        (1, 4097),
-        (2, 6),
-        (4, 1 << 20),
-        (3, 0),
-        (7, 1),
-    ] {
-        let gpu = kernel
-            .checksum(arena.base.offset(offset as u64), len as u64)
-            .unwrap();
-        let cpu = cuda::checksum_cpu(&bytes[offset..offset + len]);
-        assert_eq!(gpu, cpu, "offset {offset} length {len}");
-    }
-    let before = kernel.checksum(arena.base, bytes.len() as u64).unwrap();
-    let mut flipped = device.allocate_pinned(1).unwrap();
-    flipped.as_mut_slice().unwrap()[0] = bytes[123_457] ^ 1;
-    let _ = block_on(device.copy_to_device(flipped, 0, 1, arena.base.offset(123_457))).unwrap();
-    let after = kernel.checksum(arena.base, bytes.len() as u64).unwrap();
-    assert_ne!(before, after, "a changed byte on the device went unnoticed");
-    device.free_arena(arena);
-}
-
 #[test]
 fn gpu_link_figures_are_measured() {
     // Proves the link benchmark runs end to end and yields positive, finite figures
@@ -362,4 +234,224 @@ fn gpu_copy_and_compute_events_order_the_streams() {
     compute_done.synchronize().unwrap();
     drop(pinned);
     device.free_arena(arena);
+}
+
+#[test]
+fn the_operation_scenario_runs_and_repeats_on_the_cpu_adapter() {
+    // Proves the scenario the GPU tests compare with is sound where it can run here:
+    // every operation succeeds on the CPU adapter, outputs are not degenerate, and a
+    // second pass gives the same bits.
+    let compute = CpuCompute::new();
+    let first = ops::run_ops(&compute, &ops::host_read_back).expect("scenario on the cpu");
+    let second = ops::run_ops(&compute, &ops::host_read_back).expect("again");
+    assert_same_bits(&first, &second);
+    assert!(first.values.len() > 20, "{} outputs", first.values.len());
+    for (what, values, _) in &first.values {
+        assert!(
+            values.iter().any(|value| value.abs() > 1e-3) && values.iter().all(|v| v.is_finite()),
+            "{what}: degenerate output"
+        );
+    }
+    assert_eq!(first.merged.len(), 10);
+    assert_eq!(first.checksums.len(), 5);
+}
+
+/// Bit-for-bit equality of two passes (NaN and signed zeros included).
+fn assert_same_bits(first: &ops::Outputs, second: &ops::Outputs) {
+    assert_eq!(first.values.len(), second.values.len());
+    for ((what, a, _), (_, b, _)) in first.values.iter().zip(&second.values) {
+        let same = a.len() == b.len() && a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "{what}: two passes differ");
+    }
+    assert_eq!(first.merged, second.merged);
+    assert_eq!(first.checksums, second.checksums);
+}
+
+fn device_read_back(device: &CudaDevice) -> impl Fn(u64, usize) -> Vec<u8> + '_ {
+    move |address, length| {
+        let mut bytes = vec![0u8; length];
+        device
+            .copy_to_host(DevicePtr(address), &mut bytes)
+            .expect("device read-back");
+        bytes
+    }
+}
+
+#[test]
+fn gpu_every_operation_matches_the_cpu_adapter() {
+    // Proves each operation of CudaCompute (casts from f32/f16/bf16 at aligned and odd
+    // offsets, GEMMs with bias, LoRA low-rank and merge, row operations, norms, GELU,
+    // masked and grouped-query attention, checksums) computes what CpuCompute does,
+    // within the stated tolerance per operation; merged half-precision weights within
+    // one rounding of their dtype.
+    let Some((_gpu, device)) = gpu_device() else {
+        return;
+    };
+    let compute = CudaCompute::new(&device).expect("cuda compute");
+    let gpu = ops::run_ops(&compute, &device_read_back(&device)).expect("scenario on the gpu");
+    let cpu = ops::run_ops(&CpuCompute::new(), &ops::host_read_back).expect("scenario on the cpu");
+    assert_eq!(gpu.values.len(), cpu.values.len());
+    for ((what, gpu_values, tolerance), (_, cpu_values, _)) in gpu.values.iter().zip(&cpu.values) {
+        let difference = ops::normalised_difference(cpu_values, gpu_values);
+        println!("{what}: normalised error {difference:.3e} (tolerance {tolerance:.0e})");
+        assert!(
+            difference <= *tolerance,
+            "{what}: {difference:e} over {tolerance:e}"
+        );
+    }
+    for ((what, dtype, gpu_bytes), (_, _, cpu_bytes)) in gpu.merged.iter().zip(&cpu.merged) {
+        let ulp = match dtype {
+            DType::F32 => 1e-6,
+            DType::F16 => 1.0 / 1024.0,
+            DType::Bf16 => 1.0 / 128.0,
+            DType::F8E4M3 => 1.0 / 8.0,
+            DType::F8E5M2 => 1.0 / 4.0,
+        };
+        let difference =
+            ops::normalised_difference(&dtype.decode(cpu_bytes), &dtype.decode(gpu_bytes));
+        println!("{what}: normalised error {difference:.3e} (tolerance {ulp:.0e})");
+        assert!(
+            difference <= ulp,
+            "{what}: {difference:e} over one rounding"
+        );
+    }
+    assert_eq!(gpu.checksums, cpu.checksums);
+}
+
+#[test]
+fn gpu_operations_repeat_bit_for_bit() {
+    // Proves the GPU's reductions are deterministic: the scenario twice on one
+    // adapter, and once on a second adapter of the same context, give the same bits.
+    // This is what lets a streamed run equal the resident run on the GPU.
+    let Some((_gpu, device)) = gpu_device() else {
+        return;
+    };
+    let compute = CudaCompute::new(&device).expect("cuda compute");
+    let read_back = device_read_back(&device);
+    let first = ops::run_ops(&compute, &read_back).expect("first pass");
+    let second = ops::run_ops(&compute, &read_back).expect("second pass");
+    assert_same_bits(&first, &second);
+    let other = CudaCompute::new(&device).expect("a second cuda compute");
+    let third = ops::run_ops(&other, &read_back).expect("third pass");
+    assert_same_bits(&first, &third);
+}
+
+#[test]
+fn gpu_the_compute_shares_the_devices_memory_space_and_reuses_its_cast_buffer() {
+    // Proves CudaCompute reads the session device's address space (the run refuses
+    // otherwise), that the cast buffer grows once to a weight's f32 size and is then
+    // reused, and that an impossible activation is an out-of-memory error.
+    let Some((_gpu, device)) = gpu_device() else {
+        return;
+    };
+    let compute = CudaCompute::new(&device).expect("cuda compute");
+    assert_eq!(compute.memory_space(), device.memory_space());
+    assert!(matches!(
+        compute.memory_space(),
+        MemorySpace::Accelerator { kind: "cuda", .. }
+    ));
+    let (rows, inner, out) = (4, 1024, 2048);
+    let block = compute
+        .load_block(&DType::F16.encode(&ops::seeded(out * inner, 5, 0.1)))
+        .unwrap();
+    let view = compute.block_view(&block);
+    let weight = view
+        .weight(&TensorSlot::new(0, DType::F16, out, inner))
+        .unwrap();
+    let x = compute.tensor(rows, inner).unwrap();
+    let mut y = compute.tensor(rows, out).unwrap();
+    compute.linear(&x, &weight, None, &mut y).unwrap();
+    let grown = compute.cast_buffer_bytes();
+    assert!(grown >= (out * inner * 4) as u64, "{grown}");
+    compute.linear(&x, &weight, None, &mut y).unwrap();
+    assert_eq!(
+        compute.cast_buffer_bytes(),
+        grown,
+        "the cast buffer is reused"
+    );
+    for (rows, cols) in [(usize::MAX / 2, 4), (1 << 20, 1 << 20)] {
+        match compute.tensor(rows, cols) {
+            Err(ComputeError::OutOfMemory(message)) => {
+                assert!(message.contains("lower --batch"), "{message}")
+            }
+            Err(other) => panic!("expected out of memory, got {other}"),
+            Ok(_) => panic!("a {rows} × {cols} activation was allocated"),
+        }
+    }
+}
+
+#[test]
+fn the_kernels_compute_their_definitions_on_a_cpu_emulator() {
+    // Proves, without a GPU, that kernels.cu as written (a std::thread per CUDA
+    // thread, real barriers and warp shuffles) converts f16/bf16 exactly and rounds to
+    // nearest even, widens and narrows at any byte offset, computes the norms, the
+    // masked softmax, the row operations and GELU against plain loops, and sums the
+    // checksum as crate::compute::checksum does. Needs g++ (C++20); says so if absent.
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    if std::process::Command::new("g++")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        println!("skipped: no g++ to build the kernel emulator");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let binary = dir.path().join("emulate_kernels");
+    let built = std::process::Command::new("g++")
+        .args(["-std=c++20", "-O1", "-pthread", "-I"])
+        .arg(root.join("src/device/cuda"))
+        .arg(root.join("tests/cuda/emulate_kernels.cpp"))
+        .arg("-o")
+        .arg(&binary)
+        .output()
+        .expect("g++ runs");
+    assert!(
+        built.status.success(),
+        "the emulator does not build:\n{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let run = std::process::Command::new(&binary).output().unwrap();
+    let printed = String::from_utf8_lossy(&run.stdout);
+    println!("{printed}");
+    assert!(run.status.success(), "kernel checks failed:\n{printed}");
+    let bytes: Vec<u8> = (0..(1u32 << 16) + 7)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let mut checked = 0;
+    for line in printed.lines().filter(|line| line.starts_with("checksum ")) {
+        let fields: Vec<u64> = line[9..]
+            .split(' ')
+            .map(|field| field.parse().unwrap())
+            .collect();
+        let (offset, length) = (fields[0] as usize, fields[1] as usize);
+        let expected =
+            stagehand::compute::checksum::partial_sum(&bytes[offset..offset + length], 0);
+        assert_eq!(fields[2], expected, "checksum sum at {offset}+{length}");
+        checked += 1;
+    }
+    assert_eq!(checked, 6, "every checksum case was printed");
+    let mut narrowed = 0;
+    for line in printed.lines().filter(|line| line.starts_with("narrow ")) {
+        let fields: Vec<u32> = line[7..]
+            .split(' ')
+            .map(|field| field.parse().unwrap())
+            .collect();
+        let dtype = match fields[0] {
+            1 => DType::F16,
+            2 => DType::Bf16,
+            3 => DType::F8E4M3,
+            _ => DType::F8E5M2,
+        };
+        let value = f32::from_bits(fields[1]);
+        let mut expected = dtype.encode(&[value]);
+        expected.resize(2, 0);
+        let expected = u32::from(u16::from_le_bytes([expected[0], expected[1]]));
+        assert_eq!(fields[2], expected, "{dtype} narrowing of {value:e}");
+        narrowed += 1;
+    }
+    assert!(
+        narrowed > 1000,
+        "the narrowing sweep was printed ({narrowed})"
+    );
 }

@@ -155,6 +155,7 @@ fn run_folder(model: &Path, share: f64, steps: u64) -> Outcome {
             on_step: Box::new(|_, _| {}),
             fail_after_reads: None,
             keep_outputs: true,
+            on_token: None,
         },
     )
     .unwrap()
@@ -283,8 +284,15 @@ fn bad_folders_and_inputs_exit_2_with_one_line() {
     refused(&malformed, &["x"], &["config.json", "not valid JSON"]);
 
     let llama = fresh("llama");
-    edit_config(&llama, |config| config["model_type"] = "llama".into());
-    refused(&llama, &["x"], &["\"llama\"", "supported: bert"]);
+    edit_config(&llama, |config| config["model_type"] = "t5".into());
+    refused(&llama, &["x"], &["\"t5\"", "supported: bert"]);
+    let decoder = fresh("decoder");
+    edit_config(&decoder, |config| config["model_type"] = "llama".into());
+    refused(
+        &decoder,
+        &["x"],
+        &["a decoder model, not an encoder", "generate"],
+    );
     let output = stagehand()
         .args([
             "run",

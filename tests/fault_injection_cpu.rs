@@ -120,6 +120,7 @@ fn seeded_faults_on_the_cpu_backend_end_cleanly_and_leave_nothing_behind() {
                     stop: Arc::new(AtomicBool::new(false)),
                     on_step: Box::new(|_, _| {}),
                     keep_outputs: false,
+                    on_token: None,
                 };
                 let stats = match drive_cpu(session, &prepared.workload, &prepared.index, options) {
                     Ok(report) => {

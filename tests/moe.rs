@@ -72,6 +72,7 @@ fn a_long_moe_run_stays_in_budget_matches_the_reference_and_releases_everything(
                 on_step: Box::new(|_, _| {}),
                 fail_after_reads: None,
                 keep_outputs: false,
+                on_token: None,
             },
         )
         .unwrap_or_else(|error| panic!("{policy:?}: {error}"));

@@ -196,6 +196,7 @@ fn plan_for(settings: &Settings, steps: u64) -> RunPlan<'_> {
         on_step: Box::new(|_, _| {}),
         fail_after_reads: None,
         keep_outputs: false,
+        on_token: None,
     }
 }
 

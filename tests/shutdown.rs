@@ -51,6 +51,7 @@ fn run(fail_after_reads: Option<u64>) -> bool {
             on_step: Box::new(|_, _| {}),
             fail_after_reads,
             keep_outputs: false,
+            on_token: None,
         },
     )
     .is_ok()

@@ -53,7 +53,8 @@ pub struct StepDone {
 #[rtype(result = "()")]
 pub struct ReserveActivations {
     pub bytes: u64,
-    pub reply: Reply<Result<(), SessionError>>,
+    /// The resident blocks that gave way (they stream from now on).
+    pub reply: Reply<Result<Vec<BlockId>, SessionError>>,
 }
 
 #[derive(Message)]

@@ -363,7 +363,8 @@ impl Session {
     }
 
     /// Reserves VRAM for activations, evicting weights if needed (activations win).
-    pub fn reserve_activations(&mut self, bytes: u64) -> Result<(), SessionError> {
+    /// Returns the resident blocks that gave way: they stream from now on.
+    pub fn reserve_activations(&mut self, bytes: u64) -> Result<Vec<BlockId>, SessionError> {
         let (reply, receiver) = flume::bounded(1);
         self.send(&self.core.stream, ReserveActivations { bytes, reply })?;
         self.wait(receiver.recv_async())?

@@ -386,7 +386,10 @@ impl Handler<ReserveActivations> for VramAllocator {
         let result = self
             .state
             .reserve_activations(message.bytes)
-            .map(|evicted| ((), evicted));
+            .map(|evicted| {
+                let count = evicted.len() as u64;
+                (evicted, count)
+            });
         let _ = message.reply.send(self.reserved(result));
     }
 }

@@ -125,6 +125,7 @@ impl Bench<'_> {
             &prepared,
             RunPlan {
                 keep_outputs: false,
+                on_token: None,
                 settings: self.settings,
                 budgets,
                 prefetch_depth: depth,
@@ -215,8 +216,11 @@ pub fn execute(args: BenchArgs) -> CommandResult {
     let settings = loaded.settings;
     super::run::init_logging(&settings.log);
     if super::run::use_cuda(settings.device)? {
+        #[cfg(feature = "cuda")]
+        return super::bench_cuda::execute(&settings, args.json);
+        #[cfg(not(feature = "cuda"))]
         return Err(Failure::bad_input(anyhow::anyhow!(
-            "bench --device cuda is being moved onto the compute port; use --device cpu"
+            "this stagehand was built without CUDA (--no-default-features); use --device cpu or rebuild with the default features"
         )));
     }
     if args.steps < 2 {
@@ -304,6 +308,7 @@ fn bench_model(args: &BenchArgs, settings: &Settings, model: &std::path::Path) -
         &probe,
         settings,
         resolve_budgets(settings, model_bytes, false),
+        args.steps,
     );
     let workload = match probe.describe() {
         "bert encoder" => WorkloadKind::Encoder,

@@ -11,7 +11,10 @@ use super::{CommandResult, Failure};
 use crate::compute::DType;
 use crate::lora::{write_demo_lora, DemoLora, LoraDtype};
 use crate::model::demo::{write_linear_stack, DemoError, DemoSpec};
-use crate::model::generated::{write_bert_folder, write_bert_lora, BertDemo, BertPreset};
+use crate::model::generated::{
+    write_bert_folder, write_bert_lora, write_decoder_folder, BertDemo, BertPreset, DecoderArch,
+    DecoderDemo, DecoderPreset, DecoderShape,
+};
 
 /// Which model `demo-model` writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -20,6 +23,10 @@ pub enum Arch {
     LinearStack,
     /// A BERT encoder folder (config.json, weights, tokenizer.json, sentence-transformers head).
     Bert,
+    /// A Llama decoder folder (byte-level tokenizer.json; `1b` has Llama-3.2-1B's shapes).
+    Llama,
+    /// A Mixtral decoder folder: 8 experts, top-2.
+    Mixtral,
 }
 
 /// Storage dtype of a generated folder's weights.
@@ -28,6 +35,8 @@ pub enum DTypeArg {
     F32,
     F16,
     Bf16,
+    /// Decoders: linear weights in F8_E4M3 with per-tensor F32 scales.
+    Fp8,
 }
 
 impl DTypeArg {
@@ -36,6 +45,7 @@ impl DTypeArg {
             DTypeArg::F32 => DType::F32,
             DTypeArg::F16 => DType::F16,
             DTypeArg::Bf16 => DType::Bf16,
+            DTypeArg::Fp8 => DType::F8E4M3,
         }
     }
 }
@@ -51,6 +61,9 @@ pub struct DemoModelArgs {
     /// `--arch bert`: the shapes (tiny: tests; base and large: BERT-base/large).
     #[arg(long, value_enum, default_value = "tiny")]
     pub preset: BertPreset,
+    /// `--arch llama|mixtral`: the shapes (tiny, small, 1b = Llama-3.2-1B's).
+    #[arg(long, value_enum, default_value = "tiny")]
+    pub decoder_preset: DecoderPreset,
     /// `--arch bert`: storage dtype of the weights.
     #[arg(long, value_enum, default_value = "f32")]
     pub dtype: DTypeArg,
@@ -78,8 +91,11 @@ pub struct DemoModelArgs {
 }
 
 pub fn execute(args: DemoModelArgs) -> CommandResult {
-    if args.arch == Arch::Bert {
-        return write_bert(&args);
+    match args.arch {
+        Arch::Bert => return write_bert(&args),
+        Arch::Llama => return write_decoder(&args, DecoderArch::Llama),
+        Arch::Mixtral => return write_decoder(&args, DecoderArch::Mixtral),
+        Arch::LinearStack => {}
     }
     let spec = DemoSpec {
         blocks: args.blocks,
@@ -130,6 +146,11 @@ pub fn execute(args: DemoModelArgs) -> CommandResult {
 
 /// `--arch bert`: the encoder folder, and with `--lora-out DIR` a PEFT adapter folder.
 fn write_bert(args: &DemoModelArgs) -> CommandResult {
+    if args.dtype == DTypeArg::Fp8 {
+        return Err(Failure::bad_input(anyhow::anyhow!(
+            "--dtype fp8 is for decoders (--arch llama or mixtral); use f32, f16 or bf16 for bert"
+        )));
+    }
     let demo = BertDemo {
         preset: args.preset,
         dtype: args.dtype.dtype(),
@@ -171,5 +192,38 @@ fn write_bert(args: &DemoModelArgs) -> CommandResult {
             path.display()
         );
     }
+    Ok(())
+}
+
+/// `--arch llama|mixtral`: a decoder folder.
+fn write_decoder(args: &DemoModelArgs, arch: DecoderArch) -> CommandResult {
+    let demo = DecoderDemo {
+        arch,
+        preset: args.decoder_preset,
+        dtype: args.dtype.dtype(),
+        seed: args.seed,
+        shard_bytes: 1 << 30,
+    };
+    let started = Instant::now();
+    let dir = write_decoder_folder(&args.out, &demo)
+        .map_err(|error| Failure::run_failed(anyhow::anyhow!("{}: {error}", args.out.display())))?;
+    let shape = DecoderShape::of(arch, args.decoder_preset);
+    println!(
+        "wrote {} ({arch:?} {:?}: {} layers of {}, {} query / {} KV heads{}, {} weights = {}, seed {}) in {:.2} s",
+        dir.display(),
+        args.decoder_preset,
+        shape.layers,
+        shape.hidden,
+        shape.heads,
+        shape.kv_heads,
+        shape
+            .experts
+            .map(|(experts, top_k)| format!(", {experts} experts top-{top_k}"))
+            .unwrap_or_default(),
+        demo.dtype,
+        ByteSize::b(demo.weight_bytes()),
+        args.seed,
+        started.elapsed().as_secs_f64()
+    );
     Ok(())
 }

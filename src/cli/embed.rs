@@ -109,6 +109,7 @@ pub fn execute(args: EmbedArgs) -> CommandResult {
             quiet: args.quiet || args.json,
             keep_outputs: true,
             use_cuda,
+            on_token: None,
         },
     )?;
     let embeddings = embeddings(&outcome, labels.len())?;

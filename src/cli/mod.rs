@@ -32,11 +32,14 @@ macro_rules! eprintln {
 pub mod output;
 
 mod bench;
+#[cfg(feature = "cuda")]
+mod bench_cuda;
 mod bench_disk;
 mod bench_lora;
 mod config_cmd;
 mod demo_model;
 mod embed;
+mod generate;
 mod inspect;
 mod run;
 mod simulate;
@@ -84,6 +87,8 @@ pub enum Command {
     Run(run::RunArgs),
     /// Sentence embeddings from an encoder folder, streamed under the budgets.
     Embed(embed::EmbedArgs),
+    /// Text from a decoder folder (Llama family, Mixtral), streamed under the budgets.
+    Generate(generate::GenerateArgs),
     /// Show a safetensors checkpoint's files, tensors and block split.
     Inspect(inspect::InspectArgs),
     /// Print the effective settings and which layer set each one.
@@ -110,6 +115,7 @@ pub fn main() -> ExitCode {
         None => run::execute(cli.run),
         Some(Command::Run(args)) => run::execute(args),
         Some(Command::Embed(args)) => embed::execute(args),
+        Some(Command::Generate(args)) => generate::execute(args),
         Some(Command::Inspect(args)) => inspect::execute(args),
         Some(Command::Config(args)) => config_cmd::execute(args),
         Some(Command::DemoModel(args)) => demo_model::execute(args),

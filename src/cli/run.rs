@@ -86,7 +86,7 @@ pub enum ExpertPolicyArg {
 }
 
 impl ExpertPolicyArg {
-    fn policy(self) -> stagehand_actors::ExpertPolicy {
+    pub(super) fn policy(self) -> stagehand_actors::ExpertPolicy {
         match self {
             ExpertPolicyArg::Lru => stagehand_actors::ExpertPolicy::Lru,
             ExpertPolicyArg::Lfu => stagehand_actors::ExpertPolicy::Lfu,
@@ -149,6 +149,8 @@ pub(super) struct Launch {
     pub quiet: bool,
     pub keep_outputs: bool,
     pub use_cuda: bool,
+    /// Called with each token a decoder picks (`generate` prints them).
+    pub on_token: Option<Box<dyn FnMut(u32) + Send>>,
 }
 
 /// The VRAM budget a run uses: the configured one, or the automatic one raised to
@@ -158,25 +160,33 @@ pub(super) fn automatic_budget(
     prepared: &crate::run::Prepared,
     settings: &settings::Settings,
     budgets: crate::run::Budgets,
+    steps: u64,
 ) -> crate::run::Budgets {
     if settings.vram_budget.is_some() {
         return budgets;
     }
-    let layout = prepared.workload.layout();
-    let align = |bytes: u64| bytes.div_ceil(256) * 256;
-    let total: u64 = layout.blocks.iter().map(|block| align(block.bytes)).sum();
-    let ring = align(layout.largest_block_bytes()) * u64::from(settings.prefetch_depth + 1);
-    let minimum = ring.min(total);
-    if budgets.vram_budget_bytes >= minimum {
-        return budgets;
+    let (plan_minimum, total) = prepared.plan_minimum_bytes(settings.prefetch_depth);
+    let activations = prepared.activation_bytes(steps);
+    let minimum = plan_minimum + activations;
+    let wanted = budgets.vram_budget_bytes + activations;
+    if wanted >= minimum {
+        return crate::run::Budgets {
+            vram_budget_bytes: wanted,
+            ..budgets
+        };
     }
-    let fits = if minimum >= total {
+    let fits = if plan_minimum >= total {
         "; the model then fits whole"
     } else {
         ""
     };
+    let kv = if activations > 0 {
+        format!(" plus {} of KV cache", stagehand_actors::Bytes(activations))
+    } else {
+        String::new()
+    };
     tracing::info!(
-        "vram budget raised from {} to {}, the least this model's plan needs (a ring of {} slots of its largest block){fits}",
+        "vram budget raised from {} to {}, the least this model's plan needs (a ring of {} slots of its largest block{kv}){fits}",
         stagehand_actors::Bytes(budgets.vram_budget_bytes),
         stagehand_actors::Bytes(minimum),
         settings.prefetch_depth + 1
@@ -195,7 +205,7 @@ pub(super) fn run_prepared(
 ) -> Result<crate::run::Outcome, Failure> {
     let model_bytes = prepared.streamed_model_bytes();
     let budgets = resolve_budgets(settings, model_bytes, prepared.is_demo);
-    let budgets = automatic_budget(prepared, settings, budgets);
+    let budgets = automatic_budget(prepared, settings, budgets, launch.steps);
     let observer = match settings.metrics_addr {
         Some(addr) => {
             let observer = crate::telemetry::install(addr).map_err(Failure::bad_input)?;
@@ -239,6 +249,7 @@ pub(super) fn run_prepared(
         }),
         fail_after_reads: None,
         keep_outputs: launch.keep_outputs,
+        on_token: launch.on_token,
     };
     tracing::info!(
         "streaming {} ({})",
@@ -290,8 +301,8 @@ pub fn execute(args: RunArgs) -> CommandResult {
             hint: args.moe_hint,
             slots: args.expert_slots,
         },
-        encoder: None,
         embeddings: args.embeddings,
+        ..Extras::default()
     };
     let prepared = prepare_with(
         &model,
@@ -311,6 +322,7 @@ pub fn execute(args: RunArgs) -> CommandResult {
             quiet: args.quiet || args.json,
             keep_outputs: false,
             use_cuda,
+            on_token: None,
         },
     )?;
     let summary = Summary::new(&outcome);

@@ -3,6 +3,8 @@
 
 use serde::Serialize;
 
+use super::fp8::Fp8;
+
 /// The element type a weight is stored in, in the file and in every tier.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -10,6 +12,10 @@ pub enum DType {
     F32,
     F16,
     Bf16,
+    /// FP8 E4M3 ("e4m3fn"), usually with a per-tensor scale.
+    F8E4M3,
+    /// FP8 E5M2, usually with a per-tensor scale.
+    F8E5M2,
 }
 
 impl DType {
@@ -19,6 +25,8 @@ impl DType {
             "F32" => Some(DType::F32),
             "F16" => Some(DType::F16),
             "BF16" => Some(DType::Bf16),
+            "F8_E4M3" => Some(DType::F8E4M3),
+            "F8_E5M2" => Some(DType::F8E5M2),
             _ => None,
         }
     }
@@ -29,6 +37,17 @@ impl DType {
             DType::F32 => "F32",
             DType::F16 => "F16",
             DType::Bf16 => "BF16",
+            DType::F8E4M3 => "F8_E4M3",
+            DType::F8E5M2 => "F8_E5M2",
+        }
+    }
+
+    /// The FP8 format of an FP8 dtype.
+    fn fp8(self) -> Option<Fp8> {
+        match self {
+            DType::F8E4M3 => Some(Fp8::E4M3),
+            DType::F8E5M2 => Some(Fp8::E5M2),
+            _ => None,
         }
     }
 
@@ -36,6 +55,7 @@ impl DType {
         match self {
             DType::F32 => 4,
             DType::F16 | DType::Bf16 => 2,
+            DType::F8E4M3 | DType::F8E5M2 => 1,
         }
     }
 
@@ -70,6 +90,12 @@ impl DType {
                         f32::from_bits(u32::from(u16::from_le_bytes([half[0], half[1]])) << 16);
                 }
             }
+            DType::F8E4M3 | DType::F8E5M2 => {
+                let format = self.fp8().unwrap_or(Fp8::E4M3);
+                for (value, &code) in out.iter_mut().zip(bytes) {
+                    *value = format.to_f32(code);
+                }
+            }
         }
     }
 
@@ -91,6 +117,12 @@ impl DType {
             DType::Bf16 => {
                 for (half, value) in out.chunks_exact_mut(2).zip(values) {
                     half.copy_from_slice(&half::bf16::from_f32(*value).to_le_bytes());
+                }
+            }
+            DType::F8E4M3 | DType::F8E5M2 => {
+                let format = self.fp8().unwrap_or(Fp8::E4M3);
+                for (code, value) in out.iter_mut().zip(values) {
+                    *code = format.encode(*value);
                 }
             }
         }
@@ -118,6 +150,8 @@ impl std::fmt::Display for DType {
             DType::F32 => "f32",
             DType::F16 => "f16",
             DType::Bf16 => "bf16",
+            DType::F8E4M3 => "fp8-e4m3",
+            DType::F8E5M2 => "fp8-e5m2",
         })
     }
 }

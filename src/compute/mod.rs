@@ -19,6 +19,7 @@
 
 pub mod checksum;
 mod dtype;
+mod fp8;
 mod view;
 
 pub use dtype::DType;
@@ -61,6 +62,19 @@ pub struct Attention<'a> {
     /// Applied to `q·kᵀ` before the softmax, usually `1/√head_dim`.
     pub scale: f32,
     pub mask: Mask<'a>,
+}
+
+/// Causal attention of a decoder step over its KV cache: `queries` new rows (at
+/// positions `past .. past + queries` of one sequence) attend to the first
+/// `past + queries` rows of the caches; query `i` sees keys `0 ..= past + i`.
+#[derive(Debug, Clone, Copy)]
+pub struct CachedAttention {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub scale: f32,
+    pub past: usize,
+    pub queries: usize,
 }
 
 /// The operations a forward pass is made of. Implemented by each device adapter.
@@ -166,6 +180,45 @@ pub trait Compute {
         k: &Self::Tensor,
         v: &Self::Tensor,
         shape: &Attention<'_>,
+        out: &mut Self::Tensor,
+    ) -> Result<(), ComputeError>;
+    /// `gate ← silu(gate)·up` (SwiGLU), elementwise.
+    fn silu_mul(&self, gate: &mut Self::Tensor, up: &Self::Tensor) -> Result<(), ComputeError>;
+    /// Rotary position embedding of `x` (`[rows, heads·head_dim]`) in place, Llama's
+    /// rotate-half layout: in each head, the pair `(i, i + head_dim/2)` of row `r`
+    /// turns by `positions[r] · inv_freq[i]`.
+    fn rope(
+        &self,
+        x: &mut Self::Tensor,
+        heads: usize,
+        head_dim: usize,
+        positions: &[u32],
+        inv_freq: &[f32],
+    ) -> Result<(), ComputeError>;
+    /// Grows (or shrinks) a tensor to `rows` rows, keeping the first rows' values.
+    fn resize_rows(&self, tensor: &mut Self::Tensor, rows: usize) -> Result<(), ComputeError>;
+    /// `to ← from[first .. first + to.rows]` (same columns).
+    fn slice_rows(
+        &self,
+        from: &Self::Tensor,
+        first: usize,
+        to: &mut Self::Tensor,
+    ) -> Result<(), ComputeError>;
+    /// Copies every row of `rows` into `cache` from row `at` on.
+    fn write_rows(
+        &self,
+        cache: &mut Self::Tensor,
+        at: usize,
+        rows: &Self::Tensor,
+    ) -> Result<(), ComputeError>;
+    /// Causal attention over a KV cache, see [`CachedAttention`]; `q` and `out` are
+    /// `[queries, heads·head_dim]`, the caches `[≥ past + queries, kv_heads·head_dim]`.
+    fn attention_cached(
+        &self,
+        q: &Self::Tensor,
+        k_cache: &Self::Tensor,
+        v_cache: &Self::Tensor,
+        shape: &CachedAttention,
         out: &mut Self::Tensor,
     ) -> Result<(), ComputeError>;
     /// A checksum of a block's bytes in the device tier (`stream-verify`), equal to

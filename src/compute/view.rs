@@ -17,9 +17,23 @@ pub struct TensorSlot {
     /// A matrix `[rows, cols]`, row-major; a vector is one row.
     pub rows: usize,
     pub cols: usize,
+    /// Where an f32 scale of the weight sits in the same block (FP8 checkpoints store
+    /// `weight_scale` beside the weight): the weight's values are `stored × scale`.
+    pub scale: Option<u64>,
 }
 
 impl TensorSlot {
+    /// An unscaled tensor.
+    pub fn new(offset: u64, dtype: DType, rows: usize, cols: usize) -> Self {
+        Self {
+            offset,
+            dtype,
+            rows,
+            cols,
+            scale: None,
+        }
+    }
+
     pub fn elements(&self) -> usize {
         self.rows * self.cols
     }
@@ -69,11 +83,24 @@ impl<'a> BlockView<'a> {
                 slot.dtype, slot.rows, slot.cols, slot.offset, self.bytes
             )));
         }
+        let scale = match slot.scale {
+            Some(offset) if offset.checked_add(4).is_some_and(|end| end <= self.bytes) => {
+                Some(self.ptr.offset(offset))
+            }
+            Some(offset) => {
+                return Err(ComputeError::Shape(format!(
+                    "a weight scale at offset {offset} does not fit in a block of {} bytes",
+                    self.bytes
+                )))
+            }
+            None => None,
+        };
         Ok(Weight {
             ptr: self.ptr.offset(slot.offset),
             dtype: slot.dtype,
             rows: slot.rows,
             cols: slot.cols,
+            scale,
             held: PhantomData,
         })
     }
@@ -86,10 +113,17 @@ pub struct Weight<'a> {
     dtype: DType,
     rows: usize,
     cols: usize,
+    /// Where its f32 scale is, for scaled (FP8) weights.
+    scale: Option<DevicePtr>,
     held: PhantomData<&'a [u8]>,
 }
 
 impl Weight<'_> {
+    /// The device address of the weight's f32 scale, if it has one.
+    pub fn scale(&self) -> Option<DevicePtr> {
+        self.scale
+    }
+
     pub fn ptr(&self) -> DevicePtr {
         self.ptr
     }

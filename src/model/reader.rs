@@ -100,6 +100,17 @@ impl<'a> BlockReader<'a> {
         Ok(())
     }
 
+    /// Tells the kernel the page cache may drop `extents`: a read for a reference or a
+    /// checksum is one-off, and must not leave behind the pages a run's pinned blocks
+    /// freed. Advice only: a failure changes nothing that matters.
+    pub fn forget(&self, extents: &[Extent]) {
+        for extent in extents {
+            if let Some(file) = self.files.get(extent.file.0 as usize) {
+                let _ = crate::storage::advise_dont_need(file, extent.offset, extent.length);
+            }
+        }
+    }
+
     /// Block `block`'s bytes in a new buffer.
     pub fn read(&self, block: usize) -> Result<Vec<u8>, BlockReadError> {
         let length = self.index.blocks[block].bytes;

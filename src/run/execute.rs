@@ -10,8 +10,7 @@ use crate::compute::Compute;
 use crate::device::{CpuCompute, CpuDevice};
 use crate::model::BlockReader;
 use crate::workload::bound::{measure_rates, StepBound};
-use crate::workload::driver::{drive_traced, DriverOptions, Model, References};
-use crate::workload::moe::MoeRun;
+use crate::workload::driver::{drive_traced, DriverOptions, Model};
 
 use super::{failed_run, open_model_storage, session_config, Outcome, Prepared, RunError, RunPlan};
 
@@ -27,13 +26,9 @@ pub fn execute(prepared: &Prepared, plan: RunPlan<'_>) -> Result<Outcome, RunErr
     execute_on(prepared, plan, device, &CpuCompute::new())
 }
 
-/// A run on the CUDA backend.
+/// A run on the CUDA backend (`super::cuda`).
 #[cfg(feature = "cuda")]
-pub fn execute_cuda(_prepared: &Prepared, _plan: RunPlan<'_>) -> Result<Outcome, RunError> {
-    Err(RunError::BadInput(
-        "--device cuda is being moved onto the compute port; use --device cpu".to_string(),
-    ))
-}
+pub use super::cuda::execute_cuda;
 
 /// Without the `cuda` feature there is no CUDA backend to run on.
 #[cfg(not(feature = "cuda"))]
@@ -56,10 +51,9 @@ pub fn execute_on<C: Compute>(
     let layout = workload.layout().clone();
     let storage = open_model_storage(&prepared.index, settings, plan.fail_after_reads)?;
     let config = session_config(settings, plan.budgets, plan.prefetch_depth, plan.policy);
-    let experts = match &workload.model {
-        Model::Moe(run) => Some(expert_config(run, &config)?),
-        _ => None,
-    };
+    let experts = ExpertNeeds::of(&workload.model)
+        .map(|needs| expert_config(&needs, &config))
+        .transpose()?;
     // `--trace FILE`: transfers from the actors' observer calls, compute from the driver.
     let trace = settings.trace.as_ref().map(|_| {
         Arc::new(crate::sim::TraceObserver::new(
@@ -77,10 +71,6 @@ pub fn execute_on<C: Compute>(
     };
     let files =
         BlockReader::open(&prepared.index).map_err(|error| RunError::Failed(error.to_string()))?;
-    let mut references = References::new(&files);
-    references
-        .prime(compute, workload, 0)
-        .map_err(|error| RunError::Failed(format!("the fully-resident reference: {error}")))?;
     let session = Session::start_with_experts(
         config,
         experts,
@@ -95,12 +85,13 @@ pub fn execute_on<C: Compute>(
         session,
         compute,
         workload,
-        &mut references,
+        &files,
         DriverOptions {
             steps: plan.steps,
             stop: plan.stop,
             on_step: plan.on_step,
             keep_outputs: plan.keep_outputs,
+            on_token: plan.on_token,
         },
         trace.as_deref(),
     )
@@ -143,6 +134,7 @@ pub fn execute_on<C: Compute>(
 fn host_bytes(prepared: &Prepared) -> u64 {
     match &prepared.workload.model {
         Model::Encoder(encoder) => encoder.host_table_bytes(),
+        Model::Decoder(decoder) => decoder.host_table_bytes(),
         _ => 0,
     }
 }
@@ -155,24 +147,73 @@ pub fn peak_rss_bytes() -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// What an expert cache is sized from.
+struct ExpertNeeds {
+    /// Dense blocks of the step order (every token uses them) and their largest size.
+    dense_blocks: u64,
+    dense_block_bytes: u64,
+    expert_bytes: u64,
+    experts: u64,
+    top_k: u64,
+    slots: Option<u32>,
+    policy: stagehand_actors::ExpertPolicy,
+}
+
+impl ExpertNeeds {
+    fn of(model: &Model) -> Option<Self> {
+        match model {
+            Model::Moe(run) => {
+                let spec = run.model.spec;
+                Some(Self {
+                    dense_blocks: u64::from(spec.layers),
+                    dense_block_bytes: run.model.dense_bytes(),
+                    expert_bytes: spec.expert_bytes(),
+                    experts: u64::from(spec.layers * spec.experts),
+                    top_k: u64::from(spec.top_k),
+                    slots: run.slots,
+                    policy: run.policy,
+                })
+            }
+            Model::Decoder(decoder) => {
+                let experts = decoder.config.experts?;
+                let layout = crate::workload::family::Family::layout(&**decoder);
+                let dense = decoder.config.layers as u64 + 1;
+                let largest = (0..dense as u32)
+                    .filter_map(|block| layout.block(BlockId(block)))
+                    .map(|block| block.bytes)
+                    .max()
+                    .unwrap_or(0);
+                Some(Self {
+                    dense_blocks: dense,
+                    dense_block_bytes: largest,
+                    expert_bytes: decoder.expert_bytes()?,
+                    experts: (decoder.config.layers * experts.count) as u64,
+                    top_k: experts.top_k as u64,
+                    slots: decoder.expert_slots,
+                    policy: decoder.expert_policy,
+                })
+            }
+            _ => None,
+        }
+    }
+}
+
 /// The expert cache of an MoE run: the dense blocks (used by every token) stay
 /// resident if they fit beside at least `2 × top_k` expert slots; the rest of the
 /// budget is expert slots.
-fn expert_config(run: &MoeRun, config: &SessionConfig) -> Result<ExpertConfig, RunError> {
+fn expert_config(needs: &ExpertNeeds, config: &SessionConfig) -> Result<ExpertConfig, RunError> {
     let align = |bytes: u64| bytes.div_ceil(256) * 256;
-    let spec = run.model.spec;
-    let expert_bytes = align(spec.expert_bytes());
-    let dense_bytes = align(run.model.dense_bytes());
+    let expert_bytes = align(needs.expert_bytes);
+    let dense_bytes = align(needs.dense_block_bytes);
     let budget = config.vram_budget_bytes;
-    let all_dense = dense_bytes * u64::from(spec.layers);
+    let all_dense = dense_bytes * needs.dense_blocks;
     let ring = dense_bytes * u64::from(config.prefetch_depth + 1);
-    let minimum = u64::from(2 * spec.top_k);
-    let total_experts = u64::from(spec.layers * spec.experts);
+    let minimum = 2 * needs.top_k;
     let room = |reserved: u64| budget.saturating_sub(reserved) / expert_bytes;
-    let slots = match run.slots {
+    let slots = match needs.slots {
         Some(slots) => u64::from(slots),
-        None if room(all_dense) >= minimum => room(all_dense).min(total_experts),
-        None => room(ring).min(total_experts),
+        None if room(all_dense) >= minimum => room(all_dense).min(needs.experts),
+        None => room(ring).min(needs.experts),
     };
     if slots < minimum || slots * expert_bytes + ring > budget {
         return Err(RunError::BadInput(format!(
@@ -188,6 +229,6 @@ fn expert_config(run: &MoeRun, config: &SessionConfig) -> Result<ExpertConfig, R
     Ok(ExpertConfig {
         slots: slots as u32,
         slot_bytes: expert_bytes,
-        policy: run.policy,
+        policy: needs.policy,
     })
 }

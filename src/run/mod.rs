@@ -1,6 +1,8 @@
 //! Wires settings, a model, the adapters and a workload into a run: what `stagehand
 //! run` and `stagehand bench` share.
 
+#[cfg(feature = "cuda")]
+mod cuda;
 mod execute;
 pub mod memory;
 mod prepare;
@@ -26,10 +28,12 @@ use crate::workload::moe::HintMode;
 use crate::workload::moe_model::MoeSpec;
 use crate::workload::WorkloadError;
 
+#[cfg(feature = "cuda")]
+pub use cuda::{execute_cuda_with, CudaOutcome, CudaRunOptions, VramFigures};
 pub use execute::{execute, execute_cuda, execute_on, peak_rss_bytes};
 pub use prepare::{
-    parse_token_ids, prepare, prepare_with, texts_from_file, EncoderInput, Prepared,
-    BUILT_IN_SENTENCES, SUPPORTED_FAMILIES,
+    parse_token_ids, prepare, prepare_with, texts_from_file, DecoderInput, EncoderInput, Prepared,
+    PromptInput, BUILT_IN_PROMPT, BUILT_IN_SENTENCES, SUPPORTED_FAMILIES,
 };
 
 /// Fraction of the model the CPU backend's VRAM budget defaults to, so the demo streams.
@@ -47,6 +51,8 @@ pub enum WorkloadKind {
     StreamVerify,
     /// A BERT-family encoder from a Hugging Face folder.
     Encoder,
+    /// A Llama-family decoder (llama, mistral, qwen2, mixtral) from a Hugging Face folder.
+    Decoder,
     /// The generated mixture-of-experts model: experts acquired as routed, through an
     /// expert cache with speculative prefetch.
     Moe,
@@ -59,6 +65,8 @@ pub struct Extras {
     pub moe: MoeOptions,
     /// What an encoder embeds; `None`: the built-in sentences.
     pub encoder: Option<EncoderInput>,
+    /// What a decoder generates from; `None`: the built-in prompt, greedy.
+    pub decoder: Option<DecoderInput>,
     pub embeddings: EmbeddingPlacement,
 }
 
@@ -230,6 +238,8 @@ pub struct RunPlan<'a> {
     pub fail_after_reads: Option<u64>,
     /// Keep each step's output in the report (`embed` prints them).
     pub keep_outputs: bool,
+    /// Called with each token a decoder picks, as it is picked (`generate`).
+    pub on_token: Option<Box<dyn FnMut(u32) + Send>>,
 }
 
 /// What a run produced: its report, the rates and the bound.

@@ -8,6 +8,7 @@ use crate::lora::LoraSpec;
 use crate::model::demo::DemoSpec;
 use crate::model::{ModelFolder, ModelIndex};
 use crate::settings::Settings;
+use crate::workload::decoder::{Decoder, DecoderConfig, ExpertHint, Sampling, DECODER_FAMILIES};
 use crate::workload::driver::{LoraPhase, Model, Workload};
 use crate::workload::encoder::{self, EmbeddingPlacement, Encoder, Tokens};
 use crate::workload::linear_stack::LinearStack;
@@ -19,7 +20,25 @@ use crate::workload::stream_verify::StreamVerify;
 use super::{Extras, RunError, WorkloadKind};
 
 /// The model families stagehand computes, by `config.json` `model_type`.
-pub const SUPPORTED_FAMILIES: &[&str] = &["bert"];
+pub const SUPPORTED_FAMILIES: &[&str] = &["bert", "llama", "mistral", "qwen2", "mixtral"];
+
+/// The prompt `stagehand run` gives a decoder when none is given.
+pub const BUILT_IN_PROMPT: &str = "The quick brown fox jumps over the lazy dog. Then it";
+
+/// What a decoder run generates from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DecoderInput {
+    pub prompt: PromptInput,
+    pub sampling: Sampling,
+    pub hint: ExpertHint,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum PromptInput {
+    Text(String),
+    /// Token ids given directly (`--token-ids`), for folders without `tokenizer.json`.
+    TokenIds(Vec<u32>),
+}
 
 /// Sentences `stagehand run` embeds with an encoder when no text is given: the two
 /// of the sentence-transformers similarity example first.
@@ -59,6 +78,52 @@ impl Prepared {
         self.workload.layout().total_bytes()
     }
 
+    /// Device memory a run of `steps` steps reserves beside the weights: a decoder's KV
+    /// cache for its prompt and tokens, in whole pages.
+    pub fn activation_bytes(&self, steps: u64) -> u64 {
+        match &self.workload.model {
+            Model::Decoder(decoder) => {
+                let tokens = decoder.prompt.len() as u64 + steps;
+                let page = crate::workload::decoder::KV_PAGE_TOKENS as u64;
+                tokens.div_ceil(page) * page * decoder.kv_bytes_per_token()
+            }
+            _ => 0,
+        }
+    }
+
+    /// The least VRAM budget the plan accepts at prefetch depth `depth` (a ring of
+    /// `depth + 1` slots of the largest streamed block, plus an expert cache of 2 ×
+    /// top-k slots for MoE models), and the budget that holds every block.
+    pub fn plan_minimum_bytes(&self, depth: u32) -> (u64, u64) {
+        let align = |bytes: u64| bytes.div_ceil(256) * 256;
+        let layout = self.workload.layout();
+        let order = self.workload.order();
+        let in_order = |index: usize| order.contains(&stagehand_actors::BlockId(index as u32));
+        let dense: Vec<u64> = layout
+            .blocks
+            .iter()
+            .enumerate()
+            .filter(|(index, _)| in_order(*index))
+            .map(|(_, block)| align(block.bytes))
+            .collect();
+        let largest_dense = dense.iter().copied().max().unwrap_or(0);
+        let experts: Vec<u64> = layout
+            .blocks
+            .iter()
+            .enumerate()
+            .filter(|(index, _)| !in_order(*index))
+            .map(|(_, block)| align(block.bytes))
+            .collect();
+        let expert_floor = match &self.workload.model {
+            Model::Moe(run) => 2 * u64::from(run.model.spec.top_k),
+            Model::Decoder(decoder) => decoder.config.experts.map_or(0, |e| 2 * e.top_k as u64),
+            _ => 0,
+        } * experts.iter().copied().max().unwrap_or(0);
+        let total: u64 = dense.iter().sum::<u64>() + experts.iter().sum::<u64>();
+        let minimum = (largest_dense * u64::from(depth + 1)).min(dense.iter().sum()) + expert_floor;
+        (minimum.min(total), total)
+    }
+
     /// A one-line name of what runs, for summaries.
     pub fn describe(&self) -> &'static str {
         match &self.workload.model {
@@ -66,6 +131,8 @@ impl Prepared {
             Model::Moe(_) => "moe",
             Model::StreamVerify(_) => "stream-verify",
             Model::Encoder(_) => "bert encoder",
+            Model::Decoder(decoder) if decoder.config.experts.is_some() => "mixtral decoder",
+            Model::Decoder(_) => "llama decoder",
         }
     }
 }
@@ -158,6 +225,19 @@ pub fn prepare_with(
             })?;
             (Model::Encoder(Box::new(encoder)), lora)
         }
+        WorkloadKind::Decoder => {
+            let Some(folder) = folder.as_ref() else {
+                return Err(RunError::BadInput(format!(
+                    "{}: a decoder needs its Hugging Face folder (config.json beside the weights)",
+                    model.display()
+                )));
+            };
+            let decoder = open_decoder(folder, &index, extras)?;
+            let lora = lora_phase(&index, &extras.loras, decoder.layout_len(), &|tensor| {
+                decoder.place(tensor)
+            })?;
+            (Model::Decoder(Box::new(decoder)), lora)
+        }
         WorkloadKind::StreamVerify | WorkloadKind::Auto => (
             Model::StreamVerify(
                 StreamVerify::new(&index).map_err(|error| RunError::Failed(error.to_string()))?,
@@ -180,7 +260,8 @@ fn resolve_kind(
     index: &ModelIndex,
     folder: Option<&ModelFolder>,
 ) -> Result<WorkloadKind, RunError> {
-    if kind != WorkloadKind::Auto && kind != WorkloadKind::Encoder {
+    let family_kind = matches!(kind, WorkloadKind::Encoder | WorkloadKind::Decoder);
+    if kind != WorkloadKind::Auto && !family_kind {
         return Ok(kind);
     }
     if kind == WorkloadKind::Auto && MoeSpec::from_metadata(&index.metadata).is_some() {
@@ -190,20 +271,31 @@ fn resolve_kind(
         return Ok(WorkloadKind::LinearStack);
     }
     let Some(folder) = folder else {
-        if kind == WorkloadKind::Encoder {
+        if family_kind {
             return Err(RunError::BadInput(format!(
-                "{}: no config.json beside the weights, so this is a bare checkpoint; an encoder needs its Hugging Face folder (config.json, weights, tokenizer.json)",
+                "{}: no config.json beside the weights, so this is a bare checkpoint; a model family needs its Hugging Face folder (config.json, weights, tokenizer.json)",
                 index.path.display()
             )));
         }
         return Ok(WorkloadKind::StreamVerify);
     };
-    match folder.model_type().as_deref() {
-        Some("bert") => Ok(WorkloadKind::Encoder),
-        other => Err(RunError::BadInput(format!(
+    let found = match folder.model_type().as_deref() {
+        Some("bert") => Some(WorkloadKind::Encoder),
+        Some(kind) if DECODER_FAMILIES.contains(&kind) => Some(WorkloadKind::Decoder),
+        _ => None,
+    };
+    match found {
+        Some(found) if kind == WorkloadKind::Auto || kind == found => Ok(found),
+        Some(found) => Err(RunError::BadInput(format!(
+            "{}: this is {} model, not {}; use the command for its family (`embed` for encoders, `generate` for decoders)",
+            folder.config_path().display(),
+            if found == WorkloadKind::Encoder { "an encoder" } else { "a decoder" },
+            if kind == WorkloadKind::Encoder { "an encoder" } else { "a decoder" }
+        ))),
+        None => Err(RunError::BadInput(format!(
             "{}: model_type {} is not a family stagehand computes yet (supported: {}); pass --workload stream-verify to stream and check its bytes without computing",
             folder.config_path().display(),
-            other.map_or("(none)".to_string(), |kind| format!("\"{kind}\"")),
+            folder.model_type().map_or("(none)".to_string(), |kind| format!("\"{kind}\"")),
             SUPPORTED_FAMILIES.join(", ")
         ))),
     }
@@ -258,6 +350,59 @@ fn open_encoder(
     let encoder = Encoder::new(index, config, folder.sentence, &tokens, batch, embeddings)
         .map_err(|error| bad(&error))?;
     Ok((encoder, truncated))
+}
+
+/// The decoder over a folder, for the prompt in `extras` (or the built-in prompt).
+fn open_decoder(
+    folder: &ModelFolder,
+    index: &ModelIndex,
+    extras: &Extras,
+) -> Result<Decoder, RunError> {
+    let bad = |error: &dyn std::fmt::Display| RunError::BadInput(error.to_string());
+    let model_type = folder.model_type().unwrap_or_default();
+    let config = DecoderConfig::from_json(&folder.config_path(), &model_type, &folder.config)
+        .map_err(|error| bad(&error))?;
+    let input = extras.decoder.clone().unwrap_or(DecoderInput {
+        prompt: PromptInput::Text(BUILT_IN_PROMPT.to_string()),
+        sampling: Sampling::default(),
+        hint: ExpertHint::NextLayer,
+    });
+    let prompt = match &input.prompt {
+        PromptInput::TokenIds(ids) => ids.clone(),
+        PromptInput::Text(text) => {
+            let Some(tokenizer) = &folder.tokenizer else {
+                return Err(RunError::BadInput(format!(
+                    "{}: no tokenizer.json in the folder; add it, or give the prompt as --token-ids 1,2,3",
+                    folder.dir.display()
+                )));
+            };
+            encode_prompt(tokenizer, text).map_err(|error| bad(&error))?
+        }
+    };
+    let mut decoder =
+        Decoder::new(index, config, prompt, input.sampling).map_err(|error| bad(&error))?;
+    decoder.hint = input.hint;
+    decoder.expert_policy = extras.moe.policy;
+    decoder.expert_slots = extras.moe.slots;
+    Ok(decoder)
+}
+
+/// A prompt's token ids, as the folder's tokenizer makes them (special tokens such as
+/// a beginning-of-text marker included, as the file configures).
+fn encode_prompt(path: &Path, text: &str) -> Result<Vec<u32>, String> {
+    let tokenizer = tokenizers::Tokenizer::from_file(path).map_err(|error| {
+        format!(
+            "{}: is not a tokenizer Hugging Face's tokenizers can read ({error})",
+            path.display()
+        )
+    })?;
+    let encoding = tokenizer.encode(text, true).map_err(|error| {
+        format!(
+            "{}: could not tokenize the prompt ({error})",
+            path.display()
+        )
+    })?;
+    Ok(encoding.get_ids().to_vec())
 }
 
 /// One LoRA phase from step 0 with `specs` placed by `place`, or none.

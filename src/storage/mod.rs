@@ -27,7 +27,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 pub use direct::DirectStorage;
-pub use page_cache::{cached_bytes, drop_page_cache};
+pub use page_cache::{advise_dont_need, cached_bytes, drop_page_cache};
 pub use pread::PreadStorage;
 pub use read_plan::slice_extents;
 pub use stagehand_actors::{Storage, StorageError};

@@ -24,7 +24,9 @@ pub fn drop_page_cache(path: &Path, offset: u64, len: u64) -> Result<(), Storage
         .map_err(|error| io_error("posix_fadvise(DONTNEED) failed", error))
 }
 
-pub(crate) fn advise_dont_need(file: &File, offset: u64, len: u64) -> io::Result<()> {
+/// `posix_fadvise(DONTNEED)` on a range of an open file: the kernel may drop those
+/// pages from the page cache.
+pub fn advise_dont_need(file: &File, offset: u64, len: u64) -> io::Result<()> {
     let offset = libc::off_t::try_from(offset).map_err(|_| io::ErrorKind::InvalidInput)?;
     let len = libc::off_t::try_from(len).map_err(|_| io::ErrorKind::InvalidInput)?;
     // SAFETY: plain syscall on a descriptor we own; no memory is passed.

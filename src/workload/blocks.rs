@@ -109,6 +109,11 @@ pub trait Blocks<C: Compute> {
     fn hint(&mut self, _blocks: &[BlockId]) {}
     /// The LoRA set attached now, whose low-rank patches a family applies.
     fn lora(&self) -> Option<&LoraSet>;
+    /// Reserves device memory for activations (a growing KV cache): resident weights
+    /// give way when the budget is full. Returns the blocks that gave way.
+    fn reserve_activations(&mut self, _bytes: u64) -> Result<Vec<BlockId>, WorkloadError> {
+        Ok(Vec::new())
+    }
 }
 
 /// Blocks streamed through a session, with the compute thread's bookkeeping: holds
@@ -364,6 +369,10 @@ impl<C: Compute> Blocks<C> for Streamed<'_, C> {
         self.session.hint(blocks);
     }
 
+    fn reserve_activations(&mut self, bytes: u64) -> Result<Vec<BlockId>, WorkloadError> {
+        Ok(self.session.reserve_activations(bytes)?)
+    }
+
     fn lora(&self) -> Option<&LoraSet> {
         self.lora.as_ref().map(|lora| lora.set)
     }
@@ -401,6 +410,7 @@ impl<'a, C: Compute> FromFiles<'a, C> {
             .ok_or_else(|| WorkloadError::Model(format!("{block} is not a block of this model")))?;
         let mut bytes = vec![0u8; layout.bytes as usize];
         self.reader.read_extents(&layout.extents, &mut bytes)?;
+        self.reader.forget(&layout.extents);
         let memory = compute.load_block(&bytes)?;
         if let Some(set) = self.lora {
             let packs: Vec<Option<C::Block>> = (0..set.adapters().len())

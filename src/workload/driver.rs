@@ -1,32 +1,26 @@
 //! The one run loop: steps of any model family over a session on any device, each
 //! checked against the same family's fully-resident reference on the same device.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use stagehand_actors::{BlockId, ModelLayout, Session, SessionError, StatsSnapshot};
 
-use super::blocks::{FromFiles, Streamed};
+use super::blocks::Streamed;
+use super::decoder::Decoder;
 use super::encoder::Encoder;
-use super::family::{Family, StepOutput};
+use super::family::Family;
 use super::linear_stack::{first_difference, first_difference_within, LinearStack};
 use super::lora_set::{LoraSet, LORA_TOLERANCE};
 use super::moe::MoeRun;
+use super::reference::Reference;
 use super::stream_verify::StreamVerify;
 use super::WorkloadError;
 use crate::compute::Compute;
 use crate::model::BlockReader;
 
 pub use super::report::{median, RunReport};
-
-/// Step times a report keeps: the first step and the latest ones.
-pub const REPORT_STEP_HISTORY: usize = 4096;
-
-/// Reference outputs a run keeps (see [`References`]): every input of an encoder run
-/// of up to this many texts stays computed once.
-pub const REFERENCES_KEPT: usize = 256;
 
 /// The model a run computes.
 pub enum Model {
@@ -38,6 +32,8 @@ pub enum Model {
     StreamVerify(StreamVerify),
     /// A BERT-family encoder from a Hugging Face folder.
     Encoder(Box<Encoder>),
+    /// A Llama-family decoder (or Mixtral) from a Hugging Face folder.
+    Decoder(Box<Decoder>),
 }
 
 /// What each step computes, and the LoRA sets it applies.
@@ -61,6 +57,10 @@ macro_rules! with_family {
             Model::Moe($family) => $body,
             Model::StreamVerify($family) => $body,
             Model::Encoder($family) => {
+                let $family = &**$family;
+                $body
+            }
+            Model::Decoder($family) => {
                 let $family = &**$family;
                 $body
             }
@@ -91,9 +91,14 @@ impl Workload {
         step: u64,
     ) -> Result<Vec<f32>, WorkloadError> {
         let files = BlockReader::open(index)?;
-        let mut references = References::new(&files);
         with_family!(&self.model, family => {
-            references.expected(compute, family, self, step).cloned()
+            let mut reference = Reference::new(family, self, &files);
+            let mut output = Vec::new();
+            let first = if family.reference_is_sequential() { 0 } else { step };
+            for replayed in first..=step {
+                output = reference.expected(compute, replayed)?.to_vec();
+            }
+            Ok(output)
         })
     }
 
@@ -107,7 +112,7 @@ impl Workload {
     }
 
     /// The LoRA phase step `step` belongs to.
-    fn phase_at(&self, step: u64) -> Option<usize> {
+    pub(super) fn phase_at(&self, step: u64) -> Option<usize> {
         self.lora.iter().rposition(|phase| phase.from_step <= step)
     }
 }
@@ -120,6 +125,8 @@ pub struct DriverOptions {
     pub on_step: Box<dyn FnMut(u64, f64) + Send>,
     /// Keep each reference key's last output in the report (`embed` prints them).
     pub keep_outputs: bool,
+    /// Called with each token a decoder picks, as it is picked (`generate`).
+    pub on_token: Option<Box<dyn FnMut(u32) + Send>>,
 }
 
 impl DriverOptions {
@@ -129,92 +136,37 @@ impl DriverOptions {
             stop: Arc::new(AtomicBool::new(false)),
             on_step: Box::new(|_, _| {}),
             keep_outputs: false,
+            on_token: None,
         }
     }
 }
 
-/// The fully-resident reference outputs of a run, by (reference key, LoRA phase),
-/// computed by the family itself over blocks read straight from the files. At most
-/// [`REFERENCES_KEPT`] are kept, the oldest dropped first: a family whose every step
-/// has its own key (MoE: one per token) would otherwise grow without end in a run of
-/// `--steps 0` (the soak found 60 KiB a token).
-pub struct References<'a, C: Compute> {
-    files: &'a BlockReader<'a>,
-    outputs: HashMap<(u64, Option<usize>), Vec<f32>>,
-    /// Keys in `outputs`, oldest first.
-    kept: std::collections::VecDeque<(u64, Option<usize>)>,
-    /// Blocks kept loaded between references of the same phase (MoE).
-    source: Option<(Option<usize>, FromFiles<'a, C>)>,
+/// The output of a step, kept until the run is verified after its last step (so the
+/// reference pass never competes with the measured steps): whole when small or when
+/// it is checked within a tolerance, else as a hash of its bits.
+enum Recorded {
+    Whole(Vec<f32>),
+    Hash { hash: u64, length: usize },
 }
 
-impl<'a, C: Compute> References<'a, C> {
-    pub fn new(files: &'a BlockReader<'a>) -> Self {
-        Self {
-            files,
-            outputs: HashMap::new(),
-            kept: std::collections::VecDeque::new(),
-            source: None,
-        }
-    }
+/// Outputs up to this many values are kept whole for the final check.
+const WHOLE_OUTPUT_VALUES: usize = 1 << 16;
 
-    /// Reference outputs kept now (at most [`REFERENCES_KEPT`]).
-    pub fn len(&self) -> usize {
-        self.outputs.len()
-    }
+/// Step times a report keeps: the first step and the latest ones.
+pub const REPORT_STEP_HISTORY: usize = 4096;
 
-    pub fn is_empty(&self) -> bool {
-        self.outputs.is_empty()
-    }
+/// Steps, and bytes of outputs, recorded for the check after the last step at most;
+/// a run with more steps (`--steps` is the user's) checks the rest as it goes, so its
+/// memory does not grow with its length.
+const RECORDED_STEPS: usize = 100_000;
+const RECORDED_BYTES: usize = 256 << 20;
 
-    /// Computes the reference of step `step` now — before a session starts, so the
-    /// reference pass does not compete with the run.
-    pub fn prime(
-        &mut self,
-        compute: &C,
-        workload: &'a Workload,
-        step: u64,
-    ) -> Result<(), WorkloadError> {
-        with_family!(&workload.model, family => {
-            self.expected(compute, family, workload, step).map(|_| ())
-        })
-    }
-
-    fn expected<F: Family>(
-        &mut self,
-        compute: &C,
-        family: &'a F,
-        workload: &'a Workload,
-        step: u64,
-    ) -> Result<&Vec<f32>, WorkloadError> {
-        let phase = workload.phase_at(step);
-        let key = (family.reference_key(step), phase);
-        if !self.outputs.contains_key(&key) {
-            let reusable = matches!(&self.source, Some((kept, _)) if *kept == phase);
-            if !reusable {
-                let lora = phase.map(|phase| &workload.lora[phase].set);
-                let source = FromFiles::new(
-                    self.files,
-                    family.layout(),
-                    lora,
-                    family.reference_keeps_blocks(),
-                );
-                self.source = Some((phase, source));
-            }
-            let Some((_, source)) = self.source.as_mut() else {
-                unreachable!("the source was set just above");
-            };
-            let mut state = family.start(compute)?;
-            let output = family.step(compute, &mut state, source, step)?.output;
-            if self.kept.len() == REFERENCES_KEPT {
-                if let Some(oldest) = self.kept.pop_front() {
-                    self.outputs.remove(&oldest);
-                }
-            }
-            self.outputs.insert(key, output.unwrap_or_default());
-            self.kept.push_back(key);
-        }
-        Ok(&self.outputs[&key])
-    }
+fn bits_hash(values: &[f32]) -> u64 {
+    let bytes: Vec<u8> = values
+        .iter()
+        .flat_map(|value| value.to_bits().to_le_bytes())
+        .collect();
+    crate::compute::checksum::checksum(&bytes)
 }
 
 /// [`drive`] on the CPU backend (`session` must run on a `CpuDevice`), with the
@@ -232,49 +184,73 @@ pub fn drive_cpu(
             return Err(Box::new((error.into(), stats)));
         }
     };
-    let compute = crate::device::CpuCompute::new();
-    let mut references = References::new(&files);
-    drive(session, &compute, workload, &mut references, options)
+    drive(
+        session,
+        &crate::device::CpuCompute::new(),
+        workload,
+        &files,
+        options,
+    )
 }
 
-/// Runs the steps. On any failure the session is still shut down — every budget is
-/// released — before the error is returned.
-pub fn drive<'a, C: Compute>(
+/// Runs the steps, then checks every step against the fully-resident reference (a
+/// run without a step count, stopped by the user, checks each step as it goes). On
+/// any failure the session is still shut down — every budget is released — before
+/// the error is returned.
+pub fn drive<C: Compute>(
     session: Session,
     compute: &C,
-    workload: &'a Workload,
-    references: &mut References<'a, C>,
+    workload: &Workload,
+    files: &BlockReader<'_>,
     options: DriverOptions,
 ) -> Result<RunReport, Box<(WorkloadError, StatsSnapshot)>> {
-    drive_traced(session, compute, workload, references, options, None)
+    drive_traced(session, compute, workload, files, options, None)
 }
 
 /// As [`drive`], recording each block's compute into `trace` (`--trace`).
-pub fn drive_traced<'a, C: Compute>(
+pub fn drive_traced<C: Compute>(
+    session: Session,
+    compute: &C,
+    workload: &Workload,
+    files: &BlockReader<'_>,
+    options: DriverOptions,
+    trace: Option<&crate::sim::TraceObserver>,
+) -> Result<RunReport, Box<(WorkloadError, StatsSnapshot)>> {
+    with_family!(&workload.model, family => {
+        drive_family(family, session, compute, workload, files, options, trace)
+    })
+}
+
+fn drive_family<C: Compute, F: Family>(
+    family: &F,
     mut session: Session,
     compute: &C,
-    workload: &'a Workload,
-    references: &mut References<'a, C>,
+    workload: &Workload,
+    files: &BlockReader<'_>,
     mut options: DriverOptions,
     trace: Option<&crate::sim::TraceObserver>,
 ) -> Result<RunReport, Box<(WorkloadError, StatsSnapshot)>> {
     // A stop request also ends any wait inside a step (a miss, an attach).
     session.stop_on(Arc::clone(&options.stop));
     let mut report = RunReport::new(session.plan().clone());
-    let outcome = with_family!(&workload.model, family => run_steps(
+    let mut reference = Reference::new(family, workload, files);
+    let recorded = run_steps(
         family,
         &mut session,
         compute,
         workload,
-        references,
+        &mut reference,
         &mut options,
         trace,
         &mut report,
-    ));
-    if outcome.is_ok() {
+    );
+    if recorded.is_ok() {
         report.lora = session.lora_usage().unwrap_or_default();
     }
+    // The session's memory goes back before the reference pass needs its own.
     let stats = session.finish();
+    let outcome =
+        recorded.and_then(|recorded| verify(compute, &mut reference, recorded, &mut report));
     match outcome {
         Ok(()) => {
             report.stats = stats;
@@ -290,13 +266,16 @@ fn run_steps<'a, C: Compute, F: Family>(
     session: &mut Session,
     compute: &C,
     workload: &'a Workload,
-    references: &mut References<'a, C>,
+    reference: &mut Reference<'a, C, F>,
     options: &mut DriverOptions,
     trace: Option<&crate::sim::TraceObserver>,
     report: &mut RunReport,
-) -> Result<(), WorkloadError> {
+) -> Result<Vec<(u64, Recorded, bool)>, WorkloadError> {
     let mut state = family.start(compute)?;
     let mut blocks = Streamed::new(session, compute, trace)?;
+    let mut inline = options.steps == 0;
+    let mut recorded = Vec::new();
+    let mut recorded_bytes = 0usize;
     let mut phase_now = None;
     let mut step = 0u64;
     while options.steps == 0 || step < options.steps {
@@ -326,11 +305,6 @@ fn run_steps<'a, C: Compute, F: Family>(
         blocks.drain(compute)?;
         let step_seconds = started.elapsed().as_secs_f64();
         let low_rank = blocks.low_rank_used;
-        let compute_seconds = blocks.compute_seconds;
-        blocks.session().step_done();
-        check(
-            compute, family, workload, references, step, &output, low_rank,
-        )?;
         if report.step_seconds.len() == REPORT_STEP_HISTORY {
             // Bounded for runs that never end (`--steps 0`): the cold first step stays,
             // the oldest steady one goes.
@@ -338,43 +312,91 @@ fn run_steps<'a, C: Compute, F: Family>(
             report.compute_seconds.remove(1);
         }
         report.step_seconds.push(step_seconds);
-        report.compute_seconds.push(compute_seconds);
-        report.verified_steps += 1;
+        report.compute_seconds.push(blocks.compute_seconds);
+        blocks.session().step_done();
         report.tolerance_steps += u64::from(low_rank);
         report.expert_hits += output.expert_hits;
         report.expert_misses += output.expert_misses;
         report.expert_hints += output.expert_hints;
+        report.record_decoder_step(step, &output);
+        if let (Some(token), Some(on_token)) = (output.token, options.on_token.as_mut()) {
+            on_token(token);
+        }
         if step == 0 {
             report.after_first_step = blocks.session().stats();
         }
         (options.on_step)(step, step_seconds);
-        if options.keep_outputs {
-            if let Some(values) = output.output {
+        if let Some(values) = output.output {
+            // What is kept for the check after the last step is bounded too: past the
+            // bound, the remaining steps are checked as they go.
+            if recorded.len() >= RECORDED_STEPS || recorded_bytes >= RECORDED_BYTES {
+                inline = true;
+            }
+            if inline {
+                check(compute, reference, step, &values, low_rank)?;
+                report.verified_steps += 1;
+            } else {
+                let kept = if low_rank || values.len() <= WHOLE_OUTPUT_VALUES {
+                    Recorded::Whole(values.clone())
+                } else {
+                    Recorded::Hash {
+                        hash: bits_hash(&values),
+                        length: values.len(),
+                    }
+                };
+                recorded_bytes += match &kept {
+                    Recorded::Whole(values) => values.len() * 4,
+                    Recorded::Hash { .. } => 16,
+                };
+                recorded.push((step, kept, low_rank));
+            }
+            if options.keep_outputs {
                 report.outputs.insert(family.reference_key(step), values);
             }
+        } else {
+            // The step checked itself (stream-verify against the file's checksums).
+            report.verified_steps += 1;
         }
         step += 1;
     }
     report.steps = step;
+    Ok(recorded)
+}
+
+/// Checks each recorded step against the reference, in step order.
+fn verify<C: Compute, F: Family>(
+    compute: &C,
+    reference: &mut Reference<'_, C, F>,
+    recorded: Vec<(u64, Recorded, bool)>,
+    report: &mut RunReport,
+) -> Result<(), WorkloadError> {
+    for (step, kept, low_rank) in recorded {
+        match kept {
+            Recorded::Whole(values) => check(compute, reference, step, &values, low_rank)?,
+            Recorded::Hash { hash, length } => {
+                let expected = reference.expected(compute, step)?;
+                if expected.len() != length || bits_hash(expected) != hash {
+                    return Err(WorkloadError::Model(format!(
+                        "output mismatch at step {step}: its {length} values differ from the fully-resident reference's"
+                    )));
+                }
+            }
+        }
+        report.verified_steps += 1;
+    }
     Ok(())
 }
 
 /// Compares a step's output with the reference: bit for bit, or within the LoRA
 /// tolerance when a block took the low-rank path.
-#[allow(clippy::too_many_arguments)]
-fn check<'a, C: Compute, F: Family>(
+fn check<C: Compute, F: Family>(
     compute: &C,
-    family: &'a F,
-    workload: &'a Workload,
-    references: &mut References<'a, C>,
+    reference: &mut Reference<'_, C, F>,
     step: u64,
-    output: &StepOutput,
+    got: &[f32],
     low_rank: bool,
 ) -> Result<(), WorkloadError> {
-    let Some(got) = &output.output else {
-        return Ok(());
-    };
-    let expected = references.expected(compute, family, workload, step)?;
+    let expected = reference.expected(compute, step)?;
     let difference = if low_rank {
         first_difference_within(got, expected, LORA_TOLERANCE)
     } else {

@@ -20,6 +20,15 @@ pub struct StepOutput {
     pub expert_hits: u64,
     pub expert_misses: u64,
     pub expert_hints: u64,
+    /// Decoders: the token this step picked.
+    pub token: Option<u32>,
+    /// MoE decoders: per layer, the experts this step used, in router order.
+    pub routes: Vec<Vec<u32>>,
+    /// Decoders: bytes of KV cache after this step, bytes reserved for it in this step,
+    /// and the resident blocks that gave way to that reservation.
+    pub kv_bytes: u64,
+    pub kv_reserved_bytes: u64,
+    pub kv_evicted: Vec<stagehand_actors::BlockId>,
 }
 
 /// A model family's forward pass.
@@ -52,6 +61,13 @@ pub trait Family {
     fn reference_key(&self, step: u64) -> u64 {
         let _ = step;
         0
+    }
+
+    /// Whether the reference must replay the steps in order with one state (a
+    /// decoder's KV cache carries from token to token); otherwise each distinct
+    /// [`Family::reference_key`] is computed once from a fresh state.
+    fn reference_is_sequential(&self) -> bool {
+        false
     }
 
     /// Whether the reference keeps every block it read loaded (a family that uses

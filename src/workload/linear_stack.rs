@@ -73,6 +73,7 @@ impl LinearStack {
                     dtype: DType::F32,
                     rows: dim,
                     cols: dim,
+                    scale: None,
                 });
             }
             layers.push(slots);

@@ -169,12 +169,14 @@ impl LoraSet {
             dtype: DType::F32,
             rows: placed.rank,
             cols: placed.slot.cols,
+            scale: None,
         };
         let b = TensorSlot {
             offset: placed.pack_offset + a.bytes(),
             dtype: DType::F32,
             rows: placed.slot.rows,
             cols: placed.rank,
+            scale: None,
         };
         Patch {
             adapter,

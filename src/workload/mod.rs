@@ -11,14 +11,17 @@
 
 pub mod blocks;
 pub mod bound;
+pub mod decoder;
 pub mod driver;
 pub mod encoder;
 pub mod family;
+mod host_table;
 pub mod linear_stack;
 pub mod lora_set;
 pub mod moe;
 pub mod moe_model;
 pub mod placement;
+mod reference;
 mod report;
 pub mod stream_verify;
 

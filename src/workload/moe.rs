@@ -71,6 +71,7 @@ impl MoeRun {
             dtype: DType::F32,
             rows: self.dim(),
             cols: self.dim(),
+            scale: None,
         }
     }
 
@@ -108,6 +109,7 @@ impl MoeRun {
                 dtype: DType::F32,
                 rows: self.model.spec.experts as usize,
                 cols: self.dim(),
+                scale: None,
             };
             compute.linear(&state.x, &view.weight(&router)?, None, &mut state.logits)?;
             Ok::<_, WorkloadError>(compute.read(&state.logits)?)

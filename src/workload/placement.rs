@@ -16,6 +16,8 @@ pub struct PlacementBuilder<'i> {
     index: &'i ModelIndex,
     /// Per block: its name and the tensors it holds.
     blocks: Vec<(String, Vec<usize>)>,
+    /// (weight, its scale tensor): FP8 weights stored with a per-tensor scale.
+    scales: Vec<(usize, usize)>,
 }
 
 /// The finished layout, and where each placed tensor of the index is.
@@ -31,6 +33,7 @@ impl<'i> PlacementBuilder<'i> {
         Self {
             index,
             blocks: Vec::new(),
+            scales: Vec::new(),
         }
     }
 
@@ -79,6 +82,60 @@ impl<'i> PlacementBuilder<'i> {
         Ok(position)
     }
 
+    /// As [`PlacementBuilder::add`] for a weight `<stem>.weight`: an FP8 weight's
+    /// per-tensor scale (`<stem>.weight_scale`, or ComfyUI's `<stem>.scale_weight`; one
+    /// F32 value) travels in the same block. `scales_required`: the checkpoint scales
+    /// its FP8 weights, so one without a scale is an error.
+    pub fn add_weight(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+        scales_required: bool,
+    ) -> Result<usize, WorkloadError> {
+        let tensor = self.add(name, shape)?;
+        let info = &self.index.tensors[tensor];
+        if !info.dtype.starts_with("F8_") {
+            return Ok(tensor);
+        }
+        let stem = name.strip_suffix(".weight").unwrap_or(name);
+        let scale = [
+            format!("{stem}.weight_scale"),
+            format!("{stem}.scale_weight"),
+        ]
+        .into_iter()
+        .find_map(|candidate| {
+            self.index
+                .tensors
+                .iter()
+                .position(|tensor| tensor.name == candidate)
+        });
+        let Some(scale) = scale else {
+            if scales_required {
+                return Err(WorkloadError::Model(format!(
+                    "{}: FP8 tensor `{name}` has no scale (`{stem}.weight_scale`), while the checkpoint's other FP8 weights have one",
+                    self.index.path.display()
+                )));
+            }
+            return Ok(tensor);
+        };
+        let scale_info = &self.index.tensors[scale];
+        let values: usize = scale_info.shape.iter().product();
+        if scale_info.dtype != "F32" || values != 1 {
+            return Err(WorkloadError::Model(format!(
+                "{}: the scale `{}` of FP8 tensor `{name}` is {} {:?}; a per-tensor scale is one F32 value",
+                self.index.path.display(),
+                scale_info.name,
+                scale_info.dtype,
+                scale_info.shape
+            )));
+        }
+        if let Some((_, tensors)) = self.blocks.last_mut() {
+            tensors.push(scale);
+        }
+        self.scales.push((tensor, scale));
+        Ok(tensor)
+    }
+
     /// Lays each block's tensors out in file order (so neighbours in the file share
     /// one read) and records every tensor's slot.
     pub fn finish(self) -> Placement {
@@ -99,6 +156,7 @@ impl<'i> PlacementBuilder<'i> {
                     _ => (1, info.shape.iter().product()),
                 };
                 let dtype = DType::from_safetensors(&info.dtype).unwrap_or(DType::F32);
+                // Scales are f32 scalars read by their weights' casts.
                 slots.insert(
                     tensor,
                     (
@@ -108,6 +166,7 @@ impl<'i> PlacementBuilder<'i> {
                             dtype,
                             rows,
                             cols,
+                            scale: None,
                         },
                     ),
                 );
@@ -126,6 +185,12 @@ impl<'i> PlacementBuilder<'i> {
                 }
             }
             blocks.push(BlockLayout::new(name, extents));
+        }
+        for (weight, scale) in self.scales {
+            let offset = slots.get(&scale).map(|(_, slot)| slot.offset);
+            if let Some((_, slot)) = slots.get_mut(&weight) {
+                slot.scale = offset;
+            }
         }
         Placement {
             layout: ModelLayout { blocks },

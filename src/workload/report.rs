@@ -27,6 +27,14 @@ pub struct RunReport {
     pub expert_hints: u64,
     /// The last output of each reference key, when the run was asked to keep them.
     pub outputs: BTreeMap<u64, Vec<f32>>,
+    /// Decoders: the tokens picked, one per step.
+    pub tokens: Vec<u32>,
+    /// MoE decoders: per step, per layer, the experts used (what an oracle hint replays).
+    pub routes: Vec<Vec<Vec<u32>>>,
+    /// Decoders: the KV cache's bytes at the end, and each growth that made resident
+    /// weights give way: (step, bytes reserved, blocks that now stream).
+    pub kv_bytes: u64,
+    pub kv_growth: Vec<(u64, u64, Vec<stagehand_actors::BlockId>)>,
 }
 
 impl RunReport {
@@ -46,6 +54,25 @@ impl RunReport {
             expert_misses: 0,
             expert_hints: 0,
             outputs: BTreeMap::new(),
+            tokens: Vec::new(),
+            routes: Vec::new(),
+            kv_bytes: 0,
+            kv_growth: Vec::new(),
+        }
+    }
+
+    /// Keeps what a decoder step reports: its token, its routing, its KV growth.
+    pub fn record_decoder_step(&mut self, step: u64, output: &super::family::StepOutput) {
+        if let Some(token) = output.token {
+            self.tokens.push(token);
+        }
+        if !output.routes.is_empty() {
+            self.routes.push(output.routes.clone());
+        }
+        self.kv_bytes = self.kv_bytes.max(output.kv_bytes);
+        if output.kv_reserved_bytes > 0 {
+            self.kv_growth
+                .push((step, output.kv_reserved_bytes, output.kv_evicted.clone()));
         }
     }
 

@@ -100,7 +100,8 @@ impl LocalSession {
     }
 
     /// Reserves VRAM for activations, evicting weights if needed (activations win).
-    pub async fn reserve_activations(&mut self, bytes: u64) -> Result<(), SessionError> {
+    /// Returns the resident blocks that gave way: they stream from now on.
+    pub async fn reserve_activations(&mut self, bytes: u64) -> Result<Vec<BlockId>, SessionError> {
         let (reply, receiver) = flume::bounded(1);
         queue_when_room(&self.core.stream, ReserveActivations { bytes, reply }).await;
         receiver

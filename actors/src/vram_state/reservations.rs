@@ -9,19 +9,29 @@ use crate::plan::Bytes;
 use super::{ActivationError, Placement, VramState};
 
 impl VramState {
-    /// Activations always win: evicts resident blocks (furthest next use first) until
-    /// `bytes` more fit, and streams those blocks from now on.
-    pub fn reserve_activations(&mut self, bytes: u64) -> Result<u64, ActivationError> {
-        let mut evicted = 0;
-        while self.used_bytes() + bytes > self.budget_bytes {
-            if !self.evict_one_resident() {
-                return Err(self.do_not_fit(bytes, false));
+    /// Activations always win: evicts resident blocks until `bytes` more fit, and
+    /// streams those blocks from now on. The victims are the resident blocks of lowest
+    /// max-scatter priority, so what stays resident is the set the plan would choose
+    /// for the smaller budget (the plan re-balances). Returns the blocks that gave way.
+    pub fn reserve_activations(&mut self, bytes: u64) -> Result<Vec<BlockId>, ActivationError> {
+        let mut evicted = Vec::new();
+        // The ring and the expert area are committed whether or not their slots are
+        // filled right now: activations come out of the resident area.
+        while self.committed_bytes() + bytes > self.budget_bytes {
+            match self.evict_lowest_priority() {
+                Some(block) => evicted.push(block),
+                None => return Err(self.do_not_fit(bytes, false)),
             }
-            evicted += 1;
         }
         self.activation_bytes += bytes;
         self.record_peak();
         Ok(evicted)
+    }
+
+    /// Bytes the resident area holds plus the ring and expert areas whole, plus
+    /// activations: what a new activation reservation must fit beside.
+    fn committed_bytes(&self) -> u64 {
+        self.resident_area.used_bytes() + self.resident_base() + self.activation_bytes
     }
 
     pub fn release_activations(&mut self, bytes: u64) {
@@ -77,11 +87,21 @@ impl VramState {
         self.lora_bytes = 0;
     }
 
-    /// Evicts the unheld resident block needed furthest ahead and streams it from now
-    /// on. A block larger than a ring slot cannot stream: it stays. False if none.
-    fn evict_one_resident(&mut self) -> bool {
-        let victim = self
-            .placement
+    /// Evicts the evictable resident block of lowest max-scatter priority (its first
+    /// position in the order, bit-reversed) and streams it from now on.
+    fn evict_lowest_priority(&mut self) -> Option<BlockId> {
+        let victim = self.evictable_resident().min_by_key(|&block| {
+            self.order
+                .first_position(block)
+                .map_or(0, crate::plan::max_scatter_priority)
+        })?;
+        self.evict_resident(victim).then_some(victim)
+    }
+
+    /// Resident blocks that could give way now: placed, not loading, unheld, and small
+    /// enough to stream through a ring slot.
+    fn evictable_resident(&self) -> impl Iterator<Item = BlockId> + '_ {
+        self.placement
             .iter()
             .enumerate()
             .filter_map(|(index, placement)| match placement {
@@ -93,18 +113,29 @@ impl VramState {
                     && self.table.holders(block) == 0
                     && align_up(self.block_bytes[block.index()]) <= self.slot_bytes()
             })
-            .max_by_key(|&block| {
-                self.order
-                    .distance_to_next_use(self.cursor, block)
-                    .unwrap_or(usize::MAX)
-            });
-        let Some(block) = victim.filter(|&block| self.table.try_begin_evict(block)) else {
+    }
+
+    /// Evicts resident `block` and marks it streamed; false if it cannot be evicted.
+    fn evict_resident(&mut self, block: BlockId) -> bool {
+        if !self.table.try_begin_evict(block) {
             return false;
-        };
+        }
         self.unplace(block);
         self.table.finish_evict(block);
         self.plan.resident[block.index()] = false;
         true
+    }
+
+    /// Evicts the unheld resident block needed furthest ahead and streams it from now
+    /// on (LoRA regions: the block is back soonest where it hurts least). A block
+    /// larger than a ring slot cannot stream: it stays. False if none.
+    fn evict_one_resident(&mut self) -> bool {
+        let victim = self.evictable_resident().max_by_key(|&block| {
+            self.order
+                .distance_to_next_use(self.cursor, block)
+                .unwrap_or(usize::MAX)
+        });
+        victim.is_some_and(|block| self.evict_resident(block))
     }
 
     fn do_not_fit(&self, requested: u64, lora: bool) -> ActivationError {

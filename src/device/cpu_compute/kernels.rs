@@ -1,7 +1,7 @@
 //! The CPU kernels behind `CpuCompute`, on plain f32 slices. Each reduction runs in a
 //! fixed order; `matrixmultiply` is single-threaded and deterministic.
 
-use crate::compute::{Attention, ComputeError, Mask};
+use crate::compute::{Attention, CachedAttention, ComputeError, Mask};
 
 /// `y ← x·Wᵀ + beta·y`: `x` is `[rows, inner]`, `weights` row-major `[out, inner]`.
 pub(super) fn gemm_transposed(
@@ -314,4 +314,116 @@ fn softmax_prefix(row: &mut [f32], visible: usize) {
     }
     kept.iter_mut().for_each(|value| *value /= total);
     masked.iter_mut().for_each(|value| *value = 0.0);
+}
+
+/// Llama's rotate-half rotary embedding, in place.
+pub(super) fn rope(
+    x: &mut [f32],
+    heads: usize,
+    head_dim: usize,
+    positions: &[u32],
+    inv_freq: &[f32],
+) {
+    let half = head_dim / 2;
+    let cols = heads * head_dim;
+    for (row, &position) in x.chunks_exact_mut(cols).zip(positions) {
+        for head in row.chunks_exact_mut(head_dim) {
+            for (i, &frequency) in inv_freq.iter().enumerate() {
+                let angle = position as f32 * frequency;
+                let (sin, cos) = angle.sin_cos();
+                let (a, b) = (head[i], head[i + half]);
+                head[i] = a * cos - b * sin;
+                head[i + half] = b * cos + a * sin;
+            }
+        }
+    }
+}
+
+pub(super) fn check_cached_attention(
+    shape: &CachedAttention,
+    q: (usize, usize),
+    k: (usize, usize),
+    v: (usize, usize),
+) -> Result<(), ComputeError> {
+    let keys = shape.past + shape.queries;
+    let kv_cols = shape.kv_heads * shape.head_dim;
+    if shape.heads == 0 || shape.kv_heads == 0 || shape.heads % shape.kv_heads != 0 {
+        return Err(ComputeError::Shape(format!(
+            "cached attention: {} query heads cannot share {} key/value heads",
+            shape.heads, shape.kv_heads
+        )));
+    }
+    if q != (shape.queries, shape.heads * shape.head_dim) || k.0 < keys || k.1 != kv_cols || v != k
+    {
+        return Err(ComputeError::Shape(format!(
+            "cached attention: q {q:?}, k {k:?}, v {v:?} for {} queries after {} cached rows",
+            shape.queries, shape.past
+        )));
+    }
+    Ok(())
+}
+
+/// Causal attention of the new queries over the cache, one GEMM per head for the
+/// scores and one for the output, over strided views.
+pub(super) fn attention_cached(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    shape: &CachedAttention,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    let (queries, keys, head_dim) = (shape.queries, shape.past + shape.queries, shape.head_dim);
+    let q_stride = shape.heads * head_dim;
+    let kv_stride = shape.kv_heads * head_dim;
+    let group = shape.heads / shape.kv_heads;
+    scores.clear();
+    scores.resize(queries * keys, 0.0);
+    for head in 0..shape.heads {
+        let q_at = head * head_dim;
+        let kv_at = (head / group) * head_dim;
+        // SAFETY: Q is queries×q_stride, the caches hold at least `keys` rows of
+        // kv_stride (checked), scores is queries×keys; views are strided, the output
+        // aliases none of the inputs.
+        unsafe {
+            matrixmultiply::sgemm(
+                queries,
+                head_dim,
+                keys,
+                shape.scale,
+                q.as_ptr().add(q_at),
+                q_stride as isize,
+                1,
+                k.as_ptr().add(kv_at),
+                1,
+                kv_stride as isize,
+                0.0,
+                scores.as_mut_ptr(),
+                keys as isize,
+                1,
+            );
+        }
+        for (query, row) in scores.chunks_exact_mut(keys).enumerate() {
+            softmax_prefix(row, shape.past + query + 1);
+        }
+        // SAFETY: as above, for P (queries×keys) · V's head view into out's head view.
+        unsafe {
+            matrixmultiply::sgemm(
+                queries,
+                keys,
+                head_dim,
+                1.0,
+                scores.as_ptr(),
+                keys as isize,
+                1,
+                v.as_ptr().add(kv_at),
+                kv_stride as isize,
+                1,
+                0.0,
+                out.as_mut_ptr().add(q_at),
+                q_stride as isize,
+                1,
+            );
+        }
+    }
 }

@@ -15,7 +15,9 @@ use std::cell::RefCell;
 
 use stagehand_actors::{DevicePtr, HostBuffer, MemorySpace};
 
-use crate::compute::{Attention, BlockView, Compute, ComputeError, DType, LowRank, Weight};
+use crate::compute::{
+    Attention, BlockView, CachedAttention, Compute, ComputeError, DType, LowRank, Weight,
+};
 
 /// The CPU compute stream. Not `Sync`: it belongs to the compute thread.
 #[derive(Default)]
@@ -66,10 +68,21 @@ fn weight_bytes<'w>(weight: &'w Weight<'_>) -> &'w [u8] {
     unsafe { std::slice::from_raw_parts(weight.ptr().0 as *const u8, weight.bytes()) }
 }
 
-/// The weight as f32: in place when it is aligned f32, else widened into `buffer`.
+/// The weight's scale (FP8 checkpoints), read from the device tier.
+fn weight_scale(weight: &Weight<'_>) -> Option<f32> {
+    let at = weight.scale()?;
+    // SAFETY: the scale lies inside the block the weight's view was checked against
+    // (`BlockView::weight`), live host memory for the view's lifetime; it may be
+    // unaligned.
+    Some(unsafe { std::ptr::read_unaligned(at.0 as *const f32) })
+}
+
+/// The weight as f32: in place when it is aligned, unscaled f32, else widened (and
+/// scaled) into `buffer`.
 fn as_f32<'w>(weight: &'w Weight<'_>, buffer: &'w mut Vec<f32>) -> &'w [f32] {
     let bytes = weight_bytes(weight);
-    if weight.dtype() == DType::F32 {
+    let scale = weight_scale(weight);
+    if weight.dtype() == DType::F32 && scale.is_none() {
         // SAFETY: every bit pattern is a valid f32; `align_to` only yields the
         // aligned middle, which we use only when it is the whole slice.
         let (prefix, floats, suffix) = unsafe { bytes.align_to::<f32>() };
@@ -80,6 +93,9 @@ fn as_f32<'w>(weight: &'w Weight<'_>, buffer: &'w mut Vec<f32>) -> &'w [f32] {
     buffer.clear();
     buffer.resize(weight.elements(), 0.0);
     weight.dtype().widen(bytes, buffer);
+    if let Some(scale) = scale {
+        buffer.iter_mut().for_each(|value| *value *= scale);
+    }
     buffer
 }
 
@@ -310,6 +326,9 @@ impl Compute for CpuCompute {
         cast.clear();
         cast.resize(weight.elements(), 0.0);
         weight.dtype().widen(weight_bytes(weight), &mut cast);
+        // A scaled weight is merged in its real values and stored back in its scale.
+        let stored_scale = weight_scale(weight).unwrap_or(1.0);
+        cast.iter_mut().for_each(|value| *value *= stored_scale);
         kernels::merge(
             &mut cast,
             a,
@@ -319,6 +338,7 @@ impl Compute for CpuCompute {
             weight.cols(),
             scale,
         );
+        cast.iter_mut().for_each(|value| *value /= stored_scale);
         // SAFETY: the caller holds the block alone (the port's contract for merges),
         // so nothing else reads or writes this range while we write it.
         let target =
@@ -394,6 +414,9 @@ impl Compute for CpuCompute {
             table
                 .dtype()
                 .widen(&bytes[id * row_bytes..(id + 1) * row_bytes], &mut small);
+            if let Some(scale) = weight_scale(table) {
+                small.iter_mut().for_each(|value| *value *= scale);
+            }
             out_row
                 .iter_mut()
                 .zip(small.iter())
@@ -455,6 +478,132 @@ impl Compute for CpuCompute {
         same_shape("attention output", q, out)?;
         let mut scores = self.scores.borrow_mut();
         kernels::attention(&q.data, &k.data, &v.data, shape, &mut scores, &mut out.data);
+        Ok(())
+    }
+
+    fn silu_mul(&self, gate: &mut CpuTensor, up: &CpuTensor) -> Result<(), ComputeError> {
+        same_shape("silu_mul", gate, up)?;
+        for (gate, up) in gate.data.iter_mut().zip(&up.data) {
+            *gate = *gate / (1.0 + (-*gate).exp()) * up;
+        }
+        Ok(())
+    }
+
+    fn rope(
+        &self,
+        x: &mut CpuTensor,
+        heads: usize,
+        head_dim: usize,
+        positions: &[u32],
+        inv_freq: &[f32],
+    ) -> Result<(), ComputeError> {
+        if x.cols != heads * head_dim
+            || positions.len() != x.rows
+            || head_dim % 2 != 0
+            || inv_freq.len() != head_dim / 2
+        {
+            return Err(shape_error(
+                "rope",
+                format!(
+                    "[{}, {}] with {heads} heads of {head_dim}, {} positions, {} frequencies",
+                    x.rows,
+                    x.cols,
+                    positions.len(),
+                    inv_freq.len()
+                ),
+            ));
+        }
+        kernels::rope(&mut x.data, heads, head_dim, positions, inv_freq);
+        Ok(())
+    }
+
+    fn resize_rows(&self, tensor: &mut CpuTensor, rows: usize) -> Result<(), ComputeError> {
+        let count = rows.checked_mul(tensor.cols).ok_or_else(|| {
+            ComputeError::OutOfMemory(format!("{rows} rows of {} do not fit", tensor.cols))
+        })?;
+        if count > tensor.data.len() {
+            tensor
+                .data
+                .try_reserve_exact(count - tensor.data.len())
+                .map_err(|_| {
+                    ComputeError::OutOfMemory(format!(
+                        "growing a [{}, {}] tensor to {rows} rows does not fit in host memory",
+                        tensor.rows, tensor.cols
+                    ))
+                })?;
+        }
+        tensor.data.resize(count, 0.0);
+        tensor.rows = rows;
+        Ok(())
+    }
+
+    fn slice_rows(
+        &self,
+        from: &CpuTensor,
+        first: usize,
+        to: &mut CpuTensor,
+    ) -> Result<(), ComputeError> {
+        if from.cols != to.cols || first + to.rows > from.rows {
+            return Err(shape_error(
+                "slice_rows",
+                format!(
+                    "rows {first}..{} of a [{}, {}] tensor into [{}, {}]",
+                    first + to.rows,
+                    from.rows,
+                    from.cols,
+                    to.rows,
+                    to.cols
+                ),
+            ));
+        }
+        to.data
+            .copy_from_slice(&from.data[first * from.cols..(first + to.rows) * from.cols]);
+        Ok(())
+    }
+
+    fn write_rows(
+        &self,
+        cache: &mut CpuTensor,
+        at: usize,
+        rows: &CpuTensor,
+    ) -> Result<(), ComputeError> {
+        if rows.cols != cache.cols || at + rows.rows > cache.rows {
+            return Err(shape_error(
+                "write_rows",
+                format!(
+                    "[{}, {}] at row {at} of a [{}, {}] cache",
+                    rows.rows, rows.cols, cache.rows, cache.cols
+                ),
+            ));
+        }
+        cache.data[at * cache.cols..(at + rows.rows) * cache.cols].copy_from_slice(&rows.data);
+        Ok(())
+    }
+
+    fn attention_cached(
+        &self,
+        q: &CpuTensor,
+        k_cache: &CpuTensor,
+        v_cache: &CpuTensor,
+        shape: &CachedAttention,
+        out: &mut CpuTensor,
+    ) -> Result<(), ComputeError> {
+        kernels::check_cached_attention(
+            shape,
+            (q.rows, q.cols),
+            (k_cache.rows, k_cache.cols),
+            (v_cache.rows, v_cache.cols),
+        )?;
+        same_shape("attention output", q, out)?;
+        let mut scores = self.scores.borrow_mut();
+        kernels::attention_cached(
+            &q.data,
+            &k_cache.data,
+            &v_cache.data,
+            shape,
+            &mut scores,
+            &mut out.data,
+        );
         Ok(())
     }
 

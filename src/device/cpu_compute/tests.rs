@@ -1,5 +1,5 @@
 use super::*;
-use crate::compute::{Mask, TensorSlot};
+use crate::compute::{CachedAttention, Mask, TensorSlot};
 
 fn seeded(count: usize, seed: u64) -> Vec<f32> {
     let mut state = seed;
@@ -26,6 +26,7 @@ fn slot(dtype: DType, rows: usize, cols: usize, offset: usize) -> TensorSlot {
         dtype,
         rows,
         cols,
+        scale: None,
     }
 }
 
@@ -286,4 +287,105 @@ fn an_impossible_activation_is_an_error_not_an_abort() {
     let compute = CpuCompute::new();
     let error = compute.tensor(usize::MAX / 2, 4).unwrap_err();
     assert!(error.to_string().contains("lower --batch"), "{error}");
+}
+
+#[test]
+fn cached_attention_one_token_at_a_time_equals_causal_attention() {
+    // Proves decoding against a KV cache, a query at a time, gives what causal
+    // attention over the whole sequence gives (grouped-query heads too).
+    let compute = CpuCompute::new();
+    let (length, heads, kv_heads, head_dim) = (6, 4, 2, 8);
+    let q_values = seeded(length * heads * head_dim, 11);
+    let k_values = seeded(length * kv_heads * head_dim, 12);
+    let v_values = seeded(length * kv_heads * head_dim, 13);
+    let full = Attention {
+        sequences: 1,
+        sequence_length: length,
+        heads,
+        kv_heads,
+        head_dim,
+        scale: 0.3,
+        mask: Mask::Causal,
+    };
+    let expected = naive_attention(&q_values, &k_values, &v_values, &full);
+    let mut k_cache = compute.tensor(0, kv_heads * head_dim).unwrap();
+    let mut v_cache = compute.tensor(0, kv_heads * head_dim).unwrap();
+    let kv_cols = kv_heads * head_dim;
+    for token in 0..length {
+        compute.resize_rows(&mut k_cache, token + 1).unwrap();
+        compute.resize_rows(&mut v_cache, token + 1).unwrap();
+        let mut k_row = compute.tensor(1, kv_cols).unwrap();
+        let mut v_row = compute.tensor(1, kv_cols).unwrap();
+        compute
+            .write(
+                &mut k_row,
+                &k_values[token * kv_cols..(token + 1) * kv_cols],
+            )
+            .unwrap();
+        compute
+            .write(
+                &mut v_row,
+                &v_values[token * kv_cols..(token + 1) * kv_cols],
+            )
+            .unwrap();
+        compute.write_rows(&mut k_cache, token, &k_row).unwrap();
+        compute.write_rows(&mut v_cache, token, &v_row).unwrap();
+        let q_cols = heads * head_dim;
+        let mut q = compute.tensor(1, q_cols).unwrap();
+        compute
+            .write(&mut q, &q_values[token * q_cols..(token + 1) * q_cols])
+            .unwrap();
+        let mut out = compute.tensor(1, q_cols).unwrap();
+        let shape = CachedAttention {
+            heads,
+            kv_heads,
+            head_dim,
+            scale: 0.3,
+            past: token,
+            queries: 1,
+        };
+        compute
+            .attention_cached(&q, &k_cache, &v_cache, &shape, &mut out)
+            .unwrap();
+        let row = &expected[token * q_cols..(token + 1) * q_cols];
+        assert!(close(out.values(), row, 1e-5), "token {token}");
+    }
+}
+
+#[test]
+fn rope_rotates_pairs_by_position_and_keeps_their_length() {
+    // Proves position 0 is the identity, pairs (i, i + d/2) keep their norm, and a
+    // quarter turn maps (a, b) to (−b, a).
+    let compute = CpuCompute::new();
+    let values = seeded(3 * 8, 14);
+    let mut x = compute.tensor(3, 8).unwrap();
+    compute.write(&mut x, &values).unwrap();
+    let quarter = std::f32::consts::FRAC_PI_2;
+    compute
+        .rope(&mut x, 2, 4, &[0, 1, 2], &[quarter, 0.1])
+        .unwrap();
+    let out = x.values();
+    assert_eq!(&out[..8], &values[..8], "position 0 is unchanged");
+    let (a, b) = (values[8], values[10]);
+    assert!(
+        (out[8] + b).abs() < 1e-6 && (out[10] - a).abs() < 1e-6,
+        "a quarter turn"
+    );
+    for row in 0..3 {
+        for head in 0..2 {
+            for i in 0..2 {
+                let at = row * 8 + head * 4 + i;
+                let before = values[at].hypot(values[at + 2]);
+                let after = out[at].hypot(out[at + 2]);
+                assert!((before - after).abs() < 1e-6);
+            }
+        }
+    }
+    let mut gate = compute.tensor(1, 2).unwrap();
+    compute.write(&mut gate, &[0.0, 2.0]).unwrap();
+    let mut up = compute.tensor(1, 2).unwrap();
+    compute.write(&mut up, &[5.0, 3.0]).unwrap();
+    compute.silu_mul(&mut gate, &up).unwrap();
+    let silu_two = 2.0 / (1.0 + (-2.0f32).exp());
+    assert!(close(gate.values(), &[0.0, silu_two * 3.0], 1e-6));
 }

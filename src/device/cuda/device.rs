@@ -11,7 +11,7 @@ use std::sync::Arc;
 use cudarc::driver::sys::{self, cudaError_enum};
 use cudarc::driver::{result, CudaContext, CudaStream, DriverError};
 use stagehand_actors::{
-    Device, DeviceArena, DeviceError, DevicePtr, HostBuffer, MemoryInfo, OpFuture,
+    Device, DeviceArena, DeviceError, DevicePtr, HostBuffer, MemoryInfo, MemorySpace, OpFuture,
 };
 
 use super::budget::{vram_budget, BudgetInputs, VramBudget};
@@ -72,6 +72,15 @@ fn guard_loader<T>(
              NVIDIA driver, or run with --device cpu"
         )))
     })
+}
+
+/// The address space of a CUDA context: device pointers of one context are what the
+/// compute adapter on the same context reads.
+pub fn memory_space_of(context: &CudaContext) -> MemorySpace {
+    MemorySpace::Accelerator {
+        kind: "cuda",
+        id: context.cu_ctx() as u64,
+    }
 }
 
 pub struct CudaDevice {
@@ -305,6 +314,10 @@ impl CudaDevice {
 impl Device for CudaDevice {
     fn name(&self) -> String {
         format!("cuda:{}", self.ordinal)
+    }
+
+    fn memory_space(&self) -> MemorySpace {
+        memory_space_of(&self.context)
     }
 
     fn memory_info(&self) -> Result<MemoryInfo, DeviceError> {

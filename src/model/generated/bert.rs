@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use serde_json::json;
 
 use super::tokenizer::tokenizer_json;
-use super::writer::{write_atomically, write_checkpoint, write_single, TensorSpec, Values};
+use super::writer::{write_atomically, write_checkpoint, write_single, TensorSpec};
 use crate::compute::DType;
 
 /// Shapes of a generated encoder.
@@ -95,15 +95,7 @@ impl BertDemo {
         let mut tensors = Vec::new();
         let mut add = |name: String, dims: Vec<usize>, center: f32, spread: f32| {
             let seed = self.seed ^ (tensors.len() as u64 + 1).wrapping_mul(0xA24B_AED4_963E_E407);
-            tensors.push(TensorSpec {
-                name,
-                shape: dims,
-                values: Values::Uniform {
-                    seed,
-                    center,
-                    spread,
-                },
-            });
+            tensors.push(TensorSpec::uniform(name, dims, seed, center, spread));
         };
         add(
             "embeddings.word_embeddings.weight".into(),
@@ -184,6 +176,8 @@ impl BertDemo {
                 DType::F32 => "float32",
                 DType::F16 => "float16",
                 DType::Bf16 => "bfloat16",
+                DType::F8E4M3 => "float8_e4m3fn",
+                DType::F8E5M2 => "float8_e5m2",
             },
             "type_vocab_size": 2,
             "vocab_size": shape.vocab,
@@ -262,24 +256,20 @@ pub fn write_bert_lora(
             let stream = seed
                 ^ ((layer * 2 + usize::from(target == "value")) as u64 + 1)
                     .wrapping_mul(0x9E37_79B9);
-            tensors.push(TensorSpec {
-                name: format!("{module}.lora_A.weight"),
-                shape: vec![rank, hidden],
-                values: Values::Uniform {
-                    seed: stream,
-                    center: 0.0,
-                    spread: 1.0 / (hidden as f32).sqrt(),
-                },
-            });
-            tensors.push(TensorSpec {
-                name: format!("{module}.lora_B.weight"),
-                shape: vec![hidden, rank],
-                values: Values::Uniform {
-                    seed: stream.rotate_left(17),
-                    center: 0.0,
-                    spread: 0.05,
-                },
-            });
+            tensors.push(TensorSpec::uniform(
+                format!("{module}.lora_A.weight"),
+                vec![rank, hidden],
+                stream,
+                0.0,
+                1.0 / (hidden as f32).sqrt(),
+            ));
+            tensors.push(TensorSpec::uniform(
+                format!("{module}.lora_B.weight"),
+                vec![hidden, rank],
+                stream.rotate_left(17),
+                0.0,
+                0.05,
+            ));
         }
     }
     let path = dir.join("adapter_model.safetensors");

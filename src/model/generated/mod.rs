@@ -3,9 +3,11 @@
 //! that Hugging Face's `tokenizers` reads.
 
 mod bert;
+mod decoder;
 mod tokenizer;
 mod writer;
 
 pub use bert::{write_bert_folder, write_bert_lora, BertDemo, BertPreset, BertShape};
-pub use tokenizer::{minimum_vocabulary, tokenizer_json};
+pub use decoder::{write_decoder_folder, DecoderArch, DecoderDemo, DecoderPreset, DecoderShape};
+pub use tokenizer::{byte_level_tokenizer_json, minimum_vocabulary, tokenizer_json};
 pub use writer::{write_atomically, write_checkpoint, write_single, TensorSpec, Values};

@@ -115,3 +115,88 @@ mod tests {
         assert!(minimum_vocabulary() < 1024);
     }
 }
+
+/// GPT-2's byte-to-character map of byte-level tokenizers: printable bytes stand for
+/// themselves, the rest are shifted above 255 so every byte is a visible character.
+fn byte_characters() -> Vec<char> {
+    let printable = |byte: u32| {
+        (u32::from(b'!')..=u32::from(b'~')).contains(&byte)
+            || (0xA1..=0xAC).contains(&byte)
+            || (0xAE..=0xFF).contains(&byte)
+    };
+    let mut shifted = 0;
+    (0u32..256)
+        .map(|byte| {
+            if printable(byte) {
+                char::from_u32(byte).unwrap_or('?')
+            } else {
+                shifted += 1;
+                char::from_u32(255 + shifted).unwrap_or('?')
+            }
+        })
+        .collect()
+}
+
+/// The special tokens of generated decoders, after the 256 byte tokens.
+pub const BEGIN_OF_TEXT: &str = "<|begin_of_text|>";
+pub const END_OF_TEXT: &str = "<|end_of_text|>";
+
+/// A byte-level `tokenizer.json` (one token per byte, like a BPE with no merges),
+/// with `<|begin_of_text|>` (id 256) prepended to every text and `<|end_of_text|>`
+/// (id 257). The model's vocabulary may be larger: ids past 257 decode to nothing.
+pub fn byte_level_tokenizer_json() -> Value {
+    let mut vocab: serde_json::Map<String, Value> = byte_characters()
+        .into_iter()
+        .enumerate()
+        .map(|(id, character)| (character.to_string(), json!(id)))
+        .collect();
+    vocab.insert(BEGIN_OF_TEXT.into(), json!(256));
+    vocab.insert(END_OF_TEXT.into(), json!(257));
+    let added = |id: usize, content: &str| {
+        json!({"id": id, "content": content, "single_word": false, "lstrip": false,
+               "rstrip": false, "normalized": false, "special": true})
+    };
+    let byte_level = json!({"type": "ByteLevel", "add_prefix_space": false,
+                            "trim_offsets": true, "use_regex": true});
+    json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": [added(256, BEGIN_OF_TEXT), added(257, END_OF_TEXT)],
+        "normalizer": null,
+        "pre_tokenizer": byte_level,
+        "post_processor": {
+            "type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": BEGIN_OF_TEXT, "type_id": 0}},
+                       {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"SpecialToken": {"id": BEGIN_OF_TEXT, "type_id": 0}},
+                     {"Sequence": {"id": "A", "type_id": 0}},
+                     {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {BEGIN_OF_TEXT: {"id": BEGIN_OF_TEXT, "ids": [256], "tokens": [BEGIN_OF_TEXT]}}
+        },
+        "decoder": byte_level,
+        "model": {"type": "BPE", "dropout": null, "unk_token": null,
+                  "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                  "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                  "vocab": vocab, "merges": []}
+    })
+}
+
+#[cfg(test)]
+mod byte_level_tests {
+    use super::*;
+
+    #[test]
+    fn every_byte_is_a_token_and_text_round_trips() {
+        // Proves the byte-level tokenizer loads, marks the start, and decodes back.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokenizer.json");
+        std::fs::write(&path, byte_level_tokenizer_json().to_string()).unwrap();
+        let tokenizer = tokenizers::Tokenizer::from_file(&path).unwrap();
+        let text = "héllo, wörld!";
+        let ids = tokenizer.encode(text, true).unwrap().get_ids().to_vec();
+        assert_eq!(ids[0], 256);
+        assert_eq!(ids.len(), 1 + text.len(), "one token per byte");
+        assert_eq!(tokenizer.decode(&ids[1..], true).unwrap(), text);
+    }
+}

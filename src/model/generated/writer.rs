@@ -20,6 +20,8 @@ pub struct TensorSpec {
     pub name: String,
     pub shape: Vec<usize>,
     pub values: Values,
+    /// Its own storage dtype, instead of the checkpoint's (FP8 scales stay F32).
+    pub dtype: Option<DType>,
 }
 
 /// How a tensor's values are made.
@@ -27,11 +29,31 @@ pub struct TensorSpec {
 pub enum Values {
     /// Uniform in `[center − spread, center + spread)` from a seeded stream.
     Uniform { seed: u64, center: f32, spread: f32 },
+    /// Every value the same.
+    Constant(f32),
 }
 
 impl TensorSpec {
     pub fn elements(&self) -> u64 {
         self.shape.iter().map(|&d| d as u64).product()
+    }
+
+    /// Uniform values stored in the checkpoint's dtype.
+    pub fn uniform(name: String, shape: Vec<usize>, seed: u64, center: f32, spread: f32) -> Self {
+        Self {
+            name,
+            shape,
+            values: Values::Uniform {
+                seed,
+                center,
+                spread,
+            },
+            dtype: None,
+        }
+    }
+
+    fn bytes(&self, dtype: DType) -> u64 {
+        self.elements() * self.dtype.unwrap_or(dtype).size_bytes() as u64
     }
 }
 
@@ -48,6 +70,7 @@ impl Values {
                     *value = center + (unit * 2.0 - 1.0) * spread;
                 }
             }
+            Values::Constant(constant) => out.fill(constant),
         }
     }
 }
@@ -73,7 +96,7 @@ pub fn write_checkpoint(
     metadata: &BTreeMap<String, String>,
     shard_bytes: u64,
 ) -> std::io::Result<Vec<PathBuf>> {
-    let size = |tensor: &TensorSpec| tensor.elements() * dtype.size_bytes() as u64;
+    let size = |tensor: &TensorSpec| tensor.bytes(dtype);
     let mut shards: Vec<Vec<&TensorSpec>> = vec![Vec::new()];
     let mut filled = 0u64;
     for tensor in tensors {
@@ -159,10 +182,11 @@ fn write_shard(
     header.insert("__metadata__".into(), json!(metadata));
     let mut offset = 0u64;
     for tensor in tensors {
-        let end = offset + tensor.elements() * dtype.size_bytes() as u64;
+        let end = offset + tensor.bytes(dtype);
+        let stored = tensor.dtype.unwrap_or(dtype);
         header.insert(
             tensor.name.clone(),
-            json!({"dtype": dtype.safetensors_name(), "shape": tensor.shape, "data_offsets": [offset, end]}),
+            json!({"dtype": stored.safetensors_name(), "shape": tensor.shape, "data_offsets": [offset, end]}),
         );
         offset = end;
     }
@@ -173,15 +197,16 @@ fn write_shard(
     writer.write_all(&(header.len() as u64).to_le_bytes())?;
     writer.write_all(&header)?;
     let mut values = vec![0f32; CHUNK_VALUES];
-    let mut bytes = vec![0u8; CHUNK_VALUES * dtype.size_bytes()];
+    let mut bytes = vec![0u8; CHUNK_VALUES * 4];
     for tensor in tensors {
+        let stored = tensor.dtype.unwrap_or(dtype);
         let total = tensor.elements();
         let mut first = 0u64;
         while first < total {
             let count = (total - first).min(CHUNK_VALUES as u64) as usize;
             tensor.values.fill(first, &mut values[..count]);
-            let encoded = &mut bytes[..count * dtype.size_bytes()];
-            dtype.narrow(&values[..count], encoded);
+            let encoded = &mut bytes[..count * stored.size_bytes()];
+            stored.narrow(&values[..count], encoded);
             writer.write_all(encoded)?;
             first += count as u64;
         }
@@ -200,14 +225,14 @@ mod tests {
         // tensor's shard, and the model index reads the set as one checkpoint.
         let dir = tempfile::tempdir().unwrap();
         let tensors: Vec<TensorSpec> = (0..5)
-            .map(|number| TensorSpec {
-                name: format!("layers.{number}.weight"),
-                shape: vec![64, 64],
-                values: Values::Uniform {
-                    seed: number,
-                    center: 0.0,
-                    spread: 1.0,
-                },
+            .map(|number| {
+                TensorSpec::uniform(
+                    format!("layers.{number}.weight"),
+                    vec![64, 64],
+                    number,
+                    0.0,
+                    1.0,
+                )
             })
             .collect();
         let written =

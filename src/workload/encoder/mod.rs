@@ -29,9 +29,10 @@ pub use tokens::{batches, from_ids, tokenize, TokenBatch, Tokens};
 use self::weights::{EncoderWeights, Linear, Norm};
 use super::blocks::{Blocks, Held};
 use super::family::{Family, StepOutput};
+use super::host_table::HostTable;
 use super::WorkloadError;
-use crate::compute::{Attention, Compute, DType, Mask, TensorSlot};
-use crate::model::{BlockReader, ModelIndex, Pooling, SentenceHead};
+use crate::compute::{Attention, Compute, Mask, TensorSlot};
+use crate::model::{ModelIndex, Pooling, SentenceHead};
 
 /// Where the word-embedding table lives (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Serialize)]
@@ -44,34 +45,6 @@ pub enum EmbeddingPlacement {
     Host,
     /// The table streams with the embeddings block; the gather runs on the device.
     Device,
-}
-
-/// The word table kept in host memory, in its storage dtype.
-struct HostTable {
-    bytes: Vec<u8>,
-    dtype: DType,
-    cols: usize,
-}
-
-impl HostTable {
-    /// The rows of `ids`, widened to f32.
-    fn gather(&self, ids: &[u32], out: &mut Vec<f32>) -> Result<(), WorkloadError> {
-        let row_bytes = self.cols * self.dtype.size_bytes();
-        let rows = self.bytes.len() / row_bytes;
-        out.clear();
-        out.resize(ids.len() * self.cols, 0.0);
-        for (&id, row) in ids.iter().zip(out.chunks_exact_mut(self.cols)) {
-            let id = id as usize;
-            if id >= rows {
-                return Err(WorkloadError::Model(format!(
-                    "token id {id} is outside the vocabulary of {rows}"
-                )));
-            }
-            self.dtype
-                .widen(&self.bytes[id * row_bytes..(id + 1) * row_bytes], row);
-        }
-        Ok(())
-    }
 }
 
 /// A BERT encoder ready to run batches of texts.
@@ -163,7 +136,7 @@ impl Encoder {
         let host_table = if word_streams {
             None
         } else {
-            Some(read_host_table(index, weights.word_tensor)?)
+            Some(HostTable::read(index, weights.word_tensor)?)
         };
         Ok(Self {
             config,
@@ -179,9 +152,7 @@ impl Encoder {
 
     /// Bytes of the word table kept in host memory (0 when it streams).
     pub fn host_table_bytes(&self) -> u64 {
-        self.host_table
-            .as_ref()
-            .map_or(0, |table| table.bytes.len() as u64)
+        self.host_table.as_ref().map_or(0, HostTable::bytes)
     }
 
     /// Bytes of gathered embedding rows sent to the device per step (largest batch).
@@ -435,37 +406,6 @@ fn norm<C: Compute>(
         y,
     )?;
     Ok(())
-}
-
-/// The word table's bytes, read once from the file.
-fn read_host_table(index: &ModelIndex, tensor: usize) -> Result<HostTable, WorkloadError> {
-    let info = &index.tensors[tensor];
-    let dtype = DType::from_safetensors(&info.dtype).ok_or_else(|| {
-        WorkloadError::Model(format!(
-            "{}: {} is not a float table",
-            info.name, info.dtype
-        ))
-    })?;
-    let reader = BlockReader::open(index)?;
-    let mut bytes = Vec::new();
-    bytes.try_reserve_exact(info.bytes as usize).map_err(|_| {
-        WorkloadError::Model(format!(
-            "{}: {} bytes do not fit in host memory",
-            info.name, info.bytes
-        ))
-    })?;
-    bytes.resize(info.bytes as usize, 0);
-    let extent = stagehand_actors::Extent {
-        file: stagehand_actors::FileId(info.file as u32),
-        offset: info.offset,
-        length: info.bytes,
-    };
-    reader.read_extents(&[extent], &mut bytes)?;
-    Ok(HostTable {
-        bytes,
-        dtype,
-        cols: info.shape.get(1).copied().unwrap_or(1),
-    })
 }
 
 impl Family for Encoder {

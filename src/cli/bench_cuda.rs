@@ -7,35 +7,33 @@
 //!
 //! The model is a 1 GiB linear stack (16 blocks of 4 × 2048² f32 layers, 64 MiB
 //! blocks) in its own cache folder, so blocks are large enough that a copy, not the
-//! per-block message round trip, is what a streamed step waits on. The transfer-bound
-//! configuration is checked against the CPU reference; the compute-bound one's batch
-//! would take the CPU minutes, so its resident GPU output is the streamed run's check.
+//! per-block message round trip, is what a streamed step waits on. Both runs go
+//! through the one run path (`crate::run::execute_cuda_with`), whose driver checks
+//! every step bit for bit against the fully-resident pass of the same model on the
+//! same GPU.
 //!
 //! `--json` prints one JSON object on stdout and the Markdown tables on stderr after a
 //! `<!-- bench-cuda-markdown -->` line, which `scripts/gpu-check.sh` copies into its
 //! report; without `--json` the Markdown goes to stdout.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
 use serde::Serialize;
 use stagehand_actors::{Link, ResidencyPolicy};
 
+use super::run::run_error;
 use super::{CommandResult, Failure};
 use crate::device::cuda::bench::{link_figures, LinkFigures};
-use crate::device::cuda::run::{execute_cuda_with, CudaOutcome, CudaRunOptions};
-use crate::device::cuda::{tolerance, CudaDevice, DType};
+use crate::device::cuda::CudaDevice;
 use crate::model::demo::DemoSpec;
-use crate::model::ModelIndex;
 use crate::run::{
-    available_ram_bytes, default_cache_dir, ensure_demo_model, no_observer, prepare, Budgets,
-    Prepared, RunError, RunPlan, WorkloadKind,
+    available_ram_bytes, default_cache_dir, ensure_demo_model, execute_cuda_with, no_observer,
+    prepare, Budgets, CudaOutcome, CudaRunOptions, Prepared, RunPlan, WorkloadKind,
 };
 use crate::settings::Settings;
 use crate::workload::bound::{LinkRates, StepBound};
-use crate::workload::driver::Workload;
-use crate::workload::linear_stack::LinearStack;
 
 /// Bytes each link loop copies at once.
 const LINK_BYTES: u64 = 1 << 30;
@@ -70,10 +68,10 @@ pub struct ModelFigures {
 pub struct Configuration {
     pub name: &'static str,
     pub batch: usize,
-    /// What each step's output was checked against, and the worst normalised error.
-    pub checked_against: &'static str,
-    pub max_normalised_error: f32,
-    pub tolerance: f32,
+    /// Steps of both runs whose output equalled the fully-resident pass on this GPU
+    /// bit for bit (the run fails otherwise), out of `steps_run`.
+    pub verified_steps: u64,
+    pub steps_run: u64,
     /// (d) fully resident: steady step and its device compute time.
     pub resident_step_seconds: f64,
     pub resident_compute_seconds: f64,
@@ -92,9 +90,9 @@ pub struct Configuration {
     /// Bytes moved per steady step over the streamed step's time, and that over (a).
     pub streamed_h2d_bytes_per_second: f64,
     pub streamed_h2d_over_pinned_peak: f64,
-    /// The driver's used figure over its pre-weights baseline, at its peak, against
-    /// budget + vram_headroom.
-    pub vram_peak_over_baseline_bytes: u64,
+    /// The driver's used figure less the compute adapter's buffers, over its
+    /// pre-run baseline, at its peak, against budget + vram_headroom.
+    pub vram_peak_weights_bytes: u64,
     pub vram_budget_plus_headroom_bytes: u64,
     pub vram_within_budget_and_headroom: bool,
 }
@@ -110,13 +108,6 @@ pub struct BenchCuda {
     pub seconds: f64,
 }
 
-fn run_error(error: RunError) -> Failure {
-    match error {
-        RunError::BadInput(message) => Failure::bad_input(anyhow::anyhow!(message)),
-        RunError::Failed(message) => Failure::run_failed(anyhow::anyhow!(message)),
-    }
-}
-
 struct Bench<'a> {
     settings: &'a Settings,
     device: Arc<CudaDevice>,
@@ -127,13 +118,7 @@ struct Bench<'a> {
 }
 
 impl Bench<'_> {
-    fn run(
-        &self,
-        prepared: &Prepared,
-        vram_budget_bytes: u64,
-        check_first_step: bool,
-        resident: bool,
-    ) -> Result<CudaOutcome, Failure> {
+    fn run(&self, prepared: &Prepared, vram_budget_bytes: u64) -> Result<CudaOutcome, Failure> {
         execute_cuda_with(
             prepared,
             RunPlan {
@@ -149,59 +134,38 @@ impl Bench<'_> {
                 observer: no_observer(),
                 on_step: Box::new(|_, _| {}),
                 fail_after_reads: None,
+                keep_outputs: false,
+                on_token: None,
             },
             CudaRunOptions {
                 device: Some(self.device.clone()),
                 link: Some(self.link.clone()),
-                check_first_step,
-                skip_read_rate: resident,
             },
         )
         .map_err(run_error)
     }
 
-    /// (d) then (e) for `batch`. With `cpu_reference` the CPU backend's result checks
-    /// both; without, the resident run's first step checks itself and then the
-    /// streamed run.
-    fn configuration(
-        &self,
-        name: &'static str,
-        batch: usize,
-        cpu_reference: bool,
-    ) -> Result<Configuration, Failure> {
+    /// (d) then (e) for `batch`.
+    fn configuration(&self, name: &'static str, batch: usize) -> Result<Configuration, Failure> {
         eprintln!("bench cuda: {name} (batch {batch}): resident, then streamed");
-        let prepared = if cpu_reference {
-            prepare(
-                &self.model,
-                WorkloadKind::LinearStack,
-                batch,
-                self.settings,
-                true,
-            )
-            .map_err(run_error)?
-        } else {
-            prepared_with_reference(&self.model, batch, Vec::new())?
-        };
-        // Room for every block, with the arena's per-block alignment.
-        let resident = self.run(
-            &prepared,
-            self.model_bytes + (64 << 20),
-            !cpu_reference,
+        let prepared = prepare(
+            &self.model,
+            WorkloadKind::LinearStack,
+            batch,
+            self.settings,
             true,
-        )?;
-        let streamed_prepared = match (&resident.last_output, cpu_reference) {
-            (Some(output), false) => prepared_with_reference(&self.model, batch, output.clone())?,
-            _ => prepared,
-        };
-        let streamed = self.run(&streamed_prepared, self.model_bytes / 3, false, false)?;
-        Ok(self.figures(name, batch, cpu_reference, &resident, &streamed))
+        )
+        .map_err(run_error)?;
+        // Room for every block, with the arena's per-block alignment.
+        let resident = self.run(&prepared, self.model_bytes + (64 << 20))?;
+        let streamed = self.run(&prepared, self.model_bytes / 3)?;
+        Ok(self.figures(name, batch, &resident, &streamed))
     }
 
     fn figures(
         &self,
         name: &'static str,
         batch: usize,
-        cpu_reference: bool,
         resident: &CudaOutcome,
         streamed: &CudaOutcome,
     ) -> Configuration {
@@ -219,21 +183,12 @@ impl Bench<'_> {
         );
         let moved = report.steady_bytes_per_step(Link::PinnedToVram);
         let streamed_h2d = moved / streamed_step_seconds.max(1e-12);
-        let errors = resident
-            .normalised_errors
-            .iter()
-            .chain(&streamed.normalised_errors);
         let vram = &streamed.vram;
         Configuration {
             name,
             batch,
-            checked_against: if cpu_reference {
-                "the CPU backend's fully-resident reference"
-            } else {
-                "the resident GPU run's output"
-            },
-            max_normalised_error: errors.fold(0f32, |max, error| max.max(*error)),
-            tolerance: tolerance(DType::F32),
+            verified_steps: resident.outcome.report.verified_steps + report.verified_steps,
+            steps_run: resident.outcome.report.steps + report.steps,
             resident_step_seconds,
             resident_compute_seconds: resident.outcome.report.steady_compute_seconds(),
             streamed_step_seconds,
@@ -249,31 +204,11 @@ impl Bench<'_> {
                 + report.steady_bytes_per_step(Link::DiskToVram),
             streamed_h2d_bytes_per_second: streamed_h2d,
             streamed_h2d_over_pinned_peak: streamed_h2d / self.link.pinned_h2d_bytes_per_second,
-            vram_peak_over_baseline_bytes: vram.peak_over_baseline_bytes,
+            vram_peak_weights_bytes: vram.peak_weights_bytes,
             vram_budget_plus_headroom_bytes: vram.budget.budget_bytes + vram.vram_headroom_bytes,
             vram_within_budget_and_headroom: vram.within_budget_and_headroom,
         }
     }
-}
-
-/// A linear-stack run of `model` at `batch` whose steps are checked against
-/// `reference` (or, empty, against the first step).
-fn prepared_with_reference(
-    model: &Path,
-    batch: usize,
-    reference: Vec<f32>,
-) -> Result<Prepared, Failure> {
-    let index = ModelIndex::open(model, None).map_err(Failure::bad_input)?;
-    let stack = LinearStack::from_index(&index, batch).map_err(Failure::bad_input)?;
-    Ok(Prepared {
-        index,
-        workload: Workload::LinearStack {
-            model: stack,
-            reference,
-            lora: Vec::new(),
-        },
-        is_demo: true,
-    })
 }
 
 /// Pin room for the whole model plus the staging ring, within what the host can spare,
@@ -311,8 +246,8 @@ pub fn execute(settings: &Settings, json: bool) -> CommandResult {
         pin_ceiling_bytes,
     };
     let configurations = vec![
-        bench.configuration("transfer-bound", TRANSFER_BATCH, true)?,
-        bench.configuration("compute-bound", COMPUTE_BATCH, false)?,
+        bench.configuration("transfer-bound", TRANSFER_BATCH)?,
+        bench.configuration("compute-bound", COMPUTE_BATCH)?,
     ];
     let result = BenchCuda {
         device: link.device.clone(),
@@ -358,12 +293,12 @@ pub fn to_markdown(bench: &BenchCuda) -> String {
         bench.seconds,
     ));
     out.push_str(
-        "| configuration | batch | (d) resident ms | (e) streamed ms | bound ms (limited by) | streamed/bound | VRAM budget MiB | moved MiB/step | streamed H2D GB/s (of (a)) | VRAM over baseline MiB (≤ budget+headroom) | max error (tol) |\n\
+        "| configuration | batch | (d) resident ms | (e) streamed ms | bound ms (limited by) | streamed/bound | VRAM budget MiB | moved MiB/step | streamed H2D GB/s (of (a)) | VRAM weights MiB (≤ budget+headroom) | bit-exact steps |\n\
          |---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for row in &bench.configurations {
         out.push_str(&format!(
-            "| {} | {} | {:.2} | {:.2} | {:.2} ({}) | {:.3} | {:.0} | {:.0} | {:.2} ({:.0} %) | {:.0} ({}) | {:.1e} ({:.0e}) |\n",
+            "| {} | {} | {:.2} | {:.2} | {:.2} ({}) | {:.3} | {:.0} | {:.0} | {:.2} ({:.0} %) | {:.0} ({}) | {}/{} |\n",
             row.name,
             row.batch,
             ms(row.resident_step_seconds),
@@ -375,10 +310,10 @@ pub fn to_markdown(bench: &BenchCuda) -> String {
             mib(row.pinned_to_vram_bytes_per_step),
             row.streamed_h2d_bytes_per_second / 1e9,
             row.streamed_h2d_over_pinned_peak * 100.0,
-            mib(row.vram_peak_over_baseline_bytes as f64),
+            mib(row.vram_peak_weights_bytes as f64),
             if row.vram_within_budget_and_headroom { "within" } else { "ABOVE" },
-            row.max_normalised_error,
-            row.tolerance,
+            row.verified_steps,
+            row.steps_run,
         ));
     }
     out
@@ -413,9 +348,8 @@ mod tests {
         let row = Configuration {
             name: "transfer-bound",
             batch: 16,
-            checked_against: "cpu",
-            max_normalised_error: 2e-6,
-            tolerance: 1e-4,
+            verified_steps: 12,
+            steps_run: 12,
             resident_step_seconds: 0.002,
             resident_compute_seconds: 0.0015,
             streamed_step_seconds: 0.0198,
@@ -430,7 +364,7 @@ mod tests {
             disk_bytes_per_step: 0.0,
             streamed_h2d_bytes_per_second: 47.45e9,
             streamed_h2d_over_pinned_peak: 0.949,
-            vram_peak_over_baseline_bytes: 342 << 20,
+            vram_peak_weights_bytes: 342 << 20,
             vram_budget_plus_headroom_bytes: 341 << 20,
             vram_within_budget_and_headroom: false,
         };
@@ -455,7 +389,7 @@ mod tests {
             markdown.contains("| (a) pinned H2D | 50.00 GB/s |"),
             "{markdown}"
         );
-        assert!(markdown.contains("| transfer-bound | 16 | 2.00 | 19.80 | 18.00 (copy to VRAM) | 1.100 | 341 | 896 | 47.45 (95 %) | 342 (ABOVE) |"), "{markdown}");
+        assert!(markdown.contains("| transfer-bound | 16 | 2.00 | 19.80 | 18.00 (copy to VRAM) | 1.100 | 341 | 896 | 47.45 (95 %) | 342 (ABOVE) | 12/12 |"), "{markdown}");
         let json = serde_json::to_value(&bench).unwrap();
         assert_eq!(json["configurations"][0]["streamed_over_bound"], 1.1);
         assert_eq!(json["link"]["pinned_h2d_bytes_per_second"], 50e9);

@@ -1,0 +1,259 @@
+//! `stagehand generate`: text from a decoder folder (Llama family, Mixtral), streamed
+//! under the same budgets, flags, metrics, trace and summary as `run`. The prompt is
+//! prefilled as one step, then each step decodes one token, printed as it comes; after
+//! the last token every step's logits are checked bit for bit against the
+//! fully-resident run.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+use super::run::{run_error, run_prepared, use_cuda, ExpertPolicyArg, Launch, PolicyArg};
+use super::{CommandResult, Failure};
+use crate::lora::LoraSpec;
+use crate::run::summary::Summary;
+use crate::run::{
+    parse_token_ids, prepare_with, DecoderInput, Extras, MoeOptions, Outcome, PromptInput,
+    WorkloadKind,
+};
+use crate::settings::{self, SettingsArgs};
+use crate::workload::decoder::{ExpertHint, Sampling};
+use crate::workload::driver::Model;
+use crate::workload::moe::HintMode;
+
+#[derive(Debug, clap::Args)]
+pub struct GenerateArgs {
+    /// A Hugging Face decoder folder (config.json of model_type llama, mistral, qwen2
+    /// or mixtral; safetensors; tokenizer.json).
+    #[arg(long, value_name = "DIR")]
+    pub model: PathBuf,
+    /// The prompt.
+    #[arg(long, default_value = "hello")]
+    pub prompt: String,
+    /// The prompt as token ids instead of text (for folders without tokenizer.json).
+    #[arg(long, value_name = "IDS", value_parser = parse_token_ids)]
+    pub token_ids: Option<Vec<u32>>,
+    /// Tokens to generate (the first comes from the prompt's prefill).
+    #[arg(long, default_value_t = 32)]
+    pub max_tokens: u64,
+    /// 0: greedy (the default); above 0: sample with this temperature.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// Nucleus sampling: keep the most likely tokens up to this probability.
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Seed of the sampling stream.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Mixtral: speculative expert prefetch from the next layer's router.
+    #[arg(long, value_enum, default_value = "next-layer")]
+    pub moe_hint: HintMode,
+    /// Mixtral: which experts the expert cache keeps.
+    #[arg(long, value_enum, default_value = "lfu-aging")]
+    pub expert_policy: ExpertPolicyArg,
+    /// Mixtral: expert cache slots (default: what the VRAM budget leaves).
+    #[arg(long)]
+    pub expert_slots: Option<u32>,
+    /// Attach a LoRA adapter (PEFT or kohya) with an optional strength; repeatable.
+    #[arg(long, value_name = "FILE[:STRENGTH]", value_parser = super::run::parse_lora_arg)]
+    pub lora: Vec<LoraSpec>,
+    /// Print the tokens, text and run summary as JSON at the end.
+    #[arg(long)]
+    pub json: bool,
+    /// No progress output.
+    #[arg(long)]
+    pub quiet: bool,
+    #[command(flatten)]
+    pub settings: SettingsArgs,
+}
+
+#[derive(Debug, Serialize)]
+struct Generated<'a> {
+    prompt_tokens: usize,
+    tokens: &'a [u32],
+    text: String,
+    prefill_tokens_per_second: f64,
+    decode_tokens_per_second: f64,
+    summary: &'a Summary,
+}
+
+pub fn execute(args: GenerateArgs) -> CommandResult {
+    let loaded = settings::load(&args.settings).map_err(Failure::bad_input)?;
+    let settings = loaded.settings;
+    super::run::init_logging(&settings.log);
+    let use_cuda = use_cuda(settings.device)?;
+    if args.max_tokens == 0 {
+        return Err(Failure::bad_input(anyhow::anyhow!(
+            "--max-tokens 0 generates nothing; give at least 1"
+        )));
+    }
+    let sampling = Sampling {
+        temperature: args.temperature,
+        top_p: args.top_p,
+        seed: args.seed,
+    };
+    sampling
+        .validate()
+        .map_err(|message| Failure::bad_input(anyhow::anyhow!(message)))?;
+    let prompt = match &args.token_ids {
+        Some(ids) => PromptInput::TokenIds(ids.clone()),
+        None => PromptInput::Text(args.prompt.clone()),
+    };
+    let extras = Extras {
+        loras: args.lora.clone(),
+        moe: MoeOptions {
+            policy: args.expert_policy.policy(),
+            hint: args.moe_hint,
+            slots: args.expert_slots,
+        },
+        decoder: Some(DecoderInput {
+            prompt,
+            sampling,
+            hint: match args.moe_hint {
+                HintMode::None => ExpertHint::None,
+                HintMode::NextLayer => ExpertHint::NextLayer,
+            },
+        }),
+        ..Extras::default()
+    };
+    let prepared = prepare_with(
+        &args.model,
+        WorkloadKind::Decoder,
+        1,
+        &settings,
+        false,
+        &extras,
+    )
+    .map_err(run_error)?;
+    let Model::Decoder(decoder) = &prepared.workload.model else {
+        return Err(Failure::bad_input(anyhow::anyhow!(
+            "{} is not a decoder folder",
+            args.model.display()
+        )));
+    };
+    let prompt_tokens = decoder.prompt.len();
+    let tokenizer = prepared
+        .folder
+        .as_ref()
+        .and_then(|folder| folder.tokenizer.as_ref())
+        .and_then(|path| tokenizers::Tokenizer::from_file(path).ok());
+    let streaming = !args.json;
+    if streaming && !args.quiet {
+        print_flush(&args.prompt);
+    }
+    let mut printer = TextPrinter::new(tokenizer.clone());
+    let outcome = run_prepared(
+        &prepared,
+        &settings,
+        Launch {
+            steps: args.max_tokens,
+            policy: PolicyArg::Planned,
+            quiet: true,
+            keep_outputs: false,
+            use_cuda,
+            on_token: streaming.then(|| {
+                Box::new(move |token| print_flush(&printer.push(token)))
+                    as Box<dyn FnMut(u32) + Send>
+            }),
+        },
+    )?;
+    if streaming {
+        println!();
+    }
+    let summary = Summary::new(&outcome);
+    let (prefill, decode) = token_rates(&outcome, prompt_tokens);
+    let text = TextPrinter::new(tokenizer).text(&outcome.report.tokens);
+    if args.json {
+        let generated = Generated {
+            prompt_tokens,
+            tokens: &outcome.report.tokens,
+            text,
+            prefill_tokens_per_second: prefill,
+            decode_tokens_per_second: decode,
+            summary: &summary,
+        };
+        let json = serde_json::to_string_pretty(&generated).map_err(Failure::run_failed)?;
+        println!("{json}");
+        return Ok(());
+    }
+    println!(
+        "generate: {} prompt tokens prefilled at {prefill:.1} tokens/s, {} tokens decoded at {decode:.2} tokens/s (steady, median)",
+        prompt_tokens,
+        outcome.report.tokens.len().saturating_sub(1)
+    );
+    print!("{}", summary.render());
+    Ok(())
+}
+
+/// Prefill rate (prompt tokens over the first step) and steady decode rate.
+fn token_rates(outcome: &Outcome, prompt_tokens: usize) -> (f64, f64) {
+    let report = &outcome.report;
+    let prefill = report
+        .step_seconds
+        .first()
+        .map_or(0.0, |seconds| prompt_tokens as f64 / seconds.max(1e-9));
+    let steady = report.steady_step_seconds();
+    let decode = if report.steps > 1 && steady > 0.0 {
+        1.0 / steady
+    } else {
+        0.0
+    };
+    (prefill, decode)
+}
+
+fn print_flush(text: &str) {
+    let mut stdout = std::io::stdout();
+    let _ = stdout.write_all(text.as_bytes());
+    let _ = stdout.flush();
+}
+
+/// Turns tokens into text as they come: decodes the whole sequence and prints what
+/// is new, so multi-byte characters split across tokens come out whole.
+struct TextPrinter {
+    tokenizer: Option<tokenizers::Tokenizer>,
+    ids: Vec<u32>,
+    printed: usize,
+}
+
+impl TextPrinter {
+    fn new(tokenizer: Option<tokenizers::Tokenizer>) -> Self {
+        Self {
+            tokenizer,
+            ids: Vec::new(),
+            printed: 0,
+        }
+    }
+
+    /// The text of `ids`; an id the tokenizer has no text for (a generated model's
+    /// vocabulary is larger than its byte-level tokenizer) shows as `<id>`.
+    fn text(&self, ids: &[u32]) -> String {
+        let Some(tokenizer) = &self.tokenizer else {
+            return ids.iter().map(|id| format!("<{id}>")).collect();
+        };
+        let known = tokenizer.get_vocab_size(true) as u32;
+        let mut text = String::new();
+        let mut run = Vec::new();
+        for &id in ids {
+            if id < known {
+                run.push(id);
+                continue;
+            }
+            text.push_str(&tokenizer.decode(&run, true).unwrap_or_default());
+            run.clear();
+            text.push_str(&format!("<{id}>"));
+        }
+        text.push_str(&tokenizer.decode(&run, true).unwrap_or_default());
+        text
+    }
+
+    fn push(&mut self, token: u32) -> String {
+        self.ids.push(token);
+        let text = self.text(&self.ids);
+        // Hold back a trailing replacement character: the rest of its bytes may come.
+        let stable = text.trim_end_matches('\u{FFFD}');
+        let fresh = stable.get(self.printed..).unwrap_or_default().to_string();
+        self.printed = self.printed.max(stable.len());
+        fresh
+    }
+}

@@ -1,0 +1,156 @@
+//! The port's row-wise operations: elementwise adds, the MoE row mix, the embedding
+//! gather, the norms and GELU, each one NVRTC kernel on the compute stream (per-call
+//! host data such as token ids is uploaded in stream order first).
+
+use stagehand_actors::DevicePtr;
+
+use super::compute::CudaCompute;
+use super::tensor::{f32_bytes, same_shape, shape_error, u32_bytes, CudaTensor};
+use crate::compute::{ComputeError, Weight};
+
+pub(super) fn add(
+    compute: &CudaCompute,
+    x: &mut CudaTensor,
+    y: &CudaTensor,
+) -> Result<(), ComputeError> {
+    same_shape("add", x, y)?;
+    // SAFETY: two tensors of the same shape (x borrowed mutably, so distinct).
+    compute.queue(|| unsafe { compute.kernels.add(x.ptr(), y.ptr(), x.elements() as u64) })
+}
+
+pub(super) fn add_scaled_rows(
+    compute: &CudaCompute,
+    acc: &mut CudaTensor,
+    y: &CudaTensor,
+    scales: &[f32],
+) -> Result<(), ComputeError> {
+    same_shape("add_scaled_rows", acc, y)?;
+    if scales.len() != acc.rows {
+        return Err(shape_error(
+            "add_scaled_rows",
+            format!("{} scales for {} rows", scales.len(), acc.rows),
+        ));
+    }
+    let bytes = f32_bytes(scales);
+    compute.queue(|| {
+        let scales = compute.upload(&bytes)?;
+        // SAFETY: acc and y [rows, cols] (distinct), `rows` scales just uploaded.
+        unsafe {
+            compute
+                .kernels
+                .add_scaled_rows(acc.ptr(), y.ptr(), scales, acc.rows, acc.cols)
+        }
+    })
+}
+
+pub(super) fn gather_add(
+    compute: &CudaCompute,
+    table: &Weight<'_>,
+    rows: &[u32],
+    out: &mut CudaTensor,
+) -> Result<(), ComputeError> {
+    if rows.len() != out.rows || table.cols() != out.cols {
+        return Err(shape_error(
+            "embedding lookup",
+            format!(
+                "{} ids from a [{}, {}] table into [{}, {}]",
+                rows.len(),
+                table.rows(),
+                table.cols(),
+                out.rows,
+                out.cols
+            ),
+        ));
+    }
+    if let Some(&id) = rows.iter().find(|&&id| id as usize >= table.rows()) {
+        return Err(shape_error(
+            "embedding lookup",
+            format!("id {id} is outside a table of {} rows", table.rows()),
+        ));
+    }
+    let ids = u32_bytes(rows.iter().copied());
+    compute.queue(|| {
+        let ids = compute.upload(&ids)?;
+        // SAFETY: every id was checked to lie in the table, which the caller
+        // holds; out is [ids, cols]; the ids were just uploaded.
+        unsafe {
+            compute.kernels.gather_add(
+                table.ptr(),
+                table.dtype(),
+                table.scale(),
+                ids,
+                out.ptr(),
+                out.rows,
+                out.cols,
+            )
+        }
+    })
+}
+
+pub(super) fn layer_norm(
+    compute: &CudaCompute,
+    x: &CudaTensor,
+    gamma: &Weight<'_>,
+    beta: &Weight<'_>,
+    eps: f32,
+    y: &mut CudaTensor,
+) -> Result<(), ComputeError> {
+    same_shape("layer_norm", x, y)?;
+    for (what, weight) in [("layer_norm weight", gamma), ("layer_norm bias", beta)] {
+        if weight.elements() != x.cols {
+            return Err(shape_error(
+                what,
+                format!("{} elements, expected {}", weight.elements(), x.cols),
+            ));
+        }
+    }
+    compute.queue(|| {
+        let mut cast = compute.cast.borrow_mut();
+        cast.begin();
+        let gamma = cast.f32_of(&compute.kernels, gamma)?;
+        let beta = cast.f32_of(&compute.kernels, beta)?;
+        // SAFETY: x and y [rows, cols] (distinct), gamma and beta `cols` f32.
+        unsafe {
+            compute
+                .kernels
+                .layer_norm(x.ptr(), gamma, beta, eps, y.ptr(), x.rows, x.cols)
+        }
+    })
+}
+
+pub(super) fn rms_norm(
+    compute: &CudaCompute,
+    x: &CudaTensor,
+    gamma: Option<&Weight<'_>>,
+    eps: f32,
+    y: &mut CudaTensor,
+) -> Result<(), ComputeError> {
+    same_shape("rms_norm", x, y)?;
+    if let Some(gamma) = gamma {
+        if gamma.elements() != x.cols {
+            return Err(shape_error(
+                "rms_norm weight",
+                format!("{} elements, expected {}", gamma.elements(), x.cols),
+            ));
+        }
+    }
+    compute.queue(|| {
+        let mut cast = compute.cast.borrow_mut();
+        cast.begin();
+        let gamma = match gamma {
+            Some(gamma) => cast.f32_of(&compute.kernels, gamma)?,
+            None => DevicePtr(0),
+        };
+        // SAFETY: x and y [rows, cols] (distinct), gamma `cols` f32 or null.
+        unsafe {
+            compute
+                .kernels
+                .rms_norm(x.ptr(), gamma, eps, y.ptr(), x.rows, x.cols)
+        }
+    })
+}
+
+pub(super) fn gelu_erf(compute: &CudaCompute, x: &mut CudaTensor) -> Result<(), ComputeError> {
+    // SAFETY: the tensor holds `elements` f32.
+    compute.queue(|| unsafe { compute.kernels.gelu_erf(x.ptr(), x.elements() as u64) })
+}
