@@ -14,10 +14,14 @@ use common::process::{send_signal, shell_status, wait_for_line, wait_or_kill, HA
 use common::stagehand;
 
 fn endless_run(model: &Path) -> Command {
+    run_of(model, "0")
+}
+
+fn run_of(model: &Path, steps: &str) -> Command {
     let mut command = stagehand();
     command
         .args([
-            "run", "--device", "cpu", "--quiet", "--steps", "0", "--model",
+            "run", "--device", "cpu", "--quiet", "--steps", steps, "--model",
         ])
         .arg(model)
         .stdin(Stdio::null())
@@ -48,7 +52,7 @@ fn sigint_stops_an_endless_run_with_every_budget_released_and_status_130() {
     let dir = tempfile::tempdir().expect("temp dir");
     let model = common::demo::small_demo_model(dir.path());
     let mut child = endless_run(&model).spawn().expect("starts");
-    let (_, rest) = wait_for_line(child.stderr.take().expect("stderr"), "step 1 verified");
+    let (_, rest) = wait_for_line(child.stderr.take().expect("stderr"), "step 1 ran");
     send_signal(&child, libc::SIGINT);
     let mut stdout = String::new();
     std::io::Read::read_to_string(&mut child.stdout.take().expect("stdout"), &mut stdout)
@@ -58,6 +62,27 @@ fn sigint_stops_an_endless_run_with_every_budget_released_and_status_130() {
     assert_eq!(shell_status(status), 130, "stderr: {stderr}");
     assert!(stderr.contains("stopped by SIGINT"), "{stderr}");
     assert!(stdout.contains("vram 0 B pinned 0 B held"), "{stdout}");
+}
+
+#[test]
+fn sigterm_stops_a_long_counted_run_with_its_summary_and_status_143() {
+    // Proves a run of a million steps stops on SIGTERM at a step boundary: its summary
+    // counts the steps that ran (and verifies only those the reference pass reached
+    // before the stop), both budgets are back at zero, status 143.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let model = common::demo::small_demo_model(dir.path());
+    let mut child = run_of(&model, "1000000").spawn().expect("starts");
+    let (_, rest) = wait_for_line(child.stderr.take().expect("stderr"), "step 1 ran");
+    send_signal(&child, libc::SIGTERM);
+    let mut stdout = String::new();
+    std::io::Read::read_to_string(&mut child.stdout.take().expect("stdout"), &mut stdout)
+        .expect("stdout readable");
+    let status = wait_or_kill(&mut child, HANG);
+    let stderr = rest.join().expect("stderr").join("\n");
+    assert_eq!(shell_status(status), 143, "stderr: {stderr}");
+    assert!(stderr.contains("stopped by SIGTERM"), "{stderr}");
+    assert!(stdout.contains("vram 0 B pinned 0 B held"), "{stdout}");
+    assert!(!stdout.contains("1000000 steps"), "{stdout}");
 }
 
 #[test]

@@ -240,7 +240,7 @@ pub(super) fn run_prepared(
         on_step: Box::new(move |step, seconds| {
             if step == 0 {
                 tracing::info!(
-                    "step 1 verified ({:.1} ms, cold); SIGINT or SIGTERM stops at the next step",
+                    "step 1 ran in {:.1} ms (cold); SIGINT or SIGTERM stops at the next step",
                     seconds * 1e3
                 );
             }

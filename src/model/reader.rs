@@ -19,6 +19,8 @@ use super::ModelIndex;
 pub struct BlockReadError {
     pub path: PathBuf,
     pub reason: String,
+    /// The read was not tried: a stop was requested (a signal).
+    pub interrupted: bool,
 }
 
 /// The model's files, opened once, and reads of whole blocks from them.
@@ -38,6 +40,7 @@ impl<'a> BlockReader<'a> {
                     .map_err(|error| BlockReadError {
                         path: shard.path.clone(),
                         reason: error.to_string(),
+                        interrupted: false,
                     })
             })
             .collect::<Result<Vec<File>, _>>()?;
@@ -57,6 +60,7 @@ impl<'a> BlockReader<'a> {
         let changed = |reason: String| BlockReadError {
             path: shard.path.clone(),
             reason,
+            interrupted: false,
         };
         let now = self.files[file]
             .metadata()
@@ -87,6 +91,7 @@ impl<'a> BlockReader<'a> {
             crate::signals::check().map_err(|interrupted| BlockReadError {
                 path: self.index.files[file].path.clone(),
                 reason: interrupted.to_string(),
+                interrupted: true,
             })?;
             self.check_unchanged(file)?;
             self.files[file]
@@ -94,6 +99,7 @@ impl<'a> BlockReader<'a> {
                 .map_err(|error| BlockReadError {
                     path: self.index.files[file].path.clone(),
                     reason: error.to_string(),
+                    interrupted: false,
                 })?;
             at += length;
         }
@@ -124,6 +130,7 @@ impl<'a> BlockReader<'a> {
                     "block `{}` is {length} bytes, more than this machine can hold in memory",
                     self.index.blocks[block].name
                 ),
+                interrupted: false,
             })?;
         bytes.resize(length as usize, 0);
         self.read_into(block, &mut bytes)?;
