@@ -15,7 +15,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 OUT_DIR=gpu-bin
-TARGETS=${GPU_TEST_TARGETS:-cuda cuda_run}
+# By default every GPU test target that exists (one may be parked as *.rs.pending).
+DEFAULT_TARGETS=""
+for candidate in cuda cuda_run; do
+    if [ -f "tests/$candidate.rs" ]; then DEFAULT_TARGETS="$DEFAULT_TARGETS $candidate"; fi
+done
+TARGETS=${GPU_TEST_TARGETS:-$DEFAULT_TARGETS}
 CARRY_LIMIT_BYTES=$((60 * 1024 * 1024))
 
 rm -rf "$OUT_DIR"

@@ -5,11 +5,12 @@
 # On the GPU machine:     scripts/gpu-check.sh          # OUT=dir to choose the output
 #
 # It prints nvidia-smi, runs every GPU test binary in gpu-bin/tests/ with
-# STAGEHAND_GPU_TESTS=1, runs `gpu-bin/stagehand bench --device cuda --json`, a short
-# `gpu-bin/stagehand run --device cuda --steps 3 --json`, and `stagehand embed` of two
-# sentences on a generated BERT-base folder (f16 weights, written to $WORK, outside
-# $OUT) streamed on the GPU and, for comparison, on the CPU backend. It writes into
-# $OUT (default ./gpu-out):
+# STAGEHAND_GPU_TESTS=1 and --include-ignored (GPU tests are #[ignore]d, so a plain
+# `cargo test` lists them as ignored), runs `gpu-bin/stagehand bench --device cuda
+# --json`, a short `gpu-bin/stagehand run --device cuda --steps 3 --json`, and
+# `stagehand embed` of two sentences on a generated BERT-base folder (f16 weights,
+# written to $WORK, outside $OUT) streamed on the GPU and, for comparison, on the CPU
+# backend. It writes into $OUT (default ./gpu-out):
 #   nvidia-smi.txt, tests-<target>.txt, bench.json, bench.stderr.txt, bench.md,
 #   run.json, run.stderr.txt, bert.txt, embed-cuda.json, embed-cuda.stderr.txt,
 #   embed-cpu.json, embed-cpu.stderr.txt,
@@ -79,7 +80,7 @@ for test_binary in "$BIN"/tests/*; do
     # One thread: the tests compare the driver's free-memory figure before and after
     # their own allocations, which concurrent tests would disturb.
     run_step "tests/$target" "$OUT/tests-$target.txt" \
-        env STAGEHAND_GPU_TESTS=1 "$test_binary" --test-threads=1 --nocapture
+        env STAGEHAND_GPU_TESTS=1 "$test_binary" --include-ignored --test-threads=1 --nocapture
 done
 
 run_step "bench --device cuda" "$OUT/bench.stderr.txt" \

@@ -1,8 +1,65 @@
 #!/usr/bin/env bash
 # The test command (README "Set up"; also the last step of .ci/run).
-# Runs every test of the workspace. GPU tests are opt-in and say why they skip.
-set -euo pipefail
+#
+# Runs every test binary of the workspace, even after one fails (--no-fail-fast), and
+# ends with one total line, e.g.
+#     test.sh: 612 passed, 0 failed, 9 skipped (9: needs a CUDA device: ...)
+# summed from cargo's own "test result:" lines. The exit status is cargo's: non-zero
+# if anything failed or did not build.
+#
+# GPU tests are #[ignore]d with their reason, so they show as skipped, never as
+# passed. STAGEHAND_GPU_TESTS=1 (on a machine with a CUDA device) runs them too.
+# Extra arguments go to `cargo test`, e.g. `scripts/test.sh --test sim_properties`.
+set -uo pipefail
 cd "$(dirname "$0")/.."
-scripts/install-prometheus.sh  # promtool/prometheus for the observability tests; no-op when present
+scripts/install-prometheus.sh || exit  # promtool/prometheus for the observability tests; no-op when present
 
-cargo test --workspace "$@"
+args=("$@")
+if [ "${STAGEHAND_GPU_TESTS:-}" = 1 ]; then
+    # Test-binary arguments follow the first `--`; add one if there is none.
+    separator=no
+    for arg in "${args[@]}"; do
+        if [ "$arg" = -- ]; then separator=yes; fi
+    done
+    if [ "$separator" = no ]; then args+=(--); fi
+    args+=(--include-ignored)
+fi
+
+log=$(mktemp "${TMPDIR:-/tmp}/stagehand-test.XXXXXX")
+trap 'rm -f "$log"' EXIT
+
+# stdout and stderr both go to the terminal as usual, and to the log for the total.
+cargo test --workspace --no-fail-fast "${args[@]}" 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+
+# "test result: ok. 12 passed; 0 failed; 3 ignored; 0 measured; 0 filtered out; ..."
+totals=$(awk '
+    /^test result:/ {
+        for (i = 1; i <= NF; i++) {
+            if ($(i + 1) ~ /^passed;?$/) passed += $i
+            if ($(i + 1) ~ /^failed;?$/) failed += $i
+            if ($(i + 1) ~ /^ignored;?$/) ignored += $i
+        }
+        results++
+    }
+    /^ *Running / || /^ *Doc-tests / { binaries++ }
+    END { printf "%d %d %d %d %d\n", passed, failed, ignored, results, binaries }
+' "$log")
+read -r passed failed ignored results binaries <<< "$totals"
+
+# Why tests were skipped: libtest prints "test NAME ... ignored, REASON".
+reasons=$(sed -n 's/^test .* \.\.\. ignored, \(.*\)$/\1/p' "$log" | sort | uniq -c |
+    awk '{ count = $1; $1 = ""; sub(/^ /, ""); printf "%s%d: %s", (NR > 1 ? "; " : ""), count, $0 }')
+
+line="$passed passed, $failed failed, $ignored skipped"
+if [ -n "$reasons" ]; then line="$line ($reasons)"; fi
+if [ "$results" -lt "$binaries" ]; then
+    # A binary that crashed (a signal, an abort) or never started prints no result line.
+    line="$line; $((binaries - results)) of $binaries test binaries ended without a result (see above)"
+fi
+if [ "$status" -ne 0 ] && [ "$failed" -eq 0 ] && [ "$results" -ge "$binaries" ]; then
+    line="$line; cargo exited $status (a build error? see above)"
+fi
+echo
+echo "test.sh: $line"
+exit "$status"

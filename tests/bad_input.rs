@@ -281,6 +281,8 @@ fn valid_file_bytes() -> Vec<u8> {
 }
 
 proptest! {
+    #![proptest_config(common::replay::replayable(256, 0xbad_1297))]
+
     #[test]
     fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
         // Proves random input only ever yields Ok or a clean, one-line error.

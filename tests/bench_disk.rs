@@ -98,12 +98,86 @@ fn json_report_covers_every_mode_over_the_same_bytes() {
         assert!(measured["rss_growth_bytes"].is_i64(), "{name}");
         assert!(measured["page_cache_growth_bytes"].is_i64(), "{name}");
     }
-    // dd either ran over the same bytes (then every mode has a ratio) or says why not.
+    // dd ran over the same bytes (a dd that fails is exit 1, see below).
     let dd = mode(&report, "dd_direct");
-    if dd["bytes"] == 5 << 20 {
-        assert!(report["o_direct_ratio_to_dd"].as_f64().expect("ratio") > 0.0);
-    } else {
-        assert!(!dd["notes"].as_array().expect("notes").is_empty(), "{dd}");
-    }
+    assert_eq!(dd["bytes"], 5 << 20, "{dd}");
+    assert!(report["o_direct_ratio_to_dd"].as_f64().expect("ratio") > 0.0);
     assert_eq!(std::fs::read(&path).expect("reread"), contents);
+}
+
+#[test]
+fn a_file_smaller_than_one_request_is_bad_input() {
+    // Proves a 3-byte file is refused (it used to report "O_DIRECT ring / dd = 14.19").
+    let dir = disk_dir();
+    let path = dir.path().join("tiny.bin");
+    std::fs::write(&path, b"abc").expect("write");
+    let output = stagehand(&["bench", "disk", path.to_str().expect("utf-8 path")]);
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("less than one read request (--request-size 4 MiB)"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_size_that_is_not_a_multiple_of_the_alignment_is_bad_input() {
+    // Proves --size 0.5G (500,000,000 bytes, decimal) is refused with a size that works,
+    // instead of splicing dd's "Invalid argument" into the table.
+    let dir = disk_dir();
+    let path = dir.path().join("aligned.bin");
+    std::fs::write(&path, vec![1u8; 8 << 20]).expect("write");
+    let output = stagehand(&[
+        "bench",
+        "disk",
+        path.to_str().expect("utf-8 path"),
+        "--size",
+        "5000000",
+    ]);
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("not a multiple of 4 KiB"), "{stderr}");
+    assert!(stderr.contains("--size 4MiB"), "{stderr}");
+}
+
+#[test]
+fn a_failing_dd_is_one_line_and_exit_1() {
+    // Proves the reference's failure ends the bench (no ratios without it), in one
+    // line: a `dd` that prints two lines of errors and fails is first on PATH.
+    let dir = disk_dir();
+    let path = dir.path().join("bench.bin");
+    write_pattern(&path, 1 << 20);
+    let fake = dir.path().join("bin");
+    std::fs::create_dir(&fake).expect("mkdir");
+    let dd = fake.join("dd");
+    std::fs::write(&dd, "#!/bin/sh\necho 'dd: error reading: Invalid argument' >&2\necho '0+0 records in' >&2\nexit 1\n")
+        .expect("write fake dd");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&dd, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let path_variable = format!(
+        "{}:{}",
+        fake.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let output = Command::new(env!("CARGO_BIN_EXE_stagehand"))
+        .args([
+            "bench",
+            "disk",
+            path.to_str().expect("utf-8 path"),
+            "--request-size",
+            "256KiB",
+        ])
+        .env("PATH", path_variable)
+        .output()
+        .expect("run stagehand");
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("dd: error reading: Invalid argument / 0+0 records in"),
+        "{stderr}"
+    );
+    assert!(output.stdout.is_empty(), "no table without the reference");
 }

@@ -19,14 +19,17 @@ mod ops;
 /// after their own allocations, which a concurrent test would disturb.
 static GPU: Mutex<()> = Mutex::new(());
 
-/// The device for a GPU test (with the lock that keeps GPU tests one at a time), or
-/// `None` (printed) when GPU tests are not asked for. When they are asked for, a missing
-/// device fails the test: a GPU check that silently skipped would report success
-/// without having run.
+/// The device for a GPU test, with the lock that keeps GPU tests one at a time. GPU
+/// tests are `#[ignore]`d, so a plain `cargo test` lists them as ignored; run without
+/// STAGEHAND_GPU_TESTS=1 or without a device they fail: a GPU check that silently
+/// skipped would report success without having run.
 fn gpu_device() -> Option<(MutexGuard<'static, ()>, CudaDevice)> {
     if std::env::var("STAGEHAND_GPU_TESTS").as_deref() != Ok("1") {
-        println!("skipped: STAGEHAND_GPU_TESTS not set");
-        return None;
+        // GPU tests are #[ignore]d: reaching here means they were asked for
+        // (--include-ignored) without saying there is a GPU. Passing would hide that.
+        panic!(
+            "GPU test run without STAGEHAND_GPU_TESTS=1: set it on a machine with a CUDA device"
+        );
     }
     let guard = GPU.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     match CudaDevice::open(0) {
@@ -105,6 +108,7 @@ fn asking_for_a_device_past_the_last_names_the_count() {
 }
 
 #[test]
+#[ignore = "needs a CUDA device: run with STAGEHAND_GPU_TESTS=1 and --include-ignored (scripts/gpu-check.sh does)"]
 fn gpu_pinned_copies_round_trip() {
     // Proves bytes copied from a registered buffer on the copy stream arrive intact,
     // that the buffer comes back still registered, and that bad copies are refused
@@ -142,6 +146,7 @@ fn gpu_pinned_copies_round_trip() {
 }
 
 #[test]
+#[ignore = "needs a CUDA device: run with STAGEHAND_GPU_TESTS=1 and --include-ignored (scripts/gpu-check.sh does)"]
 fn gpu_cast_buffer_grows_in_place_and_shrinks() {
     // Proves the cast buffer keeps its base address and its data while it grows, counts
     // mapped chunks against VRAM, refuses to pass its reservation, and gives memory back
@@ -188,6 +193,7 @@ fn gpu_cast_buffer_grows_in_place_and_shrinks() {
 }
 
 #[test]
+#[ignore = "needs a CUDA device: run with STAGEHAND_GPU_TESTS=1 and --include-ignored (scripts/gpu-check.sh does)"]
 fn gpu_link_figures_are_measured() {
     // Proves the link benchmark runs end to end and yields positive, finite figures
     // (no timing assertion: those belong to the benchmark report, not a test).
@@ -211,6 +217,7 @@ fn gpu_link_figures_are_measured() {
 }
 
 #[test]
+#[ignore = "needs a CUDA device: run with STAGEHAND_GPU_TESTS=1 and --include-ignored (scripts/gpu-check.sh does)"]
 fn gpu_copy_and_compute_events_order_the_streams() {
     // Proves the stream-ordering calls the pipeline uses (compute-done events, copies
     // waiting on them, compute waiting on copies) are accepted by the driver and that
@@ -278,6 +285,7 @@ fn device_read_back(device: &CudaDevice) -> impl Fn(u64, usize) -> Vec<u8> + '_ 
 }
 
 #[test]
+#[ignore = "needs a CUDA device: run with STAGEHAND_GPU_TESTS=1 and --include-ignored (scripts/gpu-check.sh does)"]
 fn gpu_every_operation_matches_the_cpu_adapter() {
     // Proves each operation of CudaCompute (casts from f32/f16/bf16 at aligned and odd
     // offsets, GEMMs with bias, LoRA low-rank and merge, row operations, norms, GELU,
@@ -319,6 +327,7 @@ fn gpu_every_operation_matches_the_cpu_adapter() {
 }
 
 #[test]
+#[ignore = "needs a CUDA device: run with STAGEHAND_GPU_TESTS=1 and --include-ignored (scripts/gpu-check.sh does)"]
 fn gpu_operations_repeat_bit_for_bit() {
     // Proves the GPU's reductions are deterministic: the scenario twice on one
     // adapter, and once on a second adapter of the same context, give the same bits.
@@ -337,6 +346,7 @@ fn gpu_operations_repeat_bit_for_bit() {
 }
 
 #[test]
+#[ignore = "needs a CUDA device: run with STAGEHAND_GPU_TESTS=1 and --include-ignored (scripts/gpu-check.sh does)"]
 fn gpu_the_compute_shares_the_devices_memory_space_and_reuses_its_cast_buffer() {
     // Proves CudaCompute reads the session device's address space (the run refuses
     // otherwise), that the cast buffer grows once to a weight's f32 size and is then

@@ -120,7 +120,7 @@ fn a_budget_below_the_ring_is_refused_with_the_figures() {
     ]);
     assert_eq!(code, 2, "{stderr}");
     assert!(
-        stderr.contains("vram_budget 1 MiB is below the 1.50 MiB this model needs at minimum: largest block 512 KiB × (prefetch_depth 2 + 1)"),
+        stderr.contains("vram_budget 1 MiB is below the 1.50 MiB this model needs at minimum (largest block 512 KiB × (prefetch_depth 2 + 1)): set --vram-budget 1.50MiB or more, or --prefetch-depth 1"),
         "{stderr}"
     );
     assert!(!stderr.contains("panicked"));

@@ -432,3 +432,36 @@ fn log_filters_that_crashed_the_filter_parser_are_refused_not_a_panic() {
         assert_eq!(output.status.code(), Some(0), "{accepted}");
     }
 }
+
+#[test]
+fn config_shows_sizes_one_way_and_json_carries_integer_bytes() {
+    // Proves `config` uses the same size format as `run` (8G is 7.45 GiB, not "7.5 GiB")
+    // and `config --json` gives scripts integer bytes, not text.
+    let table = stagehand()
+        .args(["config", "--vram-budget", "8G"])
+        .output()
+        .expect("runs");
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        text.lines()
+            .any(|line| line.starts_with("vram_budget") && line.contains("7.45 GiB")),
+        "{text}"
+    );
+    let output = stagehand()
+        .args(["config", "--json", "--vram-budget", "8G"])
+        .output()
+        .expect("runs");
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    let settings = &report["settings"];
+    assert_eq!(settings["vram_budget"], 8_000_000_000u64);
+    assert_eq!(settings["pin_ceiling"], serde_json::Value::Null);
+    for key in [
+        "reserve_vram",
+        "vram_headroom",
+        "ram_floor",
+        "staging_buffer_size",
+        "read_request_size",
+    ] {
+        assert!(settings[key].is_u64(), "{key}: {}", settings[key]);
+    }
+}

@@ -377,6 +377,6 @@ fn worked_example_llama70b_under_tight_budgets_does_not_fit_and_says_why() {
     assert_eq!(
         check.failures[0].to_string(),
         "vram_budget 5 GiB is 892.05 MiB short of the streaming ring: largest block 1.96 GiB × \
-         (prefetch_depth 2 + 1) = 5.87 GiB; raise --vram-budget or lower --prefetch-depth"
+         (prefetch_depth 2 + 1) = 5.87 GiB; set --vram-budget 5.88GiB or more, or --prefetch-depth 1"
     );
 }

@@ -165,7 +165,7 @@ fn simulate_writes_its_trace_and_json() {
 
 #[test]
 fn simulate_says_what_does_not_fit_and_refuses_bad_input() {
-    // Proves a model that does not fit is a verdict (exit 0, the failing budgets named)
+    // Proves a model that does not fit is a verdict (exit 3, the failing budgets named)
     // and an unknown profile or a bad size is bad input (exit 2). The depth is explicit:
     // left to the simulator, depth 0 fits these budgets (tests/sim_depth.rs).
     let output = stagehand()
@@ -180,7 +180,7 @@ fn simulate_says_what_does_not_fit_and_refuses_bad_input() {
         .args(["--pin-ceiling", "4GiB", "--prefetch-depth", "2"])
         .output()
         .unwrap();
-    assert!(output.status.success());
+    assert_eq!(output.status.code(), Some(3));
     let text = String::from_utf8_lossy(&output.stdout);
     assert!(
         text.contains("fits: NO")

@@ -129,7 +129,7 @@ fn drop_page_cache_option_leaves_read_ranges_uncached() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(32))]
+    #![proptest_config(common::replay::replayable(32, 0x5707_a6e5))]
 
     #[test]
     fn random_extent_lists_read_like_std(

@@ -77,6 +77,27 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// The same cases on every run (a recorded seed, or `PROPTEST_RNG_SEED`), the
+    /// seed printed when a case fails, failures saved beside this file.
+    fn replayable(cases: u32, recorded_seed: u64) -> ProptestConfig {
+        use proptest::test_runner::{FileFailurePersistence, RngAlgorithm, RngSeed};
+        let base = ProptestConfig::default();
+        let seed = match base.rng_seed {
+            RngSeed::Fixed(seed) => seed,
+            RngSeed::Random => recorded_seed,
+        };
+        eprintln!("proptest seed {seed}: `PROPTEST_RNG_SEED={seed}` replays these cases");
+        ProptestConfig {
+            cases,
+            rng_algorithm: RngAlgorithm::ChaCha,
+            rng_seed: RngSeed::Fixed(seed),
+            failure_persistence: Some(Box::new(FileFailurePersistence::WithSource(
+                "proptest-regressions",
+            ))),
+            ..base
+        }
+    }
+
     #[test]
     fn freed_ranges_coalesce() {
         let mut list = FreeList::new(4 * SLOT_ALIGN);
@@ -94,6 +115,8 @@ mod tests {
     }
 
     proptest! {
+        #![proptest_config(replayable(256, 0xa7e4a))]
+
         /// Live ranges never overlap and never leave the area, whatever the sequence.
         #[test]
         fn live_ranges_never_overlap(ops in proptest::collection::vec((1u64..5000, any::<bool>()), 1..200)) {

@@ -9,6 +9,7 @@
 use std::future::Future;
 use std::pin::Pin;
 
+use crate::bytes::Bytes;
 use crate::host_buffer::HostBuffer;
 
 /// A future a device or storage adapter resolves when its operation completes.
@@ -49,13 +50,15 @@ pub struct MemoryInfo {
 #[derive(Debug, thiserror::Error)]
 pub enum DeviceError {
     #[error(
-        "device out of memory: asked for {requested_bytes} bytes, {available_bytes} available"
+        "device out of memory: asked for {}, {} free",
+        Bytes(*requested_bytes),
+        Bytes(*available_bytes)
     )]
     OutOfMemory {
         requested_bytes: u64,
         available_bytes: u64,
     },
-    #[error("could not pin {bytes} bytes of host memory: {reason}")]
+    #[error("could not pin {} of host memory: {reason}", Bytes(*bytes))]
     PinFailed { bytes: u64, reason: String },
     #[error("copy failed: {0}")]
     CopyFailed(String),

@@ -1,5 +1,6 @@
 //! Errors the compute thread can see.
 
+use crate::bytes::Bytes;
 use crate::layout::BlockId;
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -16,7 +17,8 @@ pub enum SessionError {
     CopyFailed { block: BlockId, reason: String },
     #[error("pinning host memory failed: {0}")]
     PinFailed(String),
-    #[error("device: {0}")]
+    /// A device failure, in the device's own words (they name the device already).
+    #[error("{0}")]
     Device(String),
     #[error("{block} could not be made resident after {attempts} attempts")]
     Starved { block: BlockId, attempts: u32 },
@@ -25,10 +27,11 @@ pub enum SessionError {
     /// The owner asked the run to stop (a signal) while the compute thread waited.
     #[error("interrupted: the run was asked to stop")]
     Interrupted,
-    #[error("LoRA factors need {requested_bytes} bytes of pinned memory and the pin ceiling has {available_bytes} left after the staging ring and buffers in use; raise --pin-ceiling or detach an adapter")]
+    #[error("LoRA factors need {} of pinned memory and the pin ceiling has {} left after the staging ring and buffers in use; set --pin-ceiling {} or more, or detach an adapter", Bytes(*requested_bytes), Bytes(*available_bytes), Bytes(ceiling_bytes + requested_bytes.saturating_sub(*available_bytes)).flag_value_at_least())]
     LoraPinCeiling {
         requested_bytes: u64,
         available_bytes: u64,
+        ceiling_bytes: u64,
     },
     #[error("at most {max} LoRA adapters can be attached at once; detach one first")]
     TooManyAdapters { max: usize },

@@ -2,12 +2,14 @@
 //! compute stream, the messages between them, and the ports (`Device`, `Storage`,
 //! `Observer`) their adapters plug into. Knows nothing of CUDA, files or the CLI.
 
+mod bytes;
 mod device;
 mod host_buffer;
 mod layout;
 mod observer;
 mod storage;
 
+pub use bytes::Bytes;
 pub use device::{Device, DeviceArena, DeviceError, DevicePtr, MemoryInfo, MemorySpace, OpFuture};
 pub use host_buffer::{HostAllocError, HostBuffer, PinRegistration, HOST_BUFFER_ALIGN};
 pub use layout::{slice_extents, BlockId, BlockLayout, Extent, FileId, ModelLayout};
@@ -28,7 +30,7 @@ pub use expert_cache::{
     replay, replay_optimal, CacheFigures, ExpertCache, ExpertPolicy, SkewedRouting,
 };
 pub use plan::{
-    keep_by_priority, max_scatter_priority, Bytes, PinPlan, PlanError, ResidencyPolicy, Staging,
+    keep_by_priority, max_scatter_priority, PinPlan, PlanError, ResidencyPolicy, Staging,
     StepOrder, VramPlan,
 };
 pub use residency::{BlockHandle, BlockState, ResidencyTable};

@@ -109,22 +109,25 @@ pub enum PlanError {
     EmptyOrder,
     #[error("{block} is not in the model (it has {block_count} blocks)")]
     UnknownBlock { block: BlockId, block_count: usize },
-    #[error("vram_budget {budget} is below the {needed} this model needs at minimum: largest block {largest} × (prefetch_depth {depth} + 1)")]
+    #[error("vram_budget {budget} is below the {needed} this model needs at minimum (largest block {largest} × (prefetch_depth {depth} + 1)): {}", raise_vram_budget(*needed, *fits_at_depth))]
     VramBudgetTooSmall {
         budget: Bytes,
         needed: Bytes,
         largest: Bytes,
         depth: u32,
+        /// The deepest smaller prefetch depth this budget does fit, if any.
+        fits_at_depth: Option<u32>,
     },
-    #[error("vram_budget {budget} is below the {needed} this model needs at minimum: {oversized} of blocks too large to stream, kept resident, + largest streamed block {slot} × (prefetch_depth {depth} + 1)")]
+    #[error("vram_budget {budget} is below the {needed} this model needs at minimum ({oversized} of blocks too large to stream, kept resident, + largest streamed block {slot} × (prefetch_depth {depth} + 1)): {}", raise_vram_budget(*needed, *fits_at_depth))]
     VramBudgetTooSmallForLargeBlocks {
         budget: Bytes,
         needed: Bytes,
         oversized: Bytes,
         slot: Bytes,
         depth: u32,
+        fits_at_depth: Option<u32>,
     },
-    #[error("pin_ceiling {ceiling} is below the {needed} the staging ring needs: largest block {largest} × {buffers} staging buffers")]
+    #[error("pin_ceiling {ceiling} is below the {needed} the staging ring needs (largest block {largest} × {buffers} staging buffers): set --pin-ceiling {} or more", needed.flag_value_at_least())]
     PinCeilingTooSmall {
         ceiling: Bytes,
         needed: Bytes,
@@ -135,26 +138,15 @@ pub enum PlanError {
     Zero { what: &'static str },
 }
 
-/// Bytes, displayed in binary units ("96 MiB").
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Bytes(pub u64);
+pub use crate::bytes::Bytes;
 
-impl std::fmt::Display for Bytes {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-        let mut value = self.0 as f64;
-        let mut unit = 0;
-        while value >= 1024.0 && unit + 1 < UNITS.len() {
-            value /= 1024.0;
-            unit += 1;
-        }
-        if unit == 0 {
-            write!(f, "{} B", self.0)
-        } else if (value - value.round()).abs() < 0.005 {
-            write!(f, "{value:.0} {}", UNITS[unit])
-        } else {
-            write!(f, "{value:.2} {}", UNITS[unit])
-        }
+/// What to do about a VRAM budget below the plan's minimum: the flag and a value that
+/// works, and a smaller prefetch depth when one fits the budget as it is.
+fn raise_vram_budget(needed: Bytes, fits_at_depth: Option<u32>) -> String {
+    let raise = format!("set --vram-budget {} or more", needed.flag_value_at_least());
+    match fits_at_depth {
+        Some(depth) => format!("{raise}, or --prefetch-depth {depth}"),
+        None => raise,
     }
 }
 
@@ -236,7 +228,12 @@ impl VramPlan {
         let (ring_slots, slot_bytes, resident_bytes) = match policy {
             ResidencyPolicy::Planned => {
                 let choice = choose_slot_size(order, &footprint, capacity_bytes, minimum_slots)
-                    .map_err(|minimum| minimum.into_error(capacity_bytes, largest, depth))?;
+                    .map_err(|minimum| {
+                        let fits_at_depth = (0..depth).rev().find(|&smaller| {
+                            minimum_need(order, &footprint, smaller, policy) <= capacity_bytes
+                        });
+                        minimum.into_error(capacity_bytes, largest, depth, fits_at_depth)
+                    })?;
                 for &block in &choice.resident {
                     resident[block.index()] = true;
                 }
@@ -246,11 +243,15 @@ impl VramPlan {
             ResidencyPolicy::Lru => {
                 let needed = largest * u64::from(minimum_slots);
                 if capacity_bytes < needed || largest == 0 {
+                    let fits_at_depth = (0..depth)
+                        .rev()
+                        .find(|&smaller| largest * u64::from(smaller + 1) <= capacity_bytes);
                     return Err(PlanError::VramBudgetTooSmall {
                         budget: Bytes(capacity_bytes),
                         needed: Bytes(needed),
                         largest: Bytes(largest),
                         depth,
+                        fits_at_depth,
                     });
                 }
                 ((capacity_bytes / largest) as u32, largest, 0)
@@ -288,13 +289,20 @@ struct MinimumNeed {
 }
 
 impl MinimumNeed {
-    fn into_error(self, capacity_bytes: u64, largest: u64, depth: u32) -> PlanError {
+    fn into_error(
+        self,
+        capacity_bytes: u64,
+        largest: u64,
+        depth: u32,
+        fits_at_depth: Option<u32>,
+    ) -> PlanError {
         if self.oversized_bytes == 0 || self.slot_bytes == largest {
             PlanError::VramBudgetTooSmall {
                 budget: Bytes(capacity_bytes),
                 needed: Bytes(self.needed_bytes),
                 largest: Bytes(self.slot_bytes),
                 depth,
+                fits_at_depth,
             }
         } else {
             PlanError::VramBudgetTooSmallForLargeBlocks {
@@ -303,6 +311,7 @@ impl MinimumNeed {
                 oversized: Bytes(self.oversized_bytes),
                 slot: Bytes(self.slot_bytes),
                 depth,
+                fits_at_depth,
             }
         }
     }
@@ -377,6 +386,47 @@ fn choose_slot_size(
         slot_bytes: 0,
         oversized_bytes: 0,
     }))
+}
+
+/// The least capacity [`VramPlan::new`] accepts for this order, depth and policy.
+fn minimum_need(order: &StepOrder, footprint: &[u64], depth: u32, policy: ResidencyPolicy) -> u64 {
+    let largest = order
+        .blocks()
+        .iter()
+        .map(|block| footprint[block.index()])
+        .max()
+        .unwrap_or(0);
+    let ring = largest * u64::from(depth + 1);
+    match policy {
+        ResidencyPolicy::Lru => ring,
+        ResidencyPolicy::Planned => {
+            // Everything resident needs no ring; otherwise the cheapest slot size.
+            let everything = distinct_order_bytes(order, footprint);
+            let streaming = match choose_slot_size(order, footprint, 0, depth + 1) {
+                Ok(_) => 0,
+                Err(minimum) => minimum.needed_bytes,
+            };
+            everything.min(streaming)
+        }
+    }
+}
+
+impl VramPlan {
+    /// The smallest VRAM capacity a plan exists for: what an automatic budget must be
+    /// at least (a budget below it is refused by [`VramPlan::new`]).
+    pub fn minimum_capacity_bytes(
+        layout: &ModelLayout,
+        order: &StepOrder,
+        depth: u32,
+        policy: ResidencyPolicy,
+    ) -> u64 {
+        let footprint: Vec<u64> = layout
+            .blocks
+            .iter()
+            .map(|block| align_up(block.bytes))
+            .collect();
+        minimum_need(order, &footprint, depth, policy)
+    }
 }
 
 fn distinct_order_bytes(order: &StepOrder, block_bytes: &[u64]) -> u64 {

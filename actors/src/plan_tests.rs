@@ -98,7 +98,7 @@ fn a_budget_below_the_ring_is_refused_with_the_figures() {
     .unwrap_err();
     assert_eq!(
         error.to_string(),
-        "vram_budget 64 MiB is below the 96 MiB this model needs at minimum: largest block 32 MiB × (prefetch_depth 2 + 1)"
+        "vram_budget 64 MiB is below the 96 MiB this model needs at minimum (largest block 32 MiB × (prefetch_depth 2 + 1)): set --vram-budget 96MiB or more, or --prefetch-depth 1"
     );
 }
 
@@ -182,6 +182,49 @@ fn the_minimum_budget_counts_blocks_too_large_to_stream() {
     .unwrap_err();
     assert_eq!(
         error.to_string(),
-        "vram_budget 12.50 KiB is below the 13 KiB this model needs at minimum: 10 KiB of blocks too large to stream, kept resident, + largest streamed block 1 KiB × (prefetch_depth 2 + 1)"
+        "vram_budget 12.50 KiB is below the 13 KiB this model needs at minimum (10 KiB of blocks too large to stream, kept resident, + largest streamed block 1 KiB × (prefetch_depth 2 + 1)): set --vram-budget 13KiB or more, or --prefetch-depth 1"
+    );
+}
+
+#[test]
+fn the_minimum_capacity_is_exactly_what_a_plan_accepts() {
+    // Proves the figure an automatic budget is raised to is the least one the planner
+    // takes, for both policies, with and without blocks too large to stream, and that
+    // no depth advice is given when no smaller depth fits.
+    let mut mixed = vec![40 * U];
+    mixed.extend([4 * U; 20]);
+    let cases: [(Vec<u64>, u32); 4] = [
+        (vec![32 * U; 8], 2),
+        (mixed, 2),
+        (vec![7 * U, 3 * U, 9 * U], 0),
+        (vec![5 * U, 50 * U, 5 * U, 5 * U], 3),
+    ];
+    for (sizes, depth) in cases {
+        let layout = layout(&sizes);
+        let order = sequential(sizes.len());
+        for policy in [ResidencyPolicy::Planned, ResidencyPolicy::Lru] {
+            let minimum = VramPlan::minimum_capacity_bytes(&layout, &order, depth, policy);
+            assert!(
+                VramPlan::new(&layout, &order, minimum, depth, policy).is_ok(),
+                "{sizes:?} depth {depth} {policy:?}: refused its own minimum {minimum}"
+            );
+            let error = VramPlan::new(&layout, &order, minimum - 1, depth, policy).unwrap_err();
+            assert!(
+                error.to_string().contains(&Bytes(minimum).to_string()),
+                "{error}"
+            );
+        }
+    }
+    let error = VramPlan::new(
+        &layout(&[32 << 20; 8]),
+        &sequential(8),
+        20 << 20,
+        2,
+        ResidencyPolicy::Planned,
+    )
+    .unwrap_err();
+    assert!(
+        !error.to_string().contains("prefetch-depth"),
+        "no depth fits 20 MiB, so none is advised: {error}"
     );
 }

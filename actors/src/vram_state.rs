@@ -56,21 +56,25 @@ pub struct Decisions {
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ActivationError {
-    #[error("activations of {requested} do not fit: vram_budget {budget} less the streaming ring {ring} leaves {available}, and {held} of weights are held by compute")]
+    #[error("activations of {requested} do not fit: vram_budget {budget} less the streaming ring {ring} leaves {available}, and {held} of weights are held by compute; set --vram-budget {} or more", needed.flag_value_at_least())]
     DoNotFit {
         requested: Bytes,
         budget: Bytes,
         ring: Bytes,
         available: Bytes,
         held: Bytes,
+        /// A budget that holds the ring, what is reserved, the request and every
+        /// resident weight (an upper bound: most of those give way).
+        needed: Bytes,
     },
-    #[error("LoRA factors need a VRAM region of {requested} and it does not fit: vram_budget {budget} less the streaming ring {ring} leaves {available} beside activations and other adapters, and {held} of weights are held by compute or cannot stream; detach an adapter, lower its rank, or raise --vram-budget")]
+    #[error("LoRA factors need a VRAM region of {requested} and it does not fit: vram_budget {budget} less the streaming ring {ring} leaves {available} beside activations and other adapters, and {held} of weights are held by compute or cannot stream; set --vram-budget {} or more, detach an adapter, or lower its rank", needed.flag_value_at_least())]
     LoraDoesNotFit {
         requested: Bytes,
         budget: Bytes,
         ring: Bytes,
         available: Bytes,
         held: Bytes,
+        needed: Bytes,
     },
 }
 

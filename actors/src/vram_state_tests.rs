@@ -191,3 +191,26 @@ fn a_held_block_survives_activation_pressure() {
         "the ring is committed even while its slots are empty"
     );
 }
+
+#[test]
+fn activations_that_do_not_fit_name_a_budget_that_holds_them() {
+    // Proves the suggested --vram-budget is enough: a session with that budget takes
+    // the same reservation after the same step.
+    let sizes = [1024; 4];
+    let mut harness = Harness::new(&sizes, 6144, 1, ResidencyPolicy::Planned);
+    harness.run_step();
+    let error = harness.state.reserve_activations(9000).unwrap_err();
+    let ActivationError::DoNotFit { needed, .. } = error.clone() else {
+        panic!("{error}");
+    };
+    assert!(
+        error.to_string().contains(&format!(
+            "set --vram-budget {}",
+            needed.flag_value_at_least()
+        )),
+        "{error}"
+    );
+    let mut roomy = Harness::new(&sizes, needed.0, 1, ResidencyPolicy::Planned);
+    roomy.run_step();
+    assert!(roomy.state.reserve_activations(9000).is_ok());
+}

@@ -124,7 +124,7 @@ fn a_budget_below_the_ring_is_refused_at_start() {
     .unwrap();
     assert_eq!(
         error.to_string(),
-        "vram_budget 8 KiB is below the 12 KiB this model needs at minimum: largest block 4 KiB × (prefetch_depth 2 + 1)"
+        "vram_budget 8 KiB is below the 12 KiB this model needs at minimum (largest block 4 KiB × (prefetch_depth 2 + 1)): set --vram-budget 12KiB or more, or --prefetch-depth 1"
     );
 }
 

@@ -1,12 +1,18 @@
-//! `stagehand bench`: in one process, the demo workload (a) fully resident — compute
-//! only, (b) naive — each block loaded when needed, no prefetch, same budgets, and (c)
-//! stagehand, for a compute-bound, a balanced and a transfer-bound configuration.
-//! Prints the physical bound, each time, and the ratios (c)/bound and (b)/(c).
+//! `stagehand bench`: in one process, the demo workload run three ways — *resident*
+//! (every block in VRAM: compute only), *naive* (each block loaded when needed, no
+//! prefetch, same budgets) and *stagehand* — at three batch sizes aimed at a
+//! compute-heavy, a balanced and a transfer-heavy step. Prints the physical bound,
+//! each time, and the ratios stagehand/bound and naive/stagehand; each row is named by
+//! what its *measured* bound says limits it, whatever the batch aimed at. It samples
+//! the machine's load before and after and says when the ratios cannot be trusted.
 //! `stagehand bench disk FILE` measures the storage read paths instead.
 
 use serde::Serialize;
 use stagehand_actors::ResidencyPolicy;
 
+use stagehand_actors::Bytes;
+
+use super::machine_load::{CpuSample, MachineLoad};
 use super::{CommandResult, Failure};
 use crate::model::demo::DemoSpec;
 use crate::run::{
@@ -32,6 +38,7 @@ pub struct BenchArgs {
     /// Batch of the transfer-bound configuration.
     #[arg(long, default_value_t = 1)]
     pub transfer_batch: usize,
+    /// Print {"configurations": [...], "machine_load": {...}} as JSON instead of the table.
     #[arg(long)]
     pub json: bool,
     /// Bench this model instead of the demo: a Hugging Face folder of a supported
@@ -41,6 +48,10 @@ pub struct BenchArgs {
     /// With --model: the batches to measure (texts per step for an encoder).
     #[arg(long, value_name = "N,N", value_delimiter = ',', default_value = "1,4")]
     pub batches: Vec<usize>,
+    /// With --model on a decoder: also generate this many tokens with every block
+    /// resident beside a spare ring, so the KV cache's growth makes weights give way.
+    #[arg(long, value_name = "TOKENS")]
+    pub kv_tokens: Option<u64>,
     #[command(flatten)]
     pub settings: SettingsArgs,
 }
@@ -54,18 +65,25 @@ pub enum BenchTarget {
 }
 
 #[derive(Debug, Serialize)]
-struct Configuration {
-    name: &'static str,
-    batch: usize,
-    bound_seconds: f64,
-    bound_limited_by: &'static str,
-    resident_seconds: f64,
-    naive_seconds: f64,
-    stagehand_seconds: f64,
-    stagehand_over_bound: f64,
-    naive_over_stagehand: f64,
-    streamed_bytes_per_step: u64,
-    disk_bytes_per_step: u64,
+pub(super) struct Configuration {
+    /// What the measured bound says: "compute-bound", "copy-bound" or "disk-bound".
+    pub(super) name: &'static str,
+    /// What the batch size aimed at (the measured bound may say otherwise).
+    pub(super) aim: &'static str,
+    pub(super) batch: usize,
+    pub(super) bound_seconds: f64,
+    pub(super) bound_limited_by: &'static str,
+    pub(super) resident_seconds: f64,
+    pub(super) naive_seconds: f64,
+    pub(super) stagehand_seconds: f64,
+    pub(super) stagehand_over_bound: f64,
+    pub(super) naive_over_stagehand: f64,
+    pub(super) streamed_bytes_per_step: u64,
+    pub(super) disk_bytes_per_step: u64,
+    /// What the stagehand run measured per steady step on the pinned→VRAM and
+    /// disk→pinned links (model bytes).
+    pub(super) measured_to_vram_bytes_per_step: f64,
+    pub(super) measured_from_disk_bytes_per_step: f64,
 }
 
 pub(super) fn run_error(error: RunError) -> Failure {
@@ -107,7 +125,7 @@ impl Bench<'_> {
     ) -> Result<Outcome, Failure> {
         let is_demo = self.workload == WorkloadKind::LinearStack;
         let mut extras = extras.clone();
-        if !is_demo {
+        if self.workload == WorkloadKind::Encoder {
             // An encoder embeds `batch` of the built-in sentences per step.
             let texts = BUILT_IN_SENTENCES.iter().cycle().take(batch);
             extras.encoder = Some(EncoderInput::Texts(texts.map(|s| s.to_string()).collect()));
@@ -140,13 +158,13 @@ impl Bench<'_> {
         .map_err(run_error)
     }
 
-    fn configuration(
+    pub(super) fn configuration(
         &self,
-        name: &'static str,
+        aim: &'static str,
         batch: usize,
         budgets: Budgets,
     ) -> Result<Configuration, Failure> {
-        eprintln!("bench: {name} (batch {batch}): resident, naive, stagehand");
+        eprintln!("bench: batch {batch} (aimed {aim}): resident, naive, stagehand");
         // Room for every block, with the arena's per-block alignment.
         let resident_budgets = Budgets {
             vram_budget_bytes: self.model_bytes + (1 << 20),
@@ -180,7 +198,12 @@ impl Bench<'_> {
         );
         let stagehand_seconds = stagehand.report.steady_step_seconds();
         Ok(Configuration {
-            name,
+            name: match bound.limited_by() {
+                "compute" => "compute-bound",
+                "copy to VRAM" => "copy-bound",
+                _ => "disk-bound",
+            },
+            aim,
             batch,
             bound_seconds: bound.seconds(),
             bound_limited_by: bound.limited_by(),
@@ -191,6 +214,12 @@ impl Bench<'_> {
             naive_over_stagehand: naive_seconds / stagehand_seconds,
             streamed_bytes_per_step: stagehand.report.plan.vram.streamed_bytes_per_step,
             disk_bytes_per_step: stagehand.report.plan.pins.disk_bytes_per_step,
+            measured_to_vram_bytes_per_step: stagehand
+                .report
+                .steady_bytes_per_step(stagehand_actors::Link::PinnedToVram),
+            measured_from_disk_bytes_per_step: stagehand
+                .report
+                .steady_bytes_per_step(stagehand_actors::Link::DiskToPinned),
         })
     }
 }
@@ -229,9 +258,11 @@ pub fn execute(args: BenchArgs) -> CommandResult {
         )));
     }
     if let Some(model) = &args.model {
-        return bench_model(&args, &settings, model);
+        return super::bench_model::execute(&args, &settings, model);
     }
+    let preparing = super::progress::Status::start("preparing the demo model");
     let model = ensure_demo_model(&default_cache_dir(), &DemoSpec::default()).map_err(run_error)?;
+    drop(preparing);
     let model_bytes = DemoSpec::default().total_bytes();
     let budgets = resolve_budgets(&settings, model_bytes, true);
     let bench = Bench {
@@ -242,6 +273,7 @@ pub fn execute(args: BenchArgs) -> CommandResult {
         rounds: args.rounds,
         workload: WorkloadKind::LinearStack,
     };
+    let before = CpuSample::now();
     let compute_bound = bench.configuration("compute-bound", args.compute_batch, budgets)?;
     // Balanced: scale the batch so compute ≈ the transfer-bound configuration's bound.
     let per_row = compute_bound.resident_seconds / args.compute_batch as f64;
@@ -249,38 +281,73 @@ pub fn execute(args: BenchArgs) -> CommandResult {
     let transfer_side = transfer.bound_seconds;
     let balanced_batch = ((transfer_side / per_row).round() as usize).max(1);
     let balanced = bench.configuration("balanced", balanced_batch, budgets)?;
+    let machine_load = before
+        .zip(CpuSample::now())
+        .map(|(before, after)| MachineLoad::between(before, after));
     let configurations = [compute_bound, balanced, transfer];
     if args.json {
-        let text = serde_json::to_string_pretty(&configurations).map_err(Failure::run_failed)?;
+        let report = JsonReport {
+            configurations: &configurations,
+            machine_load,
+        };
+        let text = serde_json::to_string_pretty(&report).map_err(Failure::run_failed)?;
         println!("{text}");
+        if let Some(load) = machine_load.filter(|load| !load.trustworthy) {
+            eprintln!("{}", load.verdict());
+        }
         return Ok(());
     }
+    print_table(
+        &settings,
+        budgets,
+        model_bytes,
+        args.rounds,
+        &configurations,
+    );
+    match machine_load {
+        Some(load) => println!("{}", load.verdict()),
+        None => println!("machine load: unknown (/proc unreadable): judge the ratios with care"),
+    }
+    Ok(())
+}
+
+#[derive(Serialize)]
+pub(super) struct JsonReport<'a> {
+    pub(super) configurations: &'a [Configuration],
+    pub(super) machine_load: Option<MachineLoad>,
+}
+
+fn print_table(
+    settings: &Settings,
+    budgets: Budgets,
+    model_bytes: u64,
+    rounds: u32,
+    configurations: &[Configuration],
+) {
     println!(
-        "stagehand bench: demo model {} MiB, vram budget {} MiB, pin ceiling {} MiB, prefetch depth {}",
-        model_bytes >> 20,
-        budgets.vram_budget_bytes >> 20,
-        budgets.pin_ceiling_bytes >> 20,
+        "stagehand bench: demo model {}, vram budget {}, pin ceiling {}, prefetch depth {}",
+        Bytes(model_bytes),
+        Bytes(budgets.vram_budget_bytes),
+        Bytes(budgets.pin_ceiling_bytes),
         settings.prefetch_depth
     );
     println!(
-        "{:<15} {:>5} {:>10} {:>12} {:>10} {:>10} {:>10} {:>12} {:>11}",
-        "configuration",
+        "{:<14} {:>5} {:>9} {:>12} {:>9} {:>13} {:>16} {:>16}",
+        "bound",
         "batch",
         "bound ms",
-        "limited by",
-        "resident",
-        "naive",
-        "stagehand",
-        "(c)/bound",
-        "(b)/(c)"
+        "resident ms",
+        "naive ms",
+        "stagehand ms",
+        "stagehand/bound",
+        "naive/stagehand"
     );
-    for row in &configurations {
+    for row in configurations {
         println!(
-            "{:<15} {:>5} {:>10.1} {:>12} {:>10.1} {:>10.1} {:>10.1} {:>12.3} {:>11.3}",
+            "{:<14} {:>5} {:>9.1} {:>12.1} {:>9.1} {:>13.1} {:>16.3} {:>16.3}",
             row.name,
             row.batch,
             row.bound_seconds * 1e3,
-            row.bound_limited_by,
             row.resident_seconds * 1e3,
             row.naive_seconds * 1e3,
             row.stagehand_seconds * 1e3,
@@ -288,94 +355,22 @@ pub fn execute(args: BenchArgs) -> CommandResult {
             row.naive_over_stagehand
         );
     }
-    Ok(())
-}
-
-/// `bench --model PATH`: resident, naive and stagehand at each of `--batches`, on the
-/// model's own family, at 40 % of its streamed bytes (raised to the plan's minimum).
-fn bench_model(args: &BenchArgs, settings: &Settings, model: &std::path::Path) -> CommandResult {
-    let probe = prepare_with(
-        model,
-        WorkloadKind::Auto,
-        1,
-        settings,
-        false,
-        &Extras::default(),
-    )
-    .map_err(run_error)?;
-    let model_bytes = probe.streamed_model_bytes();
-    let budgets = super::run::automatic_budget(
-        &probe,
-        settings,
-        resolve_budgets(settings, model_bytes, false),
-        args.steps,
-    );
-    let workload = match probe.describe() {
-        "bert encoder" => WorkloadKind::Encoder,
-        "linear-stack" => WorkloadKind::LinearStack,
-        other => {
-            return Err(Failure::bad_input(anyhow::anyhow!(
-                "bench --model measures computed models; {} is {other}",
-                model.display()
-            )))
-        }
-    };
-    drop(probe);
-    let bench = Bench {
-        settings,
-        steps: args.steps,
-        model: model.to_path_buf(),
-        model_bytes,
-        rounds: args.rounds,
-        workload,
-    };
-    let mut rows = Vec::with_capacity(args.batches.len());
-    for &batch in &args.batches {
-        if batch == 0 {
-            return Err(Failure::bad_input(anyhow::anyhow!(
-                "--batches must be at least 1"
-            )));
-        }
-        rows.push(bench.configuration("model", batch, budgets)?);
-    }
-    if args.json {
-        let text = serde_json::to_string_pretty(&rows).map_err(Failure::run_failed)?;
-        println!("{text}");
-        return Ok(());
-    }
     println!(
-        "stagehand bench: {} ({} streamed), vram budget {}, pin ceiling {}, prefetch depth {}",
-        model.display(),
-        stagehand_actors::Bytes(model_bytes),
-        stagehand_actors::Bytes(budgets.vram_budget_bytes),
-        stagehand_actors::Bytes(budgets.pin_ceiling_bytes),
+        "resident: every block in VRAM, compute only (the bound's compute part); naive: the same \
+         budgets, each block loaded when needed, no prefetch; stagehand: planned residency, \
+         prefetch depth {}. Steady-step times, fastest of {rounds} interleaved rounds. \
+         stagehand/bound 1.00 is the physical limit; naive/stagehand above 1 means stagehand is faster.",
         settings.prefetch_depth
     );
-    println!(
-        "{:>5} {:>10} {:>12} {:>10} {:>10} {:>10} {:>16} {:>17} {:>12}",
-        "batch",
-        "bound ms",
-        "limited by",
-        "resident",
-        "naive",
-        "stagehand",
-        "stagehand/bound",
-        "naive/stagehand",
-        "streamed/step"
-    );
-    for row in &rows {
+    let missed = |row: &&Configuration| match row.aim {
+        "compute-bound" => row.name != "compute-bound",
+        "transfer-bound" => row.name == "compute-bound",
+        _ => false,
+    };
+    for row in configurations.iter().filter(missed) {
         println!(
-            "{:>5} {:>10.1} {:>12} {:>10.1} {:>10.1} {:>10.1} {:>16.3} {:>17.3} {:>12}",
-            row.batch,
-            row.bound_seconds * 1e3,
-            row.bound_limited_by,
-            row.resident_seconds * 1e3,
-            row.naive_seconds * 1e3,
-            row.stagehand_seconds * 1e3,
-            row.stagehand_over_bound,
-            row.naive_over_stagehand,
-            stagehand_actors::Bytes(row.streamed_bytes_per_step).to_string()
+            "note: batch {} aimed at a {} step, but on this machine its bound is {} (limited by {})",
+            row.batch, row.aim, row.name, row.bound_limited_by
         );
     }
-    Ok(())
 }

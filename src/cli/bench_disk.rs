@@ -13,7 +13,11 @@ use std::path::PathBuf;
 use anyhow::anyhow;
 use bytesize::ByteSize;
 
+use stagehand_actors::Bytes;
+
+use super::progress::Status;
 use super::{CommandResult, Failure};
+use crate::settings::IO_ALIGN_BYTES;
 use crate::storage::{drop_page_cache, DirectStorage, PreadStorage, StorageFile, StorageOptions};
 
 mod modes;
@@ -73,10 +77,26 @@ pub fn execute(args: BenchDiskArgs) -> CommandResult {
         ))
     })?;
 
+    let status = Status::start(format!(
+        "bench disk: {} rounds over {}",
+        args.rounds,
+        Bytes(bytes)
+    ));
     let mut rounds = Vec::with_capacity(args.rounds as usize);
-    for _ in 0..args.rounds {
-        rounds.push(run_round(&runtime, &args, &storage_file, &options, bytes)?);
+    for round in 0..args.rounds {
+        let progress = |mode: &str| {
+            status.set_message(format!("round {} of {}: {mode}", round + 1, args.rounds));
+        };
+        rounds.push(run_round(
+            &runtime,
+            &args,
+            &storage_file,
+            &options,
+            bytes,
+            &progress,
+        )?);
     }
+    drop(status);
     // Leave the machine's page cache as we found it, as far as this file goes.
     let _ = drop_page_cache(&args.file, 0, 0);
 
@@ -99,10 +119,15 @@ fn run_round(
     storage_file: &StorageFile,
     options: &StorageOptions,
     bytes: u64,
+    progress: &dyn Fn(&str),
 ) -> Result<Vec<ModeResult>, Failure> {
     let file_bytes = storage_file.expected_bytes;
     let files = std::slice::from_ref(storage_file);
-    let mut modes = vec![run_dd(&args.file, bytes, file_bytes)];
+    progress("dd iflag=direct (the reference)");
+    let dd = run_dd(&args.file, bytes, file_bytes)
+        .map_err(|error| Failure::run_failed(anyhow!(error)))?;
+    let mut modes = vec![dd];
+    progress("O_DIRECT through the staging ring");
 
     let direct = DirectStorage::open(files, options).map_err(Failure::run_failed)?;
     let mut direct_result = measure_ring(runtime, &direct, "o_direct_ring", bytes, args)
@@ -115,6 +140,7 @@ fn run_round(
     drop(direct);
     modes.push(direct_result);
 
+    progress("buffered pread, cold page cache");
     let pread = PreadStorage::open(files, options).map_err(Failure::run_failed)?;
     let cold_note = make_cold(&args.file, file_bytes);
     let mut pread_result =
@@ -123,6 +149,7 @@ fn run_round(
     drop(pread);
     modes.push(pread_result);
 
+    progress("mmap and touch, cold page cache");
     let cold_note = make_cold(&args.file, file_bytes);
     let mut mmap_result = measure_mmap(&args.file, bytes).map_err(Failure::run_failed)?;
     mmap_result.notes.extend(cold_note);
@@ -139,7 +166,30 @@ fn run_round(
     Ok(modes)
 }
 
-/// The file must exist and be a non-empty regular file at least `--size` long.
+/// O_DIRECT reads whole aligned blocks: dd (iflag=direct) fails on a range that ends
+/// mid-block, and the figures would not be comparable.
+fn check_aligned_size(size: u64) -> Result<(), Failure> {
+    if size % IO_ALIGN_BYTES == 0 {
+        return Ok(());
+    }
+    const MIB: u64 = 1 << 20;
+    let suggestion = if size >= MIB {
+        format!("{}MiB", size / MIB)
+    } else {
+        format!(
+            "{}KiB",
+            (size / IO_ALIGN_BYTES).max(1) * (IO_ALIGN_BYTES / 1024)
+        )
+    };
+    Err(Failure::bad_input(anyhow!(
+        "--size {size} bytes is not a multiple of {}: O_DIRECT reads whole {} blocks (and \"G\"/\"GB\" are decimal); use e.g. --size {suggestion}",
+        Bytes(IO_ALIGN_BYTES),
+        Bytes(IO_ALIGN_BYTES)
+    )))
+}
+
+/// The file must exist and be a non-empty regular file at least `--size` long, and
+/// hold at least one read request.
 fn check_input(args: &BenchDiskArgs) -> Result<u64, Failure> {
     let path = &args.file;
     let metadata = std::fs::metadata(path).map_err(|error| {
@@ -159,10 +209,23 @@ fn check_input(args: &BenchDiskArgs) -> Result<u64, Failure> {
     if let Some(size) = args.size {
         if size.as_u64() == 0 || size.as_u64() > metadata.len() {
             return Err(Failure::bad_input(anyhow!(
-                "--size {size} must be between 1 byte and the file's {} bytes",
-                metadata.len()
+                "--size {} must be between 1 byte and the file's {}",
+                Bytes(size.as_u64()),
+                Bytes(metadata.len())
             )));
         }
+        check_aligned_size(size.as_u64())?;
+    }
+    let bytes = args.size.map_or(metadata.len(), |size| size.as_u64());
+    let request = args.request_size.as_u64();
+    if bytes < request {
+        return Err(Failure::bad_input(anyhow!(
+            "{}: {} is less than one read request (--request-size {}): a figure from it would measure latency, not throughput; bench a file of at least {} (1 GiB or more on the disk to measure)",
+            path.display(),
+            Bytes(bytes),
+            Bytes(request),
+            Bytes(request)
+        )));
     }
     if args.rounds == 0 || args.rounds > 100 {
         return Err(Failure::bad_input(anyhow!(

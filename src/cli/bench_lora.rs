@@ -10,6 +10,8 @@ use serde::Serialize;
 use stagehand_actors::{Link, ResidencyPolicy};
 
 use super::bench::{keep_faster, run_error, Bench};
+use stagehand_actors::Bytes;
+
 use super::{CommandResult, Failure};
 use crate::lora::{write_demo_lora, DemoLora, LoraSpec};
 use crate::model::demo::DemoSpec;
@@ -30,6 +32,7 @@ pub struct BenchLoraArgs {
     /// Interleaved rounds; each figure is the fastest round's.
     #[arg(long, default_value_t = 2)]
     pub rounds: u32,
+    /// Print the figures as one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
@@ -48,7 +51,8 @@ struct LoraBench {
     lora_bytes: u64,
     lora_vram_bytes: u64,
     lora_pinned_bytes: u64,
-    /// The adapter's share of the weights it patches.
+    /// The adapter's factors over the weights they patch: rank × 2 × dim / dim² (a
+    /// fraction, 0.031 = 3.1 %).
     adapter_share: f64,
     low_rank_steps: u64,
     verified_steps: u64,
@@ -127,27 +131,27 @@ pub fn execute(args: BenchLoraArgs) -> CommandResult {
         return Ok(());
     }
     println!(
-        "stagehand bench lora: demo model {} MiB, rank {} adapter on every layer ({} MiB of factors), batch {}, vram budget {} MiB",
-        model_bytes >> 20,
+        "stagehand bench lora: demo model {}, rank {} adapter on every layer ({} of factors), batch {}, vram budget {}",
+        Bytes(model_bytes),
         row.rank,
-        row.lora_bytes >> 20,
+        Bytes(row.lora_bytes),
         row.batch,
-        budgets.vram_budget_bytes >> 20
+        Bytes(budgets.vram_budget_bytes)
     );
     println!(
-        "  step: {:.1} ms without, {:.1} ms with the adapter: {:.3}× (adapter share of the weights {:.3})",
+        "  step: {:.1} ms without, {:.1} ms with the adapter: {:.3}× (the factors are {:.1} % of the weights they patch)",
         row.plain_seconds * 1e3,
         row.lora_seconds * 1e3,
         row.lora_over_plain,
-        1.0 + row.adapter_share
+        row.adapter_share * 100.0
     );
     println!(
-        "  per step: {:.1} MiB of model and {:.2} MiB of LoRA factors to vram ({:.3} of the model bytes); LoRA holds {:.2} MiB of vram, {:.2} MiB pinned",
-        row.model_bytes_per_step / (1u64 << 20) as f64,
-        row.lora_bytes_per_step / (1u64 << 20) as f64,
-        row.lora_bytes_per_step / row.model_bytes_per_step.max(1.0),
-        row.lora_vram_bytes as f64 / (1u64 << 20) as f64,
-        row.lora_pinned_bytes as f64 / (1u64 << 20) as f64
+        "  per step: {} of model and {} of LoRA factors to vram ({:.1} % of the model bytes); LoRA holds {} of vram, {} pinned",
+        Bytes(row.model_bytes_per_step.round() as u64),
+        Bytes(row.lora_bytes_per_step.round() as u64),
+        row.lora_bytes_per_step / row.model_bytes_per_step.max(1.0) * 100.0,
+        Bytes(row.lora_vram_bytes),
+        Bytes(row.lora_pinned_bytes)
     );
     println!(
         "  verified: {} steps ({} low-rank within tolerance, the rest bit-exact)",

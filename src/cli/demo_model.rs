@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use bytesize::ByteSize;
+use stagehand_actors::Bytes;
 
 use super::{CommandResult, Failure};
 use crate::compute::DType;
@@ -125,7 +125,7 @@ pub fn execute(args: DemoModelArgs) -> CommandResult {
         spec.layers_per_block,
         spec.dim,
         spec.dim,
-        ByteSize::b(spec.total_bytes()),
+        Bytes(spec.total_bytes()),
         spec.seed,
         started.elapsed().as_secs_f64()
     );
@@ -136,7 +136,7 @@ pub fn execute(args: DemoModelArgs) -> CommandResult {
             lora_path.display(),
             lora.rank,
             lora.dtype,
-            ByteSize::b(bytes),
+            Bytes(bytes),
             path.display(),
             lora_path.display()
         );
@@ -169,7 +169,7 @@ fn write_bert(args: &DemoModelArgs) -> CommandResult {
         shape.hidden,
         shape.heads,
         demo.dtype,
-        ByteSize::b(demo.weight_bytes()),
+        Bytes(demo.weight_bytes()),
         args.seed,
         started.elapsed().as_secs_f64()
     );
@@ -221,7 +221,7 @@ fn write_decoder(args: &DemoModelArgs, arch: DecoderArch) -> CommandResult {
             .map(|(experts, top_k)| format!(", {experts} experts top-{top_k}"))
             .unwrap_or_default(),
         demo.dtype,
-        ByteSize::b(demo.weight_bytes()),
+        Bytes(demo.weight_bytes()),
         args.seed,
         started.elapsed().as_secs_f64()
     );

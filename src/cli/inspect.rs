@@ -7,7 +7,6 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
 
-use bytesize::ByteSize;
 use serde::Serialize;
 
 use super::{CommandResult, Failure};
@@ -161,7 +160,7 @@ fn build_report(index: &ModelIndex) -> Report<'_> {
 }
 
 fn size(bytes: u64) -> String {
-    ByteSize::b(bytes).to_string()
+    stagehand_actors::Bytes(bytes).to_string()
 }
 
 fn write_tables(out: &mut impl Write, report: &Report<'_>) -> std::io::Result<()> {

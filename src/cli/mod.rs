@@ -1,7 +1,8 @@
 //! The `stagehand` command line. Each subcommand lives in its own file with its
 //! arguments and an `execute` function; this file only dispatches and maps failures
-//! to exit codes (0 ok, 1 run failed, 2 bad input or config, 128 + the signal number
-//! when a signal stopped the command: 130 SIGINT, 143 SIGTERM).
+//! to exit codes (0 ok, 1 run failed, 2 bad input or config, 3 `simulate`: the model
+//! does not fit the machine under these budgets, 128 + the signal number when a
+//! signal stopped the command: 130 SIGINT, 143 SIGTERM).
 
 use std::process::ExitCode;
 
@@ -36,11 +37,15 @@ mod bench;
 mod bench_cuda;
 mod bench_disk;
 mod bench_lora;
+mod bench_model;
 mod config_cmd;
 mod demo_model;
 mod embed;
 mod generate;
 mod inspect;
+mod logging;
+mod machine_load;
+mod progress;
 mod run;
 mod simulate;
 
@@ -51,6 +56,8 @@ pub enum Failure {
     BadInput(anyhow::Error),
     /// The run itself failed: exit 1.
     RunFailed(anyhow::Error),
+    /// `simulate`'s verdict: the model does not fit (exit 3), after its report.
+    DoesNotFit(anyhow::Error),
 }
 
 impl Failure {
@@ -64,6 +71,9 @@ impl Failure {
 }
 
 pub type CommandResult = Result<(), Failure>;
+
+/// `stagehand simulate`'s exit status when the model does not fit (README, "Exit codes").
+pub const EXIT_DOES_NOT_FIT: u8 = 3;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -131,6 +141,10 @@ pub fn main() -> ExitCode {
         Err(Failure::RunFailed(error)) => {
             eprintln!("run failed: {error:#}");
             ExitCode::from(1)
+        }
+        Err(Failure::DoesNotFit(error)) => {
+            eprintln!("does not fit: {error:#}");
+            ExitCode::from(EXIT_DOES_NOT_FIT)
         }
     };
     if let Some(signal) = crate::signals::received() {

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use indicatif::{ProgressBar, ProgressStyle};
 use stagehand_actors::ResidencyPolicy;
 
+pub use super::logging::init_logging;
 use super::{CommandResult, Failure};
 use crate::lora::LoraSpec;
 use crate::model::demo::DemoSpec;
@@ -97,18 +98,6 @@ impl ExpertPolicyArg {
 
 pub(super) fn parse_lora_arg(text: &str) -> Result<LoraSpec, String> {
     LoraSpec::parse(text).map_err(|error| error.to_string())
-}
-
-pub fn init_logging(filter: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_new(filter)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        // A full or closed stderr drops log lines; reporting that would panic.
-        .log_internal_errors(false)
-        .with_target(false)
-        .try_init();
 }
 
 pub(super) fn run_error(error: RunError) -> Failure {
@@ -206,6 +195,7 @@ pub(super) fn run_prepared(
     let model_bytes = prepared.streamed_model_bytes();
     let budgets = resolve_budgets(settings, model_bytes, prepared.is_demo);
     let budgets = automatic_budget(prepared, settings, budgets, launch.steps);
+    let budgets = crate::run::demo_pins::demo_pin_room(prepared, settings, budgets);
     let observer = match settings.metrics_addr {
         Some(addr) => {
             let observer = crate::telemetry::install(addr).map_err(Failure::bad_input)?;
@@ -277,6 +267,9 @@ pub fn execute(args: RunArgs) -> CommandResult {
     }
     crate::run::memory::check_staging_ring(&settings).map_err(run_error)?;
     let use_cuda = use_cuda(settings.device)?;
+    let preparing = (args.model.is_none()).then(|| {
+        super::progress::Status::start("preparing the demo model (written once, then cached)")
+    });
     let (model, is_demo) = match &args.model {
         Some(path) => (path.clone(), false),
         None if args.workload == WorkloadKind::Moe => {
@@ -294,6 +287,7 @@ pub fn execute(args: RunArgs) -> CommandResult {
             )
         }
     };
+    drop(preparing);
     let extras = Extras {
         loras: args.lora.clone(),
         moe: MoeOptions {

@@ -143,7 +143,19 @@ pub fn execute(args: SimulateArgs) -> CommandResult {
         baselines: !args.no_baselines,
         auto_prefetch_depth,
     };
-    let simulation = simulate(&model, &hardware, &options).map_err(|error| match error {
+    let status = super::progress::Status::start(format!(
+        "simulating {} on {}{}",
+        model.name,
+        hardware.name,
+        if auto_prefetch_depth {
+            format!(" (choosing prefetch_depth among 0..={AUTO_DEPTH_MAX}, then 3 policies)")
+        } else {
+            String::new()
+        }
+    ));
+    let simulation = simulate(&model, &hardware, &options);
+    drop(status);
+    let simulation = simulation.map_err(|error| match error {
         SimRunError::Setup(_) | SimRunError::Plan { .. } => Failure::bad_input(error),
         SimRunError::Failed { .. } | SimRunError::Stalled { .. } => Failure::run_failed(error),
     })?;
@@ -151,6 +163,10 @@ pub fn execute(args: SimulateArgs) -> CommandResult {
         trace
             .write_chrome_trace(path)
             .map_err(Failure::run_failed)?;
+        eprintln!(
+            "wrote the Chrome trace of the stagehand run to {} (open it in https://ui.perfetto.dev)",
+            path.display()
+        );
     }
     let mut out = std::io::stdout().lock();
     let written = if args.json {
@@ -166,9 +182,19 @@ pub fn execute(args: SimulateArgs) -> CommandResult {
         )
     };
     match written {
-        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-        other => other.map_err(Failure::run_failed),
+        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => {}
+        other => other.map_err(Failure::run_failed)?,
     }
+    if !simulation.fits {
+        // After the report (stdout), one line on stderr and exit 3 for scripts.
+        return Err(Failure::DoesNotFit(anyhow::anyhow!(
+            "{} on {}: {}",
+            simulation.model,
+            simulation.hardware,
+            simulation.failure_messages.join("; ")
+        )));
+    }
+    Ok(())
 }
 
 /// A shipped name or description TOML, else a checkpoint `inspect` can read.
@@ -198,6 +224,18 @@ fn seconds(value: f64) -> String {
     }
 }
 
+/// The bound in the model's unit; a tokens/s figure is an upper limit, a time a lower.
+fn bound_in_unit(simulation: &Simulation) -> String {
+    let rate = &simulation.bound_rate;
+    if rate.unit == "tokens/s" {
+        format!("at most {rate}")
+    } else if rate.unit == "s/step" {
+        "no [output] in the description: per step only".to_string()
+    } else {
+        format!("at least {rate}")
+    }
+}
+
 fn per_step(bytes: f64) -> String {
     Bytes(bytes.round() as u64).to_string()
 }
@@ -211,7 +249,7 @@ fn write_text(
     let fit = &simulation.fit;
     writeln!(
         out,
-        "{} ({}) on {} ({}; {} RAM, {} disk, {} link), {} steps, seed {}",
+        "{} ({}) on {} ({}; {} RAM, {} disk, {} link), {} step{}, seed {}",
         simulation.model,
         Bytes(fit.model_bytes),
         simulation.hardware,
@@ -220,6 +258,7 @@ fn write_text(
         simulation.disk,
         simulation.link,
         simulation.steps,
+        if simulation.steps == 1 { "" } else { "s" },
         simulation.seed
     )?;
     writeln!(
@@ -247,8 +286,9 @@ fn write_text(
     )?;
     writeln!(
         out,
-        "bound: {} per step, {:?}-bound (compute {}, pcie {}, disk {}); cold first step ≥ {}",
+        "bound: {} per step ({}), {:?}-bound (compute {}, pcie {}, disk {}); cold first step ≥ {}",
         seconds(fit.bound_seconds),
+        bound_in_unit(simulation),
         fit.bottleneck,
         seconds(fit.compute_seconds),
         seconds(fit.pcie_seconds),
@@ -320,24 +360,47 @@ fn write_text(
         out,
         "(bound: the fit check's at each policy's prefetch depth; ×plan: steady step over the bound of the bytes its plan moves; bytes per steady step)"
     )?;
-    if let Some(stagehand) = &simulation.stagehand {
+    if let (Some(stagehand), Some(rate)) = (&simulation.stagehand, &simulation.stagehand_rate) {
         writeln!(
             out,
-            "stagehand reaches {:.1} % of the bound",
+            "stagehand: {} per steady step = {rate}; {:.1} % of the bound",
+            seconds(stagehand.run.steady_step_seconds),
             stagehand.efficiency * 100.0
         )?;
     }
     for baseline in &simulation.baselines {
-        if let Some(speedup) = baseline.stagehand_speedup {
+        let Some(speedup) = baseline.stagehand_speedup else {
+            continue;
+        };
+        if (speedup - 1.0).abs() < 0.005 {
+            // At depth 0 stagehand is the naive baseline: "1.00× faster" would mislead.
+            writeln!(
+                out,
+                "stagehand vs {} ({}): the same steady step",
+                baseline.policy.label(),
+                baseline.description
+            )?;
+        } else if speedup >= 1.0 {
             writeln!(
                 out,
                 "stagehand vs {} ({}): {speedup:.2}× faster per steady step",
                 baseline.policy.label(),
                 baseline.description
             )?;
+        } else {
+            writeln!(
+                out,
+                "stagehand vs {} ({}): {:.2}× slower per steady step",
+                baseline.policy.label(),
+                baseline.description,
+                1.0 / speedup
+            )?;
         }
     }
     write_depth_advice(out, simulation)?;
+    for warning in &simulation.warnings {
+        writeln!(out, "warning: {warning}")?;
+    }
     if let Some(path) = trace {
         writeln!(out, "trace (stagehand run): {}", path.display())?;
     }

@@ -11,10 +11,13 @@ use stagehand_actors::{
     Device, DeviceArena, DeviceError, DevicePtr, HostBuffer, MemoryInfo, MemorySpace, OpFuture,
 };
 
-/// One arena's memory. Copy jobs hold a clone, so an arena freed while a copy is in
-/// flight stays alive until that copy has finished.
+use super::host_memory::{available_ram_bytes, ReservedMemory};
+
+/// One arena's memory, reserved and committed page by page as blocks land in it (see
+/// `host_memory`). Copy jobs hold a clone, so an arena freed while a copy is in flight
+/// stays alive until that copy has finished.
 struct ArenaMemory {
-    buffer: HostBuffer,
+    buffer: ReservedMemory,
 }
 
 type CopyOutcome = Result<HostBuffer, (DeviceError, HostBuffer)>;
@@ -142,11 +145,13 @@ impl Device for CpuDevice {
                 available_bytes: available,
             });
         }
-        let buffer =
-            HostBuffer::allocate(bytes as usize).map_err(|error| DeviceError::OutOfMemory {
-                requested_bytes: error.bytes as u64,
-                available_bytes: 0,
-            })?;
+        let buffer = ReservedMemory::reserve(bytes as usize).map_err(|_| {
+            // The budget allowed it; the host did not: say what the host has.
+            DeviceError::OutOfMemory {
+                requested_bytes: bytes,
+                available_bytes: available_ram_bytes().unwrap_or(0),
+            }
+        })?;
         let base = buffer.as_ptr() as u64;
         let mut arenas = self
             .arenas

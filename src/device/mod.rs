@@ -5,6 +5,7 @@ pub mod cpu;
 pub mod cpu_compute;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod host_memory;
 
 pub use cpu::CpuDevice;
 pub use cpu_compute::CpuCompute;

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use stagehand_actors::Device;
+use stagehand_actors::{Bytes, Device};
 
 use super::{execute_on, Budgets, Outcome, Prepared, RunError, RunPlan};
 use crate::device::cuda::bench::{link_figures, LinkFigures};
@@ -135,15 +135,15 @@ pub fn execute_cuda(prepared: &Prepared, plan: RunPlan<'_>) -> Result<Outcome, R
     let run = execute_cuda_with(prepared, plan, CudaRunOptions::default())?;
     let vram = &run.vram;
     tracing::info!(
-        "VRAM in use (driver figure): peak {} MiB; weights {} MiB over the {} MiB baseline \
-         (compute buffers taken off); budget {} MiB + headroom {} MiB (+ {} MiB of kernel \
+        "VRAM in use (driver figure): peak {}; weights {} over the {} baseline \
+         (compute buffers taken off); budget {} + headroom {} (+ {} of kernel \
          code the driver may load): {}",
-        vram.peak_used_bytes >> 20,
-        vram.peak_weights_bytes >> 20,
-        vram.baseline_used_bytes >> 20,
-        vram.budget.budget_bytes >> 20,
-        vram.vram_headroom_bytes >> 20,
-        vram.driver_allowance_bytes >> 20,
+        Bytes(vram.peak_used_bytes),
+        Bytes(vram.peak_weights_bytes),
+        Bytes(vram.baseline_used_bytes),
+        Bytes(vram.budget.budget_bytes),
+        Bytes(vram.vram_headroom_bytes),
+        Bytes(vram.driver_allowance_bytes),
         if vram.within_budget_and_headroom {
             "within"
         } else {
@@ -249,10 +249,10 @@ pub fn execute_cuda_with(
         pin_ceiling_bytes: plan.budgets.pin_ceiling_bytes,
     };
     tracing::info!(
-        "cuda: {} ({}), weight budget {} MiB (limited by {:?})",
+        "cuda: {} ({}), weight budget {} (limited by {:?})",
         device.name(),
         device.device_name(),
-        budget.budget_bytes >> 20,
+        Bytes(budget.budget_bytes),
         budget.limited_by,
     );
     let settings = plan.settings;

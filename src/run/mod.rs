@@ -3,6 +3,7 @@
 
 #[cfg(feature = "cuda")]
 mod cuda;
+pub mod demo_pins;
 mod execute;
 pub mod memory;
 mod prepare;
@@ -127,15 +128,7 @@ pub fn default_cache_dir() -> PathBuf {
     PathBuf::from("target").join("stagehand-cache")
 }
 
-/// Free host memory the kernel could give us now (`MemAvailable`), if known.
-pub fn available_ram_bytes() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text
-        .lines()
-        .find(|line| line.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
+pub use crate::device::host_memory::available_ram_bytes;
 
 /// The budgets a run uses, resolved from the settings and the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -160,7 +153,9 @@ pub fn resolve_budgets(settings: &Settings, model_bytes: u64, is_demo: bool) -> 
     let pin_ceiling_bytes = match spare {
         Some(spare) if wanted > spare => {
             tracing::warn!(
-                "pin_ceiling lowered from {wanted} to {spare} bytes so free RAM stays above ram_floor"
+                "pin_ceiling lowered from {} to {} so free RAM stays above ram_floor",
+                stagehand_actors::Bytes(wanted),
+                stagehand_actors::Bytes(spare)
             );
             spare
         }
@@ -258,6 +253,9 @@ pub struct Outcome {
     pub host_bytes: u64,
     /// The process's peak resident set at the end of the run.
     pub peak_rss_bytes: Option<u64>,
+    /// Decoders: the planned streamed bytes per step once KV-cache growth made resident
+    /// blocks give way (the re-plan); equal to the plan's when nothing gave way.
+    pub streamed_bytes_per_step_after_kv: u64,
 }
 
 /// An observer that records nothing, for runs without metrics.

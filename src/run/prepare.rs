@@ -245,6 +245,11 @@ pub fn prepare_with(
             Vec::new(),
         ),
     };
+    // A generated demo model gets the demo's defaults (budgets that make both tiers
+    // stream) however it was named: plainly or with --model.
+    let is_demo = is_demo
+        || DemoSpec::from_metadata(&index.metadata).is_some()
+        || MoeSpec::from_metadata(&index.metadata).is_some();
     Ok(Prepared {
         index,
         workload: Workload { model, lora },

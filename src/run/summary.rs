@@ -74,6 +74,13 @@ pub struct Summary {
     /// (VRAM budget + peak pinned + host model bytes) × 1.1 + 64 MiB.
     pub peak_rss_bytes: Option<u64>,
     pub rss_limit_bytes: u64,
+    /// Decoders: the KV cache at the end, the growths that made resident blocks give
+    /// way, how many gave way, and the streamed bytes per step planned after them.
+    pub kv_bytes: u64,
+    pub kv_growths_with_evictions: u64,
+    pub kv_evicted_blocks: u64,
+    pub streamed_bytes_per_step_after_kv: u64,
+    pub tokens: Vec<u32>,
 }
 
 /// Host memory the budgets account for may be exceeded by this factor and margin
@@ -149,6 +156,19 @@ impl Summary {
             host_model_bytes: outcome.host_bytes,
             peak_rss_bytes: outcome.peak_rss_bytes,
             rss_limit_bytes: (accounted as f64 * RSS_SLACK) as u64 + RSS_MARGIN_BYTES,
+            kv_bytes: report.kv_bytes,
+            kv_growths_with_evictions: report
+                .kv_growth
+                .iter()
+                .filter(|(_, _, blocks)| !blocks.is_empty())
+                .count() as u64,
+            kv_evicted_blocks: report
+                .kv_growth
+                .iter()
+                .map(|(_, _, blocks)| blocks.len() as u64)
+                .sum(),
+            streamed_bytes_per_step_after_kv: outcome.streamed_bytes_per_step_after_kv,
+            tokens: report.tokens.clone(),
         }
     }
 
@@ -168,13 +188,20 @@ impl Summary {
         };
         if self.workload == "stream-verify" {
             line(format!(
-                "stagehand run: stream-verify, {} steps on {} ({} reads): checked bytes only — every block's checksum on the device equals the file's in {} steps; nothing was computed",
-                self.steps, self.device, self.storage, self.verified_steps
+                "stagehand run: stream-verify, {} on {} ({} reads): checked bytes only — every block's checksum on the device equals the file's in {} steps; nothing was computed",
+                counted(self.steps, "step", "steps"),
+                self.device,
+                self.storage,
+                self.verified_steps
             ));
         } else {
             line(format!(
-                "stagehand run: {}, {} steps on {} ({} reads), {} verified against {reference}",
-                self.workload, self.steps, self.device, self.storage, self.verified_steps
+                "stagehand run: {}, {} on {} ({} reads), {} verified against {reference}",
+                self.workload,
+                counted(self.steps, "step", "steps"),
+                self.device,
+                self.storage,
+                self.verified_steps
             ));
         }
         line(format!(
@@ -206,6 +233,16 @@ impl Summary {
                 bytes(self.streamed_bytes_per_step_planned),
                 bytes(self.disk_bytes_per_step_planned)
             ));
+        } else if self.expert_hits + self.expert_misses > 0 {
+            // The plan covers the dense blocks in step order; experts load as the router
+            // picks them, through the expert cache, and no plan predicts those bytes.
+            line(format!(
+                "  per steady step: pinned→vram {} (dense blocks planned {}, the rest experts as routed)  disk→pinned {} (dense blocks planned {})",
+                bytes(self.pinned_to_vram_bytes_per_step as u64),
+                bytes(self.streamed_bytes_per_step_planned),
+                bytes(self.disk_to_pinned_bytes_per_step as u64),
+                bytes(self.disk_bytes_per_step_planned)
+            ));
         } else {
             line(format!(
                 "  per steady step: pinned→vram {} (plan {})  disk→pinned {} (plan {})",
@@ -217,9 +254,9 @@ impl Summary {
         }
         let total = (self.hits + self.misses).max(1);
         line(format!(
-            "  acquires: {} hits, {} misses ({:.1}% hit)  compute stalled {}",
-            self.hits,
-            self.misses,
+            "  acquires: {}, {} ({:.1}% hit)  compute stalled {}",
+            counted(self.hits, "hit", "hits"),
+            counted(self.misses, "miss", "misses"),
             100.0 * self.hits as f64 / total as f64,
             ms(self.stall_seconds)
         ));
@@ -236,8 +273,11 @@ impl Summary {
         let read_ahead = self.read_ahead_used + self.read_ahead_dropped + self.read_ahead_failed;
         if read_ahead > 0 {
             line(format!(
-                "  disk read-ahead: {} blocks read while the ring was full: {} used, {} dropped, {} failed",
-                read_ahead, self.read_ahead_used, self.read_ahead_dropped, self.read_ahead_failed
+                "  disk read-ahead: {} read while the ring was full: {} used, {} dropped, {} failed",
+                counted(read_ahead, "block", "blocks"),
+                self.read_ahead_used,
+                self.read_ahead_dropped,
+                self.read_ahead_failed
             ));
         }
         if !self.lora_adapters.is_empty() {
@@ -259,11 +299,29 @@ impl Summary {
         }
         if self.expert_hits + self.expert_misses > 0 {
             line(format!(
-                "  experts: {} hits, {} misses ({:.1}% hit)  {} hinted",
-                self.expert_hits,
-                self.expert_misses,
+                "  experts: {}, {} ({:.1}% hit)  {} hinted",
+                counted(self.expert_hits, "hit", "hits"),
+                counted(self.expert_misses, "miss", "misses"),
                 100.0 * self.expert_hit_rate,
                 self.expert_hints
+            ));
+        }
+        if self.kv_bytes > 0 {
+            let replan = if self.kv_evicted_blocks > 0 {
+                format!(
+                    "; growing it made {} resident blocks give way (by max-scatter priority, in {} growths): the plan now streams {} per step, was {}",
+                    self.kv_evicted_blocks,
+                    self.kv_growths_with_evictions,
+                    bytes(self.streamed_bytes_per_step_after_kv),
+                    bytes(self.streamed_bytes_per_step_planned)
+                )
+            } else {
+                "; it grew without displacing weights".to_string()
+            };
+            line(format!(
+                "  KV cache: {} in VRAM for {} tokens (activations){replan}",
+                bytes(self.kv_bytes),
+                self.tokens.len()
             ));
         }
         if self.host_model_bytes > 0 {
@@ -287,4 +345,9 @@ impl Summary {
         ));
         out
     }
+}
+
+/// "1 miss", "2 misses": a count with the right noun.
+fn counted(count: u64, one: &str, many: &str) -> String {
+    format!("{count} {}", if count == 1 { one } else { many })
 }

@@ -10,6 +10,7 @@ use std::str::FromStr;
 
 use bytesize::ByteSize;
 use config::{Value, ValueKind};
+use stagehand_actors::Bytes;
 
 use super::{DeviceKind, Settings};
 
@@ -73,8 +74,9 @@ pub(crate) fn apply(settings: &mut Settings, key: &str, value: Value) -> Result<
 /// A setting's effective value as `stagehand config` shows it; unset optional values
 /// say what happens instead.
 pub fn display_value(settings: &Settings, key: &str) -> String {
-    let size_or = |size: Option<ByteSize>, otherwise: &str| {
-        size.map_or_else(|| otherwise.to_string(), |size| size.to_string())
+    let size = |size: ByteSize| Bytes(size.as_u64()).to_string();
+    let size_or = |optional: Option<ByteSize>, otherwise: &str| {
+        optional.map_or_else(|| otherwise.to_string(), size)
     };
     match key {
         "device" => format!("{:?}", settings.device).to_ascii_lowercase(),
@@ -82,10 +84,10 @@ pub fn display_value(settings: &Settings, key: &str) -> String {
             settings.vram_budget,
             "auto (device total - reserve_vram - vram_headroom)",
         ),
-        "reserve_vram" => settings.reserve_vram.to_string(),
-        "vram_headroom" => settings.vram_headroom.to_string(),
+        "reserve_vram" => size(settings.reserve_vram),
+        "vram_headroom" => size(settings.vram_headroom),
         "pin_ceiling" => size_or(settings.pin_ceiling, "auto (free RAM - ram_floor)"),
-        "ram_floor" => settings.ram_floor.to_string(),
+        "ram_floor" => size(settings.ram_floor),
         "fast_disk" => settings.fast_disk.to_string(),
         "prefetch_depth" => settings.prefetch_depth.to_string(),
         "metrics_addr" => settings
@@ -101,8 +103,8 @@ pub fn display_value(settings: &Settings, key: &str) -> String {
             .clone()
             .unwrap_or_else(|| "built-in prefixes".to_string()),
         "staging_buffers" => settings.staging_buffers.to_string(),
-        "staging_buffer_size" => settings.staging_buffer_size.to_string(),
-        "read_request_size" => settings.read_request_size.to_string(),
+        "staging_buffer_size" => size(settings.staging_buffer_size),
+        "read_request_size" => size(settings.read_request_size),
         "reader_threads" => settings.reader_threads.to_string(),
         _ => String::new(),
     }

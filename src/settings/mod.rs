@@ -39,6 +39,27 @@ pub enum DeviceKind {
     Cuda,
 }
 
+/// Sizes in JSON (`stagehand config --json`) are integer bytes, which a script can
+/// compare, not text such as "7.5 GiB". Reading still takes either.
+mod size_json {
+    use bytesize::ByteSize;
+    use serde::Serializer;
+
+    pub fn bytes<S: Serializer>(size: &ByteSize, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_u64(size.as_u64())
+    }
+
+    pub fn optional<S: Serializer>(
+        size: &Option<ByteSize>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        match size {
+            Some(size) => serializer.serialize_some(&size.as_u64()),
+            None => serializer.serialize_none(),
+        }
+    }
+}
+
 /// The effective settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -46,14 +67,19 @@ pub struct Settings {
     pub device: DeviceKind,
     /// VRAM stagehand may use for weights; `None` = device total − reserve_vram − vram_headroom
     /// (the CPU backend then uses 40 % of the model, so the demo really streams).
+    #[serde(serialize_with = "size_json::optional")]
     pub vram_budget: Option<ByteSize>,
     /// VRAM kept out of stagehand's own accounting.
+    #[serde(serialize_with = "size_json::bytes")]
     pub reserve_vram: ByteSize,
     /// VRAM kept free even counting other processes.
+    #[serde(serialize_with = "size_json::bytes")]
     pub vram_headroom: ByteSize,
     /// Most host memory stagehand pins; `None` = derived from free RAM − ram_floor.
+    #[serde(serialize_with = "size_json::optional")]
     pub pin_ceiling: Option<ByteSize>,
     /// Free RAM kept for the rest of the machine; clamped to ≥ 2 GiB.
+    #[serde(serialize_with = "size_json::bytes")]
     pub ram_floor: ByteSize,
     /// Stream from disk every step through a pinned staging ring (O_DIRECT).
     pub fast_disk: bool,
@@ -70,8 +96,10 @@ pub struct Settings {
     /// Pinned staging buffers in the fast-disk ring.
     pub staging_buffers: u32,
     /// Size of each staging buffer.
+    #[serde(serialize_with = "size_json::bytes")]
     pub staging_buffer_size: ByteSize,
     /// Size of one disk read request.
+    #[serde(serialize_with = "size_json::bytes")]
     pub read_request_size: ByteSize,
     /// Disk reader worker threads.
     pub reader_threads: u32,

@@ -2,6 +2,7 @@
 
 use bytesize::ByteSize;
 use regex::Regex;
+use stagehand_actors::Bytes;
 
 use super::error::SettingsError;
 use super::Settings;
@@ -33,8 +34,9 @@ pub(crate) fn clamp(settings: &mut Settings) -> Vec<(&'static str, String)> {
         notes.push((
             "ram_floor",
             format!(
-                "raised from {} to the {MIN_RAM_FLOOR} minimum",
-                settings.ram_floor
+                "raised from {} to the {} minimum",
+                Bytes(settings.ram_floor.as_u64()),
+                Bytes(MIN_RAM_FLOOR.as_u64())
             ),
         ));
         settings.ram_floor = MIN_RAM_FLOOR;
@@ -88,10 +90,10 @@ impl Settings {
         if self.read_request_size > self.staging_buffer_size {
             return fail(
                 "read_request_size",
-                self.read_request_size.to_string(),
+                Bytes(self.read_request_size.as_u64()).to_string(),
                 format!(
                     "must not exceed staging_buffer_size ({}): one read fills at most one buffer",
-                    self.staging_buffer_size
+                    Bytes(self.staging_buffer_size.as_u64())
                 ),
             );
         }
@@ -145,7 +147,7 @@ fn check_aligned(key: &'static str, size: ByteSize) -> Result<(), Invalid> {
     }
     Err(Invalid {
         key,
-        value: size.to_string(),
+        value: Bytes(bytes).to_string(),
         reason: format!(
             "must be a non-zero multiple of 4 KiB ({bytes} bytes is not); direct I/O needs \
              aligned sizes, so write e.g. 4MiB rather than 4MB"

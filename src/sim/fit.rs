@@ -93,6 +93,10 @@ pub enum FitFailure {
         ring_bytes: u64,
         largest_block_bytes: u64,
         prefetch_depth: u32,
+        /// The least budget the pipeline's plan takes at this depth (`VramPlan`).
+        needed_bytes: u64,
+        /// The deepest smaller prefetch depth this budget fits, if any.
+        fits_at_depth: Option<u32>,
     },
     /// `pin_ceiling` asks for more than the host can spare above the RAM floor.
     PinCeilingAboveHost {
@@ -136,9 +140,9 @@ impl FitFailure {
             } => budget_bytes - available_bytes,
             FitFailure::VramBelowRing {
                 budget_bytes,
-                ring_bytes,
+                needed_bytes,
                 ..
-            } => ring_bytes - budget_bytes,
+            } => needed_bytes.saturating_sub(budget_bytes),
             FitFailure::PinCeilingAboveHost {
                 ceiling_bytes,
                 available_bytes,
@@ -166,30 +170,59 @@ impl std::fmt::Display for FitFailure {
         match *self {
             FitFailure::VramBudgetAboveDevice { budget_bytes, available_bytes } => write!(
                 f,
-                "vram_budget {} is {short} more than the card has after reserve_vram and vram_headroom ({}); lower --vram-budget",
+                "vram_budget {} is {short} more than the card has after reserve_vram and vram_headroom ({}); set --vram-budget {} or less",
                 Bytes(budget_bytes),
-                Bytes(available_bytes)
+                Bytes(available_bytes),
+                Bytes(available_bytes).flag_value_at_most()
             ),
-            FitFailure::VramBelowRing { budget_bytes, ring_bytes, largest_block_bytes, prefetch_depth } => write!(
-                f,
-                "vram_budget {} is {short} short of the streaming ring: largest block {} × (prefetch_depth {prefetch_depth} + 1) = {}; raise --vram-budget or lower --prefetch-depth",
-                Bytes(budget_bytes),
-                Bytes(largest_block_bytes),
-                Bytes(ring_bytes)
-            ),
+            FitFailure::VramBelowRing { budget_bytes, ring_bytes, largest_block_bytes, prefetch_depth, needed_bytes, fits_at_depth } => {
+                if needed_bytes == ring_bytes {
+                    write!(
+                        f,
+                        "vram_budget {} is {short} short of the streaming ring: largest block {} × (prefetch_depth {prefetch_depth} + 1) = {}",
+                        Bytes(budget_bytes),
+                        Bytes(largest_block_bytes),
+                        Bytes(ring_bytes)
+                    )?;
+                } else {
+                    write!(
+                        f,
+                        "vram_budget {} is {short} short of the {} this model needs at prefetch_depth {prefetch_depth} (blocks too large to stream kept resident, plus a ring of {} slots)",
+                        Bytes(budget_bytes),
+                        Bytes(needed_bytes),
+                        prefetch_depth + 1
+                    )?;
+                }
+                write!(f, "; set --vram-budget {} or more", Bytes(needed_bytes).flag_value_at_least())?;
+                match fits_at_depth {
+                    Some(depth) => write!(f, ", or --prefetch-depth {depth}"),
+                    None if prefetch_depth > 0 => write!(f, " (no smaller prefetch depth fits {})", Bytes(budget_bytes)),
+                    None => Ok(()),
+                }
+            }
             FitFailure::PinCeilingAboveHost { ceiling_bytes, available_bytes } => write!(
                 f,
-                "pin_ceiling {} is {short} more than the host can spare above its RAM floor ({}); lower --pin-ceiling or add RAM",
+                "pin_ceiling {} is {short} more than the host can spare above its RAM floor ({}); set --pin-ceiling {} or less, or add RAM",
                 Bytes(ceiling_bytes),
-                Bytes(available_bytes)
+                Bytes(available_bytes),
+                Bytes(available_bytes).flag_value_at_most()
             ),
-            FitFailure::PinnedBelowStaging { ceiling_bytes, staging_bytes, largest_block_bytes, staging_buffers } => write!(
-                f,
-                "pin_ceiling {} is {short} short of the staging ring: largest block {} × {staging_buffers} staging buffers = {}; add RAM, raise --pin-ceiling or lower --staging-buffers",
-                Bytes(ceiling_bytes),
-                Bytes(largest_block_bytes),
-                Bytes(staging_bytes)
-            ),
+            FitFailure::PinnedBelowStaging { ceiling_bytes, staging_bytes, largest_block_bytes, staging_buffers } => {
+                write!(
+                    f,
+                    "pin_ceiling {} is {short} short of the staging ring: largest block {} × {staging_buffers} staging buffers = {}; set --pin-ceiling {} or more",
+                    Bytes(ceiling_bytes),
+                    Bytes(largest_block_bytes),
+                    Bytes(staging_bytes),
+                    Bytes(staging_bytes).flag_value_at_least()
+                )?;
+                if staging_buffers > MIN_STAGING_BUFFERS
+                    && largest_block_bytes * u64::from(MIN_STAGING_BUFFERS) <= ceiling_bytes
+                {
+                    write!(f, ", or --staging-buffers {MIN_STAGING_BUFFERS}")?;
+                }
+                Ok(())
+            }
             FitFailure::StagingRingUnusable { staging_buffers, staging_buffer_bytes } => write!(
                 f,
                 "a staging ring of {staging_buffers} × {} cannot stream: it needs at least {MIN_STAGING_BUFFERS} buffers of more than 0 bytes; raise --staging-buffers or --staging-buffer-size",
@@ -254,6 +287,19 @@ fn pipeline_ring(model: &ModelDescription, budget_bytes: u64, depth: u32) -> Opt
     Some((plan.ring_bytes(), plan.slot_bytes))
 }
 
+/// The least VRAM budget the pipeline's plan takes for this model at `depth`.
+fn plan_minimum(model: &ModelDescription, depth: u32) -> u64 {
+    use stagehand_actors::{BlockId, ResidencyPolicy, StepOrder, VramPlan};
+    let layout = model.layout();
+    let Ok(order) = StepOrder::new(
+        (0..layout.len() as u32).map(BlockId).collect(),
+        layout.len(),
+    ) else {
+        return 0;
+    };
+    VramPlan::minimum_capacity_bytes(&layout, &order, depth, ResidencyPolicy::Planned)
+}
+
 impl FitCheck {
     pub fn new(
         model: &ModelDescription,
@@ -292,11 +338,17 @@ impl FitCheck {
             0
         };
         if ring_bytes > vram_budget_bytes {
+            let depth = settings.prefetch_depth;
+            let fits_at_depth = (0..depth)
+                .rev()
+                .find(|&smaller| plan_minimum(model, smaller) <= vram_budget_bytes);
             failures.push(FitFailure::VramBelowRing {
                 budget_bytes: vram_budget_bytes,
                 ring_bytes,
                 largest_block_bytes,
-                prefetch_depth: settings.prefetch_depth,
+                prefetch_depth: depth,
+                needed_bytes: plan_minimum(model, depth),
+                fits_at_depth,
             });
         }
         let resident_bytes = model_bytes.min(vram_budget_bytes.saturating_sub(ring_bytes));

@@ -22,6 +22,8 @@ mod hardware;
 pub mod harness;
 mod machine;
 mod model;
+mod output;
+mod reuse;
 mod run;
 mod simulation;
 mod storage;
@@ -41,6 +43,7 @@ pub use fit::{Bottleneck, FitCheck, FitFailure, FitSettings, RAM_FLOOR_MIN_BYTES
 pub use hardware::{DiskSpec, GpuSpec, HardwareProfile, LinkSpec};
 pub use machine::SimMachine;
 pub use model::{BlockDesc, ExpertDesc, ModelDescription};
+pub use output::{OutputRate, OutputUnit, StepOutput};
 pub use run::{
     run_policy, steady_window, LinkBytes, Policy, PolicyRun, RunOptions, SimRunError, SteadyBytes,
     MAX_STEPS,

@@ -10,6 +10,7 @@ use std::collections::BTreeSet;
 use serde::{Deserialize, Serialize};
 use stagehand_actors::{BlockLayout, Extent, FileId, ModelLayout};
 
+use super::output::StepOutput;
 use super::SimError;
 use crate::model::ModelIndex;
 
@@ -55,6 +56,8 @@ pub struct ModelDescription {
     /// In forward order.
     pub blocks: Vec<BlockDesc>,
     pub experts: Option<ExpertDesc>,
+    /// What a step produces (`[output]`), for figures in the model's unit.
+    pub output: Option<StepOutput>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -97,6 +100,7 @@ struct ModelFile {
     head: Option<BlockDesc>,
     tail: Option<BlockDesc>,
     experts: Option<ExpertDesc>,
+    output: Option<StepOutput>,
 }
 
 /// `count` equal blocks named `name.0`, `name.1`, ...
@@ -145,6 +149,7 @@ impl ModelDescription {
             tokens_per_step: file.tokens_per_step,
             blocks,
             experts: file.experts,
+            output: file.output,
         };
         description.validate().map_err(error)?;
         Ok(description)
@@ -213,6 +218,7 @@ impl ModelDescription {
             tokens_per_step,
             blocks,
             experts,
+            output: None,
         };
         description
             .validate()
@@ -288,6 +294,9 @@ impl ModelDescription {
         }
         if self.tokens_per_step == 0 {
             return Err("tokens_per_step: must be at least 1".to_string());
+        }
+        if let Some(output) = &self.output {
+            output.validate()?;
         }
         for block in &self.blocks {
             if block.bytes == 0 {

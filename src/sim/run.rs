@@ -17,7 +17,7 @@ use std::time::Duration;
 use serde::Serialize;
 use stagehand_actors::{
     BlockId, Link, LocalSession, NoObserver, Observer, ResidencyPolicy, SessionConfig,
-    StatsSnapshot,
+    StatsSnapshot, Tee,
 };
 
 use super::clock::SimClock;
@@ -26,6 +26,7 @@ use super::fit::{whole_block_staging_buffers, FitSettings, MIN_STAGING_BUFFERS};
 use super::hardware::HardwareProfile;
 use super::machine::SimMachine;
 use super::model::ModelDescription;
+use super::reuse::{ReuseLedger, VramBytesPerBlock};
 use super::trace::{Lane, TraceRecorder};
 use super::{virtual_time_system, SimError};
 
@@ -147,6 +148,10 @@ pub struct PolicyRun {
     pub steady_step_seconds: f64,
     /// Bytes over each link in each step (the counters' growth across the step).
     pub bytes_per_step: Vec<LinkBytes>,
+    /// Per step: bytes of the blocks acquired that needed no copy since their previous
+    /// use (they stayed in VRAM a whole cycle): the resident set every step after the
+    /// first, plus any streamed block the ring happened to keep.
+    pub reused_bytes_per_step: Vec<u64>,
     /// Mean bytes over each link per steady-state step (see [`steady_window`]).
     pub steady_bytes_per_step: SteadyBytes,
     /// What the session's plan says must cross each step.
@@ -247,7 +252,7 @@ async fn run_on_current_system(
     )?;
     let depth = policy.prefetch_depth(options.settings.prefetch_depth);
     let config = session_config(policy, depth, options);
-    let observer: Arc<dyn Observer> = match &options.trace {
+    let pipeline_observer: Arc<dyn Observer> = match &options.trace {
         Some(trace) => Arc::new(CopyLabels {
             trace: Arc::clone(trace),
             clock: Arc::clone(&machine.clock),
@@ -255,6 +260,8 @@ async fn run_on_current_system(
         }),
         None => Arc::new(NoObserver),
     };
+    let received = VramBytesPerBlock::new(layout.len());
+    let observer: Arc<dyn Observer> = Arc::new(Tee(pipeline_observer, Arc::clone(&received)));
     let order: Vec<BlockId> = (0..layout.len() as u32).map(BlockId).collect();
     let mut session = LocalSession::start(
         config.clone(),
@@ -284,7 +291,10 @@ async fn run_on_current_system(
         .virtual_time_limit
         .unwrap_or_else(|| default_limit(model, hardware, options.steps));
     let steps = options.steps.max(1);
-    let mut boundaries = vec![(Duration::ZERO, LinkBytes::default())];
+    let mut record = Record {
+        boundaries: vec![(Duration::ZERO, LinkBytes::default())],
+        reuse: ReuseLedger::new(received, model.blocks.iter().map(|b| b.bytes).collect()),
+    };
     let driven = tokio::time::timeout(
         limit,
         drive(
@@ -295,7 +305,7 @@ async fn run_on_current_system(
             &block_durations,
             steps,
             &progress,
-            &mut boundaries,
+            &mut record,
         ),
     )
     .await;
@@ -331,6 +341,7 @@ async fn run_on_current_system(
         });
     }
 
+    let Record { boundaries, reuse } = record;
     let step_seconds: Vec<f64> = boundaries
         .windows(2)
         .map(|pair| (pair[1].0 - pair[0].0).as_secs_f64())
@@ -353,6 +364,7 @@ async fn run_on_current_system(
         steady_bytes_per_step: steady_bytes(&bytes_per_step),
         step_seconds,
         bytes_per_step,
+        reused_bytes_per_step: reuse.into_per_step(),
         plan_streamed_bytes_per_step: plan.vram.streamed_bytes_per_step,
         plan_disk_bytes_per_step: plan.pins.disk_bytes_per_step,
         vram_budget_bytes: config.vram_budget_bytes,
@@ -389,8 +401,16 @@ fn session_config(policy: Policy, depth: u32, options: &RunOptions) -> SessionCo
     }
 }
 
+/// What the compute side records as it goes.
+struct Record {
+    /// The exact time and the link counters at the start and at each step's end.
+    boundaries: Vec<(Duration, LinkBytes)>,
+    reuse: ReuseLedger,
+}
+
 /// The compute side: every block in order, every step. Records the exact time and
-/// the link counters at each step's end. An error is the failing acquire's message.
+/// the link counters at each step's end, and which uses needed no copy. An error is
+/// the failing acquire's message.
 #[allow(clippy::too_many_arguments)]
 async fn drive(
     session: &mut LocalSession,
@@ -400,7 +420,7 @@ async fn drive(
     block_durations: &[Duration],
     steps: u64,
     progress: &Progress,
-    boundaries: &mut Vec<(Duration, LinkBytes)>,
+    record: &mut Record,
 ) -> Result<(), String> {
     for step in 0..steps {
         // A signal stops a long simulation between steps, like a real run.
@@ -413,6 +433,7 @@ async fn drive(
                 .await
                 .map_err(|error| error.to_string())?;
             let index = block.index();
+            record.reuse.used(step, block);
             machine
                 .compute
                 .compute(names[index].clone(), block_durations[index])
@@ -420,7 +441,9 @@ async fn drive(
             session.release(handle).await;
         }
         session.step_done().await;
-        boundaries.push((machine.clock.now(), LinkBytes::of(&session.stats())));
+        record
+            .boundaries
+            .push((machine.clock.now(), LinkBytes::of(&session.stats())));
     }
     Ok(())
 }

@@ -11,6 +11,7 @@ use super::faults::FaultPlan;
 use super::fit::{FitCheck, FitSettings};
 use super::hardware::HardwareProfile;
 use super::model::ModelDescription;
+use super::output::{OutputRate, StepOutput};
 use super::run::{run_policy, Policy, PolicyRun, RunOptions, SimRunError};
 use super::trace::TraceRecorder;
 
@@ -72,6 +73,14 @@ pub struct Simulation {
     pub prefetch_depth_chosen: Option<u32>,
     /// With auto: every depth tried, with its steady step over a short run.
     pub depth_candidates: Vec<DepthCandidate>,
+    /// What a step produces (the description's `[output]`), when it says.
+    pub output: Option<StepOutput>,
+    /// The fit check's bound in the model's unit (tokens/s, s/image, s/video, s/step).
+    pub bound_rate: OutputRate,
+    /// Stagehand's steady step in the model's unit, when it ran.
+    pub stagehand_rate: Option<OutputRate>,
+    /// Things a user must know even though the model fits (e.g. impractically slow).
+    pub warnings: Vec<String>,
 }
 
 /// What the simulation says to put in the config: the chosen depth, and how it
@@ -173,6 +182,14 @@ impl Simulation {
     }
 }
 
+fn seconds_text(value: f64) -> String {
+    if value >= 1.0 {
+        format!("{value:.1} s")
+    } else {
+        format!("{:.1} ms", value * 1e3)
+    }
+}
+
 /// Budgets below 1 ns of work would divide by zero: report 1.0 for "both nothing".
 fn ratio(numerator: f64, denominator: f64) -> f64 {
     if denominator > 0.0 {
@@ -213,6 +230,8 @@ pub fn simulate(
         }
     }
     let fit = FitCheck::new(model, hardware, &settings);
+    let output = model.output;
+    let bound_rate = StepOutput::rate(output.as_ref(), fit.bound_seconds, model.tokens_per_step);
     let mut simulation = Simulation {
         model: model.name.clone(),
         hardware: hardware.name.clone(),
@@ -231,6 +250,10 @@ pub fn simulate(
         prefetch_depth_auto: options.auto_prefetch_depth,
         prefetch_depth_chosen,
         depth_candidates,
+        output,
+        bound_rate,
+        stagehand_rate: None,
+        warnings: Vec::new(),
     };
     if !simulation.fits {
         return Ok(simulation);
@@ -247,6 +270,27 @@ pub fn simulate(
     };
     let stagehand = run_policy(model, hardware, Policy::Stagehand, &run_options)?;
     let stagehand_steady = stagehand.steady_step_seconds;
+    simulation.stagehand_rate = Some(StepOutput::rate(
+        output.as_ref(),
+        stagehand_steady,
+        model.tokens_per_step,
+    ));
+    if let Some(warning) =
+        StepOutput::too_slow(output.as_ref(), stagehand_steady, model.tokens_per_step)
+    {
+        let limit = format!(
+            "{warning}; limited by {} (the bound is {} per step)",
+            match simulation.fit.bottleneck {
+                super::fit::Bottleneck::Compute => "compute: only a faster GPU helps",
+                super::fit::Bottleneck::Link =>
+                    "the PCIe link: more VRAM would keep more blocks resident",
+                super::fit::Bottleneck::Disk =>
+                    "the disk: more RAM would cache more blocks, or a faster disk",
+            },
+            seconds_text(simulation.fit.bound_seconds)
+        );
+        simulation.warnings.push(limit);
+    }
     simulation.stagehand = Some(PolicyFigures::new(stagehand, model, hardware, &settings));
     if options.baselines {
         let baseline_options = RunOptions {

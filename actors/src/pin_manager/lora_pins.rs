@@ -28,6 +28,7 @@ impl Handler<AllocateLoraPins> for PinManager {
                 let _ = reply.send(Err(SessionError::LoraPinCeiling {
                     requested_bytes,
                     available_bytes,
+                    ceiling_bytes: self.state.ceiling_bytes(),
                 }));
                 return;
             }

@@ -284,6 +284,7 @@ fn planned_budget(
                 needed: crate::plan::Bytes(area),
                 largest: crate::plan::Bytes(experts.map_or(0, |experts| experts.slot_bytes)),
                 depth: 0,
+                fits_at_depth: None,
             },
         )),
     }

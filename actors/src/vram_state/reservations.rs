@@ -28,10 +28,15 @@ impl VramState {
         Ok(evicted)
     }
 
-    /// Bytes the resident area holds plus the ring and expert areas whole, plus
-    /// activations: what a new activation reservation must fit beside.
+    /// The blocks the plan keeps resident (placed or still to load), LoRA regions, the
+    /// ring and expert areas whole, and activations: what a new activation
+    /// reservation must fit beside.
     fn committed_bytes(&self) -> u64 {
-        self.resident_area.used_bytes() + self.resident_base() + self.activation_bytes
+        let planned: u64 = (0..self.plan.resident.len())
+            .filter(|&index| self.plan.resident[index])
+            .map(|index| align_up(self.block_bytes[index]))
+            .sum();
+        planned + self.lora_bytes + self.resident_base() + self.activation_bytes
     }
 
     pub fn release_activations(&mut self, bytes: u64) {
@@ -90,7 +95,7 @@ impl VramState {
     /// Evicts the evictable resident block of lowest max-scatter priority (its first
     /// position in the order, bit-reversed) and streams it from now on.
     fn evict_lowest_priority(&mut self) -> Option<BlockId> {
-        let victim = self.evictable_resident().min_by_key(|&block| {
+        let victim = self.planned_resident().min_by_key(|&block| {
             self.order
                 .first_position(block)
                 .map_or(0, crate::plan::max_scatter_priority)
@@ -115,13 +120,33 @@ impl VramState {
             })
     }
 
-    /// Evicts resident `block` and marks it streamed; false if it cannot be evicted.
+    /// Blocks the plan keeps resident (loaded yet or not) that could stream instead:
+    /// not loading, unheld, and small enough for a ring slot.
+    fn planned_resident(&self) -> impl Iterator<Item = BlockId> + '_ {
+        (0..self.plan.resident.len())
+            .filter(|&index| self.plan.resident[index])
+            .map(|index| BlockId(index as u32))
+            .filter(|&block| {
+                !self.loading[block.index()]
+                    && self.table.holders(block) == 0
+                    && align_up(self.block_bytes[block.index()]) <= self.slot_bytes()
+            })
+    }
+
+    /// Evicts resident `block` (when it is loaded) and marks it streamed; false if it
+    /// cannot be evicted.
     fn evict_resident(&mut self, block: BlockId) -> bool {
-        if !self.table.try_begin_evict(block) {
-            return false;
+        let placed = matches!(
+            self.placement[block.index()],
+            Some(Placement::Resident { .. })
+        );
+        if placed {
+            if !self.table.try_begin_evict(block) {
+                return false;
+            }
+            self.unplace(block);
+            self.table.finish_evict(block);
         }
-        self.unplace(block);
-        self.table.finish_evict(block);
         self.plan.resident[block.index()] = false;
         true
     }
@@ -148,6 +173,7 @@ impl VramState {
         );
         let taken = self.ring_area_bytes + self.activation_bytes + self.lora_bytes;
         let available = Bytes(self.budget_bytes.saturating_sub(taken));
+        let needed = Bytes(taken + requested + held.0);
         if lora {
             ActivationError::LoraDoesNotFit {
                 requested: Bytes(requested),
@@ -155,6 +181,7 @@ impl VramState {
                 ring,
                 available,
                 held,
+                needed,
             }
         } else {
             ActivationError::DoNotFit {
@@ -163,6 +190,7 @@ impl VramState {
                 ring,
                 available,
                 held,
+                needed,
             }
         }
     }

@@ -8,7 +8,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use anyhow::Context;
-use bytesize::ByteSize;
+use stagehand_actors::Bytes;
 
 use super::report::ModeResult;
 use super::BenchDiskArgs;
@@ -33,7 +33,7 @@ pub(super) fn make_cold(path: &Path, file_bytes: u64) -> Option<String> {
         Ok(still_cached) if (still_cached as f64) > COLD_CACHE_TOLERANCE * file_bytes as f64 => {
             Some(format!(
                 "could not drop the page cache: {} of the file still cached",
-                ByteSize::b(still_cached)
+                Bytes(still_cached)
             ))
         }
         Ok(_) => None,
@@ -98,8 +98,10 @@ pub(super) fn measure_mmap(path: &Path, bytes: u64) -> anyhow::Result<ModeResult
     Ok(mode_result("mmap_touch", bytes, seconds, &before, &after))
 }
 
-/// Runs `dd ... iflag=direct` on the same range and times it from here.
-pub(super) fn run_dd(path: &Path, bytes: u64, file_bytes: u64) -> ModeResult {
+/// Runs `dd ... iflag=direct` on the same range and times it from here. Without the
+/// reference there is nothing to compare with: a dd that cannot run or fails is an
+/// error, in one line (dd's own message, flattened).
+pub(super) fn run_dd(path: &Path, bytes: u64, file_bytes: u64) -> Result<ModeResult, String> {
     let before = MemorySnapshot::now();
     let mut command = Command::new("dd");
     command
@@ -117,17 +119,21 @@ pub(super) fn run_dd(path: &Path, bytes: u64, file_bytes: u64) -> ModeResult {
     let output = command.output();
     let seconds = started.elapsed().as_secs_f64();
     let after = MemorySnapshot::now();
-    let failed = |note: String| ModeResult {
-        notes: vec![note],
-        ..mode_result("dd_direct", 0, 0.0, &before, &after)
-    };
-    let output = match output {
-        Ok(output) => output,
-        Err(error) => return failed(format!("could not run dd: {error}")),
-    };
+    let output = output.map_err(|error| {
+        format!("could not run dd, the reference read ({error}); install coreutils' dd")
+    })?;
     let stderr = String::from_utf8_lossy(&output.stderr);
     if !output.status.success() {
-        return failed(format!("dd failed: {}", stderr.trim()));
+        let said: Vec<&str> = stderr
+            .lines()
+            .map(str::trim)
+            .filter(|line| !line.is_empty())
+            .collect();
+        return Err(format!(
+            "dd, the reference read, failed ({}): {}; O_DIRECT needs a filesystem that supports it (not tmpfs): bench a file on the disk to measure",
+            output.status,
+            said.join(" / ")
+        ));
     }
     // dd's last line: "1073741824 bytes (1.1 GB, 1.0 GiB) copied, 0.52 s, 2.1 GB/s".
     let copied_bytes = stderr
@@ -139,9 +145,12 @@ pub(super) fn run_dd(path: &Path, bytes: u64, file_bytes: u64) -> ModeResult {
         Some(copied) => {
             let mut result = mode_result("dd_direct", copied, seconds, &before, &after);
             result.rss_growth_bytes = None;
-            result
+            Ok(result)
         }
-        None => failed(format!("could not parse dd's output: {}", stderr.trim())),
+        None => Err(format!(
+            "could not read dd's byte count from its output: {}",
+            stderr.trim().replace('\n', " / ")
+        )),
     }
 }
 

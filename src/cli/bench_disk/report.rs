@@ -1,8 +1,8 @@
 //! What `bench disk` reports: one figure per mode (the median round), its ratio to
 //! dd, and the table or JSON it prints.
 
-use bytesize::ByteSize;
 use serde::Serialize;
+use stagehand_actors::Bytes;
 
 use super::BenchDiskArgs;
 
@@ -101,11 +101,11 @@ pub(super) fn print_table(report: &DiskBenchReport) {
     println!(
         "bench disk: {} — {} per mode, median of {} rounds, {} requests, ring {} × {}, {} reader threads",
         report.file,
-        ByteSize::b(report.bytes).display().iec(),
+        Bytes(report.bytes),
         report.rounds,
-        ByteSize::b(report.request_bytes).display().iec(),
+        Bytes(report.request_bytes),
         report.staging_buffers,
-        ByteSize::b(report.staging_buffer_bytes).display().iec(),
+        Bytes(report.staging_buffer_bytes),
         report.reader_threads
     );
     println!(
@@ -148,10 +148,7 @@ pub(super) fn print_table(report: &DiskBenchReport) {
 }
 
 fn signed_size(bytes: i64) -> String {
-    let magnitude = ByteSize::b(bytes.unsigned_abs())
-        .display()
-        .iec()
-        .to_string();
+    let magnitude = Bytes(bytes.unsigned_abs()).to_string();
     if bytes < 0 {
         format!("-{magnitude}")
     } else {

@@ -6,8 +6,8 @@
 //!   desktop, another model) already hold part of the device and `vram_headroom` must
 //!   stay free counting them too.
 
-use bytesize::ByteSize;
 use serde::Serialize;
+use stagehand_actors::Bytes;
 
 /// The figures the budget is computed from, all in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,25 +49,26 @@ pub enum BudgetError {
          {total}: lower --reserve-vram or --vram-headroom"
     )]
     NothingLeftAfterReserve {
-        total: ByteSize,
-        reserve: ByteSize,
-        headroom: ByteSize,
+        total: Bytes,
+        reserve: Bytes,
+        headroom: Bytes,
     },
     #[error(
         "the driver reports only {free} free on the device (other processes hold the rest) \
          and vram_headroom ({headroom}) must stay free: free VRAM (see nvidia-smi) or lower \
          --vram-headroom"
     )]
-    NothingFree { free: ByteSize, headroom: ByteSize },
+    NothingFree { free: Bytes, headroom: Bytes },
     #[error("vram_budget is 0: set --vram-budget to a positive size such as \"8GiB\", or leave it unset")]
     ConfiguredZero,
     #[error(
         "vram_budget ({configured}) is more than this device can give ({limit}, limited by \
-         {limited_by}): lower --vram-budget or leave it unset"
+         {limited_by}): set --vram-budget {} or less, or leave it unset",
+        limit.flag_value_at_most()
     )]
     ConfiguredTooLarge {
-        configured: ByteSize,
-        limit: ByteSize,
+        configured: Bytes,
+        limit: Bytes,
         limited_by: &'static str,
     },
 }
@@ -80,16 +81,16 @@ pub fn vram_budget(inputs: BudgetInputs) -> Result<VramBudget, BudgetError> {
     let accounting_limit_bytes = inputs.total_bytes.saturating_sub(reserved_bytes);
     if accounting_limit_bytes == 0 {
         return Err(BudgetError::NothingLeftAfterReserve {
-            total: ByteSize::b(inputs.total_bytes),
-            reserve: ByteSize::b(inputs.reserve_vram_bytes),
-            headroom: ByteSize::b(inputs.vram_headroom_bytes),
+            total: Bytes(inputs.total_bytes),
+            reserve: Bytes(inputs.reserve_vram_bytes),
+            headroom: Bytes(inputs.vram_headroom_bytes),
         });
     }
     let driver_limit_bytes = inputs.free_bytes.saturating_sub(inputs.vram_headroom_bytes);
     if driver_limit_bytes == 0 {
         return Err(BudgetError::NothingFree {
-            free: ByteSize::b(inputs.free_bytes),
-            headroom: ByteSize::b(inputs.vram_headroom_bytes),
+            free: Bytes(inputs.free_bytes),
+            headroom: Bytes(inputs.vram_headroom_bytes),
         });
     }
     let (limit_bytes, limited_by) = if driver_limit_bytes < accounting_limit_bytes {
@@ -102,8 +103,8 @@ pub fn vram_budget(inputs: BudgetInputs) -> Result<VramBudget, BudgetError> {
         Some(0) => return Err(BudgetError::ConfiguredZero),
         Some(configured) if configured > limit_bytes => {
             return Err(BudgetError::ConfiguredTooLarge {
-                configured: ByteSize::b(configured),
-                limit: ByteSize::b(limit_bytes),
+                configured: Bytes(configured),
+                limit: Bytes(limit_bytes),
                 limited_by: match limited_by {
                     BudgetLimit::DriverFree => "the driver's free memory − vram_headroom",
                     _ => "total − reserve_vram − vram_headroom",

@@ -4,6 +4,27 @@ use super::*;
 
 const MIB: u64 = 1 << 20;
 
+/// The same cases on every run (a recorded seed, or `PROPTEST_RNG_SEED`), the
+/// seed printed when a case fails, failures saved beside this file.
+fn replayable(cases: u32, recorded_seed: u64) -> ProptestConfig {
+    use proptest::test_runner::{FileFailurePersistence, RngAlgorithm, RngSeed};
+    let base = ProptestConfig::default();
+    let seed = match base.rng_seed {
+        RngSeed::Fixed(seed) => seed,
+        RngSeed::Random => recorded_seed,
+    };
+    eprintln!("proptest seed {seed}: `PROPTEST_RNG_SEED={seed}` replays these cases");
+    ProptestConfig {
+        cases,
+        rng_algorithm: RngAlgorithm::ChaCha,
+        rng_seed: RngSeed::Fixed(seed),
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource(
+            "proptest-regressions",
+        ))),
+        ..base
+    }
+}
+
 #[test]
 fn chunk_size_is_rounded_up_to_the_granularity() {
     // Proves a chunk hint that is not a whole number of granules is rounded up, and a
@@ -124,6 +145,8 @@ fn operation() -> impl Strategy<Value = Operation> {
 }
 
 proptest! {
+    #![proptest_config(replayable(256, 0xc4a2c))]
+
     #[test]
     fn any_sequence_keeps_a_prefix_and_never_remaps(
         granularity_mib in 1u64..4,

@@ -1,0 +1,124 @@
+//! `stagehand simulate`'s verdict, for scripts and for people: exit 0 when the model
+//! fits and 3 when it does not (after the report), advice that is true for the case
+//! (no smaller depth suggested when none fits), the step in the model's own unit, and
+//! a warning when a model that fits is too slow to use.
+
+mod common;
+
+use common::stagehand;
+
+fn simulate(args: &[&str]) -> (Option<i32>, String, String) {
+    let output = stagehand()
+        .current_dir(std::env::temp_dir())
+        .arg("simulate")
+        .args(args)
+        .output()
+        .expect("binary runs");
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_model_that_does_not_fit_exits_3_with_the_value_that_would_work() {
+    // Llama-3-70B's largest block (1.96 GiB) alone exceeds 1 GiB: no depth fits, so no
+    // depth is suggested, only the budget that would work.
+    let (code, stdout, stderr) = simulate(&[
+        "--model",
+        "llama3-70b",
+        "--hardware",
+        "rtx3060-12gb",
+        "--vram-budget",
+        "1GiB",
+    ]);
+    assert_eq!(code, Some(3), "{stdout}{stderr}");
+    assert!(stdout.contains("fits: NO"), "{stdout}");
+    assert!(
+        stdout.contains("set --vram-budget 5.88GiB or more"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("no smaller prefetch depth fits 1 GiB"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("--prefetch-depth"), "{stdout}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with("does not fit: llama3-70b on rtx3060-12gb"),
+        "{stderr}"
+    );
+    // The same verdict in JSON, with the same exit status.
+    let (code, stdout, _) = simulate(&[
+        "--model",
+        "llama3-70b",
+        "--hardware",
+        "rtx3060-12gb",
+        "--vram-budget",
+        "1GiB",
+        "--json",
+    ]);
+    assert_eq!(code, Some(3));
+    let verdict: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(verdict["fits"], false);
+    assert_eq!(
+        verdict["fit"]["failures"][0]["fits_at_depth"],
+        serde_json::Value::Null
+    );
+}
+
+#[test]
+fn a_smaller_depth_is_suggested_only_when_it_fits() {
+    let (code, stdout, _) = simulate(&[
+        "--model",
+        "llama3-70b",
+        "--hardware",
+        "rtx3060-12gb",
+        "--vram-budget",
+        "5GiB",
+        "--prefetch-depth",
+        "2",
+    ]);
+    assert_eq!(code, Some(3));
+    assert!(
+        stdout.contains("set --vram-budget 5.88GiB or more, or --prefetch-depth 1"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn a_model_that_fits_exits_0_and_reports_its_unit() {
+    let (code, stdout, _) = simulate(&["--model", "flux1-dev", "--hardware", "rtx4090"]);
+    assert_eq!(code, Some(0), "{stdout}");
+    assert!(stdout.contains("s/image"), "{stdout}");
+    assert!(!stdout.contains("warning:"), "{stdout}");
+    let (code, stdout, _) = simulate(&["--model", "llama3-8b", "--hardware", "rtx4090", "--json"]);
+    assert_eq!(code, Some(0));
+    let verdict: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(verdict["stagehand_rate"]["unit"], "tokens/s");
+    assert_eq!(verdict["output"]["unit"], "token");
+    assert!(verdict["stagehand_rate"]["value"].as_f64().unwrap() > 1.0);
+}
+
+#[test]
+fn a_model_that_fits_but_is_unusably_slow_says_so() {
+    // Mixtral from an HDD: it fits, at hundreds of seconds per token.
+    let (code, stdout, _) = simulate(&[
+        "--model",
+        "mixtral-8x7b",
+        "--hardware",
+        "rtx3060-12gb",
+        "--disk",
+        "hdd",
+        "--no-baselines",
+    ]);
+    assert_eq!(code, Some(0), "fitting is not failing: {stdout}");
+    assert!(stdout.contains("fits: yes"), "{stdout}");
+    let warning = stdout
+        .lines()
+        .find(|line| line.starts_with("warning: impractically slow"))
+        .unwrap_or_else(|| panic!("no warning: {stdout}"));
+    assert!(warning.contains("below 1 token/s"), "{warning}");
+    assert!(warning.contains("limited by the disk"), "{warning}");
+}
