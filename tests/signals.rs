@@ -93,7 +93,7 @@ fn a_second_signal_exits_at_once() {
     let dir = tempfile::tempdir().expect("temp dir");
     let model = common::demo::small_demo_model(dir.path());
     let mut child = endless_run(&model).spawn().expect("starts");
-    let (_, rest) = wait_for_line(child.stderr.take().expect("stderr"), "streaming");
+    let (_, rest) = wait_for_line(child.stderr.take().expect("stderr"), "step 1 ran");
     send_signal(&child, libc::SIGSTOP);
     send_signal(&child, libc::SIGINT);
     send_signal(&child, libc::SIGTERM);

@@ -241,14 +241,6 @@ pub(super) fn run_prepared(
         keep_outputs: launch.keep_outputs,
         on_token: launch.on_token,
     };
-    tracing::info!(
-        "streaming {} ({})",
-        prepared.index.path.display(),
-        match launch.steps {
-            0 => "until stopped".to_string(),
-            steps => format!("{steps} steps"),
-        }
-    );
     let outcome = if launch.use_cuda {
         crate::run::execute_cuda(prepared, plan)
     } else {
