@@ -68,6 +68,8 @@ pub struct Extras {
     pub encoder: Option<EncoderInput>,
     /// What a decoder generates from; `None`: the built-in prompt, greedy.
     pub decoder: Option<DecoderInput>,
+    /// Read headers only (no tensor data): to describe a model, not to run it.
+    pub headers_only: bool,
     pub embeddings: EmbeddingPlacement,
 }
 
