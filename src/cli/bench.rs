@@ -51,6 +51,10 @@ pub struct BenchArgs {
     /// With --model: the batches to measure (texts per step for an encoder).
     #[arg(long, value_name = "N,N", value_delimiter = ',', default_value = "1,4")]
     pub batches: Vec<usize>,
+    /// With --model on a decoder: also generate this many tokens with every block
+    /// resident beside a spare ring, so the KV cache's growth makes weights give way.
+    #[arg(long, value_name = "TOKENS")]
+    pub kv_tokens: Option<u64>,
     #[command(flatten)]
     pub settings: SettingsArgs,
 }
@@ -64,21 +68,25 @@ pub enum BenchTarget {
 }
 
 #[derive(Debug, Serialize)]
-struct Configuration {
+pub(super) struct Configuration {
     /// What the measured bound says: "compute-bound", "copy-bound" or "disk-bound".
-    name: &'static str,
+    pub(super) name: &'static str,
     /// What the batch size aimed at (the measured bound may say otherwise).
-    aim: &'static str,
-    batch: usize,
-    bound_seconds: f64,
-    bound_limited_by: &'static str,
-    resident_seconds: f64,
-    naive_seconds: f64,
-    stagehand_seconds: f64,
-    stagehand_over_bound: f64,
-    naive_over_stagehand: f64,
-    streamed_bytes_per_step: u64,
-    disk_bytes_per_step: u64,
+    pub(super) aim: &'static str,
+    pub(super) batch: usize,
+    pub(super) bound_seconds: f64,
+    pub(super) bound_limited_by: &'static str,
+    pub(super) resident_seconds: f64,
+    pub(super) naive_seconds: f64,
+    pub(super) stagehand_seconds: f64,
+    pub(super) stagehand_over_bound: f64,
+    pub(super) naive_over_stagehand: f64,
+    pub(super) streamed_bytes_per_step: u64,
+    pub(super) disk_bytes_per_step: u64,
+    /// What the stagehand run measured per steady step on the pinned→VRAM and
+    /// disk→pinned links (model bytes).
+    pub(super) measured_to_vram_bytes_per_step: f64,
+    pub(super) measured_from_disk_bytes_per_step: f64,
 }
 
 pub(super) fn run_error(error: RunError) -> Failure {
@@ -120,7 +128,7 @@ impl Bench<'_> {
     ) -> Result<Outcome, Failure> {
         let is_demo = self.workload == WorkloadKind::LinearStack;
         let mut extras = extras.clone();
-        if !is_demo {
+        if self.workload == WorkloadKind::Encoder {
             // An encoder embeds `batch` of the built-in sentences per step.
             let texts = BUILT_IN_SENTENCES.iter().cycle().take(batch);
             extras.encoder = Some(EncoderInput::Texts(texts.map(|s| s.to_string()).collect()));
@@ -153,7 +161,7 @@ impl Bench<'_> {
         .map_err(run_error)
     }
 
-    fn configuration(
+    pub(super) fn configuration(
         &self,
         aim: &'static str,
         batch: usize,
@@ -209,6 +217,12 @@ impl Bench<'_> {
             naive_over_stagehand: naive_seconds / stagehand_seconds,
             streamed_bytes_per_step: stagehand.report.plan.vram.streamed_bytes_per_step,
             disk_bytes_per_step: stagehand.report.plan.pins.disk_bytes_per_step,
+            measured_to_vram_bytes_per_step: stagehand
+                .report
+                .steady_bytes_per_step(stagehand_actors::Link::PinnedToVram),
+            measured_from_disk_bytes_per_step: stagehand
+                .report
+                .steady_bytes_per_step(stagehand_actors::Link::DiskToPinned),
         })
     }
 }
@@ -247,7 +261,7 @@ pub fn execute(args: BenchArgs) -> CommandResult {
         )));
     }
     if let Some(model) = &args.model {
-        return bench_model(&args, &settings, model);
+        return super::bench_model::execute(&args, &settings, model);
     }
     let preparing = super::progress::Status::start("preparing the demo model");
     let model = ensure_demo_model(&default_cache_dir(), &DemoSpec::default()).map_err(run_error)?;
@@ -301,9 +315,9 @@ pub fn execute(args: BenchArgs) -> CommandResult {
 }
 
 #[derive(Serialize)]
-struct JsonReport<'a> {
-    configurations: &'a [Configuration],
-    machine_load: Option<MachineLoad>,
+pub(super) struct JsonReport<'a> {
+    pub(super) configurations: &'a [Configuration],
+    pub(super) machine_load: Option<MachineLoad>,
 }
 
 fn print_table(
@@ -362,108 +376,4 @@ fn print_table(
             row.batch, row.aim, row.name, row.bound_limited_by
         );
     }
-}
-
-/// `bench --model PATH`: resident, naive and stagehand at each of `--batches`, on the
-/// model's own family, at 40 % of its streamed bytes (raised to the plan's minimum).
-fn bench_model(args: &BenchArgs, settings: &Settings, model: &std::path::Path) -> CommandResult {
-    let probe = prepare_with(
-        model,
-        WorkloadKind::Auto,
-        1,
-        settings,
-        false,
-        &Extras::default(),
-    )
-    .map_err(run_error)?;
-    let model_bytes = probe.streamed_model_bytes();
-    let budgets = super::run::automatic_budget(
-        &probe,
-        settings,
-        resolve_budgets(settings, model_bytes, false),
-        args.steps,
-    );
-    let workload = match probe.describe() {
-        "bert encoder" => WorkloadKind::Encoder,
-        "linear-stack" => WorkloadKind::LinearStack,
-        other => {
-            return Err(Failure::bad_input(anyhow::anyhow!(
-                "bench --model measures computed models; {} is {other}",
-                model.display()
-            )))
-        }
-    };
-    drop(probe);
-    let bench = Bench {
-        settings,
-        steps: args.steps,
-        model: model.to_path_buf(),
-        model_bytes,
-        rounds: args.rounds,
-        workload,
-    };
-    let before = CpuSample::now();
-    let mut rows = Vec::with_capacity(args.batches.len());
-    for &batch in &args.batches {
-        if batch == 0 {
-            return Err(Failure::bad_input(anyhow::anyhow!(
-                "--batches must be at least 1"
-            )));
-        }
-        rows.push(bench.configuration("model", batch, budgets)?);
-    }
-    let machine_load = before
-        .zip(CpuSample::now())
-        .map(|(before, after)| MachineLoad::between(before, after));
-    if args.json {
-        let report = JsonReport {
-            configurations: &rows,
-            machine_load,
-        };
-        let text = serde_json::to_string_pretty(&report).map_err(Failure::run_failed)?;
-        println!("{text}");
-        if let Some(load) = machine_load.filter(|load| !load.trustworthy) {
-            eprintln!("{}", load.verdict());
-        }
-        return Ok(());
-    }
-    println!(
-        "stagehand bench: {} ({} streamed), vram budget {}, pin ceiling {}, prefetch depth {}",
-        model.display(),
-        stagehand_actors::Bytes(model_bytes),
-        stagehand_actors::Bytes(budgets.vram_budget_bytes),
-        stagehand_actors::Bytes(budgets.pin_ceiling_bytes),
-        settings.prefetch_depth
-    );
-    println!(
-        "{:>5} {:>10} {:>12} {:>10} {:>10} {:>10} {:>16} {:>17} {:>12}",
-        "batch",
-        "bound ms",
-        "limited by",
-        "resident",
-        "naive",
-        "stagehand",
-        "stagehand/bound",
-        "naive/stagehand",
-        "streamed/step"
-    );
-    for row in &rows {
-        println!(
-            "{:>5} {:>10.1} {:>12} {:>10.1} {:>10.1} {:>10.1} {:>16.3} {:>17.3} {:>12}",
-            row.batch,
-            row.bound_seconds * 1e3,
-            row.bound_limited_by,
-            row.resident_seconds * 1e3,
-            row.naive_seconds * 1e3,
-            row.stagehand_seconds * 1e3,
-            row.stagehand_over_bound,
-            row.naive_over_stagehand,
-            stagehand_actors::Bytes(row.streamed_bytes_per_step).to_string()
-        );
-    }
-    match machine_load {
-        Some(load) => println!("{}", load.verdict()),
-        None => println!("machine load: unknown (/proc unreadable): judge the ratios with care"),
-    }
-    Ok(())
 }

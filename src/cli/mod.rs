@@ -12,6 +12,7 @@ mod bench;
 mod bench_cuda;
 mod bench_disk;
 mod bench_lora;
+mod bench_model;
 mod config_cmd;
 mod demo_model;
 mod embed;

@@ -200,6 +200,29 @@ fn load_model(args: &SimulateArgs, pattern: Option<&str>) -> Result<ModelDescrip
             "--tokens-per-step 0: a step processes at least 1 token"
         )));
     }
+    let decoder = crate::model::ModelFolder::find(path)
+        .ok()
+        .flatten()
+        .and_then(|folder| folder.model_type())
+        .is_some_and(|kind| crate::workload::decoder::DECODER_FAMILIES.contains(&kind.as_str()));
+    if decoder {
+        // A decoder folder: its own blocks and the FLOPs its kernels execute (headers only).
+        let settings = crate::settings::Settings::default();
+        let prepared = crate::run::prepare_with(
+            path,
+            crate::run::WorkloadKind::Decoder,
+            1,
+            &settings,
+            false,
+            &crate::run::Extras {
+                headers_only: true,
+                ..crate::run::Extras::default()
+            },
+        )
+        .map_err(|error| Failure::bad_input(anyhow::anyhow!(error)))?;
+        return ModelDescription::from_prepared(&prepared, args.tokens_per_step)
+            .map_err(Failure::bad_input);
+    }
     let index = ModelIndex::open(path, pattern).map_err(Failure::bad_input)?;
     ModelDescription::from_model_index(&index, args.tokens_per_step, None)
         .map_err(Failure::bad_input)

@@ -119,7 +119,16 @@ pub fn execute_on<C: Compute>(
         report.plan.pins.disk_bytes_per_step as f64,
         rates,
     );
+    let gave_way: u64 = report
+        .kv_growth
+        .iter()
+        .flat_map(|(_, _, blocks)| blocks)
+        .filter_map(|block| layout.block(*block))
+        .map(|block| block.bytes)
+        .sum();
+    let streamed_bytes_per_step_after_kv = report.plan.vram.streamed_bytes_per_step + gave_way;
     Ok(Outcome {
+        streamed_bytes_per_step_after_kv,
         report,
         rates,
         bound,
@@ -151,10 +160,16 @@ pub fn peak_rss_bytes() -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// A block's footprint in the arena.
+fn align(bytes: u64) -> u64 {
+    bytes.div_ceil(256) * 256
+}
+
 /// What an expert cache is sized from.
 struct ExpertNeeds {
-    /// Dense blocks of the step order (every token uses them) and their largest size.
-    dense_blocks: u64,
+    /// The dense blocks of the step order (every token uses them): their total and
+    /// their largest size.
+    dense_total_bytes: u64,
     dense_block_bytes: u64,
     expert_bytes: u64,
     experts: u64,
@@ -169,7 +184,7 @@ impl ExpertNeeds {
             Model::Moe(run) => {
                 let spec = run.model.spec;
                 Some(Self {
-                    dense_blocks: u64::from(spec.layers),
+                    dense_total_bytes: u64::from(spec.layers) * align(run.model.dense_bytes()),
                     dense_block_bytes: run.model.dense_bytes(),
                     expert_bytes: spec.expert_bytes(),
                     experts: u64::from(spec.layers * spec.experts),
@@ -181,15 +196,13 @@ impl ExpertNeeds {
             Model::Decoder(decoder) => {
                 let experts = decoder.config.experts?;
                 let layout = crate::workload::family::Family::layout(&**decoder);
-                let dense = decoder.config.layers as u64 + 1;
-                let largest = (0..dense as u32)
+                let dense: Vec<u64> = (0..=decoder.config.layers as u32)
                     .filter_map(|block| layout.block(BlockId(block)))
                     .map(|block| block.bytes)
-                    .max()
-                    .unwrap_or(0);
+                    .collect();
                 Some(Self {
-                    dense_blocks: dense,
-                    dense_block_bytes: largest,
+                    dense_total_bytes: dense.iter().map(|&bytes| align(bytes)).sum(),
+                    dense_block_bytes: dense.iter().copied().max().unwrap_or(0),
                     expert_bytes: decoder.expert_bytes()?,
                     experts: (decoder.config.layers * experts.count) as u64,
                     top_k: experts.top_k as u64,
@@ -206,11 +219,10 @@ impl ExpertNeeds {
 /// resident if they fit beside at least `2 × top_k` expert slots; the rest of the
 /// budget is expert slots.
 fn expert_config(needs: &ExpertNeeds, config: &SessionConfig) -> Result<ExpertConfig, RunError> {
-    let align = |bytes: u64| bytes.div_ceil(256) * 256;
     let expert_bytes = align(needs.expert_bytes);
     let dense_bytes = align(needs.dense_block_bytes);
     let budget = config.vram_budget_bytes;
-    let all_dense = dense_bytes * needs.dense_blocks;
+    let all_dense = needs.dense_total_bytes;
     let ring = dense_bytes * u64::from(config.prefetch_depth + 1);
     let minimum = 2 * needs.top_k;
     let room = |reserved: u64| budget.saturating_sub(reserved) / expert_bytes;
@@ -219,7 +231,9 @@ fn expert_config(needs: &ExpertNeeds, config: &SessionConfig) -> Result<ExpertCo
         None if room(all_dense) >= minimum => room(all_dense).min(needs.experts),
         None => room(ring).min(needs.experts),
     };
-    if slots < minimum || slots * expert_bytes + ring > budget {
+    // The dense blocks need the ring, or all of them resident when that is less.
+    let dense_needed = ring.min(all_dense);
+    if slots < minimum || slots * expert_bytes + dense_needed > budget {
         return Err(RunError::BadInput(format!(
             "vram_budget {} is too small for this MoE model: it needs {} expert slots (2 × top-k) of {} plus a ring of {} dense blocks of {}; raise --vram-budget to at least {}",
             stagehand_actors::Bytes(budget),
@@ -227,7 +241,7 @@ fn expert_config(needs: &ExpertNeeds, config: &SessionConfig) -> Result<ExpertCo
             stagehand_actors::Bytes(expert_bytes),
             config.prefetch_depth + 1,
             stagehand_actors::Bytes(dense_bytes),
-            stagehand_actors::Bytes(minimum * expert_bytes + ring)
+            stagehand_actors::Bytes(minimum * expert_bytes + dense_needed)
         )));
     }
     Ok(ExpertConfig {

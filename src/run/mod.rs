@@ -67,6 +67,8 @@ pub struct Extras {
     pub encoder: Option<EncoderInput>,
     /// What a decoder generates from; `None`: the built-in prompt, greedy.
     pub decoder: Option<DecoderInput>,
+    /// Read headers only (no tensor data): to describe a model, not to run it.
+    pub headers_only: bool,
     pub embeddings: EmbeddingPlacement,
 }
 
@@ -254,6 +256,9 @@ pub struct Outcome {
     pub host_bytes: u64,
     /// The process's peak resident set at the end of the run.
     pub peak_rss_bytes: Option<u64>,
+    /// Decoders: the planned streamed bytes per step once KV-cache growth made resident
+    /// blocks give way (the re-plan); equal to the plan's when nothing gave way.
+    pub streamed_bytes_per_step_after_kv: u64,
 }
 
 /// An observer that records nothing, for runs without metrics.

@@ -371,8 +371,8 @@ fn open_decoder(
             encode_prompt(tokenizer, text).map_err(|error| bad(&error))?
         }
     };
-    let mut decoder =
-        Decoder::new(index, config, prompt, input.sampling).map_err(|error| bad(&error))?;
+    let mut decoder = Decoder::new(index, config, prompt, input.sampling, extras.headers_only)
+        .map_err(|error| bad(&error))?;
     decoder.hint = input.hint;
     decoder.expert_policy = extras.moe.policy;
     decoder.expert_slots = extras.moe.slots;

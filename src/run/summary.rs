@@ -74,6 +74,13 @@ pub struct Summary {
     /// (VRAM budget + peak pinned + host model bytes) × 1.1 + 64 MiB.
     pub peak_rss_bytes: Option<u64>,
     pub rss_limit_bytes: u64,
+    /// Decoders: the KV cache at the end, the growths that made resident blocks give
+    /// way, how many gave way, and the streamed bytes per step planned after them.
+    pub kv_bytes: u64,
+    pub kv_growths_with_evictions: u64,
+    pub kv_evicted_blocks: u64,
+    pub streamed_bytes_per_step_after_kv: u64,
+    pub tokens: Vec<u32>,
 }
 
 /// Host memory the budgets account for may be exceeded by this factor and margin
@@ -149,6 +156,19 @@ impl Summary {
             host_model_bytes: outcome.host_bytes,
             peak_rss_bytes: outcome.peak_rss_bytes,
             rss_limit_bytes: (accounted as f64 * RSS_SLACK) as u64 + RSS_MARGIN_BYTES,
+            kv_bytes: report.kv_bytes,
+            kv_growths_with_evictions: report
+                .kv_growth
+                .iter()
+                .filter(|(_, _, blocks)| !blocks.is_empty())
+                .count() as u64,
+            kv_evicted_blocks: report
+                .kv_growth
+                .iter()
+                .map(|(_, _, blocks)| blocks.len() as u64)
+                .sum(),
+            streamed_bytes_per_step_after_kv: outcome.streamed_bytes_per_step_after_kv,
+            tokens: report.tokens.clone(),
         }
     }
 
@@ -284,6 +304,24 @@ impl Summary {
                 counted(self.expert_misses, "miss", "misses"),
                 100.0 * self.expert_hit_rate,
                 self.expert_hints
+            ));
+        }
+        if self.kv_bytes > 0 {
+            let replan = if self.kv_evicted_blocks > 0 {
+                format!(
+                    "; growing it made {} resident blocks give way (by max-scatter priority, in {} growths): the plan now streams {} per step, was {}",
+                    self.kv_evicted_blocks,
+                    self.kv_growths_with_evictions,
+                    bytes(self.streamed_bytes_per_step_after_kv),
+                    bytes(self.streamed_bytes_per_step_planned)
+                )
+            } else {
+                "; it grew without displacing weights".to_string()
+            };
+            line(format!(
+                "  KV cache: {} in VRAM for {} tokens (activations){replan}",
+                bytes(self.kv_bytes),
+                self.tokens.len()
             ));
         }
         if self.host_model_bytes > 0 {

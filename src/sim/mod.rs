@@ -17,6 +17,7 @@ mod depth;
 mod device;
 mod faults;
 mod fit;
+mod from_folder;
 mod hardware;
 pub mod harness;
 mod machine;

@@ -288,7 +288,7 @@ impl ModelDescription {
         ModelLayout { blocks }
     }
 
-    fn validate(&self) -> Result<(), String> {
+    pub(super) fn validate(&self) -> Result<(), String> {
         if self.blocks.is_empty() {
             return Err("no blocks".to_string());
         }

@@ -22,7 +22,7 @@ pub mod moe;
 pub mod moe_model;
 pub mod placement;
 mod reference;
-mod report;
+pub mod report;
 pub mod stream_verify;
 
 #[derive(Debug, thiserror::Error)]

@@ -21,6 +21,7 @@
 
 mod config;
 mod experts;
+mod layer;
 mod sampling;
 mod weights;
 
@@ -30,13 +31,12 @@ pub use config::{DecoderConfig, Experts, DECODER_FAMILIES};
 pub use experts::{route, ExpertHint};
 pub use sampling::{argmax, Sampling};
 
-use self::weights::{DecoderWeights, LayerSlots, Projection};
-use super::blocks::{Blocks, Held};
+use self::weights::DecoderWeights;
+use super::blocks::Blocks;
 use super::family::{Family, StepOutput};
 use super::host_table::HostTable;
-use super::lora_set::LoraSet;
 use super::WorkloadError;
-use crate::compute::{CachedAttention, Compute, TensorSlot};
+use crate::compute::{Compute, TensorSlot};
 use crate::model::ModelIndex;
 
 /// Tokens per KV-cache page: the cache grows (and is reserved) a page at a time.
@@ -93,11 +93,15 @@ pub struct DecoderState<C: Compute> {
 }
 
 impl Decoder {
+    /// A decoder over `index`. `headers_only`: read no tensor data (the host copies of
+    /// the embedding table and the routers), for a description of the model that will
+    /// not run.
     pub fn new(
         index: &ModelIndex,
         config: DecoderConfig,
         prompt: Vec<u32>,
         sampling: Sampling,
+        headers_only: bool,
     ) -> Result<Self, WorkloadError> {
         if prompt.is_empty() {
             return Err(WorkloadError::Model("the prompt has no tokens".into()));
@@ -117,14 +121,14 @@ impl Decoder {
         }
         sampling.validate().map_err(WorkloadError::Model)?;
         let weights = DecoderWeights::place(index, &config)?;
-        let host_table = if config.tie_embeddings {
+        let host_table = if config.tie_embeddings || headers_only {
             None
         } else {
             Some(HostTable::read(index, weights.embed_tensor)?)
         };
         let host_routers = match config.experts {
-            Some(_) => experts::read_host_routers(index, config.layers)?,
-            None => Vec::new(),
+            Some(_) if !headers_only => experts::read_host_routers(index, config.layers)?,
+            _ => Vec::new(),
         };
         Ok(Self {
             inv_freq: config.inv_freq(),
@@ -178,6 +182,39 @@ impl Decoder {
             .filter_map(|block| layout.block(BlockId(block)))
             .map(|block| block.bytes)
             .sum()
+    }
+
+    /// Floating-point operations per token of layer `layer`'s block: the projections,
+    /// and the dense MLP or the router (experts count apart, see
+    /// [`Decoder::expert_flops_per_token`]). Attention's sequence-length term is left
+    /// out (a short context).
+    pub fn layer_flops_per_token(&self) -> f64 {
+        let config = &self.config;
+        let hidden = config.hidden as f64;
+        let projections = hidden * (2 * config.q_dim() + 2 * config.kv_dim()) as f64;
+        let mlp = match config.experts {
+            None => 3.0 * hidden * config.intermediate as f64,
+            Some(experts) => experts.count as f64 * hidden,
+        };
+        2.0 * (projections + mlp)
+    }
+
+    /// Floating-point operations per token of one expert.
+    pub fn expert_flops_per_token(&self) -> f64 {
+        2.0 * 3.0 * (self.config.hidden * self.config.intermediate) as f64
+    }
+
+    /// Floating-point operations per token of the head (`lm_head`).
+    pub fn head_flops_per_token(&self) -> f64 {
+        2.0 * (self.config.hidden * self.config.vocab) as f64
+    }
+
+    /// The experts of layer `layer`, as block ids.
+    pub fn expert_blocks(&self, layer: usize) -> Vec<BlockId> {
+        let count = self.config.experts.map_or(0, |experts| experts.count);
+        (0..count)
+            .map(|expert| BlockId(self.weights.expert_block(layer, expert)))
+            .collect()
     }
 
     /// Floating-point operations of one decode step (one token), for the bound.
@@ -243,167 +280,6 @@ impl Decoder {
         }
         state.capacity = capacity;
         output.kv_reserved_bytes = added;
-        Ok(())
-    }
-
-    /// `y ← x·Wᵀ (+ b)` plus the low-rank LoRA updates of a streamed weight.
-    #[allow(clippy::too_many_arguments)]
-    fn project<C: Compute>(
-        compute: &C,
-        held: &Held<C::Block>,
-        lora: Option<&LoraSet>,
-        weight: &TensorSlot,
-        bias: Option<&TensorSlot>,
-        x: &C::Tensor,
-        y: &mut C::Tensor,
-        scratch: &mut C::Tensor,
-    ) -> Result<(), WorkloadError> {
-        let view = held.view(compute);
-        let bias = bias.map(|bias| view.weight(bias)).transpose()?;
-        compute.linear(x, &view.weight(weight)?, bias.as_ref(), y)?;
-        for (factors, scale) in held.low_rank(lora, weight)? {
-            compute.low_rank_add(x, &factors, scale, scratch, y)?;
-        }
-        Ok(())
-    }
-
-    /// Attention of layer `layer` (with its KV-cache update) and the residual.
-    #[allow(clippy::too_many_arguments)]
-    fn attention<C: Compute>(
-        &self,
-        compute: &C,
-        held: &Held<C::Block>,
-        lora: Option<&LoraSet>,
-        slots: &LayerSlots,
-        layer: usize,
-        positions: &[u32],
-        state: &mut DecoderState<C>,
-    ) -> Result<(), WorkloadError> {
-        let config = &self.config;
-        let view = held.view(compute);
-        let acts = state.acts.as_mut().ok_or_else(unallocated)?;
-        compute.rms_norm(
-            &acts.x,
-            Some(&view.weight(&slots.input_norm)?),
-            config.rms_eps,
-            &mut acts.normed,
-        )?;
-        let projection =
-            |compute: &C, p: &Projection, x: &C::Tensor, y: &mut C::Tensor, s: &mut C::Tensor| {
-                Self::project(compute, held, lora, &p.weight, p.bias.as_ref(), x, y, s)
-            };
-        projection(
-            compute,
-            &slots.q,
-            &acts.normed,
-            &mut acts.q,
-            &mut acts.low_rank,
-        )?;
-        projection(
-            compute,
-            &slots.k,
-            &acts.normed,
-            &mut acts.k,
-            &mut acts.low_rank,
-        )?;
-        projection(
-            compute,
-            &slots.v,
-            &acts.normed,
-            &mut acts.v,
-            &mut acts.low_rank,
-        )?;
-        compute.rope(
-            &mut acts.q,
-            config.heads,
-            config.head_dim,
-            positions,
-            &self.inv_freq,
-        )?;
-        compute.rope(
-            &mut acts.k,
-            config.kv_heads,
-            config.head_dim,
-            positions,
-            &self.inv_freq,
-        )?;
-        compute.write_rows(&mut state.k_cache[layer], state.position, &acts.k)?;
-        compute.write_rows(&mut state.v_cache[layer], state.position, &acts.v)?;
-        let shape = CachedAttention {
-            heads: config.heads,
-            kv_heads: config.kv_heads,
-            head_dim: config.head_dim,
-            scale: 1.0 / (config.head_dim as f32).sqrt(),
-            past: state.position,
-            queries: positions.len(),
-        };
-        compute.attention_cached(
-            &acts.q,
-            &state.k_cache[layer],
-            &state.v_cache[layer],
-            &shape,
-            &mut acts.attended,
-        )?;
-        Self::project(
-            compute,
-            held,
-            lora,
-            &slots.o,
-            None,
-            &acts.attended,
-            &mut acts.out,
-            &mut acts.low_rank,
-        )?;
-        compute.add(&mut acts.x, &acts.out)?;
-        compute.rms_norm(
-            &acts.x,
-            Some(&view.weight(&slots.post_norm)?),
-            config.rms_eps,
-            &mut acts.normed,
-        )?;
-        Ok(())
-    }
-
-    /// The dense SwiGLU MLP and the residual.
-    fn dense_mlp<C: Compute>(
-        compute: &C,
-        held: &Held<C::Block>,
-        lora: Option<&LoraSet>,
-        mlp: &weights::Mlp,
-        acts: &mut Activations<C>,
-    ) -> Result<(), WorkloadError> {
-        Self::project(
-            compute,
-            held,
-            lora,
-            &mlp.gate,
-            None,
-            &acts.normed,
-            &mut acts.gate,
-            &mut acts.low_rank,
-        )?;
-        Self::project(
-            compute,
-            held,
-            lora,
-            &mlp.up,
-            None,
-            &acts.normed,
-            &mut acts.up,
-            &mut acts.low_rank,
-        )?;
-        compute.silu_mul(&mut acts.gate, &acts.up)?;
-        Self::project(
-            compute,
-            held,
-            lora,
-            &mlp.down,
-            None,
-            &acts.gate,
-            &mut acts.out,
-            &mut acts.low_rank,
-        )?;
-        compute.add(&mut acts.x, &acts.out)?;
         Ok(())
     }
 
@@ -573,42 +449,5 @@ impl Family for Decoder {
 
     fn reference_is_sequential(&self) -> bool {
         true
-    }
-}
-
-impl Decoder {
-    /// One layer: attention, then the dense MLP or the experts.
-    #[allow(clippy::too_many_arguments)]
-    fn layer<C: Compute, B: Blocks<C>>(
-        &self,
-        compute: &C,
-        state: &mut DecoderState<C>,
-        blocks: &mut B,
-        layer: usize,
-        positions: &[u32],
-        step: u64,
-        output: &mut StepOutput,
-    ) -> Result<(), WorkloadError> {
-        let slots = &self.weights.layers[layer];
-        let held = blocks.acquire(compute, BlockId(layer as u32))?;
-        let lora = blocks.lora();
-        let outcome = (|| {
-            self.attention(compute, &held, lora, slots, layer, positions, state)?;
-            let acts = state.acts.as_mut().ok_or_else(unallocated)?;
-            match (&slots.mlp, &slots.router) {
-                (Some(mlp), _) => Self::dense_mlp(compute, &held, lora, mlp, acts).map(|()| None),
-                (None, Some(router)) => {
-                    let view = held.view(compute);
-                    compute.linear(&acts.normed, &view.weight(router)?, None, &mut acts.router)?;
-                    Ok(Some(compute.read(&acts.router)?))
-                }
-                (None, None) => Err(WorkloadError::Model(format!("layer {layer} has no MLP"))),
-            }
-        })();
-        blocks.release(compute, held)?;
-        if let Some(router_logits) = outcome? {
-            self.moe(compute, state, blocks, layer, &router_logits, step, output)?;
-        }
-        Ok(())
     }
 }
