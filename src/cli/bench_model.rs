@@ -33,6 +33,7 @@ pub fn execute(args: &BenchArgs, settings: &Settings, model: &std::path::Path) -
     )
     .map_err(run_error)?;
     let model_bytes = probe.streamed_model_bytes();
+    let activation_bytes = probe.activation_bytes(args.steps);
     let budgets = super::run::automatic_budget(
         &probe,
         settings,
@@ -58,6 +59,7 @@ pub fn execute(args: &BenchArgs, settings: &Settings, model: &std::path::Path) -
         steps: args.steps,
         model: model.to_path_buf(),
         model_bytes,
+        activation_bytes,
         rounds: args.rounds,
         workload,
     };
@@ -306,6 +308,7 @@ fn kv_growth(bench: &Bench<'_>, settings: &Settings, tokens: u64) -> Result<KvGr
         settings: bench.settings,
         model: bench.model.clone(),
         model_bytes: bench.model_bytes,
+        activation_bytes: 0,
         rounds: 1,
         workload: WorkloadKind::Decoder,
     };
