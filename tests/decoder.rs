@@ -155,7 +155,12 @@ fn fp8_weights_move_their_own_bytes_half_of_bf16() {
         let outcome = run_with(
             &model,
             8,
-            |prepared| prepared.plan_minimum_bytes(2).0 + page,
+            |prepared| {
+                prepared
+                    .plan_minimum_bytes(2, stagehand_actors::ResidencyPolicy::Planned)
+                    .0
+                    + page
+            },
             &Extras::default(),
         )
         .unwrap();

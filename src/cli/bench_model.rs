@@ -39,6 +39,7 @@ pub fn execute(args: &BenchArgs, settings: &Settings, model: &std::path::Path) -
         settings,
         resolve_budgets(settings, model_bytes, false),
         args.steps,
+        ResidencyPolicy::Planned,
     );
     let (workload, is_mixtral) = match probe.describe() {
         "bert encoder" => (WorkloadKind::Encoder, false),
@@ -295,7 +296,7 @@ fn kv_growth(bench: &Bench<'_>, settings: &Settings, tokens: u64) -> Result<KvGr
     )
     .map_err(run_error)?;
     let depth = settings.prefetch_depth;
-    let (minimum, total) = prepared.plan_minimum_bytes(depth);
+    let (minimum, total) = prepared.plan_minimum_bytes(depth, ResidencyPolicy::Planned);
     let page = prepared.activation_bytes(1);
     let budget = total + minimum + page + page / 2;
     drop(prepared);
