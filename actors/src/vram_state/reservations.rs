@@ -46,6 +46,13 @@ impl VramState {
             .sum()
     }
 
+    /// Grows the budget by `bytes` kept for activations: plan with `budget − bytes`
+    /// and call this to make the total the real budget (as with the expert area).
+    pub fn with_activation_room(mut self, bytes: u64) -> Self {
+        self.budget_bytes += bytes;
+        self
+    }
+
     pub fn release_activations(&mut self, bytes: u64) {
         self.activation_bytes = self.activation_bytes.saturating_sub(bytes);
     }
