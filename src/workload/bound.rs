@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use serde::Serialize;
-use stagehand_actors::{Device, ModelLayout, Storage};
+use stagehand_actors::{Device, DevicePtr, HostBuffer, ModelLayout, Storage};
 
 /// Link rates measured with plain copy and read loops through the same adapters.
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -16,6 +16,8 @@ pub struct LinkRates {
 
 /// Bytes each calibration loop moves (or the largest block, if larger).
 const CALIBRATION_BYTES: u64 = 128 << 20;
+/// The copy loop rotates over at least this many bytes: more than a last-level cache.
+const CALIBRATION_SPAN: u64 = 64 << 20;
 /// Copies or reads each calibration loop makes at most: a model of tiny blocks would
 /// otherwise need millions of them to move `CALIBRATION_BYTES` (one-byte blocks: 134
 /// million cross-thread copies, hours).
@@ -33,16 +35,29 @@ pub fn measure_rates(
     read_from_disk: impl Fn(usize) -> bool,
 ) -> Result<LinkRates, String> {
     let largest = layout.largest_block_bytes().max(1);
+    // Copies of the largest block at rotating places of a span larger than the
+    // last-level cache, source and destination alike: one block copied over itself
+    // would be served from the cache, as no step of a streamed run is.
+    // The span fits what the device has free (the CPU device's "VRAM" is the budget).
+    let free = device
+        .memory_info()
+        .map_or(CALIBRATION_SPAN, |memory| memory.free_bytes);
+    let places = (CALIBRATION_SPAN.min(free) / largest).clamp(1, CALIBRATION_OPERATIONS);
+    let span = places * largest;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|error| error.to_string())?;
     let arena = device
-        .allocate_arena(largest)
+        .allocate_arena(span)
         .map_err(|error| format!("calibration arena: {error}"))?;
-    let mut buffer = device
-        .allocate_pinned(largest)
-        .map_err(|error| format!("calibration buffer: {error}"))?;
+    let mut buffer = match device.allocate_pinned(span) {
+        Ok(buffer) => buffer,
+        Err(error) => {
+            device.free_arena(arena);
+            return Err(format!("calibration buffer: {error}"));
+        }
+    };
     let rounds = CALIBRATION_BYTES
         .div_ceil(largest)
         .clamp(2, CALIBRATION_OPERATIONS);
@@ -50,11 +65,24 @@ pub fn measure_rates(
     // measured); the first copy and the first read always run, so there are rates to
     // report.
     let stopped = || crate::signals::check().is_err();
-    let mut copies = 0u64;
-    let copy_started = Instant::now();
+    let copy = |index: u64, buffer: HostBuffer| {
+        let offset = (index % places) * largest;
+        let destination = DevicePtr(arena.base.0 + offset);
+        runtime.block_on(device.copy_to_device(buffer, offset, largest, destination))
+    };
+    // Every place once, untimed: the arena's pages are mapped on first touch, and
+    // timing those faults would halve the rate of a large block copied only twice.
     let mut copy_error = None;
-    while copies < rounds && !(copies > 0 && stopped()) {
-        match runtime.block_on(device.copy_to_device(buffer, 0, largest, arena.base)) {
+    let mut copies = 0u64;
+    let mut copy_started = Instant::now();
+    for index in 0..places + rounds {
+        if index == places {
+            copy_started = Instant::now();
+        }
+        if index > places && stopped() {
+            break;
+        }
+        match copy(index, buffer) {
             Ok(returned) => buffer = returned,
             Err((error, returned)) => {
                 buffer = returned;
@@ -62,7 +90,9 @@ pub fn measure_rates(
                 break;
             }
         }
-        copies += 1;
+        if index >= places {
+            copies += 1;
+        }
     }
     let copy_seconds = copy_started.elapsed().as_secs_f64();
     device.free_arena(arena);
