@@ -13,6 +13,7 @@ mod bench_cuda;
 mod bench_disk;
 mod bench_lora;
 mod bench_model;
+mod calibrate;
 mod config_cmd;
 mod demo_model;
 mod embed;
@@ -82,6 +83,8 @@ pub enum Command {
     DemoModel(demo_model::DemoModelArgs),
     /// Predict, in virtual time, whether a model runs on a box and how fast.
     Simulate(simulate::SimulateArgs),
+    /// Measure this machine and write a hardware profile for `simulate --hardware FILE`.
+    Calibrate(calibrate::CalibrateArgs),
     /// Measure stagehand against its physical bound and baselines (`bench disk FILE` for storage).
     Bench(bench::BenchArgs),
 }
@@ -98,6 +101,7 @@ pub fn main() -> ExitCode {
         Some(Command::DemoModel(args)) => demo_model::execute(args),
         Some(Command::Simulate(args)) => simulate::execute(args),
         Some(Command::Bench(args)) => bench::execute(args),
+        Some(Command::Calibrate(args)) => calibrate::execute(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -19,16 +19,19 @@ mod faults;
 mod fit;
 mod from_folder;
 mod hardware;
+mod kernel_costs;
 pub mod harness;
 mod machine;
 mod model;
 mod output;
 mod reuse;
 mod run;
+mod shared;
 mod simulation;
 mod storage;
 pub mod trace;
 mod trace_observer;
+mod work;
 
 pub use clock::{transfer_duration, SerialLane, SimClock};
 pub use compute::{ComputeRates, SimCompute};
@@ -40,18 +43,21 @@ pub use device::{CopyLabeler, CopyStats, LinkRates, SimDevice, SimDeviceSpec};
 pub use faults::{FaultPlan, SplitMix64};
 pub use fit::{Bottleneck, FitCheck, FitFailure, FitSettings, RAM_FLOOR_MIN_BYTES};
 pub use hardware::{DiskSpec, GpuSpec, HardwareProfile, LinkSpec};
+pub use kernel_costs::{dtype_of, KernelCosts, LinearRates};
 pub use machine::SimMachine;
 pub use model::{BlockDesc, ExpertDesc, ModelDescription};
 pub use output::{OutputRate, OutputUnit, StepOutput};
 pub use run::{
     run_policy, steady_window, LinkBytes, Policy, PolicyRun, RunOptions, SimRunError, SteadyBytes,
 };
+pub use shared::{Demand, SharedBus, SharedSpec};
 pub use simulation::{
     simulate, BaselineFigures, DepthAdvice, PolicyFigures, SimulateOptions, Simulation,
 };
 pub use storage::{DiskRates, ReadStats, SimStorage};
 pub use trace::{Lane, TraceError, TraceRecorder, TraceSlice};
 pub use trace_observer::TraceObserver;
+pub use work::{ElementOp, Kernel, Work};
 
 /// A description file to parse: a shipped one by name (embedded in the binary), or a
 /// user's file by path. Returns (name, source for errors, TOML text).
