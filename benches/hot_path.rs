@@ -22,7 +22,7 @@ fn hot_path(c: &mut Criterion) {
             next = (next + 1) % BLOCKS;
             let handle = table.try_acquire(BlockId(next)).expect("resident");
             black_box(handle.ptr);
-            table.release(&handle);
+            table.release(handle);
         })
     });
 

@@ -13,6 +13,7 @@ pub mod lora;
 pub mod model;
 pub mod run;
 pub mod settings;
+pub mod signals;
 pub mod sim;
 pub mod storage;
 pub mod telemetry;

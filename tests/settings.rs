@@ -407,6 +407,33 @@ fn config_command_prints_sources_and_fails_cleanly() {
 }
 
 #[test]
+fn log_filters_that_crashed_the_filter_parser_are_refused_not_a_panic() {
+    // Proves the input the settings fuzz target found (fuzz/artifacts, crash-0296…: a
+    // `STAGEHAND_LOG` with a leading form feed and non-ASCII bytes, which panicked
+    // inside tracing-subscriber's filter parser) is bad input naming `log`, in the
+    // library and at the command line.
+    let fuzzed = BTreeMap::from([(
+        "STAGEHAND_LOG".to_string(),
+        "\u{c}AderD2\u{0}\u{fffd}\u{fffd}\u{fffd}=,,ORE1stng_buffers".to_string(),
+    )]);
+    let error = stagehand::settings::load_layers("", &fuzzed).expect_err("refused");
+    assert!(error.to_string().contains("log"), "{error}");
+
+    let output = stagehand()
+        .args(["config", "--log", "\u{c}ab\u{e9}=info"])
+        .output()
+        .expect("runs");
+    common::assert_bad_input(&output, &["log"]);
+    for accepted in ["info", "warn,stagehand=debug", "stagehand[run]=trace"] {
+        let output = stagehand()
+            .args(["config", "--log", accepted])
+            .output()
+            .expect("runs");
+        assert_eq!(output.status.code(), Some(0), "{accepted}");
+    }
+}
+
+#[test]
 fn config_shows_sizes_one_way_and_json_carries_integer_bytes() {
     // Proves `config` uses the same size format as `run` (8G is 7.45 GiB, not "7.5 GiB")
     // and `config --json` gives scripts integer bytes, not text.

@@ -6,6 +6,8 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 
+use crate::mailbox::Post;
+
 use crate::messages::{
     Demand, Drain, Miss, ReleaseActivations, ReleaseStreamed, Released, ReserveActivations,
     Shutdown, StepDone, SyncPoint,
@@ -40,10 +42,6 @@ impl ComputeStream {
 
 impl Actor for ComputeStream {
     type Context = Context<Self>;
-
-    fn started(&mut self, ctx: &mut Self::Context) {
-        ctx.set_mailbox_capacity(256);
-    }
 }
 
 impl Handler<Miss> for ComputeStream {
@@ -51,10 +49,10 @@ impl Handler<Miss> for ComputeStream {
 
     fn handle(&mut self, miss: Miss, _ctx: &mut Self::Context) {
         // Compute is waiting: a sync point costs nothing here.
-        self.pins.do_send(SyncPoint {
+        self.pins.post(SyncPoint {
             cursor: miss.position,
         });
-        self.allocator.do_send(Demand {
+        self.allocator.post(Demand {
             block: miss.block,
             position: miss.position,
             reply: miss.reply,
@@ -66,11 +64,11 @@ impl Handler<ReleaseStreamed> for ComputeStream {
     type Result = ();
 
     fn handle(&mut self, release: ReleaseStreamed, _ctx: &mut Self::Context) {
-        self.allocator.do_send(Released {
+        self.allocator.post(Released {
             block: release.block,
             position: release.position,
         });
-        self.pins.do_send(SyncPoint {
+        self.pins.post(SyncPoint {
             cursor: release.position + 1,
         });
     }
@@ -82,7 +80,7 @@ impl Handler<StepDone> for ComputeStream {
     fn handle(&mut self, done: StepDone, _ctx: &mut Self::Context) {
         self.observer.acquires(done.batch);
         self.observer.step(done.step_seconds);
-        self.pins.do_send(SyncPoint { cursor: 0 });
+        self.pins.post(SyncPoint { cursor: 0 });
     }
 }
 
@@ -90,7 +88,7 @@ impl Handler<ReserveActivations> for ComputeStream {
     type Result = ();
 
     fn handle(&mut self, message: ReserveActivations, _ctx: &mut Self::Context) {
-        self.allocator.do_send(message);
+        self.allocator.post(message);
     }
 }
 
@@ -98,7 +96,7 @@ impl Handler<ReleaseActivations> for ComputeStream {
     type Result = ();
 
     fn handle(&mut self, message: ReleaseActivations, _ctx: &mut Self::Context) {
-        self.allocator.do_send(message);
+        self.allocator.post(message);
     }
 }
 
@@ -113,10 +111,10 @@ impl Handler<Shutdown> for ComputeStream {
         // in its arena; copies in flight return buffers to the pins), then the pins.
         let drain = async move {
             let (reply, done) = flume::bounded(1);
-            allocator.do_send(Drain { reply });
+            allocator.post(Drain { reply });
             let _ = done.recv_async().await;
             let (reply, done) = flume::bounded(1);
-            pins.do_send(Drain { reply });
+            pins.post(Drain { reply });
             let _ = done.recv_async().await;
         };
         ctx.spawn(

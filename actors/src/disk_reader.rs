@@ -2,12 +2,16 @@
 //!
 //! The adapter (`pread` worker pool, O_DIRECT, or the simulator) does the blocking
 //! work off this thread; this actor only queues requests beyond the bound and turns
-//! completions into `ReadDone` messages.
+//! completions into `ReadDone` messages. Its queue is bounded by the protocol: every
+//! read carries one of the pin manager's buffers, so no more reads than buffers can be
+//! outstanding; the bound is given at start and asserted.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 
 use actix::prelude::*;
+
+use crate::mailbox::Post;
 use tokio::time::Instant;
 
 use crate::messages::{ForgetCached, ReadBlock, ReadDone};
@@ -18,15 +22,21 @@ pub struct DiskReader {
     max_in_flight: usize,
     in_flight: usize,
     queued: VecDeque<ReadBlock>,
+    /// Reads started or queued at most: one per pinned buffer there can be.
+    max_outstanding: usize,
 }
 
 impl DiskReader {
-    pub fn new(storage: Arc<dyn Storage>, max_in_flight: usize) -> Self {
+    pub fn new(storage: Arc<dyn Storage>, max_in_flight: usize, max_outstanding: usize) -> Self {
+        let max_in_flight = max_in_flight.max(1);
         Self {
             storage,
-            max_in_flight: max_in_flight.max(1),
+            max_in_flight,
             in_flight: 0,
-            queued: VecDeque::new(),
+            queued: VecDeque::with_capacity(
+                max_outstanding.saturating_sub(max_in_flight).min(1024),
+            ),
+            max_outstanding: max_outstanding.max(max_in_flight),
         }
     }
 
@@ -50,7 +60,7 @@ impl DiskReader {
                     Ok(buffer) => (buffer, None),
                     Err((error, buffer)) => (buffer, Some(error.to_string())),
                 };
-                reply_to.do_send(ReadDone {
+                reply_to.post(ReadDone {
                     block,
                     home,
                     buffer,
@@ -68,10 +78,6 @@ impl DiskReader {
 
 impl Actor for DiskReader {
     type Context = Context<Self>;
-
-    fn started(&mut self, ctx: &mut Self::Context) {
-        ctx.set_mailbox_capacity(256);
-    }
 }
 
 impl Handler<ReadBlock> for DiskReader {
@@ -80,9 +86,18 @@ impl Handler<ReadBlock> for DiskReader {
     fn handle(&mut self, request: ReadBlock, ctx: &mut Self::Context) {
         if self.in_flight < self.max_in_flight {
             self.start(request, ctx);
-        } else {
-            self.queued.push_back(request);
+            return;
         }
+        let outstanding = self.in_flight + self.queued.len() + 1;
+        if outstanding > self.max_outstanding {
+            // More reads than buffers: the pin manager lent a buffer twice.
+            tracing::error!(
+                "{outstanding} reads outstanding, over the bound of {} (one per pinned buffer)",
+                self.max_outstanding
+            );
+            debug_assert!(false, "disk reader queue over its bound");
+        }
+        self.queued.push_back(request);
     }
 }
 

@@ -24,6 +24,9 @@ pub enum SessionError {
     Starved { block: BlockId, attempts: u32 },
     #[error("the session has stopped")]
     Stopped,
+    /// The owner asked the run to stop (a signal) while the compute thread waited.
+    #[error("interrupted: the run was asked to stop")]
+    Interrupted,
     #[error("LoRA factors need {} of pinned memory and the pin ceiling has {} left after the staging ring and buffers in use; set --pin-ceiling {} or more, or detach an adapter", Bytes(*requested_bytes), Bytes(*available_bytes), Bytes(ceiling_bytes + requested_bytes.saturating_sub(*available_bytes)).flag_value_at_least())]
     LoraPinCeiling {
         requested_bytes: u64,

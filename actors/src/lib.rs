@@ -34,7 +34,7 @@ pub use plan::{
     StepOrder, VramPlan,
 };
 pub use residency::{BlockHandle, BlockState, ResidencyTable};
-pub use stats::{LinkSnapshot, Stats, StatsSnapshot, TierSnapshot};
+pub use stats::{LinkSnapshot, Stats, StatsSnapshot, TierSnapshot, STEP_HISTORY};
 pub use vram_state::{ActivationError, Decisions, Load, VramState};
 
 mod compute_stream;
@@ -42,6 +42,7 @@ mod disk_reader;
 mod error;
 mod lora_offloader;
 mod lora_state;
+mod mailbox;
 mod messages;
 mod pin_manager;
 mod pin_state;
@@ -52,4 +53,6 @@ pub use error::SessionError;
 pub use lora_offloader::{LoraAttach, LoraOffloader, LoraPack};
 pub use lora_state::{AdapterSummary, LoraSlot, LoraState, LoraUsage, MAX_ADAPTERS};
 pub use pin_state::{BufferHome, Consolidation, PinState};
-pub use session::{ExpertConfig, Session, SessionConfig, SessionPlan};
+pub use session::{
+    ExpertConfig, LocalSession, LoraHandle, Session, SessionConfig, SessionPlan, STOP_POLL,
+};

@@ -16,6 +16,8 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use actix::prelude::*;
+
+use crate::mailbox::Post;
 use tokio::time::Instant;
 
 use crate::device::Device;
@@ -190,8 +192,8 @@ impl LoraOffloader {
             region,
             buffers,
         } = detached;
-        self.allocator.do_send(ReleaseLora { region });
-        self.pins.do_send(FreeLoraPins { buffers });
+        self.allocator.post(ReleaseLora { region });
+        self.pins.post(FreeLoraPins { buffers });
         self.pending.retain(|&(pending, _)| pending != slot);
         self.waiters.retain(|&(waiting, _), waiters| {
             if waiting == slot {
@@ -217,10 +219,6 @@ impl LoraOffloader {
 
 impl Actor for LoraOffloader {
     type Context = Context<Self>;
-
-    fn started(&mut self, ctx: &mut Self::Context) {
-        ctx.set_mailbox_capacity(256);
-    }
 }
 
 impl Handler<Attach> for LoraOffloader {
@@ -269,7 +267,7 @@ impl Handler<Attach> for LoraOffloader {
         // the other is refused.
         let acquire = async move {
             let (pinned_reply, pinned) = flume::bounded(1);
-            pins.do_send(AllocateLoraPins {
+            pins.post(AllocateLoraPins {
                 sizes: pack_sizes,
                 reply: pinned_reply,
             });
@@ -278,7 +276,7 @@ impl Handler<Attach> for LoraOffloader {
                 .await
                 .unwrap_or(Err(SessionError::Stopped))?;
             let (region_reply, region) = flume::bounded(1);
-            allocator.do_send(ReserveLora {
+            allocator.post(ReserveLora {
                 bytes: region_bytes,
                 reply: region_reply,
             });
@@ -289,7 +287,7 @@ impl Handler<Attach> for LoraOffloader {
             {
                 Ok(region) => Ok((buffers, region)),
                 Err(error) => {
-                    pins.do_send(FreeLoraPins { buffers });
+                    pins.post(FreeLoraPins { buffers });
                     Err(error)
                 }
             }

@@ -80,13 +80,14 @@ fn held_packs_are_never_evicted() {
         .try_acquire(LoraState::key(8, slot, BlockId(1)))
         .unwrap();
     assert!(state.start_load(slot, BlockId(2)).is_none());
-    table.release(&first);
+    let first_ptr = first.ptr;
+    table.release(first);
     let load = state
         .start_load(slot, BlockId(2))
         .expect("block 0's slot is free now");
-    assert_eq!(load.destination, first.ptr);
+    assert_eq!(load.destination, first_ptr);
     assert_eq!(state.state(slot, BlockId(1)), BlockState::Ready);
-    table.release(&second);
+    table.release(second);
     land(&mut state, load);
 }
 

@@ -1,11 +1,15 @@
 //! The message protocol between the compute thread and the actors.
 //!
-//! Mailbox bounds: every actor sets a mailbox capacity, but the real bound is the
-//! protocol. The compute thread has at most one miss outstanding and at most
-//! `ring_slots` streamed releases in flight; the allocator has at most `depth + 1`
-//! loads per scheduling pass and never more loads in flight than arena places; the pin
-//! manager lends out at most its staging ring plus its cache; the disk reader runs at
-//! most `max_reads_in_flight` reads and queues the rest.
+//! Mailbox bounds. The protocol bounds every queue: the compute thread has at most one
+//! miss outstanding and at most `ring_slots` streamed releases in flight; the allocator
+//! has at most `depth + 1` loads per scheduling pass and never more loads in flight
+//! than arena places; every read, copy and completion carries one pinned buffer, and
+//! the pin manager has at most `blocks + staging_buffers` of them; the disk reader runs
+//! at most `max_reads_in_flight` reads and queues the rest (one per buffer at most).
+//! Each mailbox's capacity is set from those figures at start (`session::prepare`),
+//! and every send checks it (`mailbox`): between actors a full mailbox is a broken
+//! protocol (a debug assertion), from the compute thread it is back-pressure (the
+//! thread waits for room), and a speculative hint is dropped.
 
 use actix::prelude::*;
 

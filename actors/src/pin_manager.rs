@@ -6,6 +6,8 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 
+use crate::mailbox::Post;
+
 use crate::device::Device;
 use crate::disk_reader::DiskReader;
 use crate::error::SessionError;
@@ -22,6 +24,8 @@ pub struct PinManager {
     state: PinState,
     /// Fast-disk streams in request order; the ring serves the oldest first.
     streams: VecDeque<ChunkStream>,
+    /// The last stream's number (each stream gets the next one).
+    next_stream: u64,
 
     extents: Vec<Vec<Extent>>,
     device: Arc<dyn Device>,
@@ -49,6 +53,7 @@ impl PinManager {
         Self {
             state,
             streams: VecDeque::new(),
+            next_stream: 0,
             extents,
             device,
             reader,
@@ -79,7 +84,7 @@ impl PinManager {
                 block,
                 buffer,
                 home,
-            } => self.allocator.do_send(Pinned {
+            } => self.allocator.post(Pinned {
                 block,
                 buffer,
                 home,
@@ -88,7 +93,7 @@ impl PinManager {
                 block,
                 buffer,
                 home,
-            } => self.reader.do_send(ReadBlock {
+            } => self.reader.post(ReadBlock {
                 block,
                 extents: self.extents[block.index()].clone(),
                 buffer,
@@ -135,7 +140,7 @@ impl PinManager {
             AheadDone::Wanted(action) => self.act(action, ctx),
             AheadDone::Failed(action) => {
                 let reason = error.unwrap_or_default();
-                self.allocator.do_send(PinFailed {
+                self.allocator.post(PinFailed {
                     block,
                     error: SessionError::ReadFailed { block, reason },
                 });
@@ -162,7 +167,7 @@ impl PinManager {
     fn forget_pinned(&mut self) {
         if !self.forget.is_empty() {
             let extents = coalesce_extents(std::mem::take(&mut self.forget));
-            self.reader.do_send(ForgetCached { extents });
+            self.reader.post(ForgetCached { extents });
         }
     }
 
@@ -177,22 +182,12 @@ impl PinManager {
     }
 
     /// Registers what the plan wants pinned now. Runs only at sync points (and once at
-    /// start for the staging ring), never in the middle of a block.
+    /// start), never in the middle of a block.
     fn consolidate(&mut self, cursor: usize) {
         self.forget_pinned();
         self.report_read_ahead();
+        // The staging ring was pinned whole before the session started.
         let mut operations = 0;
-        while let Some(bytes) = self.state.staging_wanted() {
-            match self.device.allocate_pinned(bytes) {
-                Ok(buffer) => self.state.add_staging(buffer),
-                Err(error) => {
-                    tracing::warn!("staging buffer: {error}");
-                    self.observer.error(ErrorKind::Pin);
-                    break;
-                }
-            }
-            operations += 1;
-        }
         for (block, bytes) in self.state.registrations_due(cursor) {
             match self.device.allocate_pinned(bytes) {
                 Ok(buffer) => self.state.registered(block, buffer),
@@ -244,8 +239,8 @@ use chunks::ChunkStream;
 impl Actor for PinManager {
     type Context = Context<Self>;
 
-    fn started(&mut self, ctx: &mut Self::Context) {
-        ctx.set_mailbox_capacity(1024);
+    fn started(&mut self, _ctx: &mut Self::Context) {
+        self.report_usage();
         self.consolidate(0);
     }
 }
@@ -257,8 +252,13 @@ impl Handler<EnsurePinned> for PinManager {
         let action = self.state.request(message.block);
         if let Some(PinAction::Stream { block }) = &action {
             let bytes = self.block_bytes(*block);
-            self.streams
-                .push_back(ChunkStream::new(*block, message.destination, bytes));
+            self.next_stream += 1;
+            self.streams.push_back(ChunkStream::new(
+                self.next_stream,
+                *block,
+                message.destination,
+                bytes,
+            ));
         }
         if let Some(action) = action {
             self.act(action, ctx);
@@ -278,14 +278,14 @@ impl Handler<ReadDone> for PinManager {
             seconds,
             error,
         } = done;
-        if let BufferHome::Chunk { offset } = home {
+        if let BufferHome::Chunk { offset, stream } = home {
             match error {
-                None => self.copy_chunk(block, offset, buffer, bytes, seconds, ctx),
+                None => self.copy_chunk(block, stream, offset, buffer, bytes, seconds, ctx),
                 Some(reason) => {
                     self.observer.error(ErrorKind::Read);
                     self.give_back(block, buffer, home, false, ctx);
                     self.chunk_done(
-                        block,
+                        stream,
                         bytes,
                         Some(SessionError::ReadFailed { block, reason }),
                     );
@@ -306,7 +306,7 @@ impl Handler<ReadDone> for PinManager {
         }
         if let Some(reason) = error {
             self.observer.error(ErrorKind::Read);
-            self.allocator.do_send(PinFailed {
+            self.allocator.post(PinFailed {
                 block,
                 error: SessionError::ReadFailed { block, reason },
             });
@@ -323,7 +323,7 @@ impl Handler<ReadDone> for PinManager {
             // The block now has a pinned copy; its file pages need not stay cached too.
             self.forget.extend_from_slice(&self.extents[block.index()]);
         }
-        self.allocator.do_send(Pinned {
+        self.allocator.post(Pinned {
             block,
             buffer,
             home,

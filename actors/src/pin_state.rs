@@ -19,9 +19,13 @@ use crate::plan::{PinPlan, StepOrder};
 pub enum BufferHome {
     Cache,
     Staging,
-    /// A fast-disk ring buffer carrying bytes `offset..` of a block on to VRAM.
+    /// A fast-disk ring buffer carrying bytes `offset..` of a block on to VRAM, for
+    /// the block's stream number `stream` (a block can be streamed again while chunks
+    /// of a failed earlier stream are still in flight; they must not be counted as the
+    /// new one's).
     Chunk {
         offset: u64,
+        stream: u64,
     },
     /// A staging buffer filled by disk read-ahead, before the allocator asked.
     Ahead,

@@ -46,7 +46,15 @@ impl BlockState {
 }
 
 /// A held block: where its bytes are on the device. Valid until released.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+///
+/// Move-only: it is neither `Copy` nor `Clone`, and only the residency table makes one
+/// (the private field), so a hold is given back exactly once — by
+/// [`ResidencyTable::release`] (through `Session::release`), which consumes it. A
+/// second release of the same hold does not compile. A handle has no `Drop` that
+/// releases: that would need a reference to the table in every handle, an atomic
+/// reference count on the hot path.
+#[derive(Debug, PartialEq, Eq)]
+#[must_use = "a held block stays held (never evictable) until it is released"]
 pub struct BlockHandle {
     pub block: BlockId,
     pub ptr: DevicePtr,
@@ -54,7 +62,13 @@ pub struct BlockHandle {
     pub generation: u32,
     /// The block sits in a streaming slot; releasing it frees the slot.
     pub streamed: bool,
+    /// Only the table makes handles.
+    _hold: Hold,
 }
+
+/// The private proof that a handle came from [`ResidencyTable::try_acquire`].
+#[derive(Debug, PartialEq, Eq)]
+struct Hold;
 
 struct Entry {
     word: AtomicU64,
@@ -117,18 +131,30 @@ impl ResidencyTable {
             bytes: entry.bytes,
             generation: (word >> GENERATION_SHIFT) as u32,
             streamed: word & STREAMED_BIT != 0,
+            _hold: Hold,
         })
     }
 
-    /// Drops a hold. Returns the holders left.
+    /// Drops a hold, consuming its handle. Returns the holders left.
+    ///
+    /// A handle is only made by `try_acquire` on a table and is consumed here, so the
+    /// count cannot go below zero for handles of this table. A handle of another table
+    /// (with the same block) is the one misuse the types cannot see; the count is never
+    /// taken below zero for it, so the generation bits cannot be borrowed from.
     #[inline]
-    pub fn release(&self, handle: &BlockHandle) -> u64 {
+    pub fn release(&self, handle: BlockHandle) -> u64 {
         let Some(entry) = self.entry(handle.block) else {
             return 0;
         };
         let previous = entry.word.fetch_sub(HOLDER_ONE, Ordering::AcqRel);
-        debug_assert!(previous & HOLDER_MASK != 0, "release without a hold");
-        ((previous & HOLDER_MASK) >> HOLDER_SHIFT) - 1
+        let holders = (previous & HOLDER_MASK) >> HOLDER_SHIFT;
+        if holders == 0 {
+            // Undo: a release without a hold must not borrow from the generation bits.
+            entry.word.fetch_add(HOLDER_ONE, Ordering::AcqRel);
+            debug_assert!(false, "release without a hold on {}", handle.block);
+            return 0;
+        }
+        holders - 1
     }
 
     pub fn block_bytes(&self, block: BlockId) -> u64 {
@@ -249,9 +275,9 @@ mod tests {
         let second = table.try_acquire(BlockId(0)).unwrap();
         assert_eq!(table.holders(BlockId(0)), 2);
         assert!(!table.try_begin_evict(BlockId(0)));
-        assert_eq!(table.release(&first), 1);
+        assert_eq!(table.release(first), 1);
         assert!(!table.try_begin_evict(BlockId(0)));
-        assert_eq!(table.release(&second), 0);
+        assert_eq!(table.release(second), 0);
         assert!(table.try_begin_evict(BlockId(0)));
         assert!(
             table.try_acquire(BlockId(0)).is_none(),
@@ -266,13 +292,39 @@ mod tests {
         let table = ResidencyTable::new([10]);
         table.publish_ready(BlockId(0), DevicePtr(1), false);
         let first = table.try_acquire(BlockId(0)).unwrap();
-        table.release(&first);
+        let first_generation = first.generation;
+        table.release(first);
         assert!(table.try_begin_evict(BlockId(0)));
         table.finish_evict(BlockId(0));
         table.publish_ready(BlockId(0), DevicePtr(2), false);
         let second = table.try_acquire(BlockId(0)).unwrap();
-        assert_eq!(second.generation, first.generation + 1);
+        assert_eq!(second.generation, first_generation + 1);
         assert_eq!(second.ptr, DevicePtr(2));
+        table.release(second);
+    }
+
+    #[test]
+    fn releases_match_holds_one_for_one() {
+        // Proves the holder count returns to zero after each hold is released once
+        // (a second release of a handle does not compile: handles are move-only), and
+        // the generation is untouched by holds.
+        let table = ResidencyTable::new([10]);
+        table.publish_ready(BlockId(0), DevicePtr(1), true);
+        let holds: Vec<BlockHandle> = (0..3)
+            .map(|_| table.try_acquire(BlockId(0)).unwrap())
+            .collect();
+        let generation = holds[0].generation;
+        assert_eq!(table.holders(BlockId(0)), 3);
+        for handle in holds {
+            table.release(handle);
+        }
+        assert_eq!(table.holders(BlockId(0)), 0);
+        assert!(table.try_begin_evict(BlockId(0)));
+        table.finish_evict(BlockId(0));
+        table.publish_ready(BlockId(0), DevicePtr(1), true);
+        let again = table.try_acquire(BlockId(0)).unwrap();
+        assert_eq!(again.generation, generation + 1);
+        table.release(again);
     }
 
     #[test]
@@ -286,7 +338,7 @@ mod tests {
                     for _ in 0..10_000 {
                         let handle = table.try_acquire(BlockId(0)).unwrap();
                         assert!(!table.try_begin_evict(BlockId(0)));
-                        table.release(&handle);
+                        table.release(handle);
                     }
                 })
             })

@@ -17,9 +17,13 @@
 //! message and waits for that block only. Releases of resident blocks send nothing;
 //! releases of streamed blocks send one message, because they free a ring slot.
 
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
+use actix::dev::ToEnvelope;
 use actix::prelude::*;
 use tokio::time::Instant;
 
@@ -30,19 +34,20 @@ use crate::expert_cache::ExpertPolicy;
 use crate::layout::{BlockId, ModelLayout};
 use crate::lora_offloader::{Attach, DemandPack, Detach, LoraAttach, LoraOffloader, Usage};
 use crate::lora_state::{LoraSlot, LoraState, LoraUsage};
-use crate::messages::{
-    Hint, Invalidate, Miss, ReleaseActivations, ReleaseStreamed, ReserveActivations, Shutdown,
-    StepDone,
-};
-use crate::observer::{AcquireBatch, Observer};
-use crate::plan::{PinPlan, ResidencyPolicy, StepOrder, VramPlan};
-use crate::residency::{BlockHandle, ResidencyTable};
-use crate::stats::{Stats, StatsSnapshot};
+use crate::messages::{Hint, Invalidate, ReleaseActivations, ReserveActivations, Shutdown};
+use crate::observer::Observer;
+use crate::plan::{PinPlan, ResidencyPolicy, VramPlan};
+use crate::residency::BlockHandle;
+use crate::stats::StatsSnapshot;
 use crate::storage::Storage;
 use crate::vram_allocator::VramAllocator;
 
+mod core;
+mod local;
 mod prepare;
 
+use self::core::{queue_when_room, try_queue, Core, Queued, MAX_MISS_ATTEMPTS};
+pub use local::LocalSession;
 use prepare::Prepared;
 
 /// How a session uses its budgets.
@@ -81,24 +86,29 @@ pub struct SessionPlan {
     pub pins: PinPlan,
 }
 
-/// A started pipeline. Owned by the compute thread (it is `Send`, not `Sync`).
+/// A held LoRA pack: its factors' place in VRAM. Move-only, released once by
+/// [`Session::release_lora`]; a distinct type, so a pack can never be released into
+/// the block table (or a block into the pack table).
+#[derive(Debug, PartialEq, Eq)]
+#[must_use = "a held pack stays held (its adapter cannot be detached) until released"]
+pub struct LoraHandle(BlockHandle);
+
+impl std::ops::Deref for LoraHandle {
+    type Target = BlockHandle;
+
+    fn deref(&self) -> &BlockHandle {
+        &self.0
+    }
+}
+
+/// A started pipeline, driven from its own (compute) thread: the actors run on a
+/// thread of their own, and the methods that wait block the calling thread. Owned by
+/// the compute thread (it is `Send`, not `Sync`). For a task on the actors' own
+/// runtime (the simulator) use [`LocalSession`], whose waits are async.
 pub struct Session {
-    /// The device's address space: what a held block's `DevicePtr` means.
-    memory_space: MemorySpace,
-    table: Arc<ResidencyTable>,
-    /// Packs of LoRA factors in VRAM, one entry per (adapter slot, block).
-    lora_table: Arc<ResidencyTable>,
-    /// LoRA packs the compute thread holds now (a detach waits for none).
-    lora_held: u32,
-    stream: Addr<ComputeStream>,
-    lora: Addr<LoraOffloader>,
-    allocator: Addr<VramAllocator>,
-    order: StepOrder,
-    position: usize,
-    batch: AcquireBatch,
-    step_started: Instant,
-    stats: Arc<Stats>,
-    plan: SessionPlan,
+    core: Core,
+    /// Set by the owner to end every wait early (a signal asked the run to stop).
+    stop: Option<Arc<AtomicBool>>,
     system_thread: Option<JoinHandle<()>>,
 }
 
@@ -139,141 +149,92 @@ impl Session {
             .name("stagehand-actors".into())
             .spawn(move || {
                 let system = System::new();
-                system.block_on(async move {
+                let started = system.block_on(async move {
                     let wiring = moved
                         .start_actors(config, experts, layout, device, storage, observer, true);
+                    let failed = wiring.is_err();
                     let _ = sender.send(wiring);
+                    !failed
                 });
-                if let Err(error) = system.run() {
-                    tracing::error!("actor system: {error}");
+                // A session that failed to start has no actor to stop the system.
+                if started {
+                    if let Err(error) = system.run() {
+                        tracing::error!("actor system: {error}");
+                    }
                 }
             })
             .map_err(|error| {
                 SessionError::Device(format!("could not start the actor thread: {error}"))
             })?;
-        let wiring = receiver.recv().map_err(|_| SessionError::Stopped)??;
-        Ok(prepared.into_session(wiring, Some(thread), memory_space))
+        let wiring = match receiver.recv() {
+            Ok(Ok(wiring)) => wiring,
+            Ok(Err(error)) => {
+                let _ = thread.join();
+                return Err(error);
+            }
+            Err(_) => {
+                let _ = thread.join();
+                return Err(SessionError::Stopped);
+            }
+        };
+        Ok(Self {
+            core: prepared.into_core(wiring, memory_space),
+            stop: None,
+            system_thread: Some(thread),
+        })
     }
 
-    /// Starts the actors on the current actix system (the simulator's paused runtime).
-    /// Use the `_async` methods from a task on that same thread.
-    pub fn start_local(
-        config: SessionConfig,
-        layout: ModelLayout,
-        order: Vec<BlockId>,
-        device: Arc<dyn Device>,
-        storage: Arc<dyn Storage>,
-        observer: Arc<dyn Observer>,
-    ) -> Result<Self, SessionError> {
-        let prepared = Prepared::new(&config, None, &layout, order)?;
-        let memory_space = device.memory_space();
-        let wiring = prepared
-            .clone()
-            .start_actors(config, None, layout, device, storage, observer, false)?;
-        Ok(prepared.into_session(wiring, None, memory_space))
+    /// Every later wait (a miss, an attach, a reservation) ends with
+    /// [`SessionError::Interrupted`] once `flag` is set, within [`STOP_POLL`].
+    pub fn stop_on(&mut self, flag: Arc<AtomicBool>) {
+        self.stop = Some(flag);
     }
 
     /// The address space of the blocks this session hands out.
     pub fn memory_space(&self) -> MemorySpace {
-        self.memory_space
+        self.core.memory_space
     }
 
     pub fn plan(&self) -> &SessionPlan {
-        &self.plan
+        &self.core.plan
     }
 
     pub fn order(&self) -> &[BlockId] {
-        self.order.blocks()
+        self.core.order.blocks()
     }
 
     pub fn stats(&self) -> StatsSnapshot {
-        self.stats.snapshot()
+        self.core.stats()
     }
 
     pub fn lora(&self) -> &Addr<LoraOffloader> {
-        &self.lora
+        &self.core.lora
     }
 
     /// The hot path: a hold on `block` if it is ready, without a message or a lock.
     #[inline]
     pub fn try_acquire(&mut self, block: BlockId) -> Option<BlockHandle> {
-        let handle = self.table.try_acquire(block)?;
-        self.batch.hits += 1;
-        self.advance_to(block);
-        Some(handle)
-    }
-
-    #[inline]
-    fn advance_to(&mut self, block: BlockId) {
-        if self.order.at(self.position) != block {
-            if !self.order.contains(block) {
-                // A block outside the order (an expert) does not move the position.
-                return;
-            }
-            if let Some(distance) = self.order.distance_to_next_use(self.position, block) {
-                self.position += distance;
-            }
-        }
-        self.position = (self.position + 1) % self.order.len();
-    }
-
-    fn current_position(&self, block: BlockId) -> usize {
-        let distance = self
-            .order
-            .distance_to_next_use(self.position, block)
-            .unwrap_or(0);
-        (self.position + distance) % self.order.len()
-    }
-
-    fn check_block(&self, block: BlockId) -> Result<(), SessionError> {
-        if block.index() >= self.table.len() {
-            return Err(SessionError::UnknownBlock {
-                block,
-                block_count: self.table.len(),
-            });
-        }
-        Ok(())
-    }
-
-    fn send_miss(&self, block: BlockId) -> flume::Receiver<Result<(), SessionError>> {
-        let (reply, receiver) = flume::bounded(1);
-        self.stream.do_send(Miss {
-            block,
-            position: self.current_position(block),
-            reply,
-        });
-        receiver
+        self.core.try_acquire(block)
     }
 
     /// Blocks the calling thread until `block` is resident, then holds it.
     pub fn acquire(&mut self, block: BlockId) -> Result<BlockHandle, SessionError> {
-        if let Some(handle) = self.try_acquire(block) {
+        if let Some(handle) = self.core.try_acquire(block) {
             return Ok(handle);
         }
-        block_on(self.wait_for(block))
-    }
-
-    /// As [`Session::acquire`], for a task on the actors' own runtime.
-    pub async fn acquire_async(&mut self, block: BlockId) -> Result<BlockHandle, SessionError> {
-        if let Some(handle) = self.try_acquire(block) {
-            return Ok(handle);
-        }
-        self.wait_for(block).await
+        self.wait_for(block)
     }
 
     /// The miss path: asks for the block and waits for that block only.
-    async fn wait_for(&mut self, block: BlockId) -> Result<BlockHandle, SessionError> {
-        self.check_block(block)?;
+    fn wait_for(&mut self, block: BlockId) -> Result<BlockHandle, SessionError> {
+        self.core.check_block(block)?;
         let started = Instant::now();
         for _attempt in 0..MAX_MISS_ATTEMPTS {
-            let receiver = self.send_miss(block);
-            receiver
-                .recv_async()
-                .await
+            let (miss, receiver) = self.core.miss(block);
+            self.send(&self.core.stream, miss)?;
+            self.wait(receiver.recv_async())?
                 .map_err(|_| SessionError::Stopped)??;
-            if let Some(handle) = self.table.try_acquire(block) {
-                self.count_miss(started);
-                self.advance_to(block);
+            if let Some(handle) = self.core.take_after_miss(block, started) {
                 return Ok(handle);
             }
         }
@@ -283,40 +244,38 @@ impl Session {
         })
     }
 
-    fn count_miss(&mut self, started: Instant) {
-        self.batch.misses += 1;
-        self.batch.stall_seconds += started.elapsed().as_secs_f64();
-    }
-
     /// Attaches a LoRA adapter: its packs go to the offloader's own pinned set and a
     /// VRAM region of a few pack slots is placed inside the budget (counted as LoRA
     /// bytes). From now on each block's factors travel with the block. Waits for the
     /// answer; a refused attach leaves nothing behind.
     pub fn attach_lora(&mut self, adapter: LoraAttach) -> Result<LoraSlot, SessionError> {
         let (reply, receiver) = flume::bounded(1);
-        self.lora.do_send(Attach { adapter, reply });
-        receiver.recv().map_err(|_| SessionError::Stopped)?
+        self.send(&self.core.lora, Attach { adapter, reply })?;
+        self.wait(receiver.recv_async())?
+            .map_err(|_| SessionError::Stopped)?
     }
 
     /// Detaches an adapter and gives its pinned set and VRAM back once its copies in
     /// flight have landed; `false` if none had that name. Release every LoRA handle
     /// first.
     pub fn detach_lora(&mut self, name: &str) -> Result<bool, SessionError> {
-        if self.lora_held > 0 {
+        if self.core.lora_held > 0 {
             return Err(SessionError::Lora {
                 name: name.to_string(),
                 problem: format!(
                     "cannot be detached while {} of its packs are held; release them first",
-                    self.lora_held
+                    self.core.lora_held
                 ),
             });
         }
         let (reply, receiver) = flume::bounded(1);
-        self.lora.do_send(Detach {
+        let detach = Detach {
             name: name.to_string(),
             reply,
-        });
-        receiver.recv().map_err(|_| SessionError::Stopped)
+        };
+        self.send(&self.core.lora, detach)?;
+        self.wait(receiver.recv_async())?
+            .map_err(|_| SessionError::Stopped)
     }
 
     /// Holds `block`'s factors of adapter `slot` in VRAM: an atomic load when they
@@ -326,17 +285,18 @@ impl Session {
         &mut self,
         slot: LoraSlot,
         block: BlockId,
-    ) -> Result<BlockHandle, SessionError> {
-        self.check_block(block)?;
-        let key = LoraState::key(self.table.len(), slot, block);
+    ) -> Result<LoraHandle, SessionError> {
+        self.core.check_block(block)?;
+        let key = LoraState::key(self.core.table.len(), slot, block);
         for _attempt in 0..MAX_MISS_ATTEMPTS {
-            if let Some(handle) = self.lora_table.try_acquire(key) {
-                self.lora_held += 1;
-                return Ok(handle);
+            if let Some(handle) = self.core.lora_table.try_acquire(key) {
+                self.core.lora_held += 1;
+                return Ok(LoraHandle(handle));
             }
             let (reply, receiver) = flume::bounded(1);
-            self.lora.do_send(DemandPack { slot, block, reply });
-            block_on(receiver.recv_async()).map_err(|_| SessionError::Stopped)??;
+            self.send(&self.core.lora, DemandPack { slot, block, reply })?;
+            self.wait(receiver.recv_async())?
+                .map_err(|_| SessionError::Stopped)??;
         }
         Err(SessionError::Starved {
             block,
@@ -345,16 +305,17 @@ impl Session {
     }
 
     /// Drops the hold on a pack. Sends nothing: the offloader reuses unheld slots.
-    pub fn release_lora(&mut self, handle: BlockHandle) {
-        self.lora_table.release(&handle);
-        self.lora_held = self.lora_held.saturating_sub(1);
+    pub fn release_lora(&mut self, handle: LoraHandle) {
+        self.core.lora_table.release(handle.0);
+        self.core.lora_held = self.core.lora_held.saturating_sub(1);
     }
 
     /// The LoRA offloader's own accounting.
     pub fn lora_usage(&self) -> Result<LoraUsage, SessionError> {
         let (reply, receiver) = flume::bounded(1);
-        self.lora.do_send(Usage(reply));
-        receiver.recv().map_err(|_| SessionError::Stopped)
+        self.send(&self.core.lora, Usage(reply))?;
+        self.wait(receiver.recv_async())?
+            .map_err(|_| SessionError::Stopped)
     }
 
     /// Drops the device copies of these blocks (ready and unheld ones) so their next use
@@ -362,93 +323,96 @@ impl Session {
     /// since changed. Waits until done; returns how many were dropped.
     pub fn invalidate(&mut self, blocks: &[BlockId]) -> Result<u64, SessionError> {
         let (reply, receiver) = flume::bounded(1);
-        self.allocator.do_send(Invalidate {
+        let message = Invalidate {
             blocks: blocks.to_vec(),
             reply,
-        });
-        receiver.recv().map_err(|_| SessionError::Stopped)
+        };
+        self.send(&self.core.allocator, message)?;
+        self.wait(receiver.recv_async())?
+            .map_err(|_| SessionError::Stopped)
     }
 
     /// Speculative prefetch of blocks outside the order (experts the router is expected
-    /// to pick): loaded if that evicts nothing needed sooner. Does not wait.
+    /// to pick): loaded if that evicts nothing needed sooner. Does not wait; dropped
+    /// when the allocator's mailbox is full (a late hint is worth nothing).
     pub fn hint(&mut self, blocks: &[BlockId]) {
         let blocks: Vec<BlockId> = blocks
             .iter()
             .copied()
-            .filter(|block| block.index() < self.table.len())
+            .filter(|block| block.index() < self.core.table.len())
             .collect();
         if !blocks.is_empty() {
-            self.allocator.do_send(Hint { blocks });
+            crate::mailbox::offer(&self.core.allocator, Hint { blocks });
         }
     }
 
-    /// Drops the hold. Only a streamed block's release sends a message.
+    /// Drops the hold, consuming the handle (a hold is released exactly once). Only a
+    /// streamed block's release sends a message, waiting for room if the mailbox is
+    /// full.
     #[inline]
     pub fn release(&mut self, handle: BlockHandle) {
-        let left = self.table.release(&handle);
-        if handle.streamed && left == 0 {
-            let position = (self.position + self.order.len() - 1) % self.order.len();
-            self.stream.do_send(ReleaseStreamed {
-                block: handle.block,
-                position,
-            });
+        if let Some(message) = self.core.release(handle) {
+            let _ = self.send(&self.core.stream, message);
         }
     }
 
     /// Marks the end of a step: flushes the batched hit/miss counts and times the step.
     pub fn step_done(&mut self) {
-        let now = Instant::now();
-        let step_seconds = now.duration_since(self.step_started).as_secs_f64();
-        self.step_started = now;
-        self.stream.do_send(StepDone {
-            batch: std::mem::take(&mut self.batch),
-            step_seconds,
-        });
+        let message = self.core.step_done();
+        let _ = self.send(&self.core.stream, message);
     }
 
     /// Reserves VRAM for activations, evicting weights if needed (activations win).
     /// Returns the resident blocks that gave way: they stream from now on.
     pub fn reserve_activations(&mut self, bytes: u64) -> Result<Vec<BlockId>, SessionError> {
         let (reply, receiver) = flume::bounded(1);
-        self.stream.do_send(ReserveActivations { bytes, reply });
-        receiver.recv().map_err(|_| SessionError::Stopped)?
-    }
-
-    pub async fn reserve_activations_async(
-        &mut self,
-        bytes: u64,
-    ) -> Result<Vec<BlockId>, SessionError> {
-        let (reply, receiver) = flume::bounded(1);
-        self.stream.do_send(ReserveActivations { bytes, reply });
-        receiver
-            .recv_async()
-            .await
+        self.send(&self.core.stream, ReserveActivations { bytes, reply })?;
+        self.wait(receiver.recv_async())?
             .map_err(|_| SessionError::Stopped)?
     }
 
     pub fn release_activations(&mut self, bytes: u64) {
-        self.stream.do_send(ReleaseActivations { bytes });
+        let _ = self.send(&self.core.stream, ReleaseActivations { bytes });
     }
 
     /// Drains every actor, releases every budget and stops the actor thread.
-    /// Returns the final counters. Release every handle first.
+    /// Returns the final counters. Release every handle first. Not interrupted by
+    /// the stop flag: the drain is what gives every budget back.
     pub fn finish(mut self) -> StatsSnapshot {
         let (reply, receiver) = flume::bounded(1);
-        self.stream.do_send(Shutdown { reply });
+        let stream = self.core.stream.clone();
+        self.stop = None;
+        let _ = self.send(&stream, Shutdown { reply });
         let _ = receiver.recv();
         if let Some(thread) = self.system_thread.take() {
             let _ = thread.join();
         }
-        self.stats.snapshot()
+        self.core.stats()
     }
 
-    pub async fn finish_async(self) -> StatsSnapshot {
-        let (reply, receiver) = flume::bounded(1);
-        self.stream.do_send(Shutdown { reply });
-        let _ = receiver.recv_async().await;
-        self.stats.snapshot()
+    /// Queues `message`, blocking this thread while the mailbox is full
+    /// (back-pressure: a compute thread ahead of the actors waits for them).
+    fn send<A, M>(&self, to: &Addr<A>, message: M) -> Result<(), SessionError>
+    where
+        A: Actor + Handler<M>,
+        A::Context: ToEnvelope<A, M>,
+        M: Message + Send + 'static,
+        M::Result: Send,
+    {
+        match try_queue(to, message) {
+            Queued::Done => Ok(()),
+            Queued::Full(message) => self.wait(queue_when_room(to, message)),
+        }
+    }
+
+    /// Runs `future` on this thread until it completes or the stop flag is set.
+    fn wait<F: Future>(&self, future: F) -> Result<F::Output, SessionError> {
+        block_on(future, self.stop.as_deref()).ok_or(SessionError::Interrupted)
     }
 }
+
+/// How often a wait looks at the stop flag: the longest a stop request waits.
+pub const STOP_POLL: Duration = Duration::from_millis(20);
 
 /// Wakes a parked compute thread.
 struct ThreadWaker(std::thread::Thread);
@@ -459,20 +423,21 @@ impl std::task::Wake for ThreadWaker {
     }
 }
 
-/// Runs a future to completion on the calling (compute) thread, parking between polls.
-/// Used only on the miss path, where the thread waits anyway.
-fn block_on<F: std::future::Future>(future: F) -> F::Output {
+/// Runs a future to completion on the calling (compute) thread, parking between polls;
+/// `None` if `stop` is set first. Used only where the thread waits anyway (a miss, a
+/// reply, a full mailbox), never on the hot path.
+fn block_on<F: Future>(future: F, stop: Option<&AtomicBool>) -> Option<F::Output> {
     let mut future = std::pin::pin!(future);
     let waker = std::task::Waker::from(Arc::new(ThreadWaker(std::thread::current())));
     let mut context = std::task::Context::from_waker(&waker);
     loop {
         if let std::task::Poll::Ready(output) = future.as_mut().poll(&mut context) {
-            return output;
+            return Some(output);
         }
-        std::thread::park();
+        match stop {
+            Some(flag) if flag.load(Ordering::Relaxed) => return None,
+            Some(_) => std::thread::park_timeout(STOP_POLL),
+            None => std::thread::park(),
+        }
     }
 }
-
-/// A miss is retried if the block was evicted again before the compute thread got it
-/// (activation pressure); past this many tries something is wrong.
-const MAX_MISS_ATTEMPTS: u32 = 64;

@@ -3,6 +3,7 @@
 //! The run summary is read from here and the Prometheus adapter is fed by the same
 //! observer calls, so the two always agree.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
@@ -45,7 +46,30 @@ pub struct Stats {
     /// Disk read-aheads by outcome: used, dropped, failed.
     read_ahead: [AtomicU64; 3],
     errors: AtomicU64,
-    steps: Mutex<Vec<f64>>,
+    steps: AtomicU64,
+    step_history: Mutex<StepHistory>,
+}
+
+/// Step times the stats keep: the most recent ones. A session that runs for days
+/// (`--steps 0`) keeps this many and no more.
+pub const STEP_HISTORY: usize = 1024;
+
+/// The last [`STEP_HISTORY`] step times, oldest first; allocated once, never grows.
+struct StepHistory(VecDeque<f64>);
+
+impl Default for StepHistory {
+    fn default() -> Self {
+        Self(VecDeque::with_capacity(STEP_HISTORY))
+    }
+}
+
+impl StepHistory {
+    fn push(&mut self, seconds: f64) {
+        if self.0.len() == STEP_HISTORY {
+            self.0.pop_front();
+        }
+        self.0.push_back(seconds);
+    }
 }
 
 fn link_index(link: Link) -> usize {
@@ -121,8 +145,9 @@ impl Observer for Stats {
     }
 
     fn step(&self, seconds: f64) {
-        if let Ok(mut steps) = self.steps.lock() {
-            steps.push(seconds);
+        self.steps.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut history) = self.step_history.lock() {
+            history.push(seconds);
         }
     }
 
@@ -172,6 +197,9 @@ pub struct StatsSnapshot {
     pub read_ahead_dropped: u64,
     pub read_ahead_failed: u64,
     pub errors: u64,
+    /// Steps the session ran.
+    pub steps: u64,
+    /// The last [`STEP_HISTORY`] of them (all of them in a shorter run), oldest first.
     pub step_seconds: Vec<f64>,
 }
 
@@ -236,7 +264,39 @@ impl Stats {
             read_ahead_failed: self.read_ahead[ReadAheadOutcome::Failed.index()]
                 .load(Ordering::Relaxed),
             errors: self.errors.load(Ordering::Relaxed),
-            step_seconds: self.steps.lock().map(|s| s.clone()).unwrap_or_default(),
+            steps: self.steps.load(Ordering::Relaxed),
+            step_seconds: self
+                .step_history
+                .lock()
+                .map(|history| history.0.iter().copied().collect())
+                .unwrap_or_default(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_step_history_keeps_the_last_steps_only() {
+        // Proves a long session's step record stays bounded: after more steps than the
+        // history holds, it keeps the most recent ones, oldest first, and counts all.
+        let stats = Stats::default();
+        let steps = STEP_HISTORY as u64 * 3 + 7;
+        for step in 0..steps {
+            stats.step(step as f64);
+        }
+        let snapshot = stats.snapshot();
+        assert_eq!(snapshot.steps, steps);
+        assert_eq!(snapshot.step_seconds.len(), STEP_HISTORY);
+        assert_eq!(
+            snapshot.step_seconds[0],
+            (steps - STEP_HISTORY as u64) as f64
+        );
+        assert_eq!(
+            snapshot.step_seconds.last().copied(),
+            Some((steps - 1) as f64)
+        );
     }
 }

@@ -5,6 +5,8 @@
 use std::sync::Arc;
 
 use actix::prelude::*;
+
+use crate::mailbox::Post;
 use tokio::time::Instant;
 
 use crate::device::{Device, DeviceArena};
@@ -109,19 +111,19 @@ impl VramAllocator {
         for load in &decisions.loads {
             self.load_offsets[load.block.index()] = load.offset;
             if let Some(pins) = &self.pins {
-                pins.do_send(EnsurePinned {
+                pins.post(EnsurePinned {
                     block: load.block,
                     destination: base.offset(load.offset),
                 });
             }
             if let Some(lora) = lora {
-                lora.do_send(LoraPrefetch { block: load.block });
+                lora.post(LoraPrefetch { block: load.block });
             }
         }
         if decisions.read_ahead != self.read_ahead {
             self.read_ahead = decisions.read_ahead;
             if let Some(pins) = &self.pins {
-                pins.do_send(ReadAhead {
+                pins.post(ReadAhead {
                     blocks: self.read_ahead.clone(),
                 });
             }
@@ -162,7 +164,7 @@ impl VramAllocator {
 
     fn return_buffer(&self, message: ReturnBuffer) {
         if let Some(pins) = &self.pins {
-            pins.do_send(message);
+            pins.post(message);
         }
     }
 
@@ -272,8 +274,7 @@ mod lora_regions;
 impl Actor for VramAllocator {
     type Context = Context<Self>;
 
-    fn started(&mut self, ctx: &mut Self::Context) {
-        ctx.set_mailbox_capacity(1024);
+    fn started(&mut self, _ctx: &mut Self::Context) {
         self.report_usage();
     }
 }
@@ -417,7 +418,7 @@ impl Handler<Drain> for VramAllocator {
         };
         let drained = async move {
             let (reply, done) = flume::bounded(1);
-            lora.do_send(Drain { reply });
+            lora.post(Drain { reply });
             let _ = done.recv_async().await;
         };
         ctx.spawn(

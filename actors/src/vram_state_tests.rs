@@ -87,8 +87,9 @@ impl Harness {
                 );
             };
             assert!(self.state.used_bytes() <= self.state.budget_bytes());
-            self.table.release(&handle);
-            if handle.streamed {
+            let streamed = handle.streamed;
+            self.table.release(handle);
+            if streamed {
                 self.state.released(block, position);
                 let decisions = self.state.schedule(None);
                 self.apply(decisions);
@@ -180,7 +181,7 @@ fn a_held_block_survives_activation_pressure() {
     // 10 KiB budget: the 2 KiB ring stays committed, so 8000 B fit only once the
     // four held 1 KiB blocks can give way.
     assert!(harness.state.reserve_activations(8000).is_err());
-    for handle in &handles {
+    for handle in handles {
         assert_eq!(harness.table.state(handle.block), BlockState::Ready);
         harness.table.release(handle);
     }

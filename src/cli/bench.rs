@@ -7,9 +7,6 @@
 //! the machine's load before and after and says when the ratios cannot be trusted.
 //! `stagehand bench disk FILE` measures the storage read paths instead.
 
-use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
-
 use serde::Serialize;
 use stagehand_actors::ResidencyPolicy;
 
@@ -152,7 +149,7 @@ impl Bench<'_> {
                 prefetch_depth: depth,
                 policy,
                 steps: self.steps,
-                stop: Arc::new(AtomicBool::new(false)),
+                stop: crate::signals::stop_flag(),
                 observer: no_observer(),
                 on_step: Box::new(|_, _| {}),
                 fail_after_reads: None,

@@ -17,7 +17,6 @@
 //! report; without `--json` the Markdown goes to stdout.
 
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -145,7 +144,7 @@ impl Bench<'_> {
                 prefetch_depth: self.settings.prefetch_depth,
                 policy: ResidencyPolicy::Planned,
                 steps: STEPS,
-                stop: Arc::new(AtomicBool::new(false)),
+                stop: crate::signals::stop_flag(),
                 observer: no_observer(),
                 on_step: Box::new(|_, _| {}),
                 fail_after_reads: None,

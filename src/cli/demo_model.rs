@@ -103,6 +103,16 @@ pub fn execute(args: DemoModelArgs) -> CommandResult {
         dim: args.dim,
         seed: args.seed,
     };
+    let lora = DemoLora {
+        rank: args.lora_rank,
+        dtype: args.lora_dtype,
+        ..DemoLora::default()
+    };
+    if let Some(lora_path) = &args.lora_out {
+        // Refused before the model is written, not after.
+        lora.validate(lora_path, &spec)
+            .map_err(Failure::bad_input)?;
+    }
     let started = Instant::now();
     let path = write_linear_stack(&args.out, &spec).map_err(|error| match error {
         DemoError::InvalidSpec(_) => Failure::bad_input(error),
@@ -120,11 +130,6 @@ pub fn execute(args: DemoModelArgs) -> CommandResult {
         started.elapsed().as_secs_f64()
     );
     if let Some(lora_path) = &args.lora_out {
-        let lora = DemoLora {
-            rank: args.lora_rank,
-            dtype: args.lora_dtype,
-            ..DemoLora::default()
-        };
         let bytes = write_demo_lora(lora_path, &spec, &lora).map_err(Failure::bad_input)?;
         println!(
             "wrote {} (rank {} {:?} LoRA, {}); try: stagehand run --model {} --lora {}:0.8",

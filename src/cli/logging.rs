@@ -25,6 +25,8 @@ pub fn init_logging(filter: &str) {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(colour_on_stderr())
+        // A full or closed stderr drops log lines; reporting that would panic.
+        .log_internal_errors(false)
         .with_target(false)
         .try_init();
 }

@@ -1,11 +1,36 @@
 //! The `stagehand` command line. Each subcommand lives in its own file with its
 //! arguments and an `execute` function; this file only dispatches and maps failures
 //! to exit codes (0 ok, 1 run failed, 2 bad input or config, 3 `simulate`: the model
-//! does not fit the machine under these budgets).
+//! does not fit the machine under these budgets, 128 + the signal number when a
+//! signal stopped the command: 130 SIGINT, 143 SIGTERM).
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+
+// Output that never panics (see `output`): these shadow std's macros in every
+// subcommand's file, so no CLI path can panic on a closed or full stdout or stderr.
+macro_rules! print {
+    ($($arg:tt)*) => { $crate::cli::output::stdout(format_args!($($arg)*)) };
+}
+macro_rules! println {
+    () => { $crate::cli::output::stdout(format_args!("\n")) };
+    ($($arg:tt)*) => {
+        $crate::cli::output::stdout(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+#[allow(unused_macros)]
+macro_rules! eprint {
+    ($($arg:tt)*) => { $crate::cli::output::stderr(format_args!($($arg)*)) };
+}
+macro_rules! eprintln {
+    () => { $crate::cli::output::stderr(format_args!("\n")) };
+    ($($arg:tt)*) => {
+        $crate::cli::output::stderr(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+pub mod output;
 
 mod bench;
 #[cfg(feature = "cuda")]
@@ -90,7 +115,15 @@ pub enum Command {
 }
 
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    crate::signals::install();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => {
+            // Help, version and usage errors; a closed or full output is not a panic.
+            let _ = error.print();
+            return ExitCode::from(u8::try_from(error.exit_code()).unwrap_or(2));
+        }
+    };
     let result = match cli.command {
         None => run::execute(cli.run),
         Some(Command::Run(args)) => run::execute(args),
@@ -103,7 +136,7 @@ pub fn main() -> ExitCode {
         Some(Command::Bench(args)) => bench::execute(args),
         Some(Command::Calibrate(args)) => calibrate::execute(args),
     };
-    match result {
+    let status = match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure::BadInput(error)) => {
             eprintln!("error: {error:#}");
@@ -117,5 +150,16 @@ pub fn main() -> ExitCode {
             eprintln!("does not fit: {error:#}");
             ExitCode::from(EXIT_DOES_NOT_FIT)
         }
+    };
+    if let Some(signal) = crate::signals::received() {
+        eprintln!("stopped by {}", crate::signals::signal_name(signal));
+        return ExitCode::from(crate::signals::exit_status(signal));
+    }
+    match output::stdout_failure() {
+        Some(output::StdoutFailure::Failed(reason)) => {
+            eprintln!("error: could not write the output to stdout: {reason}");
+            ExitCode::from(1)
+        }
+        Some(output::StdoutFailure::Closed) | None => status,
     }
 }

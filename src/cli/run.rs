@@ -4,7 +4,6 @@
 //! fully-resident reference bit for bit, and prints the summary.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use indicatif::{ProgressBar, ProgressStyle};
@@ -99,35 +98,6 @@ impl ExpertPolicyArg {
 
 pub(super) fn parse_lora_arg(text: &str) -> Result<LoraSpec, String> {
     LoraSpec::parse(text).map_err(|error| error.to_string())
-}
-
-static INTERRUPTED: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_interrupt(_signal: libc::c_int) {
-    INTERRUPTED.store(true, Ordering::Relaxed);
-}
-
-/// Ctrl-C (and SIGTERM) end the run at the next step boundary, cleanly.
-fn install_interrupt_handler() -> Arc<AtomicBool> {
-    let handler = on_interrupt as extern "C" fn(libc::c_int) as libc::sighandler_t;
-    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-    unsafe {
-        libc::signal(libc::SIGINT, handler);
-        libc::signal(libc::SIGTERM, handler);
-    }
-    let stop = Arc::new(AtomicBool::new(false));
-    let flag = stop.clone();
-    std::thread::Builder::new()
-        .name("stagehand-signal".into())
-        .spawn(move || loop {
-            if INTERRUPTED.load(Ordering::Relaxed) {
-                flag.store(true, Ordering::Relaxed);
-                return;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        })
-        .ok();
-    stop
 }
 
 pub(super) fn run_error(error: RunError) -> Failure {
@@ -255,9 +225,15 @@ pub(super) fn run_prepared(
             PolicyArg::Lru => ResidencyPolicy::Lru,
         },
         steps: launch.steps,
-        stop: install_interrupt_handler(),
+        stop: crate::signals::stop_flag(),
         observer,
-        on_step: Box::new(move |_step, seconds| {
+        on_step: Box::new(move |step, seconds| {
+            if step == 0 {
+                tracing::info!(
+                    "step 1 ran in {:.1} ms (cold); SIGINT or SIGTERM stops at the next step",
+                    seconds * 1e3
+                );
+            }
             bar.inc(1);
             bar.set_message(format!("{:.1} ms", seconds * 1e3));
         }),
@@ -278,6 +254,10 @@ pub fn execute(args: RunArgs) -> CommandResult {
     let loaded = settings::load(&args.settings).map_err(Failure::bad_input)?;
     let settings = loaded.settings;
     init_logging(&settings.log);
+    if let Some(path) = &settings.trace {
+        crate::sim::TraceRecorder::check_writable(path).map_err(Failure::bad_input)?;
+    }
+    crate::run::memory::check_staging_ring(&settings).map_err(run_error)?;
     let use_cuda = use_cuda(settings.device)?;
     let preparing = (args.model.is_none()).then(|| {
         super::progress::Status::start("preparing the demo model (written once, then cached)")

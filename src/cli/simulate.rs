@@ -69,6 +69,14 @@ pub fn execute(args: SimulateArgs) -> CommandResult {
             "--steps 0: simulate at least 1 step"
         )));
     }
+    if args.steps > crate::sim::MAX_STEPS {
+        return Err(Failure::bad_input(anyhow::anyhow!(
+            "--steps {}: at most {} steps (a steady state shows after a few; each step is \
+             kept for the report)",
+            args.steps,
+            crate::sim::MAX_STEPS
+        )));
+    }
     // `auto` is the simulator's own value, not a setting: take it out before the
     // settings are parsed, then decide from the layer that set the depth.
     let mut settings_args = args.settings.clone();
@@ -119,6 +127,9 @@ pub fn execute(args: SimulateArgs) -> CommandResult {
         ..FaultPlan::default()
     };
     faults.validate().map_err(Failure::bad_input)?;
+    if let Some(path) = &settings.trace {
+        TraceRecorder::check_writable(path).map_err(Failure::bad_input)?;
+    }
     let trace = settings
         .trace
         .as_ref()

@@ -91,6 +91,54 @@ impl Default for DemoLora {
     }
 }
 
+impl DemoLora {
+    /// Checks the adapter can be generated for `spec`: rank and spacing at least 1, the
+    /// rank at most the layers' width (a larger one cannot be a low-rank update), and
+    /// the factors — held in memory while they are written — within the RAM this
+    /// machine can spare (`MemAvailable` less the 2 GiB minimum floor).
+    pub fn validate(&self, path: &Path, spec: &DemoSpec) -> Result<(), LoraError> {
+        if self.rank == 0 || self.every == 0 {
+            return Err(LoraError::RankZero {
+                path: path.to_path_buf(),
+                module: "(generator: rank and every must be at least 1)".to_string(),
+            });
+        }
+        let generation_error = |problem: String| LoraError::Shape {
+            path: path.to_path_buf(),
+            key: "--lora-rank".to_string(),
+            problem,
+        };
+        if self.rank > spec.dim as usize {
+            return Err(generation_error(format!(
+                "rank {} is above the model's width {}: a LoRA's rank is at most its layers' \
+                 width (try 8 or 16)",
+                self.rank, spec.dim
+            )));
+        }
+        let layers = u64::from(spec.blocks) * u64::from(spec.layers_per_block);
+        let patched = layers.div_ceil(self.every as u64);
+        // a and b as f32, and their encoded copy: three times the factors' f32 bytes.
+        let bytes = (self.rank as u64)
+            .checked_mul(u64::from(spec.dim))
+            .and_then(|bytes| bytes.checked_mul(2 * 4 * 3))
+            .and_then(|bytes| bytes.checked_mul(patched));
+        let spare = crate::run::available_ram_bytes()
+            .map(|available| available.saturating_sub(crate::settings::MIN_RAM_FLOOR.as_u64()));
+        match (bytes, spare) {
+            (None, _) => Err(generation_error(format!(
+                "rank {} x width {} x {patched} layers overflows",
+                self.rank, spec.dim
+            ))),
+            (Some(bytes), Some(spare)) if bytes > spare => Err(generation_error(format!(
+                "rank {} needs {bytes} bytes of factors in memory while they are written, \
+                 over the {spare} this machine can spare; lower --lora-rank",
+                self.rank
+            ))),
+            _ => Ok(()),
+        }
+    }
+}
+
 /// One module's factors, row-major: `a` is `[rank, in]`, `b` is `[out, rank]`.
 struct Factors {
     module: String,
@@ -100,12 +148,7 @@ struct Factors {
 
 /// Writes an adapter that patches the demo model's layers and returns its size.
 pub fn write_demo_lora(path: &Path, spec: &DemoSpec, lora: &DemoLora) -> Result<u64, LoraError> {
-    if lora.rank == 0 || lora.every == 0 {
-        return Err(LoraError::RankZero {
-            path: path.to_path_buf(),
-            module: "(generator: rank and every must be at least 1)".to_string(),
-        });
-    }
+    lora.validate(path, spec)?;
     let dim = spec.dim as usize;
     let mut state = lora.seed ^ spec.seed;
     let mut next = |bound: f32| {

@@ -73,14 +73,25 @@ pub fn load_adapter(
         path: path.to_path_buf(),
         reason,
     };
-    let length = std::fs::metadata(path)
-        .map_err(|error| io(error.to_string()))?
-        .len();
-    if length > MAX_ADAPTER_BYTES {
-        return Err(io(format!("{length} bytes is more than a LoRA file holds")));
-    }
-    let bytes = std::fs::read(path).map_err(|error| io(error.to_string()))?;
-    let file = SafeTensors::deserialize(&bytes).map_err(|error| LoraError::Format {
+    // A FIFO or a device is refused at once rather than waited on.
+    let bytes = crate::model::read_regular(path, MAX_ADAPTER_BYTES)
+        .map_err(|error| io(format!("{error} (a LoRA file is a safetensors file)")))?;
+    let config = peft_config_text(path)?;
+    parse_adapter(path, &bytes, config.as_deref(), strength, name, index)
+}
+
+/// Maps an adapter file's bytes onto `index`; `config` is the text of the
+/// `adapter_config.json` beside it, if any. `path` only names the file in errors.
+/// (The LoRA fuzz target's entry point.)
+pub fn parse_adapter(
+    path: &Path,
+    bytes: &[u8],
+    config: Option<&str>,
+    strength: f32,
+    name: String,
+    index: &ModelIndex,
+) -> Result<Adapter, LoraError> {
+    let file = SafeTensors::deserialize(bytes).map_err(|error| LoraError::Format {
         path: path.to_path_buf(),
         reason: error.to_string(),
     })?;
@@ -91,7 +102,10 @@ pub fn load_adapter(
         first: keys.iter().take(LISTED_KEYS).cloned().collect(),
     })?;
     let modules = read_modules(path, &file, &keys, naming)?;
-    let config_alpha = peft_config_alpha(path, naming)?;
+    let config_alpha = match config {
+        Some(text) if naming == Naming::Peft => peft_config_alpha(path, text)?,
+        _ => None,
+    };
     let bases = BaseNames::new(index);
 
     let mut unmatched = Vec::new();
@@ -183,21 +197,36 @@ fn read_modules(
     Ok(modules)
 }
 
-/// PEFT keeps alpha in `adapter_config.json` beside the weights.
-fn peft_config_alpha(path: &Path, naming: Naming) -> Result<Option<f32>, LoraError> {
-    if naming != Naming::Peft {
+/// Config files are a few hundred bytes; this bounds what is read.
+const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+/// The text of the `adapter_config.json` beside `path`, if there is one (PEFT keeps
+/// alpha there).
+fn peft_config_text(path: &Path) -> Result<Option<String>, LoraError> {
+    let config_path = path.with_file_name("adapter_config.json");
+    if !config_path.exists() {
         return Ok(None);
     }
-    let config_path = path.with_file_name("adapter_config.json");
-    let Ok(text) = std::fs::read_to_string(&config_path) else {
-        return Ok(None);
+    let config_error = |reason: String| LoraError::Config {
+        path: config_path.clone(),
+        reason,
     };
+    let bytes = crate::model::read_regular(&config_path, MAX_CONFIG_BYTES)
+        .map_err(|error| config_error(error.to_string()))?;
+    String::from_utf8(bytes)
+        .map(Some)
+        .map_err(|_| config_error("not UTF-8 text".to_string()))
+}
+
+/// `lora_alpha` from a PEFT `adapter_config.json`'s text.
+fn peft_config_alpha(path: &Path, text: &str) -> Result<Option<f32>, LoraError> {
+    let config_path = path.with_file_name("adapter_config.json");
     let config_error = |reason: String| LoraError::Config {
         path: config_path.clone(),
         reason,
     };
     let value: serde_json::Value =
-        serde_json::from_str(&text).map_err(|error| config_error(error.to_string()))?;
+        serde_json::from_str(text).map_err(|error| config_error(error.to_string()))?;
     match value.get("lora_alpha") {
         None => Ok(None),
         Some(alpha) => alpha

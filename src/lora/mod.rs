@@ -13,7 +13,7 @@ mod precision;
 
 pub use error::LoraError;
 pub use generate::{write_demo_lora, DemoLora, LoraDtype, LoraNaming};
-pub use load::{load_adapter, Naming};
+pub use load::{load_adapter, parse_adapter, Naming};
 pub use math::{apply_low_rank, merge_into, Factors};
 pub use precision::{LORA_BF16_TOLERANCE, LORA_F16_TOLERANCE, LORA_PRECISION_SCALE_LIMIT};
 

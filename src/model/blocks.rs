@@ -5,6 +5,7 @@
 //! what comes before the first layer and a `tail` for everything else.
 
 use std::collections::HashMap;
+use std::sync::OnceLock;
 
 use regex::Regex;
 
@@ -37,17 +38,26 @@ pub(crate) struct BlockMatcher {
     experts: Regex,
 }
 
+/// A fixed pattern, compiled once per process (a clone of a `Regex` shares it).
+fn compiled(
+    cell: &'static OnceLock<Result<Regex, String>>,
+    pattern: &'static str,
+) -> Result<Regex, IndexError> {
+    cell.get_or_init(|| Regex::new(pattern).map_err(|error| error.to_string()))
+        .clone()
+        .map_err(|problem| IndexError::BlockPattern {
+            pattern: pattern.to_string(),
+            problem,
+        })
+}
+
 impl BlockMatcher {
     pub fn new(custom_pattern: Option<&str>) -> Result<Self, IndexError> {
-        let experts = Regex::new(EXPERT_PATTERN).map_err(|error| IndexError::BlockPattern {
-            pattern: EXPERT_PATTERN.to_string(),
-            problem: error.to_string(),
-        })?;
+        static EXPERTS: OnceLock<Result<Regex, String>> = OnceLock::new();
+        static BUILT_IN: OnceLock<Result<Regex, String>> = OnceLock::new();
+        let experts = compiled(&EXPERTS, EXPERT_PATTERN)?;
         let Some(pattern) = custom_pattern else {
-            let regex = Regex::new(BUILT_IN_PATTERN).map_err(|error| IndexError::BlockPattern {
-                pattern: BUILT_IN_PATTERN.to_string(),
-                problem: error.to_string(),
-            })?;
+            let regex = compiled(&BUILT_IN, BUILT_IN_PATTERN)?;
             return Ok(Self {
                 regex,
                 built_in: true,

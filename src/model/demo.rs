@@ -5,8 +5,6 @@
 //! regenerated on its own ([`DemoSpec::fill_weight`]) without reading the file.
 
 use std::collections::BTreeMap;
-use std::fs::File;
-use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use serde_json::json;
@@ -175,8 +173,10 @@ impl SplitMix64 {
 }
 
 /// Writes `dir/linear-stack.safetensors` and returns its path. The bytes go to a
-/// temporary file in `dir` that is renamed into place only when complete, so a killed
-/// run never leaves a half-written file under the real name.
+/// temporary file in `dir` (`.linear-stack.safetensors.<pid>.tmp`) that is renamed
+/// into place only when complete, so a killed run never leaves a half-written file
+/// under the real name; a failed or interrupted write removes its temporary file, and
+/// temporary files of processes that no longer exist are removed first.
 pub fn write_linear_stack(dir: &Path, spec: &DemoSpec) -> Result<PathBuf, DemoError> {
     spec.validate()?;
     let io_error = |path: &Path, error: std::io::Error| DemoError::Io {
@@ -184,22 +184,21 @@ pub fn write_linear_stack(dir: &Path, spec: &DemoSpec) -> Result<PathBuf, DemoEr
         reason: error.to_string(),
     };
     std::fs::create_dir_all(dir).map_err(|error| io_error(dir, error))?;
+    super::cache::remove_stale_temporaries(dir);
     let final_path = dir.join(LINEAR_STACK_FILE);
-    let temp_path = dir.join(format!(".{LINEAR_STACK_FILE}.{}.tmp", std::process::id()));
-
-    let result = write_file(&temp_path, spec)
-        .and_then(|()| std::fs::rename(&temp_path, &final_path))
-        .map_err(|error| io_error(&final_path, error));
-    if result.is_err() {
-        // Best effort: the temp name never looks like a model, so a leftover is harmless.
-        let _ = std::fs::remove_file(&temp_path);
-    }
-    result.map(|()| final_path)
+    super::cache::write_atomically(&final_path, |temp| write_linear_stack_file(temp, spec))
+        .map_err(|error| io_error(&final_path, error))?;
+    Ok(final_path)
 }
 
 fn header_json(spec: &DemoSpec) -> Vec<u8> {
     let mut header = serde_json::Map::new();
-    header.insert("__metadata__".to_string(), json!(spec.metadata()));
+    let mut metadata = spec.metadata();
+    metadata.insert(
+        super::checksum::DATA_CHECKSUM_KEY.to_string(),
+        super::checksum::PENDING_CHECKSUM.to_string(),
+    );
+    header.insert("__metadata__".to_string(), json!(metadata));
     let mut offset = 0u64;
     for block in 0..spec.blocks {
         for layer in 0..spec.layers_per_block {
@@ -223,12 +222,10 @@ fn header_json(spec: &DemoSpec) -> Vec<u8> {
     bytes
 }
 
-fn write_file(path: &Path, spec: &DemoSpec) -> std::io::Result<()> {
-    let file = File::create(path)?;
-    let mut writer = BufWriter::with_capacity(1 << 20, file);
-    let header = header_json(spec);
-    writer.write_all(&(header.len() as u64).to_le_bytes())?;
-    writer.write_all(&header)?;
+/// Writes the whole model to `path` (no temporary name: see `write_linear_stack`),
+/// with its data checksum in the header.
+pub(crate) fn write_linear_stack_file(path: &Path, spec: &DemoSpec) -> std::io::Result<()> {
+    let mut writer = super::checksum::GeneratedWriter::create(path, &header_json(spec))?;
 
     let values_per_layer = spec.dim as usize * spec.dim as usize;
     let mut chunk = vec![0u8; values_per_layer.min(CHUNK_VALUES) * 4];
@@ -243,13 +240,12 @@ fn write_file(path: &Path, spec: &DemoSpec) -> std::io::Result<()> {
                 for out in chunk[..count * 4].chunks_exact_mut(4) {
                     out.copy_from_slice(&generator.next_uniform(bound).to_le_bytes());
                 }
-                writer.write_all(&chunk[..count * 4])?;
+                writer.write(&chunk[..count * 4])?;
                 remaining -= count;
             }
         }
     }
-    let file = writer.into_inner().map_err(|error| error.into_error())?;
-    file.sync_all()?;
+    writer.finish()?;
     Ok(())
 }
 

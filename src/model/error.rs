@@ -35,6 +35,10 @@ pub enum IndexError {
     #[error("{}: {problem}", path.display())]
     Model { path: PathBuf, problem: String },
 
+    /// The file is no longer the one that was indexed.
+    #[error("{}: the file changed while it was in use ({difference}); run again once nothing writes to it", path.display())]
+    Changed { path: PathBuf, difference: String },
+
     #[error("block pattern `{pattern}`: {problem}")]
     BlockPattern { pattern: String, problem: String },
 }

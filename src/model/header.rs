@@ -3,15 +3,18 @@
 //! The `safetensors` crate is the authority on what a valid file is, but its errors
 //! do not say which tensor is wrong or how ("invalid shape, data type, or offset").
 //! So a first pass over the raw JSON diagnoses the common faults with a precise
-//! message, and only then does `SafeTensors::read_metadata` parse the header for real.
+//! message, and only then does the crate's `Metadata` parse the header for real.
+//!
+//! The header is read with `pread` into a buffer of its own, never through a mapping:
+//! a file another process truncates meanwhile is a short read (an error naming the
+//! file), not a SIGBUS.
 
 use std::collections::BTreeMap;
-use std::fs::File;
-use std::io::Read;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use memmap2::Mmap;
-use safetensors::{Dtype, SafeTensors};
+use safetensors::tensor::Metadata;
+use safetensors::Dtype;
 use serde::Deserialize;
 
 use super::error::IndexError;
@@ -37,6 +40,8 @@ pub(crate) struct HeaderTensor {
 pub(crate) struct ShardHeader {
     pub path: PathBuf,
     pub file_bytes: u64,
+    /// The file as it was read (`None` for an image in memory).
+    pub stamp: Option<super::FileStamp>,
     /// Bytes before the data section: the length field plus the JSON header.
     pub header_bytes: u64,
     /// Sorted by offset.
@@ -52,26 +57,67 @@ struct RawEntry {
     data_offsets: (u64, u64),
 }
 
+/// Where a shard's bytes come from: a file (read with `pread`), or a buffer holding a
+/// whole file's image (the fuzz targets).
+pub(crate) trait ShardSource {
+    fn read_exact_at(&self, bytes: &mut [u8], offset: u64) -> std::io::Result<()>;
+}
+
+impl ShardSource for std::fs::File {
+    fn read_exact_at(&self, bytes: &mut [u8], offset: u64) -> std::io::Result<()> {
+        FileExt::read_exact_at(self, bytes, offset)
+    }
+}
+
+impl ShardSource for [u8] {
+    fn read_exact_at(&self, bytes: &mut [u8], offset: u64) -> std::io::Result<()> {
+        let start = usize::try_from(offset).unwrap_or(usize::MAX);
+        let source = start
+            .checked_add(bytes.len())
+            .and_then(|end| self.get(start..end))
+            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::UnexpectedEof))?;
+        bytes.copy_from_slice(source);
+        Ok(())
+    }
+}
+
 pub(crate) fn read_shard(path: &Path) -> Result<ShardHeader, IndexError> {
+    let (file, file_meta) =
+        super::open::open_regular(path).map_err(|error| IndexError::NotSafetensors {
+            path: path.to_path_buf(),
+            reason: error.to_string(),
+        })?;
+    let mut header = parse_shard(path, &file, file_meta.len())?;
+    header.stamp = Some(super::FileStamp::of(&file_meta));
+    Ok(header)
+}
+
+/// Reads and checks the header of a shard of `file_bytes` bytes at `path` (named in
+/// errors) from `source`.
+pub(crate) fn parse_shard<S: ShardSource + ?Sized>(
+    path: &Path,
+    file: &S,
+    file_bytes: u64,
+) -> Result<ShardHeader, IndexError> {
     let not_safetensors = |reason: String| IndexError::NotSafetensors {
         path: path.to_path_buf(),
         reason,
     };
-    // Checked before opening: opening a FIFO would block forever.
-    let file_meta = std::fs::metadata(path).map_err(|error| IndexError::io(path, &error))?;
-    if !file_meta.is_file() {
-        return Err(not_safetensors("not a regular file".to_string()));
-    }
-    let mut file = File::open(path).map_err(|error| IndexError::io(path, &error))?;
-    let file_bytes = file_meta.len();
     if file_bytes < LENGTH_FIELD_BYTES {
         return Err(not_safetensors(format!(
             "the file is {file_bytes} bytes, too short to hold the 8-byte header length"
         )));
     }
+    let truncated = |error: std::io::Error| IndexError::Header {
+        path: path.to_path_buf(),
+        problem: format!(
+            "the header could not be read whole ({error}): the file shrank while it was \
+             read, or it is truncated"
+        ),
+    };
     let mut length_field = [0u8; LENGTH_FIELD_BYTES as usize];
-    file.read_exact(&mut length_field)
-        .map_err(|error| IndexError::io(path, &error))?;
+    file.read_exact_at(&mut length_field, 0)
+        .map_err(truncated)?;
     let json_bytes = u64::from_le_bytes(length_field);
     if json_bytes > MAX_HEADER_BYTES {
         return Err(not_safetensors(format!(
@@ -89,22 +135,26 @@ pub(crate) fn read_shard(path: &Path) -> Result<ShardHeader, IndexError> {
             ),
         });
     }
-    // SAFETY: the map is read-only and lives only for this function. If another process
-    // truncates the file meanwhile, reads of the header pages could fault; that is the
-    // accepted risk of every mmap-based safetensors loader, and we read only the header.
-    let map = unsafe { Mmap::map(&file) }.map_err(|error| IndexError::io(path, &error))?;
+    // At most 100 MB (checked above), and only as much as the file really holds.
+    let mut json = vec![0u8; json_bytes as usize];
+    file.read_exact_at(&mut json, LENGTH_FIELD_BYTES)
+        .map_err(truncated)?;
     let header_bytes = LENGTH_FIELD_BYTES + json_bytes;
     let data_bytes = file_bytes - header_bytes;
-    let json = &map[LENGTH_FIELD_BYTES as usize..header_bytes as usize];
 
-    let (mut tensors, metadata) = diagnose(path, json, data_bytes)?;
+    let (mut tensors, metadata) = diagnose(path, &json, data_bytes)?;
 
     // The crate re-validates everything; after `diagnose` it should agree, and if it
-    // does not its message still names the file.
-    let (_, parsed) = SafeTensors::read_metadata(&map).map_err(|error| IndexError::Header {
-        path: path.to_path_buf(),
-        problem: format!("rejected by the safetensors parser: {error}"),
-    })?;
+    // does not its message still names the file. (`diagnose` has checked that the
+    // tensors cover the data section exactly, which the crate checks only against a
+    // buffer of the whole file.)
+    let parsed: Metadata = std::str::from_utf8(&json)
+        .map_err(|error| error.to_string())
+        .and_then(|text| serde_json::from_str(text).map_err(|error| error.to_string()))
+        .map_err(|error| IndexError::Header {
+            path: path.to_path_buf(),
+            problem: format!("rejected by the safetensors parser: {error}"),
+        })?;
     let parsed_tensors = parsed.tensors();
     if parsed_tensors.len() != tensors.len() {
         return Err(IndexError::Header {
@@ -131,6 +181,7 @@ pub(crate) fn read_shard(path: &Path) -> Result<ShardHeader, IndexError> {
     Ok(ShardHeader {
         path: path.to_path_buf(),
         file_bytes,
+        stamp: None,
         header_bytes,
         tensors,
         metadata,

@@ -22,6 +22,9 @@ pub struct ShardFile {
     pub bytes: u64,
     /// Bytes before the data section: the 8-byte length field plus the JSON header.
     pub header_bytes: u64,
+    /// The file as its header was read; a run refuses the file once it differs.
+    #[serde(skip)]
+    pub stamp: Option<super::FileStamp>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -97,6 +100,19 @@ impl ModelIndex {
         build(path, headers, &matcher)
     }
 
+    /// Indexes a one-file checkpoint from an image of the whole file in memory, with
+    /// the same checks as [`ModelIndex::open`]; `path` only names it in errors. (The
+    /// header fuzz target's entry point.)
+    pub fn from_image(
+        path: &Path,
+        image: &[u8],
+        block_pattern: Option<&str>,
+    ) -> Result<ModelIndex, IndexError> {
+        let matcher = BlockMatcher::new(block_pattern)?;
+        let header = header::parse_shard(path, image, image.len() as u64)?;
+        build(path, vec![header], &matcher)
+    }
+
     /// What the actors need: blocks and extents, with `FileId(i)` = `files[i]`.
     pub fn layout(&self) -> ModelLayout {
         ModelLayout {
@@ -106,6 +122,27 @@ impl ModelIndex {
                 .map(|block| BlockLayout::new(block.name.clone(), block.extents.clone()))
                 .collect(),
         }
+    }
+
+    /// Fails if any file is no longer what was indexed (rewritten, truncated or
+    /// replaced since): checked before a run opens them, so a change made while the
+    /// model was being checked is caught then, not steps later.
+    pub fn check_unchanged(&self) -> Result<(), IndexError> {
+        for file in &self.files {
+            let Some(stamp) = file.stamp else {
+                continue;
+            };
+            let now = std::fs::metadata(&file.path)
+                .map(|metadata| super::FileStamp::of(&metadata))
+                .map_err(|error| IndexError::io(&file.path, &error))?;
+            if let Some(difference) = stamp.difference(&now) {
+                return Err(IndexError::Changed {
+                    path: file.path.clone(),
+                    difference,
+                });
+            }
+        }
+        Ok(())
     }
 
     pub fn total_bytes(&self) -> u64 {
@@ -250,6 +287,7 @@ fn build(
             path: header.path,
             bytes: header.file_bytes,
             header_bytes: header.header_bytes,
+            stamp: header.stamp,
         })
         .collect();
     Ok(ModelIndex {

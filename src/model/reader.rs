@@ -1,5 +1,9 @@
 //! Plain reads of a block's bytes straight from its files, for references and
 //! checksums computed outside the pipeline (never on the streaming path).
+//!
+//! Every read first checks that the file is still the one indexed (one `fstat`): a file
+//! truncated or rewritten while a reference is computed from it fails at the next
+//! block, not once the run has started.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -15,6 +19,8 @@ use super::ModelIndex;
 pub struct BlockReadError {
     pub path: PathBuf,
     pub reason: String,
+    /// The read was not tried: a stop was requested (a signal).
+    pub interrupted: bool,
 }
 
 /// The model's files, opened once, and reads of whole blocks from them.
@@ -29,13 +35,43 @@ impl<'a> BlockReader<'a> {
             .files
             .iter()
             .map(|shard| {
-                File::open(&shard.path).map_err(|error| BlockReadError {
-                    path: shard.path.clone(),
-                    reason: error.to_string(),
-                })
+                super::open_regular(&shard.path)
+                    .map(|(file, _)| file)
+                    .map_err(|error| BlockReadError {
+                        path: shard.path.clone(),
+                        reason: error.to_string(),
+                        interrupted: false,
+                    })
             })
-            .collect::<Result<_, _>>()?;
-        Ok(Self { index, files })
+            .collect::<Result<Vec<File>, _>>()?;
+        let reader = Self { index, files };
+        for file in 0..reader.files.len() {
+            reader.check_unchanged(file)?;
+        }
+        Ok(reader)
+    }
+
+    /// Fails unless file `file` is still what the index read (length, times, inode).
+    fn check_unchanged(&self, file: usize) -> Result<(), BlockReadError> {
+        let shard = &self.index.files[file];
+        let Some(stamp) = shard.stamp else {
+            return Ok(());
+        };
+        let changed = |reason: String| BlockReadError {
+            path: shard.path.clone(),
+            reason,
+            interrupted: false,
+        };
+        let now = self.files[file]
+            .metadata()
+            .map_err(|error| changed(format!("fstat failed: {error}")))?;
+        match stamp.difference(&super::FileStamp::of(&now)) {
+            None => Ok(()),
+            Some(difference) => Err(changed(format!(
+                "the file changed while it was being read ({difference}); run again once \
+                 nothing writes to it"
+            ))),
+        }
     }
 
     /// Fills `bytes` (at least the block's size) with block `block`'s extents laid end
@@ -51,11 +87,19 @@ impl<'a> BlockReader<'a> {
         for extent in extents {
             let length = extent.length as usize;
             let file = extent.file.0 as usize;
+            // Between reads: a stop request ends a long reference or checksum pass here.
+            crate::signals::check().map_err(|interrupted| BlockReadError {
+                path: self.index.files[file].path.clone(),
+                reason: interrupted.to_string(),
+                interrupted: true,
+            })?;
+            self.check_unchanged(file)?;
             self.files[file]
                 .read_exact_at(&mut bytes[at..at + length], extent.offset)
                 .map_err(|error| BlockReadError {
                     path: self.index.files[file].path.clone(),
                     reason: error.to_string(),
+                    interrupted: false,
                 })?;
             at += length;
         }
@@ -75,7 +119,20 @@ impl<'a> BlockReader<'a> {
 
     /// Block `block`'s bytes in a new buffer.
     pub fn read(&self, block: usize) -> Result<Vec<u8>, BlockReadError> {
-        let mut bytes = vec![0u8; self.index.blocks[block].bytes as usize];
+        let length = self.index.blocks[block].bytes;
+        let mut bytes = Vec::new();
+        // A block larger than memory is an error to report, not an abort.
+        bytes
+            .try_reserve_exact(usize::try_from(length).unwrap_or(usize::MAX))
+            .map_err(|_| BlockReadError {
+                path: self.index.path.clone(),
+                reason: format!(
+                    "block `{}` is {length} bytes, more than this machine can hold in memory",
+                    self.index.blocks[block].name
+                ),
+                interrupted: false,
+            })?;
+        bytes.resize(length as usize, 0);
         self.read_into(block, &mut bytes)?;
         Ok(bytes)
     }

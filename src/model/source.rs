@@ -96,18 +96,45 @@ fn resolve_index(index_path: &Path) -> Result<Sources, IndexError> {
         path: index_path.to_path_buf(),
         problem,
     };
-    let meta = std::fs::metadata(index_path).map_err(|error| IndexError::io(index_path, &error))?;
-    if !meta.is_file() {
-        return Err(problem("not a regular file".to_string()));
+    let bytes = super::open::read_regular(index_path, MAX_INDEX_JSON_BYTES)
+        .map_err(|error| problem(error.to_string()))?;
+    let parsed = parse_index(index_path, &bytes)?;
+    let dir = index_path.parent().unwrap_or(Path::new("."));
+    let mut shards = Vec::with_capacity(parsed.shard_names.len());
+    for name in &parsed.shard_names {
+        let shard = dir.join(name);
+        if !shard.is_file() {
+            return Err(problem(format!(
+                "names shard `{}`, which does not exist in {}",
+                name.escape_debug(),
+                dir.display()
+            )));
+        }
+        shards.push(shard);
     }
-    if meta.len() > MAX_INDEX_JSON_BYTES {
-        return Err(problem(format!(
-            "{} bytes is too large for a safetensors index",
-            meta.len()
-        )));
-    }
-    let bytes = std::fs::read(index_path).map_err(|error| IndexError::io(index_path, &error))?;
-    let index: IndexJson = serde_json::from_slice(&bytes).map_err(|error| {
+    Ok(Sources {
+        shards,
+        index: Some((index_path.to_path_buf(), parsed.expected)),
+    })
+}
+
+/// What a `*.safetensors.index.json` says, checked but not yet looked up on disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParsedIndex {
+    /// Shard file names, sorted, each a plain file name next to the index.
+    pub shard_names: Vec<String>,
+    /// Tensor name → position in `shard_names`.
+    pub expected: BTreeMap<String, usize>,
+}
+
+/// Parses and checks an index's JSON (`index_path` only names it in errors). The
+/// sharded-index fuzz target's entry point.
+pub fn parse_index(index_path: &Path, bytes: &[u8]) -> Result<ParsedIndex, IndexError> {
+    let problem = |problem: String| IndexError::Index {
+        path: index_path.to_path_buf(),
+        problem,
+    };
+    let index: IndexJson = serde_json::from_slice(bytes).map_err(|error| {
         problem(format!(
             "not a safetensors index ({error}); expected an object with a `weight_map`"
         ))
@@ -115,12 +142,9 @@ fn resolve_index(index_path: &Path) -> Result<Sources, IndexError> {
     if index.weight_map.is_empty() {
         return Err(problem("`weight_map` is empty".to_string()));
     }
-    let dir = index_path.parent().unwrap_or(Path::new("."));
-
     let mut shard_names: Vec<&String> = index.weight_map.values().collect();
     shard_names.sort();
     shard_names.dedup();
-    let mut shards = Vec::with_capacity(shard_names.len());
     for name in &shard_names {
         let relative = Path::new(name.as_str());
         let stays_inside = !name.is_empty()
@@ -134,15 +158,6 @@ fn resolve_index(index_path: &Path) -> Result<Sources, IndexError> {
                 name.escape_debug()
             )));
         }
-        let shard = dir.join(relative);
-        if !shard.is_file() {
-            return Err(problem(format!(
-                "names shard `{}`, which does not exist in {}",
-                name.escape_debug(),
-                dir.display()
-            )));
-        }
-        shards.push(shard);
     }
     let mut expected = BTreeMap::new();
     for (tensor, shard_name) in &index.weight_map {
@@ -151,8 +166,8 @@ fn resolve_index(index_path: &Path) -> Result<Sources, IndexError> {
             expected.insert(tensor.clone(), position);
         }
     }
-    Ok(Sources {
-        shards,
-        index: Some((index_path.to_path_buf(), expected)),
+    Ok(ParsedIndex {
+        shard_names: shard_names.into_iter().cloned().collect(),
+        expected,
     })
 }

@@ -5,6 +5,7 @@
 mod cuda;
 pub mod demo_pins;
 mod execute;
+pub mod memory;
 mod prepare;
 pub mod summary;
 
@@ -17,7 +18,7 @@ use stagehand_actors::{
 };
 
 use crate::lora::LoraSpec;
-use crate::model::demo::{write_linear_stack, DemoSpec};
+use crate::model::demo::DemoSpec;
 use crate::model::ModelIndex;
 use crate::settings::Settings;
 use crate::storage::{open_storage, StorageFile, StorageOptions};
@@ -25,7 +26,7 @@ use crate::workload::bound::{LinkRates, StepBound};
 use crate::workload::driver::RunReport;
 use crate::workload::encoder::EmbeddingPlacement;
 use crate::workload::moe::HintMode;
-use crate::workload::moe_model::{write_moe_model, MoeSpec, MOE_FILE};
+use crate::workload::moe_model::MoeSpec;
 use crate::workload::WorkloadError;
 
 #[cfg(feature = "cuda")]
@@ -99,31 +100,23 @@ pub enum RunError {
     Failed(String),
 }
 
-/// The MoE demo model in the cache directory, written if missing or different.
+/// The MoE demo model in the cache directory, written if missing, different or
+/// corrupt (see [`crate::model::cache`]).
 pub fn ensure_moe_model(cache_dir: &Path, spec: &MoeSpec) -> Result<PathBuf, RunError> {
-    let path = cache_dir.join(MOE_FILE);
-    if let Ok(index) = ModelIndex::open(&path, None) {
-        if MoeSpec::from_metadata(&index.metadata).as_ref() == Some(spec) {
-            return Ok(path);
-        }
-    }
-    tracing::info!("writing the MoE demo model to {}", path.display());
-    write_moe_model(cache_dir, spec).map_err(|error| RunError::Failed(error.to_string()))
+    crate::model::cache::ensure_moe_model(cache_dir, spec).map_err(cache_error)
 }
 
-/// The demo model in the cache directory, written if missing or different.
+/// The demo model in the cache directory, written if missing, different or corrupt
+/// (see [`crate::model::cache`]).
 pub fn ensure_demo_model(cache_dir: &Path, spec: &DemoSpec) -> Result<PathBuf, RunError> {
-    let path = cache_dir.join("linear-stack.safetensors");
-    if let Ok(index) = ModelIndex::open(&path, None) {
-        if DemoSpec::from_metadata(&index.metadata).as_ref() == Some(spec) {
-            return Ok(path);
-        }
+    crate::model::cache::ensure_demo_model(cache_dir, spec).map_err(cache_error)
+}
+
+fn cache_error(error: crate::model::cache::CacheError) -> RunError {
+    match error {
+        crate::model::cache::CacheError::Folder { .. } => RunError::BadInput(error.to_string()),
+        _ => RunError::Failed(error.to_string()),
     }
-    std::fs::create_dir_all(cache_dir).map_err(|error| {
-        RunError::BadInput(format!("cache dir {}: {error}", cache_dir.display()))
-    })?;
-    tracing::info!("writing the demo model to {}", path.display());
-    write_linear_stack(cache_dir, spec).map_err(|error| RunError::Failed(error.to_string()))
 }
 
 /// `$XDG_CACHE_HOME/stagehand`, else `$HOME/.cache/stagehand`, else `./target/stagehand-cache`.
@@ -151,8 +144,9 @@ pub fn resolve_budgets(settings: &Settings, model_bytes: u64, is_demo: bool) -> 
         .vram_budget
         .map(|size| size.as_u64())
         .unwrap_or((model_bytes as f64 * DEFAULT_VRAM_FRACTION) as u64);
-    let floor = settings.ram_floor.as_u64();
-    let spare = available_ram_bytes().map(|available| available.saturating_sub(floor));
+    // What may be pinned: MemAvailable less the floor and less the fast-disk staging
+    // ring, which is pinned beside the ceiling (every pinned byte counts against the floor).
+    let spare = available_ram_bytes().map(|available| memory::pinnable_bytes(available, settings));
     let wanted = match settings.pin_ceiling {
         Some(size) => size.as_u64(),
         None if is_demo => (model_bytes as f64 * DEFAULT_DEMO_PIN_FRACTION) as u64,
@@ -190,6 +184,11 @@ pub fn open_model_storage(
             expected_bytes: file.bytes,
         })
         .collect();
+    // A file rewritten or replaced since it was indexed (while its reference was
+    // computed, say) is caught here, before any step runs.
+    index
+        .check_unchanged()
+        .map_err(|error| RunError::Failed(error.to_string()))?;
     let mut options = StorageOptions::from_settings(settings);
     options.fail_after_reads = fail_after_reads;
     open_storage(&files, &options, settings.fast_disk)

@@ -170,6 +170,19 @@ pub fn prepare_with(
         )));
     }
     let kind = resolve_kind(kind, &index, folder.as_ref())?;
+    super::memory::check_largest_block(&index, settings)?;
+    // The activations a batch needs, checked before they are allocated.
+    let width = match kind {
+        WorkloadKind::LinearStack => crate::model::demo::DemoSpec::from_metadata(&index.metadata)
+            .map(|spec| u64::from(spec.dim)),
+        WorkloadKind::Moe => {
+            MoeSpec::from_metadata(&index.metadata).map(|spec| u64::from(spec.dim))
+        }
+        _ => None,
+    };
+    if let Some(dim) = width {
+        super::memory::check_batch(batch, dim, settings)?;
+    }
     if !extras.loras.is_empty() && matches!(kind, WorkloadKind::StreamVerify | WorkloadKind::Moe) {
         return Err(RunError::BadInput(
             "--lora applies to models stagehand computes with dense layers (the demo linear stack, BERT encoders); drop --lora for this model".to_string(),

@@ -21,14 +21,37 @@ const ENV_PREFIX: &str = "STAGEHAND";
 const ENV_NESTING: &str = "__";
 
 pub(crate) fn file_layer(path: &Path, source: Source) -> Result<Vec<Entry>, SettingsError> {
-    if !path.is_file() {
+    if !path.exists() {
         return Err(SettingsError::File {
             path: path.to_path_buf(),
             reason: "no such file".to_string(),
         });
     }
-    let table = File::from(path)
-        .format(FileFormat::Toml)
+    // Read here, not by the config crate, so that a FIFO or a device is refused at
+    // once instead of blocking.
+    let bytes = crate::model::read_regular(path, MAX_CONFIG_FILE_BYTES).map_err(|error| {
+        SettingsError::File {
+            path: path.to_path_buf(),
+            reason: error.to_string(),
+        }
+    })?;
+    let text = String::from_utf8(bytes).map_err(|_| SettingsError::File {
+        path: path.to_path_buf(),
+        reason: "not UTF-8 text".to_string(),
+    })?;
+    text_layer(path, &text, source)
+}
+
+/// A configuration file is a page of TOML; this bounds what is read.
+const MAX_CONFIG_FILE_BYTES: u64 = 1 << 20;
+
+/// The entries of a TOML file's text; `path` only names it in errors.
+pub(crate) fn text_layer(
+    path: &Path,
+    text: &str,
+    source: Source,
+) -> Result<Vec<Entry>, SettingsError> {
+    let table = File::from_str(text, FileFormat::Toml)
         .required(true)
         .collect()
         .map_err(|error| SettingsError::File {

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use super::args::SettingsArgs;
 use super::error::SettingsError;
 use super::keys::{apply, known_key, value_text};
-use super::layers::{env_layer, file_layer, unknown_key_hint, Entry};
+use super::layers::{env_layer, file_layer, text_layer, unknown_key_hint, Entry};
 use super::provenance::{Provenance, Source};
 use super::validate::clamp;
 use super::Settings;
@@ -81,7 +81,21 @@ pub fn load_with(args: &SettingsArgs, options: &LoadOptions) -> Result<Loaded, S
     }
     layers.push(env_layer(&options.env)?);
     layers.push(args.entries());
+    merge(layers)
+}
 
+/// Applies the layers in order (later wins) and validates the result. The settings
+/// fuzz target enters here with a TOML text and an environment.
+pub fn load_layers(toml: &str, env: &BTreeMap<String, String>) -> Result<Loaded, SettingsError> {
+    let path = Path::new("fuzz.toml");
+    let layers = vec![
+        text_layer(path, toml, Source::ConfigFile(path.to_path_buf()))?,
+        env_layer(env)?,
+    ];
+    merge(layers)
+}
+
+fn merge(layers: Vec<Vec<Entry>>) -> Result<Loaded, SettingsError> {
     let mut settings = Settings::default();
     let mut provenance = Provenance::default();
     for (key, value, source) in layers.into_iter().flatten() {

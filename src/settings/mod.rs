@@ -16,7 +16,9 @@ pub use args::SettingsArgs;
 pub use error::SettingsError;
 pub use keys::{display_value, parse_metrics_addr, KEYS};
 pub use layers::NOT_SETTINGS_ENV;
-pub use load::{find_default_file, load, load_with, LoadOptions, Loaded, DEFAULT_FILE};
+pub use load::{
+    find_default_file, load, load_layers, load_with, LoadOptions, Loaded, DEFAULT_FILE,
+};
 pub use provenance::{Origin, Provenance, Source};
 pub use validate::{check_block_pattern, IO_ALIGN_BYTES, MIN_RAM_FLOOR};
 

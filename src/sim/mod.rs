@@ -11,6 +11,7 @@
 //! timers have millisecond ticks; see `clock.rs`). Read times from it, not from
 //! `Instant`, when sub-millisecond precision matters.
 
+mod chaos;
 mod clock;
 mod compute;
 mod depth;
@@ -33,6 +34,7 @@ pub mod trace;
 mod trace_observer;
 mod work;
 
+pub use chaos::{ChaosCounts, ChaosDevice, ChaosPlan, ChaosStorage};
 pub use clock::{transfer_duration, SerialLane, SimClock};
 pub use compute::{ComputeRates, SimCompute};
 pub use depth::{
@@ -49,6 +51,7 @@ pub use model::{BlockDesc, ExpertDesc, ModelDescription};
 pub use output::{OutputRate, OutputUnit, StepOutput};
 pub use run::{
     run_policy, steady_window, LinkBytes, Policy, PolicyRun, RunOptions, SimRunError, SteadyBytes,
+    MAX_STEPS,
 };
 pub use shared::{Demand, SharedBus, SharedSpec};
 pub use simulation::{

@@ -1,5 +1,5 @@
 //! Simulated runs: N steps of a model description on a hardware profile, through the
-//! same actors a real run uses (`Session::start_local` on the virtual-time runtime).
+//! same actors a real run uses (a `LocalSession` on the virtual-time runtime).
 //!
 //! The compute side is a task on the actors' own thread that acquires each block,
 //! spends the block's modelled compute time on the simulated compute stream, and
@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 use stagehand_actors::{
-    BlockId, Link, NoObserver, Observer, ResidencyPolicy, Session, SessionConfig, StatsSnapshot,
-    Tee,
+    BlockId, Link, LocalSession, NoObserver, Observer, ResidencyPolicy, SessionConfig,
+    StatsSnapshot, Tee,
 };
 
 use super::clock::SimClock;
@@ -263,7 +263,7 @@ async fn run_on_current_system(
     let received = VramBytesPerBlock::new(layout.len());
     let observer: Arc<dyn Observer> = Arc::new(Tee(pipeline_observer, Arc::clone(&received)));
     let order: Vec<BlockId> = (0..layout.len() as u32).map(BlockId).collect();
-    let mut session = Session::start_local(
+    let mut session = LocalSession::start(
         config.clone(),
         layout,
         order.clone(),
@@ -325,7 +325,7 @@ async fn run_on_current_system(
             });
         }
     };
-    let stats = session.finish_async().await;
+    let stats = session.finish().await;
     if let Err(reason) = outcome {
         let block = names
             .get(order[progress.position.get() % order.len()].index())
@@ -377,6 +377,10 @@ async fn run_on_current_system(
     })
 }
 
+/// Steps one simulation may run: each keeps its time and bytes for the report, and a
+/// steady state shows after a few (a 70B model's 10,000 steps take about 30 s).
+pub const MAX_STEPS: u64 = 10_000;
+
 /// The session configuration of a policy, staged like `stagehand run` stages it.
 fn session_config(policy: Policy, depth: u32, options: &RunOptions) -> SessionConfig {
     let settings = &options.settings;
@@ -409,7 +413,7 @@ struct Record {
 /// the failing acquire's message.
 #[allow(clippy::too_many_arguments)]
 async fn drive(
-    session: &mut Session,
+    session: &mut LocalSession,
     machine: &SimMachine,
     order: &[BlockId],
     names: &[String],
@@ -419,11 +423,13 @@ async fn drive(
     record: &mut Record,
 ) -> Result<(), String> {
     for step in 0..steps {
+        // A signal stops a long simulation between steps, like a real run.
+        crate::signals::check().map_err(|interrupted| interrupted.to_string())?;
         progress.step.set(step);
         for (position, &block) in order.iter().enumerate() {
             progress.position.set(position);
             let handle = session
-                .acquire_async(block)
+                .acquire(block)
                 .await
                 .map_err(|error| error.to_string())?;
             let index = block.index();
@@ -432,9 +438,9 @@ async fn drive(
                 .compute
                 .compute(names[index].clone(), block_durations[index])
                 .await;
-            session.release(handle);
+            session.release(handle).await;
         }
-        session.step_done();
+        session.step_done().await;
         record
             .boundaries
             .push((machine.clock.now(), LinkBytes::of(&session.stats())));

@@ -219,10 +219,25 @@ impl TraceRecorder {
     }
 
     pub fn write_chrome_trace(&self, path: &Path) -> Result<(), TraceError> {
-        std::fs::write(path, self.chrome_trace_json()).map_err(|error| TraceError::Write {
+        let write_error = |error: std::io::Error| TraceError::Write {
             path: path.display().to_string(),
             reason: error.to_string(),
-        })
+        };
+        // Never a FIFO: one with no reader would block this write forever.
+        let mut file = crate::model::create_regular(path).map_err(write_error)?;
+        std::io::Write::write_all(&mut file, self.chrome_trace_json().as_bytes())
+            .map_err(write_error)
+    }
+
+    /// Checks, before a run, that `path` can take the trace it will write at the end:
+    /// an unwritable path is bad input reported at start, not after every step ran.
+    pub fn check_writable(path: &Path) -> Result<(), TraceError> {
+        crate::model::create_regular(path)
+            .map(drop)
+            .map_err(|error| TraceError::Write {
+                path: path.display().to_string(),
+                reason: error.to_string(),
+            })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<TraceSlice>> {

@@ -162,10 +162,16 @@ impl FileTable {
 
 fn open_one(file: &StorageFile, direct: bool) -> Result<OpenFile, StorageError> {
     let display = file.path.display().to_string();
-    let buffered = File::open(&file.path).map_err(|error| StorageError::Io {
-        path: display.clone(),
-        reason: format!("cannot open: {error}; check the path and its permissions"),
-    })?;
+    // O_NONBLOCK: a path swapped for a FIFO fails the checks below instead of
+    // blocking the open; it changes nothing for a regular file.
+    let buffered = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&file.path)
+        .map_err(|error| StorageError::Io {
+            path: display.clone(),
+            reason: format!("cannot open: {error}; check the path and its permissions"),
+        })?;
     let metadata = buffered.metadata().map_err(|error| StorageError::Io {
         path: display.clone(),
         reason: format!("fstat failed: {error}"),
@@ -205,7 +211,7 @@ fn open_one(file: &StorageFile, direct: bool) -> Result<OpenFile, StorageError> 
 fn open_direct(path: &Path) -> io::Result<File> {
     OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_DIRECT)
+        .custom_flags(libc::O_DIRECT | libc::O_NONBLOCK)
         .open(path)
 }
 

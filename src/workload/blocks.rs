@@ -12,7 +12,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
-use stagehand_actors::{BlockHandle, BlockId, LoraSlot, ModelLayout, Session};
+use stagehand_actors::{BlockHandle, BlockId, LoraHandle, LoraSlot, ModelLayout, Session};
 
 use super::lora_set::LoraSet;
 use super::WorkloadError;
@@ -28,7 +28,7 @@ enum Inner<B> {
     /// packs of the adapters that patch it (by adapter index in the set).
     Session {
         handle: BlockHandle,
-        packs: Vec<(usize, BlockHandle)>,
+        packs: Vec<(usize, LoraHandle)>,
         /// The block was ready when asked for (no wait).
         ready: bool,
     },
@@ -238,7 +238,7 @@ impl<'s, C: Compute> Streamed<'s, C> {
     }
 
     /// Holds `block`'s packs of every adapter that patches it.
-    fn hold_packs(&mut self, block: usize) -> Result<Vec<(usize, BlockHandle)>, WorkloadError> {
+    fn hold_packs(&mut self, block: usize) -> Result<Vec<(usize, LoraHandle)>, WorkloadError> {
         let Some(lora) = &self.lora else {
             return Ok(Vec::new());
         };

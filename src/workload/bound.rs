@@ -16,6 +16,10 @@ pub struct LinkRates {
 
 /// Bytes each calibration loop moves (or the largest block, if larger).
 const CALIBRATION_BYTES: u64 = 128 << 20;
+/// Copies or reads each calibration loop makes at most: a model of tiny blocks would
+/// otherwise need millions of them to move `CALIBRATION_BYTES` (one-byte blocks: 134
+/// million cross-thread copies, hours).
+const CALIBRATION_OPERATIONS: u64 = 256;
 
 /// Times copies of the largest block into an arena, and reads through the storage
 /// adapter of the blocks the run reads from disk every step (`read_from_disk`; as warm
@@ -39,17 +43,35 @@ pub fn measure_rates(
     let mut buffer = device
         .allocate_pinned(largest)
         .map_err(|error| format!("calibration buffer: {error}"))?;
-    let rounds = CALIBRATION_BYTES.div_ceil(largest).max(2);
+    let rounds = CALIBRATION_BYTES
+        .div_ceil(largest)
+        .clamp(2, CALIBRATION_OPERATIONS);
+    // A stop request cuts the calibration short (the rates come from what was
+    // measured); the first copy and the first read always run, so there are rates to
+    // report.
+    let stopped = || crate::signals::check().is_err();
+    let mut copies = 0u64;
     let copy_started = Instant::now();
-    for _ in 0..rounds {
-        buffer = runtime
-            .block_on(device.copy_to_device(buffer, 0, largest, arena.base))
-            .map_err(|(error, _)| format!("calibration copy: {error}"))?;
+    let mut copy_error = None;
+    while copies < rounds && !(copies > 0 && stopped()) {
+        match runtime.block_on(device.copy_to_device(buffer, 0, largest, arena.base)) {
+            Ok(returned) => buffer = returned,
+            Err((error, returned)) => {
+                buffer = returned;
+                copy_error = Some(format!("calibration copy: {error}"));
+                break;
+            }
+        }
+        copies += 1;
     }
     let copy_seconds = copy_started.elapsed().as_secs_f64();
     device.free_arena(arena);
+    if let Some(error) = copy_error {
+        return Err(error);
+    }
 
     let mut read_bytes = 0u64;
+    let mut reads = 0u64;
     let read_started = Instant::now();
     'reads: for _ in 0..rounds {
         let mut read_any = false;
@@ -57,6 +79,12 @@ pub fn measure_rates(
             if block.bytes > buffer.len() as u64 || !read_from_disk(index) {
                 continue;
             }
+            // As for copies, the first read always runs: a rate of 0 would make the
+            // bound of a step that reads from disk infinite.
+            if reads == CALIBRATION_OPERATIONS || (reads > 0 && stopped()) {
+                break 'reads;
+            }
+            reads += 1;
             read_any = true;
             buffer = runtime
                 .block_on(storage.read(block.extents.clone(), buffer, 0))
@@ -72,7 +100,7 @@ pub fn measure_rates(
     }
     let read_seconds = read_started.elapsed().as_secs_f64();
     Ok(LinkRates {
-        copy_bytes_per_second: (rounds * largest) as f64 / copy_seconds.max(1e-9),
+        copy_bytes_per_second: (copies * largest) as f64 / copy_seconds.max(1e-9),
         read_bytes_per_second: if read_bytes > 0 {
             read_bytes as f64 / read_seconds.max(1e-9)
         } else {

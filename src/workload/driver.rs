@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use stagehand_actors::{BlockId, ModelLayout, Session, StatsSnapshot};
+use stagehand_actors::{BlockId, ModelLayout, Session, SessionError, StatsSnapshot};
 
 use super::blocks::Streamed;
 use super::decoder::Decoder;
@@ -152,6 +152,15 @@ enum Recorded {
 /// Outputs up to this many values are kept whole for the final check.
 const WHOLE_OUTPUT_VALUES: usize = 1 << 16;
 
+/// Step times a report keeps: the first step and the latest ones.
+pub const REPORT_STEP_HISTORY: usize = 4096;
+
+/// Steps, and bytes of outputs, recorded for the check after the last step at most;
+/// a run with more steps (`--steps` is the user's) checks the rest as it goes, so its
+/// memory does not grow with its length.
+const RECORDED_STEPS: usize = 100_000;
+const RECORDED_BYTES: usize = 256 << 20;
+
 fn bits_hash(values: &[f32]) -> u64 {
     let bytes: Vec<u8> = values
         .iter()
@@ -221,6 +230,8 @@ fn drive_family<C: Compute, F: Family>(
     mut options: DriverOptions,
     trace: Option<&crate::sim::TraceObserver>,
 ) -> Result<RunReport, Box<(WorkloadError, StatsSnapshot)>> {
+    // A stop request also ends any wait inside a step (a miss, an attach).
+    session.stop_on(Arc::clone(&options.stop));
     let mut report = RunReport::new(session.plan().clone());
     let mut reference = Reference::new(family, workload, files);
     let recorded = run_steps(
@@ -262,8 +273,9 @@ fn run_steps<'a, C: Compute, F: Family>(
 ) -> Result<Vec<(u64, Recorded, bool)>, WorkloadError> {
     let mut state = family.start(compute)?;
     let mut blocks = Streamed::new(session, compute, trace)?;
-    let inline = options.steps == 0;
+    let mut inline = options.steps == 0;
     let mut recorded = Vec::new();
+    let mut recorded_bytes = 0usize;
     let mut phase_now = None;
     let mut step = 0u64;
     while options.steps == 0 || step < options.steps {
@@ -278,10 +290,27 @@ fn run_steps<'a, C: Compute, F: Family>(
         }
         blocks.begin_step();
         let started = Instant::now();
-        let output = family.step(compute, &mut state, &mut blocks, step)?;
+        let output = match family.step(compute, &mut state, &mut blocks, step) {
+            Ok(output) => output,
+            Err(error) => {
+                // Holds taken before the failure go back before the session drains.
+                let _ = blocks.drain(compute);
+                // Stopped inside a step: the steps before it stand.
+                if matches!(error, WorkloadError::Session(SessionError::Interrupted)) {
+                    break;
+                }
+                return Err(error);
+            }
+        };
         blocks.drain(compute)?;
         let step_seconds = started.elapsed().as_secs_f64();
         let low_rank = blocks.low_rank_used;
+        if report.step_seconds.len() == REPORT_STEP_HISTORY {
+            // Bounded for runs that never end (`--steps 0`): the cold first step stays,
+            // the oldest steady one goes.
+            report.step_seconds.remove(1);
+            report.compute_seconds.remove(1);
+        }
         report.step_seconds.push(step_seconds);
         report.compute_seconds.push(blocks.compute_seconds);
         blocks.session().step_done();
@@ -298,9 +327,22 @@ fn run_steps<'a, C: Compute, F: Family>(
         }
         (options.on_step)(step, step_seconds);
         if let Some(values) = output.output {
+            // What is kept for the check after the last step is bounded too: past the
+            // bound, the remaining steps are checked as they go.
+            if recorded.len() >= RECORDED_STEPS || recorded_bytes >= RECORDED_BYTES {
+                inline = true;
+            }
             if inline {
-                check(compute, reference, step, &values, low_rank)?;
-                report.verified_steps += 1;
+                match check(compute, reference, step, &values, low_rank) {
+                    Ok(()) => report.verified_steps += 1,
+                    // A stop request cut the reference short: this step ran but is
+                    // not counted as verified; the run ends here.
+                    Err(WorkloadError::Session(SessionError::Interrupted)) => {
+                        step += 1;
+                        break;
+                    }
+                    Err(error) => return Err(error),
+                }
             } else {
                 let kept = if low_rank || values.len() <= WHOLE_OUTPUT_VALUES {
                     Recorded::Whole(values.clone())
@@ -309,6 +351,10 @@ fn run_steps<'a, C: Compute, F: Family>(
                         hash: bits_hash(&values),
                         length: values.len(),
                     }
+                };
+                recorded_bytes += match &kept {
+                    Recorded::Whole(values) => values.len() * 4,
+                    Recorded::Hash { .. } => 16,
                 };
                 recorded.push((step, kept, low_rank));
             }
@@ -333,18 +379,25 @@ fn verify<C: Compute, F: Family>(
     report: &mut RunReport,
 ) -> Result<(), WorkloadError> {
     for (step, kept, low_rank) in recorded {
-        match kept {
-            Recorded::Whole(values) => check(compute, reference, step, &values, low_rank)?,
-            Recorded::Hash { hash, length } => {
-                let expected = reference.expected(compute, step)?;
-                if expected.len() != length || bits_hash(expected) != hash {
-                    return Err(WorkloadError::Model(format!(
+        let checked = match kept {
+            Recorded::Whole(values) => check(compute, reference, step, &values, low_rank),
+            Recorded::Hash { hash, length } => match reference.expected(compute, step) {
+                Ok(expected) if expected.len() != length || bits_hash(expected) != hash => {
+                    Err(WorkloadError::Model(format!(
                         "output mismatch at step {step}: its {length} values differ from the fully-resident reference's"
-                    )));
+                    )))
                 }
-            }
+                Ok(_) => Ok(()),
+                Err(error) => Err(error),
+            },
+        };
+        match checked {
+            Ok(()) => report.verified_steps += 1,
+            // A stop request cut the reference pass short: the steps checked so far
+            // stand, the rest are reported as not verified.
+            Err(WorkloadError::Session(SessionError::Interrupted)) => return Ok(()),
+            Err(error) => return Err(error),
         }
-        report.verified_steps += 1;
     }
     Ok(())
 }

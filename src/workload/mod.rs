@@ -48,6 +48,10 @@ pub enum WorkloadError {
 
 impl From<crate::model::BlockReadError> for WorkloadError {
     fn from(error: crate::model::BlockReadError) -> Self {
+        if error.interrupted {
+            // A stop request, not a fault of the file: the run ends at a safe point.
+            return WorkloadError::Session(stagehand_actors::SessionError::Interrupted);
+        }
         WorkloadError::Io {
             path: error.path.display().to_string(),
             reason: error.reason,

@@ -4,8 +4,6 @@
 //! Weights are seeded per tensor; routing is drawn from a seeded skewed distribution.
 
 use std::collections::BTreeMap;
-use std::fs::File;
-use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use serde_json::json;
@@ -155,20 +153,22 @@ pub fn write_moe_model(dir: &Path, spec: &MoeSpec) -> Result<PathBuf, WorkloadEr
     };
     std::fs::create_dir_all(dir).map_err(|error| io(dir, error))?;
     let path = dir.join(MOE_FILE);
-    let temp = dir.join(format!(".{MOE_FILE}.{}.tmp", std::process::id()));
-    let result = write_file(&temp, spec)
-        .and_then(|()| std::fs::rename(&temp, &path))
-        .map_err(|error| io(&path, error));
-    if result.is_err() {
-        let _ = std::fs::remove_file(&temp);
-    }
-    result.map(|()| path)
+    // Through a temporary file renamed into place, removed if the write fails.
+    crate::model::cache::write_atomically(&path, |temp| write_moe_file(temp, spec))
+        .map_err(|error| io(&path, error))?;
+    Ok(path)
 }
 
-fn write_file(path: &Path, spec: &MoeSpec) -> std::io::Result<()> {
+/// Writes the whole model to `path`, with its data checksum in the header.
+pub(crate) fn write_moe_file(path: &Path, spec: &MoeSpec) -> std::io::Result<()> {
     let tensors = spec.tensors();
     let mut header = serde_json::Map::new();
-    header.insert("__metadata__".into(), json!(spec.metadata()));
+    let mut metadata = spec.metadata();
+    metadata.insert(
+        crate::model::DATA_CHECKSUM_KEY.into(),
+        crate::model::PENDING_CHECKSUM.into(),
+    );
+    header.insert("__metadata__".into(), json!(metadata));
     let mut offset = 0u64;
     for (name, shape) in &tensors {
         let end = offset + u64::from(shape[0]) * u64::from(shape[1]) * 4;
@@ -182,10 +182,11 @@ fn write_file(path: &Path, spec: &MoeSpec) -> std::io::Result<()> {
     while header.len() % 8 != 0 {
         header.push(b' ');
     }
-    let mut writer = BufWriter::with_capacity(1 << 20, File::create(path)?);
-    writer.write_all(&(header.len() as u64).to_le_bytes())?;
-    writer.write_all(&header)?;
+    let mut writer = crate::model::GeneratedWriter::create(path, &header)?;
     let bound = 1.0 / (spec.dim as f32).sqrt();
+    // Values go out a chunk at a time (4 MiB): the writer hashes and polls for a stop
+    // request per chunk.
+    let mut chunk: Vec<u8> = Vec::with_capacity(CHUNK_BYTES);
     for (number, (_, shape)) in tensors.iter().enumerate() {
         let mut state = spec.seed ^ (number as u64).wrapping_mul(0xA24B_AED4_963E_E407);
         let values = u64::from(shape[0]) * u64::from(shape[1]);
@@ -195,12 +196,20 @@ fn write_file(path: &Path, spec: &MoeSpec) -> std::io::Result<()> {
             z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
             z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
             let unit = ((z ^ (z >> 31)) >> 40) as f32 / (1u64 << 24) as f32;
-            writer.write_all(&((unit * 2.0 - 1.0) * bound).to_le_bytes())?;
+            chunk.extend_from_slice(&((unit * 2.0 - 1.0) * bound).to_le_bytes());
+            if chunk.len() == CHUNK_BYTES {
+                writer.write(&chunk)?;
+                chunk.clear();
+            }
         }
     }
-    let file = writer.into_inner().map_err(|error| error.into_error())?;
-    file.sync_all()
+    writer.write(&chunk)?;
+    writer.finish()?;
+    Ok(())
 }
+
+/// Bytes generated per write.
+const CHUNK_BYTES: usize = 4 << 20;
 
 /// The scheduler's units: dense blocks `0..layers` (the step order), then each expert
 /// as its own unit at `layers + layer·experts + expert`.

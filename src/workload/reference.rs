@@ -7,7 +7,7 @@
 //! step once. Sequential families (a decoder's tokens, whose KV cache carries from
 //! step to step) replay the steps in order with one state of their own.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 use super::blocks::FromFiles;
 use super::driver::Workload;
@@ -16,14 +16,23 @@ use super::WorkloadError;
 use crate::compute::Compute;
 use crate::model::BlockReader;
 
+/// Reference outputs a run keeps: every input of an encoder run of up to this many
+/// batches stays computed once.
+pub const REFERENCES_KEPT: usize = 256;
+
 pub(super) struct Reference<'a, C: Compute, F: Family> {
     family: &'a F,
     workload: &'a Workload,
     files: &'a BlockReader<'a>,
     /// The block source of the current LoRA phase.
     source: Option<(Option<usize>, FromFiles<'a, C>)>,
-    /// Keyed families: outputs by (reference key, LoRA phase).
+    /// Keyed families: outputs by (reference key, LoRA phase), at most
+    /// [`REFERENCES_KEPT`], the oldest dropped first — a family whose every step has
+    /// its own key (MoE: one per token) would otherwise grow without end in a run of
+    /// `--steps 0` (the soak found 60 KiB a token).
     outputs: HashMap<(u64, Option<usize>), Vec<f32>>,
+    /// Keys in `outputs`, oldest first.
+    kept: VecDeque<(u64, Option<usize>)>,
     /// Sequential families: the state carried from step to step, and the next step.
     sequential: Option<(F::State<C>, u64)>,
     /// The output of the last sequential step.
@@ -38,6 +47,7 @@ impl<'a, C: Compute, F: Family> Reference<'a, C, F> {
             files,
             source: None,
             outputs: HashMap::new(),
+            kept: VecDeque::new(),
             sequential: None,
             last: Vec::new(),
         }
@@ -89,8 +99,58 @@ impl<'a, C: Compute, F: Family> Reference<'a, C, F> {
         if !self.outputs.contains_key(&key) {
             let mut state = family.start(compute)?;
             let output = family.step(compute, &mut state, self.source(step), step)?;
+            if self.kept.len() == REFERENCES_KEPT {
+                if let Some(oldest) = self.kept.pop_front() {
+                    self.outputs.remove(&oldest);
+                }
+            }
             self.outputs.insert(key, output.output.unwrap_or_default());
+            self.kept.push_back(key);
         }
         Ok(&self.outputs[&key])
+    }
+
+    /// Keyed reference outputs kept now (at most [`REFERENCES_KEPT`]).
+    #[cfg(test)]
+    fn kept(&self) -> usize {
+        self.outputs.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::run::{prepare, WorkloadKind};
+    use crate::workload::driver::Model;
+    use crate::workload::moe_model::{write_moe_model, MoeSpec};
+
+    #[test]
+    fn a_run_of_many_tokens_keeps_a_bounded_number_of_references() {
+        // Proves a MoE run's references, one key per token, stay at REFERENCES_KEPT
+        // however many tokens are checked (they grew by 64 KiB a token without end).
+        let dir = tempfile::tempdir().expect("temp dir");
+        let spec = MoeSpec {
+            layers: 2,
+            experts: 4,
+            top_k: 2,
+            dim: 16,
+            skew: 1.1,
+            drift_tokens: 8,
+            seed: 3,
+        };
+        let model = write_moe_model(dir.path(), &spec).expect("model");
+        let settings = crate::settings::Settings::default();
+        let prepared = prepare(&model, WorkloadKind::Moe, 2, &settings, true).expect("prepares");
+        let Model::Moe(run) = &prepared.workload.model else {
+            panic!("a MoE model");
+        };
+        let files = BlockReader::open(&prepared.index).expect("files");
+        let mut reference = Reference::new(run, &prepared.workload, &files);
+        let compute = crate::device::CpuCompute::new();
+        for token in 0..REFERENCES_KEPT as u64 + 100 {
+            reference.expected(&compute, token).expect("reference");
+            assert!(reference.kept() <= REFERENCES_KEPT, "token {token}");
+        }
+        assert_eq!(reference.kept(), REFERENCES_KEPT);
     }
 }

@@ -6,6 +6,7 @@ pub mod demo;
 pub mod encoder;
 pub mod lora;
 pub mod metrics;
+pub mod process;
 pub mod replay;
 pub mod sim;
 pub mod storage;

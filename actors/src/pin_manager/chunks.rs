@@ -3,6 +3,8 @@
 
 use actix::prelude::*;
 
+use crate::mailbox::Post;
+
 use super::PinManager;
 use crate::device::DevicePtr;
 use crate::error::SessionError;
@@ -13,25 +15,31 @@ use crate::pin_state::BufferHome;
 
 /// A block on its way from disk to VRAM through the fast-disk chunk ring.
 pub(super) struct ChunkStream {
+    /// Unique among the pin manager's streams.
+    id: u64,
     block: BlockId,
     destination: DevicePtr,
     bytes: u64,
     next_offset: u64,
     done_bytes: u64,
     failed: bool,
+    /// The first failure, reported once no chunk is in flight.
+    error: Option<SessionError>,
     in_flight: u32,
 }
 
 impl ChunkStream {
     /// A block of `bytes` to stream to `destination`, nothing read yet.
-    pub(super) fn new(block: BlockId, destination: DevicePtr, bytes: u64) -> Self {
+    pub(super) fn new(id: u64, block: BlockId, destination: DevicePtr, bytes: u64) -> Self {
         Self {
+            id,
             block,
             destination,
             bytes,
             next_offset: 0,
             done_bytes: 0,
             failed: false,
+            error: None,
             in_flight: 0,
         }
     }
@@ -54,34 +62,41 @@ impl PinManager {
             stream.next_offset += length;
             stream.in_flight += 1;
             let block = stream.block;
+            let id = stream.id;
             let extents = slice_extents(&self.extents[block.index()], offset, length);
-            self.reader.do_send(ReadBlock {
+            self.reader.post(ReadBlock {
                 block,
                 extents,
                 buffer,
-                home: BufferHome::Chunk { offset },
+                home: BufferHome::Chunk { offset, stream: id },
                 reply_to: ctx.address().recipient(),
             });
         }
     }
 
-    /// A chunk arrived in pinned memory: copy it on to its place in VRAM.
+    /// A chunk of stream `stream` arrived in pinned memory: copy it on to its place
+    /// in VRAM — unless the stream already failed: then its slot is about to be given
+    /// up, and nothing more may land in it.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn copy_chunk(
         &mut self,
         block: BlockId,
+        stream: u64,
         offset: u64,
         buffer: crate::HostBuffer,
         bytes: u64,
         read_seconds: f64,
         ctx: &mut Context<Self>,
     ) {
-        let Some(destination) = self
+        let home = BufferHome::Chunk { offset, stream };
+        let destination = self
             .streams
             .iter()
-            .find(|stream| stream.block == block)
-            .map(|stream| stream.destination.offset(offset))
-        else {
-            self.give_back(block, buffer, BufferHome::Chunk { offset }, false, ctx);
+            .find(|candidate| candidate.id == stream && !candidate.failed)
+            .map(|candidate| candidate.destination.offset(offset));
+        let Some(destination) = destination else {
+            self.give_back(block, buffer, home, false, ctx);
+            self.chunk_done(stream, bytes, None);
             return;
         };
         let started = tokio::time::Instant::now();
@@ -93,7 +108,7 @@ impl PinManager {
                     Ok(buffer) => (buffer, None),
                     Err((error, buffer)) => (buffer, Some(error.to_string())),
                 };
-                actor.give_back(block, buffer, BufferHome::Chunk { offset }, true, ctx);
+                actor.give_back(block, buffer, home, true, ctx);
                 match error {
                     None => {
                         actor
@@ -102,12 +117,12 @@ impl PinManager {
                         actor
                             .observer
                             .block_transfer(Link::DiskToVram, block, bytes, seconds);
-                        actor.chunk_done(block, bytes, None);
+                        actor.chunk_done(stream, bytes, None);
                     }
                     Some(reason) => {
                         actor.observer.error(ErrorKind::Copy);
                         actor.chunk_done(
-                            block,
+                            stream,
                             bytes,
                             Some(SessionError::CopyFailed { block, reason }),
                         );
@@ -119,27 +134,36 @@ impl PinManager {
         );
     }
 
-    /// Accounts a finished (or failed) chunk; reports the block when all have landed.
-    pub(super) fn chunk_done(&mut self, block: BlockId, bytes: u64, error: Option<SessionError>) {
-        let Some(index) = self.streams.iter().position(|stream| stream.block == block) else {
+    /// Accounts a finished (or failed) chunk of stream `stream`. Once none of its
+    /// chunks is in flight, reports the block streamed, or failed with its first
+    /// error — not before: the allocator reuses a failed block's slot at once, so no
+    /// copy may still be landing in it.
+    pub(super) fn chunk_done(&mut self, stream: u64, bytes: u64, error: Option<SessionError>) {
+        let Some(index) = self
+            .streams
+            .iter()
+            .position(|candidate| candidate.id == stream)
+        else {
             return;
         };
-        let stream = &mut self.streams[index];
-        stream.in_flight -= 1;
-        stream.done_bytes += bytes;
+        let entry = &mut self.streams[index];
+        entry.in_flight = entry.in_flight.saturating_sub(1);
+        entry.done_bytes += bytes;
         if let Some(error) = error {
-            if !stream.failed {
-                stream.failed = true;
-                self.allocator.do_send(PinFailed { block, error });
-            }
+            entry.failed = true;
+            entry.error.get_or_insert(error);
         }
-        let finished =
-            stream.in_flight == 0 && (stream.failed || stream.done_bytes >= stream.bytes);
-        if finished {
-            let stream = self.streams.remove(index);
-            if stream.is_some_and(|stream| !stream.failed) {
-                self.allocator.do_send(Streamed { block });
-            }
+        let finished = entry.in_flight == 0 && (entry.failed || entry.done_bytes >= entry.bytes);
+        if !finished {
+            return;
+        }
+        let Some(entry) = self.streams.remove(index) else {
+            return;
+        };
+        let block = entry.block;
+        match entry.error {
+            Some(error) => self.allocator.post(PinFailed { block, error }),
+            None => self.allocator.post(Streamed { block }),
         }
     }
 }

@@ -1,7 +1,6 @@
 //! What a session decides before any actor starts, and how the actors are wired.
 
 use std::sync::Arc;
-use std::thread::JoinHandle;
 
 use actix::prelude::*;
 use tokio::time::Instant;
@@ -23,7 +22,8 @@ use crate::storage::Storage;
 use crate::vram_allocator::{ConnectLora, ConnectPins, VramAllocator};
 use crate::vram_state::VramState;
 
-use super::{ExpertConfig, Session, SessionConfig, SessionPlan, Wiring};
+use super::core::Core;
+use super::{ExpertConfig, SessionConfig, SessionPlan, Wiring};
 
 /// Everything decided before any actor starts.
 #[derive(Clone)]
@@ -101,15 +101,7 @@ impl Prepared {
         if let Some(experts) = experts {
             state = state.with_experts(experts.slots, experts.slot_bytes, experts.policy);
         }
-        let arena = device
-            .allocate_arena(config.vram_budget_bytes)
-            .map_err(|error| SessionError::Device(error.to_string()))?;
         let block_bytes: Vec<u64> = layout.blocks.iter().map(|block| block.bytes).collect();
-        let extents = layout
-            .blocks
-            .into_iter()
-            .map(|block| block.extents)
-            .collect();
         let lookahead = 2 * (config.prefetch_depth as usize + 1);
         // With fast disk the chunk ring sits beside the ceiling: pinned ≤ ring + ceiling.
         let pinned_limit = if self.plan.pins.chunked {
@@ -117,22 +109,43 @@ impl Prepared {
         } else {
             config.pin_ceiling_bytes
         };
-        let pin_state = PinState::new(
+        let mut pin_state = PinState::new(
             block_bytes,
             self.order.clone(),
             self.plan.pins.clone(),
             pinned_limit,
             lookahead,
         );
-        let reader = DiskReader::new(storage, config.max_reads_in_flight).start();
+        let arena = device
+            .allocate_arena(config.vram_budget_bytes)
+            .map_err(|error| SessionError::Device(error.to_string()))?;
+        // The staging ring is allocated here, before any actor starts: a ring that
+        // cannot be pinned fails the start with a clear error, instead of leaving every
+        // request waiting for a buffer that never comes.
+        if let Err(error) = allocate_staging_ring(&mut pin_state, device.as_ref(), &observer) {
+            device.free_arena(arena);
+            return Err(error);
+        }
+        let bounds = MailboxBounds::new(layout.len(), config.staging_buffers);
+        let extents = layout
+            .blocks
+            .into_iter()
+            .map(|block| block.extents)
+            .collect();
+        let reader = DiskReader::new(
+            storage,
+            config.max_reads_in_flight,
+            bounds.reads_outstanding,
+        );
+        let reader = with_capacity(bounds.reader, reader);
         let allocator = VramAllocator::new(
             state,
             self.table.clone(),
             device.clone(),
             arena,
             observer.clone(),
-        )
-        .start();
+        );
+        let allocator = with_capacity(bounds.allocator, allocator);
         let pins = PinManager::new(
             pin_state,
             extents,
@@ -140,19 +153,20 @@ impl Prepared {
             reader,
             allocator.clone(),
             observer.clone(),
-        )
-        .start();
-        allocator.do_send(ConnectPins(pins.clone()));
+        );
+        let pins = with_capacity(bounds.pins, pins);
+        crate::mailbox::post(&allocator, ConnectPins(pins.clone()));
         let lora = LoraOffloader::new(
             LoraState::with_table(self.lora_table.clone(), self.plan.vram.ring_slots as usize),
             device,
             allocator.clone(),
             pins.clone(),
             observer.clone(),
-        )
-        .start();
-        allocator.do_send(ConnectLora(lora.clone()));
-        let stream = ComputeStream::new(allocator.clone(), pins, observer, owns_system).start();
+        );
+        let lora = with_capacity(bounds.lora, lora);
+        crate::mailbox::post(&allocator, ConnectLora(lora.clone()));
+        let stream = ComputeStream::new(allocator.clone(), pins, observer, owns_system);
+        let stream = with_capacity(bounds.stream, stream);
         Ok(Wiring {
             stream,
             lora,
@@ -160,13 +174,8 @@ impl Prepared {
         })
     }
 
-    pub(super) fn into_session(
-        self,
-        wiring: Wiring,
-        system_thread: Option<JoinHandle<()>>,
-        memory_space: MemorySpace,
-    ) -> Session {
-        Session {
+    pub(super) fn into_core(self, wiring: Wiring, memory_space: MemorySpace) -> Core {
+        Core {
             memory_space,
             table: self.table,
             lora_table: self.lora_table,
@@ -180,11 +189,83 @@ impl Prepared {
             step_started: Instant::now(),
             stats: self.stats,
             plan: self.plan,
-            system_thread,
         }
     }
 }
 
+/// Pins every buffer of the staging ring the plan asks for, or says why it could not.
+fn allocate_staging_ring(
+    pin_state: &mut PinState,
+    device: &dyn Device,
+    observer: &Arc<dyn Observer>,
+) -> Result<(), SessionError> {
+    let mut buffers = 0;
+    while let Some(bytes) = pin_state.staging_wanted() {
+        match device.allocate_pinned(bytes) {
+            Ok(buffer) => pin_state.add_staging(buffer),
+            Err(error) => {
+                observer.error(crate::observer::ErrorKind::Pin);
+                return Err(SessionError::PinFailed(format!(
+                    "the staging ring could not be pinned after {buffers} buffers of \
+                     {bytes} bytes ({error}); lower staging_buffers or staging_buffer_size"
+                )));
+            }
+        }
+        buffers += 1;
+    }
+    if buffers > 0 {
+        observer.pin_consolidation(buffers);
+    }
+    Ok(())
+}
+
+/// Starts `actor` with a mailbox of `capacity` messages.
+fn with_capacity<A>(capacity: usize, actor: A) -> Addr<A>
+where
+    A: Actor<Context = Context<A>>,
+{
+    A::create(move |ctx| {
+        ctx.set_mailbox_capacity(capacity);
+        actor
+    })
+}
+
+/// Mailbox capacities from the protocol's bounds (see `messages`): the most messages
+/// each actor can have queued at once, with room to spare. A send over one of these is
+/// a broken protocol and trips an assertion (`mailbox::post`).
+///
+/// Every disk read, copy and completion carries one pinned buffer, and there are at
+/// most `blocks + staging_buffers` of those (a cache buffer per block, the ring); so
+/// completions, reads and returned buffers each stay under that. The compute thread
+/// has at most one miss and `ring` releases outstanding, and its other messages wait
+/// for room in the compute stream's mailbox (back-pressure), so what the stream
+/// forwards stays under the stream's own capacity.
+struct MailboxBounds {
+    stream: usize,
+    allocator: usize,
+    pins: usize,
+    reader: usize,
+    lora: usize,
+    /// Reads the disk reader can be asked for at once (started or queued).
+    reads_outstanding: usize,
+}
+
+impl MailboxBounds {
+    fn new(blocks: usize, staging_buffers: u32) -> Self {
+        let buffers = blocks + staging_buffers as usize;
+        Self {
+            stream: COMPUTE_MAILBOX,
+            allocator: 2 * buffers + COMPUTE_MAILBOX + 2 * crate::MAX_ADAPTERS,
+            pins: 3 * buffers + COMPUTE_MAILBOX + 2 * crate::MAX_ADAPTERS,
+            reader: buffers + COMPUTE_MAILBOX,
+            lora: buffers + COMPUTE_MAILBOX,
+            reads_outstanding: buffers,
+        }
+    }
+}
+
+/// The compute stream's mailbox: the compute thread waits when it is full.
+const COMPUTE_MAILBOX: usize = 256;
 /// Streamed blocks past the prefetch window whose disk reads may start early: more than
 /// the staging buffers (at most 3 by default) can hold is never used.
 const READ_AHEAD_BLOCKS: usize = 4;

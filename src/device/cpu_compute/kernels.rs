@@ -1,7 +1,7 @@
 //! The CPU kernels behind `CpuCompute`, on plain f32 slices. Each reduction runs in a
 //! fixed order; `matrixmultiply` is single-threaded and deterministic.
 
-use crate::compute::{Attention, CachedAttention, ComputeError, Mask};
+use crate::compute::{Attention, CachedAttention, Mask};
 
 /// `y ← x·Wᵀ + beta·y`: `x` is `[rows, inner]`, `weights` row-major `[out, inner]`.
 pub(super) fn gemm_transposed(
@@ -186,44 +186,6 @@ fn erfc(x: f64) -> f64 {
     }
 }
 
-pub(super) fn check_attention(
-    shape: &Attention<'_>,
-    q: (usize, usize),
-    k: (usize, usize),
-    v: (usize, usize),
-) -> Result<(), ComputeError> {
-    let rows = shape.sequences * shape.sequence_length;
-    let fail = |detail: String| Err(ComputeError::Shape(format!("attention: {detail}")));
-    if shape.heads == 0 || shape.kv_heads == 0 || shape.heads % shape.kv_heads != 0 {
-        return fail(format!(
-            "{} query heads cannot share {} key/value heads",
-            shape.heads, shape.kv_heads
-        ));
-    }
-    if q != (rows, shape.heads * shape.head_dim)
-        || k != (rows, shape.kv_heads * shape.head_dim)
-        || v != k
-    {
-        return fail(format!(
-            "q {q:?}, k {k:?}, v {v:?} for {} sequences of {} rows, {} heads ({} kv) of {}",
-            shape.sequences, shape.sequence_length, shape.heads, shape.kv_heads, shape.head_dim
-        ));
-    }
-    if let Mask::Padding(lengths) = shape.mask {
-        if lengths.len() != shape.sequences
-            || lengths
-                .iter()
-                .any(|&length| length == 0 || length > shape.sequence_length)
-        {
-            return fail(format!(
-                "padding lengths {lengths:?} for {} sequences of {} rows",
-                shape.sequences, shape.sequence_length
-            ));
-        }
-    }
-    Ok(())
-}
-
 /// Softmax attention per sequence and head: `scores = scale·Q·Kᵀ` (masked), a row
 /// softmax, then `out = P·V`, each product one GEMM over strided views.
 pub(super) fn attention(
@@ -337,30 +299,6 @@ pub(super) fn rope(
             }
         }
     }
-}
-
-pub(super) fn check_cached_attention(
-    shape: &CachedAttention,
-    q: (usize, usize),
-    k: (usize, usize),
-    v: (usize, usize),
-) -> Result<(), ComputeError> {
-    let keys = shape.past + shape.queries;
-    let kv_cols = shape.kv_heads * shape.head_dim;
-    if shape.heads == 0 || shape.kv_heads == 0 || shape.heads % shape.kv_heads != 0 {
-        return Err(ComputeError::Shape(format!(
-            "cached attention: {} query heads cannot share {} key/value heads",
-            shape.heads, shape.kv_heads
-        )));
-    }
-    if q != (shape.queries, shape.heads * shape.head_dim) || k.0 < keys || k.1 != kv_cols || v != k
-    {
-        return Err(ComputeError::Shape(format!(
-            "cached attention: q {q:?}, k {k:?}, v {v:?} for {} queries after {} cached rows",
-            shape.queries, shape.past
-        )));
-    }
-    Ok(())
 }
 
 /// Causal attention of the new queries over the cache, one GEMM per head for the

@@ -9,14 +9,16 @@
 //! buffer owned by this adapter just before the GEMM that reads them; the cast buffer
 //! grows to the largest weight once and is reused.
 
+mod gemv;
 mod kernels;
+mod products;
 
 use std::cell::RefCell;
 
 use stagehand_actors::{DevicePtr, HostBuffer, MemorySpace};
 
 use crate::compute::{
-    Attention, BlockView, CachedAttention, Compute, ComputeError, DType, LowRank, Weight,
+    shapes, Attention, BlockView, CachedAttention, Compute, ComputeError, DType, LowRank, Weight,
 };
 
 /// The CPU compute stream. Not `Sync`: it belongs to the compute thread.
@@ -100,30 +102,21 @@ fn as_f32<'w>(weight: &'w Weight<'_>, buffer: &'w mut Vec<f32>) -> &'w [f32] {
 }
 
 fn allocate(rows: usize, cols: usize) -> Result<Vec<f32>, ComputeError> {
-    let too_large = || {
+    let count = shapes::elements(rows, cols)?;
+    let mut data = Vec::new();
+    data.try_reserve_exact(count).map_err(|_| {
         ComputeError::OutOfMemory(format!(
             "an activation of {rows} × {cols} f32 does not fit in host memory; lower --batch"
         ))
-    };
-    let count = rows.checked_mul(cols).ok_or_else(too_large)?;
-    let mut data = Vec::new();
-    data.try_reserve_exact(count).map_err(|_| too_large())?;
+    })?;
     data.resize(count, 0.0);
     Ok(data)
 }
 
-fn shape_error(what: &str, detail: String) -> ComputeError {
-    ComputeError::Shape(format!("{what}: {detail}"))
-}
-
-fn same_shape(what: &str, a: &CpuTensor, b: &CpuTensor) -> Result<(), ComputeError> {
-    if (a.rows, a.cols) != (b.rows, b.cols) {
-        return Err(shape_error(
-            what,
-            format!("[{}, {}] vs [{}, {}]", a.rows, a.cols, b.rows, b.cols),
-        ));
+impl CpuTensor {
+    fn dims(&self) -> shapes::Dims {
+        (self.rows, self.cols)
     }
-    Ok(())
 }
 
 /// A vector weight of `expected` elements, as f32.
@@ -133,12 +126,7 @@ fn vector<'w>(
     expected: usize,
     buffer: &'w mut Vec<f32>,
 ) -> Result<&'w [f32], ComputeError> {
-    if weight.elements() != expected {
-        return Err(shape_error(
-            what,
-            format!("{} elements, expected {expected}", weight.elements()),
-        ));
-    }
+    shapes::vector(what, weight, expected)?;
     Ok(as_f32(weight, buffer))
 }
 
@@ -169,15 +157,12 @@ impl Compute for CpuCompute {
 
     fn write(&self, tensor: &mut CpuTensor, values: &[f32]) -> Result<(), ComputeError> {
         if values.len() != tensor.data.len() {
-            return Err(shape_error(
-                "write",
-                format!(
-                    "{} values into [{}, {}]",
-                    values.len(),
-                    tensor.rows,
-                    tensor.cols
-                ),
-            ));
+            return Err(ComputeError::Shape(format!(
+                "write: {} values into [{}, {}]",
+                values.len(),
+                tensor.rows,
+                tensor.cols
+            )));
         }
         tensor.data.copy_from_slice(values);
         Ok(())
@@ -188,7 +173,7 @@ impl Compute for CpuCompute {
     }
 
     fn copy(&self, from: &CpuTensor, to: &mut CpuTensor) -> Result<(), ComputeError> {
-        same_shape("copy", from, to)?;
+        shapes::same("copy", from.dims(), to.dims())?;
         to.data.copy_from_slice(&from.data);
         Ok(())
     }
@@ -221,39 +206,7 @@ impl Compute for CpuCompute {
         bias: Option<&Weight<'_>>,
         y: &mut CpuTensor,
     ) -> Result<(), ComputeError> {
-        let (out_features, in_features) = (weight.rows(), weight.cols());
-        if x.cols != in_features || y.rows != x.rows || y.cols != out_features {
-            return Err(shape_error(
-                "linear",
-                format!(
-                    "x [{}, {}] · W[{out_features}, {in_features}]ᵀ into y [{}, {}]",
-                    x.rows, x.cols, y.rows, y.cols
-                ),
-            ));
-        }
-        let beta = match bias {
-            Some(bias) => {
-                let mut small = self.cast_small.borrow_mut();
-                let bias = vector("linear bias", bias, out_features, &mut small)?;
-                for row in y.data.chunks_exact_mut(out_features) {
-                    row.copy_from_slice(bias);
-                }
-                1.0
-            }
-            None => 0.0,
-        };
-        let mut cast = self.cast.borrow_mut();
-        let weights = as_f32(weight, &mut cast);
-        kernels::gemm_transposed(
-            &x.data,
-            x.rows,
-            in_features,
-            weights,
-            out_features,
-            beta,
-            &mut y.data,
-        );
-        Ok(())
+        products::linear(self, x, weight, bias, y)
     }
 
     fn low_rank_add(
@@ -264,40 +217,7 @@ impl Compute for CpuCompute {
         scratch: &mut CpuTensor,
         y: &mut CpuTensor,
     ) -> Result<(), ComputeError> {
-        let (rank, input, out) = (
-            factors.rank(),
-            factors.in_features(),
-            factors.out_features(),
-        );
-        if x.cols != input || y.cols != out || y.rows != x.rows {
-            return Err(shape_error(
-                "LoRA",
-                format!(
-                    "x [{}, {}] with A [{rank}, {input}], B [{out}, {rank}] into y [{}, {}]",
-                    x.rows, x.cols, y.rows, y.cols
-                ),
-            ));
-        }
-        if scratch.rows != x.rows || scratch.cols != rank {
-            *scratch = self.tensor(x.rows, rank)?;
-        }
-        let mut cast = self.cast.borrow_mut();
-        let mut small = self.cast_small.borrow_mut();
-        let a = as_f32(factors.a(), &mut cast);
-        let b = as_f32(factors.b(), &mut small);
-        kernels::low_rank_add(
-            &x.data,
-            x.rows,
-            input,
-            a,
-            b,
-            rank,
-            out,
-            scale,
-            &mut scratch.data,
-            &mut y.data,
-        );
-        Ok(())
+        products::low_rank_add(self, x, factors, scale, scratch, y)
     }
 
     fn merge_low_rank(
@@ -306,49 +226,11 @@ impl Compute for CpuCompute {
         factors: &LowRank<'_>,
         scale: f32,
     ) -> Result<(), ComputeError> {
-        if weight.rows() != factors.out_features() || weight.cols() != factors.in_features() {
-            return Err(shape_error(
-                "LoRA merge",
-                format!(
-                    "W [{}, {}] with B·A [{}, {}]",
-                    weight.rows(),
-                    weight.cols(),
-                    factors.out_features(),
-                    factors.in_features()
-                ),
-            ));
-        }
-        let mut small = self.cast_small.borrow_mut();
-        let mut widened = Vec::new();
-        let a = as_f32(factors.a(), &mut widened);
-        let b = as_f32(factors.b(), &mut small);
-        let mut cast = self.cast.borrow_mut();
-        cast.clear();
-        cast.resize(weight.elements(), 0.0);
-        weight.dtype().widen(weight_bytes(weight), &mut cast);
-        // A scaled weight is merged in its real values and stored back in its scale.
-        let stored_scale = weight_scale(weight).unwrap_or(1.0);
-        cast.iter_mut().for_each(|value| *value *= stored_scale);
-        kernels::merge(
-            &mut cast,
-            a,
-            b,
-            factors.rank(),
-            weight.rows(),
-            weight.cols(),
-            scale,
-        );
-        cast.iter_mut().for_each(|value| *value /= stored_scale);
-        // SAFETY: the caller holds the block alone (the port's contract for merges),
-        // so nothing else reads or writes this range while we write it.
-        let target =
-            unsafe { std::slice::from_raw_parts_mut(weight.ptr().0 as *mut u8, weight.bytes()) };
-        weight.dtype().narrow(&cast, target);
-        Ok(())
+        products::merge_low_rank(self, weight, factors, scale)
     }
 
     fn add(&self, x: &mut CpuTensor, y: &CpuTensor) -> Result<(), ComputeError> {
-        same_shape("add", x, y)?;
+        shapes::same("add", x.dims(), y.dims())?;
         x.data.iter_mut().zip(&y.data).for_each(|(x, y)| *x += y);
         Ok(())
     }
@@ -359,24 +241,7 @@ impl Compute for CpuCompute {
         y: &CpuTensor,
         scales: &[f32],
     ) -> Result<(), ComputeError> {
-        same_shape("add_scaled_rows", acc, y)?;
-        if scales.len() != acc.rows {
-            return Err(shape_error(
-                "add_scaled_rows",
-                format!("{} scales for {} rows", scales.len(), acc.rows),
-            ));
-        }
-        for ((out, values), scale) in acc
-            .data
-            .chunks_exact_mut(acc.cols)
-            .zip(y.data.chunks_exact(y.cols))
-            .zip(scales)
-        {
-            out.iter_mut()
-                .zip(values)
-                .for_each(|(out, value)| *out += scale * value);
-        }
-        Ok(())
+        products::add_scaled_rows(acc, y, scales)
     }
 
     fn gather_add(
@@ -385,44 +250,7 @@ impl Compute for CpuCompute {
         rows: &[u32],
         out: &mut CpuTensor,
     ) -> Result<(), ComputeError> {
-        if rows.len() != out.rows || table.cols() != out.cols {
-            return Err(shape_error(
-                "embedding lookup",
-                format!(
-                    "{} ids from a [{}, {}] table into [{}, {}]",
-                    rows.len(),
-                    table.rows(),
-                    table.cols(),
-                    out.rows,
-                    out.cols
-                ),
-            ));
-        }
-        let bytes = weight_bytes(table);
-        let row_bytes = table.cols() * table.dtype().size_bytes();
-        let mut small = self.cast_small.borrow_mut();
-        small.clear();
-        small.resize(table.cols(), 0.0);
-        for (&id, out_row) in rows.iter().zip(out.data.chunks_exact_mut(out.cols)) {
-            let id = id as usize;
-            if id >= table.rows() {
-                return Err(shape_error(
-                    "embedding lookup",
-                    format!("id {id} is outside a table of {} rows", table.rows()),
-                ));
-            }
-            table
-                .dtype()
-                .widen(&bytes[id * row_bytes..(id + 1) * row_bytes], &mut small);
-            if let Some(scale) = weight_scale(table) {
-                small.iter_mut().for_each(|value| *value *= scale);
-            }
-            out_row
-                .iter_mut()
-                .zip(small.iter())
-                .for_each(|(out, value)| *out += value);
-        }
-        Ok(())
+        products::gather_add(self, table, rows, out)
     }
 
     fn layer_norm(
@@ -433,7 +261,7 @@ impl Compute for CpuCompute {
         eps: f32,
         y: &mut CpuTensor,
     ) -> Result<(), ComputeError> {
-        same_shape("layer_norm", x, y)?;
+        shapes::same("layer_norm", x.dims(), y.dims())?;
         let mut cast = self.cast.borrow_mut();
         let mut small = self.cast_small.borrow_mut();
         let gamma = vector("layer_norm weight", gamma, x.cols, &mut cast)?;
@@ -449,7 +277,7 @@ impl Compute for CpuCompute {
         eps: f32,
         y: &mut CpuTensor,
     ) -> Result<(), ComputeError> {
-        same_shape("rms_norm", x, y)?;
+        shapes::same("rms_norm", x.dims(), y.dims())?;
         let mut small = self.cast_small.borrow_mut();
         let gamma = match gamma {
             Some(gamma) => Some(vector("rms_norm weight", gamma, x.cols, &mut small)?),
@@ -474,15 +302,15 @@ impl Compute for CpuCompute {
         shape: &Attention<'_>,
         out: &mut CpuTensor,
     ) -> Result<(), ComputeError> {
-        kernels::check_attention(shape, (q.rows, q.cols), (k.rows, k.cols), (v.rows, v.cols))?;
-        same_shape("attention output", q, out)?;
+        shape.check(q.dims(), k.dims(), v.dims())?;
+        shapes::same("attention output", q.dims(), out.dims())?;
         let mut scores = self.scores.borrow_mut();
         kernels::attention(&q.data, &k.data, &v.data, shape, &mut scores, &mut out.data);
         Ok(())
     }
 
     fn silu_mul(&self, gate: &mut CpuTensor, up: &CpuTensor) -> Result<(), ComputeError> {
-        same_shape("silu_mul", gate, up)?;
+        shapes::same("silu_mul", gate.dims(), up.dims())?;
         for (gate, up) in gate.data.iter_mut().zip(&up.data) {
             *gate = *gate / (1.0 + (-*gate).exp()) * up;
         }
@@ -497,22 +325,7 @@ impl Compute for CpuCompute {
         positions: &[u32],
         inv_freq: &[f32],
     ) -> Result<(), ComputeError> {
-        if x.cols != heads * head_dim
-            || positions.len() != x.rows
-            || head_dim % 2 != 0
-            || inv_freq.len() != head_dim / 2
-        {
-            return Err(shape_error(
-                "rope",
-                format!(
-                    "[{}, {}] with {heads} heads of {head_dim}, {} positions, {} frequencies",
-                    x.rows,
-                    x.cols,
-                    positions.len(),
-                    inv_freq.len()
-                ),
-            ));
-        }
+        shapes::rope(x.dims(), heads, head_dim, positions.len(), inv_freq.len())?;
         kernels::rope(&mut x.data, heads, head_dim, positions, inv_freq);
         Ok(())
     }
@@ -543,19 +356,7 @@ impl Compute for CpuCompute {
         first: usize,
         to: &mut CpuTensor,
     ) -> Result<(), ComputeError> {
-        if from.cols != to.cols || first + to.rows > from.rows {
-            return Err(shape_error(
-                "slice_rows",
-                format!(
-                    "rows {first}..{} of a [{}, {}] tensor into [{}, {}]",
-                    first + to.rows,
-                    from.rows,
-                    from.cols,
-                    to.rows,
-                    to.cols
-                ),
-            ));
-        }
+        shapes::slice_rows(from.dims(), first, to.dims())?;
         to.data
             .copy_from_slice(&from.data[first * from.cols..(first + to.rows) * from.cols]);
         Ok(())
@@ -567,15 +368,7 @@ impl Compute for CpuCompute {
         at: usize,
         rows: &CpuTensor,
     ) -> Result<(), ComputeError> {
-        if rows.cols != cache.cols || at + rows.rows > cache.rows {
-            return Err(shape_error(
-                "write_rows",
-                format!(
-                    "[{}, {}] at row {at} of a [{}, {}] cache",
-                    rows.rows, rows.cols, cache.rows, cache.cols
-                ),
-            ));
-        }
+        shapes::write_rows(cache.dims(), at, rows.dims())?;
         cache.data[at * cache.cols..(at + rows.rows) * cache.cols].copy_from_slice(&rows.data);
         Ok(())
     }
@@ -588,13 +381,8 @@ impl Compute for CpuCompute {
         shape: &CachedAttention,
         out: &mut CpuTensor,
     ) -> Result<(), ComputeError> {
-        kernels::check_cached_attention(
-            shape,
-            (q.rows, q.cols),
-            (k_cache.rows, k_cache.cols),
-            (v_cache.rows, v_cache.cols),
-        )?;
-        same_shape("attention output", q, out)?;
+        shape.check(q.dims(), k_cache.dims(), v_cache.dims())?;
+        shapes::same("attention output", q.dims(), out.dims())?;
         let mut scores = self.scores.borrow_mut();
         kernels::attention_cached(
             &q.data,

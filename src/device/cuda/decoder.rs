@@ -13,8 +13,9 @@ use super::blas::Gemm;
 use super::compute::{compute_error, CudaCompute};
 use super::memory::{copy_on_device, zero_on_device, DeviceBuffer};
 use super::tensor::{
-    check_cached_attention, f32_bytes, same_shape, shape_error, tensor_bytes, u32_bytes, CudaTensor,
+    check_cached_attention, f32_bytes, same_shape, tensor_bytes, u32_bytes, CudaTensor,
 };
+use crate::compute::shapes;
 use crate::compute::{CachedAttention, ComputeError};
 
 pub(super) fn silu_mul(
@@ -39,22 +40,13 @@ pub(super) fn rope(
     positions: &[u32],
     inv_freq: &[f32],
 ) -> Result<(), ComputeError> {
-    if x.cols() != heads * head_dim
-        || positions.len() != x.rows()
-        || head_dim % 2 != 0
-        || inv_freq.len() != head_dim / 2
-    {
-        return Err(shape_error(
-            "rope",
-            format!(
-                "[{}, {}] with {heads} heads of {head_dim}, {} positions, {} frequencies",
-                x.rows(),
-                x.cols(),
-                positions.len(),
-                inv_freq.len()
-            ),
-        ));
-    }
+    shapes::rope(
+        (x.rows(), x.cols()),
+        heads,
+        head_dim,
+        positions.len(),
+        inv_freq.len(),
+    )?;
     // One upload: the positions, then the frequencies on a 16-byte boundary.
     let mut bytes = u32_bytes(positions.iter().copied());
     let frequencies_at = bytes.len().next_multiple_of(16);
@@ -122,15 +114,7 @@ pub(super) fn slice_rows(
     first: usize,
     to: &mut CudaTensor,
 ) -> Result<(), ComputeError> {
-    if from.cols != to.cols || first.checked_add(to.rows).is_none_or(|end| end > from.rows) {
-        return Err(shape_error(
-            "slice_rows",
-            format!(
-                "rows {first}.. of a [{}, {}] tensor into [{}, {}]",
-                from.rows, from.cols, to.rows, to.cols
-            ),
-        ));
-    }
+    shapes::slice_rows((from.rows, from.cols), first, (to.rows, to.cols))?;
     let offset = (first * from.cols) as u64 * 4;
     // SAFETY: the rows lie inside `from` (checked) and `to` holds exactly them; `to` is
     // borrowed mutably, so the ranges are distinct.
@@ -151,15 +135,7 @@ pub(super) fn write_rows(
     at: usize,
     rows: &CudaTensor,
 ) -> Result<(), ComputeError> {
-    if rows.cols != cache.cols || at.checked_add(rows.rows).is_none_or(|end| end > cache.rows) {
-        return Err(shape_error(
-            "write_rows",
-            format!(
-                "[{}, {}] at row {at} of a [{}, {}] cache",
-                rows.rows, rows.cols, cache.rows, cache.cols
-            ),
-        ));
-    }
+    shapes::write_rows((cache.rows, cache.cols), at, (rows.rows, rows.cols))?;
     let offset = (at * cache.cols) as u64 * 4;
     // SAFETY: the rows fit in the cache from row `at` (checked); the cache is borrowed
     // mutably, so the two ranges are distinct.

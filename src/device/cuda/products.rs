@@ -6,7 +6,8 @@
 use super::blas::Gemm;
 use super::cast::readable_in_place;
 use super::compute::CudaCompute;
-use super::tensor::{shape_error, CudaTensor};
+use super::tensor::CudaTensor;
+use crate::compute::shapes;
 use crate::compute::{Compute, ComputeError, LowRank, Weight};
 
 pub(super) fn linear(
@@ -17,22 +18,9 @@ pub(super) fn linear(
     y: &mut CudaTensor,
 ) -> Result<(), ComputeError> {
     let (out_features, in_features) = (weight.rows(), weight.cols());
-    if x.cols != in_features || y.rows != x.rows || y.cols != out_features {
-        return Err(shape_error(
-            "linear",
-            format!(
-                "x [{}, {}] · W[{out_features}, {in_features}]ᵀ into y [{}, {}]",
-                x.rows, x.cols, y.rows, y.cols
-            ),
-        ));
-    }
+    shapes::linear((x.rows, x.cols), weight, (y.rows, y.cols))?;
     if let Some(bias) = bias {
-        if bias.elements() != out_features {
-            return Err(shape_error(
-                "linear bias",
-                format!("{} elements, expected {out_features}", bias.elements()),
-            ));
-        }
+        shapes::vector("linear bias", bias, out_features)?;
     }
     compute.queue(|| {
         let mut cast = compute.cast.borrow_mut();
@@ -83,15 +71,7 @@ pub(super) fn low_rank_add(
         factors.in_features(),
         factors.out_features(),
     );
-    if x.cols != input || y.cols != out || y.rows != x.rows {
-        return Err(shape_error(
-            "LoRA",
-            format!(
-                "x [{}, {}] with A [{rank}, {input}], B [{out}, {rank}] into y [{}, {}]",
-                x.rows, x.cols, y.rows, y.cols
-            ),
-        ));
-    }
+    shapes::low_rank((x.rows, x.cols), factors, (y.rows, y.cols))?;
     if scratch.rows != x.rows || scratch.cols != rank {
         *scratch = compute.tensor(x.rows, rank)?;
     }
@@ -138,18 +118,7 @@ pub(super) fn merge_low_rank(
     factors: &LowRank<'_>,
     scale: f32,
 ) -> Result<(), ComputeError> {
-    if weight.rows() != factors.out_features() || weight.cols() != factors.in_features() {
-        return Err(shape_error(
-            "LoRA merge",
-            format!(
-                "W [{}, {}] with B·A [{}, {}]",
-                weight.rows(),
-                weight.cols(),
-                factors.out_features(),
-                factors.in_features()
-            ),
-        ));
-    }
+    shapes::merge(weight, factors)?;
     let (out, input, rank) = (weight.rows(), weight.cols(), factors.rank());
     let count = weight.elements() as u64;
     compute.queue(|| {

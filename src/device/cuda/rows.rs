@@ -5,7 +5,8 @@
 use stagehand_actors::DevicePtr;
 
 use super::compute::CudaCompute;
-use super::tensor::{f32_bytes, same_shape, shape_error, u32_bytes, CudaTensor};
+use super::tensor::{f32_bytes, same_shape, u32_bytes, CudaTensor};
+use crate::compute::shapes;
 use crate::compute::{ComputeError, Weight};
 
 pub(super) fn add(
@@ -24,13 +25,7 @@ pub(super) fn add_scaled_rows(
     y: &CudaTensor,
     scales: &[f32],
 ) -> Result<(), ComputeError> {
-    same_shape("add_scaled_rows", acc, y)?;
-    if scales.len() != acc.rows {
-        return Err(shape_error(
-            "add_scaled_rows",
-            format!("{} scales for {} rows", scales.len(), acc.rows),
-        ));
-    }
+    shapes::scaled_rows((acc.rows, acc.cols), (y.rows, y.cols), scales.len())?;
     let bytes = f32_bytes(scales);
     compute.queue(|| {
         let scales = compute.upload(&bytes)?;
@@ -49,25 +44,8 @@ pub(super) fn gather_add(
     rows: &[u32],
     out: &mut CudaTensor,
 ) -> Result<(), ComputeError> {
-    if rows.len() != out.rows || table.cols() != out.cols {
-        return Err(shape_error(
-            "embedding lookup",
-            format!(
-                "{} ids from a [{}, {}] table into [{}, {}]",
-                rows.len(),
-                table.rows(),
-                table.cols(),
-                out.rows,
-                out.cols
-            ),
-        ));
-    }
-    if let Some(&id) = rows.iter().find(|&&id| id as usize >= table.rows()) {
-        return Err(shape_error(
-            "embedding lookup",
-            format!("id {id} is outside a table of {} rows", table.rows()),
-        ));
-    }
+    shapes::gather(table, rows, (out.rows, out.cols))?;
+
     let ids = u32_bytes(rows.iter().copied());
     compute.queue(|| {
         let ids = compute.upload(&ids)?;
@@ -97,12 +75,7 @@ pub(super) fn layer_norm(
 ) -> Result<(), ComputeError> {
     same_shape("layer_norm", x, y)?;
     for (what, weight) in [("layer_norm weight", gamma), ("layer_norm bias", beta)] {
-        if weight.elements() != x.cols {
-            return Err(shape_error(
-                what,
-                format!("{} elements, expected {}", weight.elements(), x.cols),
-            ));
-        }
+        shapes::vector(what, weight, x.cols)?;
     }
     compute.queue(|| {
         let mut cast = compute.cast.borrow_mut();
@@ -127,12 +100,7 @@ pub(super) fn rms_norm(
 ) -> Result<(), ComputeError> {
     same_shape("rms_norm", x, y)?;
     if let Some(gamma) = gamma {
-        if gamma.elements() != x.cols {
-            return Err(shape_error(
-                "rms_norm weight",
-                format!("{} elements, expected {}", gamma.elements(), x.cols),
-            ));
-        }
+        shapes::vector("rms_norm weight", gamma, x.cols)?;
     }
     compute.queue(|| {
         let mut cast = compute.cast.borrow_mut();

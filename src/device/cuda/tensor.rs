@@ -4,7 +4,7 @@
 use stagehand_actors::DevicePtr;
 
 use super::memory::DeviceBuffer;
-use crate::compute::{Attention, CachedAttention, ComputeError, Mask};
+use crate::compute::{Attention, CachedAttention, ComputeError};
 
 /// A row-major `rows × cols` f32 matrix in VRAM (the port's `Tensor`). Its buffer
 /// may hold more rows than it has (a KV cache grows into room it already has).
@@ -69,71 +69,6 @@ pub fn tensor_bytes(rows: usize, cols: usize) -> Result<u64, ComputeError> {
         })
 }
 
-/// The checks of an attention's shapes, the same as the CPU adapter makes (a family's
-/// bug or a malformed model is reported the same way on every device).
-pub fn check_attention(
-    shape: &Attention<'_>,
-    q: (usize, usize),
-    k: (usize, usize),
-    v: (usize, usize),
-) -> Result<(), ComputeError> {
-    let rows = shape.sequences * shape.sequence_length;
-    let fail = |detail: String| Err(ComputeError::Shape(format!("attention: {detail}")));
-    if shape.heads == 0 || shape.kv_heads == 0 || shape.heads % shape.kv_heads != 0 {
-        return fail(format!(
-            "{} query heads cannot share {} key/value heads",
-            shape.heads, shape.kv_heads
-        ));
-    }
-    if q != (rows, shape.heads * shape.head_dim)
-        || k != (rows, shape.kv_heads * shape.head_dim)
-        || v != k
-    {
-        return fail(format!(
-            "q {q:?}, k {k:?}, v {v:?} for {} sequences of {} rows, {} heads ({} kv) of {}",
-            shape.sequences, shape.sequence_length, shape.heads, shape.kv_heads, shape.head_dim
-        ));
-    }
-    if let Mask::Padding(lengths) = shape.mask {
-        if lengths.len() != shape.sequences
-            || lengths
-                .iter()
-                .any(|&length| length == 0 || length > shape.sequence_length)
-        {
-            return fail(format!(
-                "padding lengths {lengths:?} for {} sequences of {} rows",
-                shape.sequences, shape.sequence_length
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// The checks of a cached attention's shapes, the same as the CPU adapter makes.
-pub fn check_cached_attention(
-    shape: &CachedAttention,
-    q: (usize, usize),
-    k: (usize, usize),
-    v: (usize, usize),
-) -> Result<(), ComputeError> {
-    let keys = shape.past + shape.queries;
-    let kv_cols = shape.kv_heads * shape.head_dim;
-    if shape.heads == 0 || shape.kv_heads == 0 || shape.heads % shape.kv_heads != 0 {
-        return Err(ComputeError::Shape(format!(
-            "cached attention: {} query heads cannot share {} key/value heads",
-            shape.heads, shape.kv_heads
-        )));
-    }
-    if q != (shape.queries, shape.heads * shape.head_dim) || k.0 < keys || k.1 != kv_cols || v != k
-    {
-        return Err(ComputeError::Shape(format!(
-            "cached attention: q {q:?}, k {k:?}, v {v:?} for {} queries after {} cached rows",
-            shape.queries, shape.past
-        )));
-    }
-    Ok(())
-}
-
 /// Little-endian bytes of `values` (what the device reads: the host is little-endian
 /// on every platform CUDA runs on).
 pub fn f32_bytes(values: &[f32]) -> Vec<u8> {
@@ -147,9 +82,30 @@ pub fn u32_bytes(values: impl Iterator<Item = u32>) -> Vec<u8> {
     values.flat_map(|value| value.to_le_bytes()).collect()
 }
 
+/// The checks of an attention's shapes (shared with every adapter).
+pub fn check_attention(
+    shape: &Attention<'_>,
+    q: (usize, usize),
+    k: (usize, usize),
+    v: (usize, usize),
+) -> Result<(), ComputeError> {
+    shape.check(q, k, v)
+}
+
+/// The checks of a cached attention's shapes (shared with every adapter).
+pub fn check_cached_attention(
+    shape: &CachedAttention,
+    q: (usize, usize),
+    k: (usize, usize),
+    v: (usize, usize),
+) -> Result<(), ComputeError> {
+    shape.check(q, k, v)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::compute::Mask;
 
     #[test]
     fn attention_shapes_are_checked_like_the_cpu_adapter() {

@@ -1,0 +1,194 @@
+//! The CPU adapter's products against weights: the linear layer (through the cast
+//! buffer), LoRA low-rank and merge, embedding lookups and row-scaled sums.
+
+use crate::compute::{shapes, ComputeError, LowRank, Weight};
+
+use super::{as_f32, gemv, kernels, vector, weight_bytes, weight_scale, CpuCompute, CpuTensor};
+
+pub(super) fn linear(
+    compute: &CpuCompute,
+    x: &CpuTensor,
+    weight: &Weight<'_>,
+    bias: Option<&Weight<'_>>,
+    y: &mut CpuTensor,
+) -> Result<(), ComputeError> {
+    shapes::linear(x.dims(), weight, y.dims())?;
+    let (out_features, in_features) = (weight.rows(), weight.cols());
+    if x.rows <= gemv::GEMV_ROWS {
+        return few_rows(compute, x, weight, bias, y);
+    }
+    let beta = match bias {
+        Some(bias) => {
+            let mut small = compute.cast_small.borrow_mut();
+            let bias = vector("linear bias", bias, out_features, &mut small)?;
+            for row in y.data.chunks_exact_mut(out_features) {
+                row.copy_from_slice(bias);
+            }
+            1.0
+        }
+        None => 0.0,
+    };
+    let mut cast = compute.cast.borrow_mut();
+    let weights = as_f32(weight, &mut cast);
+    kernels::gemm_transposed(
+        &x.data,
+        x.rows,
+        in_features,
+        weights,
+        out_features,
+        beta,
+        &mut y.data,
+    );
+    Ok(())
+}
+
+/// A product of at most [`gemv::GEMV_ROWS`] rows (a decode step): the weight is read
+/// once in its own dtype, a row at a time.
+fn few_rows(
+    compute: &CpuCompute,
+    x: &CpuTensor,
+    weight: &Weight<'_>,
+    bias: Option<&Weight<'_>>,
+    y: &mut CpuTensor,
+) -> Result<(), ComputeError> {
+    let (out_features, in_features) = (weight.rows(), weight.cols());
+    let mut small = compute.cast_small.borrow_mut();
+    let bias = match bias {
+        Some(bias) => Some(vector("linear bias", bias, out_features, &mut small)?),
+        None => None,
+    };
+    let mut row = compute.cast.borrow_mut();
+    gemv::gemv(
+        &x.data,
+        x.rows,
+        in_features,
+        weight_bytes(weight),
+        weight.dtype(),
+        weight_scale(weight),
+        bias,
+        out_features,
+        &mut row,
+        &mut y.data,
+    );
+    Ok(())
+}
+
+pub(super) fn low_rank_add(
+    compute: &CpuCompute,
+    x: &CpuTensor,
+    factors: &LowRank<'_>,
+    scale: f32,
+    scratch: &mut CpuTensor,
+    y: &mut CpuTensor,
+) -> Result<(), ComputeError> {
+    shapes::low_rank(x.dims(), factors, y.dims())?;
+    let (rank, input, out) = (
+        factors.rank(),
+        factors.in_features(),
+        factors.out_features(),
+    );
+    if scratch.dims() != (x.rows, rank) {
+        *scratch = crate::compute::Compute::tensor(compute, x.rows, rank)?;
+    }
+    let mut cast = compute.cast.borrow_mut();
+    let mut small = compute.cast_small.borrow_mut();
+    let a = as_f32(factors.a(), &mut cast);
+    let b = as_f32(factors.b(), &mut small);
+    kernels::low_rank_add(
+        &x.data,
+        x.rows,
+        input,
+        a,
+        b,
+        rank,
+        out,
+        scale,
+        &mut scratch.data,
+        &mut y.data,
+    );
+    Ok(())
+}
+
+pub(super) fn merge_low_rank(
+    compute: &CpuCompute,
+    weight: &Weight<'_>,
+    factors: &LowRank<'_>,
+    scale: f32,
+) -> Result<(), ComputeError> {
+    shapes::merge(weight, factors)?;
+    let mut small = compute.cast_small.borrow_mut();
+    let mut widened = Vec::new();
+    let a = as_f32(factors.a(), &mut widened);
+    let b = as_f32(factors.b(), &mut small);
+    let mut cast = compute.cast.borrow_mut();
+    cast.clear();
+    cast.resize(weight.elements(), 0.0);
+    weight.dtype().widen(weight_bytes(weight), &mut cast);
+    // A scaled weight is merged in its real values and stored back in its scale.
+    let stored_scale = weight_scale(weight).unwrap_or(1.0);
+    cast.iter_mut().for_each(|value| *value *= stored_scale);
+    kernels::merge(
+        &mut cast,
+        a,
+        b,
+        factors.rank(),
+        weight.rows(),
+        weight.cols(),
+        scale,
+    );
+    cast.iter_mut().for_each(|value| *value /= stored_scale);
+    // SAFETY: the caller holds the block alone (the port's contract for merges), so
+    // nothing else reads or writes this range while we write it.
+    let target =
+        unsafe { std::slice::from_raw_parts_mut(weight.ptr().0 as *mut u8, weight.bytes()) };
+    weight.dtype().narrow(&cast, target);
+    Ok(())
+}
+
+pub(super) fn add_scaled_rows(
+    acc: &mut CpuTensor,
+    y: &CpuTensor,
+    scales: &[f32],
+) -> Result<(), ComputeError> {
+    shapes::scaled_rows(acc.dims(), y.dims(), scales.len())?;
+    for ((out, values), scale) in acc
+        .data
+        .chunks_exact_mut(acc.cols)
+        .zip(y.data.chunks_exact(y.cols))
+        .zip(scales)
+    {
+        out.iter_mut()
+            .zip(values)
+            .for_each(|(out, value)| *out += scale * value);
+    }
+    Ok(())
+}
+
+pub(super) fn gather_add(
+    compute: &CpuCompute,
+    table: &Weight<'_>,
+    rows: &[u32],
+    out: &mut CpuTensor,
+) -> Result<(), ComputeError> {
+    shapes::gather(table, rows, out.dims())?;
+    let bytes = weight_bytes(table);
+    let row_bytes = table.cols() * table.dtype().size_bytes();
+    let scale = weight_scale(table);
+    let mut small = compute.cast_small.borrow_mut();
+    small.clear();
+    small.resize(table.cols(), 0.0);
+    for (&id, out_row) in rows.iter().zip(out.data.chunks_exact_mut(out.cols)) {
+        let id = id as usize;
+        table
+            .dtype()
+            .widen(&bytes[id * row_bytes..(id + 1) * row_bytes], &mut small);
+        if let Some(scale) = scale {
+            small.iter_mut().for_each(|value| *value *= scale);
+        }
+        out_row
+            .iter_mut()
+            .zip(small.iter())
+            .for_each(|(out, value)| *out += value);
+    }
+    Ok(())
+}
