@@ -126,7 +126,9 @@ fn gemm_loop(
         .map_err(error)?;
     let slot = TensorSlot::new(0, DType::F32, SIDE, SIDE);
     let mut x = compute.tensor(rows, SIDE).map_err(error)?;
-    compute.write(&mut x, &vec![0.5; rows * SIDE]).map_err(error)?;
+    compute
+        .write(&mut x, &vec![0.5; rows * SIDE])
+        .map_err(error)?;
     let mut y = compute.tensor(rows, SIDE).map_err(error)?;
     if let Some(start) = start {
         start.wait();

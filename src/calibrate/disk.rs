@@ -140,7 +140,7 @@ pub fn measure_disk(options: &DiskOptions) -> DiskFigures {
         }
     };
     let pass = |storage: &Arc<dyn Storage>,
-                    buffer: HostBuffer|
+                buffer: HostBuffer|
      -> Result<(HostBuffer, f64), (String, HostBuffer)> {
         let started = Instant::now();
         let mut buffer = buffer;
@@ -269,8 +269,13 @@ pub fn measure_disk(options: &DiskOptions) -> DiskFigures {
                 ),
             });
             if drop_pages(target.path()).is_ok() {
-                let (latency, how) =
-                    request_latency(&runtime, &buffered, bytes, buffer, "buffered, pages dropped");
+                let (latency, how) = request_latency(
+                    &runtime,
+                    &buffered,
+                    bytes,
+                    buffer,
+                    "buffered, pages dropped",
+                );
                 figures.request_latency_seconds = latency;
                 figures.request_latency_how = how;
             }
@@ -325,7 +330,8 @@ fn request_latency(
 
 /// Drops the file's pages and returns how many bytes the kernel still keeps cached.
 fn drop_pages(path: &Path) -> Result<u64, String> {
-    let file = File::open(path).map_err(|error| format!("cannot open {}: {error}", path.display()))?;
+    let file =
+        File::open(path).map_err(|error| format!("cannot open {}: {error}", path.display()))?;
     // Dirty pages are not dropped: write them back first (a fresh scratch file).
     let _ = file.sync_data();
     advise_dont_need(&file, 0, 0)
@@ -349,7 +355,11 @@ fn skip_all(figures: &mut DiskFigures, reason: &str) {
 
 /// The file read: the user's, or a scratch file removed on drop.
 enum Target {
-    Existing { path: PathBuf, bytes: u64, file_bytes: u64 },
+    Existing {
+        path: PathBuf,
+        bytes: u64,
+        file_bytes: u64,
+    },
     Scratch(ScratchFile),
 }
 
@@ -378,8 +388,8 @@ impl Target {
 }
 
 fn existing_file(path: &Path, wanted: u64) -> Result<Target, String> {
-    let metadata =
-        std::fs::metadata(path).map_err(|error| format!("cannot read {}: {error}", path.display()))?;
+    let metadata = std::fs::metadata(path)
+        .map_err(|error| format!("cannot read {}: {error}", path.display()))?;
     if !metadata.is_file() {
         return Err(format!("{} is not a regular file", path.display()));
     }

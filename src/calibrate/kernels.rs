@@ -191,7 +191,9 @@ fn measure_elementwise<C: Compute>(
     let vectors = compute.load_block(&weight_bytes(DType::F32, 2 * cols, 7))?;
     let table_rows = 4096usize;
     let table = compute.load_block(&weight_bytes(DType::F32, table_rows * cols, 11))?;
-    let ids: Vec<u32> = (0..rows as u32).map(|row| (row * 13) % table_rows as u32).collect();
+    let ids: Vec<u32> = (0..rows as u32)
+        .map(|row| (row * 13) % table_rows as u32)
+        .collect();
     let positions: Vec<u32> = (0..rows as u32).collect();
     let (heads, head_dim) = (16usize, 64usize);
     let inv_freq: Vec<f32> = (0..head_dim / 2)
@@ -211,7 +213,13 @@ fn measure_elementwise<C: Compute>(
             })?,
             ElementOp::LayerNorm => time_calls(compute, options, |_| {
                 let view = compute.block_view(&vectors);
-                compute.layer_norm(&x, &view.weight(&gamma)?, &view.weight(&beta)?, 1e-5, &mut y)
+                compute.layer_norm(
+                    &x,
+                    &view.weight(&gamma)?,
+                    &view.weight(&beta)?,
+                    1e-5,
+                    &mut y,
+                )
             })?,
             ElementOp::RmsNorm => time_calls(compute, options, |_| {
                 let view = compute.block_view(&vectors);

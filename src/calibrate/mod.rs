@@ -15,6 +15,7 @@ mod contention;
 mod copy;
 mod disk;
 mod kernels;
+mod local;
 mod profile;
 
 use std::path::PathBuf;
@@ -26,6 +27,9 @@ pub use contention::{measure_contention, ContentionFigures};
 pub use copy::{measure_copies, CopyFigures};
 pub use disk::{measure_disk, DiskFigures, DiskOptions};
 pub use kernels::{dtype_name, measure_kernels, KernelFigures, KernelOptions};
+pub use local::{
+    local_profile, local_profile_with, LocalProfile, CACHED_PROFILE_FILE, LOCAL, MAX_AGE_SECONDS,
+};
 pub use profile::profile_toml;
 
 /// One measured rate: what it moved or computed per second, over how many samples,
@@ -207,7 +211,10 @@ impl Calibration {
         self.copies.is_some()
             || self.kernels.is_some()
             || self.contention.is_some()
-            || self.disk.as_ref().is_some_and(DiskFigures::measured_anything)
+            || self
+                .disk
+                .as_ref()
+                .is_some_and(DiskFigures::measured_anything)
     }
 }
 
@@ -216,6 +223,9 @@ impl Calibration {
 pub enum CalibrateError {
     #[error("nothing could be measured: {}", reasons(.0))]
     NothingMeasured(Vec<Skipped>),
+    /// The measured figures do not make a loadable profile.
+    #[error("the calibrated profile: {0}")]
+    Profile(String),
 }
 
 fn reasons(skipped: &[Skipped]) -> String {

@@ -101,10 +101,7 @@ pub fn profile_toml(calibration: &Calibration, name: &str) -> Result<String, Str
         &mut text,
         "# For descriptions without kernels (the roofline): the f32 GEMM rate at 256 rows of a\n# 1024×1024 weight, and the memory rate a one-row GEMV reaches (from [compute]).".to_string(),
     );
-    line(
-        &mut text,
-        format!("bf16_dense_tflops = {:.6}", large / 1e3),
-    );
+    line(&mut text, format!("bf16_dense_tflops = {:.6}", large / 1e3));
     line(&mut text, "sustained_efficiency = 1.0".to_string());
     line(
         &mut text,
@@ -141,7 +138,10 @@ pub fn profile_toml(calibration: &Calibration, name: &str) -> Result<String, Str
     );
     line(
         &mut text,
-        format!("pageable_gb_per_s = {:.3}", copies.pageable.per_second / 1e9),
+        format!(
+            "pageable_gb_per_s = {:.3}",
+            copies.pageable.per_second / 1e9
+        ),
     );
     line(&mut text, format!("# {}.", copies.latency_how));
     line(
@@ -154,10 +154,7 @@ pub fn profile_toml(calibration: &Calibration, name: &str) -> Result<String, Str
 
     if let Some(contention) = &calibration.contention {
         let shared = SharedSpec::from_figures(contention, copies, kernels);
-        line(
-            &mut text,
-            format!("# [shared]: {}.", contention.how),
-        );
+        line(&mut text, format!("# [shared]: {}.", contention.how));
         for run in &contention.overlaps {
             line(
                 &mut text,

@@ -43,6 +43,7 @@ mod config_cmd;
 mod demo_model;
 mod embed;
 mod generate;
+mod hardware_arg;
 mod inspect;
 mod logging;
 mod machine_load;

@@ -20,8 +20,8 @@ mod faults;
 mod fit;
 mod from_folder;
 mod hardware;
-mod kernel_costs;
 pub mod harness;
+mod kernel_costs;
 mod machine;
 mod model;
 mod output;
@@ -44,7 +44,7 @@ pub use depth::{
 pub use device::{CopyLabeler, CopyStats, LinkRates, SimDevice, SimDeviceSpec};
 pub use faults::{FaultPlan, SplitMix64};
 pub use fit::{Bottleneck, FitCheck, FitFailure, FitSettings, RAM_FLOOR_MIN_BYTES};
-pub use hardware::{DiskSpec, GpuSpec, HardwareProfile, LinkSpec};
+pub use hardware::{CalibrationStamp, DiskSpec, GpuSpec, HardwareProfile, LinkSpec, ReadPath};
 pub use kernel_costs::{dtype_of, KernelCosts, LinearRates};
 pub use machine::SimMachine;
 pub use model::{BlockDesc, ExpertDesc, ModelDescription};
@@ -57,7 +57,7 @@ pub use shared::{Demand, SharedBus, SharedSpec};
 pub use simulation::{
     simulate, BaselineFigures, DepthAdvice, PolicyFigures, SimulateOptions, Simulation,
 };
-pub use storage::{DiskRates, ReadStats, SimStorage};
+pub use storage::{DiskRates, ReadCost, ReadStats, SimStorage};
 pub use trace::{Lane, TraceError, TraceRecorder, TraceSlice};
 pub use trace_observer::TraceObserver;
 pub use work::{ElementOp, Kernel, Work};

@@ -72,9 +72,17 @@ impl SharedSpec {
         };
         let traffic: f64 = demands
             .iter()
-            .map(|demand| demand.memory_bytes_per_second * if demand.threads > 0.0 { cpu } else { 1.0 })
+            .map(|demand| {
+                demand.memory_bytes_per_second * if demand.threads > 0.0 { cpu } else { 1.0 }
+            })
             .sum();
-        let bus = self.memory_gb_per_s * 1e9;
+        // One operation alone is never slowed: a GEMV's reads may outrun what
+        // `memory_gb_per_s` (from memcpy, a read and a write) says the bus carries.
+        let largest = demands
+            .iter()
+            .map(|demand| demand.memory_bytes_per_second)
+            .fold(0.0, f64::max);
+        let bus = (self.memory_gb_per_s * 1e9).max(largest);
         let memory = if traffic > bus { bus / traffic } else { 1.0 };
         demands
             .iter()
@@ -131,6 +139,13 @@ pub struct SharedBus {
     trace: Option<Arc<TraceRecorder>>,
 }
 
+/// `seconds` as a Duration rounded up to whole nanoseconds, so a waiter woken then
+/// finds its operation's end reached (rounding down would wake it just before, again
+/// and again).
+fn nanoseconds_up(seconds: f64) -> Duration {
+    Duration::from_nanos((seconds.max(0.0) * 1e9).ceil() as u64)
+}
+
 fn lane_key(lane: Lane) -> u8 {
     match lane {
         Lane::Disk => 0,
@@ -140,8 +155,12 @@ fn lane_key(lane: Lane) -> u8 {
 }
 
 impl SharedBus {
-    pub fn new(spec: SharedSpec, clock: Arc<SimClock>, trace: Option<Arc<TraceRecorder>>) -> Self {
-        Self {
+    pub fn new(
+        spec: SharedSpec,
+        clock: Arc<SimClock>,
+        trace: Option<Arc<TraceRecorder>>,
+    ) -> Arc<Self> {
+        Arc::new(Self {
             spec,
             clock,
             state: Mutex::new(BusState {
@@ -152,7 +171,11 @@ impl SharedBus {
             }),
             changed: Notify::new(),
             trace,
-        }
+        })
+    }
+
+    pub fn spec(&self) -> &SharedSpec {
+        &self.spec
     }
 
     fn lock(&self) -> MutexGuard<'_, BusState> {
@@ -162,16 +185,18 @@ impl SharedBus {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Runs an operation of `solo` duration on `lane` (serial per lane, in issue
-    /// order); resolves at its exact end.
-    pub async fn run(
-        &self,
+    /// Issues an operation of `solo` duration on `lane` now (serial per lane, in
+    /// issue order); the future resolves at its exact end. The operation is on the
+    /// bus from this call, not from the future's first poll, as a copy queued on a
+    /// stream is.
+    pub fn submit(
+        self: &Arc<Self>,
         lane: Lane,
         solo: Duration,
         demand: Demand,
         label: String,
         bytes: Option<u64>,
-    ) {
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
         let id = {
             let now = self.clock.now().as_secs_f64();
             let mut state = self.lock();
@@ -195,25 +220,45 @@ impl SharedBus {
                 },
             );
             if lane_busy {
-                state.queues.entry(lane_key(lane)).or_default().push_back(id);
+                state
+                    .queues
+                    .entry(lane_key(lane))
+                    .or_default()
+                    .push_back(id);
             }
             id
         };
+        // The others' shares changed: they re-project their ends.
         self.changed.notify_waiters();
+        let bus = Arc::clone(self);
+        async move { bus.wait_for(id).await }
+    }
+
+    /// Waits until operation `id` has ended, re-projecting its end whenever another
+    /// operation starts or ends.
+    async fn wait_for(&self, id: u64) {
+        // Bounded: every pass either ends the wait or follows a start or an end of
+        // another operation, and each operation starts and ends once.
         loop {
+            // Registered before the state is read, so a submit in between wakes it.
+            let notified = self.changed.notified();
             let (end, done) = {
                 let now = self.clock.now().as_secs_f64();
                 let mut state = self.lock();
                 self.advance(&mut state, now);
-                match state.operations.get(&id).and_then(|operation| operation.ended) {
+                match state
+                    .operations
+                    .get(&id)
+                    .and_then(|operation| operation.ended)
+                {
                     Some(ended) => (ended, true),
                     None => (self.projected_end(&state, id), false),
                 }
             };
             if done {
-                let mut state = self.lock();
-                if let Some(operation) = state.operations.remove(&id) {
-                    if let (Some(trace), Some(started)) = (&self.trace, operation.started) {
+                let finished = self.lock().operations.remove(&id);
+                if let (Some(trace), Some(operation)) = (&self.trace, finished) {
+                    if let Some(started) = operation.started {
                         trace.record(
                             operation.lane,
                             operation.label,
@@ -223,14 +268,12 @@ impl SharedBus {
                         );
                     }
                 }
-                drop(state);
                 // Resume at the exact end, as a serial lane's waiter does.
-                self.clock.wait_until(Duration::from_secs_f64(end)).await;
+                self.clock.wait_until(nanoseconds_up(end)).await;
                 return;
             }
-            let notified = self.changed.notified();
             tokio::select! {
-                () = self.clock.wait_until(Duration::from_secs_f64(end)) => {}
+                () = self.clock.wait_until(nanoseconds_up(end)) => {}
                 () = notified => {}
             }
         }
@@ -284,11 +327,12 @@ impl SharedBus {
             state.updated = until;
             let finished: Vec<u64> = shares
                 .iter()
-                .filter(|&&(id, _)| {
+                .filter(|&&(id, share)| {
                     state
                         .operations
                         .get(&id)
-                        .is_some_and(|operation| operation.remaining <= 1e-12)
+                        // Within a nanosecond of its end (the clock's resolution).
+                        .is_some_and(|operation| operation.remaining <= 1e-9 * share)
                 })
                 .map(|&(id, _)| id)
                 .collect();
@@ -350,6 +394,8 @@ impl SharedBus {
 
 impl std::fmt::Debug for SharedBus {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SharedBus").field("spec", &self.spec).finish()
+        f.debug_struct("SharedBus")
+            .field("spec", &self.spec)
+            .finish()
     }
 }

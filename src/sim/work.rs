@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::compute::DType;
+use crate::model::{BlockInfo, ModelIndex};
 
 /// The element-wise and data-movement kernels, by what their cost scales with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -138,5 +139,46 @@ impl Work {
 
     pub fn is_empty(&self) -> bool {
         self.kernels.is_empty()
+    }
+}
+
+impl Work {
+    /// The kernels one step of `rows` tokens runs in a block of a checkpoint: one
+    /// `linear` per weight matrix (an embedding table is gathered, not multiplied),
+    /// and, for the generated linear-stack demo model, the RMS norm after each
+    /// layer, exactly as `workload::linear_stack` calls them. Expert weights are
+    /// counted as if every row went through each (an upper bound for MoE blocks).
+    pub fn of_block(index: &ModelIndex, block: &BlockInfo, rows: u64) -> Self {
+        let linear_stack = index.metadata.get("stagehand.kind").map(String::as_str)
+            == Some(crate::model::demo::LINEAR_STACK_KIND);
+        let mut kernels = Vec::new();
+        for tensor in block.tensors.iter().filter_map(|&t| index.tensors.get(t)) {
+            let [outer, inner] = tensor.shape[..] else {
+                continue;
+            };
+            let Some(dtype) = DType::from_safetensors(&tensor.dtype) else {
+                continue;
+            };
+            if tensor.name.contains("embed") {
+                kernels.push(Kernel::Elementwise {
+                    op: ElementOp::Gather,
+                    elements: rows * inner as u64,
+                });
+                continue;
+            }
+            kernels.push(Kernel::Linear {
+                rows,
+                inner: inner as u64,
+                outer: outer as u64,
+                dtype,
+            });
+            if linear_stack {
+                kernels.push(Kernel::Elementwise {
+                    op: ElementOp::RmsNorm,
+                    elements: rows * outer as u64,
+                });
+            }
+        }
+        Self { kernels }
     }
 }
