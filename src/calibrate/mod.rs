@@ -17,6 +17,7 @@ mod disk;
 mod kernels;
 mod local;
 mod profile;
+pub mod validate;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -50,6 +50,7 @@ mod machine_load;
 mod progress;
 mod run;
 mod simulate;
+mod validate;
 
 /// Why a command failed, which decides the exit status.
 #[derive(Debug)]
@@ -111,6 +112,8 @@ pub enum Command {
     Simulate(simulate::SimulateArgs),
     /// Measure this machine and write a hardware profile for `simulate --hardware FILE`.
     Calibrate(calibrate::CalibrateArgs),
+    /// Simulate and really run a matrix of configurations; predicted vs measured.
+    Validate(validate::ValidateArgs),
     /// Measure stagehand against its physical bound and baselines (`bench disk FILE` for storage).
     Bench(bench::BenchArgs),
 }
@@ -136,6 +139,7 @@ pub fn main() -> ExitCode {
         Some(Command::Simulate(args)) => simulate::execute(args),
         Some(Command::Bench(args)) => bench::execute(args),
         Some(Command::Calibrate(args)) => calibrate::execute(args),
+        Some(Command::Validate(args)) => validate::execute(args),
     };
     let status = match result {
         Ok(()) => ExitCode::SUCCESS,
