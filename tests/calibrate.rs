@@ -20,6 +20,9 @@ fn measured(per_second: f64) -> Measured {
 fn known_calibration(at_unix: u64) -> Calibration {
     Calibration {
         host: HostIdentity::current(),
+        backend: "cpu".to_string(),
+        device_name: "cpu".to_string(),
+        device_bytes: HostIdentity::current().ram_bytes,
         calibrated_at_unix: at_unix,
         load_average_before: Some(0.5),
         load_average_after: None,

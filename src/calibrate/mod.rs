@@ -120,6 +120,8 @@ pub struct CalibrateOptions {
     /// Timed repetitions of each copy.
     pub copy_repeats: usize,
     pub kernels: KernelOptions,
+    /// Measure the CUDA backend (GPU 0) instead of the CPU one.
+    pub cuda: bool,
 }
 
 impl CalibrateOptions {
@@ -131,6 +133,7 @@ impl CalibrateOptions {
             copy_block_bytes: 16 << 20,
             copy_repeats: 16,
             kernels: KernelOptions::full(),
+            cuda: false,
         }
     }
 
@@ -143,6 +146,7 @@ impl CalibrateOptions {
             copy_block_bytes: 16 << 20,
             copy_repeats: 8,
             kernels: KernelOptions::quick(),
+            cuda: false,
         }
     }
 
@@ -194,6 +198,11 @@ impl HostIdentity {
 #[derive(Debug, Clone, Serialize)]
 pub struct Calibration {
     pub host: HostIdentity,
+    /// `cpu` or `cuda`: the backend measured.
+    pub backend: String,
+    /// The device's name and memory (the GPU's; the host's RAM on the CPU backend).
+    pub device_name: String,
+    pub device_bytes: u64,
     /// Seconds since the Unix epoch when it finished.
     pub calibrated_at_unix: u64,
     /// One-minute load average before and after (other processes skew every figure).
@@ -245,17 +254,24 @@ pub fn calibrate(
     let load_average_before = load_average();
     let mut skipped = Vec::new();
     let mut copies = None;
-    let device: Option<Arc<dyn stagehand_actors::Device>> =
-        match crate::device::CpuDevice::new(options.copy_block_bytes.max(1 << 20)) {
-            Ok(device) => Some(Arc::new(device)),
-            Err(error) => {
-                skipped.push(Skipped {
-                    measurement: "copy".to_string(),
-                    reason: format!("no CPU device: {error}"),
-                });
-                None
-            }
-        };
+    let opened = if options.cuda {
+        open_cuda()
+    } else {
+        crate::device::CpuDevice::new(options.copy_block_bytes.max(1 << 20))
+            .map(|device| Backend::Cpu(Arc::new(device)))
+            .map_err(|error| format!("no CPU device: {error}"))
+    };
+    let backend = match opened {
+        Ok(backend) => Some(backend),
+        Err(reason) => {
+            skipped.push(Skipped {
+                measurement: "copy".to_string(),
+                reason,
+            });
+            None
+        }
+    };
+    let device = backend.as_ref().map(Backend::device);
     if options.measures(Part::Copy) {
         if let Some(device) = &device {
             progress("copies into the device tier");
@@ -278,7 +294,7 @@ pub fn calibrate(
     let mut kernels = None;
     if options.measures(Part::Compute) {
         progress("kernels (GEMM/GEMV by rows and dtype, norms, attention)");
-        match measure_kernels(&crate::device::CpuCompute::new(), &options.kernels) {
+        match measure_backend_kernels(backend.as_ref(), &options.kernels) {
             Ok(figures) => kernels = Some(figures),
             Err(reason) => skipped.push(Skipped {
                 measurement: "compute".to_string(),
@@ -287,7 +303,8 @@ pub fn calibrate(
         }
     }
     let mut contention = None;
-    if options.measures(Part::Shared) {
+    // A GPU's copy engine and SMs do not share the host's cores and bus.
+    if options.measures(Part::Shared) && !options.cuda {
         if let Some(device) = &device {
             progress("copies and compute at once");
             match measure_contention(device, options.copy_block_bytes) {
@@ -299,8 +316,18 @@ pub fn calibrate(
             }
         }
     }
+    let host = HostIdentity::current();
     let calibration = Calibration {
-        host: HostIdentity::current(),
+        backend: if options.cuda { "cuda" } else { "cpu" }.to_string(),
+        device_name: device
+            .as_ref()
+            .map_or_else(|| "unknown".to_string(), |device| device.name()),
+        device_bytes: device
+            .as_ref()
+            .and_then(|device| device.memory_info().ok())
+            .filter(|_| options.cuda)
+            .map_or(host.ram_bytes, |memory| memory.total_bytes),
+        host,
         calibrated_at_unix: unix_now(),
         load_average_before,
         load_average_after: load_average(),
@@ -330,4 +357,49 @@ pub fn load_average() -> Option<f64> {
         .next()?
         .parse()
         .ok()
+}
+
+/// The device and compute a calibration measures through.
+enum Backend {
+    Cpu(Arc<crate::device::CpuDevice>),
+    #[cfg(feature = "cuda")]
+    Cuda(Arc<crate::device::cuda::CudaDevice>),
+}
+
+impl Backend {
+    fn device(&self) -> Arc<dyn stagehand_actors::Device> {
+        match self {
+            Backend::Cpu(device) => Arc::clone(device) as Arc<dyn stagehand_actors::Device>,
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(device) => Arc::clone(device) as Arc<dyn stagehand_actors::Device>,
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn open_cuda() -> Result<Backend, String> {
+    crate::device::cuda::CudaDevice::open(0)
+        .map(|device| Backend::Cuda(Arc::new(device)))
+        .map_err(|error| format!("no CUDA device: {error}"))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn open_cuda() -> Result<Backend, String> {
+    Err("this stagehand was built without CUDA (--no-default-features)".to_string())
+}
+
+/// The kernels timed on the backend's compute port (the CPU's without a device).
+fn measure_backend_kernels(
+    backend: Option<&Backend>,
+    options: &KernelOptions,
+) -> Result<KernelFigures, String> {
+    match backend {
+        #[cfg(feature = "cuda")]
+        Some(Backend::Cuda(device)) => {
+            let compute = crate::device::cuda::CudaCompute::new(device)
+                .map_err(|error| format!("no CUDA compute: {error}"))?;
+            measure_kernels(&compute, options)
+        }
+        _ => measure_kernels(&crate::device::CpuCompute::new(), options),
+    }
 }

@@ -32,7 +32,9 @@ pub fn profile_toml(calibration: &Calibration, name: &str) -> Result<String, Str
     line(
         &mut text,
         format!(
-            "# {name}: this machine, measured by `stagehand calibrate` on the CPU backend\n# ({}, {} CPUs, {} RAM, host {}).",
+            "# {name}: this machine, measured by `stagehand calibrate` on the {} backend ({})\n# ({}, {} CPUs, {} RAM, host {}).",
+            calibration.backend,
+            calibration.device_name,
             host.cpu_model,
             host.cpus,
             stagehand_actors::Bytes(host.ram_bytes),
@@ -47,10 +49,14 @@ pub fn profile_toml(calibration: &Calibration, name: &str) -> Result<String, Str
             load(calibration.load_average_after)
         ),
     );
-    line(
-        &mut text,
-        "# On this backend the \"VRAM\" is host memory, a copy to it is a memcpy on the copy\n# thread, and copies, page-cache reads and compute share the cores and one memory bus\n# ([shared]). GB/s are decimal (10^9 bytes).".to_string(),
-    );
+    let cpu = calibration.backend == "cpu";
+    if cpu {
+        line(
+            &mut text,
+            "# On this backend the \"VRAM\" is host memory, a copy to it is a memcpy on the copy\n# thread, and copies, page-cache reads and compute share the cores and one memory bus\n# ([shared]).".to_string(),
+        );
+    }
+    line(&mut text, "# GB/s are decimal (10^9 bytes).".to_string());
     for skipped in &calibration.skipped {
         line(
             &mut text,
@@ -67,7 +73,10 @@ pub fn profile_toml(calibration: &Calibration, name: &str) -> Result<String, Str
         format!("at_unix = {}", calibration.calibrated_at_unix),
     );
     line(&mut text, format!("host = {}", quoted(&host.fingerprint())));
-    line(&mut text, "backend = \"cpu\"".to_string());
+    line(
+        &mut text,
+        format!("backend = {}", quoted(&calibration.backend)),
+    );
     line(
         &mut text,
         format!("stagehand = {}", quoted(env!("CARGO_PKG_VERSION"))),
@@ -84,18 +93,28 @@ pub fn profile_toml(calibration: &Calibration, name: &str) -> Result<String, Str
     // A one-row f32 GEMV moves 4 bytes of weight per 2 FLOPs.
     let gemv_bytes_per_second = gemv * 1e9 * 2.0;
     line(&mut text, "[gpu]".to_string());
+    if cpu {
+        line(
+            &mut text,
+            "name = \"CPU backend (host memory as the device tier)\"".to_string(),
+        );
+        line(
+            &mut text,
+            "# The device tier is host memory: the budget you give is the limit.".to_string(),
+        );
+    } else {
+        line(
+            &mut text,
+            format!("name = {}", quoted(&calibration.device_name)),
+        );
+    }
     line(
         &mut text,
-        "name = \"CPU backend (host memory as the device tier)\"".to_string(),
+        format!("vram = {}", calibration.device_bytes.max(1)),
     );
     line(
         &mut text,
-        "# The device tier is host memory: the budget you give is the limit.".to_string(),
-    );
-    line(&mut text, format!("vram = {}", host.ram_bytes.max(1)));
-    line(
-        &mut text,
-        "pcie_generation = 0   # no PCIe: [link] below is the copy thread".to_string(),
+        "pcie_generation = 0   # [link] below is measured, not named by generation".to_string(),
     );
     line(
         &mut text,

@@ -56,6 +56,9 @@ pub fn execute(args: CalibrateArgs) -> CommandResult {
     } else {
         CalibrateOptions::full(dir)
     };
+    // `--device cuda` measures GPU 0 (copies over its link, its kernels); `auto` and
+    // `cpu` measure the CPU backend, the one a run without a GPU uses.
+    options.cuda = settings.device == crate::settings::DeviceKind::Cuda;
     options.disk.bytes = args.disk_bytes.as_u64();
     options.disk.file = args.file.clone();
     options.disk.storage = StorageOptions::from_settings(&settings);
