@@ -125,7 +125,7 @@ pub struct CalibrateOptions {
 }
 
 impl CalibrateOptions {
-    /// The full calibration (~30–60 s on a 2-core VM), reading in `dir`.
+    /// The full calibration (14 s on the 2-core VM, loaded), reading in `dir`.
     pub fn full(dir: PathBuf) -> Self {
         Self {
             parts: Part::ALL.to_vec(),
@@ -137,7 +137,7 @@ impl CalibrateOptions {
         }
     }
 
-    /// A shorter one (~5–10 s): fewer shapes and samples; what `--hardware local`
+    /// A shorter one (~5 s): fewer shapes and samples; what `--hardware local`
     /// runs when it has to calibrate on the fly.
     pub fn quick(dir: PathBuf) -> Self {
         Self {

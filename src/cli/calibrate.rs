@@ -30,7 +30,7 @@ pub struct CalibrateArgs {
     /// Only these measurements (comma-separated): copy, disk, compute, shared.
     #[arg(long, value_enum, value_delimiter = ',', value_name = "PART")]
     pub measure: Vec<Part>,
-    /// Fewer shapes and samples (~10 s instead of ~1 min).
+    /// Fewer shapes and samples (~5 s instead of ~15 s).
     #[arg(long)]
     pub quick: bool,
     /// Print every figure as JSON instead of the profile.

@@ -15,6 +15,10 @@ use crate::calibrate::validate::{
 use crate::model::demo::DemoSpec;
 use crate::model::generated::{write_decoder_folder, DecoderArch, DecoderDemo, DecoderPreset};
 
+/// Steps one validation run may take: the steady median needs a handful, and the
+/// matrix runs every configuration.
+const MAX_STEPS: u64 = 1000;
+
 /// A recommended depth within this much of the fastest measured one counts as right.
 const DEPTH_TOLERANCE: f64 = 0.05;
 
@@ -112,6 +116,12 @@ pub fn execute(args: ValidateArgs) -> CommandResult {
     if args.steps < 3 {
         return Err(Failure::bad_input(anyhow::anyhow!(
             "--steps {}: at least 3 (a cold step, a warm-up step, then steady ones)",
+            args.steps
+        )));
+    }
+    if args.steps > MAX_STEPS {
+        return Err(Failure::bad_input(anyhow::anyhow!(
+            "--steps {}: at most {MAX_STEPS} per run (the matrix runs 38 of them)",
             args.steps
         )));
     }
