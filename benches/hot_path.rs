@@ -93,6 +93,7 @@ fn session_hot_path(c: &mut Criterion) {
             fast_disk_chunk_bytes: None,
             policy: ResidencyPolicy::Planned,
             max_reads_in_flight: 4,
+            activation_reserve_bytes: 0,
         },
         layout,
         order.clone(),

@@ -81,6 +81,7 @@ fn config(rng: &mut SplitMix64, layout: &ModelLayout) -> SessionConfig {
             ResidencyPolicy::Planned
         },
         max_reads_in_flight: 2 + (rng.next_u64() % 4) as usize,
+        activation_reserve_bytes: 0,
     }
 }
 

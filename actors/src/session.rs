@@ -62,6 +62,11 @@ pub struct SessionConfig {
     pub fast_disk_chunk_bytes: Option<u64>,
     pub policy: ResidencyPolicy,
     pub max_reads_in_flight: usize,
+    /// VRAM the compute side reserves for activations as the run starts (a decoder's
+    /// first KV pages), inside `vram_budget_bytes`. The plan is made without it, so
+    /// that first reservation finds room even where no resident block could give way
+    /// (blocks too large for a ring slot stay resident); later growth evicts.
+    pub activation_reserve_bytes: u64,
 }
 
 /// An expert cache for blocks outside the step order (MoE experts): `slots` slots of

@@ -56,7 +56,7 @@ pub struct Decisions {
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ActivationError {
-    #[error("activations of {requested} do not fit: vram_budget {budget} less the streaming ring {ring} leaves {available}, and {held} of weights are held by compute; set --vram-budget {} or more", needed.flag_value_at_least())]
+    #[error("activations of {requested} do not fit: vram_budget {budget} less the streaming ring {ring} leaves {available}, and {held} of weights cannot give way (held by compute, larger than a ring slot, or no ring to stream them through); set --vram-budget {} or more", needed.flag_value_at_least())]
     DoNotFit {
         requested: Bytes,
         budget: Bytes,

@@ -193,6 +193,22 @@ fn a_held_block_survives_activation_pressure() {
 }
 
 #[test]
+fn activations_refused_before_resident_blocks_load_name_a_budget_that_holds_them() {
+    // Every block resident and none loaded yet (no ring to stream through): the
+    // suggestion counts the blocks still to load, not only those placed.
+    let sizes = [1024; 4];
+    let mut harness = Harness::new(&sizes, 4096, 1, ResidencyPolicy::Planned);
+    let error = harness.state.reserve_activations(512).unwrap_err();
+    let ActivationError::DoNotFit { needed, held, .. } = error.clone() else {
+        panic!("{error}");
+    };
+    assert_eq!(held.0, 4096, "{error}");
+    let mut roomy = Harness::new(&sizes, needed.0, 1, ResidencyPolicy::Planned);
+    assert!(roomy.state.reserve_activations(512).is_ok(), "{error}");
+    roomy.run_step();
+}
+
+#[test]
 fn activations_that_do_not_fit_name_a_budget_that_holds_them() {
     // Proves the suggested --vram-budget is enough: a session with that budget takes
     // the same reservation after the same step.

@@ -172,3 +172,61 @@ fn a_stop_flag_ends_the_wait_for_a_block_and_the_session_still_drains() {
     assert_eq!(stats.vram.used_bytes, 0);
     assert_eq!(stats.pinned.used_bytes, 0);
 }
+
+/// Four 3-unit blocks and one 4-unit block, one file.
+fn uneven_model(unit: u64) -> (stagehand_actors::ModelLayout, Vec<u8>) {
+    let sizes = [3, 3, 4, 3, 3];
+    let mut offset = 0;
+    let blocks = sizes
+        .iter()
+        .enumerate()
+        .map(|(index, &units)| {
+            let length = units * unit;
+            let extent = Extent {
+                file: stagehand_actors::FileId(0),
+                offset,
+                length,
+            };
+            offset += length;
+            stagehand_actors::BlockLayout::new(format!("blocks.{index}"), vec![extent])
+        })
+        .collect();
+    let file = (0..offset).map(|i| (i * 7 % 253) as u8).collect();
+    (stagehand_actors::ModelLayout { blocks }, file)
+}
+
+#[test]
+fn activations_reserved_at_the_start_fit_where_no_resident_block_could_give_way() {
+    // Proves the plan leaves the start's activation reserve free. At 13 units the
+    // planner would keep the 4-unit block resident (too large for 3-unit ring slots,
+    // so it cannot give way) and fill the budget; with 1 unit reserved it plans 12
+    // (4-unit slots, nothing stuck) and the reservation fits.
+    let unit = 1024;
+    let (layout, file) = uneven_model(unit);
+    let start = |reserve: u64| {
+        let mut settings = config(0, 16, ResidencyPolicy::Planned);
+        settings.vram_budget_bytes = 13 * unit;
+        settings.activation_reserve_bytes = reserve;
+        Session::start(
+            settings,
+            layout.clone(),
+            (0..5).map(BlockId).collect(),
+            Arc::new(MemDevice::new((16 * unit) as usize)),
+            Arc::new(MemStorage {
+                file: file.clone(),
+                reads: AtomicU64::new(0),
+                fail_after: None,
+            }),
+            Arc::new(NoObserver),
+        )
+        .unwrap()
+    };
+    let mut unreserved = start(0);
+    assert!(unreserved.reserve_activations(unit).is_err());
+    let mut reserved = start(unit);
+    assert_eq!(reserved.reserve_activations(unit).unwrap(), Vec::new());
+    for block in 0..5 {
+        let handle = reserved.acquire(BlockId(block)).unwrap();
+        reserved.release(handle);
+    }
+}

@@ -98,6 +98,9 @@ pub(super) struct Bench<'a> {
     pub steps: u64,
     pub model: std::path::PathBuf,
     pub model_bytes: u64,
+    /// VRAM the run's activations take beside the weights (a decoder's KV cache for
+    /// `steps` tokens); the resident run's budget has room for it too.
+    pub activation_bytes: u64,
     pub rounds: u32,
     /// The demo linear stack, or a model folder of a supported family.
     pub workload: WorkloadKind,
@@ -167,7 +170,7 @@ impl Bench<'_> {
         eprintln!("bench: batch {batch} (aimed {aim}): resident, naive, stagehand");
         // Room for every block, with the arena's per-block alignment.
         let resident_budgets = Budgets {
-            vram_budget_bytes: self.model_bytes + (1 << 20),
+            vram_budget_bytes: self.model_bytes + self.activation_bytes + (1 << 20),
             pin_ceiling_bytes: budgets.pin_ceiling_bytes,
         };
         let depth = self.settings.prefetch_depth;
@@ -270,6 +273,7 @@ pub fn execute(args: BenchArgs) -> CommandResult {
         steps: args.steps,
         model,
         model_bytes,
+        activation_bytes: 0,
         rounds: args.rounds,
         workload: WorkloadKind::LinearStack,
     };

@@ -83,6 +83,7 @@ pub fn execute(args: BenchLoraArgs) -> CommandResult {
         steps: args.steps,
         model,
         model_bytes,
+        activation_bytes: 0,
         rounds: args.rounds,
         workload: crate::run::WorkloadKind::LinearStack,
     };

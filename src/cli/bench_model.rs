@@ -33,11 +33,13 @@ pub fn execute(args: &BenchArgs, settings: &Settings, model: &std::path::Path) -
     )
     .map_err(run_error)?;
     let model_bytes = probe.streamed_model_bytes();
+    let activation_bytes = probe.activation_bytes(args.steps);
     let budgets = super::run::automatic_budget(
         &probe,
         settings,
         resolve_budgets(settings, model_bytes, false),
         args.steps,
+        ResidencyPolicy::Planned,
     );
     let (workload, is_mixtral) = match probe.describe() {
         "bert encoder" => (WorkloadKind::Encoder, false),
@@ -58,6 +60,7 @@ pub fn execute(args: &BenchArgs, settings: &Settings, model: &std::path::Path) -
         steps: args.steps,
         model: model.to_path_buf(),
         model_bytes,
+        activation_bytes,
         rounds: args.rounds,
         workload,
     };
@@ -293,7 +296,7 @@ fn kv_growth(bench: &Bench<'_>, settings: &Settings, tokens: u64) -> Result<KvGr
     )
     .map_err(run_error)?;
     let depth = settings.prefetch_depth;
-    let (minimum, total) = prepared.plan_minimum_bytes(depth);
+    let (minimum, total) = prepared.plan_minimum_bytes(depth, ResidencyPolicy::Planned);
     let page = prepared.activation_bytes(1);
     let budget = total + minimum + page + page / 2;
     drop(prepared);
@@ -306,6 +309,7 @@ fn kv_growth(bench: &Bench<'_>, settings: &Settings, tokens: u64) -> Result<KvGr
         settings: bench.settings,
         model: bench.model.clone(),
         model_bytes: bench.model_bytes,
+        activation_bytes: 0,
         rounds: 1,
         workload: WorkloadKind::Decoder,
     };

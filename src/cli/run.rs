@@ -31,6 +31,15 @@ pub enum PolicyArg {
     Lru,
 }
 
+impl PolicyArg {
+    pub(super) fn residency(self) -> ResidencyPolicy {
+        match self {
+            PolicyArg::Planned => ResidencyPolicy::Planned,
+            PolicyArg::Lru => ResidencyPolicy::Lru,
+        }
+    }
+}
+
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
     /// Model to run: a linear-stack model from `demo-model`, or any safetensors
@@ -150,11 +159,12 @@ pub(super) fn automatic_budget(
     settings: &settings::Settings,
     budgets: crate::run::Budgets,
     steps: u64,
+    policy: ResidencyPolicy,
 ) -> crate::run::Budgets {
     if settings.vram_budget.is_some() {
         return budgets;
     }
-    let (plan_minimum, total) = prepared.plan_minimum_bytes(settings.prefetch_depth);
+    let (plan_minimum, total) = prepared.plan_minimum_bytes(settings.prefetch_depth, policy);
     let activations = prepared.activation_bytes(steps);
     let minimum = plan_minimum + activations;
     let wanted = budgets.vram_budget_bytes + activations;
@@ -194,7 +204,13 @@ pub(super) fn run_prepared(
 ) -> Result<crate::run::Outcome, Failure> {
     let model_bytes = prepared.streamed_model_bytes();
     let budgets = resolve_budgets(settings, model_bytes, prepared.is_demo);
-    let budgets = automatic_budget(prepared, settings, budgets, launch.steps);
+    let budgets = automatic_budget(
+        prepared,
+        settings,
+        budgets,
+        launch.steps,
+        launch.policy.residency(),
+    );
     let budgets = crate::run::demo_pins::demo_pin_room(prepared, settings, budgets);
     let observer = match settings.metrics_addr {
         Some(addr) => {
@@ -220,10 +236,7 @@ pub(super) fn run_prepared(
         settings,
         budgets,
         prefetch_depth: settings.prefetch_depth,
-        policy: match launch.policy {
-            PolicyArg::Planned => ResidencyPolicy::Planned,
-            PolicyArg::Lru => ResidencyPolicy::Lru,
-        },
+        policy: launch.policy.residency(),
         steps: launch.steps,
         stop: crate::signals::stop_flag(),
         observer,

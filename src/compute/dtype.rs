@@ -91,10 +91,7 @@ impl DType {
                 }
             }
             DType::F8E4M3 | DType::F8E5M2 => {
-                let format = self.fp8().unwrap_or(Fp8::E4M3);
-                for (value, &code) in out.iter_mut().zip(bytes) {
-                    *value = format.to_f32(code);
-                }
+                self.fp8().unwrap_or(Fp8::E4M3).widen(bytes, out);
             }
         }
     }

@@ -50,7 +50,12 @@ pub fn execute_on<C: Compute>(
     let workload = &prepared.workload;
     let layout = workload.layout().clone();
     let storage = open_model_storage(&prepared.index, settings, plan.fail_after_reads)?;
-    let config = session_config(settings, plan.budgets, plan.prefetch_depth, plan.policy);
+    let config = SessionConfig {
+        // A decoder's first KV pages (the prompt and the first token) are reserved as it
+        // starts; the plan leaves room for them.
+        activation_reserve_bytes: prepared.activation_bytes(1),
+        ..session_config(settings, plan.budgets, plan.prefetch_depth, plan.policy)
+    };
     let experts = ExpertNeeds::of(&workload.model)
         .map(|needs| expert_config(&needs, &config))
         .transpose()?;

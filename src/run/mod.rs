@@ -218,6 +218,7 @@ pub fn session_config(
             .then(|| settings.staging_buffer_size.as_u64()),
         policy,
         max_reads_in_flight: (settings.reader_threads as usize).max(2),
+        activation_reserve_bytes: 0,
     }
 }
 

@@ -91,22 +91,20 @@ impl Prepared {
         }
     }
 
-    /// The least VRAM budget the plan accepts at prefetch depth `depth` (a ring of
-    /// `depth + 1` slots of the largest streamed block, plus an expert cache of 2 ×
-    /// top-k slots for MoE models), and the budget that holds every block.
-    pub fn plan_minimum_bytes(&self, depth: u32) -> (u64, u64) {
+    /// The least VRAM budget the plan accepts at prefetch depth `depth` under
+    /// `policy` (the planner's own minimum: a ring of `depth + 1` slots of the largest
+    /// streamed block beside the blocks too large to stream — an `lm_head` many times
+    /// a layer's size stays resident rather than size every slot — plus an expert
+    /// cache of 2 × top-k slots for MoE models), and the budget that holds every block.
+    pub fn plan_minimum_bytes(
+        &self,
+        depth: u32,
+        policy: stagehand_actors::ResidencyPolicy,
+    ) -> (u64, u64) {
         let align = |bytes: u64| bytes.div_ceil(256) * 256;
         let layout = self.workload.layout();
         let order = self.workload.order();
         let in_order = |index: usize| order.contains(&stagehand_actors::BlockId(index as u32));
-        let dense: Vec<u64> = layout
-            .blocks
-            .iter()
-            .enumerate()
-            .filter(|(index, _)| in_order(*index))
-            .map(|(_, block)| align(block.bytes))
-            .collect();
-        let largest_dense = dense.iter().copied().max().unwrap_or(0);
         let experts: Vec<u64> = layout
             .blocks
             .iter()
@@ -119,9 +117,12 @@ impl Prepared {
             Model::Decoder(decoder) => decoder.config.experts.map_or(0, |e| 2 * e.top_k as u64),
             _ => 0,
         } * experts.iter().copied().max().unwrap_or(0);
-        let total: u64 = dense.iter().sum::<u64>() + experts.iter().sum::<u64>();
-        let minimum = (largest_dense * u64::from(depth + 1)).min(dense.iter().sum()) + expert_floor;
-        (minimum.min(total), total)
+        let total: u64 = layout.blocks.iter().map(|block| align(block.bytes)).sum();
+        let dense_minimum = stagehand_actors::StepOrder::new(order.clone(), layout.blocks.len())
+            .map_or(0, |steps| {
+                stagehand_actors::VramPlan::minimum_capacity_bytes(layout, &steps, depth, policy)
+            });
+        ((dense_minimum + expert_floor).min(total), total)
     }
 
     /// A one-line name of what runs, for summaries.

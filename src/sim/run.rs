@@ -407,6 +407,7 @@ fn session_config(policy: Policy, depth: u32, options: &RunOptions) -> SessionCo
         fast_disk_chunk_bytes: settings.fast_disk.then_some(settings.staging_buffer_bytes),
         policy: policy.residency(),
         max_reads_in_flight: options.max_reads_in_flight.max(2),
+        activation_reserve_bytes: 0,
     }
 }
 

@@ -68,6 +68,7 @@ pub fn session(index: &ModelIndex, vram_budget_bytes: u64) -> Session {
             fast_disk_chunk_bytes: None,
             policy: ResidencyPolicy::Planned,
             max_reads_in_flight: 2,
+            activation_reserve_bytes: 0,
         },
         layout,
         order,

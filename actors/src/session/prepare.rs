@@ -101,6 +101,7 @@ impl Prepared {
         if let Some(experts) = experts {
             state = state.with_experts(experts.slots, experts.slot_bytes, experts.policy);
         }
+        state = state.with_activation_room(config.activation_reserve_bytes);
         let block_bytes: Vec<u64> = layout.blocks.iter().map(|block| block.bytes).collect();
         let lookahead = 2 * (config.prefetch_depth as usize + 1);
         // With fast disk the chunk ring sits beside the ceiling: pinned ≤ ring + ceiling.
@@ -275,7 +276,7 @@ fn planned_budget(
     config: &SessionConfig,
     experts: Option<ExpertConfig>,
 ) -> Result<u64, SessionError> {
-    let area = experts.map_or(0, |experts| experts.area_bytes());
+    let area = experts.map_or(0, |experts| experts.area_bytes()) + config.activation_reserve_bytes;
     match config.vram_budget_bytes.checked_sub(area) {
         Some(left) if left > 0 || area == 0 => Ok(left),
         _ => Err(SessionError::Plan(

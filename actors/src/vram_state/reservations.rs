@@ -32,11 +32,25 @@ impl VramState {
     /// ring and expert areas whole, and activations: what a new activation
     /// reservation must fit beside.
     fn committed_bytes(&self) -> u64 {
-        let planned: u64 = (0..self.plan.resident.len())
+        self.planned_resident_bytes()
+            + self.lora_bytes
+            + self.resident_base()
+            + self.activation_bytes
+    }
+
+    /// The arena bytes of every block the plan keeps resident, loaded yet or not.
+    fn planned_resident_bytes(&self) -> u64 {
+        (0..self.plan.resident.len())
             .filter(|&index| self.plan.resident[index])
             .map(|index| align_up(self.block_bytes[index]))
-            .sum();
-        planned + self.lora_bytes + self.resident_base() + self.activation_bytes
+            .sum()
+    }
+
+    /// Grows the budget by `bytes` kept for activations: plan with `budget − bytes`
+    /// and call this to make the total the real budget (as with the expert area).
+    pub fn with_activation_room(mut self, bytes: u64) -> Self {
+        self.budget_bytes += bytes;
+        self
     }
 
     pub fn release_activations(&mut self, bytes: u64) {
@@ -166,32 +180,31 @@ impl VramState {
     fn do_not_fit(&self, requested: u64, lora: bool) -> ActivationError {
         let budget = Bytes(self.budget_bytes);
         let ring = Bytes(self.ring_area_bytes);
-        let held = Bytes(
-            self.resident_area
-                .used_bytes()
-                .saturating_sub(self.lora_bytes),
-        );
         let taken = self.ring_area_bytes + self.activation_bytes + self.lora_bytes;
         let available = Bytes(self.budget_bytes.saturating_sub(taken));
-        let needed = Bytes(taken + requested + held.0);
         if lora {
-            ActivationError::LoraDoesNotFit {
+            let held = self
+                .resident_area
+                .used_bytes()
+                .saturating_sub(self.lora_bytes);
+            return ActivationError::LoraDoesNotFit {
                 requested: Bytes(requested),
                 budget,
                 ring,
                 available,
-                held,
-                needed,
-            }
-        } else {
-            ActivationError::DoNotFit {
-                requested: Bytes(requested),
-                budget,
-                ring,
-                available,
-                held,
-                needed,
-            }
+                held: Bytes(held),
+                needed: Bytes(taken + requested + held),
+            };
+        }
+        // Activations are refused only once no planned-resident block can give way: the
+        // budget must hold them all, loaded yet or not, beside the request.
+        ActivationError::DoNotFit {
+            requested: Bytes(requested),
+            budget,
+            ring,
+            available,
+            held: Bytes(self.planned_resident_bytes()),
+            needed: Bytes(self.committed_bytes() + requested),
         }
     }
 

@@ -156,5 +156,6 @@ pub fn config(budget_blocks: u64, pin_blocks: u64, policy: ResidencyPolicy) -> S
         fast_disk_chunk_bytes: None,
         policy,
         max_reads_in_flight: 4,
+        activation_reserve_bytes: 0,
     }
 }
