@@ -234,7 +234,7 @@ fn prepare(case: &Case, settings: &Settings) -> Result<Prepared, String> {
 /// and the pin ceiling `stagehand run` gives (a demo model keeps room to cache).
 fn budgets_of(case: &Case, prepared: &Prepared, settings: &mut Settings) -> Budgets {
     let model_bytes = prepared.streamed_model_bytes();
-    let (minimum, _) = prepared.plan_minimum_bytes(case.prefetch_depth);
+    let (minimum, _) = prepared.plan_minimum_bytes(case.prefetch_depth, ResidencyPolicy::Planned);
     let wanted = (model_bytes as f64 * case.vram_share) as u64;
     let budget = wanted.max(minimum + prepared.activation_bytes(case.steps));
     settings.vram_budget = Some(bytesize::ByteSize(budget));
