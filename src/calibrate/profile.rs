@@ -307,7 +307,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn quoting_escapes() {
-        assert_eq!(quoted("a \"b\""), "\"a \\\"b\\\"\"");
+    fn a_quoted_value_parses_back_to_itself() {
+        // Host names and CPU models may hold quotes and backslashes.
+        let value = "a \"b\" \\ c";
+        let table: toml::Table = toml::from_str(&format!("x = {}", quoted(value))).unwrap();
+        assert_eq!(table["x"].as_str(), Some(value));
     }
 }

@@ -25,3 +25,15 @@ pub fn load_hardware(name: &str, read_dir: Option<&Path>) -> Result<HardwareProf
     eprintln!("{}", local.note);
     Ok(local.profile)
 }
+
+/// The profile `simulate` predicts with: reads measured on the model's filesystem
+/// (`local`), at the O_DIRECT rate with `fast_disk` when the profile measured one.
+pub fn for_model(name: &str, model: &str, fast_disk: bool) -> Result<HardwareProfile, Failure> {
+    let read_dir = Path::new(model).parent().filter(|dir| dir.is_dir());
+    let hardware = load_hardware(name, read_dir)?;
+    Ok(if fast_disk {
+        hardware.reading(crate::sim::ReadPath::Direct)
+    } else {
+        hardware
+    })
+}

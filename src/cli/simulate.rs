@@ -109,14 +109,8 @@ pub fn execute(args: SimulateArgs) -> CommandResult {
         asked_auto || matches!(depth_source, Source::Default | Source::DefaultFile(_));
     let settings = loaded.settings;
     let model = load_model(&args, settings.block_pattern.as_deref())?;
-    let read_dir = Path::new(&args.model)
-        .parent()
-        .filter(|dir| dir.is_dir())
-        .map(Path::to_path_buf);
-    let mut hardware = super::hardware_arg::load_hardware(&args.hardware, read_dir.as_deref())?;
-    if settings.fast_disk {
-        hardware = hardware.reading(crate::sim::ReadPath::Direct);
-    }
+    let mut hardware =
+        super::hardware_arg::for_model(&args.hardware, &args.model, settings.fast_disk)?;
     if let Some(ram) = &args.ram {
         let ram: ByteSize = ram.parse().map_err(|error| {
             Failure::bad_input(anyhow::anyhow!(

@@ -69,8 +69,7 @@ pub struct BlockDesc {
     /// Tensors in the block (extents in the simulated file).
     #[serde(default = "one")]
     pub tensors: u32,
-    /// The kernels one step runs in this block, for a model stagehand computes (a
-    /// calibrated profile times them); never in a description file.
+    /// The kernels of one step, for a checkpoint (never in a description file).
     #[serde(skip)]
     pub work: Option<super::work::Work>,
 }

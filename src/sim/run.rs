@@ -244,11 +244,7 @@ async fn run_on_current_system(
 ) -> Result<PolicyRun, SimRunError> {
     let layout = model.layout();
     let names: Vec<String> = layout.blocks.iter().map(|b| b.name.clone()).collect();
-    let read_cost = if options.settings.fast_disk {
-        super::ReadCost::DIRECT
-    } else {
-        super::ReadCost::BUFFERED
-    };
+    let read_cost = super::ReadCost::of(options.settings.fast_disk);
     let machine = SimMachine::with_read_cost(
         hardware,
         &options.faults,

@@ -71,6 +71,15 @@ impl ReadCost {
         threads: 0.0,
         traffic_per_byte: 1.0,
     };
+
+    /// O_DIRECT with `fast_disk`, else buffered.
+    pub fn of(fast_disk: bool) -> Self {
+        if fast_disk {
+            Self::DIRECT
+        } else {
+            Self::BUFFERED
+        }
+    }
 }
 
 struct DiskState {
