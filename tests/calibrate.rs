@@ -2,6 +2,8 @@
 //! the figures it measured, a cached profile is reused only while it is fresh and
 //! well-formed, and a measurement the filesystem refuses is skipped by name.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -126,6 +128,7 @@ fn a_malformed_cached_profile_is_measured_again_and_a_fresh_one_reused() {
     let local = local_profile_with(&path, now(), &mut counted).unwrap();
     assert!(!local.reused);
     assert!(local.note.contains("malformed"), "{}", local.note);
+    assert_eq!(local.note.lines().count(), 1, "{}", local.note);
     let again = local_profile_with(&path, now(), &mut counted).unwrap();
     assert!(again.reused, "{}", again.note);
     assert!(
@@ -214,4 +217,25 @@ fn copies_and_reads_on_a_writable_directory_are_measured() {
     assert!(disk.buffered_cold.is_some(), "{:?}", disk.skipped);
     // The scratch file is removed afterwards.
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn nothing_measurable_exits_2_naming_what_was_skipped_and_why() {
+    // Only the disk asked for, on a directory that does not exist: exit 2, and the
+    // error line names the skipped measurements and the reason.
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing");
+    let output = common::stagehand()
+        .args(["calibrate", "--measure", "disk", "--dir"])
+        .arg(&missing)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    let last = stderr.trim_end().lines().last().unwrap_or_default();
+    assert!(
+        last.contains("nothing could be measured") && last.contains("disk.buffered_cold"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
 }

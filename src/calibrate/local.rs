@@ -71,7 +71,7 @@ pub fn local_profile_with(
                 }
                 Some(why) => why,
             },
-            Err(error) => format!("is malformed ({error})"),
+            Err(error) => format!("is malformed ({})", one_line(&error.to_string())),
         },
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
             "does not exist yet".to_string()
@@ -136,4 +136,13 @@ fn age_words(seconds: u64) -> String {
         7200..=172_799 => format!("{} h", seconds / 3600),
         _ => format!("{} days", seconds / 86_400),
     }
+}
+
+/// A parse error's lines joined, so the note stays one line.
+fn one_line(text: &str) -> String {
+    text.lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty() && line.chars().any(char::is_alphanumeric))
+        .collect::<Vec<_>>()
+        .join(" / ")
 }
