@@ -10,10 +10,13 @@
 # --json`, a short `gpu-bin/stagehand run --device cuda --steps 3 --json`, and
 # `stagehand embed` of two sentences on a generated BERT-base folder (f16 weights,
 # written to $WORK, outside $OUT) streamed on the GPU and, for comparison, on the CPU
-# backend. It writes into $OUT (default ./gpu-out):
+# backend, then `calibrate --device cuda` and `validate --device cuda` (the simulator's
+# predictions on that profile against real runs on the GPU). It writes into $OUT
+# (default ./gpu-out):
 #   nvidia-smi.txt, tests-<target>.txt, bench.json, bench.stderr.txt, bench.md,
 #   run.json, run.stderr.txt, bert.txt, embed-cuda.json, embed-cuda.stderr.txt,
-#   embed-cpu.json, embed-cpu.stderr.txt,
+#   embed-cpu.json, embed-cpu.stderr.txt, hardware-gpu.toml, calibrate.stderr.txt,
+#   validate.txt, validate.stderr.txt,
 #   summary.json (every step's exit code and seconds, the bench, run and embed JSON)
 #   and report.md (the same, readable, with the bench's own Markdown tables).
 # Everything runs under one deadline, 5 minutes in all: each step gets what is left, and
@@ -105,6 +108,14 @@ run_step "embed --device cuda (BERT-base f16, 96 MiB)" "$OUT/embed-cuda.stderr.t
     sh -c "'$BIN/stagehand' embed --model '$WORK/bert-base' --device cuda --vram-budget 96MiB --json '$FOOD' '$BREAD' > '$OUT/embed-cuda.json'"
 run_step "embed --device cpu (BERT-base f16, 96 MiB)" "$OUT/embed-cpu.stderr.txt" \
     sh -c "'$BIN/stagehand' embed --model '$WORK/bert-base' --device cpu --vram-budget 96MiB --json '$FOOD' '$BREAD' > '$OUT/embed-cpu.json'"
+
+# The simulator checked against this GPU: a profile calibrated on it (copies over its
+# link, its kernels), then the validation matrix run there (--quick: two rows, so it
+# fits the deadline; drop --quick for all 38 when there is time).
+run_step "calibrate --device cuda" "$OUT/calibrate.stderr.txt" \
+    "$BIN/stagehand" calibrate --device cuda --quick --dir "$WORK" --out "$OUT/hardware-gpu.toml"
+run_step "validate --device cuda" "$OUT/validate.stderr.txt" \
+    sh -c "'$BIN/stagehand' validate --device cuda --quick --no-decoder --hardware '$OUT/hardware-gpu.toml' --cache-dir '$WORK' > '$OUT/validate.txt'"
 
 TOTAL_SECONDS=$(( $(date +%s) - START ))
 
@@ -229,6 +240,16 @@ PY
         echo '```'
     done
     grep -h "VRAM in use (driver figure)" "$OUT/embed-cuda.stderr.txt" 2>/dev/null | sed 's/^/    /' || true
+    echo
+    echo "## validate --device cuda (profile calibrated on this GPU)"
+    echo
+    echo '```'
+    if [ -s "$OUT/validate.txt" ]; then
+        cat "$OUT/validate.txt"
+    else
+        tail -n 20 "$OUT/validate.stderr.txt" 2>/dev/null
+    fi
+    echo '```'
 } > "$OUT/report.md"
 
 echo

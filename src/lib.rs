@@ -5,6 +5,7 @@
 //! application around it: settings, the safetensors model index, the storage and
 //! device adapters, workloads, telemetry, the simulator and the CLI.
 
+pub mod calibrate;
 pub mod cli;
 pub mod compute;
 pub mod device;

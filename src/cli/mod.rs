@@ -38,16 +38,19 @@ mod bench_cuda;
 mod bench_disk;
 mod bench_lora;
 mod bench_model;
+mod calibrate;
 mod config_cmd;
 mod demo_model;
 mod embed;
 mod generate;
+mod hardware_arg;
 mod inspect;
 mod logging;
 mod machine_load;
 mod progress;
 mod run;
 mod simulate;
+mod validate;
 
 /// Why a command failed, which decides the exit status.
 #[derive(Debug)]
@@ -107,6 +110,10 @@ pub enum Command {
     DemoModel(demo_model::DemoModelArgs),
     /// Predict, in virtual time, whether a model runs on a box and how fast.
     Simulate(simulate::SimulateArgs),
+    /// Measure this machine and write a hardware profile for `simulate --hardware FILE`.
+    Calibrate(calibrate::CalibrateArgs),
+    /// Simulate and really run a matrix of configurations; predicted vs measured.
+    Validate(validate::ValidateArgs),
     /// Measure stagehand against its physical bound and baselines (`bench disk FILE` for storage).
     Bench(bench::BenchArgs),
 }
@@ -131,6 +138,8 @@ pub fn main() -> ExitCode {
         Some(Command::DemoModel(args)) => demo_model::execute(args),
         Some(Command::Simulate(args)) => simulate::execute(args),
         Some(Command::Bench(args)) => bench::execute(args),
+        Some(Command::Calibrate(args)) => calibrate::execute(args),
+        Some(Command::Validate(args)) => validate::execute(args),
     };
     let status = match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -17,9 +17,8 @@ use super::{CommandResult, Failure};
 use crate::model::ModelIndex;
 use crate::settings::{self, LoadOptions, SettingsArgs, Source};
 use crate::sim::{
-    simulate, FaultPlan, FitSettings, HardwareProfile, ModelDescription, PolicyFigures,
-    SimRunError, SimulateOptions, Simulation, TraceRecorder, AUTO_DEPTH_MAX, SEARCH_STEPS,
-    TIE_RELATIVE,
+    simulate, FaultPlan, FitSettings, ModelDescription, PolicyFigures, SimRunError,
+    SimulateOptions, Simulation, TraceRecorder, AUTO_DEPTH_MAX, SEARCH_STEPS, TIE_RELATIVE,
 };
 
 /// The value of `--prefetch-depth` (or `STAGEHAND_PREFETCH_DEPTH`) that asks the
@@ -32,7 +31,8 @@ pub struct SimulateArgs {
     /// A shipped model (flux1-dev, llama3-8b, ...), a description TOML, or a checkpoint.
     #[arg(long, value_name = "MODEL")]
     pub model: String,
-    /// A shipped hardware profile (rtx3060-12gb, rtx4090, ...) or a profile TOML.
+    /// A shipped hardware profile (rtx3060-12gb, rtx4090, ...), a profile TOML, or
+    /// `local`: this machine, calibrated now or from a recent cached calibration.
     #[arg(long, value_name = "PROFILE")]
     pub hardware: String,
     /// Host RAM instead of the profile's, e.g. 32GiB.
@@ -109,7 +109,8 @@ pub fn execute(args: SimulateArgs) -> CommandResult {
         asked_auto || matches!(depth_source, Source::Default | Source::DefaultFile(_));
     let settings = loaded.settings;
     let model = load_model(&args, settings.block_pattern.as_deref())?;
-    let mut hardware = HardwareProfile::load(&args.hardware).map_err(Failure::bad_input)?;
+    let mut hardware =
+        super::hardware_arg::for_model(&args.hardware, &args.model, settings.fast_disk)?;
     if let Some(ram) = &args.ram {
         let ram: ByteSize = ram.parse().map_err(|error| {
             Failure::bad_input(anyhow::anyhow!(

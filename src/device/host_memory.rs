@@ -19,6 +19,14 @@ pub fn available_ram_bytes() -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// The host's physical memory (`MemTotal`), if known.
+pub fn total_ram_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|line| line.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
 /// An anonymous private mapping of `len` bytes, readable and writable, whose pages
 /// are committed as they are first touched. Unmapped on drop.
 pub struct ReservedMemory {

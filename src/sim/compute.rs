@@ -12,7 +12,10 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::clock::{transfer_duration, SerialLane, SimClock};
+use super::kernel_costs::KernelCosts;
+use super::shared::{Demand, SharedBus};
 use super::trace::{Lane, TraceRecorder};
+use super::work::Work;
 
 /// What the GPU sustains, not its peak.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -51,6 +54,10 @@ pub struct SimCompute {
     clock: Arc<SimClock>,
     stream: SerialLane,
     trace: Option<Arc<TraceRecorder>>,
+    /// Measured kernel costs: a block with its kernels known costs their sum.
+    costs: Option<KernelCosts>,
+    /// A shared-bus machine: compute runs on the bus beside copies and reads.
+    bus: Option<Arc<SharedBus>>,
 }
 
 impl SimCompute {
@@ -60,6 +67,29 @@ impl SimCompute {
             clock,
             stream: SerialLane::default(),
             trace: None,
+            costs: None,
+            bus: None,
+        }
+    }
+
+    /// Blocks whose kernels are known cost what `costs` measured for them.
+    pub fn with_costs(mut self, costs: KernelCosts) -> Self {
+        self.costs = Some(costs);
+        self
+    }
+
+    /// Compute shares `bus` with copies and reads (one thread: the compute thread).
+    pub fn with_bus(mut self, bus: Arc<SharedBus>) -> Self {
+        self.bus = Some(bus);
+        self
+    }
+
+    /// Time of one block: the sum of its kernels' measured costs when both are known,
+    /// else the roofline.
+    pub fn block_time(&self, flops: f64, weight_bytes: u64, work: Option<&Work>) -> Duration {
+        match (&self.costs, work) {
+            (Some(costs), Some(work)) => costs.work_duration(work),
+            _ => self.block_duration(flops, weight_bytes),
         }
     }
 
@@ -88,13 +118,32 @@ impl SimCompute {
         &self,
         label: impl Into<String>,
         duration: Duration,
-    ) -> impl Future<Output = ()> + Send + 'static {
+    ) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + 'static>> {
+        self.compute_reading(label, duration, 0)
+    }
+
+    /// As [`Self::compute`], for work that reads `weight_bytes` of weights from memory
+    /// once (what it asks of a shared bus).
+    pub fn compute_reading(
+        &self,
+        label: impl Into<String>,
+        duration: Duration,
+        weight_bytes: u64,
+    ) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + 'static>> {
+        if let Some(bus) = &self.bus {
+            let seconds = duration.as_secs_f64().max(1e-12);
+            let demand = Demand {
+                threads: 1.0,
+                memory_bytes_per_second: weight_bytes as f64 / seconds,
+            };
+            return Box::pin(bus.submit(Lane::Compute, duration, demand, label.into(), None));
+        }
         let (start, end) = self.stream.book(self.clock.now(), duration);
         if let Some(trace) = &self.trace {
             trace.record(Lane::Compute, label, start, end, None);
         }
         let clock = Arc::clone(&self.clock);
-        async move { clock.wait_until(end).await }
+        Box::pin(async move { clock.wait_until(end).await })
     }
 
     /// When the stream's last queued compute ends (exact virtual time).

@@ -21,6 +21,7 @@ use stagehand_actors::{
 
 use super::clock::{transfer_duration, SerialLane, SimClock};
 use super::faults::{FaultPlan, Perturber};
+use super::shared::{Demand, SharedBus};
 use super::trace::{Lane, TraceRecorder};
 
 /// Host → device rates of one link.
@@ -66,6 +67,8 @@ pub struct SimDevice {
     copy_engine: SerialLane,
     trace: Option<Arc<TraceRecorder>>,
     labeler: Option<CopyLabeler>,
+    /// A shared-bus machine: copies run on the bus beside reads and compute.
+    bus: Option<Arc<SharedBus>>,
     pinned_bytes: Arc<AtomicU64>,
     state: Mutex<DeviceState>,
 }
@@ -87,6 +90,7 @@ impl SimDevice {
             copy_engine: SerialLane::default(),
             trace: None,
             labeler: None,
+            bus: None,
             pinned_bytes: Arc::new(AtomicU64::new(0)),
             state: Mutex::new(DeviceState {
                 arenas: BTreeMap::new(),
@@ -100,6 +104,12 @@ impl SimDevice {
 
     pub fn with_trace(mut self, trace: Arc<TraceRecorder>) -> Self {
         self.trace = Some(trace);
+        self
+    }
+
+    /// Copies share `bus` with reads and compute instead of owning a copy engine.
+    pub fn with_bus(mut self, bus: Arc<SharedBus>) -> Self {
+        self.bus = Some(bus);
         self
     }
 
@@ -278,13 +288,26 @@ impl Device for SimDevice {
             }
             state.perturber.copy(nominal)
         };
+        let label = || match &self.labeler {
+            Some(labeler) => labeler(destination, bytes),
+            None => format!("copy {bytes} B"),
+        };
+        if let Some(bus) = &self.bus {
+            // A memcpy on the copy thread: one core, and every byte read and written.
+            let seconds = duration.as_secs_f64().max(1e-12);
+            let demand = Demand {
+                threads: 1.0,
+                memory_bytes_per_second: 2.0 * bytes as f64 / seconds,
+            };
+            let done = bus.submit(Lane::Copy, duration, demand, label(), Some(bytes));
+            return Box::pin(async move {
+                done.await;
+                Ok(source)
+            });
+        }
         let (start, end) = self.copy_engine.book(self.clock.now(), duration);
         if let Some(trace) = &self.trace {
-            let label = match &self.labeler {
-                Some(labeler) => labeler(destination, bytes),
-                None => format!("copy {bytes} B"),
-            };
-            trace.record(Lane::Copy, label, start, end, Some(bytes));
+            trace.record(Lane::Copy, label(), start, end, Some(bytes));
         }
         let clock = Arc::clone(&self.clock);
         Box::pin(async move {

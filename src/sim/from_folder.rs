@@ -51,6 +51,7 @@ impl ModelDescription {
                 bytes: bytes(layer_block) + expert_bytes,
                 flops_per_token: decoder.layer_flops_per_token() + active,
                 tensors: 1,
+                work: None,
             });
         }
         let head = BlockId(config.layers as u32);
@@ -59,6 +60,7 @@ impl ModelDescription {
             bytes: bytes(head),
             flops_per_token: decoder.head_flops_per_token(),
             tensors: 1,
+            work: None,
         });
         let dtypes: std::collections::BTreeSet<&str> = prepared
             .index

@@ -12,6 +12,8 @@ use serde::{Deserialize, Serialize};
 
 use super::compute::ComputeRates;
 use super::device::{LinkRates, SimDeviceSpec};
+use super::kernel_costs::KernelCosts;
+use super::shared::SharedSpec;
 use super::storage::DiskRates;
 use super::SimError;
 
@@ -53,6 +55,28 @@ pub struct HardwareProfile {
     pub link: LinkSpec,
     pub disk: DiskSpec,
     pub ram_bytes: u64,
+    /// When and where a calibrated profile was measured (`stagehand calibrate`).
+    pub calibration: Option<CalibrationStamp>,
+    /// Copies, reads and compute share cores and one memory bus (the CPU backend)
+    /// instead of running on independent engines.
+    pub shared: Option<SharedSpec>,
+    /// Measured kernel costs: a block's compute is the sum of its kernels' times
+    /// instead of the roofline of `[gpu]`.
+    pub compute: Option<KernelCosts>,
+}
+
+/// The `[calibration]` stamp of a measured profile.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CalibrationStamp {
+    /// Seconds since the Unix epoch when the calibration finished.
+    pub at_unix: u64,
+    /// The machine it measured (host name, CPU model, cores, RAM).
+    pub host: String,
+    /// The backend measured: `cpu` or `cuda`.
+    pub backend: String,
+    /// The stagehand version that measured it.
+    pub stagehand: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -85,6 +109,24 @@ pub struct DiskSpec {
     pub name: String,
     pub read_gb_per_s: f64,
     pub request_latency_us: f64,
+    /// Measured O_DIRECT rate (`--fast-disk`), when it differs from `read_gb_per_s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub direct_read_gb_per_s: Option<f64>,
+    /// Measured buffered rate with the file in the page cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub page_cache_gb_per_s: Option<f64>,
+}
+
+/// Where a run's reads come from, for a profile that measured each kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReadPath {
+    /// Buffered reads of a file not in the page cache (`read_gb_per_s`).
+    BufferedCold,
+    /// Buffered reads of a file the page cache holds (`page_cache_gb_per_s`).
+    PageCache,
+    /// O_DIRECT reads (`--fast-disk`, `direct_read_gb_per_s`).
+    Direct,
 }
 
 /// The file format of a machine profile.
@@ -97,6 +139,9 @@ struct ProfileFile {
     link: Option<LinkSpec>,
     /// A disk of the user's own, instead of `host.disk`.
     disk: Option<DiskSpec>,
+    calibration: Option<CalibrationStamp>,
+    shared: Option<SharedSpec>,
+    compute: Option<KernelCosts>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -168,6 +213,9 @@ impl HardwareProfile {
             link,
             disk,
             ram_bytes: file.host.ram.as_u64(),
+            calibration: file.calibration,
+            shared: file.shared,
+            compute: file.compute,
         };
         profile.validate().map_err(profile_error)?;
         Ok(profile)
@@ -185,7 +233,37 @@ impl HardwareProfile {
         Ok(self)
     }
 
+    /// The same machine reading along `path`: its measured rate for that kind of
+    /// read becomes the disk's rate (a shipped disk has one rate for all).
+    pub fn reading(mut self, path: ReadPath) -> Self {
+        let rate = match path {
+            ReadPath::BufferedCold => None,
+            ReadPath::PageCache => self.disk.page_cache_gb_per_s,
+            ReadPath::Direct => self.disk.direct_read_gb_per_s,
+        };
+        if let Some(rate) = rate {
+            self.disk.read_gb_per_s = rate;
+        }
+        self
+    }
+
     fn validate(&self) -> Result<(), String> {
+        if let Some(shared) = &self.shared {
+            shared.validate()?;
+        }
+        if let Some(compute) = &self.compute {
+            compute.validate()?;
+        }
+        for (key, value) in [
+            ("disk.direct_read_gb_per_s", self.disk.direct_read_gb_per_s),
+            ("disk.page_cache_gb_per_s", self.disk.page_cache_gb_per_s),
+        ] {
+            if let Some(value) = value {
+                if !(value.is_finite() && value > 0.0) {
+                    return Err(format!("{key} = {value}: must be a positive number"));
+                }
+            }
+        }
         let positive = [
             ("gpu.bf16_dense_tflops", self.gpu.bf16_dense_tflops),
             ("gpu.memory_gb_per_s", self.gpu.memory_gb_per_s),

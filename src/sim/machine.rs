@@ -10,7 +10,8 @@ use super::compute::SimCompute;
 use super::device::SimDevice;
 use super::faults::FaultPlan;
 use super::hardware::HardwareProfile;
-use super::storage::SimStorage;
+use super::shared::SharedBus;
+use super::storage::{ReadCost, SimStorage};
 use super::trace::TraceRecorder;
 use super::SimError;
 
@@ -34,6 +35,18 @@ impl SimMachine {
         layout: Option<&ModelLayout>,
         trace: Option<Arc<TraceRecorder>>,
     ) -> Result<Self, SimError> {
+        Self::with_read_cost(profile, faults, layout, trace, ReadCost::BUFFERED)
+    }
+
+    /// As [`Self::new`], with what each read asks of a shared bus (buffered or
+    /// O_DIRECT); a machine without one ignores it.
+    pub fn with_read_cost(
+        profile: &HardwareProfile,
+        faults: &FaultPlan,
+        layout: Option<&ModelLayout>,
+        trace: Option<Arc<TraceRecorder>>,
+        read_cost: ReadCost,
+    ) -> Result<Self, SimError> {
         faults.validate()?;
         let clock = SimClock::new()?;
         let mut device = SimDevice::new(profile.device_spec(), Arc::clone(&clock), faults);
@@ -42,6 +55,16 @@ impl SimMachine {
             storage = storage.with_layout(layout);
         }
         let mut compute = SimCompute::new(profile.compute_rates(), Arc::clone(&clock));
+        if let Some(costs) = &profile.compute {
+            compute = compute.with_costs(costs.clone());
+        }
+        if let Some(spec) = &profile.shared {
+            // One bus for the copy thread, the reader threads and the compute thread.
+            let bus = SharedBus::new(spec.clone(), Arc::clone(&clock), trace.clone());
+            device = device.with_bus(Arc::clone(&bus));
+            storage = storage.with_bus(Arc::clone(&bus), read_cost);
+            compute = compute.with_bus(bus);
+        }
         if let Some(trace) = &trace {
             device = device.with_trace(Arc::clone(trace));
             storage = storage.with_trace(Arc::clone(trace));

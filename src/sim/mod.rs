@@ -21,15 +21,18 @@ mod fit;
 mod from_folder;
 mod hardware;
 pub mod harness;
+mod kernel_costs;
 mod machine;
 mod model;
 mod output;
 mod reuse;
 mod run;
+mod shared;
 mod simulation;
 mod storage;
 pub mod trace;
 mod trace_observer;
+mod work;
 
 pub use chaos::{ChaosCounts, ChaosDevice, ChaosPlan, ChaosStorage};
 pub use clock::{transfer_duration, SerialLane, SimClock};
@@ -41,7 +44,8 @@ pub use depth::{
 pub use device::{CopyLabeler, CopyStats, LinkRates, SimDevice, SimDeviceSpec};
 pub use faults::{FaultPlan, SplitMix64};
 pub use fit::{Bottleneck, FitCheck, FitFailure, FitSettings, RAM_FLOOR_MIN_BYTES};
-pub use hardware::{DiskSpec, GpuSpec, HardwareProfile, LinkSpec};
+pub use hardware::{CalibrationStamp, DiskSpec, GpuSpec, HardwareProfile, LinkSpec, ReadPath};
+pub use kernel_costs::{dtype_of, KernelCosts, LinearRates};
 pub use machine::SimMachine;
 pub use model::{BlockDesc, ExpertDesc, ModelDescription};
 pub use output::{OutputRate, OutputUnit, StepOutput};
@@ -49,12 +53,14 @@ pub use run::{
     run_policy, steady_window, LinkBytes, Policy, PolicyRun, RunOptions, SimRunError, SteadyBytes,
     MAX_STEPS,
 };
+pub use shared::{Demand, SharedBus, SharedSpec};
 pub use simulation::{
     simulate, BaselineFigures, DepthAdvice, PolicyFigures, SimulateOptions, Simulation,
 };
-pub use storage::{DiskRates, ReadStats, SimStorage};
+pub use storage::{DiskRates, ReadCost, ReadStats, SimStorage};
 pub use trace::{Lane, TraceError, TraceRecorder, TraceSlice};
 pub use trace_observer::TraceObserver;
+pub use work::{ElementOp, Kernel, Work};
 
 /// A description file to parse: a shipped one by name (embedded in the binary), or a
 /// user's file by path. Returns (name, source for errors, TOML text).

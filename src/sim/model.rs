@@ -69,6 +69,9 @@ pub struct BlockDesc {
     /// Tensors in the block (extents in the simulated file).
     #[serde(default = "one")]
     pub tensors: u32,
+    /// The kernels of one step, for a checkpoint (never in a description file).
+    #[serde(skip)]
+    pub work: Option<super::work::Work>,
 }
 
 /// Mixture-of-experts layers: each block holds `per_layer` experts of `bytes_each`,
@@ -195,6 +198,7 @@ impl ModelDescription {
                     bytes: block.bytes,
                     flops_per_token,
                     tensors: u32::try_from(block.tensors.len()).unwrap_or(u32::MAX),
+                    work: Some(super::work::Work::of_block(index, block, tokens_per_step)),
                 }
             })
             .collect();
@@ -392,6 +396,7 @@ fn body_blocks(file: &ModelFile) -> Result<Vec<BlockDesc>, String> {
                 bytes: group.bytes_per_block,
                 flops_per_token: group.flops_per_token_per_block,
                 tensors: group.tensors_per_block,
+                work: None,
             });
         }
     }

@@ -244,11 +244,13 @@ async fn run_on_current_system(
 ) -> Result<PolicyRun, SimRunError> {
     let layout = model.layout();
     let names: Vec<String> = layout.blocks.iter().map(|b| b.name.clone()).collect();
-    let machine = SimMachine::new(
+    let read_cost = super::ReadCost::of(options.settings.fast_disk);
+    let machine = SimMachine::with_read_cost(
         hardware,
         &options.faults,
         Some(&layout),
         options.trace.clone(),
+        read_cost,
     )?;
     let depth = policy.prefetch_depth(options.settings.prefetch_depth);
     let config = session_config(policy, depth, options);
@@ -276,13 +278,16 @@ async fn run_on_current_system(
         reason: error.to_string(),
     })?;
     let plan = session.plan().clone();
-    let block_durations: Vec<Duration> = model
+    let block_durations: Vec<(Duration, u64)> = model
         .blocks
         .iter()
         .map(|block| {
-            machine
-                .compute
-                .block_duration(model.block_step_flops(block), block.bytes)
+            let time = machine.compute.block_time(
+                model.block_step_flops(block),
+                block.bytes,
+                block.work.as_ref(),
+            );
+            (time, block.bytes)
         })
         .collect();
 
@@ -418,7 +423,7 @@ async fn drive(
     machine: &SimMachine,
     order: &[BlockId],
     names: &[String],
-    block_durations: &[Duration],
+    block_durations: &[(Duration, u64)],
     steps: u64,
     progress: &Progress,
     record: &mut Record,
@@ -435,9 +440,10 @@ async fn drive(
                 .map_err(|error| error.to_string())?;
             let index = block.index();
             record.reuse.used(step, block);
+            let (duration, weight_bytes) = block_durations[index];
             machine
                 .compute
-                .compute(names[index].clone(), block_durations[index])
+                .compute_reading(names[index].clone(), duration, weight_bytes)
                 .await;
             session.release(handle).await;
         }

@@ -15,6 +15,7 @@ use stagehand_actors::{Extent, FileId, HostBuffer, ModelLayout, OpFuture, Storag
 
 use super::clock::{transfer_duration, SerialLane, SimClock};
 use super::faults::{FaultPlan, Outcome, Perturber};
+use super::shared::{Demand, SharedBus};
 use super::trace::{Lane, TraceRecorder};
 
 /// Sequential read rate and per-request latency of one disk.
@@ -45,7 +46,40 @@ pub struct SimStorage {
     blocks: BTreeMap<(u32, u64), (u64, String)>,
     file_ends: HashMap<FileId, u64>,
     seed: u64,
+    /// A shared-bus machine: reads run on the bus beside copies and compute.
+    bus: Option<(Arc<SharedBus>, ReadCost)>,
     state: Mutex<DiskState>,
+}
+
+/// What a read asks of a shared bus while it runs at its solo rate.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ReadCost {
+    /// Threads it keeps busy: 1 for a buffered read (the kernel copies the page cache
+    /// into the buffer on the reader's thread), 0 for O_DIRECT (the disk's DMA).
+    pub threads: f64,
+    /// Bytes of memory traffic per byte read: 2 for a page-cache copy (a read and a
+    /// write), 1 for DMA into the buffer.
+    pub traffic_per_byte: f64,
+}
+
+impl ReadCost {
+    pub const BUFFERED: ReadCost = ReadCost {
+        threads: 1.0,
+        traffic_per_byte: 2.0,
+    };
+    pub const DIRECT: ReadCost = ReadCost {
+        threads: 0.0,
+        traffic_per_byte: 1.0,
+    };
+
+    /// O_DIRECT with `fast_disk`, else buffered.
+    pub fn of(fast_disk: bool) -> Self {
+        if fast_disk {
+            Self::DIRECT
+        } else {
+            Self::BUFFERED
+        }
+    }
 }
 
 struct DiskState {
@@ -65,6 +99,7 @@ impl SimStorage {
             blocks: BTreeMap::new(),
             file_ends: HashMap::new(),
             seed: faults.seed,
+            bus: None,
             state: Mutex::new(DiskState {
                 position: None,
                 perturber: faults.perturber(DISK_STREAM),
@@ -93,6 +128,12 @@ impl SimStorage {
 
     pub fn with_trace(mut self, trace: Arc<TraceRecorder>) -> Self {
         self.trace = Some(trace);
+        self
+    }
+
+    /// Reads share `bus` with copies and compute, each asking `cost` of it.
+    pub fn with_bus(mut self, bus: Arc<SharedBus>, cost: ReadCost) -> Self {
+        self.bus = Some((bus, cost));
         self
     }
 
@@ -218,6 +259,19 @@ impl Storage for SimStorage {
                 return Box::pin(async move { Err((error, into)) });
             }
         };
+        if let Some((bus, cost)) = &self.bus {
+            let seconds = duration.as_secs_f64().max(1e-12);
+            let demand = Demand {
+                threads: cost.threads,
+                memory_bytes_per_second: cost.traffic_per_byte * bytes as f64 / seconds,
+            };
+            let label = self.label(&extents, bytes);
+            let done = bus.submit(Lane::Disk, duration, demand, label, Some(bytes));
+            return Box::pin(async move {
+                done.await;
+                Ok(into)
+            });
+        }
         let (start, end) = self.lane.book(self.clock.now(), duration);
         if let Some(trace) = &self.trace {
             trace.record(

@@ -1,0 +1,97 @@
+//! Copies into the device tier through the `Device` port a run would use: from a
+//! buffer the device pinned and from plain (pageable) host memory, and the fixed cost
+//! of one small copy (on the CPU backend: handing the job to the copy thread and the
+//! completion back).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use stagehand_actors::{Device, HostBuffer};
+
+use super::{median, Measured};
+
+/// Bytes of one latency probe: small enough that its transfer time is noise.
+const LATENCY_PROBE_BYTES: u64 = 4096;
+/// Latency probes per measurement.
+const LATENCY_PROBES: usize = 64;
+
+/// What the copy measurements found.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct CopyFigures {
+    pub pinned: Measured,
+    pub pageable: Measured,
+    /// Seconds of one 4 KiB copy, issue to completion (median).
+    pub latency_seconds: f64,
+    pub latency_how: String,
+}
+
+/// Copies `block_bytes` into an arena `repeats` times from each kind of source.
+pub fn measure_copies(
+    device: &Arc<dyn Device>,
+    block_bytes: u64,
+    repeats: usize,
+) -> Result<CopyFigures, String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|error| error.to_string())?;
+    let arena = device
+        .allocate_arena(block_bytes)
+        .map_err(|error| format!("an arena of {block_bytes} bytes: {error}"))?;
+    let copy = |buffer: HostBuffer, bytes: u64| -> Result<(HostBuffer, f64), String> {
+        let started = Instant::now();
+        let buffer = runtime
+            .block_on(device.copy_to_device(buffer, 0, bytes, arena.base))
+            .map_err(|(error, _)| error.to_string())?;
+        Ok((buffer, started.elapsed().as_secs_f64()))
+    };
+    let rate = |mut buffer: HostBuffer, what: &str| -> Result<Measured, String> {
+        if let Some(bytes) = buffer.as_mut_slice() {
+            // Touch every page so the first copy does not pay for page faults.
+            bytes.iter_mut().step_by(4096).for_each(|byte| *byte = 1);
+        }
+        let mut seconds = Vec::with_capacity(repeats);
+        for round in 0..repeats + 1 {
+            let (returned, elapsed) = copy(buffer, block_bytes)?;
+            buffer = returned;
+            // The first copy warms the arena's pages and the copy thread.
+            if round > 0 {
+                seconds.push(elapsed);
+            }
+        }
+        Ok(Measured::rate(
+            block_bytes as f64,
+            &seconds,
+            format!(
+                "{repeats} copies of {} from {what} into the device tier, one at a time; median",
+                stagehand_actors::Bytes(block_bytes)
+            ),
+        ))
+    };
+    let pinned_buffer = device
+        .allocate_pinned(block_bytes)
+        .map_err(|error| format!("a pinned buffer of {block_bytes} bytes: {error}"))?;
+    let pinned = rate(pinned_buffer, "a buffer the device pinned")?;
+    let pageable_buffer = HostBuffer::allocate(block_bytes as usize)
+        .map_err(|error| format!("a host buffer of {block_bytes} bytes: {error}"))?;
+    let pageable = rate(pageable_buffer, "plain (pageable) host memory")?;
+
+    let mut probe = device
+        .allocate_pinned(LATENCY_PROBE_BYTES)
+        .map_err(|error| format!("a pinned probe buffer: {error}"))?;
+    let mut latencies = Vec::with_capacity(LATENCY_PROBES);
+    for _ in 0..LATENCY_PROBES {
+        let (returned, elapsed) = copy(probe, LATENCY_PROBE_BYTES)?;
+        probe = returned;
+        latencies.push(elapsed);
+    }
+    device.free_arena(arena);
+    Ok(CopyFigures {
+        pinned,
+        pageable,
+        latency_seconds: median(&latencies),
+        latency_how: format!(
+            "{LATENCY_PROBES} copies of 4 KiB, issue to completion; median (includes the hand-off to the copy stream and back)"
+        ),
+    })
+}

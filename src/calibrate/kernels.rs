@@ -1,0 +1,325 @@
+//! The kernels the model families run, timed through the compute port: `linear` (the
+//! GEMM, a GEMV at one row) for each storage dtype at several row counts and weight
+//! sizes, the element-wise kernels, both attentions, and the fixed cost of a call.
+//! Generic over the port, so the same code times `CpuCompute` and the CUDA adapter
+//! (every sample waits for the stream).
+//!
+//! Weights are cycled through more memory than the caches hold, so each call reads
+//! its weight from DRAM (VRAM), as a block's first use in a step does.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use super::median;
+use crate::compute::{Attention, CachedAttention, Compute, DType, Mask, TensorSlot};
+use crate::sim::{ElementOp, KernelCosts, LinearRates};
+
+/// Weights per (dtype, size) are cycled through at least this many bytes.
+const CACHE_DEFEAT_BYTES: u64 = 64 << 20;
+
+/// Which shapes to time, and for how long.
+#[derive(Debug, Clone)]
+pub struct KernelOptions {
+    pub dtypes: Vec<DType>,
+    /// Square weights of these sides.
+    pub sides: Vec<u64>,
+    pub rows: Vec<u64>,
+    /// Each point is timed for at least this long (and at least `min_samples` calls).
+    pub seconds_per_point: f64,
+    pub min_samples: usize,
+}
+
+impl KernelOptions {
+    pub fn full() -> Self {
+        Self {
+            dtypes: vec![DType::F32, DType::Bf16, DType::F16],
+            sides: vec![128, 512, 1024, 2048],
+            rows: vec![1, 2, 4, 8, 16, 32, 64, 128, 256],
+            seconds_per_point: 0.04,
+            min_samples: 5,
+        }
+    }
+
+    pub fn quick() -> Self {
+        Self {
+            dtypes: vec![DType::F32, DType::Bf16],
+            sides: vec![512, 1024],
+            rows: vec![1, 8, 64],
+            seconds_per_point: 0.02,
+            min_samples: 3,
+        }
+    }
+}
+
+/// What the kernel measurements found: the profile's `[compute]` table.
+#[derive(Debug, Clone, Serialize)]
+pub struct KernelFigures {
+    pub costs: KernelCosts,
+    pub how: String,
+}
+
+/// Times every kernel on `compute`.
+pub fn measure_kernels<C: Compute>(
+    compute: &C,
+    options: &KernelOptions,
+) -> Result<KernelFigures, String> {
+    let error = |error: crate::compute::ComputeError| error.to_string();
+    let mut linear = Vec::new();
+    for &dtype in &options.dtypes {
+        for &side in &options.sides {
+            linear.push(measure_linear(compute, options, dtype, side).map_err(error)?);
+        }
+    }
+    let elementwise_ns = measure_elementwise(compute, options).map_err(error)?;
+    let (attention, cached) = measure_attention(compute, options).map_err(error)?;
+    let call_overhead = measure_call_overhead(compute).map_err(error)?;
+    Ok(KernelFigures {
+        costs: KernelCosts {
+            call_overhead_us: call_overhead * 1e6,
+            attention_ns_per_score_dim: attention * 1e9,
+            cached_attention_ns_per_score_dim: cached * 1e9,
+            elementwise_ns,
+            linear,
+        },
+        how: format!(
+            "through the {} compute adapter, one call at a time, each call waited for; linear: weights cycled through {} so each call reads its weight from memory, not a cache; each point the median of ≥ {} calls over ≥ {:.0} ms",
+            compute.name(),
+            stagehand_actors::Bytes(CACHE_DEFEAT_BYTES),
+            options.min_samples,
+            options.seconds_per_point * 1e3
+        ),
+    })
+}
+
+/// Seconds of one call of `call` (median), the stream waited for after each.
+fn time_calls<C: Compute>(
+    compute: &C,
+    options: &KernelOptions,
+    mut call: impl FnMut(usize) -> Result<(), crate::compute::ComputeError>,
+) -> Result<f64, crate::compute::ComputeError> {
+    // One untimed call: first-touch page faults and lazy allocations.
+    call(0)?;
+    compute.wait(compute.fence()?)?;
+    let mut samples = Vec::new();
+    let started = Instant::now();
+    let mut index = 1;
+    while samples.len() < options.min_samples
+        || (started.elapsed().as_secs_f64() < options.seconds_per_point && samples.len() < 10_000)
+    {
+        let began = Instant::now();
+        call(index)?;
+        compute.wait(compute.fence()?)?;
+        samples.push(began.elapsed().as_secs_f64());
+        index += 1;
+    }
+    Ok(median(&samples))
+}
+
+/// Seeded values in [-0.5, 0.5) stored as `dtype`.
+fn weight_bytes(dtype: DType, elements: usize, seed: u64) -> Vec<u8> {
+    let mut random = crate::sim::SplitMix64::new(seed);
+    let values: Vec<f32> = (0..elements)
+        .map(|_| random.next_f64() as f32 - 0.5)
+        .collect();
+    let mut bytes = vec![0u8; elements * dtype.size_bytes()];
+    dtype.narrow(&values, &mut bytes);
+    bytes
+}
+
+fn measure_linear<C: Compute>(
+    compute: &C,
+    options: &KernelOptions,
+    dtype: DType,
+    side: u64,
+) -> Result<LinearRates, crate::compute::ComputeError> {
+    let side_usize = side as usize;
+    let elements = side_usize * side_usize;
+    let bytes = (elements * dtype.size_bytes()) as u64;
+    let copies = CACHE_DEFEAT_BYTES.div_ceil(bytes).clamp(1, 64) as usize;
+    let blocks: Vec<C::Block> = (0..copies)
+        .map(|copy| compute.load_block(&weight_bytes(dtype, elements, copy as u64)))
+        .collect::<Result<_, _>>()?;
+    let slot = TensorSlot::new(0, dtype, side_usize, side_usize);
+    let mut gflops = Vec::with_capacity(options.rows.len());
+    for &rows in &options.rows {
+        let rows_usize = rows as usize;
+        let mut x = compute.tensor(rows_usize, side_usize)?;
+        compute.write(&mut x, &vec![0.25; rows_usize * side_usize])?;
+        let mut y = compute.tensor(rows_usize, side_usize)?;
+        let seconds = time_calls(compute, options, |index| {
+            let view = compute.block_view(&blocks[index % copies]);
+            compute.linear(&x, &view.weight(&slot)?, None, &mut y)
+        })?;
+        let flops = 2.0 * rows as f64 * elements as f64;
+        gflops.push(flops / seconds.max(1e-12) / 1e9);
+    }
+    Ok(LinearRates {
+        dtype: dtype_name(dtype).to_string(),
+        inner: side,
+        outer: side,
+        rows: options.rows.clone(),
+        gflops,
+    })
+}
+
+pub fn dtype_name(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F32 => "f32",
+        DType::F16 => "f16",
+        DType::Bf16 => "bf16",
+        DType::F8E4M3 => "f8_e4m3",
+        DType::F8E5M2 => "f8_e5m2",
+    }
+}
+
+/// Nanoseconds per element of each element-wise kernel, on 256 × 1024 values.
+fn measure_elementwise<C: Compute>(
+    compute: &C,
+    options: &KernelOptions,
+) -> Result<BTreeMap<ElementOp, f64>, crate::compute::ComputeError> {
+    let (rows, cols) = (256usize, 1024usize);
+    let elements = (rows * cols) as f64;
+    let values: Vec<f32> = (0..rows * cols)
+        .map(|index| ((index % 97) as f32 - 48.0) / 64.0)
+        .collect();
+    let mut x = compute.tensor(rows, cols)?;
+    compute.write(&mut x, &values)?;
+    let mut y = compute.tensor(rows, cols)?;
+    compute.write(&mut y, &values)?;
+    let vectors = compute.load_block(&weight_bytes(DType::F32, 2 * cols, 7))?;
+    let table_rows = 4096usize;
+    let table = compute.load_block(&weight_bytes(DType::F32, table_rows * cols, 11))?;
+    let ids: Vec<u32> = (0..rows as u32)
+        .map(|row| (row * 13) % table_rows as u32)
+        .collect();
+    let positions: Vec<u32> = (0..rows as u32).collect();
+    let (heads, head_dim) = (16usize, 64usize);
+    let inv_freq: Vec<f32> = (0..head_dim / 2)
+        .map(|i| 1.0 / 10_000f32.powf(2.0 * i as f32 / head_dim as f32))
+        .collect();
+    let gamma = TensorSlot::new(0, DType::F32, 1, cols);
+    let beta = TensorSlot::new((cols * 4) as u64, DType::F32, 1, cols);
+    let table_slot = TensorSlot::new(0, DType::F32, table_rows, cols);
+    let mut costs = BTreeMap::new();
+    for op in ElementOp::ALL {
+        let seconds = match op {
+            ElementOp::Move => time_calls(compute, options, |_| compute.copy(&x, &mut y))?,
+            ElementOp::Add => time_calls(compute, options, |_| compute.add(&mut y, &x))?,
+            ElementOp::Gather => time_calls(compute, options, |_| {
+                let view = compute.block_view(&table);
+                compute.gather_add(&view.weight(&table_slot)?, &ids, &mut y)
+            })?,
+            ElementOp::LayerNorm => time_calls(compute, options, |_| {
+                let view = compute.block_view(&vectors);
+                compute.layer_norm(
+                    &x,
+                    &view.weight(&gamma)?,
+                    &view.weight(&beta)?,
+                    1e-5,
+                    &mut y,
+                )
+            })?,
+            ElementOp::RmsNorm => time_calls(compute, options, |_| {
+                let view = compute.block_view(&vectors);
+                compute.rms_norm(&x, Some(&view.weight(&gamma)?), 1e-5, &mut y)
+            })?,
+            ElementOp::GeluErf => time_calls(compute, options, |_| {
+                compute.copy(&x, &mut y)?;
+                compute.gelu_erf(&mut y)
+            })?,
+            ElementOp::SiluMul => time_calls(compute, options, |_| {
+                compute.copy(&x, &mut y)?;
+                compute.silu_mul(&mut y, &x)
+            })?,
+            ElementOp::Rope => time_calls(compute, options, |_| {
+                compute.rope(&mut y, heads, head_dim, &positions, &inv_freq)
+            })?,
+            ElementOp::Checksum => {
+                let view_bytes = table_rows * cols * 4;
+                let seconds = time_calls(compute, options, |_| {
+                    compute.checksum(&compute.block_view(&table)).map(|_| ())
+                })?;
+                costs.insert(op, seconds / view_bytes as f64 * 1e9);
+                continue;
+            }
+        };
+        costs.insert(op, seconds / elements * 1e9);
+    }
+    // GELU and SiLU were timed with a copy in front (they work in place): take it out.
+    let move_ns = costs.get(&ElementOp::Move).copied().unwrap_or(0.0);
+    for op in [ElementOp::GeluErf, ElementOp::SiluMul] {
+        if let Some(ns) = costs.get_mut(&op) {
+            *ns = (*ns - move_ns).max(*ns * 0.1);
+        }
+    }
+    Ok(costs)
+}
+
+/// Seconds per score·dim of an encoder's attention and of a decoder's cached one.
+fn measure_attention<C: Compute>(
+    compute: &C,
+    options: &KernelOptions,
+) -> Result<(f64, f64), crate::compute::ComputeError> {
+    let (sequences, length, heads, head_dim) = (8usize, 32usize, 8usize, 64usize);
+    let width = heads * head_dim;
+    let rows = sequences * length;
+    let values: Vec<f32> = (0..rows * width)
+        .map(|index| ((index % 31) as f32 - 15.0) / 32.0)
+        .collect();
+    let mut q = compute.tensor(rows, width)?;
+    compute.write(&mut q, &values)?;
+    let mut out = compute.tensor(rows, width)?;
+    let lengths = vec![length; sequences];
+    let shape = Attention {
+        sequences,
+        sequence_length: length,
+        heads,
+        kv_heads: heads,
+        head_dim,
+        scale: 0.125,
+        mask: Mask::Padding(&lengths),
+    };
+    let full = time_calls(compute, options, |_| {
+        compute.attention(&q, &q, &q, &shape, &mut out)
+    })?;
+    let full_units = (sequences * heads * length * length * head_dim) as f64;
+
+    let past = 255usize;
+    let mut cache = compute.tensor(past + 1, width)?;
+    compute.write(&mut cache, &values[..(past + 1) * width])?;
+    let mut query = compute.tensor(1, width)?;
+    compute.write(&mut query, &values[..width])?;
+    let mut attended = compute.tensor(1, width)?;
+    let cached_shape = CachedAttention {
+        heads,
+        kv_heads: heads,
+        head_dim,
+        scale: 0.125,
+        past,
+        queries: 1,
+    };
+    let cached = time_calls(compute, options, |_| {
+        compute.attention_cached(&query, &cache, &cache, &cached_shape, &mut attended)
+    })?;
+    let cached_units = (heads * (past + 1) * head_dim) as f64;
+    Ok((full / full_units, cached / cached_units))
+}
+
+/// Seconds of a call that does almost nothing (an `add` of 16 values).
+fn measure_call_overhead<C: Compute>(compute: &C) -> Result<f64, crate::compute::ComputeError> {
+    let mut x = compute.tensor(1, 16)?;
+    let y = compute.tensor(1, 16)?;
+    let batch = 256;
+    let mut samples = Vec::new();
+    for _ in 0..16 {
+        let began = Instant::now();
+        for _ in 0..batch {
+            compute.add(&mut x, &y)?;
+        }
+        compute.wait(compute.fence()?)?;
+        samples.push(began.elapsed().as_secs_f64() / batch as f64);
+    }
+    Ok(median(&samples))
+}

@@ -1,0 +1,316 @@
+//! The profile a calibration writes: the format of `config/hardware/*.toml` (loaded by
+//! `sim::HardwareProfile`), with each measured figure's measurement in a comment and a
+//! `[calibration]` stamp (when, on which machine) that `--hardware local` checks.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use super::Calibration;
+use crate::sim::SharedSpec;
+
+/// Stand-in disk when the disk could not be measured: the shipped SATA SSD figures.
+const STAND_IN_DISK: (&str, f64, f64) = ("sata", 0.5, 100.0);
+
+/// The profile's TOML. Fails only when the kernels or the copies are missing (a
+/// profile cannot do without them; the disk falls back to a stand-in, said loudly).
+pub fn profile_toml(calibration: &Calibration, name: &str) -> Result<String, String> {
+    let copies = calibration
+        .copies
+        .as_ref()
+        .ok_or("the copies were not measured")?;
+    let kernels = calibration
+        .kernels
+        .as_ref()
+        .ok_or("the kernels were not measured")?;
+    let host = &calibration.host;
+    let mut text = String::new();
+    let line = |text: &mut String, value: String| {
+        text.push_str(&value);
+        text.push('\n');
+    };
+    line(
+        &mut text,
+        format!(
+            "# {name}: this machine, measured by `stagehand calibrate` on the {} backend ({})\n# ({}, {} CPUs, {} RAM, host {}).",
+            calibration.backend,
+            calibration.device_name,
+            host.cpu_model,
+            host.cpus,
+            stagehand_actors::Bytes(host.ram_bytes),
+            host.hostname
+        ),
+    );
+    line(
+        &mut text,
+        format!(
+            "# Load average (1 min) before / after: {} / {} — other processes skew every figure; calibrate on a quiet machine.",
+            load(calibration.load_average_before),
+            load(calibration.load_average_after)
+        ),
+    );
+    let cpu = calibration.backend == "cpu";
+    if cpu {
+        line(
+            &mut text,
+            "# On this backend the \"VRAM\" is host memory, a copy to it is a memcpy on the copy\n# thread, and copies, page-cache reads and compute share the cores and one memory bus\n# ([shared]).".to_string(),
+        );
+    }
+    line(&mut text, "# GB/s are decimal (10^9 bytes).".to_string());
+    for skipped in &calibration.skipped {
+        line(
+            &mut text,
+            format!(
+                "# NOT MEASURED: {} ({})",
+                skipped.measurement, skipped.reason
+            ),
+        );
+    }
+    line(&mut text, String::new());
+    line(&mut text, "[calibration]".to_string());
+    line(
+        &mut text,
+        format!("at_unix = {}", calibration.calibrated_at_unix),
+    );
+    line(&mut text, format!("host = {}", quoted(&host.fingerprint())));
+    line(
+        &mut text,
+        format!("backend = {}", quoted(&calibration.backend)),
+    );
+    line(
+        &mut text,
+        format!("stagehand = {}", quoted(env!("CARGO_PKG_VERSION"))),
+    );
+    line(&mut text, String::new());
+
+    // The roofline figures serve descriptions without kernels (shipped ones).
+    let large = kernels
+        .costs
+        .linear_gflops(256, 1024 * 1024, crate::compute::DType::F32);
+    let gemv = kernels
+        .costs
+        .linear_gflops(1, 1024 * 1024, crate::compute::DType::F32);
+    // A one-row f32 GEMV moves 4 bytes of weight per 2 FLOPs.
+    let gemv_bytes_per_second = gemv * 1e9 * 2.0;
+    line(&mut text, "[gpu]".to_string());
+    if cpu {
+        line(
+            &mut text,
+            "name = \"CPU backend (host memory as the device tier)\"".to_string(),
+        );
+        line(
+            &mut text,
+            "# The device tier is host memory: the budget you give is the limit.".to_string(),
+        );
+    } else {
+        line(
+            &mut text,
+            format!("name = {}", quoted(&calibration.device_name)),
+        );
+    }
+    line(
+        &mut text,
+        format!("vram = {}", calibration.device_bytes.max(1)),
+    );
+    line(
+        &mut text,
+        "pcie_generation = 0   # [link] below is measured, not named by generation".to_string(),
+    );
+    line(
+        &mut text,
+        "# For descriptions without kernels (the roofline): the f32 GEMM rate at 256 rows of a\n# 1024×1024 weight, and the memory rate a one-row GEMV reaches (from [compute]).".to_string(),
+    );
+    line(&mut text, format!("bf16_dense_tflops = {:.6}", large / 1e3));
+    line(&mut text, "sustained_efficiency = 1.0".to_string());
+    line(
+        &mut text,
+        format!("memory_gb_per_s = {:.3}", gemv_bytes_per_second / 1e9),
+    );
+    line(&mut text, String::new());
+    line(&mut text, "[host]".to_string());
+    line(&mut text, format!("ram = {}", host.ram_bytes.max(1)));
+    line(&mut text, String::new());
+
+    line(&mut text, "[link]".to_string());
+    line(&mut text, "name = \"cpu-memcpy\"".to_string());
+    line(
+        &mut text,
+        format!(
+            "# {}; slowest–fastest copy {:.2}–{:.2} GB/s.",
+            copies.pinned.how,
+            copies.pinned.slowest_per_second / 1e9,
+            copies.pinned.fastest_per_second / 1e9
+        ),
+    );
+    line(
+        &mut text,
+        format!("pinned_gb_per_s = {:.3}", copies.pinned.per_second / 1e9),
+    );
+    line(
+        &mut text,
+        format!(
+            "# {}; slowest–fastest {:.2}–{:.2} GB/s (on this backend \"pinned\" is plain memory too).",
+            copies.pageable.how,
+            copies.pageable.slowest_per_second / 1e9,
+            copies.pageable.fastest_per_second / 1e9
+        ),
+    );
+    line(
+        &mut text,
+        format!(
+            "pageable_gb_per_s = {:.3}",
+            copies.pageable.per_second / 1e9
+        ),
+    );
+    line(&mut text, format!("# {}.", copies.latency_how));
+    line(
+        &mut text,
+        format!("latency_us = {:.1}", copies.latency_seconds * 1e6),
+    );
+    line(&mut text, String::new());
+
+    write_disk(&mut text, calibration);
+
+    if let Some(contention) = &calibration.contention {
+        let shared = SharedSpec::from_figures(contention, copies, kernels);
+        line(&mut text, format!("# [shared]: {}.", contention.how));
+        for run in &contention.overlaps {
+            line(
+                &mut text,
+                format!(
+                    "# measured at once, GEMM of {} row(s): GEMM {:.3} ms alone, {:.3} ms with copies (× {:.2}); copies {:.2} GB/s alone, {:.2} GB/s with the GEMM (× {:.2} slower).",
+                    run.rows,
+                    run.gemm_alone_seconds * 1e3,
+                    run.gemm_shared_seconds * 1e3,
+                    run.gemm_shared_seconds / run.gemm_alone_seconds.max(1e-12),
+                    run.copy_alone_bytes_per_second / 1e9,
+                    run.copy_shared_bytes_per_second / 1e9,
+                    run.copy_alone_bytes_per_second / run.copy_shared_bytes_per_second.max(1.0)
+                ),
+            );
+        }
+        line(
+            &mut text,
+            format!(
+                "# memcpy: {:.2} GB/s with one thread, {:.2} GB/s with {} at once.",
+                contention.memcpy_one_thread_bytes_per_second / 1e9,
+                contention.memcpy_all_cores_bytes_per_second / 1e9,
+                contention.cores
+            ),
+        );
+        text.push_str(&table("shared", &shared)?);
+        line(&mut text, String::new());
+    }
+
+    line(&mut text, format!("# [compute]: {}.", kernels.how));
+    line(
+        &mut text,
+        "# linear: GFLOP/s (2 per multiply-add) of y = x·Wᵀ by storage dtype, weight shape and rows;\n# elementwise_ns: nanoseconds per value (per byte for checksum); attention: ns per score·dim.".to_string(),
+    );
+    text.push_str(&table("compute", &kernels.costs)?);
+    Ok(text)
+}
+
+fn write_disk(text: &mut String, calibration: &Calibration) {
+    let disk = calibration.disk.as_ref();
+    let cold = disk.and_then(|disk| disk.buffered_cold.as_ref());
+    text.push_str("[disk]\n");
+    match cold {
+        Some(cold) => {
+            let _ = writeln!(text, "name = \"measured\"");
+            let _ = writeln!(
+                text,
+                "# {}; slowest–fastest {:.2}–{:.2} GB/s.",
+                cold.how,
+                cold.slowest_per_second / 1e9,
+                cold.fastest_per_second / 1e9
+            );
+            let _ = writeln!(text, "read_gb_per_s = {:.3}", cold.per_second / 1e9);
+        }
+        None => {
+            let (name, rate, latency) = STAND_IN_DISK;
+            let _ = writeln!(
+                text,
+                "# NOT MEASURED (see the skipped measurements above): the shipped `{name}` figures stand in.\nname = \"{name} (stand-in)\"\nread_gb_per_s = {rate}\nrequest_latency_us = {latency}\n"
+            );
+            return;
+        }
+    }
+    let latency = disk.and_then(|disk| disk.request_latency_seconds);
+    match latency {
+        Some(seconds) => {
+            let how = disk.map_or("", |disk| disk.request_latency_how.as_str());
+            let _ = writeln!(text, "# {how}.");
+            let _ = writeln!(text, "request_latency_us = {:.1}", seconds * 1e6);
+        }
+        None => {
+            let _ = writeln!(
+                text,
+                "# request latency NOT MEASURED: {} µs (the shipped `sata` figure) stands in.\nrequest_latency_us = {}",
+                STAND_IN_DISK.2, STAND_IN_DISK.2
+            );
+        }
+    }
+    if let Some(direct) = disk.and_then(|disk| disk.direct.as_ref()) {
+        let _ = writeln!(
+            text,
+            "# {}; slowest–fastest {:.2}–{:.2} GB/s.",
+            direct.how,
+            direct.slowest_per_second / 1e9,
+            direct.fastest_per_second / 1e9
+        );
+        let _ = writeln!(
+            text,
+            "direct_read_gb_per_s = {:.3}",
+            direct.per_second / 1e9
+        );
+    }
+    if let Some(warm) = disk.and_then(|disk| disk.page_cache.as_ref()) {
+        let _ = writeln!(
+            text,
+            "# {}; slowest–fastest {:.2}–{:.2} GB/s.",
+            warm.how,
+            warm.slowest_per_second / 1e9,
+            warm.fastest_per_second / 1e9
+        );
+        let _ = writeln!(text, "page_cache_gb_per_s = {:.3}", warm.per_second / 1e9);
+    }
+    for note in disk.map_or(&[][..], |disk| &disk.notes[..]) {
+        let _ = writeln!(text, "# note: {note}");
+    }
+    text.push('\n');
+}
+
+fn load(value: Option<f64>) -> String {
+    value.map_or_else(|| "unknown".to_string(), |value| format!("{value:.2}"))
+}
+
+fn quoted(value: &str) -> String {
+    toml::Value::String(value.to_string()).to_string()
+}
+
+/// `[key]` and its contents, serialized by the same types the loader reads.
+fn table<T: Serialize>(key: &str, value: &T) -> Result<String, String> {
+    #[derive(Serialize)]
+    struct Wrapper<'a, T: Serialize> {
+        #[serde(flatten)]
+        inner: std::collections::BTreeMap<&'a str, &'a T>,
+    }
+    let wrapper = Wrapper {
+        inner: std::collections::BTreeMap::from([(key, value)]),
+    };
+    toml::to_string(&wrapper).map_err(|error| error.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_quoted_value_parses_back_to_itself() {
+        // Host names and CPU models may hold quotes and backslashes.
+        let value = "a \"b\" \\ c";
+        let table: toml::Table = toml::from_str(&format!("x = {}", quoted(value))).unwrap();
+        assert_eq!(table["x"].as_str(), Some(value));
+    }
+}

@@ -1,0 +1,354 @@
+//! `stagehand validate`: a matrix of configurations, each simulated on a hardware
+//! profile (`--hardware local` by default: this machine, calibrated) and really run,
+//! printed as predicted vs measured with the error of each figure and a verdict per
+//! row (`--json` for scripts). The matrix and how to read it: docs/simulator.md.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use stagehand_actors::Bytes;
+
+use super::{CommandResult, Failure};
+use crate::calibrate::validate::{
+    validate_case, Case, CaseModel, Figure, Row, Verdict, COLD_TOLERANCE, STEADY_TOLERANCE,
+};
+use crate::model::demo::DemoSpec;
+use crate::model::generated::{write_decoder_folder, DecoderArch, DecoderDemo, DecoderPreset};
+
+/// Steps one validation run may take: the steady median needs a handful, and the
+/// matrix runs every configuration.
+const MAX_STEPS: u64 = 1000;
+
+/// A recommended depth within this much of the fastest measured one counts as right.
+const DEPTH_TOLERANCE: f64 = 0.05;
+
+/// The demo model of the matrix: 8 blocks × 2 layers × dim² f32 (64 MiB at the
+/// default 1024), small enough that 36 real runs take about a minute, large enough
+/// to stream.
+fn demo_spec(dim: u32) -> DemoSpec {
+    DemoSpec {
+        blocks: 8,
+        layers_per_block: 2,
+        dim,
+        seed: 0x5747_4e44,
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ValidateArgs {
+    /// The profile to predict with: `local` (calibrated now, or a fresh cached
+    /// calibration), a profile TOML, or a shipped name.
+    #[arg(long, default_value = "local", value_name = "PROFILE")]
+    pub hardware: String,
+    /// Really run on this device: cpu, or cuda (with a profile calibrated on that GPU).
+    #[arg(long, value_enum, default_value = "cpu")]
+    pub device: ValidateDevice,
+    /// Steps per run (the first is cold; steady is the median from the third on).
+    #[arg(long, default_value_t = 8, value_name = "N")]
+    pub steps: u64,
+    /// A small matrix (batch 8, one budget, depths 0 and 2, page cache only): seconds.
+    #[arg(long)]
+    pub quick: bool,
+    /// Width of the demo model's layers (each weight dim × dim f32).
+    #[arg(long, default_value_t = 1024, value_name = "N")]
+    pub demo_dim: u32,
+    /// Leave out the generated Llama decoder.
+    #[arg(long)]
+    pub no_decoder: bool,
+    /// Where the generated models are written (default: the cache directory).
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Print the rows as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ValidateDevice {
+    Cpu,
+    Cuda,
+}
+
+/// The configurations to run: the demo model at three batch sizes × three VRAM
+/// budgets × prefetch depth 0 and 2 × `--fast-disk` off and on, and a generated
+/// Llama decoder at depths 0 and 2 (`--quick`: batch 8, one budget, page cache).
+pub fn matrix(demo: PathBuf, decoder: Option<PathBuf>, quick: bool, steps: u64) -> Vec<Case> {
+    let (batches, shares, fast): (&[usize], &[f64], &[bool]) = if quick {
+        (&[8], &[0.5], &[false])
+    } else {
+        (&[1, 8, 64], &[0.3, 0.6, 1.0], &[false, true])
+    };
+    let mut cases = Vec::new();
+    for &fast_disk in fast {
+        for &batch in batches {
+            for &vram_share in shares {
+                for prefetch_depth in [0, 2] {
+                    cases.push(Case {
+                        model: CaseModel::LinearStack { path: demo.clone() },
+                        batch,
+                        vram_share,
+                        prefetch_depth,
+                        fast_disk,
+                        steps,
+                        cuda: false,
+                    });
+                }
+            }
+        }
+    }
+    if let Some(path) = decoder {
+        for prefetch_depth in [0, 2] {
+            cases.push(Case {
+                model: CaseModel::Decoder { path: path.clone() },
+                batch: 1,
+                vram_share: 0.5,
+                prefetch_depth,
+                fast_disk: false,
+                steps,
+                cuda: false,
+            });
+        }
+    }
+    cases
+}
+
+pub fn execute(args: ValidateArgs) -> CommandResult {
+    if args.steps < 3 {
+        return Err(Failure::bad_input(anyhow::anyhow!(
+            "--steps {}: at least 3 (a cold step, a warm-up step, then steady ones)",
+            args.steps
+        )));
+    }
+    if args.steps > MAX_STEPS {
+        return Err(Failure::bad_input(anyhow::anyhow!(
+            "--steps {}: at most {MAX_STEPS} per run (the matrix runs 38 of them)",
+            args.steps
+        )));
+    }
+    let cache = args
+        .cache_dir
+        .clone()
+        .unwrap_or_else(crate::run::default_cache_dir);
+    let spec = demo_spec(args.demo_dim);
+    spec.validate().map_err(Failure::bad_input)?;
+    let demo_dir = cache.join(format!("validate-linear-stack-{}", args.demo_dim));
+    let demo = crate::run::ensure_demo_model(&demo_dir, &spec)
+        .map_err(|error| Failure::run_failed(anyhow::anyhow!(error)))?;
+    let decoder =
+        if args.no_decoder || args.quick {
+            None
+        } else {
+            let demo = DecoderDemo {
+                arch: DecoderArch::Llama,
+                preset: DecoderPreset::Tiny,
+                dtype: crate::compute::DType::F32,
+                seed: 7,
+                shard_bytes: 1 << 30,
+            };
+            let dir = cache.join("validate-llama-tiny");
+            Some(write_decoder_folder(&dir, &demo).map_err(|error| {
+                Failure::run_failed(anyhow::anyhow!("{}: {error}", dir.display()))
+            })?)
+        };
+    let profile = super::hardware_arg::load_hardware(&args.hardware, Some(&demo_dir))?;
+    let mut cases = matrix(demo, decoder, args.quick, args.steps);
+    for case in &mut cases {
+        case.cuda = args.device == ValidateDevice::Cuda;
+    }
+    let load_before = crate::calibrate::load_average();
+    let mut rows = Vec::with_capacity(cases.len());
+    for (index, case) in cases.iter().enumerate() {
+        eprintln!("validate: {}/{} {}", index + 1, cases.len(), label(case));
+        rows.push(validate_case(case, &profile).map_err(Failure::run_failed)?);
+    }
+    let load_after = crate::calibrate::load_average();
+    let depth_checks = depth_checks(&rows);
+    let mut out = std::io::stdout().lock();
+    let written = if args.json {
+        let report = serde_json::json!({
+            "hardware": profile.name,
+            "load_average_before": load_before,
+            "load_average_after": load_after,
+            "rows": rows,
+            "depth_checks": depth_checks,
+        });
+        serde_json::to_writer_pretty(&mut out, &report)
+            .map_err(std::io::Error::from)
+            .and_then(|()| writeln!(out))
+    } else {
+        write_table(&mut out, &rows, &depth_checks, load_before, load_after)
+    };
+    match written {
+        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => other.map_err(Failure::run_failed),
+    }
+}
+
+fn label(case: &Case) -> String {
+    format!(
+        "{} b{} v{:.0}% d{}{}",
+        case.model.label(),
+        case.batch,
+        case.vram_share * 100.0,
+        case.prefetch_depth,
+        if case.fast_disk { " fast" } else { "" }
+    )
+}
+
+/// Per (model, batch, budget, disk): the depth the simulation finds faster (the
+/// smaller on a tie within 5 %) and whether it is the fastest measured, within 5 %.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DepthCheck {
+    pub configuration: String,
+    pub recommended_depth: u32,
+    pub fastest_measured_depth: u32,
+    pub ok: bool,
+}
+
+fn depth_checks(rows: &[Row]) -> Vec<DepthCheck> {
+    let mut checks = Vec::new();
+    for pair in rows.windows(2) {
+        let (shallow, deep) = (&pair[0], &pair[1]);
+        let same = Case {
+            prefetch_depth: deep.case.prefetch_depth,
+            ..shallow.case.clone()
+        };
+        if shallow.case.prefetch_depth != 0 || deep.case.prefetch_depth != 2 || same != deep.case {
+            continue;
+        }
+        let predicted = |row: &Row| row.steady_step_seconds.predicted;
+        let measured = |row: &Row| row.steady_step_seconds.measured;
+        let recommended = if predicted(deep) < predicted(shallow) * (1.0 - DEPTH_TOLERANCE) {
+            deep
+        } else {
+            shallow
+        };
+        let fastest = if measured(deep) < measured(shallow) {
+            deep
+        } else {
+            shallow
+        };
+        checks.push(DepthCheck {
+            configuration: label(&shallow.case).replace(" d0", ""),
+            recommended_depth: recommended.case.prefetch_depth,
+            fastest_measured_depth: fastest.case.prefetch_depth,
+            ok: measured(recommended) <= measured(fastest) * (1.0 + DEPTH_TOLERANCE),
+        });
+    }
+    checks
+}
+
+fn ms(seconds: f64) -> String {
+    format!("{:.2}", seconds * 1e3)
+}
+
+fn error(figure: &Figure) -> String {
+    if figure.error.is_finite() {
+        format!("{:+.1}%", figure.error * 100.0)
+    } else {
+        "n/a".to_string()
+    }
+}
+
+fn bytes_pair(figure: &Figure) -> String {
+    let show = |value: f64| Bytes(value.round() as u64).to_string();
+    if figure.error == 0.0 {
+        format!("{} =", show(figure.measured))
+    } else {
+        format!("{}≠{}", show(figure.predicted), show(figure.measured))
+    }
+}
+
+fn write_table(
+    out: &mut impl Write,
+    rows: &[Row],
+    depth_checks: &[DepthCheck],
+    load_before: Option<f64>,
+    load_after: Option<f64>,
+) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "{:<28} {:>16} {:>8} {:>16} {:>8} {:>18} {:>18} {:>14} {:>14} {:>10}",
+        "configuration",
+        "steady ms p/m",
+        "err",
+        "cold ms p/m",
+        "err",
+        "pinned→vram/step",
+        "disk→*/step",
+        "peak vram",
+        "peak pinned",
+        "verdict"
+    )?;
+    for row in rows {
+        let disk = Figure::new(
+            row.disk_to_pinned_bytes.predicted + row.disk_to_vram_bytes.predicted,
+            row.disk_to_pinned_bytes.measured + row.disk_to_vram_bytes.measured,
+        );
+        writeln!(
+            out,
+            "{:<28} {:>16} {:>8} {:>16} {:>8} {:>18} {:>18} {:>14} {:>14} {:>10}",
+            label(&row.case),
+            format!(
+                "{}/{}",
+                ms(row.steady_step_seconds.predicted),
+                ms(row.steady_step_seconds.measured)
+            ),
+            error(&row.steady_step_seconds),
+            format!(
+                "{}/{}",
+                ms(row.cold_step_seconds.predicted),
+                ms(row.cold_step_seconds.measured)
+            ),
+            error(&row.cold_step_seconds),
+            bytes_pair(&row.pinned_to_vram_bytes),
+            bytes_pair(&disk),
+            bytes_pair(&row.peak_vram_bytes),
+            bytes_pair(&row.peak_pinned_bytes),
+            match row.verdict {
+                Verdict::Pass => "pass",
+                Verdict::TimeMiss => "time miss",
+                Verdict::PlanMiss => "plan miss",
+            }
+        )?;
+    }
+    let steady_ok = rows
+        .iter()
+        .filter(|row| row.steady_step_seconds.error.abs() <= STEADY_TOLERANCE)
+        .count();
+    let cold_ok = rows
+        .iter()
+        .filter(|row| row.cold_step_seconds.error.abs() <= COLD_TOLERANCE)
+        .count();
+    let exact = rows
+        .iter()
+        .filter(|row| row.verdict != Verdict::PlanMiss)
+        .count();
+    let unverified = rows.iter().filter(|row| !row.verified).count();
+    writeln!(
+        out,
+        "steady within ±{:.0} %: {steady_ok}/{n}; cold within ±{:.0} %: {cold_ok}/{n}; plan bytes and peaks exact: {exact}/{n}; runs not verified against their reference: {unverified}",
+        STEADY_TOLERANCE * 100.0,
+        COLD_TOLERANCE * 100.0,
+        n = rows.len()
+    )?;
+    let depth_ok = depth_checks.iter().filter(|check| check.ok).count();
+    writeln!(
+        out,
+        "recommended depth (0 or 2) within 5 % of the fastest measured: {depth_ok}/{}",
+        depth_checks.len()
+    )?;
+    for check in depth_checks.iter().filter(|check| !check.ok) {
+        writeln!(
+            out,
+            "  {}: simulation recommends {}, depth {} measured faster",
+            check.configuration, check.recommended_depth, check.fastest_measured_depth
+        )?;
+    }
+    writeln!(
+        out,
+        "(p/m: predicted/measured; bytes: mean per steady step, `=` when exact; load average 1 min before/after: {}/{})",
+        load_before.map_or("?".to_string(), |load| format!("{load:.2}")),
+        load_after.map_or("?".to_string(), |load| format!("{load:.2}"))
+    )
+}

@@ -1,0 +1,401 @@
+//! The shared-bus machine: a backend whose copies, reads and compute are not
+//! independent engines but threads on the same few cores and one memory bus (the CPU
+//! backend: the copy thread's `memcpy`, the reader threads' page-cache copies and the
+//! compute thread's GEMMs). A profile with a `[shared]` table runs its lanes through
+//! [`SharedBus`] instead of the independent serial lanes a GPU has.
+//!
+//! The model is a fluid one. Each operation knows its time alone and what it needs
+//! while it runs: cores (threads kept busy) and memory traffic (bytes per second
+//! alone). While several run at once, the cores are shared in proportion to what
+//! each asks (the scheduler's fair share), and when the traffic they ask for at that
+//! share exceeds the bus, every operation's traffic is scaled down in the same
+//! proportion; each progresses at the smaller of the two shares. Whenever an
+//! operation starts or ends, the others' progress is brought up to date and their
+//! ends re-projected, so the timeline stays exact and deterministic.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
+
+use super::clock::SimClock;
+use super::trace::{Lane, TraceRecorder};
+
+/// The `[shared]` table of a profile.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SharedSpec {
+    /// Cores the copy thread, the reader threads and the compute thread share.
+    pub cores: f64,
+    /// Memory traffic all cores together sustain, GB/s (a copy moves each byte twice:
+    /// a read and a write).
+    pub memory_gb_per_s: f64,
+}
+
+impl SharedSpec {
+    pub fn validate(&self) -> Result<(), String> {
+        if !(self.cores.is_finite() && self.cores >= 1.0) {
+            return Err(format!("shared.cores = {}: at least 1", self.cores));
+        }
+        if !(self.memory_gb_per_s.is_finite() && self.memory_gb_per_s > 0.0) {
+            return Err(format!(
+                "shared.memory_gb_per_s = {}: must be a positive number",
+                self.memory_gb_per_s
+            ));
+        }
+        Ok(())
+    }
+
+    /// The model's figures from a calibration: the cores, and the memory traffic every
+    /// core's memcpy reached at once (twice the bytes copied).
+    pub fn from_figures(
+        contention: &crate::calibrate::ContentionFigures,
+        _copies: &crate::calibrate::CopyFigures,
+        _kernels: &crate::calibrate::KernelFigures,
+    ) -> Self {
+        Self {
+            cores: contention.cores as f64,
+            memory_gb_per_s: 2.0 * contention.memcpy_all_cores_bytes_per_second / 1e9,
+        }
+    }
+
+    /// The shares each of `demands` progresses at when they run at once: its time
+    /// alone is stretched by `1 / share`.
+    pub fn shares(&self, demands: &[Demand]) -> Vec<f64> {
+        let threads: f64 = demands.iter().map(|demand| demand.threads).sum();
+        let cpu = if threads > self.cores {
+            self.cores / threads
+        } else {
+            1.0
+        };
+        let traffic: f64 = demands
+            .iter()
+            .map(|demand| {
+                demand.memory_bytes_per_second * if demand.threads > 0.0 { cpu } else { 1.0 }
+            })
+            .sum();
+        // One operation alone is never slowed: a GEMV's reads may outrun what
+        // `memory_gb_per_s` (from memcpy, a read and a write) says the bus carries.
+        let largest = demands
+            .iter()
+            .map(|demand| demand.memory_bytes_per_second)
+            .fold(0.0, f64::max);
+        let bus = (self.memory_gb_per_s * 1e9).max(largest);
+        let memory = if traffic > bus { bus / traffic } else { 1.0 };
+        demands
+            .iter()
+            .map(|demand| {
+                let cpu_share = if demand.threads > 0.0 { cpu } else { 1.0 };
+                let memory_share = if demand.memory_bytes_per_second > 0.0 {
+                    cpu_share * memory
+                } else {
+                    1.0
+                };
+                cpu_share.min(memory_share).max(1e-6)
+            })
+            .collect()
+    }
+}
+
+/// What an operation needs while it runs at its solo speed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Demand {
+    /// Threads it keeps busy (0: DMA, nothing on the cores).
+    pub threads: f64,
+    /// Memory traffic it makes alone, bytes per second.
+    pub memory_bytes_per_second: f64,
+}
+
+/// One operation on the bus.
+struct Operation {
+    lane: Lane,
+    /// Seconds of solo work left.
+    remaining: f64,
+    demand: Demand,
+    label: String,
+    bytes: Option<u64>,
+    started: Option<f64>,
+    /// Set once done: its exact end.
+    ended: Option<f64>,
+}
+
+struct BusState {
+    operations: BTreeMap<u64, Operation>,
+    /// Per lane, the operations queued behind the running one, in issue order.
+    queues: BTreeMap<u8, VecDeque<u64>>,
+    next_id: u64,
+    /// When progress was last brought up to date (exact seconds).
+    updated: f64,
+}
+
+/// The lanes of one shared-bus machine.
+pub struct SharedBus {
+    spec: SharedSpec,
+    clock: Arc<SimClock>,
+    state: Mutex<BusState>,
+    changed: Notify,
+    trace: Option<Arc<TraceRecorder>>,
+}
+
+/// `seconds` as a Duration rounded up to whole nanoseconds, so a waiter woken then
+/// finds its operation's end reached (rounding down would wake it just before, again
+/// and again).
+fn nanoseconds_up(seconds: f64) -> Duration {
+    Duration::from_nanos((seconds.max(0.0) * 1e9).ceil() as u64)
+}
+
+fn lane_key(lane: Lane) -> u8 {
+    match lane {
+        Lane::Disk => 0,
+        Lane::Copy => 1,
+        Lane::Compute => 2,
+    }
+}
+
+impl SharedBus {
+    pub fn new(
+        spec: SharedSpec,
+        clock: Arc<SimClock>,
+        trace: Option<Arc<TraceRecorder>>,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            spec,
+            clock,
+            state: Mutex::new(BusState {
+                operations: BTreeMap::new(),
+                queues: BTreeMap::new(),
+                next_id: 0,
+                updated: 0.0,
+            }),
+            changed: Notify::new(),
+            trace,
+        })
+    }
+
+    pub fn spec(&self) -> &SharedSpec {
+        &self.spec
+    }
+
+    fn lock(&self) -> MutexGuard<'_, BusState> {
+        // Updates are whole-field writes made before anything that can panic.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Issues an operation of `solo` duration on `lane` now (serial per lane, in
+    /// issue order); the future resolves at its exact end. The operation is on the
+    /// bus from this call, not from the future's first poll, as a copy queued on a
+    /// stream is.
+    pub fn submit(
+        self: &Arc<Self>,
+        lane: Lane,
+        solo: Duration,
+        demand: Demand,
+        label: String,
+        bytes: Option<u64>,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let id = {
+            let now = self.clock.now().as_secs_f64();
+            let mut state = self.lock();
+            self.advance(&mut state, now);
+            let id = state.next_id;
+            state.next_id += 1;
+            let lane_busy = state
+                .operations
+                .values()
+                .any(|operation| operation.lane == lane && operation.ended.is_none());
+            state.operations.insert(
+                id,
+                Operation {
+                    lane,
+                    remaining: solo.as_secs_f64(),
+                    demand,
+                    label,
+                    bytes,
+                    started: (!lane_busy).then_some(now),
+                    ended: None,
+                },
+            );
+            if lane_busy {
+                state
+                    .queues
+                    .entry(lane_key(lane))
+                    .or_default()
+                    .push_back(id);
+            }
+            id
+        };
+        // The others' shares changed: they re-project their ends.
+        self.changed.notify_waiters();
+        let bus = Arc::clone(self);
+        async move { bus.wait_for(id).await }
+    }
+
+    /// Waits until operation `id` has ended, re-projecting its end whenever another
+    /// operation starts or ends.
+    async fn wait_for(&self, id: u64) {
+        // Bounded: every pass either ends the wait or follows a start or an end of
+        // another operation, and each operation starts and ends once.
+        loop {
+            // Registered before the state is read, so a submit in between wakes it.
+            let notified = self.changed.notified();
+            let (end, done) = {
+                let now = self.clock.now().as_secs_f64();
+                let mut state = self.lock();
+                self.advance(&mut state, now);
+                match state
+                    .operations
+                    .get(&id)
+                    .and_then(|operation| operation.ended)
+                {
+                    Some(ended) => (ended, true),
+                    None => (self.projected_end(&state, id), false),
+                }
+            };
+            if done {
+                let finished = self.lock().operations.remove(&id);
+                if let (Some(trace), Some(operation)) = (&self.trace, finished) {
+                    if let Some(started) = operation.started {
+                        trace.record(
+                            operation.lane,
+                            operation.label,
+                            Duration::from_secs_f64(started),
+                            Duration::from_secs_f64(end),
+                            operation.bytes,
+                        );
+                    }
+                }
+                // Resume at the exact end, as a serial lane's waiter does.
+                self.clock.wait_until(nanoseconds_up(end)).await;
+                return;
+            }
+            tokio::select! {
+                () = self.clock.wait_until(nanoseconds_up(end)) => {}
+                () = notified => {}
+            }
+        }
+    }
+
+    /// The running operations (one per lane) and their shares.
+    fn running_shares(&self, state: &BusState) -> Vec<(u64, f64)> {
+        let running: Vec<(u64, Demand)> = state
+            .operations
+            .iter()
+            .filter(|(_, operation)| operation.started.is_some() && operation.ended.is_none())
+            .map(|(&id, operation)| (id, operation.demand))
+            .collect();
+        let demands: Vec<Demand> = running.iter().map(|(_, demand)| *demand).collect();
+        let shares = self.spec.shares(&demands);
+        running
+            .iter()
+            .zip(shares)
+            .map(|((id, _), share)| (*id, share))
+            .collect()
+    }
+
+    /// Brings every running operation's progress up to `now`, ending those that
+    /// finish on the way (in time order, each end re-sharing the rest) and starting
+    /// the next of their lane.
+    fn advance(&self, state: &mut BusState, now: f64) {
+        // Bounded: each pass ends at least one operation or reaches `now`.
+        for _ in 0..=state.operations.len() + 1 {
+            let from = state.updated;
+            if now <= from {
+                return;
+            }
+            let shares = self.running_shares(state);
+            // The first running operation to finish at these shares, if before `now`.
+            let first_end = shares
+                .iter()
+                .filter_map(|&(id, share)| {
+                    let operation = state.operations.get(&id)?;
+                    Some((from + operation.remaining / share, id))
+                })
+                .min_by(|a, b| a.0.total_cmp(&b.0));
+            let until = match first_end {
+                Some((end, _)) if end < now => end,
+                _ => now,
+            };
+            for &(id, share) in &shares {
+                if let Some(operation) = state.operations.get_mut(&id) {
+                    operation.remaining = (operation.remaining - (until - from) * share).max(0.0);
+                }
+            }
+            state.updated = until;
+            let finished: Vec<u64> = shares
+                .iter()
+                .filter(|&&(id, share)| {
+                    state
+                        .operations
+                        .get(&id)
+                        // Within a nanosecond of its end (the clock's resolution).
+                        .is_some_and(|operation| operation.remaining <= 1e-9 * share)
+                })
+                .map(|&(id, _)| id)
+                .collect();
+            for id in finished {
+                let lane = match state.operations.get_mut(&id) {
+                    Some(operation) => {
+                        operation.ended = Some(until);
+                        operation.lane
+                    }
+                    None => continue,
+                };
+                let next = state
+                    .queues
+                    .get_mut(&lane_key(lane))
+                    .and_then(VecDeque::pop_front);
+                if let Some(next) = next.and_then(|next| state.operations.get_mut(&next)) {
+                    next.started = Some(until);
+                }
+            }
+            if until >= now {
+                return;
+            }
+        }
+    }
+
+    /// When `id` ends if nothing else starts or ends first.
+    fn projected_end(&self, state: &BusState, id: u64) -> f64 {
+        let shares = self.running_shares(state);
+        match shares.iter().find(|(running, _)| *running == id) {
+            Some(&(_, share)) => {
+                let remaining = state.operations.get(&id).map_or(0.0, |op| op.remaining);
+                // The earliest other end re-shares; wake then to re-project.
+                let others = shares
+                    .iter()
+                    .filter(|(other, _)| *other != id)
+                    .filter_map(|&(other, share)| {
+                        state
+                            .operations
+                            .get(&other)
+                            .map(|op| state.updated + op.remaining / share)
+                    })
+                    .fold(f64::INFINITY, f64::min);
+                (state.updated + remaining / share).min(others)
+            }
+            // Queued: wake when the lane's running operation may end.
+            None => shares
+                .iter()
+                .filter_map(|&(other, share)| {
+                    state
+                        .operations
+                        .get(&other)
+                        .map(|op| state.updated + op.remaining / share)
+                })
+                .fold(f64::INFINITY, f64::min)
+                .max(state.updated),
+        }
+    }
+}
+
+impl std::fmt::Debug for SharedBus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedBus")
+            .field("spec", &self.spec)
+            .finish()
+    }
+}

@@ -1,0 +1,112 @@
+//! `stagehand validate --json` on a tiny matrix: every row's plan bytes and peak
+//! budgets predicted by the simulator equal the real run's exactly (both sessions
+//! plan the same work), the runs stream and verify, and bad input exits 2.
+
+mod common;
+
+use common::{assert_bad_input, stagehand};
+
+/// A calibrated-style profile with a shared bus and measured kernels (figures of
+/// this order; the byte and peak figures checked here do not depend on them).
+const PROFILE: &str = r#"
+[calibration]
+at_unix = 1
+host = "test"
+backend = "cpu"
+stagehand = "0.1.0"
+
+[gpu]
+name = "CPU backend"
+vram = "16 GiB"
+pcie_generation = 0
+bf16_dense_tflops = 0.05
+sustained_efficiency = 1.0
+memory_gb_per_s = 8
+
+[host]
+ram = "16 GiB"
+
+[link]
+pinned_gb_per_s = 10
+pageable_gb_per_s = 10
+latency_us = 5
+
+[disk]
+read_gb_per_s = 1.5
+request_latency_us = 70
+direct_read_gb_per_s = 1.1
+page_cache_gb_per_s = 5.5
+
+[shared]
+cores = 2
+memory_gb_per_s = 20
+
+[compute]
+call_overhead_us = 0.5
+attention_ns_per_score_dim = 0.2
+cached_attention_ns_per_score_dim = 1.2
+
+[compute.elementwise_ns]
+rms_norm = 0.9
+
+[[compute.linear]]
+dtype = "f32"
+inner = 1024
+outer = 1024
+rows = [1, 8, 64]
+gflops = [4.0, 17.0, 58.0]
+"#;
+
+#[test]
+fn plan_bytes_and_peaks_are_predicted_exactly() {
+    // Two rows (depth 0 and 2) of a 64-wide demo model: the simulator's plan bytes
+    // per step and peak VRAM / pinned equal what the real session planned and used.
+    let dir = tempfile::tempdir().unwrap();
+    let profile = dir.path().join("profile.toml");
+    std::fs::write(&profile, PROFILE).unwrap();
+    let output = stagehand()
+        .args([
+            "validate",
+            "--quick",
+            "--json",
+            "--no-decoder",
+            "--steps",
+            "4",
+        ])
+        .args(["--demo-dim", "64", "--hardware"])
+        .arg(&profile)
+        .arg("--cache-dir")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let rows = report["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{report}");
+    for row in rows {
+        for key in [
+            "plan_streamed_bytes",
+            "plan_disk_bytes",
+            "peak_vram_bytes",
+            "peak_pinned_bytes",
+        ] {
+            let figure = &row[key];
+            assert_eq!(figure["predicted"], figure["measured"], "{key}: {row}");
+        }
+        assert_eq!(row["verified"], true, "{row}");
+        assert_ne!(row["verdict"], "plan_miss", "{row}");
+    }
+    // The budget makes the demo stream: bytes cross every step.
+    assert!(rows[1]["plan_streamed_bytes"]["measured"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn too_few_steps_is_bad_input() {
+    // A steady step needs a cold and a warm-up step before it.
+    let output = stagehand()
+        .args(["validate", "--steps", "2"])
+        .output()
+        .unwrap();
+    assert_bad_input(&output, &["--steps 2", "at least 3"]);
+}
