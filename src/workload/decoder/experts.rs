@@ -137,37 +137,7 @@ impl Decoder {
             let mlp = &self.weights.experts[layer][expert as usize];
             let lora = blocks.lora();
             let outcome = (|| {
-                Self::project(
-                    compute,
-                    &held,
-                    lora,
-                    &mlp.gate,
-                    None,
-                    &acts.normed,
-                    &mut acts.gate,
-                    &mut acts.low_rank,
-                )?;
-                Self::project(
-                    compute,
-                    &held,
-                    lora,
-                    &mlp.up,
-                    None,
-                    &acts.normed,
-                    &mut acts.up,
-                    &mut acts.low_rank,
-                )?;
-                compute.silu_mul(&mut acts.gate, &acts.up)?;
-                Self::project(
-                    compute,
-                    &held,
-                    lora,
-                    &mlp.down,
-                    None,
-                    &acts.gate,
-                    &mut acts.out,
-                    &mut acts.low_rank,
-                )?;
+                Self::swiglu(compute, &held, lora, mlp, acts)?;
                 compute.add_scaled_rows(&mut acts.mixed, &acts.out, &scales)?;
                 Ok::<_, WorkloadError>(())
             })();

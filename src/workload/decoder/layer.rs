@@ -139,6 +139,19 @@ impl Decoder {
         mlp: &weights::Mlp,
         acts: &mut Activations<C>,
     ) -> Result<(), WorkloadError> {
+        Self::swiglu(compute, held, lora, mlp, acts)?;
+        compute.add(&mut acts.x, &acts.out)?;
+        Ok(())
+    }
+
+    /// `out ← down(silu(gate(normed)) · up(normed))`: a dense MLP or one expert.
+    pub(super) fn swiglu<C: Compute>(
+        compute: &C,
+        held: &Held<C::Block>,
+        lora: Option<&LoraSet>,
+        mlp: &weights::Mlp,
+        acts: &mut Activations<C>,
+    ) -> Result<(), WorkloadError> {
         Self::project(
             compute,
             held,
@@ -170,7 +183,6 @@ impl Decoder {
             &mut acts.out,
             &mut acts.low_rank,
         )?;
-        compute.add(&mut acts.x, &acts.out)?;
         Ok(())
     }
 
