@@ -203,12 +203,16 @@ fn fp8_weights_move_their_own_bytes_half_of_bf16() {
 #[test]
 fn mixtral_tokens_do_not_depend_on_the_expert_policy_or_the_hint() {
     // Proves the real router drives expert loads: every policy, with and without the
-    // speculative hint, verifies bit for bit and picks the same tokens; the hint is
-    // used, and it raises the hit rate over no hint.
+    // speculative hint, verifies bit for bit, picks the same tokens and uses as many
+    // experts; the hint is used, and it raises the share of experts foreseen (resident,
+    // or hinted and on their way) over no hint. Not the hit rate: whether a hinted load
+    // has landed by the time the router asks depends on how busy the machine is (CI saw
+    // lru + next-layer at 0.0 hits on a loaded runner, 0.089 on a quiet one).
     let dir = tempfile::tempdir().unwrap();
     let model = folder(dir.path(), DecoderArch::Mixtral, DType::F32);
     let mut seen = None;
-    let mut hit_rates = Vec::new();
+    let mut uses = None;
+    let mut foreseen = Vec::new();
     for policy in ["lru", "lfu", "lfu-aging"] {
         for hint in ["none", "next-layer"] {
             let output = generate(
@@ -228,7 +232,27 @@ fn mixtral_tokens_do_not_depend_on_the_expert_policy_or_the_hint() {
             assert_eq!(summary["verified_steps"], 24, "{policy} {hint}");
             let hints = summary["expert_hints"].as_u64().unwrap();
             assert_eq!(hints > 0, hint == "next-layer", "{policy} {hint}");
-            hit_rates.push((policy, hint, summary["expert_hit_rate"].as_f64().unwrap()));
+            let hits = summary["expert_hits"].as_u64().unwrap();
+            let misses = summary["expert_misses"].as_u64().unwrap();
+            let late = summary["expert_late"].as_u64().unwrap();
+            assert!(
+                late <= misses,
+                "{policy} {hint}: {late} late of {misses} misses"
+            );
+            assert!(
+                hint == "next-layer" || late == 0,
+                "{policy} {hint}: late without a hint"
+            );
+            match uses {
+                None => uses = Some(hits + misses),
+                Some(first) => assert_eq!(first, hits + misses, "{policy} {hint}: expert uses"),
+            }
+            foreseen.push((
+                policy,
+                hint,
+                summary["expert_foreseen_rate"].as_f64().unwrap(),
+                summary["expert_hit_rate"].as_f64().unwrap(),
+            ));
             let picked = tokens(&output);
             match &seen {
                 None => seen = Some(picked),
@@ -236,8 +260,8 @@ fn mixtral_tokens_do_not_depend_on_the_expert_policy_or_the_hint() {
             }
         }
     }
-    eprintln!("hit rates: {hit_rates:?}");
-    for pair in hit_rates.chunks(2) {
+    eprintln!("(policy, hint, foreseen, hit rate): {foreseen:?}");
+    for pair in foreseen.chunks(2) {
         assert!(
             pair[1].2 > pair[0].2,
             "the hint helps {}: {pair:?}",

@@ -181,6 +181,8 @@ struct ExpertRow {
     policy: &'static str,
     hint: &'static str,
     hit_rate: f64,
+    /// Resident or already hinted when used (see `Summary::expert_foreseen_rate`).
+    foreseen_rate: f64,
     hits: u64,
     misses: u64,
     decode_seconds: f64,
@@ -220,14 +222,14 @@ fn expert_rows(bench: &Bench<'_>, budgets: Budgets) -> Result<Vec<ExpertRow>, Fa
         let oracle = run(ExpertHint::Oracle(routes))?;
         for (hint, outcome) in [("none", plain), ("next-layer", hinted), ("oracle", oracle)] {
             let report = &outcome.report;
-            let total = (report.expert_hits + report.expert_misses).max(1);
             let steady_steps = report.steps.saturating_sub(1).max(1) as f64;
             let to_vram = report.stats.pinned_to_vram.model_bytes
                 - report.after_first_step.pinned_to_vram.model_bytes;
             rows.push(ExpertRow {
                 policy: name,
                 hint,
-                hit_rate: report.expert_hits as f64 / total as f64,
+                hit_rate: report.expert_share(report.expert_hits),
+                foreseen_rate: report.expert_share(report.expert_hits + report.expert_late),
                 hits: report.expert_hits,
                 misses: report.expert_misses,
                 decode_seconds: report.steady_step_seconds(),
@@ -240,15 +242,16 @@ fn expert_rows(bench: &Bench<'_>, budgets: Budgets) -> Result<Vec<ExpertRow>, Fa
 
 fn print_experts(rows: &[ExpertRow]) {
     println!(
-        "experts: {:<10} {:<11} {:>9} {:>7} {:>7} {:>10} {:>14}",
-        "policy", "hint", "hit rate", "hits", "misses", "ms/token", "→vram/token"
+        "experts: {:<10} {:<11} {:>9} {:>9} {:>7} {:>7} {:>10} {:>14}",
+        "policy", "hint", "hit rate", "foreseen", "hits", "misses", "ms/token", "→vram/token"
     );
     for row in rows {
         println!(
-            "         {:<10} {:<11} {:>9.3} {:>7} {:>7} {:>10.2} {:>14}",
+            "         {:<10} {:<11} {:>9.3} {:>9.3} {:>7} {:>7} {:>10.2} {:>14}",
             row.policy,
             row.hint,
             row.hit_rate,
+            row.foreseen_rate,
             row.hits,
             row.misses,
             row.decode_seconds * 1e3,
@@ -256,7 +259,7 @@ fn print_experts(rows: &[ExpertRow]) {
         );
     }
     println!(
-        "         hint: none = experts load when the router asks; next-layer = the next layer's router applied one layer early; oracle = the true routing (recorded) hinted one layer early"
+        "         hint: none = experts load when the router asks; next-layer = the next layer's router applied one layer early; oracle = the true routing (recorded) hinted one layer early; foreseen = resident or already hinted when used (a hit, or a wait for a hinted load still under way)"
     );
 }
 

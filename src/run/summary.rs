@@ -65,6 +65,12 @@ pub struct Summary {
     pub expert_misses: u64,
     pub expert_hit_rate: f64,
     pub expert_hints: u64,
+    /// Of the misses, waits for an expert a hint had already asked for (right, late).
+    pub expert_late: u64,
+    /// Experts that were resident or already hinted when used: (hits + late) / uses.
+    /// What the policy and the hint foresaw, whatever the load speed; the hit rate is
+    /// the part of it whose loads also landed in time.
+    pub expert_foreseen_rate: f64,
     /// Peak model bytes in VRAM; never above `model_bytes`.
     pub vram_model_bytes_after_first_step: u64,
     /// Model bytes kept in host memory outside the tiers (an encoder's word table,
@@ -143,15 +149,10 @@ impl Summary {
             lora_tolerance_steps: report.tolerance_steps,
             expert_hits: report.expert_hits,
             expert_misses: report.expert_misses,
-            expert_hit_rate: {
-                let total = report.expert_hits + report.expert_misses;
-                if total == 0 {
-                    0.0
-                } else {
-                    report.expert_hits as f64 / total as f64
-                }
-            },
+            expert_hit_rate: report.expert_share(report.expert_hits),
             expert_hints: report.expert_hints,
+            expert_late: report.expert_late,
+            expert_foreseen_rate: report.expert_share(report.expert_hits + report.expert_late),
             vram_model_bytes_after_first_step: report.after_first_step.vram.model_bytes,
             host_model_bytes: outcome.host_bytes,
             peak_rss_bytes: outcome.peak_rss_bytes,
@@ -299,11 +300,13 @@ impl Summary {
         }
         if self.expert_hits + self.expert_misses > 0 {
             line(format!(
-                "  experts: {}, {} ({:.1}% hit)  {} hinted",
+                "  experts: {}, {} ({:.1}% hit)  {} hinted, {} of the misses hinted but late ({:.1}% foreseen)",
                 counted(self.expert_hits, "hit", "hits"),
                 counted(self.expert_misses, "miss", "misses"),
                 100.0 * self.expert_hit_rate,
-                self.expert_hints
+                self.expert_hints,
+                self.expert_late,
+                100.0 * self.expert_foreseen_rate
             ));
         }
         if self.kv_bytes > 0 {

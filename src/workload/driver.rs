@@ -317,6 +317,7 @@ fn run_steps<'a, C: Compute, F: Family>(
         report.tolerance_steps += u64::from(low_rank);
         report.expert_hits += output.expert_hits;
         report.expert_misses += output.expert_misses;
+        report.expert_late += output.expert_late;
         report.expert_hints += output.expert_hints;
         report.record_decoder_step(step, &output);
         if let (Some(token), Some(on_token)) = (output.token, options.on_token.as_mut()) {

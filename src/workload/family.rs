@@ -19,6 +19,11 @@ pub struct StepOutput {
     /// experts hinted ahead.
     pub expert_hits: u64,
     pub expert_misses: u64,
+    /// Of the waits, those for an expert a hint had already asked for: the hint was
+    /// right, its load had not landed yet. Unlike hits, whose split with these depends
+    /// on how fast the loads ran, hits + late depends only on the routing and the
+    /// cache policy.
+    pub expert_late: u64,
     pub expert_hints: u64,
     /// Decoders: the token this step picked.
     pub token: Option<u32>,
@@ -29,6 +34,19 @@ pub struct StepOutput {
     pub kv_bytes: u64,
     pub kv_reserved_bytes: u64,
     pub kv_evicted: Vec<stagehand_actors::BlockId>,
+}
+
+impl StepOutput {
+    /// Counts one expert acquire: ready (a hit) or waited for, and then whether a hint
+    /// had asked for it (late).
+    pub fn count_expert(&mut self, ready: bool, hinted: bool) {
+        if ready {
+            self.expert_hits += 1;
+        } else {
+            self.expert_misses += 1;
+            self.expert_late += u64::from(hinted);
+        }
+    }
 }
 
 /// A model family's forward pass.

@@ -173,11 +173,9 @@ impl Family for MoeRun {
             compute.write(&mut state.mixed, &self.zeros)?;
             for (slot, &expert) in experts.iter().enumerate() {
                 let held = blocks.acquire(compute, self.model.expert_block(layer, expert))?;
-                if held.was_ready() {
-                    output.expert_hits += 1;
-                } else {
-                    output.expert_misses += 1;
-                }
+                // The previous layer (or the previous token's last) hinted these.
+                let hinted = self.hint == HintMode::NextLayer && (layer > 0 || token > 0);
+                output.count_expert(held.was_ready(), hinted);
                 let outcome = (|| {
                     let view = held.view(compute);
                     compute.linear(&state.x, &view.weight(&self.square(0))?, None, &mut state.y)?;

@@ -24,6 +24,8 @@ pub struct RunReport {
     /// MoE runs: expert acquires that found the expert ready, and those that waited.
     pub expert_hits: u64,
     pub expert_misses: u64,
+    /// Of the misses, waits for an expert a hint had already asked for.
+    pub expert_late: u64,
     pub expert_hints: u64,
     /// The last output of each reference key, when the run was asked to keep them.
     pub outputs: BTreeMap<u64, Vec<f32>>,
@@ -38,6 +40,16 @@ pub struct RunReport {
 }
 
 impl RunReport {
+    /// `count` as a share of every expert acquire (0 for a run without experts).
+    pub fn expert_share(&self, count: u64) -> f64 {
+        let total = self.expert_hits + self.expert_misses;
+        if total == 0 {
+            0.0
+        } else {
+            count as f64 / total as f64
+        }
+    }
+
     /// A report with nothing run yet, for a session that planned `plan`.
     pub fn new(plan: SessionPlan) -> Self {
         Self {
@@ -52,6 +64,7 @@ impl RunReport {
             tolerance_steps: 0,
             expert_hits: 0,
             expert_misses: 0,
+            expert_late: 0,
             expert_hints: 0,
             outputs: BTreeMap::new(),
             tokens: Vec::new(),

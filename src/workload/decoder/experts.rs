@@ -114,6 +114,8 @@ impl Decoder {
             }
         }
         output.routes.push(used.clone());
+        // What the previous layer hinted for this one, before the hint for the next.
+        let hinted = std::mem::take(&mut state.hinted);
         self.hint_next(compute, state, blocks, layer, step, output)?;
         let acts = state.acts.as_mut().ok_or_else(unallocated)?;
         let zeros = vec![0.0; state.rows * self.config.hidden];
@@ -121,11 +123,7 @@ impl Decoder {
         for expert in used {
             let block = BlockId(self.weights.expert_block(layer, expert as usize));
             let held = blocks.acquire(compute, block)?;
-            if held.was_ready() {
-                output.expert_hits += 1;
-            } else {
-                output.expert_misses += 1;
-            }
+            output.count_expert(held.was_ready(), hinted.contains(&block));
             let scales: Vec<f32> = routes
                 .iter()
                 .map(|row| {
@@ -207,6 +205,7 @@ impl Decoder {
             .collect();
         output.expert_hints += hinted.len() as u64;
         blocks.hint(&hinted);
+        state.hinted = hinted;
         Ok(())
     }
 }

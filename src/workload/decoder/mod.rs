@@ -90,6 +90,8 @@ pub struct DecoderState<C: Compute> {
     next_token: u32,
     rng: u64,
     zeros: Vec<f32>,
+    /// Mixtral: the expert blocks the last hint asked for (those of the next MoE layer).
+    hinted: Vec<BlockId>,
 }
 
 impl Decoder {
@@ -400,6 +402,7 @@ impl Family for Decoder {
             next_token: 0,
             rng: self.sampling.seed,
             zeros: vec![0.0; config.hidden],
+            hinted: Vec::new(),
         })
     }
 
