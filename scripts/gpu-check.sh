@@ -11,12 +11,15 @@
 # `stagehand embed` of two sentences on a generated BERT-base folder (f16 weights,
 # written to $WORK, outside $OUT) streamed on the GPU and, for comparison, on the CPU
 # backend, then `calibrate --device cuda` and `validate --device cuda` (the simulator's
-# predictions on that profile against real runs on the GPU). It writes into $OUT
+# predictions on that profile against real runs on the GPU), and last `bench --model`
+# of generated Llama-3.2-1B-shaped folders in bf16 and FP8 (decode tokens/s resident,
+# naive, streamed). It writes into $OUT
 # (default ./gpu-out):
 #   nvidia-smi.txt, tests-<target>.txt, bench.json, bench.stderr.txt, bench.md,
 #   run.json, run.stderr.txt, bert.txt, embed-cuda.json, embed-cuda.stderr.txt,
 #   embed-cpu.json, embed-cpu.stderr.txt, hardware-gpu.toml, calibrate.stderr.txt,
-#   validate.txt, validate.stderr.txt,
+#   validate.txt, validate.stderr.txt, llama-1b-{bf16,fp8}.txt,
+#   bench-llama-1b-{bf16,fp8}.txt,
 #   summary.json (every step's exit code and seconds, the bench, run and embed JSON)
 #   and report.md (the same, readable, with the bench's own Markdown tables).
 # Everything runs under one deadline, 5 minutes in all: each step gets what is left, and
@@ -116,6 +119,17 @@ run_step "calibrate --device cuda" "$OUT/calibrate.stderr.txt" \
     "$BIN/stagehand" calibrate --device cuda --quick --dir "$WORK" --out "$OUT/hardware-gpu.toml"
 run_step "validate --device cuda" "$OUT/validate.stderr.txt" \
     sh -c "'$BIN/stagehand' validate --device cuda --quick --no-decoder --hardware '$OUT/hardware-gpu.toml' --cache-dir '$WORK' > '$OUT/validate.txt'"
+
+# A decoder on the GPU (last: the steps above matter more if time runs out): Llama-3.2-1B shapes in bf16 and FP8 (widened on the device),
+# decode tokens/s resident vs naive vs streamed under 40 % of the model, each token's
+# logits equal to the resident pass (the bench checks it).
+for dtype in bf16 fp8; do
+    run_step "demo-model --arch llama --decoder-preset 1b --dtype $dtype" "$OUT/llama-1b-$dtype.txt" \
+        "$BIN/stagehand" demo-model --arch llama --decoder-preset 1b --dtype "$dtype" --out "$WORK/llama-1b-$dtype"
+    run_step "bench --model llama-1b-$dtype --device cuda" "$OUT/bench-llama-1b-$dtype.txt" \
+        "$BIN/stagehand" bench --model "$WORK/llama-1b-$dtype" --device cuda --batches 1
+    rm -rf "$WORK/llama-1b-$dtype"
+done
 
 TOTAL_SECONDS=$(( $(date +%s) - START ))
 
@@ -250,6 +264,14 @@ PY
         tail -n 20 "$OUT/validate.stderr.txt" 2>/dev/null
     fi
     echo '```'
+    for dtype in bf16 fp8; do
+        echo
+        echo "## bench --model llama-1b-$dtype --device cuda"
+        echo
+        echo '```'
+        grep -v " INFO " "$OUT/bench-llama-1b-$dtype.txt" 2>/dev/null | tail -n 12
+        echo '```'
+    done
 } > "$OUT/report.md"
 
 echo

@@ -6,7 +6,8 @@
 //! the same GPU (the driver checks it); stream-verify against the file; a LoRA within
 //! its tolerance of the merged weights; the MoE model through the expert cache; a
 //! generated BERT encoder in f32/f16/bf16, equal to its resident pass on the GPU and
-//! close to the CPU backend's embeddings.
+//! close to the CPU backend's embeddings; generated Llama (bf16, FP8) and Mixtral
+//! decoders, likewise.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
@@ -18,7 +19,10 @@ use stagehand::compute::DType;
 use stagehand::device::cuda;
 use stagehand::lora::{write_demo_lora, DemoLora, LoraSpec};
 use stagehand::model::demo::{write_linear_stack, DemoSpec};
-use stagehand::model::generated::{write_bert_folder, BertDemo, BertPreset};
+use stagehand::model::generated::{
+    write_bert_folder, write_decoder_folder, BertDemo, BertPreset, DecoderArch, DecoderDemo,
+    DecoderPreset,
+};
 use stagehand::run::{
     execute, execute_cuda, execute_cuda_with, no_observer, prepare, prepare_with, resolve_budgets,
     CudaOutcome, CudaRunOptions, Extras, Prepared, RunError, RunPlan, WorkloadKind,
@@ -329,5 +333,72 @@ fn gpu_a_budget_larger_than_the_device_is_bad_input() {
         }
         Err(RunError::Failed(message)) => panic!("expected bad input: {message}"),
         Ok(_) => panic!("a 64 TiB budget was accepted"),
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device: run with STAGEHAND_GPU_TESTS=1 and --include-ignored (scripts/gpu-check.sh does)"]
+fn gpu_generated_decoders_decode_like_the_cpu_backend() {
+    // Proves the decoder families on the GPU (RoPE, grouped-query attention over the
+    // KV cache in the device tier, SwiGLU, the tied head; bf16 and FP8 weights widened
+    // on the device; Mixtral's experts through the expert cache): layers stream under
+    // 40 % of the model, every token's logits equal the GPU's resident pass bit for
+    // bit, and the prefill logits agree with the CPU backend's within 1e-3 of their
+    // scale.
+    let Some(_gpu) = gpu_tests() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    for (arch, dtype) in [
+        (DecoderArch::Llama, DType::Bf16),
+        (DecoderArch::Llama, DType::F8E4M3),
+        (DecoderArch::Mixtral, DType::F32),
+    ] {
+        let demo = DecoderDemo {
+            arch,
+            preset: DecoderPreset::Tiny,
+            dtype,
+            seed: 11,
+            shard_bytes: 1 << 30,
+        };
+        let name = format!("{arch:?}-{dtype}");
+        let model = write_decoder_folder(&dir.path().join(&name), &demo).unwrap();
+        let probe = prepare(&model, WorkloadKind::Auto, 1, &Settings::default(), false).unwrap();
+        let layout = probe.workload.layout();
+        let ring = 3 * layout.largest_block_bytes().div_ceil(256) * 256;
+        let budget =
+            ((layout.total_bytes() as f64 * 0.4) as u64).max(ring) + probe.activation_bytes(1);
+        let settings = Settings {
+            vram_budget: Some(ByteSize::b(budget)),
+            ..Settings::default()
+        };
+        let prepared = prepare(&model, WorkloadKind::Auto, 1, &settings, false).unwrap();
+        let plan = |steps| RunPlan {
+            keep_outputs: true,
+            ..plan(&settings, layout.total_bytes(), steps, false)
+        };
+        let gpu = run(&prepared, plan(6));
+        assert_clean(&gpu, 6);
+        assert!(
+            gpu.outcome.report.plan.vram.streamed_bytes_per_step > 0,
+            "{name}: streams"
+        );
+        let cpu = execute(&prepared, plan(1)).unwrap_or_else(|error| panic!("cpu run: {error}"));
+        let (key, expected) = cpu.report.outputs.iter().next().expect("prefill logits");
+        let got = &gpu.outcome.report.outputs[key];
+        assert_eq!(got.len(), expected.len());
+        let scale = expected
+            .iter()
+            .fold(1f32, |top, value| top.max(value.abs()));
+        let worst = got
+            .iter()
+            .zip(expected)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        println!("{name}: prefill logits: largest difference from the cpu {worst:.3e} (scale {scale:.3})");
+        assert!(
+            worst <= 1e-3 * scale,
+            "{name}: {worst} from the cpu's logits"
+        );
     }
 }
