@@ -12,7 +12,6 @@ mod common;
 
 use std::io::Write;
 use std::path::Path;
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -115,13 +114,7 @@ fn seeded_faults_on_the_cpu_backend_end_cleanly_and_leave_nothing_behind() {
             Err(SessionError::PinFailed(_)) => refused += 1,
             Err(error) => panic!("seed {seed}: the start failed with {error}"),
             Ok(session) => {
-                let options = DriverOptions {
-                    steps: 2 + rng.next_u64() % 3,
-                    stop: Arc::new(AtomicBool::new(false)),
-                    on_step: Box::new(|_, _| {}),
-                    keep_outputs: false,
-                    on_token: None,
-                };
+                let options = DriverOptions::steps(2 + rng.next_u64() % 3);
                 let stats = match drive_cpu(session, &prepared.workload, &prepared.index, options) {
                     Ok(report) => {
                         verified += 1;

@@ -53,6 +53,7 @@ fn the_step_history_of_a_long_run_is_bounded() {
         on_step: Box::new(|_, _| {}),
         keep_outputs: false,
         on_token: None,
+        observer: Arc::new(stagehand::actors::NoObserver),
     };
     let report = drive_cpu(session, &prepared.workload, &prepared.index, options)
         .unwrap_or_else(|failure| panic!("{}", failure.0));

@@ -14,8 +14,8 @@ pub use device::{Device, DeviceArena, DeviceError, DevicePtr, MemoryInfo, Memory
 pub use host_buffer::{HostAllocError, HostBuffer, PinRegistration, HOST_BUFFER_ALIGN};
 pub use layout::{slice_extents, BlockId, BlockLayout, Extent, FileId, ModelLayout};
 pub use observer::{
-    AcquireBatch, ErrorKind, Link, NoObserver, Observer, Owner, ReadAheadOutcome, Tee, Tier,
-    TierUsage,
+    AcquireBatch, ErrorKind, ExpertAcquires, Link, NoObserver, Observer, Owner, ReadAheadOutcome,
+    Tee, Tier, TierUsage,
 };
 pub use storage::{Storage, StorageError};
 

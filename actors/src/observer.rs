@@ -158,6 +158,15 @@ pub struct AcquireBatch {
     pub stall_seconds: f64,
 }
 
+/// A MoE step's expert acquires, by what the compute thread found: the expert ready
+/// (a hit), on its way because a hint asked for it (late), or not asked for (a miss).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct ExpertAcquires {
+    pub hits: u64,
+    pub late: u64,
+    pub misses: u64,
+}
+
 /// Receives pipeline events. Every method has a no-op default.
 pub trait Observer: Send + Sync + 'static {
     fn transfer(&self, _link: Link, _owner: Owner, _bytes: u64, _seconds: f64) {}
@@ -174,6 +183,13 @@ pub trait Observer: Send + Sync + 'static {
     fn prefetch_lead(&self, _blocks_ahead: u64) {}
     fn step(&self, _seconds: f64) {}
     fn error(&self, _kind: ErrorKind) {}
+    /// The bytes the plan copies to VRAM per step now: at the start, and again each
+    /// time resident blocks give way (to activations, or to LoRA regions).
+    fn plan_streamed(&self, _bytes_per_step: u64) {}
+    /// Resident blocks that gave way to an activation reservation (a growing KV cache).
+    fn activations_displaced(&self, _blocks: u64) {}
+    /// Reported by the run loop after each MoE step.
+    fn expert_acquires(&self, _acquires: ExpertAcquires) {}
 }
 
 /// An observer that forwards to two others.
@@ -224,6 +240,18 @@ impl<A: Observer, B: Observer> Observer for Tee<A, B> {
         self.0.error(kind);
         self.1.error(kind);
     }
+    fn plan_streamed(&self, bytes_per_step: u64) {
+        self.0.plan_streamed(bytes_per_step);
+        self.1.plan_streamed(bytes_per_step);
+    }
+    fn activations_displaced(&self, blocks: u64) {
+        self.0.activations_displaced(blocks);
+        self.1.activations_displaced(blocks);
+    }
+    fn expert_acquires(&self, acquires: ExpertAcquires) {
+        self.0.expert_acquires(acquires);
+        self.1.expert_acquires(acquires);
+    }
 }
 
 /// Ignores everything.
@@ -264,5 +292,14 @@ impl<T: Observer + ?Sized> Observer for std::sync::Arc<T> {
     }
     fn error(&self, kind: ErrorKind) {
         (**self).error(kind)
+    }
+    fn plan_streamed(&self, bytes_per_step: u64) {
+        (**self).plan_streamed(bytes_per_step)
+    }
+    fn activations_displaced(&self, blocks: u64) {
+        (**self).activations_displaced(blocks)
+    }
+    fn expert_acquires(&self, acquires: ExpertAcquires) {
+        (**self).expert_acquires(acquires)
     }
 }

@@ -65,6 +65,7 @@ impl VramAllocator {
         observer: Arc<dyn Observer>,
     ) -> Self {
         let blocks = table.len();
+        observer.plan_streamed(state.streamed_bytes_per_step());
         Self {
             state,
             table,
@@ -231,6 +232,8 @@ impl VramAllocator {
             Ok((value, evicted)) => {
                 if evicted > 0 {
                     self.observer.eviction(Tier::Vram, evicted);
+                    self.observer
+                        .plan_streamed(self.state.streamed_bytes_per_step());
                 }
                 Ok(value)
             }
@@ -388,6 +391,9 @@ impl Handler<ReserveActivations> for VramAllocator {
             .reserve_activations(message.bytes)
             .map(|evicted| {
                 let count = evicted.len() as u64;
+                if count > 0 {
+                    self.observer.activations_displaced(count);
+                }
                 (evicted, count)
             });
         let _ = message.reply.send(self.reserved(result));

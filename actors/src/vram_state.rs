@@ -217,6 +217,12 @@ impl VramState {
         self.activation_bytes
     }
 
+    /// The bytes the plan copies to VRAM per step now (rises as resident blocks give
+    /// way and stream).
+    pub fn streamed_bytes_per_step(&self) -> u64 {
+        self.plan.streamed_bytes_per_step
+    }
+
     fn occupied_ring_bytes(&self) -> u64 {
         self.ring.iter().filter(|slot| slot.block.is_some()).count() as u64 * self.slot_bytes()
     }

@@ -83,7 +83,7 @@ pub fn execute_on<C: Compute>(
         workload.order(),
         device.clone(),
         storage.clone(),
-        observer,
+        Arc::clone(&observer),
     )
     .map_err(|error| RunError::BadInput(error.to_string()))?;
     let report = drive_traced(
@@ -97,6 +97,7 @@ pub fn execute_on<C: Compute>(
             on_step: plan.on_step,
             keep_outputs: plan.keep_outputs,
             on_token: plan.on_token,
+            observer,
         },
         trace.as_deref(),
     )

@@ -96,6 +96,10 @@ const READ_AHEAD_OUTCOME: LabelSpec = LabelSpec {
     name: "outcome",
     values: &["used", "dropped", "failed"],
 };
+const EXPERT_OUTCOME: LabelSpec = LabelSpec {
+    name: "outcome",
+    values: &["hit", "late", "miss"],
+};
 const ERROR_KIND: LabelSpec = LabelSpec {
     name: "kind",
     values: &["read", "copy", "pin", "budget", "protocol"],
@@ -130,6 +134,9 @@ pub const PREFETCH_SPECULATIVE_DECLINED: &str = "stagehand_prefetch_speculative_
 pub const PREFETCH_READ_AHEAD: &str = "stagehand_prefetch_read_ahead_blocks_total";
 pub const PIN_CONSOLIDATIONS: &str = "stagehand_pin_consolidations_total";
 pub const PIN_OPERATIONS: &str = "stagehand_pin_operations_total";
+pub const PLAN_STEP_STREAMED_BYTES: &str = "stagehand_plan_step_streamed_bytes";
+pub const ACTIVATION_DISPLACED_BLOCKS: &str = "stagehand_activation_displaced_blocks_total";
+pub const EXPERT_ACQUIRES: &str = "stagehand_expert_acquires_total";
 pub const ERRORS: &str = "stagehand_errors_total";
 
 /// Every metric stagehand exports.
@@ -155,7 +162,7 @@ pub const CATALOG: &[MetricSpec] = &[
         kind: MetricKind::Gauge,
         unit: "bytes",
         labels: &[TIER, USAGE_OWNER],
-        description: "Bytes in use in a memory tier: model weights, LoRA adapters, and other (activations in vram, the staging ring in pinned).",
+        description: "Bytes in use in a memory tier: model weights, LoRA adapters, and other (activations such as a decoder's KV cache in vram, the staging ring in pinned).",
         buckets: &[],
     },
     MetricSpec {
@@ -252,6 +259,30 @@ pub const CATALOG: &[MetricSpec] = &[
         unit: "operations",
         labels: &[],
         description: "Pinned-memory registrations and releases done at those sync points.",
+        buckets: &[],
+    },
+    MetricSpec {
+        name: PLAN_STEP_STREAMED_BYTES,
+        kind: MetricKind::Gauge,
+        unit: "bytes",
+        labels: &[],
+        description: "Bytes the current plan copies to vram per step (every block it does not keep resident); rises when resident blocks give way to activations or LoRA regions.",
+        buckets: &[],
+    },
+    MetricSpec {
+        name: ACTIVATION_DISPLACED_BLOCKS,
+        kind: MetricKind::Counter,
+        unit: "blocks",
+        labels: &[],
+        description: "Resident blocks that gave way to an activation reservation (a decoder's growing KV cache, counted in vram's other bytes); they stream every step from then on.",
+        buckets: &[],
+    },
+    MetricSpec {
+        name: EXPERT_ACQUIRES,
+        kind: MetricKind::Counter,
+        unit: "acquires",
+        labels: &[EXPERT_OUTCOME],
+        description: "MoE expert acquires by outcome: hit (resident when the router asked), late (a hint had asked for it, its load had not landed) or miss (not foreseen).",
         buckets: &[],
     },
     MetricSpec {

@@ -7,7 +7,8 @@
 use metrics::{Counter, Gauge, Histogram, Key, Label, Metadata, Recorder};
 use metrics_exporter_prometheus::PrometheusHandle;
 use stagehand_actors::{
-    AcquireBatch, ErrorKind, Link, Observer, Owner, ReadAheadOutcome, Tier, TierUsage,
+    AcquireBatch, ErrorKind, ExpertAcquires, Link, Observer, Owner, ReadAheadOutcome, Tier,
+    TierUsage,
 };
 
 use super::catalog::{self, describe_all};
@@ -119,6 +120,10 @@ pub struct PrometheusObserver {
     read_ahead: [Counter; 3],
     pin_consolidations: Counter,
     pin_operations: Counter,
+    plan_streamed: Gauge,
+    activations_displaced: Counter,
+    /// Hit, late, miss.
+    expert_acquires: [Counter; 3],
     errors: [Counter; ERROR_COUNT],
     handle: PrometheusHandle,
     /// Kept only so the listener lives exactly as long as the observer.
@@ -187,6 +192,11 @@ impl PrometheusObserver {
             }),
             pin_consolidations: registrar.counter(catalog::PIN_CONSOLIDATIONS, &[]),
             pin_operations: registrar.counter(catalog::PIN_OPERATIONS, &[]),
+            plan_streamed: registrar.gauge(catalog::PLAN_STEP_STREAMED_BYTES, &[]),
+            activations_displaced: registrar.counter(catalog::ACTIVATION_DISPLACED_BLOCKS, &[]),
+            expert_acquires: ["hit", "late", "miss"].map(|outcome| {
+                registrar.counter(catalog::EXPERT_ACQUIRES, &[("outcome", outcome)])
+            }),
             errors,
             handle,
             _server: server,
@@ -265,6 +275,21 @@ impl Observer for PrometheusObserver {
 
     fn error(&self, kind: ErrorKind) {
         self.errors[error_index(kind)].increment(1);
+    }
+
+    fn plan_streamed(&self, bytes_per_step: u64) {
+        self.plan_streamed.set(bytes_per_step as f64);
+    }
+
+    fn activations_displaced(&self, blocks: u64) {
+        self.activations_displaced.increment(blocks);
+    }
+
+    fn expert_acquires(&self, acquires: ExpertAcquires) {
+        let [hit, late, miss] = &self.expert_acquires;
+        hit.increment(acquires.hits);
+        late.increment(acquires.late);
+        miss.increment(acquires.misses);
     }
 }
 

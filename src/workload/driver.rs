@@ -5,7 +5,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use stagehand_actors::{BlockId, ModelLayout, Session, SessionError, StatsSnapshot};
+use stagehand_actors::{
+    BlockId, ExpertAcquires, ModelLayout, NoObserver, Observer, Session, SessionError,
+    StatsSnapshot,
+};
 
 use super::blocks::Streamed;
 use super::decoder::Decoder;
@@ -127,6 +130,9 @@ pub struct DriverOptions {
     pub keep_outputs: bool,
     /// Called with each token a decoder picks, as it is picked (`generate`).
     pub on_token: Option<Box<dyn FnMut(u32) + Send>>,
+    /// Told what the run loop sees that the actors do not: each MoE step's expert
+    /// acquires (the session's own observer reports the rest).
+    pub observer: Arc<dyn Observer>,
 }
 
 impl DriverOptions {
@@ -137,6 +143,7 @@ impl DriverOptions {
             on_step: Box::new(|_, _| {}),
             keep_outputs: false,
             on_token: None,
+            observer: Arc::new(NoObserver),
         }
     }
 }
@@ -318,6 +325,13 @@ fn run_steps<'a, C: Compute, F: Family>(
         report.expert_hits += output.expert_hits;
         report.expert_misses += output.expert_misses;
         report.expert_late += output.expert_late;
+        if output.expert_hits + output.expert_misses > 0 {
+            options.observer.expert_acquires(ExpertAcquires {
+                hits: output.expert_hits,
+                late: output.expert_late,
+                misses: output.expert_misses - output.expert_late,
+            });
+        }
         report.expert_hints += output.expert_hints;
         report.record_decoder_step(step, &output);
         if let (Some(token), Some(on_token)) = (output.token, options.on_token.as_mut()) {

@@ -161,7 +161,16 @@ impl VramState {
             self.unplace(block);
             self.table.finish_evict(block);
         }
-        self.plan.resident[block.index()] = false;
+        if std::mem::replace(&mut self.plan.resident[block.index()], false) {
+            // It streams from now on: the plan moves its bytes every step it is used.
+            let uses = self
+                .order
+                .blocks()
+                .iter()
+                .filter(|&&used| used == block)
+                .count();
+            self.plan.streamed_bytes_per_step += uses as u64 * self.block_bytes[block.index()];
+        }
         true
     }
 
