@@ -149,6 +149,35 @@ fn the_pin_plan_caches_streamed_blocks_up_to_the_ceiling() {
 }
 
 #[test]
+fn on_demand_blocks_are_pinned_with_the_room_the_ordered_ones_leave() {
+    // Four ordered layers of 10 units and six on-demand experts of 5 (not in the
+    // order): the ordered blocks come first; experts take what is left, whole.
+    let mut sizes = vec![10 * U; 4];
+    sizes.extend([5 * U; 6]);
+    let model = layout(&sizes);
+    let order = StepOrder::new((0..4).map(BlockId).collect(), 10).unwrap();
+    let vram = VramPlan::new(&model, &order, 30 * U, 2, ResidencyPolicy::Planned).unwrap();
+    let staging = Staging::WholeBlocks { buffers: 3 };
+    let cached = |ceiling| {
+        let pins = PinPlan::new(&model, &order, &vram, ceiling, staging).unwrap();
+        let experts = (4..10).filter(|&index| pins.cached[index]).count();
+        let ordered = (0..4)
+            .filter(|&index| pins.cached[index] || vram.resident[index])
+            .count();
+        (ordered, experts, pins.disk_bytes_per_step)
+    };
+    // Staging 30 units; everything else fits.
+    assert_eq!(cached(30 * U + 40 * U + 30 * U), (4, 6, 0));
+    // Room for the ordered ones and three experts (17 units: 3 whole, not 3.4).
+    let (ordered, experts, disk) = cached(30 * U + 40 * U + 17 * U);
+    assert_eq!((ordered, experts, disk), (4, 3, 0));
+    // Less room than the ordered blocks need: no expert is kept ahead of them.
+    let (ordered, experts, disk) = cached(30 * U + 10 * U);
+    assert_eq!(experts, 0);
+    assert!(ordered < 4 && disk > 0);
+}
+
+#[test]
 fn an_oversized_block_stays_resident_so_the_ring_can_be_small() {
     // An embedding-like head of 40 units, then 20 layers of 4 units: a ring sized
     // for the head would take 120 units; sized for a layer it takes 12.
