@@ -10,6 +10,7 @@ use std::collections::BTreeSet;
 use serde::{Deserialize, Serialize};
 use stagehand_actors::{BlockLayout, Extent, FileId, ModelLayout};
 
+use super::kv_cache::KvCache;
 use super::output::StepOutput;
 use super::SimError;
 use crate::model::ModelIndex;
@@ -58,6 +59,9 @@ pub struct ModelDescription {
     pub experts: Option<ExpertDesc>,
     /// What a step produces (`[output]`), for figures in the model's unit.
     pub output: Option<StepOutput>,
+    /// A decoder's KV cache, reserved beside the weights as the run grows it (a
+    /// description made from a decoder folder; never in a description file).
+    pub kv_cache: Option<KvCache>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -72,6 +76,10 @@ pub struct BlockDesc {
     /// The kernels of one step, for a checkpoint (never in a description file).
     #[serde(skip)]
     pub work: Option<super::work::Work>,
+    /// The kernels of the first step when they differ from `work` (a decoder's
+    /// prefill of its prompt); `None`: the first step runs `work` too.
+    #[serde(skip)]
+    pub first_step_work: Option<super::work::Work>,
 }
 
 /// Mixture-of-experts layers: each block holds `per_layer` experts of `bytes_each`,
@@ -153,6 +161,7 @@ impl ModelDescription {
             blocks,
             experts: file.experts,
             output: file.output,
+            kv_cache: None,
         };
         description.validate().map_err(error)?;
         Ok(description)
@@ -199,6 +208,7 @@ impl ModelDescription {
                     flops_per_token,
                     tensors: u32::try_from(block.tensors.len()).unwrap_or(u32::MAX),
                     work: Some(super::work::Work::of_block(index, block, tokens_per_step)),
+                    first_step_work: None,
                 }
             })
             .collect();
@@ -223,6 +233,7 @@ impl ModelDescription {
             blocks,
             experts,
             output: None,
+            kv_cache: None,
         };
         description
             .validate()
@@ -397,6 +408,7 @@ fn body_blocks(file: &ModelFile) -> Result<Vec<BlockDesc>, String> {
                 flops_per_token: group.flops_per_token_per_block,
                 tensors: group.tensors_per_block,
                 work: None,
+                first_step_work: None,
             });
         }
     }

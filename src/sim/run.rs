@@ -24,6 +24,7 @@ use super::clock::SimClock;
 use super::faults::FaultPlan;
 use super::fit::{whole_block_staging_buffers, FitSettings, MIN_STAGING_BUFFERS};
 use super::hardware::HardwareProfile;
+use super::kv_cache::KvCache;
 use super::machine::SimMachine;
 use super::model::ModelDescription;
 use super::reuse::{ReuseLedger, VramBytesPerBlock};
@@ -253,7 +254,9 @@ async fn run_on_current_system(
         read_cost,
     )?;
     let depth = policy.prefetch_depth(options.settings.prefetch_depth);
-    let config = session_config(policy, depth, options);
+    let mut config = session_config(policy, depth, options);
+    // A decoder's first KV pages are kept out of the plan, as `run::execute` keeps them.
+    config.activation_reserve_bytes = model.kv_cache.map_or(0, |kv| kv.start_reserve_bytes());
     let pipeline_observer: Arc<dyn Observer> = match &options.trace {
         Some(trace) => Arc::new(CopyLabels {
             trace: Arc::clone(trace),
@@ -278,18 +281,24 @@ async fn run_on_current_system(
         reason: error.to_string(),
     })?;
     let plan = session.plan().clone();
-    let block_durations: Vec<(Duration, u64)> = model
-        .blocks
-        .iter()
-        .map(|block| {
-            let time = machine.compute.block_time(
-                model.block_step_flops(block),
-                block.bytes,
-                block.work.as_ref(),
-            );
-            (time, block.bytes)
-        })
-        .collect();
+    let block_durations = |first_step: bool| -> Vec<(Duration, u64)> {
+        model
+            .blocks
+            .iter()
+            .map(|block| {
+                let work = match (&block.first_step_work, first_step) {
+                    (Some(first), true) => Some(first),
+                    _ => block.work.as_ref(),
+                };
+                let time =
+                    machine
+                        .compute
+                        .block_time(model.block_step_flops(block), block.bytes, work);
+                (time, block.bytes)
+            })
+            .collect()
+    };
+    let block_durations = [block_durations(true), block_durations(false)];
 
     let progress = Progress::default();
     let limit = options
@@ -308,6 +317,7 @@ async fn run_on_current_system(
             &order,
             &names,
             &block_durations,
+            model.kv_cache,
             steps,
             &progress,
             &mut record,
@@ -423,7 +433,8 @@ async fn drive(
     machine: &SimMachine,
     order: &[BlockId],
     names: &[String],
-    block_durations: &[(Duration, u64)],
+    block_durations: &[Vec<(Duration, u64)>; 2],
+    kv_cache: Option<KvCache>,
     steps: u64,
     progress: &Progress,
     record: &mut Record,
@@ -432,6 +443,16 @@ async fn drive(
         // A signal stops a long simulation between steps, like a real run.
         crate::signals::check().map_err(|interrupted| interrupted.to_string())?;
         progress.step.set(step);
+        // The decoder grows its KV cache before the step's first block; resident
+        // weights give way when the budget is full, as in the real session.
+        let growth = kv_cache.map_or(0, |kv| kv.growth_bytes(step));
+        if growth > 0 {
+            session
+                .reserve_activations(growth)
+                .await
+                .map_err(|error| format!("the KV cache does not fit: {error}"))?;
+        }
+        let block_durations = &block_durations[usize::from(step > 0)];
         for (position, &block) in order.iter().enumerate() {
             progress.position.set(position);
             let handle = session
