@@ -3,7 +3,12 @@
 //! calls, with the same FLOPs and weight bytes its GEMMs execute, and a decoder
 //! carries the KV cache its run reserves.
 
+mod common;
+
 use std::path::{Path, PathBuf};
+
+use common::encoder::tiny_bert;
+use common::{assert_bad_input, stagehand};
 
 use stagehand::compute::DType;
 use stagehand::model::generated::{write_decoder_folder, DecoderArch, DecoderDemo, DecoderPreset};
@@ -102,4 +107,70 @@ fn a_mixtral_layer_runs_its_router_and_top_k_experts() {
     };
     let first = model.blocks[0].work.as_ref().unwrap();
     assert_eq!(first.kernels.iter().filter(silu).count(), experts.top_k);
+}
+
+#[test]
+fn a_bert_step_carries_its_gemms_attention_and_the_encoders_flops() {
+    // The 8 built-in sentences in one batch: the kernels' GEMM and attention FLOPs
+    // are the encoder's own count for that batch, every layer attends once, and the
+    // blocks are the ones the encoder streams.
+    let dir = tempfile::tempdir().unwrap();
+    let path = tiny_bert(&dir.path().join("bert"), DType::F32);
+    let prepared = prepared(&path, WorkloadKind::Encoder, 8);
+    let Model::Encoder(encoder) = &prepared.workload.model else {
+        panic!("an encoder");
+    };
+    let model = ModelDescription::from_prepared(&prepared, 1).unwrap();
+    assert_eq!(model.blocks.len(), encoder.config.layers + 1);
+    assert_eq!(model.total_bytes(), prepared.streamed_model_bytes());
+    let (sequences, length) = encoder.batch_shape(0);
+    assert_eq!(model.tokens_per_step, (sequences * length) as u64);
+    let kernels = || {
+        model
+            .blocks
+            .iter()
+            .flat_map(|block| &block.work.as_ref().unwrap().kernels)
+    };
+    let flops: f64 = kernels().map(Kernel::gemm_flops).sum();
+    assert!(
+        (flops - encoder.flops_per_step()).abs() < 1e-6 * flops,
+        "{flops}"
+    );
+    let attentions = kernels()
+        .filter(|kernel| matches!(kernel, Kernel::Attention { .. }))
+        .count();
+    assert_eq!(attentions, encoder.config.layers);
+    assert!(model.kv_cache.is_none());
+}
+
+#[test]
+fn simulate_describes_an_encoder_folder_at_tokens_per_step() {
+    // `simulate --model BERT_FOLDER` runs on the encoder's description; a step too
+    // large to describe is refused with the flag named.
+    let dir = tempfile::tempdir().unwrap();
+    let path = tiny_bert(&dir.path().join("bert"), DType::F32);
+    let output = stagehand()
+        .args([
+            "simulate",
+            "--hardware",
+            "rtx4090",
+            "--steps",
+            "3",
+            "--json",
+        ])
+        .args(["--no-baselines", "--tokens-per-step", "600", "--model"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(report["model"], "bert", "{report}");
+    let output = stagehand()
+        .args(["simulate", "--hardware", "rtx4090", "--model"])
+        .arg(&path)
+        .args(["--tokens-per-step", "2000000"])
+        .output()
+        .unwrap();
+    assert_bad_input(&output, &["--tokens-per-step 2000000", "at most"]);
 }

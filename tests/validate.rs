@@ -8,7 +8,9 @@ mod common;
 use common::{assert_bad_input, stagehand};
 use stagehand::calibrate::validate::{validate_case, Case, CaseModel, Row, Verdict};
 use stagehand::compute::DType;
-use stagehand::model::generated::{write_decoder_folder, DecoderArch, DecoderDemo, DecoderPreset};
+use stagehand::model::generated::{
+    write_bert_folder, write_decoder_folder, BertDemo, DecoderArch, DecoderDemo, DecoderPreset,
+};
 use stagehand::sim::HardwareProfile;
 
 /// A calibrated-style profile with a shared bus and measured kernels (figures of
@@ -148,6 +150,16 @@ fn a_decoder_rows_peaks_count_its_kv_cache_exactly() {
     for depth in [0, 2] {
         let row = assert_exact_row(CaseModel::Decoder { path: path.clone() }, 1, depth);
         assert!(row.plan_streamed_bytes.measured > 0.0, "{row:?}");
+    }
+}
+
+#[test]
+fn an_encoder_rows_bytes_and_peaks_are_exact() {
+    // The tiny BERT embedding the 8 built-in sentences a step, at half its bytes.
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_bert_folder(&dir.path().join("bert"), &BertDemo::default()).unwrap();
+    for depth in [0, 2] {
+        assert_exact_row(CaseModel::Encoder { path: path.clone() }, 8, depth);
     }
 }
 

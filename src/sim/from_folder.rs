@@ -7,6 +7,7 @@
 use stagehand_actors::BlockId;
 
 use super::decoder_work::{DecoderWork, StepShape};
+use super::encoder_work::EncoderWork;
 use super::kv_cache::KvCache;
 use super::model::{BlockDesc, ExpertDesc, ModelDescription};
 use super::output::{OutputUnit, StepOutput};
@@ -14,19 +15,22 @@ use super::SimError;
 use crate::run::Prepared;
 use crate::workload::decoder::{Decoder, KV_PAGE_TOKENS};
 use crate::workload::driver::Model;
+use crate::workload::encoder::Encoder;
 use crate::workload::family::Family;
 
 impl ModelDescription {
     /// The description of a prepared model folder: a decoder (see
-    /// [`Self::from_decoder`]) or an encoder (see `from_encoder`).
+    /// [`Self::from_decoder`]) or an encoder (see [`Self::from_encoder`]); a decoder's
+    /// step decodes `tokens_per_step` sequences, an encoder's is its prepared batch.
     pub fn from_prepared(prepared: &Prepared, tokens_per_step: u64) -> Result<Self, SimError> {
         let source = prepared.index.path.display().to_string();
         let description = match &prepared.workload.model {
             Model::Decoder(decoder) => Self::from_decoder(prepared, decoder, tokens_per_step),
+            Model::Encoder(encoder) => Self::from_encoder(prepared, encoder),
             _ => {
                 return Err(SimError::Profile {
                     file: source,
-                    message: "only decoder folders are described from config.json; give the checkpoint file for others".to_string(),
+                    message: "only decoder and encoder folders are described from config.json; give the checkpoint file for others".to_string(),
                 })
             }
         };
@@ -110,6 +114,56 @@ impl ModelDescription {
                 prompt_tokens: prompt,
                 page_tokens: KV_PAGE_TOKENS as u64,
             }),
+        }
+    }
+}
+
+impl ModelDescription {
+    /// An encoder: the embeddings block (without the word table when it stays in host
+    /// memory), then one block per layer, as the encoder streams them; a step is its
+    /// first batch (`sequences × padded length` token rows, the description's
+    /// `tokens_per_step`), the kernels those rows run through, and FLOPs per token
+    /// from those kernels' GEMMs and attention. An encoder whose texts make batches
+    /// of several shapes is described by its first.
+    fn from_encoder(prepared: &Prepared, encoder: &Encoder) -> Self {
+        let (sequences, length) = encoder.batch_shape(0);
+        let kernels = EncoderWork {
+            config: &encoder.config,
+            index: &prepared.index,
+            sequences: sequences as u64,
+            length: length as u64,
+            word_streams: encoder.host_table_bytes() == 0,
+        };
+        let tokens_per_step = (sequences * length).max(1) as u64;
+        let layout = encoder.layout();
+        let blocks = layout
+            .blocks
+            .iter()
+            .enumerate()
+            .map(|(index, block)| {
+                let work = match index {
+                    0 => kernels.embeddings(),
+                    layer => kernels.layer(layer - 1),
+                };
+                BlockDesc {
+                    name: block.name.clone(),
+                    bytes: block.bytes,
+                    flops_per_token: work.gemm_flops() / tokens_per_step as f64,
+                    tensors: u32::try_from(block.extents.len()).unwrap_or(u32::MAX),
+                    work: Some(work),
+                    first_step_work: None,
+                }
+            })
+            .collect();
+        Self {
+            name: folder_name(prepared),
+            source: prepared.index.path.display().to_string(),
+            dtype: dtypes(prepared),
+            tokens_per_step,
+            blocks,
+            experts: None,
+            output: None,
+            kv_cache: None,
         }
     }
 }

@@ -17,6 +17,7 @@ mod compute;
 mod decoder_work;
 mod depth;
 mod device;
+mod encoder_work;
 mod faults;
 mod fit;
 mod from_folder;
