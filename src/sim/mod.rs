@@ -19,6 +19,7 @@ mod depth;
 mod device;
 mod encoder_work;
 mod faults;
+mod first_touch;
 mod fit;
 mod from_folder;
 mod hardware;
@@ -46,6 +47,7 @@ pub use depth::{
 };
 pub use device::{CopyLabeler, CopyStats, LinkRates, SimDevice, SimDeviceSpec};
 pub use faults::{FaultPlan, SplitMix64};
+pub use first_touch::{FirstTouch, TouchedRanges};
 pub use fit::{Bottleneck, FitCheck, FitFailure, FitSettings, RAM_FLOOR_MIN_BYTES};
 pub use hardware::{CalibrationStamp, DiskSpec, GpuSpec, HardwareProfile, LinkSpec, ReadPath};
 pub use kernel_costs::{dtype_of, KernelCosts, LinearRates};

@@ -298,7 +298,22 @@ async fn run_on_current_system(
             })
             .collect()
     };
-    let block_durations = [block_durations(true), block_durations(false)];
+    let mut block_durations = [block_durations(true), block_durations(false)];
+    // The first step's compute faults in the cast buffer (the CPU backend's widened
+    // weights) on a profile that charges first touches.
+    if let (Some(gb_per_s), Some(first)) = (
+        hardware.first_touch_gb_per_s,
+        block_durations[0].first_mut(),
+    ) {
+        let cast_bytes = model
+            .blocks
+            .iter()
+            .filter_map(|block| block.work.as_ref())
+            .map(super::work::Work::cast_buffer_bytes)
+            .max()
+            .unwrap_or(0);
+        first.0 += super::first_touch::FirstTouch::new(gb_per_s).duration(cast_bytes);
+    }
 
     let progress = Progress::default();
     let limit = options
