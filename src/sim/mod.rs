@@ -22,6 +22,7 @@ mod faults;
 mod first_touch;
 mod fit;
 mod from_folder;
+mod from_index;
 mod hardware;
 pub mod harness;
 mod kernel_costs;
@@ -29,10 +30,12 @@ mod kv_cache;
 mod machine;
 mod model;
 mod output;
+mod policy;
 mod reuse;
 mod run;
 mod shared;
 mod simulation;
+mod steady;
 mod storage;
 pub mod trace;
 mod trace_observer;
@@ -55,14 +58,13 @@ pub use kv_cache::KvCache;
 pub use machine::SimMachine;
 pub use model::{BlockDesc, ExpertDesc, ModelDescription};
 pub use output::{OutputRate, OutputUnit, StepOutput};
-pub use run::{
-    run_policy, steady_window, LinkBytes, Policy, PolicyRun, RunOptions, SimRunError, SteadyBytes,
-    MAX_STEPS,
-};
+pub use policy::Policy;
+pub use run::{run_policy, PolicyRun, RunOptions, SimRunError, MAX_STEPS};
 pub use shared::{Demand, SharedBus, SharedSpec};
 pub use simulation::{
     simulate, BaselineFigures, DepthAdvice, PolicyFigures, SimulateOptions, Simulation,
 };
+pub use steady::{steady_window, LinkBytes, SteadyBytes};
 pub use storage::{DiskRates, ReadCost, ReadStats, SimStorage};
 pub use trace::{Lane, TraceError, TraceRecorder, TraceSlice};
 pub use trace_observer::TraceObserver;

@@ -16,8 +16,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 use stagehand_actors::{
-    BlockId, Link, LocalSession, NoObserver, Observer, ResidencyPolicy, SessionConfig,
-    StatsSnapshot, Tee,
+    BlockId, Link, LocalSession, NoObserver, Observer, SessionConfig, StatsSnapshot, Tee,
 };
 
 use super::clock::SimClock;
@@ -27,60 +26,11 @@ use super::hardware::HardwareProfile;
 use super::kv_cache::KvCache;
 use super::machine::SimMachine;
 use super::model::ModelDescription;
+use super::policy::Policy;
 use super::reuse::{ReuseLedger, VramBytesPerBlock};
+use super::steady::{steady, steady_bytes, LinkBytes, SteadyBytes};
 use super::trace::{Lane, TraceRecorder};
 use super::{virtual_time_system, SimError};
-
-/// How the session uses its budgets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Policy {
-    /// Planned residency (a fixed max-scatter resident set plus a ring), prefetching
-    /// `prefetch_depth` blocks ahead.
-    Stagehand,
-    /// Accelerate-style: load each block when it is needed, nothing ahead
-    /// (`prefetch_depth = 0`, planned residency for what fits).
-    Naive,
-    /// Diffusers group-offload style: every block competes for LRU slots, one block
-    /// prefetched ahead.
-    LruPrefetch,
-}
-
-impl Policy {
-    pub const ALL: [Policy; 3] = [Policy::Stagehand, Policy::Naive, Policy::LruPrefetch];
-
-    pub fn label(self) -> &'static str {
-        match self {
-            Policy::Stagehand => "stagehand",
-            Policy::Naive => "naive",
-            Policy::LruPrefetch => "lru-prefetch",
-        }
-    }
-
-    pub fn description(self) -> &'static str {
-        match self {
-            Policy::Stagehand => "planned residency, prefetch_depth from settings",
-            Policy::Naive => "load each block when needed, no prefetch (accelerate-style)",
-            Policy::LruPrefetch => "prefetch depth 1, LRU residency (diffusers group offload)",
-        }
-    }
-
-    fn residency(self) -> ResidencyPolicy {
-        match self {
-            Policy::Stagehand | Policy::Naive => ResidencyPolicy::Planned,
-            Policy::LruPrefetch => ResidencyPolicy::Lru,
-        }
-    }
-
-    /// The prefetch depth this policy runs with, given the configured one.
-    pub fn prefetch_depth(self, configured: u32) -> u32 {
-        match self {
-            Policy::Stagehand => configured,
-            Policy::Naive => 0,
-            Policy::LruPrefetch => 1,
-        }
-    }
-}
 
 /// What a simulated run needs besides the model and the machine.
 #[derive(Debug, Clone)]
@@ -98,42 +48,6 @@ pub struct RunOptions {
     /// The run must end within this much virtual time, or it is reported as stalled.
     /// `None`: derived from the model and the machine (very generous).
     pub virtual_time_limit: Option<Duration>,
-}
-
-/// Bytes over each link.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct LinkBytes {
-    pub disk_to_pinned: u64,
-    pub pinned_to_vram: u64,
-    pub disk_to_vram: u64,
-}
-
-impl LinkBytes {
-    fn of(stats: &StatsSnapshot) -> Self {
-        Self {
-            disk_to_pinned: stats.link(Link::DiskToPinned).model_bytes,
-            pinned_to_vram: stats.link(Link::PinnedToVram).model_bytes,
-            disk_to_vram: stats.link(Link::DiskToVram).model_bytes,
-        }
-    }
-
-    fn minus(self, earlier: Self) -> Self {
-        Self {
-            disk_to_pinned: self.disk_to_pinned - earlier.disk_to_pinned,
-            pinned_to_vram: self.pinned_to_vram - earlier.pinned_to_vram,
-            disk_to_vram: self.disk_to_vram - earlier.disk_to_vram,
-        }
-    }
-
-    /// Bytes that reached VRAM (from pinned RAM or straight from disk).
-    pub fn to_vram(&self) -> u64 {
-        self.pinned_to_vram + self.disk_to_vram
-    }
-
-    /// Bytes read from disk.
-    pub fn from_disk(&self) -> u64 {
-        self.disk_to_pinned + self.disk_to_vram
-    }
 }
 
 /// What one simulated run measured.
@@ -168,24 +82,6 @@ pub struct PolicyRun {
     /// Exact virtual time from start to the end of the last step.
     pub virtual_seconds: f64,
     pub stats: StatsSnapshot,
-}
-
-/// Mean bytes per steady-state step over each link.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
-pub struct SteadyBytes {
-    pub disk_to_pinned: f64,
-    pub pinned_to_vram: f64,
-    pub disk_to_vram: f64,
-}
-
-impl SteadyBytes {
-    pub fn to_vram(&self) -> f64 {
-        self.pinned_to_vram + self.disk_to_vram
-    }
-
-    pub fn from_disk(&self) -> f64 {
-        self.disk_to_pinned + self.disk_to_vram
-    }
 }
 
 /// Why a simulated run did not complete.
@@ -513,39 +409,6 @@ fn default_limit(model: &ModelDescription, hardware: &HardwareProfile, steps: u6
     let per_step = disk + link + compute + latency;
     Duration::try_from_secs_f64(10.0 * per_step * (steps.max(1) as f64 + 1.0) + 60.0)
         .unwrap_or(Duration::MAX)
-}
-
-/// The steps that count as steady state: the first step is cold (everything read
-/// and copied once), and the second still benefits from what the first prefetched
-/// for it, so both are left out when there are enough steps.
-pub fn steady_window<T>(per_step: &[T]) -> &[T] {
-    let skip = match per_step.len() {
-        0 | 1 => 0,
-        2 => 1,
-        _ => 2,
-    };
-    &per_step[skip..]
-}
-
-fn steady(step_seconds: &[f64]) -> f64 {
-    let later = steady_window(step_seconds);
-    if later.is_empty() {
-        return 0.0;
-    }
-    let mut sorted = later.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    sorted[sorted.len() / 2]
-}
-
-fn steady_bytes(bytes_per_step: &[LinkBytes]) -> SteadyBytes {
-    let later = steady_window(bytes_per_step);
-    let count = later.len().max(1) as f64;
-    let sum = |field: fn(&LinkBytes) -> u64| later.iter().map(field).sum::<u64>() as f64 / count;
-    SteadyBytes {
-        disk_to_pinned: sum(|bytes| bytes.disk_to_pinned),
-        pinned_to_vram: sum(|bytes| bytes.pinned_to_vram),
-        disk_to_vram: sum(|bytes| bytes.disk_to_vram),
-    }
 }
 
 /// Names the copy slices the device recorded. The device cannot know which block a
