@@ -120,8 +120,8 @@ impl SimDevice {
         self
     }
 
-    /// The first copy into each arena byte also pays its page fault, and pinned
-    /// buffers are fresh until a read fills them (see `first_touch`).
+    /// The first copy into each arena byte also pays its page fault, and each pinned
+    /// buffer's bytes are fresh until a read fills them (see `first_touch`).
     pub fn with_first_touch(mut self, first_touch: Arc<FirstTouch>) -> Self {
         self.first_touch = Some(first_touch);
         self
@@ -187,6 +187,8 @@ impl SimDevice {
 struct SimPin {
     bytes: u64,
     pinned_bytes: Arc<AtomicU64>,
+    /// The buffer's first-touch record, forgotten with the buffer.
+    fresh: Option<(Arc<FirstTouch>, u64)>,
 }
 
 impl PinRegistration for SimPin {}
@@ -194,6 +196,9 @@ impl PinRegistration for SimPin {}
 impl Drop for SimPin {
     fn drop(&mut self) {
         self.pinned_bytes.fetch_sub(self.bytes, Ordering::Relaxed);
+        if let Some((first_touch, tag)) = &self.fresh {
+            first_touch.pinned_released(*tag);
+        }
     }
 }
 
@@ -257,13 +262,15 @@ impl Device for SimDevice {
                 ),
             });
         }
-        if let Some(first_touch) = &self.first_touch {
-            first_touch.pinned_allocated(bytes);
-        }
-        let mut buffer = HostBuffer::virtual_buffer(len);
+        let fresh = self
+            .first_touch
+            .as_ref()
+            .map(|first_touch| (Arc::clone(first_touch), first_touch.pinned_allocated()));
+        let mut buffer = HostBuffer::virtual_tagged(len, fresh.as_ref().map_or(0, |(_, tag)| *tag));
         buffer.set_registration(Box::new(SimPin {
             bytes,
             pinned_bytes: Arc::clone(&self.pinned_bytes),
+            fresh,
         }));
         Ok(buffer)
     }

@@ -11,21 +11,24 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 /// The first-touch cost of one simulated host, shared by its device and its disk.
 #[derive(Debug)]
 pub struct FirstTouch {
     bytes_per_second: f64,
-    /// Bytes of pinned buffers allocated and not yet written by a read.
-    fresh_pinned_bytes: AtomicU64,
+    /// The bytes of each live pinned buffer (by its tag) that reads have written.
+    pinned: Mutex<BTreeMap<u64, TouchedRanges>>,
+    last_tag: AtomicU64,
 }
 
 impl FirstTouch {
     pub fn new(gb_per_s: f64) -> Self {
         Self {
             bytes_per_second: gb_per_s * 1e9,
-            fresh_pinned_bytes: AtomicU64::new(0),
+            pinned: Mutex::new(BTreeMap::new()),
+            last_tag: AtomicU64::new(0),
         }
     }
 
@@ -37,23 +40,34 @@ impl FirstTouch {
         Duration::try_from_secs_f64(bytes as f64 / self.bytes_per_second).unwrap_or(Duration::MAX)
     }
 
-    /// A pinned buffer of `bytes` was allocated: fresh until a read writes it.
-    pub fn pinned_allocated(&self, bytes: u64) {
-        self.fresh_pinned_bytes.fetch_add(bytes, Ordering::Relaxed);
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<u64, TouchedRanges>> {
+        // Each update is one map operation: a poisoned lock still guards whole entries.
+        self.pinned
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// A read writes `bytes` into pinned buffers: the fault time of the fresh bytes
-    /// it takes. Which buffer a read fills is not tracked (a simulated buffer has no
-    /// address); buffers are filled soon after they are allocated, so the fresh bytes
-    /// are charged to the next reads, each byte once.
-    pub fn pinned_write(&self, bytes: u64) -> Duration {
-        let taken = self
-            .fresh_pinned_bytes
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |fresh| {
-                Some(fresh.saturating_sub(bytes))
-            })
-            .map_or(0, |fresh| fresh.min(bytes));
-        self.duration(taken)
+    /// A fresh pinned buffer: its tag (for `HostBuffer::virtual_tagged`), never 0.
+    pub fn pinned_allocated(&self) -> u64 {
+        let tag = self.last_tag.fetch_add(1, Ordering::Relaxed) + 1;
+        self.lock().insert(tag, TouchedRanges::default());
+        tag
+    }
+
+    /// The buffer `tag` was freed: its memory goes back to the host.
+    pub fn pinned_released(&self, tag: u64) {
+        self.lock().remove(&tag);
+    }
+
+    /// A read writes `bytes` at `offset` of the buffer `tag`: the fault time of the
+    /// bytes of that buffer no read wrote before (a buffer is reused: a staging slot
+    /// or a fast-disk chunk pays once, for the part its reads fill). Buffers the
+    /// device did not allocate (tag 0) are not charged.
+    pub fn pinned_write(&self, tag: u64, offset: u64, bytes: u64) -> Duration {
+        let fresh = self.lock().get_mut(&tag).map_or(0, |touched| {
+            touched.touch(offset, offset.saturating_add(bytes))
+        });
+        self.duration(fresh)
     }
 }
 
@@ -116,12 +130,30 @@ mod tests {
     }
 
     #[test]
-    fn fresh_pinned_bytes_are_charged_once_to_the_next_reads() {
-        // 1 GB/s: 1000 fresh bytes cost 1 µs in all, however the reads split them.
+    fn each_pinned_buffer_pays_once_for_the_bytes_reads_fill() {
+        // 1 GB/s: a buffer's first 600 bytes cost 600 ns, the next read over 0..1000
+        // pays for the 400 it adds, a reuse pays nothing; another buffer pays its own;
+        // an untracked buffer nothing.
         let first_touch = FirstTouch::new(1.0);
-        first_touch.pinned_allocated(1000);
-        assert_eq!(first_touch.pinned_write(600), Duration::from_nanos(600));
-        assert_eq!(first_touch.pinned_write(600), Duration::from_nanos(400));
-        assert_eq!(first_touch.pinned_write(600), Duration::ZERO);
+        let (one, two) = (
+            first_touch.pinned_allocated(),
+            first_touch.pinned_allocated(),
+        );
+        assert_eq!(
+            first_touch.pinned_write(one, 0, 600),
+            Duration::from_nanos(600)
+        );
+        assert_eq!(
+            first_touch.pinned_write(one, 0, 1000),
+            Duration::from_nanos(400)
+        );
+        assert_eq!(first_touch.pinned_write(one, 0, 1000), Duration::ZERO);
+        assert_eq!(
+            first_touch.pinned_write(two, 500, 100),
+            Duration::from_nanos(100)
+        );
+        assert_eq!(first_touch.pinned_write(0, 0, 100), Duration::ZERO);
+        first_touch.pinned_released(one);
+        assert_eq!(first_touch.pinned_write(one, 0, 100), Duration::ZERO);
     }
 }

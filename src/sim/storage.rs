@@ -130,8 +130,8 @@ impl SimStorage {
         self
     }
 
-    /// Reads pay the page faults of the fresh pinned bytes they fill first (the
-    /// device counts what it allocates into the same `first_touch`).
+    /// Reads pay the page faults of the pinned bytes they fill first (the device
+    /// records the buffers it allocates in the same `first_touch`).
     pub fn with_first_touch(mut self, first_touch: Arc<FirstTouch>) -> Self {
         self.first_touch = Some(first_touch);
         self
@@ -267,7 +267,7 @@ impl Storage for SimStorage {
                         .first_touch
                         .as_ref()
                         .map_or(Duration::ZERO, |first_touch| {
-                            first_touch.pinned_write(bytes)
+                            first_touch.pinned_write(into.tag(), into_offset, bytes)
                         })
             }
             Outcome::Fails { operation } => {
