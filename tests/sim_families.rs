@@ -77,7 +77,7 @@ fn a_llama_decode_step_carries_the_gemvs_and_bytes_the_decoder_executes() {
     let kv = model.kv_cache.unwrap();
     assert_eq!(kv.bytes_per_token, decoder.kv_bytes_per_token());
     assert_eq!(kv.prompt_tokens, decoder.prompt.len() as u64);
-    assert_eq!(kv.bytes_after(1), prepared.activation_bytes(1));
+    assert_eq!(kv.start_reserve_bytes(), prepared.activation_bytes(1));
 }
 
 #[test]

@@ -48,11 +48,6 @@ impl KvCache {
         };
         now.saturating_sub(before)
     }
-
-    /// Bytes reserved after `steps` steps: what a budget must leave for the cache.
-    pub fn bytes_after(&self, steps: u64) -> u64 {
-        self.reserved_bytes(self.tokens_in_step(steps.max(1) - 1))
-    }
 }
 
 #[cfg(test)]
@@ -71,7 +66,7 @@ mod tests {
         let growth: Vec<u64> = (0..8).map(|step| cache.growth_bytes(step)).collect();
         assert_eq!(growth, [1200, 0, 0, 400, 0, 0, 0, 400]);
         assert_eq!(cache.start_reserve_bytes(), 1200);
-        assert_eq!(cache.bytes_after(8), 2000);
-        assert_eq!(growth.iter().sum::<u64>(), cache.bytes_after(8));
+        assert_eq!(growth.iter().sum::<u64>(), cache.reserved_bytes(17));
+        assert_eq!(cache.reserved_bytes(17), 2000);
     }
 }
