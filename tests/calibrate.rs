@@ -33,6 +33,7 @@ fn known_calibration(at_unix: u64) -> Calibration {
             pageable: measured(9.5e9),
             latency_seconds: 5e-6,
             latency_how: "probes".to_string(),
+            first_touch: Some(measured(2.5e9)),
         }),
         disk: Some(DiskFigures {
             path: "/tmp/x".to_string(),
@@ -84,6 +85,7 @@ fn a_calibrated_profile_loads_back_with_the_figures_it_measured() {
     assert_eq!(profile.link.pinned_gb_per_s, 11.0);
     assert_eq!(profile.link.pageable_gb_per_s, 9.5);
     assert_eq!(profile.link.latency_us, 5.0);
+    assert_eq!(profile.first_touch_gb_per_s, Some(2.5));
     assert_eq!(profile.disk.read_gb_per_s, 1.5);
     assert_eq!(profile.disk.request_latency_us, 70.0);
     assert_eq!(
@@ -107,6 +109,24 @@ fn a_calibrated_profile_loads_back_with_the_figures_it_measured() {
     let stamp = profile.calibration.as_ref().expect("a [calibration] stamp");
     assert_eq!(stamp.host, HostIdentity::current().fingerprint());
     assert_eq!(profile.ram_bytes, HostIdentity::current().ram_bytes.max(1));
+}
+
+#[test]
+fn a_profile_without_a_first_touch_rate_loads_and_a_bad_one_is_named() {
+    // The key is optional (older calibrations and GPU profiles have none); a
+    // non-positive rate is refused with the key named.
+    let mut calibration = known_calibration(now());
+    if let Some(copies) = calibration.copies.as_mut() {
+        copies.first_touch = None;
+    }
+    let text = profile_toml(&calibration, "local").unwrap();
+    let profile = HardwareProfile::parse("local", "test", &text).unwrap();
+    assert_eq!(profile.first_touch_gb_per_s, None);
+    let bad = text.replace("\nram = ", "\nfirst_touch_gb_per_s = 0.0\nram = ");
+    let message = HardwareProfile::parse("local", "test", &bad)
+        .unwrap_err()
+        .to_string();
+    assert!(message.contains("host.first_touch_gb_per_s"), "{message}");
 }
 
 fn canned(at_unix: u64) -> impl FnMut() -> Result<String, CalibrateError> {

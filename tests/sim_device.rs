@@ -1,14 +1,15 @@
 //! The simulator's device adapter on virtual time: copy durations from the link's
-//! rates, one copy engine, no tick rounding, and hard VRAM and pinned capacities.
+//! rates, one copy engine, no tick rounding, hard VRAM and pinned capacities, and the
+//! first-touch cost of fresh arena and pinned bytes.
 
 mod common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::sim::{device, COPY_LATENCY, GB};
-use stagehand::actors::{Device, HostBuffer};
-use stagehand::sim::{virtual_time_runtime, FaultPlan, SimClock};
+use common::sim::{device, extent, nvme, COPY_LATENCY, GB, READ_LATENCY};
+use stagehand::actors::{Device, HostBuffer, Storage};
+use stagehand::sim::{virtual_time_runtime, FaultPlan, FirstTouch, SimClock};
 
 #[test]
 fn a_copy_takes_bytes_over_link_rate_in_virtual_time_not_wall_time() {
@@ -171,4 +172,48 @@ fn copies_outside_an_arena_or_past_the_source_fail_cleanly() {
             "{error}"
         );
     });
+}
+
+#[test]
+fn fresh_arena_and_pinned_bytes_pay_their_first_touch_once() {
+    // At 2 GB/s of first touch: the first copy into 1 GB of fresh arena takes 0.5 s
+    // more than the same copy into those (now warm) bytes; a copy half over fresh
+    // bytes pays for that half; the first read into a fresh pinned buffer pays for
+    // it, the second read into it does not.
+    let runtime = virtual_time_runtime().unwrap();
+    let (copies, reads) = runtime.block_on(async {
+        let clock = SimClock::new().unwrap();
+        let faults = FaultPlan::default();
+        let first_touch = Arc::new(FirstTouch::new(2.0));
+        let device = device(&clock, &faults).with_first_touch(Arc::clone(&first_touch));
+        let storage = nvme(&clock, &faults).with_first_touch(first_touch);
+        let arena = device.allocate_arena(2 * GB).unwrap();
+        let mut source = device.allocate_pinned(GB).unwrap();
+        let mut copies = Vec::new();
+        for offset in [0, 0, GB / 2] {
+            let started = clock.now();
+            source = device
+                .copy_to_device(source, 0, GB, arena.base.offset(offset))
+                .await
+                .unwrap();
+            copies.push(clock.now() - started);
+        }
+        let mut reads = Vec::new();
+        for _ in 0..2 {
+            let started = clock.now();
+            source = storage.read(vec![extent(0, GB)], source, 0).await.unwrap();
+            reads.push(clock.now() - started);
+        }
+        (copies, reads)
+    });
+    let copy = Duration::from_millis(40) + COPY_LATENCY;
+    let fault = |bytes: u64| Duration::from_nanos(bytes / 2);
+    assert_eq!(copies, [copy + fault(GB), copy, copy + fault(GB / 2)]);
+    let read = Duration::from_nanos(GB / 7) + READ_LATENCY;
+    let tolerance = Duration::from_nanos(2);
+    assert!(
+        reads[0].abs_diff(read + fault(GB)) <= tolerance,
+        "{reads:?}"
+    );
+    assert!(reads[1].abs_diff(read) <= tolerance, "{reads:?}");
 }

@@ -1,10 +1,17 @@
-//! `stagehand validate --json` on a tiny matrix: every row's plan bytes and peak
-//! budgets predicted by the simulator equal the real run's exactly (both sessions
-//! plan the same work), the runs stream and verify, and bad input exits 2.
+//! `stagehand validate --json` on a tiny matrix, and single rows of the real-model
+//! families: every row's plan bytes and peak budgets predicted by the simulator equal
+//! the real run's exactly (both sessions plan the same work and reserve the same
+//! activations), the runs stream and verify, and bad input exits 2.
 
 mod common;
 
 use common::{assert_bad_input, stagehand};
+use stagehand::calibrate::validate::{validate_case, Case, CaseModel, Row, Verdict};
+use stagehand::compute::DType;
+use stagehand::model::generated::{
+    write_bert_folder, write_decoder_folder, BertDemo, DecoderArch, DecoderDemo, DecoderPreset,
+};
+use stagehand::sim::HardwareProfile;
 
 /// A calibrated-style profile with a shared bus and measured kernels (figures of
 /// this order; the byte and peak figures checked here do not depend on them).
@@ -99,6 +106,61 @@ fn plan_bytes_and_peaks_are_predicted_exactly() {
     }
     // The budget makes the demo stream: bytes cross every step.
     assert!(rows[1]["plan_streamed_bytes"]["measured"].as_f64().unwrap() > 0.0);
+}
+
+/// Runs one case both ways on [`PROFILE`] and checks the exact figures of its row.
+fn assert_exact_row(model: CaseModel, batch: usize, prefetch_depth: u32) -> Row {
+    let profile = HardwareProfile::parse("test", "test", PROFILE).unwrap();
+    let case = Case {
+        model,
+        batch,
+        vram_share: 0.5,
+        prefetch_depth,
+        fast_disk: false,
+        steps: 5,
+        cuda: false,
+    };
+    let row = validate_case(&case, &profile).unwrap();
+    for (key, figure) in [
+        ("plan_streamed_bytes", row.plan_streamed_bytes),
+        ("plan_disk_bytes", row.plan_disk_bytes),
+        ("peak_vram_bytes", row.peak_vram_bytes),
+        ("peak_pinned_bytes", row.peak_pinned_bytes),
+    ] {
+        assert_eq!(figure.predicted, figure.measured, "{key}: {row:?}");
+    }
+    assert!(row.verified, "{row:?}");
+    assert_ne!(row.verdict, Verdict::PlanMiss, "{row:?}");
+    row
+}
+
+#[test]
+fn a_decoder_rows_peaks_count_its_kv_cache_exactly() {
+    // The tiny Llama at half its bytes: the description reserves the KV cache the run
+    // reserves (pages of the prompt, then growth), so peak VRAM is exact at both depths.
+    let dir = tempfile::tempdir().unwrap();
+    let demo = DecoderDemo {
+        arch: DecoderArch::Llama,
+        preset: DecoderPreset::Tiny,
+        dtype: DType::F32,
+        seed: 7,
+        shard_bytes: 1 << 30,
+    };
+    let path = write_decoder_folder(&dir.path().join("llama"), &demo).unwrap();
+    for depth in [0, 2] {
+        let row = assert_exact_row(CaseModel::Decoder { path: path.clone() }, 1, depth);
+        assert!(row.plan_streamed_bytes.measured > 0.0, "{row:?}");
+    }
+}
+
+#[test]
+fn an_encoder_rows_bytes_and_peaks_are_exact() {
+    // The tiny BERT embedding the 8 built-in sentences a step, at half its bytes.
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_bert_folder(&dir.path().join("bert"), &BertDemo::default()).unwrap();
+    for depth in [0, 2] {
+        assert_exact_row(CaseModel::Encoder { path: path.clone() }, 8, depth);
+    }
 }
 
 #[test]

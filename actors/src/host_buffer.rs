@@ -28,6 +28,9 @@ pub struct HostBuffer {
     memory: Option<NonNull<u8>>,
     len: usize,
     registration: Option<Box<dyn PinRegistration>>,
+    /// A virtual buffer's name, so a simulator can tell its buffers apart (a real
+    /// buffer has its address); 0 when none was given.
+    tag: u64,
 }
 
 // SAFETY: the buffer owns its allocation exclusively; moving it between threads moves
@@ -54,6 +57,7 @@ impl HostBuffer {
             memory: Some(memory),
             len,
             registration: None,
+            tag: 0,
         })
     }
 
@@ -63,7 +67,21 @@ impl HostBuffer {
             memory: None,
             len,
             registration: None,
+            tag: 0,
         }
+    }
+
+    /// A virtual buffer named `tag`: the simulator's pinned buffers, whose first-touch
+    /// cost depends on which bytes of which buffer a read fills.
+    pub fn virtual_tagged(len: usize, tag: u64) -> Self {
+        let mut buffer = Self::virtual_buffer(len);
+        buffer.tag = tag;
+        buffer
+    }
+
+    /// The tag given by [`Self::virtual_tagged`]; 0 for every other buffer.
+    pub fn tag(&self) -> u64 {
+        self.tag
     }
 
     pub fn len(&self) -> usize {

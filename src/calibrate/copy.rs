@@ -23,7 +23,17 @@ pub struct CopyFigures {
     /// Seconds of one 4 KiB copy, issue to completion (median).
     pub latency_seconds: f64,
     pub latency_how: String,
+    /// How fast fresh device-tier memory is faulted in on its first write (bytes/s
+    /// of the time a copy into fresh pages takes beyond the same copy into warm
+    /// ones); `None` when fresh pages cost nothing measurable (memory mapped when
+    /// allocated, as a GPU's).
+    pub first_touch: Option<Measured>,
 }
+
+/// Chunks copied into a fresh arena, then again into the same (now warm) places.
+pub(super) const FIRST_TOUCH_CHUNKS: usize = 8;
+/// A first copy this much slower than the warm one, or less, is "no cost": noise.
+const FIRST_TOUCH_NOISE: f64 = 0.03;
 
 /// Copies `block_bytes` into an arena `repeats` times from each kind of source.
 pub fn measure_copies(
@@ -86,7 +96,10 @@ pub fn measure_copies(
         latencies.push(elapsed);
     }
     device.free_arena(arena);
+    let source = pinned_buffer_for(device, block_bytes)?;
+    let first_touch = measure_first_touch(device, &runtime, block_bytes, source)?;
     Ok(CopyFigures {
+        first_touch,
         pinned,
         pageable,
         latency_seconds: median(&latencies),
@@ -94,4 +107,70 @@ pub fn measure_copies(
             "{LATENCY_PROBES} copies of 4 KiB, issue to completion; median (includes the hand-off to the copy stream and back)"
         ),
     })
+}
+
+/// A pinned source buffer of `bytes` with every page already touched.
+fn pinned_buffer_for(device: &Arc<dyn Device>, bytes: u64) -> Result<HostBuffer, String> {
+    let mut buffer = device
+        .allocate_pinned(bytes)
+        .map_err(|error| format!("a pinned buffer of {bytes} bytes: {error}"))?;
+    if let Some(slice) = buffer.as_mut_slice() {
+        slice.iter_mut().step_by(4096).for_each(|byte| *byte = 1);
+    }
+    Ok(buffer)
+}
+
+/// The first-touch rate: [`FIRST_TOUCH_CHUNKS`] copies of `chunk_bytes` from a warm
+/// pinned buffer into a freshly allocated arena, each into places never written
+/// (every page faulted in by the copy), then the same copies into the same places
+/// again (warm). The extra seconds per byte of the fresh copies (medians) are the
+/// fault cost, what a run's first step pays for every byte of arena, pinned buffer
+/// and cast buffer it writes for the first time.
+fn measure_first_touch(
+    device: &Arc<dyn Device>,
+    runtime: &tokio::runtime::Runtime,
+    chunk_bytes: u64,
+    mut source: HostBuffer,
+) -> Result<Option<Measured>, String> {
+    let span = chunk_bytes * FIRST_TOUCH_CHUNKS as u64;
+    let arena = device
+        .allocate_arena(span)
+        .map_err(|error| format!("a fresh arena of {span} bytes: {error}"))?;
+    // Pass 0 writes fresh places, pass 1 the same places warm.
+    let mut passes = [Vec::new(), Vec::new()];
+    let mut failure = None;
+    'passes: for seconds in &mut passes {
+        for chunk in 0..FIRST_TOUCH_CHUNKS as u64 {
+            let destination = arena.base.offset(chunk * chunk_bytes);
+            let started = Instant::now();
+            match runtime.block_on(device.copy_to_device(source, 0, chunk_bytes, destination)) {
+                Ok(returned) => source = returned,
+                Err((error, _)) => {
+                    failure = Some(error.to_string());
+                    break 'passes;
+                }
+            }
+            seconds.push(started.elapsed().as_secs_f64());
+        }
+    }
+    device.free_arena(arena);
+    if let Some(failure) = failure {
+        return Err(format!("first-touch copies: {failure}"));
+    }
+    let (fresh, warm) = (median(&passes[0]), median(&passes[1]));
+    let extra = fresh - warm;
+    let measurable = extra.is_finite() && extra > warm * FIRST_TOUCH_NOISE;
+    if !measurable {
+        return Ok(None);
+    }
+    Ok(Some(Measured::rate(
+        chunk_bytes as f64,
+        &[extra],
+        format!(
+            "{FIRST_TOUCH_CHUNKS} copies of {} into a freshly allocated arena ({:.2} ms each, median) against the same copies into the now warm places ({:.2} ms): the extra time per byte is the page faults",
+            stagehand_actors::Bytes(chunk_bytes),
+            fresh * 1e3,
+            warm * 1e3
+        ),
+    )))
 }

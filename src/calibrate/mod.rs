@@ -257,9 +257,12 @@ pub fn calibrate(
     let opened = if options.cuda {
         open_cuda()
     } else {
-        crate::device::CpuDevice::new(options.copy_block_bytes.max(1 << 20))
-            .map(|device| Backend::Cpu(Arc::new(device)))
-            .map_err(|error| format!("no CPU device: {error}"))
+        // Room for the first-touch probe's fresh arena (a limit, not an allocation).
+        crate::device::CpuDevice::new(
+            options.copy_block_bytes.max(1 << 20) * (copy::FIRST_TOUCH_CHUNKS as u64 + 1),
+        )
+        .map(|device| Backend::Cpu(Arc::new(device)))
+        .map_err(|error| format!("no CPU device: {error}"))
     };
     let backend = match opened {
         Ok(backend) => Some(backend),

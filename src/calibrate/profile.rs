@@ -129,6 +129,28 @@ pub fn profile_toml(calibration: &Calibration, name: &str) -> Result<String, Str
     line(&mut text, String::new());
     line(&mut text, "[host]".to_string());
     line(&mut text, format!("ram = {}", host.ram_bytes.max(1)));
+    match &copies.first_touch {
+        Some(first_touch) => {
+            line(
+                &mut text,
+                format!(
+                    "# {}. The simulator charges it to the first write of every arena,\n# pinned-buffer and cast-buffer byte (the cold step).",
+                    first_touch.how
+                ),
+            );
+            line(
+                &mut text,
+                format!(
+                    "first_touch_gb_per_s = {:.3}",
+                    first_touch.per_second / 1e9
+                ),
+            );
+        }
+        None => line(
+            &mut text,
+            "# first_touch_gb_per_s left out: a copy into fresh device-tier memory took no\n# measurably longer than into warm memory (mapped when allocated).".to_string(),
+        ),
+    }
     line(&mut text, String::new());
 
     line(&mut text, "[link]".to_string());

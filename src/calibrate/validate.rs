@@ -30,12 +30,16 @@ pub enum CaseModel {
     LinearStack { path: PathBuf },
     /// A generated Llama-family decoder folder: `batch` is ignored, one token a step.
     Decoder { path: PathBuf },
+    /// A BERT encoder folder: each step embeds `batch` of the built-in sentences.
+    Encoder { path: PathBuf },
 }
 
 impl CaseModel {
     pub fn path(&self) -> &Path {
         match self {
-            CaseModel::LinearStack { path } | CaseModel::Decoder { path } => path,
+            CaseModel::LinearStack { path }
+            | CaseModel::Decoder { path }
+            | CaseModel::Encoder { path } => path,
         }
     }
 
@@ -43,6 +47,7 @@ impl CaseModel {
         match self {
             CaseModel::LinearStack { .. } => "linear-stack",
             CaseModel::Decoder { .. } => "llama",
+            CaseModel::Encoder { .. } => "bert",
         }
     }
 }
@@ -218,6 +223,7 @@ fn prepare(case: &Case, settings: &Settings) -> Result<Prepared, String> {
     let (kind, is_demo) = match case.model {
         CaseModel::LinearStack { .. } => (WorkloadKind::LinearStack, true),
         CaseModel::Decoder { .. } => (WorkloadKind::Decoder, false),
+        CaseModel::Encoder { .. } => (WorkloadKind::Encoder, false),
     };
     crate::run::prepare_with(
         case.model.path(),
@@ -301,7 +307,9 @@ pub fn description_of(case: &Case, prepared: &Prepared) -> Result<ModelDescripti
         CaseModel::LinearStack { .. } => {
             ModelDescription::from_model_index(&prepared.index, case.batch as u64, None)
         }
-        CaseModel::Decoder { .. } => ModelDescription::from_prepared(prepared, 1),
+        CaseModel::Decoder { .. } | CaseModel::Encoder { .. } => {
+            ModelDescription::from_prepared(prepared, 1)
+        }
     }
     .map_err(|error| error.to_string())
 }

@@ -13,7 +13,9 @@ use crate::calibrate::validate::{
     validate_case, Case, CaseModel, Figure, Row, Verdict, COLD_TOLERANCE, STEADY_TOLERANCE,
 };
 use crate::model::demo::DemoSpec;
-use crate::model::generated::{write_decoder_folder, DecoderArch, DecoderDemo, DecoderPreset};
+use crate::model::generated::{
+    write_bert_folder, write_decoder_folder, BertDemo, DecoderArch, DecoderDemo, DecoderPreset,
+};
 
 /// Steps one validation run may take: the steady median needs a handful, and the
 /// matrix runs every configuration.
@@ -55,6 +57,12 @@ pub struct ValidateArgs {
     /// Leave out the generated Llama decoder.
     #[arg(long)]
     pub no_decoder: bool,
+    /// Leave out the BERT encoder.
+    #[arg(long)]
+    pub no_encoder: bool,
+    /// The encoder's folder (e.g. all-MiniLM-L6-v2); default: a generated tiny BERT.
+    #[arg(long, value_name = "DIR")]
+    pub encoder: Option<PathBuf>,
     /// Where the generated models are written (default: the cache directory).
     #[arg(long, value_name = "DIR")]
     pub cache_dir: Option<PathBuf>,
@@ -69,10 +77,22 @@ pub enum ValidateDevice {
     Cuda,
 }
 
+/// The real-model families of the matrix, each at half its bytes and depths 0 and 2.
+#[derive(Debug, Clone, Default)]
+pub struct Families {
+    /// A Llama-family decoder folder (one token a step).
+    pub decoder: Option<PathBuf>,
+    /// A BERT encoder folder (each step the 8 built-in sentences).
+    pub encoder: Option<PathBuf>,
+}
+
+/// Sentences per encoder step: the 8 built-in ones, so every step is the same batch.
+const ENCODER_BATCH: usize = 8;
+
 /// The configurations to run: the demo model at three batch sizes × three VRAM
-/// budgets × prefetch depth 0 and 2 × `--fast-disk` off and on, and a generated
-/// Llama decoder at depths 0 and 2 (`--quick`: batch 8, one budget, page cache).
-pub fn matrix(demo: PathBuf, decoder: Option<PathBuf>, quick: bool, steps: u64) -> Vec<Case> {
+/// budgets × prefetch depth 0 and 2 × `--fast-disk` off and on, then each family
+/// given at depths 0 and 2 (`--quick`: batch 8, one budget, page cache).
+pub fn matrix(demo: PathBuf, families: Families, quick: bool, steps: u64) -> Vec<Case> {
     let (batches, shares, fast): (&[usize], &[f64], &[bool]) = if quick {
         (&[8], &[0.5], &[false])
     } else {
@@ -96,11 +116,19 @@ pub fn matrix(demo: PathBuf, decoder: Option<PathBuf>, quick: bool, steps: u64) 
             }
         }
     }
-    if let Some(path) = decoder {
+    let family_models = [
+        families
+            .decoder
+            .map(|path| (CaseModel::Decoder { path }, 1)),
+        families
+            .encoder
+            .map(|path| (CaseModel::Encoder { path }, ENCODER_BATCH)),
+    ];
+    for (model, batch) in family_models.into_iter().flatten() {
         for prefetch_depth in [0, 2] {
             cases.push(Case {
-                model: CaseModel::Decoder { path: path.clone() },
-                batch: 1,
+                model: model.clone(),
+                batch,
                 vram_share: 0.5,
                 prefetch_depth,
                 fast_disk: false,
@@ -121,7 +149,7 @@ pub fn execute(args: ValidateArgs) -> CommandResult {
     }
     if args.steps > MAX_STEPS {
         return Err(Failure::bad_input(anyhow::anyhow!(
-            "--steps {}: at most {MAX_STEPS} per run (the matrix runs 38 of them)",
+            "--steps {}: at most {MAX_STEPS} per run (the matrix runs 40 of them)",
             args.steps
         )));
     }
@@ -150,8 +178,21 @@ pub fn execute(args: ValidateArgs) -> CommandResult {
                 Failure::run_failed(anyhow::anyhow!("{}: {error}", dir.display()))
             })?)
         };
+    let encoder = match (&args.encoder, args.no_encoder || args.quick) {
+        (_, true) => None,
+        (Some(path), false) => Some(path.clone()),
+        (None, false) => {
+            let dir = cache.join("validate-bert-tiny");
+            Some(
+                write_bert_folder(&dir, &BertDemo::default()).map_err(|error| {
+                    Failure::run_failed(anyhow::anyhow!("{}: {error}", dir.display()))
+                })?,
+            )
+        }
+    };
     let profile = super::hardware_arg::load_hardware(&args.hardware, Some(&demo_dir))?;
-    let mut cases = matrix(demo, decoder, args.quick, args.steps);
+    let families = Families { decoder, encoder };
+    let mut cases = matrix(demo, families, args.quick, args.steps);
     for case in &mut cases {
         case.cuda = args.device == ValidateDevice::Cuda;
     }

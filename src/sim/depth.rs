@@ -13,7 +13,8 @@ use super::faults::FaultPlan;
 use super::fit::{FitCheck, FitSettings};
 use super::hardware::HardwareProfile;
 use super::model::ModelDescription;
-use super::run::{run_policy, Policy, RunOptions};
+use super::policy::Policy;
+use super::run::{run_policy, RunOptions};
 
 /// The depths the search tries: 0 (load on use) to 4. Beyond 4 a ring costs more
 /// residency than any shipped scenario gains from looking further ahead.

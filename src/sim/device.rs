@@ -21,6 +21,7 @@ use stagehand_actors::{
 
 use super::clock::{transfer_duration, SerialLane, SimClock};
 use super::faults::{FaultPlan, Perturber};
+use super::first_touch::{FirstTouch, TouchedRanges};
 use super::shared::{Demand, SharedBus};
 use super::trace::{Lane, TraceRecorder};
 
@@ -69,6 +70,8 @@ pub struct SimDevice {
     labeler: Option<CopyLabeler>,
     /// A shared-bus machine: copies run on the bus beside reads and compute.
     bus: Option<Arc<SharedBus>>,
+    /// Fresh memory costs its page faults on first write (the CPU backend).
+    first_touch: Option<Arc<FirstTouch>>,
     pinned_bytes: Arc<AtomicU64>,
     state: Mutex<DeviceState>,
 }
@@ -80,6 +83,8 @@ struct DeviceState {
     next_address: u64,
     perturber: Perturber,
     stats: CopyStats,
+    /// Arena addresses written so far (addresses are never reused).
+    touched: TouchedRanges,
 }
 
 impl SimDevice {
@@ -91,6 +96,7 @@ impl SimDevice {
             trace: None,
             labeler: None,
             bus: None,
+            first_touch: None,
             pinned_bytes: Arc::new(AtomicU64::new(0)),
             state: Mutex::new(DeviceState {
                 arenas: BTreeMap::new(),
@@ -98,6 +104,7 @@ impl SimDevice {
                 next_address: FIRST_ARENA_ADDRESS,
                 perturber: faults.perturber(COPY_STREAM),
                 stats: CopyStats::default(),
+                touched: TouchedRanges::default(),
             }),
         }
     }
@@ -110,6 +117,13 @@ impl SimDevice {
     /// Copies share `bus` with reads and compute instead of owning a copy engine.
     pub fn with_bus(mut self, bus: Arc<SharedBus>) -> Self {
         self.bus = Some(bus);
+        self
+    }
+
+    /// The first copy into each arena byte also pays its page fault, and each pinned
+    /// buffer's bytes are fresh until a read fills them (see `first_touch`).
+    pub fn with_first_touch(mut self, first_touch: Arc<FirstTouch>) -> Self {
+        self.first_touch = Some(first_touch);
         self
     }
 
@@ -173,6 +187,8 @@ impl SimDevice {
 struct SimPin {
     bytes: u64,
     pinned_bytes: Arc<AtomicU64>,
+    /// The buffer's first-touch record, forgotten with the buffer.
+    fresh: Option<(Arc<FirstTouch>, u64)>,
 }
 
 impl PinRegistration for SimPin {}
@@ -180,6 +196,9 @@ impl PinRegistration for SimPin {}
 impl Drop for SimPin {
     fn drop(&mut self) {
         self.pinned_bytes.fetch_sub(self.bytes, Ordering::Relaxed);
+        if let Some((first_touch, tag)) = &self.fresh {
+            first_touch.pinned_released(*tag);
+        }
     }
 }
 
@@ -243,10 +262,15 @@ impl Device for SimDevice {
                 ),
             });
         }
-        let mut buffer = HostBuffer::virtual_buffer(len);
+        let fresh = self
+            .first_touch
+            .as_ref()
+            .map(|first_touch| (Arc::clone(first_touch), first_touch.pinned_allocated()));
+        let mut buffer = HostBuffer::virtual_tagged(len, fresh.as_ref().map_or(0, |(_, tag)| *tag));
         buffer.set_registration(Box::new(SimPin {
             bytes,
             pinned_bytes: Arc::clone(&self.pinned_bytes),
+            fresh,
         }));
         Ok(buffer)
     }
@@ -272,13 +296,17 @@ impl Device for SimDevice {
         } else {
             self.spec.link.pageable_bytes_per_second
         };
-        let nominal = self.spec.link.latency + transfer_duration(bytes, rate);
+        let mut nominal = self.spec.link.latency + transfer_duration(bytes, rate);
         let duration = {
             let mut state = self.lock();
             if let Err(reason) = Self::check_destination(&state, destination, bytes) {
                 drop(state);
                 let error = DeviceError::CopyFailed(reason);
                 return Box::pin(async move { Err((error, source)) });
+            }
+            if let Some(first_touch) = &self.first_touch {
+                let fresh = state.touched.touch(destination.0, destination.0 + bytes);
+                nominal += first_touch.duration(fresh);
             }
             state.stats.copies += 1;
             if pinned {

@@ -321,11 +321,15 @@ impl FitCheck {
                 available_bytes: vram_available_bytes,
             });
         }
-        let streams = model_bytes > vram_budget_bytes;
+        // A decoder's first KV pages are kept out of the plan (the session plans in
+        // the budget less them, as `stagehand run` does); a shortfall counts them.
+        let kv_start_bytes = model.kv_cache.map_or(0, |kv| kv.start_reserve_bytes());
+        let plan_budget_bytes = vram_budget_bytes.saturating_sub(kv_start_bytes);
+        let streams = model_bytes > plan_budget_bytes;
         // The ring the pipeline's own plan picks: slots sized for the largest block it
         // streams (blocks too large to stream stay resident). Without a feasible plan,
         // the ring a largest-block slot would need, to report the shortfall.
-        let planned = pipeline_ring(model, vram_budget_bytes, settings.prefetch_depth);
+        let planned = pipeline_ring(model, plan_budget_bytes, settings.prefetch_depth);
         // Whole-block staging buffers hold the largest streamed block (a larger, resident
         // block is loaded once in chunks through them).
         let slot_bytes = planned.map_or(largest_block_bytes, |(_, slot)| slot);
@@ -337,21 +341,21 @@ impl FitCheck {
         } else {
             0
         };
-        if ring_bytes > vram_budget_bytes {
+        if ring_bytes > plan_budget_bytes {
             let depth = settings.prefetch_depth;
             let fits_at_depth = (0..depth)
                 .rev()
-                .find(|&smaller| plan_minimum(model, smaller) <= vram_budget_bytes);
+                .find(|&smaller| plan_minimum(model, smaller) <= plan_budget_bytes);
             failures.push(FitFailure::VramBelowRing {
                 budget_bytes: vram_budget_bytes,
-                ring_bytes,
+                ring_bytes: ring_bytes + kv_start_bytes,
                 largest_block_bytes,
                 prefetch_depth: depth,
-                needed_bytes: plan_minimum(model, depth),
+                needed_bytes: plan_minimum(model, depth) + kv_start_bytes,
                 fits_at_depth,
             });
         }
-        let resident_bytes = model_bytes.min(vram_budget_bytes.saturating_sub(ring_bytes));
+        let resident_bytes = model_bytes.min(plan_budget_bytes.saturating_sub(ring_bytes));
         let pcie_bytes_per_step = model_bytes - resident_bytes;
 
         // The pipeline's staging ring: block-sized buffers inside the ceiling (as many

@@ -63,6 +63,10 @@ pub struct HardwareProfile {
     /// Measured kernel costs: a block's compute is the sum of its kernels' times
     /// instead of the roofline of `[gpu]`.
     pub compute: Option<KernelCosts>,
+    /// `[host] first_touch_gb_per_s`: how fast the host faults in fresh memory on its
+    /// first write (the CPU backend's arena and pinned buffers, see `first_touch`);
+    /// `None`: memory is mapped when allocated (GPU profiles, older calibrations).
+    pub first_touch_gb_per_s: Option<f64>,
 }
 
 /// The `[calibration]` stamp of a measured profile.
@@ -150,6 +154,8 @@ struct HostSection {
     ram: ByteSize,
     /// Name of a shipped disk (hdd, sata, nvme3, nvme4, nvme5).
     disk: Option<String>,
+    /// Measured by `stagehand calibrate` on the CPU backend; optional.
+    first_touch_gb_per_s: Option<f64>,
 }
 
 impl HardwareProfile {
@@ -216,6 +222,7 @@ impl HardwareProfile {
             calibration: file.calibration,
             shared: file.shared,
             compute: file.compute,
+            first_touch_gb_per_s: file.host.first_touch_gb_per_s,
         };
         profile.validate().map_err(profile_error)?;
         Ok(profile)
@@ -257,6 +264,7 @@ impl HardwareProfile {
         for (key, value) in [
             ("disk.direct_read_gb_per_s", self.disk.direct_read_gb_per_s),
             ("disk.page_cache_gb_per_s", self.disk.page_cache_gb_per_s),
+            ("host.first_touch_gb_per_s", self.first_touch_gb_per_s),
         ] {
             if let Some(value) = value {
                 if !(value.is_finite() && value > 0.0) {

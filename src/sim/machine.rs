@@ -9,6 +9,7 @@ use super::clock::SimClock;
 use super::compute::SimCompute;
 use super::device::SimDevice;
 use super::faults::FaultPlan;
+use super::first_touch::FirstTouch;
 use super::hardware::HardwareProfile;
 use super::shared::SharedBus;
 use super::storage::{ReadCost, SimStorage};
@@ -57,6 +58,12 @@ impl SimMachine {
         let mut compute = SimCompute::new(profile.compute_rates(), Arc::clone(&clock));
         if let Some(costs) = &profile.compute {
             compute = compute.with_costs(costs.clone());
+        }
+        if let Some(gb_per_s) = profile.first_touch_gb_per_s {
+            // One host: the device's fresh arena and pinned buffers, the disk's reads.
+            let first_touch = Arc::new(FirstTouch::new(gb_per_s));
+            device = device.with_first_touch(Arc::clone(&first_touch));
+            storage = storage.with_first_touch(first_touch);
         }
         if let Some(spec) = &profile.shared {
             // One bus for the copy thread, the reader threads and the compute thread.

@@ -14,21 +14,28 @@
 mod chaos;
 mod clock;
 mod compute;
+mod decoder_work;
 mod depth;
 mod device;
+mod encoder_work;
 mod faults;
+mod first_touch;
 mod fit;
 mod from_folder;
+mod from_index;
 mod hardware;
 pub mod harness;
 mod kernel_costs;
+mod kv_cache;
 mod machine;
 mod model;
 mod output;
+mod policy;
 mod reuse;
 mod run;
 mod shared;
 mod simulation;
+mod steady;
 mod storage;
 pub mod trace;
 mod trace_observer;
@@ -43,20 +50,21 @@ pub use depth::{
 };
 pub use device::{CopyLabeler, CopyStats, LinkRates, SimDevice, SimDeviceSpec};
 pub use faults::{FaultPlan, SplitMix64};
+pub use first_touch::{FirstTouch, TouchedRanges};
 pub use fit::{Bottleneck, FitCheck, FitFailure, FitSettings, RAM_FLOOR_MIN_BYTES};
 pub use hardware::{CalibrationStamp, DiskSpec, GpuSpec, HardwareProfile, LinkSpec, ReadPath};
 pub use kernel_costs::{dtype_of, KernelCosts, LinearRates};
+pub use kv_cache::KvCache;
 pub use machine::SimMachine;
 pub use model::{BlockDesc, ExpertDesc, ModelDescription};
 pub use output::{OutputRate, OutputUnit, StepOutput};
-pub use run::{
-    run_policy, steady_window, LinkBytes, Policy, PolicyRun, RunOptions, SimRunError, SteadyBytes,
-    MAX_STEPS,
-};
+pub use policy::Policy;
+pub use run::{run_policy, PolicyRun, RunOptions, SimRunError, MAX_STEPS};
 pub use shared::{Demand, SharedBus, SharedSpec};
 pub use simulation::{
     simulate, BaselineFigures, DepthAdvice, PolicyFigures, SimulateOptions, Simulation,
 };
+pub use steady::{steady_window, LinkBytes, SteadyBytes};
 pub use storage::{DiskRates, ReadCost, ReadStats, SimStorage};
 pub use trace::{Lane, TraceError, TraceRecorder, TraceSlice};
 pub use trace_observer::TraceObserver;

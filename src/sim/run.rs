@@ -16,70 +16,21 @@ use std::time::Duration;
 
 use serde::Serialize;
 use stagehand_actors::{
-    BlockId, Link, LocalSession, NoObserver, Observer, ResidencyPolicy, SessionConfig,
-    StatsSnapshot, Tee,
+    BlockId, Link, LocalSession, NoObserver, Observer, SessionConfig, StatsSnapshot, Tee,
 };
 
 use super::clock::SimClock;
 use super::faults::FaultPlan;
 use super::fit::{whole_block_staging_buffers, FitSettings, MIN_STAGING_BUFFERS};
 use super::hardware::HardwareProfile;
+use super::kv_cache::KvCache;
 use super::machine::SimMachine;
 use super::model::ModelDescription;
+use super::policy::Policy;
 use super::reuse::{ReuseLedger, VramBytesPerBlock};
+use super::steady::{steady, steady_bytes, LinkBytes, SteadyBytes};
 use super::trace::{Lane, TraceRecorder};
 use super::{virtual_time_system, SimError};
-
-/// How the session uses its budgets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Policy {
-    /// Planned residency (a fixed max-scatter resident set plus a ring), prefetching
-    /// `prefetch_depth` blocks ahead.
-    Stagehand,
-    /// Accelerate-style: load each block when it is needed, nothing ahead
-    /// (`prefetch_depth = 0`, planned residency for what fits).
-    Naive,
-    /// Diffusers group-offload style: every block competes for LRU slots, one block
-    /// prefetched ahead.
-    LruPrefetch,
-}
-
-impl Policy {
-    pub const ALL: [Policy; 3] = [Policy::Stagehand, Policy::Naive, Policy::LruPrefetch];
-
-    pub fn label(self) -> &'static str {
-        match self {
-            Policy::Stagehand => "stagehand",
-            Policy::Naive => "naive",
-            Policy::LruPrefetch => "lru-prefetch",
-        }
-    }
-
-    pub fn description(self) -> &'static str {
-        match self {
-            Policy::Stagehand => "planned residency, prefetch_depth from settings",
-            Policy::Naive => "load each block when needed, no prefetch (accelerate-style)",
-            Policy::LruPrefetch => "prefetch depth 1, LRU residency (diffusers group offload)",
-        }
-    }
-
-    fn residency(self) -> ResidencyPolicy {
-        match self {
-            Policy::Stagehand | Policy::Naive => ResidencyPolicy::Planned,
-            Policy::LruPrefetch => ResidencyPolicy::Lru,
-        }
-    }
-
-    /// The prefetch depth this policy runs with, given the configured one.
-    pub fn prefetch_depth(self, configured: u32) -> u32 {
-        match self {
-            Policy::Stagehand => configured,
-            Policy::Naive => 0,
-            Policy::LruPrefetch => 1,
-        }
-    }
-}
 
 /// What a simulated run needs besides the model and the machine.
 #[derive(Debug, Clone)]
@@ -97,42 +48,6 @@ pub struct RunOptions {
     /// The run must end within this much virtual time, or it is reported as stalled.
     /// `None`: derived from the model and the machine (very generous).
     pub virtual_time_limit: Option<Duration>,
-}
-
-/// Bytes over each link.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct LinkBytes {
-    pub disk_to_pinned: u64,
-    pub pinned_to_vram: u64,
-    pub disk_to_vram: u64,
-}
-
-impl LinkBytes {
-    fn of(stats: &StatsSnapshot) -> Self {
-        Self {
-            disk_to_pinned: stats.link(Link::DiskToPinned).model_bytes,
-            pinned_to_vram: stats.link(Link::PinnedToVram).model_bytes,
-            disk_to_vram: stats.link(Link::DiskToVram).model_bytes,
-        }
-    }
-
-    fn minus(self, earlier: Self) -> Self {
-        Self {
-            disk_to_pinned: self.disk_to_pinned - earlier.disk_to_pinned,
-            pinned_to_vram: self.pinned_to_vram - earlier.pinned_to_vram,
-            disk_to_vram: self.disk_to_vram - earlier.disk_to_vram,
-        }
-    }
-
-    /// Bytes that reached VRAM (from pinned RAM or straight from disk).
-    pub fn to_vram(&self) -> u64 {
-        self.pinned_to_vram + self.disk_to_vram
-    }
-
-    /// Bytes read from disk.
-    pub fn from_disk(&self) -> u64 {
-        self.disk_to_pinned + self.disk_to_vram
-    }
 }
 
 /// What one simulated run measured.
@@ -167,24 +82,6 @@ pub struct PolicyRun {
     /// Exact virtual time from start to the end of the last step.
     pub virtual_seconds: f64,
     pub stats: StatsSnapshot,
-}
-
-/// Mean bytes per steady-state step over each link.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
-pub struct SteadyBytes {
-    pub disk_to_pinned: f64,
-    pub pinned_to_vram: f64,
-    pub disk_to_vram: f64,
-}
-
-impl SteadyBytes {
-    pub fn to_vram(&self) -> f64 {
-        self.pinned_to_vram + self.disk_to_vram
-    }
-
-    pub fn from_disk(&self) -> f64 {
-        self.disk_to_pinned + self.disk_to_vram
-    }
 }
 
 /// Why a simulated run did not complete.
@@ -253,7 +150,9 @@ async fn run_on_current_system(
         read_cost,
     )?;
     let depth = policy.prefetch_depth(options.settings.prefetch_depth);
-    let config = session_config(policy, depth, options);
+    let mut config = session_config(policy, depth, options);
+    // A decoder's first KV pages are kept out of the plan, as `run::execute` keeps them.
+    config.activation_reserve_bytes = model.kv_cache.map_or(0, |kv| kv.start_reserve_bytes());
     let pipeline_observer: Arc<dyn Observer> = match &options.trace {
         Some(trace) => Arc::new(CopyLabels {
             trace: Arc::clone(trace),
@@ -278,18 +177,39 @@ async fn run_on_current_system(
         reason: error.to_string(),
     })?;
     let plan = session.plan().clone();
-    let block_durations: Vec<(Duration, u64)> = model
-        .blocks
-        .iter()
-        .map(|block| {
-            let time = machine.compute.block_time(
-                model.block_step_flops(block),
-                block.bytes,
-                block.work.as_ref(),
-            );
-            (time, block.bytes)
-        })
-        .collect();
+    let block_durations = |first_step: bool| -> Vec<(Duration, u64)> {
+        model
+            .blocks
+            .iter()
+            .map(|block| {
+                let work = match (&block.first_step_work, first_step) {
+                    (Some(first), true) => Some(first),
+                    _ => block.work.as_ref(),
+                };
+                let time =
+                    machine
+                        .compute
+                        .block_time(model.block_step_flops(block), block.bytes, work);
+                (time, block.bytes)
+            })
+            .collect()
+    };
+    let mut block_durations = [block_durations(true), block_durations(false)];
+    // The first step's compute faults in the cast buffer (the CPU backend's widened
+    // weights) on a profile that charges first touches.
+    if let (Some(gb_per_s), Some(first)) = (
+        hardware.first_touch_gb_per_s,
+        block_durations[0].first_mut(),
+    ) {
+        let cast_bytes = model
+            .blocks
+            .iter()
+            .filter_map(|block| block.work.as_ref())
+            .map(super::work::Work::cast_buffer_bytes)
+            .max()
+            .unwrap_or(0);
+        first.0 += super::first_touch::FirstTouch::new(gb_per_s).duration(cast_bytes);
+    }
 
     let progress = Progress::default();
     let limit = options
@@ -308,6 +228,7 @@ async fn run_on_current_system(
             &order,
             &names,
             &block_durations,
+            model.kv_cache,
             steps,
             &progress,
             &mut record,
@@ -423,7 +344,8 @@ async fn drive(
     machine: &SimMachine,
     order: &[BlockId],
     names: &[String],
-    block_durations: &[(Duration, u64)],
+    block_durations: &[Vec<(Duration, u64)>; 2],
+    kv_cache: Option<KvCache>,
     steps: u64,
     progress: &Progress,
     record: &mut Record,
@@ -432,6 +354,16 @@ async fn drive(
         // A signal stops a long simulation between steps, like a real run.
         crate::signals::check().map_err(|interrupted| interrupted.to_string())?;
         progress.step.set(step);
+        // The decoder grows its KV cache before the step's first block; resident
+        // weights give way when the budget is full, as in the real session.
+        let growth = kv_cache.map_or(0, |kv| kv.growth_bytes(step));
+        if growth > 0 {
+            session
+                .reserve_activations(growth)
+                .await
+                .map_err(|error| format!("the KV cache does not fit: {error}"))?;
+        }
+        let block_durations = &block_durations[usize::from(step > 0)];
         for (position, &block) in order.iter().enumerate() {
             progress.position.set(position);
             let handle = session
@@ -477,39 +409,6 @@ fn default_limit(model: &ModelDescription, hardware: &HardwareProfile, steps: u6
     let per_step = disk + link + compute + latency;
     Duration::try_from_secs_f64(10.0 * per_step * (steps.max(1) as f64 + 1.0) + 60.0)
         .unwrap_or(Duration::MAX)
-}
-
-/// The steps that count as steady state: the first step is cold (everything read
-/// and copied once), and the second still benefits from what the first prefetched
-/// for it, so both are left out when there are enough steps.
-pub fn steady_window<T>(per_step: &[T]) -> &[T] {
-    let skip = match per_step.len() {
-        0 | 1 => 0,
-        2 => 1,
-        _ => 2,
-    };
-    &per_step[skip..]
-}
-
-fn steady(step_seconds: &[f64]) -> f64 {
-    let later = steady_window(step_seconds);
-    if later.is_empty() {
-        return 0.0;
-    }
-    let mut sorted = later.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    sorted[sorted.len() / 2]
-}
-
-fn steady_bytes(bytes_per_step: &[LinkBytes]) -> SteadyBytes {
-    let later = steady_window(bytes_per_step);
-    let count = later.len().max(1) as f64;
-    let sum = |field: fn(&LinkBytes) -> u64| later.iter().map(field).sum::<u64>() as f64 / count;
-    SteadyBytes {
-        disk_to_pinned: sum(|bytes| bytes.disk_to_pinned),
-        pinned_to_vram: sum(|bytes| bytes.pinned_to_vram),
-        disk_to_vram: sum(|bytes| bytes.disk_to_vram),
-    }
 }
 
 /// Names the copy slices the device recorded. The device cannot know which block a

@@ -12,7 +12,8 @@ use super::fit::{FitCheck, FitSettings};
 use super::hardware::HardwareProfile;
 use super::model::ModelDescription;
 use super::output::{OutputRate, StepOutput};
-use super::run::{run_policy, Policy, PolicyRun, RunOptions, SimRunError};
+use super::policy::Policy;
+use super::run::{run_policy, PolicyRun, RunOptions, SimRunError};
 use super::trace::TraceRecorder;
 
 /// What to simulate besides the model and the machine.

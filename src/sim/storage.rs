@@ -15,6 +15,7 @@ use stagehand_actors::{Extent, FileId, HostBuffer, ModelLayout, OpFuture, Storag
 
 use super::clock::{transfer_duration, SerialLane, SimClock};
 use super::faults::{FaultPlan, Outcome, Perturber};
+use super::first_touch::FirstTouch;
 use super::shared::{Demand, SharedBus};
 use super::trace::{Lane, TraceRecorder};
 
@@ -48,6 +49,8 @@ pub struct SimStorage {
     seed: u64,
     /// A shared-bus machine: reads run on the bus beside copies and compute.
     bus: Option<(Arc<SharedBus>, ReadCost)>,
+    /// A read into a fresh pinned buffer also pays its page faults (CPU backend).
+    first_touch: Option<Arc<FirstTouch>>,
     state: Mutex<DiskState>,
 }
 
@@ -100,6 +103,7 @@ impl SimStorage {
             file_ends: HashMap::new(),
             seed: faults.seed,
             bus: None,
+            first_touch: None,
             state: Mutex::new(DiskState {
                 position: None,
                 perturber: faults.perturber(DISK_STREAM),
@@ -123,6 +127,13 @@ impl SimStorage {
                 *end = (*end).max(extent.offset + extent.length);
             }
         }
+        self
+    }
+
+    /// Reads pay the page faults of the pinned bytes they fill first (the device
+    /// records the buffers it allocates in the same `first_touch`).
+    pub fn with_first_touch(mut self, first_touch: Arc<FirstTouch>) -> Self {
+        self.first_touch = Some(first_touch);
         self
     }
 
@@ -250,7 +261,15 @@ impl Storage for SimStorage {
             outcome
         };
         let duration = match outcome {
-            Outcome::Completes(duration) => duration,
+            Outcome::Completes(duration) => {
+                duration
+                    + self
+                        .first_touch
+                        .as_ref()
+                        .map_or(Duration::ZERO, |first_touch| {
+                            first_touch.pinned_write(into.tag(), into_offset, bytes)
+                        })
+            }
             Outcome::Fails { operation } => {
                 let error = StorageError::Injected(format!(
                     "read #{operation} of {bytes} bytes failed (fail_read_after, seed {})",

@@ -140,6 +140,25 @@ impl Work {
     pub fn is_empty(&self) -> bool {
         self.kernels.is_empty()
     }
+
+    /// Bytes of the f32 cast buffer its widest non-f32 weight is widened into (the
+    /// CPU backend's cast buffer grows to the largest and stays: fresh memory the
+    /// first step faults in).
+    pub fn cast_buffer_bytes(&self) -> u64 {
+        self.kernels
+            .iter()
+            .filter_map(|kernel| match *kernel {
+                Kernel::Linear {
+                    inner,
+                    outer,
+                    dtype,
+                    ..
+                } if dtype != DType::F32 => Some(inner * outer * 4),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0)
+    }
 }
 
 impl Work {

@@ -3,7 +3,7 @@
 use stagehand_actors::Bytes;
 
 use super::{Expectations, ScenarioOutcome};
-use crate::sim::run::Policy;
+use crate::sim::policy::Policy;
 use crate::sim::simulation::{PolicyFigures, Simulation};
 
 /// One expectation: what was expected, what the run gave, and whether it held.

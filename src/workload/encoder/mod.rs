@@ -173,6 +173,14 @@ impl Encoder {
         self.inputs.len()
     }
 
+    /// The shape step `step` embeds: (sequences, padded length), for descriptions of
+    /// the work (`sim`). Steps cycle through the batches.
+    pub fn batch_shape(&self, step: u64) -> (usize, usize) {
+        self.inputs
+            .get(self.reference_key(step) as usize)
+            .map_or((0, 0), |input| (input.batch.sequences, input.batch.length))
+    }
+
     /// Blocks of the encoder's layout: the embeddings, then one per layer.
     pub fn layout_len(&self) -> usize {
         self.weights.placement.layout.len()
