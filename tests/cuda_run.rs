@@ -9,20 +9,20 @@
 //! close to the CPU backend's embeddings; generated Llama (bf16, FP8) and Mixtral
 //! decoders, likewise.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytesize::ByteSize;
+use common::decoder::tiny_decoder;
 use stagehand::actors::{Link, ResidencyPolicy};
 use stagehand::compute::DType;
 use stagehand::device::cuda;
 use stagehand::lora::{write_demo_lora, DemoLora, LoraSpec};
 use stagehand::model::demo::{write_linear_stack, DemoSpec};
-use stagehand::model::generated::{
-    write_bert_folder, write_decoder_folder, BertDemo, BertPreset, DecoderArch, DecoderDemo,
-    DecoderPreset,
-};
+use stagehand::model::generated::{write_bert_folder, BertDemo, BertPreset, DecoderArch};
 use stagehand::run::{
     execute, execute_cuda, execute_cuda_with, no_observer, prepare, prepare_with, resolve_budgets,
     CudaOutcome, CudaRunOptions, Extras, Prepared, RunError, RunPlan, WorkloadKind,
@@ -354,15 +354,8 @@ fn gpu_generated_decoders_decode_like_the_cpu_backend() {
         (DecoderArch::Llama, DType::F8E4M3),
         (DecoderArch::Mixtral, DType::F32),
     ] {
-        let demo = DecoderDemo {
-            arch,
-            preset: DecoderPreset::Tiny,
-            dtype,
-            seed: 11,
-            shard_bytes: 1 << 30,
-        };
         let name = format!("{arch:?}-{dtype}");
-        let model = write_decoder_folder(&dir.path().join(&name), &demo).unwrap();
+        let model = tiny_decoder(&dir.path().join(&name), arch, dtype, 11);
         let probe = prepare(&model, WorkloadKind::Auto, 1, &Settings::default(), false).unwrap();
         let layout = probe.workload.layout();
         let ring = 3 * layout.largest_block_bytes().div_ceil(256) * 256;

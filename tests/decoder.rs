@@ -7,27 +7,17 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
 
+use common::decoder::{decoder_plan, tiny_decoder};
 use common::{assert_bad_input, stagehand};
 use serde_json::Value;
 use stagehand::compute::DType;
-use stagehand::model::generated::{write_decoder_folder, DecoderArch, DecoderDemo, DecoderPreset};
-use stagehand::run::{
-    execute, no_observer, prepare_with, Budgets, Extras, Outcome, RunError, RunPlan, WorkloadKind,
-};
+use stagehand::model::generated::DecoderArch;
+use stagehand::run::{execute, no_observer, prepare_with, Extras, Outcome, RunError, WorkloadKind};
 use stagehand::settings::Settings;
 
 fn folder(dir: &Path, arch: DecoderArch, dtype: DType) -> PathBuf {
-    let demo = DecoderDemo {
-        arch,
-        preset: DecoderPreset::Tiny,
-        dtype,
-        seed: 11,
-        shard_bytes: 1 << 30,
-    };
-    write_decoder_folder(dir, &demo).unwrap()
+    tiny_decoder(dir, arch, dtype, 11)
 }
 
 /// `stagehand generate --json` with `args`; the parsed output.
@@ -117,22 +107,7 @@ fn run_with(
     let vram = vram(&prepared);
     execute(
         &prepared,
-        RunPlan {
-            settings: &settings,
-            budgets: Budgets {
-                vram_budget_bytes: vram,
-                pin_ceiling_bytes: 64 << 20,
-            },
-            prefetch_depth: 2,
-            policy: stagehand::actors::ResidencyPolicy::Planned,
-            steps,
-            stop: Arc::new(AtomicBool::new(false)),
-            observer: no_observer(),
-            on_step: Box::new(|_, _| {}),
-            fail_after_reads: None,
-            keep_outputs: false,
-            on_token: None,
-        },
+        decoder_plan(&settings, vram, steps, no_observer()),
     )
 }
 

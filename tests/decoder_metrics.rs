@@ -3,25 +3,20 @@
 //! outcome, each equal to the run report's own figure. Real runs on the CPU backend,
 //! scraped from the in-process exposition.
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
+use common::decoder::{decoder_plan, tiny_decoder};
 use stagehand::compute::DType;
-use stagehand::model::generated::{write_decoder_folder, DecoderArch, DecoderDemo, DecoderPreset};
-use stagehand::run::{execute, prepare_with, Budgets, Extras, Outcome, RunPlan, WorkloadKind};
+use stagehand::model::generated::DecoderArch;
+use stagehand::run::{execute, prepare_with, Extras, Outcome, WorkloadKind};
 use stagehand::settings::Settings;
 use stagehand::telemetry::{catalog, exposition, PrometheusObserver};
 
 fn folder(dir: &Path, arch: DecoderArch) -> PathBuf {
-    let demo = DecoderDemo {
-        arch,
-        preset: DecoderPreset::Tiny,
-        dtype: DType::F32,
-        seed: 11,
-        shard_bytes: 1 << 30,
-    };
-    write_decoder_folder(dir, &demo).unwrap()
+    tiny_decoder(dir, arch, DType::F32, 11)
 }
 
 /// A scrape of the in-process exposition after a run.
@@ -50,22 +45,7 @@ fn run_scraped(model: &Path, steps: u64, vram: u64) -> (Outcome, Scrape) {
     let observer = Arc::new(PrometheusObserver::in_process().expect("observer"));
     let outcome = execute(
         &prepared,
-        RunPlan {
-            settings: &settings,
-            budgets: Budgets {
-                vram_budget_bytes: vram,
-                pin_ceiling_bytes: 64 << 20,
-            },
-            prefetch_depth: 2,
-            policy: stagehand::actors::ResidencyPolicy::Planned,
-            steps,
-            stop: Arc::new(AtomicBool::new(false)),
-            observer: observer.clone(),
-            on_step: Box::new(|_, _| {}),
-            fail_after_reads: None,
-            keep_outputs: false,
-            on_token: None,
-        },
+        decoder_plan(&settings, vram, steps, observer.clone()),
     )
     .unwrap_or_else(|error| panic!("run: {error}"));
     let samples = exposition::parse(&observer.render()).expect("parse exposition");

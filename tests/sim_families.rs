@@ -7,25 +7,19 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
+use common::decoder::tiny_decoder;
 use common::encoder::tiny_bert;
 use common::{assert_bad_input, stagehand};
 
 use stagehand::compute::DType;
-use stagehand::model::generated::{write_decoder_folder, DecoderArch, DecoderDemo, DecoderPreset};
+use stagehand::model::generated::DecoderArch;
 use stagehand::run::{prepare_with, Extras, Prepared, WorkloadKind};
 use stagehand::settings::Settings;
 use stagehand::sim::{Kernel, ModelDescription};
 use stagehand::workload::driver::Model;
 
 fn decoder_folder(dir: &Path, arch: DecoderArch) -> PathBuf {
-    let demo = DecoderDemo {
-        arch,
-        preset: DecoderPreset::Tiny,
-        dtype: DType::F32,
-        seed: 7,
-        shard_bytes: 1 << 30,
-    };
-    write_decoder_folder(&dir.join(format!("{arch:?}")), &demo).unwrap()
+    tiny_decoder(&dir.join(format!("{arch:?}")), arch, DType::F32, 7)
 }
 
 fn prepared(path: &Path, kind: WorkloadKind, batch: usize) -> Prepared {

@@ -71,6 +71,11 @@ impl StepOrder {
         self.first_position(block).is_some()
     }
 
+    /// How many times one pass over the order uses `block`.
+    pub fn uses(&self, block: BlockId) -> usize {
+        self.positions.get(block.index()).map_or(0, Vec::len)
+    }
+
     /// How many positions after `cursor` the block is next used (the order repeats);
     /// `None` for a block not in the order. A block at `cursor` itself is `0`.
     pub fn distance_to_next_use(&self, cursor: usize, block: BlockId) -> Option<usize> {

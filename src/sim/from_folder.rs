@@ -24,7 +24,7 @@ impl ModelDescription {
     /// step decodes `tokens_per_step` sequences, an encoder's is its prepared batch.
     pub fn from_prepared(prepared: &Prepared, tokens_per_step: u64) -> Result<Self, SimError> {
         let source = prepared.index.path.display().to_string();
-        let description = match &prepared.workload.model {
+        match &prepared.workload.model {
             Model::Decoder(decoder) => Self::from_decoder(prepared, decoder, tokens_per_step),
             Model::Encoder(encoder) => Self::from_encoder(prepared, encoder),
             _ => {
@@ -33,14 +33,8 @@ impl ModelDescription {
                     message: "only decoder and encoder folders are described from config.json; give the checkpoint file for others".to_string(),
                 })
             }
-        };
-        description
-            .validate()
-            .map_err(|message| SimError::Profile {
-                file: source,
-                message,
-            })?;
-        Ok(description)
+        }
+        .checked()
     }
 
     /// A decoder: one block per layer (its experts included, as the simulator's MoE
@@ -99,11 +93,6 @@ impl ModelDescription {
             first_step_work: Some(kernels.head(prefill)),
         });
         Self {
-            name: folder_name(prepared),
-            source: prepared.index.path.display().to_string(),
-            dtype: dtypes(prepared),
-            tokens_per_step,
-            blocks,
             experts,
             output: Some(StepOutput {
                 unit: OutputUnit::Token,
@@ -114,6 +103,22 @@ impl ModelDescription {
                 prompt_tokens: prompt,
                 page_tokens: KV_PAGE_TOKENS as u64,
             }),
+            ..Self::of_folder(prepared, tokens_per_step, blocks)
+        }
+    }
+
+    /// `blocks` of the prepared folder's model: named after the folder, with its
+    /// dtypes; no experts, output unit or KV cache.
+    fn of_folder(prepared: &Prepared, tokens_per_step: u64, blocks: Vec<BlockDesc>) -> Self {
+        Self {
+            name: folder_name(prepared),
+            source: prepared.index.path.display().to_string(),
+            dtype: dtypes(prepared),
+            tokens_per_step,
+            blocks,
+            experts: None,
+            output: None,
+            kv_cache: None,
         }
     }
 }
@@ -155,16 +160,7 @@ impl ModelDescription {
                 }
             })
             .collect();
-        Self {
-            name: folder_name(prepared),
-            source: prepared.index.path.display().to_string(),
-            dtype: dtypes(prepared),
-            tokens_per_step,
-            blocks,
-            experts: None,
-            output: None,
-            kv_cache: None,
-        }
+        Self::of_folder(prepared, tokens_per_step, blocks)
     }
 }
 

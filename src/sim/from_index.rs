@@ -77,13 +77,7 @@ impl ModelDescription {
             output: None,
             kv_cache: None,
         };
-        description
-            .validate()
-            .map_err(|message| SimError::Profile {
-                file: source,
-                message,
-            })?;
-        Ok(description)
+        description.checked()
     }
 }
 

@@ -161,8 +161,18 @@ impl ModelDescription {
             output: file.output,
             kv_cache: None,
         };
-        description.validate().map_err(error)?;
-        Ok(description)
+        description.checked()
+    }
+
+    /// The description, if it holds together; if not, an error naming its source.
+    pub(super) fn checked(self) -> Result<Self, SimError> {
+        match self.validate() {
+            Ok(()) => Ok(self),
+            Err(message) => Err(SimError::Profile {
+                file: self.source.clone(),
+                message,
+            }),
+        }
     }
 
     pub fn total_bytes(&self) -> u64 {

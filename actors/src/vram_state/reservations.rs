@@ -163,13 +163,8 @@ impl VramState {
         }
         if std::mem::replace(&mut self.plan.resident[block.index()], false) {
             // It streams from now on: the plan moves its bytes every step it is used.
-            let uses = self
-                .order
-                .blocks()
-                .iter()
-                .filter(|&&used| used == block)
-                .count();
-            self.plan.streamed_bytes_per_step += uses as u64 * self.block_bytes[block.index()];
+            let uses = self.order.uses(block) as u64;
+            self.plan.streamed_bytes_per_step += uses * self.block_bytes[block.index()];
         }
         true
     }
