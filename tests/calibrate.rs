@@ -9,10 +9,10 @@ use std::path::Path;
 
 use stagehand::calibrate::{
     calibrate, local_profile_with, profile_toml, CalibrateError, CalibrateOptions, Calibration,
-    ContentionFigures, CopyFigures, DiskFigures, HostIdentity, KernelFigures, Measured, Part,
-    MAX_AGE_SECONDS,
+    ContentionFigures, CopyFigures, DiskFigures, HostIdentity, KernelFigures, Measured, OverlapRun,
+    Part, MAX_AGE_SECONDS,
 };
-use stagehand::sim::{ElementOp, HardwareProfile, KernelCosts, LinearRates, ReadPath};
+use stagehand::sim::{Demand, ElementOp, HardwareProfile, KernelCosts, LinearRates, ReadPath};
 
 fn measured(per_second: f64) -> Measured {
     Measured::rate(per_second, &[1.0, 1.0, 1.0], "three samples".to_string())
@@ -109,6 +109,51 @@ fn a_calibrated_profile_loads_back_with_the_figures_it_measured() {
     let stamp = profile.calibration.as_ref().expect("a [calibration] stamp");
     assert_eq!(stamp.host, HostIdentity::current().fingerprint());
     assert_eq!(profile.ram_bytes, HostIdentity::current().ram_bytes.max(1));
+}
+
+#[test]
+fn the_shared_bus_is_fitted_to_the_measured_gemv_and_copy_pair() {
+    // A one-row GEMM (4 MiB weight) 0.2 ms alone, 0.3 ms beside copies; copies 12 GB/s
+    // alone, 8 GB/s beside it: both slowed × 1.5. The bus is the traffic they made
+    // together, and the model run on the pair's solo demands gives back × 1.5 for both.
+    let weight = 4u64 << 20;
+    let pair = OverlapRun {
+        rows: 1,
+        gemm_weight_bytes: weight,
+        gemm_alone_seconds: 0.2e-3,
+        gemm_shared_seconds: 0.3e-3,
+        copy_alone_bytes_per_second: 12e9,
+        copy_shared_bytes_per_second: 8e9,
+    };
+    let mut calibration = known_calibration(now());
+    let contention = calibration.contention.as_mut().expect("contention figures");
+    contention.overlaps = vec![pair.clone()];
+    let text = profile_toml(&calibration, "local").unwrap();
+    let profile = HardwareProfile::parse("local", "test", &text).unwrap();
+    let shared = profile.shared.expect("a [shared] table");
+    let together = weight as f64 / 0.3e-3 + 2.0 * 8e9;
+    assert!((shared.memory_gb_per_s - together / 1e9).abs() < 1e-9 * together);
+    let demands = [
+        Demand {
+            threads: 1.0,
+            memory_bytes_per_second: weight as f64 / 0.2e-3,
+        },
+        Demand {
+            threads: 1.0,
+            memory_bytes_per_second: 2.0 * 12e9,
+        },
+    ];
+    for share in shared.shares(&demands) {
+        assert!((1.0 / share - 1.5).abs() < 1e-6, "slowdown {}", 1.0 / share);
+    }
+    // Without a one-row pair (an older calibration) the bus is memcpy's on every core.
+    let older = known_calibration(now());
+    let text = profile_toml(&older, "local").unwrap();
+    let shared = HardwareProfile::parse("local", "test", &text)
+        .unwrap()
+        .shared
+        .expect("a [shared] table");
+    assert_eq!(shared.memory_gb_per_s, 20.0);
 }
 
 #[test]

@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-pub use contention::{measure_contention, ContentionFigures};
+pub use contention::{measure_contention, ContentionFigures, OverlapRun};
 pub use copy::{measure_copies, CopyFigures};
 pub use disk::{measure_disk, DiskFigures, DiskOptions};
 pub use kernels::{dtype_name, measure_kernels, KernelFigures, KernelOptions};

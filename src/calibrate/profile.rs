@@ -200,14 +200,15 @@ pub fn profile_toml(calibration: &Calibration, name: &str) -> Result<String, Str
             line(
                 &mut text,
                 format!(
-                    "# measured at once, GEMM of {} row(s): GEMM {:.3} ms alone, {:.3} ms with copies (× {:.2}); copies {:.2} GB/s alone, {:.2} GB/s with the GEMM (× {:.2} slower).",
+                    "# measured at once, GEMM of {} row(s): GEMM {:.3} ms alone, {:.3} ms with copies (× {:.2}); copies {:.2} GB/s alone, {:.2} GB/s with the GEMM (× {:.2} slower); {:.2} GB/s of memory traffic together.",
                     run.rows,
                     run.gemm_alone_seconds * 1e3,
                     run.gemm_shared_seconds * 1e3,
                     run.gemm_shared_seconds / run.gemm_alone_seconds.max(1e-12),
                     run.copy_alone_bytes_per_second / 1e9,
                     run.copy_shared_bytes_per_second / 1e9,
-                    run.copy_alone_bytes_per_second / run.copy_shared_bytes_per_second.max(1.0)
+                    run.copy_alone_bytes_per_second / run.copy_shared_bytes_per_second.max(1.0),
+                    run.shared_traffic() / 1e9
                 ),
             );
         }
@@ -219,6 +220,10 @@ pub fn profile_toml(calibration: &Calibration, name: &str) -> Result<String, Str
                 contention.memcpy_all_cores_bytes_per_second / 1e9,
                 contention.cores
             ),
+        );
+        line(
+            &mut text,
+            "# memory_gb_per_s: the traffic of the one-row pair above (the bus a streamed batch-1\n# step shares), not memcpy's alone.".to_string(),
         );
         text.push_str(&table("shared", &shared)?);
         line(&mut text, String::new());
