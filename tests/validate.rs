@@ -103,6 +103,20 @@ fn plan_bytes_and_peaks_are_predicted_exactly() {
         }
         assert_eq!(row["verified"], true, "{row}");
         assert_ne!(row["verdict"], "plan_miss", "{row}");
+        // The second prediction uses the run's own link rates, against the same
+        // measured steps; the profile's rates are reported beside them.
+        let rates = &row["link_rates"];
+        assert_eq!(rates["profile_copy_gb_per_s"], 10.0, "{row}");
+        assert_eq!(rates["profile_read_gb_per_s"], 5.5, "{row}");
+        assert!(rates["run_copy_gb_per_s"].as_f64().unwrap() > 0.0, "{row}");
+        for (at_run, profile) in [
+            ("steady_at_run_rates", "steady_step_seconds"),
+            ("cold_at_run_rates", "cold_step_seconds"),
+        ] {
+            assert_eq!(row[at_run]["measured"], row[profile]["measured"], "{row}");
+            assert!(row[at_run]["predicted"].as_f64().unwrap() > 0.0, "{row}");
+        }
+        assert_ne!(row["verdict_at_run_rates"], "plan_miss", "{row}");
     }
     // The budget makes the demo stream: bytes cross every step.
     assert!(rows[1]["plan_streamed_bytes"]["measured"].as_f64().unwrap() > 0.0);

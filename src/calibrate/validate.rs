@@ -119,6 +119,27 @@ pub struct Row {
     /// Every step of the real run matched its fully-resident reference.
     pub verified: bool,
     pub verdict: Verdict,
+    /// The link rates the prediction used (the profile's) and the ones the real run
+    /// measured on its own blocks right after its steps.
+    pub link_rates: RowRates,
+    /// The same simulation with the run's own link rates in place of the profile's:
+    /// how much of a time miss is the simulator's model and how much is the machine's
+    /// links drifting between the calibration and the row (on this VM the O_DIRECT
+    /// rate moved 1.08–1.74 GB/s between calibrations minutes apart).
+    pub steady_at_run_rates: Figure,
+    pub cold_at_run_rates: Figure,
+    pub verdict_at_run_rates: Verdict,
+}
+
+/// Copy (pinned → device) and read rates, GB/s.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct RowRates {
+    pub profile_copy_gb_per_s: f64,
+    pub profile_read_gb_per_s: f64,
+    pub run_copy_gb_per_s: f64,
+    /// 0 when the run read nothing from disk after its first step (the profile's
+    /// rate is kept then).
+    pub run_read_gb_per_s: f64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -134,6 +155,12 @@ pub enum Verdict {
 
 impl Row {
     fn judge(&mut self) {
+        self.verdict = self.verdict_of(self.steady_step_seconds, self.cold_step_seconds);
+        self.verdict_at_run_rates =
+            self.verdict_of(self.steady_at_run_rates, self.cold_at_run_rates);
+    }
+
+    fn verdict_of(&self, steady: Figure, cold: Figure) -> Verdict {
         let exact = [
             self.plan_streamed_bytes,
             self.plan_disk_bytes,
@@ -142,13 +169,12 @@ impl Row {
         ]
         .iter()
         .all(|figure| figure.error == 0.0);
-        let timed = self.steady_step_seconds.error.abs() <= STEADY_TOLERANCE
-            && self.cold_step_seconds.error.abs() <= COLD_TOLERANCE;
-        self.verdict = match (exact, timed) {
+        let timed = steady.error.abs() <= STEADY_TOLERANCE && cold.error.abs() <= COLD_TOLERANCE;
+        match (exact, timed) {
             (false, _) => Verdict::PlanMiss,
             (true, false) => Verdict::TimeMiss,
             (true, true) => Verdict::Pass,
-        };
+        }
     }
 }
 
@@ -191,6 +217,7 @@ struct Measured {
     peak_pinned_bytes: u64,
     verified: bool,
     budgets: Budgets,
+    rates: crate::workload::bound::LinkRates,
 }
 
 /// Why a case could not be validated.
@@ -298,6 +325,7 @@ fn run_real(
         peak_pinned_bytes: report.stats.pinned.peak_used_bytes,
         verified: report.verified_steps == report.steps,
         budgets: outcome.budgets,
+        rates: outcome.rates,
     })
 }
 
@@ -356,6 +384,12 @@ pub fn validate_case(case: &Case, profile: &HardwareProfile) -> Result<Row, Vali
         reason,
     };
     let mut settings = settings_of(case);
+    if read_path(case) == ReadPath::PageCache {
+        // The premise of a page-cache row: the file is in the page cache when the run
+        // starts (an earlier row's run dropped the pages of what it pinned).
+        warm_page_cache(case.model.path())
+            .map_err(|error| fail(format!("reading the model into the page cache: {error}")))?;
+    }
     let prepared = prepare(case, &settings).map_err(fail)?;
     let budgets = budgets_of(case, &prepared, &mut settings);
     let model = description_of(case, &prepared).map_err(fail)?;
@@ -370,10 +404,85 @@ pub fn validate_case(case: &Case, profile: &HardwareProfile) -> Result<Row, Vali
     .map_err(|reason| fail(format!("simulation: {reason}")))?;
     let measured = run_real(case, &prepared, &settings, budgets)
         .map_err(|reason| fail(format!("real run: {reason}")))?;
-    Ok(compare(case, &predicted, &measured))
+    let at_run = at_rates(profile, case, measured.rates);
+    let predicted_at_run = simulate_case(
+        case,
+        &model,
+        &at_run,
+        &settings,
+        budgets,
+        case.prefetch_depth,
+    )
+    .map_err(|reason| fail(format!("simulation at the run's rates: {reason}")))?;
+    let used = profile.clone().reading(read_path(case));
+    let rates = RowRates {
+        profile_copy_gb_per_s: used.link.pinned_gb_per_s,
+        profile_read_gb_per_s: used.disk.read_gb_per_s,
+        run_copy_gb_per_s: measured.rates.copy_bytes_per_second / 1e9,
+        run_read_gb_per_s: measured.rates.read_bytes_per_second / 1e9,
+    };
+    Ok(compare(
+        case,
+        &predicted,
+        &predicted_at_run,
+        &measured,
+        rates,
+    ))
 }
 
-fn compare(case: &Case, predicted: &PolicyRun, measured: &Measured) -> Row {
+/// Reads every safetensors file of `path` (a file, or a folder's `*.safetensors`)
+/// once through the page cache.
+fn warm_page_cache(path: &Path) -> std::io::Result<()> {
+    use std::io::Read;
+    let files = if path.is_dir() {
+        let mut files = Vec::new();
+        for entry in std::fs::read_dir(path)? {
+            let file = entry?.path();
+            if file
+                .extension()
+                .is_some_and(|extension| extension == "safetensors")
+            {
+                files.push(file);
+            }
+        }
+        files
+    } else {
+        vec![path.to_path_buf()]
+    };
+    let mut buffer = vec![0u8; 8 << 20];
+    for file in files {
+        let (mut reader, _) = crate::model::open_regular(&file)?;
+        while reader.read(&mut buffer)? > 0 {}
+    }
+    Ok(())
+}
+
+/// `profile` with its pinned copy rate and, on the O_DIRECT path, its read rate
+/// replaced by the rates the real run measured (each kept where the run measured
+/// none). On the page-cache path the run's read figure mixes cached pages with pages
+/// it dropped after pinning them, so the profile's two rates stay.
+fn at_rates(
+    profile: &HardwareProfile,
+    case: &Case,
+    rates: crate::workload::bound::LinkRates,
+) -> HardwareProfile {
+    let mut hardware = profile.clone();
+    if rates.copy_bytes_per_second > 0.0 {
+        hardware.link.pinned_gb_per_s = rates.copy_bytes_per_second / 1e9;
+    }
+    if rates.read_bytes_per_second > 0.0 && read_path(case) == ReadPath::Direct {
+        hardware.disk.direct_read_gb_per_s = Some(rates.read_bytes_per_second / 1e9);
+    }
+    hardware
+}
+
+fn compare(
+    case: &Case,
+    predicted: &PolicyRun,
+    predicted_at_run: &PolicyRun,
+    measured: &Measured,
+    link_rates: RowRates,
+) -> Row {
     let measured_steps: Vec<LinkBytes> = measured
         .boundaries
         .windows(2)
@@ -390,18 +499,14 @@ fn compare(case: &Case, predicted: &PolicyRun, measured: &Measured) -> Row {
         )
     };
     let exact = |predicted: u64, measured: u64| Figure::new(predicted as f64, measured as f64);
+    let steady_measured = median(steady_window(&measured.step_seconds));
+    let cold_measured = measured.step_seconds.first().copied().unwrap_or(0.0);
     let mut row = Row {
         case: case.clone(),
         vram_budget_bytes: measured.budgets.vram_budget_bytes,
         pin_ceiling_bytes: measured.budgets.pin_ceiling_bytes,
-        steady_step_seconds: Figure::new(
-            predicted.steady_step_seconds,
-            median(steady_window(&measured.step_seconds)),
-        ),
-        cold_step_seconds: Figure::new(
-            predicted.cold_step_seconds,
-            measured.step_seconds.first().copied().unwrap_or(0.0),
-        ),
+        steady_step_seconds: Figure::new(predicted.steady_step_seconds, steady_measured),
+        cold_step_seconds: Figure::new(predicted.cold_step_seconds, cold_measured),
         disk_to_pinned_bytes: link(|bytes| bytes.disk_to_pinned),
         pinned_to_vram_bytes: link(|bytes| bytes.pinned_to_vram),
         disk_to_vram_bytes: link(|bytes| bytes.disk_to_vram),
@@ -414,6 +519,10 @@ fn compare(case: &Case, predicted: &PolicyRun, measured: &Measured) -> Row {
         peak_pinned_bytes: exact(predicted.peak_pinned_bytes, measured.peak_pinned_bytes),
         verified: measured.verified,
         verdict: Verdict::Pass,
+        link_rates,
+        steady_at_run_rates: Figure::new(predicted_at_run.steady_step_seconds, steady_measured),
+        cold_at_run_rates: Figure::new(predicted_at_run.cold_step_seconds, cold_measured),
+        verdict_at_run_rates: Verdict::Pass,
     };
     row.judge();
     row

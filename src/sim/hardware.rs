@@ -67,6 +67,11 @@ pub struct HardwareProfile {
     /// first write (the CPU backend's arena and pinned buffers, see `first_touch`);
     /// `None`: memory is mapped when allocated (GPU profiles, older calibrations).
     pub first_touch_gb_per_s: Option<f64>,
+    /// Reading from the page cache (`reading(ReadPath::PageCache)`): the rate of the
+    /// bytes whose pages a run dropped once it had pinned them (`Storage::forget_cached`)
+    /// and reads again later — the buffered cold rate. `None`: every read at the disk's
+    /// one rate.
+    pub uncached_read_gb_per_s: Option<f64>,
 }
 
 /// The `[calibration]` stamp of a measured profile.
@@ -223,6 +228,7 @@ impl HardwareProfile {
             shared: file.shared,
             compute: file.compute,
             first_touch_gb_per_s: file.host.first_touch_gb_per_s,
+            uncached_read_gb_per_s: None,
         };
         profile.validate().map_err(profile_error)?;
         Ok(profile)
@@ -249,9 +255,20 @@ impl HardwareProfile {
             ReadPath::Direct => self.disk.direct_read_gb_per_s,
         };
         if let Some(rate) = rate {
+            if path == ReadPath::PageCache && self.uncached_read_gb_per_s.is_none() {
+                self.uncached_read_gb_per_s = Some(self.disk.read_gb_per_s);
+            }
             self.disk.read_gb_per_s = rate;
         }
         self
+    }
+
+    /// Read rate of bytes whose pages were dropped, when it differs from the disk's.
+    pub fn uncached_rates(&self) -> Option<DiskRates> {
+        self.uncached_read_gb_per_s.map(|gb_per_s| DiskRates {
+            bytes_per_second: gigabytes(gb_per_s),
+            request_latency: microseconds(self.disk.request_latency_us),
+        })
     }
 
     fn validate(&self) -> Result<(), String> {

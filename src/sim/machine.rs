@@ -55,6 +55,9 @@ impl SimMachine {
         if let Some(layout) = layout {
             storage = storage.with_layout(layout);
         }
+        if let Some(rates) = profile.uncached_rates() {
+            storage = storage.with_uncached(rates);
+        }
         let mut compute = SimCompute::new(profile.compute_rates(), Arc::clone(&clock));
         if let Some(costs) = &profile.compute {
             compute = compute.with_costs(costs.clone());

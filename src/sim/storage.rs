@@ -51,6 +51,9 @@ pub struct SimStorage {
     bus: Option<(Arc<SharedBus>, ReadCost)>,
     /// A read into a fresh pinned buffer also pays its page faults (CPU backend).
     first_touch: Option<Arc<FirstTouch>>,
+    /// The disk reads from the page cache, and bytes whose pages were dropped
+    /// (`forget_cached`) are read again at these rates, which caches them again.
+    uncached: Option<DiskRates>,
     state: Mutex<DiskState>,
 }
 
@@ -90,6 +93,9 @@ struct DiskState {
     position: Option<(FileId, u64)>,
     perturber: Perturber,
     stats: ReadStats,
+    /// With `uncached`: the ranges whose pages were dropped, (file, start) → end,
+    /// disjoint.
+    dropped: BTreeMap<(u32, u64), u64>,
 }
 
 impl SimStorage {
@@ -104,10 +110,12 @@ impl SimStorage {
             seed: faults.seed,
             bus: None,
             first_touch: None,
+            uncached: None,
             state: Mutex::new(DiskState {
                 position: None,
                 perturber: faults.perturber(DISK_STREAM),
                 stats: ReadStats::default(),
+                dropped: BTreeMap::new(),
             }),
         }
     }
@@ -139,6 +147,13 @@ impl SimStorage {
 
     pub fn with_trace(mut self, trace: Arc<TraceRecorder>) -> Self {
         self.trace = Some(trace);
+        self
+    }
+
+    /// The disk's rates are the page cache's: a run that drops the pages of what it
+    /// pinned (as the pread adapter does) reads those bytes again at `rates`.
+    pub fn with_uncached(mut self, rates: DiskRates) -> Self {
+        self.uncached = Some(rates);
         self
     }
 
@@ -191,19 +206,23 @@ impl SimStorage {
     }
 
     /// Latency for every extent that does not continue the previous one, plus the
-    /// bytes at the disk's rate.
-    fn nominal_duration(
-        &self,
-        position: &mut Option<(FileId, u64)>,
-        extents: &[Extent],
-    ) -> Duration {
+    /// bytes at the disk's rate (dropped bytes at the uncached rate; reading them
+    /// caches them again).
+    fn nominal_duration(&self, state: &mut DiskState, extents: &[Extent]) -> Duration {
         let mut duration = Duration::ZERO;
         for extent in extents {
-            if *position != Some((extent.file, extent.offset)) {
+            if state.position != Some((extent.file, extent.offset)) {
                 duration += self.disk.request_latency;
             }
-            duration += transfer_duration(extent.length, self.disk.bytes_per_second);
-            *position = Some((extent.file, extent.offset + extent.length));
+            let dropped = match self.uncached {
+                Some(_) => take_dropped(&mut state.dropped, extent),
+                None => 0,
+            };
+            duration += transfer_duration(extent.length - dropped, self.disk.bytes_per_second);
+            if let Some(uncached) = self.uncached {
+                duration += transfer_duration(dropped, uncached.bytes_per_second);
+            }
+            state.position = Some((extent.file, extent.offset + extent.length));
         }
         duration
     }
@@ -249,7 +268,7 @@ impl Storage for SimStorage {
         }
         let outcome = {
             let mut state = self.lock();
-            let nominal = self.nominal_duration(&mut state.position, &extents);
+            let nominal = self.nominal_duration(&mut state, &extents);
             let outcome = state.perturber.read(nominal);
             match outcome {
                 Outcome::Completes(_) => {
@@ -307,6 +326,45 @@ impl Storage for SimStorage {
             Ok(into)
         })
     }
+
+    fn forget_cached(&self, extents: &[Extent]) {
+        if self.uncached.is_none() {
+            return;
+        }
+        let mut state = self.lock();
+        for extent in extents {
+            // Disjoint: take what overlaps first, then add the whole range.
+            take_dropped(&mut state.dropped, extent);
+            state.dropped.insert(
+                (extent.file.0, extent.offset),
+                extent.offset + extent.length,
+            );
+        }
+    }
+}
+
+/// Removes the part of `dropped` that `extent` covers; returns its bytes.
+fn take_dropped(dropped: &mut BTreeMap<(u32, u64), u64>, extent: &Extent) -> u64 {
+    let (file, start, end) = (extent.file.0, extent.offset, extent.offset + extent.length);
+    let overlapping: Vec<(u64, u64)> = dropped
+        .range(..(file, end))
+        .rev()
+        .take_while(|((range_file, _), _)| *range_file == file)
+        .filter(|(_, &range_end)| range_end > start)
+        .map(|(&(_, range_start), &range_end)| (range_start, range_end))
+        .collect();
+    let mut bytes = 0;
+    for (range_start, range_end) in overlapping {
+        dropped.remove(&(file, range_start));
+        bytes += range_end.min(end) - range_start.max(start);
+        if range_start < start {
+            dropped.insert((file, range_start), start);
+        }
+        if range_end > end {
+            dropped.insert((file, end), range_end);
+        }
+    }
+    bytes
 }
 
 impl std::fmt::Debug for SimStorage {
