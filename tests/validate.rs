@@ -117,6 +117,29 @@ fn plan_bytes_and_peaks_are_predicted_exactly() {
             assert!(row[at_run]["predicted"].as_f64().unwrap() > 0.0, "{row}");
         }
         assert_ne!(row["verdict_at_run_rates"], "plan_miss", "{row}");
+        // Three real runs (the default) each give a steady and a cold step; the
+        // measured figure is their median.
+        for (repeats, figure) in [
+            ("steady_repeats", "steady_step_seconds"),
+            ("cold_repeats", "cold_step_seconds"),
+        ] {
+            let mut seconds: Vec<f64> = row[repeats]["seconds"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|value| value.as_f64().unwrap())
+                .collect();
+            assert_eq!(seconds.len(), 3, "{row}");
+            seconds.sort_by(f64::total_cmp);
+            assert_eq!(
+                row[figure]["measured"].as_f64().unwrap(),
+                seconds[1],
+                "{row}"
+            );
+            let spread = (seconds[2] - seconds[0]) / seconds[1];
+            let reported = row[repeats]["spread"].as_f64().unwrap();
+            assert!((reported - spread).abs() < 1e-9, "{row}");
+        }
     }
     // The budget makes the demo stream: bytes cross every step.
     assert!(rows[1]["plan_streamed_bytes"]["measured"].as_f64().unwrap() > 0.0);
@@ -132,6 +155,7 @@ fn assert_exact_row(model: CaseModel, batch: usize, prefetch_depth: u32) -> Row 
         prefetch_depth,
         fast_disk: false,
         steps: 5,
+        repeats: 1,
         cuda: false,
     };
     let row = validate_case(&case, &profile).unwrap();
@@ -175,6 +199,15 @@ fn an_encoder_rows_bytes_and_peaks_are_exact() {
     for depth in [0, 2] {
         assert_exact_row(CaseModel::Encoder { path: path.clone() }, 8, depth);
     }
+}
+
+#[test]
+fn no_repeats_is_bad_input() {
+    let output = stagehand()
+        .args(["validate", "--quick", "--repeats", "0"])
+        .output()
+        .unwrap();
+    assert_bad_input(&output, &["--repeats 0", "between 1 and 20"]);
 }
 
 #[test]

@@ -63,6 +63,9 @@ pub struct Case {
     pub prefetch_depth: u32,
     pub fast_disk: bool,
     pub steps: u64,
+    /// Real runs of the configuration (at least 1): the measured times are the
+    /// median over them, and their spread says how repeatable the machine is.
+    pub repeats: u32,
     /// Really run on the CUDA backend instead of the CPU one.
     pub cuda: bool,
 }
@@ -99,14 +102,55 @@ impl Figure {
 pub const STEADY_TOLERANCE: f64 = 0.10;
 pub const COLD_TOLERANCE: f64 = 0.25;
 
+/// The measured figure of each repeat, and how far apart they lie.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Repeats {
+    pub seconds: Vec<f64>,
+    /// (slowest − fastest) / median.
+    pub spread: f64,
+}
+
+impl Repeats {
+    fn new(seconds: Vec<f64>) -> Self {
+        let (low, high) = seconds
+            .iter()
+            .fold((f64::INFINITY, 0.0f64), |(low, high), &value| {
+                (low.min(value), high.max(value))
+            });
+        let middle = median(&seconds);
+        let spread = if middle > 0.0 {
+            (high - low) / middle
+        } else {
+            0.0
+        };
+        Self { seconds, spread }
+    }
+
+    /// A prediction that misses the median by more than `tolerance` is still
+    /// explained by the machine when identical runs themselves spread over more
+    /// than twice the tolerance and the prediction lies within their range widened
+    /// by the tolerance.
+    fn explains(&self, predicted: f64, tolerance: f64) -> bool {
+        let low = self.seconds.iter().copied().fold(f64::INFINITY, f64::min);
+        let high = self.seconds.iter().copied().fold(0.0, f64::max);
+        self.spread > 2.0 * tolerance
+            && predicted >= low * (1.0 - tolerance)
+            && predicted <= high * (1.0 + tolerance)
+    }
+}
+
 /// One row of the table: a case's predictions against its measurements.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Row {
     pub case: Case,
     pub vram_budget_bytes: u64,
     pub pin_ceiling_bytes: u64,
+    /// Predicted against the median of the repeats.
     pub steady_step_seconds: Figure,
     pub cold_step_seconds: Figure,
+    /// Each repeat's steady (median) and cold step.
+    pub steady_repeats: Repeats,
+    pub cold_repeats: Repeats,
     /// Mean bytes per steady step over each link (the same steps on both sides).
     pub disk_to_pinned_bytes: Figure,
     pub pinned_to_vram_bytes: Figure,
@@ -149,6 +193,10 @@ pub enum Verdict {
     Pass,
     /// Bytes and peaks exact, a time outside its tolerance.
     TimeMiss,
+    /// Bytes and peaks exact, a time outside its tolerance, but identical runs of
+    /// the configuration spread over more than twice the tolerance and the
+    /// prediction lies within their range: the machine, not the model, misses.
+    Unrepeatable,
     /// A plan figure or a peak differs: the simulator models another plan.
     PlanMiss,
 }
@@ -169,11 +217,25 @@ impl Row {
         ]
         .iter()
         .all(|figure| figure.error == 0.0);
-        let timed = steady.error.abs() <= STEADY_TOLERANCE && cold.error.abs() <= COLD_TOLERANCE;
-        match (exact, timed) {
-            (false, _) => Verdict::PlanMiss,
-            (true, false) => Verdict::TimeMiss,
-            (true, true) => Verdict::Pass,
+        let judged = |figure: Figure, repeats: &Repeats, tolerance: f64| {
+            if figure.error.abs() <= tolerance {
+                Verdict::Pass
+            } else if repeats.explains(figure.predicted, tolerance) {
+                Verdict::Unrepeatable
+            } else {
+                Verdict::TimeMiss
+            }
+        };
+        if !exact {
+            return Verdict::PlanMiss;
+        }
+        match (
+            judged(steady, &self.steady_repeats, STEADY_TOLERANCE),
+            judged(cold, &self.cold_repeats, COLD_TOLERANCE),
+        ) {
+            (Verdict::TimeMiss, _) | (_, Verdict::TimeMiss) => Verdict::TimeMiss,
+            (Verdict::Unrepeatable, _) | (_, Verdict::Unrepeatable) => Verdict::Unrepeatable,
+            _ => Verdict::Pass,
         }
     }
 }
@@ -402,8 +464,29 @@ pub fn validate_case(case: &Case, profile: &HardwareProfile) -> Result<Row, Vali
         case.prefetch_depth,
     )
     .map_err(|reason| fail(format!("simulation: {reason}")))?;
-    let measured = run_real(case, &prepared, &settings, budgets)
-        .map_err(|reason| fail(format!("real run: {reason}")))?;
+    let mut runs = Vec::new();
+    for _ in 0..case.repeats.max(1) {
+        if read_path(case) == ReadPath::PageCache && !runs.is_empty() {
+            warm_page_cache(case.model.path())
+                .map_err(|error| fail(format!("reading the model into the page cache: {error}")))?;
+        }
+        runs.push(
+            run_real(case, &prepared, &settings, budgets)
+                .map_err(|reason| fail(format!("real run: {reason}")))?,
+        );
+    }
+    let steady_repeats = Repeats::new(
+        runs.iter()
+            .map(|run| median(steady_window(&run.step_seconds)))
+            .collect(),
+    );
+    let cold_repeats = Repeats::new(
+        runs.iter()
+            .map(|run| run.step_seconds.first().copied().unwrap_or(0.0))
+            .collect(),
+    );
+    // Bytes, peaks and rates from the first run (the plan is the same in every one).
+    let measured = runs.swap_remove(0);
     let at_run = at_rates(profile, case, measured.rates);
     let predicted_at_run = simulate_case(
         case,
@@ -427,6 +510,7 @@ pub fn validate_case(case: &Case, profile: &HardwareProfile) -> Result<Row, Vali
         &predicted_at_run,
         &measured,
         rates,
+        (steady_repeats, cold_repeats),
     ))
 }
 
@@ -482,6 +566,7 @@ fn compare(
     predicted_at_run: &PolicyRun,
     measured: &Measured,
     link_rates: RowRates,
+    (steady_repeats, cold_repeats): (Repeats, Repeats),
 ) -> Row {
     let measured_steps: Vec<LinkBytes> = measured
         .boundaries
@@ -499,14 +584,16 @@ fn compare(
         )
     };
     let exact = |predicted: u64, measured: u64| Figure::new(predicted as f64, measured as f64);
-    let steady_measured = median(steady_window(&measured.step_seconds));
-    let cold_measured = measured.step_seconds.first().copied().unwrap_or(0.0);
+    let steady_measured = median(&steady_repeats.seconds);
+    let cold_measured = median(&cold_repeats.seconds);
     let mut row = Row {
         case: case.clone(),
         vram_budget_bytes: measured.budgets.vram_budget_bytes,
         pin_ceiling_bytes: measured.budgets.pin_ceiling_bytes,
         steady_step_seconds: Figure::new(predicted.steady_step_seconds, steady_measured),
         cold_step_seconds: Figure::new(predicted.cold_step_seconds, cold_measured),
+        steady_repeats,
+        cold_repeats,
         disk_to_pinned_bytes: link(|bytes| bytes.disk_to_pinned),
         pinned_to_vram_bytes: link(|bytes| bytes.pinned_to_vram),
         disk_to_vram_bytes: link(|bytes| bytes.disk_to_vram),
@@ -538,4 +625,25 @@ fn minus(later: LinkBytes, earlier: LinkBytes) -> LinkBytes {
 
 fn median(values: &[f64]) -> f64 {
     super::median(values)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Repeats;
+
+    #[test]
+    fn repeats_explain_a_miss_only_when_they_spread_and_bracket_the_prediction() {
+        // Identical runs at 11, 12 and 27 ms: spread 133 %.
+        let noisy = Repeats::new(vec![0.011, 0.027, 0.012]);
+        assert!((noisy.spread - 16.0 / 12.0).abs() < 1e-9);
+        assert!(
+            noisy.explains(0.0105, 0.10),
+            "within the range widened by 10 %"
+        );
+        assert!(!noisy.explains(0.009, 0.10), "below the fastest run − 10 %");
+        assert!(!noisy.explains(0.031, 0.10), "above the slowest run + 10 %");
+        // Runs within 5 % of each other explain nothing.
+        let steady = Repeats::new(vec![0.0100, 0.0102, 0.0104]);
+        assert!(!steady.explains(0.0125, 0.10));
+    }
 }

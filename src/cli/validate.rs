@@ -20,6 +20,8 @@ use crate::model::generated::{
 /// Steps one validation run may take: the steady median needs a handful, and the
 /// matrix runs every configuration.
 const MAX_STEPS: u64 = 1000;
+/// Real runs per configuration at most.
+const MAX_REPEATS: u32 = 20;
 
 /// A recommended depth within this much of the fastest measured one counts as right.
 const DEPTH_TOLERANCE: f64 = 0.05;
@@ -48,6 +50,11 @@ pub struct ValidateArgs {
     /// Steps per run (the first is cold; steady is the median from the third on).
     #[arg(long, default_value_t = 8, value_name = "N")]
     pub steps: u64,
+    /// Real runs per configuration: its measured times are their median, and a
+    /// time outside its tolerance while identical runs spread over more than twice
+    /// it is judged "unrepeatable" (the machine's noise), not a model miss.
+    #[arg(long, default_value_t = 3, value_name = "N")]
+    pub repeats: u32,
     /// A small matrix (batch 8, one budget, depths 0 and 2, page cache only): seconds.
     #[arg(long)]
     pub quick: bool,
@@ -92,7 +99,13 @@ const ENCODER_BATCH: usize = 8;
 /// The configurations to run: the demo model at three batch sizes × three VRAM
 /// budgets × prefetch depth 0 and 2 × `--fast-disk` off and on, then each family
 /// given at depths 0 and 2 (`--quick`: batch 8, one budget, page cache).
-pub fn matrix(demo: PathBuf, families: Families, quick: bool, steps: u64) -> Vec<Case> {
+pub fn matrix(
+    demo: PathBuf,
+    families: Families,
+    quick: bool,
+    steps: u64,
+    repeats: u32,
+) -> Vec<Case> {
     let (batches, shares, fast): (&[usize], &[f64], &[bool]) = if quick {
         (&[8], &[0.5], &[false])
     } else {
@@ -110,6 +123,7 @@ pub fn matrix(demo: PathBuf, families: Families, quick: bool, steps: u64) -> Vec
                         prefetch_depth,
                         fast_disk,
                         steps,
+                        repeats,
                         cuda: false,
                     });
                 }
@@ -133,6 +147,7 @@ pub fn matrix(demo: PathBuf, families: Families, quick: bool, steps: u64) -> Vec
                 prefetch_depth,
                 fast_disk: false,
                 steps,
+                repeats,
                 cuda: false,
             });
         }
@@ -145,6 +160,12 @@ pub fn execute(args: ValidateArgs) -> CommandResult {
         return Err(Failure::bad_input(anyhow::anyhow!(
             "--steps {}: at least 3 (a cold step, a warm-up step, then steady ones)",
             args.steps
+        )));
+    }
+    if !(1..=MAX_REPEATS).contains(&args.repeats) {
+        return Err(Failure::bad_input(anyhow::anyhow!(
+            "--repeats {}: between 1 and {MAX_REPEATS} real runs per configuration",
+            args.repeats
         )));
     }
     if args.steps > MAX_STEPS {
@@ -192,7 +213,7 @@ pub fn execute(args: ValidateArgs) -> CommandResult {
     };
     let profile = super::hardware_arg::load_hardware(&args.hardware, Some(&demo_dir))?;
     let families = Families { decoder, encoder };
-    let mut cases = matrix(demo, families, args.quick, args.steps);
+    let mut cases = matrix(demo, families, args.quick, args.steps, args.repeats);
     for case in &mut cases {
         case.cuda = args.device == ValidateDevice::Cuda;
     }
@@ -309,11 +330,12 @@ fn write_table(
 ) -> std::io::Result<()> {
     writeln!(
         out,
-        "{:<28} {:>16} {:>8} {:>8} {:>16} {:>8} {:>8} {:>18} {:>18} {:>14} {:>14} {:>10}",
+        "{:<28} {:>16} {:>8} {:>8} {:>7} {:>16} {:>8} {:>8} {:>18} {:>18} {:>14} {:>14} {:>12}",
         "configuration",
         "steady ms p/m",
         "err",
         "@run",
+        "spread",
         "cold ms p/m",
         "err",
         "@run",
@@ -330,7 +352,7 @@ fn write_table(
         );
         writeln!(
             out,
-            "{:<28} {:>16} {:>8} {:>8} {:>16} {:>8} {:>8} {:>18} {:>18} {:>14} {:>14} {:>10}",
+            "{:<28} {:>16} {:>8} {:>8} {:>7} {:>16} {:>8} {:>8} {:>18} {:>18} {:>14} {:>14} {:>12}",
             label(&row.case),
             format!(
                 "{}/{}",
@@ -339,6 +361,7 @@ fn write_table(
             ),
             error(&row.steady_step_seconds),
             error(&row.steady_at_run_rates),
+            format!("{:.0}%", row.steady_repeats.spread * 100.0),
             format!(
                 "{}/{}",
                 ms(row.cold_step_seconds.predicted),
@@ -353,6 +376,7 @@ fn write_table(
             match row.verdict {
                 Verdict::Pass => "pass",
                 Verdict::TimeMiss => "time miss",
+                Verdict::Unrepeatable => "unrepeatable",
                 Verdict::PlanMiss => "plan miss",
             }
         )?;
@@ -371,12 +395,21 @@ fn write_table(
         .filter(|row| row.verdict != Verdict::PlanMiss)
         .count();
     let unverified = rows.iter().filter(|row| !row.verified).count();
+    let verdicts = |verdict: Verdict| rows.iter().filter(|row| row.verdict == verdict).count();
     writeln!(
         out,
         "steady within ±{:.0} %: {steady_ok}/{n}; cold within ±{:.0} %: {cold_ok}/{n}; plan bytes and peaks exact: {exact}/{n}; runs not verified against their reference: {unverified}",
         STEADY_TOLERANCE * 100.0,
         COLD_TOLERANCE * 100.0,
         n = rows.len()
+    )?;
+    writeln!(
+        out,
+        "verdicts: {} pass, {} unrepeatable (identical runs spread over more than twice the tolerance, the prediction within their range), {} time miss, {} plan miss",
+        verdicts(Verdict::Pass),
+        verdicts(Verdict::Unrepeatable),
+        verdicts(Verdict::TimeMiss),
+        verdicts(Verdict::PlanMiss)
     )?;
     writeln!(
         out,
@@ -398,7 +431,7 @@ fn write_table(
     }
     writeln!(
         out,
-        "(p/m: predicted/measured; bytes: mean per steady step, `=` when exact; load average 1 min before/after: {}/{})",
+        "(p/m: predicted/median measured over the repeats; spread: (slowest − fastest) / median of the repeats' steady steps; bytes: mean per steady step, `=` when exact; load average 1 min before/after: {}/{})",
         load_before.map_or("?".to_string(), |load| format!("{load:.2}")),
         load_after.map_or("?".to_string(), |load| format!("{load:.2}"))
     )
