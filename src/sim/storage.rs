@@ -60,22 +60,32 @@ pub struct SimStorage {
 /// What a read asks of a shared bus while it runs at its solo rate.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ReadCost {
-    /// Threads it keeps busy: 1 for a buffered read (the kernel copies the page cache
-    /// into the buffer on the reader's thread), 0 for O_DIRECT (the disk's DMA).
+    /// Threads each of its requests keeps busy: 1 for a buffered read (the kernel
+    /// copies the page cache into the buffer on the reader's thread), 0 for O_DIRECT
+    /// (the disk's DMA).
     pub threads: f64,
     /// Bytes of memory traffic per byte read: 2 for a page-cache copy (a read and a
     /// write), 1 for DMA into the buffer.
     pub traffic_per_byte: f64,
+    /// The storage splits a read into requests of this many bytes, served by up to
+    /// `reader_threads` threads at once: a buffered read of 8 MiB in 4 MiB requests
+    /// keeps two reader threads busy.
+    pub request_bytes: u64,
+    pub reader_threads: u64,
 }
 
 impl ReadCost {
     pub const BUFFERED: ReadCost = ReadCost {
         threads: 1.0,
         traffic_per_byte: 2.0,
+        request_bytes: u64::MAX,
+        reader_threads: 1,
     };
     pub const DIRECT: ReadCost = ReadCost {
         threads: 0.0,
         traffic_per_byte: 1.0,
+        request_bytes: u64::MAX,
+        reader_threads: 1,
     };
 
     /// O_DIRECT with `fast_disk`, else buffered.
@@ -85,6 +95,23 @@ impl ReadCost {
         } else {
             Self::BUFFERED
         }
+    }
+
+    /// Each read split into `request_bytes` requests over `reader_threads` threads.
+    pub fn in_requests(self, request_bytes: u64, reader_threads: u64) -> Self {
+        Self {
+            request_bytes: request_bytes.max(1),
+            reader_threads: reader_threads.max(1),
+            ..self
+        }
+    }
+
+    /// Threads a read of `bytes` keeps busy.
+    pub fn threads_for(&self, bytes: u64) -> f64 {
+        let requests = bytes
+            .div_ceil(self.request_bytes)
+            .clamp(1, self.reader_threads);
+        self.threads * requests as f64
     }
 }
 
@@ -300,7 +327,7 @@ impl Storage for SimStorage {
         if let Some((bus, cost)) = &self.bus {
             let seconds = duration.as_secs_f64().max(1e-12);
             let demand = Demand {
-                threads: cost.threads,
+                threads: cost.threads_for(bytes),
                 memory_bytes_per_second: cost.traffic_per_byte * bytes as f64 / seconds,
             };
             let label = self.label(&extents, bytes);
@@ -373,5 +400,27 @@ impl std::fmt::Debug for SimStorage {
             .field("disk", &self.disk)
             .field("stats", &self.read_stats())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ReadCost;
+
+    #[test]
+    fn a_buffered_read_keeps_one_reader_thread_busy_per_request() {
+        let cost = ReadCost::BUFFERED.in_requests(4 << 20, 4);
+        assert_eq!(cost.threads_for(1), 1.0);
+        assert_eq!(cost.threads_for(8 << 20), 2.0);
+        assert_eq!(cost.threads_for(64 << 20), 4.0, "at most the pool");
+        // O_DIRECT is the disk's DMA: no thread, however many requests.
+        assert_eq!(
+            ReadCost::DIRECT
+                .in_requests(4 << 20, 4)
+                .threads_for(64 << 20),
+            0.0
+        );
+        // Unsplit (no request size given): one thread per read.
+        assert_eq!(ReadCost::BUFFERED.threads_for(64 << 20), 1.0);
     }
 }
