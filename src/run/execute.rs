@@ -135,6 +135,7 @@ pub fn execute_on<C: Compute>(
     let streamed_bytes_per_step_after_kv = report.plan.vram.streamed_bytes_per_step + gave_way;
     Ok(Outcome {
         streamed_bytes_per_step_after_kv,
+        staging_ring_bytes: super::memory::staging_ring_bytes(settings).unwrap_or(0),
         report,
         rates,
         bound,

@@ -259,6 +259,9 @@ pub struct Outcome {
     /// Decoders: the planned streamed bytes per step once KV-cache growth made resident
     /// blocks give way (the re-plan); equal to the plan's when nothing gave way.
     pub streamed_bytes_per_step_after_kv: u64,
+    /// The `--fast-disk` staging ring, pinned whole beside the pin ceiling (0 without
+    /// fast disk, where staging sits inside the ceiling).
+    pub staging_ring_bytes: u64,
 }
 
 /// An observer that records nothing, for runs without metrics.
