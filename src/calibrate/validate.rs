@@ -446,12 +446,6 @@ pub fn validate_case(case: &Case, profile: &HardwareProfile) -> Result<Row, Vali
         reason,
     };
     let mut settings = settings_of(case);
-    if read_path(case) == ReadPath::PageCache {
-        // The premise of a page-cache row: the file is in the page cache when the run
-        // starts (an earlier row's run dropped the pages of what it pinned).
-        warm_page_cache(case.model.path())
-            .map_err(|error| fail(format!("reading the model into the page cache: {error}")))?;
-    }
     let prepared = prepare(case, &settings).map_err(fail)?;
     let budgets = budgets_of(case, &prepared, &mut settings);
     let model = description_of(case, &prepared).map_err(fail)?;
@@ -464,17 +458,7 @@ pub fn validate_case(case: &Case, profile: &HardwareProfile) -> Result<Row, Vali
         case.prefetch_depth,
     )
     .map_err(|reason| fail(format!("simulation: {reason}")))?;
-    let mut runs = Vec::new();
-    for _ in 0..case.repeats.max(1) {
-        if read_path(case) == ReadPath::PageCache && !runs.is_empty() {
-            warm_page_cache(case.model.path())
-                .map_err(|error| fail(format!("reading the model into the page cache: {error}")))?;
-        }
-        runs.push(
-            run_real(case, &prepared, &settings, budgets)
-                .map_err(|reason| fail(format!("real run: {reason}")))?,
-        );
-    }
+    let mut runs = run_repeats(case, &prepared, &settings, budgets).map_err(fail)?;
     let steady_repeats = Repeats::new(
         runs.iter()
             .map(|run| median(steady_window(&run.step_seconds)))
@@ -512,6 +496,29 @@ pub fn validate_case(case: &Case, profile: &HardwareProfile) -> Result<Row, Vali
         rates,
         (steady_repeats, cold_repeats),
     ))
+}
+
+/// The case's real runs, `repeats` of them. A page-cache row reads its model through
+/// the page cache before each: the premise of the row (an earlier run dropped the
+/// pages of what it pinned).
+fn run_repeats(
+    case: &Case,
+    prepared: &Prepared,
+    settings: &Settings,
+    budgets: Budgets,
+) -> Result<Vec<Measured>, String> {
+    let mut runs = Vec::new();
+    for _ in 0..case.repeats.max(1) {
+        if read_path(case) == ReadPath::PageCache {
+            warm_page_cache(case.model.path())
+                .map_err(|error| format!("reading the model into the page cache: {error}"))?;
+        }
+        runs.push(
+            run_real(case, prepared, settings, budgets)
+                .map_err(|reason| format!("real run: {reason}"))?,
+        );
+    }
+    Ok(runs)
 }
 
 /// Reads every safetensors file of `path` (a file, or a folder's `*.safetensors`)
