@@ -10,6 +10,8 @@
 
 mod common;
 
+use common::threads::{is_ours, settled_threads, threads_named};
+
 use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
@@ -27,15 +29,6 @@ use stagehand::workload::WorkloadError;
 const KIB: u64 = 1024;
 const RUNS: u64 = 60;
 const FIRST_SEED: u64 = 0xC0DE_0000;
-
-/// Threads this crate starts, by name.
-fn our_threads() -> usize {
-    std::fs::read_dir("/proc/self/task")
-        .expect("/proc/self/task")
-        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
-        .filter(|name| name.starts_with("stagehand") || name.starts_with("sh-"))
-        .count()
-}
 
 fn temporaries(dir: &Path) -> Vec<String> {
     std::fs::read_dir(dir)
@@ -78,7 +71,7 @@ fn fault_error(error: &WorkloadError) -> bool {
 fn seeded_faults_on_the_cpu_backend_end_cleanly_and_leave_nothing_behind() {
     let dir = tempfile::tempdir().expect("temp dir");
     let model = common::demo::small_demo_model(dir.path());
-    let threads = our_threads();
+    let threads = threads_named(is_ours).len();
     let (mut verified, mut failed, mut refused) = (0, 0, 0);
     for seed in seeds() {
         let mut rng = SplitMix64::new(seed);
@@ -137,7 +130,11 @@ fn seeded_faults_on_the_cpu_backend_end_cleanly_and_leave_nothing_behind() {
                 );
             }
         }
-        assert_eq!(our_threads(), threads, "seed {seed}: every thread joined");
+        assert_eq!(
+            settled_threads(is_ours, threads).len(),
+            threads,
+            "seed {seed}: every thread joined"
+        );
         assert_eq!(temporaries(dir.path()), Vec::<String>::new(), "seed {seed}");
     }
     println!("{verified} verified, {failed} failed cleanly, {refused} refused at start");

@@ -9,6 +9,8 @@
 
 mod common;
 
+use common::threads::{is_ours, settled_threads, threads_named};
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,18 +29,6 @@ const MIB: u64 = 1 << 20;
 const RUNS: u64 = 1200;
 /// The first seed; `FAULT_SEED` overrides.
 const FIRST_SEED: u64 = 0x5EED_0000;
-
-/// Threads this crate starts, by name: none may outlive its run.
-fn our_threads() -> usize {
-    std::fs::read_dir("/proc/self/task")
-        .expect("/proc/self/task")
-        .filter_map(|task| {
-            let comm = task.ok()?.path().join("comm");
-            std::fs::read_to_string(comm).ok()
-        })
-        .filter(|name| name.starts_with("stagehand") || name.starts_with("sh-"))
-        .count()
-}
 
 /// A model of 6 to 20 blocks of 8 to 64 MiB (virtual bytes), in one file.
 fn layout(rng: &mut SplitMix64) -> ModelLayout {
@@ -205,14 +195,14 @@ fn every_seeded_run_ends_cleanly_with_every_budget_released_and_no_thread_left()
         .ok()
         .and_then(|runs| runs.parse().ok())
         .unwrap_or(RUNS);
-    let threads = our_threads();
+    let threads = threads_named(is_ours).len();
     let (mut finished, mut failed, mut refused, mut faults) = (0u64, 0u64, 0u64, 0u64);
     for seed in first..first + runs {
         let (ending, counts) = run_one(seed).unwrap_or_else(|problem| {
             panic!("seed {seed}: {problem}\nreplay: FAULT_SEED={seed} FAULT_RUNS=1 cargo test --test fault_injection_sim")
         });
         assert_eq!(
-            our_threads(),
+            settled_threads(is_ours, threads).len(),
             threads,
             "seed {seed}: a thread outlived its run"
         );

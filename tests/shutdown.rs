@@ -2,22 +2,21 @@
 //! stagehand thread (actors, copy engine, disk readers) is still running.
 //! One test per binary, so no other test's threads are counted.
 
+mod common;
+
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
+
+use common::threads::{is_ours, settled_threads};
 
 use stagehand::actors::ResidencyPolicy;
 use stagehand::model::demo::{write_linear_stack, DemoSpec};
 use stagehand::run::{execute, no_observer, prepare, Budgets, RunPlan, WorkloadKind};
 use stagehand::settings::{DeviceKind, Settings};
 
-/// Names of this process's threads that belong to stagehand.
+/// Names of this process's stagehand threads once joined ones have left.
 fn stagehand_threads() -> Vec<String> {
-    std::fs::read_dir("/proc/self/task")
-        .unwrap()
-        .filter_map(|entry| std::fs::read_to_string(entry.ok()?.path().join("comm")).ok())
-        .map(|name| name.trim().to_string())
-        .filter(|name| name.starts_with("stagehand") || name.starts_with("sh-rd"))
-        .collect()
+    settled_threads(is_ours, 0)
 }
 
 fn run(fail_after_reads: Option<u64>) -> bool {

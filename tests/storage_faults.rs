@@ -10,19 +10,9 @@ use common::storage::{
     disk_dir, extent, many_requests_file, read_all, runtime, small_requests, tiny_requests,
     two_files, write_file,
 };
+use common::threads::{settled_threads, threads_named};
 use stagehand::actors::{Extent, FileId, HostBuffer, Storage, StorageError};
 use stagehand::storage::{open_storage, DirectStorage, PreadStorage, StorageFile, StorageOptions};
-
-fn live_threads_named(prefix: &str) -> usize {
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return 0;
-    };
-    tasks
-        .filter_map(|task| task.ok())
-        .filter_map(|task| std::fs::read_to_string(task.path().join("comm")).ok())
-        .filter(|name| name.trim_end().starts_with(prefix))
-        .count()
-}
 
 fn truncation_fails_the_next_read_and_threads_exit(fast_disk: bool) {
     let dir = disk_dir();
@@ -40,7 +30,7 @@ fn truncation_fails_the_next_read_and_threads_exit(fast_disk: bool) {
     // Threads name themselves once running: give them a moment (bounded) to do so.
     let mut named = 0;
     for _ in 0..200 {
-        named = live_threads_named(&prefix);
+        named = threads_named(|name| name.starts_with(&prefix)).len();
         if named == options.reader_threads {
             break;
         }
@@ -70,8 +60,8 @@ fn truncation_fails_the_next_read_and_threads_exit(fast_disk: bool) {
     read_all(&runtime, storage.as_ref(), &[extent(1, 0, 10)], 0).expect("other file");
     drop(storage);
     assert_eq!(
-        live_threads_named(&prefix),
-        0,
+        settled_threads(|name| name.starts_with(&prefix), 0),
+        Vec::<String>::new(),
         "reader threads left running"
     );
 }

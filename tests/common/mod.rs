@@ -11,6 +11,7 @@ pub mod process;
 pub mod replay;
 pub mod sim;
 pub mod storage;
+pub mod threads;
 
 use std::collections::HashMap;
 use std::fs::File;
