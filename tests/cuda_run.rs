@@ -25,7 +25,7 @@ use stagehand::model::demo::{write_linear_stack, DemoSpec};
 use stagehand::model::generated::{write_bert_folder, BertDemo, BertPreset, DecoderArch};
 use stagehand::run::{
     execute, execute_cuda, execute_cuda_with, no_observer, prepare, prepare_with, resolve_budgets,
-    CudaOutcome, CudaRunOptions, Extras, Prepared, RunError, RunPlan, WorkloadKind,
+    CudaOutcome, CudaRunOptions, Extras, Outcome, Prepared, RunError, RunPlan, WorkloadKind,
 };
 use stagehand::settings::Settings;
 use stagehand::workload::moe_model::{write_moe_model, MoeSpec};
@@ -72,6 +72,50 @@ fn demo(dir: &Path, spec: &DemoSpec) -> PathBuf {
 fn run(prepared: &Prepared, plan: RunPlan<'_>) -> CudaOutcome {
     execute_cuda_with(prepared, plan, CudaRunOptions::default())
         .unwrap_or_else(|error| panic!("cuda run: {error}"))
+}
+
+/// `model` streamed under 40 % of its bytes (at least a ring of three of its largest
+/// blocks; plus one step's activations with `activations`): `gpu_steps` on the GPU,
+/// checked clean and streaming, then one step on the CPU backend, both keeping their
+/// outputs.
+fn gpu_and_cpu_at_40_percent(
+    model: &Path,
+    batch: usize,
+    gpu_steps: u64,
+    activations: bool,
+    name: &str,
+) -> (CudaOutcome, Outcome) {
+    let probe = prepare(
+        model,
+        WorkloadKind::Auto,
+        batch,
+        &Settings::default(),
+        false,
+    )
+    .unwrap();
+    let layout = probe.workload.layout();
+    let ring = 3 * layout.largest_block_bytes().div_ceil(256) * 256;
+    let mut budget = ((layout.total_bytes() as f64 * 0.4) as u64).max(ring);
+    if activations {
+        budget += probe.activation_bytes(1);
+    }
+    let settings = Settings {
+        vram_budget: Some(ByteSize::b(budget)),
+        ..Settings::default()
+    };
+    let prepared = prepare(model, WorkloadKind::Auto, batch, &settings, false).unwrap();
+    let plan = |steps| RunPlan {
+        keep_outputs: true,
+        ..plan(&settings, layout.total_bytes(), steps, false)
+    };
+    let gpu = run(&prepared, plan(gpu_steps));
+    assert_clean(&gpu, gpu_steps);
+    assert!(
+        gpu.outcome.report.plan.vram.streamed_bytes_per_step > 0,
+        "{name}: streams"
+    );
+    let cpu = execute(&prepared, plan(1)).unwrap_or_else(|error| panic!("cpu run: {error}"));
+    (gpu, cpu)
 }
 
 /// What every GPU run must show: steps verified, budgets back at zero, the driver's
@@ -270,26 +314,7 @@ fn gpu_a_generated_bert_encoder_embeds_like_the_cpu_backend() {
             ..BertDemo::default()
         };
         let model = write_bert_folder(&dir.path().join(dtype.to_string()), &demo).unwrap();
-        let probe = prepare(&model, WorkloadKind::Auto, 4, &Settings::default(), false).unwrap();
-        let layout = probe.workload.layout();
-        let ring = 3 * layout.largest_block_bytes().div_ceil(256) * 256;
-        let budget = ((layout.total_bytes() as f64 * 0.4) as u64).max(ring);
-        let settings = Settings {
-            vram_budget: Some(ByteSize::b(budget)),
-            ..Settings::default()
-        };
-        let prepared = prepare(&model, WorkloadKind::Auto, 4, &settings, false).unwrap();
-        let plan = |steps| RunPlan {
-            keep_outputs: true,
-            ..plan(&settings, layout.total_bytes(), steps, false)
-        };
-        let gpu = run(&prepared, plan(3));
-        assert_clean(&gpu, 3);
-        assert!(
-            gpu.outcome.report.plan.vram.streamed_bytes_per_step > 0,
-            "{dtype}: streams"
-        );
-        let cpu = execute(&prepared, plan(1)).unwrap_or_else(|error| panic!("cpu run: {error}"));
+        let (gpu, cpu) = gpu_and_cpu_at_40_percent(&model, 4, 3, false, &dtype.to_string());
         let (gpu_outputs, cpu_outputs) = (&gpu.outcome.report.outputs, &cpu.report.outputs);
         assert!(!cpu_outputs.is_empty());
         for (key, expected) in cpu_outputs {
@@ -356,27 +381,7 @@ fn gpu_generated_decoders_decode_like_the_cpu_backend() {
     ] {
         let name = format!("{arch:?}-{dtype}");
         let model = tiny_decoder(&dir.path().join(&name), arch, dtype, 11);
-        let probe = prepare(&model, WorkloadKind::Auto, 1, &Settings::default(), false).unwrap();
-        let layout = probe.workload.layout();
-        let ring = 3 * layout.largest_block_bytes().div_ceil(256) * 256;
-        let budget =
-            ((layout.total_bytes() as f64 * 0.4) as u64).max(ring) + probe.activation_bytes(1);
-        let settings = Settings {
-            vram_budget: Some(ByteSize::b(budget)),
-            ..Settings::default()
-        };
-        let prepared = prepare(&model, WorkloadKind::Auto, 1, &settings, false).unwrap();
-        let plan = |steps| RunPlan {
-            keep_outputs: true,
-            ..plan(&settings, layout.total_bytes(), steps, false)
-        };
-        let gpu = run(&prepared, plan(6));
-        assert_clean(&gpu, 6);
-        assert!(
-            gpu.outcome.report.plan.vram.streamed_bytes_per_step > 0,
-            "{name}: streams"
-        );
-        let cpu = execute(&prepared, plan(1)).unwrap_or_else(|error| panic!("cpu run: {error}"));
+        let (gpu, cpu) = gpu_and_cpu_at_40_percent(&model, 1, 6, true, &name);
         let (key, expected) = cpu.report.outputs.iter().next().expect("prefill logits");
         let got = &gpu.outcome.report.outputs[key];
         assert_eq!(got.len(), expected.len());

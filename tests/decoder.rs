@@ -8,7 +8,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::decoder::{decoder_plan, tiny_decoder};
+use common::decoder::{decoder_plan, tiny_decoder, KV_GROWTH_BUDGET};
 use common::{assert_bad_input, stagehand};
 use serde_json::Value;
 use stagehand::compute::DType;
@@ -252,11 +252,7 @@ fn a_growing_kv_cache_displaces_weights_and_one_that_cannot_fit_stops() {
     // room at all, the run stops with the token count reached.
     let dir = tempfile::tempdir().unwrap();
     let model = folder(dir.path(), DecoderArch::Llama, DType::F32);
-    // Every block resident (3.02 MiB) beside a spare ring of 3 × 709 KiB, so resident
-    // layers can turn into streamed ones; room for about one KV page beside the first
-    // one (128 KiB: 64 tokens × 4 layers × 2 × 64 f32), which the plan leaves free.
-    let budget = 5_450_000 + 64 * 4 * 2 * 64 * 4;
-    let outcome = run(&model, 200, budget, &Extras::default()).unwrap();
+    let outcome = run(&model, 200, KV_GROWTH_BUDGET, &Extras::default()).unwrap();
     let report = &outcome.report;
     assert_eq!(report.verified_steps, 200);
     let evicted: usize = report
@@ -274,7 +270,7 @@ fn a_growing_kv_cache_displaces_weights_and_one_that_cannot_fit_stops() {
         report.plan.vram.streamed_bytes_per_step, 0,
         "all resident at first"
     );
-    assert!(report.stats.vram.peak_used_bytes <= budget);
+    assert!(report.stats.vram.peak_used_bytes <= KV_GROWTH_BUDGET);
     // The ring and the first KV page only: the second page finds nothing to displace.
     let error = run(
         &model,

@@ -8,7 +8,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use common::decoder::{decoder_plan, tiny_decoder};
+use common::decoder::{decoder_plan, tiny_decoder, KV_GROWTH_BUDGET};
 use stagehand::compute::DType;
 use stagehand::model::generated::DecoderArch;
 use stagehand::run::{execute, prepare_with, Extras, Outcome, WorkloadKind};
@@ -59,10 +59,7 @@ fn kv_growth_shows_as_displaced_blocks_and_a_larger_streamed_plan() {
     // growth the plan gauge started at the plan's figure (all resident: zero).
     let dir = tempfile::tempdir().unwrap();
     let model = folder(dir.path(), DecoderArch::Llama);
-    // As in tests/decoder.rs: every block resident beside a spare ring, room for about
-    // one KV page beyond the first, so growth makes resident layers stream.
-    let budget = 5_450_000 + 64 * 4 * 2 * 64 * 4;
-    let (outcome, scrape) = run_scraped(&model, 200, budget);
+    let (outcome, scrape) = run_scraped(&model, 200, KV_GROWTH_BUDGET);
     let report = &outcome.report;
     assert_eq!(report.verified_steps, 200);
     let displaced: usize = report

@@ -186,35 +186,45 @@ fn an_injected_read_failure_names_its_seed_and_happens_on_schedule() {
     });
 }
 
-#[test]
-fn bytes_whose_pages_were_dropped_are_read_at_the_uncached_rate_once() {
-    // Proves the page-cache disk model: a range forgotten after pinning
-    // (`forget_cached`) costs the uncached rate on its next read, which caches it
-    // again; bytes never forgotten cost the page cache's rate.
+/// The durations of reads of `(offset, length)` one after another on an NVMe-rate
+/// page cache (7 GB/s) whose dropped pages read at 1 GB/s, after `forgotten` ranges
+/// were forgotten.
+fn page_cache_reads(forgotten: &[(u64, u64)], reads: &[(u64, u64)]) -> Vec<Duration> {
     let runtime = virtual_time_runtime().unwrap();
-    let durations = runtime.block_on(async {
+    runtime.block_on(async {
         let clock = SimClock::new().unwrap();
-        // The page cache at 7 GB/s, dropped pages at 1 GB/s.
         let storage =
             nvme(&clock, &FaultPlan::default()).with_uncached(stagehand::sim::DiskRates {
                 bytes_per_second: GB,
                 request_latency: READ_LATENCY,
             });
-        // Half of the first 7 GB forgotten: [0, 1.75 GB) and [5.25 GB, 7 GB).
-        storage.forget_cached(&[extent(0, 1_750_000_000)]);
-        storage.forget_cached(&[extent(5_250_000_000, 1_750_000_000)]);
+        for &(offset, length) in forgotten {
+            storage.forget_cached(&[extent(offset, length)]);
+        }
         let mut durations = Vec::new();
-        for _ in 0..2 {
+        for &(offset, length) in reads {
             let started = clock.now();
-            let buffer = HostBuffer::virtual_buffer((7 * GB) as usize);
+            let buffer = HostBuffer::virtual_buffer(length as usize);
             storage
-                .read(vec![extent(0, 7 * GB)], buffer, 0)
+                .read(vec![extent(offset, length)], buffer, 0)
                 .await
                 .unwrap();
             durations.push(clock.now() - started);
         }
         durations
-    });
+    })
+}
+
+#[test]
+fn bytes_whose_pages_were_dropped_are_read_at_the_uncached_rate_once() {
+    // Proves the page-cache disk model: a range forgotten after pinning
+    // (`forget_cached`) costs the uncached rate on its next read, which caches it
+    // again; bytes never forgotten cost the page cache's rate.
+    // Half of the first 7 GB forgotten: [0, 1.75 GB) and [5.25 GB, 7 GB).
+    let durations = page_cache_reads(
+        &[(0, 1_750_000_000), (5_250_000_000, 1_750_000_000)],
+        &[(0, 7 * GB), (0, 7 * GB)],
+    );
     // 3.5 GB at 1 GB/s + 3.5 GB at 7 GB/s, then all 7 GB at 7 GB/s (a jump back).
     assert_eq!(
         durations,
@@ -229,27 +239,7 @@ fn bytes_whose_pages_were_dropped_are_read_at_the_uncached_rate_once() {
 fn a_read_over_part_of_a_dropped_range_leaves_the_rest_dropped() {
     // Proves the dropped ranges split: forget [0, 2 GB), read [1 GB, 2 GB) (1 GB
     // uncached), then [0, 1 GB) is still uncached and [1 GB, 2 GB) cached.
-    let runtime = virtual_time_runtime().unwrap();
-    let durations = runtime.block_on(async {
-        let clock = SimClock::new().unwrap();
-        let storage =
-            nvme(&clock, &FaultPlan::default()).with_uncached(stagehand::sim::DiskRates {
-                bytes_per_second: GB,
-                request_latency: READ_LATENCY,
-            });
-        storage.forget_cached(&[extent(0, 2 * GB)]);
-        let mut durations = Vec::new();
-        for (offset, length) in [(GB, GB), (0, GB), (GB, GB)] {
-            let started = clock.now();
-            let buffer = HostBuffer::virtual_buffer(length as usize);
-            storage
-                .read(vec![extent(offset, length)], buffer, 0)
-                .await
-                .unwrap();
-            durations.push(clock.now() - started);
-        }
-        durations
-    });
+    let durations = page_cache_reads(&[(0, 2 * GB)], &[(GB, GB), (0, GB), (GB, GB)]);
     // Sequential after the second read: no latency; the transfer rounds up.
     let cached = Duration::from_nanos((GB * 1_000_000_000).div_ceil(7 * GB));
     assert_eq!(

@@ -74,21 +74,23 @@ pub fn measure_kernels<C: Compute>(
     options: &KernelOptions,
 ) -> Result<KernelFigures, String> {
     let error = |error: crate::compute::ComputeError| error.to_string();
-    let mut linear: Vec<LinearRates> = Vec::new();
-    for pass in 0..options.linear_passes.max(1) {
-        let mut index = 0;
-        for &dtype in &options.dtypes {
-            for &side in &options.sides {
-                let rates = measure_linear(compute, options, dtype, side).map_err(error)?;
-                if pass == 0 {
-                    linear.push(rates);
-                } else {
-                    // The fastest pass of each point.
-                    for (kept, new) in linear[index].gflops.iter_mut().zip(rates.gflops) {
-                        *kept = kept.max(new);
-                    }
-                }
-                index += 1;
+    let points: Vec<(DType, u64)> = options
+        .dtypes
+        .iter()
+        .flat_map(|&dtype| options.sides.iter().map(move |&side| (dtype, side)))
+        .collect();
+    let measure = |&(dtype, side): &(DType, u64)| measure_linear(compute, options, dtype, side);
+    let mut linear = points
+        .iter()
+        .map(measure)
+        .collect::<Result<Vec<LinearRates>, _>>()
+        .map_err(error)?;
+    for _ in 1..options.linear_passes {
+        for (kept, point) in linear.iter_mut().zip(&points) {
+            // The fastest pass of each point.
+            let again = measure(point).map_err(error)?;
+            for (kept, new) in kept.gflops.iter_mut().zip(again.gflops) {
+                *kept = kept.max(new);
             }
         }
     }

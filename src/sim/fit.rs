@@ -42,6 +42,8 @@ pub struct FitSettings {
     /// Chunk size of the fast-disk ring.
     pub staging_buffer_bytes: u64,
     pub fast_disk: bool,
+    /// The storage splits each read into requests of this size (`read_request_size`).
+    pub read_request_bytes: u64,
 }
 
 /// Fewest buffers a staging ring works with (one filling, one being copied).
@@ -68,6 +70,7 @@ impl FitSettings {
             staging_buffers: settings.staging_buffers,
             staging_buffer_bytes: settings.staging_buffer_size.as_u64(),
             fast_disk: settings.fast_disk,
+            read_request_bytes: settings.read_request_size.as_u64(),
         }
     }
 }

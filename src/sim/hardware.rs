@@ -267,7 +267,7 @@ impl HardwareProfile {
     pub fn uncached_rates(&self) -> Option<DiskRates> {
         self.uncached_read_gb_per_s.map(|gb_per_s| DiskRates {
             bytes_per_second: gigabytes(gb_per_s),
-            request_latency: microseconds(self.disk.request_latency_us),
+            ..self.disk_rates()
         })
     }
 

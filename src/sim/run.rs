@@ -141,12 +141,10 @@ async fn run_on_current_system(
 ) -> Result<PolicyRun, SimRunError> {
     let layout = model.layout();
     let names: Vec<String> = layout.blocks.iter().map(|b| b.name.clone()).collect();
-    // The pread/O_DIRECT adapters' default request size (`read_request_size`).
-    let request_bytes = crate::settings::Settings::default()
-        .read_request_size
-        .as_u64();
-    let read_cost = super::ReadCost::of(options.settings.fast_disk)
-        .in_requests(request_bytes, options.max_reads_in_flight.max(1) as u64);
+    let read_cost = super::ReadCost::of(options.settings.fast_disk).in_requests(
+        options.settings.read_request_bytes,
+        options.max_reads_in_flight.max(1) as u64,
+    );
     let machine = SimMachine::with_read_cost(
         hardware,
         &options.faults,

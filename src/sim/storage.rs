@@ -241,14 +241,13 @@ impl SimStorage {
             if state.position != Some((extent.file, extent.offset)) {
                 duration += self.disk.request_latency;
             }
-            let dropped = match self.uncached {
-                Some(_) => take_dropped(&mut state.dropped, extent),
-                None => 0,
-            };
-            duration += transfer_duration(extent.length - dropped, self.disk.bytes_per_second);
+            let mut cached = extent.length;
             if let Some(uncached) = self.uncached {
+                let dropped = take_dropped(&mut state.dropped, extent);
+                cached -= dropped;
                 duration += transfer_duration(dropped, uncached.bytes_per_second);
             }
+            duration += transfer_duration(cached, self.disk.bytes_per_second);
             state.position = Some((extent.file, extent.offset + extent.length));
         }
         duration

@@ -10,6 +10,13 @@ use stagehand::model::generated::{write_decoder_folder, DecoderArch, DecoderDemo
 use stagehand::run::{Budgets, RunPlan};
 use stagehand::settings::Settings;
 
+/// A VRAM budget for the tiny Llama (f32) that holds every block resident (3.02 MiB)
+/// beside a spare ring of 3 × 709 KiB, so resident layers can turn into streamed
+/// ones, and room for about one KV page beside the first one (128 KiB: 64 tokens × 4
+/// layers × 2 × 64 f32), which the plan leaves free: a growing KV cache makes
+/// weights give way.
+pub const KV_GROWTH_BUDGET: u64 = 5_450_000 + 64 * 4 * 2 * 64 * 4;
+
 /// A tiny `arch` decoder in `dtype`, seeded with `seed`, written to `dir`.
 pub fn tiny_decoder(dir: &Path, arch: DecoderArch, dtype: DType, seed: u64) -> PathBuf {
     let demo = DecoderDemo {

@@ -1,0 +1,258 @@
+//! `stagehand validate`: one configuration both simulated on a hardware profile and
+//! really run on this machine's backend, through the same budgets, so the prediction
+//! and the measurement are about the same work.
+//!
+//! The real run is `stagehand run`'s path (`run::prepare_with`, `run::execute`); the
+//! simulation is `sim::run_policy` of the description `simulate --model` makes of the
+//! same file, with the budgets the real run resolved. Bytes per link per step are
+//! counted from the real session's observer at each step's end, as the simulator
+//! counts them from its session's stats.
+
+mod measure;
+mod row;
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use stagehand_actors::ResidencyPolicy;
+
+pub use row::{Figure, Repeats, Row, RowRates, Verdict, COLD_TOLERANCE, STEADY_TOLERANCE};
+
+use super::median;
+use crate::run::{Budgets, Extras, Prepared, WorkloadKind};
+use crate::settings::Settings;
+use crate::sim::{
+    run_policy, steady_window, FaultPlan, FitSettings, HardwareProfile, ModelDescription, Policy,
+    PolicyRun, ReadPath, RunOptions,
+};
+use measure::run_repeats;
+use row::compare;
+
+/// Which model a case runs.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum CaseModel {
+    /// The generated linear-stack demo model at `path`.
+    LinearStack { path: PathBuf },
+    /// A generated Llama-family decoder folder: `batch` is ignored, one token a step.
+    Decoder { path: PathBuf },
+    /// A BERT encoder folder: each step embeds `batch` of the built-in sentences.
+    Encoder { path: PathBuf },
+}
+
+impl CaseModel {
+    pub fn path(&self) -> &Path {
+        match self {
+            CaseModel::LinearStack { path }
+            | CaseModel::Decoder { path }
+            | CaseModel::Encoder { path } => path,
+        }
+    }
+
+    pub fn label(&self) -> &'static str {
+        match self {
+            CaseModel::LinearStack { .. } => "linear-stack",
+            CaseModel::Decoder { .. } => "llama",
+            CaseModel::Encoder { .. } => "bert",
+        }
+    }
+}
+
+/// One configuration of the matrix.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Case {
+    pub model: CaseModel,
+    pub batch: usize,
+    /// The VRAM budget as a share of the streamed model (raised to what the plan
+    /// needs at this depth, as `stagehand run` raises it).
+    pub vram_share: f64,
+    pub prefetch_depth: u32,
+    pub fast_disk: bool,
+    pub steps: u64,
+    /// Real runs of the configuration (at least 1): the measured times are the
+    /// median over them, and their spread says how repeatable the machine is.
+    pub repeats: u32,
+    /// Really run on the CUDA backend instead of the CPU one.
+    pub cuda: bool,
+}
+
+/// Why a case could not be validated.
+#[derive(Debug, thiserror::Error)]
+pub enum ValidateError {
+    #[error("{case}: {reason}")]
+    Case { case: String, reason: String },
+}
+
+fn describe(case: &Case) -> String {
+    format!(
+        "{} batch {} vram {:.0} % depth {}{}",
+        case.model.label(),
+        case.batch,
+        case.vram_share * 100.0,
+        case.prefetch_depth,
+        if case.fast_disk { " fast-disk" } else { "" }
+    )
+}
+
+fn settings_of(case: &Case) -> Settings {
+    Settings {
+        prefetch_depth: case.prefetch_depth,
+        fast_disk: case.fast_disk,
+        ..Settings::default()
+    }
+}
+
+fn prepare(case: &Case, settings: &Settings) -> Result<Prepared, String> {
+    let (kind, is_demo) = match case.model {
+        CaseModel::LinearStack { .. } => (WorkloadKind::LinearStack, true),
+        CaseModel::Decoder { .. } => (WorkloadKind::Decoder, false),
+        CaseModel::Encoder { .. } => (WorkloadKind::Encoder, false),
+    };
+    crate::run::prepare_with(
+        case.model.path(),
+        kind,
+        case.batch,
+        settings,
+        is_demo,
+        &Extras::default(),
+    )
+    .map_err(|error| error.to_string())
+}
+
+/// The budgets of the case: its share of the model, at least what the plan needs,
+/// and the pin ceiling `stagehand run` gives (a demo model keeps room to cache).
+fn budgets_of(case: &Case, prepared: &Prepared, settings: &mut Settings) -> Budgets {
+    let model_bytes = prepared.streamed_model_bytes();
+    let (minimum, _) = prepared.plan_minimum_bytes(case.prefetch_depth, ResidencyPolicy::Planned);
+    let wanted = (model_bytes as f64 * case.vram_share) as u64;
+    let budget = wanted.max(minimum + prepared.activation_bytes(case.steps));
+    settings.vram_budget = Some(bytesize::ByteSize(budget));
+    let budgets = crate::run::resolve_budgets(settings, model_bytes, prepared.is_demo);
+    crate::run::demo_pins::demo_pin_room(prepared, settings, budgets)
+}
+
+/// The description `simulate --model` makes of the case's model.
+pub fn description_of(case: &Case, prepared: &Prepared) -> Result<ModelDescription, String> {
+    match case.model {
+        CaseModel::LinearStack { .. } => {
+            ModelDescription::from_model_index(&prepared.index, case.batch as u64, None)
+        }
+        CaseModel::Decoder { .. } | CaseModel::Encoder { .. } => {
+            ModelDescription::from_prepared(prepared, 1)
+        }
+    }
+    .map_err(|error| error.to_string())
+}
+
+/// Where the case's reads come from on this machine: O_DIRECT with `--fast-disk`,
+/// else the page cache (the run's reference pass has just read the whole file).
+pub fn read_path(case: &Case) -> ReadPath {
+    if case.fast_disk {
+        ReadPath::Direct
+    } else {
+        ReadPath::PageCache
+    }
+}
+
+/// The simulated run of the case on `profile` with the real run's budgets.
+pub fn simulate_case(
+    case: &Case,
+    model: &ModelDescription,
+    profile: &HardwareProfile,
+    settings: &Settings,
+    budgets: Budgets,
+    prefetch_depth: u32,
+) -> Result<PolicyRun, String> {
+    let mut fit = FitSettings::from_settings(settings);
+    fit.prefetch_depth = prefetch_depth;
+    let options = RunOptions {
+        steps: case.steps,
+        vram_budget_bytes: budgets.vram_budget_bytes,
+        pin_ceiling_bytes: budgets.pin_ceiling_bytes,
+        settings: fit,
+        faults: FaultPlan::default(),
+        trace: None,
+        max_reads_in_flight: settings.reader_threads as usize,
+        virtual_time_limit: None,
+    };
+    let hardware = profile.clone().reading(read_path(case));
+    run_policy(model, &hardware, Policy::Stagehand, &options).map_err(|error| error.to_string())
+}
+
+/// Simulates and runs one case; the row compares them.
+pub fn validate_case(case: &Case, profile: &HardwareProfile) -> Result<Row, ValidateError> {
+    let fail = |reason: String| ValidateError::Case {
+        case: describe(case),
+        reason,
+    };
+    let mut settings = settings_of(case);
+    let prepared = prepare(case, &settings).map_err(fail)?;
+    let budgets = budgets_of(case, &prepared, &mut settings);
+    let model = description_of(case, &prepared).map_err(fail)?;
+    let predicted = simulate_case(
+        case,
+        &model,
+        profile,
+        &settings,
+        budgets,
+        case.prefetch_depth,
+    )
+    .map_err(|reason| fail(format!("simulation: {reason}")))?;
+    let mut runs = run_repeats(case, &prepared, &settings, budgets).map_err(fail)?;
+    let steady_repeats = Repeats::new(
+        runs.iter()
+            .map(|run| median(steady_window(&run.step_seconds)))
+            .collect(),
+    );
+    let cold_repeats = Repeats::new(
+        runs.iter()
+            .map(|run| run.step_seconds.first().copied().unwrap_or(0.0))
+            .collect(),
+    );
+    // Bytes, peaks and rates from the first run (the plan is the same in every one).
+    let measured = runs.swap_remove(0);
+    let at_run = at_rates(profile, case, measured.rates);
+    let predicted_at_run = simulate_case(
+        case,
+        &model,
+        &at_run,
+        &settings,
+        budgets,
+        case.prefetch_depth,
+    )
+    .map_err(|reason| fail(format!("simulation at the run's rates: {reason}")))?;
+    let used = profile.clone().reading(read_path(case));
+    let rates = RowRates {
+        profile_copy_gb_per_s: used.link.pinned_gb_per_s,
+        profile_read_gb_per_s: used.disk.read_gb_per_s,
+        run_copy_gb_per_s: measured.rates.copy_bytes_per_second / 1e9,
+        run_read_gb_per_s: measured.rates.read_bytes_per_second / 1e9,
+    };
+    Ok(compare(
+        case,
+        &predicted,
+        &predicted_at_run,
+        &measured,
+        rates,
+        (steady_repeats, cold_repeats),
+    ))
+}
+
+/// `profile` with its pinned copy rate and, on the O_DIRECT path, its read rate
+/// replaced by the rates the real run measured (each kept where the run measured
+/// none). On the page-cache path the run's read figure mixes cached pages with pages
+/// it dropped after pinning them, so the profile's two rates stay.
+fn at_rates(
+    profile: &HardwareProfile,
+    case: &Case,
+    rates: crate::workload::bound::LinkRates,
+) -> HardwareProfile {
+    let mut hardware = profile.clone();
+    if rates.copy_bytes_per_second > 0.0 {
+        hardware.link.pinned_gb_per_s = rates.copy_bytes_per_second / 1e9;
+    }
+    if rates.read_bytes_per_second > 0.0 && read_path(case) == ReadPath::Direct {
+        hardware.disk.direct_read_gb_per_s = Some(rates.read_bytes_per_second / 1e9);
+    }
+    hardware
+}
