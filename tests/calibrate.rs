@@ -12,7 +12,8 @@ use stagehand::calibrate::{
     ContentionFigures, CopyFigures, DiskFigures, HostIdentity, KernelFigures, Measured, OverlapRun,
     Part, MAX_AGE_SECONDS,
 };
-use stagehand::sim::{Demand, ElementOp, HardwareProfile, KernelCosts, LinearRates, ReadPath};
+use stagehand::compute::work::ElementOp;
+use stagehand::sim::{Demand, HardwareProfile, KernelCosts, LinearRates, ReadPath};
 
 fn measured(per_second: f64) -> Measured {
     Measured::rate(per_second, &[1.0, 1.0, 1.0], "three samples".to_string())

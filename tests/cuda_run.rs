@@ -22,13 +22,13 @@ use stagehand::compute::DType;
 use stagehand::device::cuda;
 use stagehand::lora::{write_demo_lora, DemoLora, LoraSpec};
 use stagehand::model::demo::{write_linear_stack, DemoSpec};
+use stagehand::model::demo_moe::{write_moe_model, MoeSpec};
 use stagehand::model::generated::{write_bert_folder, BertDemo, BertPreset, DecoderArch};
 use stagehand::run::{
     execute, execute_cuda, execute_cuda_with, no_observer, prepare, prepare_with, resolve_budgets,
     CudaOutcome, CudaRunOptions, Extras, Outcome, Prepared, RunError, RunPlan, WorkloadKind,
 };
 use stagehand::settings::Settings;
-use stagehand::workload::moe_model::{write_moe_model, MoeSpec};
 
 /// GPU tests one at a time: they read the driver's memory figures.
 static GPU: Mutex<()> = Mutex::new(());

@@ -19,12 +19,12 @@ use std::time::Duration;
 
 use stagehand::actors::{BlockId, Device, NoObserver, ResidencyPolicy, Session, SessionError};
 use stagehand::device::CpuDevice;
+use stagehand::families::FamilyError;
 use stagehand::model::cache::write_atomically;
+use stagehand::run::driver::{drive_cpu, DriverOptions};
 use stagehand::run::{open_model_storage, prepare, session_config, Budgets, WorkloadKind};
 use stagehand::settings::Settings;
 use stagehand::sim::{ChaosCounts, ChaosDevice, ChaosPlan, ChaosStorage, SplitMix64};
-use stagehand::workload::driver::{drive_cpu, DriverOptions};
-use stagehand::workload::WorkloadError;
 
 const KIB: u64 = 1024;
 const RUNS: u64 = 60;
@@ -56,10 +56,10 @@ fn seeds() -> std::ops::Range<u64> {
     first..first + runs
 }
 
-fn fault_error(error: &WorkloadError) -> bool {
+fn fault_error(error: &FamilyError) -> bool {
     matches!(
         error,
-        WorkloadError::Session(
+        FamilyError::Session(
             SessionError::ReadFailed { .. }
                 | SessionError::CopyFailed { .. }
                 | SessionError::PinFailed(_)

@@ -11,18 +11,18 @@ use std::sync::Arc;
 
 use stagehand::actors::{Device, ResidencyPolicy, Session};
 use stagehand::device::CpuDevice;
+use stagehand::families::stream_verify::StreamVerify;
+use stagehand::families::FamilyError;
 use stagehand::model::demo::{write_linear_stack, DemoSpec};
 use stagehand::model::{BlockReader, ModelIndex};
+use stagehand::run::bound::measure_rates;
+use stagehand::run::driver::{drive_cpu, DriverOptions};
 use stagehand::run::{
     execute, no_observer, open_model_storage, prepare, session_config, Budgets, RunPlan,
     WorkloadKind,
 };
 use stagehand::settings::Settings;
 use stagehand::signals;
-use stagehand::workload::bound::measure_rates;
-use stagehand::workload::driver::{drive_cpu, DriverOptions};
-use stagehand::workload::stream_verify::StreamVerify;
-use stagehand::workload::WorkloadError;
 
 fn entries(dir: &std::path::Path) -> Vec<String> {
     std::fs::read_dir(dir)
@@ -62,7 +62,7 @@ fn every_long_phase_stops_at_its_next_unit_of_work_once_a_stop_is_requested() {
     assert!(
         matches!(
             error,
-            WorkloadError::Session(stagehand::actors::SessionError::Interrupted)
+            FamilyError::Session(stagehand::actors::SessionError::Interrupted)
         ),
         "{error}"
     );

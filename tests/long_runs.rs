@@ -10,9 +10,9 @@ use std::sync::Arc;
 
 use stagehand::actors::{BlockId, NoObserver, ResidencyPolicy, Session};
 use stagehand::device::CpuDevice;
+use stagehand::run::driver::{drive_cpu, DriverOptions, REPORT_STEP_HISTORY};
 use stagehand::run::{open_model_storage, prepare, session_config, Budgets, WorkloadKind};
 use stagehand::settings::Settings;
-use stagehand::workload::driver::{drive_cpu, DriverOptions, REPORT_STEP_HISTORY};
 
 #[test]
 fn the_step_history_of_a_long_run_is_bounded() {

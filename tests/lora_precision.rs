@@ -9,14 +9,14 @@ use std::process::Command;
 
 use common::demo::small_demo_spec as spec;
 use common::lora::{options, session, setup};
+use stagehand::families::linear_stack::LinearStack;
+use stagehand::families::lora_set::{LoraSet, LORA_TOLERANCE};
 use stagehand::lora::{
     write_demo_lora, DemoLora, LoraDtype, LoraNaming, LoraSpec, LORA_BF16_TOLERANCE,
     LORA_F16_TOLERANCE, LORA_PRECISION_SCALE_LIMIT,
 };
 use stagehand::model::ModelIndex;
-use stagehand::workload::driver::{drive_cpu, LoraPhase, Model, Workload};
-use stagehand::workload::linear_stack::LinearStack;
-use stagehand::workload::lora_set::{LoraSet, LORA_TOLERANCE};
+use stagehand::run::driver::{drive_cpu, LoraPhase, Model, Workload};
 
 /// The two adapters of tests/lora.rs (PEFT rank 8 on every layer, kohya rank 4 on every
 /// third, both alpha 16) at `dtype`, as `FILE:STRENGTH` specs. Same seeds at every

@@ -8,11 +8,11 @@ mod common;
 use std::process::Command;
 
 use common::lora::{lora_file, options, peft_and_kohya, session, setup, write_f32_tensors};
+use stagehand::families::linear_stack::LinearStack;
+use stagehand::families::lora_set::LoraSet;
 use stagehand::lora::{DemoLora, LoraSpec};
 use stagehand::model::ModelIndex;
-use stagehand::workload::driver::{drive_cpu, LoraPhase, Model, Workload};
-use stagehand::workload::linear_stack::LinearStack;
-use stagehand::workload::lora_set::LoraSet;
+use stagehand::run::driver::{drive_cpu, LoraPhase, Model, Workload};
 
 fn phase(model: &LinearStack, index: &ModelIndex, from_step: u64, specs: &[LoraSpec]) -> LoraPhase {
     LoraPhase {

@@ -7,12 +7,12 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use stagehand::actors::ExpertPolicy;
+use stagehand::families::moe::HintMode;
+use stagehand::model::demo_moe::{write_moe_model, MoeSpec};
 use stagehand::run::{
     execute, no_observer, prepare_with, Budgets, Extras, MoeOptions, RunPlan, WorkloadKind,
 };
 use stagehand::settings::Settings;
-use stagehand::workload::moe::HintMode;
-use stagehand::workload::moe_model::{write_moe_model, MoeSpec};
 
 /// 6 layers × 12 experts of 32×32 f32 (about 320 KiB). The run's length, not the
 /// matrices' width, is what the long-run test is about; at 128 wide a debug build spent

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 use common::sim::{device, extent, nvme, GB};
 use stagehand::actors::{BlockLayout, Device, ModelLayout, Storage};
 use stagehand::sim::{
-    virtual_time_runtime, virtual_time_system, ComputeRates, FaultPlan, Lane, SimClock, SimCompute,
-    TraceRecorder,
+    virtual_time_runtime, virtual_time_system, ComputeRates, FaultPlan, SimClock, SimCompute,
 };
+use stagehand::telemetry::{Lane, TraceRecorder};
 
 #[test]
 fn compute_is_serialised_and_every_lane_is_traced_without_overlap() {
@@ -111,7 +111,8 @@ fn fifty_naive_steps_of_a_70b_model_take_exactly_their_summed_durations() {
     // Load each block when needed, no prefetch: every step reads, copies and computes
     // all 82 blocks one after another, so virtual time is the plain sum. Also a
     // measure of the adapters' own cost: 12,300 timed operations.
-    use stagehand::sim::{transfer_duration, HardwareProfile, ModelDescription, SimMachine};
+    use stagehand::sim::{transfer_duration, HardwareProfile, SimMachine};
+    use stagehand::simulate::ModelDescription;
     let model = ModelDescription::load("llama3-70b").unwrap();
     let hardware = HardwareProfile::load("rtx3060-12gb").unwrap();
     let layout = model.layout();

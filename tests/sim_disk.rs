@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use common::sim::{device, extent, nvme, GB, READ_LATENCY};
 use stagehand::actors::{BlockLayout, Device, Extent, FileId, HostBuffer, ModelLayout, Storage};
-use stagehand::sim::{virtual_time_runtime, FaultPlan, SimClock, TraceRecorder};
+use stagehand::sim::{virtual_time_runtime, FaultPlan, SimClock};
+use stagehand::telemetry::TraceRecorder;
 
 #[test]
 fn reads_queue_on_the_disk_and_pay_latency_only_when_they_jump() {

@@ -11,12 +11,13 @@ use common::decoder::tiny_decoder;
 use common::encoder::tiny_bert;
 use common::{assert_bad_input, stagehand};
 
+use stagehand::compute::work::Kernel;
 use stagehand::compute::DType;
 use stagehand::model::generated::DecoderArch;
+use stagehand::run::driver::Model;
 use stagehand::run::{prepare_with, Extras, Prepared, WorkloadKind};
 use stagehand::settings::Settings;
-use stagehand::sim::{Kernel, ModelDescription};
-use stagehand::workload::driver::Model;
+use stagehand::simulate::ModelDescription;
 
 fn decoder_folder(dir: &Path, arch: DecoderArch) -> PathBuf {
     tiny_decoder(&dir.join(format!("{arch:?}")), arch, DType::F32, 7)
@@ -94,7 +95,7 @@ fn a_mixtral_layer_runs_its_router_and_top_k_experts() {
         matches!(
             kernel,
             Kernel::Elementwise {
-                op: stagehand::sim::ElementOp::SiluMul,
+                op: stagehand::compute::work::ElementOp::SiluMul,
                 ..
             }
         )

@@ -5,10 +5,9 @@ use std::time::Duration;
 
 use bytesize::ByteSize;
 use stagehand::model::ModelIndex;
-use stagehand::sim::{
-    virtual_time_runtime, Bottleneck, FaultPlan, FitCheck, FitSettings, HardwareProfile,
-    ModelDescription, SimMachine, TraceRecorder,
-};
+use stagehand::sim::{virtual_time_runtime, FaultPlan, HardwareProfile, SimMachine};
+use stagehand::simulate::{Bottleneck, FitCheck, FitSettings, ModelDescription};
+use stagehand::telemetry::TraceRecorder;
 
 const GIB: u64 = 1 << 30;
 

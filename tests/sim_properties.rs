@@ -9,9 +9,10 @@ use std::time::Duration;
 
 use common::replay::replayable;
 use proptest::prelude::*;
-use stagehand::sim::{
-    run_policy, steady_window, FaultPlan, FitSettings, HardwareProfile, ModelDescription, Policy,
-    PolicyRun, RunOptions, SimRunError,
+use stagehand::sim::{FaultPlan, HardwareProfile};
+use stagehand::simulate::{
+    run_policy, steady_window, FitSettings, ModelDescription, Policy, PolicyRun, RunOptions,
+    SimRunError,
 };
 
 const MIB: u64 = 1 << 20;
@@ -201,7 +202,7 @@ fn lru_prefetch_copies_each_block_at_most_once_per_steady_step() {
     let model = ModelDescription::load("flux1-dev").unwrap();
     let hardware = HardwareProfile::load("rtx3060-12gb").unwrap();
     let settings = FitSettings::default();
-    let fit = stagehand::sim::FitCheck::new(&model, &hardware, &settings);
+    let fit = stagehand::simulate::FitCheck::new(&model, &hardware, &settings);
     let options = RunOptions {
         steps: 4,
         vram_budget_bytes: fit.vram_budget_bytes,

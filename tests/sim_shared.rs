@@ -6,9 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use stagehand::sim::{
-    run_policy, virtual_time_runtime, Demand, FaultPlan, FitSettings, HardwareProfile, Lane,
-    ModelDescription, Policy, RunOptions, SharedBus, SharedSpec, SimClock,
+    virtual_time_runtime, Demand, FaultPlan, HardwareProfile, SharedBus, SharedSpec, SimClock,
 };
+use stagehand::simulate::{run_policy, FitSettings, ModelDescription, Policy, RunOptions};
+use stagehand::telemetry::Lane;
 
 const MB: u64 = 1_000_000;
 

@@ -12,7 +12,7 @@ use std::process::Command;
 use std::sync::Arc;
 
 use stagehand::harness::Scenario;
-use stagehand::sim::TraceRecorder;
+use stagehand::telemetry::TraceRecorder;
 
 fn scenario(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -13,8 +13,9 @@ use std::time::Instant;
 use serde::Serialize;
 
 use super::median;
+use crate::compute::work::ElementOp;
 use crate::compute::{Attention, CachedAttention, Compute, DType, Mask, TensorSlot};
-use crate::sim::{ElementOp, KernelCosts, LinearRates};
+use crate::sim::{KernelCosts, LinearRates};
 
 /// Weights per (dtype, size) are cycled through at least this many bytes.
 const CACHE_DEFEAT_BYTES: u64 = 64 << 20;

@@ -31,7 +31,7 @@ pub use kernels::{dtype_name, measure_kernels, KernelFigures, KernelOptions};
 pub use local::{
     local_profile, local_profile_with, LocalProfile, CACHED_PROFILE_FILE, LOCAL, MAX_AGE_SECONDS,
 };
-pub use profile::profile_toml;
+pub use profile::{profile_toml, shared_spec};
 
 /// One measured rate: what it moved or computed per second, over how many samples,
 /// and how it was measured (written into the profile as a comment).

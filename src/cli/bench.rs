@@ -15,12 +15,12 @@ use stagehand_actors::Bytes;
 use super::machine_load::{CpuSample, MachineLoad};
 use super::{CommandResult, Failure};
 use crate::model::demo::DemoSpec;
+use crate::run::bound::StepBound;
 use crate::run::{
     default_cache_dir, ensure_demo_model, no_observer, prepare_with, resolve_budgets, Budgets,
     EncoderInput, Extras, Outcome, RunError, RunPlan, WorkloadKind, BUILT_IN_SENTENCES,
 };
 use crate::settings::{self, Settings, SettingsArgs};
-use crate::workload::bound::StepBound;
 
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {

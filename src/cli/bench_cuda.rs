@@ -28,12 +28,12 @@ use super::{CommandResult, Failure};
 use crate::device::cuda::bench::{link_figures, LinkFigures};
 use crate::device::cuda::CudaDevice;
 use crate::model::demo::DemoSpec;
+use crate::run::bound::{LinkRates, StepBound};
 use crate::run::{
     available_ram_bytes, default_cache_dir, ensure_demo_model, execute_cuda_with, no_observer,
     prepare, Budgets, CudaOutcome, CudaRunOptions, Prepared, RunPlan, WorkloadKind,
 };
 use crate::settings::Settings;
-use crate::workload::bound::{LinkRates, StepBound};
 
 /// Bytes each link loop copies at once.
 const LINK_BYTES: u64 = 1 << 30;

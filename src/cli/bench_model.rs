@@ -13,14 +13,14 @@ use stagehand_actors::{Bytes, ExpertPolicy, ResidencyPolicy};
 use super::bench::{run_error, Bench, BenchArgs, Configuration, JsonReport};
 use super::machine_load::{CpuSample, MachineLoad};
 use super::{CommandResult, Failure};
+use crate::families::llama::{ExpertHint, Sampling};
+use crate::run::bound::StepBound;
+use crate::run::report::median;
 use crate::run::{
     prepare_with, resolve_budgets, Budgets, DecoderInput, Extras, MoeOptions, Outcome, PromptInput,
     WorkloadKind, BUILT_IN_PROMPT,
 };
 use crate::settings::Settings;
-use crate::workload::bound::StepBound;
-use crate::workload::decoder::{ExpertHint, Sampling};
-use crate::workload::report::median;
 
 pub fn execute(args: &BenchArgs, settings: &Settings, model: &std::path::Path) -> CommandResult {
     let probe = prepare_with(

@@ -11,16 +11,16 @@ use serde::Serialize;
 
 use super::run::{run_error, run_prepared, use_cuda, ExpertPolicyArg, Launch, PolicyArg};
 use super::{CommandResult, Failure};
+use crate::families::llama::{ExpertHint, Sampling};
+use crate::families::moe::HintMode;
 use crate::lora::LoraSpec;
+use crate::run::driver::Model;
 use crate::run::summary::Summary;
 use crate::run::{
     parse_token_ids, prepare_with, DecoderInput, Extras, MoeOptions, Outcome, PromptInput,
     WorkloadKind,
 };
 use crate::settings::{self, SettingsArgs};
-use crate::workload::decoder::{ExpertHint, Sampling};
-use crate::workload::driver::Model;
-use crate::workload::moe::HintMode;
 
 #[derive(Debug, clap::Args)]
 pub struct GenerateArgs {

@@ -11,17 +11,17 @@ use stagehand_actors::ResidencyPolicy;
 
 pub use super::logging::init_logging;
 use super::{CommandResult, Failure};
+use crate::families::bert::EmbeddingPlacement;
+use crate::families::moe::HintMode;
 use crate::lora::LoraSpec;
 use crate::model::demo::DemoSpec;
+use crate::model::demo_moe::MoeSpec;
 use crate::run::summary::Summary;
 use crate::run::{
     default_cache_dir, ensure_demo_model, ensure_moe_model, no_observer, prepare_with,
     resolve_budgets, Extras, MoeOptions, RunError, RunPlan, WorkloadKind,
 };
 use crate::settings::{self, DeviceKind, SettingsArgs};
-use crate::workload::encoder::EmbeddingPlacement;
-use crate::workload::moe::HintMode;
-use crate::workload::moe_model::MoeSpec;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum PolicyArg {
@@ -268,7 +268,7 @@ pub fn execute(args: RunArgs) -> CommandResult {
     let settings = loaded.settings;
     init_logging(&settings.log);
     if let Some(path) = &settings.trace {
-        crate::sim::TraceRecorder::check_writable(path).map_err(Failure::bad_input)?;
+        crate::telemetry::TraceRecorder::check_writable(path).map_err(Failure::bad_input)?;
     }
     crate::run::memory::check_staging_ring(&settings).map_err(run_error)?;
     let use_cuda = use_cuda(settings.device)?;

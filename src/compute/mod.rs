@@ -22,6 +22,7 @@ mod dtype;
 mod fp8;
 pub mod shapes;
 mod view;
+pub mod work;
 
 pub use dtype::DType;
 pub use view::{BlockView, LowRank, TensorSlot, Weight};
@@ -223,7 +224,7 @@ pub trait Compute {
         out: &mut Self::Tensor,
     ) -> Result<(), ComputeError>;
     /// A checksum of a block's bytes in the device tier (`stream-verify`), equal to
-    /// `crate::workload::stream_verify::checksum` of the same bytes.
+    /// `crate::families::stream_verify::checksum` of the same bytes.
     fn checksum(&self, block: &BlockView<'_>) -> Result<u64, ComputeError>;
 
     /// Marks the point the compute stream has reached.

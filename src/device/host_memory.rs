@@ -9,23 +9,7 @@
 
 use std::ptr::NonNull;
 
-/// Free host memory the kernel could give us now (`MemAvailable`), if known.
-pub fn available_ram_bytes() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text
-        .lines()
-        .find(|line| line.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
-
-/// The host's physical memory (`MemTotal`), if known.
-pub fn total_ram_bytes() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|line| line.starts_with("MemTotal:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
+pub use crate::os::{available_ram_bytes, total_ram_bytes};
 
 /// An anonymous private mapping of `len` bytes, readable and writable, whose pages
 /// are committed as they are first touched. Unmapped on drop.

@@ -122,7 +122,7 @@ impl DemoLora {
             .checked_mul(u64::from(spec.dim))
             .and_then(|bytes| bytes.checked_mul(2 * 4 * 3))
             .and_then(|bytes| bytes.checked_mul(patched));
-        let spare = crate::run::available_ram_bytes()
+        let spare = crate::os::available_ram_bytes()
             .map(|available| available.saturating_sub(crate::settings::MIN_RAM_FLOOR.as_u64()));
         match (bytes, spare) {
             (None, _) => Err(generation_error(format!(

@@ -20,7 +20,7 @@
 //! bounded by a constant: at s = 4 the worst of 128 seeds was 21 u (f16) and 42 u
 //! (bf16), and single seeds at s = 6–8 reached 56 u.
 //!
-//! [`LORA_TOLERANCE`]: crate::workload::lora_set::LORA_TOLERANCE
+//! [`LORA_TOLERANCE`]: crate::families::lora_set::LORA_TOLERANCE
 
 /// Per-adapter `strength · alpha / rank` up to which the tolerances below are stated.
 pub const LORA_PRECISION_SCALE_LIMIT: f32 = 2.0;

@@ -24,9 +24,9 @@ use std::time::Duration;
 
 use super::checksum::{verify_data_checksum, DATA_CHECKSUM_KEY};
 use super::demo::{write_linear_stack_file, DemoSpec, LINEAR_STACK_FILE};
+use super::demo_moe::{write_moe_file, MoeSpec, MOE_FILE};
 use super::{FileStamp, ModelIndex};
 use crate::signals::Interrupted;
-use crate::workload::moe_model::{write_moe_file, MoeSpec, MOE_FILE};
 
 /// Why the cache could not provide a model.
 #[derive(Debug, thiserror::Error)]

@@ -83,7 +83,7 @@ impl ShardSource for [u8] {
 
 pub(crate) fn read_shard(path: &Path) -> Result<ShardHeader, IndexError> {
     let (file, file_meta) =
-        super::open::open_regular(path).map_err(|error| IndexError::NotSafetensors {
+        crate::os::open_regular(path).map_err(|error| IndexError::NotSafetensors {
             path: path.to_path_buf(),
             reason: error.to_string(),
         })?;

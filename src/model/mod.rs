@@ -6,15 +6,16 @@ mod blocks;
 pub mod cache;
 mod checksum;
 pub mod demo;
+pub mod demo_moe;
 mod error;
 pub mod folder;
 pub mod generated;
 mod header;
 mod index;
-mod open;
 mod reader;
 mod source;
 
+pub use crate::os::{create_regular, open_regular, read_regular, FileStamp};
 pub use checksum::{
     checksum_text, verify_data_checksum, ChecksumError, DataChecksum, GeneratedWriter,
     DATA_CHECKSUM_KEY, PENDING_CHECKSUM,
@@ -23,6 +24,5 @@ pub use error::IndexError;
 pub use folder::{FolderError, ModelFolder, Pooling, SentenceHead};
 pub use header::MAX_HEADER_BYTES;
 pub use index::{BlockInfo, ModelIndex, ShardFile, TensorInfo};
-pub use open::{create_regular, open_regular, read_regular, FileStamp};
 pub use reader::{BlockReadError, BlockReader};
 pub use source::{parse_index, ParsedIndex};

@@ -112,7 +112,7 @@ impl<'a> BlockReader<'a> {
     pub fn forget(&self, extents: &[Extent]) {
         for extent in extents {
             if let Some(file) = self.files.get(extent.file.0 as usize) {
-                let _ = crate::storage::advise_dont_need(file, extent.offset, extent.length);
+                let _ = crate::os::advise_dont_need(file, extent.offset, extent.length);
             }
         }
     }

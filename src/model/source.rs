@@ -96,7 +96,7 @@ fn resolve_index(index_path: &Path) -> Result<Sources, IndexError> {
         path: index_path.to_path_buf(),
         problem,
     };
-    let bytes = super::open::read_regular(index_path, MAX_INDEX_JSON_BYTES)
+    let bytes = crate::os::read_regular(index_path, MAX_INDEX_JSON_BYTES)
         .map_err(|error| problem(error.to_string()))?;
     let parsed = parse_index(index_path, &bytes)?;
     let dir = index_path.parent().unwrap_or(Path::new("."));

@@ -26,7 +26,7 @@ use stagehand_actors::{Bytes, Device};
 use super::{execute_on, Budgets, Outcome, Prepared, RunError, RunPlan};
 use crate::device::cuda::bench::{link_figures, LinkFigures};
 use crate::device::cuda::{CudaCompute, CudaDevice, CudaError, VramBudget};
-use crate::workload::bound::{LinkRates, StepBound};
+use crate::run::bound::{LinkRates, StepBound};
 
 /// Smallest copy the run's link measurement uses, so small blocks still measure the
 /// link and not the per-copy overhead.

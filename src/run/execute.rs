@@ -9,8 +9,8 @@ use stagehand_actors::{BlockId, Device, ExpertConfig, Observer, Session, Session
 use crate::compute::Compute;
 use crate::device::{CpuCompute, CpuDevice};
 use crate::model::BlockReader;
-use crate::workload::bound::{measure_rates, StepBound};
-use crate::workload::driver::{drive_traced, DriverOptions, Model};
+use crate::run::bound::{measure_rates, StepBound};
+use crate::run::driver::{drive_traced, DriverOptions, Model};
 
 use super::{failed_run, open_model_storage, session_config, Outcome, Prepared, RunError, RunPlan};
 
@@ -61,8 +61,8 @@ pub fn execute_on<C: Compute>(
         .transpose()?;
     // `--trace FILE`: transfers from the actors' observer calls, compute from the driver.
     let trace = settings.trace.as_ref().map(|_| {
-        Arc::new(crate::sim::TraceObserver::new(
-            Arc::new(crate::sim::TraceRecorder::new()),
+        Arc::new(crate::telemetry::TraceObserver::new(
+            Arc::new(crate::telemetry::TraceRecorder::new()),
             layout
                 .blocks
                 .iter()
@@ -202,7 +202,7 @@ impl ExpertNeeds {
             }
             Model::Decoder(decoder) => {
                 let experts = decoder.config.experts?;
-                let layout = crate::workload::family::Family::layout(&**decoder);
+                let layout = crate::families::family::Family::layout(&**decoder);
                 let dense: Vec<u64> = (0..=decoder.config.layers as u32)
                     .filter_map(|block| layout.block(BlockId(block)))
                     .map(|block| block.bytes)

@@ -1,12 +1,16 @@
 //! Wires settings, a model, the adapters and a workload into a run: what `stagehand
 //! run` and `stagehand bench` share.
 
+pub mod bound;
 #[cfg(feature = "cuda")]
 mod cuda;
 pub mod demo_pins;
+pub mod driver;
 mod execute;
 pub mod memory;
 mod prepare;
+mod reference;
+pub mod report;
 pub mod summary;
 
 use std::path::{Path, PathBuf};
@@ -17,17 +21,17 @@ use stagehand_actors::{
     ExpertPolicy, NoObserver, Observer, ResidencyPolicy, SessionConfig, Storage,
 };
 
+use crate::families::bert::EmbeddingPlacement;
+use crate::families::moe::HintMode;
+use crate::families::FamilyError;
 use crate::lora::LoraSpec;
 use crate::model::demo::DemoSpec;
+use crate::model::demo_moe::MoeSpec;
 use crate::model::ModelIndex;
+use crate::run::bound::{LinkRates, StepBound};
+use crate::run::driver::RunReport;
 use crate::settings::Settings;
 use crate::storage::{open_storage, StorageFile, StorageOptions};
-use crate::workload::bound::{LinkRates, StepBound};
-use crate::workload::driver::RunReport;
-use crate::workload::encoder::EmbeddingPlacement;
-use crate::workload::moe::HintMode;
-use crate::workload::moe_model::MoeSpec;
-use crate::workload::WorkloadError;
 
 #[cfg(feature = "cuda")]
 pub use cuda::{execute_cuda_with, CudaOutcome, CudaRunOptions, VramFigures};
@@ -285,8 +289,8 @@ pub fn no_observer() -> Arc<dyn Observer> {
     Arc::new(NoObserver)
 }
 
-impl From<WorkloadError> for RunError {
-    fn from(error: WorkloadError) -> Self {
+impl From<FamilyError> for RunError {
+    fn from(error: FamilyError) -> Self {
         RunError::Failed(error.to_string())
     }
 }

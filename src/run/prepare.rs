@@ -4,18 +4,19 @@
 
 use std::path::Path;
 
+use crate::families::bert::{self, EmbeddingPlacement, Encoder, Tokens};
+use crate::families::linear_stack::LinearStack;
+use crate::families::llama::{Decoder, DecoderConfig, ExpertHint, Sampling, DECODER_FAMILIES};
+use crate::families::lora_set::LoraSet;
+use crate::families::moe::MoeLayout;
+use crate::families::moe::MoeRun;
+use crate::families::stream_verify::StreamVerify;
 use crate::lora::LoraSpec;
 use crate::model::demo::DemoSpec;
+use crate::model::demo_moe::MoeSpec;
 use crate::model::{ModelFolder, ModelIndex};
+use crate::run::driver::{LoraPhase, Model, Workload};
 use crate::settings::Settings;
-use crate::workload::decoder::{Decoder, DecoderConfig, ExpertHint, Sampling, DECODER_FAMILIES};
-use crate::workload::driver::{LoraPhase, Model, Workload};
-use crate::workload::encoder::{self, EmbeddingPlacement, Encoder, Tokens};
-use crate::workload::linear_stack::LinearStack;
-use crate::workload::lora_set::LoraSet;
-use crate::workload::moe::MoeRun;
-use crate::workload::moe_model::{MoeLayout, MoeSpec};
-use crate::workload::stream_verify::StreamVerify;
 
 use super::{Extras, RunError, WorkloadKind};
 
@@ -84,7 +85,7 @@ impl Prepared {
         match &self.workload.model {
             Model::Decoder(decoder) => {
                 let tokens = decoder.prompt.len() as u64 + steps;
-                let page = crate::workload::decoder::KV_PAGE_TOKENS as u64;
+                let page = crate::families::llama::KV_PAGE_TOKENS as u64;
                 tokens.div_ceil(page) * page * decoder.kv_bytes_per_token()
             }
             _ => 0,
@@ -317,7 +318,7 @@ fn open_encoder(
 ) -> Result<(Encoder, Vec<usize>), RunError> {
     let bad = |error: &dyn std::fmt::Display| RunError::BadInput(error.to_string());
     let config =
-        encoder::bert_config(&folder.config_path(), &folder.config).map_err(|error| bad(&error))?;
+        bert::bert_config(&folder.config_path(), &folder.config).map_err(|error| bad(&error))?;
     let input = extras.encoder.clone().unwrap_or_else(|| {
         EncoderInput::Texts(BUILT_IN_SENTENCES.iter().map(|s| s.to_string()).collect())
     });
@@ -334,8 +335,7 @@ fn open_encoder(
                     folder.dir.display()
                 )));
             };
-            encoder::tokenize(tokenizer, texts, config.max_positions)
-                .map_err(|error| bad(&error))?
+            bert::tokenize(tokenizer, texts, config.max_positions).map_err(|error| bad(&error))?
         }
         EncoderInput::TokenIds(ids) => {
             if ids.is_empty() || ids.iter().any(Vec::is_empty) {
@@ -343,7 +343,7 @@ fn open_encoder(
                     "--token-ids: every text needs at least one id".to_string(),
                 ));
             }
-            encoder::from_ids(ids, config.max_positions)
+            bert::from_ids(ids, config.max_positions)
         }
     };
     let truncated = tokens
@@ -416,7 +416,7 @@ fn lora_phase(
     index: &ModelIndex,
     specs: &[LoraSpec],
     blocks: usize,
-    place: &crate::workload::lora_set::Placement<'_>,
+    place: &crate::families::lora_set::Placement<'_>,
 ) -> Result<Vec<LoraPhase>, RunError> {
     if specs.is_empty() {
         return Ok(Vec::new());

@@ -309,7 +309,7 @@ impl Summary {
                 bytes(self.peak_vram_lora_bytes),
                 bytes(self.lora_bytes_to_vram_per_step as u64),
                 self.lora_tolerance_steps,
-                crate::workload::lora_set::LORA_TOLERANCE
+                crate::families::lora_set::LORA_TOLERANCE
             ));
         }
         if self.expert_hits + self.expert_misses > 0 {

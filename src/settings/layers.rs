@@ -29,7 +29,7 @@ pub(crate) fn file_layer(path: &Path, source: Source) -> Result<Vec<Entry>, Sett
     }
     // Read here, not by the config crate, so that a FIFO or a device is refused at
     // once instead of blocking.
-    let bytes = crate::model::read_regular(path, MAX_CONFIG_FILE_BYTES).map_err(|error| {
+    let bytes = crate::os::read_regular(path, MAX_CONFIG_FILE_BYTES).map_err(|error| {
         SettingsError::File {
             path: path.to_path_buf(),
             reason: error.to_string(),

@@ -14,8 +14,8 @@ use serde::Serialize;
 use super::clock::{transfer_duration, SerialLane, SimClock};
 use super::kernel_costs::KernelCosts;
 use super::shared::{Demand, SharedBus};
-use super::trace::{Lane, TraceRecorder};
-use super::work::Work;
+use crate::compute::work::Work;
+use crate::telemetry::trace::{Lane, TraceRecorder};
 
 /// What the GPU sustains, not its peak.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]

@@ -23,7 +23,7 @@ use super::clock::{transfer_duration, SerialLane, SimClock};
 use super::faults::{FaultPlan, Perturber};
 use super::first_touch::{FirstTouch, TouchedRanges};
 use super::shared::{Demand, SharedBus};
-use super::trace::{Lane, TraceRecorder};
+use crate::telemetry::trace::{Lane, TraceRecorder};
 
 /// Host → device rates of one link.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

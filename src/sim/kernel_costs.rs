@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::work::{ElementOp, Kernel, Work};
+use crate::compute::work::{ElementOp, Kernel, Work};
 use crate::compute::DType;
 
 /// Measured kernel costs (the profile's `[compute]` table).

@@ -13,8 +13,8 @@ use super::first_touch::FirstTouch;
 use super::hardware::HardwareProfile;
 use super::shared::SharedBus;
 use super::storage::{ReadCost, SimStorage};
-use super::trace::TraceRecorder;
 use super::SimError;
+use crate::telemetry::trace::TraceRecorder;
 
 /// The adapters of one simulated box, sharing one exact timeline.
 #[derive(Debug)]

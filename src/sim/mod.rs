@@ -1,5 +1,6 @@
-//! The simulator: the `Device` and `Storage` ports on virtual time, hardware
-//! profiles, model descriptions and the fit-check arithmetic.
+//! The simulated device: the `Device` and `Storage` ports and the compute of a block on
+//! virtual time, built from hardware profiles. The simulator that runs models on it
+//! (`stagehand simulate`) is [`crate::simulate`].
 //!
 //! Everything timed runs on a current-thread tokio runtime started paused
 //! ([`virtual_time_runtime`], [`virtual_time_system`]): a read takes
@@ -14,65 +15,30 @@
 mod chaos;
 mod clock;
 mod compute;
-mod decoder_work;
-mod depth;
 mod device;
-mod encoder_work;
 mod faults;
 mod first_touch;
-mod fit;
-mod from_folder;
-mod from_index;
 mod hardware;
-pub mod harness;
 mod kernel_costs;
-mod kv_cache;
 mod machine;
-mod model;
-mod output;
-mod policy;
-mod reuse;
-mod run;
 mod shared;
-mod simulation;
-mod steady;
 mod storage;
-pub mod trace;
-mod trace_observer;
-mod work;
 
 pub use chaos::{ChaosCounts, ChaosDevice, ChaosPlan, ChaosStorage};
 pub use clock::{transfer_duration, SerialLane, SimClock};
 pub use compute::{ComputeRates, SimCompute};
-pub use depth::{
-    candidate_depths, pick_depth, search_prefetch_depth, DepthCandidate, AUTO_DEPTH_MAX,
-    SEARCH_STEPS, TIE_RELATIVE,
-};
 pub use device::{CopyLabeler, CopyStats, LinkRates, SimDevice, SimDeviceSpec};
 pub use faults::{FaultPlan, SplitMix64};
 pub use first_touch::{FirstTouch, TouchedRanges};
-pub use fit::{Bottleneck, FitCheck, FitFailure, FitSettings, RAM_FLOOR_MIN_BYTES};
 pub use hardware::{CalibrationStamp, DiskSpec, GpuSpec, HardwareProfile, LinkSpec, ReadPath};
 pub use kernel_costs::{dtype_of, KernelCosts, LinearRates};
-pub use kv_cache::KvCache;
 pub use machine::SimMachine;
-pub use model::{BlockDesc, ExpertDesc, ModelDescription};
-pub use output::{OutputRate, OutputUnit, StepOutput};
-pub use policy::Policy;
-pub use run::{run_policy, PolicyRun, RunOptions, SimRunError, MAX_STEPS};
 pub use shared::{Demand, SharedBus, SharedSpec};
-pub use simulation::{
-    simulate, BaselineFigures, DepthAdvice, PolicyFigures, SimulateOptions, Simulation,
-};
-pub use steady::{steady_window, LinkBytes, SteadyBytes};
 pub use storage::{DiskRates, ReadCost, ReadStats, SimStorage};
-pub use trace::{Lane, TraceError, TraceRecorder, TraceSlice};
-pub use trace_observer::TraceObserver;
-pub use work::{ElementOp, Kernel, Work};
 
 /// A description file to parse: a shipped one by name (embedded in the binary), or a
 /// user's file by path. Returns (name, source for errors, TOML text).
-fn shipped_or_file(
+pub(crate) fn shipped_or_file(
     kind: &'static str,
     name_or_path: &str,
     shipped: &[(&'static str, &'static str)],

@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
 use super::clock::SimClock;
-use super::trace::{Lane, TraceRecorder};
+use crate::telemetry::trace::{Lane, TraceRecorder};
 
 /// The `[shared]` table of a profile.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -46,32 +46,6 @@ impl SharedSpec {
             ));
         }
         Ok(())
-    }
-
-    /// The model's figures from a calibration: the cores, and the memory traffic the
-    /// bus carries when a one-row GEMM (a GEMV: weight reads) and the copy thread
-    /// (memcpy: a read and a write per byte) run at once — the pair a streamed
-    /// batch-1 step is made of. That is what the overlap reached together, not what
-    /// memcpy alone reaches on every core: on this machine the two differ by up to
-    /// × 1.4 either way (a GEMV's streaming reads and a memcpy's read-write mix use
-    /// the bus differently), and fitting the bus to the measured pair makes the model
-    /// reproduce the pair's slowdowns. Without a one-row overlap (an older
-    /// calibration), the all-core memcpy traffic.
-    pub fn from_figures(
-        contention: &crate::calibrate::ContentionFigures,
-        _copies: &crate::calibrate::CopyFigures,
-        _kernels: &crate::calibrate::KernelFigures,
-    ) -> Self {
-        let memcpy = 2.0 * contention.memcpy_all_cores_bytes_per_second;
-        let traffic = contention
-            .overlaps
-            .iter()
-            .find(|run| run.rows == 1)
-            .map_or(memcpy, crate::calibrate::OverlapRun::shared_traffic);
-        Self {
-            cores: contention.cores as f64,
-            memory_gb_per_s: traffic / 1e9,
-        }
     }
 
     /// The shares each of `demands` progresses at when they run at once: its time

@@ -17,7 +17,7 @@ use super::clock::{transfer_duration, SerialLane, SimClock};
 use super::faults::{FaultPlan, Outcome, Perturber};
 use super::first_touch::FirstTouch;
 use super::shared::{Demand, SharedBus};
-use super::trace::{Lane, TraceRecorder};
+use crate::telemetry::trace::{Lane, TraceRecorder};
 
 /// Sequential read rate and per-request latency of one disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -12,11 +12,11 @@ use std::sync::Arc;
 use stagehand_actors::{Extent, FileId, HostBuffer, OpFuture, StorageError};
 
 use super::file_table::FileTable;
-use super::page_cache::advise_dont_need;
 use super::read_op::{closed_error, ReadOp};
 use super::read_plan::{plan_chunks, Chunk};
 use super::worker_pool::{Job, ReaderPool, WorkerMessage, WorkerScratch};
 use super::{direct, pread, StorageOptions};
+use crate::os::advise_dont_need;
 
 /// Requests queued for the workers at most. Large enough that a staging ring's reads
 /// (2 × 64 MiB in flight = 32 requests of 4 MiB) are all queued by `read` itself, so the

@@ -16,7 +16,6 @@
 mod direct;
 mod engine;
 mod file_table;
-mod page_cache;
 mod pread;
 mod read_op;
 mod read_plan;
@@ -26,8 +25,8 @@ mod worker_pool;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+pub use crate::os::{advise_dont_need, cached_bytes, drop_page_cache};
 pub use direct::DirectStorage;
-pub use page_cache::{advise_dont_need, cached_bytes, drop_page_cache};
 pub use pread::PreadStorage;
 pub use read_plan::slice_extents;
 pub use stagehand_actors::{Storage, StorageError};

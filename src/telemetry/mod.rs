@@ -1,7 +1,8 @@
 //! Observability: every metric declared once ([`catalog`]), the Prometheus adapter of the
 //! pipeline's `Observer` port ([`PrometheusObserver`]), the `/metrics` listener
 //! ([`install`]), a reader of the text exposition ([`exposition`]) and the PromQL checks the
-//! dashboard tests use ([`promql`]).
+//! dashboard tests use ([`promql`]), and Chrome traces of runs and simulations
+//! ([`trace`], [`TraceObserver`]).
 //!
 //! ```no_run
 //! # fn demo() -> Result<(), stagehand::telemetry::TelemetryError> {
@@ -16,12 +17,16 @@ pub mod exposition;
 mod observer;
 pub mod promql;
 mod server;
+pub mod trace;
+mod trace_observer;
 
 use std::net::SocketAddr;
 
 pub use catalog::{describe_all, MetricKind, MetricSpec, CATALOG};
 pub use observer::PrometheusObserver;
 pub use server::install;
+pub use trace::{Lane, TraceError, TraceRecorder, TraceSlice};
+pub use trace_observer::TraceObserver;
 
 /// Why telemetry could not start.
 #[derive(Debug, thiserror::Error)]

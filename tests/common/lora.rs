@@ -8,8 +8,8 @@ use stagehand::actors::{BlockId, NoObserver, ResidencyPolicy, Session, SessionCo
 use stagehand::device::CpuDevice;
 use stagehand::lora::{write_demo_lora, DemoLora, LoraNaming};
 use stagehand::model::ModelIndex;
+use stagehand::run::driver::DriverOptions;
 use stagehand::storage::{open_storage, StorageFile, StorageOptions};
-use stagehand::workload::driver::DriverOptions;
 
 use super::demo::{small_demo_model, small_demo_spec};
 

@@ -10,7 +10,8 @@ use super::{read_path, Case};
 use crate::model::ShardFile;
 use crate::run::{Budgets, Prepared, RunPlan};
 use crate::settings::Settings;
-use crate::sim::{LinkBytes, ReadPath};
+use crate::sim::ReadPath;
+use crate::simulate::LinkBytes;
 
 /// Model bytes over each link so far, counted from the session's observer.
 #[derive(Default)]
@@ -51,7 +52,7 @@ pub(super) struct Measured {
     pub(super) peak_pinned_bytes: u64,
     pub(super) verified: bool,
     pub(super) budgets: Budgets,
-    pub(super) rates: crate::workload::bound::LinkRates,
+    pub(super) rates: crate::run::bound::LinkRates,
 }
 
 fn run_real(

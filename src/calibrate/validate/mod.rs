@@ -21,9 +21,9 @@ pub use row::{Figure, Repeats, Row, RowRates, Verdict, COLD_TOLERANCE, STEADY_TO
 use super::median;
 use crate::run::{Budgets, Extras, Prepared, WorkloadKind};
 use crate::settings::Settings;
-use crate::sim::{
-    run_policy, steady_window, FaultPlan, FitSettings, HardwareProfile, ModelDescription, Policy,
-    PolicyRun, ReadPath, RunOptions,
+use crate::sim::{FaultPlan, HardwareProfile, ReadPath};
+use crate::simulate::{
+    run_policy, steady_window, FitSettings, ModelDescription, Policy, PolicyRun, RunOptions,
 };
 use measure::run_repeats;
 use row::compare;
@@ -245,7 +245,7 @@ pub fn validate_case(case: &Case, profile: &HardwareProfile) -> Result<Row, Vali
 fn at_rates(
     profile: &HardwareProfile,
     case: &Case,
-    rates: crate::workload::bound::LinkRates,
+    rates: crate::run::bound::LinkRates,
 ) -> HardwareProfile {
     let mut hardware = profile.clone();
     if rates.copy_bytes_per_second > 0.0 {

@@ -6,7 +6,7 @@ use serde::Serialize;
 use super::measure::Measured;
 use super::Case;
 use crate::calibrate::median;
-use crate::sim::{steady_window, LinkBytes, PolicyRun};
+use crate::simulate::{steady_window, LinkBytes, PolicyRun};
 
 /// One figure, predicted and measured.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]

@@ -6,7 +6,7 @@ use std::path::Path;
 use super::super::Failure;
 use super::SimulateArgs;
 use crate::model::ModelIndex;
-use crate::sim::ModelDescription;
+use crate::simulate::ModelDescription;
 
 /// Most tokens one described encoder step may have (a bound on the ids made up to
 /// describe it; far above any real batch).
@@ -53,7 +53,7 @@ fn prepare_family(
     tokens_per_step: u64,
 ) -> Result<Option<crate::run::Prepared>, Failure> {
     let settings = crate::settings::Settings::default();
-    let (kind, extras, batch) = if crate::workload::decoder::DECODER_FAMILIES.contains(&family) {
+    let (kind, extras, batch) = if crate::families::llama::DECODER_FAMILIES.contains(&family) {
         let extras = crate::run::Extras {
             headers_only: true,
             ..crate::run::Extras::default()
@@ -71,7 +71,7 @@ fn prepare_family(
             .ok()
             .flatten()
             .and_then(|folder| {
-                crate::workload::encoder::bert_config(&folder.config_path(), &folder.config).ok()
+                crate::families::bert::bert_config(&folder.config_path(), &folder.config).ok()
             })
             .map_or(512, |config| config.max_positions as u64)
             .max(1);

@@ -7,7 +7,7 @@ use std::path::Path;
 use stagehand_actors::Bytes;
 
 use crate::settings::Source;
-use crate::sim::{PolicyFigures, Simulation, AUTO_DEPTH_MAX, SEARCH_STEPS, TIE_RELATIVE};
+use crate::simulate::{PolicyFigures, Simulation, AUTO_DEPTH_MAX, SEARCH_STEPS, TIE_RELATIVE};
 
 fn seconds(value: f64) -> String {
     if value >= 1.0 {

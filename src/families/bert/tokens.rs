@@ -1,0 +1,137 @@
+//! Texts to token batches, with Hugging Face's own tokenizer reading `tokenizer.json`:
+//! padding and truncation as the file configures them (padding always on the right,
+//! so the real tokens of every sequence are its prefix), and truncation never past
+//! the model's positions.
+
+use std::path::Path;
+
+use tokenizers::{PaddingDirection, PaddingParams, Tokenizer, TruncationParams};
+
+use crate::families::FamilyError;
+
+/// Sequences of one step, padded to one length.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenBatch {
+    pub sequences: usize,
+    /// Tokens per sequence, padding included.
+    pub length: usize,
+    /// `sequences × length` token ids.
+    pub ids: Vec<u32>,
+    pub type_ids: Vec<u32>,
+    /// Real (not padding) tokens of each sequence.
+    pub lengths: Vec<usize>,
+}
+
+/// One text's tokens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tokens {
+    pub ids: Vec<u32>,
+    pub type_ids: Vec<u32>,
+    /// Real tokens: a prefix of `ids`.
+    pub length: usize,
+    /// The text was longer than the model takes and was cut.
+    pub truncated: bool,
+}
+
+/// Tokenizes `texts` with `tokenizer.json`, never keeping more than `max_positions`
+/// tokens of a text.
+pub fn tokenize(
+    path: &Path,
+    texts: &[String],
+    max_positions: usize,
+) -> Result<Vec<Tokens>, FamilyError> {
+    let fail = |problem: String| FamilyError::Model(format!("{}: {problem}", path.display()));
+    let mut tokenizer = Tokenizer::from_file(path).map_err(|error| {
+        fail(format!(
+            "is not a tokenizer Hugging Face's tokenizers can read ({error})"
+        ))
+    })?;
+    let truncation = match tokenizer.get_truncation() {
+        Some(params) if params.max_length <= max_positions => params.clone(),
+        Some(params) => TruncationParams {
+            max_length: max_positions,
+            ..params.clone()
+        },
+        None => TruncationParams {
+            max_length: max_positions,
+            ..TruncationParams::default()
+        },
+    };
+    tokenizer
+        .with_truncation(Some(truncation))
+        .map_err(|error| fail(format!("truncation: {error}")))?;
+    let padding = tokenizer
+        .get_padding()
+        .cloned()
+        .map(|params| PaddingParams {
+            direction: PaddingDirection::Right,
+            ..params
+        });
+    tokenizer.with_padding(padding);
+    let inputs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let encodings = tokenizer
+        .encode_batch(inputs, true)
+        .map_err(|error| fail(format!("could not tokenize the input ({error})")))?;
+    Ok(encodings
+        .into_iter()
+        .map(|encoding| {
+            let length = encoding
+                .get_attention_mask()
+                .iter()
+                .filter(|&&m| m == 1)
+                .count();
+            Tokens {
+                ids: encoding.get_ids().to_vec(),
+                type_ids: encoding.get_type_ids().to_vec(),
+                length,
+                truncated: !encoding.get_overflowing().is_empty(),
+            }
+        })
+        .collect())
+}
+
+/// Raw token ids given by the user (`--token-ids`), cut to the model's positions.
+pub fn from_ids(texts: &[Vec<u32>], max_positions: usize) -> Vec<Tokens> {
+    texts
+        .iter()
+        .map(|ids| {
+            let kept = ids.len().min(max_positions);
+            Tokens {
+                ids: ids[..kept].to_vec(),
+                type_ids: vec![0; kept],
+                length: kept,
+                truncated: kept < ids.len(),
+            }
+        })
+        .collect()
+}
+
+/// Groups texts into batches of `batch`, each padded (with `pad_id`) to its longest.
+pub fn batches(tokens: &[Tokens], batch: usize, pad_id: u32) -> Vec<TokenBatch> {
+    tokens
+        .chunks(batch.max(1))
+        .map(|group| {
+            let length = group
+                .iter()
+                .map(|text| text.ids.len())
+                .max()
+                .unwrap_or(1)
+                .max(1);
+            let mut ids = Vec::with_capacity(group.len() * length);
+            let mut type_ids = Vec::with_capacity(group.len() * length);
+            for text in group {
+                ids.extend(&text.ids);
+                ids.resize(ids.len() + length - text.ids.len(), pad_id);
+                type_ids.extend(&text.type_ids);
+                type_ids.resize(type_ids.len() + length - text.type_ids.len(), 0);
+            }
+            TokenBatch {
+                sequences: group.len(),
+                length,
+                ids,
+                type_ids,
+                lengths: group.iter().map(|text| text.length.max(1)).collect(),
+            }
+        })
+        .collect()
+}

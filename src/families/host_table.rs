@@ -1,0 +1,70 @@
+//! An embedding table kept in host memory in its storage dtype: a step needs only its
+//! tokens' rows, so only those rows (widened to f32) go to the device, as activations.
+
+use crate::compute::DType;
+use crate::model::{BlockReader, ModelIndex};
+
+use super::FamilyError;
+
+pub struct HostTable {
+    bytes: Vec<u8>,
+    dtype: DType,
+    cols: usize,
+}
+
+impl HostTable {
+    /// Reads tensor `tensor` of the index (a `[rows, cols]` float table) once.
+    pub fn read(index: &ModelIndex, tensor: usize) -> Result<Self, FamilyError> {
+        let info = &index.tensors[tensor];
+        let dtype = DType::from_safetensors(&info.dtype).ok_or_else(|| {
+            FamilyError::Model(format!(
+                "{}: {} is not a float table",
+                info.name, info.dtype
+            ))
+        })?;
+        let reader = BlockReader::open(index)?;
+        let mut bytes = Vec::new();
+        bytes.try_reserve_exact(info.bytes as usize).map_err(|_| {
+            FamilyError::Model(format!(
+                "{}: {} bytes do not fit in host memory",
+                info.name, info.bytes
+            ))
+        })?;
+        bytes.resize(info.bytes as usize, 0);
+        let extent = stagehand_actors::Extent {
+            file: stagehand_actors::FileId(info.file as u32),
+            offset: info.offset,
+            length: info.bytes,
+        };
+        reader.read_extents(&[extent], &mut bytes)?;
+        reader.forget(&[extent]);
+        Ok(Self {
+            bytes,
+            dtype,
+            cols: info.shape.get(1).copied().unwrap_or(1),
+        })
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.bytes.len() as u64
+    }
+
+    /// The rows of `ids`, widened to f32, into `out`.
+    pub fn gather(&self, ids: &[u32], out: &mut Vec<f32>) -> Result<(), FamilyError> {
+        let row_bytes = self.cols * self.dtype.size_bytes();
+        let rows = self.bytes.len() / row_bytes.max(1);
+        out.clear();
+        out.resize(ids.len() * self.cols, 0.0);
+        for (&id, row) in ids.iter().zip(out.chunks_exact_mut(self.cols)) {
+            let id = id as usize;
+            if id >= rows {
+                return Err(FamilyError::Model(format!(
+                    "token id {id} is outside the vocabulary of {rows}"
+                )));
+            }
+            self.dtype
+                .widen(&self.bytes[id * row_bytes..(id + 1) * row_bytes], row);
+        }
+        Ok(())
+    }
+}

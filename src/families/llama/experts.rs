@@ -1,0 +1,230 @@
+//! Mixtral's sparse MLP: the router's softmax top-k picks experts per token; each
+//! picked expert is a block of its own, acquired in router order through the session's
+//! expert cache; outputs are mixed by the renormalised router weights.
+//!
+//! Speculative expert prefetch: while layer l's experts compute, layer l+1's router is
+//! applied (on the host, from its own copy of the routers) to the current hidden state
+//! — close to what l+1 will see — and the experts it picks are hinted to the
+//! allocator, so their loads overlap compute. An oracle mode hints the routing a
+//! previous run of the same tokens recorded, to measure how good the guess is.
+
+use stagehand_actors::BlockId;
+
+use super::{unallocated, Decoder, DecoderState};
+use crate::compute::{Compute, DType};
+use crate::families::blocks::Blocks;
+use crate::families::family::StepOutput;
+use crate::families::FamilyError;
+use crate::model::{BlockReader, ModelIndex};
+
+/// What the decoder hints to the allocator about the next layer's experts.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ExpertHint {
+    None,
+    /// Layer l+1's router applied to the hidden state at layer l.
+    NextLayer,
+    /// The true routing, recorded by an earlier run of the same tokens:
+    /// `[step][layer]` → experts.
+    Oracle(Vec<Vec<Vec<u32>>>),
+}
+
+/// Mixtral's routing of one token: softmax over all experts, the top `top_k`
+/// (ties to the lower expert), weights renormalised to sum to one.
+pub fn route(logits: &[f32], top_k: usize) -> Vec<(u32, f32)> {
+    let top = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let exponentials: Vec<f32> = logits.iter().map(|logit| (logit - top).exp()).collect();
+    let total: f32 = exponentials.iter().sum();
+    let mut ranked: Vec<(u32, f32)> = exponentials
+        .iter()
+        .enumerate()
+        .map(|(expert, value)| (expert as u32, value / total))
+        .collect();
+    ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    ranked.truncate(top_k);
+    let kept: f32 = ranked.iter().map(|(_, weight)| weight).sum();
+    ranked.iter_mut().for_each(|(_, weight)| *weight /= kept);
+    ranked
+}
+
+/// A layer's post-attention norm weight and router, widened to f32 on the host.
+pub(super) type HostRouter = (Vec<f32>, Vec<f32>);
+
+/// Each layer's post-attention norm weight and router, widened to f32, for hints.
+pub(super) fn read_host_routers(
+    index: &ModelIndex,
+    layers: usize,
+) -> Result<Vec<HostRouter>, FamilyError> {
+    let reader = BlockReader::open(index)?;
+    let read = |name: String| -> Result<Vec<f32>, FamilyError> {
+        let tensor = index.tensor(&name).ok_or_else(|| {
+            FamilyError::Model(format!(
+                "{}: tensor `{name}` is missing",
+                index.path.display()
+            ))
+        })?;
+        let dtype = DType::from_safetensors(&tensor.dtype).ok_or_else(|| {
+            FamilyError::Model(format!("{name}: {} is not a float tensor", tensor.dtype))
+        })?;
+        let extent = stagehand_actors::Extent {
+            file: stagehand_actors::FileId(tensor.file as u32),
+            offset: tensor.offset,
+            length: tensor.bytes,
+        };
+        let mut bytes = vec![0u8; tensor.bytes as usize];
+        reader.read_extents(&[extent], &mut bytes)?;
+        reader.forget(&[extent]);
+        Ok(dtype.decode(&bytes))
+    };
+    (0..layers)
+        .map(|layer| {
+            Ok((
+                read(format!(
+                    "model.layers.{layer}.post_attention_layernorm.weight"
+                ))?,
+                read(format!("model.layers.{layer}.block_sparse_moe.gate.weight"))?,
+            ))
+        })
+        .collect()
+}
+
+impl Decoder {
+    /// Layer `layer`'s experts on the normalised hidden state, mixed into the residual.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn moe<C: Compute, B: Blocks<C>>(
+        &self,
+        compute: &C,
+        state: &mut DecoderState<C>,
+        blocks: &mut B,
+        layer: usize,
+        router_logits: &[f32],
+        step: u64,
+        output: &mut StepOutput,
+    ) -> Result<(), FamilyError> {
+        let Some(experts) = self.config.experts else {
+            return Err(FamilyError::Model("a dense model has no experts".into()));
+        };
+        let routes: Vec<Vec<(u32, f32)>> = router_logits
+            .chunks_exact(experts.count)
+            .map(|row| route(row, experts.top_k))
+            .collect();
+        let mut used: Vec<u32> = Vec::new();
+        for &(expert, _) in routes.iter().flatten() {
+            if !used.contains(&expert) {
+                used.push(expert);
+            }
+        }
+        output.routes.push(used.clone());
+        // What the previous layer hinted for this one, before the hint for the next.
+        let hinted = std::mem::take(&mut state.hinted);
+        self.hint_next(compute, state, blocks, layer, step, output)?;
+        let acts = state.acts.as_mut().ok_or_else(unallocated)?;
+        let zeros = vec![0.0; state.rows * self.config.hidden];
+        compute.write(&mut acts.mixed, &zeros)?;
+        for expert in used {
+            let block = BlockId(self.weights.expert_block(layer, expert as usize));
+            let held = blocks.acquire(compute, block)?;
+            output.count_expert(held.was_ready(), hinted.contains(&block));
+            let scales: Vec<f32> = routes
+                .iter()
+                .map(|row| {
+                    row.iter()
+                        .find(|(picked, _)| *picked == expert)
+                        .map_or(0.0, |(_, weight)| *weight)
+                })
+                .collect();
+            let mlp = &self.weights.experts[layer][expert as usize];
+            let lora = blocks.lora();
+            let outcome = (|| {
+                Self::swiglu(compute, &held, lora, mlp, acts)?;
+                compute.add_scaled_rows(&mut acts.mixed, &acts.out, &scales)?;
+                Ok::<_, FamilyError>(())
+            })();
+            blocks.release(compute, held)?;
+            outcome?;
+        }
+        compute.add(&mut acts.x, &acts.mixed)?;
+        Ok(())
+    }
+
+    /// Hints the experts the next layer (or the next token's first layer) will likely
+    /// use, per the hint mode.
+    fn hint_next<C: Compute, B: Blocks<C>>(
+        &self,
+        compute: &C,
+        state: &mut DecoderState<C>,
+        blocks: &mut B,
+        layer: usize,
+        step: u64,
+        output: &mut StepOutput,
+    ) -> Result<(), FamilyError> {
+        let Some(experts) = self.config.experts else {
+            return Ok(());
+        };
+        let (next_step, next_layer) = if layer + 1 < self.config.layers {
+            (step, layer + 1)
+        } else {
+            (step + 1, 0)
+        };
+        let picked: Vec<u32> = match &self.hint {
+            ExpertHint::None => return Ok(()),
+            ExpertHint::Oracle(routes) => routes
+                .get(next_step as usize)
+                .and_then(|layers| layers.get(next_layer))
+                .cloned()
+                .unwrap_or_default(),
+            ExpertHint::NextLayer => {
+                let acts = state.acts.as_ref().ok_or_else(unallocated)?;
+                let hidden = compute.read(&acts.x)?;
+                let (norm, router) = &self.host_routers[next_layer];
+                let mut picked = Vec::new();
+                for row in hidden.chunks_exact(self.config.hidden) {
+                    let mean_square = row.iter().map(|v| v * v).sum::<f32>() / row.len() as f32;
+                    let scale = 1.0 / (mean_square + self.config.rms_eps).sqrt();
+                    let logits: Vec<f32> = router
+                        .chunks_exact(self.config.hidden)
+                        .map(|weights| {
+                            row.iter()
+                                .zip(norm)
+                                .zip(weights)
+                                .map(|((value, gamma), weight)| value * scale * gamma * weight)
+                                .sum()
+                        })
+                        .collect();
+                    for (expert, _) in route(&logits, experts.top_k) {
+                        if !picked.contains(&expert) {
+                            picked.push(expert);
+                        }
+                    }
+                }
+                picked
+            }
+        };
+        let hinted: Vec<BlockId> = picked
+            .iter()
+            .map(|&expert| BlockId(self.weights.expert_block(next_layer, expert as usize)))
+            .collect();
+        output.expert_hints += hinted.len() as u64;
+        blocks.hint(&hinted);
+        state.hinted = hinted;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routing_is_softmax_top_k_renormalised() {
+        // Proves the top-k are the largest logits, ties go to the lower expert, and the
+        // kept weights sum to one in their softmax proportions.
+        let routes = route(&[1.0, 3.0, 2.0, 3.0], 2);
+        assert_eq!(
+            routes.iter().map(|(e, _)| *e).collect::<Vec<_>>(),
+            vec![1, 3]
+        );
+        assert!((routes[0].1 - 0.5).abs() < 1e-6 && (routes[1].1 - 0.5).abs() < 1e-6);
+        let routes = route(&[0.0, 2f32.ln()], 2);
+        assert!((routes[0].1 - 2.0 / 3.0).abs() < 1e-6, "{routes:?}");
+    }
+}

@@ -1,0 +1,456 @@
+//! Llama-family decoders (`llama`, `mistral`, `qwen2`, and `mixtral` mixture-of-
+//! experts), written once against the compute port.
+//!
+//! Step 0 prefills the prompt; every later step decodes one token. A layer is RMSNorm,
+//! grouped-query attention with rotary positions over the layer's KV cache (causal),
+//! the output projection and residual, RMSNorm, then the SwiGLU MLP (or, in Mixtral,
+//! the router's top-k experts, each acquired as its own block through the expert
+//! cache) and residual. The head applies the final RMSNorm to the last position and
+//! `lm_head`; the step's output is those logits, and the next token is picked from
+//! them (greedy, or seeded temperature/top-p sampling).
+//!
+//! The KV cache lives on the device, grown in pages reserved through the session's
+//! activation path: when the budget is full, resident weights give way (by
+//! max-scatter priority) and stream from then on. A cache that cannot fit at all
+//! stops the run with the token count reached.
+//!
+//! Token embeddings: with an untied `lm_head`, the table stays in host memory and only
+//! the tokens' rows go to the device (as for encoders). With tied embeddings the table
+//! is `lm_head` itself, in the head block: the next token's row is gathered on the
+//! device while the head is held, at the end of the step that picked it.
+
+mod config;
+mod experts;
+mod layer;
+mod sampling;
+mod weights;
+
+use stagehand_actors::{BlockId, ModelLayout};
+
+pub use config::{DecoderConfig, Experts, DECODER_FAMILIES};
+pub use experts::{route, ExpertHint};
+pub use sampling::{argmax, Sampling};
+
+use self::weights::DecoderWeights;
+use super::blocks::Blocks;
+use super::family::{Family, StepOutput};
+use super::host_table::HostTable;
+use super::FamilyError;
+use crate::compute::{Compute, TensorSlot};
+use crate::model::ModelIndex;
+
+/// Tokens per KV-cache page: the cache grows (and is reserved) a page at a time.
+pub const KV_PAGE_TOKENS: usize = 64;
+
+pub struct Decoder {
+    pub config: DecoderConfig,
+    weights: DecoderWeights,
+    inv_freq: Vec<f32>,
+    pub prompt: Vec<u32>,
+    pub sampling: Sampling,
+    host_table: Option<HostTable>,
+    pub hint: ExpertHint,
+    /// Mixtral: the expert cache's policy, and its slots (`None`: what the budget leaves).
+    pub expert_policy: stagehand_actors::ExpertPolicy,
+    pub expert_slots: Option<u32>,
+    /// Mixtral, for the next-layer hint: each layer's post-attention norm and router,
+    /// widened to f32 in host memory.
+    host_routers: Vec<experts::HostRouter>,
+}
+
+/// Activations of one row count.
+struct Activations<C: Compute> {
+    x: C::Tensor,
+    normed: C::Tensor,
+    q: C::Tensor,
+    k: C::Tensor,
+    v: C::Tensor,
+    attended: C::Tensor,
+    out: C::Tensor,
+    gate: C::Tensor,
+    up: C::Tensor,
+    mixed: C::Tensor,
+    router: C::Tensor,
+    low_rank: C::Tensor,
+}
+
+pub struct DecoderState<C: Compute> {
+    rows: usize,
+    acts: Option<Activations<C>>,
+    /// The embedding of the token fed next, `[1, hidden]`.
+    next: C::Tensor,
+    last: C::Tensor,
+    last_normed: C::Tensor,
+    logits: C::Tensor,
+    k_cache: Vec<C::Tensor>,
+    v_cache: Vec<C::Tensor>,
+    /// Tokens the caches have room for, and tokens in them.
+    capacity: usize,
+    position: usize,
+    next_token: u32,
+    rng: u64,
+    zeros: Vec<f32>,
+    /// Mixtral: the expert blocks the last hint asked for (those of the next MoE layer).
+    hinted: Vec<BlockId>,
+}
+
+impl Decoder {
+    /// A decoder over `index`. `headers_only`: read no tensor data (the host copies of
+    /// the embedding table and the routers), for a description of the model that will
+    /// not run.
+    pub fn new(
+        index: &ModelIndex,
+        config: DecoderConfig,
+        prompt: Vec<u32>,
+        sampling: Sampling,
+        headers_only: bool,
+    ) -> Result<Self, FamilyError> {
+        if prompt.is_empty() {
+            return Err(FamilyError::Model("the prompt has no tokens".into()));
+        }
+        if prompt.len() > config.max_positions {
+            return Err(FamilyError::Model(format!(
+                "the prompt has {} tokens, more than the model's max_position_embeddings {}",
+                prompt.len(),
+                config.max_positions
+            )));
+        }
+        if let Some(&id) = prompt.iter().find(|&&id| id as usize >= config.vocab) {
+            return Err(FamilyError::Model(format!(
+                "prompt token id {id} is outside the vocabulary of {}",
+                config.vocab
+            )));
+        }
+        sampling.validate().map_err(FamilyError::Model)?;
+        let weights = DecoderWeights::place(index, &config)?;
+        let host_table = if config.tie_embeddings || headers_only {
+            None
+        } else {
+            Some(HostTable::read(index, weights.embed_tensor)?)
+        };
+        let host_routers = match config.experts {
+            Some(_) if !headers_only => experts::read_host_routers(index, config.layers)?,
+            _ => Vec::new(),
+        };
+        Ok(Self {
+            inv_freq: config.inv_freq(),
+            config,
+            weights,
+            prompt,
+            sampling,
+            host_table,
+            hint: ExpertHint::NextLayer,
+            expert_policy: stagehand_actors::ExpertPolicy::default(),
+            expert_slots: None,
+            host_routers,
+        })
+    }
+
+    /// Blocks of the layout: layers, the head, then experts.
+    pub fn layout_len(&self) -> usize {
+        self.weights.placement.layout.len()
+    }
+
+    /// Where a tensor of the index sits, for LoRA targets.
+    pub fn place(&self, tensor: usize) -> Option<(usize, TensorSlot)> {
+        self.weights.placement.slot_of(tensor)
+    }
+
+    /// Bytes of embedding table kept in host memory (0 when tied).
+    pub fn host_table_bytes(&self) -> u64 {
+        self.host_table.as_ref().map_or(0, HostTable::bytes)
+    }
+
+    /// KV-cache bytes per token (keys and values of every layer, f32).
+    pub fn kv_bytes_per_token(&self) -> u64 {
+        (2 * self.config.kv_dim() * 4 * self.config.layers) as u64
+    }
+
+    /// The expert cache's slot size (one expert's bytes), for Mixtral.
+    pub fn expert_bytes(&self) -> Option<u64> {
+        self.config.experts?;
+        let block = self.weights.expert_block(0, 0);
+        self.weights
+            .placement
+            .layout
+            .block(BlockId(block))
+            .map(|block| block.bytes)
+    }
+
+    /// Bytes of the dense blocks (layers and head): what every token streams.
+    pub fn dense_bytes(&self) -> u64 {
+        let layout = &self.weights.placement.layout;
+        (0..=self.weights.head_block())
+            .filter_map(|block| layout.block(BlockId(block)))
+            .map(|block| block.bytes)
+            .sum()
+    }
+
+    /// Floating-point operations per token of layer `layer`'s block: the projections,
+    /// and the dense MLP or the router (experts count apart, see
+    /// [`Decoder::expert_flops_per_token`]). Attention's sequence-length term is left
+    /// out (a short context).
+    pub fn layer_flops_per_token(&self) -> f64 {
+        let config = &self.config;
+        let hidden = config.hidden as f64;
+        let projections = hidden * (2 * config.q_dim() + 2 * config.kv_dim()) as f64;
+        let mlp = match config.experts {
+            None => 3.0 * hidden * config.intermediate as f64,
+            Some(experts) => experts.count as f64 * hidden,
+        };
+        2.0 * (projections + mlp)
+    }
+
+    /// Floating-point operations per token of one expert.
+    pub fn expert_flops_per_token(&self) -> f64 {
+        2.0 * 3.0 * (self.config.hidden * self.config.intermediate) as f64
+    }
+
+    /// Floating-point operations per token of the head (`lm_head`).
+    pub fn head_flops_per_token(&self) -> f64 {
+        2.0 * (self.config.hidden * self.config.vocab) as f64
+    }
+
+    /// The experts of layer `layer`, as block ids.
+    pub fn expert_blocks(&self, layer: usize) -> Vec<BlockId> {
+        let count = self.config.experts.map_or(0, |experts| experts.count);
+        (0..count)
+            .map(|expert| BlockId(self.weights.expert_block(layer, expert)))
+            .collect()
+    }
+
+    /// Floating-point operations of one decode step (one token), for the bound.
+    pub fn flops_per_token(&self) -> f64 {
+        let config = &self.config;
+        let (hidden, inner) = (config.hidden as f64, config.intermediate as f64);
+        let attention =
+            hidden * (config.q_dim() + 2 * config.kv_dim()) as f64 + config.q_dim() as f64 * hidden;
+        let mlp_factor = config.experts.map_or(1.0, |experts| experts.top_k as f64);
+        let per_layer = 2.0 * (attention + 3.0 * hidden * inner * mlp_factor);
+        per_layer * config.layers as f64 + 2.0 * hidden * config.vocab as f64
+    }
+
+    fn activations<C: Compute>(
+        &self,
+        compute: &C,
+        rows: usize,
+    ) -> Result<Activations<C>, FamilyError> {
+        let config = &self.config;
+        let experts = config.experts.map_or(1, |experts| experts.count);
+        Ok(Activations {
+            x: compute.tensor(rows, config.hidden)?,
+            normed: compute.tensor(rows, config.hidden)?,
+            q: compute.tensor(rows, config.q_dim())?,
+            k: compute.tensor(rows, config.kv_dim())?,
+            v: compute.tensor(rows, config.kv_dim())?,
+            attended: compute.tensor(rows, config.q_dim())?,
+            out: compute.tensor(rows, config.hidden)?,
+            gate: compute.tensor(rows, config.intermediate)?,
+            up: compute.tensor(rows, config.intermediate)?,
+            mixed: compute.tensor(rows, config.hidden)?,
+            router: compute.tensor(rows, experts)?,
+            low_rank: compute.tensor(rows, 1)?,
+        })
+    }
+
+    /// Makes room in the KV caches for `tokens` tokens: whole pages, reserved through
+    /// the activation path first (resident weights give way when the budget is full).
+    fn grow_cache<C: Compute, B: Blocks<C>>(
+        &self,
+        compute: &C,
+        state: &mut DecoderState<C>,
+        blocks: &mut B,
+        tokens: usize,
+        output: &mut StepOutput,
+    ) -> Result<(), FamilyError> {
+        if tokens <= state.capacity {
+            return Ok(());
+        }
+        let capacity = tokens.div_ceil(KV_PAGE_TOKENS) * KV_PAGE_TOKENS;
+        let added = (capacity - state.capacity) as u64 * self.kv_bytes_per_token();
+        let gave_way = blocks.reserve_activations(added).map_err(|error| {
+            FamilyError::Model(format!(
+                "the KV cache does not fit after {} tokens: {} more for the next {} tokens ({error}); lower --max-tokens or raise --vram-budget",
+                state.position,
+                stagehand_actors::Bytes(added),
+                capacity - state.capacity
+            ))
+        })?;
+        output.kv_evicted.extend(gave_way);
+        for cache in state.k_cache.iter_mut().chain(state.v_cache.iter_mut()) {
+            compute.resize_rows(cache, capacity)?;
+        }
+        state.capacity = capacity;
+        output.kv_reserved_bytes = added;
+        Ok(())
+    }
+
+    /// The final norm on the last position, `lm_head`, the next token, and its
+    /// embedding for the next step.
+    fn head<C: Compute, B: Blocks<C>>(
+        &self,
+        compute: &C,
+        state: &mut DecoderState<C>,
+        blocks: &mut B,
+    ) -> Result<Vec<f32>, FamilyError> {
+        let held = blocks.acquire(compute, BlockId(self.weights.head_block()))?;
+        let lora = blocks.lora();
+        let outcome = (|| {
+            let view = held.view(compute);
+            let head = self.weights.head;
+            let acts = state.acts.as_mut().ok_or_else(unallocated)?;
+            compute.slice_rows(&acts.x, state.rows - 1, &mut state.last)?;
+            compute.rms_norm(
+                &state.last,
+                Some(&view.weight(&head.norm)?),
+                self.config.rms_eps,
+                &mut state.last_normed,
+            )?;
+            Self::project(
+                compute,
+                &held,
+                lora,
+                &head.lm_head,
+                None,
+                &state.last_normed,
+                &mut state.logits,
+                &mut acts.low_rank,
+            )?;
+            let logits = compute.read(&state.logits)?;
+            let token = self.sampling.pick(&logits, &mut state.rng);
+            state.next_token = token;
+            if self.host_table.is_none() {
+                compute.write(&mut state.next, &state.zeros)?;
+                compute.gather_add(&view.weight(&head.lm_head)?, &[token], &mut state.next)?;
+            }
+            Ok::<_, FamilyError>(logits)
+        })();
+        blocks.release(compute, held)?;
+        let logits = outcome?;
+        if let Some(table) = &self.host_table {
+            let mut row = Vec::new();
+            table.gather(&[state.next_token], &mut row)?;
+            compute.write(&mut state.next, &row)?;
+        }
+        Ok(logits)
+    }
+
+    /// The prompt's embeddings into `x` (step 0).
+    fn embed_prompt<C: Compute, B: Blocks<C>>(
+        &self,
+        compute: &C,
+        state: &mut DecoderState<C>,
+        blocks: &mut B,
+    ) -> Result<(), FamilyError> {
+        let acts = state.acts.as_mut().ok_or_else(unallocated)?;
+        if let Some(table) = &self.host_table {
+            let mut rows = Vec::new();
+            table.gather(&self.prompt, &mut rows)?;
+            compute.write(&mut acts.x, &rows)?;
+            return Ok(());
+        }
+        let held = blocks.acquire(compute, BlockId(self.weights.head_block()))?;
+        let outcome = (|| {
+            let view = held.view(compute);
+            let zeros = vec![0.0; self.prompt.len() * self.config.hidden];
+            compute.write(&mut acts.x, &zeros)?;
+            compute.gather_add(
+                &view.weight(&self.weights.head.lm_head)?,
+                &self.prompt,
+                &mut acts.x,
+            )?;
+            Ok::<_, FamilyError>(())
+        })();
+        blocks.release(compute, held)?;
+        outcome
+    }
+}
+
+fn unallocated() -> FamilyError {
+    FamilyError::Model("activations were not allocated".into())
+}
+
+impl Family for Decoder {
+    type State<C: Compute> = DecoderState<C>;
+
+    fn layout(&self) -> &ModelLayout {
+        &self.weights.placement.layout
+    }
+
+    fn order(&self) -> Vec<BlockId> {
+        (0..=self.weights.head_block()).map(BlockId).collect()
+    }
+
+    fn start<C: Compute>(&self, compute: &C) -> Result<DecoderState<C>, FamilyError> {
+        let config = &self.config;
+        let empty = |compute: &C| compute.tensor(0, config.kv_dim());
+        Ok(DecoderState {
+            rows: 0,
+            acts: None,
+            next: compute.tensor(1, config.hidden)?,
+            last: compute.tensor(1, config.hidden)?,
+            last_normed: compute.tensor(1, config.hidden)?,
+            logits: compute.tensor(1, config.vocab)?,
+            k_cache: (0..config.layers)
+                .map(|_| empty(compute))
+                .collect::<Result<_, _>>()?,
+            v_cache: (0..config.layers)
+                .map(|_| empty(compute))
+                .collect::<Result<_, _>>()?,
+            capacity: 0,
+            position: 0,
+            next_token: 0,
+            rng: self.sampling.seed,
+            zeros: vec![0.0; config.hidden],
+            hinted: Vec::new(),
+        })
+    }
+
+    fn step<C: Compute, B: Blocks<C>>(
+        &self,
+        compute: &C,
+        state: &mut DecoderState<C>,
+        blocks: &mut B,
+        step: u64,
+    ) -> Result<StepOutput, FamilyError> {
+        let mut output = StepOutput::default();
+        let rows = if step == 0 { self.prompt.len() } else { 1 };
+        if state.position + rows > self.config.max_positions {
+            return Err(FamilyError::Model(format!(
+                "the sequence reached {} tokens, the model's max_position_embeddings; lower --max-tokens",
+                state.position
+            )));
+        }
+        if state.acts.is_none() || state.rows != rows {
+            state.acts = Some(self.activations(compute, rows)?);
+            state.rows = rows;
+        }
+        self.grow_cache(compute, state, blocks, state.position + rows, &mut output)?;
+        if step == 0 {
+            self.embed_prompt(compute, state, blocks)?;
+        } else {
+            let acts = state.acts.as_mut().ok_or_else(unallocated)?;
+            compute.copy(&state.next, &mut acts.x)?;
+        }
+        let positions: Vec<u32> = (state.position..state.position + rows)
+            .map(|p| p as u32)
+            .collect();
+        for layer in 0..self.config.layers {
+            self.layer(compute, state, blocks, layer, &positions, step, &mut output)?;
+        }
+        let logits = self.head(compute, state, blocks)?;
+        state.position += rows;
+        output.token = Some(state.next_token);
+        output.kv_bytes = state.capacity as u64 * self.kv_bytes_per_token();
+        output.output = Some(logits);
+        Ok(output)
+    }
+
+    fn reference_key(&self, step: u64) -> u64 {
+        step
+    }
+
+    fn reference_is_sequential(&self) -> bool {
+        true
+    }
+}

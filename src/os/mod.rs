@@ -1,0 +1,11 @@
+//! What the operating system tells and does for every layer above: opening input files
+//! so nothing can hang the process, page-cache advice, and how much host memory is free.
+//! The lowest layer of `src/` (README "Architecture"): it imports nothing of stagehand.
+
+mod files;
+mod memory;
+mod page_cache;
+
+pub use files::{create_regular, open_regular, read_regular, FileStamp};
+pub use memory::{available_ram_bytes, total_ram_bytes};
+pub use page_cache::{advise_dont_need, cached_bytes, drop_page_cache};

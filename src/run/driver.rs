@@ -1,0 +1,444 @@
+//! The one run loop: steps of any model family over a session on any device, each
+//! checked against the same family's fully-resident reference on the same device.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use stagehand_actors::{
+    BlockId, ExpertAcquires, ModelLayout, NoObserver, Observer, Session, SessionError,
+    StatsSnapshot,
+};
+
+use super::reference::Reference;
+use crate::compute::Compute;
+use crate::families::bert::Encoder;
+use crate::families::blocks::Streamed;
+use crate::families::family::Family;
+use crate::families::linear_stack::{first_difference, first_difference_within, LinearStack};
+use crate::families::llama::Decoder;
+use crate::families::lora_set::{LoraSet, LORA_TOLERANCE};
+use crate::families::moe::MoeRun;
+use crate::families::stream_verify::StreamVerify;
+use crate::families::FamilyError;
+use crate::model::BlockReader;
+
+pub use super::report::{median, RunReport};
+
+/// The model a run computes.
+pub enum Model {
+    /// The generated demo model: a real GEMM forward pass.
+    LinearStack(LinearStack),
+    /// The generated mixture-of-experts model.
+    Moe(MoeRun),
+    /// Any checkpoint: bytes checked against the file, nothing computed.
+    StreamVerify(StreamVerify),
+    /// A BERT-family encoder from a Hugging Face folder.
+    Encoder(Box<Encoder>),
+    /// A Llama-family decoder (or Mixtral) from a Hugging Face folder.
+    Decoder(Box<Decoder>),
+}
+
+/// What each step computes, and the LoRA sets it applies.
+pub struct Workload {
+    pub model: Model,
+    /// LoRA sets by step; empty: no LoRA.
+    pub lora: Vec<LoraPhase>,
+}
+
+/// From `from_step` on, the run applies `set` (attached to the session when the phase
+/// starts, detached when it ends) and checks every step against the merged reference.
+pub struct LoraPhase {
+    pub from_step: u64,
+    pub set: LoraSet,
+}
+
+macro_rules! with_family {
+    ($model:expr, $family:ident => $body:expr) => {
+        match $model {
+            Model::LinearStack($family) => $body,
+            Model::Moe($family) => $body,
+            Model::StreamVerify($family) => $body,
+            Model::Encoder($family) => {
+                let $family = &**$family;
+                $body
+            }
+            Model::Decoder($family) => {
+                let $family = &**$family;
+                $body
+            }
+        }
+    };
+}
+
+impl Workload {
+    pub fn new(model: Model) -> Self {
+        Self {
+            model,
+            lora: Vec::new(),
+        }
+    }
+
+    /// The same workload applying `phases` of LoRA sets.
+    pub fn with_lora(mut self, phases: Vec<LoraPhase>) -> Self {
+        self.lora = phases;
+        self
+    }
+
+    /// The fully-resident reference output of step `step` on `compute`, from the
+    /// files of `index` (with the LoRA phase of that step merged in).
+    pub fn reference<C: Compute>(
+        &self,
+        compute: &C,
+        index: &crate::model::ModelIndex,
+        step: u64,
+    ) -> Result<Vec<f32>, FamilyError> {
+        let files = BlockReader::open(index)?;
+        with_family!(&self.model, family => {
+            let mut reference = Reference::new(family, self, &files);
+            let mut output = Vec::new();
+            let first = if family.reference_is_sequential() { 0 } else { step };
+            for replayed in first..=step {
+                output = reference.expected(compute, replayed)?.to_vec();
+            }
+            Ok(output)
+        })
+    }
+
+    /// The blocks the session streams.
+    pub fn layout(&self) -> &ModelLayout {
+        with_family!(&self.model, family => family.layout())
+    }
+
+    pub fn order(&self) -> Vec<BlockId> {
+        with_family!(&self.model, family => family.order())
+    }
+
+    /// The LoRA phase step `step` belongs to.
+    pub(super) fn phase_at(&self, step: u64) -> Option<usize> {
+        self.lora.iter().rposition(|phase| phase.from_step <= step)
+    }
+}
+
+pub struct DriverOptions {
+    /// Steps to run; 0 runs until `stop` is set.
+    pub steps: u64,
+    pub stop: Arc<AtomicBool>,
+    /// Called after each step with its index and duration.
+    pub on_step: Box<dyn FnMut(u64, f64) + Send>,
+    /// Keep each reference key's last output in the report (`embed` prints them).
+    pub keep_outputs: bool,
+    /// Called with each token a decoder picks, as it is picked (`generate`).
+    pub on_token: Option<Box<dyn FnMut(u32) + Send>>,
+    /// Told what the run loop sees that the actors do not: each MoE step's expert
+    /// acquires (the session's own observer reports the rest).
+    pub observer: Arc<dyn Observer>,
+}
+
+impl DriverOptions {
+    pub fn steps(steps: u64) -> Self {
+        Self {
+            steps,
+            stop: Arc::new(AtomicBool::new(false)),
+            on_step: Box::new(|_, _| {}),
+            keep_outputs: false,
+            on_token: None,
+            observer: Arc::new(NoObserver),
+        }
+    }
+}
+
+/// The output of a step, kept until the run is verified after its last step (so the
+/// reference pass never competes with the measured steps): whole when small or when
+/// it is checked within a tolerance, else as a hash of its bits.
+enum Recorded {
+    Whole(Vec<f32>),
+    Hash { hash: u64, length: usize },
+}
+
+/// Outputs up to this many values are kept whole for the final check.
+const WHOLE_OUTPUT_VALUES: usize = 1 << 16;
+
+/// Step times a report keeps: the first step and the latest ones.
+pub const REPORT_STEP_HISTORY: usize = 4096;
+
+/// Steps, and bytes of outputs, recorded for the check after the last step at most;
+/// a run with more steps (`--steps` is the user's) checks the rest as it goes, so its
+/// memory does not grow with its length.
+const RECORDED_STEPS: usize = 100_000;
+const RECORDED_BYTES: usize = 256 << 20;
+
+fn bits_hash(values: &[f32]) -> u64 {
+    let bytes: Vec<u8> = values
+        .iter()
+        .flat_map(|value| value.to_bits().to_le_bytes())
+        .collect();
+    crate::compute::checksum::checksum(&bytes)
+}
+
+/// [`drive`] on the CPU backend (`session` must run on a `CpuDevice`), with the
+/// references read from `index`'s files.
+pub fn drive_cpu(
+    session: Session,
+    workload: &Workload,
+    index: &crate::model::ModelIndex,
+    options: DriverOptions,
+) -> Result<RunReport, Box<(FamilyError, StatsSnapshot)>> {
+    let files = match BlockReader::open(index) {
+        Ok(files) => files,
+        Err(error) => {
+            let stats = session.finish();
+            return Err(Box::new((error.into(), stats)));
+        }
+    };
+    drive(
+        session,
+        &crate::device::CpuCompute::new(),
+        workload,
+        &files,
+        options,
+    )
+}
+
+/// Runs the steps, then checks every step against the fully-resident reference (a
+/// run without a step count, stopped by the user, checks each step as it goes). On
+/// any failure the session is still shut down — every budget is released — before
+/// the error is returned.
+pub fn drive<C: Compute>(
+    session: Session,
+    compute: &C,
+    workload: &Workload,
+    files: &BlockReader<'_>,
+    options: DriverOptions,
+) -> Result<RunReport, Box<(FamilyError, StatsSnapshot)>> {
+    drive_traced(session, compute, workload, files, options, None)
+}
+
+/// As [`drive`], recording each block's compute into `trace` (`--trace`).
+pub fn drive_traced<C: Compute>(
+    session: Session,
+    compute: &C,
+    workload: &Workload,
+    files: &BlockReader<'_>,
+    options: DriverOptions,
+    trace: Option<&crate::telemetry::TraceObserver>,
+) -> Result<RunReport, Box<(FamilyError, StatsSnapshot)>> {
+    with_family!(&workload.model, family => {
+        drive_family(family, session, compute, workload, files, options, trace)
+    })
+}
+
+fn drive_family<C: Compute, F: Family>(
+    family: &F,
+    mut session: Session,
+    compute: &C,
+    workload: &Workload,
+    files: &BlockReader<'_>,
+    mut options: DriverOptions,
+    trace: Option<&crate::telemetry::TraceObserver>,
+) -> Result<RunReport, Box<(FamilyError, StatsSnapshot)>> {
+    // A stop request also ends any wait inside a step (a miss, an attach).
+    session.stop_on(Arc::clone(&options.stop));
+    let mut report = RunReport::new(session.plan().clone());
+    let mut reference = Reference::new(family, workload, files);
+    let recorded = run_steps(
+        family,
+        &mut session,
+        compute,
+        workload,
+        &mut reference,
+        &mut options,
+        trace,
+        &mut report,
+    );
+    if recorded.is_ok() {
+        report.lora = session.lora_usage().unwrap_or_default();
+    }
+    // The session's memory goes back before the reference pass needs its own.
+    let stats = session.finish();
+    let outcome =
+        recorded.and_then(|recorded| verify(compute, &mut reference, recorded, &mut report));
+    match outcome {
+        Ok(()) => {
+            report.stats = stats;
+            Ok(report)
+        }
+        Err(error) => Err(Box::new((error, stats))),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_steps<'a, C: Compute, F: Family>(
+    family: &'a F,
+    session: &mut Session,
+    compute: &C,
+    workload: &'a Workload,
+    reference: &mut Reference<'a, C, F>,
+    options: &mut DriverOptions,
+    trace: Option<&crate::telemetry::TraceObserver>,
+    report: &mut RunReport,
+) -> Result<Vec<(u64, Recorded, bool)>, FamilyError> {
+    let mut state = family.start(compute)?;
+    let mut blocks = Streamed::new(session, compute, trace)?;
+    let mut inline = options.steps == 0;
+    let mut recorded = Vec::new();
+    let mut recorded_bytes = 0usize;
+    let mut phase_now = None;
+    let mut step = 0u64;
+    while options.steps == 0 || step < options.steps {
+        if options.stop.load(Ordering::Relaxed) {
+            break;
+        }
+        let phase = workload.phase_at(step);
+        if phase != phase_now {
+            let set = phase.map(|phase| &workload.lora[phase].set);
+            blocks.switch_lora(compute, set, phase.unwrap_or(usize::MAX))?;
+            phase_now = phase;
+        }
+        blocks.begin_step();
+        let started = Instant::now();
+        let output = match family.step(compute, &mut state, &mut blocks, step) {
+            Ok(output) => output,
+            Err(error) => {
+                // Holds taken before the failure go back before the session drains.
+                let _ = blocks.drain(compute);
+                // Stopped inside a step: the steps before it stand.
+                if matches!(error, FamilyError::Session(SessionError::Interrupted)) {
+                    break;
+                }
+                return Err(error);
+            }
+        };
+        blocks.drain(compute)?;
+        let step_seconds = started.elapsed().as_secs_f64();
+        let low_rank = blocks.low_rank_used;
+        if report.step_seconds.len() == REPORT_STEP_HISTORY {
+            // Bounded for runs that never end (`--steps 0`): the cold first step stays,
+            // the oldest steady one goes.
+            report.step_seconds.remove(1);
+            report.compute_seconds.remove(1);
+        }
+        report.step_seconds.push(step_seconds);
+        report.compute_seconds.push(blocks.compute_seconds);
+        blocks.session().step_done();
+        report.tolerance_steps += u64::from(low_rank);
+        report.expert_hits += output.expert_hits;
+        report.expert_misses += output.expert_misses;
+        report.expert_late += output.expert_late;
+        if output.expert_hits + output.expert_misses > 0 {
+            options.observer.expert_acquires(ExpertAcquires {
+                hits: output.expert_hits,
+                late: output.expert_late,
+                misses: output.expert_misses - output.expert_late,
+            });
+        }
+        report.expert_hints += output.expert_hints;
+        report.record_decoder_step(step, &output);
+        if let (Some(token), Some(on_token)) = (output.token, options.on_token.as_mut()) {
+            on_token(token);
+        }
+        if step == 0 {
+            report.after_first_step = blocks.session().stats();
+        }
+        (options.on_step)(step, step_seconds);
+        if let Some(values) = output.output {
+            // What is kept for the check after the last step is bounded too: past the
+            // bound, the remaining steps are checked as they go.
+            if recorded.len() >= RECORDED_STEPS || recorded_bytes >= RECORDED_BYTES {
+                inline = true;
+            }
+            if inline {
+                match check(compute, reference, step, &values, low_rank) {
+                    Ok(()) => report.verified_steps += 1,
+                    // A stop request cut the reference short: this step ran but is
+                    // not counted as verified; the run ends here.
+                    Err(FamilyError::Session(SessionError::Interrupted)) => {
+                        step += 1;
+                        break;
+                    }
+                    Err(error) => return Err(error),
+                }
+            } else {
+                let kept = if low_rank || values.len() <= WHOLE_OUTPUT_VALUES {
+                    Recorded::Whole(values.clone())
+                } else {
+                    Recorded::Hash {
+                        hash: bits_hash(&values),
+                        length: values.len(),
+                    }
+                };
+                recorded_bytes += match &kept {
+                    Recorded::Whole(values) => values.len() * 4,
+                    Recorded::Hash { .. } => 16,
+                };
+                recorded.push((step, kept, low_rank));
+            }
+            if options.keep_outputs {
+                report.outputs.insert(family.reference_key(step), values);
+            }
+        } else {
+            // The step checked itself (stream-verify against the file's checksums).
+            report.verified_steps += 1;
+        }
+        step += 1;
+    }
+    report.steps = step;
+    Ok(recorded)
+}
+
+/// Checks each recorded step against the reference, in step order.
+fn verify<C: Compute, F: Family>(
+    compute: &C,
+    reference: &mut Reference<'_, C, F>,
+    recorded: Vec<(u64, Recorded, bool)>,
+    report: &mut RunReport,
+) -> Result<(), FamilyError> {
+    for (step, kept, low_rank) in recorded {
+        let checked = match kept {
+            Recorded::Whole(values) => check(compute, reference, step, &values, low_rank),
+            Recorded::Hash { hash, length } => match reference.expected(compute, step) {
+                Ok(expected) if expected.len() != length || bits_hash(expected) != hash => {
+                    Err(FamilyError::Model(format!(
+                        "output mismatch at step {step}: its {length} values differ from the fully-resident reference's"
+                    )))
+                }
+                Ok(_) => Ok(()),
+                Err(error) => Err(error),
+            },
+        };
+        match checked {
+            Ok(()) => report.verified_steps += 1,
+            // A stop request cut the reference pass short: the steps checked so far
+            // stand, the rest are reported as not verified.
+            Err(FamilyError::Session(SessionError::Interrupted)) => return Ok(()),
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(())
+}
+
+/// Compares a step's output with the reference: bit for bit, or within the LoRA
+/// tolerance when a block took the low-rank path.
+fn check<C: Compute, F: Family>(
+    compute: &C,
+    reference: &mut Reference<'_, C, F>,
+    step: u64,
+    got: &[f32],
+    low_rank: bool,
+) -> Result<(), FamilyError> {
+    let expected = reference.expected(compute, step)?;
+    let difference = if low_rank {
+        first_difference_within(got, expected, LORA_TOLERANCE)
+    } else {
+        first_difference(got, expected)
+    };
+    match difference {
+        None => Ok(()),
+        Some((index, got, expected)) => Err(FamilyError::Mismatch {
+            step,
+            index,
+            got,
+            expected,
+        }),
+    }
+}
