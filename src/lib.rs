@@ -6,7 +6,6 @@
 //! device adapters, workloads, telemetry, the simulator and the CLI.
 
 pub mod calibrate;
-pub mod cli;
 pub mod compute;
 pub mod device;
 pub mod families;

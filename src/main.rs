@@ -1,3 +1,7 @@
+//! The `stagehand` command line (see `cli`): a thin program over the library.
+
+mod cli;
+
 fn main() -> std::process::ExitCode {
-    stagehand::cli::main()
+    cli::main()
 }

@@ -70,7 +70,7 @@ fn merged_reference(model: &LinearStack, index: &ModelIndex, set: Option<&LoraSe
             }]
         })
         .unwrap_or_default();
-    Workload::new(Model::LinearStack(model.clone()))
+    Workload::new(Model::LinearStack(Box::new(model.clone())))
         .with_lora(phases)
         .reference(&stagehand::device::CpuCompute::new(), index, 0)
         .unwrap()
@@ -116,7 +116,7 @@ fn check_precision(dtype: LoraDtype) -> f32 {
     );
     for (budget, all_resident) in [(8u64 << 20, true), (2560 << 10, false)] {
         let workload =
-            Workload::new(Model::LinearStack(model.clone())).with_lora(vec![LoraPhase {
+            Workload::new(Model::LinearStack(Box::new(model.clone()))).with_lora(vec![LoraPhase {
                 from_step: 0,
                 set: narrow.clone(),
             }]);

@@ -22,7 +22,7 @@ fn phase(model: &LinearStack, index: &ModelIndex, from_step: u64, specs: &[LoraS
 }
 
 fn workload(model: &LinearStack, phases: Vec<LoraPhase>) -> Workload {
-    Workload::new(Model::LinearStack(model.clone())).with_lora(phases)
+    Workload::new(Model::LinearStack(Box::new(model.clone()))).with_lora(phases)
 }
 
 #[test]

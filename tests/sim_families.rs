@@ -50,7 +50,7 @@ fn a_llama_decode_step_carries_the_gemvs_and_bytes_the_decoder_executes() {
     let dir = tempfile::tempdir().unwrap();
     let path = decoder_folder(dir.path(), DecoderArch::Llama);
     let prepared = prepared(&path, WorkloadKind::Decoder, 1);
-    let Model::Decoder(decoder) = &prepared.workload.model else {
+    let Model::Llama(decoder) = &prepared.workload.model else {
         panic!("a decoder");
     };
     let model = ModelDescription::from_prepared(&prepared, 1).unwrap();
@@ -82,7 +82,7 @@ fn a_mixtral_layer_runs_its_router_and_top_k_experts() {
     let dir = tempfile::tempdir().unwrap();
     let path = decoder_folder(dir.path(), DecoderArch::Mixtral);
     let prepared = prepared(&path, WorkloadKind::Decoder, 1);
-    let Model::Decoder(decoder) = &prepared.workload.model else {
+    let Model::Llama(decoder) = &prepared.workload.model else {
         panic!("a decoder");
     };
     let experts = decoder.config.experts.unwrap();
@@ -112,7 +112,7 @@ fn a_bert_step_carries_its_gemms_attention_and_the_encoders_flops() {
     let dir = tempfile::tempdir().unwrap();
     let path = tiny_bert(&dir.path().join("bert"), DType::F32);
     let prepared = prepared(&path, WorkloadKind::Encoder, 8);
-    let Model::Encoder(encoder) = &prepared.workload.model else {
+    let Model::Bert(encoder) = &prepared.workload.model else {
         panic!("an encoder");
     };
     let model = ModelDescription::from_prepared(&prepared, 1).unwrap();

@@ -15,6 +15,9 @@ pub struct FreeList {
 /// Every allocation is rounded up to this, so tensors stay aligned for any dtype.
 pub const SLOT_ALIGN: u64 = 256;
 
+/// A range's footprint in the arena: `bytes` rounded up to [`SLOT_ALIGN`]. Budget
+/// arithmetic outside the allocator (minimum budgets, expert slots) uses this too, so
+/// it counts what the arena really takes.
 pub fn align_up(bytes: u64) -> u64 {
     bytes.div_ceil(SLOT_ALIGN) * SLOT_ALIGN
 }

@@ -66,10 +66,6 @@ impl ExpertCache {
         }
     }
 
-    pub fn policy(&self) -> ExpertPolicy {
-        self.policy
-    }
-
     /// One use of `expert`.
     pub fn touch(&mut self, expert: u32) {
         self.clock += 1;

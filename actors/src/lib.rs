@@ -1,6 +1,13 @@
 //! The stagehand actors: disk reader, pin manager, VRAM allocator, LoRA offloader and
 //! compute stream, the messages between them, and the ports (`Device`, `Storage`,
 //! `Observer`) their adapters plug into. Knows nothing of CUDA, files or the CLI.
+//!
+//! An engine embeds it through [`Session`]: give the budgets ([`SessionConfig`]), the
+//! model's blocks ([`ModelLayout`]) and their order in a step, a [`Device`] and a
+//! [`Storage`]; then `acquire` each block before its compute and `release` it after.
+//! The decision logic (the plan, the VRAM and pin state machines, the expert cache)
+//! is private: the session is the way in, its [`StatsSnapshot`] and the [`Observer`]
+//! calls the way to watch.
 
 mod bytes;
 mod device;
@@ -26,16 +33,11 @@ mod residency;
 mod stats;
 mod vram_state;
 
-pub use expert_cache::{
-    replay, replay_optimal, CacheFigures, ExpertCache, ExpertPolicy, SkewedRouting,
-};
-pub use plan::{
-    keep_by_priority, max_scatter_priority, PinPlan, PlanError, ResidencyPolicy, Staging,
-    StepOrder, VramPlan,
-};
-pub use residency::{BlockHandle, BlockState, ResidencyTable};
+pub use arena::{align_up as arena_bytes, SLOT_ALIGN};
+pub use expert_cache::{replay, replay_optimal, CacheFigures, ExpertPolicy, SkewedRouting};
+pub use plan::{PinPlan, PlanError, ResidencyPolicy, Staging, StepOrder, VramPlan};
+pub use residency::{BlockHandle, ResidencyTable};
 pub use stats::{LinkSnapshot, Stats, StatsSnapshot, TierSnapshot, STEP_HISTORY};
-pub use vram_state::{ActivationError, Decisions, Load, VramState};
 
 mod compute_stream;
 mod disk_reader;
@@ -50,9 +52,8 @@ mod session;
 mod vram_allocator;
 
 pub use error::SessionError;
-pub use lora_offloader::{LoraAttach, LoraOffloader, LoraPack};
-pub use lora_state::{AdapterSummary, LoraSlot, LoraState, LoraUsage, MAX_ADAPTERS};
-pub use pin_state::{BufferHome, Consolidation, PinState};
+pub use lora_offloader::{LoraAttach, LoraPack};
+pub use lora_state::{AdapterSummary, LoraSlot, LoraUsage, MAX_ADAPTERS};
 pub use session::{
     ExpertConfig, LocalSession, LoraHandle, Session, SessionConfig, SessionPlan, STOP_POLL,
 };

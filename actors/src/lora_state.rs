@@ -144,6 +144,7 @@ pub struct LoraState {
 }
 
 impl LoraState {
+    #[cfg(test)]
     /// `ring_slots`: the VRAM plan's ring, i.e. how many streamed blocks can be on
     /// the device at once — each may need its factors there at the same time.
     pub fn new(blocks: usize, ring_slots: usize) -> Self {
@@ -171,6 +172,7 @@ impl LoraState {
         }
     }
 
+    #[cfg(test)]
     /// The table the compute thread acquires packs from.
     pub fn table(&self) -> Arc<ResidencyTable> {
         self.table.clone()
@@ -411,15 +413,6 @@ impl LoraState {
                 .filter_map(|pack| pack.buffer)
                 .collect(),
         })
-    }
-
-    /// Adapters waiting for their copies to finish before they can go.
-    pub fn detaching(&self) -> usize {
-        self.adapters
-            .iter()
-            .flatten()
-            .filter(|adapter| adapter.detaching)
-            .count()
     }
 
     /// Every attached adapter, for shutdown.

@@ -59,19 +59,6 @@ enum CacheSlot {
     },
 }
 
-/// Pin work done at one sync point.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct Consolidation {
-    pub registered: Vec<BlockId>,
-    pub unregistered: Vec<BlockId>,
-}
-
-impl Consolidation {
-    pub fn operations(&self) -> u64 {
-        (self.registered.len() + self.unregistered.len()) as u64
-    }
-}
-
 pub struct PinState {
     block_bytes: Vec<u64>,
     order: StepOrder,
@@ -127,6 +114,7 @@ impl PinState {
         }
     }
 
+    #[cfg(test)]
     pub fn plan(&self) -> &PinPlan {
         &self.plan
     }
@@ -214,10 +202,6 @@ impl PinState {
             .iter()
             .filter(|slot| matches!(slot, CacheSlot::Held { .. }))
             .count() as u64
-    }
-
-    pub fn peak_used_bytes(&self) -> u64 {
-        self.peak_used_bytes
     }
 
     fn record(&mut self) {

@@ -212,10 +212,6 @@ impl Session {
         self.core.stats()
     }
 
-    pub fn lora(&self) -> &Addr<LoraOffloader> {
-        &self.core.lora
-    }
-
     /// The hot path: a hold on `block` if it is ready, without a message or a lock.
     #[inline]
     pub fn try_acquire(&mut self, block: BlockId) -> Option<BlockHandle> {
@@ -382,17 +378,24 @@ impl Session {
 
     /// Drains every actor, releases every budget and stops the actor thread.
     /// Returns the final counters. Release every handle first. Not interrupted by
-    /// the stop flag: the drain is what gives every budget back.
+    /// the stop flag: the drain is what gives every budget back. Dropping a session
+    /// does the same (see [`Session`]'s `Drop`); `finish` also returns the counters.
     pub fn finish(mut self) -> StatsSnapshot {
+        self.shut_down();
+        self.core.stats()
+    }
+
+    /// The drain of [`Session::finish`]; does nothing once it has run.
+    fn shut_down(&mut self) {
+        let Some(thread) = self.system_thread.take() else {
+            return;
+        };
         let (reply, receiver) = flume::bounded(1);
         let stream = self.core.stream.clone();
         self.stop = None;
         let _ = self.send(&stream, Shutdown { reply });
         let _ = receiver.recv();
-        if let Some(thread) = self.system_thread.take() {
-            let _ = thread.join();
-        }
-        self.core.stats()
+        let _ = thread.join();
     }
 
     /// Queues `message`, blocking this thread while the mailbox is full
@@ -413,6 +416,17 @@ impl Session {
     /// Runs `future` on this thread until it completes or the stop flag is set.
     fn wait<F: Future>(&self, future: F) -> Result<F::Output, SessionError> {
         block_on(future, self.stop.as_deref()).ok_or(SessionError::Interrupted)
+    }
+}
+
+/// A session that goes out of scope without [`Session::finish`] — an early `?`, a
+/// panic in the compute closure unwinding through its owner — still drains its actors,
+/// gives back every byte of both budgets and joins the actor thread. Holds still out
+/// are dropped with the compute that took them: the drain waits only for copies in
+/// flight, never for holders.
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.shut_down();
     }
 }
 

@@ -29,9 +29,9 @@ pub struct VramAllocator {
     table: Arc<ResidencyTable>,
     device: Arc<dyn Device>,
     arena: Option<DeviceArena>,
-    pins: Option<Addr<PinManager>>,
+    pins: Addr<PinManager>,
     /// Told of every load while an adapter is attached, so factors ride with blocks.
-    lora: Option<Addr<LoraOffloader>>,
+    lora: Addr<LoraOffloader>,
     observer: Arc<dyn Observer>,
     /// Per block: the arena offset of the load in flight.
     load_offsets: Vec<u64>,
@@ -46,15 +46,12 @@ pub struct VramAllocator {
     read_ahead: Vec<BlockId>,
 }
 
-/// Wires the pin manager in after both actors exist.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct ConnectPins(pub Addr<PinManager>);
-
-/// Wires the LoRA offloader in after both actors exist.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct ConnectLora(pub Addr<LoraOffloader>);
+/// The actors the allocator sends to, created (from its address) before it starts,
+/// so it is never without them.
+pub struct Peers {
+    pub pins: Addr<PinManager>,
+    pub lora: Addr<LoraOffloader>,
+}
 
 impl VramAllocator {
     pub fn new(
@@ -62,6 +59,7 @@ impl VramAllocator {
         table: Arc<ResidencyTable>,
         device: Arc<dyn Device>,
         arena: DeviceArena,
+        peers: Peers,
         observer: Arc<dyn Observer>,
     ) -> Self {
         let blocks = table.len();
@@ -71,8 +69,8 @@ impl VramAllocator {
             table,
             device,
             arena: Some(arena),
-            pins: None,
-            lora: None,
+            pins: peers.pins,
+            lora: peers.lora,
             observer,
             load_offsets: vec![0; blocks],
             waiters: (0..blocks).map(|_| Vec::new()).collect(),
@@ -108,26 +106,22 @@ impl VramAllocator {
             .arena
             .as_ref()
             .map_or(crate::DevicePtr(0), |arena| arena.base);
-        let lora = self.lora.as_ref().filter(|_| self.state.lora_bytes() > 0);
+        let lora_attached = self.state.lora_bytes() > 0;
         for load in &decisions.loads {
             self.load_offsets[load.block.index()] = load.offset;
-            if let Some(pins) = &self.pins {
-                pins.post(EnsurePinned {
-                    block: load.block,
-                    destination: base.offset(load.offset),
-                });
-            }
-            if let Some(lora) = lora {
-                lora.post(LoraPrefetch { block: load.block });
+            self.pins.post(EnsurePinned {
+                block: load.block,
+                destination: base.offset(load.offset),
+            });
+            if lora_attached {
+                self.lora.post(LoraPrefetch { block: load.block });
             }
         }
         if decisions.read_ahead != self.read_ahead {
             self.read_ahead = decisions.read_ahead;
-            if let Some(pins) = &self.pins {
-                pins.post(ReadAhead {
-                    blocks: self.read_ahead.clone(),
-                });
-            }
+            self.pins.post(ReadAhead {
+                blocks: self.read_ahead.clone(),
+            });
         }
         if !decisions.loads.is_empty() || decisions.evicted > 0 {
             self.report_usage();
@@ -164,9 +158,7 @@ impl VramAllocator {
     }
 
     fn return_buffer(&self, message: ReturnBuffer) {
-        if let Some(pins) = &self.pins {
-            pins.post(message);
-        }
+        self.pins.post(message);
     }
 
     fn copy_finished(
@@ -279,14 +271,6 @@ impl Actor for VramAllocator {
 
     fn started(&mut self, _ctx: &mut Self::Context) {
         self.report_usage();
-    }
-}
-
-impl Handler<ConnectPins> for VramAllocator {
-    type Result = ();
-
-    fn handle(&mut self, message: ConnectPins, _ctx: &mut Self::Context) {
-        self.pins = Some(message.0);
         self.schedule(None);
     }
 }
@@ -417,11 +401,7 @@ impl Handler<Drain> for VramAllocator {
     /// waits for loads in flight, then frees everything.
     fn handle(&mut self, message: Drain, ctx: &mut Self::Context) {
         self.draining = Some(message.reply);
-        let Some(lora) = self.lora.clone() else {
-            self.lora_drained = true;
-            self.try_finish_drain();
-            return;
-        };
+        let lora = self.lora.clone();
         let drained = async move {
             let (reply, done) = flume::bounded(1);
             lora.post(Drain { reply });

@@ -162,6 +162,7 @@ impl VramState {
         self.lora_bytes
     }
 
+    #[cfg(test)]
     pub fn plan(&self) -> &VramPlan {
         &self.plan
     }
@@ -196,10 +197,6 @@ impl VramState {
             + self.occupied_ring_bytes()
             + self.occupied_expert_bytes()
             + self.activation_bytes
-    }
-
-    pub fn peak_used_bytes(&self) -> u64 {
-        self.peak_used_bytes
     }
 
     /// Model bytes of blocks placed (loading or ready) and how many.
@@ -440,19 +437,26 @@ impl VramState {
         }
     }
 
-    /// Evicts every unheld ready block (shutdown). Returns how many.
+    /// Evicts every placed block at shutdown, held or not (see below). Returns how
+    /// many.
     pub fn evict_all(&mut self) -> u64 {
         let mut evicted = 0;
         for index in 0..self.placement.len() {
             let block = BlockId(index as u32);
-            if self.placement[index].is_some()
-                && !self.loading[index]
-                && self.table.try_begin_evict(block)
-            {
+            if self.placement[index].is_none() || self.loading[index] {
+                continue;
+            }
+            if self.table.try_begin_evict(block) {
                 self.unplace(block);
                 self.table.finish_evict(block);
-                evicted += 1;
+            } else {
+                // Still held: the session that held it is ending (dropped while a
+                // panic unwound its compute), so the hold is void and the block
+                // goes with the arena; a late acquire finds it failed.
+                self.unplace(block);
+                self.table.mark_failed(block);
             }
+            evicted += 1;
         }
         evicted
     }

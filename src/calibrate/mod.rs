@@ -77,7 +77,8 @@ pub fn median(values: &[f64]) -> f64 {
 }
 
 /// What a calibration measures (`--measure`), all by default.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum Part {
     /// Copies into the device tier (pinned, pageable, latency).

@@ -329,19 +329,6 @@ fn table<T: Serialize>(key: &str, value: &T) -> Result<String, String> {
     toml::to_string(&wrapper).map_err(|error| error.to_string())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_quoted_value_parses_back_to_itself() {
-        // Host names and CPU models may hold quotes and backslashes.
-        let value = "a \"b\" \\ c";
-        let table: toml::Table = toml::from_str(&format!("x = {}", quoted(value))).unwrap();
-        assert_eq!(table["x"].as_str(), Some(value));
-    }
-}
-
 /// The shared-bus model's figures from a calibration: the cores, and the memory traffic
 /// the bus carries when a one-row GEMM (a GEMV: weight reads) and the copy thread
 /// (memcpy: a read and a write per byte) run at once — the pair a streamed batch-1
@@ -360,5 +347,18 @@ pub fn shared_spec(contention: &ContentionFigures) -> SharedSpec {
     SharedSpec {
         cores: contention.cores as f64,
         memory_gb_per_s: traffic / 1e9,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_quoted_value_parses_back_to_itself() {
+        // Host names and CPU models may hold quotes and backslashes.
+        let value = "a \"b\" \\ c";
+        let table: toml::Table = toml::from_str(&format!("x = {}", quoted(value))).unwrap();
+        assert_eq!(table["x"].as_str(), Some(value));
     }
 }

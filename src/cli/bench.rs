@@ -14,13 +14,13 @@ use stagehand_actors::Bytes;
 
 use super::machine_load::{CpuSample, MachineLoad};
 use super::{CommandResult, Failure};
-use crate::model::demo::DemoSpec;
-use crate::run::bound::StepBound;
-use crate::run::{
+use stagehand::model::demo::DemoSpec;
+use stagehand::run::bound::StepBound;
+use stagehand::run::{
     default_cache_dir, ensure_demo_model, no_observer, prepare_with, resolve_budgets, Budgets,
     EncoderInput, Extras, Outcome, RunError, RunPlan, WorkloadKind, BUILT_IN_SENTENCES,
 };
-use crate::settings::{self, Settings, SettingsArgs};
+use stagehand::settings::{self, Settings, SettingsArgs};
 
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
@@ -142,7 +142,7 @@ impl Bench<'_> {
             &extras,
         )
         .map_err(run_error)?;
-        crate::run::execute(
+        stagehand::run::execute(
             &prepared,
             RunPlan {
                 keep_outputs: false,
@@ -152,7 +152,7 @@ impl Bench<'_> {
                 prefetch_depth: depth,
                 policy,
                 steps: self.steps,
-                stop: crate::signals::stop_flag(),
+                stop: stagehand::signals::stop_flag(),
                 observer: no_observer(),
                 on_step: Box::new(|_, _| {}),
                 fail_after_reads: None,

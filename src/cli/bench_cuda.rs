@@ -8,7 +8,7 @@
 //! The model is a 1 GiB linear stack (16 blocks of 4 × 2048² f32 layers, 64 MiB
 //! blocks) in its own cache folder, so blocks are large enough that a copy, not the
 //! per-block message round trip, is what a streamed step waits on. Both runs go
-//! through the one run path (`crate::run::execute_cuda_with`), whose driver checks
+//! through the one run path (`stagehand::run::execute_cuda_with`), whose driver checks
 //! every step bit for bit against the fully-resident pass of the same model on the
 //! same GPU.
 //!
@@ -25,15 +25,15 @@ use stagehand_actors::{Link, ResidencyPolicy};
 
 use super::run::run_error;
 use super::{CommandResult, Failure};
-use crate::device::cuda::bench::{link_figures, LinkFigures};
-use crate::device::cuda::CudaDevice;
-use crate::model::demo::DemoSpec;
-use crate::run::bound::{LinkRates, StepBound};
-use crate::run::{
+use stagehand::device::cuda::bench::{link_figures, LinkFigures};
+use stagehand::device::cuda::CudaDevice;
+use stagehand::model::demo::DemoSpec;
+use stagehand::run::bound::{LinkRates, StepBound};
+use stagehand::run::{
     available_ram_bytes, default_cache_dir, ensure_demo_model, execute_cuda_with, no_observer,
     prepare, Budgets, CudaOutcome, CudaRunOptions, Prepared, RunPlan, WorkloadKind,
 };
-use crate::settings::Settings;
+use stagehand::settings::Settings;
 
 /// Bytes each link loop copies at once.
 const LINK_BYTES: u64 = 1 << 30;
@@ -144,7 +144,7 @@ impl Bench<'_> {
                 prefetch_depth: self.settings.prefetch_depth,
                 policy: ResidencyPolicy::Planned,
                 steps: STEPS,
-                stop: crate::signals::stop_flag(),
+                stop: stagehand::signals::stop_flag(),
                 observer: no_observer(),
                 on_step: Box::new(|_, _| {}),
                 fail_after_reads: None,

@@ -17,8 +17,10 @@ use stagehand_actors::Bytes;
 
 use super::progress::Status;
 use super::{CommandResult, Failure};
-use crate::settings::IO_ALIGN_BYTES;
-use crate::storage::{drop_page_cache, DirectStorage, PreadStorage, StorageFile, StorageOptions};
+use stagehand::settings::IO_ALIGN_BYTES;
+use stagehand::storage::{
+    drop_page_cache, DirectStorage, PreadStorage, StorageFile, StorageOptions,
+};
 
 mod modes;
 mod report;

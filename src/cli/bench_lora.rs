@@ -13,10 +13,10 @@ use super::bench::{keep_faster, run_error, Bench};
 use stagehand_actors::Bytes;
 
 use super::{CommandResult, Failure};
-use crate::lora::{write_demo_lora, DemoLora, LoraSpec};
-use crate::model::demo::DemoSpec;
-use crate::run::{default_cache_dir, ensure_demo_model, resolve_budgets, Extras, Outcome};
-use crate::settings::{self, SettingsArgs};
+use stagehand::lora::{write_demo_lora, DemoLora, LoraSpec};
+use stagehand::model::demo::DemoSpec;
+use stagehand::run::{default_cache_dir, ensure_demo_model, resolve_budgets, Extras, Outcome};
+use stagehand::settings::{self, SettingsArgs};
 
 #[derive(Debug, clap::Args)]
 pub struct BenchLoraArgs {
@@ -85,7 +85,7 @@ pub fn execute(args: BenchLoraArgs) -> CommandResult {
         model_bytes,
         activation_bytes: 0,
         rounds: args.rounds,
-        workload: crate::run::WorkloadKind::LinearStack,
+        workload: stagehand::run::WorkloadKind::LinearStack,
     };
     let with_lora = Extras {
         loras: vec![LoraSpec {

@@ -13,14 +13,14 @@ use stagehand_actors::{Bytes, ExpertPolicy, ResidencyPolicy};
 use super::bench::{run_error, Bench, BenchArgs, Configuration, JsonReport};
 use super::machine_load::{CpuSample, MachineLoad};
 use super::{CommandResult, Failure};
-use crate::families::llama::{ExpertHint, Sampling};
-use crate::run::bound::StepBound;
-use crate::run::report::median;
-use crate::run::{
-    prepare_with, resolve_budgets, Budgets, DecoderInput, Extras, MoeOptions, Outcome, PromptInput,
-    WorkloadKind, BUILT_IN_PROMPT,
+use stagehand::families::llama::{ExpertHint, Sampling};
+use stagehand::run::bound::StepBound;
+use stagehand::run::report::median;
+use stagehand::run::{
+    prepare_with, resolve_budgets, BudgetAsk, Budgets, DecoderInput, Extras, MoeOptions, Outcome,
+    PromptInput, WorkloadKind, BUILT_IN_PROMPT,
 };
-use crate::settings::Settings;
+use stagehand::settings::Settings;
 
 pub fn execute(args: &BenchArgs, settings: &Settings, model: &std::path::Path) -> CommandResult {
     let probe = prepare_with(
@@ -34,25 +34,17 @@ pub fn execute(args: &BenchArgs, settings: &Settings, model: &std::path::Path) -
     .map_err(run_error)?;
     let model_bytes = probe.streamed_model_bytes();
     let activation_bytes = probe.activation_bytes(args.steps);
-    let budgets = super::run::automatic_budget(
-        &probe,
-        settings,
-        resolve_budgets(settings, model_bytes, false),
-        args.steps,
-        ResidencyPolicy::Planned,
-    );
-    let (workload, is_mixtral) = match probe.describe() {
-        "bert encoder" => (WorkloadKind::Encoder, false),
-        "linear-stack" => (WorkloadKind::LinearStack, false),
-        "llama decoder" => (WorkloadKind::Decoder, false),
-        "mixtral decoder" => (WorkloadKind::Decoder, true),
-        other => {
-            return Err(Failure::bad_input(anyhow::anyhow!(
-                "bench --model measures computed models; {} is {other}",
-                model.display()
-            )))
-        }
-    };
+    let budgets = stagehand::run::budgets_for(&probe, settings, BudgetAsk::steps(args.steps));
+    let facts = probe.facts();
+    let workload = facts.kind();
+    let is_mixtral = workload == WorkloadKind::Decoder && facts.experts().is_some();
+    if matches!(workload, WorkloadKind::StreamVerify | WorkloadKind::Moe) {
+        return Err(Failure::bad_input(anyhow::anyhow!(
+            "bench --model measures computed models of a folder; {} is {}",
+            model.display(),
+            facts.describe()
+        )));
+    }
     drop(probe);
     let decoder = workload == WorkloadKind::Decoder;
     let bench = Bench {

@@ -7,9 +7,9 @@
 use std::path::PathBuf;
 
 use super::{CommandResult, Failure};
-use crate::calibrate::{calibrate, profile_toml, CalibrateOptions, Calibration, Part};
-use crate::settings::{self, SettingsArgs};
-use crate::storage::StorageOptions;
+use stagehand::calibrate::{calibrate, profile_toml, CalibrateOptions, Calibration, Part};
+use stagehand::settings::{self, SettingsArgs};
+use stagehand::storage::StorageOptions;
 
 #[derive(Debug, clap::Args)]
 pub struct CalibrateArgs {
@@ -46,7 +46,7 @@ pub fn execute(args: CalibrateArgs) -> CommandResult {
     let dir = args
         .dir
         .clone()
-        .unwrap_or_else(crate::run::default_cache_dir);
+        .unwrap_or_else(stagehand::run::default_cache_dir);
     if args.file.is_none() && args.dir.is_none() {
         // The default scratch directory may not exist yet.
         let _ = std::fs::create_dir_all(&dir);
@@ -58,7 +58,7 @@ pub fn execute(args: CalibrateArgs) -> CommandResult {
     };
     // `--device cuda` measures GPU 0 (copies over its link, its kernels); `auto` and
     // `cpu` measure the CPU backend, the one a run without a GPU uses.
-    options.cuda = settings.device == crate::settings::DeviceKind::Cuda;
+    options.cuda = settings.device == stagehand::settings::DeviceKind::Cuda;
     options.disk.bytes = args.disk_bytes.as_u64();
     options.disk.file = args.file.clone();
     options.disk.storage = StorageOptions::from_settings(&settings);

@@ -5,7 +5,7 @@ use std::io::Write;
 use serde::Serialize;
 
 use super::{CommandResult, Failure};
-use crate::settings::{self, display_value, Loaded, Origin, SettingsArgs};
+use stagehand::settings::{self, display_value, Loaded, Origin, SettingsArgs};
 
 #[derive(Debug, clap::Args)]
 pub struct ConfigArgs {

@@ -8,10 +8,10 @@ use std::time::Instant;
 use stagehand_actors::Bytes;
 
 use super::{CommandResult, Failure};
-use crate::compute::DType;
-use crate::lora::{write_demo_lora, DemoLora, LoraDtype};
-use crate::model::demo::{write_linear_stack, DemoError, DemoSpec};
-use crate::model::generated::{
+use stagehand::compute::DType;
+use stagehand::lora::{write_demo_lora, DemoLora, LoraDtype};
+use stagehand::model::demo::{write_linear_stack, DemoError, DemoSpec};
+use stagehand::model::generated::{
     write_bert_folder, write_bert_lora, write_decoder_folder, BertDemo, BertPreset, DecoderArch,
     DecoderDemo, DecoderPreset, DecoderShape,
 };

@@ -9,13 +9,13 @@ use serde::Serialize;
 
 use super::run::{run_error, run_prepared, use_cuda, Launch, PolicyArg};
 use super::{CommandResult, Failure};
-use crate::families::bert::{cosine, EmbeddingPlacement};
-use crate::lora::LoraSpec;
-use crate::run::summary::Summary;
-use crate::run::{
+use stagehand::families::bert::{cosine, EmbeddingPlacement};
+use stagehand::lora::LoraSpec;
+use stagehand::run::summary::Summary;
+use stagehand::run::{
     parse_token_ids, prepare_with, texts_from_file, EncoderInput, Extras, Outcome, WorkloadKind,
 };
-use crate::settings::{self, SettingsArgs};
+use stagehand::settings::{self, SettingsArgs};
 
 #[derive(Debug, clap::Args)]
 pub struct EmbedArgs {

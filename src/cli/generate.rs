@@ -11,16 +11,15 @@ use serde::Serialize;
 
 use super::run::{run_error, run_prepared, use_cuda, ExpertPolicyArg, Launch, PolicyArg};
 use super::{CommandResult, Failure};
-use crate::families::llama::{ExpertHint, Sampling};
-use crate::families::moe::HintMode;
-use crate::lora::LoraSpec;
-use crate::run::driver::Model;
-use crate::run::summary::Summary;
-use crate::run::{
+use stagehand::families::llama::{ExpertHint, Sampling};
+use stagehand::families::moe::HintMode;
+use stagehand::lora::LoraSpec;
+use stagehand::run::summary::Summary;
+use stagehand::run::{
     parse_token_ids, prepare_with, DecoderInput, Extras, MoeOptions, Outcome, PromptInput,
     WorkloadKind,
 };
-use crate::settings::{self, SettingsArgs};
+use stagehand::settings::{self, SettingsArgs};
 
 #[derive(Debug, clap::Args)]
 pub struct GenerateArgs {
@@ -126,13 +125,13 @@ pub fn execute(args: GenerateArgs) -> CommandResult {
         &extras,
     )
     .map_err(run_error)?;
-    let Model::Decoder(decoder) = &prepared.workload.model else {
+    let Some(kv) = prepared.facts().kv_cache() else {
         return Err(Failure::bad_input(anyhow::anyhow!(
             "{} is not a decoder folder",
             args.model.display()
         )));
     };
-    let prompt_tokens = decoder.prompt.len();
+    let prompt_tokens = kv.prompt_tokens as usize;
     let tokenizer = prepared
         .folder
         .as_ref()

@@ -10,8 +10,8 @@ use std::path::PathBuf;
 use serde::Serialize;
 
 use super::{CommandResult, Failure};
-use crate::model::ModelIndex;
-use crate::settings::{self, SettingsArgs};
+use stagehand::model::ModelIndex;
+use stagehand::settings::{self, SettingsArgs};
 
 /// Version of the `--json` layout.
 const JSON_SCHEMA: u32 = 1;
@@ -39,7 +39,7 @@ struct Report<'a> {
     largest_block: Option<BlockSummary<'a>>,
     metadata: &'a BTreeMap<String, String>,
     blocks: Vec<BlockReport<'a>>,
-    tensors: &'a [crate::model::TensorInfo],
+    tensors: &'a [stagehand::model::TensorInfo],
 }
 
 #[derive(Serialize)]

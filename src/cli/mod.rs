@@ -119,7 +119,7 @@ pub enum Command {
 }
 
 pub fn main() -> ExitCode {
-    crate::signals::install();
+    stagehand::signals::install();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(error) => {
@@ -156,9 +156,9 @@ pub fn main() -> ExitCode {
             ExitCode::from(EXIT_DOES_NOT_FIT)
         }
     };
-    if let Some(signal) = crate::signals::received() {
-        eprintln!("stopped by {}", crate::signals::signal_name(signal));
-        return ExitCode::from(crate::signals::exit_status(signal));
+    if let Some(signal) = stagehand::signals::received() {
+        eprintln!("stopped by {}", stagehand::signals::signal_name(signal));
+        return ExitCode::from(stagehand::signals::exit_status(signal));
     }
     match output::stdout_failure() {
         Some(output::StdoutFailure::Failed(reason)) => {

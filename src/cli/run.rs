@@ -11,17 +11,17 @@ use stagehand_actors::ResidencyPolicy;
 
 pub use super::logging::init_logging;
 use super::{CommandResult, Failure};
-use crate::families::bert::EmbeddingPlacement;
-use crate::families::moe::HintMode;
-use crate::lora::LoraSpec;
-use crate::model::demo::DemoSpec;
-use crate::model::demo_moe::MoeSpec;
-use crate::run::summary::Summary;
-use crate::run::{
-    default_cache_dir, ensure_demo_model, ensure_moe_model, no_observer, prepare_with,
-    resolve_budgets, Extras, MoeOptions, RunError, RunPlan, WorkloadKind,
+use stagehand::families::bert::EmbeddingPlacement;
+use stagehand::families::moe::HintMode;
+use stagehand::lora::LoraSpec;
+use stagehand::model::demo::DemoSpec;
+use stagehand::model::demo_moe::MoeSpec;
+use stagehand::run::summary::Summary;
+use stagehand::run::{
+    default_cache_dir, ensure_demo_model, ensure_moe_model, no_observer, prepare_with, Extras,
+    MoeOptions, RunError, RunPlan, WorkloadKind,
 };
-use crate::settings::{self, DeviceKind, SettingsArgs};
+use stagehand::settings::{self, DeviceKind, SettingsArgs};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum PolicyArg {
@@ -126,7 +126,7 @@ pub fn use_cuda(device: DeviceKind) -> Result<bool, Failure> {
         DeviceKind::Cuda => Ok(true),
         #[cfg(feature = "cuda")]
         DeviceKind::Auto => {
-            let choice = crate::device::cuda::pick_auto();
+            let choice = stagehand::device::cuda::pick_auto();
             tracing::info!("{}", choice.message);
             Ok(choice.device == DeviceKind::Cuda)
         }
@@ -151,70 +151,23 @@ pub(super) struct Launch {
     pub on_token: Option<Box<dyn FnMut(u32) + Send>>,
 }
 
-/// The VRAM budget a run uses: the configured one, or the automatic one raised to
-/// what the plan needs (a ring of `prefetch_depth + 1` slots of the largest block),
-/// so a model runs with no flags; the note says when it then fits whole.
-pub(super) fn automatic_budget(
-    prepared: &crate::run::Prepared,
-    settings: &settings::Settings,
-    budgets: crate::run::Budgets,
-    steps: u64,
-    policy: ResidencyPolicy,
-) -> crate::run::Budgets {
-    if settings.vram_budget.is_some() {
-        return budgets;
-    }
-    let (plan_minimum, total) = prepared.plan_minimum_bytes(settings.prefetch_depth, policy);
-    let activations = prepared.activation_bytes(steps);
-    let minimum = plan_minimum + activations;
-    let wanted = budgets.vram_budget_bytes + activations;
-    if wanted >= minimum {
-        return crate::run::Budgets {
-            vram_budget_bytes: wanted,
-            ..budgets
-        };
-    }
-    let fits = if plan_minimum >= total {
-        "; the model then fits whole"
-    } else {
-        ""
-    };
-    let kv = if activations > 0 {
-        format!(" plus {} of KV cache", stagehand_actors::Bytes(activations))
-    } else {
-        String::new()
-    };
-    tracing::info!(
-        "vram budget raised from {} to {}, the least this model's plan needs (a ring of {} slots of its largest block{kv}){fits}",
-        stagehand_actors::Bytes(budgets.vram_budget_bytes),
-        stagehand_actors::Bytes(minimum),
-        settings.prefetch_depth + 1
-    );
-    crate::run::Budgets {
-        vram_budget_bytes: minimum,
-        ..budgets
-    }
-}
-
 /// Budgets, metrics, progress and the backend for a prepared model; runs it.
 pub(super) fn run_prepared(
-    prepared: &crate::run::Prepared,
+    prepared: &stagehand::run::Prepared,
     settings: &settings::Settings,
     launch: Launch,
-) -> Result<crate::run::Outcome, Failure> {
-    let model_bytes = prepared.streamed_model_bytes();
-    let budgets = resolve_budgets(settings, model_bytes, prepared.is_demo);
-    let budgets = automatic_budget(
+) -> Result<stagehand::run::Outcome, Failure> {
+    let budgets = stagehand::run::budgets_for(
         prepared,
         settings,
-        budgets,
-        launch.steps,
-        launch.policy.residency(),
+        stagehand::run::BudgetAsk {
+            policy: launch.policy.residency(),
+            ..stagehand::run::BudgetAsk::steps(launch.steps)
+        },
     );
-    let budgets = crate::run::demo_pins::demo_pin_room(prepared, settings, budgets);
     let observer = match settings.metrics_addr {
         Some(addr) => {
-            let observer = crate::telemetry::install(addr).map_err(Failure::bad_input)?;
+            let observer = stagehand::telemetry::install(addr).map_err(Failure::bad_input)?;
             tracing::info!("serving metrics on http://{addr}/metrics");
             Arc::new(observer) as Arc<dyn stagehand_actors::Observer>
         }
@@ -238,7 +191,7 @@ pub(super) fn run_prepared(
         prefetch_depth: settings.prefetch_depth,
         policy: launch.policy.residency(),
         steps: launch.steps,
-        stop: crate::signals::stop_flag(),
+        stop: stagehand::signals::stop_flag(),
         observer,
         on_step: Box::new(move |step, seconds| {
             if step == 0 {
@@ -255,9 +208,9 @@ pub(super) fn run_prepared(
         on_token: launch.on_token,
     };
     let outcome = if launch.use_cuda {
-        crate::run::execute_cuda(prepared, plan)
+        stagehand::run::execute_cuda(prepared, plan)
     } else {
-        crate::run::execute(prepared, plan)
+        stagehand::run::execute(prepared, plan)
     };
     progress.finish_and_clear();
     outcome.map_err(run_error)
@@ -268,9 +221,9 @@ pub fn execute(args: RunArgs) -> CommandResult {
     let settings = loaded.settings;
     init_logging(&settings.log);
     if let Some(path) = &settings.trace {
-        crate::telemetry::TraceRecorder::check_writable(path).map_err(Failure::bad_input)?;
+        stagehand::telemetry::TraceRecorder::check_writable(path).map_err(Failure::bad_input)?;
     }
-    crate::run::memory::check_staging_ring(&settings).map_err(run_error)?;
+    stagehand::run::memory::check_staging_ring(&settings).map_err(run_error)?;
     let use_cuda = use_cuda(settings.device)?;
     let preparing = (args.model.is_none()).then(|| {
         super::progress::Status::start("preparing the demo model (written once, then cached)")

@@ -12,10 +12,10 @@ use std::sync::Arc;
 use bytesize::ByteSize;
 
 use super::{CommandResult, Failure};
-use crate::settings::{self, LoadOptions, SettingsArgs, Source};
-use crate::sim::FaultPlan;
-use crate::simulate::{simulate, FitSettings, SimRunError, SimulateOptions, AUTO_DEPTH_MAX};
-use crate::telemetry::TraceRecorder;
+use stagehand::settings::{self, LoadOptions, SettingsArgs, Source};
+use stagehand::sim::FaultPlan;
+use stagehand::simulate::{simulate, FitSettings, SimRunError, SimulateOptions, AUTO_DEPTH_MAX};
+use stagehand::telemetry::TraceRecorder;
 
 mod model_arg;
 mod text;
@@ -71,12 +71,12 @@ pub fn execute(args: SimulateArgs) -> CommandResult {
             "--steps 0: simulate at least 1 step"
         )));
     }
-    if args.steps > crate::simulate::MAX_STEPS {
+    if args.steps > stagehand::simulate::MAX_STEPS {
         return Err(Failure::bad_input(anyhow::anyhow!(
             "--steps {}: at most {} steps (a steady state shows after a few; each step is \
              kept for the report)",
             args.steps,
-            crate::simulate::MAX_STEPS
+            stagehand::simulate::MAX_STEPS
         )));
     }
     // `auto` is the simulator's own value, not a setting: take it out before the

@@ -9,11 +9,11 @@ use std::path::PathBuf;
 use stagehand_actors::Bytes;
 
 use super::{CommandResult, Failure};
-use crate::calibrate::validate::{
+use stagehand::calibrate::validate::{
     validate_case, Case, CaseModel, Figure, Row, Verdict, COLD_TOLERANCE, STEADY_TOLERANCE,
 };
-use crate::model::demo::DemoSpec;
-use crate::model::generated::{
+use stagehand::model::demo::DemoSpec;
+use stagehand::model::generated::{
     write_bert_folder, write_decoder_folder, BertDemo, DecoderArch, DecoderDemo, DecoderPreset,
 };
 
@@ -177,11 +177,11 @@ pub fn execute(args: ValidateArgs) -> CommandResult {
     let cache = args
         .cache_dir
         .clone()
-        .unwrap_or_else(crate::run::default_cache_dir);
+        .unwrap_or_else(stagehand::run::default_cache_dir);
     let spec = demo_spec(args.demo_dim);
     spec.validate().map_err(Failure::bad_input)?;
     let demo_dir = cache.join(format!("validate-linear-stack-{}", args.demo_dim));
-    let demo = crate::run::ensure_demo_model(&demo_dir, &spec)
+    let demo = stagehand::run::ensure_demo_model(&demo_dir, &spec)
         .map_err(|error| Failure::run_failed(anyhow::anyhow!(error)))?;
     let decoder =
         if args.no_decoder || args.quick {
@@ -190,7 +190,7 @@ pub fn execute(args: ValidateArgs) -> CommandResult {
             let demo = DecoderDemo {
                 arch: DecoderArch::Llama,
                 preset: DecoderPreset::Tiny,
-                dtype: crate::compute::DType::F32,
+                dtype: stagehand::compute::DType::F32,
                 seed: 7,
                 shard_bytes: 1 << 30,
             };
@@ -217,13 +217,13 @@ pub fn execute(args: ValidateArgs) -> CommandResult {
     for case in &mut cases {
         case.cuda = args.device == ValidateDevice::Cuda;
     }
-    let load_before = crate::calibrate::load_average();
+    let load_before = stagehand::calibrate::load_average();
     let mut rows = Vec::with_capacity(cases.len());
     for (index, case) in cases.iter().enumerate() {
         eprintln!("validate: {}/{} {}", index + 1, cases.len(), label(case));
         rows.push(validate_case(case, &profile).map_err(Failure::run_failed)?);
     }
-    let load_after = crate::calibrate::load_average();
+    let load_after = stagehand::calibrate::load_average();
     let depth_checks = depth_checks(&rows);
     let mut out = std::io::stdout().lock();
     let written = if args.json {

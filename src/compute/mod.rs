@@ -20,6 +20,7 @@
 pub mod checksum;
 mod dtype;
 mod fp8;
+pub mod record;
 pub mod shapes;
 mod view;
 pub mod work;

@@ -127,7 +127,60 @@ pub struct Work {
     pub kernels: Vec<Kernel>,
 }
 
+impl Kernel {
+    /// The same kernel over `sequences` independent sequences at once: every row,
+    /// element and score of it `sequences` times (weights are read once).
+    pub fn batched(&self, sequences: u64) -> Kernel {
+        match *self {
+            Kernel::Linear {
+                rows,
+                inner,
+                outer,
+                dtype,
+            } => Kernel::Linear {
+                rows: rows * sequences,
+                inner,
+                outer,
+                dtype,
+            },
+            Kernel::LowRank {
+                rows,
+                inner,
+                rank,
+                outer,
+            } => Kernel::LowRank {
+                rows: rows * sequences,
+                inner,
+                rank,
+                outer,
+            },
+            Kernel::Elementwise { op, elements } => Kernel::Elementwise {
+                op,
+                elements: elements * sequences,
+            },
+            Kernel::Attention { score_dims } => Kernel::Attention {
+                score_dims: score_dims * sequences,
+            },
+            Kernel::CachedAttention { score_dims } => Kernel::CachedAttention {
+                score_dims: score_dims * sequences,
+            },
+            Kernel::Other { elements } => Kernel::Other { elements },
+        }
+    }
+}
+
 impl Work {
+    /// The same work over `sequences` independent sequences at once.
+    pub fn batched(&self, sequences: u64) -> Work {
+        Work {
+            kernels: self
+                .kernels
+                .iter()
+                .map(|kernel| kernel.batched(sequences))
+                .collect(),
+        }
+    }
+
     pub fn gemm_flops(&self) -> f64 {
         self.kernels.iter().map(Kernel::gemm_flops).sum()
     }

@@ -37,6 +37,20 @@ enum Inner<B> {
 }
 
 impl<B> Held<B> {
+    /// A hold of `memory`, a block the compute adapter owns (loaded itself): its view
+    /// is the adapter's own [`Compute::block_view`] of it, so any source may make one.
+    pub fn of_loaded(block: BlockId, memory: B) -> Self {
+        Held(Inner::Loaded { block, memory })
+    }
+
+    /// The adapter's memory of a block made with [`Held::of_loaded`].
+    pub fn into_loaded(self) -> Option<B> {
+        match self.0 {
+            Inner::Loaded { memory, .. } => Some(memory),
+            Inner::Session { .. } => None,
+        }
+    }
+
     pub fn block(&self) -> BlockId {
         match &self.0 {
             Inner::Session { handle, .. } => handle.block,

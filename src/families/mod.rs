@@ -1,24 +1,40 @@
-//! What a run computes on the weights it streams: the model families, written once
-//! against the compute port (DESIGN §6), and the one run loop that drives them.
+//! The model families stagehand computes, each written once against the compute port
+//! (DESIGN §6) in its own folder, and the registry that lists them.
 //!
-//! - `linear_stack`: the generated demo model; a real GEMM forward pass.
-//! - `moe`: the generated mixture-of-experts model; experts acquired as routed.
-//! - `encoder`: BERT-family encoders from Hugging Face folders.
-//! - `stream_verify`: any safetensors checkpoint; every block's bytes are checked
+//! - [`linear_stack`]: the generated demo model; a real GEMM forward pass.
+//! - [`moe`]: the generated mixture-of-experts model; experts acquired as routed.
+//! - [`bert`]: BERT-family encoders from Hugging Face folders.
+//! - [`llama`]: Llama-family decoders (Llama, Mistral, Qwen2, Mixtral).
+//! - [`stream_verify`]: any safetensors checkpoint; every block's bytes are checked
 //!   against the file after they have crossed the tiers. Nothing is computed.
-//! - `driver`: runs steps of any of them over a session and checks each against the
-//!   family's own fully-resident reference on the same device.
+//!
+//! What every family answers is [`Facts`] and [`Family`] ([`family`]); how it is found
+//! and opened, [`Open`] ([`registry`]). Beside them, what families share: the block
+//! source they are written against ([`blocks`]), LoRA sets ([`lora_set`]), tensor
+//! placement in blocks ([`placement`]), host embedding tables, the KV cache's pages.
 
 pub mod bert;
 pub mod blocks;
 pub mod family;
 mod host_table;
+pub mod inputs;
+mod kv_cache;
 pub mod linear_stack;
 pub mod llama;
 pub mod lora_set;
 pub mod moe;
 pub mod placement;
+pub mod record;
+pub mod registry;
 pub mod stream_verify;
+
+pub use family::{Decoded, ExpertNeeds, ExpertStep, Facts, Family, StepOutput};
+pub use inputs::{
+    DecoderInput, EncoderInput, Extras, MoeOptions, PromptInput, WorkloadKind, BUILT_IN_PROMPT,
+    BUILT_IN_SENTENCES,
+};
+pub use kv_cache::KvCache;
+pub use registry::{find, supported_model_types, Found, Model, Open, Request, Visit, REGISTRY};
 
 #[derive(Debug, thiserror::Error)]
 pub enum FamilyError {

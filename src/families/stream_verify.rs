@@ -5,7 +5,9 @@
 use stagehand_actors::{BlockId, ModelLayout};
 
 use super::blocks::Blocks;
-use super::family::{Family, StepOutput};
+use super::family::{Facts, Family, StepOutput};
+use super::inputs::WorkloadKind;
+use super::registry::{Found, Open, Request};
 use super::FamilyError;
 use crate::compute::checksum::checksum;
 use crate::compute::Compute;
@@ -36,12 +38,36 @@ impl StreamVerify {
     }
 }
 
-impl Family for StreamVerify {
-    type State<C: Compute> = ();
+impl Open for StreamVerify {
+    const NAME: &'static str = "stream-verify";
+    const KIND: WorkloadKind = WorkloadKind::StreamVerify;
+
+    /// A bare checkpoint (no `config.json` beside it): its bytes are what can be checked.
+    fn recognises(found: &Found<'_>) -> bool {
+        found.folder.is_none()
+    }
+
+    fn open(request: &Request<'_>) -> Result<Self, FamilyError> {
+        Self::new(request.index)
+    }
+}
+
+impl Facts for StreamVerify {
+    fn kind(&self) -> WorkloadKind {
+        WorkloadKind::StreamVerify
+    }
+
+    fn describe(&self) -> &'static str {
+        "stream-verify"
+    }
 
     fn layout(&self) -> &ModelLayout {
         &self.layout
     }
+}
+
+impl Family for StreamVerify {
+    type State<C: Compute> = ();
 
     fn start<C: Compute>(&self, _compute: &C) -> Result<(), FamilyError> {
         Ok(())

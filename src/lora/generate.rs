@@ -11,7 +11,8 @@ use super::load::f16_to_f32;
 use super::LoraError;
 use crate::model::demo::DemoSpec;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum LoraNaming {
     Peft,
     Kohya,
@@ -20,7 +21,8 @@ pub enum LoraNaming {
 /// The dtype [`write_demo_lora`] stores factors in. Every precision draws the same
 /// seeded f32 values and rounds them to nearest (ties to even), so files with one seed
 /// at two precisions are one adapter stored twice.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum LoraDtype {
     #[default]
     F32,

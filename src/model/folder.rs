@@ -99,23 +99,17 @@ impl ModelFolder {
         }))
     }
 
-    /// `model_type` from `config.json` (or the first of `architectures`, lowercased,
-    /// as a fallback for old configs).
+    /// `model_type` from `config.json`.
     pub fn model_type(&self) -> Option<String> {
-        if let Some(kind) = self.config.get("model_type").and_then(Value::as_str) {
-            return Some(kind.to_string());
-        }
-        let architecture = self
-            .config
-            .get("architectures")?
-            .as_array()?
-            .first()?
-            .as_str()?;
-        let known = [("Bert", "bert")];
-        known
-            .iter()
-            .find(|(prefix, _)| architecture.starts_with(prefix))
-            .map(|(_, kind)| kind.to_string())
+        let kind = self.config.get("model_type")?.as_str()?;
+        Some(kind.to_string())
+    }
+
+    /// The first of `config.json` `architectures` (`BertModel`), which old configs
+    /// carry instead of a `model_type`.
+    pub fn architecture(&self) -> Option<String> {
+        let first = self.config.get("architectures")?.as_array()?.first()?;
+        Some(first.as_str()?.to_string())
     }
 
     pub fn config_path(&self) -> PathBuf {

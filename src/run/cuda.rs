@@ -189,32 +189,10 @@ fn weight_budget(
         budget.budget_bytes = budget
             .budget_bytes
             .min(room)
-            .min(model_need_bytes(prepared, plan.prefetch_depth));
+            .min(super::resident_need_bytes(prepared, plan.prefetch_depth));
     }
     budget.budget_bytes = arena_bytes(budget.budget_bytes);
     Ok(budget)
-}
-
-/// VRAM that holds the whole model resident: every block and LoRA pack at the
-/// arena's alignment, plus a ring of the largest block per prefetch slot.
-fn model_need_bytes(prepared: &Prepared, prefetch_depth: u32) -> u64 {
-    let align = |bytes: u64| bytes.div_ceil(256) * 256;
-    let layout = prepared.workload.layout();
-    let blocks: u64 = layout.blocks.iter().map(|block| align(block.bytes)).sum();
-    let ring = u64::from(prefetch_depth + 1) * align(layout.largest_block_bytes());
-    let lora: u64 = prepared
-        .workload
-        .lora
-        .iter()
-        .map(|phase| {
-            (0..phase.set.adapters().len())
-                .flat_map(|adapter| {
-                    (0..layout.len()).map(move |block| align(phase.set.pack_bytes(adapter, block)))
-                })
-                .sum::<u64>()
-        })
-        .sum();
-    blocks + ring + lora
 }
 
 /// The weight arena in whole driver pages, so the driver's used figure for it never
@@ -447,8 +425,11 @@ mod tests {
         )
         .unwrap();
         // Each block is one 10 × 10 f32 layer: 400 bytes, 512 aligned.
-        assert_eq!(model_need_bytes(&prepared, 2), 3 * 512 + 3 * 512);
-        assert_eq!(model_need_bytes(&prepared, 0), 3 * 512 + 512);
+        assert_eq!(
+            crate::run::resident_need_bytes(&prepared, 2),
+            3 * 512 + 3 * 512
+        );
+        assert_eq!(crate::run::resident_need_bytes(&prepared, 0), 3 * 512 + 512);
     }
 
     #[test]

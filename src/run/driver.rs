@@ -12,32 +12,14 @@ use stagehand_actors::{
 
 use super::reference::Reference;
 use crate::compute::Compute;
-use crate::families::bert::Encoder;
 use crate::families::blocks::Streamed;
-use crate::families::family::Family;
-use crate::families::linear_stack::{first_difference, first_difference_within, LinearStack};
-use crate::families::llama::Decoder;
+use crate::families::linear_stack::{first_difference, first_difference_within};
 use crate::families::lora_set::{LoraSet, LORA_TOLERANCE};
-use crate::families::moe::MoeRun;
-use crate::families::stream_verify::StreamVerify;
-use crate::families::FamilyError;
+pub use crate::families::Model;
+use crate::families::{Family, FamilyError, Visit};
 use crate::model::BlockReader;
 
 pub use super::report::{median, RunReport};
-
-/// The model a run computes.
-pub enum Model {
-    /// The generated demo model: a real GEMM forward pass.
-    LinearStack(LinearStack),
-    /// The generated mixture-of-experts model.
-    Moe(MoeRun),
-    /// Any checkpoint: bytes checked against the file, nothing computed.
-    StreamVerify(StreamVerify),
-    /// A BERT-family encoder from a Hugging Face folder.
-    Encoder(Box<Encoder>),
-    /// A Llama-family decoder (or Mixtral) from a Hugging Face folder.
-    Decoder(Box<Decoder>),
-}
 
 /// What each step computes, and the LoRA sets it applies.
 pub struct Workload {
@@ -51,24 +33,6 @@ pub struct Workload {
 pub struct LoraPhase {
     pub from_step: u64,
     pub set: LoraSet,
-}
-
-macro_rules! with_family {
-    ($model:expr, $family:ident => $body:expr) => {
-        match $model {
-            Model::LinearStack($family) => $body,
-            Model::Moe($family) => $body,
-            Model::StreamVerify($family) => $body,
-            Model::Encoder($family) => {
-                let $family = &**$family;
-                $body
-            }
-            Model::Decoder($family) => {
-                let $family = &**$family;
-                $body
-            }
-        }
-    };
 }
 
 impl Workload {
@@ -94,24 +58,21 @@ impl Workload {
         step: u64,
     ) -> Result<Vec<f32>, FamilyError> {
         let files = BlockReader::open(index)?;
-        with_family!(&self.model, family => {
-            let mut reference = Reference::new(family, self, &files);
-            let mut output = Vec::new();
-            let first = if family.reference_is_sequential() { 0 } else { step };
-            for replayed in first..=step {
-                output = reference.expected(compute, replayed)?.to_vec();
-            }
-            Ok(output)
+        self.model.visit(ReferenceOf {
+            compute,
+            workload: self,
+            files: &files,
+            step,
         })
     }
 
     /// The blocks the session streams.
     pub fn layout(&self) -> &ModelLayout {
-        with_family!(&self.model, family => family.layout())
+        self.model.facts().layout()
     }
 
     pub fn order(&self) -> Vec<BlockId> {
-        with_family!(&self.model, family => family.order())
+        self.model.facts().order()
     }
 
     /// The LoRA phase step `step` belongs to.
@@ -223,9 +184,66 @@ pub fn drive_traced<C: Compute>(
     options: DriverOptions,
     trace: Option<&crate::telemetry::TraceObserver>,
 ) -> Result<RunReport, Box<(FamilyError, StatsSnapshot)>> {
-    with_family!(&workload.model, family => {
-        drive_family(family, session, compute, workload, files, options, trace)
+    workload.model.visit(Drive {
+        session,
+        compute,
+        workload,
+        files,
+        options,
+        trace,
     })
+}
+
+/// [`drive_traced`] over whichever family the workload holds.
+struct Drive<'a, C: Compute> {
+    session: Session,
+    compute: &'a C,
+    workload: &'a Workload,
+    files: &'a BlockReader<'a>,
+    options: DriverOptions,
+    trace: Option<&'a crate::telemetry::TraceObserver>,
+}
+
+impl<C: Compute> Visit for Drive<'_, C> {
+    type Output = Result<RunReport, Box<(FamilyError, StatsSnapshot)>>;
+
+    fn visit<F: Family>(self, family: &F) -> Self::Output {
+        drive_family(
+            family,
+            self.session,
+            self.compute,
+            self.workload,
+            self.files,
+            self.options,
+            self.trace,
+        )
+    }
+}
+
+/// [`Workload::reference`] over whichever family the workload holds.
+struct ReferenceOf<'a, C: Compute> {
+    compute: &'a C,
+    workload: &'a Workload,
+    files: &'a BlockReader<'a>,
+    step: u64,
+}
+
+impl<C: Compute> Visit for ReferenceOf<'_, C> {
+    type Output = Result<Vec<f32>, FamilyError>;
+
+    fn visit<F: Family>(self, family: &F) -> Self::Output {
+        let mut reference = Reference::new(family, self.workload, self.files);
+        let mut output = Vec::new();
+        let first = if family.reference_is_sequential() {
+            0
+        } else {
+            self.step
+        };
+        for replayed in first..=self.step {
+            output = reference.expected(self.compute, replayed)?.to_vec();
+        }
+        Ok(output)
+    }
 }
 
 fn drive_family<C: Compute, F: Family>(
@@ -322,19 +340,21 @@ fn run_steps<'a, C: Compute, F: Family>(
         report.compute_seconds.push(blocks.compute_seconds);
         blocks.session().step_done();
         report.tolerance_steps += u64::from(low_rank);
-        report.expert_hits += output.expert_hits;
-        report.expert_misses += output.expert_misses;
-        report.expert_late += output.expert_late;
-        if output.expert_hits + output.expert_misses > 0 {
+        let experts = &output.experts;
+        report.expert_hits += experts.hits;
+        report.expert_misses += experts.misses;
+        report.expert_late += experts.late;
+        report.expert_hints += experts.hints;
+        if experts.acquires() > 0 {
             options.observer.expert_acquires(ExpertAcquires {
-                hits: output.expert_hits,
-                late: output.expert_late,
-                misses: output.expert_misses - output.expert_late,
+                hits: experts.hits,
+                late: experts.late,
+                misses: experts.misses - experts.late,
             });
         }
-        report.expert_hints += output.expert_hints;
         report.record_decoder_step(step, &output);
-        if let (Some(token), Some(on_token)) = (output.token, options.on_token.as_mut()) {
+        let token = output.decoded.as_ref().map(|decoded| decoded.token);
+        if let (Some(token), Some(on_token)) = (token, options.on_token.as_mut()) {
             on_token(token);
         }
         if step == 0 {

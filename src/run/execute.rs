@@ -4,13 +4,16 @@
 
 use std::sync::Arc;
 
-use stagehand_actors::{BlockId, Device, ExpertConfig, Observer, Session, SessionConfig};
+use stagehand_actors::{
+    arena_bytes, BlockId, Device, ExpertConfig, Observer, Session, SessionConfig,
+};
 
 use crate::compute::Compute;
 use crate::device::{CpuCompute, CpuDevice};
+use crate::families::ExpertNeeds;
 use crate::model::BlockReader;
 use crate::run::bound::{measure_rates, StepBound};
-use crate::run::driver::{drive_traced, DriverOptions, Model};
+use crate::run::driver::{drive_traced, DriverOptions};
 
 use super::{failed_run, open_model_storage, session_config, Outcome, Prepared, RunError, RunPlan};
 
@@ -56,7 +59,9 @@ pub fn execute_on<C: Compute>(
         activation_reserve_bytes: prepared.activation_bytes(1),
         ..session_config(settings, plan.budgets, plan.prefetch_depth, plan.policy)
     };
-    let experts = ExpertNeeds::of(&workload.model)
+    let experts = prepared
+        .facts()
+        .experts()
         .map(|needs| expert_config(&needs, &config))
         .transpose()?;
     // `--trace FILE`: transfers from the actors' observer calls, compute from the driver.
@@ -144,19 +149,9 @@ pub fn execute_on<C: Compute>(
         device: device.name(),
         storage: storage.name(),
         workload: prepared.describe(),
-        host_bytes: host_bytes(prepared),
+        host_bytes: prepared.facts().host_table_bytes(),
         peak_rss_bytes: peak_rss_bytes(),
     })
-}
-
-/// Model bytes a workload keeps in host memory outside the tiers (an encoder's word
-/// table when only gathered rows go to the device).
-fn host_bytes(prepared: &Prepared) -> u64 {
-    match &prepared.workload.model {
-        Model::Encoder(encoder) => encoder.host_table_bytes(),
-        Model::Decoder(decoder) => decoder.host_table_bytes(),
-        _ => 0,
-    }
 }
 
 /// The process's peak resident set (`VmHWM`), if the kernel reports it.
@@ -167,67 +162,12 @@ pub fn peak_rss_bytes() -> Option<u64> {
     Some(kib * 1024)
 }
 
-/// A block's footprint in the arena.
-fn align(bytes: u64) -> u64 {
-    bytes.div_ceil(256) * 256
-}
-
-/// What an expert cache is sized from.
-struct ExpertNeeds {
-    /// The dense blocks of the step order (every token uses them): their total and
-    /// their largest size.
-    dense_total_bytes: u64,
-    dense_block_bytes: u64,
-    expert_bytes: u64,
-    experts: u64,
-    top_k: u64,
-    slots: Option<u32>,
-    policy: stagehand_actors::ExpertPolicy,
-}
-
-impl ExpertNeeds {
-    fn of(model: &Model) -> Option<Self> {
-        match model {
-            Model::Moe(run) => {
-                let spec = run.model.spec;
-                Some(Self {
-                    dense_total_bytes: u64::from(spec.layers) * align(run.model.dense_bytes()),
-                    dense_block_bytes: run.model.dense_bytes(),
-                    expert_bytes: spec.expert_bytes(),
-                    experts: u64::from(spec.layers * spec.experts),
-                    top_k: u64::from(spec.top_k),
-                    slots: run.slots,
-                    policy: run.policy,
-                })
-            }
-            Model::Decoder(decoder) => {
-                let experts = decoder.config.experts?;
-                let layout = crate::families::family::Family::layout(&**decoder);
-                let dense: Vec<u64> = (0..=decoder.config.layers as u32)
-                    .filter_map(|block| layout.block(BlockId(block)))
-                    .map(|block| block.bytes)
-                    .collect();
-                Some(Self {
-                    dense_total_bytes: dense.iter().map(|&bytes| align(bytes)).sum(),
-                    dense_block_bytes: dense.iter().copied().max().unwrap_or(0),
-                    expert_bytes: decoder.expert_bytes()?,
-                    experts: (decoder.config.layers * experts.count) as u64,
-                    top_k: experts.top_k as u64,
-                    slots: decoder.expert_slots,
-                    policy: decoder.expert_policy,
-                })
-            }
-            _ => None,
-        }
-    }
-}
-
 /// The expert cache of an MoE run: the dense blocks (used by every token) stay
 /// resident if they fit beside at least `2 × top_k` expert slots; the rest of the
 /// budget is expert slots.
 fn expert_config(needs: &ExpertNeeds, config: &SessionConfig) -> Result<ExpertConfig, RunError> {
-    let expert_bytes = align(needs.expert_bytes);
-    let dense_bytes = align(needs.dense_block_bytes);
+    let expert_bytes = arena_bytes(needs.expert_bytes);
+    let dense_bytes = arena_bytes(needs.dense_block_bytes);
     let budget = config.vram_budget_bytes;
     let all_dense = needs.dense_total_bytes;
     let ring = dense_bytes * u64::from(config.prefetch_depth + 1);

@@ -2,9 +2,9 @@
 //! run` and `stagehand bench` share.
 
 pub mod bound;
+mod budget;
 #[cfg(feature = "cuda")]
 mod cuda;
-pub mod demo_pins;
 pub mod driver;
 mod execute;
 pub mod memory;
@@ -17,14 +17,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use stagehand_actors::{
-    ExpertPolicy, NoObserver, Observer, ResidencyPolicy, SessionConfig, Storage,
-};
+use stagehand_actors::{NoObserver, Observer, ResidencyPolicy, SessionConfig, Storage};
 
-use crate::families::bert::EmbeddingPlacement;
-use crate::families::moe::HintMode;
 use crate::families::FamilyError;
-use crate::lora::LoraSpec;
 use crate::model::demo::DemoSpec;
 use crate::model::demo_moe::MoeSpec;
 use crate::model::ModelIndex;
@@ -33,67 +28,19 @@ use crate::run::driver::RunReport;
 use crate::settings::Settings;
 use crate::storage::{open_storage, StorageFile, StorageOptions};
 
+pub use crate::families::{
+    DecoderInput, EncoderInput, Extras, MoeOptions, PromptInput, WorkloadKind, BUILT_IN_PROMPT,
+    BUILT_IN_SENTENCES,
+};
+pub use crate::os::available_ram_bytes;
+pub use budget::{
+    automatic_budget, budgets_for, demo_pin_room, plan_minimum_bytes, resident_need_bytes,
+    resolve_budgets, BudgetAsk, Budgets, DEFAULT_DEMO_PIN_FRACTION, DEFAULT_VRAM_FRACTION,
+};
 #[cfg(feature = "cuda")]
 pub use cuda::{execute_cuda_with, CudaOutcome, CudaRunOptions, VramFigures};
 pub use execute::{execute, execute_cuda, execute_on, peak_rss_bytes};
-pub use prepare::{
-    parse_token_ids, prepare, prepare_with, texts_from_file, DecoderInput, EncoderInput, Prepared,
-    PromptInput, BUILT_IN_PROMPT, BUILT_IN_SENTENCES, SUPPORTED_FAMILIES,
-};
-
-/// Fraction of the model the CPU backend's VRAM budget defaults to, so the demo streams.
-pub const DEFAULT_VRAM_FRACTION: f64 = 0.4;
-/// Fraction of the model the demo's pin ceiling defaults to, so the disk tier works too.
-pub const DEFAULT_DEMO_PIN_FRACTION: f64 = 0.5;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum WorkloadKind {
-    /// The model's own: the family its config.json names, linear-stack or moe for a
-    /// generated model, stream-verify for a bare checkpoint.
-    Auto,
-    LinearStack,
-    /// Stream and checksum every block against the file; computes nothing.
-    StreamVerify,
-    /// A BERT-family encoder from a Hugging Face folder.
-    Encoder,
-    /// A Llama-family decoder (llama, mistral, qwen2, mixtral) from a Hugging Face folder.
-    Decoder,
-    /// The generated mixture-of-experts model: experts acquired as routed, through an
-    /// expert cache with speculative prefetch.
-    Moe,
-}
-
-/// What a run adds to its workload: LoRA adapters, the MoE knobs, an encoder's texts.
-#[derive(Debug, Clone, Default)]
-pub struct Extras {
-    pub loras: Vec<LoraSpec>,
-    pub moe: MoeOptions,
-    /// What an encoder embeds; `None`: the built-in sentences.
-    pub encoder: Option<EncoderInput>,
-    /// What a decoder generates from; `None`: the built-in prompt, greedy.
-    pub decoder: Option<DecoderInput>,
-    /// Read headers only (no tensor data): to describe a model, not to run it.
-    pub headers_only: bool,
-    pub embeddings: EmbeddingPlacement,
-}
-
-#[derive(Debug, Clone, Copy)]
-pub struct MoeOptions {
-    pub policy: ExpertPolicy,
-    pub hint: HintMode,
-    /// Expert cache slots; `None`: as many as the budget leaves after the dense blocks.
-    pub slots: Option<u32>,
-}
-
-impl Default for MoeOptions {
-    fn default() -> Self {
-        Self {
-            policy: ExpertPolicy::default(),
-            hint: HintMode::NextLayer,
-            slots: None,
-        }
-    }
-}
+pub use prepare::{parse_token_ids, prepare, prepare_with, texts_from_file, Prepared};
 
 /// Why a run could not be set up (exit 2) or failed (exit 1).
 #[derive(Debug, thiserror::Error)]
@@ -132,45 +79,6 @@ pub fn default_cache_dir() -> PathBuf {
         return PathBuf::from(home).join(".cache").join("stagehand");
     }
     PathBuf::from("target").join("stagehand-cache")
-}
-
-pub use crate::device::host_memory::available_ram_bytes;
-
-/// The budgets a run uses, resolved from the settings and the model.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub struct Budgets {
-    pub vram_budget_bytes: u64,
-    pub pin_ceiling_bytes: u64,
-}
-
-pub fn resolve_budgets(settings: &Settings, model_bytes: u64, is_demo: bool) -> Budgets {
-    let vram_budget_bytes = settings
-        .vram_budget
-        .map(|size| size.as_u64())
-        .unwrap_or((model_bytes as f64 * DEFAULT_VRAM_FRACTION) as u64);
-    // What may be pinned: MemAvailable less the floor and less the fast-disk staging
-    // ring, which is pinned beside the ceiling (every pinned byte counts against the floor).
-    let spare = available_ram_bytes().map(|available| memory::pinnable_bytes(available, settings));
-    let wanted = match settings.pin_ceiling {
-        Some(size) => size.as_u64(),
-        None if is_demo => (model_bytes as f64 * DEFAULT_DEMO_PIN_FRACTION) as u64,
-        None => spare.unwrap_or(model_bytes),
-    };
-    let pin_ceiling_bytes = match spare {
-        Some(spare) if wanted > spare => {
-            tracing::warn!(
-                "pin_ceiling lowered from {} to {} so free RAM stays above ram_floor",
-                stagehand_actors::Bytes(wanted),
-                stagehand_actors::Bytes(spare)
-            );
-            spare
-        }
-        _ => wanted,
-    };
-    Budgets {
-        vram_budget_bytes,
-        pin_ceiling_bytes,
-    }
 }
 
 /// The storage adapter for a model's files, as the settings ask (O_DIRECT with

@@ -145,7 +145,7 @@ mod tests {
             panic!("a MoE model");
         };
         let files = BlockReader::open(&prepared.index).expect("files");
-        let mut reference = Reference::new(run, &prepared.workload, &files);
+        let mut reference = Reference::new(&**run, &prepared.workload, &files);
         let compute = crate::device::CpuCompute::new();
         for token in 0..REFERENCES_KEPT as u64 + 100 {
             reference.expected(&compute, token).expect("reference");

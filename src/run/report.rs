@@ -75,17 +75,18 @@ impl RunReport {
     }
 
     /// Keeps what a decoder step reports: its token, its routing, its KV growth.
-    pub fn record_decoder_step(&mut self, step: u64, output: &crate::families::family::StepOutput) {
-        if let Some(token) = output.token {
-            self.tokens.push(token);
+    pub fn record_decoder_step(&mut self, step: u64, output: &crate::families::StepOutput) {
+        if !output.experts.routes.is_empty() {
+            self.routes.push(output.experts.routes.clone());
         }
-        if !output.routes.is_empty() {
-            self.routes.push(output.routes.clone());
-        }
-        self.kv_bytes = self.kv_bytes.max(output.kv_bytes);
-        if output.kv_reserved_bytes > 0 {
+        let Some(decoded) = &output.decoded else {
+            return;
+        };
+        self.tokens.push(decoded.token);
+        self.kv_bytes = self.kv_bytes.max(decoded.kv_bytes);
+        if decoded.kv_reserved_bytes > 0 {
             self.kv_growth
-                .push((step, output.kv_reserved_bytes, output.kv_evicted.clone()));
+                .push((step, decoded.kv_reserved_bytes, decoded.kv_evicted.clone()));
         }
     }
 

@@ -10,60 +10,64 @@ use config::Value;
 
 use super::provenance::Source;
 
-#[derive(Debug, Clone, Default, clap::Args)]
-#[command(next_help_heading = "Deployment settings (file < STAGEHAND_* env < flag)")]
+#[derive(Debug, Clone, Default)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+#[cfg_attr(
+    feature = "cli",
+    command(next_help_heading = "Deployment settings (file < STAGEHAND_* env < flag)")
+)]
 pub struct SettingsArgs {
     /// TOML file layered over config/default.toml.
-    #[arg(long, value_name = "FILE")]
+    #[cfg_attr(feature = "cli", arg(long, value_name = "FILE"))]
     pub config: Option<PathBuf>,
     /// Device backend: auto, cpu, sim or cuda.
-    #[arg(long, value_name = "KIND")]
+    #[cfg_attr(feature = "cli", arg(long, value_name = "KIND"))]
     pub device: Option<String>,
     /// VRAM for weights, e.g. 8GiB ("" = device total - reserve - headroom).
-    #[arg(long, value_name = "SIZE")]
+    #[cfg_attr(feature = "cli", arg(long, value_name = "SIZE"))]
     pub vram_budget: Option<String>,
     /// VRAM left out of stagehand's accounting, e.g. 256MiB.
-    #[arg(long, value_name = "SIZE")]
+    #[cfg_attr(feature = "cli", arg(long, value_name = "SIZE"))]
     pub reserve_vram: Option<String>,
     /// VRAM kept free even counting other processes, e.g. 1GiB.
-    #[arg(long, value_name = "SIZE")]
+    #[cfg_attr(feature = "cli", arg(long, value_name = "SIZE"))]
     pub vram_headroom: Option<String>,
     /// Most host RAM stagehand pins ("" = free RAM - ram floor).
-    #[arg(long, value_name = "SIZE")]
+    #[cfg_attr(feature = "cli", arg(long, value_name = "SIZE"))]
     pub pin_ceiling: Option<String>,
     /// Free RAM always left to the machine (at least 2GiB).
-    #[arg(long, value_name = "SIZE")]
+    #[cfg_attr(feature = "cli", arg(long, value_name = "SIZE"))]
     pub ram_floor: Option<String>,
     /// Stream from disk every step through a pinned staging ring (O_DIRECT).
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    #[cfg_attr(feature = "cli", arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true"))]
     pub fast_disk: Option<bool>,
     /// Streamed blocks loaded ahead of compute (0..=64; 0 = load each when needed).
     /// `simulate` also takes `auto`: it tries 0..=4 and uses the fastest.
-    #[arg(long, value_name = "N")]
+    #[cfg_attr(feature = "cli", arg(long, value_name = "N"))]
     pub prefetch_depth: Option<String>,
     /// Serve Prometheus /metrics at HOST:PORT, :PORT or PORT (127.0.0.1 unless a host is given).
-    #[arg(long, value_name = "ADDR")]
+    #[cfg_attr(feature = "cli", arg(long, value_name = "ADDR"))]
     pub metrics_addr: Option<String>,
     /// Write a Chrome trace (Perfetto) of the run to FILE.
-    #[arg(long, value_name = "FILE")]
+    #[cfg_attr(feature = "cli", arg(long, value_name = "FILE"))]
     pub trace: Option<String>,
     /// Log filter, tracing env-filter syntax (info, stagehand=debug).
-    #[arg(long, value_name = "FILTER")]
+    #[cfg_attr(feature = "cli", arg(long, value_name = "FILTER"))]
     pub log: Option<String>,
     /// Regex whose first capture group is a tensor's block key (overrides layers.N. etc.).
-    #[arg(long, value_name = "REGEX")]
+    #[cfg_attr(feature = "cli", arg(long, value_name = "REGEX"))]
     pub block_pattern: Option<String>,
     /// Pinned staging buffers in the fast-disk ring (2..=64).
-    #[arg(long, value_name = "N")]
+    #[cfg_attr(feature = "cli", arg(long, value_name = "N"))]
     pub staging_buffers: Option<String>,
     /// Size of each staging buffer, a multiple of 4KiB.
-    #[arg(long, value_name = "SIZE")]
+    #[cfg_attr(feature = "cli", arg(long, value_name = "SIZE"))]
     pub staging_buffer_size: Option<String>,
     /// Size of one disk read request, a multiple of 4KiB.
-    #[arg(long, value_name = "SIZE")]
+    #[cfg_attr(feature = "cli", arg(long, value_name = "SIZE"))]
     pub read_request_size: Option<String>,
     /// Disk reader worker threads (1..=64).
-    #[arg(long, value_name = "N")]
+    #[cfg_attr(feature = "cli", arg(long, value_name = "N"))]
     pub reader_threads: Option<String>,
 }
 

@@ -29,7 +29,8 @@ use bytesize::ByteSize;
 use serde::{Deserialize, Serialize};
 
 /// Which device adapter runs the session.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum DeviceKind {
     /// CUDA when a device is present, else the CPU backend.

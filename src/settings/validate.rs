@@ -120,13 +120,16 @@ impl Settings {
 /// the untrimmed text at the trimmed text's offsets, which panics when leading
 /// whitespace shifts a cut into a multi-byte character (found by the settings fuzz
 /// target; `tests/settings.rs` keeps the input). Filters are Rust paths, levels and
-/// field names: ASCII.
+/// field names: ASCII. The library alone (without the `cli` feature, so without a
+/// subscriber of its own) checks only that much: the filter is its embedder's to parse.
 pub fn is_log_filter(filter: &str) -> bool {
-    filter
+    let plain = filter
         .bytes()
         .all(|byte| byte.is_ascii_graphic() || byte == b' ')
-        && filter.trim() == filter
-        && tracing_subscriber::EnvFilter::try_new(filter).is_ok()
+        && filter.trim() == filter;
+    #[cfg(feature = "cli")]
+    let plain = plain && tracing_subscriber::EnvFilter::try_new(filter).is_ok();
+    plain
 }
 
 fn check_range(key: &'static str, value: u32, min: u32, max: u32) -> Result<(), Invalid> {

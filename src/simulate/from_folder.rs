@@ -1,166 +1,118 @@
-//! Model descriptions of a Hugging Face folder of a family stagehand computes: the
-//! blocks the family really streams (its own layout, headers only), the kernels one
-//! step of it calls block by block (what a calibrated profile times), the FLOPs those
-//! execute per token (the roofline of uncalibrated profiles), and what it reserves
-//! beside the weights, so a prediction and a run are about the same work and bytes.
+//! Model descriptions of a Hugging Face folder of a family stagehand computes, made
+//! from the family itself: the blocks it really streams (its own layout, headers
+//! only), the kernels its own steps call block by block (recorded over the recording
+//! compute, [`crate::families::record`]), the FLOPs those execute, and what it
+//! reserves beside the weights — so a prediction and a run are about the same work
+//! and bytes, with no second list of what a family computes to drift from the first.
 
 use stagehand_actors::BlockId;
 
-use super::decoder_work::{DecoderWork, StepShape};
-use super::encoder_work::EncoderWork;
-use super::kv_cache::KvCache;
 use super::model::{BlockDesc, ExpertDesc, ModelDescription};
 use super::output::{OutputUnit, StepOutput};
-use crate::families::bert::Encoder;
-use crate::families::family::Family;
-use crate::families::llama::{Decoder, KV_PAGE_TOKENS};
-use crate::run::driver::Model;
+use crate::compute::work::Work;
+use crate::families::record::record_steps;
+use crate::families::{Family, FamilyError, Visit, WorkloadKind};
 use crate::run::Prepared;
 use crate::sim::SimError;
 
+/// The steps a description records: the first (a decoder's prefill) and a steady one.
+const RECORDED_STEPS: u64 = 2;
+
 impl ModelDescription {
-    /// The description of a prepared model folder: a decoder (see
-    /// [`Self::from_decoder`]) or an encoder (see [`Self::from_encoder`]); a decoder's
-    /// step decodes `tokens_per_step` sequences, an encoder's is its prepared batch.
+    /// The description of a prepared model folder. A decoder's step decodes
+    /// `tokens_per_step` sequences at once (each with its own KV cache, the first
+    /// step prefilling the prepared prompt); an encoder's step is its prepared batch.
     pub fn from_prepared(prepared: &Prepared, tokens_per_step: u64) -> Result<Self, SimError> {
         let source = prepared.index.path.display().to_string();
-        match &prepared.workload.model {
-            Model::Decoder(decoder) => Self::from_decoder(prepared, decoder, tokens_per_step),
-            Model::Encoder(encoder) => Self::from_encoder(prepared, encoder),
-            _ => {
-                return Err(SimError::Profile {
-                    file: source,
-                    message: "only decoder and encoder folders are described from config.json; give the checkpoint file for others".to_string(),
-                })
-            }
-        }
-        .checked()
-    }
-
-    /// A decoder: one block per layer (its experts included, as the simulator's MoE
-    /// layers hold them), then the head; each token is a step (`tokens_per_step`
-    /// sequences decode at once, each with its own KV cache). The first step prefills
-    /// the prepared prompt; the KV cache is reserved as `run` reserves it.
-    fn from_decoder(prepared: &Prepared, decoder: &Decoder, tokens_per_step: u64) -> Self {
-        let layout = decoder.layout();
-        let bytes = |block: BlockId| layout.block(block).map_or(0, |block| block.bytes);
-        let config = &decoder.config;
-        let prompt = decoder.prompt.len() as u64;
-        let kernels = DecoderWork {
-            config,
-            index: &prepared.index,
-            host_table: !config.tie_embeddings,
+        let failed = |message: String| SimError::Profile {
+            file: source.clone(),
+            message,
         };
-        let (prefill, decode) = (
-            StepShape::prefill(prompt),
-            StepShape::decode(tokens_per_step, prompt),
-        );
-        let mut blocks = Vec::with_capacity(config.layers + 1);
-        let mut experts = None;
-        for layer in 0..config.layers {
-            let layer_block = BlockId(layer as u32);
-            let expert_blocks = decoder.expert_blocks(layer);
-            let expert_bytes: u64 = expert_blocks.iter().map(|&block| bytes(block)).sum();
-            let active = config.experts.map_or(0.0, |experts| {
-                experts.top_k as f64 * decoder.expert_flops_per_token()
-            });
-            if let (Some(found), Some(&first)) = (config.experts, expert_blocks.first()) {
-                experts = Some(ExpertDesc {
-                    per_layer: found.count as u32,
-                    top_k: found.top_k as u32,
-                    bytes_each: bytes(first),
-                });
-            }
-            blocks.push(BlockDesc {
-                name: layout.block(layer_block).map_or_else(
-                    || format!("model.layers.{layer}"),
-                    |block| block.name.clone(),
-                ),
-                bytes: bytes(layer_block) + expert_bytes,
-                flops_per_token: decoder.layer_flops_per_token() + active,
-                tensors: 1,
-                work: Some(kernels.layer(layer, decode)),
-                first_step_work: Some(kernels.layer(layer, prefill)),
-            });
+        if prepared.folder.is_none() {
+            return Err(failed(
+                "only model folders are described from their family; give the checkpoint file for others".to_string(),
+            ));
         }
-        let head = BlockId(config.layers as u32);
-        blocks.push(BlockDesc {
-            name: "lm_head".to_string(),
-            bytes: bytes(head),
-            flops_per_token: decoder.head_flops_per_token(),
-            tensors: 1,
-            work: Some(kernels.head(decode)),
-            first_step_work: Some(kernels.head(prefill)),
-        });
-        Self {
-            experts,
-            output: Some(StepOutput {
-                unit: OutputUnit::Token,
-                steps_per_output: None,
-            }),
-            kv_cache: Some(KvCache {
-                bytes_per_token: decoder.kv_bytes_per_token() * tokens_per_step,
-                prompt_tokens: prompt,
-                page_tokens: KV_PAGE_TOKENS as u64,
-            }),
-            ..Self::of_folder(prepared, tokens_per_step, blocks)
-        }
-    }
-
-    /// `blocks` of the prepared folder's model: named after the folder, with its
-    /// dtypes; no experts, output unit or KV cache.
-    fn of_folder(prepared: &Prepared, tokens_per_step: u64, blocks: Vec<BlockDesc>) -> Self {
+        let facts = prepared.facts();
+        let (sequences, tokens_per_step) = match facts.kind() {
+            WorkloadKind::Decoder => (tokens_per_step.max(1), tokens_per_step.max(1)),
+            _ => (1, facts.tokens_per_step()),
+        };
+        let steps = prepared
+            .workload
+            .model
+            .visit(Record)
+            .map_err(|error| failed(format!("recording a step of the family: {error}")))?;
+        let [first, steady] = &steps[..] else {
+            return Err(failed("the family recorded no steps".to_string()));
+        };
+        let blocks = facts
+            .order()
+            .into_iter()
+            .map(|block| describe_block(prepared, block, tokens_per_step, sequences, first, steady))
+            .collect();
         Self {
             name: folder_name(prepared),
-            source: prepared.index.path.display().to_string(),
+            source,
             dtype: dtypes(prepared),
             tokens_per_step,
             blocks,
-            experts: None,
-            output: None,
-            kv_cache: None,
+            experts: facts.experts().map(|experts| ExpertDesc {
+                per_layer: experts.per_layer as u32,
+                top_k: experts.top_k as u32,
+                bytes_each: experts.expert_bytes,
+            }),
+            output: (facts.kind() == WorkloadKind::Decoder).then_some(StepOutput {
+                unit: OutputUnit::Token,
+                steps_per_output: None,
+            }),
+            kv_cache: facts.kv_cache().map(|kv| crate::families::KvCache {
+                bytes_per_token: kv.bytes_per_token * sequences,
+                ..kv
+            }),
         }
+        .checked()
     }
 }
 
-impl ModelDescription {
-    /// An encoder: the embeddings block (without the word table when it stays in host
-    /// memory), then one block per layer, as the encoder streams them; a step is its
-    /// first batch (`sequences × padded length` token rows, the description's
-    /// `tokens_per_step`), the kernels those rows run through, and FLOPs per token
-    /// from those kernels' GEMMs and attention. An encoder whose texts make batches
-    /// of several shapes is described by its first.
-    fn from_encoder(prepared: &Prepared, encoder: &Encoder) -> Self {
-        let (sequences, length) = encoder.batch_shape(0);
-        let kernels = EncoderWork {
-            config: &encoder.config,
-            index: &prepared.index,
-            sequences: sequences as u64,
-            length: length as u64,
-            word_streams: encoder.host_table_bytes() == 0,
-        };
-        let tokens_per_step = (sequences * length).max(1) as u64;
-        let layout = encoder.layout();
-        let blocks = layout
-            .blocks
-            .iter()
-            .enumerate()
-            .map(|(index, block)| {
-                let work = match index {
-                    0 => kernels.embeddings(),
-                    layer => kernels.layer(layer - 1),
-                };
-                BlockDesc {
-                    name: block.name.clone(),
-                    bytes: block.bytes,
-                    flops_per_token: work.gemm_flops() / tokens_per_step as f64,
-                    tensors: u32::try_from(block.extents.len()).unwrap_or(u32::MAX),
-                    work: Some(work),
-                    first_step_work: None,
-                }
-            })
-            .collect();
-        Self::of_folder(prepared, tokens_per_step, blocks)
+/// Records the first two steps of whichever family a model holds.
+struct Record;
+
+impl Visit for Record {
+    type Output = Result<Vec<Vec<Work>>, FamilyError>;
+
+    fn visit<F: Family>(self, family: &F) -> Self::Output {
+        record_steps(family, RECORDED_STEPS)
+    }
+}
+
+/// Block `block` of the order as the simulator holds it: its bytes with those of its
+/// experts (an MoE layer holds them), the kernels of a steady step and of the first,
+/// batched over `sequences`.
+fn describe_block(
+    prepared: &Prepared,
+    block: BlockId,
+    tokens_per_step: u64,
+    sequences: u64,
+    first: &[Work],
+    steady: &[Work],
+) -> BlockDesc {
+    let facts = prepared.facts();
+    let layout = facts.layout();
+    let info = layout.block(block);
+    let bytes = |block: BlockId| layout.block(block).map_or(0, |block| block.bytes);
+    let expert_bytes: u64 = facts.experts_of(block).into_iter().map(bytes).sum();
+    let work = steady[block.index()].batched(sequences);
+    let first_work = first[block.index()].batched(sequences);
+    BlockDesc {
+        name: info.map_or_else(|| block.to_string(), |info| info.name.clone()),
+        bytes: bytes(block) + expert_bytes,
+        flops_per_token: work.gemm_flops() / tokens_per_step.max(1) as f64,
+        tensors: info.map_or(1, |info| {
+            u32::try_from(info.extents.len()).unwrap_or(u32::MAX)
+        }),
+        first_step_work: (first_work != work).then_some(first_work),
+        work: Some(work),
     }
 }
 

@@ -2,14 +2,11 @@
 //! the real actors on the simulated device ([`crate::sim`]) in virtual time, against
 //! two baselines, with the prefetch depth it recommends.
 
-mod decoder_work;
 mod depth;
-mod encoder_work;
 mod fit;
 mod from_folder;
 mod from_index;
 pub mod harness;
-mod kv_cache;
 mod model;
 mod output;
 mod policy;
@@ -18,12 +15,12 @@ mod run;
 mod simulation;
 mod steady;
 
+pub use crate::families::KvCache;
 pub use depth::{
     candidate_depths, pick_depth, search_prefetch_depth, DepthCandidate, AUTO_DEPTH_MAX,
     SEARCH_STEPS, TIE_RELATIVE,
 };
 pub use fit::{Bottleneck, FitCheck, FitFailure, FitSettings, RAM_FLOOR_MIN_BYTES};
-pub use kv_cache::KvCache;
 pub use model::{BlockDesc, ExpertDesc, ModelDescription};
 pub use output::{OutputRate, OutputUnit, StepOutput};
 pub use policy::Policy;

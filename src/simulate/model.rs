@@ -9,8 +9,8 @@
 use serde::{Deserialize, Serialize};
 use stagehand_actors::{BlockLayout, Extent, FileId, ModelLayout};
 
-use super::kv_cache::KvCache;
 use super::output::StepOutput;
+use crate::families::KvCache;
 use crate::sim::SimError;
 
 const BUILTIN_MODELS: &[(&str, &str)] = &[

@@ -20,11 +20,11 @@ use stagehand_actors::{
 };
 
 use super::fit::{whole_block_staging_buffers, FitSettings, MIN_STAGING_BUFFERS};
-use super::kv_cache::KvCache;
 use super::model::ModelDescription;
 use super::policy::Policy;
 use super::reuse::{ReuseLedger, VramBytesPerBlock};
 use super::steady::{steady, steady_bytes, LinkBytes, SteadyBytes};
+use crate::families::KvCache;
 use crate::sim::FaultPlan;
 use crate::sim::HardwareProfile;
 use crate::sim::SimClock;

@@ -215,6 +215,7 @@ impl PinState {
         std::mem::take(&mut self.ahead_outcomes)
     }
 
+    #[cfg(test)]
     /// Read-ahead reads in flight or landed and not yet asked for.
     pub fn read_ahead_blocks(&self) -> usize {
         self.ahead.len()

@@ -19,7 +19,7 @@ use crate::plan::{PinPlan, Staging, StepOrder, VramPlan};
 use crate::residency::ResidencyTable;
 use crate::stats::Stats;
 use crate::storage::Storage;
-use crate::vram_allocator::{ConnectLora, ConnectPins, VramAllocator};
+use crate::vram_allocator::{Peers, VramAllocator};
 use crate::vram_state::VramState;
 
 use super::core::Core;
@@ -139,33 +139,50 @@ impl Prepared {
             bounds.reads_outstanding,
         );
         let reader = with_capacity(bounds.reader, reader);
-        let allocator = VramAllocator::new(
-            state,
-            self.table.clone(),
-            device.clone(),
-            arena,
-            observer.clone(),
-        );
-        let allocator = with_capacity(bounds.allocator, allocator);
-        let pins = PinManager::new(
-            pin_state,
-            extents,
-            device.clone(),
-            reader,
-            allocator.clone(),
-            observer.clone(),
-        );
-        let pins = with_capacity(bounds.pins, pins);
-        crate::mailbox::post(&allocator, ConnectPins(pins.clone()));
-        let lora = LoraOffloader::new(
-            LoraState::with_table(self.lora_table.clone(), self.plan.vram.ring_slots as usize),
-            device,
-            allocator.clone(),
-            pins.clone(),
-            observer.clone(),
-        );
-        let lora = with_capacity(bounds.lora, lora);
-        crate::mailbox::post(&allocator, ConnectLora(lora.clone()));
+        // The allocator's context comes first (as quickwit creates a mailbox before
+        // spawning its actor): the pin manager and the LoRA offloader are made with its
+        // address, and it starts with theirs, so no actor is ever unwired.
+        let mut peers = None;
+        let lora_state =
+            LoraState::with_table(self.lora_table.clone(), self.plan.vram.ring_slots as usize);
+        let allocator = VramAllocator::create(|ctx| {
+            ctx.set_mailbox_capacity(bounds.allocator);
+            let allocator = ctx.address();
+            let pins = PinManager::new(
+                pin_state,
+                extents,
+                device.clone(),
+                reader,
+                allocator.clone(),
+                observer.clone(),
+            );
+            let pins = with_capacity(bounds.pins, pins);
+            let lora = LoraOffloader::new(
+                lora_state,
+                device.clone(),
+                allocator,
+                pins.clone(),
+                observer.clone(),
+            );
+            let lora = with_capacity(bounds.lora, lora);
+            peers = Some(Peers {
+                pins: pins.clone(),
+                lora: lora.clone(),
+            });
+            VramAllocator::new(
+                state,
+                self.table.clone(),
+                device,
+                arena,
+                Peers { pins, lora },
+                observer.clone(),
+            )
+        });
+        let Some(Peers { pins, lora }) = peers else {
+            return Err(SessionError::Device(
+                "the allocator did not start its peers".to_string(),
+            ));
+        };
         let stream = ComputeStream::new(allocator.clone(), pins, observer, owns_system);
         let stream = with_capacity(bounds.stream, stream);
         Ok(Wiring {

@@ -3,7 +3,7 @@
 
 use actix::prelude::*;
 
-use super::{ConnectLora, VramAllocator};
+use super::VramAllocator;
 use crate::error::SessionError;
 use crate::messages::{ReleaseLora, ReserveLora};
 use crate::observer::ErrorKind;
@@ -30,14 +30,6 @@ impl VramAllocator {
         for message in std::mem::take(&mut self.pending_lora) {
             self.reserve_lora(message);
         }
-    }
-}
-
-impl Handler<ConnectLora> for VramAllocator {
-    type Result = ();
-
-    fn handle(&mut self, message: ConnectLora, _ctx: &mut Self::Context) {
-        self.lora = Some(message.0);
     }
 }
 

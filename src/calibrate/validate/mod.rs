@@ -119,16 +119,18 @@ fn prepare(case: &Case, settings: &Settings) -> Result<Prepared, String> {
     .map_err(|error| error.to_string())
 }
 
-/// The budgets of the case: its share of the model, at least what the plan needs,
-/// and the pin ceiling `stagehand run` gives (a demo model keeps room to cache).
-fn budgets_of(case: &Case, prepared: &Prepared, settings: &mut Settings) -> Budgets {
-    let model_bytes = prepared.streamed_model_bytes();
-    let (minimum, _) = prepared.plan_minimum_bytes(case.prefetch_depth, ResidencyPolicy::Planned);
-    let wanted = (model_bytes as f64 * case.vram_share) as u64;
-    let budget = wanted.max(minimum + prepared.activation_bytes(case.steps));
-    settings.vram_budget = Some(bytesize::ByteSize(budget));
-    let budgets = crate::run::resolve_budgets(settings, model_bytes, prepared.is_demo);
-    crate::run::demo_pins::demo_pin_room(prepared, settings, budgets)
+/// The budgets of the case: the one budget policy `stagehand run` applies, starting
+/// from the case's share of the model.
+fn budgets_of(case: &Case, prepared: &Prepared, settings: &Settings) -> Budgets {
+    crate::run::budgets_for(
+        prepared,
+        settings,
+        crate::run::BudgetAsk {
+            steps: case.steps,
+            policy: ResidencyPolicy::Planned,
+            vram_share: case.vram_share,
+        },
+    )
 }
 
 /// The description `simulate --model` makes of the case's model.
@@ -187,7 +189,9 @@ pub fn validate_case(case: &Case, profile: &HardwareProfile) -> Result<Row, Vali
     };
     let mut settings = settings_of(case);
     let prepared = prepare(case, &settings).map_err(fail)?;
-    let budgets = budgets_of(case, &prepared, &mut settings);
+    let budgets = budgets_of(case, &prepared, &settings);
+    // The run and the simulation take the budget as set, as a user would give it.
+    settings.vram_budget = Some(bytesize::ByteSize(budgets.vram_budget_bytes));
     let model = description_of(case, &prepared).map_err(fail)?;
     let predicted = simulate_case(
         case,

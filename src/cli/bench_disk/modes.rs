@@ -12,8 +12,8 @@ use stagehand_actors::Bytes;
 
 use super::report::ModeResult;
 use super::BenchDiskArgs;
-use crate::actors::{Extent, FileId, HostBuffer, Storage};
-use crate::storage::{cached_bytes, drop_page_cache, stream_block, StagingRing};
+use stagehand::actors::{Extent, FileId, HostBuffer, Storage};
+use stagehand::storage::{cached_bytes, drop_page_cache, stream_block, StagingRing};
 
 /// The page cache counts as dropped when at most this share of the file is still cached.
 const COLD_CACHE_TOLERANCE: f64 = 0.01;

@@ -5,8 +5,9 @@ use std::path::Path;
 
 use super::super::Failure;
 use super::SimulateArgs;
-use crate::model::ModelIndex;
-use crate::simulate::ModelDescription;
+use stagehand::families::{EncoderInput, Extras, WorkloadKind};
+use stagehand::model::ModelIndex;
+use stagehand::simulate::ModelDescription;
 
 /// Most tokens one described encoder step may have (a bound on the ids made up to
 /// describe it; far above any real batch).
@@ -29,15 +30,9 @@ pub(super) fn load_model(
             "--tokens-per-step 0: a step processes at least 1 token"
         )));
     }
-    let family = crate::model::ModelFolder::find(path)
-        .ok()
-        .flatten()
-        .and_then(|folder| folder.model_type());
-    if let Some(family) = family {
-        if let Some(prepared) = prepare_family(path, &family, args.tokens_per_step)? {
-            return ModelDescription::from_prepared(&prepared, args.tokens_per_step)
-                .map_err(Failure::bad_input);
-        }
+    if let Some(prepared) = prepare_family(path, args.tokens_per_step, pattern)? {
+        return ModelDescription::from_prepared(&prepared, args.tokens_per_step)
+            .map_err(Failure::bad_input);
     }
     let index = ModelIndex::open(path, pattern).map_err(Failure::bad_input)?;
     ModelDescription::from_model_index(&index, args.tokens_per_step, None)
@@ -45,56 +40,69 @@ pub(super) fn load_model(
 }
 
 /// A folder of a family stagehand computes, prepared as `run` prepares it (headers
-/// only for a decoder): its own blocks, the kernels it calls, what it reserves.
-/// `None` for other folders (described from their checkpoint).
+/// only): its own blocks, the kernels it calls, what it reserves. `None` for other
+/// folders and bare checkpoints (described from their checkpoint).
 fn prepare_family(
     path: &Path,
-    family: &str,
     tokens_per_step: u64,
-) -> Result<Option<crate::run::Prepared>, Failure> {
-    let settings = crate::settings::Settings::default();
-    let (kind, extras, batch) = if crate::families::llama::DECODER_FAMILIES.contains(&family) {
-        let extras = crate::run::Extras {
-            headers_only: true,
-            ..crate::run::Extras::default()
-        };
-        (crate::run::WorkloadKind::Decoder, extras, 1)
-    } else if family == "bert" {
-        if tokens_per_step > MAX_ENCODER_TOKENS {
-            return Err(Failure::bad_input(anyhow::anyhow!(
-                "--tokens-per-step {tokens_per_step}: an encoder step of at most {MAX_ENCODER_TOKENS} tokens is described (the token ids it embeds are made up to describe it)"
-            )));
-        }
-        // One step embeds `tokens_per_step` tokens: sequences of the model's longest,
-        // one batch (the texts' ids do not change the work).
-        let max_positions = crate::model::ModelFolder::find(path)
-            .ok()
-            .flatten()
-            .and_then(|folder| {
-                crate::families::bert::bert_config(&folder.config_path(), &folder.config).ok()
-            })
-            .map_or(512, |config| config.max_positions as u64)
-            .max(1);
-        let sequences = tokens_per_step.div_ceil(max_positions);
-        let ids: Vec<Vec<u32>> = (0..sequences)
-            .map(|sequence| {
-                let length = (tokens_per_step - sequence * max_positions).min(max_positions);
-                vec![0; length as usize]
-            })
-            .collect();
-        let extras = crate::run::Extras {
-            encoder: Some(crate::run::EncoderInput::TokenIds(ids)),
-            ..crate::run::Extras::default()
-        };
-        (
-            crate::run::WorkloadKind::Encoder,
-            extras,
-            sequences as usize,
-        )
-    } else {
+    pattern: Option<&str>,
+) -> Result<Option<stagehand::run::Prepared>, Failure> {
+    let Ok(Some(folder)) = stagehand::model::ModelFolder::find(path) else {
         return Ok(None);
     };
-    crate::run::prepare_with(path, kind, batch, &settings, false, &extras)
+    let Ok(index) = ModelIndex::open(&folder.checkpoint, pattern) else {
+        return Ok(None);
+    };
+    let found = stagehand::families::Found {
+        index: &index,
+        folder: Some(&folder),
+    };
+    let Ok(entry) = stagehand::families::find(WorkloadKind::Auto, &found) else {
+        return Ok(None);
+    };
+    let mut extras = Extras {
+        headers_only: true,
+        ..Extras::default()
+    };
+    let batch = match entry.kind {
+        WorkloadKind::Decoder => 1,
+        WorkloadKind::Encoder => {
+            let ids = encoder_ids(&folder, tokens_per_step)?;
+            let sequences = ids.len();
+            extras.encoder = Some(EncoderInput::TokenIds(ids));
+            sequences
+        }
+        _ => return Ok(None),
+    };
+    let settings = stagehand::settings::Settings::default();
+    stagehand::run::prepare_with(path, entry.kind, batch, &settings, false, &extras)
         .map(Some)
         .map_err(|error| Failure::bad_input(anyhow::anyhow!(error)))
+}
+
+/// Token ids of one encoder step of `tokens_per_step` tokens: sequences of the
+/// model's longest (`max_position_embeddings`), one batch. The ids themselves do not
+/// change the work, so they are made up.
+fn encoder_ids(
+    folder: &stagehand::model::ModelFolder,
+    tokens_per_step: u64,
+) -> Result<Vec<Vec<u32>>, Failure> {
+    if tokens_per_step > MAX_ENCODER_TOKENS {
+        return Err(Failure::bad_input(anyhow::anyhow!(
+            "--tokens-per-step {tokens_per_step}: an encoder step of at most {MAX_ENCODER_TOKENS} tokens is described (the token ids it embeds are made up to describe it)"
+        )));
+    }
+    let max_positions = folder
+        .config
+        .get("max_position_embeddings")
+        .and_then(serde_json::Value::as_u64)
+        .unwrap_or(512)
+        .max(1);
+    let sequences = tokens_per_step.div_ceil(max_positions);
+    Ok((0..sequences)
+        .map(|sequence| {
+            let length = (tokens_per_step - sequence * max_positions).min(max_positions);
+            vec![0; length as usize]
+        })
+        .collect())
 }

@@ -6,8 +6,8 @@ use std::path::Path;
 
 use stagehand_actors::Bytes;
 
-use crate::settings::Source;
-use crate::simulate::{PolicyFigures, Simulation, AUTO_DEPTH_MAX, SEARCH_STEPS, TIE_RELATIVE};
+use stagehand::settings::Source;
+use stagehand::simulate::{PolicyFigures, Simulation, AUTO_DEPTH_MAX, SEARCH_STEPS, TIE_RELATIVE};
 
 fn seconds(value: f64) -> String {
     if value >= 1.0 {

@@ -16,26 +16,28 @@
 //! the gather runs on the device. [`EmbeddingPlacement`] overrides the choice.
 
 mod config;
+mod open;
 mod tokens;
 mod weights;
 
 use std::path::Path;
 
-use stagehand_actors::{BlockId, ModelLayout};
+use stagehand_actors::BlockId;
 
 pub use config::BertConfig;
 pub use tokens::{batches, from_ids, tokenize, TokenBatch, Tokens};
 
 use self::weights::{EncoderWeights, Linear, Norm};
 use super::blocks::{Blocks, Held};
-use super::family::{Family, StepOutput};
+use super::family::{Facts, Family, StepOutput};
 use super::host_table::HostTable;
 use super::FamilyError;
 use crate::compute::{Attention, Compute, Mask, TensorSlot};
 use crate::model::{ModelIndex, Pooling, SentenceHead};
 
 /// Where the word-embedding table lives (see the module docs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum EmbeddingPlacement {
     /// Host when a batch's rows are fewer bytes than the table, else device.
@@ -54,6 +56,8 @@ pub struct Encoder {
     head: SentenceHead,
     host_table: Option<HostTable>,
     inputs: Vec<StepInput>,
+    /// Texts longer than the model takes, cut short as the tokenizer says (by position).
+    truncated_texts: Vec<usize>,
 }
 
 /// One step's batch with its position ids.
@@ -146,6 +150,12 @@ impl Encoder {
                 normalize: false,
             }),
             host_table,
+            truncated_texts: tokens
+                .iter()
+                .enumerate()
+                .filter(|(_, text)| text.truncated)
+                .map(|(position, _)| position)
+                .collect(),
             inputs,
         })
     }
@@ -417,10 +427,6 @@ fn norm<C: Compute>(
 impl Family for Encoder {
     type State<C: Compute> = EncoderState<C>;
 
-    fn layout(&self) -> &ModelLayout {
-        &self.weights.placement.layout
-    }
-
     fn start<C: Compute>(&self, _compute: &C) -> Result<EncoderState<C>, FamilyError> {
         Ok(EncoderState {
             rows: 0,
@@ -454,10 +460,6 @@ impl Family for Encoder {
             output: Some(self.pool(&states, &input.batch)),
             ..StepOutput::default()
         })
-    }
-
-    fn reference_key(&self, step: u64) -> u64 {
-        step % self.inputs.len().max(1) as u64
     }
 }
 

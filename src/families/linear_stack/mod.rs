@@ -6,7 +6,9 @@ use stagehand_actors::{BlockId, ModelLayout};
 
 use crate::compute::{Compute, DType, TensorSlot};
 use crate::families::blocks::Blocks;
-use crate::families::family::{Family, StepOutput};
+use crate::families::family::{Facts, Family, StepOutput};
+use crate::families::inputs::WorkloadKind;
+use crate::families::registry::{Found, Open, Request};
 use crate::families::FamilyError;
 use crate::model::demo::DemoSpec;
 use crate::model::ModelIndex;
@@ -142,12 +144,51 @@ fn checked_count(batch: usize, dim: usize) -> Result<usize, FamilyError> {
         })
 }
 
-impl Family for LinearStack {
-    type State<C: Compute> = StackState<C>;
+impl Open for LinearStack {
+    const NAME: &'static str = "linear-stack";
+    const KIND: WorkloadKind = WorkloadKind::LinearStack;
+
+    fn recognises(found: &Found<'_>) -> bool {
+        DemoSpec::from_metadata(&found.index.metadata).is_some()
+    }
+
+    fn activation_row_values(found: &Found<'_>) -> Option<u64> {
+        DemoSpec::from_metadata(&found.index.metadata).map(|spec| u64::from(spec.dim))
+    }
+
+    fn open(request: &Request<'_>) -> Result<Self, FamilyError> {
+        Self::from_index(request.index, request.batch)
+    }
+}
+
+impl Facts for LinearStack {
+    fn kind(&self) -> WorkloadKind {
+        WorkloadKind::LinearStack
+    }
+
+    fn describe(&self) -> &'static str {
+        "linear-stack"
+    }
 
     fn layout(&self) -> &ModelLayout {
         &self.layout
     }
+
+    fn takes_lora(&self) -> bool {
+        true
+    }
+
+    fn place(&self, index: &ModelIndex, tensor: usize) -> Option<(usize, TensorSlot)> {
+        LinearStack::place(self, index, tensor)
+    }
+
+    fn tokens_per_step(&self) -> u64 {
+        self.batch as u64
+    }
+}
+
+impl Family for LinearStack {
+    type State<C: Compute> = StackState<C>;
 
     fn start<C: Compute>(&self, compute: &C) -> Result<StackState<C>, FamilyError> {
         let dim = self.dim();

@@ -49,12 +49,16 @@ pub fn route(logits: &[f32], top_k: usize) -> Vec<(u32, f32)> {
 /// A layer's post-attention norm weight and router, widened to f32 on the host.
 pub(super) type HostRouter = (Vec<f32>, Vec<f32>);
 
-/// Each layer's post-attention norm weight and router, widened to f32, for hints.
-pub(super) fn read_host_routers(
+/// Each layer's post-attention norm weight and router, widened to f32, for hints;
+/// `headers_only`: zeros of their shapes, for a model described and not run.
+pub(super) fn host_routers(
     index: &ModelIndex,
     layers: usize,
+    headers_only: bool,
 ) -> Result<Vec<HostRouter>, FamilyError> {
-    let reader = BlockReader::open(index)?;
+    let reader = (!headers_only)
+        .then(|| BlockReader::open(index))
+        .transpose()?;
     let read = |name: String| -> Result<Vec<f32>, FamilyError> {
         let tensor = index.tensor(&name).ok_or_else(|| {
             FamilyError::Model(format!(
@@ -62,6 +66,10 @@ pub(super) fn read_host_routers(
                 index.path.display()
             ))
         })?;
+        let Some(reader) = &reader else {
+            let elements: usize = tensor.shape.iter().product();
+            return Ok(vec![0.0; elements]);
+        };
         let dtype = DType::from_safetensors(&tensor.dtype).ok_or_else(|| {
             FamilyError::Model(format!("{name}: {} is not a float tensor", tensor.dtype))
         })?;
@@ -113,7 +121,7 @@ impl Decoder {
                 used.push(expert);
             }
         }
-        output.routes.push(used.clone());
+        output.experts.routes.push(used.clone());
         // What the previous layer hinted for this one, before the hint for the next.
         let hinted = std::mem::take(&mut state.hinted);
         self.hint_next(compute, state, blocks, layer, step, output)?;
@@ -123,7 +131,9 @@ impl Decoder {
         for expert in used {
             let block = BlockId(self.weights.expert_block(layer, expert as usize));
             let held = blocks.acquire(compute, block)?;
-            output.count_expert(held.was_ready(), hinted.contains(&block));
+            output
+                .experts
+                .count(held.was_ready(), hinted.contains(&block));
             let scales: Vec<f32> = routes
                 .iter()
                 .map(|row| {
@@ -203,7 +213,7 @@ impl Decoder {
             .iter()
             .map(|&expert| BlockId(self.weights.expert_block(next_layer, expert as usize)))
             .collect();
-        output.expert_hints += hinted.len() as u64;
+        output.experts.hints += hinted.len() as u64;
         blocks.hint(&hinted);
         state.hinted = hinted;
         Ok(())

@@ -22,10 +22,11 @@
 mod config;
 mod experts;
 mod layer;
+mod open;
 mod sampling;
 mod weights;
 
-use stagehand_actors::{BlockId, ModelLayout};
+use stagehand_actors::BlockId;
 
 pub use config::{DecoderConfig, Experts, DECODER_FAMILIES};
 pub use experts::{route, ExpertHint};
@@ -33,7 +34,7 @@ pub use sampling::{argmax, Sampling};
 
 use self::weights::DecoderWeights;
 use super::blocks::Blocks;
-use super::family::{Family, StepOutput};
+use super::family::{Decoded, Family, StepOutput};
 use super::host_table::HostTable;
 use super::FamilyError;
 use crate::compute::{Compute, TensorSlot};
@@ -123,14 +124,14 @@ impl Decoder {
         }
         sampling.validate().map_err(FamilyError::Model)?;
         let weights = DecoderWeights::place(index, &config)?;
-        let host_table = if config.tie_embeddings || headers_only {
-            None
-        } else {
-            Some(HostTable::read(index, weights.embed_tensor)?)
+        let host_table = match (config.tie_embeddings, headers_only) {
+            (true, _) => None,
+            (false, true) => Some(HostTable::described(index, weights.embed_tensor)?),
+            (false, false) => Some(HostTable::read(index, weights.embed_tensor)?),
         };
         let host_routers = match config.experts {
-            Some(_) if !headers_only => experts::read_host_routers(index, config.layers)?,
-            _ => Vec::new(),
+            Some(_) => experts::host_routers(index, config.layers, headers_only)?,
+            None => Vec::new(),
         };
         Ok(Self {
             inv_freq: config.inv_freq(),
@@ -276,12 +277,13 @@ impl Decoder {
                 capacity - state.capacity
             ))
         })?;
-        output.kv_evicted.extend(gave_way);
+        let decoded = output.decoded.get_or_insert_with(Decoded::default);
+        decoded.kv_evicted.extend(gave_way);
+        decoded.kv_reserved_bytes = added;
         for cache in state.k_cache.iter_mut().chain(state.v_cache.iter_mut()) {
             compute.resize_rows(cache, capacity)?;
         }
         state.capacity = capacity;
-        output.kv_reserved_bytes = added;
         Ok(())
     }
 
@@ -373,14 +375,6 @@ fn unallocated() -> FamilyError {
 impl Family for Decoder {
     type State<C: Compute> = DecoderState<C>;
 
-    fn layout(&self) -> &ModelLayout {
-        &self.weights.placement.layout
-    }
-
-    fn order(&self) -> Vec<BlockId> {
-        (0..=self.weights.head_block()).map(BlockId).collect()
-    }
-
     fn start<C: Compute>(&self, compute: &C) -> Result<DecoderState<C>, FamilyError> {
         let config = &self.config;
         let empty = |compute: &C| compute.tensor(0, config.kv_dim());
@@ -440,17 +434,10 @@ impl Family for Decoder {
         }
         let logits = self.head(compute, state, blocks)?;
         state.position += rows;
-        output.token = Some(state.next_token);
-        output.kv_bytes = state.capacity as u64 * self.kv_bytes_per_token();
+        let decoded = output.decoded.get_or_insert_with(Decoded::default);
+        decoded.token = state.next_token;
+        decoded.kv_bytes = state.capacity as u64 * self.kv_bytes_per_token();
         output.output = Some(logits);
         Ok(output)
-    }
-
-    fn reference_key(&self, step: u64) -> u64 {
-        step
-    }
-
-    fn reference_is_sequential(&self) -> bool {
-        true
     }
 }

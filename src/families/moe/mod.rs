@@ -6,19 +6,24 @@
 
 use stagehand_actors::{BlockId, ExpertPolicy, ModelLayout};
 
-use crate::families::blocks::Blocks;
-use crate::families::family::{Family, StepOutput};
-use crate::families::linear_stack::input_batch;
 mod layout;
 
 use crate::compute::{Compute, DType, TensorSlot};
+use crate::families::blocks::Blocks;
+use crate::families::family::{ExpertNeeds, Facts, Family, StepOutput};
+use crate::families::inputs::WorkloadKind;
+use crate::families::linear_stack::input_batch;
+use crate::families::registry::{Found, Open, Request};
 use crate::families::FamilyError;
+use crate::model::demo_moe::MoeSpec;
+
 pub use layout::MoeLayout;
 
 const RMS_EPSILON: f32 = 1e-6;
 
 /// Whether the compute thread tells the allocator which experts come next.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum HintMode {
     /// No speculative expert loads.
     None,
@@ -121,8 +126,41 @@ impl MoeRun {
     }
 }
 
-impl Family for MoeRun {
-    type State<C: Compute> = MoeState<C>;
+impl Open for MoeRun {
+    const NAME: &'static str = "moe";
+    const KIND: WorkloadKind = WorkloadKind::Moe;
+
+    fn recognises(found: &Found<'_>) -> bool {
+        MoeSpec::from_metadata(&found.index.metadata).is_some()
+    }
+
+    fn activation_row_values(found: &Found<'_>) -> Option<u64> {
+        MoeSpec::from_metadata(&found.index.metadata).map(|spec| u64::from(spec.dim))
+    }
+
+    fn open(request: &Request<'_>) -> Result<Self, FamilyError> {
+        let spec = MoeSpec::from_metadata(&request.index.metadata).ok_or_else(|| {
+            FamilyError::Model(format!(
+                "{} is not a generated MoE model (no stagehand.kind = moe metadata); run `stagehand run --workload moe` without --model to use the demo one",
+                request.path.display()
+            ))
+        })?;
+        let layout = MoeLayout::new(request.index, spec)?;
+        let mut run = MoeRun::new(layout, request.batch, request.extras.moe.hint)?;
+        run.policy = request.extras.moe.policy;
+        run.slots = request.extras.moe.slots;
+        Ok(run)
+    }
+}
+
+impl Facts for MoeRun {
+    fn kind(&self) -> WorkloadKind {
+        WorkloadKind::Moe
+    }
+
+    fn describe(&self) -> &'static str {
+        "moe"
+    }
 
     fn layout(&self) -> &ModelLayout {
         &self.model.layout
@@ -131,6 +169,47 @@ impl Family for MoeRun {
     fn order(&self) -> Vec<BlockId> {
         self.model.order()
     }
+
+    fn experts(&self) -> Option<ExpertNeeds> {
+        let spec = self.model.spec;
+        let dense_bytes = self.model.dense_bytes();
+        Some(ExpertNeeds {
+            dense_total_bytes: u64::from(spec.layers) * stagehand_actors::arena_bytes(dense_bytes),
+            dense_block_bytes: dense_bytes,
+            expert_bytes: spec.expert_bytes(),
+            experts: u64::from(spec.layers * spec.experts),
+            per_layer: u64::from(spec.experts),
+            top_k: u64::from(spec.top_k),
+            slots: self.slots,
+            policy: self.policy,
+        })
+    }
+
+    fn experts_of(&self, block: BlockId) -> Vec<BlockId> {
+        let layer = block.0;
+        if layer >= self.model.spec.layers {
+            return Vec::new();
+        }
+        (0..self.model.spec.experts)
+            .map(|expert| self.model.expert_block(layer, expert))
+            .collect()
+    }
+
+    fn reference_key(&self, token: u64) -> u64 {
+        token
+    }
+
+    fn reference_keeps_blocks(&self) -> bool {
+        true
+    }
+
+    fn tokens_per_step(&self) -> u64 {
+        self.batch as u64
+    }
+}
+
+impl Family for MoeRun {
+    type State<C: Compute> = MoeState<C>;
 
     fn start<C: Compute>(&self, compute: &C) -> Result<MoeState<C>, FamilyError> {
         let dim = self.dim();
@@ -170,14 +249,14 @@ impl Family for MoeRun {
                     .map(|&expert| self.model.expert_block(next_layer, expert))
                     .collect();
                 blocks.hint(&hinted);
-                output.expert_hints += hinted.len() as u64;
+                output.experts.hints += hinted.len() as u64;
             }
             compute.write(&mut state.mixed, &self.zeros)?;
             for (slot, &expert) in experts.iter().enumerate() {
                 let held = blocks.acquire(compute, self.model.expert_block(layer, expert))?;
                 // The previous layer (or the previous token's last) hinted these.
                 let hinted = self.hint == HintMode::NextLayer && (layer > 0 || token > 0);
-                output.count_expert(held.was_ready(), hinted);
+                output.experts.count(held.was_ready(), hinted);
                 let outcome = (|| {
                     let view = held.view(compute);
                     compute.linear(&state.x, &view.weight(&self.square(0))?, None, &mut state.y)?;
@@ -191,13 +270,5 @@ impl Family for MoeRun {
         }
         output.output = Some(compute.read(&state.x)?);
         Ok(output)
-    }
-
-    fn reference_key(&self, token: u64) -> u64 {
-        token
-    }
-
-    fn reference_keeps_blocks(&self) -> bool {
-        true
     }
 }

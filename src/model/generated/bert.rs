@@ -12,7 +12,8 @@ use super::writer::{write_atomically, write_checkpoint, write_single, TensorSpec
 use crate::compute::DType;
 
 /// Shapes of a generated encoder.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum BertPreset {
     /// 4 layers of 128: a few MiB, for tests.
     Tiny,

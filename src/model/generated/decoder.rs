@@ -13,13 +13,15 @@ use super::tokenizer::byte_level_tokenizer_json;
 use super::writer::{write_atomically, write_checkpoint, TensorSpec, Values};
 use crate::compute::DType;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum DecoderArch {
     Llama,
     Mixtral,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum DecoderPreset {
     /// A few MiB: for tests.
     Tiny,
@@ -27,7 +29,7 @@ pub enum DecoderPreset {
     Small,
     /// Llama-3.2-1B's shapes: hidden 2048, 16 layers, 32 query / 8 KV heads, MLP 8192,
     /// vocabulary 128256, tied embeddings (Llama only).
-    #[value(name = "1b")]
+    #[cfg_attr(feature = "cli", value(name = "1b"))]
     OneB,
 }
 

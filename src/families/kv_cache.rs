@@ -1,10 +1,11 @@
-//! A decoder's KV cache as the simulator reserves it: in whole pages, through the
-//! session's activation path, exactly when the real decoder grows it (see
-//! `workload::decoder`), so the simulated plan, evictions and peak VRAM are the run's.
+//! A decoder's KV cache as it is reserved: in whole pages, through the session's
+//! activation path, as the sequence grows. The decoder reserves it so in a run, and
+//! the simulator reserves the same pages at the same steps, so the simulated plan,
+//! evictions and peak VRAM are the run's.
 
 use serde::Serialize;
 
-/// The KV cache of a decoder description.
+/// A decoder's KV cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct KvCache {
     /// Keys and values of every layer for one token of every sequence a step decodes.

@@ -1,0 +1,100 @@
+//! How a BERT folder is recognised and opened, and what the run asks of an encoder.
+
+use stagehand_actors::ModelLayout;
+
+use super::{tokenize, Encoder, Tokens};
+use crate::compute::TensorSlot;
+use crate::families::family::Facts;
+use crate::families::inputs::{EncoderInput, WorkloadKind, BUILT_IN_SENTENCES};
+use crate::families::registry::{Open, Request};
+use crate::families::FamilyError;
+use crate::model::ModelIndex;
+
+impl Open for Encoder {
+    const NAME: &'static str = "bert";
+    const KIND: WorkloadKind = WorkloadKind::Encoder;
+    const MODEL_TYPES: &'static [&'static str] = &["bert"];
+    const ARCHITECTURES: &'static [&'static str] = &["Bert"];
+
+    /// The encoder over a folder, for the texts the run gives (or the built-in
+    /// sentences), tokenized by the folder's `tokenizer.json`, or for token ids.
+    fn open(request: &Request<'_>) -> Result<Self, FamilyError> {
+        let folder = request.folder("an encoder")?;
+        let config = super::bert_config(&folder.config_path(), &folder.config)?;
+        let input = request.extras.encoder.clone().unwrap_or_else(|| {
+            EncoderInput::Texts(BUILT_IN_SENTENCES.iter().map(|s| s.to_string()).collect())
+        });
+        let tokens: Vec<Tokens> = match &input {
+            EncoderInput::Texts(texts) => {
+                if texts.is_empty() {
+                    return Err(FamilyError::Model(
+                        "no text to embed: give one or more texts, or --file".to_string(),
+                    ));
+                }
+                let Some(tokenizer) = &folder.tokenizer else {
+                    return Err(FamilyError::Model(format!(
+                        "{}: no tokenizer.json in the folder; add it, or give token ids with --token-ids 101,7592,102",
+                        folder.dir.display()
+                    )));
+                };
+                tokenize(tokenizer, texts, config.max_positions)?
+            }
+            EncoderInput::TokenIds(ids) => {
+                if ids.is_empty() || ids.iter().any(Vec::is_empty) {
+                    return Err(FamilyError::Model(
+                        "--token-ids: every text needs at least one id".to_string(),
+                    ));
+                }
+                super::from_ids(ids, config.max_positions)
+            }
+        };
+        Encoder::new(
+            request.index,
+            config,
+            folder.sentence,
+            &tokens,
+            request.batch,
+            request.extras.embeddings,
+        )
+    }
+}
+
+impl Facts for Encoder {
+    fn kind(&self) -> WorkloadKind {
+        WorkloadKind::Encoder
+    }
+
+    fn describe(&self) -> &'static str {
+        "bert encoder"
+    }
+
+    fn layout(&self) -> &ModelLayout {
+        &self.weights.placement.layout
+    }
+
+    fn host_table_bytes(&self) -> u64 {
+        Encoder::host_table_bytes(self)
+    }
+
+    fn takes_lora(&self) -> bool {
+        true
+    }
+
+    fn place(&self, _index: &ModelIndex, tensor: usize) -> Option<(usize, TensorSlot)> {
+        Encoder::place(self, tensor)
+    }
+
+    fn truncated_inputs(&self) -> &[usize] {
+        &self.truncated_texts
+    }
+
+    fn reference_key(&self, step: u64) -> u64 {
+        step % self.inputs.len().max(1) as u64
+    }
+
+    /// The token rows of the first batch (`sequences × padded length`).
+    fn tokens_per_step(&self) -> u64 {
+        let (sequences, length) = self.batch_shape(0);
+        (sequences * length).max(1) as u64
+    }
+}

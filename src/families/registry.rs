@@ -1,0 +1,235 @@
+//! The families stagehand computes, listed once ([`families!`] at the end of this
+//! file), and how a checkpoint finds its family.
+//!
+//! Each family implements [`Open`] beside [`Family`]: what it is called, which kind
+//! of work it is, which `config.json` `model_type`s (or `architectures`) it computes,
+//! and how it opens a checkpoint with the run's inputs. The registry line turns that
+//! into a [`Model`] variant, the dispatch of [`Model::facts`] and [`Model::visit`],
+//! and an entry of [`REGISTRY`]: adding a family is its folder and one line here.
+
+use std::path::Path;
+
+use super::family::{Facts, Family};
+use super::inputs::{Extras, WorkloadKind};
+use super::FamilyError;
+use crate::model::{ModelFolder, ModelIndex};
+
+/// What a family sees of a checkpoint when asked whether it is one of its own.
+pub struct Found<'a> {
+    pub index: &'a ModelIndex,
+    /// The Hugging Face folder around the checkpoint; `None`: a bare checkpoint.
+    pub folder: Option<&'a ModelFolder>,
+}
+
+impl Found<'_> {
+    /// `config.json` `model_type`, if there is a folder and it says.
+    pub fn model_type(&self) -> Option<String> {
+        self.folder.and_then(ModelFolder::model_type)
+    }
+
+    /// The first of `config.json` `architectures`.
+    pub fn architecture(&self) -> Option<String> {
+        self.folder.and_then(ModelFolder::architecture)
+    }
+}
+
+/// What a family opens a checkpoint with.
+pub struct Request<'a> {
+    /// What the user pointed at, for messages.
+    pub path: &'a Path,
+    pub index: &'a ModelIndex,
+    pub folder: Option<&'a ModelFolder>,
+    /// Sequences (texts, rows) a step computes at once.
+    pub batch: usize,
+    pub extras: &'a Extras,
+}
+
+impl<'a> Request<'a> {
+    /// The folder, or a bad-input error saying that this family needs one.
+    pub fn folder(&self, what: &str) -> Result<&'a ModelFolder, FamilyError> {
+        self.folder.ok_or_else(|| {
+            FamilyError::Model(format!(
+                "{}: {what} needs its Hugging Face folder (config.json beside the weights)",
+                self.path.display()
+            ))
+        })
+    }
+}
+
+/// How a family is found and opened: the registry's side of a family.
+pub trait Open: Family + Sized {
+    /// The family's name (`llama`, `bert`).
+    const NAME: &'static str;
+    /// The kind of work it is.
+    const KIND: WorkloadKind;
+    /// The `config.json` `model_type`s it computes.
+    const MODEL_TYPES: &'static [&'static str] = &[];
+    /// Prefixes of `config.json` `architectures` it computes, for configs without a
+    /// `model_type` (`BertModel`).
+    const ARCHITECTURES: &'static [&'static str] = &[];
+
+    /// Whether this family computes the checkpoint: by default a folder whose
+    /// `model_type` (or else first architecture) is one of its own.
+    fn recognises(found: &Found<'_>) -> bool {
+        if let Some(model_type) = found.model_type() {
+            return Self::MODEL_TYPES.contains(&model_type.as_str());
+        }
+        found.architecture().is_some_and(|architecture| {
+            Self::ARCHITECTURES
+                .iter()
+                .any(|prefix| architecture.starts_with(prefix))
+        })
+    }
+
+    /// Values of one activation row of the checkpoint, when a batch's activations
+    /// scale with it: the run checks `batch ×` that against the host's memory before
+    /// the family is opened (and allocates its input).
+    fn activation_row_values(found: &Found<'_>) -> Option<u64> {
+        let _ = found;
+        None
+    }
+
+    /// The family over the checkpoint, with the run's inputs. Errors are the user's:
+    /// a missing tensor, a shape or config that disagrees, a prompt out of range.
+    fn open(request: &Request<'_>) -> Result<Self, FamilyError>;
+}
+
+/// Generic work over whichever family a [`Model`] holds.
+pub trait Visit {
+    type Output;
+    fn visit<F: Family>(self, family: &F) -> Self::Output;
+}
+
+/// One line of the registry.
+pub struct Entry {
+    pub name: &'static str,
+    pub kind: WorkloadKind,
+    pub model_types: &'static [&'static str],
+    recognises: fn(&Found<'_>) -> bool,
+    row_values: fn(&Found<'_>) -> Option<u64>,
+    open: fn(&Request<'_>) -> Result<Model, FamilyError>,
+}
+
+impl Entry {
+    pub fn recognises(&self, found: &Found<'_>) -> bool {
+        (self.recognises)(found)
+    }
+
+    /// See [`Open::activation_row_values`].
+    pub fn activation_row_values(&self, found: &Found<'_>) -> Option<u64> {
+        (self.row_values)(found)
+    }
+
+    pub fn open(&self, request: &Request<'_>) -> Result<Model, FamilyError> {
+        (self.open)(request)
+    }
+}
+
+/// The `model_type`s of every family, for messages.
+pub fn supported_model_types() -> Vec<&'static str> {
+    REGISTRY
+        .iter()
+        .flat_map(|entry| entry.model_types.iter().copied())
+        .collect()
+}
+
+/// The family that computes `found`, as `kind` asks: `Auto` takes the one that
+/// recognises the checkpoint; a kind names what the user expects, and a checkpoint of
+/// another kind is refused by name.
+pub fn find(kind: WorkloadKind, found: &Found<'_>) -> Result<&'static Entry, FamilyError> {
+    // Kinds no folder declares (linear-stack, moe, stream-verify) are taken at the
+    // user's word; their `open` checks the checkpoint.
+    if kind != WorkloadKind::Auto {
+        let forced = REGISTRY
+            .iter()
+            .find(|entry| entry.kind == kind && entry.model_types.is_empty());
+        if let Some(entry) = forced {
+            return Ok(entry);
+        }
+    }
+    let Some(entry) = REGISTRY.iter().find(|entry| entry.recognises(found)) else {
+        return Err(FamilyError::Model(format!(
+            "{}: model_type {} is not a family stagehand computes yet (supported: {}); pass --workload stream-verify to stream and check its bytes without computing",
+            config_or_path(found),
+            found
+                .model_type()
+                .map_or("(none)".to_string(), |kind| format!("\"{kind}\"")),
+            supported_model_types().join(", ")
+        )));
+    };
+    if kind == WorkloadKind::Auto || entry.kind == kind {
+        return Ok(entry);
+    }
+    if found.folder.is_none() {
+        return Err(FamilyError::Model(format!(
+            "{}: no config.json beside the weights, so this is a bare checkpoint; a model family needs its Hugging Face folder (config.json, weights, tokenizer.json)",
+            found.index.path.display()
+        )));
+    }
+    Err(FamilyError::Model(format!(
+        "{}: this is {} model, not {}; use the command for its family (`embed` for encoders, `generate` for decoders)",
+        config_or_path(found),
+        entry.kind.with_article(),
+        kind.with_article()
+    )))
+}
+
+fn config_or_path(found: &Found<'_>) -> String {
+    found.folder.map_or_else(
+        || found.index.path.display().to_string(),
+        |folder| folder.config_path().display().to_string(),
+    )
+}
+
+/// Lists the families: `Variant => family type`, one line each.
+macro_rules! families {
+    ($($variant:ident => $family:ty),* $(,)?) => {
+        /// A model opened for a run, of any family.
+        pub enum Model {
+            $($variant(Box<$family>),)*
+        }
+
+        impl Model {
+            /// What the run and the tools ask about it, whatever its family.
+            pub fn facts(&self) -> &dyn Facts {
+                match self {
+                    $(Model::$variant(family) => &**family,)*
+                }
+            }
+
+            /// Runs generic work over the family it holds.
+            pub fn visit<V: Visit>(&self, visitor: V) -> V::Output {
+                match self {
+                    $(Model::$variant(family) => visitor.visit(&**family),)*
+                }
+            }
+
+            /// The registry's name of its family.
+            pub fn family_name(&self) -> &'static str {
+                match self {
+                    $(Model::$variant(_) => <$family as Open>::NAME,)*
+                }
+            }
+        }
+
+        /// Every family, in the order they are asked whether a checkpoint is theirs.
+        pub static REGISTRY: &[Entry] = &[
+            $(Entry {
+                name: <$family as Open>::NAME,
+                kind: <$family as Open>::KIND,
+                model_types: <$family as Open>::MODEL_TYPES,
+                recognises: <$family as Open>::recognises,
+                row_values: <$family as Open>::activation_row_values,
+                open: |request| Ok(Model::$variant(Box::new(<$family as Open>::open(request)?))),
+            },)*
+        ];
+    };
+}
+
+families! {
+    LinearStack => super::linear_stack::LinearStack,
+    Moe => super::moe::MoeRun,
+    Bert => super::bert::Encoder,
+    Llama => super::llama::Decoder,
+    StreamVerify => super::stream_verify::StreamVerify,
+}
