@@ -13,6 +13,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-prometheus.sh || exit  # promtool/prometheus for the observability tests; no-op when present
+# NVRTC (CUDA 13, from PyPI) for the test that compiles every CUDA kernel; no GPU needed.
+nvrtc_lib=$(scripts/install-nvrtc.sh) || exit
+export LD_LIBRARY_PATH="$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 args=("$@")
 if [ "${STAGEHAND_GPU_TESTS:-}" = 1 ]; then

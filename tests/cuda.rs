@@ -2,8 +2,9 @@
 //! The CUDA adapters. Without a GPU: every entry point fails cleanly, with a message
 //! that says what to do, and the operation scenario the GPU tests use runs on the CPU
 //! adapter. With `STAGEHAND_GPU_TESTS=1` on a GPU machine: real pinned copies, cast
-//! buffers, events, and every operation of `CudaCompute` against `CpuCompute` (within
-//! a tolerance: a GPU sums in another order) and against itself (bit for bit).
+//! buffers, events, and every operation of `CudaCompute` against the compute port's
+//! plain reference and `CpuCompute` (within a tolerance: a GPU sums in another order)
+//! and against itself (bit for bit): the conformance suite of `compute_port/ops.rs`.
 
 use std::sync::{Mutex, MutexGuard};
 
@@ -12,7 +13,7 @@ use stagehand::compute::{Compute, ComputeError, DType, TensorSlot};
 use stagehand::device::cuda::{self, CudaCompute, CudaDevice};
 use stagehand::device::CpuCompute;
 
-#[path = "cuda/ops.rs"]
+#[path = "compute_port/ops.rs"]
 mod ops;
 
 /// Serialises the GPU tests: some compare the driver's free-memory figure before and
@@ -243,37 +244,6 @@ fn gpu_copy_and_compute_events_order_the_streams() {
     device.free_arena(arena);
 }
 
-#[test]
-fn the_operation_scenario_runs_and_repeats_on_the_cpu_adapter() {
-    // Proves the scenario the GPU tests compare with is sound where it can run here:
-    // every operation succeeds on the CPU adapter, outputs are not degenerate, and a
-    // second pass gives the same bits.
-    let compute = CpuCompute::new();
-    let first = ops::run_ops(&compute, &ops::host_read_back).expect("scenario on the cpu");
-    let second = ops::run_ops(&compute, &ops::host_read_back).expect("again");
-    assert_same_bits(&first, &second);
-    assert!(first.values.len() > 20, "{} outputs", first.values.len());
-    for (what, values, _) in &first.values {
-        assert!(
-            values.iter().any(|value| value.abs() > 1e-3) && values.iter().all(|v| v.is_finite()),
-            "{what}: degenerate output"
-        );
-    }
-    assert_eq!(first.merged.len(), 10);
-    assert_eq!(first.checksums.len(), 5);
-}
-
-/// Bit-for-bit equality of two passes (NaN and signed zeros included).
-fn assert_same_bits(first: &ops::Outputs, second: &ops::Outputs) {
-    assert_eq!(first.values.len(), second.values.len());
-    for ((what, a, _), (_, b, _)) in first.values.iter().zip(&second.values) {
-        let same = a.len() == b.len() && a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits());
-        assert!(same, "{what}: two passes differ");
-    }
-    assert_eq!(first.merged, second.merged);
-    assert_eq!(first.checksums, second.checksums);
-}
-
 fn device_read_back(device: &CudaDevice) -> impl Fn(u64, usize) -> Vec<u8> + '_ {
     move |address, length| {
         let mut bytes = vec![0u8; length];
@@ -299,15 +269,21 @@ fn gpu_every_operation_matches_the_cpu_adapter() {
     let gpu = ops::run_ops(&compute, &device_read_back(&device)).expect("scenario on the gpu");
     let cpu = ops::run_ops(&CpuCompute::new(), &ops::host_read_back).expect("scenario on the cpu");
     assert_eq!(gpu.values.len(), cpu.values.len());
-    for ((what, gpu_values, tolerance), (_, cpu_values, _)) in gpu.values.iter().zip(&cpu.values) {
-        let difference = ops::normalised_difference(cpu_values, gpu_values);
+    let misses = ops::reference_misses(&gpu);
+    assert!(
+        misses.is_empty(),
+        "against the plain reference: {misses:#?}"
+    );
+    for (gpu_kept, cpu_kept) in gpu.values.iter().zip(&cpu.values) {
+        let (what, tolerance) = (&gpu_kept.what, &gpu_kept.tolerance);
+        let difference = ops::normalised_difference(&cpu_kept.values, &gpu_kept.values);
         println!("{what}: normalised error {difference:.3e} (tolerance {tolerance:.0e})");
         assert!(
             difference <= *tolerance,
             "{what}: {difference:e} over {tolerance:e}"
         );
     }
-    for ((what, dtype, gpu_bytes), (_, _, cpu_bytes)) in gpu.merged.iter().zip(&cpu.merged) {
+    for ((what, dtype, gpu_bytes, _), (_, _, cpu_bytes, _)) in gpu.merged.iter().zip(&cpu.merged) {
         let ulp = match dtype {
             DType::F32 => 1e-6,
             DType::F16 => 1.0 / 1024.0,
@@ -339,10 +315,10 @@ fn gpu_operations_repeat_bit_for_bit() {
     let read_back = device_read_back(&device);
     let first = ops::run_ops(&compute, &read_back).expect("first pass");
     let second = ops::run_ops(&compute, &read_back).expect("second pass");
-    assert_same_bits(&first, &second);
+    ops::assert_same_bits(&first, &second);
     let other = CudaCompute::new(&device).expect("a second cuda compute");
     let third = ops::run_ops(&other, &read_back).expect("third pass");
-    assert_same_bits(&first, &third);
+    ops::assert_same_bits(&first, &third);
 }
 
 #[test]

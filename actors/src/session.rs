@@ -218,6 +218,21 @@ impl Session {
         self.core.try_acquire(block)
     }
 
+    /// The held block's bytes, when this session's device keeps them in host memory
+    /// (the CPU backend); `None` on a device whose memory the host cannot read. The
+    /// slice borrows the handle, so it cannot outlive the hold.
+    pub fn host_bytes<'h>(&self, handle: &'h BlockHandle) -> Option<&'h [u8]> {
+        if self.core.memory_space != MemorySpace::Host || handle.bytes == 0 {
+            return None;
+        }
+        let len = usize::try_from(handle.bytes).ok()?;
+        // SAFETY: on a host-memory device a ready block's pointer is a host address
+        // of `bytes` readable bytes in the session's arena; the handle holds the
+        // block (it is neither evicted nor overwritten while held), and the slice
+        // borrows the handle, which is released by value.
+        Some(unsafe { std::slice::from_raw_parts(handle.ptr.0 as *const u8, len) })
+    }
+
     /// Blocks the calling thread until `block` is resident, then holds it.
     pub fn acquire(&mut self, block: BlockId) -> Result<BlockHandle, SessionError> {
         if let Some(handle) = self.core.try_acquire(block) {

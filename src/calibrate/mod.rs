@@ -8,7 +8,7 @@
 //! warm, and O_DIRECT), the kernels through the compute port (`CpuCompute`), and how
 //! copies and compute slow each other when they share the cores and the memory bus.
 //! A part that cannot run (a read-only or full filesystem, no O_DIRECT) is skipped
-//! with its reason; the rest still runs. The profile ([`profile`]) is the format of
+//! with its reason; the rest still runs. The profile (`profile.rs`) is the format of
 //! `config/hardware/*.toml` with every figure's measurement in a comment.
 
 mod contention;

@@ -1,5 +1,5 @@
 //! The work a block's compute is made of, kernel by kernel, exactly as a model family
-//! calls the compute port: what a calibrated profile times ([`super::KernelCosts`])
+//! calls the compute port: what a calibrated profile times (`crate::sim::KernelCosts`)
 //! and what a model description holds block by block.
 
 use serde::{Deserialize, Serialize};

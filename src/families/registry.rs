@@ -1,4 +1,4 @@
-//! The families stagehand computes, listed once ([`families!`] at the end of this
+//! The families stagehand computes, listed once (`families!` at the end of this
 //! file), and how a checkpoint finds its family.
 //!
 //! Each family implements [`Open`] beside [`Family`]: what it is called, which kind

@@ -152,6 +152,57 @@ pub struct RunPlan<'a> {
     pub on_token: Option<Box<dyn FnMut(u32) + Send>>,
 }
 
+impl<'a> RunPlan<'a> {
+    /// A run of `steps` steps (0: until `stop` is set) at the settings' prefetch depth
+    /// under the planned residency, with no metrics, callbacks or faults.
+    pub fn new(settings: &'a Settings, budgets: Budgets, steps: u64) -> Self {
+        Self {
+            settings,
+            budgets,
+            prefetch_depth: settings.prefetch_depth,
+            policy: ResidencyPolicy::Planned,
+            steps,
+            stop: Arc::new(AtomicBool::new(false)),
+            observer: no_observer(),
+            on_step: Box::new(|_, _| {}),
+            fail_after_reads: None,
+            keep_outputs: false,
+            on_token: None,
+        }
+    }
+}
+
+/// A session over a checkpoint's blocks on the CPU backend, for an engine that drives
+/// its own forward pass (the block-prefetch API): `order` is the blocks a step
+/// acquires, in order; the storage is the one the settings ask for.
+pub fn block_session(
+    index: &ModelIndex,
+    settings: &Settings,
+    budgets: Budgets,
+    order: Vec<stagehand_actors::BlockId>,
+) -> Result<stagehand_actors::Session, RunError> {
+    let layout = index.layout();
+    let storage = open_model_storage(index, settings, None)?;
+    let capacity = budgets.vram_budget_bytes.max(layout.largest_block_bytes());
+    let device = crate::device::CpuDevice::new(capacity)
+        .map_err(|error| RunError::Failed(error.to_string()))?;
+    let config = session_config(
+        settings,
+        budgets,
+        settings.prefetch_depth,
+        ResidencyPolicy::Planned,
+    );
+    stagehand_actors::Session::start(
+        config,
+        layout,
+        order,
+        Arc::new(device),
+        storage,
+        no_observer(),
+    )
+    .map_err(|error| RunError::BadInput(error.to_string()))
+}
+
 /// What a run produced: its report, the rates and the bound.
 pub struct Outcome {
     pub report: RunReport,

@@ -59,7 +59,7 @@ pub struct PolicyRun {
     /// Exact virtual duration of every step.
     pub step_seconds: Vec<f64>,
     pub cold_step_seconds: f64,
-    /// Median of the steady-state steps (see [`steady_window`]).
+    /// Median of the steady-state steps (see [`super::steady_window`]).
     pub steady_step_seconds: f64,
     /// Bytes over each link in each step (the counters' growth across the step).
     pub bytes_per_step: Vec<LinkBytes>,
@@ -67,7 +67,7 @@ pub struct PolicyRun {
     /// use (they stayed in VRAM a whole cycle): the resident set every step after the
     /// first, plus any streamed block the ring happened to keep.
     pub reused_bytes_per_step: Vec<u64>,
-    /// Mean bytes over each link per steady-state step (see [`steady_window`]).
+    /// Mean bytes over each link per steady-state step (see [`super::steady_window`]).
     pub steady_bytes_per_step: SteadyBytes,
     /// What the session's plan says must cross each step.
     pub plan_streamed_bytes_per_step: u64,

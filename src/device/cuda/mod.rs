@@ -40,6 +40,7 @@ mod kernels;
 mod kernels_attention;
 mod library;
 mod memory;
+pub mod nvrtc_check;
 mod pinned;
 mod products;
 mod rows;
@@ -57,6 +58,11 @@ pub use error::CudaError;
 pub use events::Event;
 pub use library::{libraries, require_cublas, require_driver, require_nvrtc, Libraries};
 pub use memory::Footprint;
+
+/// The NVRTC source of every kernel the compute adapter launches.
+pub fn kernel_source() -> &'static str {
+    kernels::SOURCE
+}
 pub use pinned::{allocate_registered, register_buffer, HostRegistration};
 pub use tensor::{CudaBlock, CudaTensor};
 pub use timing::{CudaFence, DeviceTime};

@@ -1,21 +1,78 @@
-//! Every operation of the compute port on fixed inputs, written once against
-//! `Compute` so the same scenario runs on `CpuCompute` and on `CudaCompute` and their
-//! results can be compared (GPUs sum in another order: within a tolerance) or, on one
-//! adapter, repeated (bit for bit).
+//! The compute port's conformance suite: every operation on fixed inputs, written
+//! once against `Compute`, so the same scenario runs on every adapter (`CpuCompute`
+//! always, `tests/compute_conformance.rs`; `CudaCompute` on a GPU, `tests/cuda.rs`).
+//! Each result is held against a plain f64 reference of the operation's definition
+//! (`reference.rs`); two adapters' results can also be compared with each other
+//! (GPUs sum in another order: within a tolerance), and one adapter's repeated (bit
+//! for bit).
 
 use stagehand::compute::{
     Attention, BlockView, CachedAttention, Compute, ComputeError, DType, LowRank, Mask, TensorSlot,
 };
 
+#[path = "reference.rs"]
+pub mod reference;
+
+/// One result of the scenario.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Kept {
+    pub what: String,
+    pub values: Vec<f32>,
+    /// Largest normalised difference allowed between two adapters.
+    pub tolerance: f32,
+    /// The plain reference's values.
+    pub reference: Vec<f32>,
+}
+
 /// What one pass of the scenario produced.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Outputs {
-    /// (what, values, largest normalised difference allowed between two adapters).
-    pub values: Vec<(String, Vec<f32>, f32)>,
-    /// Weights after a LoRA merge, as stored (dtype, bytes).
-    pub merged: Vec<(String, DType, Vec<u8>)>,
+    pub values: Vec<Kept>,
+    /// Weights after a LoRA merge, as stored (dtype, bytes), with the reference merge
+    /// (f32, before rounding to the dtype).
+    pub merged: Vec<(String, DType, Vec<u8>, Vec<f32>)>,
     /// Checksums of byte ranges (exact on every adapter).
     pub checksums: Vec<(String, u64)>,
+}
+
+/// Largest normalised difference from the plain reference an adapter may show: f32
+/// sums in another order than f64 (and a GPU's fused multiply-adds). The CPU adapter
+/// measured at most 5.2e-7 (a 512-long dot).
+pub const REFERENCE_TOLERANCE: f32 = 1e-4;
+
+/// How far a merged weight may be from the f32 reference merge once stored in `dtype`:
+/// half a unit in the last place of its largest values (FP8 E5M2 keeps 2 mantissa bits).
+pub fn merge_tolerance(dtype: DType) -> f32 {
+    match dtype {
+        DType::F32 => 1e-6,
+        DType::F16 => 1e-3,
+        DType::Bf16 => 8e-3,
+        DType::F8E4M3 => 7e-2,
+        DType::F8E5M2 => 0.13,
+    }
+}
+
+/// Every result against its reference, by name: what differs by more than allowed.
+pub fn reference_misses(outputs: &Outputs) -> Vec<String> {
+    let mut misses = Vec::new();
+    for kept in &outputs.values {
+        let difference = normalised_difference(&kept.values, &kept.reference);
+        if difference > REFERENCE_TOLERANCE {
+            misses.push(format!("{}: {difference} from the reference", kept.what));
+        }
+    }
+    for (what, dtype, bytes, reference) in &outputs.merged {
+        let difference = normalised_difference(&dtype.decode(bytes), reference);
+        if difference > merge_tolerance(*dtype) {
+            misses.push(format!("{what}: {difference} from the reference merge"));
+        }
+    }
+    misses
+}
+
+/// `values` as the adapter holds them once encoded in `dtype`.
+fn stored(values: &[f32], dtype: DType) -> Vec<f32> {
+    dtype.decode(&dtype.encode(values))
 }
 
 /// Deterministic values in [-scale, scale) (an LCG, no dependency).
@@ -102,15 +159,22 @@ impl<C: Compute> Scenario<'_, C> {
         what: String,
         tensor: &C::Tensor,
         tolerance: f32,
+        reference: Vec<f32>,
     ) -> Result<(), ComputeError> {
         let values = self.compute.read(tensor)?;
-        self.outputs.values.push((what, values, tolerance));
+        self.outputs.values.push(Kept {
+            what,
+            values,
+            tolerance,
+            reference,
+        });
         Ok(())
     }
 
     fn linear(&mut self) -> Result<(), ComputeError> {
         for (rows, inner, out) in [(5, 96, 40), (33, 512, 384)] {
-            let x = self.tensor(rows, inner, &seeded(rows * inner, 1, 1.0))?;
+            let x_values = seeded(rows * inner, 1, 1.0);
+            let x = self.tensor(rows, inner, &x_values)?;
             let weights = seeded(out * inner, 2, 0.1);
             let bias = seeded(out, 3, 1.0);
             for (dtype, offset, bias_dtype) in [
@@ -120,23 +184,27 @@ impl<C: Compute> Scenario<'_, C> {
                 (DType::Bf16, 0, DType::F32),
             ] {
                 let block = self.block(&weights, dtype, offset)?;
+                let bias_values = bias.clone();
                 let biases = self.block(&bias, bias_dtype, 6)?;
                 let view = self.compute.block_view(&block);
                 let weight = view.weight(&slot(dtype, out, inner, offset))?;
                 let bias_view = self.compute.block_view(&biases);
                 let bias = bias_view.weight(&slot(bias_dtype, 1, out, 6))?;
                 let mut y = self.compute.tensor(rows, out)?;
+                let (w, b) = (stored(&weights, dtype), stored(&bias_values, bias_dtype));
                 self.compute.linear(&x, &weight, Some(&bias), &mut y)?;
                 self.keep(
                     format!("linear {rows}x{inner}x{out} {dtype}+{offset}"),
                     &y,
                     1e-5,
+                    reference::linear(&x_values, &w, Some(&b), inner),
                 )?;
                 self.compute.linear(&x, &weight, None, &mut y)?;
                 self.keep(
                     format!("linear {rows}x{inner}x{out} {dtype}+{offset} no bias"),
                     &y,
                     1e-5,
+                    reference::linear(&x_values, &w, None, inner),
                 )?;
             }
         }
@@ -146,19 +214,25 @@ impl<C: Compute> Scenario<'_, C> {
     fn low_rank(&mut self) -> Result<(), ComputeError> {
         let (rows, input, out, rank) = (3, 16, 12, 4);
         let factors = [seeded(rank * input, 8, 1.0), seeded(out * rank, 9, 1.0)].concat();
-        let x = self.tensor(rows, input, &seeded(rows * input, 10, 1.0))?;
+        let x_values = seeded(rows * input, 10, 1.0);
+        let x = self.tensor(rows, input, &x_values)?;
         for dtype in [DType::F32, DType::Bf16] {
             let block = self.block(&factors, dtype, 0)?;
             let view = self.compute.block_view(&block);
             let a = view.weight(&slot(dtype, rank, input, 0))?;
             let b = view.weight(&slot(dtype, out, rank, rank * input * dtype.size_bytes()))?;
             let low_rank = LowRank::new(a, b)?;
-            let mut y = self.tensor(rows, out, &seeded(rows * out, 11, 1.0))?;
+            let stored_factors = stored(&factors, dtype);
+            let (a_values, b_values) = stored_factors.split_at(rank * input);
+            let y_values = seeded(rows * out, 11, 1.0);
+            let mut y = self.tensor(rows, out, &y_values)?;
             // A scratch of the wrong shape is replaced, as the port allows.
             let mut scratch = self.compute.tensor(rows, 1)?;
             self.compute
                 .low_rank_add(&x, &low_rank, 0.5, &mut scratch, &mut y)?;
-            self.keep(format!("low_rank_add {dtype}"), &y, 1e-5)?;
+            let expected =
+                reference::low_rank_add(&x_values, a_values, b_values, 0.5, input, &y_values);
+            self.keep(format!("low_rank_add {dtype}"), &y, 1e-5, expected)?;
 
             let weights = seeded(out * input, 7, 1.0);
             for (weight_dtype, offset) in [
@@ -173,10 +247,18 @@ impl<C: Compute> Scenario<'_, C> {
                 self.compute.merge_low_rank(&weight, &low_rank, 0.5)?;
                 self.compute.wait(self.compute.fence()?)?;
                 let bytes = self.read_back(&merged_view, offset, weight.bytes());
+                let expected = reference::merge_low_rank(
+                    &stored(&weights, weight_dtype),
+                    a_values,
+                    b_values,
+                    0.5,
+                    input,
+                );
                 self.outputs.merged.push((
                     format!("merge {dtype} factors into {weight_dtype}+{offset}"),
                     weight_dtype,
                     bytes,
+                    expected,
                 ));
             }
             let (merged, slot) = self.scaled_block(&weights, DType::F8E5M2, 1, out, input)?;
@@ -185,10 +267,22 @@ impl<C: Compute> Scenario<'_, C> {
             self.compute.merge_low_rank(&weight, &low_rank, 0.5)?;
             self.compute.wait(self.compute.fence()?)?;
             let bytes = self.read_back(&merged_view, 1, weight.bytes());
+            // Stored values are the weight over its scale: so is the reference merge.
+            let over_scale: Vec<f32> = weights.iter().map(|w| w / FP8_SCALE).collect();
+            let before: Vec<f32> = stored(&over_scale, DType::F8E5M2)
+                .iter()
+                .map(|w| w * FP8_SCALE)
+                .collect();
+            let expected: Vec<f32> =
+                reference::merge_low_rank(&before, a_values, b_values, 0.5, input)
+                    .iter()
+                    .map(|w| w / FP8_SCALE)
+                    .collect();
             self.outputs.merged.push((
                 format!("merge {dtype} factors into a scaled f8e5m2+1"),
                 DType::F8E5M2,
                 bytes,
+                expected,
             ));
         }
         Ok(())
@@ -206,18 +300,22 @@ impl<C: Compute> Scenario<'_, C> {
         let mut x = self.tensor(rows, cols, &values)?;
         let y = self.tensor(rows, cols, &other)?;
         self.compute.add(&mut x, &y)?;
-        self.keep("add".into(), &x, 1e-6)?;
-        self.compute
-            .add_scaled_rows(&mut x, &y, &[0.5, -1.0, 0.0, 2.0, 0.25, 1.0])?;
-        self.keep("add_scaled_rows".into(), &x, 1e-6)?;
+        let mut expected = reference::add(&values, &other);
+        self.keep("add".into(), &x, 1e-6, expected.clone())?;
+        let scales = [0.5, -1.0, 0.0, 2.0, 0.25, 1.0];
+        self.compute.add_scaled_rows(&mut x, &y, &scales)?;
+        expected = reference::add_scaled_rows(&expected, &other, &scales, cols);
+        self.keep("add_scaled_rows".into(), &x, 1e-6, expected.clone())?;
 
-        let table = seeded(10 * cols, 22, 1.0);
-        let block = self.block(&table, DType::F16, 2)?;
+        let table_values = seeded(10 * cols, 22, 1.0);
+        let block = self.block(&table_values, DType::F16, 2)?;
         let view = self.compute.block_view(&block);
         let table = view.weight(&slot(DType::F16, 10, cols, 2))?;
-        self.compute
-            .gather_add(&table, &[3, 0, 9, 3, 7, 1], &mut x)?;
-        self.keep("gather_add f16+2".into(), &x, 1e-6)?;
+        let ids = [3, 0, 9, 3, 7, 1];
+        self.compute.gather_add(&table, &ids, &mut x)?;
+        let table_values = stored(&table_values, DType::F16);
+        expected = reference::gather_add(&table_values, &ids, &expected, cols);
+        self.keep("gather_add f16+2".into(), &x, 1e-6, expected.clone())?;
         let error = self
             .compute
             .gather_add(&table, &[3, 0, 10, 3, 7, 1], &mut x);
@@ -228,21 +326,28 @@ impl<C: Compute> Scenario<'_, C> {
         let view = self.compute.block_view(&block);
         let gamma = view.weight(&slot(DType::Bf16, 1, cols, 0))?;
         let beta = view.weight(&slot(DType::Bf16, 1, cols, cols * 2))?;
+        let params = stored(&params, DType::Bf16);
+        let (gamma_values, beta_values) = params.split_at(cols);
         let mut normed = self.compute.tensor(rows, cols)?;
         self.compute
             .layer_norm(&x, &gamma, &beta, 1e-12, &mut normed)?;
-        self.keep("layer_norm".into(), &normed, 1e-5)?;
+        let layer_normed = reference::layer_norm(&expected, gamma_values, beta_values, 1e-12, cols);
+        self.keep("layer_norm".into(), &normed, 1e-5, layer_normed)?;
         self.compute.rms_norm(&x, Some(&gamma), 1e-6, &mut normed)?;
-        self.keep("rms_norm".into(), &normed, 1e-5)?;
+        let rms_normed = reference::rms_norm(&expected, Some(gamma_values), 1e-6, cols);
+        self.keep("rms_norm".into(), &normed, 1e-5, rms_normed)?;
         self.compute.rms_norm(&x, None, 1e-6, &mut normed)?;
-        self.keep("rms_norm without weight".into(), &normed, 1e-5)?;
+        let plain = reference::rms_norm(&expected, None, 1e-6, cols);
+        self.keep("rms_norm without weight".into(), &normed, 1e-5, plain)?;
 
-        let mut wide = self.tensor(4, 64, &seeded(256, 25, 6.0))?;
+        let wide_values = seeded(256, 25, 6.0);
+        let mut wide = self.tensor(4, 64, &wide_values)?;
         self.compute.gelu_erf(&mut wide)?;
-        self.keep("gelu_erf".into(), &wide, 1e-6)?;
+        let gelu = reference::gelu_erf(&wide_values);
+        self.keep("gelu_erf".into(), &wide, 1e-6, gelu.clone())?;
         let mut copied = self.compute.tensor(4, 64)?;
         self.compute.copy(&wide, &mut copied)?;
-        self.keep("copy".into(), &copied, 0.0)?;
+        self.keep("copy".into(), &copied, 0.0, gelu)?;
         Ok(())
     }
 
@@ -266,23 +371,30 @@ impl<C: Compute> Scenario<'_, C> {
                 mask,
             };
             let rows = sequences * length;
-            let q = self.tensor(rows, heads * dim, &seeded(rows * heads * dim, 30, 2.0))?;
-            let k = self.tensor(
-                rows,
-                kv_heads * dim,
-                &seeded(rows * kv_heads * dim, 31, 2.0),
-            )?;
-            let v = self.tensor(
-                rows,
-                kv_heads * dim,
-                &seeded(rows * kv_heads * dim, 32, 2.0),
-            )?;
+            let q_values = seeded(rows * heads * dim, 30, 2.0);
+            let k_values = seeded(rows * kv_heads * dim, 31, 2.0);
+            let v_values = seeded(rows * kv_heads * dim, 32, 2.0);
+            let q = self.tensor(rows, heads * dim, &q_values)?;
+            let k = self.tensor(rows, kv_heads * dim, &k_values)?;
+            let v = self.tensor(rows, kv_heads * dim, &v_values)?;
             let mut out = self.compute.tensor(rows, heads * dim)?;
             self.compute.attention(&q, &k, &v, &shape, &mut out)?;
+            let mut expected = reference::attention(&q_values, &k_values, &v_values, &shape);
+            // Padding rows (queries past a sequence's length) are not defined by the
+            // port: take the adapter's own there.
+            if let Mask::Padding(lengths) = mask {
+                let values = self.compute.read(&out)?;
+                for (sequence, &real) in lengths.iter().enumerate() {
+                    let first = (sequence * length + real) * heads * dim;
+                    let end = (sequence + 1) * length * heads * dim;
+                    expected[first..end].copy_from_slice(&values[first..end]);
+                }
+            }
             self.keep(
                 format!("attention {sequences}x{length} {heads}/{kv_heads} heads {mask:?}"),
                 &out,
                 1e-5,
+                expected,
             )?;
         }
         Ok(())
@@ -290,15 +402,19 @@ impl<C: Compute> Scenario<'_, C> {
 
     fn decoder(&mut self) -> Result<(), ComputeError> {
         let (rows, cols) = (3, 32);
-        let mut gate = self.tensor(rows, cols, &seeded(rows * cols, 40, 6.0))?;
-        let up = self.tensor(rows, cols, &seeded(rows * cols, 41, 2.0))?;
+        let (gate_values, up_values) = (seeded(rows * cols, 40, 6.0), seeded(rows * cols, 41, 2.0));
+        let mut gate = self.tensor(rows, cols, &gate_values)?;
+        let up = self.tensor(rows, cols, &up_values)?;
         self.compute.silu_mul(&mut gate, &up)?;
-        self.keep("silu_mul".into(), &gate, 1e-5)?;
-        let mut x = self.tensor(rows, cols, &seeded(rows * cols, 42, 1.0))?;
+        let expected = reference::silu_mul(&gate_values, &up_values);
+        self.keep("silu_mul".into(), &gate, 1e-5, expected)?;
+        let x_values = seeded(rows * cols, 42, 1.0);
+        let mut x = self.tensor(rows, cols, &x_values)?;
         let frequencies: Vec<f32> = (0..4).map(|i| 10_000f32.powf(-(i as f32) / 4.0)).collect();
-        self.compute
-            .rope(&mut x, 4, 8, &[0, 7, 4095], &frequencies)?;
-        self.keep("rope".into(), &x, 1e-5)?;
+        let positions = [0, 7, 4095];
+        self.compute.rope(&mut x, 4, 8, &positions, &frequencies)?;
+        let expected = reference::rope(&x_values, 4, 8, &positions, &frequencies);
+        self.keep("rope".into(), &x, 1e-5, expected)?;
 
         // A cache grown row by row, shrunk and grown again: new rows read as zeros.
         let (heads, kv_heads, dim, past, queries) = (4, 2, 8, 5, 2);
@@ -318,12 +434,15 @@ impl<C: Compute> Scenario<'_, C> {
         let mut grown = self.tensor(2, kv_cols, &k_values[..2 * kv_cols])?;
         self.compute.resize_rows(&mut grown, 1)?;
         self.compute.resize_rows(&mut grown, 3)?;
-        self.keep("resize_rows shrunk then grown".into(), &grown, 0.0)?;
-        let q = self.tensor(
-            queries,
-            heads * dim,
-            &seeded(queries * heads * dim, 45, 2.0),
+        let kept_row = [&k_values[..kv_cols], &vec![0.0; 2 * kv_cols][..]].concat();
+        self.keep(
+            "resize_rows shrunk then grown".into(),
+            &grown,
+            0.0,
+            kept_row,
         )?;
+        let q_values = seeded(queries * heads * dim, 45, 2.0);
+        let q = self.tensor(queries, heads * dim, &q_values)?;
         let mut out = self.compute.tensor(queries, heads * dim)?;
         let shape = CachedAttention {
             heads,
@@ -335,7 +454,8 @@ impl<C: Compute> Scenario<'_, C> {
         };
         self.compute
             .attention_cached(&q, &k_cache, &v_cache, &shape, &mut out)?;
-        self.keep("attention_cached".into(), &out, 1e-5)?;
+        let expected = reference::attention_cached(&q_values, &k_values, &v_values, &shape);
+        self.keep("attention_cached".into(), &out, 1e-5, expected)?;
         Ok(())
     }
 
@@ -398,4 +518,19 @@ pub fn run_ops<C: Compute>(
 pub fn host_read_back(address: u64, length: usize) -> Vec<u8> {
     // SAFETY: only called with the range of a block the scenario holds.
     unsafe { std::slice::from_raw_parts(address as *const u8, length) }.to_vec()
+}
+
+/// Bit-for-bit equality of two passes (NaN and signed zeros included).
+pub fn assert_same_bits(first: &Outputs, second: &Outputs) {
+    assert_eq!(first.values.len(), second.values.len());
+    for (a, b) in first.values.iter().zip(&second.values) {
+        let same = a.values.len() == b.values.len()
+            && a.values
+                .iter()
+                .zip(&b.values)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "{}: two passes differ", a.what);
+    }
+    assert_eq!(first.merged, second.merged);
+    assert_eq!(first.checksums, second.checksums);
 }

@@ -1,0 +1,43 @@
+//! The compute port's conformance suite on the CPU adapter (the same suite runs on the
+//! CUDA adapter in `tests/cuda.rs` on a GPU): every operation against the plain f64
+//! reference of its definition, every output non-degenerate, and a second pass equal
+//! bit for bit.
+
+#[path = "compute_port/ops.rs"]
+mod ops;
+
+use stagehand::device::CpuCompute;
+
+#[test]
+fn every_operation_of_the_cpu_adapter_matches_the_plain_reference() {
+    let compute = CpuCompute::new();
+    let outputs = ops::run_ops(&compute, &ops::host_read_back).expect("the scenario runs");
+    let misses = ops::reference_misses(&outputs);
+    assert!(
+        misses.is_empty(),
+        "against the plain reference: {misses:#?}"
+    );
+    assert!(
+        outputs.values.len() > 20,
+        "{} outputs",
+        outputs.values.len()
+    );
+    for kept in &outputs.values {
+        assert!(
+            kept.values.iter().any(|value| value.abs() > 1e-3)
+                && kept.values.iter().all(|v| v.is_finite()),
+            "{}: degenerate output",
+            kept.what
+        );
+    }
+    assert_eq!(outputs.merged.len(), 10);
+    assert_eq!(outputs.checksums.len(), 5);
+}
+
+#[test]
+fn the_cpu_adapter_repeats_every_operation_bit_for_bit() {
+    let compute = CpuCompute::new();
+    let first = ops::run_ops(&compute, &ops::host_read_back).expect("first pass");
+    let second = ops::run_ops(&compute, &ops::host_read_back).expect("second pass");
+    ops::assert_same_bits(&first, &second);
+}
