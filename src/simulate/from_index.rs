@@ -132,7 +132,7 @@ fn is_embedding_table(name: &str) -> bool {
 /// The kernels one step of `rows` tokens runs in a block of a checkpoint: one
 /// `linear` per weight matrix (an embedding table is gathered, not multiplied),
 /// and, for the generated linear-stack demo model, the RMS norm after each
-/// layer, exactly as `workload::linear_stack` calls them. Expert weights are
+/// layer, exactly as `families::linear_stack` calls them. Expert weights are
 /// counted as if every row went through each (an upper bound for MoE blocks).
 fn work_of_block(index: &ModelIndex, block: &BlockInfo, rows: u64) -> Work {
     let linear_stack = index.metadata.get("stagehand.kind").map(String::as_str)
