@@ -23,8 +23,8 @@ fn simulate(args: &[&str]) -> (Option<i32>, String, String) {
 
 #[test]
 fn a_model_that_does_not_fit_exits_3_with_the_value_that_would_work() {
-    // Llama-3-70B's largest block (1.96 GiB) alone exceeds 1 GiB: no depth fits, so no
-    // depth is suggested, only the budget that would work.
+    // Llama-3-70B's largest block (1.96 GiB) alone exceeds 1 GiB: no depth fits, so the
+    // refusal names the least budget that works, the one at prefetch depth 0.
     let (code, stdout, stderr) = simulate(&[
         "--model",
         "llama3-70b",
@@ -36,14 +36,10 @@ fn a_model_that_does_not_fit_exits_3_with_the_value_that_would_work() {
     assert_eq!(code, Some(3), "{stdout}{stderr}");
     assert!(stdout.contains("fits: NO"), "{stdout}");
     assert!(
-        stdout.contains("set --vram-budget 5.88GiB or more"),
+        stdout.contains("set --vram-budget 1.96GiB or more with --prefetch-depth 0"),
         "{stdout}"
     );
-    assert!(
-        stdout.contains("no smaller prefetch depth fits 1 GiB"),
-        "{stdout}"
-    );
-    assert!(!stdout.contains("--prefetch-depth"), "{stdout}");
+    assert!(stdout.contains("5.87 GiB at prefetch_depth 2"), "{stdout}");
     assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
     assert!(
         stderr.starts_with("does not fit: llama3-70b on rtx3060-12gb"),

@@ -157,14 +157,16 @@ pub(super) fn run_prepared(
     settings: &settings::Settings,
     launch: Launch,
 ) -> Result<stagehand::run::Outcome, Failure> {
-    let budgets = stagehand::run::budgets_for(
-        prepared,
-        settings,
-        stagehand::run::BudgetAsk {
-            policy: launch.policy.residency(),
-            ..stagehand::run::BudgetAsk::steps(launch.steps)
-        },
-    );
+    let ask = stagehand::run::BudgetAsk {
+        policy: launch.policy.residency(),
+        ..stagehand::run::BudgetAsk::steps(launch.steps)
+    };
+    let budgets = stagehand::run::budgets_for(prepared, settings, ask);
+    let depth = stagehand::run::fitting_depth(prepared, settings, budgets, ask);
+    let settings = &settings::Settings {
+        prefetch_depth: depth,
+        ..settings.clone()
+    };
     let observer = match settings.metrics_addr {
         Some(addr) => {
             let observer = stagehand::telemetry::install(addr).map_err(Failure::bad_input)?;

@@ -248,6 +248,37 @@ pub fn demo_pin_room(prepared: &Prepared, settings: &Settings, budgets: Budgets)
     }
 }
 
+/// The prefetch depth a run takes: the settings' when the user set one; otherwise the
+/// deepest up to it (the shipped default, 2) whose plan fits `budgets` with what the
+/// run reserves beside the weights, and depth 0 when none does (whose refusal then
+/// names the least budget: one slot of the largest block). A deeper ring hides more of
+/// each copy, but every slot is a block that could have stayed resident, so the
+/// default is not exceeded here; `stagehand simulate` searches deeper ones.
+pub fn fitting_depth(
+    prepared: &Prepared,
+    settings: &Settings,
+    budgets: Budgets,
+    ask: BudgetAsk,
+) -> u32 {
+    let wanted = settings.prefetch_depth;
+    if !settings.choose_prefetch_depth {
+        return wanted;
+    }
+    let activations = prepared.activation_bytes(ask.steps);
+    let fits = |depth: u32| {
+        plan_minimum_bytes(prepared, depth, ask.policy).0 + activations <= budgets.vram_budget_bytes
+    };
+    let depth = (0..=wanted).rev().find(|&depth| fits(depth)).unwrap_or(0);
+    if depth < wanted {
+        tracing::info!(
+            "prefetch depth {depth}: the deepest the vram budget of {} fits (depth {wanted} needs {}); set --prefetch-depth to choose",
+            Bytes(budgets.vram_budget_bytes),
+            Bytes(plan_minimum_bytes(prepared, wanted, ask.policy).0 + activations)
+        );
+    }
+    depth
+}
+
 impl Prepared {
     /// See [`plan_minimum_bytes`].
     pub fn plan_minimum_bytes(&self, depth: u32, policy: ResidencyPolicy) -> (u64, u64) {

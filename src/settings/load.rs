@@ -131,6 +131,7 @@ fn merge(layers: Vec<Vec<Entry>>) -> Result<Loaded, SettingsError> {
             reason: invalid.reason,
         }
     })?;
+    settings.choose_prefetch_depth = !provenance.set_by_user("prefetch_depth");
     Ok(Loaded {
         settings,
         provenance,

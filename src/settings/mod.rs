@@ -104,6 +104,12 @@ pub struct Settings {
     pub read_request_size: ByteSize,
     /// Disk reader worker threads.
     pub reader_threads: u32,
+    /// No layer the user wrote set `prefetch_depth` (it is the shipped default), so a
+    /// run may take a smaller depth that fits its VRAM budget (`run::fitting_depth`).
+    /// Not a key: [`load`] sets it from the layers; a `Settings` built in code leaves
+    /// the depth exact.
+    #[serde(skip)]
+    pub choose_prefetch_depth: bool,
 }
 
 impl Default for Settings {
@@ -125,6 +131,7 @@ impl Default for Settings {
             staging_buffer_size: ByteSize::mib(64),
             read_request_size: ByteSize::mib(4),
             reader_threads: 4,
+            choose_prefetch_depth: false,
         }
     }
 }

@@ -76,6 +76,15 @@ impl Provenance {
         self.origins.get(key)
     }
 
+    /// Whether a layer the user wrote set `key` (a `--config` file, the environment, a
+    /// flag): the shipped defaults (built in, or `config/default.toml`) are not a
+    /// choice made for this machine.
+    pub fn set_by_user(&self, key: &str) -> bool {
+        self.get(key).is_some_and(|origin| {
+            !matches!(origin.source, Source::Default | Source::DefaultFile(_))
+        })
+    }
+
     /// Every key with its origin, in the order of the `Settings` fields.
     pub fn iter(&self) -> impl Iterator<Item = (&'static str, &Origin)> {
         KEYS.iter()

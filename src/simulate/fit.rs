@@ -100,6 +100,8 @@ pub enum FitFailure {
         needed_bytes: u64,
         /// The deepest smaller prefetch depth this budget fits, if any.
         fits_at_depth: Option<u32>,
+        /// The least budget at the depth that needs least (prefetch depth 0: one slot).
+        least_bytes: u64,
     },
     /// `pin_ceiling` asks for more than the host can spare above the RAM floor.
     PinCeilingAboveHost {
@@ -178,7 +180,7 @@ impl std::fmt::Display for FitFailure {
                 Bytes(available_bytes),
                 Bytes(available_bytes).flag_value_at_most()
             ),
-            FitFailure::VramBelowRing { budget_bytes, ring_bytes, largest_block_bytes, prefetch_depth, needed_bytes, fits_at_depth } => {
+            FitFailure::VramBelowRing { budget_bytes, ring_bytes, largest_block_bytes, prefetch_depth, needed_bytes, fits_at_depth, least_bytes } => {
                 if needed_bytes == ring_bytes {
                     write!(
                         f,
@@ -196,11 +198,20 @@ impl std::fmt::Display for FitFailure {
                         prefetch_depth + 1
                     )?;
                 }
-                write!(f, "; set --vram-budget {} or more", Bytes(needed_bytes).flag_value_at_least())?;
                 match fits_at_depth {
-                    Some(depth) => write!(f, ", or --prefetch-depth {depth}"),
-                    None if prefetch_depth > 0 => write!(f, " (no smaller prefetch depth fits {})", Bytes(budget_bytes)),
-                    None => Ok(()),
+                    Some(depth) => write!(
+                        f,
+                        "; set --vram-budget {} or more, or --prefetch-depth {depth}",
+                        Bytes(needed_bytes).flag_value_at_least()
+                    ),
+                    // No depth fits: the least budget is the one at depth 0.
+                    None if prefetch_depth > 0 => write!(
+                        f,
+                        "; set --vram-budget {} or more with --prefetch-depth 0 (one slot; {} at prefetch_depth {prefetch_depth})",
+                        Bytes(least_bytes).flag_value_at_least(),
+                        Bytes(needed_bytes)
+                    ),
+                    None => write!(f, "; set --vram-budget {} or more", Bytes(needed_bytes).flag_value_at_least()),
                 }
             }
             FitFailure::PinCeilingAboveHost { ceiling_bytes, available_bytes } => write!(
@@ -356,6 +367,7 @@ impl FitCheck {
                 prefetch_depth: depth,
                 needed_bytes: plan_minimum(model, depth) + kv_start_bytes,
                 fits_at_depth,
+                least_bytes: plan_minimum(model, 0) + kv_start_bytes,
             });
         }
         let resident_bytes = model_bytes.min(plan_budget_bytes.saturating_sub(ring_bytes));
