@@ -62,17 +62,14 @@ pub struct SessionConfig {
     /// Streamed blocks the allocator loads ahead of the compute position; the ring
     /// has `prefetch_depth + 1` slots. 0 loads each block only when it is asked for.
     pub prefetch_depth: u32,
-    /// Pinned buffers in the staging ring the uncached blocks are read through (2 at
-    /// least).
+    /// Pinned buffers in the staging ring uncached blocks are read through (2 at least).
     pub staging_buffers: u32,
     /// `--fast-disk`: stream blocks without a pinned copy through a ring of
     /// `staging_buffers` chunks of this size straight to VRAM. `None`: whole-block staging.
     pub fast_disk_chunk_bytes: Option<u64>,
-    /// How both tiers choose what to keep: the planned resident set, or the LRU
-    /// baseline.
+    /// How both tiers choose what to keep: the planned resident set, or the LRU baseline.
     pub policy: ResidencyPolicy,
-    /// Disk reads the disk reader runs at once (1 at least); the rest wait in its
-    /// queue.
+    /// Disk reads the disk reader runs at once (1 at least); the rest wait in its queue.
     pub max_reads_in_flight: usize,
     /// VRAM the compute side reserves for activations as the run starts (a decoder's
     /// first KV pages), inside `vram_budget_bytes`. The plan is made without it, so
@@ -230,8 +227,7 @@ impl Session {
         self.core.order.blocks()
     }
 
-    /// The counters so far. Hits and misses arrive per step (at `step_done`), so
-    /// they lag the current step.
+    /// The counters so far; hits and misses arrive per step (at `step_done`).
     pub fn stats(&self) -> StatsSnapshot {
         self.core.stats()
     }

@@ -60,8 +60,7 @@ impl LocalSession {
         self.core.order.blocks()
     }
 
-    /// The counters so far. Hits and misses arrive per step (at `step_done`), so
-    /// they lag the current step.
+    /// The counters so far; hits and misses arrive per step (at `step_done`).
     pub fn stats(&self) -> StatsSnapshot {
         self.core.stats()
     }
