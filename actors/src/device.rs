@@ -22,6 +22,8 @@ pub type OpFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send + 'st
 pub struct DevicePtr(pub u64);
 
 impl DevicePtr {
+    /// The address `bytes` past this one, in the same allocation: how a slot's
+    /// address is found from its arena's base. Not checked against the arena's end.
     pub fn offset(self, bytes: u64) -> DevicePtr {
         DevicePtr(self.0 + bytes)
     }
@@ -34,7 +36,13 @@ pub enum MemorySpace {
     /// Plain host addresses (the CPU backend).
     Host,
     /// An accelerator's address space: `kind` names the adapter, `id` the context.
-    Accelerator { kind: &'static str, id: u64 },
+    Accelerator {
+        /// The adapter that issued the pointers ("cuda").
+        kind: &'static str,
+        /// The context within that adapter (CUDA: the `CUcontext` handle), since
+        /// pointers of one context mean nothing in another.
+        id: u64,
+    },
     /// Addresses nobody can read (the simulator's virtual memory, test doubles).
     Opaque,
 }
@@ -42,28 +50,44 @@ pub enum MemorySpace {
 /// Device memory as the driver reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MemoryInfo {
+    /// All the memory the device has, used or not.
     pub total_bytes: u64,
     /// Free right now, counting other processes (CUDA: `cuMemGetInfo`).
     pub free_bytes: u64,
 }
 
+/// Why a device operation failed, with the adapter's own account of it.
 #[derive(Debug, thiserror::Error)]
 pub enum DeviceError {
+    /// An allocation (the weight arena) asked for more device memory than is free.
     #[error(
         "device out of memory: asked for {}, {} free",
         Bytes(*requested_bytes),
         Bytes(*available_bytes)
     )]
     OutOfMemory {
+        /// The size of the allocation that failed.
         requested_bytes: u64,
+        /// What the device had free when it failed, as its driver counts it.
         available_bytes: u64,
     },
+    /// A host buffer could not be allocated or registered as pinned.
     #[error("could not pin {} of host memory: {reason}", Bytes(*bytes))]
-    PinFailed { bytes: u64, reason: String },
+    PinFailed {
+        /// The size of the buffer that could not be pinned.
+        bytes: u64,
+        /// The host's or driver's own account of why.
+        reason: String,
+    },
+    /// A host-to-device copy failed or its completion was lost; the reason is the
+    /// adapter's.
     #[error("copy failed: {0}")]
     CopyFailed(String),
+    /// The device cannot be used at all (no driver library, no device, its copy
+    /// thread gone): retrying will not help.
     #[error("device unavailable: {0}")]
     Unavailable(String),
+    /// Any other failure, in the adapter's words.
     #[error("{0}")]
     Other(String),
 }
@@ -71,14 +95,21 @@ pub enum DeviceError {
 /// One contiguous device allocation, freed by [`Device::free_arena`].
 #[derive(Debug)]
 pub struct DeviceArena {
+    /// The first address of the allocation; slots are offsets from it.
     pub base: DevicePtr,
+    /// The size asked for (the VRAM budget, for a session's weight arena).
     pub bytes: u64,
 }
 
+/// The port an accelerator adapter implements: device memory, pinned host buffers and
+/// the copy stream. Shared behind an `Arc` by the actors that touch the device, with
+/// `&self` methods, so an implementation guards its own state.
 pub trait Device: Send + Sync + 'static {
     /// Short adapter name for logs and summaries: "cpu", "sim", "cuda:0".
     fn name(&self) -> String;
 
+    /// The device's memory now, as its driver reports it (other processes' use
+    /// included), for sizing budgets before a session starts.
     fn memory_info(&self) -> Result<MemoryInfo, DeviceError>;
 
     /// The address space of this device's `DevicePtr`s.
@@ -90,6 +121,8 @@ pub trait Device: Send + Sync + 'static {
     /// Allocated once at session start, never on the hot path.
     fn allocate_arena(&self, bytes: u64) -> Result<DeviceArena, DeviceError>;
 
+    /// Gives back an arena from [`Device::allocate_arena`]. Called once, after the
+    /// last copy into it has completed (the allocator's drain, or a failed start).
     fn free_arena(&self, arena: DeviceArena);
 
     /// A host buffer of `bytes` the device can copy from at full speed (page-locked on

@@ -18,7 +18,11 @@ pub enum ExpertPolicy {
     Lfu,
     /// LFU whose counts halve every `half_life_accesses` accesses, so experts that
     /// were popular long ago give way to today's (frequency-aware with recency).
-    LfuAging { half_life_accesses: u32 },
+    LfuAging {
+        /// Accesses (to any expert) after which an untouched count is worth half;
+        /// 0 is taken as 1.
+        half_life_accesses: u32,
+    },
 }
 
 impl Default for ExpertPolicy {
@@ -31,6 +35,7 @@ impl Default for ExpertPolicy {
 }
 
 impl ExpertPolicy {
+    /// A short name for tables and logs ("lru", "lfu", "lfu-aging(half-life 128)").
     pub fn label(&self) -> String {
         match self {
             ExpertPolicy::Lru => "lru".to_string(),
@@ -115,12 +120,16 @@ impl ExpertCache {
 /// Hits, misses and bytes moved of one policy over a trace.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct CacheFigures {
+    /// Uses that found the expert resident.
     pub hits: u64,
+    /// Uses that had to load the expert.
     pub misses: u64,
+    /// Bytes those loads copied: `misses × expert_bytes`.
     pub bytes_moved: u64,
 }
 
 impl CacheFigures {
+    /// Hits over all uses; 0 for an empty trace.
     pub fn hit_rate(&self) -> f64 {
         let total = self.hits + self.misses;
         if total == 0 {
@@ -211,13 +220,17 @@ pub fn replay_optimal(visits: &[Vec<u32>], slots: usize, expert_bytes: u64) -> C
 /// drifts: every `drift_tokens` tokens each layer's popularity ranking rotates by one.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SkewedRouting {
+    /// MoE layers each token passes through.
     pub layers: u32,
+    /// Experts per layer.
     pub experts: u32,
+    /// Experts each token is routed to per layer (clamped to `1..=experts`).
     pub top_k: u32,
     /// Zipf exponent: the expert of popularity rank r is picked ∝ 1/(r+1)^s.
     pub skew: f64,
-    /// 0: no drift.
+    /// Tokens between two rotations of each layer's ranking; 0: no drift.
     pub drift_tokens: u32,
+    /// Seeds every pick, so one seed gives one trace on every machine.
     pub seed: u64,
 }
 

@@ -21,9 +21,13 @@ pub trait PinRegistration: Send {}
 #[derive(Debug, Clone, Copy, thiserror::Error)]
 #[error("could not allocate {bytes} bytes of host memory")]
 pub struct HostAllocError {
+    /// The size asked for.
     pub bytes: usize,
 }
 
+/// A page-aligned host buffer, or a virtual one (a length, no memory) for the
+/// simulator. Move-only: one owner at a time, and dropping it undoes its pin
+/// registration (if any) before its memory is freed.
 pub struct HostBuffer {
     memory: Option<NonNull<u8>>,
     len: usize,
@@ -84,14 +88,17 @@ impl HostBuffer {
         self.tag
     }
 
+    /// Its size in bytes, virtual or not.
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Whether it has no bytes at all (`len() == 0`).
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
+    /// Whether it has no memory behind it (a simulator's buffer, or an empty one).
     pub fn is_virtual(&self) -> bool {
         self.memory.is_none()
     }
@@ -103,6 +110,7 @@ impl HostBuffer {
             .map(|memory| unsafe { std::slice::from_raw_parts(memory.as_ptr(), self.len) })
     }
 
+    /// The bytes to fill, or `None` for a virtual buffer.
     pub fn as_mut_slice(&mut self) -> Option<&mut [u8]> {
         // SAFETY: as above, and &mut self guarantees exclusive access.
         self.memory
@@ -115,10 +123,14 @@ impl HostBuffer {
             .map_or(std::ptr::null(), |memory| memory.as_ptr() as *const u8)
     }
 
+    /// Records the device's pin registration, so dropping the buffer (or
+    /// [`Self::clear_registration`]) undoes it. Replaces (and so drops) any earlier one.
     pub fn set_registration(&mut self, registration: Box<dyn PinRegistration>) {
         self.registration = Some(registration);
     }
 
+    /// Whether a device registration is held, i.e. a device pinned the buffer through
+    /// its own API (CUDA, the simulator); the CPU adapter's buffers have none.
     pub fn is_registered(&self) -> bool {
         self.registration.is_some()
     }

@@ -11,6 +11,7 @@ use serde::Serialize;
 pub struct BlockId(pub u32);
 
 impl BlockId {
+    /// The id as an index into per-block tables (the layout, the residency table).
     pub fn index(self) -> usize {
         self.0 as usize
     }
@@ -29,15 +30,19 @@ pub struct FileId(pub u32);
 /// A contiguous byte range of one file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Extent {
+    /// The file the bytes are in.
     pub file: FileId,
     /// Absolute offset in the file (safetensors: 8 + header length + data offset).
     pub offset: u64,
+    /// The range's size in bytes.
     pub length: u64,
 }
 
 /// One schedulable unit: the tensors of one transformer layer (or the head/tail).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct BlockLayout {
+    /// A name for people: logs, traces, summaries. The model index gives `head`,
+    /// `tail`, or the tensors' prefix up to the layer number (`model.layers.3`).
     pub name: String,
     /// Sum of the extents' lengths: the block's size in every tier.
     pub bytes: u64,
@@ -46,6 +51,7 @@ pub struct BlockLayout {
 }
 
 impl BlockLayout {
+    /// A block of `extents`, laid out in that order; its size is their sum.
     pub fn new(name: impl Into<String>, extents: Vec<Extent>) -> Self {
         let bytes = extents.iter().map(|extent| extent.length).sum();
         Self {
@@ -59,14 +65,17 @@ impl BlockLayout {
 /// The blocks of a model, in file order.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct ModelLayout {
+    /// Every block, indexed by [`BlockId`].
     pub blocks: Vec<BlockLayout>,
 }
 
 impl ModelLayout {
+    /// The model's size: every block's bytes, counted once.
     pub fn total_bytes(&self) -> u64 {
         self.blocks.iter().map(|block| block.bytes).sum()
     }
 
+    /// The largest block's size (unaligned); 0 for an empty layout.
     pub fn largest_block_bytes(&self) -> u64 {
         self.blocks
             .iter()
@@ -75,14 +84,17 @@ impl ModelLayout {
             .unwrap_or(0)
     }
 
+    /// The block with this id, or `None` past the end.
     pub fn block(&self, id: BlockId) -> Option<&BlockLayout> {
         self.blocks.get(id.index())
     }
 
+    /// The number of blocks: every valid [`BlockId`] is below it.
     pub fn len(&self) -> usize {
         self.blocks.len()
     }
 
+    /// Whether the model has no blocks.
     pub fn is_empty(&self) -> bool {
         self.blocks.is_empty()
     }

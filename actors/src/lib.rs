@@ -9,6 +9,10 @@
 //! is private: the session is the way in, its [`StatsSnapshot`] and the [`Observer`]
 //! calls the way to watch.
 
+// The internals are private, so an embedder knows the crate only by its docs: every
+// public item must say what it is or means.
+#![warn(missing_docs)]
+
 mod bytes;
 mod device;
 mod host_buffer;

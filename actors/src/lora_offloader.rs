@@ -37,14 +37,19 @@ type Waiter = Reply<Result<(), SessionError>>;
 /// One block's factors of an adapter, laid out by the compute side.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LoraPack {
+    /// The block whose weights these factors patch.
     pub block: BlockId,
+    /// The factors as the compute side will read them in VRAM; the offloader copies
+    /// them as they are and never looks inside. An empty pack is refused at attach.
     pub bytes: Vec<u8>,
 }
 
 /// An adapter to attach: its name (unique among attached ones), strength and packs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LoraAttach {
+    /// Its name, strength and total size: what the budgets and summaries see.
     pub summary: AdapterSummary,
+    /// One pack per block it patches; blocks without a pack are left unpatched.
     pub packs: Vec<LoraPack>,
 }
 

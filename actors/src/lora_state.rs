@@ -32,6 +32,8 @@ pub const MAX_ADAPTERS: usize = 8;
 pub struct LoraSlot(pub(crate) u8);
 
 impl LoraSlot {
+    /// Its index among the [`MAX_ADAPTERS`] slots: the adapter dimension of the LoRA
+    /// table.
     pub fn index(self) -> usize {
         usize::from(self.0)
     }
@@ -40,7 +42,10 @@ impl LoraSlot {
 /// An adapter's factors, as far as the budgets are concerned.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct AdapterSummary {
+    /// Unique among attached adapters: detach and errors name the adapter by it.
     pub name: String,
+    /// The user's multiplier on the adapter (`--lora FILE:STRENGTH`), carried for
+    /// summaries; the actors move bytes and never scale them.
     pub strength: f32,
     /// Bytes of its factors (all packs together).
     pub bytes: u64,
@@ -49,16 +54,19 @@ pub struct AdapterSummary {
 /// The offloader's own accounting, apart from the model's.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct LoraUsage {
+    /// The adapters attached now; one still detaching is left out.
     pub adapters: Vec<AdapterSummary>,
     /// Its pinned set: every pack of every attached adapter.
     pub pinned_bytes: u64,
     /// Its VRAM regions: `slot_count × slot_bytes` per attached adapter.
     pub vram_bytes: u64,
-    /// Adapters attached and detached since the start.
+    /// Adapters attached since the start.
     pub attached_total: u64,
+    /// Adapters detached since the start.
     pub detached_total: u64,
-    /// Packs copied pinned → VRAM, and their bytes.
+    /// Packs copied pinned → VRAM since the start.
     pub pack_loads: u64,
+    /// The bytes of those copies.
     pub pack_bytes_to_vram: u64,
 }
 

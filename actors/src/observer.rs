@@ -11,15 +11,20 @@ use crate::layout::BlockId;
 /// A link bytes travel over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 pub enum Link {
+    /// A read from a model file into a pinned buffer (a cache buffer or the staging
+    /// ring); LoRA factors the loader read count here too.
     DiskToPinned,
+    /// A copy from a pinned buffer to device memory on the copy stream.
     PinnedToVram,
     /// `--fast-disk`: read through the staging ring straight on to the device.
     DiskToVram,
 }
 
 impl Link {
+    /// Every link, so a telemetry adapter can register one series per link up front.
     pub const ALL: [Link; 3] = [Link::DiskToPinned, Link::PinnedToVram, Link::DiskToVram];
 
+    /// The `from` metric label: the tier the bytes leave.
     pub fn from_label(self) -> &'static str {
         match self {
             Link::DiskToPinned | Link::DiskToVram => "disk",
@@ -27,6 +32,7 @@ impl Link {
         }
     }
 
+    /// The `to` metric label: the tier the bytes arrive in.
     pub fn to_label(self) -> &'static str {
         match self {
             Link::DiskToPinned => "pinned",
@@ -38,13 +44,17 @@ impl Link {
 /// A memory tier with a budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 pub enum Tier {
+    /// Device memory, under the VRAM budget.
     Vram,
+    /// Page-locked host memory, under the pin ceiling.
     Pinned,
 }
 
 impl Tier {
+    /// Every tier, so a telemetry adapter can register one series per tier up front.
     pub const ALL: [Tier; 2] = [Tier::Vram, Tier::Pinned];
 
+    /// The `tier` metric label.
     pub fn label(self) -> &'static str {
         match self {
             Tier::Vram => "vram",
@@ -57,11 +67,14 @@ impl Tier {
 /// exceeds the model size).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 pub enum Owner {
+    /// The model's own weights: the blocks of the layout.
     Model,
+    /// LoRA adapters' factors, in the offloader's own accounting.
     Lora,
 }
 
 impl Owner {
+    /// The `owner` metric label.
     pub fn label(self) -> &'static str {
         match self {
             Owner::Model => "model",
@@ -73,14 +86,24 @@ impl Owner {
 /// Kinds of failure, as a low-cardinality label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 pub enum ErrorKind {
+    /// A disk read failed (a request's or a read-ahead's).
     Read,
+    /// A host-to-device copy failed (a block's, a chunk's or a LoRA pack's).
     Copy,
+    /// Host memory could not be pinned (the staging ring, a cache buffer at a sync
+    /// point, a LoRA pinned set). A cache buffer that fails is not fatal: the block
+    /// keeps streaming through the ring.
     Pin,
+    /// A reservation was refused for lack of room: activations or a LoRA region in
+    /// VRAM, a LoRA pinned set under the ceiling.
     Budget,
+    /// An actor got a message the protocol does not allow (a LoRA region released
+    /// that was never reserved): a bug, counted instead of a panic.
     Protocol,
 }
 
 impl ErrorKind {
+    /// Every kind, so a telemetry adapter can register one series per kind up front.
     pub const ALL: [ErrorKind; 5] = [
         ErrorKind::Read,
         ErrorKind::Copy,
@@ -89,6 +112,7 @@ impl ErrorKind {
         ErrorKind::Protocol,
     ];
 
+    /// The `kind` metric label.
     pub fn label(self) -> &'static str {
         match self {
             ErrorKind::Read => "read",
@@ -112,6 +136,7 @@ pub enum ReadAheadOutcome {
 }
 
 impl ReadAheadOutcome {
+    /// Every outcome, in the order [`ReadAheadOutcome::index`] counts them.
     pub const ALL: [ReadAheadOutcome; 3] = [
         ReadAheadOutcome::Used,
         ReadAheadOutcome::Dropped,
@@ -123,6 +148,7 @@ impl ReadAheadOutcome {
         self as usize
     }
 
+    /// The `outcome` metric label.
     pub fn label(self) -> &'static str {
         match self {
             ReadAheadOutcome::Used => "used",
@@ -135,15 +161,23 @@ impl ReadAheadOutcome {
 /// Occupancy of one tier, reported whenever it changes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 pub struct TierUsage {
+    /// The model's blocks in the tier, at their unaligned sizes: VRAM, the blocks
+    /// placed in the arena (ready or loading); pinned, the cache buffers registered
+    /// for blocks (filled or not).
     pub model_bytes: u64,
+    /// LoRA adapters' share: VRAM, their regions; pinned, their pinned sets.
     pub lora_bytes: u64,
     /// VRAM: activations reserved by the compute side; pinned: the staging ring.
     pub other_bytes: u64,
+    /// The tier's budget: the whole VRAM budget; the pin ceiling (plus the staging
+    /// ring beside it, with `--fast-disk`).
     pub budget_bytes: u64,
+    /// The model's blocks counted in `model_bytes`.
     pub blocks: u64,
 }
 
 impl TierUsage {
+    /// Everything the tier holds now: model, LoRA and other bytes.
     pub fn used_bytes(&self) -> u64 {
         self.model_bytes + self.lora_bytes + self.other_bytes
     }
@@ -152,7 +186,9 @@ impl TierUsage {
 /// Hits and misses of the compute thread, flushed once per step or batch.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
 pub struct AcquireBatch {
+    /// Acquires that found the block ready: no message, no wait.
     pub hits: u64,
+    /// Acquires that had to ask for the block and wait for it.
     pub misses: u64,
     /// Time the compute thread spent waiting for blocks that were not ready.
     pub stall_seconds: f64,
@@ -162,26 +198,46 @@ pub struct AcquireBatch {
 /// (a hit), on its way because a hint asked for it (late), or not asked for (a miss).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 pub struct ExpertAcquires {
+    /// Experts that were ready when the compute thread acquired them.
     pub hits: u64,
+    /// Experts a hint had already asked for that were still not ready when acquired
+    /// (the hint was right, but late): the compute thread waited for them.
     pub late: u64,
+    /// Experts that were not ready and no hint had asked for: loaded on demand.
     pub misses: u64,
 }
 
 /// Receives pipeline events. Every method has a no-op default.
 pub trait Observer: Send + Sync + 'static {
+    /// One completed transfer of `bytes` over `link`, which took `seconds` from its
+    /// start to its completion (0 for LoRA factors the loader read before attach).
     fn transfer(&self, _link: Link, _owner: Owner, _bytes: u64, _seconds: f64) {}
     /// The same transfer, with the block it carried (for traces). Called right after
     /// `transfer`; `seconds` ended now.
     fn block_transfer(&self, _link: Link, _block: BlockId, _bytes: u64, _seconds: f64) {}
+    /// A tier's occupancy after it changed (a load, an eviction, a reservation).
     fn tier_usage(&self, _tier: Tier, _usage: TierUsage) {}
+    /// `blocks` left `tier` at once: evicted for room, given way to activations or
+    /// LoRA, invalidated, or released at the drain.
     fn eviction(&self, _tier: Tier, _blocks: u64) {}
+    /// One sync point at which the pin manager did `operations` pin registrations
+    /// together (or the staging ring was pinned at start), instead of one stall each.
     fn pin_consolidation(&self, _operations: u64) {}
+    /// The allocator declined a speculative load (prefetch or hint) because it would
+    /// have evicted a block needed sooner: exhaustion prediction at work.
     fn speculative_declined(&self) {}
     /// Disk read-aheads that ended with `outcome` since the last report.
     fn read_ahead(&self, _outcome: ReadAheadOutcome, _blocks: u64) {}
+    /// The compute thread's hits, misses and stall time since the last batch, once
+    /// per step.
     fn acquires(&self, _batch: AcquireBatch) {}
+    /// After each allocator decision: how many blocks of the order, from the compute
+    /// position the allocator last heard of, are ready before the first that is not.
     fn prefetch_lead(&self, _blocks_ahead: u64) {}
+    /// One step ended; `seconds` since the previous step ended (or the session
+    /// started), as the compute thread measured it.
     fn step(&self, _seconds: f64) {}
+    /// One failure of `kind`; the error itself goes to whoever waited on it.
     fn error(&self, _kind: ErrorKind) {}
     /// The bytes the plan copies to VRAM per step now: at the start, and again each
     /// time resident blocks give way (to activations, or to LoRA regions).

@@ -47,26 +47,32 @@ impl StepOrder {
         Ok(Self { order, positions })
     }
 
+    /// Positions in one pass (a block used twice counts twice); never 0.
     pub fn len(&self) -> usize {
         self.order.len()
     }
 
+    /// Always false: [`StepOrder::new`] refuses an empty order.
     pub fn is_empty(&self) -> bool {
         self.order.is_empty()
     }
 
+    /// The blocks in the order one step uses them.
     pub fn blocks(&self) -> &[BlockId] {
         &self.order
     }
 
+    /// The block at `position`, counted across steps (the order repeats).
     pub fn at(&self, position: usize) -> BlockId {
         self.order[position % self.order.len()]
     }
 
+    /// Where `block` is first used in a pass; `None` outside the order (an expert).
     pub fn first_position(&self, block: BlockId) -> Option<usize> {
         self.positions.get(block.index())?.first().copied()
     }
 
+    /// Whether one pass uses `block` at all.
     pub fn contains(&self, block: BlockId) -> bool {
         self.first_position(block).is_some()
     }
@@ -108,39 +114,68 @@ impl StepOrder {
     }
 }
 
+/// Why no plan exists for these budgets, layout and order; each message names a fix.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PlanError {
+    /// The step order names no block.
     #[error("the step order is empty: declare at least one block")]
     EmptyOrder,
+    /// The step order names a block the layout does not have.
     #[error("{block} is not in the model (it has {block_count} blocks)")]
-    UnknownBlock { block: BlockId, block_count: usize },
+    UnknownBlock {
+        /// The id in the order.
+        block: BlockId,
+        /// Blocks the layout has: valid ids are below this.
+        block_count: usize,
+    },
+    /// The VRAM budget cannot hold the ring, or the set-asides leave none to plan in.
     #[error("vram_budget {budget} is below the {needed} this model needs at minimum (largest block {largest} × (prefetch_depth {depth} + 1)): {}", raise_vram_budget(*needed, *fits_at_depth))]
     VramBudgetTooSmall {
+        /// The budget checked: the VRAM budget, less any expert cache and reserve.
         budget: Bytes,
+        /// The least budget the plan needs (if none is left: what the set-asides take).
         needed: Bytes,
+        /// One ring slot: the largest block's aligned footprint (or the expert slot).
         largest: Bytes,
+        /// The prefetch depth asked for (0 when none of the budget is left to plan in).
         depth: u32,
         /// The deepest smaller prefetch depth this budget does fit, if any.
         fits_at_depth: Option<u32>,
     },
+    /// As above, where even the cheapest plan (too-large blocks resident) does not fit.
     #[error("vram_budget {budget} is below the {needed} this model needs at minimum ({oversized} of blocks too large to stream, kept resident, + largest streamed block {slot} × (prefetch_depth {depth} + 1)): {}", raise_vram_budget(*needed, *fits_at_depth))]
     VramBudgetTooSmallForLargeBlocks {
+        /// The budget checked: the VRAM budget, less any expert cache and reserve.
         budget: Bytes,
+        /// The least budget that would do: `oversized + slot × (depth + 1)`.
         needed: Bytes,
+        /// The blocks larger than a slot, kept resident, together.
         oversized: Bytes,
+        /// One ring slot: the largest streamed block's aligned footprint.
         slot: Bytes,
+        /// The prefetch depth asked for.
         depth: u32,
+        /// The deepest smaller prefetch depth this budget does fit, if any.
         fits_at_depth: Option<u32>,
     },
+    /// The pin ceiling cannot hold the staging ring, or it has < 2 or empty buffers.
     #[error("pin_ceiling {ceiling} is below the {needed} the staging ring needs (largest block {largest} × {buffers} staging buffers): set --pin-ceiling {} or more", needed.flag_value_at_least())]
     PinCeilingTooSmall {
+        /// The pin ceiling asked for.
         ceiling: Bytes,
+        /// The least ring that would do: `largest × buffers`, and 2 buffers at least.
         needed: Bytes,
+        /// One staging buffer: the largest streamed block (or the `--fast-disk` chunk).
         largest: Bytes,
+        /// Staging buffers in the ring (2 at least).
         buffers: u32,
     },
+    /// A setting that must be positive was 0.
     #[error("{what} must be greater than zero")]
-    Zero { what: &'static str },
+    Zero {
+        /// The setting's name, as the user knows it.
+        what: &'static str,
+    },
 }
 
 pub use crate::bytes::Bytes;
@@ -163,8 +198,7 @@ pub enum ResidencyPolicy {
     /// needed sooner are declined.
     #[default]
     Planned,
-    /// Baseline: every block competes for slots, least recently used evicted first,
-    /// no exhaustion prediction (what a generic cache does).
+    /// Baseline: every block competes for slots, LRU, no exhaustion prediction.
     Lru,
 }
 
@@ -173,10 +207,11 @@ pub enum ResidencyPolicy {
 pub struct VramPlan {
     /// Per block: kept resident for the whole run.
     pub resident: Vec<bool>,
+    /// The resident blocks' aligned footprint, together.
     pub resident_bytes: u64,
-    /// Streaming slots and the size of each: the largest streamed block's aligned
-    /// footprint (blocks larger than that stay resident).
+    /// Streaming slots: `depth + 1` (0: all resident, no room); LRU: as many as fit.
     pub ring_slots: u32,
+    /// Each slot's size: the largest streamed block's aligned footprint.
     pub slot_bytes: u64,
     /// The largest block's aligned footprint (what a whole-block staging buffer holds).
     pub largest_block_bytes: u64,
@@ -185,16 +220,17 @@ pub struct VramPlan {
 }
 
 impl VramPlan {
+    /// The streaming ring's share of the budget: `ring_slots × slot_bytes`.
     pub fn ring_bytes(&self) -> u64 {
         u64::from(self.ring_slots) * self.slot_bytes
     }
 
+    /// Whether the plan keeps `block` resident; false for an unknown block.
     pub fn is_resident(&self, block: BlockId) -> bool {
         self.resident.get(block.index()).copied().unwrap_or(false)
     }
 
-    /// Plans the VRAM tier for a budget. `capacity_bytes` is the budget less any
-    /// activation reservation.
+    /// Plans the VRAM tier in `capacity_bytes`: the budget less activation reservations.
     pub fn new(
         layout: &ModelLayout,
         order: &StepOrder,
@@ -417,8 +453,7 @@ fn minimum_need(order: &StepOrder, footprint: &[u64], depth: u32, policy: Reside
 }
 
 impl VramPlan {
-    /// The smallest VRAM capacity a plan exists for: what an automatic budget must be
-    /// at least (a budget below it is refused by [`VramPlan::new`]).
+    /// The least capacity [`VramPlan::new`] accepts: the floor for an automatic budget.
     pub fn minimum_capacity_bytes(
         layout: &ModelLayout,
         order: &StepOrder,

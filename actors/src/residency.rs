@@ -56,9 +56,16 @@ impl BlockState {
 #[derive(Debug, PartialEq, Eq)]
 #[must_use = "a held block stays held (never evictable) until it is released"]
 pub struct BlockHandle {
+    /// The block held (for a LoRA pack, its key in the LoRA table).
     pub block: BlockId,
+    /// Where its bytes start on the device: its extents laid end to end.
     pub ptr: DevicePtr,
+    /// Its size as the table was made with it: the block's bytes, unaligned (0 in
+    /// the LoRA table, whose pack sizes the compute side knows itself).
     pub bytes: u64,
+    /// Which landing of the block this is: bumped (24 bits, wrapping) each time the
+    /// block is published ready, so a compute side that patched a resident copy (a
+    /// LoRA bake) can tell when it holds a fresh, unpatched one.
     pub generation: u32,
     /// The block sits in a streaming slot; releasing it frees the slot.
     pub streamed: bool,
@@ -76,11 +83,14 @@ struct Entry {
     bytes: u64,
 }
 
+/// One atomic word per block, shared by the compute thread (holds) and the VRAM
+/// allocator (states); sized once at session start and never grown.
 pub struct ResidencyTable {
     entries: Box<[Entry]>,
 }
 
 impl ResidencyTable {
+    /// A table of one entry per size in `block_bytes`, every block absent.
     pub fn new(block_bytes: impl IntoIterator<Item = u64>) -> Self {
         let entries = block_bytes
             .into_iter()
@@ -93,10 +103,12 @@ impl ResidencyTable {
         Self { entries }
     }
 
+    /// Entries in the table: blocks of the model (or packs, for the LoRA table).
     pub fn len(&self) -> usize {
         self.entries.len()
     }
 
+    /// Whether the table has no entries.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
@@ -157,16 +169,20 @@ impl ResidencyTable {
         holders - 1
     }
 
+    /// The size the table was made with for `block`; 0 for an unknown block.
     pub fn block_bytes(&self, block: BlockId) -> u64 {
         self.entry(block).map_or(0, |entry| entry.bytes)
     }
 
+    /// Where `block` is now; `Absent` for an unknown block. Racy by nature: the
+    /// allocator may change it right after.
     pub fn state(&self, block: BlockId) -> BlockState {
         self.entry(block).map_or(BlockState::Absent, |entry| {
             BlockState::from_word(entry.word.load(Ordering::Acquire))
         })
     }
 
+    /// Holds on `block` not yet released; 0 for an unknown block.
     pub fn holders(&self, block: BlockId) -> u64 {
         self.entry(block).map_or(0, |entry| {
             (entry.word.load(Ordering::Acquire) & HOLDER_MASK) >> HOLDER_SHIFT
@@ -225,6 +241,8 @@ impl ResidencyTable {
         self.set_state(block, BlockState::Absent, false);
     }
 
+    /// Any state → Failed: its load failed, or the drain took its slot while it was
+    /// still held. Not acquirable; the next miss resets it and loads it again.
     pub fn mark_failed(&self, block: BlockId) {
         self.set_state(block, BlockState::Failed, false);
     }

@@ -159,8 +159,11 @@ impl Observer for Stats {
 /// Bytes moved over one link.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct LinkSnapshot {
+    /// The model's bytes carried over the link since the start.
     pub model_bytes: u64,
+    /// LoRA factors' bytes carried over it, counted apart.
     pub lora_bytes: u64,
+    /// Completed transfers (a block, a chunk or a pack each).
     pub transfers: u64,
     /// Sum of transfer durations (overlapping transfers add up).
     pub busy_seconds: f64,
@@ -169,33 +172,57 @@ pub struct LinkSnapshot {
 /// One tier's occupancy now and at its peak.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct TierSnapshot {
+    /// Everything the tier held at its last report (see [`TierUsage::used_bytes`]).
     pub used_bytes: u64,
+    /// The most `used_bytes` any report showed since the start.
     pub peak_used_bytes: u64,
+    /// The tier's budget, as last reported.
     pub budget_bytes: u64,
+    /// The model's share of `used_bytes`.
     pub model_bytes: u64,
+    /// LoRA adapters' share of `used_bytes`.
     pub lora_bytes: u64,
+    /// The model's blocks in the tier at the last report.
     pub blocks: u64,
+    /// Blocks that left the tier since the start, for any reason.
     pub evictions: u64,
 }
 
 /// A plain copy of the counters at one instant.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct StatsSnapshot {
+    /// Reads into pinned buffers ([`Link::DiskToPinned`]).
     pub disk_to_pinned: LinkSnapshot,
+    /// Copies from pinned buffers to the device ([`Link::PinnedToVram`]).
     pub pinned_to_vram: LinkSnapshot,
+    /// `--fast-disk` chunks read through the staging ring on to the device
+    /// ([`Link::DiskToVram`]).
     pub disk_to_vram: LinkSnapshot,
+    /// The VRAM tier's occupancy.
     pub vram: TierSnapshot,
+    /// The pinned tier's occupancy.
     pub pinned: TierSnapshot,
+    /// Acquires that found the block ready, in the steps flushed so far.
     pub hits: u64,
+    /// Acquires that waited for the block.
     pub misses: u64,
+    /// Time the compute thread spent waiting in those misses, together.
     pub stall_seconds: f64,
+    /// Sync points at which pin work was done together (and the ring's pinning at
+    /// start).
     pub consolidations: u64,
+    /// Pin registrations done at those sync points, together.
     pub consolidated_operations: u64,
+    /// Speculative loads the allocator declined (they would have evicted a block
+    /// needed sooner).
     pub speculative_declined: u64,
-    /// Disk read-aheads a request used, dropped unused, and failed.
+    /// Disk read-aheads a request used.
     pub read_ahead_used: u64,
+    /// Disk read-aheads dropped unused.
     pub read_ahead_dropped: u64,
+    /// Disk read-aheads whose read failed.
     pub read_ahead_failed: u64,
+    /// Failures of every [`ErrorKind`], together.
     pub errors: u64,
     /// Steps the session ran.
     pub steps: u64,
@@ -204,6 +231,7 @@ pub struct StatsSnapshot {
 }
 
 impl StatsSnapshot {
+    /// The figures of one link, by its enum rather than its field.
     pub fn link(&self, link: Link) -> &LinkSnapshot {
         match link {
             Link::DiskToPinned => &self.disk_to_pinned,
@@ -212,6 +240,7 @@ impl StatsSnapshot {
         }
     }
 
+    /// Hits over all acquires; 0 before any step was flushed.
     pub fn hit_rate(&self) -> f64 {
         let total = self.hits + self.misses;
         if total == 0 {
@@ -223,6 +252,8 @@ impl StatsSnapshot {
 }
 
 impl Stats {
+    /// A copy of every counter now. Each is read on its own, so a snapshot taken
+    /// while the actors run may mix figures from around the same instant.
     pub fn snapshot(&self) -> StatsSnapshot {
         let link = |index: usize| {
             let counters = &self.links[index];

@@ -11,19 +11,33 @@ use crate::layout::{BlockId, ModelLayout};
 pub enum Staging {
     /// Each is read whole into one of `buffers` block-sized pinned buffers, then copied.
     /// The ring counts against the pin ceiling.
-    WholeBlocks { buffers: u32 },
+    WholeBlocks {
+        /// Staging buffers in the ring (2 at least), each the size of a ring slot.
+        buffers: u32,
+    },
     /// `--fast-disk`: read in `buffer_bytes` chunks through a ring of `buffers` pinned
     /// buffers and copied on to VRAM chunk by chunk, so a block never needs a full
     /// pinned copy. The ring is allocated beside the pin ceiling, which the cache keeps.
-    Chunks { buffers: u32, buffer_bytes: u64 },
+    Chunks {
+        /// Staging buffers in the ring (2 at least).
+        buffers: u32,
+        /// The size of each buffer: one chunk of a read (`staging_buffer_size`).
+        buffer_bytes: u64,
+    },
 }
 
 /// The pinned tier's split: which streamed blocks keep a pinned copy, and the staging ring.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PinPlan {
+    /// Per block: keeps a pinned copy, so it is not read from disk every step. Only
+    /// blocks VRAM streams are cached; resident ones need no pinned copy.
     pub cached: Vec<bool>,
+    /// The cached blocks' bytes, together (unaligned).
     pub cached_bytes: u64,
+    /// Buffers in the staging ring.
     pub staging_buffers: u32,
+    /// The size of each: a VRAM ring slot for whole-block staging, the chunk size with
+    /// `--fast-disk`.
     pub staging_buffer_bytes: u64,
     /// Chunked fast-disk streaming (the ring sits beside the ceiling, not under it).
     pub chunked: bool,
@@ -32,10 +46,12 @@ pub struct PinPlan {
 }
 
 impl PinPlan {
+    /// The staging ring's pinned bytes: `staging_buffers × staging_buffer_bytes`.
     pub fn staging_bytes(&self) -> u64 {
         u64::from(self.staging_buffers) * self.staging_buffer_bytes
     }
 
+    /// Whether the plan keeps a pinned copy of `block`; false for an unknown block.
     pub fn is_cached(&self, block: BlockId) -> bool {
         self.cached.get(block.index()).copied().unwrap_or(false)
     }

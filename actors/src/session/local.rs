@@ -50,14 +50,17 @@ impl LocalSession {
         self.core.memory_space
     }
 
+    /// What the session decided at start, for summaries.
     pub fn plan(&self) -> &SessionPlan {
         &self.core.plan
     }
 
+    /// The step order the session plans and prefetches for, as given at start.
     pub fn order(&self) -> &[BlockId] {
         self.core.order.blocks()
     }
 
+    /// The counters so far; hits and misses arrive per step (at `step_done`).
     pub fn stats(&self) -> StatsSnapshot {
         self.core.stats()
     }
@@ -110,6 +113,8 @@ impl LocalSession {
             .map_err(|_| SessionError::Stopped)?
     }
 
+    /// Gives back `bytes` of earlier reservations; waits only for mailbox room. Blocks
+    /// that gave way to them keep streaming.
     pub async fn release_activations(&mut self, bytes: u64) {
         queue_when_room(&self.core.stream, ReleaseActivations { bytes }).await;
     }
