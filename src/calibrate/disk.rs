@@ -126,9 +126,10 @@ struct Reader<'a> {
     options: &'a DiskOptions,
     /// The file read, as the figures show it.
     path: String,
+    // Fields drop in order: the adapter before the runtime its reads ran on.
+    buffered: Arc<dyn Storage>,
     runtime: tokio::runtime::Runtime,
     files: [StorageFile; 1],
-    buffered: Arc<dyn Storage>,
     /// Bytes each pass reads.
     bytes: u64,
     /// Bytes of each read.
@@ -161,9 +162,9 @@ impl<'a> Reader<'a> {
         let reader = Self {
             options,
             path: path.to_string(),
+            buffered,
             runtime,
             files,
-            buffered,
             bytes,
             read_bytes,
         };
