@@ -94,8 +94,10 @@ fn strip_comments_and_strings(text: &str) -> String {
             out.push_str("\"\"");
             out.extend(text[at..end.min(text.len())].chars().filter(|&c| c == '\n'));
             at = (end + 1).min(text.len());
-        } else if rest.starts_with("'\\''") || rest.starts_with("'\"'") {
-            at += rest[1..].find('\'').map_or(1, |end| end + 2);
+        } else if let Some(length) = char_literal_length(rest) {
+            // A char literal ('{', '"', '\''): its content is not code. A lifetime
+            // ('a) has no closing quote right after one character.
+            at += length;
             out.push_str("' '");
         } else {
             let c = rest.chars().next().unwrap_or(' ');
@@ -104,6 +106,26 @@ fn strip_comments_and_strings(text: &str) -> String {
         }
     }
     out
+}
+
+/// The length of the char literal `text` starts with (`'x'`, `'\n'`, `'\u{7f}'`),
+/// or `None` when it starts with none (a lifetime, or not a quote at all).
+fn char_literal_length(text: &str) -> Option<usize> {
+    let mut chars = text.char_indices();
+    if chars.next()?.1 != '\'' {
+        return None;
+    }
+    let (_, first) = chars.next()?;
+    if first == '\\' {
+        let close = text[1..]
+            .char_indices()
+            .skip(2)
+            .find(|&(_, c)| c == '\'')?
+            .0;
+        return (close <= 10).then_some(close + 2);
+    }
+    let (at, next) = chars.next()?;
+    (next == '\'').then_some(at + 1)
 }
 
 /// Removes every item that follows `#[cfg(test)]`: up to its `;` or its closing brace.

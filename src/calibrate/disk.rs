@@ -8,8 +8,7 @@
 //! A filesystem that refuses a step (read-only, full, no O_DIRECT) skips that
 //! measurement with the reason; the others still run.
 
-use std::fs::{File, OpenOptions};
-use std::io::{self, Write};
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -22,8 +21,9 @@ use crate::storage::{
     advise_dont_need, cached_bytes, DirectStorage, PreadStorage, StorageFile, StorageOptions,
 };
 
-/// Bytes written per `write` call of the scratch file.
-const WRITE_CHUNK_BYTES: usize = 4 << 20;
+mod target;
+use target::{existing_file, ScratchFile, Target};
+
 /// Size of one small request in the latency probe.
 const PROBE_BYTES: u64 = 4096;
 /// Small requests per latency measurement.
@@ -92,90 +92,136 @@ pub fn measure_disk(options: &DiskOptions) -> DiskFigures {
         skipped: Vec::new(),
         notes: Vec::new(),
     };
-    let target = match &options.file {
-        Some(path) => match existing_file(path, options.bytes) {
-            Ok(target) => target,
-            Err(reason) => {
-                skip_all(&mut figures, &reason);
-                return figures;
-            }
-        },
-        None => match ScratchFile::write(&options.dir, options.bytes) {
-            Ok(scratch) => Target::Scratch(scratch),
-            Err(reason) => {
-                skip_all(&mut figures, &reason);
-                return figures;
-            }
-        },
+    let target = match open_target(options) {
+        Ok(target) => target,
+        Err(reason) => {
+            skip_all(&mut figures, &reason);
+            return figures;
+        }
     };
     figures.path = target.path().display().to_string();
-    let bytes = target.bytes();
-    let files = [StorageFile {
-        path: target.path().to_path_buf(),
-        expected_bytes: target.file_bytes(),
-    }];
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(error) => {
-            skip_all(&mut figures, &format!("no runtime: {error}"));
+    let (reader, buffer) = match Reader::open(&target, &figures.path, options) {
+        Ok(opened) => opened,
+        Err(reason) => {
+            skip_all(&mut figures, &reason);
             return figures;
         }
     };
-    let buffered: Arc<dyn Storage> = match PreadStorage::open(&files, &options.storage) {
-        Ok(storage) => Arc::new(storage),
-        Err(error) => {
-            skip_all(&mut figures, &error.to_string());
-            return figures;
-        }
-    };
-    let read_bytes = options.read_bytes.min(bytes).max(PROBE_BYTES);
-    let mut buffer = match HostBuffer::allocate(read_bytes as usize) {
-        Ok(buffer) => buffer,
-        Err(error) => {
-            skip_all(&mut figures, &format!("a read buffer: {error}"));
-            return figures;
-        }
-    };
-    let pass = |storage: &Arc<dyn Storage>,
-                buffer: HostBuffer|
-     -> Result<(HostBuffer, f64), (String, HostBuffer)> {
+    let buffer = measure_buffered(&reader, &target, buffer, &mut figures);
+    measure_direct(&reader, &target, buffer, &mut figures);
+    figures
+}
+
+/// The user's file when given one, else a scratch file written in the directory.
+fn open_target(options: &DiskOptions) -> Result<Target, String> {
+    match &options.file {
+        Some(path) => existing_file(path, options.bytes),
+        None => ScratchFile::write(&options.dir, options.bytes).map(Target::Scratch),
+    }
+}
+
+/// What every timed pass shares: the runtime the adapters' futures run on, the file
+/// as the adapters see it, the buffered adapter, and how a pass cuts the file.
+struct Reader<'a> {
+    options: &'a DiskOptions,
+    /// The file read, as the figures show it.
+    path: String,
+    // Fields drop in order: the adapter before the runtime its reads ran on.
+    buffered: Arc<dyn Storage>,
+    runtime: tokio::runtime::Runtime,
+    files: [StorageFile; 1],
+    /// Bytes each pass reads.
+    bytes: u64,
+    /// Bytes of each read.
+    read_bytes: u64,
+}
+
+impl<'a> Reader<'a> {
+    /// The runtime, the buffered adapter and a read buffer, in that order: the first
+    /// that fails is the reason every measurement is skipped.
+    fn open(
+        target: &Target,
+        path: &str,
+        options: &'a DiskOptions,
+    ) -> Result<(Self, HostBuffer), String> {
+        let bytes = target.bytes();
+        let files = [StorageFile {
+            path: target.path().to_path_buf(),
+            expected_bytes: target.file_bytes(),
+        }];
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|error| format!("no runtime: {error}"))?;
+        let buffered: Arc<dyn Storage> = PreadStorage::open(&files, &options.storage)
+            .map(|storage| Arc::new(storage) as Arc<dyn Storage>)
+            .map_err(|error| error.to_string())?;
+        let read_bytes = options.read_bytes.min(bytes).max(PROBE_BYTES);
+        let buffer = HostBuffer::allocate(read_bytes as usize)
+            .map_err(|error| format!("a read buffer: {error}"))?;
+        let reader = Self {
+            options,
+            path: path.to_string(),
+            buffered,
+            runtime,
+            files,
+            bytes,
+            read_bytes,
+        };
+        Ok((reader, buffer))
+    }
+
+    /// One timed pass over the file; the buffer comes back either way.
+    fn pass(
+        &self,
+        storage: &Arc<dyn Storage>,
+        mut buffer: HostBuffer,
+    ) -> Result<(HostBuffer, f64), (String, HostBuffer)> {
         let started = Instant::now();
-        let mut buffer = buffer;
         let mut offset = 0;
-        while offset < bytes {
-            let length = read_bytes.min(bytes - offset);
+        while offset < self.bytes {
+            let length = self.read_bytes.min(self.bytes - offset);
             let extent = Extent {
                 file: FileId(0),
                 offset,
                 length,
             };
-            buffer = runtime
+            buffer = self
+                .runtime
                 .block_on(storage.read(vec![extent], buffer, 0))
                 .map_err(|(error, buffer)| (error.to_string(), buffer))?;
             offset += length;
         }
         Ok((buffer, started.elapsed().as_secs_f64()))
-    };
-    let describe = |what: &str| {
+    }
+
+    /// How a figure was measured, `what` saying which way the file was read.
+    fn describe(&self, what: &str) -> String {
         format!(
             "{} of {} read {what} in {} reads of {} through the storage adapter ({} reader threads, {} requests), {} passes; median pass",
-            stagehand_actors::Bytes(bytes),
-            figures.path,
-            bytes.div_ceil(read_bytes),
-            stagehand_actors::Bytes(read_bytes),
-            options.storage.reader_threads,
-            stagehand_actors::Bytes(options.storage.read_request_bytes),
-            options.rounds
+            stagehand_actors::Bytes(self.bytes),
+            self.path,
+            self.bytes.div_ceil(self.read_bytes),
+            stagehand_actors::Bytes(self.read_bytes),
+            self.options.storage.reader_threads,
+            stagehand_actors::Bytes(self.options.storage.read_request_bytes),
+            self.options.rounds
         )
-    };
+    }
+}
 
+/// Buffered passes, each cold one (pages dropped) followed by a warm one (the page
+/// cache holds what the cold pass read); returns the buffer for the next phase.
+fn measure_buffered(
+    reader: &Reader,
+    target: &Target,
+    mut buffer: HostBuffer,
+    figures: &mut DiskFigures,
+) -> HostBuffer {
     let mut cold = Vec::new();
     let mut warm = Vec::new();
     let mut still_cached = 0u64;
-    for _ in 0..options.rounds.max(1) {
+    for _ in 0..reader.options.rounds.max(1) {
         match drop_pages(target.path()) {
             Ok(left) => still_cached = still_cached.max(left),
             Err(reason) => {
@@ -186,7 +232,7 @@ pub fn measure_disk(options: &DiskOptions) -> DiskFigures {
                 break;
             }
         }
-        match pass(&buffered, buffer) {
+        match reader.pass(&reader.buffered, buffer) {
             Ok((returned, seconds)) => {
                 buffer = returned;
                 cold.push(seconds);
@@ -200,7 +246,7 @@ pub fn measure_disk(options: &DiskOptions) -> DiskFigures {
                 break;
             }
         }
-        match pass(&buffered, buffer) {
+        match reader.pass(&reader.buffered, buffer) {
             Ok((returned, seconds)) => {
                 buffer = returned;
                 warm.push(seconds);
@@ -208,6 +254,18 @@ pub fn measure_disk(options: &DiskOptions) -> DiskFigures {
             Err((_, returned)) => buffer = returned,
         }
     }
+    record_buffered(reader, &cold, &warm, still_cached, figures);
+    buffer
+}
+
+fn record_buffered(
+    reader: &Reader,
+    cold: &[f64],
+    warm: &[f64],
+    still_cached: u64,
+    figures: &mut DiskFigures,
+) {
+    let bytes = reader.bytes;
     if still_cached > bytes / 10 {
         figures.notes.push(format!(
             "the kernel kept {} of the file cached after posix_fadvise(DONTNEED): the cold figure is partly the page cache's",
@@ -217,46 +275,29 @@ pub fn measure_disk(options: &DiskOptions) -> DiskFigures {
     if !cold.is_empty() {
         figures.buffered_cold = Some(Measured::rate(
             bytes as f64,
-            &cold,
-            describe("with buffered pread after posix_fadvise(DONTNEED) dropped its pages"),
+            cold,
+            reader.describe("with buffered pread after posix_fadvise(DONTNEED) dropped its pages"),
         ));
     }
     if !warm.is_empty() {
         figures.page_cache = Some(Measured::rate(
             bytes as f64,
-            &warm,
-            describe("with buffered pread right after a cold pass (the page cache holds it)"),
+            warm,
+            reader
+                .describe("with buffered pread right after a cold pass (the page cache holds it)"),
         ));
     }
+}
 
-    match DirectStorage::open(&files, &options.storage) {
+/// O_DIRECT passes and the request latency through it; where the filesystem refuses
+/// O_DIRECT, the latency is taken buffered with the pages dropped instead.
+fn measure_direct(reader: &Reader, target: &Target, buffer: HostBuffer, figures: &mut DiskFigures) {
+    match DirectStorage::open(&reader.files, &reader.options.storage) {
         Ok(direct) if direct.is_direct() => {
             let direct: Arc<dyn Storage> = Arc::new(direct);
-            let mut seconds = Vec::new();
-            for _ in 0..options.rounds.max(1) {
-                match pass(&direct, buffer) {
-                    Ok((returned, elapsed)) => {
-                        buffer = returned;
-                        seconds.push(elapsed);
-                    }
-                    Err((reason, returned)) => {
-                        buffer = returned;
-                        figures.skipped.push(Skipped {
-                            measurement: "disk.direct".to_string(),
-                            reason: format!("an O_DIRECT read failed: {reason}"),
-                        });
-                        break;
-                    }
-                }
-            }
-            if !seconds.is_empty() {
-                figures.direct = Some(Measured::rate(
-                    bytes as f64,
-                    &seconds,
-                    describe("with O_DIRECT (the --fast-disk path, no page cache)"),
-                ));
-            }
-            let (latency, how) = request_latency(&runtime, &direct, bytes, buffer, "O_DIRECT");
+            let buffer = time_direct(reader, &direct, buffer, figures);
+            let (latency, how) =
+                request_latency(&reader.runtime, &direct, reader.bytes, buffer, "O_DIRECT");
             figures.request_latency_seconds = latency;
             figures.request_latency_how = how;
         }
@@ -270,9 +311,9 @@ pub fn measure_disk(options: &DiskOptions) -> DiskFigures {
             });
             if drop_pages(target.path()).is_ok() {
                 let (latency, how) = request_latency(
-                    &runtime,
-                    &buffered,
-                    bytes,
+                    &reader.runtime,
+                    &reader.buffered,
+                    reader.bytes,
                     buffer,
                     "buffered, pages dropped",
                 );
@@ -285,7 +326,40 @@ pub fn measure_disk(options: &DiskOptions) -> DiskFigures {
             reason: format!("cannot open with O_DIRECT: {error}"),
         }),
     }
-    figures
+}
+
+/// The O_DIRECT passes; returns the buffer for the latency probe.
+fn time_direct(
+    reader: &Reader,
+    direct: &Arc<dyn Storage>,
+    mut buffer: HostBuffer,
+    figures: &mut DiskFigures,
+) -> HostBuffer {
+    let mut seconds = Vec::new();
+    for _ in 0..reader.options.rounds.max(1) {
+        match reader.pass(direct, buffer) {
+            Ok((returned, elapsed)) => {
+                buffer = returned;
+                seconds.push(elapsed);
+            }
+            Err((reason, returned)) => {
+                buffer = returned;
+                figures.skipped.push(Skipped {
+                    measurement: "disk.direct".to_string(),
+                    reason: format!("an O_DIRECT read failed: {reason}"),
+                });
+                break;
+            }
+        }
+    }
+    if !seconds.is_empty() {
+        figures.direct = Some(Measured::rate(
+            reader.bytes as f64,
+            &seconds,
+            reader.describe("with O_DIRECT (the --fast-disk path, no page cache)"),
+        ));
+    }
+    buffer
 }
 
 /// Median time of small reads at scattered offsets (each pays a request's latency).
@@ -350,120 +424,5 @@ fn skip_all(figures: &mut DiskFigures, reason: &str) {
             measurement: measurement.to_string(),
             reason: reason.to_string(),
         });
-    }
-}
-
-/// The file read: the user's, or a scratch file removed on drop.
-enum Target {
-    Existing {
-        path: PathBuf,
-        bytes: u64,
-        file_bytes: u64,
-    },
-    Scratch(ScratchFile),
-}
-
-impl Target {
-    fn path(&self) -> &Path {
-        match self {
-            Target::Existing { path, .. } => path,
-            Target::Scratch(scratch) => &scratch.path,
-        }
-    }
-
-    /// Bytes each pass reads.
-    fn bytes(&self) -> u64 {
-        match self {
-            Target::Existing { bytes, .. } => *bytes,
-            Target::Scratch(scratch) => scratch.bytes,
-        }
-    }
-
-    fn file_bytes(&self) -> u64 {
-        match self {
-            Target::Existing { file_bytes, .. } => *file_bytes,
-            Target::Scratch(scratch) => scratch.bytes,
-        }
-    }
-}
-
-fn existing_file(path: &Path, wanted: u64) -> Result<Target, String> {
-    let metadata = std::fs::metadata(path)
-        .map_err(|error| format!("cannot read {}: {error}", path.display()))?;
-    if !metadata.is_file() {
-        return Err(format!("{} is not a regular file", path.display()));
-    }
-    let file_bytes = metadata.len();
-    // Whole 4 KiB pages only, so O_DIRECT passes read aligned lengths.
-    let bytes = wanted.min(file_bytes) / PROBE_BYTES * PROBE_BYTES;
-    if bytes < PROBE_BYTES {
-        return Err(format!(
-            "{} has {file_bytes} bytes: too small to time reads on",
-            path.display()
-        ));
-    }
-    Ok(Target::Existing {
-        path: path.to_path_buf(),
-        bytes,
-        file_bytes,
-    })
-}
-
-/// A file of seeded bytes written for the measurement and removed afterwards.
-struct ScratchFile {
-    path: PathBuf,
-    bytes: u64,
-}
-
-impl ScratchFile {
-    fn write(dir: &Path, bytes: u64) -> Result<Self, String> {
-        let bytes = bytes.max(PROBE_BYTES) / PROBE_BYTES * PROBE_BYTES;
-        let path = dir.join(format!(".stagehand-calibrate-{}.bin", std::process::id()));
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&path)
-            .map_err(|error| why_not_written(dir, &error))?;
-        let scratch = Self { path, bytes };
-        let mut chunk = vec![0u8; WRITE_CHUNK_BYTES];
-        let mut random = crate::sim::SplitMix64::new(bytes);
-        let mut written = 0u64;
-        while written < bytes {
-            let length = (bytes - written).min(WRITE_CHUNK_BYTES as u64) as usize;
-            for word in chunk[..length].chunks_mut(8) {
-                let value = random.next_u64().to_le_bytes();
-                word.copy_from_slice(&value[..word.len()]);
-            }
-            file.write_all(&chunk[..length])
-                .map_err(|error| why_not_written(dir, &error))?;
-            written += length as u64;
-        }
-        file.sync_all()
-            .map_err(|error| why_not_written(dir, &error))?;
-        Ok(scratch)
-    }
-}
-
-impl Drop for ScratchFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
-    }
-}
-
-/// The reason a scratch file could not be written, in words a user can act on.
-fn why_not_written(dir: &Path, error: &io::Error) -> String {
-    let dir = dir.display();
-    match error.raw_os_error() {
-        Some(libc::EROFS) => format!(
-            "{dir} is on a read-only filesystem; give an existing file there with --file to measure reads without writing"
-        ),
-        Some(libc::ENOSPC) | Some(libc::EDQUOT) => format!(
-            "the filesystem of {dir} is full (or over quota): free some space, lower --disk-bytes, or give an existing file with --file"
-        ),
-        Some(libc::EACCES) | Some(libc::EPERM) => format!(
-            "no permission to write in {dir}; give an existing file there with --file"
-        ),
-        Some(libc::ENOENT) | Some(libc::ENOTDIR) => format!("{dir} is not a directory"),
-        _ => format!("cannot write a scratch file in {dir}: {error}"),
     }
 }

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::{Calibration, ContentionFigures, OverlapRun};
+use super::{Calibration, ContentionFigures, CopyFigures, KernelFigures, OverlapRun};
 use crate::sim::SharedSpec;
 
 /// Stand-in disk when the disk could not be measured: the shipped SATA SSD figures.
@@ -23,14 +23,30 @@ pub fn profile_toml(calibration: &Calibration, name: &str) -> Result<String, Str
         .kernels
         .as_ref()
         .ok_or("the kernels were not measured")?;
-    let host = &calibration.host;
     let mut text = String::new();
-    let line = |text: &mut String, value: String| {
-        text.push_str(&value);
-        text.push('\n');
-    };
+    write_header(&mut text, calibration, name);
+    write_stamp(&mut text, calibration);
+    write_gpu(&mut text, calibration, kernels);
+    write_host(&mut text, calibration, copies);
+    write_link(&mut text, copies);
+    write_disk(&mut text, calibration);
+    if let Some(contention) = &calibration.contention {
+        write_shared(&mut text, contention)?;
+    }
+    write_compute(&mut text, kernels)?;
+    Ok(text)
+}
+
+fn line(text: &mut String, value: String) {
+    text.push_str(&value);
+    text.push('\n');
+}
+
+/// The comments on top: which machine, how loaded, what was not measured.
+fn write_header(text: &mut String, calibration: &Calibration, name: &str) {
+    let host = &calibration.host;
     line(
-        &mut text,
+        text,
         format!(
             "# {name}: this machine, measured by `stagehand calibrate` on the {} backend ({})\n# ({}, {} CPUs, {} RAM, host {}).",
             calibration.backend,
@@ -42,47 +58,51 @@ pub fn profile_toml(calibration: &Calibration, name: &str) -> Result<String, Str
         ),
     );
     line(
-        &mut text,
+        text,
         format!(
             "# Load average (1 min) before / after: {} / {} — other processes skew every figure; calibrate on a quiet machine.",
             load(calibration.load_average_before),
             load(calibration.load_average_after)
         ),
     );
-    let cpu = calibration.backend == "cpu";
-    if cpu {
+    if calibration.backend == "cpu" {
         line(
-            &mut text,
+            text,
             "# On this backend the \"VRAM\" is host memory, a copy to it is a memcpy on the copy\n# thread, and copies, page-cache reads and compute share the cores and one memory bus\n# ([shared]).".to_string(),
         );
     }
-    line(&mut text, "# GB/s are decimal (10^9 bytes).".to_string());
+    line(text, "# GB/s are decimal (10^9 bytes).".to_string());
     for skipped in &calibration.skipped {
         line(
-            &mut text,
+            text,
             format!(
                 "# NOT MEASURED: {} ({})",
                 skipped.measurement, skipped.reason
             ),
         );
     }
-    line(&mut text, String::new());
-    line(&mut text, "[calibration]".to_string());
+}
+
+/// `[calibration]`: when, on which machine and backend, by which version.
+fn write_stamp(text: &mut String, calibration: &Calibration) {
+    let host = &calibration.host;
+    line(text, String::new());
+    line(text, "[calibration]".to_string());
     line(
-        &mut text,
+        text,
         format!("at_unix = {}", calibration.calibrated_at_unix),
     );
-    line(&mut text, format!("host = {}", quoted(&host.fingerprint())));
+    line(text, format!("host = {}", quoted(&host.fingerprint())));
+    line(text, format!("backend = {}", quoted(&calibration.backend)));
     line(
-        &mut text,
-        format!("backend = {}", quoted(&calibration.backend)),
-    );
-    line(
-        &mut text,
+        text,
         format!("stagehand = {}", quoted(env!("CARGO_PKG_VERSION"))),
     );
-    line(&mut text, String::new());
+    line(text, String::new());
+}
 
+/// `[gpu]`: the device tier, and the roofline figures from the kernels.
+fn write_gpu(text: &mut String, calibration: &Calibration, kernels: &KernelFigures) {
     // The roofline figures serve descriptions without kernels (shipped ones).
     let large = kernels
         .costs
@@ -92,54 +112,53 @@ pub fn profile_toml(calibration: &Calibration, name: &str) -> Result<String, Str
         .linear_gflops(1, 1024 * 1024, crate::compute::DType::F32);
     // A one-row f32 GEMV moves 4 bytes of weight per 2 FLOPs.
     let gemv_bytes_per_second = gemv * 1e9 * 2.0;
-    line(&mut text, "[gpu]".to_string());
-    if cpu {
+    line(text, "[gpu]".to_string());
+    if calibration.backend == "cpu" {
         line(
-            &mut text,
+            text,
             "name = \"CPU backend (host memory as the device tier)\"".to_string(),
         );
         line(
-            &mut text,
+            text,
             "# The device tier is host memory: the budget you give is the limit.".to_string(),
         );
     } else {
-        line(
-            &mut text,
-            format!("name = {}", quoted(&calibration.device_name)),
-        );
+        line(text, format!("name = {}", quoted(&calibration.device_name)));
     }
+    line(text, format!("vram = {}", calibration.device_bytes.max(1)));
     line(
-        &mut text,
-        format!("vram = {}", calibration.device_bytes.max(1)),
-    );
-    line(
-        &mut text,
+        text,
         "pcie_generation = 0   # [link] below is measured, not named by generation".to_string(),
     );
     line(
-        &mut text,
+        text,
         "# For descriptions without kernels (the roofline): the f32 GEMM rate at 256 rows of a\n# 1024×1024 weight, and the memory rate a one-row GEMV reaches (from [compute]).".to_string(),
     );
-    line(&mut text, format!("bf16_dense_tflops = {:.6}", large / 1e3));
-    line(&mut text, "sustained_efficiency = 1.0".to_string());
+    line(text, format!("bf16_dense_tflops = {:.6}", large / 1e3));
+    line(text, "sustained_efficiency = 1.0".to_string());
     line(
-        &mut text,
+        text,
         format!("memory_gb_per_s = {:.3}", gemv_bytes_per_second / 1e9),
     );
-    line(&mut text, String::new());
-    line(&mut text, "[host]".to_string());
-    line(&mut text, format!("ram = {}", host.ram_bytes.max(1)));
+    line(text, String::new());
+}
+
+/// `[host]`: the RAM, and the first-touch rate when fresh memory was measurably slower.
+fn write_host(text: &mut String, calibration: &Calibration, copies: &CopyFigures) {
+    let host = &calibration.host;
+    line(text, "[host]".to_string());
+    line(text, format!("ram = {}", host.ram_bytes.max(1)));
     match &copies.first_touch {
         Some(first_touch) => {
             line(
-                &mut text,
+                text,
                 format!(
                     "# {}. The simulator charges it to the first write of every arena,\n# pinned-buffer and cast-buffer byte (the cold step).",
                     first_touch.how
                 ),
             );
             line(
-                &mut text,
+                text,
                 format!(
                     "first_touch_gb_per_s = {:.3}",
                     first_touch.per_second / 1e9
@@ -147,16 +166,19 @@ pub fn profile_toml(calibration: &Calibration, name: &str) -> Result<String, Str
             );
         }
         None => line(
-            &mut text,
+            text,
             "# first_touch_gb_per_s left out: a copy into fresh device-tier memory took no\n# measurably longer than into warm memory (mapped when allocated).".to_string(),
         ),
     }
-    line(&mut text, String::new());
+    line(text, String::new());
+}
 
-    line(&mut text, "[link]".to_string());
-    line(&mut text, "name = \"cpu-memcpy\"".to_string());
+/// `[link]`: the copy rates and latency.
+fn write_link(text: &mut String, copies: &CopyFigures) {
+    line(text, "[link]".to_string());
+    line(text, "name = \"cpu-memcpy\"".to_string());
     line(
-        &mut text,
+        text,
         format!(
             "# {}; slowest–fastest copy {:.2}–{:.2} GB/s.",
             copies.pinned.how,
@@ -165,11 +187,11 @@ pub fn profile_toml(calibration: &Calibration, name: &str) -> Result<String, Str
         ),
     );
     line(
-        &mut text,
+        text,
         format!("pinned_gb_per_s = {:.3}", copies.pinned.per_second / 1e9),
     );
     line(
-        &mut text,
+        text,
         format!(
             "# {}; slowest–fastest {:.2}–{:.2} GB/s (on this backend \"pinned\" is plain memory too).",
             copies.pageable.how,
@@ -178,66 +200,21 @@ pub fn profile_toml(calibration: &Calibration, name: &str) -> Result<String, Str
         ),
     );
     line(
-        &mut text,
+        text,
         format!(
             "pageable_gb_per_s = {:.3}",
             copies.pageable.per_second / 1e9
         ),
     );
-    line(&mut text, format!("# {}.", copies.latency_how));
+    line(text, format!("# {}.", copies.latency_how));
     line(
-        &mut text,
+        text,
         format!("latency_us = {:.1}", copies.latency_seconds * 1e6),
     );
-    line(&mut text, String::new());
-
-    write_disk(&mut text, calibration);
-
-    if let Some(contention) = &calibration.contention {
-        let shared = shared_spec(contention);
-        line(&mut text, format!("# [shared]: {}.", contention.how));
-        for run in &contention.overlaps {
-            line(
-                &mut text,
-                format!(
-                    "# measured at once, GEMM of {} row(s): GEMM {:.3} ms alone, {:.3} ms with copies (× {:.2}); copies {:.2} GB/s alone, {:.2} GB/s with the GEMM (× {:.2} slower); {:.2} GB/s of memory traffic together.",
-                    run.rows,
-                    run.gemm_alone_seconds * 1e3,
-                    run.gemm_shared_seconds * 1e3,
-                    run.gemm_shared_seconds / run.gemm_alone_seconds.max(1e-12),
-                    run.copy_alone_bytes_per_second / 1e9,
-                    run.copy_shared_bytes_per_second / 1e9,
-                    run.copy_alone_bytes_per_second / run.copy_shared_bytes_per_second.max(1.0),
-                    run.shared_traffic() / 1e9
-                ),
-            );
-        }
-        line(
-            &mut text,
-            format!(
-                "# memcpy: {:.2} GB/s with one thread, {:.2} GB/s with {} at once.",
-                contention.memcpy_one_thread_bytes_per_second / 1e9,
-                contention.memcpy_all_cores_bytes_per_second / 1e9,
-                contention.cores
-            ),
-        );
-        line(
-            &mut text,
-            "# memory_gb_per_s: the traffic of the one-row pair above (the bus a streamed batch-1\n# step shares), not memcpy's alone.".to_string(),
-        );
-        text.push_str(&table("shared", &shared)?);
-        line(&mut text, String::new());
-    }
-
-    line(&mut text, format!("# [compute]: {}.", kernels.how));
-    line(
-        &mut text,
-        "# linear: GFLOP/s (2 per multiply-add) of y = x·Wᵀ by storage dtype, weight shape and rows;\n# elementwise_ns: nanoseconds per value (per byte for checksum); attention: ns per score·dim.".to_string(),
-    );
-    text.push_str(&table("compute", &kernels.costs)?);
-    Ok(text)
+    line(text, String::new());
 }
 
+/// `[disk]`: the measured reads, or the shipped SATA figures standing in.
 fn write_disk(text: &mut String, calibration: &Calibration) {
     let disk = calibration.disk.as_ref();
     let cold = disk.and_then(|disk| disk.buffered_cold.as_ref());
@@ -306,6 +283,55 @@ fn write_disk(text: &mut String, calibration: &Calibration) {
         let _ = writeln!(text, "# note: {note}");
     }
     text.push('\n');
+}
+
+/// `[shared]`: the bus model, with the overlaps it was fitted to in comments.
+fn write_shared(text: &mut String, contention: &ContentionFigures) -> Result<(), String> {
+    let shared = shared_spec(contention);
+    line(text, format!("# [shared]: {}.", contention.how));
+    for run in &contention.overlaps {
+        line(
+            text,
+            format!(
+                "# measured at once, GEMM of {} row(s): GEMM {:.3} ms alone, {:.3} ms with copies (× {:.2}); copies {:.2} GB/s alone, {:.2} GB/s with the GEMM (× {:.2} slower); {:.2} GB/s of memory traffic together.",
+                run.rows,
+                run.gemm_alone_seconds * 1e3,
+                run.gemm_shared_seconds * 1e3,
+                run.gemm_shared_seconds / run.gemm_alone_seconds.max(1e-12),
+                run.copy_alone_bytes_per_second / 1e9,
+                run.copy_shared_bytes_per_second / 1e9,
+                run.copy_alone_bytes_per_second / run.copy_shared_bytes_per_second.max(1.0),
+                run.shared_traffic() / 1e9
+            ),
+        );
+    }
+    line(
+        text,
+        format!(
+            "# memcpy: {:.2} GB/s with one thread, {:.2} GB/s with {} at once.",
+            contention.memcpy_one_thread_bytes_per_second / 1e9,
+            contention.memcpy_all_cores_bytes_per_second / 1e9,
+            contention.cores
+        ),
+    );
+    line(
+        text,
+        "# memory_gb_per_s: the traffic of the one-row pair above (the bus a streamed batch-1\n# step shares), not memcpy's alone.".to_string(),
+    );
+    text.push_str(&table("shared", &shared)?);
+    line(text, String::new());
+    Ok(())
+}
+
+/// `[compute]`: the kernel costs, serialized by the type the loader reads.
+fn write_compute(text: &mut String, kernels: &KernelFigures) -> Result<(), String> {
+    line(text, format!("# [compute]: {}.", kernels.how));
+    line(
+        text,
+        "# linear: GFLOP/s (2 per multiply-add) of y = x·Wᵀ by storage dtype, weight shape and rows;\n# elementwise_ns: nanoseconds per value (per byte for checksum); attention: ns per score·dim.".to_string(),
+    );
+    text.push_str(&table("compute", &kernels.costs)?);
+    Ok(())
 }
 
 fn load(value: Option<f64>) -> String {

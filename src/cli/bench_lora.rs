@@ -15,7 +15,9 @@ use stagehand_actors::Bytes;
 use super::{CommandResult, Failure};
 use stagehand::lora::{write_demo_lora, DemoLora, LoraSpec};
 use stagehand::model::demo::DemoSpec;
-use stagehand::run::{default_cache_dir, ensure_demo_model, resolve_budgets, Extras, Outcome};
+use stagehand::run::{
+    default_cache_dir, ensure_demo_model, resolve_budgets, Budgets, Extras, Outcome,
+};
 use stagehand::settings::{self, SettingsArgs};
 
 #[derive(Debug, clap::Args)]
@@ -94,7 +96,25 @@ pub fn execute(args: BenchLoraArgs) -> CommandResult {
         }],
         ..Extras::default()
     };
-    let depth = settings.prefetch_depth;
+    let (plain, patched) = fastest_rounds(&bench, &args, budgets, &with_lora)?;
+    let row = LoraBench::new(&args, &spec, &plain, &patched);
+    if args.json {
+        let text = serde_json::to_string_pretty(&row).map_err(Failure::run_failed)?;
+        println!("{text}");
+        return Ok(());
+    }
+    print_text(&row, model_bytes, budgets.vram_budget_bytes);
+    Ok(())
+}
+
+/// Interleaved rounds without and with the adapter; the fastest run of each.
+fn fastest_rounds(
+    bench: &Bench,
+    args: &BenchLoraArgs,
+    budgets: Budgets,
+    with_lora: &Extras,
+) -> Result<(Outcome, Outcome), Failure> {
+    let depth = bench.settings.prefetch_depth;
     let policy = ResidencyPolicy::Planned;
     let mut plain: Option<Outcome> = None;
     let mut patched: Option<Outcome> = None;
@@ -102,7 +122,7 @@ pub fn execute(args: BenchLoraArgs) -> CommandResult {
         eprintln!("bench lora: round {} of {}", round + 1, args.rounds);
         let outcome = bench.run_with(args.batch, budgets, depth, policy, &Extras::default())?;
         keep_faster(&mut plain, outcome);
-        let outcome = bench.run_with(args.batch, budgets, depth, policy, &with_lora)?;
+        let outcome = bench.run_with(args.batch, budgets, depth, policy, with_lora)?;
         keep_faster(&mut patched, outcome);
     }
     let (Some(plain), Some(patched)) = (plain, patched) else {
@@ -110,34 +130,39 @@ pub fn execute(args: BenchLoraArgs) -> CommandResult {
             "--rounds must be at least 1"
         )));
     };
-    let dim = spec.dim as f64;
-    let row = LoraBench {
-        rank: args.rank,
-        batch: args.batch,
-        plain_seconds: plain.report.steady_step_seconds(),
-        lora_seconds: patched.report.steady_step_seconds(),
-        lora_over_plain: patched.report.steady_step_seconds() / plain.report.steady_step_seconds(),
-        model_bytes_per_step: patched.report.steady_bytes_per_step(Link::PinnedToVram),
-        lora_bytes_per_step: patched.report.steady_lora_bytes_per_step(),
-        lora_bytes: patched.report.lora.adapters.iter().map(|a| a.bytes).sum(),
-        lora_vram_bytes: patched.report.lora.vram_bytes,
-        lora_pinned_bytes: patched.report.lora.pinned_bytes,
-        adapter_share: args.rank as f64 * 2.0 * dim / (dim * dim),
-        low_rank_steps: patched.report.tolerance_steps,
-        verified_steps: patched.report.verified_steps,
-    };
-    if args.json {
-        let text = serde_json::to_string_pretty(&row).map_err(Failure::run_failed)?;
-        println!("{text}");
-        return Ok(());
+    Ok((plain, patched))
+}
+
+impl LoraBench {
+    fn new(args: &BenchLoraArgs, spec: &DemoSpec, plain: &Outcome, patched: &Outcome) -> Self {
+        let dim = spec.dim as f64;
+        Self {
+            rank: args.rank,
+            batch: args.batch,
+            plain_seconds: plain.report.steady_step_seconds(),
+            lora_seconds: patched.report.steady_step_seconds(),
+            lora_over_plain: patched.report.steady_step_seconds()
+                / plain.report.steady_step_seconds(),
+            model_bytes_per_step: patched.report.steady_bytes_per_step(Link::PinnedToVram),
+            lora_bytes_per_step: patched.report.steady_lora_bytes_per_step(),
+            lora_bytes: patched.report.lora.adapters.iter().map(|a| a.bytes).sum(),
+            lora_vram_bytes: patched.report.lora.vram_bytes,
+            lora_pinned_bytes: patched.report.lora.pinned_bytes,
+            adapter_share: args.rank as f64 * 2.0 * dim / (dim * dim),
+            low_rank_steps: patched.report.tolerance_steps,
+            verified_steps: patched.report.verified_steps,
+        }
     }
+}
+
+fn print_text(row: &LoraBench, model_bytes: u64, vram_budget_bytes: u64) {
     println!(
         "stagehand bench lora: demo model {}, rank {} adapter on every layer ({} of factors), batch {}, vram budget {}",
         Bytes(model_bytes),
         row.rank,
         Bytes(row.lora_bytes),
         row.batch,
-        Bytes(budgets.vram_budget_bytes)
+        Bytes(vram_budget_bytes)
     );
     println!(
         "  step: {:.1} ms without, {:.1} ms with the adapter: {:.3}× (the factors are {:.1} % of the weights they patch)",
@@ -158,5 +183,4 @@ pub fn execute(args: BenchLoraArgs) -> CommandResult {
         "  verified: {} steps ({} low-rank within tolerance, the rest bit-exact)",
         row.verified_steps, row.low_rank_steps
     );
-    Ok(())
 }

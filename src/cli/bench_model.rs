@@ -57,16 +57,7 @@ pub fn execute(args: &BenchArgs, settings: &Settings, model: &std::path::Path) -
         workload,
     };
     let before = CpuSample::now();
-    let batches: &[usize] = if decoder { &[1] } else { &args.batches };
-    let mut rows = Vec::with_capacity(batches.len());
-    for &batch in batches {
-        if batch == 0 {
-            return Err(Failure::bad_input(anyhow::anyhow!(
-                "--batches must be at least 1"
-            )));
-        }
-        rows.push(bench.configuration("model", batch, budgets)?);
-    }
+    let rows = configurations(&bench, args, decoder, budgets)?;
     let experts = if is_mixtral {
         expert_rows(&bench, budgets)?
     } else {
@@ -82,49 +73,90 @@ pub fn execute(args: &BenchArgs, settings: &Settings, model: &std::path::Path) -
         }
         None => None,
     };
-    let machine_load = before
-        .zip(CpuSample::now())
-        .map(|(before, after)| MachineLoad::between(before, after));
+    let results = Results {
+        rows,
+        experts,
+        kv,
+        machine_load: before
+            .zip(CpuSample::now())
+            .map(|(before, after)| MachineLoad::between(before, after)),
+    };
     if args.json {
-        #[derive(Serialize)]
-        struct ModelReport<'a> {
-            #[serde(flatten)]
-            steps: JsonReport<'a>,
-            experts: &'a [ExpertRow],
-            kv_growth: Option<&'a KvGrowth>,
-        }
-        let report = ModelReport {
-            steps: JsonReport {
-                configurations: &rows,
-                machine_load,
-            },
-            experts: &experts,
-            kv_growth: kv.as_ref(),
-        };
-        let text = serde_json::to_string_pretty(&report).map_err(Failure::run_failed)?;
-        println!("{text}");
-        return Ok(());
+        return print_json(&results);
     }
+    print_text(&bench, budgets, &results);
+    Ok(())
+}
+
+/// What `bench --model` measured, for either output.
+struct Results {
+    rows: Vec<Configuration>,
+    experts: Vec<ExpertRow>,
+    kv: Option<KvGrowth>,
+    machine_load: Option<MachineLoad>,
+}
+
+/// Resident, naive and stagehand at each batch (one row per token for a decoder).
+fn configurations(
+    bench: &Bench<'_>,
+    args: &BenchArgs,
+    decoder: bool,
+    budgets: Budgets,
+) -> Result<Vec<Configuration>, Failure> {
+    let batches: &[usize] = if decoder { &[1] } else { &args.batches };
+    let mut rows = Vec::with_capacity(batches.len());
+    for &batch in batches {
+        if batch == 0 {
+            return Err(Failure::bad_input(anyhow::anyhow!(
+                "--batches must be at least 1"
+            )));
+        }
+        rows.push(bench.configuration("model", batch, budgets)?);
+    }
+    Ok(rows)
+}
+
+fn print_json(results: &Results) -> CommandResult {
+    #[derive(Serialize)]
+    struct ModelReport<'a> {
+        #[serde(flatten)]
+        steps: JsonReport<'a>,
+        experts: &'a [ExpertRow],
+        kv_growth: Option<&'a KvGrowth>,
+    }
+    let report = ModelReport {
+        steps: JsonReport {
+            configurations: &results.rows,
+            machine_load: results.machine_load,
+        },
+        experts: &results.experts,
+        kv_growth: results.kv.as_ref(),
+    };
+    let text = serde_json::to_string_pretty(&report).map_err(Failure::run_failed)?;
+    println!("{text}");
+    Ok(())
+}
+
+fn print_text(bench: &Bench<'_>, budgets: Budgets, results: &Results) {
     println!(
         "stagehand bench: {} ({} streamed), vram budget {}, pin ceiling {}, prefetch depth {}",
-        model.display(),
-        Bytes(model_bytes),
+        bench.model.display(),
+        Bytes(bench.model_bytes),
         Bytes(budgets.vram_budget_bytes),
         Bytes(budgets.pin_ceiling_bytes),
-        settings.prefetch_depth
+        bench.settings.prefetch_depth
     );
-    print_steps(&rows, decoder);
-    if !experts.is_empty() {
-        print_experts(&experts);
+    print_steps(&results.rows, bench.workload == WorkloadKind::Decoder);
+    if !results.experts.is_empty() {
+        print_experts(&results.experts);
     }
-    if let Some(kv) = &kv {
+    if let Some(kv) = &results.kv {
         print_kv(kv);
     }
-    match machine_load {
+    match results.machine_load {
         Some(load) => println!("{}", load.verdict()),
         None => println!("machine load: unknown (/proc unreadable): judge the ratios with care"),
     }
-    Ok(())
 }
 
 fn print_steps(rows: &[Configuration], decoder: bool) {

@@ -87,35 +87,7 @@ pub fn execute(args: GenerateArgs) -> CommandResult {
             "--max-tokens 0 generates nothing; give at least 1"
         )));
     }
-    let sampling = Sampling {
-        temperature: args.temperature,
-        top_p: args.top_p,
-        seed: args.seed,
-    };
-    sampling
-        .validate()
-        .map_err(|message| Failure::bad_input(anyhow::anyhow!(message)))?;
-    let prompt = match &args.token_ids {
-        Some(ids) => PromptInput::TokenIds(ids.clone()),
-        None => PromptInput::Text(args.prompt.clone()),
-    };
-    let extras = Extras {
-        loras: args.lora.clone(),
-        moe: MoeOptions {
-            policy: args.expert_policy.policy(),
-            hint: args.moe_hint,
-            slots: args.expert_slots,
-        },
-        decoder: Some(DecoderInput {
-            prompt,
-            sampling,
-            hint: match args.moe_hint {
-                HintMode::None => ExpertHint::None,
-                HintMode::NextLayer => ExpertHint::NextLayer,
-            },
-        }),
-        ..Extras::default()
-    };
+    let extras = decoder_extras(&args)?;
     let prepared = prepare_with(
         &args.model,
         WorkloadKind::Decoder,
@@ -160,10 +132,55 @@ pub fn execute(args: GenerateArgs) -> CommandResult {
     if streaming {
         println!();
     }
-    let summary = Summary::new(&outcome);
-    let (prefill, decode) = token_rates(&outcome, prompt_tokens);
+    print_result(&outcome, prompt_tokens, tokenizer, args.json)
+}
+
+/// The run's extras for a decoder: LoRA, the Mixtral expert cache, the prompt and
+/// how to sample, checked before the folder is opened.
+fn decoder_extras(args: &GenerateArgs) -> Result<Extras, Failure> {
+    let sampling = Sampling {
+        temperature: args.temperature,
+        top_p: args.top_p,
+        seed: args.seed,
+    };
+    sampling
+        .validate()
+        .map_err(|message| Failure::bad_input(anyhow::anyhow!(message)))?;
+    let prompt = match &args.token_ids {
+        Some(ids) => PromptInput::TokenIds(ids.clone()),
+        None => PromptInput::Text(args.prompt.clone()),
+    };
+    Ok(Extras {
+        loras: args.lora.clone(),
+        moe: MoeOptions {
+            policy: args.expert_policy.policy(),
+            hint: args.moe_hint,
+            slots: args.expert_slots,
+        },
+        decoder: Some(DecoderInput {
+            prompt,
+            sampling,
+            hint: match args.moe_hint {
+                HintMode::None => ExpertHint::None,
+                HintMode::NextLayer => ExpertHint::NextLayer,
+            },
+        }),
+        ..Extras::default()
+    })
+}
+
+/// The tokens as JSON, or the rates and the run summary as text (the tokens were
+/// printed as they came).
+fn print_result(
+    outcome: &Outcome,
+    prompt_tokens: usize,
+    tokenizer: Option<tokenizers::Tokenizer>,
+    as_json: bool,
+) -> CommandResult {
+    let summary = Summary::new(outcome);
+    let (prefill, decode) = token_rates(outcome, prompt_tokens);
     let text = TextPrinter::new(tokenizer).text(&outcome.report.tokens);
-    if args.json {
+    if as_json {
         let generated = Generated {
             prompt_tokens,
             tokens: &outcome.report.tokens,

@@ -7,14 +7,17 @@
 //! which depth to put in the config.
 
 use std::io::Write;
+use std::path::Path;
 use std::sync::Arc;
 
 use bytesize::ByteSize;
 
 use super::{CommandResult, Failure};
-use stagehand::settings::{self, LoadOptions, SettingsArgs, Source};
-use stagehand::sim::FaultPlan;
-use stagehand::simulate::{simulate, FitSettings, SimRunError, SimulateOptions, AUTO_DEPTH_MAX};
+use stagehand::settings::{self, LoadOptions, Settings, SettingsArgs, Source};
+use stagehand::sim::{FaultPlan, HardwareProfile};
+use stagehand::simulate::{
+    simulate, FitSettings, SimRunError, SimulateOptions, Simulation, AUTO_DEPTH_MAX,
+};
 use stagehand::telemetry::TraceRecorder;
 
 mod model_arg;
@@ -66,64 +69,14 @@ pub struct SimulateArgs {
 }
 
 pub fn execute(args: SimulateArgs) -> CommandResult {
-    if args.steps == 0 {
-        return Err(Failure::bad_input(anyhow::anyhow!(
-            "--steps 0: simulate at least 1 step"
-        )));
-    }
-    if args.steps > stagehand::simulate::MAX_STEPS {
-        return Err(Failure::bad_input(anyhow::anyhow!(
-            "--steps {}: at most {} steps (a steady state shows after a few; each step is \
-             kept for the report)",
-            args.steps,
-            stagehand::simulate::MAX_STEPS
-        )));
-    }
-    // `auto` is the simulator's own value, not a setting: take it out before the
-    // settings are parsed, then decide from the layer that set the depth.
-    let mut settings_args = args.settings.clone();
-    let mut asked_auto = false;
-    if settings_args
-        .prefetch_depth
-        .as_deref()
-        .is_some_and(|value| value.eq_ignore_ascii_case(AUTO))
-    {
-        settings_args.prefetch_depth = None;
-        asked_auto = true;
-    }
-    let mut load_options = LoadOptions::from_process();
-    let env_auto = load_options.env.iter().find_map(|(name, value)| {
-        (name.eq_ignore_ascii_case(DEPTH_ENV) && value.trim().eq_ignore_ascii_case(AUTO))
-            .then(|| name.clone())
-    });
-    if let Some(name) = env_auto {
-        load_options.env.remove(&name);
-        asked_auto |= settings_args.prefetch_depth.is_none();
-    }
-    let loaded = settings::load_with(&settings_args, &load_options).map_err(Failure::bad_input)?;
-    let depth_source = loaded
-        .provenance
-        .get("prefetch_depth")
-        .map_or(Source::Default, |origin| origin.source.clone());
-    // The shipped defaults (built in, or config/default.toml) are not a choice the
-    // user made for this machine.
-    let auto_prefetch_depth =
-        asked_auto || matches!(depth_source, Source::Default | Source::DefaultFile(_));
-    let settings = loaded.settings;
+    check_steps(args.steps)?;
+    let DepthSettings {
+        settings,
+        depth_source,
+        auto_prefetch_depth,
+    } = load_settings(&args)?;
     let model = load_model(&args, settings.block_pattern.as_deref())?;
-    let mut hardware =
-        super::hardware_arg::for_model(&args.hardware, &args.model, settings.fast_disk)?;
-    if let Some(ram) = &args.ram {
-        let ram: ByteSize = ram.parse().map_err(|error| {
-            Failure::bad_input(anyhow::anyhow!(
-                "--ram {ram}: {error}; give a size like 32GiB"
-            ))
-        })?;
-        hardware = hardware.with_ram(ram);
-    }
-    if let Some(disk) = &args.disk {
-        hardware = hardware.with_disk(disk).map_err(Failure::bad_input)?;
-    }
+    let hardware = load_hardware(&args, &settings)?;
     let faults = FaultPlan {
         seed: args.seed,
         jitter: args.jitter,
@@ -163,31 +116,9 @@ pub fn execute(args: SimulateArgs) -> CommandResult {
         SimRunError::Failed { .. } | SimRunError::Stalled { .. } => Failure::run_failed(error),
     })?;
     if let (Some(path), Some(trace)) = (&settings.trace, &trace) {
-        trace
-            .write_chrome_trace(path)
-            .map_err(Failure::run_failed)?;
-        eprintln!(
-            "wrote the Chrome trace of the stagehand run to {} (open it in https://ui.perfetto.dev)",
-            path.display()
-        );
+        write_trace(path, trace)?;
     }
-    let mut out = std::io::stdout().lock();
-    let written = if args.json {
-        serde_json::to_writer_pretty(&mut out, &simulation)
-            .map_err(std::io::Error::from)
-            .and_then(|()| writeln!(out))
-    } else {
-        write_text(
-            &mut out,
-            &simulation,
-            &depth_source,
-            settings.trace.as_deref(),
-        )
-    };
-    match written {
-        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => {}
-        other => other.map_err(Failure::run_failed)?,
-    }
+    write_report(&args, &simulation, &depth_source, settings.trace.as_deref())?;
     if !simulation.fits {
         // After the report (stdout), one line on stderr and exit 3 for scripts.
         return Err(Failure::DoesNotFit(anyhow::anyhow!(
@@ -196,6 +127,120 @@ pub fn execute(args: SimulateArgs) -> CommandResult {
             simulation.hardware,
             simulation.failure_messages.join("; ")
         )));
+    }
+    Ok(())
+}
+
+fn check_steps(steps: u64) -> Result<(), Failure> {
+    if steps == 0 {
+        return Err(Failure::bad_input(anyhow::anyhow!(
+            "--steps 0: simulate at least 1 step"
+        )));
+    }
+    if steps > stagehand::simulate::MAX_STEPS {
+        return Err(Failure::bad_input(anyhow::anyhow!(
+            "--steps {}: at most {} steps (a steady state shows after a few; each step is \
+             kept for the report)",
+            steps,
+            stagehand::simulate::MAX_STEPS
+        )));
+    }
+    Ok(())
+}
+
+/// The settings, and whether the simulator chooses the prefetch depth.
+struct DepthSettings {
+    settings: Settings,
+    /// The layer that set `prefetch_depth` (the report says where to change it).
+    depth_source: Source,
+    auto_prefetch_depth: bool,
+}
+
+fn load_settings(args: &SimulateArgs) -> Result<DepthSettings, Failure> {
+    // `auto` is the simulator's own value, not a setting: take it out before the
+    // settings are parsed, then decide from the layer that set the depth.
+    let mut settings_args = args.settings.clone();
+    let mut asked_auto = false;
+    if settings_args
+        .prefetch_depth
+        .as_deref()
+        .is_some_and(|value| value.eq_ignore_ascii_case(AUTO))
+    {
+        settings_args.prefetch_depth = None;
+        asked_auto = true;
+    }
+    let mut load_options = LoadOptions::from_process();
+    let env_auto = load_options.env.iter().find_map(|(name, value)| {
+        (name.eq_ignore_ascii_case(DEPTH_ENV) && value.trim().eq_ignore_ascii_case(AUTO))
+            .then(|| name.clone())
+    });
+    if let Some(name) = env_auto {
+        load_options.env.remove(&name);
+        asked_auto |= settings_args.prefetch_depth.is_none();
+    }
+    let loaded = settings::load_with(&settings_args, &load_options).map_err(Failure::bad_input)?;
+    let depth_source = loaded
+        .provenance
+        .get("prefetch_depth")
+        .map_or(Source::Default, |origin| origin.source.clone());
+    // The shipped defaults (built in, or config/default.toml) are not a choice the
+    // user made for this machine.
+    let auto_prefetch_depth =
+        asked_auto || matches!(depth_source, Source::Default | Source::DefaultFile(_));
+    Ok(DepthSettings {
+        settings: loaded.settings,
+        depth_source,
+        auto_prefetch_depth,
+    })
+}
+
+/// The profile `--hardware` names, with `--ram` and `--disk` put in.
+fn load_hardware(args: &SimulateArgs, settings: &Settings) -> Result<HardwareProfile, Failure> {
+    let mut hardware =
+        super::hardware_arg::for_model(&args.hardware, &args.model, settings.fast_disk)?;
+    if let Some(ram) = &args.ram {
+        let ram: ByteSize = ram.parse().map_err(|error| {
+            Failure::bad_input(anyhow::anyhow!(
+                "--ram {ram}: {error}; give a size like 32GiB"
+            ))
+        })?;
+        hardware = hardware.with_ram(ram);
+    }
+    if let Some(disk) = &args.disk {
+        hardware = hardware.with_disk(disk).map_err(Failure::bad_input)?;
+    }
+    Ok(hardware)
+}
+
+fn write_trace(path: &Path, trace: &TraceRecorder) -> Result<(), Failure> {
+    trace
+        .write_chrome_trace(path)
+        .map_err(Failure::run_failed)?;
+    eprintln!(
+        "wrote the Chrome trace of the stagehand run to {} (open it in https://ui.perfetto.dev)",
+        path.display()
+    );
+    Ok(())
+}
+
+/// The report on stdout, as JSON or text; a closed pipe (`| head`) is not an error.
+fn write_report(
+    args: &SimulateArgs,
+    simulation: &Simulation,
+    depth_source: &Source,
+    trace: Option<&Path>,
+) -> Result<(), Failure> {
+    let mut out = std::io::stdout().lock();
+    let written = if args.json {
+        serde_json::to_writer_pretty(&mut out, simulation)
+            .map_err(std::io::Error::from)
+            .and_then(|()| writeln!(out))
+    } else {
+        write_text(&mut out, simulation, depth_source, trace)
+    };
+    match written {
+        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => {}
+        other => other.map_err(Failure::run_failed)?,
     }
     Ok(())
 }

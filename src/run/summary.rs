@@ -177,21 +177,27 @@ impl Summary {
     }
 
     pub fn render(&self) -> String {
-        let bytes = |value: u64| Bytes(value).to_string();
-        let rate = |value: f64| format!("{:.2} GB/s", value / 1e9);
-        let ms = |seconds: f64| format!("{:.1} ms", seconds * 1e3);
         let mut out = String::new();
-        let mut line = |text: String| {
-            out.push_str(&text);
-            out.push('\n');
-        };
+        self.write_heading(&mut out);
+        self.write_times(&mut out);
+        self.write_traffic(&mut out);
+        self.write_residency(&mut out);
+        self.write_lora(&mut out);
+        self.write_experts(&mut out);
+        self.write_kv_cache(&mut out);
+        self.write_memory(&mut out);
+        out
+    }
+
+    /// What ran where, how it was checked, and the budgets.
+    fn write_heading(&self, out: &mut String) {
         let reference = if self.lora_adapters.is_empty() {
             "the fully-resident reference"
         } else {
             "the fully-merged LoRA reference"
         };
         if self.workload == "stream-verify" {
-            line(format!(
+            line(out, format!(
                 "stagehand run: stream-verify, {} on {} ({} reads): checked bytes only — every block's checksum on the device equals the file's in {} steps; nothing was computed",
                 counted(self.steps, "step", "steps"),
                 self.device,
@@ -199,29 +205,42 @@ impl Summary {
                 self.verified_steps
             ));
         } else {
-            line(format!(
-                "stagehand run: {}, {} on {} ({} reads), {} verified against {reference}",
-                self.workload,
-                counted(self.steps, "step", "steps"),
-                self.device,
-                self.storage,
-                self.verified_steps
-            ));
+            line(
+                out,
+                format!(
+                    "stagehand run: {}, {} on {} ({} reads), {} verified against {reference}",
+                    self.workload,
+                    counted(self.steps, "step", "steps"),
+                    self.device,
+                    self.storage,
+                    self.verified_steps
+                ),
+            );
         }
-        line(format!(
-            "  model {}  vram budget {} ({} resident + streaming ring)  pin ceiling {}",
-            bytes(self.model_bytes),
-            bytes(self.vram_budget_bytes),
-            bytes(self.resident_bytes),
-            bytes(self.pin_ceiling_bytes)
-        ));
-        line(format!(
-            "  step time: first {}  steady {} (median)  compute {}",
-            ms(self.first_step_seconds),
-            ms(self.steady_step_seconds),
-            ms(self.steady_compute_seconds)
-        ));
-        line(format!(
+        line(
+            out,
+            format!(
+                "  model {}  vram budget {} ({} resident + streaming ring)  pin ceiling {}",
+                bytes(self.model_bytes),
+                bytes(self.vram_budget_bytes),
+                bytes(self.resident_bytes),
+                bytes(self.pin_ceiling_bytes)
+            ),
+        );
+    }
+
+    /// The step times against the physical bound.
+    fn write_times(&self, out: &mut String) {
+        line(
+            out,
+            format!(
+                "  step time: first {}  steady {} (median)  compute {}",
+                ms(self.first_step_seconds),
+                ms(self.steady_step_seconds),
+                ms(self.steady_compute_seconds)
+            ),
+        );
+        line(out, format!(
             "  physical bound {} (limited by {}; copy {}, reads {})  efficiency {:.2} (bound/actual)",
             ms(self.bound_seconds),
             self.bound_limited_by,
@@ -229,8 +248,12 @@ impl Summary {
             rate(self.read_bytes_per_second),
             self.efficiency
         ));
+    }
+
+    /// The bytes a steady step moved, beside the plan's.
+    fn write_traffic(&self, out: &mut String) {
         if self.fast_disk {
-            line(format!(
+            line(out, format!(
                 "  per steady step: pinned→vram {}  disk→vram {} (fast disk; plan {} to vram, {} from disk)",
                 bytes(self.pinned_to_vram_bytes_per_step as u64),
                 bytes(self.disk_to_vram_bytes_per_step as u64),
@@ -240,7 +263,7 @@ impl Summary {
         } else if self.expert_hits + self.expert_misses > 0 {
             // The plan covers the dense blocks in step order; experts load as the router
             // picks them, through the expert cache, and no plan predicts those bytes.
-            line(format!(
+            line(out, format!(
                 "  per steady step: pinned→vram {} (dense blocks planned {}, the rest experts as routed)  disk→pinned {} (dense blocks planned {})",
                 bytes(self.pinned_to_vram_bytes_per_step as u64),
                 bytes(self.streamed_bytes_per_step_planned),
@@ -248,22 +271,32 @@ impl Summary {
                 bytes(self.disk_bytes_per_step_planned)
             ));
         } else {
-            line(format!(
-                "  per steady step: pinned→vram {} (plan {})  disk→pinned {} (plan {})",
-                bytes(self.pinned_to_vram_bytes_per_step as u64),
-                bytes(self.streamed_bytes_per_step_planned),
-                bytes(self.disk_to_pinned_bytes_per_step as u64),
-                bytes(self.disk_bytes_per_step_planned)
-            ));
+            line(
+                out,
+                format!(
+                    "  per steady step: pinned→vram {} (plan {})  disk→pinned {} (plan {})",
+                    bytes(self.pinned_to_vram_bytes_per_step as u64),
+                    bytes(self.streamed_bytes_per_step_planned),
+                    bytes(self.disk_to_pinned_bytes_per_step as u64),
+                    bytes(self.disk_bytes_per_step_planned)
+                ),
+            );
         }
+    }
+
+    /// How often a block was ready when needed, the peaks and the read-ahead.
+    fn write_residency(&self, out: &mut String) {
         let total = (self.hits + self.misses).max(1);
-        line(format!(
-            "  acquires: {}, {} ({:.1}% hit)  compute stalled {}",
-            counted(self.hits, "hit", "hits"),
-            counted(self.misses, "miss", "misses"),
-            100.0 * self.hits as f64 / total as f64,
-            ms(self.stall_seconds)
-        ));
+        line(
+            out,
+            format!(
+                "  acquires: {}, {} ({:.1}% hit)  compute stalled {}",
+                counted(self.hits, "hit", "hits"),
+                counted(self.misses, "miss", "misses"),
+                100.0 * self.hits as f64 / total as f64,
+                ms(self.stall_seconds)
+            ),
+        );
         // The staging ring is pinned beside the ceiling, not inside it: say so, or a
         // peak above the ceiling reads as a broken budget.
         let pinned_limit = if self.staging_ring_bytes > 0 {
@@ -275,7 +308,7 @@ impl Summary {
         } else {
             bytes(self.pin_ceiling_bytes)
         };
-        line(format!(
+        line(out, format!(
             "  peak vram {} of {}  peak pinned {} of {}  evictions {}  pin consolidations {}  speculative loads declined {}",
             bytes(self.peak_vram_bytes),
             bytes(self.vram_budget_bytes),
@@ -287,7 +320,7 @@ impl Summary {
         ));
         let read_ahead = self.read_ahead_used + self.read_ahead_dropped + self.read_ahead_failed;
         if read_ahead > 0 {
-            line(format!(
+            line(out, format!(
                 "  disk read-ahead: {} read while the ring was full: {} used, {} dropped, {} failed",
                 counted(read_ahead, "block", "blocks"),
                 self.read_ahead_used,
@@ -295,13 +328,17 @@ impl Summary {
                 self.read_ahead_failed
             ));
         }
+    }
+
+    /// The LoRA adapters, for a run with any.
+    fn write_lora(&self, out: &mut String) {
         if !self.lora_adapters.is_empty() {
             let names: Vec<String> = self
                 .lora_adapters
                 .iter()
                 .map(|adapter| format!("{}:{}", adapter.name, adapter.strength))
                 .collect();
-            line(format!(
+            line(out, format!(
                 "  lora: {} ({} of factors, counted apart from the model; pinned {}, vram {} of pack slots, {}/step re-sent with streamed blocks)  {} steps low-rank within {:e} of the merged reference, the rest bit-exact",
                 names.join(", "),
                 bytes(self.lora_bytes),
@@ -312,8 +349,12 @@ impl Summary {
                 crate::families::lora_set::LORA_TOLERANCE
             ));
         }
+    }
+
+    /// The expert cache, for an MoE run.
+    fn write_experts(&self, out: &mut String) {
         if self.expert_hits + self.expert_misses > 0 {
-            line(format!(
+            line(out, format!(
                 "  experts: {}, {} ({:.1}% hit)  {} hinted, {} of the misses hinted but late ({:.1}% foreseen)",
                 counted(self.expert_hits, "hit", "hits"),
                 counted(self.expert_misses, "miss", "misses"),
@@ -323,6 +364,10 @@ impl Summary {
                 100.0 * self.expert_foreseen_rate
             ));
         }
+    }
+
+    /// The KV cache, for a decoder, and what its growth displaced.
+    fn write_kv_cache(&self, out: &mut String) {
         if self.kv_bytes > 0 {
             let replan = if self.kv_evicted_blocks > 0 {
                 format!(
@@ -335,33 +380,59 @@ impl Summary {
             } else {
                 "; it grew without displacing weights".to_string()
             };
-            line(format!(
-                "  KV cache: {} in VRAM for {} tokens (activations){replan}",
-                bytes(self.kv_bytes),
-                self.tokens.len()
-            ));
+            line(
+                out,
+                format!(
+                    "  KV cache: {} in VRAM for {} tokens (activations){replan}",
+                    bytes(self.kv_bytes),
+                    self.tokens.len()
+                ),
+            );
         }
+    }
+
+    /// Host memory: the embedding table, the peak RSS, what shutdown left held.
+    fn write_memory(&self, out: &mut String) {
         if self.host_model_bytes > 0 {
-            line(format!(
+            line(out, format!(
                 "  host memory: {} of embedding table kept on the host (only gathered rows go to the device)",
                 bytes(self.host_model_bytes)
             ));
         }
         if let Some(peak) = self.peak_rss_bytes {
-            line(format!(
+            line(out, format!(
                 "  peak RSS {} ({} the {} the budgets account for: (vram budget + peak pinned + host) × 1.1 + 64 MiB)",
                 bytes(peak),
                 if peak <= self.rss_limit_bytes { "within" } else { "ABOVE" },
                 bytes(self.rss_limit_bytes)
             ));
         }
-        line(format!(
-            "  after shutdown: vram {} pinned {} held",
-            bytes(self.vram_bytes_after_shutdown),
-            bytes(self.pinned_bytes_after_shutdown)
-        ));
-        out
+        line(
+            out,
+            format!(
+                "  after shutdown: vram {} pinned {} held",
+                bytes(self.vram_bytes_after_shutdown),
+                bytes(self.pinned_bytes_after_shutdown)
+            ),
+        );
     }
+}
+
+fn line(out: &mut String, text: String) {
+    out.push_str(&text);
+    out.push('\n');
+}
+
+fn bytes(value: u64) -> String {
+    Bytes(value).to_string()
+}
+
+fn rate(bytes_per_second: f64) -> String {
+    format!("{:.2} GB/s", bytes_per_second / 1e9)
+}
+
+fn ms(seconds: f64) -> String {
+    format!("{:.1} ms", seconds * 1e3)
 }
 
 /// "1 miss", "2 misses": a count with the right noun.

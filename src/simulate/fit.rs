@@ -18,11 +18,13 @@
 //!   The cold first step must read and copy everything once.
 
 use serde::Serialize;
-use stagehand_actors::Bytes;
 
 use super::model::ModelDescription;
 use crate::settings::Settings;
 use crate::sim::HardwareProfile;
+
+mod failure;
+pub use failure::FitFailure;
 
 /// Free RAM never goes below this, whatever `ram_floor` says (DESIGN §2).
 pub const RAM_FLOOR_MIN_BYTES: u64 = 2 << 30;
@@ -78,171 +80,6 @@ impl FitSettings {
 impl Default for FitSettings {
     fn default() -> Self {
         Self::from_settings(&Settings::default())
-    }
-}
-
-/// A budget that cannot work, with the figures.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum FitFailure {
-    /// `vram_budget` asks for more than the card has after reserve and headroom.
-    VramBudgetAboveDevice {
-        budget_bytes: u64,
-        available_bytes: u64,
-    },
-    /// The budget cannot hold the streaming ring.
-    VramBelowRing {
-        budget_bytes: u64,
-        ring_bytes: u64,
-        largest_block_bytes: u64,
-        prefetch_depth: u32,
-        /// The least budget the pipeline's plan takes at this depth (`VramPlan`).
-        needed_bytes: u64,
-        /// The deepest smaller prefetch depth this budget fits, if any.
-        fits_at_depth: Option<u32>,
-        /// The least budget at the depth that needs least (prefetch depth 0: one slot).
-        least_bytes: u64,
-    },
-    /// `pin_ceiling` asks for more than the host can spare above the RAM floor.
-    PinCeilingAboveHost {
-        ceiling_bytes: u64,
-        available_bytes: u64,
-    },
-    /// The pin ceiling cannot hold the staging ring.
-    PinnedBelowStaging {
-        ceiling_bytes: u64,
-        staging_bytes: u64,
-        largest_block_bytes: u64,
-        staging_buffers: u32,
-    },
-    /// A staging ring needs at least `MIN_STAGING_BUFFERS` buffers of some size.
-    StagingRingUnusable {
-        staging_buffers: u32,
-        staging_buffer_bytes: u64,
-    },
-}
-
-impl FitFailure {
-    /// The setting that fails.
-    pub fn budget(&self) -> &'static str {
-        match self {
-            FitFailure::VramBudgetAboveDevice { .. } | FitFailure::VramBelowRing { .. } => {
-                "vram_budget"
-            }
-            FitFailure::PinCeilingAboveHost { .. } | FitFailure::PinnedBelowStaging { .. } => {
-                "pin_ceiling"
-            }
-            FitFailure::StagingRingUnusable { .. } => "staging_buffers",
-        }
-    }
-
-    /// How many bytes the budget is short (or over, for the "above" cases).
-    pub fn short_by_bytes(&self) -> u64 {
-        match *self {
-            FitFailure::VramBudgetAboveDevice {
-                budget_bytes,
-                available_bytes,
-            } => budget_bytes - available_bytes,
-            FitFailure::VramBelowRing {
-                budget_bytes,
-                needed_bytes,
-                ..
-            } => needed_bytes.saturating_sub(budget_bytes),
-            FitFailure::PinCeilingAboveHost {
-                ceiling_bytes,
-                available_bytes,
-            } => ceiling_bytes - available_bytes,
-            FitFailure::PinnedBelowStaging {
-                ceiling_bytes,
-                staging_bytes,
-                ..
-            } => staging_bytes - ceiling_bytes,
-            FitFailure::StagingRingUnusable {
-                staging_buffers,
-                staging_buffer_bytes,
-            } => {
-                let wanted = u64::from(staging_buffers.max(MIN_STAGING_BUFFERS))
-                    * staging_buffer_bytes.max(1);
-                wanted.saturating_sub(u64::from(staging_buffers) * staging_buffer_bytes)
-            }
-        }
-    }
-}
-
-impl std::fmt::Display for FitFailure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let short = Bytes(self.short_by_bytes());
-        match *self {
-            FitFailure::VramBudgetAboveDevice { budget_bytes, available_bytes } => write!(
-                f,
-                "vram_budget {} is {short} more than the card has after reserve_vram and vram_headroom ({}); set --vram-budget {} or less",
-                Bytes(budget_bytes),
-                Bytes(available_bytes),
-                Bytes(available_bytes).flag_value_at_most()
-            ),
-            FitFailure::VramBelowRing { budget_bytes, ring_bytes, largest_block_bytes, prefetch_depth, needed_bytes, fits_at_depth, least_bytes } => {
-                if needed_bytes == ring_bytes {
-                    write!(
-                        f,
-                        "vram_budget {} is {short} short of the streaming ring: largest block {} × (prefetch_depth {prefetch_depth} + 1) = {}",
-                        Bytes(budget_bytes),
-                        Bytes(largest_block_bytes),
-                        Bytes(ring_bytes)
-                    )?;
-                } else {
-                    write!(
-                        f,
-                        "vram_budget {} is {short} short of the {} this model needs at prefetch_depth {prefetch_depth} (blocks too large to stream kept resident, plus a ring of {} slots)",
-                        Bytes(budget_bytes),
-                        Bytes(needed_bytes),
-                        prefetch_depth + 1
-                    )?;
-                }
-                match fits_at_depth {
-                    Some(depth) => write!(
-                        f,
-                        "; set --vram-budget {} or more, or --prefetch-depth {depth}",
-                        Bytes(needed_bytes).flag_value_at_least()
-                    ),
-                    // No depth fits: the least budget is the one at depth 0.
-                    None if prefetch_depth > 0 => write!(
-                        f,
-                        "; set --vram-budget {} or more with --prefetch-depth 0 (one slot; {} at prefetch_depth {prefetch_depth})",
-                        Bytes(least_bytes).flag_value_at_least(),
-                        Bytes(needed_bytes)
-                    ),
-                    None => write!(f, "; set --vram-budget {} or more", Bytes(needed_bytes).flag_value_at_least()),
-                }
-            }
-            FitFailure::PinCeilingAboveHost { ceiling_bytes, available_bytes } => write!(
-                f,
-                "pin_ceiling {} is {short} more than the host can spare above its RAM floor ({}); set --pin-ceiling {} or less, or add RAM",
-                Bytes(ceiling_bytes),
-                Bytes(available_bytes),
-                Bytes(available_bytes).flag_value_at_most()
-            ),
-            FitFailure::PinnedBelowStaging { ceiling_bytes, staging_bytes, largest_block_bytes, staging_buffers } => {
-                write!(
-                    f,
-                    "pin_ceiling {} is {short} short of the staging ring: largest block {} × {staging_buffers} staging buffers = {}; set --pin-ceiling {} or more",
-                    Bytes(ceiling_bytes),
-                    Bytes(largest_block_bytes),
-                    Bytes(staging_bytes),
-                    Bytes(staging_bytes).flag_value_at_least()
-                )?;
-                if staging_buffers > MIN_STAGING_BUFFERS
-                    && largest_block_bytes * u64::from(MIN_STAGING_BUFFERS) <= ceiling_bytes
-                {
-                    write!(f, ", or --staging-buffers {MIN_STAGING_BUFFERS}")?;
-                }
-                Ok(())
-            }
-            FitFailure::StagingRingUnusable { staging_buffers, staging_buffer_bytes } => write!(
-                f,
-                "a staging ring of {staging_buffers} × {} cannot stream: it needs at least {MIN_STAGING_BUFFERS} buffers of more than 0 bytes; raise --staging-buffers or --staging-buffer-size",
-                Bytes(staging_buffer_bytes)
-            ),
-        }
     }
 }
 
@@ -323,7 +160,57 @@ impl FitCheck {
         let mut failures = Vec::new();
         let model_bytes = model.total_bytes();
         let largest_block_bytes = model.largest_block_bytes();
+        let vram = VramFit::new(model, hardware, settings, &mut failures);
+        let pinned = PinnedFit::new(
+            hardware,
+            settings,
+            &vram,
+            largest_block_bytes,
+            &mut failures,
+        );
+        let bound = BoundFit::new(model, hardware, &vram, &pinned);
+        Self {
+            fits: failures.is_empty(),
+            failures,
+            model_bytes,
+            largest_block_bytes,
+            vram_budget_bytes: vram.budget_bytes,
+            ring_bytes: vram.ring_bytes,
+            resident_bytes: vram.resident_bytes,
+            pcie_bytes_per_step: vram.pcie_bytes_per_step,
+            pin_ceiling_bytes: pinned.ceiling_bytes,
+            staging_bytes: pinned.staging_bytes,
+            pinned_cache_bytes: pinned.cache_bytes,
+            disk_bytes_per_step: pinned.disk_bytes_per_step,
+            compute_seconds: bound.compute_seconds,
+            pcie_seconds: bound.pcie_seconds,
+            disk_seconds: bound.disk_seconds,
+            bound_seconds: bound.seconds,
+            bottleneck: bound.bottleneck,
+            cold_bound_seconds: bound.cold_seconds,
+        }
+    }
+}
 
+/// The VRAM side of the fit: the budget, the streaming ring, and what stays resident.
+struct VramFit {
+    budget_bytes: u64,
+    /// The size of one ring slot (the largest streamed block).
+    slot_bytes: u64,
+    ring_bytes: u64,
+    resident_bytes: u64,
+    pcie_bytes_per_step: u64,
+}
+
+impl VramFit {
+    fn new(
+        model: &ModelDescription,
+        hardware: &HardwareProfile,
+        settings: &FitSettings,
+        failures: &mut Vec<FitFailure>,
+    ) -> Self {
+        let model_bytes = model.total_bytes();
+        let largest_block_bytes = model.largest_block_bytes();
         let vram_available_bytes = hardware
             .vram_bytes()
             .saturating_sub(settings.reserve_vram_bytes)
@@ -371,8 +258,33 @@ impl FitCheck {
             });
         }
         let resident_bytes = model_bytes.min(plan_budget_bytes.saturating_sub(ring_bytes));
-        let pcie_bytes_per_step = model_bytes - resident_bytes;
+        Self {
+            budget_bytes: vram_budget_bytes,
+            slot_bytes,
+            ring_bytes,
+            resident_bytes,
+            pcie_bytes_per_step: model_bytes - resident_bytes,
+        }
+    }
+}
 
+/// The pinned side of the fit: the ceiling, the staging ring, and the cache of
+/// streamed blocks that spares the disk.
+struct PinnedFit {
+    ceiling_bytes: u64,
+    staging_bytes: u64,
+    cache_bytes: u64,
+    disk_bytes_per_step: u64,
+}
+
+impl PinnedFit {
+    fn new(
+        hardware: &HardwareProfile,
+        settings: &FitSettings,
+        vram: &VramFit,
+        largest_block_bytes: u64,
+        failures: &mut Vec<FitFailure>,
+    ) -> Self {
         // The pipeline's staging ring: block-sized buffers inside the ceiling (as many
         // as the depth can keep busy), or fast-disk chunks beside it.
         let (staging_buffers, staging_buffer_bytes) = if settings.fast_disk {
@@ -380,7 +292,7 @@ impl FitCheck {
         } else {
             (
                 whole_block_staging_buffers(settings.staging_buffers, settings.prefetch_depth),
-                slot_bytes,
+                vram.slot_bytes,
             )
         };
         let staging_bytes = u64::from(staging_buffers) * staging_buffer_bytes;
@@ -416,9 +328,34 @@ impl FitCheck {
             }
             pin_ceiling_bytes.saturating_sub(staging_bytes)
         };
-        let pinned_cache_bytes = cache_room_bytes.min(pcie_bytes_per_step);
-        let disk_bytes_per_step = pcie_bytes_per_step - pinned_cache_bytes;
+        let pinned_cache_bytes = cache_room_bytes.min(vram.pcie_bytes_per_step);
+        Self {
+            ceiling_bytes: pin_ceiling_bytes,
+            staging_bytes,
+            cache_bytes: pinned_cache_bytes,
+            disk_bytes_per_step: vram.pcie_bytes_per_step - pinned_cache_bytes,
+        }
+    }
+}
 
+/// The bound of a step: the slowest of compute, the link and the disk.
+struct BoundFit {
+    compute_seconds: f64,
+    pcie_seconds: f64,
+    disk_seconds: f64,
+    seconds: f64,
+    bottleneck: Bottleneck,
+    cold_seconds: f64,
+}
+
+impl BoundFit {
+    fn new(
+        model: &ModelDescription,
+        hardware: &HardwareProfile,
+        vram: &VramFit,
+        pinned: &PinnedFit,
+    ) -> Self {
+        let model_bytes = model.total_bytes();
         let compute_rates = hardware.compute_rates();
         let compute_seconds: f64 = model
             .blocks
@@ -431,8 +368,8 @@ impl FitCheck {
             .sum();
         let link_rate = hardware.link_rates().pinned_bytes_per_second as f64;
         let disk_rate = hardware.disk_rates().bytes_per_second as f64;
-        let pcie_seconds = pcie_bytes_per_step as f64 / link_rate;
-        let disk_seconds = disk_bytes_per_step as f64 / disk_rate;
+        let pcie_seconds = vram.pcie_bytes_per_step as f64 / link_rate;
+        let disk_seconds = pinned.disk_bytes_per_step as f64 / disk_rate;
         let (bound_seconds, bottleneck) = [
             (compute_seconds, Bottleneck::Compute),
             (pcie_seconds, Bottleneck::Link),
@@ -446,29 +383,16 @@ impl FitCheck {
                 best
             }
         });
-        let cold_bound_seconds = compute_seconds
-            .max(model_bytes as f64 / link_rate)
-            .max(model_bytes as f64 / disk_rate);
-
         Self {
-            fits: failures.is_empty(),
-            failures,
-            model_bytes,
-            largest_block_bytes,
-            vram_budget_bytes,
-            ring_bytes,
-            resident_bytes,
-            pcie_bytes_per_step,
-            pin_ceiling_bytes,
-            staging_bytes,
-            pinned_cache_bytes,
-            disk_bytes_per_step,
             compute_seconds,
             pcie_seconds,
             disk_seconds,
-            bound_seconds,
+            seconds: bound_seconds,
             bottleneck,
-            cold_bound_seconds,
+            // The first step reads and copies every byte once.
+            cold_seconds: compute_seconds
+                .max(model_bytes as f64 / link_rate)
+                .max(model_bytes as f64 / disk_rate),
         }
     }
 }

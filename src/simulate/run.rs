@@ -10,27 +10,29 @@
 //! Three policies run through the same machinery; only the session's configuration
 //! differs (see [`Policy`]).
 
-use std::cell::Cell;
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
 use stagehand_actors::{
-    BlockId, Link, LocalSession, NoObserver, Observer, SessionConfig, StatsSnapshot, Tee,
+    BlockId, Link, LocalSession, ModelLayout, NoObserver, Observer, SessionConfig, SessionPlan,
+    StatsSnapshot, Tee,
 };
 
 use super::fit::{whole_block_staging_buffers, FitSettings, MIN_STAGING_BUFFERS};
+
+mod compute;
 use super::model::ModelDescription;
 use super::policy::Policy;
 use super::reuse::{ReuseLedger, VramBytesPerBlock};
 use super::steady::{steady, steady_bytes, LinkBytes, SteadyBytes};
-use crate::families::KvCache;
 use crate::sim::FaultPlan;
 use crate::sim::HardwareProfile;
 use crate::sim::SimClock;
 use crate::sim::SimMachine;
 use crate::sim::{virtual_time_system, SimError};
 use crate::telemetry::trace::{Lane, TraceRecorder};
+use compute::{block_durations, ComputeSide, Progress, Record};
 
 /// What a simulated run needs besides the model and the machine.
 #[derive(Debug, Clone)]
@@ -126,13 +128,6 @@ pub fn run_policy(
     system.block_on(run_on_current_system(model, hardware, policy, options))
 }
 
-/// Where the compute side is, for stall reports.
-#[derive(Default)]
-struct Progress {
-    step: Cell<u64>,
-    position: Cell<usize>,
-}
-
 async fn run_on_current_system(
     model: &ModelDescription,
     hardware: &HardwareProfile,
@@ -141,31 +136,13 @@ async fn run_on_current_system(
 ) -> Result<PolicyRun, SimRunError> {
     let layout = model.layout();
     let names: Vec<String> = layout.blocks.iter().map(|b| b.name.clone()).collect();
-    let read_cost = crate::sim::ReadCost::of(options.settings.fast_disk).in_requests(
-        options.settings.read_request_bytes,
-        options.max_reads_in_flight.max(1) as u64,
-    );
-    let machine = SimMachine::with_read_cost(
-        hardware,
-        &options.faults,
-        Some(&layout),
-        options.trace.clone(),
-        read_cost,
-    )?;
+    let machine = sim_machine(hardware, options, &layout)?;
     let depth = policy.prefetch_depth(options.settings.prefetch_depth);
     let mut config = session_config(policy, depth, options);
     // A decoder's first KV pages are kept out of the plan, as `run::execute` keeps them.
     config.activation_reserve_bytes = model.kv_cache.map_or(0, |kv| kv.start_reserve_bytes());
-    let pipeline_observer: Arc<dyn Observer> = match &options.trace {
-        Some(trace) => Arc::new(CopyLabels {
-            trace: Arc::clone(trace),
-            clock: Arc::clone(&machine.clock),
-            names: names.clone(),
-        }),
-        None => Arc::new(NoObserver),
-    };
     let received = VramBytesPerBlock::new(layout.len());
-    let observer: Arc<dyn Observer> = Arc::new(Tee(pipeline_observer, Arc::clone(&received)));
+    let observer = observer(options, &machine, &names, &received);
     let order: Vec<BlockId> = (0..layout.len() as u32).map(BlockId).collect();
     let mut session = LocalSession::start(
         config.clone(),
@@ -180,130 +157,152 @@ async fn run_on_current_system(
         reason: error.to_string(),
     })?;
     let plan = session.plan().clone();
-    let block_durations = |first_step: bool| -> Vec<(Duration, u64)> {
-        model
-            .blocks
-            .iter()
-            .map(|block| {
-                let work = match (&block.first_step_work, first_step) {
-                    (Some(first), true) => Some(first),
-                    _ => block.work.as_ref(),
-                };
-                let time =
-                    machine
-                        .compute
-                        .block_time(model.block_step_flops(block), block.bytes, work);
-                (time, block.bytes)
-            })
-            .collect()
+    let compute = ComputeSide {
+        machine: &machine,
+        order: &order,
+        names: &names,
+        block_durations: block_durations(model, hardware, &machine),
+        kv_cache: model.kv_cache,
+        steps: options.steps.max(1),
+        progress: Progress::default(),
     };
-    let mut block_durations = [block_durations(true), block_durations(false)];
-    // The first step's compute faults in the cast buffer (the CPU backend's widened
-    // weights) on a profile that charges first touches.
-    if let (Some(gb_per_s), Some(first)) = (
-        hardware.first_touch_gb_per_s,
-        block_durations[0].first_mut(),
-    ) {
-        let cast_bytes = model
-            .blocks
-            .iter()
-            .filter_map(|block| block.work.as_ref())
-            .map(crate::compute::work::Work::cast_buffer_bytes)
-            .max()
-            .unwrap_or(0);
-        first.0 += crate::sim::FirstTouch::new(gb_per_s).duration(cast_bytes);
-    }
-
-    let progress = Progress::default();
     let limit = options
         .virtual_time_limit
         .unwrap_or_else(|| default_limit(model, hardware, options.steps));
-    let steps = options.steps.max(1);
     let mut record = Record {
         boundaries: vec![(Duration::ZERO, LinkBytes::default())],
         reuse: ReuseLedger::new(received, model.blocks.iter().map(|b| b.bytes).collect()),
     };
-    let driven = tokio::time::timeout(
-        limit,
-        drive(
-            &mut session,
-            &machine,
-            &order,
-            &names,
-            &block_durations,
-            model.kv_cache,
-            steps,
-            &progress,
-            &mut record,
-        ),
-    )
-    .await;
-    let outcome = match driven {
-        Ok(outcome) => outcome,
-        Err(_elapsed) => {
-            let block = names
-                .get(order[progress.position.get() % order.len()].index())
-                .cloned()
-                .unwrap_or_default();
-            return Err(SimRunError::Stalled {
-                policy: policy.label(),
-                limit_seconds: limit.as_secs_f64(),
-                step: progress.step.get(),
-                block,
-                seed: options.faults.seed,
-            });
-        }
+    let driven = tokio::time::timeout(limit, compute.drive(&mut session, &mut record)).await;
+    let Ok(outcome) = driven else {
+        return Err(SimRunError::Stalled {
+            policy: policy.label(),
+            limit_seconds: limit.as_secs_f64(),
+            step: compute.progress.step.get(),
+            block: compute.block_now(),
+            seed: options.faults.seed,
+        });
     };
     let stats = session.finish().await;
     if let Err(reason) = outcome {
-        let block = names
-            .get(order[progress.position.get() % order.len()].index())
-            .cloned()
-            .unwrap_or_default();
         return Err(SimRunError::Failed {
             policy: policy.label(),
-            step: progress.step.get(),
-            block,
+            step: compute.progress.step.get(),
+            block: compute.block_now(),
             reason,
             seed: options.faults.seed,
             released: stats.vram.used_bytes == 0 && stats.pinned.used_bytes == 0,
         });
     }
-
-    let Record { boundaries, reuse } = record;
-    let step_seconds: Vec<f64> = boundaries
-        .windows(2)
-        .map(|pair| (pair[1].0 - pair[0].0).as_secs_f64())
-        .collect();
-    let bytes_per_step: Vec<LinkBytes> = boundaries
-        .windows(2)
-        .map(|pair| pair[1].1.minus(pair[0].1))
-        .collect();
-    let pinned_limit_bytes = if plan.pins.chunked {
-        config.pin_ceiling_bytes + plan.pins.staging_bytes()
-    } else {
-        config.pin_ceiling_bytes
-    };
-    Ok(PolicyRun {
+    Ok(Finished {
         policy,
-        prefetch_depth: depth,
-        steps,
-        cold_step_seconds: step_seconds.first().copied().unwrap_or(0.0),
-        steady_step_seconds: steady(&step_seconds),
-        steady_bytes_per_step: steady_bytes(&bytes_per_step),
-        step_seconds,
-        bytes_per_step,
-        reused_bytes_per_step: reuse.into_per_step(),
-        plan_streamed_bytes_per_step: plan.vram.streamed_bytes_per_step,
-        plan_disk_bytes_per_step: plan.pins.disk_bytes_per_step,
-        vram_budget_bytes: config.vram_budget_bytes,
-        peak_vram_bytes: stats.vram.peak_used_bytes,
-        pinned_limit_bytes,
-        peak_pinned_bytes: stats.pinned.peak_used_bytes,
-        acquires: steps * order.len() as u64,
-        virtual_seconds: boundaries.last().map_or(0.0, |last| last.0.as_secs_f64()),
+        depth,
+        steps: compute.steps,
+        acquires: compute.steps * order.len() as u64,
+        config,
+        plan,
+        record,
         stats,
-    })
+    }
+    .into_policy_run())
+}
+
+/// The simulated machine, its reads costed as the settings split them.
+fn sim_machine(
+    hardware: &HardwareProfile,
+    options: &RunOptions,
+    layout: &ModelLayout,
+) -> Result<SimMachine, SimError> {
+    let read_cost = crate::sim::ReadCost::of(options.settings.fast_disk).in_requests(
+        options.settings.read_request_bytes,
+        options.max_reads_in_flight.max(1) as u64,
+    );
+    SimMachine::with_read_cost(
+        hardware,
+        &options.faults,
+        Some(layout),
+        options.trace.clone(),
+        read_cost,
+    )
+}
+
+/// The session's observer: the copy labels of the trace (if any) beside the count of
+/// bytes each block receives in VRAM.
+fn observer(
+    options: &RunOptions,
+    machine: &SimMachine,
+    names: &[String],
+    received: &Arc<VramBytesPerBlock>,
+) -> Arc<dyn Observer> {
+    let pipeline_observer: Arc<dyn Observer> = match &options.trace {
+        Some(trace) => Arc::new(CopyLabels {
+            trace: Arc::clone(trace),
+            clock: Arc::clone(&machine.clock),
+            names: names.to_vec(),
+        }),
+        None => Arc::new(NoObserver),
+    };
+    Arc::new(Tee(pipeline_observer, Arc::clone(received)))
+}
+
+/// A run that completed: what its figures are made of.
+struct Finished {
+    policy: Policy,
+    depth: u32,
+    steps: u64,
+    acquires: u64,
+    config: SessionConfig,
+    plan: SessionPlan,
+    record: Record,
+    stats: StatsSnapshot,
+}
+
+impl Finished {
+    fn into_policy_run(self) -> PolicyRun {
+        let Self {
+            policy,
+            depth,
+            steps,
+            acquires,
+            config,
+            plan,
+            record: Record { boundaries, reuse },
+            stats,
+        } = self;
+        let step_seconds: Vec<f64> = boundaries
+            .windows(2)
+            .map(|pair| (pair[1].0 - pair[0].0).as_secs_f64())
+            .collect();
+        let bytes_per_step: Vec<LinkBytes> = boundaries
+            .windows(2)
+            .map(|pair| pair[1].1.minus(pair[0].1))
+            .collect();
+        let pinned_limit_bytes = if plan.pins.chunked {
+            config.pin_ceiling_bytes + plan.pins.staging_bytes()
+        } else {
+            config.pin_ceiling_bytes
+        };
+        PolicyRun {
+            policy,
+            prefetch_depth: depth,
+            steps,
+            cold_step_seconds: step_seconds.first().copied().unwrap_or(0.0),
+            steady_step_seconds: steady(&step_seconds),
+            steady_bytes_per_step: steady_bytes(&bytes_per_step),
+            step_seconds,
+            bytes_per_step,
+            reused_bytes_per_step: reuse.into_per_step(),
+            plan_streamed_bytes_per_step: plan.vram.streamed_bytes_per_step,
+            plan_disk_bytes_per_step: plan.pins.disk_bytes_per_step,
+            vram_budget_bytes: config.vram_budget_bytes,
+            peak_vram_bytes: stats.vram.peak_used_bytes,
+            pinned_limit_bytes,
+            peak_pinned_bytes: stats.pinned.peak_used_bytes,
+            acquires,
+            virtual_seconds: boundaries.last().map_or(0.0, |last| last.0.as_secs_f64()),
+            stats,
+        }
+    }
 }
 
 /// Steps one simulation may run: each keeps its time and bytes for the report, and a
@@ -329,65 +328,6 @@ fn session_config(policy: Policy, depth: u32, options: &RunOptions) -> SessionCo
         max_reads_in_flight: options.max_reads_in_flight.max(2),
         activation_reserve_bytes: 0,
     }
-}
-
-/// What the compute side records as it goes.
-struct Record {
-    /// The exact time and the link counters at the start and at each step's end.
-    boundaries: Vec<(Duration, LinkBytes)>,
-    reuse: ReuseLedger,
-}
-
-/// The compute side: every block in order, every step. Records the exact time and
-/// the link counters at each step's end, and which uses needed no copy. An error is
-/// the failing acquire's message.
-#[allow(clippy::too_many_arguments)]
-async fn drive(
-    session: &mut LocalSession,
-    machine: &SimMachine,
-    order: &[BlockId],
-    names: &[String],
-    block_durations: &[Vec<(Duration, u64)>; 2],
-    kv_cache: Option<KvCache>,
-    steps: u64,
-    progress: &Progress,
-    record: &mut Record,
-) -> Result<(), String> {
-    for step in 0..steps {
-        // A signal stops a long simulation between steps, like a real run.
-        crate::signals::check().map_err(|interrupted| interrupted.to_string())?;
-        progress.step.set(step);
-        // The decoder grows its KV cache before the step's first block; resident
-        // weights give way when the budget is full, as in the real session.
-        let growth = kv_cache.map_or(0, |kv| kv.growth_bytes(step));
-        if growth > 0 {
-            session
-                .reserve_activations(growth)
-                .await
-                .map_err(|error| format!("the KV cache does not fit: {error}"))?;
-        }
-        let block_durations = &block_durations[usize::from(step > 0)];
-        for (position, &block) in order.iter().enumerate() {
-            progress.position.set(position);
-            let handle = session
-                .acquire(block)
-                .await
-                .map_err(|error| error.to_string())?;
-            let index = block.index();
-            record.reuse.used(step, block);
-            let (duration, weight_bytes) = block_durations[index];
-            machine
-                .compute
-                .compute_reading(names[index].clone(), duration, weight_bytes)
-                .await;
-            session.release(handle).await;
-        }
-        session.step_done().await;
-        record
-            .boundaries
-            .push((machine.clock.now(), LinkBytes::of(&session.stats())));
-    }
-    Ok(())
 }
 
 /// Far more virtual time than any policy needs: every step reading and copying the

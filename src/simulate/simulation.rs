@@ -7,7 +7,7 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use super::depth::{candidate_depths, pick_depth, search_prefetch_depth, DepthCandidate};
-use super::fit::{FitCheck, FitSettings};
+use super::fit::{Bottleneck, FitCheck, FitSettings};
 use super::model::ModelDescription;
 use super::output::{OutputRate, StepOutput};
 use super::policy::Policy;
@@ -213,23 +213,11 @@ pub fn simulate(
     options: &SimulateOptions,
 ) -> Result<Simulation, SimRunError> {
     let configured = options.settings.prefetch_depth;
-    let mut settings = options.settings;
-    let mut depth_candidates = Vec::new();
-    let mut prefetch_depth_chosen = None;
-    if options.auto_prefetch_depth {
-        depth_candidates = search_prefetch_depth(
-            model,
-            hardware,
-            &settings,
-            &options.faults,
-            options.max_reads_in_flight,
-            &candidate_depths(configured),
-        );
-        prefetch_depth_chosen = pick_depth(&depth_candidates);
-        if let Some(depth) = prefetch_depth_chosen {
-            settings.prefetch_depth = depth;
-        }
-    }
+    let DepthChoice {
+        settings,
+        candidates: depth_candidates,
+        chosen: prefetch_depth_chosen,
+    } = choose_depth(model, hardware, options);
     let fit = FitCheck::new(model, hardware, &settings);
     let output = model.output;
     let bound_rate = StepOutput::rate(output.as_ref(), fit.bound_seconds, model.tokens_per_step);
@@ -276,22 +264,9 @@ pub fn simulate(
         stagehand_steady,
         model.tokens_per_step,
     ));
-    if let Some(warning) =
-        StepOutput::too_slow(output.as_ref(), stagehand_steady, model.tokens_per_step)
-    {
-        let limit = format!(
-            "{warning}; limited by {} (the bound is {} per step)",
-            match simulation.fit.bottleneck {
-                super::fit::Bottleneck::Compute => "compute: only a faster GPU helps",
-                super::fit::Bottleneck::Link =>
-                    "the PCIe link: more VRAM would keep more blocks resident",
-                super::fit::Bottleneck::Disk =>
-                    "the disk: more RAM would cache more blocks, or a faster disk",
-            },
-            seconds_text(simulation.fit.bound_seconds)
-        );
-        simulation.warnings.push(limit);
-    }
+    simulation
+        .warnings
+        .extend(too_slow(model, stagehand_steady, &simulation.fit));
     simulation.stagehand = Some(PolicyFigures::new(stagehand, model, hardware, &settings));
     if options.baselines {
         let baseline_options = RunOptions {
@@ -300,23 +275,109 @@ pub fn simulate(
         };
         for policy in [Policy::Naive, Policy::LruPrefetch] {
             let outcome = run_policy(model, hardware, policy, &baseline_options);
-            simulation.baselines.push(match outcome {
-                Ok(run) => BaselineFigures {
-                    policy,
-                    description: policy.description(),
-                    stagehand_speedup: Some(ratio(run.steady_step_seconds, stagehand_steady)),
-                    figures: Some(PolicyFigures::new(run, model, hardware, &settings)),
-                    error: None,
-                },
-                Err(error) => BaselineFigures {
-                    policy,
-                    description: policy.description(),
-                    figures: None,
-                    error: Some(error.to_string()),
-                    stagehand_speedup: None,
-                },
-            });
+            simulation.baselines.push(BaselineFigures::new(
+                policy,
+                outcome,
+                stagehand_steady,
+                model,
+                hardware,
+                &settings,
+            ));
         }
     }
     Ok(simulation)
+}
+
+/// The settings stagehand runs with, and how their prefetch depth was chosen.
+struct DepthChoice {
+    settings: FitSettings,
+    /// Every depth tried, with its figure (none without auto).
+    candidates: Vec<DepthCandidate>,
+    /// The depth the search chose, if any could run.
+    chosen: Option<u32>,
+}
+
+/// With `auto_prefetch_depth`, simulates each candidate depth and runs with the
+/// fastest; otherwise (or when none can run) the configured depth.
+fn choose_depth(
+    model: &ModelDescription,
+    hardware: &HardwareProfile,
+    options: &SimulateOptions,
+) -> DepthChoice {
+    let mut settings = options.settings;
+    if !options.auto_prefetch_depth {
+        return DepthChoice {
+            settings,
+            candidates: Vec::new(),
+            chosen: None,
+        };
+    }
+    let candidates = search_prefetch_depth(
+        model,
+        hardware,
+        &settings,
+        &options.faults,
+        options.max_reads_in_flight,
+        &candidate_depths(settings.prefetch_depth),
+    );
+    let chosen = pick_depth(&candidates);
+    if let Some(depth) = chosen {
+        settings.prefetch_depth = depth;
+    }
+    DepthChoice {
+        settings,
+        candidates,
+        chosen,
+    }
+}
+
+/// The warning for a steady step slower than the model's output needs, with what
+/// limits it.
+fn too_slow(model: &ModelDescription, steady_seconds: f64, fit: &FitCheck) -> Option<String> {
+    let warning =
+        StepOutput::too_slow(model.output.as_ref(), steady_seconds, model.tokens_per_step)?;
+    Some(format!(
+        "{warning}; limited by {} (the bound is {} per step)",
+        what_helps(fit.bottleneck),
+        seconds_text(fit.bound_seconds)
+    ))
+}
+
+/// What would make a step bound by `bottleneck` faster.
+fn what_helps(bottleneck: Bottleneck) -> &'static str {
+    match bottleneck {
+        Bottleneck::Compute => "compute: only a faster GPU helps",
+        Bottleneck::Link => "the PCIe link: more VRAM would keep more blocks resident",
+        Bottleneck::Disk => "the disk: more RAM would cache more blocks, or a faster disk",
+    }
+}
+
+impl BaselineFigures {
+    /// A baseline's figures and its ratio to stagehand's steady step, or why it
+    /// could not run.
+    fn new(
+        policy: Policy,
+        outcome: Result<PolicyRun, SimRunError>,
+        stagehand_steady: f64,
+        model: &ModelDescription,
+        hardware: &HardwareProfile,
+        settings: &FitSettings,
+    ) -> Self {
+        match outcome {
+            Ok(run) => BaselineFigures {
+                policy,
+                description: policy.description(),
+                stagehand_speedup: Some(ratio(run.steady_step_seconds, stagehand_steady)),
+                figures: Some(PolicyFigures::new(run, model, hardware, settings)),
+                error: None,
+            },
+            Err(error) => BaselineFigures {
+                policy,
+                description: policy.description(),
+                figures: None,
+                error: Some(error.to_string()),
+                stagehand_speedup: None,
+            },
+        }
+    }
 }

@@ -6,10 +6,10 @@ use actix::prelude::*;
 use tokio::time::Instant;
 
 use crate::compute_stream::ComputeStream;
-use crate::device::{Device, MemorySpace};
+use crate::device::{Device, DeviceArena, MemorySpace};
 use crate::disk_reader::DiskReader;
 use crate::error::SessionError;
-use crate::layout::{BlockId, ModelLayout};
+use crate::layout::{BlockId, Extent, ModelLayout};
 use crate::lora_offloader::LoraOffloader;
 use crate::lora_state::LoraState;
 use crate::observer::{AcquireBatch, Observer, Tee};
@@ -85,45 +85,15 @@ impl Prepared {
         owns_system: bool,
     ) -> Result<Wiring, SessionError> {
         let observer: Arc<dyn Observer> = Arc::new(Tee(self.stats.clone(), observer));
-        let mut state = VramState::new(
-            &layout,
-            self.order.clone(),
-            planned_budget(&config, experts)?,
-            config.prefetch_depth,
-            config.policy,
-            self.table.clone(),
-        )?;
-        // Disk read-ahead past the prefetch window, into idle staging buffers. Off at
-        // depth 0 (naive: each block loaded when needed) and for the LRU baseline.
-        if config.prefetch_depth > 0 && config.policy == crate::plan::ResidencyPolicy::Planned {
-            state = state.with_read_ahead(READ_AHEAD_BLOCKS);
-        }
-        if let Some(experts) = experts {
-            state = state.with_experts(experts.slots, experts.slot_bytes, experts.policy);
-        }
-        state = state.with_activation_room(config.activation_reserve_bytes);
-        let block_bytes: Vec<u64> = layout.blocks.iter().map(|block| block.bytes).collect();
-        let lookahead = 2 * (config.prefetch_depth as usize + 1);
-        // With fast disk the chunk ring sits beside the ceiling: pinned ≤ ring + ceiling.
-        let pinned_limit = if self.plan.pins.chunked {
-            config.pin_ceiling_bytes + self.plan.pins.staging_bytes()
-        } else {
-            config.pin_ceiling_bytes
-        };
-        let mut pin_state = PinState::new(
-            block_bytes,
-            self.order.clone(),
-            self.plan.pins.clone(),
-            pinned_limit,
-            lookahead,
-        );
+        let vram = self.vram_state(&config, experts, &layout)?;
+        let mut pins = self.pin_state(&config, &layout);
         let arena = device
             .allocate_arena(config.vram_budget_bytes)
             .map_err(|error| SessionError::Device(error.to_string()))?;
         // The staging ring is allocated here, before any actor starts: a ring that
         // cannot be pinned fails the start with a clear error, instead of leaving every
         // request waiting for a buffer that never comes.
-        if let Err(error) = allocate_staging_ring(&mut pin_state, device.as_ref(), &observer) {
+        if let Err(error) = allocate_staging_ring(&mut pins, device.as_ref(), &observer) {
             device.free_arena(arena);
             return Err(error);
         }
@@ -138,51 +108,19 @@ impl Prepared {
             config.max_reads_in_flight,
             bounds.reads_outstanding,
         );
-        let reader = with_capacity(bounds.reader, reader);
-        // The allocator's context comes first (as quickwit creates a mailbox before
-        // spawning its actor): the pin manager and the LoRA offloader are made with its
-        // address, and it starts with theirs, so no actor is ever unwired.
-        let mut peers = None;
-        let lora_state =
-            LoraState::with_table(self.lora_table.clone(), self.plan.vram.ring_slots as usize);
-        let allocator = VramAllocator::create(|ctx| {
-            ctx.set_mailbox_capacity(bounds.allocator);
-            let allocator = ctx.address();
-            let pins = PinManager::new(
-                pin_state,
-                extents,
-                device.clone(),
-                reader,
-                allocator.clone(),
-                observer.clone(),
-            );
-            let pins = with_capacity(bounds.pins, pins);
-            let lora = LoraOffloader::new(
-                lora_state,
-                device.clone(),
-                allocator,
-                pins.clone(),
-                observer.clone(),
-            );
-            let lora = with_capacity(bounds.lora, lora);
-            peers = Some(Peers {
-                pins: pins.clone(),
-                lora: lora.clone(),
-            });
-            VramAllocator::new(
-                state,
-                self.table.clone(),
-                device,
-                arena,
-                Peers { pins, lora },
-                observer.clone(),
-            )
-        });
-        let Some(Peers { pins, lora }) = peers else {
-            return Err(SessionError::Device(
-                "the allocator did not start its peers".to_string(),
-            ));
+        let states = ActorStates {
+            vram,
+            pins,
+            extents,
+            reader: with_capacity(bounds.reader, reader),
+            lora: LoraState::with_table(
+                self.lora_table.clone(),
+                self.plan.vram.ring_slots as usize,
+            ),
+            arena,
         };
+        let (allocator, Peers { pins, lora }) =
+            wire(states, self.table.clone(), device, &observer, &bounds)?;
         let stream = ComputeStream::new(allocator.clone(), pins, observer, owns_system);
         let stream = with_capacity(bounds.stream, stream);
         Ok(Wiring {
@@ -190,6 +128,52 @@ impl Prepared {
             lora,
             allocator,
         })
+    }
+
+    /// The allocator's state: the planned budget, with read-ahead, the expert cache and
+    /// the activations' room as the configuration asks.
+    fn vram_state(
+        &self,
+        config: &SessionConfig,
+        experts: Option<ExpertConfig>,
+        layout: &ModelLayout,
+    ) -> Result<VramState, SessionError> {
+        let mut state = VramState::new(
+            layout,
+            self.order.clone(),
+            planned_budget(config, experts)?,
+            config.prefetch_depth,
+            config.policy,
+            self.table.clone(),
+        )?;
+        // Disk read-ahead past the prefetch window, into idle staging buffers. Off at
+        // depth 0 (naive: each block loaded when needed) and for the LRU baseline.
+        if config.prefetch_depth > 0 && config.policy == crate::plan::ResidencyPolicy::Planned {
+            state = state.with_read_ahead(READ_AHEAD_BLOCKS);
+        }
+        if let Some(experts) = experts {
+            state = state.with_experts(experts.slots, experts.slot_bytes, experts.policy);
+        }
+        Ok(state.with_activation_room(config.activation_reserve_bytes))
+    }
+
+    /// The pin manager's state: the pin plan, within the ceiling (and the chunk ring).
+    fn pin_state(&self, config: &SessionConfig, layout: &ModelLayout) -> PinState {
+        let block_bytes: Vec<u64> = layout.blocks.iter().map(|block| block.bytes).collect();
+        let lookahead = 2 * (config.prefetch_depth as usize + 1);
+        // With fast disk the chunk ring sits beside the ceiling: pinned ≤ ring + ceiling.
+        let pinned_limit = if self.plan.pins.chunked {
+            config.pin_ceiling_bytes + self.plan.pins.staging_bytes()
+        } else {
+            config.pin_ceiling_bytes
+        };
+        PinState::new(
+            block_bytes,
+            self.order.clone(),
+            self.plan.pins.clone(),
+            pinned_limit,
+            lookahead,
+        )
     }
 
     pub(super) fn into_core(self, wiring: Wiring, memory_space: MemorySpace) -> Core {
@@ -209,6 +193,71 @@ impl Prepared {
             plan: self.plan,
         }
     }
+}
+
+/// What the allocator, the pin manager and the LoRA offloader start with, made (and
+/// the disk reader started) before any of them starts.
+struct ActorStates {
+    vram: VramState,
+    pins: PinState,
+    /// Each block's extents on disk, for the pin manager's reads.
+    extents: Vec<Vec<Extent>>,
+    reader: Addr<DiskReader>,
+    lora: LoraState,
+    arena: DeviceArena,
+}
+
+/// Starts the allocator with its peers. The allocator's context comes first (as
+/// quickwit creates a mailbox before spawning its actor): the pin manager and the LoRA
+/// offloader are made with its address, and it starts with theirs, so no actor is
+/// ever unwired.
+fn wire(
+    states: ActorStates,
+    table: Arc<ResidencyTable>,
+    device: Arc<dyn Device>,
+    observer: &Arc<dyn Observer>,
+    bounds: &MailboxBounds,
+) -> Result<(Addr<VramAllocator>, Peers), SessionError> {
+    let mut peers = None;
+    let allocator = VramAllocator::create(|ctx| {
+        ctx.set_mailbox_capacity(bounds.allocator);
+        let allocator = ctx.address();
+        let pins = PinManager::new(
+            states.pins,
+            states.extents,
+            device.clone(),
+            states.reader,
+            allocator.clone(),
+            observer.clone(),
+        );
+        let pins = with_capacity(bounds.pins, pins);
+        let lora = LoraOffloader::new(
+            states.lora,
+            device.clone(),
+            allocator,
+            pins.clone(),
+            observer.clone(),
+        );
+        let lora = with_capacity(bounds.lora, lora);
+        peers = Some(Peers {
+            pins: pins.clone(),
+            lora: lora.clone(),
+        });
+        VramAllocator::new(
+            states.vram,
+            table,
+            device,
+            states.arena,
+            Peers { pins, lora },
+            observer.clone(),
+        )
+    });
+    let Some(peers) = peers else {
+        return Err(SessionError::Device(
+            "the allocator did not start its peers".to_string(),
+        ));
+    };
+    Ok((allocator, peers))
 }
 
 /// Pins every buffer of the staging ring the plan asks for, or says why it could not.

@@ -39,6 +39,31 @@ pub(super) fn write_text(
     depth_source: &Source,
     trace: Option<&Path>,
 ) -> std::io::Result<()> {
+    write_setup(out, simulation)?;
+    if !simulation.fits {
+        writeln!(out, "fits: NO")?;
+        for message in &simulation.failure_messages {
+            writeln!(out, "  - {message}")?;
+        }
+        return Ok(());
+    }
+    write_bound(out, simulation)?;
+    write_depth_search(out, simulation, depth_source)?;
+    writeln!(out)?;
+    write_policies(out, simulation)?;
+    write_comparison(out, simulation)?;
+    write_depth_advice(out, simulation)?;
+    for warning in &simulation.warnings {
+        writeln!(out, "warning: {warning}")?;
+    }
+    if let Some(path) = trace {
+        writeln!(out, "trace (stagehand run): {}", path.display())?;
+    }
+    Ok(())
+}
+
+/// What was simulated on what, and the budgets it ran under.
+fn write_setup(out: &mut impl Write, simulation: &Simulation) -> std::io::Result<()> {
     let fit = &simulation.fit;
     writeln!(
         out,
@@ -63,14 +88,12 @@ pub(super) fn write_text(
         Bytes(fit.pin_ceiling_bytes),
         Bytes(fit.staging_bytes),
         Bytes(fit.pinned_cache_bytes)
-    )?;
-    if !simulation.fits {
-        writeln!(out, "fits: NO")?;
-        for message in &simulation.failure_messages {
-            writeln!(out, "  - {message}")?;
-        }
-        return Ok(());
-    }
+    )
+}
+
+/// The bytes a step moves and the bound they set.
+fn write_bound(out: &mut impl Write, simulation: &Simulation) -> std::io::Result<()> {
+    let fit = &simulation.fit;
     writeln!(
         out,
         "fits: yes; per step {} over PCIe, {} from disk",
@@ -88,9 +111,10 @@ pub(super) fn write_text(
         seconds(fit.disk_seconds),
         seconds(fit.cold_bound_seconds)
     )
-    .map(|()| ())?;
-    write_depth_search(out, simulation, depth_source)?;
-    writeln!(out)?;
+}
+
+/// One row per policy: stagehand, then each baseline (or why it could not run).
+fn write_policies(out: &mut impl Write, simulation: &Simulation) -> std::io::Result<()> {
     writeln!(
         out,
         "{:<13} {:>5} {:>11} {:>11} {:>11} {:>8} {:>7} {:>12} {:>12} {:>12} {:>21} {:>21}",
@@ -107,40 +131,12 @@ pub(super) fn write_text(
         "peak vram / budget",
         "peak pinned / limit"
     )?;
-    let row = |out: &mut dyn Write, name: &str, figures: &PolicyFigures| {
-        let run = &figures.run;
-        let bytes = &run.steady_bytes_per_step;
-        writeln!(
-            out,
-            "{:<13} {:>5} {:>11} {:>11} {:>11} {:>7.3}× {:>6.3}× {:>12} {:>12} {:>12} {:>21} {:>21}",
-            name,
-            run.prefetch_depth,
-            seconds(run.cold_step_seconds),
-            seconds(run.steady_step_seconds),
-            seconds(figures.bound_seconds),
-            figures.steady_over_bound,
-            figures.steady_over_plan_bound,
-            per_step(bytes.disk_to_pinned),
-            per_step(bytes.pinned_to_vram),
-            per_step(bytes.disk_to_vram),
-            format!(
-                "{} / {}",
-                Bytes(run.peak_vram_bytes),
-                Bytes(run.vram_budget_bytes)
-            ),
-            format!(
-                "{} / {}",
-                Bytes(run.peak_pinned_bytes),
-                Bytes(run.pinned_limit_bytes)
-            ),
-        )
-    };
     if let Some(stagehand) = &simulation.stagehand {
-        row(out, "stagehand", stagehand)?;
+        write_row(out, "stagehand", stagehand)?;
     }
     for baseline in &simulation.baselines {
         match &baseline.figures {
-            Some(figures) => row(out, baseline.policy.label(), figures)?,
+            Some(figures) => write_row(out, baseline.policy.label(), figures)?,
             None => writeln!(
                 out,
                 "{:<13} could not run: {}",
@@ -152,7 +148,40 @@ pub(super) fn write_text(
     writeln!(
         out,
         "(bound: the fit check's at each policy's prefetch depth; ×plan: steady step over the bound of the bytes its plan moves; bytes per steady step)"
-    )?;
+    )
+}
+
+fn write_row(out: &mut impl Write, name: &str, figures: &PolicyFigures) -> std::io::Result<()> {
+    let run = &figures.run;
+    let bytes = &run.steady_bytes_per_step;
+    writeln!(
+        out,
+        "{:<13} {:>5} {:>11} {:>11} {:>11} {:>7.3}× {:>6.3}× {:>12} {:>12} {:>12} {:>21} {:>21}",
+        name,
+        run.prefetch_depth,
+        seconds(run.cold_step_seconds),
+        seconds(run.steady_step_seconds),
+        seconds(figures.bound_seconds),
+        figures.steady_over_bound,
+        figures.steady_over_plan_bound,
+        per_step(bytes.disk_to_pinned),
+        per_step(bytes.pinned_to_vram),
+        per_step(bytes.disk_to_vram),
+        format!(
+            "{} / {}",
+            Bytes(run.peak_vram_bytes),
+            Bytes(run.vram_budget_bytes)
+        ),
+        format!(
+            "{} / {}",
+            Bytes(run.peak_pinned_bytes),
+            Bytes(run.pinned_limit_bytes)
+        ),
+    )
+}
+
+/// Stagehand's steady step against the bound and against each baseline.
+fn write_comparison(out: &mut impl Write, simulation: &Simulation) -> std::io::Result<()> {
     if let (Some(stagehand), Some(rate)) = (&simulation.stagehand, &simulation.stagehand_rate) {
         writeln!(
             out,
@@ -189,13 +218,6 @@ pub(super) fn write_text(
                 1.0 / speedup
             )?;
         }
-    }
-    write_depth_advice(out, simulation)?;
-    for warning in &simulation.warnings {
-        writeln!(out, "warning: {warning}")?;
-    }
-    if let Some(path) = trace {
-        writeln!(out, "trace (stagehand run): {}", path.display())?;
     }
     Ok(())
 }

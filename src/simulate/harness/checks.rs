@@ -68,6 +68,15 @@ pub(super) fn check(expect: &Expectations, outcome: &ScenarioOutcome) -> Vec<Che
 }
 
 fn check_simulation(expect: &Expectations, simulation: &Simulation, checks: &mut Vec<Check>) {
+    check_fit(expect, simulation, checks);
+    check_stagehand_times(expect, simulation, checks);
+    check_stagehand_bytes(expect, simulation, checks);
+    check_speedups(expect, simulation, checks);
+    check_within_budgets(expect, simulation, checks);
+}
+
+/// Whether it fits, which budgets fail, and what bounds a step.
+fn check_fit(expect: &Expectations, simulation: &Simulation, checks: &mut Vec<Check>) {
     let fit = &simulation.fit;
     if let Some(expected) = expect.fits {
         let got = if simulation.fits {
@@ -111,6 +120,10 @@ fn check_simulation(expect: &Expectations, simulation: &Simulation, checks: &mut
             fit.bottleneck == expected,
         ));
     }
+}
+
+/// Stagehand's steady step against the bound, the plan's bound and the compute.
+fn check_stagehand_times(expect: &Expectations, simulation: &Simulation, checks: &mut Vec<Check>) {
     let stagehand = simulation.stagehand.as_ref();
     let mut figure = |name: &str,
                       limit: Option<f64>,
@@ -156,7 +169,7 @@ fn check_simulation(expect: &Expectations, simulation: &Simulation, checks: &mut
         &|f| f.steady_over_plan_bound,
         &times,
     );
-    let compute_seconds = fit.compute_seconds;
+    let compute_seconds = simulation.fit.compute_seconds;
     figure(
         "streaming_overhead_max",
         expect.streaming_overhead_max,
@@ -169,6 +182,11 @@ fn check_simulation(expect: &Expectations, simulation: &Simulation, checks: &mut
             )
         },
     );
+}
+
+/// The bytes stagehand moves per steady step, over PCIe and from disk.
+fn check_stagehand_bytes(expect: &Expectations, simulation: &Simulation, checks: &mut Vec<Check>) {
+    let stagehand = simulation.stagehand.as_ref();
     let bytes = |name: &str, limit: Option<u64>, value: &dyn Fn(&PolicyFigures) -> f64| {
         limit.map(|limit| {
             let (got, passed) = match stagehand {
@@ -194,6 +212,10 @@ fn check_simulation(expect: &Expectations, simulation: &Simulation, checks: &mut
         expect.disk_bytes_per_step_max,
         &|f| f.run.steady_bytes_per_step.from_disk(),
     ));
+}
+
+/// Stagehand's speedup over each baseline.
+fn check_speedups(expect: &Expectations, simulation: &Simulation, checks: &mut Vec<Check>) {
     for (name, limit, policy) in [
         (
             "faster_than_naive_min",
@@ -230,6 +252,10 @@ fn check_simulation(expect: &Expectations, simulation: &Simulation, checks: &mut
         };
         checks.push(Check::new(name, format!("≥ {limit}×"), got, passed));
     }
+}
+
+/// Every run's peaks within its budgets.
+fn check_within_budgets(expect: &Expectations, simulation: &Simulation, checks: &mut Vec<Check>) {
     let ran = simulation.stagehand.is_some();
     if expect.within_budgets.unwrap_or(ran) {
         let mut runs: Vec<&PolicyFigures> = simulation.stagehand.iter().collect();
