@@ -145,10 +145,7 @@ fn every_long_phase_stops_at_its_next_unit_of_work_once_a_stop_is_requested() {
     let options = DriverOptions {
         steps: 0,
         stop: signals::stop_flag(),
-        on_step: Box::new(|_, _| {}),
-        keep_outputs: false,
-        on_token: None,
-        observer: no_observer(),
+        ..DriverOptions::steps(0)
     };
     let report = drive_cpu(session, &prepared.workload, &prepared.index, options)
         .unwrap_or_else(|failure| panic!("a stopped drive still reports: {}", failure.0));

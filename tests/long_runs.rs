@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use stagehand::actors::{BlockId, NoObserver, ResidencyPolicy, Session};
@@ -47,14 +46,7 @@ fn the_step_history_of_a_long_run_is_bounded() {
     )
     .expect("session");
     let steps = REPORT_STEP_HISTORY as u64 + 50;
-    let options = DriverOptions {
-        steps,
-        stop: Arc::new(AtomicBool::new(false)),
-        on_step: Box::new(|_, _| {}),
-        keep_outputs: false,
-        on_token: None,
-        observer: Arc::new(stagehand::actors::NoObserver),
-    };
+    let options = DriverOptions::steps(steps);
     let report = drive_cpu(session, &prepared.workload, &prepared.index, options)
         .unwrap_or_else(|failure| panic!("{}", failure.0));
     assert_eq!(report.steps, steps);

@@ -110,6 +110,7 @@ pub fn execute(args: EmbedArgs) -> CommandResult {
             keep_outputs: true,
             use_cuda,
             on_token: None,
+            verify: stagehand::settings::Verify::First,
         },
     )?;
     let embeddings = embeddings(&outcome, labels.len())?;

@@ -127,6 +127,7 @@ pub fn execute(args: GenerateArgs) -> CommandResult {
                 Box::new(move |token| print_flush(&printer.push(token)))
                     as Box<dyn FnMut(u32) + Send>
             }),
+            verify: stagehand::settings::Verify::First,
         },
     )?;
     if streaming {

@@ -149,6 +149,8 @@ pub(super) struct Launch {
     pub use_cuda: bool,
     /// Called with each token a decoder picks (`generate` prints them).
     pub on_token: Option<Box<dyn FnMut(u32) + Send>>,
+    /// The command's own `verify` when the settings name none.
+    pub verify: settings::Verify,
 }
 
 /// Budgets, metrics, progress and the backend for a prepared model; runs it.
@@ -165,6 +167,7 @@ pub(super) fn run_prepared(
     let depth = stagehand::run::fitting_depth(prepared, settings, budgets, ask);
     let settings = &settings::Settings {
         prefetch_depth: depth,
+        verify: settings.verify.or(Some(launch.verify)),
         ..settings.clone()
     };
     let observer = match settings.metrics_addr {
@@ -277,6 +280,7 @@ pub fn execute(args: RunArgs) -> CommandResult {
             keep_outputs: false,
             use_cuda,
             on_token: None,
+            verify: settings::Verify::Full,
         },
     )?;
     let summary = Summary::new(&outcome);

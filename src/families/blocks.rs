@@ -14,6 +14,7 @@ use std::time::Instant;
 
 use stagehand_actors::{BlockHandle, BlockId, LoraHandle, LoraSlot, ModelLayout, Session};
 
+use super::landing::LandingCheck;
 use super::lora_set::LoraSet;
 use super::FamilyError;
 use crate::compute::{BlockView, Compute, LowRank, TensorSlot};
@@ -149,6 +150,8 @@ pub struct Streamed<'s, C: Compute> {
     /// Per block: the (generation, phase) whose LoRA is baked into its resident copy.
     baked: Vec<Option<(u32, usize)>>,
     trace: Option<&'s crate::telemetry::TraceObserver>,
+    /// `verify = weights | first`: landed blocks checked against the file.
+    pub landing: Option<LandingCheck<'s>>,
 }
 
 struct AttachedLora<'s> {
@@ -184,6 +187,7 @@ impl<'s, C: Compute> Streamed<'s, C> {
             lora: None,
             baked: Vec::new(),
             trace,
+            landing: None,
         })
     }
 
@@ -345,6 +349,12 @@ impl<C: Compute> Blocks<C> for Streamed<'_, C> {
             .lora
             .as_ref()
             .is_some_and(|lora| lora.set.touches(block.index()));
+        if let (Some(landing), false) = (self.landing.as_mut(), touched) {
+            if let Err(error) = landing.check(compute, &handle) {
+                self.session.release(handle);
+                return Err(error);
+            }
+        }
         let mut packs = Vec::new();
         if touched {
             let prepared = if handle.streamed {

@@ -19,6 +19,7 @@ pub mod family;
 mod host_table;
 pub mod inputs;
 mod kv_cache;
+pub mod landing;
 pub mod linear_stack;
 pub mod llama;
 pub mod lora_set;

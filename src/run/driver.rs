@@ -14,10 +14,12 @@ use super::recorded::Recorder;
 use super::reference::Reference;
 use crate::compute::Compute;
 use crate::families::blocks::Streamed;
+use crate::families::landing::LandingCheck;
 use crate::families::lora_set::LoraSet;
 pub use crate::families::Model;
 use crate::families::{ExpertStep, Family, FamilyError, Visit};
 use crate::model::BlockReader;
+use crate::settings::Verify;
 
 pub use super::report::{median, RunReport};
 
@@ -94,6 +96,8 @@ pub struct DriverOptions {
     /// Told what the run loop sees that the actors do not: each MoE step's expert
     /// acquires (the session's own observer reports the rest).
     pub observer: Arc<dyn Observer>,
+    /// How the steps are checked (`verify`).
+    pub verify: Verify,
 }
 
 impl DriverOptions {
@@ -105,6 +109,7 @@ impl DriverOptions {
             keep_outputs: false,
             on_token: None,
             observer: Arc::new(NoObserver),
+            verify: Verify::Full,
         }
     }
 }
@@ -273,6 +278,9 @@ fn run_steps<'a, C: Compute, F: Family>(
 ) -> Result<Recorder, FamilyError> {
     let mut state = family.start(compute)?;
     let mut blocks = Streamed::new(session, compute, trace)?;
+    if options.verify.checks_weights() {
+        blocks.landing = Some(LandingCheck::new(reference.files(), family.layout()));
+    }
     let mut recorder = Recorder::new(options.steps == 0);
     let mut phase_now = None;
     let mut step = 0u64;
@@ -316,7 +324,16 @@ fn run_steps<'a, C: Compute, F: Family>(
             report.after_first_step = blocks.session().stats();
         }
         (options.on_step)(step, step_seconds);
-        if let Some(values) = output.output {
+        let against_reference = match options.verify {
+            Verify::Full => true,
+            Verify::First => step == 0,
+            Verify::Weights | Verify::Off => false,
+        };
+        if let Some(values) = output.output.clone().filter(|_| !against_reference) {
+            if options.keep_outputs {
+                report.outputs.insert(family.reference_key(step), values);
+            }
+        } else if let Some(values) = output.output {
             let checked =
                 recorder.check_or_keep(compute, reference, step, &values, low_rank, report)?;
             if checked.is_break() {
@@ -333,6 +350,11 @@ fn run_steps<'a, C: Compute, F: Family>(
         step += 1;
     }
     report.steps = step;
+    report.verify = options.verify;
+    if let Some(landing) = &blocks.landing {
+        report.landings_checked = landing.landings;
+        report.landed_bytes_checked = landing.bytes;
+    }
     Ok(recorder)
 }
 

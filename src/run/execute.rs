@@ -80,6 +80,8 @@ pub fn execute_on<C: Compute>(
         workload,
         &files,
         DriverOptions {
+            // Unset, a run checks every step (`embed`/`generate` set their own default).
+            verify: settings.verify.unwrap_or(crate::settings::Verify::Full),
             steps: plan.steps,
             stop: plan.stop,
             on_step: plan.on_step,

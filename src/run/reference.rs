@@ -53,6 +53,11 @@ impl<'a, C: Compute, F: Family> Reference<'a, C, F> {
         }
     }
 
+    /// The files the reference reads its blocks from.
+    pub(super) fn files(&self) -> &'a BlockReader<'a> {
+        self.files
+    }
+
     fn source(&mut self, step: u64) -> &mut FromFiles<'a, C> {
         let phase = self.workload.phase_at(step);
         let reusable = matches!(&self.source, Some((kept, _)) if *kept == phase);

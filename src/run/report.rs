@@ -37,6 +37,12 @@ pub struct RunReport {
     /// weights give way: (step, bytes reserved, blocks that now stream).
     pub kv_bytes: u64,
     pub kv_growth: Vec<(u64, u64, Vec<stagehand_actors::BlockId>)>,
+    /// How the steps were checked (`verify`).
+    pub verify: crate::settings::Verify,
+    /// `verify = weights | first`: blocks checked against the file as they landed,
+    /// and their bytes.
+    pub landings_checked: u64,
+    pub landed_bytes_checked: u64,
 }
 
 impl RunReport {
@@ -71,6 +77,9 @@ impl RunReport {
             routes: Vec::new(),
             kv_bytes: 0,
             kv_growth: Vec::new(),
+            verify: crate::settings::Verify::Full,
+            landings_checked: 0,
+            landed_bytes_checked: 0,
         }
     }
 

@@ -14,6 +14,11 @@ pub struct Summary {
     pub storage: String,
     pub steps: u64,
     pub verified_steps: u64,
+    /// How the steps were checked: full, first, weights or off.
+    pub verify: &'static str,
+    /// Blocks checked against the file as they landed (`verify = first | weights`).
+    pub landings_checked: u64,
+    pub landed_bytes_checked: u64,
     pub model_bytes: u64,
     pub vram_budget_bytes: u64,
     pub pin_ceiling_bytes: u64,
@@ -110,6 +115,9 @@ impl Summary {
             storage: outcome.storage.clone(),
             steps: report.steps,
             verified_steps: report.verified_steps,
+            verify: report.verify.name(),
+            landings_checked: report.landings_checked,
+            landed_bytes_checked: report.landed_bytes_checked,
             model_bytes: outcome.model_bytes,
             vram_budget_bytes: outcome.budgets.vram_budget_bytes,
             pin_ceiling_bytes: outcome.budgets.pin_ceiling_bytes,
@@ -189,6 +197,24 @@ impl Summary {
         out
     }
 
+    /// How the steps were checked, as the heading says it.
+    fn verification(&self, reference: &str) -> String {
+        let landed = format!(
+            "{} landed blocks ({}) checked against the file",
+            self.landings_checked,
+            bytes(self.landed_bytes_checked)
+        );
+        match self.verify {
+            "off" => "not verified (verify = off)".to_string(),
+            "weights" => format!("{landed} (verify = weights)"),
+            "first" => format!(
+                "{} verified against {reference}, then {landed} (verify = first)",
+                self.verified_steps
+            ),
+            _ => format!("{} verified against {reference}", self.verified_steps),
+        }
+    }
+
     /// What ran where, how it was checked, and the budgets.
     fn write_heading(&self, out: &mut String) {
         let reference = if self.lora_adapters.is_empty() {
@@ -208,12 +234,12 @@ impl Summary {
             line(
                 out,
                 format!(
-                    "stagehand run: {}, {} on {} ({} reads), {} verified against {reference}",
+                    "stagehand run: {}, {} on {} ({} reads), {}",
                     self.workload,
                     counted(self.steps, "step", "steps"),
                     self.device,
                     self.storage,
-                    self.verified_steps
+                    self.verification(reference)
                 ),
             );
         }

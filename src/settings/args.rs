@@ -69,13 +69,17 @@ pub struct SettingsArgs {
     /// Disk reader worker threads (1..=64).
     #[cfg_attr(feature = "cli", arg(long, value_name = "N"))]
     pub reader_threads: Option<String>,
+    /// How a run checks its results: full, first, weights or off (default: full for
+    /// run and bench, first for embed and generate).
+    #[cfg_attr(feature = "cli", arg(long, value_name = "MODE"))]
+    pub verify: Option<String>,
 }
 
 impl SettingsArgs {
     /// The flags that were given, as (key, value, source) in field order.
     pub(crate) fn entries(&self) -> Vec<(String, Value, Source)> {
         let text = |value: &Option<String>| value.as_ref().map(|text| Value::from(text.as_str()));
-        let candidates: [(&str, Option<Value>); 16] = [
+        let candidates: [(&str, Option<Value>); 17] = [
             ("device", text(&self.device)),
             ("vram_budget", text(&self.vram_budget)),
             ("reserve_vram", text(&self.reserve_vram)),
@@ -92,6 +96,7 @@ impl SettingsArgs {
             ("staging_buffer_size", text(&self.staging_buffer_size)),
             ("read_request_size", text(&self.read_request_size)),
             ("reader_threads", text(&self.reader_threads)),
+            ("verify", text(&self.verify)),
         ];
         candidates
             .into_iter()

@@ -12,7 +12,7 @@ use bytesize::ByteSize;
 use config::{Value, ValueKind};
 use stagehand_actors::Bytes;
 
-use super::{DeviceKind, Settings};
+use super::{DeviceKind, Settings, Verify};
 
 /// Every key, in the order of the `Settings` fields.
 pub const KEYS: &[&str] = &[
@@ -32,6 +32,7 @@ pub const KEYS: &[&str] = &[
     "staging_buffer_size",
     "read_request_size",
     "reader_threads",
+    "verify",
 ];
 
 /// The canonical spelling of `key` if it is a known setting.
@@ -66,6 +67,7 @@ pub(crate) fn apply(settings: &mut Settings, key: &str, value: Value) -> Result<
         "staging_buffer_size" => settings.staging_buffer_size = parse_size(&value)?,
         "read_request_size" => settings.read_request_size = parse_size(&value)?,
         "reader_threads" => settings.reader_threads = parse_count(&value)?,
+        "verify" => settings.verify = optional(&value, parse_verify)?,
         other => return Err(format!("`{other}` is not a setting")),
     }
     Ok(())
@@ -106,6 +108,10 @@ pub fn display_value(settings: &Settings, key: &str) -> String {
         "staging_buffer_size" => size(settings.staging_buffer_size),
         "read_request_size" => size(settings.read_request_size),
         "reader_threads" => settings.reader_threads.to_string(),
+        "verify" => settings.verify.map_or_else(
+            || "the command's default (run, bench: full; embed, generate: first)".to_string(),
+            |verify| verify.name().to_string(),
+        ),
         _ => String::new(),
     }
 }
@@ -119,6 +125,16 @@ fn optional<T>(
         return Ok(None);
     }
     parse(value).map(Some)
+}
+
+fn parse_verify(value: &Value) -> Result<Verify, String> {
+    match value_text(value).trim().to_ascii_lowercase().as_str() {
+        "full" => Ok(Verify::Full),
+        "first" => Ok(Verify::First),
+        "weights" => Ok(Verify::Weights),
+        "off" => Ok(Verify::Off),
+        _ => Err(format!("expected one of {}", Verify::NAMES)),
+    }
 }
 
 fn parse_device(value: &Value) -> Result<DeviceKind, String> {

@@ -40,6 +40,39 @@ pub enum DeviceKind {
     Cuda,
 }
 
+/// How a run checks that what it computed from streamed weights is right.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verify {
+    /// Every step against the fully-resident pass, bit for bit (twice the compute).
+    Full,
+    /// The first step against the fully-resident pass, then `weights`.
+    First,
+    /// Every block's bytes against the file's checksum as they land in the device tier:
+    /// streamed data cannot differ from the file. Costs a pass over the landed bytes.
+    Weights,
+    /// No check.
+    Off,
+}
+
+impl Verify {
+    pub const NAMES: &'static str = "full, first, weights, off";
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Verify::Full => "full",
+            Verify::First => "first",
+            Verify::Weights => "weights",
+            Verify::Off => "off",
+        }
+    }
+
+    /// Whether landed blocks are checked against the file.
+    pub fn checks_weights(self) -> bool {
+        matches!(self, Verify::First | Verify::Weights)
+    }
+}
+
 /// Sizes in JSON (`stagehand config --json`) are integer bytes, which a script can
 /// compare, not text such as "7.5 GiB". Reading still takes either.
 mod size_json {
@@ -104,6 +137,9 @@ pub struct Settings {
     pub read_request_size: ByteSize,
     /// Disk reader worker threads.
     pub reader_threads: u32,
+    /// How a run checks its results; `None`: the command's own default (`run` and
+    /// `bench`: full, `embed` and `generate`: first).
+    pub verify: Option<Verify>,
     /// No layer the user wrote set `prefetch_depth` (it is the shipped default), so a
     /// run may take a smaller depth that fits its VRAM budget (`run::fitting_depth`).
     /// Not a key: [`load`] sets it from the layers; a `Settings` built in code leaves
@@ -131,6 +167,7 @@ impl Default for Settings {
             staging_buffer_size: ByteSize::mib(64),
             read_request_size: ByteSize::mib(4),
             reader_threads: 4,
+            verify: None,
             choose_prefetch_depth: false,
         }
     }

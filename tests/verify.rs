@@ -1,0 +1,174 @@
+//! `verify = full | first | weights | off`: what each checks, that `weights` catches a
+//! block whose bytes changed on their way to the device (and `off` does not), and the
+//! setting as users give it.
+
+mod common;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use stagehand::actors::{
+    Device, DeviceArena, DeviceError, DevicePtr, HostBuffer, MemoryInfo, MemorySpace, OpFuture,
+};
+use stagehand::device::{CpuCompute, CpuDevice};
+use stagehand::run::{execute_on, prepare, Budgets, Outcome, RunError, RunPlan, WorkloadKind};
+use stagehand::settings::{Settings, Verify};
+
+/// The CPU device, but the `corrupt_copy`-th copy to the device lands with its first
+/// byte flipped: a bus or a driver that damaged a block on its way.
+struct Corrupting {
+    inner: CpuDevice,
+    copies: AtomicU64,
+    corrupt_copy: u64,
+}
+
+impl Device for Corrupting {
+    fn name(&self) -> String {
+        self.inner.name()
+    }
+
+    fn memory_info(&self) -> Result<MemoryInfo, DeviceError> {
+        self.inner.memory_info()
+    }
+
+    fn memory_space(&self) -> MemorySpace {
+        self.inner.memory_space()
+    }
+
+    fn allocate_arena(&self, bytes: u64) -> Result<DeviceArena, DeviceError> {
+        self.inner.allocate_arena(bytes)
+    }
+
+    fn free_arena(&self, arena: DeviceArena) {
+        self.inner.free_arena(arena)
+    }
+
+    fn allocate_pinned(&self, bytes: u64) -> Result<HostBuffer, DeviceError> {
+        self.inner.allocate_pinned(bytes)
+    }
+
+    fn copy_to_device(
+        &self,
+        source: HostBuffer,
+        source_offset: u64,
+        bytes: u64,
+        destination: DevicePtr,
+    ) -> OpFuture<HostBuffer, (DeviceError, HostBuffer)> {
+        let copy = self
+            .inner
+            .copy_to_device(source, source_offset, bytes, destination);
+        let corrupt = self.copies.fetch_add(1, Ordering::SeqCst) + 1 == self.corrupt_copy;
+        Box::pin(async move {
+            let done = copy.await;
+            if corrupt && done.is_ok() && bytes > 0 {
+                // SAFETY: the CPU device's memory is host memory, and the copy into
+                // `destination` has completed; no one reads the block until the
+                // allocator publishes it, which happens after this future resolves.
+                unsafe { *(destination.0 as *mut u8) ^= 0xff };
+            }
+            done
+        })
+    }
+}
+
+/// Four steps of the small demo model under VRAM for 3 of its 8 blocks, so blocks
+/// land every step, checked as `verify` says; the 10th copy lands corrupted when
+/// `corrupt` is set.
+fn run(verify: Verify, corrupt: bool) -> Result<Outcome, RunError> {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let model = common::demo::small_demo_model(dir.path());
+    let settings = Settings {
+        verify: Some(verify),
+        ..Settings::default()
+    };
+    let prepared = prepare(&model, WorkloadKind::Auto, 2, &settings, false).expect("prepares");
+    let block = prepared.facts().layout().largest_block_bytes();
+    let budgets = Budgets {
+        vram_budget_bytes: 3 * block,
+        pin_ceiling_bytes: 4 * block,
+    };
+    let device = Corrupting {
+        inner: CpuDevice::new(budgets.vram_budget_bytes).expect("device"),
+        copies: AtomicU64::new(0),
+        corrupt_copy: if corrupt { 10 } else { 0 },
+    };
+    execute_on(
+        &prepared,
+        RunPlan::new(&settings, budgets, 4),
+        Arc::new(device),
+        &CpuCompute::new(),
+    )
+}
+
+#[test]
+fn each_mode_checks_what_it_says() {
+    let full = run(Verify::Full, false).expect("full");
+    assert_eq!(full.report.verified_steps, 4);
+    assert_eq!(full.report.landings_checked, 0);
+    let first = run(Verify::First, false).expect("first");
+    assert_eq!(first.report.verified_steps, 1);
+    assert!(first.report.landings_checked > 0);
+    let weights = run(Verify::Weights, false).expect("weights");
+    assert_eq!(weights.report.verified_steps, 0);
+    // Every block lands at least once; the 5 streamed ones land again each step.
+    assert!(
+        weights.report.landings_checked >= 8 + 3 * 5,
+        "{}",
+        weights.report.landings_checked
+    );
+    let off = run(Verify::Off, false).expect("off");
+    assert_eq!(
+        (off.report.verified_steps, off.report.landings_checked),
+        (0, 0)
+    );
+}
+
+#[test]
+fn a_block_damaged_on_its_way_fails_the_weights_check_and_nothing_else_misses_it() {
+    for verify in [Verify::Weights, Verify::First, Verify::Full] {
+        let failed = run(verify, true).err();
+        let message = failed.map(|error| error.to_string()).unwrap_or_default();
+        assert!(
+            message.contains("differ from the file") || message.contains("mismatch"),
+            "{verify:?}: {message}"
+        );
+        assert!(message.contains("every budget was released"), "{message}");
+    }
+    // Nothing checks with `off`: the run completes on damaged weights, as asked.
+    assert!(run(Verify::Off, true).is_ok());
+}
+
+#[test]
+fn the_setting_takes_its_values_and_refuses_others_by_name() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let model = common::demo::small_demo_model(dir.path());
+    for (value, heading) in [
+        ("off", "not verified (verify = off)"),
+        ("weights", "checked against the file (verify = weights)"),
+        (
+            "first",
+            "1 verified against the fully-resident reference, then",
+        ),
+        ("full", "2 verified against the fully-resident reference"),
+    ] {
+        let output = common::stagehand()
+            .args([
+                "run", "--device", "cpu", "--steps", "2", "--quiet", "--verify", value, "--model",
+            ])
+            .arg(&model)
+            .output()
+            .expect("stagehand runs");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(output.status.success(), "{value}: {stdout}");
+        assert!(stdout.contains(heading), "{value}: {stdout}");
+    }
+    let output = common::stagehand()
+        .args(["run", "--verify", "sometimes", "--model"])
+        .arg(&model)
+        .output()
+        .expect("stagehand runs");
+    common::assert_bad_input(
+        &output,
+        &["verify", "sometimes", "full, first, weights, off"],
+    );
+}
