@@ -73,6 +73,10 @@ struct Generated<'a> {
     tokens: &'a [u32],
     text: String,
     prefill_tokens_per_second: f64,
+    /// The time to first token, split: the cold reads waited for, the prefill computed.
+    time_to_first_token_seconds: f64,
+    cold_read_seconds: f64,
+    prefill_compute_seconds: f64,
     decode_tokens_per_second: f64,
     summary: &'a Summary,
 }
@@ -187,6 +191,9 @@ fn print_result(
             tokens: &outcome.report.tokens,
             text,
             prefill_tokens_per_second: prefill,
+            time_to_first_token_seconds: summary.first_step_seconds,
+            cold_read_seconds: summary.first_step_wait_seconds,
+            prefill_compute_seconds: summary.first_step_compute_seconds,
             decode_tokens_per_second: decode,
             summary: &summary,
         };
@@ -195,19 +202,26 @@ fn print_result(
         return Ok(());
     }
     println!(
-        "generate: {} prompt tokens prefilled at {prefill:.1} tokens/s, {} tokens decoded at {decode:.2} tokens/s (steady, median)",
+        "generate: {} prompt tokens prefilled at {prefill:.1} tokens/s (compute alone), {} tokens decoded at {decode:.2} tokens/s (steady, median)",
         prompt_tokens,
         outcome.report.tokens.len().saturating_sub(1)
+    );
+    println!(
+        "  first token after {:.1} ms: {:.1} ms waiting for the cold reads, {:.1} ms of prefill compute",
+        summary.first_step_seconds * 1e3,
+        summary.first_step_wait_seconds * 1e3,
+        summary.first_step_compute_seconds * 1e3
     );
     print!("{}", summary.render());
     Ok(())
 }
 
-/// Prefill rate (prompt tokens over the first step) and steady decode rate.
+/// Prefill rate (prompt tokens over the first step's compute: the cold reads it waited
+/// for are the disk's, not the prefill's) and steady decode rate.
 fn token_rates(outcome: &Outcome, prompt_tokens: usize) -> (f64, f64) {
     let report = &outcome.report;
     let prefill = report
-        .step_seconds
+        .compute_seconds
         .first()
         .map_or(0.0, |seconds| prompt_tokens as f64 / seconds.max(1e-9));
     let steady = report.steady_step_seconds();

@@ -28,6 +28,10 @@ pub struct Summary {
     pub streamed_bytes_per_step_planned: u64,
     pub disk_bytes_per_step_planned: u64,
     pub first_step_seconds: f64,
+    /// Of the first step, the time the compute thread computed, and the rest: waiting
+    /// for the cold reads and copies (a decoder's time to first token, split).
+    pub first_step_compute_seconds: f64,
+    pub first_step_wait_seconds: f64,
     pub steady_step_seconds: f64,
     pub steady_compute_seconds: f64,
     pub bound_seconds: f64,
@@ -126,6 +130,10 @@ impl Summary {
             streamed_bytes_per_step_planned: report.plan.vram.streamed_bytes_per_step,
             disk_bytes_per_step_planned: report.plan.pins.disk_bytes_per_step,
             first_step_seconds: report.step_seconds.first().copied().unwrap_or(0.0),
+            first_step_compute_seconds: report.compute_seconds.first().copied().unwrap_or(0.0),
+            first_step_wait_seconds: (report.step_seconds.first().copied().unwrap_or(0.0)
+                - report.compute_seconds.first().copied().unwrap_or(0.0))
+            .max(0.0),
             steady_step_seconds: steady,
             steady_compute_seconds: report.steady_compute_seconds(),
             bound_seconds: bound,
@@ -260,8 +268,10 @@ impl Summary {
         line(
             out,
             format!(
-                "  step time: first {}  steady {} (median)  compute {}",
+                "  step time: first {} ({} compute, {} waiting for the cold reads)  steady {} (median)  compute {}",
                 ms(self.first_step_seconds),
+                ms(self.first_step_compute_seconds),
+                ms(self.first_step_wait_seconds),
                 ms(self.steady_step_seconds),
                 ms(self.steady_compute_seconds)
             ),
