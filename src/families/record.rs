@@ -11,6 +11,7 @@ use stagehand_actors::BlockId;
 use super::blocks::{Blocks, Held};
 use super::family::Family;
 use super::lora_set::LoraSet;
+use super::registry::{Model, Visit};
 use super::FamilyError;
 use crate::compute::record::{RecordedBlock, Recorder};
 use crate::compute::work::Work;
@@ -39,6 +40,18 @@ pub fn record_steps<F: Family>(family: &F, steps: u64) -> Result<Vec<Vec<Work>>,
         recorded.push(blocks.finish());
     }
     Ok(recorded)
+}
+
+/// [`record_steps`] of whichever family `model` holds.
+pub fn record_model(model: &Model, steps: u64) -> Result<Vec<Vec<Work>>, FamilyError> {
+    struct Record(u64);
+    impl Visit for Record {
+        type Output = Result<Vec<Vec<Work>>, FamilyError>;
+        fn visit<F: Family>(self, family: &F) -> Self::Output {
+            record_steps(family, self.0)
+        }
+    }
+    model.visit(Record(steps))
 }
 
 /// The block source of a recorded step: blocks of the layout's lengths, no bytes.

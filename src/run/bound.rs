@@ -186,15 +186,49 @@ impl Loops<'_> {
 /// The bound of one steady-state step and which resource sets it.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct StepBound {
+    /// The compute's share of the bound: the machine's floor under the step's kernels
+    /// (the roofline) where one is known, else the run's own compute time.
     pub compute_seconds: f64,
+    /// What sets the compute floor: "memory bandwidth" or "FLOP/s" (the roofline), or
+    /// "compute" (the run's own compute time, where no roofline is known).
+    pub compute_limited_by: &'static str,
     pub copy_seconds: f64,
     pub read_seconds: f64,
 }
 
 impl StepBound {
+    /// A bound whose compute share is `compute_seconds` as measured: for comparisons
+    /// of runs on one device (`bench`'s resident run) and devices without a roofline.
     pub fn new(compute_seconds: f64, vram_bytes: f64, disk_bytes: f64, rates: LinkRates) -> Self {
+        Self::with_compute(compute_seconds, "compute", vram_bytes, disk_bytes, rates)
+    }
+
+    /// The physical bound: the machine's floor under the step's kernels, the links'.
+    pub fn on_roofline(
+        floor: super::roofline::ComputeFloor,
+        vram_bytes: f64,
+        disk_bytes: f64,
+        rates: LinkRates,
+    ) -> Self {
+        Self::with_compute(
+            floor.seconds,
+            floor.limited_by(),
+            vram_bytes,
+            disk_bytes,
+            rates,
+        )
+    }
+
+    fn with_compute(
+        compute_seconds: f64,
+        compute_limited_by: &'static str,
+        vram_bytes: f64,
+        disk_bytes: f64,
+        rates: LinkRates,
+    ) -> Self {
         Self {
             compute_seconds,
+            compute_limited_by,
             copy_seconds: vram_bytes / rates.copy_bytes_per_second,
             read_seconds: if disk_bytes > 0.0 {
                 disk_bytes / rates.read_bytes_per_second
@@ -213,7 +247,7 @@ impl StepBound {
     pub fn limited_by(&self) -> &'static str {
         let bound = self.seconds();
         if bound == self.compute_seconds {
-            "compute"
+            self.compute_limited_by
         } else if bound == self.copy_seconds {
             "copy to VRAM"
         } else {

@@ -102,12 +102,21 @@ pub fn execute_on<C: Compute>(
         !report.plan.pins.is_cached(BlockId(index as u32))
     })
     .map_err(RunError::Failed)?;
-    let bound = StepBound::new(
-        report.steady_compute_seconds(),
-        report.plan.vram.streamed_bytes_per_step as f64,
-        report.plan.pins.disk_bytes_per_step as f64,
-        rates,
-    );
+    // On the CPU backend the compute's share of the bound is the machine's roofline
+    // under the step's own kernels; a device without one keeps its measured compute.
+    let streamed = report.plan.vram.streamed_bytes_per_step as f64;
+    let disk = report.plan.pins.disk_bytes_per_step as f64;
+    let roofline = (compute.memory_space() == stagehand_actors::MemorySpace::Host)
+        .then(|| super::roofline::Roofline::of_this_machine(&super::default_cache_dir()));
+    let compute_floor =
+        roofline.map(|roofline| roofline.floor(&super::roofline::steady_work(prepared)));
+    if compute_floor.is_some_and(|floor| floor.seconds > report.steady_compute_seconds() * 1.05) {
+        super::roofline::Roofline::forget_cached(&super::default_cache_dir());
+    }
+    let bound = match compute_floor {
+        Some(floor) => StepBound::on_roofline(floor, streamed, disk, rates),
+        None => StepBound::new(report.steady_compute_seconds(), streamed, disk, rates),
+    };
     Ok(Outcome {
         streamed_bytes_per_step_after_kv: streamed_after_kv(&report, &layout),
         staging_ring_bytes: super::memory::staging_ring_bytes(settings).unwrap_or(0),
@@ -121,6 +130,7 @@ pub fn execute_on<C: Compute>(
         workload: prepared.describe(),
         host_bytes: prepared.facts().host_table_bytes(),
         peak_rss_bytes: peak_rss_bytes(),
+        roofline,
     })
 }
 

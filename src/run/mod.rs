@@ -12,6 +12,7 @@ mod prepare;
 mod recorded;
 mod reference;
 pub mod report;
+pub mod roofline;
 pub mod summary;
 
 use std::path::{Path, PathBuf};
@@ -227,6 +228,8 @@ pub struct Outcome {
     /// The `--fast-disk` staging ring, pinned whole beside the pin ceiling (0 without
     /// fast disk, where staging sits inside the ceiling).
     pub staging_ring_bytes: u64,
+    /// The machine's roofline the bound's compute share came from (the CPU backend).
+    pub roofline: Option<roofline::Roofline>,
 }
 
 /// An observer that records nothing, for runs without metrics.

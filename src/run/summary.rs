@@ -36,6 +36,16 @@ pub struct Summary {
     pub steady_compute_seconds: f64,
     pub bound_seconds: f64,
     pub bound_limited_by: &'static str,
+    /// The compute's share of the bound: the roofline's floor under the step's
+    /// kernels (or the measured compute where no roofline is known).
+    pub compute_floor_seconds: f64,
+    /// The machine's roofline (the CPU backend): bytes/s every core reads, and the
+    /// product peak in FLOP/s; 0 where none was measured.
+    pub roofline_memory_bytes_per_second: f64,
+    pub roofline_flops_per_second: f64,
+    /// The compute floor over the measured compute: how close the kernels run to the
+    /// machine (1: at its roofline).
+    pub compute_share_of_roofline: f64,
     pub efficiency: f64,
     pub copy_bytes_per_second: f64,
     pub read_bytes_per_second: f64,
@@ -138,6 +148,18 @@ impl Summary {
             steady_compute_seconds: report.steady_compute_seconds(),
             bound_seconds: bound,
             bound_limited_by: outcome.bound.limited_by(),
+            compute_floor_seconds: outcome.bound.compute_seconds,
+            roofline_memory_bytes_per_second: outcome
+                .roofline
+                .map_or(0.0, |roofline| roofline.memory_bytes_per_second),
+            roofline_flops_per_second: outcome
+                .roofline
+                .map_or(0.0, |roofline| roofline.flops_per_second),
+            compute_share_of_roofline: if report.steady_compute_seconds() > 0.0 {
+                outcome.bound.compute_seconds / report.steady_compute_seconds()
+            } else {
+                0.0
+            },
             efficiency: if steady > 0.0 { bound / steady } else { 0.0 },
             copy_bytes_per_second: outcome.rates.copy_bytes_per_second,
             read_bytes_per_second: outcome.rates.read_bytes_per_second,
@@ -276,14 +298,49 @@ impl Summary {
                 ms(self.steady_compute_seconds)
             ),
         );
+        let roofline = if self.roofline_flops_per_second > 0.0 {
+            format!(
+                "; roofline {} read, {:.1} GFLOP/s",
+                rate(self.roofline_memory_bytes_per_second),
+                self.roofline_flops_per_second / 1e9
+            )
+        } else {
+            String::new()
+        };
         line(out, format!(
-            "  physical bound {} (limited by {}; copy {}, reads {})  efficiency {:.2} (bound/actual)",
+            "  physical bound {} (limited by {}{roofline}; copy {}, reads {})  efficiency {:.2} (bound/actual){}",
             ms(self.bound_seconds),
             self.bound_limited_by,
             rate(self.copy_bytes_per_second),
             rate(self.read_bytes_per_second),
-            self.efficiency
+            self.efficiency,
+            self.above_bound_reason()
         ));
+        if self.roofline_flops_per_second > 0.0 {
+            line(out, format!(
+                "  compute at {:.0} % of the roofline (its floor under this step's kernels {}, measured compute {})",
+                self.compute_share_of_roofline * 100.0,
+                ms(self.compute_floor_seconds),
+                ms(self.steady_compute_seconds)
+            ));
+        }
+    }
+
+    /// Why an efficiency above 1 is possible, said beside it: a step faster than its
+    /// bound means the bound's figures were measured lower than this run reached.
+    fn above_bound_reason(&self) -> &'static str {
+        if self.efficiency <= 1.0 {
+            return "";
+        }
+        match self.bound_limited_by {
+            "copy to VRAM" | "disk reads" => {
+                " — above 1: the link rate measured after the run was slower than the run's own transfers (the page cache served its reads, or the link was busy when measured)"
+            }
+            _ if self.roofline_flops_per_second > 0.0 => {
+                " — above 1: the kernels ran faster than the cached roofline allows, so it was measured on a busier machine; the next run measures it again"
+            }
+            _ => " — above 1: the measured compute the bound uses was slower than this step's",
+        }
     }
 
     /// The bytes a steady step moved, beside the plan's.

@@ -10,8 +10,8 @@ use stagehand_actors::BlockId;
 use super::model::{BlockDesc, ExpertDesc, ModelDescription};
 use super::output::{OutputUnit, StepOutput};
 use crate::compute::work::Work;
-use crate::families::record::record_steps;
-use crate::families::{Family, FamilyError, Visit, WorkloadKind};
+use crate::families::record::record_model;
+use crate::families::WorkloadKind;
 use crate::run::Prepared;
 use crate::sim::SimError;
 
@@ -38,10 +38,7 @@ impl ModelDescription {
             WorkloadKind::Decoder => (tokens_per_step.max(1), tokens_per_step.max(1)),
             _ => (1, facts.tokens_per_step()),
         };
-        let steps = prepared
-            .workload
-            .model
-            .visit(Record)
+        let steps = record_model(&prepared.workload.model, RECORDED_STEPS)
             .map_err(|error| failed(format!("recording a step of the family: {error}")))?;
         let [first, steady] = &steps[..] else {
             return Err(failed("the family recorded no steps".to_string()));
@@ -72,17 +69,6 @@ impl ModelDescription {
             }),
         }
         .checked()
-    }
-}
-
-/// Records the first two steps of whichever family a model holds.
-struct Record;
-
-impl Visit for Record {
-    type Output = Result<Vec<Vec<Work>>, FamilyError>;
-
-    fn visit<F: Family>(self, family: &F) -> Self::Output {
-        record_steps(family, RECORDED_STEPS)
     }
 }
 

@@ -1,0 +1,298 @@
+//! The machine's roofline on the CPU backend, and the floor it puts under a step: the
+//! bound a run is measured against is the machine's (memory bandwidth, FLOP/s, the
+//! links), not the run's own compute time.
+//!
+//! Two figures, measured on this machine and cached (`roofline-local.json` in the
+//! cache directory, remeasured after a week or on another host):
+//! - **memory bandwidth**: every core streaming a 256 MiB buffer it did not write
+//!   last (f32 sums; the best of three passes) — what any kernel reading weights from
+//!   the device tier can reach at most;
+//! - **peak product rate**: the compute adapter's f32 GEMM at 256 × 1024 × 1024, the
+//!   best of three (the widest product a step runs on this backend; bf16, f16 and FP8
+//!   weights are widened to f32, so it is their peak too).
+//!
+//! A kernel's floor is the larger of its bytes over the bandwidth and its FLOPs over
+//! the peak; a step's compute floor is the sum over its kernels (the family's own
+//! steady step, recorded over the recording compute: `families::record`). A run never
+//! calibrates for long on its own: the measurement takes about a second, once a week
+//! (an unoptimised build measures each run, in a fraction of that, and caches nothing).
+
+use std::path::Path;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use crate::compute::work::{ElementOp, Kernel, Work};
+use crate::compute::{Compute, DType, TensorSlot};
+use crate::families::record::record_model;
+
+/// The cached measurement's file name inside the cache directory.
+pub const CACHED_ROOFLINE_FILE: &str = "roofline-local.json";
+/// A cached measurement older than this is taken again.
+const MAX_AGE_SECONDS: u64 = 7 * 24 * 3600;
+/// The buffer the bandwidth is measured over: far above any last-level cache (8 MiB in
+/// an unoptimised build — the tests' —, whose figures are only indicative anyway).
+const BANDWIDTH_BYTES: usize = if cfg!(debug_assertions) {
+    8 << 20
+} else {
+    256 << 20
+};
+
+/// This machine's roofline on the CPU backend.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Roofline {
+    /// Bytes per second every core together reads from memory.
+    pub memory_bytes_per_second: f64,
+    /// The compute adapter's best f32 product rate.
+    pub flops_per_second: f64,
+    /// When it was measured (seconds since the epoch), and on which host.
+    pub measured_at_unix: u64,
+    pub host: u64,
+}
+
+impl Roofline {
+    /// The cached roofline in `cache_dir` if it is this host's and recent, else one
+    /// measured now (and written back; a cache that cannot be written is only noted).
+    pub fn of_this_machine(cache_dir: &Path) -> Roofline {
+        let path = cache_dir.join(CACHED_ROOFLINE_FILE);
+        let now = unix_now();
+        let cached = std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|text| serde_json::from_str::<Roofline>(&text).ok())
+            .filter(|cached| {
+                cached.host == host_identity()
+                    && now.saturating_sub(cached.measured_at_unix) < MAX_AGE_SECONDS
+                    && cached.memory_bytes_per_second > 0.0
+                    && cached.flops_per_second > 0.0
+            });
+        if let Some(cached) = cached {
+            return cached;
+        }
+        // An unoptimised build (the tests') measures its own slow loops, not the
+        // machine: its figures serve that process only, never cached on disk.
+        if cfg!(debug_assertions) {
+            static MEASURED: std::sync::OnceLock<Roofline> = std::sync::OnceLock::new();
+            return *MEASURED.get_or_init(Roofline::measure);
+        }
+        let measured = Roofline::measure();
+        let written = std::fs::create_dir_all(cache_dir).and_then(|()| {
+            let text = serde_json::to_string_pretty(&measured).unwrap_or_default();
+            std::fs::write(&path, text)
+        });
+        if let Err(error) = written {
+            tracing::debug!("the roofline was not cached at {}: {error}", path.display());
+        }
+        measured
+    }
+
+    /// Forgets the cached roofline in `cache_dir`: a run whose kernels beat it shows
+    /// it was measured on a busier machine, so the next run measures it again.
+    pub fn forget_cached(cache_dir: &Path) {
+        let _ = std::fs::remove_file(cache_dir.join(CACHED_ROOFLINE_FILE));
+    }
+
+    /// Measures both figures now (about a second).
+    pub fn measure() -> Roofline {
+        Roofline {
+            memory_bytes_per_second: memory_bandwidth(),
+            flops_per_second: product_peak(),
+            measured_at_unix: unix_now(),
+            host: host_identity(),
+        }
+    }
+
+    /// The floor one kernel's work puts under a step, and whether memory (not FLOPs)
+    /// sets it.
+    pub fn kernel_floor(&self, kernel: &Kernel) -> (f64, bool) {
+        let memory = memory_bytes(kernel) as f64 / self.memory_bytes_per_second;
+        let flops = kernel.gemm_flops() / self.flops_per_second;
+        (memory.max(flops), memory >= flops)
+    }
+
+    /// A step's compute floor: the sum of its kernels' floors, and the share of it
+    /// memory sets.
+    pub fn floor(&self, work: &Work) -> ComputeFloor {
+        let mut floor = ComputeFloor::default();
+        for kernel in &work.kernels {
+            let (seconds, memory) = self.kernel_floor(kernel);
+            floor.seconds += seconds;
+            if memory {
+                floor.memory_seconds += seconds;
+            }
+        }
+        floor
+    }
+}
+
+/// The least time a step's kernels take on this machine.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct ComputeFloor {
+    pub seconds: f64,
+    /// Of `seconds`, the kernels whose bytes (not FLOPs) set their floor.
+    pub memory_seconds: f64,
+}
+
+impl ComputeFloor {
+    /// "memory bandwidth" or "FLOP/s": what sets most of the floor.
+    pub fn limited_by(&self) -> &'static str {
+        if self.memory_seconds * 2.0 >= self.seconds {
+            "memory bandwidth"
+        } else {
+            "FLOP/s"
+        }
+    }
+}
+
+/// The kernels of the prepared model's steady step (its second; a decoder's first
+/// decode step), from its own code over the recording compute.
+pub fn steady_work(prepared: &super::Prepared) -> Work {
+    let steps = record_model(&prepared.workload.model, 2).unwrap_or_default();
+    let kernels = steps
+        .last()
+        .into_iter()
+        .flatten()
+        .flat_map(|work| work.kernels.iter().copied())
+        .collect();
+    Work { kernels }
+}
+
+/// Bytes a kernel must read from memory: its weights (and a checksum's block).
+fn memory_bytes(kernel: &Kernel) -> u64 {
+    match *kernel {
+        Kernel::Elementwise {
+            op: ElementOp::Checksum,
+            elements,
+        } => elements,
+        _ => kernel.weight_bytes(),
+    }
+}
+
+/// Every core summing its share of a buffer; the best of three passes, in bytes/s.
+fn memory_bandwidth() -> f64 {
+    let threads = std::thread::available_parallelism().map_or(1, |count| count.get());
+    let values = BANDWIDTH_BYTES / 4;
+    let buffer: Vec<f32> = (0..values).map(|i| (i % 7) as f32).collect();
+    let share = values.div_ceil(threads);
+    let mut best = 0f64;
+    for _ in 0..3 {
+        let started = Instant::now();
+        let total: f32 = std::thread::scope(|scope| {
+            let sums: Vec<_> = buffer
+                .chunks(share)
+                .map(|part| scope.spawn(move || part.iter().copied().sum::<f32>()))
+                .collect();
+            sums.into_iter().map(|sum| sum.join().unwrap_or(0.0)).sum()
+        });
+        std::hint::black_box(total);
+        best = best.max(BANDWIDTH_BYTES as f64 / started.elapsed().as_secs_f64().max(1e-9));
+    }
+    best
+}
+
+/// The CPU compute adapter's f32 product of 256 rows by a 1024 × 1024 weight; the
+/// best of three, in FLOP/s.
+fn product_peak() -> f64 {
+    let (rows, inner, outer) = (256, 1024, 1024);
+    let compute = crate::device::CpuCompute::new();
+    let weights: Vec<f32> = (0..inner * outer)
+        .map(|i| ((i % 13) as f32 - 6.0) * 1e-2)
+        .collect();
+    let bytes = DType::F32.encode(&weights);
+    let measure = || -> Result<f64, crate::compute::ComputeError> {
+        let block = compute.load_block(&bytes)?;
+        let view = compute.block_view(&block);
+        let weight = view.weight(&TensorSlot::new(0, DType::F32, outer, inner))?;
+        let mut x = compute.tensor(rows, inner)?;
+        compute.write(&mut x, &vec![0.5; rows * inner])?;
+        let mut y = compute.tensor(rows, outer)?;
+        let mut best = 0f64;
+        for _ in 0..3 {
+            let started = Instant::now();
+            compute.linear(&x, &weight, None, &mut y)?;
+            compute.wait(compute.fence()?)?;
+            let flops = 2.0 * (rows * inner * outer) as f64;
+            best = best.max(flops / started.elapsed().as_secs_f64().max(1e-9));
+        }
+        Ok(best)
+    };
+    measure().unwrap_or(0.0)
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_secs())
+}
+
+/// Which host this is: a hash of its name and its memory (a measurement is only
+/// reused on the machine that took it).
+fn host_identity() -> u64 {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let memory = crate::os::total_ram_bytes().unwrap_or(0);
+    crate::compute::checksum::checksum(format!("{}:{memory}", name.trim()).as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn roofline() -> Roofline {
+        Roofline {
+            memory_bytes_per_second: 20e9,
+            flops_per_second: 100e9,
+            measured_at_unix: 0,
+            host: 0,
+        }
+    }
+
+    fn linear(rows: u64, dtype: DType) -> Kernel {
+        Kernel::Linear {
+            rows,
+            inner: 2048,
+            outer: 8192,
+            dtype,
+        }
+    }
+
+    #[test]
+    fn a_decode_product_is_floored_by_its_weight_bytes_and_a_batch_by_its_flops() {
+        let roofline = roofline();
+        // One row: 2 FLOPs per weight; a bf16 weight is 2 bytes: memory-bound.
+        let (seconds, memory) = roofline.kernel_floor(&linear(1, DType::Bf16));
+        assert!(memory);
+        assert!((seconds - 2048.0 * 8192.0 * 2.0 / 20e9).abs() < 1e-12);
+        // FP8 weights read half the bytes of bf16: half the floor.
+        let (fp8, _) = roofline.kernel_floor(&linear(1, DType::F8E4M3));
+        assert!((fp8 * 2.0 - seconds).abs() < 1e-12);
+        // 512 rows: 1024 FLOPs per 2-byte weight: FLOP-bound.
+        let (seconds, memory) = roofline.kernel_floor(&linear(512, DType::Bf16));
+        assert!(!memory);
+        assert!((seconds - 2.0 * 512.0 * 2048.0 * 8192.0 / 100e9).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_step_floor_sums_its_kernels_and_says_what_sets_it() {
+        let work = Work {
+            kernels: vec![linear(1, DType::Bf16), linear(1, DType::Bf16)],
+        };
+        let floor = roofline().floor(&work);
+        assert_eq!(floor.limited_by(), "memory bandwidth");
+        assert!(
+            (floor.seconds - 2.0 * roofline().kernel_floor(&linear(1, DType::Bf16)).0).abs()
+                < 1e-12
+        );
+        let batch = Work {
+            kernels: vec![linear(512, DType::F32)],
+        };
+        assert_eq!(roofline().floor(&batch).limited_by(), "FLOP/s");
+    }
+
+    #[test]
+    fn a_measurement_is_positive_and_cached_only_by_an_optimised_build() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let measured = Roofline::of_this_machine(dir.path());
+        assert!(measured.memory_bytes_per_second > 0.0 && measured.flops_per_second > 0.0);
+        let cached = dir.path().join(CACHED_ROOFLINE_FILE).exists();
+        assert_eq!(cached, !cfg!(debug_assertions));
+    }
+}
