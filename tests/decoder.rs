@@ -20,11 +20,12 @@ fn folder(dir: &Path, arch: DecoderArch, dtype: DType) -> PathBuf {
     tiny_decoder(dir, arch, dtype, 11)
 }
 
-/// `stagehand generate --json` with `args`; the parsed output.
+/// `stagehand generate --json` with `args`, every step checked against the resident
+/// pass (`--verify full`; generate's own default checks the first); the parsed output.
 fn generate(model: &Path, args: &[&str]) -> Value {
     let output = stagehand()
         .args([
-            "generate", "--json", "--device", "cpu", "--log", "warn", "--model",
+            "generate", "--json", "--device", "cpu", "--log", "warn", "--verify", "full", "--model",
         ])
         .arg(model)
         .args(args)

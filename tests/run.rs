@@ -117,6 +117,9 @@ fn a_budget_below_the_ring_is_refused_with_the_figures() {
         "cpu",
         "--vram-budget",
         "1MiB",
+        // An explicit depth is exact (unset, the run takes depth 1, which fits).
+        "--prefetch-depth",
+        "2",
     ]);
     assert_eq!(code, 2, "{stderr}");
     assert!(

@@ -268,7 +268,10 @@ pub fn fitting_depth(
     let fits = |depth: u32| {
         plan_minimum_bytes(prepared, depth, ask.policy).0 + activations <= budgets.vram_budget_bytes
     };
-    let depth = (0..=wanted).rev().find(|&depth| fits(depth)).unwrap_or(0);
+    let Some(depth) = (0..=wanted).rev().find(|&depth| fits(depth)) else {
+        // None fits: depth 0, whose refusal names the least budget.
+        return 0;
+    };
     if depth < wanted {
         tracing::info!(
             "prefetch depth {depth}: the deepest the vram budget of {} fits (depth {wanted} needs {}); set --prefetch-depth to choose",

@@ -142,8 +142,8 @@ pub struct Settings {
     pub verify: Option<Verify>,
     /// No layer the user wrote set `prefetch_depth` (it is the shipped default), so a
     /// run may take a smaller depth that fits its VRAM budget (`run::fitting_depth`).
-    /// Not a key: [`load`] sets it from the layers; a `Settings` built in code leaves
-    /// the depth exact.
+    /// Not a key: [`load`] sets it from the layers (false once the user sets the depth);
+    /// true by default, as the default depth is the shipped one.
     #[serde(skip)]
     pub choose_prefetch_depth: bool,
 }
@@ -168,7 +168,7 @@ impl Default for Settings {
             read_request_size: ByteSize::mib(4),
             reader_threads: 4,
             verify: None,
-            choose_prefetch_depth: false,
+            choose_prefetch_depth: true,
         }
     }
 }
