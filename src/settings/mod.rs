@@ -142,7 +142,7 @@ pub struct Settings {
     pub verify: Option<Verify>,
     /// No layer the user wrote set `prefetch_depth` (it is the shipped default), so a
     /// run may take a smaller depth that fits its VRAM budget (`run::fitting_depth`).
-    /// Not a key: [`load`] sets it from the layers (false once the user sets the depth);
+    /// Not a key: `settings::load` sets it from the layers (false once the user sets the depth);
     /// true by default, as the default depth is the shipped one.
     #[serde(skip)]
     pub choose_prefetch_depth: bool,

@@ -29,7 +29,7 @@ pub struct Compiled {
     pub log: String,
 }
 
-/// Compiles [`SOURCE`] for `architecture` with every warning on; an error carries the
+/// Compiles the kernels' source (`kernels.cu`) for `architecture` with every warning on; an error carries the
 /// log of what failed.
 pub fn compile_for(architecture: &'static str) -> Result<Compiled, CudaError> {
     require_nvrtc()?;

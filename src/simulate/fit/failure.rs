@@ -40,7 +40,7 @@ pub enum FitFailure {
         largest_block_bytes: u64,
         staging_buffers: u32,
     },
-    /// A staging ring needs at least [`MIN_STAGING_BUFFERS`] buffers of some size.
+    /// A staging ring needs at least `MIN_STAGING_BUFFERS` buffers of some size.
     StagingRingUnusable {
         staging_buffers: u32,
         staging_buffer_bytes: u64,
