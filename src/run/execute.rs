@@ -49,6 +49,7 @@ pub fn execute_on<C: Compute>(
     device: Arc<dyn Device>,
     compute: &C,
 ) -> Result<Outcome, RunError> {
+    refuse_steps(prepared, plan.steps)?;
     let settings = plan.settings;
     let workload = &prepared.workload;
     let layout = workload.layout().clone();
@@ -162,13 +163,25 @@ pub fn peak_rss_bytes() -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// A run the family cannot compute correctly for this many steps is refused before it
+/// starts (a decoder's sequence past its positions or its sliding window).
+fn refuse_steps(prepared: &Prepared, steps: u64) -> Result<(), RunError> {
+    match prepared.facts().refuse_steps(steps) {
+        Some(refusal) => Err(RunError::BadInput(refusal)),
+        None => Ok(()),
+    }
+}
+
 /// The expert cache of an MoE run: the dense blocks (used by every token) stay
 /// resident if they fit beside at least `2 × top_k` expert slots; the rest of the
-/// budget is expert slots.
+/// budget is expert slots. The KV pages reserved at start come off the budget first,
+/// as the session plans the dense blocks without them.
 fn expert_config(needs: &ExpertNeeds, config: &SessionConfig) -> Result<ExpertConfig, RunError> {
     let expert_bytes = arena_bytes(needs.expert_bytes);
     let dense_bytes = arena_bytes(needs.dense_block_bytes);
-    let budget = config.vram_budget_bytes;
+    let budget = config
+        .vram_budget_bytes
+        .saturating_sub(config.activation_reserve_bytes);
     let all_dense = needs.dense_total_bytes;
     let ring = dense_bytes * u64::from(config.prefetch_depth + 1);
     let minimum = 2 * needs.top_k;
@@ -182,13 +195,16 @@ fn expert_config(needs: &ExpertNeeds, config: &SessionConfig) -> Result<ExpertCo
     let dense_needed = ring.min(all_dense);
     if slots < minimum || slots * expert_bytes + dense_needed > budget {
         return Err(RunError::BadInput(format!(
-            "vram_budget {} is too small for this MoE model: it needs {} expert slots (2 × top-k) of {} plus a ring of {} dense blocks of {}; raise --vram-budget to at least {}",
-            stagehand_actors::Bytes(budget),
+            "vram_budget {} is too small for this MoE model: it needs {} expert slots (2 × top-k) of {} plus a ring of {} dense blocks of {} (and {} of KV cache); raise --vram-budget to at least {}",
+            stagehand_actors::Bytes(config.vram_budget_bytes),
             minimum,
             stagehand_actors::Bytes(expert_bytes),
             config.prefetch_depth + 1,
             stagehand_actors::Bytes(dense_bytes),
-            stagehand_actors::Bytes(minimum * expert_bytes + dense_needed)
+            stagehand_actors::Bytes(config.activation_reserve_bytes),
+            stagehand_actors::Bytes(
+                minimum * expert_bytes + dense_needed + config.activation_reserve_bytes
+            )
         )));
     }
     Ok(ExpertConfig {
