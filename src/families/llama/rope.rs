@@ -152,8 +152,9 @@ impl<'a> Settings<'a> {
         })
     }
 
-    /// A text value given as `rope_type` or its old name `type`.
-    fn kind(&self) -> Result<String, FamilyError> {
+    /// The rope type, given as `rope_type` or its old name `type`, and the key that
+    /// gave it (for messages).
+    fn kind(&self) -> Result<(String, &'static str), FamilyError> {
         let text = |key: &str| -> Result<Option<&str>, FamilyError> {
             self.get(key)
                 .map(|value| {
@@ -171,8 +172,9 @@ impl<'a> Settings<'a> {
                     self.name("type")
                 ),
             )),
-            (Some(kind), _) | (None, Some(kind)) => Ok(kind.to_string()),
-            (None, None) => Ok("default".to_string()),
+            (Some(kind), _) => Ok((kind.to_string(), "rope_type")),
+            (None, Some(kind)) => Ok((kind.to_string(), "type")),
+            (None, None) => Ok(("default".to_string(), "rope_type")),
         }
     }
 }
@@ -196,16 +198,16 @@ impl Rope {
         let settings = Settings::read(keys)?;
         let theta = theta(keys, &settings, default_theta)?;
         check_partial_rotary(keys, &settings)?;
-        let kind = settings.kind()?;
+        let (kind, kind_key) = settings.kind()?;
         if kind == "longrope" {
             return Err(settings.bad(
-                "rope_type",
+                kind_key,
                 "is \"longrope\" (Phi-3's short and long factors): not implemented; stagehand implements default, linear, dynamic, yarn and llama3",
             ));
         }
         let Some(defined) = type_keys(&kind) else {
             return Err(settings.bad(
-                "rope_type",
+                kind_key,
                 format!("is \"{kind}\", a rope type stagehand does not know; it implements default, linear, dynamic, yarn and llama3"),
             ));
         };

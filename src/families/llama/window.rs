@@ -34,6 +34,10 @@ pub fn sliding_window(
     layers: usize,
 ) -> Result<Option<SlidingWindow>, FamilyError> {
     let use_window = keys.flag("use_sliding_window", false)?;
+    let listed = match keys.get("layer_types") {
+        Some(types) if reads_layer_types(variant) => Some(listed_layers(keys, types, layers)?),
+        _ => None,
+    };
     let window = match variant {
         Variant::Llama => None,
         // Mistral's default is a 4096 window; Mixtral's none.
@@ -50,7 +54,10 @@ pub fn sliding_window(
     let Some(tokens) = window else {
         return Ok(None);
     };
-    let sliding = sliding_layers(keys, variant, layers, use_window)?;
+    let sliding = match listed {
+        Some(listed) => listed,
+        None => sliding_layers(keys, variant, layers, use_window)?,
+    };
     let Some((&first, &last)) = sliding.first().zip(sliding.last()) else {
         return Ok(None);
     };
@@ -65,18 +72,18 @@ pub fn sliding_window(
     }))
 }
 
-/// The layers that slide when a window is set.
+/// Whether `variant`'s transformers class takes its sliding layers from `layer_types`.
+fn reads_layer_types(variant: Variant) -> bool {
+    matches!(variant, Variant::Qwen2 | Variant::Qwen3 | Variant::Qwen2Moe)
+}
+
+/// The layers that slide when a window is set and `layer_types` does not list them.
 fn sliding_layers(
     keys: &Keys<'_>,
     variant: Variant,
     layers: usize,
     use_window: bool,
 ) -> Result<Vec<usize>, FamilyError> {
-    if let Some(types) = keys.get("layer_types") {
-        if matches!(variant, Variant::Qwen2 | Variant::Qwen3 | Variant::Qwen2Moe) {
-            return listed_layers(keys, types, layers);
-        }
-    }
     let max_window_layers = keys.optional_size("max_window_layers")?.unwrap_or(28);
     Ok((0..layers)
         .filter(|&layer| match variant {
