@@ -214,3 +214,15 @@ fn demo_presets_have_real_names_and_refuse_a_shape_that_does_not_exist() {
         .unwrap();
     common::assert_bad_input(&output, &["--decoder-preset OneB", "Qwen3Moe"]);
 }
+
+#[test]
+fn an_moe_decoders_kv_cache_grows_past_its_first_page() {
+    // Proves the expert cache leaves room for the KV cache the run grows to: 80 tokens
+    // need a second 64-token page, which once found every weight resident or in a
+    // fixed expert slot and stopped the run ("the KV cache does not fit after 64
+    // tokens").
+    let dir = tempfile::tempdir().unwrap();
+    let model = demo(dir.path(), "qwen3-moe", "tiny");
+    let output = generate(&model, &["--max-tokens", "80"]);
+    assert_eq!(output["summary"]["verified_steps"], 80);
+}

@@ -63,7 +63,7 @@ pub fn execute_on<C: Compute>(
     let experts = prepared
         .facts()
         .experts()
-        .map(|needs| expert_config(&needs, &config))
+        .map(|needs| expert_config(&needs, &config, prepared.activation_bytes(plan.steps)))
         .transpose()?;
     // `--trace FILE`: transfers from the actors' observer calls, compute from the driver.
     let trace = settings.trace.as_ref().map(|_| {
@@ -174,14 +174,19 @@ fn refuse_steps(prepared: &Prepared, steps: u64) -> Result<(), RunError> {
 
 /// The expert cache of an MoE run: the dense blocks (used by every token) stay
 /// resident if they fit beside at least `2 × top_k` expert slots; the rest of the
-/// budget is expert slots. The KV pages reserved at start come off the budget first,
-/// as the session plans the dense blocks without them.
-fn expert_config(needs: &ExpertNeeds, config: &SessionConfig) -> Result<ExpertConfig, RunError> {
+/// budget is expert slots. The KV cache the run grows to (`kv_bytes`, of which the
+/// session reserves the first pages at start) comes off the budget first: expert
+/// slots are fixed, so a cache that later needs room they took could find no weights
+/// to give way (the dense blocks resident, no ring to stream them through).
+fn expert_config(
+    needs: &ExpertNeeds,
+    config: &SessionConfig,
+    kv_bytes: u64,
+) -> Result<ExpertConfig, RunError> {
     let expert_bytes = arena_bytes(needs.expert_bytes);
     let dense_bytes = arena_bytes(needs.dense_block_bytes);
-    let budget = config
-        .vram_budget_bytes
-        .saturating_sub(config.activation_reserve_bytes);
+    let kv_bytes = kv_bytes.max(config.activation_reserve_bytes);
+    let budget = config.vram_budget_bytes.saturating_sub(kv_bytes);
     let all_dense = needs.dense_total_bytes;
     let ring = dense_bytes * u64::from(config.prefetch_depth + 1);
     let minimum = 2 * needs.top_k;
@@ -201,10 +206,8 @@ fn expert_config(needs: &ExpertNeeds, config: &SessionConfig) -> Result<ExpertCo
             stagehand_actors::Bytes(expert_bytes),
             config.prefetch_depth + 1,
             stagehand_actors::Bytes(dense_bytes),
-            stagehand_actors::Bytes(config.activation_reserve_bytes),
-            stagehand_actors::Bytes(
-                minimum * expert_bytes + dense_needed + config.activation_reserve_bytes
-            )
+            stagehand_actors::Bytes(kv_bytes),
+            stagehand_actors::Bytes(minimum * expert_bytes + dense_needed + kv_bytes)
         )));
     }
     Ok(ExpertConfig {
