@@ -311,9 +311,9 @@ fn bad_decoder_configs_and_flags_exit_2_with_one_line() {
         |name: &str, dtype: DType| folder(&dir.path().join(name), DecoderArch::Llama, dtype);
     let rope = fresh("rope", DType::F32);
     edit_config(&rope, |config| {
-        config["rope_scaling"] = serde_json::json!({"rope_type": "yarn", "factor": 4.0})
+        config["rope_scaling"] = serde_json::json!({"rope_type": "longrope", "factor": 4.0})
     });
-    refused(&rope, &[], &["rope_scaling", "\"yarn\""]);
+    refused(&rope, &[], &["rope_scaling.rope_type", "\"longrope\""]);
     let heads = fresh("heads", DType::F32);
     edit_config(&heads, |config| config["num_key_value_heads"] = 3.into());
     refused(&heads, &[], &["num_key_value_heads", "does not divide"]);

@@ -78,19 +78,18 @@ fn a_llama_decode_step_carries_the_gemvs_and_bytes_the_decoder_executes() {
 #[test]
 fn a_mixtral_layer_runs_its_router_and_top_k_experts() {
     // One token picks top_k experts: each runs a SwiGLU of three GEMVs, so the layer's
-    // GEMM FLOPs are the decoder's per-token count with top_k experts.
+    // GEMM FLOPs are the decoder's per-token count with its router and top_k experts.
     let dir = tempfile::tempdir().unwrap();
     let path = decoder_folder(dir.path(), DecoderArch::Mixtral);
     let prepared = prepared(&path, WorkloadKind::Decoder, 1);
     let Model::Llama(decoder) = &prepared.workload.model else {
         panic!("a decoder");
     };
-    let experts = decoder.config.experts.unwrap();
+    let experts = decoder.config.experts.as_ref().unwrap();
     let model = ModelDescription::from_prepared(&prepared, 1).unwrap();
-    let router =
-        2.0 * (decoder.config.hidden * experts.count) as f64 * decoder.config.layers as f64;
+    // The decoder's count includes each layer's router.
     let flops = linear_sum(&model, Kernel::gemm_flops);
-    assert_eq!(flops, decoder.flops_per_token() + router);
+    assert_eq!(flops, decoder.flops_per_token());
     let silu = |kernel: &&Kernel| {
         matches!(
             kernel,
@@ -168,4 +167,52 @@ fn simulate_describes_an_encoder_folder_at_tokens_per_step() {
         .output()
         .unwrap();
     assert_bad_input(&output, &["--tokens-per-step 2000000", "at most"]);
+}
+
+#[test]
+fn qwen_steps_carry_their_head_norms_routers_and_shared_experts() {
+    // Proves the recorded kernels are the Qwen variants' own: their GEMM FLOPs equal
+    // the decoder's count (routers, top-k experts of their own width, Qwen2-MoE's
+    // shared expert and its gate), and a Qwen3 layer normalises q and k per head (two
+    // RMSNorms more than a Llama layer).
+    let dir = tempfile::tempdir().unwrap();
+    let rms_norms = |model: &ModelDescription| {
+        let first = model.blocks[0].work.as_ref().unwrap();
+        first
+            .kernels
+            .iter()
+            .filter(|kernel| {
+                matches!(
+                    kernel,
+                    Kernel::Elementwise {
+                        op: stagehand::compute::work::ElementOp::RmsNorm,
+                        ..
+                    }
+                )
+            })
+            .count()
+    };
+    let mut norms = Vec::new();
+    for arch in [
+        DecoderArch::Llama,
+        DecoderArch::Qwen3,
+        DecoderArch::Qwen3Moe,
+        DecoderArch::Qwen2Moe,
+    ] {
+        let path = decoder_folder(dir.path(), arch);
+        let prepared = prepared(&path, WorkloadKind::Decoder, 1);
+        let Model::Llama(decoder) = &prepared.workload.model else {
+            panic!("a decoder");
+        };
+        let model = ModelDescription::from_prepared(&prepared, 1).unwrap();
+        let flops = linear_sum(&model, Kernel::gemm_flops);
+        assert_eq!(flops, decoder.flops_per_token(), "{arch:?}");
+        assert_eq!(
+            model.total_bytes(),
+            prepared.streamed_model_bytes(),
+            "{arch:?}"
+        );
+        norms.push(rms_norms(&model));
+    }
+    assert_eq!(norms, vec![2, 4, 4, 2], "RMSNorms of a layer's step");
 }

@@ -1,11 +1,11 @@
 //! `stagehand bench --model PATH`: a model folder of a supported family at 40 % of its
 //! streamed bytes (raised to the plan's minimum), in one process: resident, naive and
 //! stagehand per batch (encoders) or per decoded token (decoders), with the ratio to
-//! the bound and the bytes per step on each link. For Mixtral, the expert cache's hit
-//! rate per policy without a hint, with the next-layer hint and with an oracle that
-//! replays the true routing; for decoders with `--kv-tokens N`, a long generation whose
-//! KV cache makes resident weights give way, with the step time before and after and
-//! the plan's prediction of the new step.
+//! the bound and the bytes per step on each link. For MoE decoders (Mixtral, Qwen2-MoE,
+//! Qwen3-MoE), the expert cache's hit rate per policy without a hint, with the
+//! next-layer hint and with an oracle that replays the true routing; for decoders
+//! with `--kv-tokens N`, a long generation whose KV cache makes resident weights give
+//! way, with the step time before and after and the plan's prediction of the new step.
 
 use serde::Serialize;
 use stagehand_actors::{Bytes, ExpertPolicy, ResidencyPolicy};
@@ -37,7 +37,7 @@ pub fn execute(args: &BenchArgs, settings: &Settings, model: &std::path::Path) -
     let budgets = stagehand::run::budgets_for(&probe, settings, BudgetAsk::steps(args.steps));
     let facts = probe.facts();
     let workload = facts.kind();
-    let is_mixtral = workload == WorkloadKind::Decoder && facts.experts().is_some();
+    let is_moe = workload == WorkloadKind::Decoder && facts.experts().is_some();
     if matches!(workload, WorkloadKind::StreamVerify | WorkloadKind::Moe) {
         return Err(Failure::bad_input(anyhow::anyhow!(
             "bench --model measures computed models of a folder; {} is {}",
@@ -58,7 +58,7 @@ pub fn execute(args: &BenchArgs, settings: &Settings, model: &std::path::Path) -
     };
     let before = CpuSample::now();
     let rows = configurations(&bench, args, decoder, budgets)?;
-    let experts = if is_mixtral {
+    let experts = if is_moe {
         expert_rows(&bench, budgets)?
     } else {
         Vec::new()
@@ -199,7 +199,7 @@ fn print_steps(rows: &[Configuration], decoder: bool) {
     }
 }
 
-/// One expert-cache configuration of a Mixtral decode.
+/// One expert-cache configuration of an MoE decode.
 #[derive(Debug, Serialize)]
 struct ExpertRow {
     policy: &'static str,

@@ -13,7 +13,7 @@ use stagehand::lora::{write_demo_lora, DemoLora, LoraDtype};
 use stagehand::model::demo::{write_linear_stack, DemoError, DemoSpec};
 use stagehand::model::generated::{
     write_bert_folder, write_bert_lora, write_decoder_folder, BertDemo, BertPreset, DecoderArch,
-    DecoderDemo, DecoderPreset, DecoderShape,
+    DecoderDemo, DecoderPreset,
 };
 
 /// Which model `demo-model` writes.
@@ -27,6 +27,12 @@ pub enum Arch {
     Llama,
     /// A Mixtral decoder folder: 8 experts, top-2.
     Mixtral,
+    /// A Qwen3 decoder folder (per-head q/k norms; `1b` has Qwen3-0.6B's shapes).
+    Qwen3,
+    /// A Qwen3-MoE decoder folder: top-4 of 16 (small: 32) experts, renormalised.
+    Qwen3Moe,
+    /// A Qwen2-MoE decoder folder: top-4 of 12 (small: 20) experts and a shared expert.
+    Qwen2Moe,
 }
 
 /// Storage dtype of a generated folder's weights.
@@ -61,7 +67,8 @@ pub struct DemoModelArgs {
     /// `--arch bert`: the shapes (tiny: tests; base and large: BERT-base/large).
     #[arg(long, value_enum, default_value = "tiny")]
     pub preset: BertPreset,
-    /// `--arch llama|mixtral`: the shapes (tiny, small, 1b = Llama-3.2-1B's).
+    /// Decoders (`--arch llama|mixtral|qwen3|qwen3-moe|qwen2-moe`): the shapes (tiny,
+    /// small; 1b = Llama-3.2-1B's, Qwen3-0.6B's for qwen3).
     #[arg(long, value_enum, default_value = "tiny")]
     pub decoder_preset: DecoderPreset,
     /// `--arch bert`: storage dtype of the weights.
@@ -95,6 +102,9 @@ pub fn execute(args: DemoModelArgs) -> CommandResult {
         Arch::Bert => return write_bert(&args),
         Arch::Llama => return write_decoder(&args, DecoderArch::Llama),
         Arch::Mixtral => return write_decoder(&args, DecoderArch::Mixtral),
+        Arch::Qwen3 => return write_decoder(&args, DecoderArch::Qwen3),
+        Arch::Qwen3Moe => return write_decoder(&args, DecoderArch::Qwen3Moe),
+        Arch::Qwen2Moe => return write_decoder(&args, DecoderArch::Qwen2Moe),
         Arch::LinearStack => {}
     }
     let spec = DemoSpec {
@@ -148,7 +158,7 @@ pub fn execute(args: DemoModelArgs) -> CommandResult {
 fn write_bert(args: &DemoModelArgs) -> CommandResult {
     if args.dtype == DTypeArg::Fp8 {
         return Err(Failure::bad_input(anyhow::anyhow!(
-            "--dtype fp8 is for decoders (--arch llama or mixtral); use f32, f16 or bf16 for bert"
+            "--dtype fp8 is for decoders (--arch llama, mixtral, qwen3, qwen3-moe, qwen2-moe); use f32, f16 or bf16 for bert"
         )));
     }
     let demo = BertDemo {
@@ -195,7 +205,7 @@ fn write_bert(args: &DemoModelArgs) -> CommandResult {
     Ok(())
 }
 
-/// `--arch llama|mixtral`: a decoder folder.
+/// `--arch llama|mixtral|qwen3|qwen3-moe|qwen2-moe`: a decoder folder.
 fn write_decoder(args: &DemoModelArgs, arch: DecoderArch) -> CommandResult {
     let demo = DecoderDemo {
         arch,
@@ -204,21 +214,27 @@ fn write_decoder(args: &DemoModelArgs, arch: DecoderArch) -> CommandResult {
         seed: args.seed,
         shard_bytes: 1 << 30,
     };
+    let shape = demo.shape().map_err(Failure::bad_input)?;
     let started = Instant::now();
     let dir = write_decoder_folder(&args.out, &demo)
         .map_err(|error| Failure::run_failed(anyhow::anyhow!("{}: {error}", args.out.display())))?;
-    let shape = DecoderShape::of(arch, args.decoder_preset);
     println!(
-        "wrote {} ({arch:?} {:?}: {} layers of {}, {} query / {} KV heads{}, {} weights = {}, seed {}) in {:.2} s",
+        "wrote {} ({arch:?} {:?}: {} layers of {}, {} query / {} KV heads of {}{}, {} weights = {}, seed {}) in {:.2} s",
         dir.display(),
         args.decoder_preset,
         shape.layers,
         shape.hidden,
         shape.heads,
         shape.kv_heads,
+        shape.head_dim,
         shape
             .experts
-            .map(|(experts, top_k)| format!(", {experts} experts top-{top_k}"))
+            .map(|moe| format!(
+                ", {} experts top-{}{}",
+                moe.experts,
+                moe.top_k,
+                if moe.shared_intermediate.is_some() { " + a shared expert" } else { "" }
+            ))
             .unwrap_or_default(),
         demo.dtype,
         Bytes(demo.weight_bytes()),

@@ -1,4 +1,4 @@
-//! `stagehand generate`: text from a decoder folder (Llama family, Mixtral), streamed
+//! `stagehand generate`: text from a decoder folder (Llama family, Qwen3, the MoEs), streamed
 //! under the same budgets, flags, metrics, trace and summary as `run`. The prompt is
 //! prefilled as one step, then each step decodes one token, printed as it comes; after
 //! the last token every step's logits are checked bit for bit against the
@@ -23,16 +23,16 @@ use stagehand::settings::{self, SettingsArgs};
 
 #[derive(Debug, clap::Args)]
 pub struct GenerateArgs {
-    /// A Hugging Face decoder folder (config.json of model_type llama, mistral, qwen2
-    /// or mixtral; safetensors; tokenizer.json).
+    /// A Hugging Face decoder folder (config.json of model_type llama, mistral, qwen2,
+    /// qwen3, mixtral, qwen2_moe or qwen3_moe; safetensors; tokenizer.json).
     #[arg(long, value_name = "DIR")]
     pub model: PathBuf,
     /// The prompt.
     #[arg(long, default_value = "hello")]
     pub prompt: String,
     /// The prompt as token ids instead of text (for folders without tokenizer.json).
-    #[arg(long, value_name = "IDS", value_parser = parse_token_ids)]
-    pub token_ids: Option<Vec<u32>>,
+    #[arg(long, value_name = "IDS", value_parser = token_ids)]
+    pub token_ids: Option<TokenIds>,
     /// Tokens to generate (the first comes from the prompt's prefill).
     #[arg(long, default_value_t = 32)]
     pub max_tokens: u64,
@@ -45,13 +45,13 @@ pub struct GenerateArgs {
     /// Seed of the sampling stream.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Mixtral: speculative expert prefetch from the next layer's router.
+    /// MoE models: speculative expert prefetch from the next MoE layer's router.
     #[arg(long, value_enum, default_value = "next-layer")]
     pub moe_hint: HintMode,
-    /// Mixtral: which experts the expert cache keeps.
+    /// MoE models: which experts the expert cache keeps.
     #[arg(long, value_enum, default_value = "lfu-aging")]
     pub expert_policy: ExpertPolicyArg,
-    /// Mixtral: expert cache slots (default: what the VRAM budget leaves).
+    /// MoE models: expert cache slots (default: what the VRAM budget leaves).
     #[arg(long)]
     pub expert_slots: Option<u32>,
     /// Attach a LoRA adapter (PEFT or kohya) with an optional strength; repeatable.
@@ -65,6 +65,16 @@ pub struct GenerateArgs {
     pub quiet: bool,
     #[command(flatten)]
     pub settings: SettingsArgs,
+}
+
+/// `--token-ids 256,10,20`: one value holding every id. (A bare `Option<Vec<u32>>`
+/// would tell clap to expect one id per occurrence, and the parsed list would not be
+/// what clap then reads back: it panicked.)
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenIds(pub Vec<u32>);
+
+fn token_ids(text: &str) -> Result<TokenIds, String> {
+    parse_token_ids(text).map(TokenIds)
 }
 
 #[derive(Debug, Serialize)]
@@ -86,12 +96,7 @@ pub fn execute(args: GenerateArgs) -> CommandResult {
     let settings = loaded.settings;
     super::run::init_logging(&settings.log);
     let use_cuda = use_cuda(settings.device)?;
-    if args.max_tokens == 0 {
-        return Err(Failure::bad_input(anyhow::anyhow!(
-            "--max-tokens 0 generates nothing; give at least 1"
-        )));
-    }
-    let extras = decoder_extras(&args)?;
+    let extras = extras_of(&args)?;
     let prepared = prepare_with(
         &args.model,
         WorkloadKind::Decoder,
@@ -115,7 +120,11 @@ pub fn execute(args: GenerateArgs) -> CommandResult {
         .and_then(|path| tokenizers::Tokenizer::from_file(path).ok());
     let streaming = !args.json;
     if streaming && !args.quiet {
-        print_flush(&args.prompt);
+        // The prompt as given: its text, or the text of its ids.
+        match &args.token_ids {
+            Some(TokenIds(ids)) => print_flush(&TextPrinter::new(tokenizer.clone()).text(ids)),
+            None => print_flush(&args.prompt),
+        }
     }
     let mut printer = TextPrinter::new(tokenizer.clone());
     let outcome = run_prepared(
@@ -138,40 +147,6 @@ pub fn execute(args: GenerateArgs) -> CommandResult {
         println!();
     }
     print_result(&outcome, prompt_tokens, tokenizer, args.json)
-}
-
-/// The run's extras for a decoder: LoRA, the Mixtral expert cache, the prompt and
-/// how to sample, checked before the folder is opened.
-fn decoder_extras(args: &GenerateArgs) -> Result<Extras, Failure> {
-    let sampling = Sampling {
-        temperature: args.temperature,
-        top_p: args.top_p,
-        seed: args.seed,
-    };
-    sampling
-        .validate()
-        .map_err(|message| Failure::bad_input(anyhow::anyhow!(message)))?;
-    let prompt = match &args.token_ids {
-        Some(ids) => PromptInput::TokenIds(ids.clone()),
-        None => PromptInput::Text(args.prompt.clone()),
-    };
-    Ok(Extras {
-        loras: args.lora.clone(),
-        moe: MoeOptions {
-            policy: args.expert_policy.policy(),
-            hint: args.moe_hint,
-            slots: args.expert_slots,
-        },
-        decoder: Some(DecoderInput {
-            prompt,
-            sampling,
-            hint: match args.moe_hint {
-                HintMode::None => ExpertHint::None,
-                HintMode::NextLayer => ExpertHint::NextLayer,
-            },
-        }),
-        ..Extras::default()
-    })
 }
 
 /// The tokens as JSON, or the rates and the run summary as text (the tokens were
@@ -214,6 +189,45 @@ fn print_result(
     );
     print!("{}", summary.render());
     Ok(())
+}
+
+/// What the run computes from: the prompt (text or ids), sampling, the MoE knobs and
+/// LoRA adapters, checked.
+fn extras_of(args: &GenerateArgs) -> Result<Extras, Failure> {
+    if args.max_tokens == 0 {
+        return Err(Failure::bad_input(anyhow::anyhow!(
+            "--max-tokens 0 generates nothing; give at least 1"
+        )));
+    }
+    let sampling = Sampling {
+        temperature: args.temperature,
+        top_p: args.top_p,
+        seed: args.seed,
+    };
+    sampling
+        .validate()
+        .map_err(|message| Failure::bad_input(anyhow::anyhow!(message)))?;
+    let prompt = match &args.token_ids {
+        Some(TokenIds(ids)) => PromptInput::TokenIds(ids.clone()),
+        None => PromptInput::Text(args.prompt.clone()),
+    };
+    Ok(Extras {
+        loras: args.lora.clone(),
+        moe: MoeOptions {
+            policy: args.expert_policy.policy(),
+            hint: args.moe_hint,
+            slots: args.expert_slots,
+        },
+        decoder: Some(DecoderInput {
+            prompt,
+            sampling,
+            hint: match args.moe_hint {
+                HintMode::None => ExpertHint::None,
+                HintMode::NextLayer => ExpertHint::NextLayer,
+            },
+        }),
+        ..Extras::default()
+    })
 }
 
 /// Prefill rate (prompt tokens over the first step's compute: the cold reads it waited

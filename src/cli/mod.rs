@@ -100,7 +100,7 @@ pub enum Command {
     Run(run::RunArgs),
     /// Sentence embeddings from an encoder folder, streamed under the budgets.
     Embed(embed::EmbedArgs),
-    /// Text from a decoder folder (Llama family, Mixtral), streamed under the budgets.
+    /// Text from a decoder folder (Llama family, Qwen3, Mixtral and Qwen MoEs), streamed under the budgets.
     Generate(generate::GenerateArgs),
     /// Show a safetensors checkpoint's files, tensors and block split.
     Inspect(inspect::InspectArgs),
@@ -166,5 +166,38 @@ pub fn main() -> ExitCode {
             ExitCode::from(1)
         }
         Some(output::StdoutFailure::Closed) | None => status,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, Parser};
+
+    use super::{Cli, Command};
+
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        // Proves clap's own checks of every subcommand's definition hold (names,
+        // conflicts, defaults that parse).
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn generate_reads_token_ids_as_one_list() {
+        // Proves `--token-ids 256,10,20` parses into the ids (it panicked: clap's
+        // "Mismatch between definition and access of `token_ids`").
+        let cli = Cli::try_parse_from([
+            "stagehand",
+            "generate",
+            "--model",
+            "m",
+            "--token-ids",
+            "256,10,20",
+        ])
+        .expect("parses");
+        let Some(Command::Generate(args)) = cli.command else {
+            panic!("generate");
+        };
+        assert_eq!(args.token_ids.map(|ids| ids.0), Some(vec![256, 10, 20]));
     }
 }

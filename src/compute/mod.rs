@@ -174,6 +174,17 @@ pub trait Compute {
         eps: f32,
         y: &mut Self::Tensor,
     ) -> Result<(), ComputeError>;
+    /// RMSNorm of each head in place: every row of `x` (`[rows, heads·head_dim]`) is
+    /// `heads` slices of `head_dim` values, and each slice `v` becomes
+    /// `v/√(mean(v²) + eps)·gamma` (`gamma` is `[head_dim]`): Qwen3's `q_norm` and
+    /// `k_norm`.
+    fn rms_norm_heads(
+        &self,
+        x: &mut Self::Tensor,
+        heads: usize,
+        gamma: &Weight<'_>,
+        eps: f32,
+    ) -> Result<(), ComputeError>;
     /// `x ← x·Φ(x)` with the exact (erf) Gaussian CDF.
     fn gelu_erf(&self, x: &mut Self::Tensor) -> Result<(), ComputeError>;
     /// Softmax attention, see [`Attention`].

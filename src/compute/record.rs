@@ -219,6 +219,16 @@ impl Compute for Recorder {
         self.element(ElementOp::RmsNorm, x.values())
     }
 
+    fn rms_norm_heads(
+        &self,
+        x: &mut Shape,
+        _heads: usize,
+        _gamma: &Weight<'_>,
+        _eps: f32,
+    ) -> Result<(), ComputeError> {
+        self.element(ElementOp::RmsNorm, x.values())
+    }
+
     fn gelu_erf(&self, x: &mut Shape) -> Result<(), ComputeError> {
         self.element(ElementOp::GeluErf, x.values())
     }

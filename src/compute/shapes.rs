@@ -149,6 +149,23 @@ pub fn rope(
     Ok(())
 }
 
+/// Per-head RMSNorm of `x` with a `[head_dim]` weight: `x`'s columns are `heads`
+/// heads of `head_dim`. Returns `head_dim`.
+pub fn norm_heads(x: Dims, heads: usize, gamma: &Weight<'_>) -> Result<usize, ComputeError> {
+    if heads == 0 || x.1 % heads != 0 || gamma.elements() != x.1 / heads {
+        fail(
+            "rms_norm_heads",
+            format!(
+                "[{}, {}] as {heads} heads with a weight of {} elements",
+                x.0,
+                x.1,
+                gamma.elements()
+            ),
+        )?;
+    }
+    Ok(x.1 / heads)
+}
+
 /// `rows` written into `cache` from row `at`.
 pub fn write_rows(cache: Dims, at: usize, rows: Dims) -> Result<(), ComputeError> {
     if rows.1 != cache.1 || at.checked_add(rows.0).is_none_or(|end| end > cache.0) {

@@ -120,6 +120,14 @@ pub trait Facts {
         None
     }
 
+    /// Why a run of `steps` steps cannot compute this model correctly (a decoder's
+    /// sequence would outgrow its positions or the sliding window it does not
+    /// implement); `None` when it can. The run refuses such a run before it starts.
+    fn refuse_steps(&self, steps: u64) -> Option<String> {
+        let _ = steps;
+        None
+    }
+
     /// Device memory a run of `steps` steps reserves beside the weights: the KV
     /// cache of its prompt and tokens, in whole pages.
     fn activation_bytes(&self, steps: u64) -> u64 {

@@ -60,7 +60,7 @@ pub struct Extras {
     pub embeddings: EmbeddingPlacement,
 }
 
-/// The expert cache's knobs (generated MoE and Mixtral).
+/// The expert cache's knobs (generated MoE and the MoE decoders).
 #[derive(Debug, Clone, Copy)]
 pub struct MoeOptions {
     pub policy: stagehand_actors::ExpertPolicy,

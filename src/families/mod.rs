@@ -4,7 +4,8 @@
 //! - [`linear_stack`]: the generated demo model; a real GEMM forward pass.
 //! - [`moe`]: the generated mixture-of-experts model; experts acquired as routed.
 //! - [`bert`]: BERT-family encoders from Hugging Face folders.
-//! - [`llama`]: Llama-family decoders (Llama, Mistral, Qwen2, Mixtral).
+//! - [`llama`]: Llama-family decoders (Llama, Mistral, Qwen2, Qwen3, and the mixtures
+//!   of experts Mixtral, Qwen2-MoE and Qwen3-MoE).
 //! - [`stream_verify`]: any safetensors checkpoint; every block's bytes are checked
 //!   against the file after they have crossed the tiers. Nothing is computed.
 //!

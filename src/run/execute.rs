@@ -51,6 +51,7 @@ pub fn execute_on<C: Compute>(
     device: Arc<dyn Device>,
     compute: &C,
 ) -> Result<Outcome, RunError> {
+    refuse_steps(prepared, plan.steps)?;
     let settings = plan.settings;
     let workload = &prepared.workload;
     let layout = workload.layout().clone();
@@ -153,7 +154,7 @@ fn session_configs(
     let experts = prepared
         .facts()
         .experts()
-        .map(|needs| expert_config(&needs, &config))
+        .map(|needs| expert_config(&needs, &config, prepared.activation_bytes(plan.steps)))
         .transpose()?;
     Ok((config, experts))
 }
@@ -202,13 +203,30 @@ pub fn peak_rss_bytes() -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// A run the family cannot compute correctly for this many steps is refused before it
+/// starts (a decoder's sequence past its positions or its sliding window).
+fn refuse_steps(prepared: &Prepared, steps: u64) -> Result<(), RunError> {
+    match prepared.facts().refuse_steps(steps) {
+        Some(refusal) => Err(RunError::BadInput(refusal)),
+        None => Ok(()),
+    }
+}
+
 /// The expert cache of an MoE run: the dense blocks (used by every token) stay
 /// resident if they fit beside at least `2 × top_k` expert slots; the rest of the
-/// budget is expert slots.
-fn expert_config(needs: &ExpertNeeds, config: &SessionConfig) -> Result<ExpertConfig, RunError> {
+/// budget is expert slots. The KV cache the run grows to (`kv_bytes`, of which the
+/// session reserves the first pages at start) comes off the budget first: expert
+/// slots are fixed, so a cache that later needs room they took could find no weights
+/// to give way (the dense blocks resident, no ring to stream them through).
+fn expert_config(
+    needs: &ExpertNeeds,
+    config: &SessionConfig,
+    kv_bytes: u64,
+) -> Result<ExpertConfig, RunError> {
     let expert_bytes = arena_bytes(needs.expert_bytes);
     let dense_bytes = arena_bytes(needs.dense_block_bytes);
-    let budget = config.vram_budget_bytes;
+    let kv_bytes = kv_bytes.max(config.activation_reserve_bytes);
+    let budget = config.vram_budget_bytes.saturating_sub(kv_bytes);
     let all_dense = needs.dense_total_bytes;
     let ring = dense_bytes * u64::from(config.prefetch_depth + 1);
     let minimum = 2 * needs.top_k;
@@ -222,13 +240,14 @@ fn expert_config(needs: &ExpertNeeds, config: &SessionConfig) -> Result<ExpertCo
     let dense_needed = ring.min(all_dense);
     if slots < minimum || slots * expert_bytes + dense_needed > budget {
         return Err(RunError::BadInput(format!(
-            "vram_budget {} is too small for this MoE model: it needs {} expert slots (2 × top-k) of {} plus a ring of {} dense blocks of {}; raise --vram-budget to at least {}",
-            stagehand_actors::Bytes(budget),
+            "vram_budget {} is too small for this MoE model: it needs {} expert slots (2 × top-k) of {} plus a ring of {} dense blocks of {} (and {} of KV cache); raise --vram-budget to at least {}",
+            stagehand_actors::Bytes(config.vram_budget_bytes),
             minimum,
             stagehand_actors::Bytes(expert_bytes),
             config.prefetch_depth + 1,
             stagehand_actors::Bytes(dense_bytes),
-            stagehand_actors::Bytes(minimum * expert_bytes + dense_needed)
+            stagehand_actors::Bytes(kv_bytes),
+            stagehand_actors::Bytes(minimum * expert_bytes + dense_needed + kv_bytes)
         )));
     }
     Ok(ExpertConfig {

@@ -339,6 +339,20 @@ impl<C: Compute> Scenario<'_, C> {
         self.compute.rms_norm(&x, None, 1e-6, &mut normed)?;
         let plain = reference::rms_norm(&expected, None, 1e-6, cols);
         self.keep("rms_norm without weight".into(), &normed, 1e-5, plain)?;
+        // Per head (Qwen3's q_norm): each row is 4 heads of 6, one weight of 6.
+        let mut per_head = self.tensor(rows, cols, &expected)?;
+        let head_gamma = view.weight(&slot(DType::Bf16, 1, 6, 0))?;
+        self.compute
+            .rms_norm_heads(&mut per_head, 4, &head_gamma, 1e-6)?;
+        let heads_normed = reference::rms_norm(&expected, Some(&gamma_values[..6]), 1e-6, 6);
+        self.keep("rms_norm_heads".into(), &per_head, 1e-5, heads_normed)?;
+        let wrong = self
+            .compute
+            .rms_norm_heads(&mut per_head, 5, &head_gamma, 1e-6);
+        assert!(
+            wrong.is_err(),
+            "heads that do not divide the row must be refused"
+        );
 
         let wide_values = seeded(256, 25, 6.0);
         let mut wide = self.tensor(4, 64, &wide_values)?;

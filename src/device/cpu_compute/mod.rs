@@ -10,6 +10,7 @@
 //! grows to the largest weight once and is reused.
 
 mod gemv;
+mod heads;
 mod kernels;
 mod products;
 
@@ -284,6 +285,20 @@ impl Compute for CpuCompute {
             None => None,
         };
         kernels::rms_norm(&x.data, x.cols, gamma, eps, &mut y.data);
+        Ok(())
+    }
+
+    fn rms_norm_heads(
+        &self,
+        x: &mut CpuTensor,
+        heads: usize,
+        gamma: &Weight<'_>,
+        eps: f32,
+    ) -> Result<(), ComputeError> {
+        let head_dim = shapes::norm_heads(x.dims(), heads, gamma)?;
+        let mut small = self.cast_small.borrow_mut();
+        let gamma = as_f32(gamma, &mut small);
+        heads::rms_norm_heads(&mut x.data, head_dim, gamma, eps);
         Ok(())
     }
 

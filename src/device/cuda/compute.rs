@@ -328,6 +328,16 @@ impl Compute for CudaCompute {
         super::rows::rms_norm(self, x, gamma, eps, y)
     }
 
+    fn rms_norm_heads(
+        &self,
+        x: &mut CudaTensor,
+        heads: usize,
+        gamma: &Weight<'_>,
+        eps: f32,
+    ) -> Result<(), ComputeError> {
+        super::rows::rms_norm_heads(self, x, heads, gamma, eps)
+    }
+
     fn gelu_erf(&self, x: &mut CudaTensor) -> Result<(), ComputeError> {
         super::rows::gelu_erf(self, x)
     }

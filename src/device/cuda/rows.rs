@@ -118,6 +118,31 @@ pub(super) fn rms_norm(
     })
 }
 
+/// Per-head RMSNorm in place: the rows kernel over `rows · heads` rows of
+/// `head_dim`, reading and writing the same buffer (each thread reads its own values
+/// before the block's reduction and writes them after it).
+pub(super) fn rms_norm_heads(
+    compute: &CudaCompute,
+    x: &mut CudaTensor,
+    heads: usize,
+    gamma: &Weight<'_>,
+    eps: f32,
+) -> Result<(), ComputeError> {
+    let head_dim = shapes::norm_heads((x.rows, x.cols), heads, gamma)?;
+    compute.queue(|| {
+        let mut cast = compute.cast.borrow_mut();
+        cast.begin();
+        let gamma = cast.f32_of(&compute.kernels, gamma)?;
+        // SAFETY: x holds rows · heads rows of head_dim f32, read and written in place
+        // (see above); gamma is head_dim f32.
+        unsafe {
+            compute
+                .kernels
+                .rms_norm(x.ptr(), gamma, eps, x.ptr(), x.rows * heads, head_dim)
+        }
+    })
+}
+
 pub(super) fn gelu_erf(compute: &CudaCompute, x: &mut CudaTensor) -> Result<(), ComputeError> {
     // SAFETY: the tensor holds `elements` f32.
     compute.queue(|| unsafe { compute.kernels.gelu_erf(x.ptr(), x.elements() as u64) })

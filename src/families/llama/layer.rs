@@ -1,16 +1,25 @@
 //! One decoder layer: RMSNorm, grouped-query attention with rotary positions over the
-//! layer's KV cache, the output projection and residual, RMSNorm, then the SwiGLU MLP
-//! (or Mixtral's experts, in `experts.rs`) and residual.
+//! layer's KV cache (Qwen3: each head of q and k RMS-normalised first), the output
+//! projection and residual, RMSNorm, then the SwiGLU MLP — or the router, Qwen2-MoE's
+//! shared expert, and the experts (in `experts.rs`) — and residual.
 
 use stagehand_actors::BlockId;
 
-use super::weights::{self, LayerSlots, Projection};
-use super::{unallocated, Activations, Decoder, DecoderState};
+use super::weights::{self, Ffn, LayerSlots, Projection};
+use super::{unallocated, Activations, Decoder, DecoderState, MlpScratch};
 use crate::compute::{CachedAttention, Compute, TensorSlot};
 use crate::families::blocks::{Blocks, Held};
 use crate::families::family::StepOutput;
 use crate::families::lora_set::LoraSet;
 use crate::families::FamilyError;
+
+/// What a SwiGLU reads and writes: `out ← down(silu(gate(x)) · up(x))`.
+pub(super) struct SwigluIo<'a, C: Compute> {
+    pub x: &'a C::Tensor,
+    pub scratch: &'a mut MlpScratch<C>,
+    pub out: &'a mut C::Tensor,
+    pub low_rank: &'a mut C::Tensor,
+}
 
 impl Decoder {
     /// `y ← x·Wᵀ (+ b)` plus the low-rank LoRA updates of a streamed weight.
@@ -34,6 +43,20 @@ impl Decoder {
         Ok(())
     }
 
+    /// [`Decoder::project`] of a projection with its optional bias.
+    fn projection<C: Compute>(
+        compute: &C,
+        held: &Held<C::Block>,
+        lora: Option<&LoraSet>,
+        projection: &Projection,
+        x: &C::Tensor,
+        y: &mut C::Tensor,
+        scratch: &mut C::Tensor,
+    ) -> Result<(), FamilyError> {
+        let bias = projection.bias.as_ref();
+        Self::project(compute, held, lora, &projection.weight, bias, x, y, scratch)
+    }
+
     /// Attention of layer `layer` (with its KV-cache update) and the residual.
     #[allow(clippy::too_many_arguments)]
     fn attention<C: Compute>(
@@ -49,58 +72,46 @@ impl Decoder {
         let config = &self.config;
         let view = held.view(compute);
         let acts = state.acts.as_mut().ok_or_else(unallocated)?;
+        let eps = config.rms_eps;
         compute.rms_norm(
             &acts.x,
             Some(&view.weight(&slots.input_norm)?),
-            config.rms_eps,
+            eps,
             &mut acts.normed,
         )?;
-        let projection =
-            |compute: &C, p: &Projection, x: &C::Tensor, y: &mut C::Tensor, s: &mut C::Tensor| {
-                Self::project(compute, held, lora, &p.weight, p.bias.as_ref(), x, y, s)
-            };
-        projection(
-            compute,
-            &slots.q,
-            &acts.normed,
-            &mut acts.q,
-            &mut acts.low_rank,
-        )?;
-        projection(
-            compute,
-            &slots.k,
-            &acts.normed,
-            &mut acts.k,
-            &mut acts.low_rank,
-        )?;
-        projection(
-            compute,
-            &slots.v,
-            &acts.normed,
-            &mut acts.v,
-            &mut acts.low_rank,
-        )?;
-        compute.rope(
-            &mut acts.q,
-            config.heads,
-            config.head_dim,
-            positions,
-            &self.inv_freq,
-        )?;
-        compute.rope(
-            &mut acts.k,
-            config.kv_heads,
-            config.head_dim,
-            positions,
-            &self.inv_freq,
-        )?;
+        for (projection, y) in [
+            (&slots.q, &mut acts.q),
+            (&slots.k, &mut acts.k),
+            (&slots.v, &mut acts.v),
+        ] {
+            Self::projection(
+                compute,
+                held,
+                lora,
+                projection,
+                &acts.normed,
+                y,
+                &mut acts.low_rank,
+            )?;
+        }
+        for (norm, x, heads) in [
+            (&slots.q_norm, &mut acts.q, config.heads),
+            (&slots.k_norm, &mut acts.k, config.kv_heads),
+        ] {
+            if let Some(norm) = norm {
+                compute.rms_norm_heads(x, heads, &view.weight(norm)?, eps)?;
+            }
+            compute.rope(x, heads, config.head_dim, positions, &state.inv_freq)?;
+        }
         compute.write_rows(&mut state.k_cache[layer], state.position, &acts.k)?;
         compute.write_rows(&mut state.v_cache[layer], state.position, &acts.v)?;
+        // Yarn scales cos and sin by its attention factor: q·k by its square.
+        let factor = config.rope.attention_factor();
         let shape = CachedAttention {
             heads: config.heads,
             kv_heads: config.kv_heads,
             head_dim: config.head_dim,
-            scale: 1.0 / (config.head_dim as f32).sqrt(),
+            scale: (factor * factor / (config.head_dim as f64).sqrt()) as f32,
             past: state.position,
             queries: positions.len(),
         };
@@ -111,12 +122,11 @@ impl Decoder {
             &shape,
             &mut acts.attended,
         )?;
-        Self::project(
+        Self::projection(
             compute,
             held,
             lora,
             &slots.o,
-            None,
             &acts.attended,
             &mut acts.out,
             &mut acts.low_rank,
@@ -125,65 +135,89 @@ impl Decoder {
         compute.rms_norm(
             &acts.x,
             Some(&view.weight(&slots.post_norm)?),
-            config.rms_eps,
+            eps,
             &mut acts.normed,
         )?;
         Ok(())
     }
 
-    /// The dense SwiGLU MLP and the residual.
-    fn dense_mlp<C: Compute>(
-        compute: &C,
-        held: &Held<C::Block>,
-        lora: Option<&LoraSet>,
-        mlp: &weights::Mlp,
-        acts: &mut Activations<C>,
-    ) -> Result<(), FamilyError> {
-        Self::swiglu(compute, held, lora, mlp, acts)?;
-        compute.add(&mut acts.x, &acts.out)?;
-        Ok(())
-    }
-
-    /// `out ← down(silu(gate(normed)) · up(normed))`: a dense MLP or one expert.
+    /// `out ← down(silu(gate(x)) · up(x))`: a dense MLP, an expert or a shared expert.
     pub(super) fn swiglu<C: Compute>(
         compute: &C,
         held: &Held<C::Block>,
         lora: Option<&LoraSet>,
         mlp: &weights::Mlp,
-        acts: &mut Activations<C>,
+        io: SwigluIo<'_, C>,
     ) -> Result<(), FamilyError> {
-        Self::project(
+        let SwigluIo {
+            x,
+            scratch,
+            out,
+            low_rank,
+        } = io;
+        Self::projection(
             compute,
             held,
             lora,
             &mlp.gate,
-            None,
-            &acts.normed,
-            &mut acts.gate,
-            &mut acts.low_rank,
+            x,
+            &mut scratch.gate,
+            low_rank,
         )?;
-        Self::project(
-            compute,
-            held,
-            lora,
-            &mlp.up,
-            None,
-            &acts.normed,
-            &mut acts.up,
-            &mut acts.low_rank,
-        )?;
-        compute.silu_mul(&mut acts.gate, &acts.up)?;
-        Self::project(
-            compute,
-            held,
-            lora,
-            &mlp.down,
-            None,
-            &acts.gate,
-            &mut acts.out,
-            &mut acts.low_rank,
-        )?;
+        Self::projection(compute, held, lora, &mlp.up, x, &mut scratch.up, low_rank)?;
+        compute.silu_mul(&mut scratch.gate, &scratch.up)?;
+        Self::projection(compute, held, lora, &mlp.down, &scratch.gate, out, low_rank)?;
         Ok(())
+    }
+
+    /// The feed-forward part while the layer's block is held: the dense MLP and its
+    /// residual, or the router's logits (returned, for the experts) after Qwen2-MoE's
+    /// shared expert has added `sigmoid(gate(x)) · shared(x)` to the residual.
+    fn feed_forward<C: Compute>(
+        compute: &C,
+        held: &Held<C::Block>,
+        lora: Option<&LoraSet>,
+        ffn: &Ffn,
+        acts: &mut Activations<C>,
+    ) -> Result<Option<Vec<f32>>, FamilyError> {
+        let (router, shared) = match ffn {
+            Ffn::Dense(mlp) => {
+                let io = SwigluIo {
+                    x: &acts.normed,
+                    scratch: &mut acts.dense,
+                    out: &mut acts.out,
+                    low_rank: &mut acts.low_rank,
+                };
+                Self::swiglu(compute, held, lora, mlp, io)?;
+                compute.add(&mut acts.x, &acts.out)?;
+                return Ok(None);
+            }
+            Ffn::Experts { router, shared } => (router, shared),
+        };
+        let view = held.view(compute);
+        compute.linear(&acts.normed, &view.weight(router)?, None, &mut acts.router)?;
+        if let Some((mlp, gate)) = shared {
+            let io = SwigluIo {
+                x: &acts.normed,
+                scratch: &mut acts.shared,
+                out: &mut acts.out,
+                low_rank: &mut acts.low_rank,
+            };
+            Self::swiglu(compute, held, lora, mlp, io)?;
+            compute.linear(
+                &acts.normed,
+                &view.weight(gate)?,
+                None,
+                &mut acts.shared_gate,
+            )?;
+            let gates: Vec<f32> = compute
+                .read(&acts.shared_gate)?
+                .iter()
+                .map(|logit| 1.0 / (1.0 + (-logit).exp()))
+                .collect();
+            compute.add_scaled_rows(&mut acts.x, &acts.out, &gates)?;
+        }
+        Ok(Some(compute.read(&acts.router)?))
     }
 
     /// One layer: attention, then the dense MLP or the experts.
@@ -204,15 +238,7 @@ impl Decoder {
         let outcome = (|| {
             self.attention(compute, &held, lora, slots, layer, positions, state)?;
             let acts = state.acts.as_mut().ok_or_else(unallocated)?;
-            match (&slots.mlp, &slots.router) {
-                (Some(mlp), _) => Self::dense_mlp(compute, &held, lora, mlp, acts).map(|()| None),
-                (None, Some(router)) => {
-                    let view = held.view(compute);
-                    compute.linear(&acts.normed, &view.weight(router)?, None, &mut acts.router)?;
-                    Ok(Some(compute.read(&acts.router)?))
-                }
-                (None, None) => Err(FamilyError::Model(format!("layer {layer} has no MLP"))),
-            }
+            Self::feed_forward(compute, &held, lora, &slots.ffn, acts)
         })();
         blocks.release(compute, held)?;
         if let Some(router_logits) = outcome? {

@@ -1,13 +1,15 @@
-//! Llama-family decoders (`llama`, `mistral`, `qwen2`, and `mixtral` mixture-of-
-//! experts), written once against the compute port.
+//! Llama-family decoders (`llama`, `mistral`, `qwen2`, `qwen3`, and the mixtures of
+//! experts `mixtral`, `qwen2_moe`, `qwen3_moe`), written once against the compute
+//! port: the variants differ in what `config.json` turns on (biases, Qwen3's per-head
+//! q/k norms, experts and Qwen2-MoE's shared expert), not in their layer code.
 //!
 //! Step 0 prefills the prompt; every later step decodes one token. A layer is RMSNorm,
 //! grouped-query attention with rotary positions over the layer's KV cache (causal),
-//! the output projection and residual, RMSNorm, then the SwiGLU MLP (or, in Mixtral,
-//! the router's top-k experts, each acquired as its own block through the expert
-//! cache) and residual. The head applies the final RMSNorm to the last position and
-//! `lm_head`; the step's output is those logits, and the next token is picked from
-//! them (greedy, or seeded temperature/top-p sampling).
+//! the output projection and residual, RMSNorm, then the SwiGLU MLP (or the router's
+//! top-k experts, each acquired as its own block through the expert cache) and
+//! residual. The head applies the final RMSNorm to the last position and `lm_head`;
+//! the step's output is those logits, and the next token is picked from them (greedy,
+//! or seeded temperature/top-p sampling).
 //!
 //! The KV cache lives on the device, grown in pages reserved through the session's
 //! activation path: when the budget is full, resident weights give way (by
@@ -21,16 +23,22 @@
 
 mod config;
 mod experts;
+mod keys;
 mod layer;
 mod open;
+mod rope;
 mod sampling;
 mod weights;
+mod window;
 
 use stagehand_actors::BlockId;
 
-pub use config::{DecoderConfig, Experts, DECODER_FAMILIES};
+pub use config::{Biases, DecoderConfig, ExpertNames, Experts, Variant, DECODER_FAMILIES};
 pub use experts::{route, ExpertHint};
+pub use keys::NO_MATH;
+pub use rope::{Rope, RopeKind};
 pub use sampling::{argmax, Sampling};
+pub use window::SlidingWindow;
 
 use self::weights::DecoderWeights;
 use super::blocks::Blocks;
@@ -46,17 +54,22 @@ pub const KV_PAGE_TOKENS: usize = 64;
 pub struct Decoder {
     pub config: DecoderConfig,
     weights: DecoderWeights,
-    inv_freq: Vec<f32>,
     pub prompt: Vec<u32>,
     pub sampling: Sampling,
     host_table: Option<HostTable>,
     pub hint: ExpertHint,
-    /// Mixtral: the expert cache's policy, and its slots (`None`: what the budget leaves).
+    /// MoE: the expert cache's policy, and its slots (`None`: what the budget leaves).
     pub expert_policy: stagehand_actors::ExpertPolicy,
     pub expert_slots: Option<u32>,
-    /// Mixtral, for the next-layer hint: each layer's post-attention norm and router,
-    /// widened to f32 in host memory.
-    host_routers: Vec<experts::HostRouter>,
+    /// MoE, for the next-layer hint: per layer, its post-attention norm and router
+    /// widened to f32 in host memory (`None` for a dense layer).
+    host_routers: Vec<Option<experts::HostRouter>>,
+}
+
+/// The gate and up activations of one SwiGLU width.
+struct MlpScratch<C: Compute> {
+    gate: C::Tensor,
+    up: C::Tensor,
 }
 
 /// Activations of one row count.
@@ -68,10 +81,14 @@ struct Activations<C: Compute> {
     v: C::Tensor,
     attended: C::Tensor,
     out: C::Tensor,
-    gate: C::Tensor,
-    up: C::Tensor,
+    /// The dense MLP's, an expert's and the shared expert's widths.
+    dense: MlpScratch<C>,
+    expert: MlpScratch<C>,
+    shared: MlpScratch<C>,
     mixed: C::Tensor,
     router: C::Tensor,
+    /// The shared expert's gate logit, `[rows, 1]`.
+    shared_gate: C::Tensor,
     low_rank: C::Tensor,
 }
 
@@ -91,7 +108,9 @@ pub struct DecoderState<C: Compute> {
     next_token: u32,
     rng: u64,
     zeros: Vec<f32>,
-    /// Mixtral: the expert blocks the last hint asked for (those of the next MoE layer).
+    /// The rotary frequencies of this step (dynamic scaling recomputes them).
+    inv_freq: Vec<f32>,
+    /// MoE: the expert blocks the last hint asked for (those of the next MoE layer).
     hinted: Vec<BlockId>,
 }
 
@@ -109,12 +128,8 @@ impl Decoder {
         if prompt.is_empty() {
             return Err(FamilyError::Model("the prompt has no tokens".into()));
         }
-        if prompt.len() > config.max_positions {
-            return Err(FamilyError::Model(format!(
-                "the prompt has {} tokens, more than the model's max_position_embeddings {}",
-                prompt.len(),
-                config.max_positions
-            )));
+        if let Some(refusal) = config.refuse_sequence(prompt.len()) {
+            return Err(FamilyError::Model(format!("the prompt: {refusal}")));
         }
         if let Some(&id) = prompt.iter().find(|&&id| id as usize >= config.vocab) {
             return Err(FamilyError::Model(format!(
@@ -129,12 +144,8 @@ impl Decoder {
             (false, true) => Some(HostTable::described(index, weights.embed_tensor)?),
             (false, false) => Some(HostTable::read(index, weights.embed_tensor)?),
         };
-        let host_routers = match config.experts {
-            Some(_) => experts::host_routers(index, config.layers, headers_only)?,
-            None => Vec::new(),
-        };
+        let host_routers = experts::host_routers(index, &config, headers_only)?;
         Ok(Self {
-            inv_freq: config.inv_freq(),
             config,
             weights,
             prompt,
@@ -167,10 +178,11 @@ impl Decoder {
         (2 * self.config.kv_dim() * 4 * self.config.layers) as u64
     }
 
-    /// The expert cache's slot size (one expert's bytes), for Mixtral.
+    /// The expert cache's slot size (one expert's bytes), for MoE models.
     pub fn expert_bytes(&self) -> Option<u64> {
-        self.config.experts?;
-        let block = self.weights.expert_block(0, 0);
+        let experts = self.config.experts.as_ref()?;
+        let layer = experts.sparse_layers().next()?;
+        let block = self.weights.expert_block(layer, 0)?;
         self.weights
             .placement
             .layout
@@ -187,48 +199,39 @@ impl Decoder {
             .sum()
     }
 
-    /// Floating-point operations per token of layer `layer`'s block: the projections,
-    /// and the dense MLP or the router (experts count apart, see
-    /// [`Decoder::expert_flops_per_token`]). Attention's sequence-length term is left
-    /// out (a short context).
-    pub fn layer_flops_per_token(&self) -> f64 {
-        let config = &self.config;
-        let hidden = config.hidden as f64;
-        let projections = hidden * (2 * config.q_dim() + 2 * config.kv_dim()) as f64;
-        let mlp = match config.experts {
-            None => 3.0 * hidden * config.intermediate as f64,
-            Some(experts) => experts.count as f64 * hidden,
-        };
-        2.0 * (projections + mlp)
-    }
-
-    /// Floating-point operations per token of one expert.
-    pub fn expert_flops_per_token(&self) -> f64 {
-        2.0 * 3.0 * (self.config.hidden * self.config.intermediate) as f64
-    }
-
-    /// Floating-point operations per token of the head (`lm_head`).
-    pub fn head_flops_per_token(&self) -> f64 {
-        2.0 * (self.config.hidden * self.config.vocab) as f64
-    }
-
-    /// The experts of layer `layer`, as block ids.
+    /// The experts of layer `layer`, as block ids (none for a dense layer).
     pub fn expert_blocks(&self, layer: usize) -> Vec<BlockId> {
-        let count = self.config.experts.map_or(0, |experts| experts.count);
+        let count = self
+            .config
+            .experts
+            .as_ref()
+            .map_or(0, |experts| experts.count);
         (0..count)
-            .map(|expert| BlockId(self.weights.expert_block(layer, expert)))
+            .filter_map(|expert| self.weights.expert_block(layer, expert).map(BlockId))
             .collect()
     }
 
-    /// Floating-point operations of one decode step (one token), for the bound.
+    /// Floating-point operations of one decode step (one token) in its GEMMs: the
+    /// projections, each layer's dense MLP or router, top-k experts and shared expert
+    /// with its gate, and `lm_head`. Attention's sequence-length term is left out.
     pub fn flops_per_token(&self) -> f64 {
         let config = &self.config;
-        let (hidden, inner) = (config.hidden as f64, config.intermediate as f64);
-        let attention =
-            hidden * (config.q_dim() + 2 * config.kv_dim()) as f64 + config.q_dim() as f64 * hidden;
-        let mlp_factor = config.experts.map_or(1.0, |experts| experts.top_k as f64);
-        let per_layer = 2.0 * (attention + 3.0 * hidden * inner * mlp_factor);
-        per_layer * config.layers as f64 + 2.0 * hidden * config.vocab as f64
+        let hidden = config.hidden as f64;
+        let attention = 2.0 * hidden * (2 * config.q_dim() + 2 * config.kv_dim()) as f64;
+        let swiglu = |inner: usize| 2.0 * 3.0 * hidden * inner as f64;
+        let ffn = |layer: usize| match &config.experts {
+            Some(experts) if config.is_sparse(layer) => {
+                let shared = experts
+                    .shared_intermediate
+                    .map_or(0.0, |inner| swiglu(inner) + 2.0 * hidden);
+                2.0 * hidden * experts.count as f64
+                    + experts.top_k as f64 * swiglu(experts.intermediate)
+                    + shared
+            }
+            _ => swiglu(config.intermediate),
+        };
+        let layers: f64 = (0..config.layers).map(|layer| attention + ffn(layer)).sum();
+        layers + 2.0 * hidden * config.vocab as f64
     }
 
     fn activations<C: Compute>(
@@ -237,7 +240,16 @@ impl Decoder {
         rows: usize,
     ) -> Result<Activations<C>, FamilyError> {
         let config = &self.config;
-        let experts = config.experts.map_or(1, |experts| experts.count);
+        let experts = config.experts.as_ref();
+        let has_dense = (0..config.layers).any(|layer| !config.is_sparse(layer));
+        // Widths a model never uses get one column, not a full activation.
+        let scratch = |width: Option<usize>| -> Result<MlpScratch<C>, FamilyError> {
+            let width = width.unwrap_or(1);
+            Ok(MlpScratch {
+                gate: compute.tensor(rows, width)?,
+                up: compute.tensor(rows, width)?,
+            })
+        };
         Ok(Activations {
             x: compute.tensor(rows, config.hidden)?,
             normed: compute.tensor(rows, config.hidden)?,
@@ -246,10 +258,12 @@ impl Decoder {
             v: compute.tensor(rows, config.kv_dim())?,
             attended: compute.tensor(rows, config.q_dim())?,
             out: compute.tensor(rows, config.hidden)?,
-            gate: compute.tensor(rows, config.intermediate)?,
-            up: compute.tensor(rows, config.intermediate)?,
+            dense: scratch(has_dense.then_some(config.intermediate))?,
+            expert: scratch(experts.map(|experts| experts.intermediate))?,
+            shared: scratch(experts.and_then(|experts| experts.shared_intermediate))?,
             mixed: compute.tensor(rows, config.hidden)?,
-            router: compute.tensor(rows, experts)?,
+            router: compute.tensor(rows, experts.map_or(1, |experts| experts.count))?,
+            shared_gate: compute.tensor(rows, 1)?,
             low_rank: compute.tensor(rows, 1)?,
         })
     }
@@ -396,6 +410,7 @@ impl Family for Decoder {
             next_token: 0,
             rng: self.sampling.seed,
             zeros: vec![0.0; config.hidden],
+            inv_freq: config.rope.inv_freq(self.prompt.len()),
             hinted: Vec::new(),
         })
     }
@@ -409,11 +424,12 @@ impl Family for Decoder {
     ) -> Result<StepOutput, FamilyError> {
         let mut output = StepOutput::default();
         let rows = if step == 0 { self.prompt.len() } else { 1 };
-        if state.position + rows > self.config.max_positions {
-            return Err(FamilyError::Model(format!(
-                "the sequence reached {} tokens, the model's max_position_embeddings; lower --max-tokens",
-                state.position
-            )));
+        let length = state.position + rows;
+        if let Some(refusal) = self.config.refuse_sequence(length) {
+            return Err(FamilyError::Model(format!("{refusal}; lower --max-tokens")));
+        }
+        if self.config.rope.depends_on_length() {
+            state.inv_freq = self.config.rope.inv_freq(length);
         }
         if state.acts.is_none() || state.rows != rows {
             state.acts = Some(self.activations(compute, rows)?);

@@ -42,6 +42,14 @@ impl Open for Decoder {
                 encode_prompt(tokenizer, text).map_err(FamilyError::Model)?
             }
         };
+        if !config.unread_keys.is_empty() {
+            tracing::warn!(
+                "{}: keys {} are not read by transformers' {} class either, so they change nothing here",
+                folder.config_path().display(),
+                config.unread_keys.join(", "),
+                model_type
+            );
+        }
         let mut decoder = Decoder::new(
             request.index,
             config,
@@ -80,11 +88,7 @@ impl Facts for Decoder {
     }
 
     fn describe(&self) -> &'static str {
-        if self.config.experts.is_some() {
-            "mixtral decoder"
-        } else {
-            "llama decoder"
-        }
+        self.config.variant.describe()
     }
 
     fn layout(&self) -> &ModelLayout {
@@ -103,14 +107,27 @@ impl Facts for Decoder {
         })
     }
 
+    /// The sequence of a run of `steps` steps: the prompt, then one token a step after
+    /// the first.
+    fn refuse_steps(&self, steps: u64) -> Option<String> {
+        let tokens = self.prompt.len() + steps.saturating_sub(1) as usize;
+        self.config.refuse_sequence(tokens).map(|refusal| {
+            format!(
+                "{refusal}; lower --max-tokens (at most {} with this prompt of {} tokens)",
+                (self.config.sequence_limit() + 1).saturating_sub(self.prompt.len()),
+                self.prompt.len()
+            )
+        })
+    }
+
     fn host_table_bytes(&self) -> u64 {
         Decoder::host_table_bytes(self)
     }
 
-    /// Mixtral: the dense blocks (layers and head, used by every token) and the
-    /// experts the router picks from.
+    /// MoE: the dense blocks (layers and head, used by every token) and the experts
+    /// the router picks from.
     fn experts(&self) -> Option<ExpertNeeds> {
-        let experts = self.config.experts?;
+        let experts = self.config.experts.as_ref()?;
         let layout = Facts::layout(self);
         let dense: Vec<u64> = self
             .order()
@@ -122,7 +139,7 @@ impl Facts for Decoder {
             dense_total_bytes: dense.iter().map(|&bytes| arena_bytes(bytes)).sum(),
             dense_block_bytes: dense.iter().copied().max().unwrap_or(0),
             expert_bytes: self.expert_bytes()?,
-            experts: (self.config.layers * experts.count) as u64,
+            experts: (experts.sparse_layers().count() * experts.count) as u64,
             per_layer: experts.count as u64,
             top_k: experts.top_k as u64,
             slots: self.expert_slots,

@@ -1,16 +1,18 @@
-//! Generated decoder folders: Llama (Llama-3.2-1B's shapes at `1b`) and Mixtral
-//! (8 experts, top-2, shapes where the experts are most of the bytes), with real
-//! `config.json` keys and tensor names, seeded weights, and a byte-level tokenizer.
-//! In `fp8`, every linear weight is stored as F8_E4M3 with an F32 `weight_scale`
-//! (embeddings, norms, routers and `lm_head` stay bf16, as in real FP8 checkpoints).
+//! Generated decoder folders: Llama (Llama-3.2-1B's shapes at `1b`), Mixtral (8
+//! experts, top-2, shapes where the experts are most of the bytes), Qwen3 (per-head
+//! q/k norms; Qwen3-0.6B's shapes at `1b`), Qwen3-MoE and Qwen2-MoE (with its shared
+//! expert), with real `config.json` keys (transformers 4's layout, as the Hub ships
+//! them) and tensor names, seeded weights (`decoder_tensors.rs`), and a byte-level
+//! tokenizer.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde_json::json;
 
+use super::decoder_shape::DecoderShape;
 use super::tokenizer::byte_level_tokenizer_json;
-use super::writer::{write_atomically, write_checkpoint, TensorSpec, Values};
+use super::writer::{write_atomically, write_checkpoint, TensorSpec};
 use crate::compute::DType;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,6 +20,22 @@ use crate::compute::DType;
 pub enum DecoderArch {
     Llama,
     Mixtral,
+    Qwen3,
+    Qwen3Moe,
+    Qwen2Moe,
+}
+
+impl DecoderArch {
+    /// `config.json`'s `model_type` and `architectures`.
+    fn names(self) -> (&'static str, &'static str) {
+        match self {
+            DecoderArch::Llama => ("llama", "LlamaForCausalLM"),
+            DecoderArch::Mixtral => ("mixtral", "MixtralForCausalLM"),
+            DecoderArch::Qwen3 => ("qwen3", "Qwen3ForCausalLM"),
+            DecoderArch::Qwen3Moe => ("qwen3_moe", "Qwen3MoeForCausalLM"),
+            DecoderArch::Qwen2Moe => ("qwen2_moe", "Qwen2MoeForCausalLM"),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,68 +45,11 @@ pub enum DecoderPreset {
     Tiny,
     /// Tens of MiB: for benchmarks on a small machine.
     Small,
-    /// Llama-3.2-1B's shapes: hidden 2048, 16 layers, 32 query / 8 KV heads, MLP 8192,
-    /// vocabulary 128256, tied embeddings (Llama only).
+    /// Real shapes: Llama-3.2-1B's (hidden 2048, 16 layers, 32 query / 8 KV heads,
+    /// MLP 8192, vocabulary 128256, tied embeddings) for Llama and Mixtral's layers;
+    /// Qwen3-0.6B's for Qwen3. Not for the Qwen mixtures of experts.
     #[cfg_attr(feature = "cli", value(name = "1b"))]
     OneB,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct DecoderShape {
-    pub hidden: usize,
-    pub layers: usize,
-    pub heads: usize,
-    pub kv_heads: usize,
-    pub intermediate: usize,
-    pub vocab: usize,
-    pub tied: bool,
-    pub experts: Option<(usize, usize)>,
-    pub rope_theta: f64,
-    pub llama3_scaling: bool,
-}
-
-impl DecoderShape {
-    pub fn of(arch: DecoderArch, preset: DecoderPreset) -> Self {
-        let experts = (arch == DecoderArch::Mixtral).then_some((8, 2));
-        match preset {
-            DecoderPreset::Tiny => Self {
-                hidden: 128,
-                layers: 4,
-                heads: 4,
-                kv_heads: 2,
-                intermediate: if experts.is_some() { 256 } else { 344 },
-                vocab: 512,
-                tied: experts.is_none(),
-                experts,
-                rope_theta: 10_000.0,
-                llama3_scaling: false,
-            },
-            DecoderPreset::Small => Self {
-                hidden: 512,
-                layers: 8,
-                heads: 8,
-                kv_heads: 4,
-                intermediate: if experts.is_some() { 1024 } else { 1408 },
-                vocab: 8192,
-                tied: experts.is_none(),
-                experts,
-                rope_theta: 500_000.0,
-                llama3_scaling: false,
-            },
-            DecoderPreset::OneB => Self {
-                hidden: 2048,
-                layers: 16,
-                heads: 32,
-                kv_heads: 8,
-                intermediate: if experts.is_some() { 2048 } else { 8192 },
-                vocab: 128_256,
-                tied: experts.is_none(),
-                experts,
-                rope_theta: 500_000.0,
-                llama3_scaling: true,
-            },
-        }
-    }
 }
 
 /// A generated decoder's recipe: same recipe, same bytes.
@@ -102,196 +63,34 @@ pub struct DecoderDemo {
     pub shard_bytes: u64,
 }
 
-/// Weights uniform with std 0.02, like Llama's initialisation.
-const SPREAD: f32 = 0.02 * 1.732_050_8;
-
 impl DecoderDemo {
-    fn tensors(&self) -> Vec<TensorSpec> {
-        let shape = DecoderShape::of(self.arch, self.preset);
-        let head_dim = shape.hidden / shape.heads;
-        let (q_dim, kv_dim) = (shape.heads * head_dim, shape.kv_heads * head_dim);
-        let (hidden, inner) = (shape.hidden, shape.intermediate);
-        let fp8 = matches!(self.dtype, DType::F8E4M3 | DType::F8E5M2);
-        // Non-linear tensors of an FP8 checkpoint stay bf16.
-        let plain = if fp8 { Some(DType::Bf16) } else { None };
-        let mut tensors: Vec<TensorSpec> = Vec::new();
-        let mut seed = self.seed;
-        let mut next_seed = || {
-            seed = seed.wrapping_add(0xA24B_AED4_963E_E407);
-            seed
-        };
-        let other = |tensors: &mut Vec<TensorSpec>,
-                     name: String,
-                     dims: Vec<usize>,
-                     center: f32,
-                     spread: f32,
-                     seed: u64| {
-            let mut tensor = TensorSpec::uniform(name, dims, seed, center, spread);
-            tensor.dtype = plain;
-            tensors.push(tensor);
-        };
-        let linear = |tensors: &mut Vec<TensorSpec>, name: String, dims: Vec<usize>, seed: u64| {
-            if !fp8 {
-                tensors.push(TensorSpec::uniform(name, dims, seed, 0.0, SPREAD));
-                return;
-            }
-            // Stored values span the format; the scale brings them back to ±SPREAD.
-            let max = 448.0;
-            let stem = name.trim_end_matches(".weight").to_string();
-            tensors.push(TensorSpec::uniform(name, dims, seed, 0.0, max));
-            tensors.push(TensorSpec {
-                name: format!("{stem}.weight_scale"),
-                shape: vec![],
-                values: Values::Constant(SPREAD / max),
-                dtype: Some(DType::F32),
-            });
-        };
-        other(
-            &mut tensors,
-            "model.embed_tokens.weight".into(),
-            vec![shape.vocab, hidden],
-            0.0,
-            SPREAD,
-            next_seed(),
-        );
-        for layer in 0..shape.layers {
-            let at = format!("model.layers.{layer}");
-            other(
-                &mut tensors,
-                format!("{at}.input_layernorm.weight"),
-                vec![hidden],
-                1.0,
-                0.05,
-                next_seed(),
-            );
-            linear(
-                &mut tensors,
-                format!("{at}.self_attn.q_proj.weight"),
-                vec![q_dim, hidden],
-                next_seed(),
-            );
-            linear(
-                &mut tensors,
-                format!("{at}.self_attn.k_proj.weight"),
-                vec![kv_dim, hidden],
-                next_seed(),
-            );
-            linear(
-                &mut tensors,
-                format!("{at}.self_attn.v_proj.weight"),
-                vec![kv_dim, hidden],
-                next_seed(),
-            );
-            linear(
-                &mut tensors,
-                format!("{at}.self_attn.o_proj.weight"),
-                vec![hidden, q_dim],
-                next_seed(),
-            );
-            other(
-                &mut tensors,
-                format!("{at}.post_attention_layernorm.weight"),
-                vec![hidden],
-                1.0,
-                0.05,
-                next_seed(),
-            );
-            match shape.experts {
-                None => {
-                    linear(
-                        &mut tensors,
-                        format!("{at}.mlp.gate_proj.weight"),
-                        vec![inner, hidden],
-                        next_seed(),
-                    );
-                    linear(
-                        &mut tensors,
-                        format!("{at}.mlp.up_proj.weight"),
-                        vec![inner, hidden],
-                        next_seed(),
-                    );
-                    linear(
-                        &mut tensors,
-                        format!("{at}.mlp.down_proj.weight"),
-                        vec![hidden, inner],
-                        next_seed(),
-                    );
-                }
-                Some((experts, _)) => {
-                    // A router with real preferences: skewed so a few experts lead.
-                    other(
-                        &mut tensors,
-                        format!("{at}.block_sparse_moe.gate.weight"),
-                        vec![experts, hidden],
-                        0.0,
-                        0.5,
-                        next_seed(),
-                    );
-                    for expert in 0..experts {
-                        let moe = format!("{at}.block_sparse_moe.experts.{expert}");
-                        linear(
-                            &mut tensors,
-                            format!("{moe}.w1.weight"),
-                            vec![inner, hidden],
-                            next_seed(),
-                        );
-                        linear(
-                            &mut tensors,
-                            format!("{moe}.w2.weight"),
-                            vec![hidden, inner],
-                            next_seed(),
-                        );
-                        linear(
-                            &mut tensors,
-                            format!("{moe}.w3.weight"),
-                            vec![inner, hidden],
-                            next_seed(),
-                        );
-                    }
-                }
-            }
-        }
-        other(
-            &mut tensors,
-            "model.norm.weight".into(),
-            vec![hidden],
-            1.0,
-            0.05,
-            next_seed(),
-        );
-        if !shape.tied {
-            other(
-                &mut tensors,
-                "lm_head.weight".into(),
-                vec![shape.vocab, hidden],
-                0.0,
-                SPREAD,
-                next_seed(),
-            );
-        }
-        tensors
+    /// The recipe's shape, or why there is none.
+    pub fn shape(&self) -> std::io::Result<DecoderShape> {
+        DecoderShape::of(self.arch, self.preset).ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "--decoder-preset {:?} has no {:?} shape; use tiny or small",
+                    self.preset, self.arch
+                ),
+            )
+        })
     }
 
-    fn config(&self) -> serde_json::Value {
-        let shape = DecoderShape::of(self.arch, self.preset);
+    fn config(&self, shape: &DecoderShape) -> serde_json::Value {
+        let (model_type, architecture) = self.arch.names();
         let mut config = json!({
-            "architectures": [match self.arch {
-                DecoderArch::Llama => "LlamaForCausalLM",
-                DecoderArch::Mixtral => "MixtralForCausalLM",
-            }],
-            "model_type": match self.arch {
-                DecoderArch::Llama => "llama",
-                DecoderArch::Mixtral => "mixtral",
-            },
+            "architectures": [architecture],
+            "model_type": model_type,
             "hidden_size": shape.hidden,
             "intermediate_size": shape.intermediate,
             "num_hidden_layers": shape.layers,
             "num_attention_heads": shape.heads,
             "num_key_value_heads": shape.kv_heads,
-            "head_dim": shape.hidden / shape.heads,
+            "head_dim": shape.head_dim,
             "hidden_act": "silu",
-            "max_position_embeddings": if shape.llama3_scaling { 131_072 } else { 8192 },
-            "rms_norm_eps": 1e-5,
+            "max_position_embeddings": shape.max_positions,
+            "rms_norm_eps": if self.arch == DecoderArch::Llama || self.arch == DecoderArch::Mixtral { 1e-5 } else { 1e-6 },
             "rope_theta": shape.rope_theta,
             "tie_word_embeddings": shape.tied,
             "vocab_size": shape.vocab,
@@ -308,22 +107,40 @@ impl DecoderDemo {
                 "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                 "original_max_position_embeddings": 8192});
         }
-        if let Some((experts, top_k)) = shape.experts {
-            config["num_local_experts"] = json!(experts);
-            config["num_experts_per_tok"] = json!(top_k);
+        if !matches!(self.arch, DecoderArch::Llama | DecoderArch::Mixtral) {
+            config["use_sliding_window"] = json!(false);
+            config["sliding_window"] = json!(null);
+            config["max_window_layers"] = json!(shape.layers);
         }
-        if matches!(self.dtype, DType::F8E4M3 | DType::F8E5M2) {
-            config["quantization_config"] = json!({"quant_method": "fp8",
-                "activation_scheme": "dynamic", "fmt": "e4m3"});
+        if matches!(self.arch, DecoderArch::Qwen3 | DecoderArch::Qwen3Moe) {
+            config["attention_bias"] = json!(false);
+        }
+        if let Some(moe) = &shape.experts {
+            config["num_experts_per_tok"] = json!(moe.top_k);
+            if self.arch == DecoderArch::Mixtral {
+                config["num_local_experts"] = json!(moe.experts);
+                return config;
+            }
+            config["num_experts"] = json!(moe.experts);
+            config["moe_intermediate_size"] = json!(moe.intermediate);
+            config["norm_topk_prob"] = json!(moe.norm_topk_prob);
+            config["decoder_sparse_step"] = json!(1);
+            config["mlp_only_layers"] = json!([]);
+            if let Some(shared) = moe.shared_intermediate {
+                config["shared_expert_intermediate_size"] = json!(shared);
+            }
         }
         config
     }
 
     /// Bytes of the weights as stored.
     pub fn weight_bytes(&self) -> u64 {
-        self.tensors()
+        let Ok(shape) = self.shape() else {
+            return 0;
+        };
+        self.tensors(&shape)
             .iter()
-            .map(|tensor| {
+            .map(|tensor: &TensorSpec| {
                 tensor.elements() * tensor.dtype.unwrap_or(self.dtype).size_bytes() as u64
             })
             .sum()
@@ -332,6 +149,7 @@ impl DecoderDemo {
 
 /// Writes the decoder folder `dir` (created if missing) and returns it.
 pub fn write_decoder_folder(dir: &Path, demo: &DecoderDemo) -> std::io::Result<PathBuf> {
+    let shape = demo.shape()?;
     std::fs::create_dir_all(dir)?;
     let metadata = BTreeMap::from([
         ("format".to_string(), "pt".to_string()),
@@ -342,7 +160,7 @@ pub fn write_decoder_folder(dir: &Path, demo: &DecoderDemo) -> std::io::Result<P
     ]);
     write_checkpoint(
         dir,
-        &demo.tensors(),
+        &demo.tensors(&shape),
         demo.dtype,
         &metadata,
         demo.shard_bytes,
@@ -353,7 +171,7 @@ pub fn write_decoder_folder(dir: &Path, demo: &DecoderDemo) -> std::io::Result<P
             file.write_all(serde_json::to_string_pretty(&value)?.as_bytes())
         })
     };
-    json_file("config.json", demo.config())?;
+    json_file("config.json", demo.config(&shape))?;
     json_file("tokenizer.json", byte_level_tokenizer_json())?;
     Ok(dir.to_path_buf())
 }
