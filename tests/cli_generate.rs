@@ -201,6 +201,13 @@ fn rows(dir: &Path) -> Vec<Row> {
             &["--reader-threads", "0"],
             Expect::Bad("reader_threads"),
         ),
+        row(false, &["--verify", "full"], Expect::Ok("generate: ")),
+        row(false, &["--verify", "weights"], Expect::Ok("generate: ")),
+        row(
+            false,
+            &["--verify", "sometimes"],
+            Expect::Bad("full, first, weights, off"),
+        ),
         row(false, &["--unknown-flag"], Expect::Bad("--unknown-flag")),
     ];
     // These choose the device themselves (the other rows run on the CPU).

@@ -45,7 +45,10 @@ impl Folders {
 
 fn generate(model: &Path, args: &[&str]) -> std::process::Output {
     let mut command = stagehand();
-    command.args(["generate", "--device", "cpu", "--log", "warn", "--json"]);
+    // Every step against the resident pass (generate's own default checks the first).
+    command.args([
+        "generate", "--device", "cpu", "--log", "warn", "--json", "--verify", "full",
+    ]);
     if !args.contains(&"--max-tokens") {
         command.args(["--max-tokens", "3"]);
     }

@@ -38,7 +38,8 @@ fn demo(dir: &Path, arch: &str, preset: &str) -> PathBuf {
 fn generate(model: &Path, args: &[&str]) -> Value {
     let output = stagehand()
         .args([
-            "generate", "--json", "--device", "cpu", "--log", "warn", "--model",
+            // Every step against the resident pass (generate's default checks the first).
+            "generate", "--json", "--device", "cpu", "--log", "warn", "--verify", "full", "--model",
         ])
         .arg(model)
         .args(args)
