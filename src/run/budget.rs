@@ -113,7 +113,9 @@ pub fn automatic_budget(
         return budgets;
     }
     let (plan_minimum, total) = plan_minimum_bytes(prepared, settings.prefetch_depth, policy);
-    let activations = prepared.activation_bytes(steps);
+    // LoRA regions sit in the resident area beside the weights the plan keeps there.
+    let activations =
+        prepared.activation_bytes(steps) + lora_region_bytes(prepared, settings.prefetch_depth);
     let minimum = plan_minimum + activations;
     let wanted = budgets.vram_budget_bytes + activations;
     if wanted >= minimum {
@@ -128,7 +130,7 @@ pub fn automatic_budget(
         ""
     };
     let kv = if activations > 0 {
-        format!(" plus {} of KV cache", Bytes(activations))
+        format!(" plus {} of KV cache and LoRA regions", Bytes(activations))
     } else {
         String::new()
     };
@@ -172,6 +174,30 @@ pub fn plan_minimum_bytes(prepared: &Prepared, depth: u32, policy: ResidencyPoli
         VramPlan::minimum_capacity_bytes(layout, &steps, depth, policy)
     });
     ((dense_minimum + expert_floor).min(total), total)
+}
+
+/// VRAM the attached LoRA adapters' regions take: per adapter, a slot for each ring
+/// slot and one more (`depth + 2`), each as large as its largest pack (what the LoRA
+/// offloader asks the allocator for).
+pub fn lora_region_bytes(prepared: &Prepared, depth: u32) -> u64 {
+    let blocks = prepared.facts().layout().len();
+    prepared
+        .workload
+        .lora
+        .iter()
+        .map(|phase| {
+            (0..phase.set.adapters().len())
+                .map(|adapter| {
+                    let largest = (0..blocks)
+                        .map(|block| phase.set.pack_bytes(adapter, block))
+                        .max()
+                        .unwrap_or(0);
+                    u64::from(depth + 2) * arena_bytes(largest.max(1))
+                })
+                .sum::<u64>()
+        })
+        .max()
+        .unwrap_or(0)
 }
 
 /// VRAM that holds the whole model resident: every block and LoRA pack in the arena,

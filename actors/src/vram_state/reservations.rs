@@ -197,7 +197,9 @@ impl VramState {
                 ring,
                 available,
                 held: Bytes(held),
-                needed: Bytes(taken + requested + held),
+                // At least one region more than the budget holds now: the room kept
+                // for the run's first activations is not the resident area's to give.
+                needed: Bytes((taken + requested + held).max(self.budget_bytes + requested)),
             };
         }
         // Activations are refused only once no planned-resident block can give way: the
