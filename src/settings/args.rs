@@ -65,13 +65,16 @@ pub struct SettingsArgs {
     /// Disk reader worker threads (1..=64).
     #[arg(long, value_name = "N")]
     pub reader_threads: Option<String>,
+    /// CPU backend compute threads (1..=cores; "" = every core, one fewer when streaming).
+    #[arg(long, value_name = "N")]
+    pub compute_threads: Option<String>,
 }
 
 impl SettingsArgs {
     /// The flags that were given, as (key, value, source) in field order.
     pub(crate) fn entries(&self) -> Vec<(String, Value, Source)> {
         let text = |value: &Option<String>| value.as_ref().map(|text| Value::from(text.as_str()));
-        let candidates: [(&str, Option<Value>); 16] = [
+        let candidates: [(&str, Option<Value>); 17] = [
             ("device", text(&self.device)),
             ("vram_budget", text(&self.vram_budget)),
             ("reserve_vram", text(&self.reserve_vram)),
@@ -88,6 +91,7 @@ impl SettingsArgs {
             ("staging_buffer_size", text(&self.staging_buffer_size)),
             ("read_request_size", text(&self.read_request_size)),
             ("reader_threads", text(&self.reader_threads)),
+            ("compute_threads", text(&self.compute_threads)),
         ];
         candidates
             .into_iter()

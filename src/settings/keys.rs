@@ -32,6 +32,7 @@ pub const KEYS: &[&str] = &[
     "staging_buffer_size",
     "read_request_size",
     "reader_threads",
+    "compute_threads",
 ];
 
 /// The canonical spelling of `key` if it is a known setting.
@@ -66,6 +67,7 @@ pub(crate) fn apply(settings: &mut Settings, key: &str, value: Value) -> Result<
         "staging_buffer_size" => settings.staging_buffer_size = parse_size(&value)?,
         "read_request_size" => settings.read_request_size = parse_size(&value)?,
         "reader_threads" => settings.reader_threads = parse_count(&value)?,
+        "compute_threads" => settings.compute_threads = optional(&value, parse_count)?,
         other => return Err(format!("`{other}` is not a setting")),
     }
     Ok(())
@@ -106,6 +108,16 @@ pub fn display_value(settings: &Settings, key: &str) -> String {
         "staging_buffer_size" => size(settings.staging_buffer_size),
         "read_request_size" => size(settings.read_request_size),
         "reader_threads" => settings.reader_threads.to_string(),
+        "compute_threads" => settings.compute_threads.map_or_else(
+            || {
+                let cores = super::machine_cores();
+                format!(
+                    "auto ({cores} when nothing streams, {} when blocks stream)",
+                    super::threads_beside_streaming(cores)
+                )
+            },
+            |threads| threads.to_string(),
+        ),
         _ => String::new(),
     }
 }

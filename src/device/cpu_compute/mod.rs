@@ -471,3 +471,6 @@ impl Compute for CpuCompute {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod product_tests;
