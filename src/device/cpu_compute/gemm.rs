@@ -2,22 +2,29 @@
 //! through the `gemm` crate's f32 kernels (the crate candle's CPU backend uses;
 //! AVX-512 and AVX2/FMA microkernels chosen at run time).
 //!
-//! The output features are cut into column blocks whose width is fixed by the
-//! product's shape alone ([`block_width`]); each block is one single-threaded `gemm`
-//! call over the whole inner dimension, and the blocks are split over the compute
-//! threads. A bf16, f16, FP8 or unaligned f32 weight is widened one block at a time
-//! into that thread's panel (a few MiB, reused), never as a whole f32 copy. The
-//! `gemm` call for a block sees the same shape and the same values whichever thread
-//! runs it and however many there are, so the bits of `y` depend on neither.
+//! The product is tiled by shape alone: the inner dimension into [`slices`] of at
+//! most [`SLICE_MAX`] values, the output features into column blocks of
+//! [`block_width`]. `x` is copied once into its slices, each contiguous; a thread
+//! widens one (block, slice) tile of the weight at a time into its panel — whatever
+//! the dtype, so the panel is also contiguous — and adds that tile's product into its
+//! block of `y` with one single-threaded `gemm` call, slices in order. Contiguous
+//! operands of at most [`SLICE_MAX`] columns are what keeps `gemm` at full speed: the
+//! same call reading the rows of a 2048-wide `x` in place ran at about half the rate
+//! here (their 8 KiB stride maps every row to the same cache sets). The blocks are
+//! split over the compute threads; a tile's call sees the same shape and values
+//! whichever thread runs it and however many there are, so the bits of `y` depend
+//! on neither.
 
 use crate::compute::DType;
 
 use super::pool::{share, Pool, SharedOut};
 use super::simd::{self, Format, Isa, Lanes, Portable};
 
-/// Floats in one thread's widened panel: 2 MiB, a share of the last-level cache that
-/// `gemm`'s own packing then reads from cache, not from memory.
-const PANEL_FLOATS: usize = 512 * 1024;
+/// Floats in one thread's widened panel: 1 MiB, one tile, read by `gemm` from cache.
+const PANEL_FLOATS: usize = 256 * 1024;
+
+/// The longest slice of the inner dimension one `gemm` call takes.
+const SLICE_MAX: usize = 768;
 
 /// Blocks per product, at least, when the output is wide enough: enough to share
 /// over the cores of a small machine without one thread getting the whole product.
@@ -40,18 +47,35 @@ pub(super) struct Gemm<'a> {
     pub out: usize,
 }
 
+/// The slices of an inner dimension: `(first, length)` each, equal but for rounding.
+pub(super) fn slices(inner: usize) -> impl Iterator<Item = (usize, usize)> {
+    let count = inner.div_ceil(SLICE_MAX).max(1);
+    let length = inner.div_ceil(count).div_ceil(WIDTH_GRANULE) * WIDTH_GRANULE;
+    (0..count)
+        .map(move |index| {
+            (
+                index * length,
+                length.min(inner.saturating_sub(index * length)),
+            )
+        })
+        .filter(|&(_, length)| length > 0)
+}
+
 /// The width of the column blocks of a product with `out` features of `inner`
-/// values: as wide as a panel allows, narrow enough for [`MIN_BLOCKS`] blocks.
+/// values: as wide as a panel of one slice allows, narrow enough for [`MIN_BLOCKS`].
 pub(super) fn block_width(out: usize, inner: usize) -> usize {
-    let by_panel = (PANEL_FLOATS / inner.max(1)) / WIDTH_GRANULE * WIDTH_GRANULE;
+    let slice = inner.clamp(1, SLICE_MAX);
+    let by_panel = (PANEL_FLOATS / slice) / WIDTH_GRANULE * WIDTH_GRANULE;
     let by_blocks = out.div_ceil(MIN_BLOCKS).div_ceil(WIDTH_GRANULE) * WIDTH_GRANULE;
     by_panel.min(by_blocks).max(WIDTH_GRANULE)
 }
 
-/// `y ← x·Wᵀ·scale (+ bias)`. `panels` holds one reusable buffer per pool thread.
+/// `y ← x·Wᵀ·scale (+ bias)`. `panels` holds one reusable buffer per pool thread;
+/// `packed` takes the slices of `x` (reused between products).
 pub(super) fn gemm(
     pool: &Pool,
     panels: &[std::sync::Mutex<Vec<f32>>],
+    packed: &mut Vec<f32>,
     product: &Gemm<'_>,
     y: &mut [f32],
 ) {
@@ -63,6 +87,14 @@ pub(super) fn gemm(
     assert_eq!(y.len(), product.rows * product.out);
     assert!(product.bias.is_none_or(|bias| bias.len() == product.out));
     assert!(panels.len() >= pool.threads());
+    // x in its slices, one after the other, each `[rows, length]`.
+    packed.clear();
+    for (first, length) in slices(product.inner) {
+        for row in product.x.chunks_exact(product.inner) {
+            packed.extend_from_slice(&row[first..first + length]);
+        }
+    }
+    let packed = &packed[..];
     let width = block_width(product.out, product.inner);
     let blocks = product.out.div_ceil(width);
     let threads = pool.threads().min(blocks);
@@ -80,39 +112,27 @@ pub(super) fn gemm(
             let columns = width.min(product.out - column);
             // SAFETY: block `block` owns the output columns `column..column + columns`,
             // and each block is run by exactly one thread.
-            unsafe { one_block(product, column, columns, &mut panel, output) };
+            unsafe { one_block(product, packed, (column, columns), &mut panel, output) };
         }
     });
 }
 
-/// The block of output columns `column..column + columns`.
+/// The block of output columns `column..column + columns`, slice by slice.
 ///
 /// # Safety
 /// `output` is `y` of `product`, and no other thread writes these columns meanwhile.
 unsafe fn one_block(
     product: &Gemm<'_>,
-    column: usize,
-    columns: usize,
+    packed: &[f32],
+    (column, columns): (usize, usize),
     panel: &mut Vec<f32>,
     output: SharedOut,
 ) {
-    let inner = product.inner;
-    let stored = &product.weight[column * inner * product.dtype.size_bytes()..]
-        [..columns * inner * product.dtype.size_bytes()];
-    let weights: *const f32 = match in_place(product.dtype, stored) {
-        Some(floats) => floats.as_ptr(),
-        None => {
-            panel.clear();
-            panel.resize(columns * inner, 0.0);
-            widen(product.dtype, stored, panel);
-            panel.as_ptr()
-        }
-    };
-    let out = product.out;
+    let (inner, out, rows) = (product.inner, product.out, product.rows);
     // SAFETY: the columns are inside `y` (`column + columns <= out`).
     let destination = unsafe { output.pointer().add(column) };
     if let Some(bias) = product.bias {
-        for row in 0..product.rows {
+        for row in 0..rows {
             // SAFETY: row `row`, columns `column..column + columns` of `y`: this
             // block's, written by this thread only (the caller's contract).
             let target =
@@ -120,47 +140,51 @@ unsafe fn one_block(
             target.copy_from_slice(&bias[column..column + columns]);
         }
     }
-    // `gemm` computes dst ← alpha·dst + beta·lhs·rhs with dst `[m, n]`. Here dst is the
-    // block transposed (`[columns, rows]`, so its row stride is 1 and its column
-    // stride `out`), lhs the weight block `[columns, inner]` and rhs `xᵀ`
-    // (`[inner, rows]`); this orientation ran fastest for Llama's shapes.
-    // SAFETY: every pointer covers its matrix with the strides given: the weight
-    // block `columns × inner` (contiguous rows), x `rows × inner`, and the block of y
-    // that is this thread's; dst aliases neither input.
-    unsafe {
-        gemm_f32::gemm::f32::get_gemm_fn()(
-            columns,
-            product.rows,
-            inner,
-            destination,
-            out as isize,
-            1,
-            product.bias.is_some(),
-            weights,
-            1,
-            inner as isize,
-            product.x.as_ptr(),
-            inner as isize,
-            1,
-            1.0,
-            product.scale.unwrap_or(1.0),
-            false,
-            false,
-            false,
-            gemm_common::Parallelism::None,
-        );
+    let element = product.dtype.size_bytes();
+    for (first, length) in slices(inner) {
+        panel.clear();
+        panel.resize(columns * length, 0.0);
+        for (feature, target) in panel.chunks_exact_mut(length).enumerate() {
+            let start = ((column + feature) * inner + first) * element;
+            widen(
+                product.dtype,
+                &product.weight[start..start + length * element],
+                target,
+            );
+        }
+        let x_slice = &packed[first * rows..(first + length) * rows];
+        let accumulate = first > 0 || product.bias.is_some();
+        // `gemm` computes dst ← alpha·dst + beta·lhs·rhs with dst `[m, n]`. Here dst is
+        // the block transposed (`[columns, rows]`: row stride 1, column stride `out`),
+        // lhs the panel `[columns, length]` and rhs the slice of `x` transposed
+        // (`[length, rows]`); this orientation ran fastest for Llama's shapes.
+        // SAFETY: every pointer covers its matrix with the strides given: the panel
+        // `columns × length`, the slice `rows × length`, both contiguous, and the block
+        // of y that is this thread's; dst aliases neither input.
+        unsafe {
+            gemm_f32::gemm::f32::get_gemm_fn()(
+                columns,
+                rows,
+                length,
+                destination,
+                out as isize,
+                1,
+                accumulate,
+                panel.as_ptr(),
+                1,
+                length as isize,
+                x_slice.as_ptr(),
+                length as isize,
+                1,
+                1.0,
+                product.scale.unwrap_or(1.0),
+                false,
+                false,
+                false,
+                gemm_common::Parallelism::None,
+            );
+        }
     }
-}
-
-/// The weight block as f32 where it already is: unscaled, aligned f32.
-fn in_place(dtype: DType, stored: &[u8]) -> Option<&[f32]> {
-    if dtype != DType::F32 {
-        return None;
-    }
-    // SAFETY: every bit pattern is a valid f32; only the aligned middle is taken, and
-    // only when it is the whole slice.
-    let (prefix, floats, suffix) = unsafe { stored.align_to::<f32>() };
-    (prefix.is_empty() && suffix.is_empty()).then_some(floats)
 }
 
 /// Widens `stored` (elements of `dtype`) into `out`, sixteen at a time in registers;
@@ -245,12 +269,26 @@ mod tests {
             let width = block_width(out, inner);
             assert_eq!(width % WIDTH_GRANULE, 0);
             assert!(
-                width * inner <= PANEL_FLOATS || width == WIDTH_GRANULE,
+                width * inner.min(SLICE_MAX) <= PANEL_FLOATS || width == WIDTH_GRANULE,
                 "{out}×{inner}"
             );
             if out >= MIN_BLOCKS * WIDTH_GRANULE {
                 assert!(out.div_ceil(width) >= MIN_BLOCKS, "{out}×{inner}");
             }
+        }
+    }
+
+    #[test]
+    fn slices_cover_the_inner_dimension_in_order() {
+        // Proves the slices are contiguous, in order, at most SLICE_MAX long, and cover it.
+        for inner in [1, 16, 37, 384, 768, 769, 2048, 8192] {
+            let mut next = 0;
+            for (first, length) in slices(inner) {
+                assert_eq!(first, next);
+                assert!(length > 0 && length <= SLICE_MAX, "{inner}");
+                next = first + length;
+            }
+            assert_eq!(next, inner);
         }
     }
 

@@ -43,6 +43,8 @@ pub struct CpuCompute {
     /// One buffer per pool thread: a product's widened weight panel, an attention
     /// task's transposed keys. Each grows to its largest use and stays.
     scratch: Vec<Mutex<Vec<f32>>>,
+    /// The activations of a many-rows product, cut into the slices its tiles read.
+    packed: RefCell<Vec<f32>>,
     /// LoRA factors and norm weights widened to f32 just before use.
     cast: RefCell<Vec<f32>>,
     /// Small vectors (bias, norm weights) and the second LoRA factor.
@@ -90,6 +92,7 @@ impl CpuCompute {
         Self {
             pool,
             scratch,
+            packed: RefCell::default(),
             cast: RefCell::default(),
             cast_small: RefCell::default(),
         }
@@ -108,7 +111,10 @@ impl CpuCompute {
             .iter()
             .map(|buffer| buffer.lock().map_or(0, |buffer| buffer.capacity()))
             .sum();
-        let floats = self.cast.borrow().capacity() + self.cast_small.borrow().capacity() + scratch;
+        let floats = self.cast.borrow().capacity()
+            + self.cast_small.borrow().capacity()
+            + self.packed.borrow().capacity()
+            + scratch;
         (floats * 4) as u64
     }
 }

@@ -46,7 +46,14 @@ pub(super) fn linear(
             bias,
             out,
         };
-        gemm::gemm(&compute.pool, &compute.scratch, &product, &mut y.data);
+        let mut packed = compute.packed.borrow_mut();
+        gemm::gemm(
+            &compute.pool,
+            &compute.scratch,
+            &mut packed,
+            &product,
+            &mut y.data,
+        );
     }
     Ok(())
 }
