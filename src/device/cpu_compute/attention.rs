@@ -9,10 +9,12 @@
 //! scores of a tile in order — so the bits depend on neither which thread runs a task
 //! nor how many threads there are. The loops are plain element-wise f32 arithmetic
 //! (no fused multiply-add, no reassociation), so the compiler's vectorisation does
-//! not change them either.
+//! not change them either; the softmax's `exp` is the vectorisable one of
+//! [`super::elementwise`].
 
 use crate::compute::{Attention, CachedAttention, Mask};
 
+use super::elementwise::exp;
 use super::pool::{share, Pool, SharedOut};
 use super::simd::Isa;
 
@@ -253,11 +255,11 @@ fn query_row(
         }
         let next_maximum = maximum.max(tile_maximum);
         // The first tile rescales nothing: exp(−∞) = 0 times a zero row.
-        let correction = (maximum - next_maximum).exp();
+        let correction = exp(maximum - next_maximum);
         total *= correction;
         out.iter_mut().for_each(|value| *value *= correction);
         for (offset, score) in scores.iter().enumerate() {
-            let weight = (score - next_maximum).exp();
+            let weight = exp(score - next_maximum);
             total += weight;
             for (value, v) in out.iter_mut().zip(values.row(tile + offset)) {
                 *value += weight * v;

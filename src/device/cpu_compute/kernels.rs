@@ -1,6 +1,6 @@
 //! The CPU kernels behind `CpuCompute` that need no thread pool, on plain f32 slices:
 //! LoRA products (`matrixmultiply`, single-threaded and deterministic; the factors are
-//! small), norms, GELU and rotary embedding. Each reduction runs in a fixed order.
+//! small), norms and rotary embedding. Each reduction runs in a fixed order.
 
 /// `y ← x·Wᵀ + beta·y`: `x` is `[rows, inner]`, `weights` row-major `[out, inner]`.
 pub(super) fn gemm_transposed(
@@ -154,34 +154,6 @@ pub(super) fn rms_norm(x: &[f32], cols: usize, gamma: Option<&[f32]>, eps: f32, 
                 }
             }
         }
-    }
-}
-
-/// `x·Φ(x)` with `Φ` from the complementary error function: `x·(1 − erfc(x/√2)/2)`.
-pub(super) fn gelu_erf(x: f32) -> f32 {
-    let x = f64::from(x);
-    (x * (1.0 - 0.5 * erfc(x * std::f64::consts::FRAC_1_SQRT_2))) as f32
-}
-
-/// The complementary error function, by the Chebyshev fit of Numerical Recipes
-/// (`erfcc`): relative error below 1.2e-7 everywhere, well inside f32's precision once
-/// the result is rounded.
-fn erfc(x: f64) -> f64 {
-    let z = x.abs();
-    let t = 1.0 / (1.0 + 0.5 * z);
-    let polynomial = -z * z - 1.265_512_23
-        + t * (1.000_023_68
-            + t * (0.374_091_96
-                + t * (0.096_784_18
-                    + t * (-0.186_288_06
-                        + t * (0.278_868_07
-                            + t * (-1.135_203_98
-                                + t * (1.488_515_87 + t * (-0.822_152_23 + t * 0.170_872_77))))))));
-    let value = t * polynomial.exp();
-    if x >= 0.0 {
-        value
-    } else {
-        2.0 - value
     }
 }
 

@@ -20,6 +20,7 @@
 //! owned by this adapter; products never widen a whole weight.
 
 mod attention;
+mod elementwise;
 mod gemm;
 mod gemv;
 mod kernels;
@@ -344,9 +345,7 @@ impl Compute for CpuCompute {
     }
 
     fn gelu_erf(&self, x: &mut CpuTensor) -> Result<(), ComputeError> {
-        x.data
-            .iter_mut()
-            .for_each(|value| *value = kernels::gelu_erf(*value));
+        elementwise::gelu_erf(&self.pool, &mut x.data);
         Ok(())
     }
 
@@ -372,9 +371,7 @@ impl Compute for CpuCompute {
 
     fn silu_mul(&self, gate: &mut CpuTensor, up: &CpuTensor) -> Result<(), ComputeError> {
         shapes::same("silu_mul", gate.dims(), up.dims())?;
-        for (gate, up) in gate.data.iter_mut().zip(&up.data) {
-            *gate = *gate / (1.0 + (-*gate).exp()) * up;
-        }
+        elementwise::silu_mul(&self.pool, &mut gate.data, &up.data);
         Ok(())
     }
 
