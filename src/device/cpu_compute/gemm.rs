@@ -216,7 +216,7 @@ pub(super) fn widen(dtype: DType, stored: &[u8], out: &mut [f32]) {
 /// # Safety
 /// AVX-512F, AVX2 and F16C are present; `stored` holds `out.len()` elements of `F`.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
 unsafe fn widen_avx512<F: Format>(stored: &[u8], out: &mut [f32]) {
     // SAFETY: the caller's contract.
     unsafe { widen_on::<simd::Avx512, F>(stored, out) }

@@ -105,7 +105,7 @@ unsafe fn features(product: &Gemv<'_>, first: usize, end: usize, output: SharedO
 /// # Safety
 /// As [`features`], on a CPU with AVX-512F, AVX2, FMA and F16C.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
 unsafe fn features_avx512<F: Format>(
     product: &Gemv<'_>,
     first: usize,
@@ -192,11 +192,20 @@ pub(super) unsafe fn dots<L: Lanes, F: Format, const W: usize>(
     // SAFETY: every read is inside the first `chunks·16` elements (the caller's contract).
     unsafe {
         let mut sums = [L::zero(); W];
-        for chunk in 0..chunks {
-            let values = L::load(x.add(chunk * 16));
+        // Two chunks at a time (the same lane order: chunk c, then c + 1).
+        for pair in 0..chunks / 2 {
+            let at = pair * 32;
+            let (first, second) = (L::load(x.add(at)), L::load(x.add(at + 16)));
             for (sum, row) in sums.iter_mut().zip(rows) {
-                let weights = L::widen::<F>(row.add(chunk * 16 * F::BYTES));
-                *sum = L::fma(weights, values, *sum);
+                let (low, high) = L::widen_pair::<F>(row.add(at * F::BYTES));
+                *sum = L::fma(high, second, L::fma(low, first, *sum));
+            }
+        }
+        if chunks % 2 == 1 {
+            let at = (chunks - 1) * 16;
+            let values = L::load(x.add(at));
+            for (sum, row) in sums.iter_mut().zip(rows) {
+                *sum = L::fma(L::widen::<F>(row.add(at * F::BYTES)), values, *sum);
             }
         }
         let mut totals = [0.0; W];
@@ -290,7 +299,7 @@ mod tests {
     }
 
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
     unsafe fn dots_avx512(rows: [*const u8; 4], x: *const f32, inner: usize) -> [f32; 4] {
         // SAFETY: the caller's contract.
         unsafe { dots::<simd::Avx512, simd::F32, 4>(rows, x, inner) }
