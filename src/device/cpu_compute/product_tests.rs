@@ -255,8 +255,8 @@ fn tensor(compute: &CpuCompute, rows: usize, cols: usize, seed: u64) -> (CpuTens
 #[test]
 fn tiled_attention_over_many_key_tiles_matches_f64_and_repeats_on_any_thread_count() {
     // Proves causal and padded attention across several key tiles (150 keys, tiles of
-    // 64), grouped-query heads, and cached attention of many queries, agree with f64
-    // within 1e-5 and give the same bits on 1, 2 and 3 threads.
+    // 64) with grouped-query heads agree with f64 within 1e-5 and give the same bits
+    // on 1, 2 and 3 threads.
     let (length, heads, kv_heads, dim) = (150, 4, 2, 32);
     let lengths = [150usize, 70];
     let computes: Vec<CpuCompute> = [1, 2, 3]
@@ -312,6 +312,17 @@ fn tiled_attention_over_many_key_tiles_matches_f64_and_repeats_on_any_thread_cou
             "{mask:?}: the same bits on every thread count"
         );
     }
+}
+
+#[test]
+fn cached_attention_of_many_queries_matches_f64_and_repeats_on_any_thread_count() {
+    // Proves attention of 40 new queries over a 130-row cache (3 key tiles) agrees
+    // with f64 within 1e-5 and gives the same bits on 1, 2 and 3 threads.
+    let (heads, kv_heads, dim) = (4, 2, 32);
+    let computes: Vec<CpuCompute> = [1, 2, 3]
+        .into_iter()
+        .map(CpuCompute::with_threads)
+        .collect();
     let (past, queries) = (90, 40);
     let shape = CachedAttention {
         heads,
