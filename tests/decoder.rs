@@ -91,6 +91,42 @@ fn streamed_llama_tokens_equal_the_resident_run() {
     assert_eq!(sampled("5"), sampled("5"));
 }
 
+#[test]
+fn one_and_two_compute_threads_both_verify_and_pick_the_same_tokens() {
+    // Proves a streamed decoder verifies every step against its resident reference
+    // with one compute thread and with two (the CPU kernels' bits do not depend on
+    // the count), and both pick the same tokens.
+    let dir = tempfile::tempdir().unwrap();
+    let model = folder(dir.path(), DecoderArch::Llama, DType::Bf16);
+    let threads = stagehand::settings::machine_cores().min(2).to_string();
+    let runs: Vec<Value> = ["1", threads.as_str()]
+        .into_iter()
+        .map(|count| {
+            generate(
+                &model,
+                &[
+                    "--prompt",
+                    "hello",
+                    "--max-tokens",
+                    "8",
+                    "--compute-threads",
+                    count,
+                ],
+            )
+        })
+        .collect();
+    for run in &runs {
+        assert_eq!(run["summary"]["verified_steps"], 8);
+        assert!(
+            run["summary"]["streamed_bytes_per_step_planned"]
+                .as_u64()
+                .unwrap()
+                > 0
+        );
+    }
+    assert_eq!(tokens(&runs[0]), tokens(&runs[1]));
+}
+
 /// Runs `model` as a decoder for `steps` tokens under `vram` bytes.
 fn run(model: &Path, steps: u64, vram: u64, extras: &Extras) -> Result<Outcome, RunError> {
     run_with(model, steps, |_| vram, extras)

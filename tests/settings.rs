@@ -291,7 +291,7 @@ fn ram_floor_is_clamped_and_says_so() {
 #[test]
 fn validation_names_the_key_and_its_source() {
     // Proves each range rule rejects its key with the layer that set it.
-    let cases: [(&[&str], &str); 8] = [
+    let cases: [(&[&str], &str); 9] = [
         (&["--prefetch-depth", "1000"], "prefetch_depth"),
         (&["--prefetch-depth", "65"], "prefetch_depth"),
         (&["--staging-buffers", "1"], "staging_buffers"),
@@ -300,6 +300,7 @@ fn validation_names_the_key_and_its_source() {
         (&["--staging-buffer-size", "0"], "staging_buffer_size"),
         (&["--vram-budget", "0"], "vram_budget"),
         (&["--log", "stagehand=loud"], "log"),
+        (&["--compute-threads", "0"], "compute_threads"),
     ];
     for (args, key) in cases {
         let error = load(&flags(args), None, BTreeMap::new())
@@ -464,4 +465,35 @@ fn config_shows_sizes_one_way_and_json_carries_integer_bytes() {
     ] {
         assert!(settings[key].is_u64(), "{key}: {}", settings[key]);
     }
+}
+
+#[test]
+fn compute_threads_is_refused_outside_one_to_the_cores_and_names_the_limit() {
+    // Proves `compute_threads` 0 and one more than the machine's cores exit 2 naming
+    // the key and the limit, and that unset means every core unless blocks stream.
+    let cores = stagehand::settings::machine_cores();
+    let too_many = (cores + 1).to_string();
+    for threads in ["0", too_many.as_str()] {
+        let output = stagehand()
+            .args(["config", "--compute-threads", threads])
+            .output()
+            .expect("runs");
+        common::assert_bad_input(
+            &output,
+            &[
+                "compute_threads",
+                &format!("between 1 and {cores}"),
+                "--compute-threads",
+            ],
+        );
+    }
+    let settings = Settings::default();
+    assert_eq!(settings.compute_threads_for(false), cores);
+    assert_eq!(
+        settings.compute_threads_for(true),
+        cores.saturating_sub(1).max(1)
+    );
+    let loaded = load(&flags(&["--compute-threads", "1"]), None, BTreeMap::new()).expect("loads");
+    assert_eq!(loaded.settings.compute_threads, Some(1));
+    assert_eq!(loaded.settings.compute_threads_for(false), 1);
 }

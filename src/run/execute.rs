@@ -28,7 +28,9 @@ pub fn execute(prepared: &Prepared, plan: RunPlan<'_>) -> Result<Outcome, RunErr
         .max(layout.largest_block_bytes());
     let device: Arc<dyn Device> =
         Arc::new(CpuDevice::new(capacity).map_err(|error| RunError::Failed(error.to_string()))?);
-    execute_on(prepared, plan, device, &CpuCompute::new())
+    let streams = plan.budgets.vram_budget_bytes < layout.total_bytes();
+    let compute = CpuCompute::with_threads(plan.settings.compute_threads_for(streams));
+    execute_on(prepared, plan, device, &compute)
 }
 
 /// A run on the CUDA backend (`super::cuda`).

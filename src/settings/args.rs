@@ -69,6 +69,9 @@ pub struct SettingsArgs {
     /// Disk reader worker threads (1..=64).
     #[cfg_attr(feature = "cli", arg(long, value_name = "N"))]
     pub reader_threads: Option<String>,
+    /// CPU backend compute threads (1..=cores; "" = every core, one fewer when streaming).
+    #[cfg_attr(feature = "cli", arg(long, value_name = "N"))]
+    pub compute_threads: Option<String>,
     /// How a run checks its results: full, first, weights or off (default: full for
     /// run and bench, first for embed and generate).
     #[cfg_attr(feature = "cli", arg(long, value_name = "MODE"))]
@@ -79,7 +82,7 @@ impl SettingsArgs {
     /// The flags that were given, as (key, value, source) in field order.
     pub(crate) fn entries(&self) -> Vec<(String, Value, Source)> {
         let text = |value: &Option<String>| value.as_ref().map(|text| Value::from(text.as_str()));
-        let candidates: [(&str, Option<Value>); 17] = [
+        let candidates: [(&str, Option<Value>); 18] = [
             ("device", text(&self.device)),
             ("vram_budget", text(&self.vram_budget)),
             ("reserve_vram", text(&self.reserve_vram)),
@@ -96,6 +99,7 @@ impl SettingsArgs {
             ("staging_buffer_size", text(&self.staging_buffer_size)),
             ("read_request_size", text(&self.read_request_size)),
             ("reader_threads", text(&self.reader_threads)),
+            ("compute_threads", text(&self.compute_threads)),
             ("verify", text(&self.verify)),
         ];
         candidates

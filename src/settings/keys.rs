@@ -32,6 +32,7 @@ pub const KEYS: &[&str] = &[
     "staging_buffer_size",
     "read_request_size",
     "reader_threads",
+    "compute_threads",
     "verify",
 ];
 
@@ -68,6 +69,7 @@ pub(crate) fn apply(settings: &mut Settings, key: &str, value: Value) -> Result<
         "read_request_size" => settings.read_request_size = parse_size(&value)?,
         "reader_threads" => settings.reader_threads = parse_count(&value)?,
         "verify" => settings.verify = optional(&value, parse_verify)?,
+        "compute_threads" => settings.compute_threads = optional(&value, parse_count)?,
         other => return Err(format!("`{other}` is not a setting")),
     }
     Ok(())
@@ -111,6 +113,16 @@ pub fn display_value(settings: &Settings, key: &str) -> String {
         "verify" => settings.verify.map_or_else(
             || "the command's default (run, bench: full; embed, generate: first)".to_string(),
             |verify| verify.name().to_string(),
+        ),
+        "compute_threads" => settings.compute_threads.map_or_else(
+            || {
+                let cores = super::machine_cores();
+                format!(
+                    "auto ({cores} when nothing streams, {} when blocks stream)",
+                    super::threads_beside_streaming(cores)
+                )
+            },
+            |threads| threads.to_string(),
         ),
         _ => String::new(),
     }

@@ -137,6 +137,9 @@ pub struct Settings {
     pub read_request_size: ByteSize,
     /// Disk reader worker threads.
     pub reader_threads: u32,
+    /// Threads the CPU backend computes on; `None` = [`Settings::compute_threads_for`]'s
+    /// choice (every core, one fewer when blocks stream).
+    pub compute_threads: Option<u32>,
     /// How a run checks its results; `None`: the command's own default (`run` and
     /// `bench`: full, `embed` and `generate`: first).
     pub verify: Option<Verify>,
@@ -167,8 +170,36 @@ impl Default for Settings {
             staging_buffer_size: ByteSize::mib(64),
             read_request_size: ByteSize::mib(4),
             reader_threads: 4,
+            compute_threads: None,
             verify: None,
             choose_prefetch_depth: true,
         }
     }
+}
+
+impl Settings {
+    /// The CPU backend's compute threads for a run: the setting when given, else every
+    /// core when nothing streams (a resident model has nothing else to feed) and one
+    /// core fewer, at least one, when blocks stream: the copy thread's `memcpy` and
+    /// the disk readers then need a core of their own, or every streamed block waits
+    /// behind a compute thread that spins for work. The kernels' results are the
+    /// same bits for any count, so this choice never changes what a run computes.
+    pub fn compute_threads_for(&self, streams: bool) -> usize {
+        let cores = machine_cores();
+        match self.compute_threads {
+            Some(threads) => threads as usize,
+            None if streams => threads_beside_streaming(cores),
+            None => cores,
+        }
+    }
+}
+
+/// The cores this process may run on (1 when the OS does not say).
+pub fn machine_cores() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+}
+
+/// Compute threads that leave a core to the copy and read threads.
+fn threads_beside_streaming(cores: usize) -> usize {
+    cores.saturating_sub(1).max(1)
 }

@@ -85,6 +85,16 @@ impl Settings {
             MAX_STAGING_BUFFERS,
         )?;
         check_range("reader_threads", self.reader_threads, 1, MAX_READER_THREADS)?;
+        if let Some(threads) = self.compute_threads {
+            let cores = super::machine_cores() as u32;
+            check_range("compute_threads", threads, 1, cores).map_err(|invalid| Invalid {
+                reason: format!(
+                    "{} (this machine has {cores} cores); leave it unset for every core",
+                    invalid.reason
+                ),
+                ..invalid
+            })?;
+        }
         check_aligned("staging_buffer_size", self.staging_buffer_size)?;
         check_aligned("read_request_size", self.read_request_size)?;
         if self.read_request_size > self.staging_buffer_size {

@@ -1,159 +1,306 @@
 //! The few-rows product of a decode step: `y ← x·Wᵀ (+ bias)` for up to
-//! [`GEMV_ROWS`] rows, reading the weight once in its storage dtype. Each weight row
-//! is widened (and scaled) into a small buffer that stays in cache and dotted with
-//! every input row, so a bf16 or FP8 weight costs its own bytes of memory traffic —
-//! not a widened f32 copy written and read again, as a GEMM through the cast buffer
-//! would. Dot products sum in a fixed order (AVX2/FMA lanes when the CPU has them,
-//! chosen once per process), so the same input gives the same bits.
+//! [`GEMV_ROWS`] rows, reading the weight once, in its storage dtype, widening it in
+//! registers ([`super::simd`]). Memory traffic is the weight's own bytes: half of
+//! f32's for bf16, a quarter for FP8.
+//!
+//! The output features are cut into parts of [`PART_FEATURES`], which the compute
+//! threads claim. A part only decides who computes an element, never how: every `y[r, o]` is one dot
+//! product in one fixed order — lane `l` of sixteen sums the elements `i ≡ l (mod 16)`
+//! with fused multiply-adds in increasing `i`, the lanes are added by halving
+//! (`l + 8`, `+ 4`, `+ 2`, `+ 1`), then the FP8 scale multiplies and the bias adds —
+//! so the bits depend on neither the thread count nor the instruction set.
 
 use crate::compute::DType;
+
+use super::pool::{Pool, SharedOut};
+use super::simd::{self, Format, Isa, Lanes, Portable};
 
 /// Products with at most this many rows take this path.
 pub(super) const GEMV_ROWS: usize = 8;
 
-/// `y[r, o] ← bias[o] + Σ_i x[r, i]·W[o, i]` (`bias` absent: 0), with `W` given as its
-/// stored bytes. `row` is scratch for one widened weight row.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn gemv(
-    x: &[f32],
-    rows: usize,
-    inner: usize,
-    weight: &[u8],
-    dtype: DType,
-    scale: Option<f32>,
-    bias: Option<&[f32]>,
-    out: usize,
-    row: &mut Vec<f32>,
-    y: &mut [f32],
+/// Below this many multiply-adds a product runs on the calling thread alone: the
+/// hand-off would cost more than the second core saves.
+const PARALLEL_MIN_MACS: usize = 1 << 16;
+
+/// Weight rows read together: four independent dot products hide the FMA latency
+/// and give the prefetcher four streams.
+const GROUP: usize = 4;
+
+/// Output features per part of a product (a multiple of [`GROUP`]): 128 rows of a
+/// 2048-wide bf16 weight are 512 KiB, a few tens of microseconds of memory traffic.
+const PART_FEATURES: usize = 128;
+
+/// One few-rows product.
+pub(super) struct Gemv<'a> {
+    /// `[rows, inner]`, row-major.
+    pub x: &'a [f32],
+    pub rows: usize,
+    pub inner: usize,
+    /// `[out, inner]` in `dtype`, as stored (any alignment).
+    pub weight: &'a [u8],
+    pub dtype: DType,
+    pub scale: Option<f32>,
+    pub bias: Option<&'a [f32]>,
+    pub out: usize,
+}
+
+/// `y[r, o] ← bias[o] + scale·Σ_i x[r, i]·W[o, i]` (see the module docs for the order).
+pub(super) fn gemv(pool: &Pool, product: &Gemv<'_>, y: &mut [f32]) {
+    assert_eq!(product.x.len(), product.rows * product.inner);
+    assert_eq!(
+        product.weight.len(),
+        product.out * product.inner * product.dtype.size_bytes()
+    );
+    assert_eq!(y.len(), product.rows * product.out);
+    assert!(product.bias.is_none_or(|bias| bias.len() == product.out));
+    let macs = product.rows * product.inner * product.out;
+    let parts = if macs < PARALLEL_MIN_MACS {
+        1
+    } else {
+        product.out.div_ceil(PART_FEATURES)
+    };
+    let output = SharedOut::new(y);
+    pool.run_parts(parts, &|part, _thread| {
+        let first = part * PART_FEATURES;
+        let end = (first + PART_FEATURES).min(product.out);
+        let (first, end) = if parts == 1 {
+            (0, product.out)
+        } else {
+            (first, end)
+        };
+        // SAFETY: the parts write the disjoint output columns `first..end` of `y`,
+        // which outlives the job.
+        unsafe { features(product, first, end, output) };
+    });
+}
+
+/// Output features `first..end`, on the widest lanes this CPU has.
+///
+/// # Safety
+/// `output` is `y` of `product`, and no other thread writes its columns `first..end`.
+unsafe fn features(product: &Gemv<'_>, first: usize, end: usize, output: SharedOut) {
+    macro_rules! on {
+        ($format:ty) => {
+            match Isa::detect() {
+                // SAFETY: the lanes were chosen by `Isa::detect` for this CPU.
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx512 => unsafe { features_avx512::<$format>(product, first, end, output) },
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx2 => unsafe { features_avx2::<$format>(product, first, end, output) },
+                // SAFETY: portable lanes run everywhere; the range is the caller's.
+                _ => unsafe { features_on::<Portable, $format>(product, first, end, output) },
+            }
+        };
+    }
+    match product.dtype {
+        DType::F32 => on!(simd::F32),
+        DType::F16 => on!(simd::F16),
+        DType::Bf16 => on!(simd::Bf16),
+        DType::F8E4M3 => on!(simd::E4M3),
+        DType::F8E5M2 => on!(simd::E5M2),
+    }
+}
+
+/// # Safety
+/// As [`features`], on a CPU with AVX-512F, AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+unsafe fn features_avx512<F: Format>(
+    product: &Gemv<'_>,
+    first: usize,
+    end: usize,
+    output: SharedOut,
 ) {
-    let row_bytes = inner * dtype.size_bytes();
-    row.clear();
-    row.resize(inner, 0.0);
-    let dot = dot_function();
-    for o in 0..out {
-        let stored = &weight[o * row_bytes..(o + 1) * row_bytes];
-        dtype.widen(stored, row);
-        if let Some(scale) = scale {
-            row.iter_mut().for_each(|value| *value *= scale);
-        }
-        let offset = bias.map_or(0.0, |bias| bias[o]);
-        for r in 0..rows {
-            y[r * out + o] = offset + dot(&x[r * inner..(r + 1) * inner], row);
-        }
-    }
+    // SAFETY: the caller's contract.
+    unsafe { features_on::<simd::Avx512, F>(product, first, end, output) }
 }
 
-type Dot = fn(&[f32], &[f32]) -> f32;
-
-/// The widest dot product this CPU runs, chosen once so every call sums alike.
-fn dot_function() -> Dot {
-    static CHOSEN: std::sync::OnceLock<Dot> = std::sync::OnceLock::new();
-    *CHOSEN.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
-            return dot_avx2;
-        }
-        dot_portable
-    })
-}
-
-/// Sixteen running sums, combined pairwise at the end: vectorises on any target.
-fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
-    const LANES: usize = 16;
-    let mut sums = [0f32; LANES];
-    let chunks = a.len() / LANES;
-    for chunk in 0..chunks {
-        let (a, b) = (&a[chunk * LANES..][..LANES], &b[chunk * LANES..][..LANES]);
-        for lane in 0..LANES {
-            sums[lane] += a[lane] * b[lane];
-        }
-    }
-    let mut width = LANES;
-    while width > 1 {
-        width /= 2;
-        for lane in 0..width {
-            sums[lane] += sums[lane + width];
-        }
-    }
-    let tail: f32 = a[chunks * LANES..]
-        .iter()
-        .zip(&b[chunks * LANES..])
-        .map(|(a, b)| a * b)
-        .sum();
-    sums[0] + tail
-}
-
+/// # Safety
+/// As [`features`], on a CPU with AVX2, FMA and F16C.
 #[cfg(target_arch = "x86_64")]
-fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
-    // SAFETY: chosen only after AVX2 and FMA were detected on this CPU.
-    unsafe { dot_avx2_inner(a, b) }
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn features_avx2<F: Format>(
+    product: &Gemv<'_>,
+    first: usize,
+    end: usize,
+    output: SharedOut,
+) {
+    // SAFETY: the caller's contract.
+    unsafe { features_on::<simd::Avx2, F>(product, first, end, output) }
 }
 
-/// Four 8-lane FMA accumulators over 32 values at a time, then a fixed reduction.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot_avx2_inner(a: &[f32], b: &[f32]) -> f32 {
-    use std::arch::x86_64::*;
-    let length = a.len().min(b.len());
-    let chunks = length / 32;
-    // SAFETY: every load reads 8 floats at `base + 8k` with `base + 32 <= length`.
-    unsafe {
-        let mut sums = [_mm256_setzero_ps(); 4];
-        for chunk in 0..chunks {
-            let base = chunk * 32;
-            for (lane, sum) in sums.iter_mut().enumerate() {
-                let at = base + lane * 8;
-                let x = _mm256_loadu_ps(a.as_ptr().add(at));
-                let y = _mm256_loadu_ps(b.as_ptr().add(at));
-                *sum = _mm256_fmadd_ps(x, y, *sum);
+/// # Safety
+/// As [`features`], with lanes `L` this CPU runs.
+#[inline(always)]
+unsafe fn features_on<L: Lanes, F: Format>(
+    product: &Gemv<'_>,
+    first: usize,
+    end: usize,
+    output: SharedOut,
+) {
+    let row_bytes = product.inner * F::BYTES;
+    let weight = product.weight.as_ptr();
+    let mut feature = first;
+    while feature < end {
+        let count = GROUP.min(end - feature);
+        for row in 0..product.rows {
+            let x = product.x[row * product.inner..].as_ptr();
+            // SAFETY: rows `feature..feature + count` of the weight are inside it
+            // (`end <= out`, length asserted in `gemv`), x's row has `inner` values.
+            let sums: [f32; GROUP] = unsafe {
+                if count == GROUP {
+                    let rows = std::array::from_fn(|at| weight.add((feature + at) * row_bytes));
+                    dots::<L, F, GROUP>(rows, x, product.inner)
+                } else {
+                    let mut sums = [0.0; GROUP];
+                    for (at, sum) in sums.iter_mut().take(count).enumerate() {
+                        let rows = [weight.add((feature + at) * row_bytes)];
+                        *sum = dots::<L, F, 1>(rows, x, product.inner)[0];
+                    }
+                    sums
+                }
+            };
+            for (at, sum) in sums.iter().take(count).enumerate() {
+                let column = feature + at;
+                let scaled = product.scale.map_or(*sum, |scale| sum * scale);
+                let value = product.bias.map_or(scaled, |bias| scaled + bias[column]);
+                let index = row * product.out + column;
+                debug_assert!(index < output.len());
+                // SAFETY: `index` is inside `y` (row < rows, column < out) and in this
+                // part's columns (the caller's contract).
+                unsafe { *output.pointer().add(index) = value };
             }
         }
-        let pair = (
-            _mm256_add_ps(sums[0], sums[1]),
-            _mm256_add_ps(sums[2], sums[3]),
-        );
-        let all = _mm256_add_ps(pair.0, pair.1);
-        let mut lanes = [0f32; 8];
-        _mm256_storeu_ps(lanes.as_mut_ptr(), all);
-        let mut total = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5]))
-            + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
-        for index in chunks * 32..length {
-            total += a[index] * b[index];
-        }
-        total
+        feature += count;
     }
+}
+
+/// The dot products of `W` weight rows (in format `F`) with one row of `inner`
+/// values, each in the fixed order of the module docs.
+///
+/// # Safety
+/// Each of `rows` is valid for `inner` elements of `F`, `x` for `inner` f32, and the
+/// CPU runs `L`.
+#[inline(always)]
+pub(super) unsafe fn dots<L: Lanes, F: Format, const W: usize>(
+    rows: [*const u8; W],
+    x: *const f32,
+    inner: usize,
+) -> [f32; W] {
+    let chunks = inner / 16;
+    // SAFETY: every read is inside the first `chunks·16` elements (the caller's contract).
+    unsafe {
+        let mut sums = [L::zero(); W];
+        // Two chunks at a time (the same lane order: chunk c, then c + 1).
+        for pair in 0..chunks / 2 {
+            let at = pair * 32;
+            let (first, second) = (L::load(x.add(at)), L::load(x.add(at + 16)));
+            for (sum, row) in sums.iter_mut().zip(rows) {
+                let (low, high) = L::widen_pair::<F>(row.add(at * F::BYTES));
+                *sum = L::fma(high, second, L::fma(low, first, *sum));
+            }
+        }
+        if chunks % 2 == 1 {
+            let at = (chunks - 1) * 16;
+            let values = L::load(x.add(at));
+            for (sum, row) in sums.iter_mut().zip(rows) {
+                *sum = L::fma(L::widen::<F>(row.add(at * F::BYTES)), values, *sum);
+            }
+        }
+        let mut totals = [0.0; W];
+        for ((total, sum), row) in totals.iter_mut().zip(sums).zip(rows) {
+            let mut lanes = [0f32; 16];
+            sum.store(lanes.as_mut_ptr());
+            for index in chunks * 16..inner {
+                let lane = &mut lanes[index - chunks * 16];
+                *lane = F::scalar(row.add(index * F::BYTES)).mul_add(*x.add(index), *lane);
+            }
+            *total = halving_sum(&mut lanes);
+        }
+        totals
+    }
+}
+
+/// The sixteen lanes added by halving: `l + 8`, then `+ 4`, `+ 2`, `+ 1`.
+#[inline(always)]
+pub(super) fn halving_sum(lanes: &mut [f32; 16]) -> f32 {
+    let mut width = 8;
+    while width > 0 {
+        for lane in 0..width {
+            lanes[lane] += lanes[lane + width];
+        }
+        width /= 2;
+    }
+    lanes[0]
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// The dot of `a` and `b` in the documented order, written out plainly.
+    fn documented_order(a: &[f32], b: &[f32]) -> f32 {
+        let mut lanes = [0f32; 16];
+        for (index, (a, b)) in a.iter().zip(b).enumerate() {
+            lanes[index % 16] = a.mul_add(*b, lanes[index % 16]);
+        }
+        halving_sum(&mut lanes)
+    }
+
     #[test]
-    fn both_dot_products_agree_with_a_plain_sum_and_repeat_exactly() {
-        // Proves the vector and portable dots sum to the plain result within rounding,
-        // for lengths around every chunk edge, and give the same bits twice.
-        for length in [0usize, 1, 15, 16, 31, 32, 33, 100, 2048] {
+    fn every_lane_implementation_sums_in_the_documented_order() {
+        // Proves the vector and portable dots give the bits of the documented order,
+        // for lengths around every chunk edge, grouped or alone.
+        for length in [0usize, 1, 15, 16, 17, 31, 33, 100, 2048] {
             let a: Vec<f32> = (0..length)
                 .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
                 .collect();
             let b: Vec<f32> = (0..length)
                 .map(|i| ((i * 53 % 97) as f32 - 48.0) / 5.0)
                 .collect();
-            let plain: f64 = a
-                .iter()
-                .zip(&b)
-                .map(|(a, b)| f64::from(*a) * f64::from(*b))
-                .sum();
-            let chosen = dot_function();
-            for dot in [dot_portable as Dot, chosen] {
-                let value = dot(&a, &b);
-                assert!(
-                    (f64::from(value) - plain).abs() <= 1e-3 * (1.0 + plain.abs()),
-                    "{length}"
-                );
-                assert_eq!(value.to_bits(), dot(&a, &b).to_bits());
+            let bytes: Vec<u8> = a.iter().flat_map(|value| value.to_le_bytes()).collect();
+            let expected = documented_order(&a, &b).to_bits();
+            let rows = [bytes.as_ptr(); 4];
+            // SAFETY: each row is `length` f32, so is b; portable lanes run anywhere.
+            let portable = unsafe { dots::<Portable, simd::F32, 4>(rows, b.as_ptr(), length) };
+            assert!(
+                portable.iter().all(|sum| sum.to_bits() == expected),
+                "{length}"
+            );
+            #[cfg(target_arch = "x86_64")]
+            {
+                let isa = Isa::detect();
+                if isa != Isa::Portable {
+                    // SAFETY: AVX2/FMA/F16C detected; same buffers as above.
+                    let sums = unsafe { dots_avx2(rows, b.as_ptr(), length) };
+                    assert!(
+                        sums.iter().all(|sum| sum.to_bits() == expected),
+                        "avx2 {length}"
+                    );
+                }
+                if isa == Isa::Avx512 {
+                    // SAFETY: AVX-512F detected; same buffers as above.
+                    let sums = unsafe { dots_avx512(rows, b.as_ptr(), length) };
+                    assert!(
+                        sums.iter().all(|sum| sum.to_bits() == expected),
+                        "avx512 {length}"
+                    );
+                }
             }
         }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dots_avx2(rows: [*const u8; 4], x: *const f32, inner: usize) -> [f32; 4] {
+        // SAFETY: the caller's contract.
+        unsafe { dots::<simd::Avx2, simd::F32, 4>(rows, x, inner) }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+    unsafe fn dots_avx512(rows: [*const u8; 4], x: *const f32, inner: usize) -> [f32; 4] {
+        // SAFETY: the caller's contract.
+        unsafe { dots::<simd::Avx512, simd::F32, 4>(rows, x, inner) }
     }
 }

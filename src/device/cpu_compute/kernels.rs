@@ -1,7 +1,6 @@
-//! The CPU kernels behind `CpuCompute`, on plain f32 slices. Each reduction runs in a
-//! fixed order; `matrixmultiply` is single-threaded and deterministic.
-
-use crate::compute::{Attention, CachedAttention, Mask};
+//! The CPU kernels behind `CpuCompute` that need no thread pool, on plain f32 slices:
+//! LoRA products (`matrixmultiply`, single-threaded and deterministic; the factors are
+//! small), norms and rotary embedding. Each reduction runs in a fixed order.
 
 /// `y ← x·Wᵀ + beta·y`: `x` is `[rows, inner]`, `weights` row-major `[out, inner]`.
 pub(super) fn gemm_transposed(
@@ -158,126 +157,6 @@ pub(super) fn rms_norm(x: &[f32], cols: usize, gamma: Option<&[f32]>, eps: f32, 
     }
 }
 
-/// `x·Φ(x)` with `Φ` from the complementary error function: `x·(1 − erfc(x/√2)/2)`.
-pub(super) fn gelu_erf(x: f32) -> f32 {
-    let x = f64::from(x);
-    (x * (1.0 - 0.5 * erfc(x * std::f64::consts::FRAC_1_SQRT_2))) as f32
-}
-
-/// The complementary error function, by the Chebyshev fit of Numerical Recipes
-/// (`erfcc`): relative error below 1.2e-7 everywhere, well inside f32's precision once
-/// the result is rounded.
-fn erfc(x: f64) -> f64 {
-    let z = x.abs();
-    let t = 1.0 / (1.0 + 0.5 * z);
-    let polynomial = -z * z - 1.265_512_23
-        + t * (1.000_023_68
-            + t * (0.374_091_96
-                + t * (0.096_784_18
-                    + t * (-0.186_288_06
-                        + t * (0.278_868_07
-                            + t * (-1.135_203_98
-                                + t * (1.488_515_87 + t * (-0.822_152_23 + t * 0.170_872_77))))))));
-    let value = t * polynomial.exp();
-    if x >= 0.0 {
-        value
-    } else {
-        2.0 - value
-    }
-}
-
-/// Softmax attention per sequence and head: `scores = scale·Q·Kᵀ` (masked), a row
-/// softmax, then `out = P·V`, each product one GEMM over strided views.
-pub(super) fn attention(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    shape: &Attention<'_>,
-    scores: &mut Vec<f32>,
-    out: &mut [f32],
-) {
-    let length = shape.sequence_length;
-    let head_dim = shape.head_dim;
-    let q_stride = shape.heads * head_dim;
-    let kv_stride = shape.kv_heads * head_dim;
-    let group = shape.heads / shape.kv_heads;
-    scores.clear();
-    scores.resize(length * length, 0.0);
-    for sequence in 0..shape.sequences {
-        let first_row = sequence * length;
-        let keys = match shape.mask {
-            Mask::Padding(lengths) => lengths[sequence],
-            Mask::Causal => length,
-        };
-        for head in 0..shape.heads {
-            let kv_head = head / group;
-            let q_at = first_row * q_stride + head * head_dim;
-            let kv_at = first_row * kv_stride + kv_head * head_dim;
-            // SAFETY: Q rows `first_row..first_row + length` of head `head` lie inside
-            // q (checked shapes), likewise K and V for `kv_head`; scores is
-            // length×length; the reads are strided views and the output aliases none.
-            unsafe {
-                matrixmultiply::sgemm(
-                    length,
-                    head_dim,
-                    length,
-                    shape.scale,
-                    q.as_ptr().add(q_at),
-                    q_stride as isize,
-                    1,
-                    k.as_ptr().add(kv_at),
-                    1,
-                    kv_stride as isize,
-                    0.0,
-                    scores.as_mut_ptr(),
-                    length as isize,
-                    1,
-                );
-            }
-            for (query, row) in scores.chunks_exact_mut(length).enumerate() {
-                let visible = match shape.mask {
-                    Mask::Padding(_) => keys,
-                    Mask::Causal => query + 1,
-                };
-                softmax_prefix(row, visible);
-            }
-            // SAFETY: P is length×length, V's head view and the output head view are
-            // strided inside v and out (checked shapes); out aliases neither input.
-            unsafe {
-                matrixmultiply::sgemm(
-                    length,
-                    length,
-                    head_dim,
-                    1.0,
-                    scores.as_ptr(),
-                    length as isize,
-                    1,
-                    v.as_ptr().add(kv_at),
-                    kv_stride as isize,
-                    1,
-                    0.0,
-                    out.as_mut_ptr().add(q_at),
-                    q_stride as isize,
-                    1,
-                );
-            }
-        }
-    }
-}
-
-/// Softmax over `row[..visible]`; the masked rest becomes exactly 0.
-fn softmax_prefix(row: &mut [f32], visible: usize) {
-    let (kept, masked) = row.split_at_mut(visible);
-    let top = kept.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut total = 0.0;
-    for value in kept.iter_mut() {
-        *value = (*value - top).exp();
-        total += *value;
-    }
-    kept.iter_mut().for_each(|value| *value /= total);
-    masked.iter_mut().for_each(|value| *value = 0.0);
-}
-
 /// Llama's rotate-half rotary embedding, in place.
 pub(super) fn rope(
     x: &mut [f32],
@@ -297,71 +176,6 @@ pub(super) fn rope(
                 head[i] = a * cos - b * sin;
                 head[i + half] = b * cos + a * sin;
             }
-        }
-    }
-}
-
-/// Causal attention of the new queries over the cache, one GEMM per head for the
-/// scores and one for the output, over strided views.
-pub(super) fn attention_cached(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    shape: &CachedAttention,
-    scores: &mut Vec<f32>,
-    out: &mut [f32],
-) {
-    let (queries, keys, head_dim) = (shape.queries, shape.past + shape.queries, shape.head_dim);
-    let q_stride = shape.heads * head_dim;
-    let kv_stride = shape.kv_heads * head_dim;
-    let group = shape.heads / shape.kv_heads;
-    scores.clear();
-    scores.resize(queries * keys, 0.0);
-    for head in 0..shape.heads {
-        let q_at = head * head_dim;
-        let kv_at = (head / group) * head_dim;
-        // SAFETY: Q is queries×q_stride, the caches hold at least `keys` rows of
-        // kv_stride (checked), scores is queries×keys; views are strided, the output
-        // aliases none of the inputs.
-        unsafe {
-            matrixmultiply::sgemm(
-                queries,
-                head_dim,
-                keys,
-                shape.scale,
-                q.as_ptr().add(q_at),
-                q_stride as isize,
-                1,
-                k.as_ptr().add(kv_at),
-                1,
-                kv_stride as isize,
-                0.0,
-                scores.as_mut_ptr(),
-                keys as isize,
-                1,
-            );
-        }
-        for (query, row) in scores.chunks_exact_mut(keys).enumerate() {
-            softmax_prefix(row, shape.past + query + 1);
-        }
-        // SAFETY: as above, for P (queries×keys) · V's head view into out's head view.
-        unsafe {
-            matrixmultiply::sgemm(
-                queries,
-                keys,
-                head_dim,
-                1.0,
-                scores.as_ptr(),
-                keys as isize,
-                1,
-                v.as_ptr().add(kv_at),
-                kv_stride as isize,
-                1,
-                0.0,
-                out.as_mut_ptr().add(q_at),
-                q_stride as isize,
-                1,
-            );
         }
     }
 }

@@ -1,20 +1,36 @@
-//! The CPU backend's compute (the `Compute` port): GEMMs with `matrixmultiply` (pure
-//! Rust, single-threaded and deterministic by default) and plain loops for the rest.
-//! Every reduction runs in a fixed order, so a pass over streamed blocks and a pass
-//! over the same blocks loaded from the file produce the same bits.
+//! The CPU backend's compute (the `Compute` port), on a pool of compute threads:
+//!
+//! - decode products (few rows, [`gemv`]) read each weight once in its storage dtype
+//!   and widen it in registers (AVX-512, AVX2/FMA/F16C, or portable lanes, chosen once
+//!   per process);
+//! - prefill, encoder and batched products ([`gemm`]) go through the `gemm` crate,
+//!   a weight widened one cache-sized panel at a time;
+//! - attention ([`attention`]) keeps one tile of scores, parallel over K/V heads;
+//! - the rest is plain loops.
+//!
+//! Every operation is cut into parts by its shape alone, the threads claim the parts,
+//! and every output element is reduced inside one part in one fixed order, so the
+//! bits of every operation are the same for any number of compute threads — a pass over streamed blocks and a
+//! pass over the same blocks loaded from the file agree bit for bit, whatever
+//! `compute_threads` each was given.
 //!
 //! "Device memory" is host memory here: a weight's `DevicePtr` is a host address
 //! inside the CPU device's arena (a held block) or a [`CpuBlock`] this adapter loaded.
-//! Weights in f16/bf16, or f32 weights the file left unaligned, are widened into a cast
-//! buffer owned by this adapter just before the GEMM that reads them; the cast buffer
-//! grows to the largest weight once and is reused.
+//! Small vectors (biases, norm weights) and LoRA factors are widened into cast buffers
+//! owned by this adapter; products never widen a whole weight.
 
+mod attention;
+mod elementwise;
+mod gemm;
 mod gemv;
 mod heads;
 mod kernels;
+mod pool;
 mod products;
+mod simd;
 
 use std::cell::RefCell;
+use std::sync::Mutex;
 
 use stagehand_actors::{DevicePtr, HostBuffer, MemorySpace};
 
@@ -22,15 +38,25 @@ use crate::compute::{
     shapes, Attention, BlockView, CachedAttention, Compute, ComputeError, DType, LowRank, Weight,
 };
 
-/// The CPU compute stream. Not `Sync`: it belongs to the compute thread.
-#[derive(Default)]
+/// The CPU compute stream. Not `Sync`: it belongs to the compute thread, which runs
+/// every operation and shares the large ones with its pool's workers.
 pub struct CpuCompute {
-    /// Weights widened to f32 just before use (the largest matrix of the model).
+    pool: pool::Pool,
+    /// One buffer per pool thread: a product's widened weight panel, an attention
+    /// task's transposed keys. Each grows to its largest use and stays.
+    scratch: Vec<Mutex<Vec<f32>>>,
+    /// The activations of a many-rows product, cut into the slices its tiles read.
+    packed: RefCell<Vec<f32>>,
+    /// LoRA factors and norm weights widened to f32 just before use.
     cast: RefCell<Vec<f32>>,
     /// Small vectors (bias, norm weights) and the second LoRA factor.
     cast_small: RefCell<Vec<f32>>,
-    /// Attention scores of one head of one sequence.
-    scores: RefCell<Vec<f32>>,
+}
+
+impl Default for CpuCompute {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 /// A row-major f32 matrix in host memory.
@@ -53,13 +79,44 @@ pub struct CpuBlock {
 }
 
 impl CpuCompute {
+    /// Compute on the calling thread alone.
     pub fn new() -> Self {
-        Self::default()
+        Self::with_threads(1)
     }
 
-    /// Bytes the cast buffers hold now (they grow to the largest weight and stay).
+    /// Compute on `threads` threads: the calling thread and `threads − 1` workers
+    /// started now (0 is taken as 1). The results are the same bits for any count.
+    pub fn with_threads(threads: usize) -> Self {
+        let pool = pool::Pool::new(threads);
+        let scratch = (0..pool.threads())
+            .map(|_| Mutex::new(Vec::new()))
+            .collect();
+        Self {
+            pool,
+            scratch,
+            packed: RefCell::default(),
+            cast: RefCell::default(),
+            cast_small: RefCell::default(),
+        }
+    }
+
+    /// The threads that compute, the calling one included.
+    pub fn threads(&self) -> usize {
+        self.pool.threads()
+    }
+
+    /// Bytes the cast and scratch buffers hold now (they grow to their largest use and
+    /// stay).
     pub fn cast_buffer_bytes(&self) -> u64 {
-        let floats = self.cast.borrow().capacity() + self.cast_small.borrow().capacity();
+        let scratch: usize = self
+            .scratch
+            .iter()
+            .map(|buffer| buffer.lock().map_or(0, |buffer| buffer.capacity()))
+            .sum();
+        let floats = self.cast.borrow().capacity()
+            + self.cast_small.borrow().capacity()
+            + self.packed.borrow().capacity()
+            + scratch;
         (floats * 4) as u64
     }
 }
@@ -303,9 +360,7 @@ impl Compute for CpuCompute {
     }
 
     fn gelu_erf(&self, x: &mut CpuTensor) -> Result<(), ComputeError> {
-        x.data
-            .iter_mut()
-            .for_each(|value| *value = kernels::gelu_erf(*value));
+        elementwise::gelu_erf(&self.pool, &mut x.data);
         Ok(())
     }
 
@@ -319,16 +374,19 @@ impl Compute for CpuCompute {
     ) -> Result<(), ComputeError> {
         shape.check(q.dims(), k.dims(), v.dims())?;
         shapes::same("attention output", q.dims(), out.dims())?;
-        let mut scores = self.scores.borrow_mut();
-        kernels::attention(&q.data, &k.data, &v.data, shape, &mut scores, &mut out.data);
+        attention::attention(
+            &self.pool,
+            &self.scratch,
+            (&q.data, &k.data, &v.data),
+            shape,
+            &mut out.data,
+        );
         Ok(())
     }
 
     fn silu_mul(&self, gate: &mut CpuTensor, up: &CpuTensor) -> Result<(), ComputeError> {
         shapes::same("silu_mul", gate.dims(), up.dims())?;
-        for (gate, up) in gate.data.iter_mut().zip(&up.data) {
-            *gate = *gate / (1.0 + (-*gate).exp()) * up;
-        }
+        elementwise::silu_mul(&self.pool, &mut gate.data, &up.data);
         Ok(())
     }
 
@@ -398,13 +456,11 @@ impl Compute for CpuCompute {
     ) -> Result<(), ComputeError> {
         shape.check(q.dims(), k_cache.dims(), v_cache.dims())?;
         shapes::same("attention output", q.dims(), out.dims())?;
-        let mut scores = self.scores.borrow_mut();
-        kernels::attention_cached(
-            &q.data,
-            &k_cache.data,
-            &v_cache.data,
+        attention::attention_cached(
+            &self.pool,
+            &self.scratch,
+            (&q.data, &k_cache.data, &v_cache.data),
             shape,
-            &mut scores,
             &mut out.data,
         );
         Ok(())
@@ -433,3 +489,6 @@ impl Compute for CpuCompute {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod product_tests;

@@ -1,9 +1,12 @@
-//! The CPU adapter's products against weights: the linear layer (through the cast
-//! buffer), LoRA low-rank and merge, embedding lookups and row-scaled sums.
+//! The CPU adapter's products against weights: the linear layer (few rows through
+//! [`gemv`], many through [`gemm`]), LoRA low-rank and merge, embedding lookups and
+//! row-scaled sums.
 
 use crate::compute::{shapes, ComputeError, LowRank, Weight};
 
-use super::{as_f32, gemv, kernels, vector, weight_bytes, weight_scale, CpuCompute, CpuTensor};
+use super::{
+    as_f32, gemm, gemv, kernels, vector, weight_bytes, weight_scale, CpuCompute, CpuTensor,
+};
 
 pub(super) fn linear(
     compute: &CpuCompute,
@@ -13,63 +16,45 @@ pub(super) fn linear(
     y: &mut CpuTensor,
 ) -> Result<(), ComputeError> {
     shapes::linear(x.dims(), weight, y.dims())?;
-    let (out_features, in_features) = (weight.rows(), weight.cols());
-    if x.rows <= gemv::GEMV_ROWS {
-        return few_rows(compute, x, weight, bias, y);
-    }
-    let beta = match bias {
-        Some(bias) => {
-            let mut small = compute.cast_small.borrow_mut();
-            let bias = vector("linear bias", bias, out_features, &mut small)?;
-            for row in y.data.chunks_exact_mut(out_features) {
-                row.copy_from_slice(bias);
-            }
-            1.0
-        }
-        None => 0.0,
-    };
-    let mut cast = compute.cast.borrow_mut();
-    let weights = as_f32(weight, &mut cast);
-    kernels::gemm_transposed(
-        &x.data,
-        x.rows,
-        in_features,
-        weights,
-        out_features,
-        beta,
-        &mut y.data,
-    );
-    Ok(())
-}
-
-/// A product of at most [`gemv::GEMV_ROWS`] rows (a decode step): the weight is read
-/// once in its own dtype, a row at a time.
-fn few_rows(
-    compute: &CpuCompute,
-    x: &CpuTensor,
-    weight: &Weight<'_>,
-    bias: Option<&Weight<'_>>,
-    y: &mut CpuTensor,
-) -> Result<(), ComputeError> {
-    let (out_features, in_features) = (weight.rows(), weight.cols());
+    let (out, inner) = (weight.rows(), weight.cols());
     let mut small = compute.cast_small.borrow_mut();
     let bias = match bias {
-        Some(bias) => Some(vector("linear bias", bias, out_features, &mut small)?),
+        Some(bias) => Some(vector("linear bias", bias, out, &mut small)?),
         None => None,
     };
-    let mut row = compute.cast.borrow_mut();
-    gemv::gemv(
-        &x.data,
-        x.rows,
-        in_features,
-        weight_bytes(weight),
-        weight.dtype(),
-        weight_scale(weight),
-        bias,
-        out_features,
-        &mut row,
-        &mut y.data,
-    );
+    let (stored, dtype, scale) = (weight_bytes(weight), weight.dtype(), weight_scale(weight));
+    if x.rows <= gemv::GEMV_ROWS {
+        let product = gemv::Gemv {
+            x: &x.data,
+            rows: x.rows,
+            inner,
+            weight: stored,
+            dtype,
+            scale,
+            bias,
+            out,
+        };
+        gemv::gemv(&compute.pool, &product, &mut y.data);
+    } else {
+        let product = gemm::Gemm {
+            x: &x.data,
+            rows: x.rows,
+            inner,
+            weight: stored,
+            dtype,
+            scale,
+            bias,
+            out,
+        };
+        let mut packed = compute.packed.borrow_mut();
+        gemm::gemm(
+            &compute.pool,
+            &compute.scratch,
+            &mut packed,
+            &product,
+            &mut y.data,
+        );
+    }
     Ok(())
 }
 

@@ -110,15 +110,16 @@ fn a_weight_outside_its_block_or_a_wrong_shape_is_an_error() {
 
 #[test]
 fn gelu_layer_norm_and_rms_norm_match_their_definitions() {
-    // Proves the exact-erf GELU against tabulated values, and both norms per row.
+    // Proves the exact-erf GELU against tabulated values (to 2 ulp), and both norms per row.
     let compute = CpuCompute::new();
     let mut x = compute.tensor(1, 4).unwrap();
     compute.write(&mut x, &[1.0, -1.0, 0.0, 3.0]).unwrap();
     compute.gelu_erf(&mut x).unwrap();
+    // Within 2 ulp (5e-7 at 3.0): the vectorised f32 erf, not an f64 erfc rounded once.
     assert!(close(
         x.values(),
         &[0.841_344_7, -0.158_655_3, 0.0, 2.995_950_2],
-        2e-7
+        5e-7
     ));
 
     let values = [1.0f32, 2.0, 3.0, 6.0];

@@ -1,0 +1,103 @@
+//! Times the CPU backend's products and attention at a 1B Llama's and MiniLM's shapes,
+//! on 1 and on every core, and prints GB/s (decode) and GFLOP/s (many rows): the
+//! kernel figures behind BENCHMARKS.md "Compute against PyTorch on the CPU backend".
+//!
+//!     cargo run --release --example cpu-kernels [-- THREADS...]
+
+use std::time::Instant;
+
+use stagehand::compute::{Attention, Compute, DType, Mask, TensorSlot};
+use stagehand::device::CpuCompute;
+
+/// (what, rows, inner, out)
+const PRODUCTS: [(&str, usize, usize, usize); 7] = [
+    ("decode q_proj", 1, 2048, 2048),
+    ("decode gate_proj", 1, 2048, 8192),
+    ("decode down_proj", 1, 8192, 2048),
+    ("prefill 265 gate_proj", 265, 2048, 8192),
+    ("prefill 265 down_proj", 265, 8192, 2048),
+    ("prefill 265 q_proj", 265, 2048, 2048),
+    ("minilm 32x40 fc1", 1280, 384, 1536),
+];
+
+fn seconds_best(repeats: usize, mut run: impl FnMut()) -> f64 {
+    run();
+    (0..repeats)
+        .map(|_| {
+            let started = Instant::now();
+            run();
+            started.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads: Vec<usize> = match std::env::args().skip(1).map(|a| a.parse()).collect() {
+        Ok(list) if !Vec::<usize>::is_empty(&list) => list,
+        _ => vec![1, cores],
+    };
+    for count in threads {
+        let compute = CpuCompute::with_threads(count);
+        println!("## {} compute threads", compute.threads());
+        for dtype in [DType::Bf16, DType::F8E4M3, DType::F32] {
+            for (what, rows, inner, out) in PRODUCTS {
+                let values: Vec<f32> = (0..out * inner)
+                    .map(|i| ((i % 251) as f32 - 125.0) * 1e-3)
+                    .collect();
+                let block = compute.load_block(&dtype.encode(&values))?;
+                let view = compute.block_view(&block);
+                let weight = view.weight(&TensorSlot::new(0, dtype, out, inner))?;
+                let mut x = compute.tensor(rows, inner)?;
+                compute.write(&mut x, &vec![0.01; rows * inner])?;
+                let mut y = compute.tensor(rows, out)?;
+                let seconds = seconds_best(5, || {
+                    compute.linear(&x, &weight, None, &mut y).expect("linear");
+                });
+                let bytes = (out * inner * dtype.size_bytes()) as f64;
+                let flops = 2.0 * (rows * inner * out) as f64;
+                println!(
+                    "{dtype:>8} {what:<24} {:8.3} ms  {:6.1} GB/s of weight  {:6.1} GFLOP/s",
+                    seconds * 1e3,
+                    bytes / seconds / 1e9,
+                    flops / seconds / 1e9
+                );
+            }
+        }
+        for (what, length, heads, kv_heads) in [
+            ("prefill 265 attention", 265, 32, 8),
+            ("minilm 32x40 attention", 40, 12, 12),
+        ] {
+            let sequences = if heads == 12 { 32 } else { 1 };
+            let rows = sequences * length;
+            let mut q = compute.tensor(rows, heads * 64)?;
+            compute.write(&mut q, &vec![0.01; rows * heads * 64])?;
+            let mut k = compute.tensor(rows, kv_heads * 64)?;
+            compute.write(&mut k, &vec![0.02; rows * kv_heads * 64])?;
+            let v = k.clone();
+            let mut out = compute.tensor(rows, heads * 64)?;
+            let lengths = vec![length; sequences];
+            let mask = if heads == 12 {
+                Mask::Padding(&lengths)
+            } else {
+                Mask::Causal
+            };
+            let shape = Attention {
+                sequences,
+                sequence_length: length,
+                heads,
+                kv_heads,
+                head_dim: 64,
+                scale: 0.125,
+                mask,
+            };
+            let seconds = seconds_best(5, || {
+                compute
+                    .attention(&q, &k, &v, &shape, &mut out)
+                    .expect("attention");
+            });
+            println!("     f32 {what:<24} {:8.3} ms", seconds * 1e3);
+        }
+    }
+    Ok(())
+}

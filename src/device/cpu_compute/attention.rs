@@ -1,0 +1,264 @@
+//! Softmax attention without the score matrix: each query row walks its visible keys
+//! in tiles of [`KEY_TILE`], keeping a running maximum, a running sum and its output
+//! row (the online softmax of FlashAttention), so no more than one tile of scores
+//! exists at a time, whatever the sequence length.
+//!
+//! Work is split by key/value head (of one sequence): a task transposes its K head
+//! once, then serves every query head that shares it (grouped-query attention). Each
+//! output row is computed by one task (claimed by whichever thread is free) in one
+//! fixed order — tiles in key order, the
+//! scores of a tile in order — so the bits depend on neither which thread runs a task
+//! nor how many threads there are. The loops are plain element-wise f32 arithmetic
+//! (no fused multiply-add, no reassociation), so the compiler's vectorisation does
+//! not change them either; the softmax's `exp` is the vectorisable one of
+//! [`super::elementwise`].
+
+use crate::compute::{Attention, CachedAttention, Mask};
+
+use super::elementwise::exp;
+use super::pool::{Pool, SharedOut};
+use super::simd::Isa;
+
+/// Keys per tile of scores.
+pub(super) const KEY_TILE: usize = 64;
+
+/// Below this many query·key·dimension products an attention runs on one thread.
+const PARALLEL_MIN_WORK: usize = 1 << 15;
+
+/// One attention, whatever its mask: what every task needs to know.
+struct Heads<'a> {
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    scale: f32,
+    /// Queries (rows of q) per sequence, and the row of q its first query is.
+    queries: usize,
+    /// Rows of K/V per sequence (the keys there are to see).
+    keys: usize,
+    /// How many keys query `i` of sequence `s` sees.
+    visible: &'a (dyn Fn(usize, usize) -> usize + Sync),
+    sequences: usize,
+}
+
+/// `Compute::attention` (see `crate::compute::Attention`).
+pub(super) fn attention(
+    pool: &Pool,
+    scratch: &[std::sync::Mutex<Vec<f32>>],
+    (q, k, v): (&[f32], &[f32], &[f32]),
+    shape: &Attention<'_>,
+    out: &mut [f32],
+) {
+    let visible = |sequence: usize, query: usize| match shape.mask {
+        Mask::Padding(lengths) => lengths[sequence].min(shape.sequence_length),
+        Mask::Causal => query + 1,
+    };
+    let heads = Heads {
+        q,
+        k,
+        v,
+        heads: shape.heads,
+        kv_heads: shape.kv_heads,
+        head_dim: shape.head_dim,
+        scale: shape.scale,
+        queries: shape.sequence_length,
+        keys: shape.sequence_length,
+        visible: &visible,
+        sequences: shape.sequences,
+    };
+    run(pool, scratch, &heads, out);
+}
+
+/// `Compute::attention_cached`: one sequence, `queries` new rows after `past`.
+pub(super) fn attention_cached(
+    pool: &Pool,
+    scratch: &[std::sync::Mutex<Vec<f32>>],
+    (q, k, v): (&[f32], &[f32], &[f32]),
+    shape: &CachedAttention,
+    out: &mut [f32],
+) {
+    let visible = |_sequence: usize, query: usize| shape.past + query + 1;
+    let heads = Heads {
+        q,
+        k,
+        v,
+        heads: shape.heads,
+        kv_heads: shape.kv_heads,
+        head_dim: shape.head_dim,
+        scale: shape.scale,
+        queries: shape.queries,
+        keys: shape.past + shape.queries,
+        visible: &visible,
+        sequences: 1,
+    };
+    run(pool, scratch, &heads, out);
+}
+
+/// Runs the (sequence, K/V head) tasks on the pool's threads.
+fn run(pool: &Pool, scratch: &[std::sync::Mutex<Vec<f32>>], heads: &Heads<'_>, out: &mut [f32]) {
+    let tasks = heads.sequences * heads.kv_heads;
+    let work = heads.sequences * heads.queries * heads.keys * heads.heads * heads.head_dim;
+    let output = SharedOut::new(out);
+    let task = |task: usize, thread: usize| {
+        let mut buffer = scratch[thread]
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // SAFETY: task `task` writes the output rows of its sequence in the columns
+        // of its K/V head's query heads; no two tasks share any.
+        unsafe { dispatch(heads, task, &mut buffer, output) };
+    };
+    if work < PARALLEL_MIN_WORK {
+        (0..tasks).for_each(|index| task(index, 0));
+    } else {
+        pool.run_parts(tasks, &task);
+    }
+}
+
+/// [`one_task`] compiled for the widest vectors this CPU has: the same arithmetic
+/// (element-wise, unfused), so the same bits, in fewer instructions.
+///
+/// # Safety
+/// As [`one_task`].
+unsafe fn dispatch(heads: &Heads<'_>, task: usize, buffer: &mut Vec<f32>, output: SharedOut) {
+    match Isa::detect() {
+        // SAFETY: AVX-512F was detected; the rest is the caller's contract.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { one_task_avx512(heads, task, buffer, output) },
+        // SAFETY: AVX2 was detected; the rest is the caller's contract.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { one_task_avx2(heads, task, buffer, output) },
+        // SAFETY: the caller's contract.
+        _ => unsafe { one_task(heads, task, buffer, output) },
+    }
+}
+
+/// # Safety
+/// As [`one_task`], on a CPU with AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2")]
+unsafe fn one_task_avx512(
+    heads: &Heads<'_>,
+    task: usize,
+    buffer: &mut Vec<f32>,
+    output: SharedOut,
+) {
+    // SAFETY: the caller's contract.
+    unsafe { one_task(heads, task, buffer, output) }
+}
+
+/// # Safety
+/// As [`one_task`], on a CPU with AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn one_task_avx2(heads: &Heads<'_>, task: usize, buffer: &mut Vec<f32>, output: SharedOut) {
+    // SAFETY: the caller's contract.
+    unsafe { one_task(heads, task, buffer, output) }
+}
+
+/// Every query head of one K/V head of one sequence.
+///
+/// # Safety
+/// `output` is the attention's output, and no other thread writes this task's part.
+#[inline(always)]
+unsafe fn one_task(heads: &Heads<'_>, task: usize, buffer: &mut Vec<f32>, output: SharedOut) {
+    let (sequence, kv_head) = (task / heads.kv_heads, task % heads.kv_heads);
+    let dim = heads.head_dim;
+    let q_stride = heads.heads * dim;
+    let kv_stride = heads.kv_heads * dim;
+    let group = heads.heads / heads.kv_heads;
+    // Kᵀ of this head, `[dim, padded]` with zero columns up to a whole tile, so a
+    // tile's scores are one unit-stride loop per dimension.
+    let padded = heads.keys.div_ceil(KEY_TILE) * KEY_TILE;
+    buffer.clear();
+    buffer.resize(dim * padded, 0.0);
+    let first_key = sequence * heads.keys;
+    for key in 0..heads.keys {
+        let row = &heads.k[(first_key + key) * kv_stride + kv_head * dim..][..dim];
+        for (d, value) in row.iter().enumerate() {
+            buffer[d * padded + key] = *value;
+        }
+    }
+    let keys_t = &buffer[..];
+    let values = Rows {
+        values: &heads.v[first_key * kv_stride + kv_head * dim..],
+        stride: kv_stride,
+        dim,
+    };
+    for head in kv_head * group..(kv_head + 1) * group {
+        for query in 0..heads.queries {
+            let row = sequence * heads.queries + query;
+            let q = &heads.q[row * q_stride + head * dim..][..dim];
+            let visible = (heads.visible)(sequence, query).min(heads.keys);
+            // SAFETY: row `row`, columns of head `head`: inside the output (shapes
+            // checked by the port) and this task's alone (the caller's contract).
+            let target = unsafe { output.range(row * q_stride + head * dim, dim) };
+            query_row(q, (keys_t, padded), &values, (visible, heads.scale), target);
+        }
+    }
+}
+
+/// The V rows of one head: row `key` is `values[key·stride ..][..dim]`.
+struct Rows<'a> {
+    values: &'a [f32],
+    stride: usize,
+    dim: usize,
+}
+
+impl Rows<'_> {
+    #[inline(always)]
+    fn row(&self, key: usize) -> &[f32] {
+        &self.values[key * self.stride..][..self.dim]
+    }
+}
+
+/// One query's output: `softmax(scale·q·Kᵀ)·V` over its first `visible` keys, with
+/// `keys_t` the head's Kᵀ, `padded` keys to a row.
+#[inline(always)]
+fn query_row(
+    q: &[f32],
+    (keys_t, padded): (&[f32], usize),
+    values: &Rows<'_>,
+    (visible, scale): (usize, f32),
+    out: &mut [f32],
+) {
+    let mut maximum = f32::NEG_INFINITY;
+    let mut total = 0.0f32;
+    out.iter_mut().for_each(|value| *value = 0.0);
+    let mut tile = 0;
+    while tile < visible {
+        let count = KEY_TILE.min(visible - tile);
+        let mut scores = [0f32; KEY_TILE];
+        for (d, &q_d) in q.iter().enumerate() {
+            let column = &keys_t[d * padded + tile..][..KEY_TILE];
+            for (score, key) in scores.iter_mut().zip(column) {
+                *score += q_d * key;
+            }
+        }
+        let scores = &mut scores[..count];
+        let mut tile_maximum = f32::NEG_INFINITY;
+        for score in scores.iter_mut() {
+            *score *= scale;
+            tile_maximum = tile_maximum.max(*score);
+        }
+        let next_maximum = maximum.max(tile_maximum);
+        // The first tile rescales nothing: exp(−∞) = 0 times a zero row.
+        let correction = exp(maximum - next_maximum);
+        total *= correction;
+        out.iter_mut().for_each(|value| *value *= correction);
+        for (offset, score) in scores.iter().enumerate() {
+            let weight = exp(score - next_maximum);
+            total += weight;
+            for (value, v) in out.iter_mut().zip(values.row(tile + offset)) {
+                *value += weight * v;
+            }
+        }
+        maximum = next_maximum;
+        tile += count;
+    }
+    if total > 0.0 {
+        let inverse = 1.0 / total;
+        out.iter_mut().for_each(|value| *value *= inverse);
+    }
+}
