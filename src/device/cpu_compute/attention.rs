@@ -5,8 +5,7 @@
 //!
 //! Work is split by key/value head (of one sequence): a task transposes its K head
 //! once, then serves every query head that shares it (grouped-query attention). Each
-//! output row is computed by one task (claimed by whichever thread is free) in one
-//! fixed order — tiles in key order, the
+//! output row is computed by one task in one fixed order — tiles in key order, the
 //! scores of a tile in order — so the bits depend on neither which thread runs a task
 //! nor how many threads there are. The loops are plain element-wise f32 arithmetic
 //! (no fused multiply-add, no reassociation), so the compiler's vectorisation does
@@ -16,7 +15,7 @@
 use crate::compute::{Attention, CachedAttention, Mask};
 
 use super::elementwise::exp;
-use super::pool::{Pool, SharedOut};
+use super::pool::{share, Pool, SharedOut};
 use super::simd::Isa;
 
 /// Keys per tile of scores.
@@ -96,23 +95,35 @@ pub(super) fn attention_cached(
     run(pool, scratch, &heads, out);
 }
 
-/// Runs the (sequence, K/V head) tasks on the pool's threads.
+/// Splits the (sequence, K/V head) tasks over the threads, in index order.
 fn run(pool: &Pool, scratch: &[std::sync::Mutex<Vec<f32>>], heads: &Heads<'_>, out: &mut [f32]) {
     let tasks = heads.sequences * heads.kv_heads;
     let work = heads.sequences * heads.queries * heads.keys * heads.heads * heads.head_dim;
+    let threads = if work < PARALLEL_MIN_WORK {
+        1
+    } else {
+        pool.threads().min(tasks)
+    };
     let output = SharedOut::new(out);
-    let task = |task: usize, thread: usize| {
-        let mut buffer = scratch[thread]
+    let part = |index: usize| {
+        let mut buffer = scratch[index]
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        // SAFETY: task `task` writes the output rows of its sequence in the columns
-        // of its K/V head's query heads; no two tasks share any.
-        unsafe { dispatch(heads, task, &mut buffer, output) };
+        let (first, end) = share(tasks, threads, index, 1);
+        for task in first..end {
+            // SAFETY: task `task` writes the output rows of its sequence in the
+            // columns of its K/V head's query heads; no two tasks share any.
+            unsafe { dispatch(heads, task, &mut buffer, output) };
+        }
     };
-    if work < PARALLEL_MIN_WORK {
-        (0..tasks).for_each(|index| task(index, 0));
+    if threads == 1 {
+        part(0);
     } else {
-        pool.run_parts(tasks, &task);
+        pool.run(&|index| {
+            if index < threads {
+                part(index);
+            }
+        });
     }
 }
 

@@ -6,7 +6,7 @@
 //! over threads. libm's scalar `exp` (and the f64 erfc behind the old GELU) cost
 //! 10–20 ns an element: a second of a MiniLM batch, a fifth of a Llama prefill.
 
-use super::pool::{Pool, SharedOut};
+use super::pool::{share, Pool, SharedOut};
 use super::simd::Isa;
 
 /// Below this many elements an activation runs on the calling thread alone.
@@ -94,22 +94,25 @@ pub(super) fn gelu_erf(pool: &Pool, x: &mut [f32]) {
     });
 }
 
-/// Elements per part of an activation: 16 Ki, tens of microseconds.
-const PART_ELEMENTS: usize = 1 << 14;
-
-/// Runs `work(thread, part, first)` on consecutive parts of `data`.
+/// Runs `work(thread, part, first)` on equal contiguous parts of `data`.
 fn split(pool: &Pool, data: &mut [f32], work: &(dyn Fn(usize, &mut [f32], usize) + Sync)) {
     let length = data.len();
-    if length < PARALLEL_MIN_ELEMENTS {
+    let parts = if length < PARALLEL_MIN_ELEMENTS {
+        1
+    } else {
+        pool.threads()
+    };
+    if parts == 1 {
         work(0, data, 0);
         return;
     }
     let output = SharedOut::new(data);
-    pool.run_parts(length.div_ceil(PART_ELEMENTS), &|part, thread| {
-        let first = part * PART_ELEMENTS;
-        let end = (first + PART_ELEMENTS).min(length);
-        // SAFETY: the parts are disjoint ranges inside `data`, which outlives the job.
-        work(thread, unsafe { output.range(first, end - first) }, first);
+    pool.run(&|index| {
+        let (first, end) = share(length, parts, index, 16);
+        if first < end {
+            // SAFETY: `share` gives disjoint ranges inside `data`, which outlives the job.
+            work(index, unsafe { output.range(first, end - first) }, first);
+        }
     });
 }
 

@@ -10,14 +10,14 @@
 //! block of `y` with one single-threaded `gemm` call, slices in order. Contiguous
 //! operands of at most [`SLICE_MAX`] columns are what keeps `gemm` at full speed: the
 //! same call reading the rows of a 2048-wide `x` in place ran at about half the rate
-//! here (their 8 KiB stride maps every row to the same cache sets). The compute
-//! threads claim the blocks; a tile's call sees the same shape and values
+//! here (their 8 KiB stride maps every row to the same cache sets). The blocks are
+//! split over the compute threads; a tile's call sees the same shape and values
 //! whichever thread runs it and however many there are, so the bits of `y` depend
 //! on neither.
 
 use crate::compute::DType;
 
-use super::pool::{Pool, SharedOut};
+use super::pool::{share, Pool, SharedOut};
 use super::simd::{self, Format, Isa, Lanes, Portable};
 
 /// Floats in one thread's widened panel: 1 MiB, one tile, read by `gemm` from cache.
@@ -97,16 +97,23 @@ pub(super) fn gemm(
     let packed = &packed[..];
     let width = block_width(product.out, product.inner);
     let blocks = product.out.div_ceil(width);
+    let threads = pool.threads().min(blocks);
     let output = SharedOut::new(y);
-    pool.run_parts(blocks, &|block, thread| {
-        let mut panel = panels[thread]
+    pool.run(&|index| {
+        if index >= threads {
+            return;
+        }
+        let mut panel = panels[index]
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let column = block * width;
-        let columns = width.min(product.out - column);
-        // SAFETY: block `block` owns the output columns `column..column + columns`,
-        // and each block is run by exactly one thread.
-        unsafe { one_block(product, packed, (column, columns), &mut panel, output) };
+        let (first, end) = share(blocks, threads, index, 1);
+        for block in first..end {
+            let column = block * width;
+            let columns = width.min(product.out - column);
+            // SAFETY: block `block` owns the output columns `column..column + columns`,
+            // and each block is run by exactly one thread.
+            unsafe { one_block(product, packed, (column, columns), &mut panel, output) };
+        }
     });
 }
 

@@ -3,8 +3,8 @@
 //! registers ([`super::simd`]). Memory traffic is the weight's own bytes: half of
 //! f32's for bf16, a quarter for FP8.
 //!
-//! The output features are cut into parts of [`PART_FEATURES`], which the compute
-//! threads claim. A part only decides who computes an element, never how: every `y[r, o]` is one dot
+//! The output features are split into one contiguous range per compute thread. The
+//! split only decides who computes an element, never how: every `y[r, o]` is one dot
 //! product in one fixed order — lane `l` of sixteen sums the elements `i ≡ l (mod 16)`
 //! with fused multiply-adds in increasing `i`, the lanes are added by halving
 //! (`l + 8`, `+ 4`, `+ 2`, `+ 1`), then the FP8 scale multiplies and the bias adds —
@@ -12,7 +12,7 @@
 
 use crate::compute::DType;
 
-use super::pool::{Pool, SharedOut};
+use super::pool::{share, Pool, SharedOut};
 use super::simd::{self, Format, Isa, Lanes, Portable};
 
 /// Products with at most this many rows take this path.
@@ -25,10 +25,6 @@ const PARALLEL_MIN_MACS: usize = 1 << 16;
 /// Weight rows read together: four independent dot products hide the FMA latency
 /// and give the prefetcher four streams.
 const GROUP: usize = 4;
-
-/// Output features per part of a product (a multiple of [`GROUP`]): 128 rows of a
-/// 2048-wide bf16 weight are 512 KiB, a few tens of microseconds of memory traffic.
-const PART_FEATURES: usize = 128;
 
 /// One few-rows product.
 pub(super) struct Gemv<'a> {
@@ -57,21 +53,26 @@ pub(super) fn gemv(pool: &Pool, product: &Gemv<'_>, y: &mut [f32]) {
     let parts = if macs < PARALLEL_MIN_MACS {
         1
     } else {
-        product.out.div_ceil(PART_FEATURES)
+        pool.threads()
     };
     let output = SharedOut::new(y);
-    pool.run_parts(parts, &|part, _thread| {
-        let first = part * PART_FEATURES;
-        let end = (first + PART_FEATURES).min(product.out);
-        let (first, end) = if parts == 1 {
-            (0, product.out)
-        } else {
-            (first, end)
-        };
-        // SAFETY: the parts write the disjoint output columns `first..end` of `y`,
-        // which outlives the job.
-        unsafe { features(product, first, end, output) };
-    });
+    let part = |index: usize| {
+        let (first, end) = share(product.out, parts, index, GROUP);
+        if first < end {
+            // SAFETY: the parts write the disjoint output columns `first..end` of `y`
+            // (`share` ranges never overlap), which outlives the job.
+            unsafe { features(product, first, end, output) };
+        }
+    };
+    if parts == 1 {
+        part(0);
+    } else {
+        pool.run(&|index| {
+            if index < parts {
+                part(index);
+            }
+        });
+    }
 }
 
 /// Output features `first..end`, on the widest lanes this CPU has.

@@ -8,9 +8,9 @@
 //! - attention ([`attention`]) keeps one tile of scores, parallel over K/V heads;
 //! - the rest is plain loops.
 //!
-//! Every operation is cut into parts by its shape alone, the threads claim the parts,
-//! and every output element is reduced inside one part in one fixed order, so the
-//! bits of every operation are the same for any number of compute threads — a pass over streamed blocks and a
+//! Every split of work over threads is fixed by the shape, and every output element
+//! is reduced by one thread in one fixed order, so the bits of every operation are
+//! the same for any number of compute threads — a pass over streamed blocks and a
 //! pass over the same blocks loaded from the file agree bit for bit, whatever
 //! `compute_threads` each was given.
 //!

@@ -6,16 +6,8 @@
 //! caller runs part 0 itself, workers spin on a generation counter for a while after
 //! each job (a hand-off is then one cache line, well under a microsecond) and park
 //! only when no job came for [`SPIN_ROUNDS`]; the caller spins for completion.
-//!
-//! A job is cut into parts by its shape alone ([`Pool::run_parts`]); the threads
-//! claim parts in order from a shared counter. Which thread computes a part depends on
-//! timing, what a part computes never does (its arithmetic is fixed by the part's
-//! index), so results are the same bits however the parts fall. Claiming instead of
-//! a fixed part per thread is what keeps a busy machine usable: when another process
-//! holds a core, a worker that is not running claims nothing and the threads that
-//! run take its share — with one fixed share per thread, every product of a decode
-//! step waited for the descheduled worker (measured: 356 ms a token on 2 threads
-//! against 183 ms on 1, load average 5).
+//! Which part a thread runs is its index — never who got there first — so the work a
+//! thread does is fixed by the job's shape and the thread count alone.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -145,27 +137,6 @@ impl Pool {
     }
 }
 
-impl Pool {
-    /// Runs `part(index, thread)` for every part index in `0..parts`, each exactly
-    /// once, on the pool's threads (`thread` < [`Pool::threads`], for per-thread
-    /// scratch); parts are claimed in increasing order. One part runs on the caller
-    /// without waking anyone.
-    pub(super) fn run_parts(&self, parts: usize, part: &(dyn Fn(usize, usize) + Sync)) {
-        if parts <= 1 || self.threads == 1 {
-            (0..parts).for_each(|index| part(index, 0));
-            return;
-        }
-        let next = AtomicUsize::new(0);
-        self.run(&|thread| loop {
-            let index = next.fetch_add(1, Ordering::Relaxed);
-            if index >= parts {
-                return;
-            }
-            part(index, thread);
-        });
-    }
-}
-
 impl Drop for Pool {
     fn drop(&mut self) {
         self.shared.quit.store(true, Ordering::SeqCst);
@@ -277,6 +248,15 @@ impl SharedOut {
     }
 }
 
+/// The `index`-th of `parts` equal shares of `0..total`, rounded to multiples of
+/// `granule` (the last share takes the rest).
+pub(super) fn share(total: usize, parts: usize, index: usize, granule: usize) -> (usize, usize) {
+    let granules = total.div_ceil(granule.max(1));
+    let start = (granules * index / parts.max(1)) * granule;
+    let end = ((granules * (index + 1) / parts.max(1)) * granule).min(total);
+    (start.min(total), end)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -314,17 +294,17 @@ mod tests {
     }
 
     #[test]
-    fn every_part_runs_exactly_once_whoever_claims_it() {
-        // Proves `run_parts` runs each part once, on any pool size, and hands each
-        // call a valid thread index.
-        for threads in [1, 2, 3] {
-            let pool = Pool::new(threads);
-            let runs: Vec<AtomicUsize> = (0..37).map(|_| AtomicUsize::new(0)).collect();
-            pool.run_parts(37, &|index, thread| {
-                assert!(thread < pool.threads());
-                runs[index].fetch_add(1, Ordering::Relaxed);
-            });
-            assert!(runs.iter().all(|count| count.load(Ordering::Relaxed) == 1));
+    fn shares_cover_the_range_in_granules() {
+        // Proves the shares are disjoint, in order, cover 0..total and start on granules.
+        for (total, parts, granule) in [(10, 3, 4), (2048, 2, 4), (3, 4, 4), (0, 2, 1)] {
+            let mut next = 0;
+            for index in 0..parts {
+                let (start, end) = share(total, parts, index, granule);
+                assert_eq!(start, next);
+                assert!(start % granule == 0 || start == total);
+                next = end;
+            }
+            assert_eq!(next, total);
         }
     }
 }
