@@ -197,6 +197,12 @@ fn rows(dir: &Path) -> Vec<Row> {
             &["--reader-threads", "0"],
             Expect::Bad("reader_threads"),
         ),
+        row(false, &["--compute-threads", "1"], Expect::Ok("generate: ")),
+        row(
+            false,
+            &["--compute-threads", "0"],
+            Expect::Bad("compute_threads"),
+        ),
         row(false, &["--verify", "full"], Expect::Ok("generate: ")),
         row(false, &["--verify", "weights"], Expect::Ok("generate: ")),
         row(
