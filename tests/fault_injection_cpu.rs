@@ -154,8 +154,7 @@ fn a_cache_write_that_fails_at_a_random_byte_leaves_nothing() {
         let mut rng = SplitMix64::new(seed);
         let total = 1 + rng.next_u64() % (1 << 20);
         let fail_at = rng.next_u64() % (total + 1);
-        let written = write_atomically(&path, |temp| {
-            let mut file = std::fs::File::create(temp)?;
+        let written = write_atomically(&path, |mut file| {
             let chunk = vec![7u8; 4096];
             let mut done = 0;
             while done < total {

@@ -51,7 +51,7 @@ pub fn ensure_demo_model(cache_dir: &Path, spec: &DemoSpec) -> Result<PathBuf, C
         cache_dir,
         LINEAR_STACK_FILE,
         &|index| DemoSpec::from_metadata(&index.metadata).as_ref() == Some(spec),
-        &|temp| write_linear_stack_file(temp, spec),
+        &|file| write_linear_stack_file(file, spec),
     )
 }
 
@@ -65,7 +65,7 @@ pub fn ensure_moe_model(cache_dir: &Path, spec: &MoeSpec) -> Result<PathBuf, Cac
         cache_dir,
         MOE_FILE,
         &|index| MoeSpec::from_metadata(&index.metadata).as_ref() == Some(spec),
-        &|temp| write_moe_file(temp, spec),
+        &|file| write_moe_file(file, spec),
     )
 }
 
@@ -83,7 +83,7 @@ fn ensure(
     dir: &Path,
     name: &str,
     wanted: &dyn Fn(&ModelIndex) -> bool,
-    write: &dyn Fn(&Path) -> io::Result<()>,
+    write: &dyn Fn(&File) -> io::Result<()>,
 ) -> Result<PathBuf, CacheError> {
     std::fs::create_dir_all(dir).map_err(|error| CacheError::Folder {
         path: dir.to_path_buf(),
@@ -171,66 +171,15 @@ fn record_checked(dir: &Path, name: &str, stamp: &FileStamp) {
         stamp.device, stamp.inode, stamp.bytes, stamp.modified_ns, stamp.changed_ns
     );
     let path = checked_path(dir, name);
-    let written = write_atomically(&path, |temp| std::fs::write(temp, &text));
+    let written = write_atomically(&path, |mut file| {
+        io::Write::write_all(&mut file, text.as_bytes())
+    });
     if let Err(error) = written {
         tracing::debug!("{}: {error}", path.display());
     }
 }
 
-/// Writes `path` through `.<name>.<pid>.tmp` in its folder, renamed into place once
-/// `write` succeeded; the temporary file is removed if it did not.
-pub fn write_atomically(
-    path: &Path,
-    write: impl FnOnce(&Path) -> io::Result<()>,
-) -> io::Result<()> {
-    let dir = path
-        .parent()
-        .filter(|dir| !dir.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no file name"))?
-        .to_string_lossy();
-    let temp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    let written = write(&temp).and_then(|()| std::fs::rename(&temp, path));
-    if written.is_err() {
-        let _ = std::fs::remove_file(&temp);
-    }
-    written?;
-    // The rename is durable once the folder is synced.
-    File::open(dir).and_then(|folder| folder.sync_all())
-}
-
-/// Removes `.<name>.<pid>.tmp` files in `dir` whose process no longer exists.
-pub fn remove_stale_temporaries(dir: &Path) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    let own = std::process::id();
-    for entry in entries.flatten() {
-        let file_name = entry.file_name();
-        let Some(owner) = file_name.to_str().and_then(temporary_owner) else {
-            continue;
-        };
-        if owner == own || Path::new(&format!("/proc/{owner}")).exists() {
-            continue;
-        }
-        match std::fs::remove_file(entry.path()) {
-            Ok(()) => tracing::info!(
-                "removed {} (left by process {owner}, which no longer runs)",
-                entry.path().display()
-            ),
-            Err(error) => tracing::debug!("{}: {error}", entry.path().display()),
-        }
-    }
-}
-
-/// The pid in a temporary file's name `.<name>.<pid>.tmp`.
-fn temporary_owner(file_name: &str) -> Option<u32> {
-    let stem = file_name.strip_prefix('.')?.strip_suffix(".tmp")?;
-    let (_, pid) = stem.rsplit_once('.')?;
-    pid.parse().ok().filter(|&pid| pid > 0)
-}
+pub use crate::os::{remove_stale_temporaries, write_atomically};
 
 /// An exclusive `flock` on `.<name>.lock`, released when dropped (or when the process
 /// dies: the kernel drops it with the descriptor, so a killed writer never leaves the
@@ -275,24 +224,5 @@ impl EntryLock {
             crate::signals::check()?;
             std::thread::sleep(LOCK_POLL);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_temporary_names_with_a_pid_are_recognised() {
-        // Proves stale-file cleaning touches nothing but `.<name>.<pid>.tmp`.
-        assert_eq!(
-            temporary_owner(".linear-stack.safetensors.123.tmp"),
-            Some(123)
-        );
-        assert_eq!(temporary_owner("linear-stack.safetensors"), None);
-        assert_eq!(temporary_owner(".linear-stack.safetensors.lock"), None);
-        assert_eq!(temporary_owner(".x.abc.tmp"), None);
-        assert_eq!(temporary_owner(".x.0.tmp"), None);
-        assert_eq!(temporary_owner("x.12.tmp"), None);
     }
 }

@@ -11,7 +11,6 @@
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::os::unix::fs::FileExt;
-use std::path::Path;
 
 use super::{FileStamp, ModelIndex};
 
@@ -90,15 +89,17 @@ impl DataChecksum {
 /// Writes a generated model: the header (holding [`PENDING_CHECKSUM`]), then the data
 /// through [`GeneratedWriter::write`], then [`GeneratedWriter::finish`] puts the data's
 /// checksum into the header and syncs the file.
-pub struct GeneratedWriter {
-    writer: BufWriter<File>,
+pub struct GeneratedWriter<'f> {
+    writer: BufWriter<&'f File>,
     checksum: DataChecksum,
     /// File offset of the placeholder.
     checksum_offset: u64,
 }
 
-impl GeneratedWriter {
-    pub fn create(path: &Path, header_json: &[u8]) -> io::Result<Self> {
+impl<'f> GeneratedWriter<'f> {
+    /// Writes the model into `file` (an unnamed file [`crate::os::write_atomically`]
+    /// names once complete).
+    pub fn new(file: &'f File, header_json: &[u8]) -> io::Result<Self> {
         let position = header_json
             .windows(PENDING_CHECKSUM.len())
             .position(|window| window == PENDING_CHECKSUM.as_bytes())
@@ -108,7 +109,6 @@ impl GeneratedWriter {
                     "the header has no checksum placeholder",
                 )
             })?;
-        let file = File::create(path)?;
         let mut writer = BufWriter::with_capacity(1 << 20, file);
         writer.write_all(&(header_json.len() as u64).to_le_bytes())?;
         writer.write_all(header_json)?;

@@ -5,6 +5,7 @@
 //! regenerated on its own ([`DemoSpec::fill_weight`]) without reading the file.
 
 use std::collections::BTreeMap;
+use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use serde_json::json;
@@ -224,8 +225,8 @@ fn header_json(spec: &DemoSpec) -> Vec<u8> {
 
 /// Writes the whole model to `path` (no temporary name: see `write_linear_stack`),
 /// with its data checksum in the header.
-pub(crate) fn write_linear_stack_file(path: &Path, spec: &DemoSpec) -> std::io::Result<()> {
-    let mut writer = super::checksum::GeneratedWriter::create(path, &header_json(spec))?;
+pub(crate) fn write_linear_stack_file(file: &File, spec: &DemoSpec) -> std::io::Result<()> {
+    let mut writer = super::checksum::GeneratedWriter::new(file, &header_json(spec))?;
 
     let values_per_layer = spec.dim as usize * spec.dim as usize;
     let mut chunk = vec![0u8; values_per_layer.min(CHUNK_VALUES) * 4];

@@ -159,7 +159,7 @@ pub fn write_moe_model(dir: &Path, spec: &MoeSpec) -> Result<PathBuf, DemoError>
 }
 
 /// Writes the whole model to `path`, with its data checksum in the header.
-pub(crate) fn write_moe_file(path: &Path, spec: &MoeSpec) -> std::io::Result<()> {
+pub(crate) fn write_moe_file(file: &std::fs::File, spec: &MoeSpec) -> std::io::Result<()> {
     let tensors = spec.tensors();
     let mut header = serde_json::Map::new();
     let mut metadata = spec.metadata();
@@ -181,7 +181,7 @@ pub(crate) fn write_moe_file(path: &Path, spec: &MoeSpec) -> std::io::Result<()>
     while header.len() % 8 != 0 {
         header.push(b' ');
     }
-    let mut writer = super::GeneratedWriter::create(path, &header)?;
+    let mut writer = super::GeneratedWriter::new(file, &header)?;
     let bound = 1.0 / (spec.dim as f32).sqrt();
     // Values go out a chunk at a time (4 MiB): the writer hashes and polls for a stop
     // request per chunk.

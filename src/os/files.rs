@@ -8,6 +8,8 @@
 
 use std::fs::{File, Metadata, OpenOptions};
 use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
@@ -133,9 +135,149 @@ pub fn read_regular(path: &Path, max_bytes: u64) -> io::Result<Vec<u8>> {
     Ok(bytes)
 }
 
+/// Writes `path` so that a reader, and whoever runs after a crash or a `kill -9`,
+/// sees the whole new file or none of it: the bytes go into an unnamed file
+/// (`O_TMPFILE`) in `path`'s folder, which is synced and only then given a name
+/// (`linkat`) and renamed over `path`. A writer killed midway leaves nothing behind.
+/// Where the filesystem has no `O_TMPFILE`, a named `.<name>.<pid>.tmp` takes its place
+/// (removed on failure, and by [`remove_stale_temporaries`] after a crash).
+pub fn write_atomically(
+    path: &Path,
+    write: impl FnOnce(&File) -> io::Result<()>,
+) -> io::Result<()> {
+    let dir = path
+        .parent()
+        .filter(|dir| !dir.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no file name"))?
+        .to_string_lossy()
+        .into_owned();
+    let temp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let result = match open_unnamed(dir) {
+        Ok(file) => write_unnamed(file, &temp, path, write),
+        Err(error) if unnamed_unsupported(&error) => write_named(&temp, path, write),
+        Err(error) => Err(error),
+    };
+    if result.is_err() {
+        let _ = std::fs::remove_file(&temp);
+    }
+    result?;
+    // The rename is durable once the folder is synced.
+    File::open(dir).and_then(|folder| folder.sync_all())
+}
+
+/// An unnamed regular file in `dir`, visible to no one until it is linked.
+fn open_unnamed(dir: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .write(true)
+        .read(true)
+        .mode(0o644)
+        .custom_flags(libc::O_TMPFILE)
+        .open(dir)
+}
+
+/// Errors that mean "this filesystem (or kernel) has no `O_TMPFILE`".
+fn unnamed_unsupported(error: &io::Error) -> bool {
+    matches!(
+        error.raw_os_error(),
+        Some(libc::EOPNOTSUPP) | Some(libc::EISDIR) | Some(libc::EINVAL) | Some(libc::ENOENT)
+    )
+}
+
+fn write_unnamed(
+    file: File,
+    temp: &Path,
+    path: &Path,
+    write: impl FnOnce(&File) -> io::Result<()>,
+) -> io::Result<()> {
+    write(&file)?;
+    file.sync_all()?;
+    // The file gets a name only now, complete; the rename then replaces `path` in one
+    // step (linkat cannot replace an existing name).
+    let source = std::ffi::CString::new(format!("/proc/self/fd/{}", file.as_raw_fd()))
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let target = std::ffi::CString::new(temp.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let _ = std::fs::remove_file(temp);
+    // SAFETY: both paths are NUL-terminated C strings that outlive the call; no memory
+    // is shared with the kernel beyond them.
+    let status = unsafe {
+        libc::linkat(
+            libc::AT_FDCWD,
+            source.as_ptr(),
+            libc::AT_FDCWD,
+            target.as_ptr(),
+            libc::AT_SYMLINK_FOLLOW,
+        )
+    };
+    if status != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    std::fs::rename(temp, path)
+}
+
+fn write_named(
+    temp: &Path,
+    path: &Path,
+    write: impl FnOnce(&File) -> io::Result<()>,
+) -> io::Result<()> {
+    let file = File::create(temp)?;
+    write(&file)?;
+    file.sync_all()?;
+    std::fs::rename(temp, path)
+}
+
+/// Removes `.<name>.<pid>.tmp` files in `dir` whose process no longer exists (left by
+/// a writer killed on a filesystem without `O_TMPFILE`).
+pub fn remove_stale_temporaries(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let own = std::process::id();
+    for entry in entries.flatten() {
+        let file_name = entry.file_name();
+        let Some(owner) = file_name.to_str().and_then(temporary_owner) else {
+            continue;
+        };
+        if owner == own || Path::new(&format!("/proc/{owner}")).exists() {
+            continue;
+        }
+        match std::fs::remove_file(entry.path()) {
+            Ok(()) => tracing::info!(
+                "removed {} (left by process {owner}, which no longer runs)",
+                entry.path().display()
+            ),
+            Err(error) => tracing::debug!("{}: {error}", entry.path().display()),
+        }
+    }
+}
+
+/// The pid in a temporary file's name `.<name>.<pid>.tmp`.
+fn temporary_owner(file_name: &str) -> Option<u32> {
+    let stem = file_name.strip_prefix('.')?.strip_suffix(".tmp")?;
+    let (_, pid) = stem.rsplit_once('.')?;
+    pid.parse().ok().filter(|&pid| pid > 0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_temporary_names_with_a_pid_are_recognised() {
+        // Proves stale-file cleaning touches nothing but `.<name>.<pid>.tmp`.
+        assert_eq!(
+            temporary_owner(".linear-stack.safetensors.123.tmp"),
+            Some(123)
+        );
+        assert_eq!(temporary_owner("linear-stack.safetensors"), None);
+        assert_eq!(temporary_owner(".linear-stack.safetensors.lock"), None);
+        assert_eq!(temporary_owner(".x.abc.tmp"), None);
+        assert_eq!(temporary_owner(".x.0.tmp"), None);
+        assert_eq!(temporary_owner("x.12.tmp"), None);
+    }
 
     #[test]
     fn a_fifo_is_refused_at_once_instead_of_blocking() {

@@ -6,6 +6,9 @@ mod files;
 mod memory;
 mod page_cache;
 
-pub use files::{create_regular, open_regular, read_regular, FileStamp};
+pub use files::{
+    create_regular, open_regular, read_regular, remove_stale_temporaries, write_atomically,
+    FileStamp,
+};
 pub use memory::{available_ram_bytes, total_ram_bytes};
 pub use page_cache::{advise_dont_need, cached_bytes, drop_page_cache};

@@ -149,31 +149,21 @@ pub fn write_single(
     write_atomically(path, |file| write_shard(file, &all, dtype, metadata))
 }
 
-/// Writes `path` through a temporary file in the same folder, renamed when complete.
+/// Writes `path` through an unnamed file named once complete
+/// ([`crate::os::write_atomically`]), buffered.
 pub fn write_atomically(
     path: &Path,
-    write: impl FnOnce(&mut BufWriter<File>) -> std::io::Result<()>,
+    write: impl FnOnce(&mut BufWriter<&File>) -> std::io::Result<()>,
 ) -> std::io::Result<()> {
-    let name = path
-        .file_name()
-        .map(|name| name.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let temp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
-    let result = (|| {
-        let mut writer = BufWriter::with_capacity(1 << 20, File::create(&temp)?);
+    crate::os::write_atomically(path, |file| {
+        let mut writer = BufWriter::with_capacity(1 << 20, file);
         write(&mut writer)?;
-        let file = writer.into_inner().map_err(|error| error.into_error())?;
-        file.sync_all()?;
-        std::fs::rename(&temp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&temp);
-    }
-    result
+        writer.flush()
+    })
 }
 
 fn write_shard(
-    writer: &mut BufWriter<File>,
+    writer: &mut BufWriter<&File>,
     tensors: &[&TensorSpec],
     dtype: DType,
     metadata: &BTreeMap<String, String>,
