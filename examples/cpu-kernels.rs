@@ -98,6 +98,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             });
             println!("     f32 {what:<24} {:8.3} ms", seconds * 1e3);
         }
+        // What `verify = weights` pays per landed block: one checksum pass over it.
+        let landed = compute.load_block(&vec![0x5a_u8; 64 << 20])?;
+        let view = compute.block_view(&landed);
+        let seconds = seconds_best(5, || {
+            compute.checksum(&view).expect("checksum");
+        });
+        println!(
+            "   bytes {:<24} {:8.3} ms  {:6.1} GB/s",
+            "checksum of 64 MiB",
+            seconds * 1e3,
+            (64u64 << 20) as f64 / seconds / 1e9
+        );
     }
     Ok(())
 }

@@ -20,6 +20,7 @@
 //! owned by this adapter; products never widen a whole weight.
 
 mod attention;
+mod checksum;
 mod elementwise;
 mod gemm;
 mod gemv;
@@ -471,7 +472,7 @@ impl Compute for CpuCompute {
         let bytes = unsafe {
             std::slice::from_raw_parts(block.ptr().0 as *const u8, block.bytes() as usize)
         };
-        Ok(crate::compute::checksum::checksum(bytes))
+        Ok(checksum::checksum(&self.pool, bytes))
     }
 
     fn fence(&self) -> Result<(), ComputeError> {
