@@ -1,16 +1,35 @@
 //! The compute thread's API: how an inference engine embeds stagehand.
 //!
-//! ```text
-//! let mut session = Session::start(config, layout, order, device, storage, observer)?;
-//! for step in 0..steps {
-//!     for &block in &order {
-//!         let handle = session.acquire(block)?;   // atomic load when resident
-//!         compute(handle.ptr, handle.bytes);
-//!         session.release(handle);
+//! ```no_run
+//! use std::sync::Arc;
+//! use stagehand_actors::{
+//!     BlockId, Device, DevicePtr, ModelLayout, NoObserver, Session, SessionConfig, SessionError,
+//!     Storage,
+//! };
+//!
+//! fn run(
+//!     config: SessionConfig,
+//!     layout: ModelLayout,
+//!     device: Arc<dyn Device>,
+//!     storage: Arc<dyn Storage>,
+//!     steps: u64,
+//!     compute: impl Fn(DevicePtr, u64),
+//! ) -> Result<(), SessionError> {
+//!     let order: Vec<BlockId> = (0..layout.len() as u32).map(BlockId).collect();
+//!     let mut session =
+//!         Session::start(config, layout, order.clone(), device, storage, Arc::new(NoObserver))?;
+//!     for _ in 0..steps {
+//!         for &block in &order {
+//!             let handle = session.acquire(block)?; // an atomic load when resident
+//!             compute(handle.ptr, handle.bytes);
+//!             session.release(handle);
+//!         }
+//!         session.step_done();
 //!     }
-//!     session.step_done();
+//!     let stats = session.finish(); // dropping the session would release as much
+//!     assert_eq!(stats.vram.used_bytes, 0);
+//!     Ok(())
 //! }
-//! let report = session.finish()?;
 //! ```
 //!
 //! `acquire` of a ready block touches only the residency table. A miss sends one

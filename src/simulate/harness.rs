@@ -3,9 +3,12 @@
 //! and checks every expectation. A scenario that does not hold is an error that
 //! prints what was expected, what was got, and the seed to reproduce it.
 //!
-//! ```text
-//! let report = stagehand::harness::run_scenario(Path::new("tests/scenarios/llama3-8b-decode-rtx3060.toml"))?;
+//! ```no_run
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let scenario = std::path::Path::new("tests/scenarios/llama3-8b-decode-rtx3060.toml");
+//! let report = stagehand::harness::run_scenario(scenario)?;
 //! println!("{report}");
+//! # Ok(()) }
 //! ```
 //!
 //! The format is documented in docs/simulator.md ("Scenarios").
