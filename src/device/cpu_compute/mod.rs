@@ -1,11 +1,11 @@
 //! The CPU backend's compute (the `Compute` port), on a pool of compute threads:
 //!
-//! - decode products (few rows, [`gemv`]) read each weight once in its storage dtype
+//! - decode products (few rows, `gemv`) read each weight once in its storage dtype
 //!   and widen it in registers (AVX-512, AVX2/FMA/F16C, or portable lanes, chosen once
 //!   per process);
-//! - prefill, encoder and batched products ([`gemm`]) go through the `gemm` crate,
+//! - prefill, encoder and batched products (`gemm`) go through the `gemm` crate,
 //!   a weight widened one cache-sized panel at a time;
-//! - attention ([`attention`]) keeps one tile of scores, parallel over K/V heads;
+//! - attention (`attention`) keeps one tile of scores, parallel over K/V heads;
 //! - the rest is plain loops.
 //!
 //! Every split of work over threads is fixed by the shape, and every output element
