@@ -114,6 +114,24 @@ impl Placer<'_> {
             self.add(&format!("{name}.bias"), &[width])?,
         ])
     }
+
+    /// Encoder layer `layer` as a block of its own: its eight (weight, bias) pairs in
+    /// [`LayerSlots`]' order.
+    fn layer(&mut self, layer: usize, config: &BertConfig) -> Result<[[usize; 2]; 8], FamilyError> {
+        let (hidden, intermediate) = (config.hidden, config.intermediate);
+        let at = format!("encoder.layer.{layer}");
+        self.builder.block(at.clone());
+        Ok([
+            self.linear(&format!("{at}.attention.self.query"), hidden, hidden)?,
+            self.linear(&format!("{at}.attention.self.key"), hidden, hidden)?,
+            self.linear(&format!("{at}.attention.self.value"), hidden, hidden)?,
+            self.linear(&format!("{at}.attention.output.dense"), hidden, hidden)?,
+            self.norm(&format!("{at}.attention.output.LayerNorm"), hidden)?,
+            self.linear(&format!("{at}.intermediate.dense"), intermediate, hidden)?,
+            self.linear(&format!("{at}.output.dense"), hidden, intermediate)?,
+            self.norm(&format!("{at}.output.LayerNorm"), hidden)?,
+        ])
+    }
 }
 
 impl EncoderWeights {
@@ -156,25 +174,9 @@ impl EncoderWeights {
             &[config.type_vocab, hidden],
         )?;
         let embedding_norm = placer.norm("embeddings.LayerNorm", hidden)?;
-        let mut layer_tensors = Vec::with_capacity(config.layers);
-        for layer in 0..config.layers {
-            let at = format!("encoder.layer.{layer}");
-            placer.builder.block(at.clone());
-            layer_tensors.push([
-                placer.linear(&format!("{at}.attention.self.query"), hidden, hidden)?,
-                placer.linear(&format!("{at}.attention.self.key"), hidden, hidden)?,
-                placer.linear(&format!("{at}.attention.self.value"), hidden, hidden)?,
-                placer.linear(&format!("{at}.attention.output.dense"), hidden, hidden)?,
-                placer.norm(&format!("{at}.attention.output.LayerNorm"), hidden)?,
-                placer.linear(
-                    &format!("{at}.intermediate.dense"),
-                    config.intermediate,
-                    hidden,
-                )?,
-                placer.linear(&format!("{at}.output.dense"), hidden, config.intermediate)?,
-                placer.norm(&format!("{at}.output.LayerNorm"), hidden)?,
-            ]);
-        }
+        let layer_tensors = (0..config.layers)
+            .map(|layer| placer.layer(layer, config))
+            .collect::<Result<Vec<_>, FamilyError>>()?;
         let placement = placer.builder.finish();
         let slot = |tensor: usize| -> Result<TensorSlot, FamilyError> {
             placement
