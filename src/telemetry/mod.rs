@@ -17,6 +17,7 @@ pub mod exposition;
 mod observer;
 pub mod promql;
 mod server;
+pub mod serving;
 pub mod trace;
 mod trace_observer;
 

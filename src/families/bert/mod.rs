@@ -17,6 +17,7 @@
 
 mod config;
 mod open;
+mod requests;
 mod tokens;
 mod weights;
 
@@ -25,6 +26,7 @@ use std::path::Path;
 use stagehand_actors::BlockId;
 
 pub use config::BertConfig;
+pub use requests::input_tokens;
 pub use tokens::{batches, from_ids, tokenize, TokenBatch, Tokens};
 
 use self::weights::{EncoderWeights, Linear, Norm};

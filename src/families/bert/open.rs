@@ -2,7 +2,7 @@
 
 use stagehand_actors::ModelLayout;
 
-use super::{tokenize, Encoder, Tokens};
+use super::{Encoder, Tokens};
 use crate::compute::TensorSlot;
 use crate::families::family::Facts;
 use crate::families::inputs::{EncoderInput, WorkloadKind, BUILT_IN_SENTENCES};
@@ -24,30 +24,7 @@ impl Open for Encoder {
         let input = request.extras.encoder.clone().unwrap_or_else(|| {
             EncoderInput::Texts(BUILT_IN_SENTENCES.iter().map(|s| s.to_string()).collect())
         });
-        let tokens: Vec<Tokens> = match &input {
-            EncoderInput::Texts(texts) => {
-                if texts.is_empty() {
-                    return Err(FamilyError::Model(
-                        "no text to embed: give one or more texts, or --file".to_string(),
-                    ));
-                }
-                let Some(tokenizer) = &folder.tokenizer else {
-                    return Err(FamilyError::Model(format!(
-                        "{}: no tokenizer.json in the folder; add it, or give token ids with --token-ids 101,7592,102",
-                        folder.dir.display()
-                    )));
-                };
-                tokenize(tokenizer, texts, config.max_positions)?
-            }
-            EncoderInput::TokenIds(ids) => {
-                if ids.is_empty() || ids.iter().any(Vec::is_empty) {
-                    return Err(FamilyError::Model(
-                        "--token-ids: every text needs at least one id".to_string(),
-                    ));
-                }
-                super::from_ids(ids, config.max_positions)
-            }
-        };
+        let tokens: Vec<Tokens> = super::input_tokens(folder, &config, &input)?;
         Encoder::new(
             request.index,
             config,

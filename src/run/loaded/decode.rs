@@ -1,0 +1,185 @@
+//! Decoder jobs: up to `max_sequences` sequences at once, each with its own state and
+//! KV pages; a sequence joins when a job arrives and leaves when it stops, reaches
+//! `max_tokens`, fails or is cancelled, between steps. Each round steps every active
+//! sequence once through the family's own step ([`Family::step`]), the prompt and
+//! sampling of the sequence set on the decoder for its step.
+
+use flume::TryRecvError;
+
+use crate::device::CpuCompute;
+use crate::families::llama::{Decoder, DecoderState};
+use crate::families::{Family, FamilyError};
+
+use super::{is_fatal, Context, FinishReason, Finished, GenerateJob, Job, TokenEvent};
+
+/// One sequence being decoded.
+struct Sequence {
+    job: GenerateJob,
+    /// The prompt, swapped into the decoder for this sequence's steps.
+    prompt: Vec<u32>,
+    prompt_tokens: usize,
+    state: DecoderState<CpuCompute>,
+    step: u64,
+    /// KV-cache bytes reserved for this sequence, released when it leaves.
+    reserved_bytes: u64,
+    generated: usize,
+    finished: Option<FinishReason>,
+}
+
+/// Answers jobs until the queue closes and the last sequence has left.
+pub(super) fn run(decoder: &mut Decoder, context: &mut Context<'_, '_>) -> Result<(), FamilyError> {
+    let mut active: Vec<Sequence> = Vec::new();
+    let mut closed = false;
+    loop {
+        if active.is_empty() {
+            if closed {
+                return Ok(());
+            }
+            match context.jobs.recv() {
+                Ok(job) => admit(decoder, context, job, &mut active)?,
+                Err(_) => return Ok(()),
+            }
+        }
+        while !closed && active.len() < context.limits.max_sequences.max(1) {
+            match context.jobs.try_recv() {
+                Ok(job) => admit(decoder, context, job, &mut active)?,
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => closed = true,
+            }
+        }
+        if active.is_empty() {
+            continue;
+        }
+        context.batches.batch(active.len());
+        for sequence in &mut active {
+            step_sequence(decoder, context, sequence)?;
+        }
+        retire(context, &mut active);
+    }
+}
+
+/// Starts a job's sequence, or answers it with why it cannot run.
+fn admit(
+    decoder: &mut Decoder,
+    context: &mut Context<'_, '_>,
+    job: Job,
+    active: &mut Vec<Sequence>,
+) -> Result<(), FamilyError> {
+    let job = match job {
+        Job::Generate(job) => job,
+        Job::Embed(job) => {
+            let refusal = "this model is a decoder: it generates text, it does not embed";
+            let _ = job
+                .reply
+                .send(Err(super::RunError::BadInput(refusal.into())));
+            return Ok(());
+        }
+    };
+    if let Err(refusal) = check_job(decoder, &job) {
+        let _ = job.events.send(TokenEvent::Failed(refusal));
+        return Ok(());
+    }
+    decoder.prompt = job.prompt.clone();
+    decoder.sampling = job.sampling;
+    let state = decoder.start(context.compute)?;
+    active.push(Sequence {
+        prompt: job.prompt.clone(),
+        prompt_tokens: job.prompt.len(),
+        job,
+        state,
+        step: 0,
+        reserved_bytes: 0,
+        generated: 0,
+        finished: None,
+    });
+    Ok(())
+}
+
+/// Why `job` cannot run on this decoder (a message for the client), if it cannot.
+fn check_job(decoder: &Decoder, job: &GenerateJob) -> Result<(), String> {
+    if job.prompt.is_empty() {
+        return Err("the prompt has no tokens".into());
+    }
+    if job.max_tokens == 0 {
+        return Err("max_tokens must be at least 1".into());
+    }
+    let vocab = decoder.config.vocab;
+    if let Some(id) = job.prompt.iter().find(|&&id| id as usize >= vocab) {
+        return Err(format!(
+            "prompt token id {id} is outside the vocabulary of {vocab}"
+        ));
+    }
+    let length = job.prompt.len() + job.max_tokens as usize;
+    if let Some(refusal) = decoder.config.refuse_sequence(length) {
+        return Err(format!("prompt + max_tokens: {refusal}"));
+    }
+    job.sampling.validate()
+}
+
+/// One step of one sequence, its token told to its job.
+fn step_sequence(
+    decoder: &mut Decoder,
+    context: &mut Context<'_, '_>,
+    sequence: &mut Sequence,
+) -> Result<(), FamilyError> {
+    if sequence.job.cancel.is_cancelled() || sequence.job.events.is_disconnected() {
+        sequence.finished = Some(FinishReason::Cancelled);
+        return Ok(());
+    }
+    std::mem::swap(&mut decoder.prompt, &mut sequence.prompt);
+    decoder.sampling = sequence.job.sampling;
+    context.blocks.begin_step();
+    let stepped = decoder.step(
+        context.compute,
+        &mut sequence.state,
+        context.blocks,
+        sequence.step,
+    );
+    std::mem::swap(&mut decoder.prompt, &mut sequence.prompt);
+    let output = match stepped {
+        Ok(output) => output,
+        Err(error) => {
+            let _ = context.blocks.drain(context.compute);
+            if is_fatal(&error) {
+                return Err(error);
+            }
+            let _ = sequence
+                .job
+                .events
+                .send(TokenEvent::Failed(error.to_string()));
+            sequence.finished = Some(FinishReason::Cancelled);
+            return Ok(());
+        }
+    };
+    context.end_step()?;
+    sequence.step += 1;
+    let decoded = output.decoded.unwrap_or_default();
+    sequence.reserved_bytes += decoded.kv_reserved_bytes;
+    sequence.generated += 1;
+    let _ = sequence.job.events.send(TokenEvent::Token(decoded.token));
+    if sequence.job.stop_tokens.contains(&decoded.token) {
+        sequence.finished = Some(FinishReason::Stop);
+    } else if sequence.generated as u64 >= sequence.job.max_tokens {
+        sequence.finished = Some(FinishReason::Length);
+    }
+    Ok(())
+}
+
+/// Sequences that ended leave: their KV pages go back, their jobs are told.
+fn retire(context: &mut Context<'_, '_>, active: &mut Vec<Sequence>) {
+    active.retain(|sequence| {
+        let Some(reason) = sequence.finished else {
+            return true;
+        };
+        context
+            .blocks
+            .session()
+            .release_activations(sequence.reserved_bytes);
+        let _ = sequence.job.events.send(TokenEvent::Finished(Finished {
+            reason,
+            prompt_tokens: sequence.prompt_tokens,
+            generated_tokens: sequence.generated,
+        }));
+        false
+    });
+}
