@@ -9,6 +9,8 @@
 
 use metrics::{KeyName, Recorder, SharedString, Unit};
 
+use super::serving_catalog;
+
 /// The Prometheus type of a metric.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MetricKind {
@@ -105,41 +107,6 @@ const ERROR_KIND: LabelSpec = LabelSpec {
     values: &["read", "copy", "pin", "budget", "protocol"],
 };
 
-/// `stagehand serve`'s model label: the names of the served config (an open set,
-/// but one the operator fixes: a few models per server).
-const SERVED_MODEL: LabelSpec = LabelSpec {
-    name: "model",
-    values: &[],
-};
-const SERVE_ENDPOINT: LabelSpec = LabelSpec {
-    name: "endpoint",
-    values: &["embeddings", "completions", "chat_completions"],
-};
-const SERVE_OUTCOME: LabelSpec = LabelSpec {
-    name: "outcome",
-    values: &[
-        "ok",
-        "bad_request",
-        "unauthorized",
-        "not_found",
-        "rejected",
-        "unavailable",
-        "timeout",
-        "cancelled",
-        "failed",
-    ],
-};
-const SERVE_TOKEN_KIND: LabelSpec = LabelSpec {
-    name: "kind",
-    values: &["prompt", "generated"],
-};
-/// A served request: a few milliseconds (a small embedding) to minutes (a long generation).
-const REQUEST_BUCKETS_SECONDS: &[f64] = &[
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
-];
-/// Sequences (or texts) computed in one step.
-const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
-
 /// From a 4 KiB page copy (~tens of µs) up to a slow multi-GiB disk read.
 const TRANSFER_BUCKETS_SECONDS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
@@ -173,13 +140,10 @@ pub const PLAN_STEP_STREAMED_BYTES: &str = "stagehand_plan_step_streamed_bytes";
 pub const ACTIVATION_DISPLACED_BLOCKS: &str = "stagehand_activation_displaced_blocks_total";
 pub const EXPERT_ACQUIRES: &str = "stagehand_expert_acquires_total";
 pub const ERRORS: &str = "stagehand_errors_total";
-pub const SERVE_REQUESTS: &str = "stagehand_serve_requests_total";
-pub const SERVE_REQUEST_DURATION: &str = "stagehand_serve_request_duration_seconds";
-pub const SERVE_TIME_TO_FIRST_TOKEN: &str = "stagehand_serve_time_to_first_token_seconds";
-pub const SERVE_QUEUE_DEPTH: &str = "stagehand_serve_queue_depth_requests";
-pub const SERVE_IN_FLIGHT: &str = "stagehand_serve_in_flight_requests";
-pub const SERVE_BATCH_SIZE: &str = "stagehand_serve_batch_size_sequences";
-pub const SERVE_TOKENS: &str = "stagehand_serve_tokens_total";
+pub use super::serving_catalog::{
+    SERVE_BATCH_SIZE, SERVE_IN_FLIGHT, SERVE_QUEUE_DEPTH, SERVE_REQUESTS, SERVE_REQUEST_DURATION,
+    SERVE_TIME_TO_FIRST_TOKEN, SERVE_TOKENS,
+};
 
 /// Every metric stagehand exports.
 pub const CATALOG: &[MetricSpec] = &[
@@ -335,62 +299,13 @@ pub const CATALOG: &[MetricSpec] = &[
         description: "Errors by kind (read, copy, pin, budget, protocol).",
         buckets: &[],
     },
-    MetricSpec {
-        name: SERVE_REQUESTS,
-        kind: MetricKind::Counter,
-        unit: "requests",
-        labels: &[SERVED_MODEL, SERVE_ENDPOINT, SERVE_OUTCOME],
-        description: "`stagehand serve`: requests answered, by model, endpoint and outcome (rejected: the queue was full, 429; unavailable: draining, 503).",
-        buckets: &[],
-    },
-    MetricSpec {
-        name: SERVE_REQUEST_DURATION,
-        kind: MetricKind::Histogram,
-        unit: "seconds",
-        labels: &[SERVED_MODEL, SERVE_ENDPOINT],
-        description: "`stagehand serve`: time from a request's arrival to its last byte, queueing included.",
-        buckets: REQUEST_BUCKETS_SECONDS,
-    },
-    MetricSpec {
-        name: SERVE_TIME_TO_FIRST_TOKEN,
-        kind: MetricKind::Histogram,
-        unit: "seconds",
-        labels: &[SERVED_MODEL],
-        description: "`stagehand serve`: time from a generation request's arrival to its first token (queueing and prefill).",
-        buckets: REQUEST_BUCKETS_SECONDS,
-    },
-    MetricSpec {
-        name: SERVE_QUEUE_DEPTH,
-        kind: MetricKind::Gauge,
-        unit: "requests",
-        labels: &[SERVED_MODEL],
-        description: "`stagehand serve`: requests waiting in a model's bounded queue; at the configured depth new ones get 429.",
-        buckets: &[],
-    },
-    MetricSpec {
-        name: SERVE_IN_FLIGHT,
-        kind: MetricKind::Gauge,
-        unit: "requests",
-        labels: &[SERVED_MODEL],
-        description: "`stagehand serve`: requests accepted and not yet answered (queued or computing).",
-        buckets: &[],
-    },
-    MetricSpec {
-        name: SERVE_BATCH_SIZE,
-        kind: MetricKind::Histogram,
-        unit: "sequences",
-        labels: &[SERVED_MODEL],
-        description: "`stagehand serve`: sequences (decoders) or texts (encoders) computed together in one step.",
-        buckets: BATCH_BUCKETS,
-    },
-    MetricSpec {
-        name: SERVE_TOKENS,
-        kind: MetricKind::Counter,
-        unit: "tokens",
-        labels: &[SERVED_MODEL, SERVE_TOKEN_KIND],
-        description: "`stagehand serve`: tokens of the prompts read and of the text generated, by model.",
-        buckets: &[],
-    },
+    serving_catalog::REQUESTS,
+    serving_catalog::REQUEST_DURATION,
+    serving_catalog::TIME_TO_FIRST_TOKEN,
+    serving_catalog::QUEUE_DEPTH,
+    serving_catalog::IN_FLIGHT,
+    serving_catalog::BATCH_SIZE,
+    serving_catalog::TOKENS,
 ];
 
 /// Looks a metric up by its declared name.

@@ -18,6 +18,7 @@ mod observer;
 pub mod promql;
 mod server;
 pub mod serving;
+mod serving_catalog;
 pub mod trace;
 mod trace_observer;
 
