@@ -164,9 +164,10 @@ async fn listen(
 /// Waits for the process's stop request, then refuses new requests and waits for
 /// those in flight, at most `limits.drain_seconds`.
 async fn drain_on_stop(app: &AppState) {
-    let stop = crate::signals::stop_flag();
-    while !stop.load(Ordering::SeqCst) {
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    // The flag is lowered as soon as it is seen: the requests being drained must not
+    // be interrupted by it (a block read for its checksum polls it).
+    while !crate::signals::take_stop_request() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
     app.draining.store(true, Ordering::SeqCst);
     tracing::info!(

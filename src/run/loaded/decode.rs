@@ -58,6 +58,28 @@ pub(super) fn run(decoder: &mut Decoder, context: &mut Context<'_, '_>) -> Resul
     }
 }
 
+/// One prefill of a one-token prompt before the first request: every block lands
+/// (and is checked against the file) once, so no request waits for that first read.
+pub(super) fn warm_up(
+    decoder: &mut Decoder,
+    context: &mut Context<'_, '_>,
+) -> Result<(), FamilyError> {
+    let prompt = std::mem::replace(&mut decoder.prompt, vec![0]);
+    let mut state = decoder.start(context.compute)?;
+    context.blocks.begin_step();
+    let stepped = decoder.step(context.compute, &mut state, context.blocks, 0);
+    decoder.prompt = prompt;
+    if stepped.is_err() {
+        let _ = context.blocks.drain(context.compute);
+    }
+    let reserved = stepped?
+        .decoded
+        .map_or(0, |decoded| decoded.kv_reserved_bytes);
+    context.end_step()?;
+    context.blocks.session().release_activations(reserved);
+    Ok(())
+}
+
 /// Starts a job's sequence, or answers it with why it cannot run.
 fn admit(
     decoder: &mut Decoder,

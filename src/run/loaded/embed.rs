@@ -58,6 +58,24 @@ pub(super) fn run(
     }
 }
 
+/// One step over a one-token text before the first request: every block lands (and
+/// is checked against the file) once, so no request waits for that first read.
+pub(super) fn warm_up(
+    encoder: &mut Encoder,
+    context: &mut Context<'_, '_>,
+) -> Result<(), FamilyError> {
+    let tokens = crate::families::bert::from_ids(&[vec![0]], encoder.config.max_positions);
+    encoder.set_inputs(&tokens, 1)?;
+    let mut state = encoder.start(context.compute)?;
+    context.blocks.begin_step();
+    let stepped = encoder.step(context.compute, &mut state, context.blocks, 0);
+    if stepped.is_err() {
+        let _ = context.blocks.drain(context.compute);
+    }
+    stepped?;
+    context.end_step()
+}
+
 /// Whether `next` joins `batch` within `budget` padded tokens.
 fn fits(batch: &[Gathered], next: &Gathered, budget: usize) -> bool {
     let texts = batch.iter().chain([next]).map(|g| g.tokens.len()).sum();

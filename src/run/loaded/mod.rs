@@ -78,10 +78,13 @@ impl Context<'_, '_> {
 /// A failure that ends the loaded model (its session stopped, its files changed),
 /// rather than one request.
 fn is_fatal(error: &FamilyError) -> bool {
-    matches!(
-        error,
-        FamilyError::Session(_) | FamilyError::Io { .. } | FamilyError::Corrupt { .. }
-    )
+    match error {
+        // A stop request seen by a read (before a draining server lowered the flag)
+        // ends that request, not the model.
+        FamilyError::Session(stagehand_actors::SessionError::Interrupted) => false,
+        FamilyError::Session(_) | FamilyError::Io { .. } | FamilyError::Corrupt { .. } => true,
+        _ => false,
+    }
 }
 
 /// What [`serve_jobs`] runs with beside the model.
@@ -112,8 +115,9 @@ fn ask_steps(prepared: &Prepared, limits: BatchLimits) -> u64 {
     }
 }
 
-/// Runs `prepared` kept loaded: starts its session, calls `ready` (with an error
-/// instead when it cannot start), then answers jobs until `jobs` closes. Returns the
+/// Runs `prepared` kept loaded: starts its session, runs one warm-up step, calls
+/// `ready` (with an error instead when it cannot start), then answers jobs until
+/// `jobs` closes. Returns the
 /// session's final counters: every budget released.
 pub fn serve_jobs(
     mut prepared: Prepared,
@@ -121,11 +125,14 @@ pub fn serve_jobs(
     jobs: flume::Receiver<Job>,
     ready: impl FnOnce(Result<LoadedInfo, RunError>),
 ) -> Result<StatsSnapshot, RunError> {
+    let mut ready = Some(ready);
     let started = start_session(&prepared, &options);
     let (mut session, info, compute) = match started {
         Ok(started) => started,
         Err(error) => {
-            ready(Err(RunError::BadInput(error.to_string())));
+            if let Some(ready) = ready.take() {
+                ready(Err(RunError::BadInput(error.to_string())));
+            }
             return Err(error);
         }
     };
@@ -144,7 +151,6 @@ pub fn serve_jobs(
         }
         let lora = prepared.workload.lora.first().map(|phase| &phase.set);
         blocks.switch_lora(&compute, lora, 0)?;
-        ready(Ok(info));
         let mut context = Context {
             compute: &compute,
             blocks: &mut blocks,
@@ -154,14 +160,33 @@ pub fn serve_jobs(
         };
         let folder = prepared.folder.clone();
         match &mut prepared.workload.model {
-            Model::Llama(decoder) => decode::run(decoder, &mut context),
-            Model::Bert(encoder) => embed::run(encoder, folder.as_ref(), &mut context),
+            Model::Llama(decoder) => {
+                decode::warm_up(decoder, &mut context)?;
+                if let Some(ready) = ready.take() {
+                    ready(Ok(info));
+                }
+                decode::run(decoder, &mut context)
+            }
+            Model::Bert(encoder) => {
+                embed::warm_up(encoder, &mut context)?;
+                if let Some(ready) = ready.take() {
+                    ready(Ok(info));
+                }
+                embed::run(encoder, folder.as_ref(), &mut context)
+            }
             other => Err(FamilyError::Model(format!(
                 "the {} family is not served (serve takes encoders and decoders)",
                 other.family_name()
             ))),
         }
     })();
+    if let Some(ready) = ready.take() {
+        let failure = match &outcome {
+            Err(error) => error.to_string(),
+            Ok(()) => "the model stopped before it was ready".to_string(),
+        };
+        ready(Err(RunError::BadInput(failure)));
+    }
     let stats = session.finish();
     outcome.map_err(|error| super::failed_run(error, &stats))?;
     Ok(stats)
