@@ -64,7 +64,11 @@ pub(super) fn load(
             kind.with_article()
         )));
     }
-    let (tokenizer, chat, stop_tokens) = text_side(prepared.folder.as_ref(), kind).map_err(bad)?;
+    let TextSide {
+        tokenizer,
+        chat,
+        stop_tokens,
+    } = text_side(prepared.folder.as_ref(), kind).map_err(bad)?;
     let series = telemetry
         .model(name)
         .ok_or_else(|| ServeError::Failed(format!("no series for {name}")))?;
@@ -135,20 +139,22 @@ pub(super) fn load(
     Ok((served, worker))
 }
 
-/// The tokenizer, the chat template (decoders) and the end-of-text ids of a folder.
-fn text_side(
-    folder: Option<&ModelFolder>,
-    kind: WorkloadKind,
-) -> Result<
-    (
-        Option<tokenizers::Tokenizer>,
-        Option<ChatTemplate>,
-        Vec<u32>,
-    ),
-    String,
-> {
+/// What the handlers need of a folder to turn text into tokens and back.
+struct TextSide {
+    tokenizer: Option<tokenizers::Tokenizer>,
+    /// Decoders with a `chat_template`.
+    chat: Option<ChatTemplate>,
+    /// `eos_token_id` of `config.json`.
+    stop_tokens: Vec<u32>,
+}
+
+fn text_side(folder: Option<&ModelFolder>, kind: WorkloadKind) -> Result<TextSide, String> {
     let Some(folder) = folder else {
-        return Ok((None, None, Vec::new()));
+        return Ok(TextSide {
+            tokenizer: None,
+            chat: None,
+            stop_tokens: Vec::new(),
+        });
     };
     let tokenizer = folder
         .tokenizer
@@ -160,7 +166,11 @@ fn text_side(
         WorkloadKind::Decoder => ChatTemplate::from_folder(&folder.dir)?,
         _ => None,
     };
-    Ok((tokenizer, chat, eos_ids(&folder.config)))
+    Ok(TextSide {
+        tokenizer,
+        chat,
+        stop_tokens: eos_ids(&folder.config),
+    })
 }
 
 /// Waits for a model's thread; its error (or panic) becomes the server's.
