@@ -26,6 +26,17 @@ pub fn models(dir: &Path) -> (PathBuf, PathBuf) {
     (bert, llama)
 }
 
+/// `models`, with the decoder's end-of-text id removed from its `config.json`, so a
+/// generation runs to its `max_tokens` (a test that needs one to last).
+pub fn models_without_eos(dir: &Path) -> (PathBuf, PathBuf) {
+    let (bert, llama) = models(dir);
+    let path = llama.join("config.json");
+    let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    config.as_object_mut().unwrap().remove("eos_token_id");
+    std::fs::write(&path, config.to_string()).unwrap();
+    (bert, llama)
+}
+
 /// A running server; killed if the test ends without stopping it.
 pub struct Server {
     child: Option<Child>,
@@ -42,12 +53,18 @@ pub struct Stopped {
 }
 
 impl Server {
-    /// `stagehand serve ARGS --bind 127.0.0.1:0`, once it says where it listens.
+    /// `stagehand serve ARGS --bind 127.0.0.1:0 --log warn`, once it says where it listens.
     pub fn start(args: &[&str]) -> Server {
+        let mut all = args.to_vec();
+        all.extend(["--bind", "127.0.0.1:0", "--log", "warn"]);
+        Server::start_exactly(&all)
+    }
+
+    /// `stagehand serve ARGS` (which must bind a free port), once it says where.
+    pub fn start_exactly(args: &[&str]) -> Server {
         let mut child = stagehand()
             .arg("serve")
             .args(args)
-            .args(["--bind", "127.0.0.1:0", "--log", "warn"])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
