@@ -1,14 +1,15 @@
-//! Decoder jobs: up to `max_sequences` sequences at once, each with its own state and
-//! KV pages; a sequence joins when a job arrives and leaves when it stops, reaches
-//! `max_tokens`, fails or is cancelled, between steps. Each round steps every active
-//! sequence once through the family's own step ([`Family::step`]), the prompt and
-//! sampling of the sequence set on the decoder for its step.
+//! Decoder jobs, batched continuously: up to `max_sequences` sequences at once, each
+//! with its own state and KV pages; a sequence joins when a job arrives and leaves
+//! when it stops, reaches `max_tokens`, fails or is cancelled, between steps. Each
+//! round is one batched step of the family ([`Decoder::step_batch`]): every block is
+//! acquired once and serves every sequence, and each sequence computes exactly what
+//! it would alone.
 
 use flume::TryRecvError;
 
 use crate::device::CpuCompute;
-use crate::families::llama::{Decoder, DecoderState};
-use crate::families::{Family, FamilyError};
+use crate::families::llama::{BatchSequence, Decoder, DecoderState};
+use crate::families::{Family, FamilyError, StepOutput};
 
 use super::{is_fatal, Context, FinishReason, Finished, GenerateJob, Job, TokenEvent};
 
@@ -50,10 +51,7 @@ pub(super) fn run(decoder: &mut Decoder, context: &mut Context<'_, '_>) -> Resul
         if active.is_empty() {
             continue;
         }
-        context.batches.batch(active.len());
-        for sequence in &mut active {
-            step_sequence(decoder, context, sequence)?;
-        }
+        step_round(decoder, context, &mut active)?;
         retire(context, &mut active);
     }
 }
@@ -138,42 +136,75 @@ fn check_job(decoder: &Decoder, job: &GenerateJob) -> Result<(), String> {
     job.sampling.validate()
 }
 
-/// One step of one sequence, its token told to its job.
-fn step_sequence(
-    decoder: &mut Decoder,
+/// One step of every active sequence, as one batch: each block acquired once for all
+/// of them ([`Decoder::step_batch`]); each token told to its job.
+fn step_round(
+    decoder: &Decoder,
     context: &mut Context<'_, '_>,
-    sequence: &mut Sequence,
+    active: &mut [Sequence],
 ) -> Result<(), FamilyError> {
-    if sequence.job.cancel.is_cancelled() || sequence.job.events.is_disconnected() {
-        sequence.finished = Some(FinishReason::Cancelled);
+    for sequence in active.iter_mut() {
+        if sequence.job.cancel.is_cancelled() || sequence.job.events.is_disconnected() {
+            sequence.finished = Some(FinishReason::Cancelled);
+        }
+    }
+    let mut batch: Vec<BatchSequence<'_, CpuCompute>> = active
+        .iter_mut()
+        .filter(|sequence| sequence.finished.is_none())
+        .map(|sequence| BatchSequence {
+            state: &mut sequence.state,
+            prompt: &sequence.prompt,
+            sampling: sequence.job.sampling,
+            step: sequence.step,
+        })
+        .collect();
+    if batch.is_empty() {
         return Ok(());
     }
-    std::mem::swap(&mut decoder.prompt, &mut sequence.prompt);
-    decoder.sampling = sequence.job.sampling;
+    context.batches.batch(batch.len());
     context.blocks.begin_step();
-    let stepped = decoder.step(
-        context.compute,
-        &mut sequence.state,
-        context.blocks,
-        sequence.step,
-    );
-    std::mem::swap(&mut decoder.prompt, &mut sequence.prompt);
-    let output = match stepped {
-        Ok(output) => output,
+    let stepped = decoder.step_batch(context.compute, &mut batch, context.blocks);
+    drop(batch);
+    let outputs = match stepped {
+        Ok(outputs) => outputs,
         Err(error) => {
             let _ = context.blocks.drain(context.compute);
             if is_fatal(&error) {
                 return Err(error);
             }
+            for sequence in active.iter_mut().filter(|s| s.finished.is_none()) {
+                let _ = sequence
+                    .job
+                    .events
+                    .send(TokenEvent::Failed(error.to_string()));
+                sequence.finished = Some(FinishReason::Cancelled);
+            }
+            return Ok(());
+        }
+    };
+    context.end_step()?;
+    let stepped = active
+        .iter_mut()
+        .filter(|sequence| sequence.finished.is_none());
+    for (sequence, output) in stepped.zip(outputs) {
+        record(sequence, output);
+    }
+    Ok(())
+}
+
+/// A sequence's step output: its token told, its KV pages counted, its end decided.
+fn record(sequence: &mut Sequence, output: Result<StepOutput, FamilyError>) {
+    let output = match output {
+        Ok(output) => output,
+        Err(error) => {
             let _ = sequence
                 .job
                 .events
                 .send(TokenEvent::Failed(error.to_string()));
             sequence.finished = Some(FinishReason::Cancelled);
-            return Ok(());
+            return;
         }
     };
-    context.end_step()?;
     sequence.step += 1;
     let decoded = output.decoded.unwrap_or_default();
     sequence.reserved_bytes += decoded.kv_reserved_bytes;
@@ -184,7 +215,6 @@ fn step_sequence(
     } else if sequence.generated as u64 >= sequence.job.max_tokens {
         sequence.finished = Some(FinishReason::Length);
     }
-    Ok(())
 }
 
 /// Sequences that ended leave: their KV pages go back, their jobs are told.
