@@ -14,7 +14,7 @@ use crate::families::llama::Sampling;
 use crate::families::{DecoderInput, EncoderInput, Extras, PromptInput, WorkloadKind};
 use crate::lora::LoraSpec;
 use crate::model::ModelFolder;
-use crate::run::loaded::{serve_jobs, BatchLimits, BatchObserver, LoadedOptions};
+use crate::run::loaded::{serve_jobs, BatchLimits, BatchObserver, LoadedInfo, LoadedOptions};
 use crate::run::{prepare_with, RunError};
 use crate::settings::{self, SettingsArgs};
 use crate::telemetry::serving::{ModelSeries, ServeTelemetry};
@@ -102,18 +102,7 @@ pub(super) fn load(
         .map_err(|error| {
             ServeError::Failed(format!("cannot start the thread of {name}: {error}"))
         })?;
-    let info = match loaded.recv() {
-        Ok(Ok(info)) => info,
-        Ok(Err(error)) => {
-            let _ = join(worker);
-            return Err(bad(error.to_string()));
-        }
-        Err(_) => {
-            return Err(join(worker)
-                .err()
-                .unwrap_or_else(|| bad("stopped while loading".into())))
-        }
-    };
+    let (info, worker) = await_ready(&loaded, worker).map_err(bad)?;
     tracing::info!(
         "serve: {name} loaded ({}, {} streamed under a VRAM budget of {} and a pin ceiling of {})",
         kind.with_article(),
@@ -171,6 +160,26 @@ fn text_side(folder: Option<&ModelFolder>, kind: WorkloadKind) -> Result<TextSid
         chat,
         stop_tokens: eos_ids(&folder.config),
     })
+}
+
+/// Waits until the model's thread says its session runs; on failure the thread is
+/// joined (its budgets are back) and the reason returned.
+fn await_ready(
+    loaded: &flume::Receiver<Result<LoadedInfo, RunError>>,
+    worker: Worker,
+) -> Result<(LoadedInfo, Worker), String> {
+    match loaded.recv() {
+        Ok(Ok(info)) => Ok((info, worker)),
+        Ok(Err(error)) => {
+            let _ = join(worker);
+            Err(error.to_string())
+        }
+        Err(_) => Err(join(worker)
+            .err()
+            .map_or("stopped while loading".to_string(), |error| {
+                error.to_string()
+            })),
+    }
 }
 
 /// Waits for a model's thread; its error (or panic) becomes the server's.
