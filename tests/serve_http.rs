@@ -427,3 +427,58 @@ fn sigterm_refuses_new_requests_drains_the_one_in_flight_and_exits_0_with_nothin
         );
     }
 }
+
+#[test]
+fn the_server_answers_what_generate_and_embed_compute() {
+    // Proves serve runs the same machinery as the one-shot commands: a greedy
+    // completion is `stagehand generate`'s text for the same ids, an embedding is
+    // `stagehand embed`'s (both from --json), on the same folders.
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path(), &[]);
+    let (bert, llama) = (dir.path().join("bert"), dir.path().join("llama"));
+    let ids = [256u32, 104, 105, 32, 116];
+    let served = completion(
+        &server,
+        json!({"model": "llama", "prompt": ids, "max_tokens": 6, "temperature": 0}),
+    );
+    let generated = common::process::output_within_deadline(common::stagehand().args([
+        "generate",
+        "--model",
+        &llama.display().to_string(),
+        "--token-ids",
+        "256,104,105,32,116",
+        "--max-tokens",
+        "6",
+        "--json",
+        "--quiet",
+    ]));
+    assert!(
+        generated.status.success(),
+        "{}",
+        String::from_utf8_lossy(&generated.stderr)
+    );
+    let generated: Value = serde_json::from_slice(&generated.stdout).unwrap();
+    assert_eq!(served["choices"][0]["text"], generated["text"]);
+    let text = "a man is eating food";
+    let served = server
+        .post("/v1/embeddings", &json!({"model": "bert", "input": text}))
+        .json();
+    let embedded = common::process::output_within_deadline(common::stagehand().args([
+        "embed",
+        "--model",
+        &bert.display().to_string(),
+        text,
+        "--json",
+        "--quiet",
+    ]));
+    assert!(
+        embedded.status.success(),
+        "{}",
+        String::from_utf8_lossy(&embedded.stderr)
+    );
+    let embedded: Value = serde_json::from_slice(&embedded.stdout).unwrap();
+    assert_eq!(
+        served["data"][0]["embedding"],
+        embedded["texts"][0]["embedding"]
+    );
+}

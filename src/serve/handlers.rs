@@ -263,28 +263,54 @@ fn encoder_input(
     Ok(input)
 }
 
-fn embeddings_body(model: &str, embedded: &Embedded, base64: bool) -> serde_json::Value {
-    let data: Vec<serde_json::Value> = embedded
+/// One embedding as the API returns it: its floats (written as f32, shortest form) or
+/// their little-endian bytes in base64.
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+enum EmbeddingValues<'a> {
+    Float(&'a [f32]),
+    Base64(String),
+}
+
+#[derive(serde::Serialize)]
+struct EmbeddingData<'a> {
+    object: &'static str,
+    index: usize,
+    embedding: EmbeddingValues<'a>,
+}
+
+#[derive(serde::Serialize)]
+struct EmbeddingsBody<'a> {
+    object: &'static str,
+    data: Vec<EmbeddingData<'a>>,
+    model: &'a str,
+    usage: serde_json::Value,
+}
+
+/// The body; a struct, not a `Value`, so the floats stay f32 (a `Value` widens them).
+fn embeddings_body<'a>(model: &'a str, embedded: &'a Embedded, base64: bool) -> EmbeddingsBody<'a> {
+    let data: Vec<EmbeddingData<'_>> = embedded
         .embeddings
         .iter()
         .enumerate()
-        .map(|(index, values)| {
-            let embedding = if base64 {
+        .map(|(index, values)| EmbeddingData {
+            object: "embedding",
+            index,
+            embedding: if base64 {
                 let bytes: Vec<u8> = values
                     .iter()
                     .flat_map(|value| value.to_le_bytes())
                     .collect();
-                json!(base64::engine::general_purpose::STANDARD.encode(bytes))
+                EmbeddingValues::Base64(base64::engine::general_purpose::STANDARD.encode(bytes))
             } else {
-                json!(values)
-            };
-            json!({"object": "embedding", "index": index, "embedding": embedding})
+                EmbeddingValues::Float(values)
+            },
         })
         .collect();
-    json!({
-        "object": "list",
-        "data": data,
-        "model": model,
-        "usage": {"prompt_tokens": embedded.prompt_tokens, "total_tokens": embedded.prompt_tokens},
-    })
+    EmbeddingsBody {
+        object: "list",
+        data,
+        model,
+        usage: json!({"prompt_tokens": embedded.prompt_tokens, "total_tokens": embedded.prompt_tokens}),
+    }
 }
