@@ -9,6 +9,7 @@
 
 use stagehand_actors::BlockId;
 
+use super::stack::{Stack, STACK_ROWS};
 use super::{unallocated, Decoder, DecoderState, Sampling};
 use crate::compute::Compute;
 use crate::families::blocks::Blocks;
@@ -78,10 +79,28 @@ impl Decoder {
         output.output = Some(logits);
     }
 
+    /// Before the layers, for a sequence that joins a stack: its length checked and
+    /// its KV pages grown (its input row goes into the stack).
+    fn begin_stacked<C: Compute, B: Blocks<C>>(
+        &self,
+        compute: &C,
+        state: &mut DecoderState<C>,
+        blocks: &mut B,
+        output: &mut StepOutput,
+    ) -> Result<(), FamilyError> {
+        let length = state.position + 1;
+        if let Some(refusal) = self.config.refuse_sequence(length) {
+            return Err(FamilyError::Model(format!("{refusal}; lower --max-tokens")));
+        }
+        self.grow_cache(compute, state, blocks, length, output)
+    }
+
     /// One step of every sequence of `batch`, each block acquired once for all of
-    /// them. A sequence that cannot take its step (its KV pages do not fit, it
-    /// outgrew its positions) gets its error and sits the step out; an error of the
-    /// blocks themselves fails the whole step.
+    /// them; the sequences that decode one token go in stacks of [`STACK_ROWS`] rows
+    /// (one product per projection), the others (prefills, expert layers) one by one
+    /// on the same hold. A sequence that cannot take its step (its KV pages do not
+    /// fit, it outgrew its positions) gets its error and sits the step out; an error
+    /// of the blocks themselves fails the whole step.
     pub fn step_batch<C: Compute, B: Blocks<C>>(
         &self,
         compute: &C,
@@ -90,18 +109,22 @@ impl Decoder {
     ) -> Result<Vec<Result<StepOutput, FamilyError>>, FamilyError> {
         let mut outputs: Vec<Result<StepOutput, FamilyError>> = Vec::with_capacity(batch.len());
         let mut positions: Vec<Vec<u32>> = Vec::with_capacity(batch.len());
-        for sequence in batch.iter_mut() {
+        let mut stacked = Vec::new();
+        for (index, sequence) in batch.iter_mut().enumerate() {
             let mut output = StepOutput::default();
-            let begun = self.begin_sequence(
-                compute,
-                sequence.state,
-                blocks,
-                sequence.step,
-                sequence.prompt,
-                &mut output,
-            );
+            let stacks = self.stacks(sequence.step);
+            let begun = if stacks {
+                self.begin_stacked(compute, sequence.state, blocks, &mut output)
+                    .map(|()| vec![sequence.state.position as u32])
+            } else {
+                let (state, step, prompt) = (&mut *sequence.state, sequence.step, sequence.prompt);
+                self.begin_sequence(compute, state, blocks, step, prompt, &mut output)
+            };
             match begun {
                 Ok(rows) => {
+                    if stacks {
+                        stacked.push(index);
+                    }
                     positions.push(rows);
                     outputs.push(Ok(output));
                 }
@@ -112,10 +135,33 @@ impl Decoder {
                 Err(error) => return Err(error),
             }
         }
+        let mut stacks = stacked
+            .chunks(STACK_ROWS)
+            .map(|members| {
+                let states: Vec<&DecoderState<C>> = members
+                    .iter()
+                    .map(|&member| &*batch[member].state)
+                    .collect();
+                self.stack(compute, members.to_vec(), &states)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let alone: Vec<bool> = (0..batch.len())
+            .map(|index| outputs[index].is_ok() && !stacked.contains(&index))
+            .collect();
         for layer in 0..self.config.layers {
-            self.batch_layer(compute, batch, blocks, layer, &positions, &mut outputs)?;
+            let work = Work {
+                batch: &mut *batch,
+                positions: &positions,
+                alone: &alone,
+            };
+            self.batch_layer(compute, work, blocks, layer, &mut stacks, &mut outputs)?;
         }
-        self.batch_head(compute, batch, blocks, &positions, &mut outputs)?;
+        let work = Work {
+            batch,
+            positions: &positions,
+            alone: &alone,
+        };
+        self.batch_head(compute, work, blocks, &mut stacks, &mut outputs)?;
         Ok(outputs)
     }
 
@@ -123,18 +169,27 @@ impl Decoder {
     fn batch_layer<C: Compute, B: Blocks<C>>(
         &self,
         compute: &C,
-        batch: &mut [BatchSequence<'_, C>],
+        work: Work<'_, '_, C>,
         blocks: &mut B,
         layer: usize,
-        positions: &[Vec<u32>],
+        stacks: &mut [Stack<C>],
         outputs: &mut [Result<StepOutput, FamilyError>],
     ) -> Result<(), FamilyError> {
+        let Work {
+            batch,
+            positions,
+            alone,
+        } = work;
         let held = blocks.acquire(compute, BlockId(layer as u32))?;
         let lora = blocks.lora();
         let mut routed = Vec::with_capacity(batch.len());
         let outcome = (|| {
-            for ((sequence, rows), output) in batch.iter_mut().zip(positions).zip(outputs.iter()) {
-                if output.is_err() {
+            for stack in stacks.iter_mut() {
+                let mut states = members(batch, &stack.members);
+                self.stacked_layer(compute, &held, lora, layer, stack, &mut states)?;
+            }
+            for ((sequence, rows), alone) in batch.iter_mut().zip(positions).zip(alone) {
+                if !alone {
                     routed.push(None);
                     continue;
                 }
@@ -166,22 +221,38 @@ impl Decoder {
     fn batch_head<C: Compute, B: Blocks<C>>(
         &self,
         compute: &C,
-        batch: &mut [BatchSequence<'_, C>],
+        work: Work<'_, '_, C>,
         blocks: &mut B,
-        positions: &[Vec<u32>],
+        stacks: &mut [Stack<C>],
         outputs: &mut [Result<StepOutput, FamilyError>],
     ) -> Result<(), FamilyError> {
+        let Work {
+            batch,
+            positions,
+            alone,
+        } = work;
         let held = blocks.acquire(compute, BlockId(self.weights.head_block()))?;
         let lora = blocks.lora();
-        let mut logits = Vec::with_capacity(batch.len());
+        let mut logits: Vec<Vec<f32>> = vec![Vec::new(); batch.len()];
         let outcome = (|| {
-            for (sequence, output) in batch.iter_mut().zip(outputs.iter()) {
-                if output.is_err() {
-                    logits.push(Vec::new());
-                    continue;
+            for stack in stacks.iter_mut() {
+                let samplings: Vec<Sampling> = stack
+                    .members
+                    .iter()
+                    .map(|&member| batch[member].sampling)
+                    .collect();
+                let mut states = members(batch, &stack.members);
+                let picked =
+                    self.stacked_head(compute, &held, lora, stack, &mut states, &samplings)?;
+                for (&member, row) in stack.members.iter().zip(picked) {
+                    logits[member] = row;
                 }
-                let sampling = sequence.sampling;
-                logits.push(self.head_held(compute, sequence.state, &held, lora, &sampling)?);
+            }
+            for ((sequence, alone), logits) in batch.iter_mut().zip(alone).zip(logits.iter_mut()) {
+                if *alone {
+                    let sampling = sequence.sampling;
+                    *logits = self.head_held(compute, sequence.state, &held, lora, &sampling)?;
+                }
             }
             Ok::<_, FamilyError>(())
         })();
@@ -200,4 +271,24 @@ impl Decoder {
         }
         Ok(())
     }
+}
+
+/// The sequences of a step and which of them run one by one (not in a stack).
+struct Work<'w, 'a, C: Compute> {
+    batch: &'w mut [BatchSequence<'a, C>],
+    positions: &'w [Vec<u32>],
+    alone: &'w [bool],
+}
+
+/// The states of a stack's members, in row order.
+fn members<'w, C: Compute>(
+    batch: &'w mut [BatchSequence<'_, C>],
+    members: &[usize],
+) -> Vec<&'w mut DecoderState<C>> {
+    batch
+        .iter_mut()
+        .enumerate()
+        .filter(|(index, _)| members.contains(index))
+        .map(|(_, sequence)| &mut *sequence.state)
+        .collect()
 }

@@ -173,7 +173,7 @@ impl Decoder {
     /// The feed-forward part while the layer's block is held: the dense MLP and its
     /// residual, or the router's logits (returned, for the experts) after Qwen2-MoE's
     /// shared expert has added `sigmoid(gate(x)) · shared(x)` to the residual.
-    fn feed_forward<C: Compute>(
+    pub(super) fn feed_forward<C: Compute>(
         compute: &C,
         held: &Held<C::Block>,
         lora: Option<&LoraSet>,

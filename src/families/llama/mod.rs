@@ -29,6 +29,7 @@ mod layer;
 mod open;
 mod rope;
 mod sampling;
+mod stack;
 mod weights;
 mod window;
 
@@ -40,6 +41,7 @@ pub use experts::{route, ExpertHint};
 pub use keys::NO_MATH;
 pub use rope::{Rope, RopeKind};
 pub use sampling::{argmax, Sampling};
+pub use stack::STACK_ROWS;
 pub use window::SlidingWindow;
 
 use self::weights::DecoderWeights;
