@@ -8,7 +8,7 @@
 //!
 //! Encoders gather the texts of queued jobs into one step, up to a token budget;
 //! decoders run up to [`BatchLimits::max_sequences`] sequences together, each with its
-//! own KV pages, joining and leaving between steps ([`decode`]).
+//! own KV pages, joining and leaving between steps, in one batched step ([`crate::families::llama::Decoder::step_batch`]).
 
 mod decode;
 mod embed;
