@@ -265,11 +265,9 @@ impl HardwareProfile {
 
     /// The same machine reading buffered from a file of which `cached_fraction` is in
     /// the page cache now: the cached part at the page-cache rate and the rest at the
-    /// cold rate, one after the other (so the rate is their harmonic blend). Unchanged
-    /// where the profile measured no page-cache rate (a shipped profile), or nothing
-    /// is cached. A calibrated profile's `read_gb_per_s` is the cold rate, while a
-    /// model just written or just run is read from the page cache, often 3× faster:
-    /// predicting it cold was the larger part of `simulate`'s error against a run.
+    /// cold rate, one after the other (their harmonic blend). Unchanged where the
+    /// profile measured no page-cache rate (a shipped profile) or nothing is cached.
+    /// A model just written or run is read from the page cache, ~3× the cold rate.
     pub fn reading_cached(mut self, cached_fraction: f64) -> Self {
         let cached = cached_fraction.clamp(0.0, 1.0);
         let Some(page_cache) = self.disk.page_cache_gb_per_s else {
