@@ -118,9 +118,32 @@ pub enum Command {
     Bench(bench::BenchArgs),
 }
 
+/// The command line, with every flag that takes a value taking a negative number as
+/// that value, so `--seed -3` is refused by the flag's own parser, naming the flag
+/// (clap's default reads `-3` as an unknown flag and suggests `-- -3`).
+pub fn command() -> clap::Command {
+    fn negative_numbers(command: clap::Command) -> clap::Command {
+        command
+            .mut_args(|arg| {
+                if arg.get_action().takes_values() {
+                    arg.allow_negative_numbers(true)
+                } else {
+                    arg
+                }
+            })
+            .mut_subcommands(negative_numbers)
+    }
+    negative_numbers(<Cli as clap::CommandFactory>::command())
+}
+
+fn parse() -> Result<Cli, clap::Error> {
+    let matches = command().try_get_matches()?;
+    <Cli as clap::FromArgMatches>::from_arg_matches(&matches)
+}
+
 pub fn main() -> ExitCode {
     stagehand::signals::install();
-    let cli = match Cli::try_parse() {
+    let cli = match parse() {
         Ok(cli) => cli,
         Err(error) => {
             // Help, version and usage errors; a closed or full output is not a panic.
@@ -180,6 +203,7 @@ mod tests {
         // Proves clap's own checks of every subcommand's definition hold (names,
         // conflicts, defaults that parse).
         Cli::command().debug_assert();
+        super::command().debug_assert();
     }
 
     #[test]
