@@ -17,6 +17,7 @@ use std::process::Output;
 use std::sync::OnceLock;
 
 use stagehand::compute::DType;
+use stagehand::lora::{write_demo_lora, DemoLora};
 use stagehand::model::demo::{write_linear_stack, DemoSpec};
 use stagehand::model::generated::DecoderArch;
 
@@ -29,6 +30,7 @@ use super::stagehand;
 /// A subcommand `stagehand --help` lists (at any depth) but this list lacks fails
 /// `tests/cli_coverage.rs`; a table whose subcommand or file is not here fails itself.
 pub const TABLES: &[(&str, &str)] = &[
+    ("", "tests/cli_run.rs"),
     ("run", "tests/cli_run.rs"),
     ("embed", "tests/cli_embed.rs"),
     ("generate", "tests/cli_generate.rs"),
@@ -143,6 +145,12 @@ impl Table {
         );
         let mut failures = String::new();
         for row in &self.rows {
+            // Shown when the test fails, so a row that hangs is named.
+            eprintln!(
+                "stagehand {} {}",
+                self.subcommand,
+                self.arguments(row).join(" ")
+            );
             let output = output_within_deadline(&mut self.command(row));
             if let Err(failure) = check(row, &output) {
                 let _ = writeln!(
@@ -288,7 +296,19 @@ pub fn help_text(subcommand: &str) -> String {
 
 /// The long flags `stagehand SUB --help` documents, sorted.
 pub fn documented_flags(subcommand: &str) -> Vec<String> {
-    flags_in(&help_text(subcommand))
+    option_flags(&help_text(subcommand))
+}
+
+/// The long flags `help` defines: its option lines (`  -h, --help`, `      --model
+/// <DIR>`), not the flags its descriptions mention.
+pub fn option_flags(help: &str) -> Vec<String> {
+    let definitions: Vec<&str> = help
+        .lines()
+        .map(str::trim_start)
+        .filter(|line| line.starts_with('-'))
+        .filter_map(|line| line.split_whitespace().find(|word| word.starts_with("--")))
+        .collect();
+    flags_in(&definitions.join(" "))
 }
 
 /// Every `--flag` in `text`, sorted and without repeats.
@@ -319,10 +339,18 @@ pub fn subcommands_of(subcommand: &str) -> Vec<String> {
         .collect()
 }
 
+const LINEAR_STACK: DemoSpec = DemoSpec {
+    blocks: 4,
+    layers_per_block: 1,
+    dim: 64,
+    seed: 7,
+};
+
 /// Small models and files, written once per test binary under cargo's target tmp dir.
 pub struct Fixtures {
     dir: PathBuf,
     linear_stack: OnceLock<String>,
+    linear_lora: OnceLock<String>,
     bert: OnceLock<String>,
     llama: OnceLock<String>,
     moe: OnceLock<String>,
@@ -343,6 +371,7 @@ pub fn fixtures() -> &'static Fixtures {
         Fixtures {
             dir,
             linear_stack: OnceLock::new(),
+            linear_lora: OnceLock::new(),
             bert: OnceLock::new(),
             llama: OnceLock::new(),
             moe: OnceLock::new(),
@@ -381,13 +410,19 @@ impl Fixtures {
     pub fn linear_stack(&self) -> String {
         self.linear_stack
             .get_or_init(|| {
-                let spec = DemoSpec {
-                    blocks: 4,
-                    layers_per_block: 1,
-                    dim: 64,
-                    seed: 7,
-                };
-                shown(&write_linear_stack(&self.dir.join("linear"), &spec).expect("demo model"))
+                let model = write_linear_stack(&self.dir.join("linear"), &LINEAR_STACK);
+                shown(&model.expect("demo model"))
+            })
+            .clone()
+    }
+
+    /// The demo PEFT adapter (rank 8) of [`Fixtures::linear_stack`]'s model.
+    pub fn linear_lora(&self) -> String {
+        self.linear_lora
+            .get_or_init(|| {
+                let path = self.dir.join("linear-lora.safetensors");
+                write_demo_lora(&path, &LINEAR_STACK, &DemoLora::default()).expect("adapter");
+                shown(&path)
             })
             .clone()
     }
@@ -461,7 +496,11 @@ pub fn settings_rows(ok: &'static str) -> Vec<Row> {
         ),
         row(&["--log", "warn"], Expect::Ok(ok)),
         row(&["--log", "[[["], Expect::Bad("not a log filter")),
-        row(&["--block-pattern", r"layers\.(\d+)\."], Expect::Ok(ok)),
+        // The number after `layer.`, `layers.` or `blocks.`: every fixture's layers.
+        row(
+            &["--block-pattern", r"(?:layers?|blocks)\.(\d+)\."],
+            Expect::Ok(ok),
+        ),
         row(&["--block-pattern", "("], Expect::Bad("not a valid regex")),
         row(&["--staging-buffers", "2"], Expect::Ok(ok)),
         row(&["--staging-buffers", "1"], Expect::Bad("staging_buffers")),
