@@ -11,7 +11,6 @@ const OK: &str = "stagehand run: ";
 
 fn rows(subcommand: &str) -> Vec<Row> {
     let fixtures = fixtures();
-    let linear = fixtures.linear_stack();
     let lora = fixtures.linear_lora();
     let cache = fixtures.path("cache");
     let missing = fixtures.path("none.safetensors");
