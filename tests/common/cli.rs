@@ -19,7 +19,7 @@ use std::sync::OnceLock;
 use stagehand::compute::DType;
 use stagehand::lora::{write_demo_lora, DemoLora};
 use stagehand::model::demo::{write_linear_stack, DemoSpec};
-use stagehand::model::generated::DecoderArch;
+use stagehand::model::generated::{write_bert_lora, BertDemo, BertPreset, DecoderArch};
 
 use super::decoder::tiny_decoder;
 use super::encoder::tiny_bert;
@@ -352,6 +352,7 @@ pub struct Fixtures {
     linear_stack: OnceLock<String>,
     linear_lora: OnceLock<String>,
     bert: OnceLock<String>,
+    bert_lora: OnceLock<String>,
     llama: OnceLock<String>,
     moe: OnceLock<String>,
 }
@@ -373,6 +374,7 @@ pub fn fixtures() -> &'static Fixtures {
             linear_stack: OnceLock::new(),
             linear_lora: OnceLock::new(),
             bert: OnceLock::new(),
+            bert_lora: OnceLock::new(),
             llama: OnceLock::new(),
             moe: OnceLock::new(),
         }
@@ -431,6 +433,21 @@ impl Fixtures {
     pub fn bert(&self) -> String {
         self.bert
             .get_or_init(|| shown(&tiny_bert(&self.dir.join("bert"), DType::F32)))
+            .clone()
+    }
+
+    /// A rank-4 PEFT adapter on query/value of [`Fixtures::bert`]'s model: the file.
+    pub fn bert_lora(&self) -> String {
+        self.bert_lora
+            .get_or_init(|| {
+                let demo = BertDemo {
+                    preset: BertPreset::Tiny,
+                    dtype: DType::F32,
+                    ..BertDemo::default()
+                };
+                let dir = self.dir.join("bert-lora");
+                shown(&write_bert_lora(&dir, &demo, 4, 11).expect("adapter"))
+            })
             .clone()
     }
 
