@@ -43,6 +43,7 @@ fn rows() -> Vec<Row> {
         row(&["--json"], Expect::Ok("\"tokens\"")),
         row(&["--quiet"], Expect::Ok(ok)),
         row(&["--help"], Expect::Ok("Usage: stagehand generate")),
+        row(&["--pin-ceiling", "1KiB"], Expect::Bad("pin_ceiling")),
         row(&["--model", &missing], Expect::Bad("none.safetensors")),
         row(&["--model", &folder], Expect::Bad("empty")),
         row(&["--model", &fixtures.bert()], Expect::Bad("bert")),

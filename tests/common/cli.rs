@@ -494,7 +494,7 @@ pub fn settings_rows(ok: &'static str) -> Vec<Row> {
         row(&["--vram-headroom", "1GiB"], Expect::Ok(ok)),
         row(&["--vram-headroom", "x"], Expect::Bad("vram_headroom")),
         row(&["--pin-ceiling", "64MiB"], Expect::Ok(ok)),
-        row(&["--pin-ceiling", "1KiB"], Expect::Bad("pin_ceiling")),
+        row(&["--pin-ceiling", "0"], Expect::Bad("pin_ceiling")),
         row(&["--ram-floor", "2GiB"], Expect::Ok(ok)),
         row(&["--ram-floor", "lots"], Expect::Bad("ram_floor")),
         row(&["--fast-disk"], Expect::Ok(ok)),
