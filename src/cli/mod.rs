@@ -167,15 +167,15 @@ pub fn main() -> ExitCode {
     let status = match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure::BadInput(error)) => {
-            eprintln!("error: {error:#}");
+            eprintln!("error: {}", one_line(&format!("{error:#}")));
             ExitCode::from(2)
         }
         Err(Failure::RunFailed(error)) => {
-            eprintln!("run failed: {error:#}");
+            eprintln!("run failed: {}", one_line(&format!("{error:#}")));
             ExitCode::from(1)
         }
         Err(Failure::DoesNotFit(error)) => {
-            eprintln!("does not fit: {error:#}");
+            eprintln!("does not fit: {}", one_line(&format!("{error:#}")));
             ExitCode::from(EXIT_DOES_NOT_FIT)
         }
     };
@@ -190,6 +190,18 @@ pub fn main() -> ExitCode {
         }
         Some(output::StdoutFailure::Closed) | None => status,
     }
+}
+
+/// A failure's message as the one line the exit codes promise: a library error that
+/// spans lines (a TOML parser's snippet and caret) is joined, its lines that carry no
+/// words (the caret) left out.
+fn one_line(message: &str) -> String {
+    let lines: Vec<&str> = message
+        .lines()
+        .map(str::trim)
+        .filter(|line| line.chars().any(char::is_alphanumeric))
+        .collect();
+    lines.join(" ")
 }
 
 #[cfg(test)]
