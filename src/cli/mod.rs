@@ -51,6 +51,7 @@ mod progress;
 mod run;
 mod simulate;
 mod validate;
+mod validate_checks;
 
 /// Why a command failed, which decides the exit status.
 #[derive(Debug)]
