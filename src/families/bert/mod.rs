@@ -17,6 +17,7 @@
 
 mod config;
 mod open;
+mod output;
 mod tokens;
 mod weights;
 
@@ -25,7 +26,8 @@ use std::path::Path;
 use stagehand_actors::BlockId;
 
 pub use config::BertConfig;
-pub use tokens::{batches, from_ids, tokenize, TokenBatch, Tokens};
+pub use output::embeddings_in_input_order;
+pub use tokens::{batches, from_ids, length_order, tokenize, TokenBatch, Tokens};
 
 use self::weights::{EncoderWeights, Linear, Norm};
 use super::blocks::{Blocks, Held};
@@ -56,6 +58,8 @@ pub struct Encoder {
     head: SentenceHead,
     host_table: Option<HostTable>,
     inputs: Vec<StepInput>,
+    /// The input position of each text in the order the steps embed them.
+    order: Vec<usize>,
     /// Texts longer than the model takes, cut short as the tokenizer says (by position).
     truncated_texts: Vec<usize>,
 }
@@ -115,7 +119,8 @@ impl Encoder {
             )));
         }
         let pad_id = 0;
-        let inputs: Vec<StepInput> = batches(tokens, batch, pad_id)
+        let order = length_order(tokens);
+        let inputs: Vec<StepInput> = batches(tokens, &order, batch, pad_id)
             .into_iter()
             .map(|batch| {
                 let positions = (0..batch.sequences)
@@ -157,6 +162,7 @@ impl Encoder {
                 .map(|(position, _)| position)
                 .collect(),
             inputs,
+            order,
         })
     }
 

@@ -88,6 +88,10 @@ impl Facts for Encoder {
         &self.truncated_texts
     }
 
+    fn output_order(&self) -> &[usize] {
+        &self.order
+    }
+
     fn reference_key(&self, step: u64) -> u64 {
         step % self.inputs.len().max(1) as u64
     }
