@@ -94,12 +94,6 @@ pub fn execute(args: EmbedArgs) -> CommandResult {
         &extras,
     )
     .map_err(run_error)?;
-    for &text in &prepared.truncated_texts {
-        tracing::warn!(
-            "text {} is longer than the model takes and was truncated as its tokenizer says",
-            text + 1
-        );
-    }
     let batches = labels.len().div_ceil(args.batch) as u64;
     let outcome = run_prepared(
         &prepared,

@@ -18,6 +18,8 @@
 mod config;
 mod open;
 mod output;
+mod pool;
+mod sentence;
 mod tokens;
 mod weights;
 
@@ -27,7 +29,8 @@ use stagehand_actors::BlockId;
 
 pub use config::BertConfig;
 pub use output::embeddings_in_input_order;
-pub use tokens::{batches, from_ids, length_order, tokenize, TokenBatch, Tokens};
+pub use sentence::{MaxLength, Pooling, SentenceFolder, SentenceHead};
+pub use tokens::{batches, from_ids, length_order, tokenize, TextLimits, TokenBatch, Tokens};
 
 use self::weights::{EncoderWeights, Linear, Norm};
 use super::blocks::{Blocks, Held};
@@ -35,7 +38,7 @@ use super::family::{Facts, Family, StepOutput};
 use super::host_table::HostTable;
 use super::FamilyError;
 use crate::compute::{Attention, Compute, Mask, TensorSlot};
-use crate::model::{ModelIndex, Pooling, SentenceHead};
+use crate::model::ModelIndex;
 
 /// Where the word-embedding table lives (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
@@ -95,7 +98,7 @@ impl Encoder {
     pub fn new(
         index: &ModelIndex,
         config: BertConfig,
-        head: Option<SentenceHead>,
+        head: SentenceHead,
         tokens: &[Tokens],
         batch: usize,
         embeddings: EmbeddingPlacement,
@@ -150,10 +153,7 @@ impl Encoder {
         Ok(Self {
             config,
             weights,
-            head: head.unwrap_or(SentenceHead {
-                pooling: Pooling::Mean,
-                normalize: false,
-            }),
+            head,
             host_table,
             truncated_texts: tokens
                 .iter()
@@ -180,8 +180,8 @@ impl Encoder {
         rows.unwrap_or(0) as u64 * self.config.hidden as u64 * 4
     }
 
-    pub fn head(&self) -> SentenceHead {
-        self.head
+    pub fn head(&self) -> &SentenceHead {
+        &self.head
     }
 
     /// Steps needed to embed every text once.
@@ -360,32 +360,6 @@ impl Encoder {
         blocks.release(compute, held)?;
         outcome
     }
-
-    /// The sentence head on the final token states: one embedding per sequence.
-    fn pool(&self, states: &[f32], batch: &TokenBatch) -> Vec<f32> {
-        let hidden = self.config.hidden;
-        let mut pooled = vec![0.0f32; batch.sequences * hidden];
-        for (sequence, out) in pooled.chunks_exact_mut(hidden).enumerate() {
-            let first = sequence * batch.length;
-            let rows = match self.head.pooling {
-                Pooling::Mean => batch.lengths[sequence],
-                Pooling::Cls => 1,
-            };
-            for row in states[first * hidden..(first + rows) * hidden].chunks_exact(hidden) {
-                out.iter_mut()
-                    .zip(row)
-                    .for_each(|(out, value)| *out += value);
-            }
-            out.iter_mut().for_each(|value| *value /= rows as f32);
-            if self.head.normalize {
-                // As torch.nn.functional.normalize: divide by max(‖v‖, 1e-12).
-                let norm = out.iter().map(|value| value * value).sum::<f32>().sqrt();
-                let norm = norm.max(1e-12);
-                out.iter_mut().for_each(|value| *value /= norm);
-            }
-        }
-        pooled
-    }
 }
 
 /// `y ← x·Wᵀ + b`, plus the low-rank LoRA updates of a streamed weight.
@@ -463,7 +437,12 @@ impl Family for Encoder {
         }
         let states = compute.read(&acts.x)?;
         Ok(StepOutput {
-            output: Some(self.pool(&states, &input.batch)),
+            output: Some(pool::pool(
+                &self.head,
+                &states,
+                &input.batch,
+                self.config.hidden,
+            )),
             ..StepOutput::default()
         })
     }

@@ -2,7 +2,8 @@
 
 use stagehand_actors::ModelLayout;
 
-use super::{tokenize, Encoder, Tokens};
+use super::sentence::{self, SentenceFolder};
+use super::{tokenize, Encoder, TextLimits, Tokens};
 use crate::compute::TensorSlot;
 use crate::families::family::Facts;
 use crate::families::inputs::{EncoderInput, WorkloadKind, BUILT_IN_SENTENCES};
@@ -21,6 +22,7 @@ impl Open for Encoder {
     fn open(request: &Request<'_>) -> Result<Self, FamilyError> {
         let folder = request.folder("an encoder")?;
         let config = super::bert_config(&folder.config_path(), &folder.config)?;
+        let sentence = sentence::read(&folder.dir, config.hidden)?;
         let input = request.extras.encoder.clone().unwrap_or_else(|| {
             EncoderInput::Texts(BUILT_IN_SENTENCES.iter().map(|s| s.to_string()).collect())
         });
@@ -37,7 +39,12 @@ impl Open for Encoder {
                         folder.dir.display()
                     )));
                 };
-                tokenize(tokenizer, texts, config.max_positions)?
+                let limits = TextLimits {
+                    max_positions: config.max_positions,
+                    max_length: sentence.max_length.as_ref().map(|length| length.tokens),
+                    lower_case: sentence.lower_case,
+                };
+                tokenize(tokenizer, texts, limits)?
             }
             EncoderInput::TokenIds(ids) => {
                 if ids.is_empty() || ids.iter().any(Vec::is_empty) {
@@ -48,15 +55,38 @@ impl Open for Encoder {
                 super::from_ids(ids, config.max_positions)
             }
         };
+        warn_truncated(&tokens, &sentence, config.max_positions);
         Encoder::new(
             request.index,
             config,
-            folder.sentence,
+            sentence.head,
             &tokens,
             request.batch,
             request.extras.embeddings,
         )
     }
+}
+
+/// One line for every text cut short: which, where, and who set the length.
+fn warn_truncated(tokens: &[Tokens], sentence: &SentenceFolder, max_positions: usize) {
+    let cut: Vec<String> = (tokens.iter().enumerate())
+        .filter(|(_, text)| text.truncated)
+        .map(|(position, _)| (position + 1).to_string())
+        .collect();
+    if cut.is_empty() {
+        return;
+    }
+    let limit = match &sentence.max_length {
+        Some(length) if length.tokens <= max_positions => {
+            format!("{} tokens ({})", length.tokens, length.source)
+        }
+        _ => format!("the tokenizer's length, at most the model's {max_positions} positions"),
+    };
+    let texts = if cut.len() == 1 { "text" } else { "texts" };
+    tracing::warn!(
+        "{texts} {} longer than {limit}: truncated there, as sentence-transformers does",
+        cut.join(", ")
+    );
 }
 
 impl Facts for Encoder {

@@ -35,12 +35,23 @@ pub struct Tokens {
     pub truncated: bool,
 }
 
-/// Tokenizes `texts` with `tokenizer.json`, never keeping more than `max_positions`
-/// tokens of a text.
+/// How texts are cut and cased before they are tokenized.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TextLimits {
+    /// Tokens the model's positions take.
+    pub max_positions: usize,
+    /// Where to truncate (sentence-transformers' `max_seq_length`); `None`: where the
+    /// tokenizer.json truncates. Never past `max_positions`.
+    pub max_length: Option<usize>,
+    /// Lower-case every text first (sentence-transformers' `do_lower_case`).
+    pub lower_case: bool,
+}
+
+/// Tokenizes `texts` with `tokenizer.json` within `limits`.
 pub fn tokenize(
     path: &Path,
     texts: &[String],
-    max_positions: usize,
+    limits: TextLimits,
 ) -> Result<Vec<Tokens>, FamilyError> {
     let fail = |problem: String| FamilyError::Model(format!("{}: {problem}", path.display()));
     let mut tokenizer = Tokenizer::from_file(path).map_err(|error| {
@@ -48,13 +59,22 @@ pub fn tokenize(
             "is not a tokenizer Hugging Face's tokenizers can read ({error})"
         ))
     })?;
-    let truncation = match tokenizer.get_truncation() {
-        Some(params) if params.max_length <= max_positions => params.clone(),
-        Some(params) => TruncationParams {
+    let max_positions = limits.max_positions;
+    let truncation = match (limits.max_length, tokenizer.get_truncation()) {
+        (Some(length), Some(params)) => TruncationParams {
+            max_length: length.min(max_positions),
+            ..params.clone()
+        },
+        (Some(length), None) => TruncationParams {
+            max_length: length.min(max_positions),
+            ..TruncationParams::default()
+        },
+        (None, Some(params)) if params.max_length <= max_positions => params.clone(),
+        (None, Some(params)) => TruncationParams {
             max_length: max_positions,
             ..params.clone()
         },
-        None => TruncationParams {
+        (None, None) => TruncationParams {
             max_length: max_positions,
             ..TruncationParams::default()
         },
@@ -64,7 +84,14 @@ pub fn tokenize(
         .map_err(|error| fail(format!("truncation: {error}")))?;
     // Each text alone: a batch is padded to its own longest text in `batches`.
     tokenizer.with_padding(None);
-    let inputs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    // As sentence-transformers' Lowercase normalizer put in front of the tokenizer's own.
+    let lowered: Vec<String>;
+    let inputs: Vec<&str> = if limits.lower_case {
+        lowered = texts.iter().map(|text| text.to_lowercase()).collect();
+        lowered.iter().map(String::as_str).collect()
+    } else {
+        texts.iter().map(String::as_str).collect()
+    };
     let encodings = tokenizer
         .encode_batch(inputs, true)
         .map_err(|error| fail(format!("could not tokenize the input ({error})")))?;
