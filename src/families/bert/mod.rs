@@ -1,6 +1,7 @@
 //! BERT-family encoders (`model_type: bert`: BertModel checkpoints and
-//! sentence-transformers folders such as all-MiniLM-L6-v2), written once against the
-//! compute port.
+//! sentence-transformers folders such as all-MiniLM-L6-v2; `roberta` and `xlm-roberta`,
+//! the same layers with positions counted past the padding id — see
+//! [`config::Variant`]), written once against the compute port.
 //!
 //! One step embeds one batch of texts: word + position + token-type embeddings and a
 //! LayerNorm; per encoder layer, multi-head self-attention under the padding mask, the
@@ -27,7 +28,7 @@ use std::path::Path;
 
 use stagehand_actors::BlockId;
 
-pub use config::BertConfig;
+pub use config::{BertConfig, Variant};
 pub use output::embeddings_in_input_order;
 pub use sentence::{MaxLength, Pooling, SentenceFolder, SentenceHead};
 pub use tokens::{batches, from_ids, length_order, tokenize, TextLimits, TokenBatch, Tokens};
@@ -121,14 +122,11 @@ impl Encoder {
                 config.vocab
             )));
         }
-        let pad_id = 0;
         let order = length_order(tokens);
-        let inputs: Vec<StepInput> = batches(tokens, &order, batch, pad_id)
+        let inputs: Vec<StepInput> = batches(tokens, &order, batch, config.pad_token_id)
             .into_iter()
             .map(|batch| {
-                let positions = (0..batch.sequences)
-                    .flat_map(|_| 0..batch.length as u32)
-                    .collect();
+                let positions = config.position_ids(&batch.ids, batch.length);
                 StepInput { batch, positions }
             })
             .collect();

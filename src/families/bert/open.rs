@@ -14,8 +14,8 @@ use crate::model::ModelIndex;
 impl Open for Encoder {
     const NAME: &'static str = "bert";
     const KIND: WorkloadKind = WorkloadKind::Encoder;
-    const MODEL_TYPES: &'static [&'static str] = &["bert"];
-    const ARCHITECTURES: &'static [&'static str] = &["Bert"];
+    const MODEL_TYPES: &'static [&'static str] = &["bert", "roberta", "xlm-roberta"];
+    const ARCHITECTURES: &'static [&'static str] = &["Bert", "Roberta", "XLMRoberta"];
 
     /// The encoder over a folder, for the texts the run gives (or the built-in
     /// sentences), tokenized by the folder's `tokenizer.json`, or for token ids.
@@ -40,7 +40,7 @@ impl Open for Encoder {
                     )));
                 };
                 let limits = TextLimits {
-                    max_positions: config.max_positions,
+                    max_positions: config.usable_positions(),
                     max_length: sentence.max_length.as_ref().map(|length| length.tokens),
                     lower_case: sentence.lower_case,
                 };
@@ -52,10 +52,10 @@ impl Open for Encoder {
                         "--token-ids: every text needs at least one id".to_string(),
                     ));
                 }
-                super::from_ids(ids, config.max_positions)
+                super::from_ids(ids, config.usable_positions())
             }
         };
-        warn_truncated(&tokens, &sentence, config.max_positions);
+        warn_truncated(&tokens, &sentence, config.usable_positions());
         Encoder::new(
             request.index,
             config,
@@ -95,7 +95,7 @@ impl Facts for Encoder {
     }
 
     fn describe(&self) -> &'static str {
-        "bert encoder"
+        self.config.variant.describe()
     }
 
     fn layout(&self) -> &ModelLayout {

@@ -202,8 +202,9 @@ fn pooling(path: &Path, hidden: usize) -> Result<Vec<Pooling>, FamilyError> {
             },
         }
     }
-    // As sentence-transformers: the named modes win over the old flags, and no flag
-    // set means the mean.
+    // As sentence-transformers: the named modes win over the old flags (taken in its
+    // order, not the file's), and no flag set means the mean.
+    flagged.sort_by_key(|mode| MODES.iter().position(|(_, _, known)| known == mode));
     let modes = named.unwrap_or(flagged);
     Ok(if modes.is_empty() {
         vec![Pooling::Mean]

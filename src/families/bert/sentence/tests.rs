@@ -68,6 +68,25 @@ fn the_hub_layout_and_the_version_5_layout_read_the_same_head() {
         ),
     ]);
     let read_new = read(&new, 8).unwrap();
+    let flags = folder(&[
+        ("modules.json", modules()),
+        (
+            "1_Pooling/config.json",
+            serde_json::json!({"pooling_mode_lasttoken": true, "pooling_mode_mean_sqrt_len_tokens": true,
+                "pooling_mode_cls_token": true, "pooling_mode_weightedmean_tokens": true}),
+        ),
+    ]);
+    // Old flags concatenate in sentence-transformers' order, whatever the file's.
+    assert_eq!(
+        read(&flags, 8).unwrap().head.modes,
+        [
+            Pooling::Cls,
+            Pooling::MeanSqrtLen,
+            Pooling::WeightedMean,
+            Pooling::LastToken
+        ]
+    );
+    let _ = std::fs::remove_dir_all(flags);
     assert_eq!(read_new.head.modes, [Pooling::Cls, Pooling::Max]);
     assert!(!read_new.lower_case);
     let length = read_new.max_length.unwrap();
