@@ -37,8 +37,10 @@ pub struct EmbedArgs {
     /// Texts per step.
     #[arg(long, default_value_t = 32)]
     pub batch: usize,
-    /// Attach a LoRA adapter (PEFT or kohya) with an optional strength; repeatable.
-    #[arg(long, value_name = "FILE[:STRENGTH]", value_parser = super::run::parse_lora_arg)]
+    /// Attach a LoRA adapter with an optional strength; repeatable. A PEFT adapter
+    /// folder (adapter_config.json + adapter_model.safetensors), or a PEFT or kohya
+    /// safetensors file.
+    #[arg(long, value_name = "DIR|FILE[:STRENGTH]", value_parser = super::run::parse_lora_arg)]
     pub lora: Vec<LoraSpec>,
     /// Where the word-embedding table lives (see `stagehand run --help`).
     #[arg(long, value_enum, default_value = "auto")]
