@@ -171,3 +171,32 @@ pub fn read_latent(
     )?;
     Ok(values)
 }
+
+/// Writes `latent` (`[1, channels, height, width]`, F32) as `latent` in `path`,
+/// through an unnamed file named once complete.
+pub fn write_latent(
+    path: &Path,
+    latent: &[f32],
+    channels: usize,
+    height: usize,
+    width: usize,
+) -> Result<(), FamilyError> {
+    let bytes: Vec<u8> = latent
+        .iter()
+        .flat_map(|value| value.to_le_bytes())
+        .collect();
+    let view = safetensors::tensor::TensorView::new(
+        safetensors::Dtype::F32,
+        vec![1, channels, height, width],
+        &bytes,
+    )
+    .map_err(|error| bad(path, error))?;
+    let file =
+        safetensors::serialize([(LATENT_NAME, view)], None).map_err(|error| bad(path, error))?;
+    crate::os::write_atomically(path, |mut out| std::io::Write::write_all(&mut out, &file)).map_err(
+        |error| FamilyError::Io {
+            path: path.display().to_string(),
+            reason: error.to_string(),
+        },
+    )
+}

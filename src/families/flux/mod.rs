@@ -27,7 +27,8 @@ pub use config::{FluxConfig, AXES_METADATA};
 pub use demo::{write_conditioning, FluxDemo, FluxPreset, FluxShape};
 pub use embed::{gaussian, pack, unpack};
 pub use input::{
-    read_tensors, Conditioning, SampleInput, Start, CONTEXT_NAME, LATENT_NAME, POOLED_NAME,
+    read_tensors, write_latent, Conditioning, SampleInput, Start, CONTEXT_NAME, LATENT_NAME,
+    POOLED_NAME,
 };
 pub use names::{Layout, COMFY_PREFIX};
 pub use sampler::{first_step, mu, sigmas};

@@ -13,9 +13,14 @@ use crate::model::ModelIndex;
 
 /// How the checkpoint names its tensors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum Layout {
+    /// Black Forest Labs' names (`double_blocks.N.img_attn.qkv`), one file.
     Original,
+    /// The original names under `model.diffusion_model.`, one file (with a VAE tensor).
+    #[cfg_attr(feature = "cli", value(name = "comfyui"))]
     ComfyUi,
+    /// diffusers' `transformer/` folder (`config.json`, `transformer_blocks.N.attn.to_q`).
     Diffusers,
 }
 
