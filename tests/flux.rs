@@ -6,8 +6,10 @@
 #[path = "flux/support.rs"]
 mod support;
 
+use stagehand::actors::Link;
 use stagehand::compute::DType;
-use stagehand::families::flux::FluxPreset;
+use stagehand::families::flux::{write_flux_lora, FluxLoraNaming, FluxPreset, Layout};
+use stagehand::lora::LoraSpec;
 use support::{generated, input, last_latent, sample, LAYOUTS};
 
 #[test]
@@ -18,7 +20,7 @@ fn the_three_layouts_stream_bit_exact_and_give_the_same_latents() {
     let dir = tempfile::tempdir().unwrap();
     let mut latents = Vec::new();
     for layout in LAYOUTS {
-        let (model, cond) = generated(dir.path(), FluxPreset::Tiny, layout, DType::Bf16);
+        let (model, cond) = generated(dir.path(), FluxPreset::Small, layout, DType::Bf16);
         let outcome = sample(&model, input(&cond, 3), 0.5);
         assert_eq!(outcome.report.verified_steps, 3, "{layout:?}");
         assert!(
@@ -31,5 +33,87 @@ fn the_three_layouts_stream_bit_exact_and_give_the_same_latents() {
     assert!(first.iter().all(|v| v.is_finite()) && first.iter().any(|v| v.abs() > 0.1));
     for (layout, latent) in &latents[1..] {
         assert_eq!(latent, first, "{layout:?} differs from the original layout");
+    }
+}
+
+#[test]
+fn fp8_checkpoints_stream_at_their_stored_bytes_bit_exact() {
+    // Proves ComfyUI's scaled FP8 (F8_E4M3 with a per-layer scale_weight and the
+    // scaled_fp8 marker) streams bit-exact against its resident pass, moving little
+    // more than half the bytes of the BF16 checkpoint per step, the same in the
+    // original and ComfyUI layouts.
+    let dir = tempfile::tempdir().unwrap();
+    let mut moved = Vec::new();
+    let mut latents = Vec::new();
+    for (layout, dtype) in [
+        (Layout::Original, DType::Bf16),
+        (Layout::Original, DType::F8E4M3),
+        (Layout::ComfyUi, DType::F8E4M3),
+    ] {
+        let (model, cond) = generated(dir.path(), FluxPreset::Small, layout, dtype);
+        let outcome = sample(&model, input(&cond, 2), 0.4);
+        assert_eq!(outcome.report.verified_steps, 2, "{layout:?} {dtype}");
+        let streamed = outcome.report.steady_bytes_per_step(Link::PinnedToVram);
+        moved.push((outcome.model_bytes, streamed));
+        latents.push(last_latent(&outcome));
+        if dtype == DType::F8E4M3 {
+            let bf16 = &latents[0];
+            let latent = latents.last().unwrap();
+            let close = latent
+                .iter()
+                .zip(bf16)
+                .all(|(a, b)| (a - b).abs() < 0.25 * (1.0 + b.abs()));
+            assert!(close, "{layout:?}: FP8 far from BF16");
+        }
+    }
+    assert_eq!(latents[1], latents[2], "FP8: ComfyUI differs from original");
+    eprintln!("(model bytes, pinned→vram bytes per steady step): {moved:?}");
+    let model_ratio = moved[1].0 as f64 / moved[0].0 as f64;
+    let moved_ratio = moved[1].1 / moved[0].1;
+    assert!(
+        (0.5..0.56).contains(&model_ratio),
+        "FP8 model is {model_ratio} of BF16"
+    );
+    assert!(
+        (0.45..0.6).contains(&moved_ratio),
+        "FP8 moves {moved_ratio} of BF16"
+    );
+}
+
+#[test]
+fn kohya_and_peft_adapters_stream_against_their_merged_reference() {
+    // Proves a kohya adapter on the fused original weights (qkv, linear1) and a PEFT
+    // adapter on diffusers' pieces run streamed (low-rank on streamed blocks, baked
+    // into resident ones) within the stated tolerance of the merged reference, change
+    // the latent, and count their bytes apart from the model's.
+    let dir = tempfile::tempdir().unwrap();
+    for (layout, naming) in [
+        (Layout::Original, FluxLoraNaming::Kohya),
+        (Layout::Diffusers, FluxLoraNaming::Peft),
+    ] {
+        let (model, cond) = generated(dir.path(), FluxPreset::Small, layout, DType::Bf16);
+        let lora = dir
+            .path()
+            .join(format!("{}.safetensors", layout.describe()));
+        write_flux_lora(&lora, &FluxPreset::Small.shape(), naming, 4, 9).unwrap();
+        let spec = LoraSpec::parse(&format!("{}:0.8", lora.display())).unwrap();
+        let prepared = support::prepare(&model, input(&cond, 2), vec![spec]);
+        let outcome = support::run(&prepared, 2, 0.3);
+        let report = &outcome.report;
+        assert_eq!(report.verified_steps, 2, "{layout:?}");
+        assert!(
+            report.tolerance_steps > 0,
+            "{layout:?}: no streamed block applied low-rank"
+        );
+        assert!(
+            report.stats.pinned_to_vram.lora_bytes > 0,
+            "{layout:?}: LoRA bytes not counted apart"
+        );
+        let plain = sample(&model, input(&cond, 2), 0.5);
+        assert_ne!(
+            last_latent(&plain),
+            last_latent(&outcome),
+            "{layout:?}: the LoRA changed nothing"
+        );
     }
 }

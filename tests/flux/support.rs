@@ -70,7 +70,8 @@ pub fn prepare(model: &Path, input: SampleInput, loras: Vec<LoraSpec>) -> Prepar
 }
 
 /// Runs `prepared`'s `steps` streamed under `share` of its streamed bytes (at least
-/// a ring of three blocks), checked step by step against the resident pass.
+/// a ring of two blocks, prefetching one ahead; some block always streams), checked step by step against
+/// the resident pass.
 pub fn run(prepared: &Prepared, steps: u64, share: f64) -> Outcome {
     let settings = Settings::default();
     let layout = prepared.facts().layout();
@@ -80,8 +81,9 @@ pub fn run(prepared: &Prepared, steps: u64, share: f64) -> Outcome {
         .map(|block| block.bytes)
         .max()
         .unwrap_or(0);
-    let budget = ((layout.total_bytes() as f64 * share) as u64).max(3 * largest + (1 << 20));
-    execute(
+    let weights = ((layout.total_bytes() as f64 * share) as u64).max(2 * largest + largest / 2);
+    let budget = weights + prepared.activation_bytes(steps);
+    let outcome = execute(
         prepared,
         RunPlan {
             settings: &settings,
@@ -89,7 +91,7 @@ pub fn run(prepared: &Prepared, steps: u64, share: f64) -> Outcome {
                 vram_budget_bytes: budget,
                 pin_ceiling_bytes: 64 << 20,
             },
-            prefetch_depth: 2,
+            prefetch_depth: 1,
             policy: stagehand::actors::ResidencyPolicy::Planned,
             steps,
             stop: Arc::new(AtomicBool::new(false)),
@@ -100,7 +102,10 @@ pub fn run(prepared: &Prepared, steps: u64, share: f64) -> Outcome {
             on_token: None,
         },
     )
-    .expect("samples")
+    .expect("samples");
+    let resident = &outcome.report.plan.vram.resident;
+    assert!(resident.iter().any(|r| !r), "the budget streams no block");
+    outcome
 }
 
 /// Samples `input` with no LoRA.

@@ -14,6 +14,7 @@
 
 mod config;
 mod demo;
+mod demo_lora;
 mod embed;
 mod input;
 mod layers;
@@ -25,6 +26,7 @@ mod weights;
 
 pub use config::{FluxConfig, AXES_METADATA};
 pub use demo::{write_conditioning, FluxDemo, FluxPreset, FluxShape};
+pub use demo_lora::{lora_modules, write_flux_lora, FluxLoraNaming};
 pub use embed::{gaussian, pack, unpack};
 pub use input::{
     read_tensors, write_latent, Conditioning, SampleInput, Start, CONTEXT_NAME, LATENT_NAME,
