@@ -105,7 +105,7 @@ pub fn write_flux_lora(
             .collect();
         let b = gaussian(out * rank, seed + 1)
             .iter()
-            .map(|v| v * 0.2)
+            .map(|v| v * 0.05)
             .collect();
         tensors.push((
             format!("{module}.{down}.weight"),
