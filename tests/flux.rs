@@ -8,8 +8,14 @@ mod support;
 
 use stagehand::actors::Link;
 use stagehand::compute::DType;
-use stagehand::families::flux::{write_flux_lora, FluxLoraNaming, FluxPreset, Layout};
+use std::collections::HashMap;
+use std::path::Path;
+
+use stagehand::families::flux::{
+    write_flux_lora, FluxLoraNaming, FluxPreset, Layout, AXES_METADATA, QUANTIZATION_METADATA,
+};
 use stagehand::lora::LoraSpec;
+use stagehand::run::{prepare_with, Extras, RunError, WorkloadKind};
 use support::{generated, input, last_latent, sample, LAYOUTS};
 
 #[test]
@@ -118,4 +124,129 @@ fn kohya_and_peft_adapters_stream_against_their_merged_reference() {
             "{layout:?}: the LoRA changed nothing"
         );
     }
+}
+
+/// A tensor of a rewritten checkpoint: name, dtype, shape, bytes.
+type Raw = (String, safetensors::Dtype, Vec<usize>, Vec<u8>);
+
+/// Rewrites the checkpoint `from` into `to` through `edit`, with `metadata`.
+fn rewrite(
+    from: &Path,
+    to: &Path,
+    edit: impl Fn(&mut Vec<Raw>),
+    metadata: HashMap<String, String>,
+) {
+    let bytes = std::fs::read(from).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut tensors: Vec<Raw> = file
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| {
+            (
+                name,
+                view.dtype(),
+                view.shape().to_vec(),
+                view.data().to_vec(),
+            )
+        })
+        .collect();
+    edit(&mut tensors);
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
+        .iter()
+        .map(|(name, dtype, shape, data)| {
+            let view = safetensors::tensor::TensorView::new(*dtype, shape.clone(), data).unwrap();
+            (name.clone(), view)
+        })
+        .collect();
+    std::fs::write(to, safetensors::serialize(views, Some(metadata)).unwrap()).unwrap();
+}
+
+/// ComfyUI's newer per-layer format: `weight_scale`, `input_scale` and a
+/// `comfy_quant` JSON tensor per layer, in place of `scale_weight` and the marker.
+fn to_comfy_quant(tensors: &mut Vec<Raw>, format: &str) {
+    tensors.retain(|(name, ..)| name != "scaled_fp8");
+    let mut added = Vec::new();
+    for (name, _, _, data) in tensors.iter_mut() {
+        if let Some(layer) = name.strip_suffix(".scale_weight") {
+            let layer = layer.to_string();
+            *name = format!("{layer}.weight_scale");
+            added.push((
+                format!("{layer}.input_scale"),
+                safetensors::Dtype::F32,
+                vec![],
+                1f32.to_le_bytes().to_vec(),
+            ));
+            let json = format!("{{\"format\": \"{format}\"}}").into_bytes();
+            added.push((
+                format!("{layer}.comfy_quant"),
+                safetensors::Dtype::U8,
+                vec![json.len()],
+                json,
+            ));
+            let _ = data;
+        }
+    }
+    tensors.extend(added);
+}
+
+#[test]
+fn comfy_quant_fp8_computes_as_scaled_fp8_and_other_formats_are_refused_by_name() {
+    // Proves the newer per-layer format (weight_scale, input_scale, comfy_quant JSON)
+    // computes the same bits as the older scaled FP8 of the same values, and a layer
+    // declared in a format stagehand does not implement is refused by name, whether
+    // by its comfy_quant tensor or by the header's _quantization_metadata.
+    let dir = tempfile::tempdir().unwrap();
+    let (model, cond) = generated(
+        dir.path(),
+        FluxPreset::Small,
+        Layout::Original,
+        DType::F8E4M3,
+    );
+    let metadata = || {
+        HashMap::from([
+            ("format".to_string(), "pt".to_string()),
+            (AXES_METADATA.to_string(), "[8, 12, 12]".to_string()),
+        ])
+    };
+    let quant = dir.path().join("comfy_quant.safetensors");
+    rewrite(
+        &model,
+        &quant,
+        |tensors| to_comfy_quant(tensors, "float8_e4m3fn"),
+        metadata(),
+    );
+    let scaled = last_latent(&sample(&model, input(&cond, 2), 0.4));
+    assert_eq!(last_latent(&sample(&quant, input(&cond, 2), 0.4)), scaled);
+    let refused = |path: &Path, format: &str| {
+        let extras = Extras {
+            diffusion: Some(input(&cond, 1)),
+            ..Extras::default()
+        };
+        let settings = stagehand::settings::Settings::default();
+        let Err(RunError::BadInput(message)) =
+            prepare_with(path, WorkloadKind::Auto, 1, &settings, false, &extras)
+        else {
+            panic!("{format} was not refused");
+        };
+        assert!(
+            message.contains(format) && message.contains("does not implement"),
+            "{message}"
+        );
+    };
+    let nvfp4 = dir.path().join("nvfp4.safetensors");
+    rewrite(
+        &model,
+        &nvfp4,
+        |tensors| to_comfy_quant(tensors, "nvfp4"),
+        metadata(),
+    );
+    refused(&nvfp4, "nvfp4");
+    let mxfp8 = dir.path().join("mxfp8.safetensors");
+    let mut header = metadata();
+    header.insert(
+        QUANTIZATION_METADATA.to_string(),
+        r#"{"format_version": "1.0", "layers": {"double_blocks.0.img_attn.qkv": {"format": "mxfp8"}}}"#.to_string(),
+    );
+    rewrite(&model, &mxfp8, |_| {}, header);
+    refused(&mxfp8, "mxfp8");
 }

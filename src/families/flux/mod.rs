@@ -20,6 +20,7 @@ mod input;
 mod layers;
 mod names;
 mod open;
+mod quant;
 mod sampler;
 mod step;
 mod weights;
@@ -33,6 +34,7 @@ pub use input::{
     POOLED_NAME,
 };
 pub use names::{Layout, COMFY_PREFIX};
+pub use quant::METADATA_KEY as QUANTIZATION_METADATA;
 pub use sampler::{first_step, mu, sigmas};
 
 use self::names::Names;

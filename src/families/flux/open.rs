@@ -50,6 +50,7 @@ impl Open for Flux {
                 request.path.display()
             ))
         })?;
+        super::quant::check(index, request.extras.headers_only)?;
         let config = match request.folder {
             Some(folder) => FluxConfig::from_json(&folder.config_path(), &folder.config)?,
             None => FluxConfig::infer(index, &names)?,
