@@ -40,6 +40,7 @@ mod bench_lora;
 mod bench_model;
 mod calibrate;
 mod config_cmd;
+mod demo_flux;
 mod demo_model;
 mod embed;
 mod generate;
@@ -49,6 +50,7 @@ mod logging;
 mod machine_load;
 mod progress;
 mod run;
+mod sample;
 mod simulate;
 mod validate;
 mod validate_checks;
@@ -103,6 +105,8 @@ pub enum Command {
     Embed(embed::EmbedArgs),
     /// Text from a decoder folder (Llama family, Qwen3, Mixtral and Qwen MoEs), streamed under the budgets.
     Generate(generate::GenerateArgs),
+    /// Samples a Flux diffusion transformer's denoising steps from a conditioning file.
+    Sample(sample::SampleArgs),
     /// Show a safetensors checkpoint's files, tensors and block split.
     Inspect(inspect::InspectArgs),
     /// Print the effective settings and which layer set each one.
@@ -157,6 +161,7 @@ pub fn main() -> ExitCode {
         Some(Command::Run(args)) => run::execute(args),
         Some(Command::Embed(args)) => embed::execute(args),
         Some(Command::Generate(args)) => generate::execute(args),
+        Some(Command::Sample(args)) => sample::execute(args),
         Some(Command::Inspect(args)) => inspect::execute(args),
         Some(Command::Config(args)) => config_cmd::execute(args),
         Some(Command::DemoModel(args)) => demo_model::execute(args),
