@@ -53,6 +53,7 @@ mod run;
 mod sample;
 mod simulate;
 mod validate;
+mod validate_checks;
 
 /// Why a command failed, which decides the exit status.
 #[derive(Debug)]
@@ -122,9 +123,32 @@ pub enum Command {
     Bench(bench::BenchArgs),
 }
 
+/// The command line, with every flag that takes a value taking a negative number as
+/// that value, so `--seed -3` is refused by the flag's own parser, naming the flag
+/// (clap's default reads `-3` as an unknown flag and suggests `-- -3`).
+pub fn command() -> clap::Command {
+    fn negative_numbers(command: clap::Command) -> clap::Command {
+        command
+            .mut_args(|arg| {
+                if arg.get_action().takes_values() {
+                    arg.allow_negative_numbers(true)
+                } else {
+                    arg
+                }
+            })
+            .mut_subcommands(negative_numbers)
+    }
+    negative_numbers(<Cli as clap::CommandFactory>::command())
+}
+
+fn parse() -> Result<Cli, clap::Error> {
+    let matches = command().try_get_matches()?;
+    <Cli as clap::FromArgMatches>::from_arg_matches(&matches)
+}
+
 pub fn main() -> ExitCode {
     stagehand::signals::install();
-    let cli = match Cli::try_parse() {
+    let cli = match parse() {
         Ok(cli) => cli,
         Err(error) => {
             // Help, version and usage errors; a closed or full output is not a panic.
@@ -149,15 +173,15 @@ pub fn main() -> ExitCode {
     let status = match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure::BadInput(error)) => {
-            eprintln!("error: {error:#}");
+            eprintln!("error: {}", one_line(&format!("{error:#}")));
             ExitCode::from(2)
         }
         Err(Failure::RunFailed(error)) => {
-            eprintln!("run failed: {error:#}");
+            eprintln!("run failed: {}", one_line(&format!("{error:#}")));
             ExitCode::from(1)
         }
         Err(Failure::DoesNotFit(error)) => {
-            eprintln!("does not fit: {error:#}");
+            eprintln!("does not fit: {}", one_line(&format!("{error:#}")));
             ExitCode::from(EXIT_DOES_NOT_FIT)
         }
     };
@@ -174,6 +198,18 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// A failure's message as the one line the exit codes promise: a library error that
+/// spans lines (a TOML parser's snippet and caret) is joined, its lines that carry no
+/// words (the caret) left out.
+fn one_line(message: &str) -> String {
+    let lines: Vec<&str> = message
+        .lines()
+        .map(str::trim)
+        .filter(|line| line.chars().any(char::is_alphanumeric))
+        .collect();
+    lines.join(" ")
+}
+
 #[cfg(test)]
 mod tests {
     use clap::{CommandFactory, Parser};
@@ -185,6 +221,7 @@ mod tests {
         // Proves clap's own checks of every subcommand's definition hold (names,
         // conflicts, defaults that parse).
         Cli::command().debug_assert();
+        super::command().debug_assert();
     }
 
     #[test]

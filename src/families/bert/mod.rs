@@ -1,6 +1,7 @@
 //! BERT-family encoders (`model_type: bert`: BertModel checkpoints and
-//! sentence-transformers folders such as all-MiniLM-L6-v2), written once against the
-//! compute port.
+//! sentence-transformers folders such as all-MiniLM-L6-v2; `roberta` and `xlm-roberta`,
+//! the same layers with positions counted past the padding id — see
+//! [`config::Variant`]), written once against the compute port.
 //!
 //! One step embeds one batch of texts: word + position + token-type embeddings and a
 //! LayerNorm; per encoder layer, multi-head self-attention under the padding mask, the
@@ -17,6 +18,9 @@
 
 mod config;
 mod open;
+mod output;
+mod pool;
+mod sentence;
 mod tokens;
 mod weights;
 
@@ -24,8 +28,10 @@ use std::path::Path;
 
 use stagehand_actors::BlockId;
 
-pub use config::BertConfig;
-pub use tokens::{batches, from_ids, tokenize, TokenBatch, Tokens};
+pub use config::{BertConfig, Variant};
+pub use output::embeddings_in_input_order;
+pub use sentence::{MaxLength, Pooling, SentenceFolder, SentenceHead};
+pub use tokens::{batches, from_ids, length_order, tokenize, TextLimits, TokenBatch, Tokens};
 
 use self::weights::{EncoderWeights, Linear, Norm};
 use super::blocks::{Blocks, Held};
@@ -33,7 +39,7 @@ use super::family::{Facts, Family, StepOutput};
 use super::host_table::HostTable;
 use super::FamilyError;
 use crate::compute::{Attention, Compute, Mask, TensorSlot};
-use crate::model::{ModelIndex, Pooling, SentenceHead};
+use crate::model::ModelIndex;
 
 /// Where the word-embedding table lives (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
@@ -56,6 +62,8 @@ pub struct Encoder {
     head: SentenceHead,
     host_table: Option<HostTable>,
     inputs: Vec<StepInput>,
+    /// The input position of each text in the order the steps embed them.
+    order: Vec<usize>,
     /// Texts longer than the model takes, cut short as the tokenizer says (by position).
     truncated_texts: Vec<usize>,
 }
@@ -91,7 +99,7 @@ impl Encoder {
     pub fn new(
         index: &ModelIndex,
         config: BertConfig,
-        head: Option<SentenceHead>,
+        head: SentenceHead,
         tokens: &[Tokens],
         batch: usize,
         embeddings: EmbeddingPlacement,
@@ -114,13 +122,11 @@ impl Encoder {
                 config.vocab
             )));
         }
-        let pad_id = 0;
-        let inputs: Vec<StepInput> = batches(tokens, batch, pad_id)
+        let order = length_order(tokens);
+        let inputs: Vec<StepInput> = batches(tokens, &order, batch, config.pad_token_id)
             .into_iter()
             .map(|batch| {
-                let positions = (0..batch.sequences)
-                    .flat_map(|_| 0..batch.length as u32)
-                    .collect();
+                let positions = config.position_ids(&batch.ids, batch.length);
                 StepInput { batch, positions }
             })
             .collect();
@@ -145,10 +151,7 @@ impl Encoder {
         Ok(Self {
             config,
             weights,
-            head: head.unwrap_or(SentenceHead {
-                pooling: Pooling::Mean,
-                normalize: false,
-            }),
+            head,
             host_table,
             truncated_texts: tokens
                 .iter()
@@ -157,6 +160,7 @@ impl Encoder {
                 .map(|(position, _)| position)
                 .collect(),
             inputs,
+            order,
         })
     }
 
@@ -174,8 +178,8 @@ impl Encoder {
         rows.unwrap_or(0) as u64 * self.config.hidden as u64 * 4
     }
 
-    pub fn head(&self) -> SentenceHead {
-        self.head
+    pub fn head(&self) -> &SentenceHead {
+        &self.head
     }
 
     /// Steps needed to embed every text once.
@@ -354,32 +358,6 @@ impl Encoder {
         blocks.release(compute, held)?;
         outcome
     }
-
-    /// The sentence head on the final token states: one embedding per sequence.
-    fn pool(&self, states: &[f32], batch: &TokenBatch) -> Vec<f32> {
-        let hidden = self.config.hidden;
-        let mut pooled = vec![0.0f32; batch.sequences * hidden];
-        for (sequence, out) in pooled.chunks_exact_mut(hidden).enumerate() {
-            let first = sequence * batch.length;
-            let rows = match self.head.pooling {
-                Pooling::Mean => batch.lengths[sequence],
-                Pooling::Cls => 1,
-            };
-            for row in states[first * hidden..(first + rows) * hidden].chunks_exact(hidden) {
-                out.iter_mut()
-                    .zip(row)
-                    .for_each(|(out, value)| *out += value);
-            }
-            out.iter_mut().for_each(|value| *value /= rows as f32);
-            if self.head.normalize {
-                // As torch.nn.functional.normalize: divide by max(‖v‖, 1e-12).
-                let norm = out.iter().map(|value| value * value).sum::<f32>().sqrt();
-                let norm = norm.max(1e-12);
-                out.iter_mut().for_each(|value| *value /= norm);
-            }
-        }
-        pooled
-    }
 }
 
 /// `y ← x·Wᵀ + b`, plus the low-rank LoRA updates of a streamed weight.
@@ -457,7 +435,12 @@ impl Family for Encoder {
         }
         let states = compute.read(&acts.x)?;
         Ok(StepOutput {
-            output: Some(self.pool(&states, &input.batch)),
+            output: Some(pool::pool(
+                &self.head,
+                &states,
+                &input.batch,
+                self.config.hidden,
+            )),
             ..StepOutput::default()
         })
     }
