@@ -88,13 +88,15 @@ fn fp8_checkpoints_stream_at_their_stored_bytes_bit_exact() {
 
 #[test]
 fn kohya_and_peft_adapters_stream_against_their_merged_reference() {
-    // Proves a kohya adapter on the fused original weights (qkv, linear1) and a PEFT
+    // Proves a kohya adapter on the fused original weights (qkv, linear1; also under
+    // ComfyUI's `model.diffusion_model.` prefix) and a PEFT
     // adapter on diffusers' pieces run streamed (low-rank on streamed blocks, baked
     // into resident ones) within the stated tolerance of the merged reference, change
     // the latent, and count their bytes apart from the model's.
     let dir = tempfile::tempdir().unwrap();
     for (layout, naming) in [
         (Layout::Original, FluxLoraNaming::Kohya),
+        (Layout::ComfyUi, FluxLoraNaming::Kohya),
         (Layout::Diffusers, FluxLoraNaming::Peft),
     ] {
         // F32 weights: a resident block bakes W + s·B·A rounded to its storage dtype,

@@ -289,18 +289,25 @@ impl BaseNames {
         match naming {
             // Try the full path, then drop leading components (`base_model.model.`,
             // `transformer.`, …) one at a time.
+            // A ComfyUI single file holds its diffusion model under
+            // `model.diffusion_model.`, which adapters trained on the bare model omit.
             Naming::Peft => {
                 let mut rest = module;
                 loop {
-                    if let Some(&tensor) = self.dotted.get(&format!("{rest}.weight")) {
-                        return Some(tensor);
+                    for under in ["", "model.diffusion_model."] {
+                        if let Some(&tensor) = self.dotted.get(&format!("{under}{rest}.weight")) {
+                            return Some(tensor);
+                        }
                     }
                     rest = rest.split_once('.')?.1;
                 }
             }
             Naming::Kohya => KOHYA_PREFIXES.iter().find_map(|prefix| {
                 let rest = module.strip_prefix(prefix)?;
-                self.flattened.get(rest).copied()
+                self.flattened
+                    .get(rest)
+                    .or_else(|| self.flattened.get(&format!("model_diffusion_model_{rest}")))
+                    .copied()
             }),
         }
     }

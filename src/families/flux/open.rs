@@ -46,7 +46,7 @@ impl Open for Flux {
         let index = request.index;
         let names = Names::detect(index).ok_or_else(|| {
             FamilyError::Model(format!(
-                "{}: no Flux transformer tensors (img_in/double_blocks, model.diffusion_model.…, or x_embedder/transformer_blocks)",
+                "{}: not a Flux transformer (no img_in/txt_in/double_blocks tensors, with or without model.diffusion_model., nor diffusers' x_embedder/context_embedder)",
                 request.path.display()
             ))
         })?;
