@@ -167,9 +167,9 @@ mod tests {
         // Proves text ids (all zero) rotate by nothing: cos 1, sin 0.
         let table = rope_table(&token_ids(1, 1, 2), &[2, 2, 4]);
         assert_eq!(&table[..8], &[1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0]);
-        // Image token (0, 0, 1): the column axis (last 4 values, 2 pairs) turns by 1
-        // and 1/100.
-        let column = &table[2 * 8 - 4..];
+        // The third token, image (0, 0, 1): its column axis (its last 4 values, 2
+        // pairs) turns by 1 and 1/100.
+        let column = &table[3 * 8 - 4..];
         assert!((column[0] - 1f32.cos()).abs() < 1e-7 && (column[1] - 1f32.sin()).abs() < 1e-7);
         assert!((column[3] - 0.01f32.sin()).abs() < 1e-7);
     }
