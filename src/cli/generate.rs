@@ -55,8 +55,10 @@ pub struct GenerateArgs {
     /// MoE models: expert cache slots (default: what the VRAM budget leaves).
     #[arg(long)]
     pub expert_slots: Option<u32>,
-    /// Attach a LoRA adapter (PEFT or kohya) with an optional strength; repeatable.
-    #[arg(long, value_name = "FILE[:STRENGTH]", value_parser = super::run::parse_lora_arg)]
+    /// Attach a LoRA adapter with an optional strength; repeatable. A PEFT adapter
+    /// folder (adapter_config.json + adapter_model.safetensors), or a PEFT or kohya
+    /// safetensors file.
+    #[arg(long, value_name = "DIR|FILE[:STRENGTH]", value_parser = super::run::parse_lora_arg)]
     pub lora: Vec<LoraSpec>,
     /// Print the tokens, text and run summary as JSON at the end.
     #[arg(long)]

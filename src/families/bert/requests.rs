@@ -1,16 +1,21 @@
 //! A loaded encoder given new texts: a server keeps one [`Encoder`] (its weights placed,
 //! its host table read) and swaps the batches its steps embed, request after request.
+//! Texts are tokenized as the run's own are (the folder's sentence-transformers
+//! limits), batched the same way, and their embeddings come back in input order
+//! ([`Facts::output_order`](crate::families::Facts::output_order)).
 
-use super::{batches, from_ids, tokenize, BertConfig, Encoder, StepInput, Tokens};
+use super::{from_ids, step_inputs, tokenize, truncated, BertConfig, Encoder, TextLimits, Tokens};
 use crate::families::inputs::EncoderInput;
 use crate::families::FamilyError;
 use crate::model::ModelFolder;
 
-/// The tokens of `input`: texts through the folder's `tokenizer.json` (truncated as it
-/// says, never past the model's positions), or token ids cut to the positions.
+/// The tokens of `input`: texts through the folder's `tokenizer.json` within `limits`
+/// (sentence-transformers' `max_seq_length` and `do_lower_case`, never past the
+/// model's positions), or token ids cut to the positions.
 pub fn input_tokens(
     folder: &ModelFolder,
     config: &BertConfig,
+    limits: TextLimits,
     input: &EncoderInput,
 ) -> Result<Vec<Tokens>, FamilyError> {
     match input {
@@ -26,7 +31,7 @@ pub fn input_tokens(
                     folder.dir.display()
                 )));
             };
-            tokenize(tokenizer, texts, config.max_positions)
+            tokenize(tokenizer, texts, limits)
         }
         EncoderInput::TokenIds(ids) => {
             if ids.is_empty() || ids.iter().any(Vec::is_empty) {
@@ -34,43 +39,25 @@ pub fn input_tokens(
                     "--token-ids: every text needs at least one id".to_string(),
                 ));
             }
-            Ok(from_ids(ids, config.max_positions))
+            Ok(from_ids(ids, config.usable_positions()))
         }
     }
 }
 
 impl Encoder {
-    /// Makes the steps embed `tokens`, `batch` texts a step, keeping where the weights
-    /// were placed when the encoder was opened (the word table stays where it is).
+    /// How this encoder's folder cuts and cases texts.
+    pub fn limits(&self) -> TextLimits {
+        self.limits
+    }
+
+    /// Makes the steps embed `tokens`, `batch` texts a step (sorted and padded as
+    /// [`Encoder::new`] does), keeping where the weights were placed when the encoder
+    /// was opened (the word table stays where it is).
     pub fn set_inputs(&mut self, tokens: &[Tokens], batch: usize) -> Result<(), FamilyError> {
-        if tokens.is_empty() {
-            return Err(FamilyError::Model("no text to embed".into()));
-        }
-        if let Some(id) = tokens
-            .iter()
-            .flat_map(|text| &text.ids)
-            .find(|&&id| id as usize >= self.config.vocab)
-        {
-            return Err(FamilyError::Model(format!(
-                "token id {id} is outside the model's vocabulary of {}",
-                self.config.vocab
-            )));
-        }
-        self.inputs = batches(tokens, batch, 0)
-            .into_iter()
-            .map(|batch| {
-                let positions = (0..batch.sequences)
-                    .flat_map(|_| 0..batch.length as u32)
-                    .collect();
-                StepInput { batch, positions }
-            })
-            .collect();
-        self.truncated_texts = tokens
-            .iter()
-            .enumerate()
-            .filter(|(_, text)| text.truncated)
-            .map(|(position, _)| position)
-            .collect();
+        let (inputs, order) = step_inputs(&self.config, tokens, batch)?;
+        self.inputs = inputs;
+        self.order = order;
+        self.truncated_texts = truncated(tokens);
         Ok(())
     }
 }

@@ -3,8 +3,8 @@
 
 use flume::TryRecvError;
 
-use crate::families::bert::{input_tokens, Encoder, Tokens};
-use crate::families::{Family, FamilyError};
+use crate::families::bert::{embeddings_in_input_order, input_tokens, Encoder, Tokens};
+use crate::families::{Facts, Family, FamilyError};
 use crate::model::ModelFolder;
 
 use super::{is_fatal, Context, EmbedJob, Embedded, Job, RunError, TokenEvent};
@@ -64,7 +64,7 @@ pub(super) fn warm_up(
     encoder: &mut Encoder,
     context: &mut Context<'_, '_>,
 ) -> Result<(), FamilyError> {
-    let tokens = crate::families::bert::from_ids(&[vec![0]], encoder.config.max_positions);
+    let tokens = crate::families::bert::from_ids(&[vec![0]], encoder.config.usable_positions());
     encoder.set_inputs(&tokens, 1)?;
     let mut state = encoder.start(context.compute)?;
     context.blocks.begin_step();
@@ -108,7 +108,7 @@ fn gather(encoder: &Encoder, folder: Option<&ModelFolder>, job: Job) -> Option<G
         )));
         return None;
     };
-    match input_tokens(folder, &encoder.config, &job.input) {
+    match input_tokens(folder, &encoder.config, encoder.limits(), &job.input) {
         Ok(tokens) => Some(Gathered { job, tokens }),
         Err(error) => {
             let _ = job.reply.send(Err(RunError::BadInput(error.to_string())));
@@ -158,8 +158,11 @@ fn embed_batch(
             return Ok(());
         }
     };
-    let width = values.len() / texts.max(1);
-    let mut rows = values.chunks_exact(width.max(1)).map(<[f32]>::to_vec);
+    // The step embedded the texts sorted by length: put them back in input order.
+    let steps = std::collections::BTreeMap::from([(0, values)]);
+    let in_order =
+        embeddings_in_input_order(&steps, texts, encoder.output_order()).unwrap_or_default();
+    let mut rows = in_order.into_iter();
     for gathered in batch {
         let embeddings: Vec<Vec<f32>> = rows.by_ref().take(gathered.tokens.len()).collect();
         let prompt_tokens = gathered.tokens.iter().map(|tokens| tokens.length).sum();
