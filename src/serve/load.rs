@@ -198,6 +198,36 @@ fn model_settings(
     config: &ServeConfig,
     base: &SettingsArgs,
 ) -> Result<settings::Settings, String> {
+    let settings = configured_settings(model, config, base)?;
+    Ok(share_pin_ceiling(settings, config))
+}
+
+/// Without a pin ceiling of its own (in the model, the settings file or a flag), each
+/// model's automatic ceiling — what the host can spare — would be the whole spare RAM
+/// once per model: the models without one split it evenly instead, so together they
+/// never pin more than the host can spare.
+fn share_pin_ceiling(mut settings: settings::Settings, config: &ServeConfig) -> settings::Settings {
+    let sharing = config
+        .models
+        .iter()
+        .filter(|model| model.pin_ceiling.is_none())
+        .count() as u64;
+    if settings.pin_ceiling.is_some() || sharing < 2 {
+        return settings;
+    }
+    if let Some(available) = crate::run::available_ram_bytes() {
+        let spare = crate::run::memory::pinnable_bytes(available, &settings);
+        settings.pin_ceiling = Some(bytesize::ByteSize::b(spare / sharing));
+    }
+    settings
+}
+
+/// The settings file and flags, with the model's own budgets over them.
+fn configured_settings(
+    model: &ModelConfig,
+    config: &ServeConfig,
+    base: &SettingsArgs,
+) -> Result<settings::Settings, String> {
     let mut args = base.clone();
     if args.config.is_none() {
         args.config = config.settings.clone();
@@ -242,5 +272,46 @@ fn eos_ids(config: &Value) -> Vec<u32> {
             .map(|id| id as u32)
             .collect(),
         _ => Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    fn config(models: usize) -> ServeConfig {
+        ServeConfig {
+            models: (0..models)
+                .map(|index| ModelConfig::from_folder(Path::new(&format!("m{index}"))))
+                .collect(),
+            ..ServeConfig::default()
+        }
+    }
+
+    #[test]
+    fn models_without_a_pin_ceiling_split_what_the_host_can_spare() {
+        // Proves two automatic ceilings add up to the spare RAM once, not twice, and
+        // that an explicit ceiling or a lone model is left as it is.
+        let settings = settings::Settings::default();
+        let shared = share_pin_ceiling(settings.clone(), &config(2)).pin_ceiling;
+        let spare = crate::run::memory::pinnable_bytes(
+            crate::run::available_ram_bytes().unwrap_or(0),
+            &settings,
+        );
+        let half = shared.expect("a shared ceiling").as_u64();
+        // Free RAM moves between the two reads: within a quarter of half the spare.
+        assert!(half.abs_diff(spare / 2) <= spare / 8, "{half} of {spare}");
+        assert_eq!(
+            share_pin_ceiling(settings.clone(), &config(1)).pin_ceiling,
+            None
+        );
+        let explicit = settings::Settings {
+            pin_ceiling: Some(bytesize::ByteSize::mib(64)),
+            ..settings
+        };
+        let kept = share_pin_ceiling(explicit, &config(2)).pin_ceiling;
+        assert_eq!(kept, Some(bytesize::ByteSize::mib(64)));
     }
 }
