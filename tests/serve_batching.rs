@@ -134,3 +134,49 @@ fn concurrent_embedding_requests_share_a_step_and_each_equals_its_run_alone() {
         "some steps carried several requests"
     );
 }
+
+#[test]
+fn a_request_larger_than_the_token_budget_is_embedded_in_several_steps_alike() {
+    // Proves max_batch_tokens bounds a step even within one request: the texts go in
+    // several steps and each still equals its embedding alone.
+    let dir = tempfile::tempdir().unwrap();
+    let (bert, _) = models_without_eos(dir.path());
+    let folder = bert.display().to_string();
+    let config = dir.path().join("serve.toml");
+    std::fs::write(
+        &config,
+        format!("[[models]]\nname = \"bert\"\nfolder = \"{folder}\"\nmax_batch_tokens = 16\n"),
+    )
+    .unwrap();
+    let server = Server::start(&["--config", &config.display().to_string()]);
+    let texts = [
+        "a man is eating food",
+        "the cat sits outside",
+        "hello world",
+        "two men",
+    ];
+    let whole = server
+        .post("/v1/embeddings", &json!({"model": "bert", "input": texts}))
+        .json();
+    assert!(
+        mean_batch(&server, "bert") < texts.len() as f64,
+        "more than one step"
+    );
+    for (index, text) in texts.iter().enumerate() {
+        let alone = server
+            .post("/v1/embeddings", &json!({"model": "bert", "input": text}))
+            .json();
+        let (a, b) = (
+            &alone["data"][0]["embedding"],
+            &whole["data"][index]["embedding"],
+        );
+        let difference = a
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(b.as_array().unwrap())
+            .map(|(a, b)| (a.as_f64().unwrap() - b.as_f64().unwrap()).abs())
+            .fold(0.0, f64::max);
+        assert!(difference <= 1e-6, "text {index} differs by {difference}");
+    }
+}

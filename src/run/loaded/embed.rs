@@ -117,7 +117,8 @@ fn gather(encoder: &Encoder, folder: Option<&ModelFolder>, job: Job) -> Option<G
     }
 }
 
-/// One step over every text of `batch`; each job gets its own embeddings back.
+/// The texts of `batch` in as few steps as the token budget allows (one, unless a
+/// job alone is larger); each job gets its own embeddings back.
 fn embed_batch(
     encoder: &mut Encoder,
     context: &mut Context<'_, '_>,
@@ -132,21 +133,34 @@ fn embed_batch(
     }
     let tokens: Vec<Tokens> = batch.iter().flat_map(|g| g.tokens.clone()).collect();
     let texts = tokens.len();
-    context.batches.batch(texts);
+    // Texts a step takes within the token budget (a job larger than it takes steps).
+    let longest = tokens
+        .iter()
+        .map(|text| text.ids.len())
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    let per_step = (context.limits.max_batch_tokens / longest).clamp(1, texts);
     let embedded = (|| {
-        encoder.set_inputs(&tokens, texts)?;
+        encoder.set_inputs(&tokens, per_step)?;
         let mut state = encoder.start(context.compute)?;
-        context.blocks.begin_step();
-        let output = encoder.step(context.compute, &mut state, context.blocks, 0);
-        if output.is_err() {
-            let _ = context.blocks.drain(context.compute);
+        let mut steps = std::collections::BTreeMap::new();
+        for step in 0..encoder.batches() as u64 {
+            context
+                .batches
+                .batch(per_step.min(texts - step as usize * per_step));
+            context.blocks.begin_step();
+            let output = encoder.step(context.compute, &mut state, context.blocks, step);
+            if output.is_err() {
+                let _ = context.blocks.drain(context.compute);
+            }
+            steps.insert(step, output?.output.unwrap_or_default());
+            context.end_step()?;
         }
-        let values = output?.output.unwrap_or_default();
-        context.end_step()?;
-        Ok::<_, FamilyError>(values)
+        Ok::<_, FamilyError>(steps)
     })();
-    let values = match embedded {
-        Ok(values) => values,
+    let steps = match embedded {
+        Ok(steps) => steps,
         Err(error) if is_fatal(&error) => return Err(error),
         Err(error) => {
             for gathered in batch {
@@ -158,8 +172,7 @@ fn embed_batch(
             return Ok(());
         }
     };
-    // The step embedded the texts sorted by length: put them back in input order.
-    let steps = std::collections::BTreeMap::from([(0, values)]);
+    // The steps embedded the texts sorted by length: put them back in input order.
     let in_order =
         embeddings_in_input_order(&steps, texts, encoder.output_order()).unwrap_or_default();
     let mut rows = in_order.into_iter();
