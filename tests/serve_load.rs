@@ -139,3 +139,100 @@ fn a_request_past_its_timeout_is_cancelled_with_504() {
     assert_eq!(next.status, 200, "{}", next.text());
     assert!(generated_tokens(&server) < 1000.0);
 }
+
+#[test]
+fn a_bounded_load_of_mixed_requests_gets_no_5xx_and_every_answer_equals_its_single_run() {
+    // Proves under 16 concurrent clients (320 requests, embeddings and greedy
+    // completions on two models) nothing fails and nothing changes: each answer is
+    // the one the same request gets alone. Prints p50/p99 latency (not asserted).
+    let dir = tempfile::tempdir().unwrap();
+    let (bert, llama) = models_without_eos(dir.path());
+    let server = std::sync::Arc::new(Server::start(&[
+        "--model",
+        &bert.display().to_string(),
+        "--model",
+        &llama.display().to_string(),
+        "--max-sequences",
+        "8",
+        "--queue-depth",
+        "64",
+    ]));
+    let requests: Vec<(&'static str, serde_json::Value)> = (0..8)
+        .map(|index| {
+            if index % 2 == 0 {
+                ("/v1/embeddings", json!({"model": "bert", "input": format!("text number {index}")}))
+            } else {
+                let body = json!({"model": "llama", "prompt": format!("prompt {index}"), "max_tokens": 4 + index, "temperature": 0});
+                ("/v1/completions", body)
+            }
+        })
+        .collect();
+    let answer = |reply: &serve_support::Reply| -> serde_json::Value {
+        let body = reply.json();
+        if body["object"] == "list" {
+            body["data"][0]["embedding"].clone()
+        } else {
+            body["choices"][0]["text"].clone()
+        }
+    };
+    let expected: Vec<serde_json::Value> = requests
+        .iter()
+        .map(|(path, body)| answer(&server.post(path, body)))
+        .collect();
+    let requests = std::sync::Arc::new(requests);
+    let expected = std::sync::Arc::new(expected);
+    let clients: Vec<_> = (0..16)
+        .map(|client| {
+            let (server, requests, expected) = (server.clone(), requests.clone(), expected.clone());
+            std::thread::spawn(move || {
+                let mut latencies = Vec::new();
+                for round in 0..20 {
+                    let pick = (client * 3 + round) % requests.len();
+                    let (path, body) = &requests[pick];
+                    let started = std::time::Instant::now();
+                    let reply = server.post(path, body);
+                    latencies.push(started.elapsed().as_secs_f64());
+                    assert_eq!(
+                        reply.status,
+                        200,
+                        "client {client} round {round}: {}",
+                        reply.text()
+                    );
+                    let got = answer(&reply);
+                    if body["model"] == "llama" {
+                        assert_eq!(got, expected[pick], "request {pick} changed under load");
+                    } else {
+                        let difference = got
+                            .as_array()
+                            .unwrap()
+                            .iter()
+                            .zip(expected[pick].as_array().unwrap())
+                            .map(|(a, b)| (a.as_f64().unwrap() - b.as_f64().unwrap()).abs())
+                            .fold(0.0, f64::max);
+                        assert!(difference <= 1e-6, "request {pick} changed by {difference}");
+                    }
+                }
+                latencies
+            })
+        })
+        .collect();
+    let mut latencies: Vec<f64> = clients
+        .into_iter()
+        .flat_map(|client| client.join().unwrap())
+        .collect();
+    latencies.sort_by(f64::total_cmp);
+    let at = |quantile: f64| latencies[((latencies.len() - 1) as f64 * quantile) as usize];
+    eprintln!(
+        "load: {} requests from 16 clients, p50 {:.1} ms, p99 {:.1} ms",
+        latencies.len(),
+        at(0.5) * 1e3,
+        at(0.99) * 1e3
+    );
+    let text = server.get("/metrics").text();
+    let failed = metric(
+        &text,
+        "stagehand_serve_requests_total",
+        &[("outcome", "failed")],
+    );
+    assert_eq!(failed, 0.0);
+}
