@@ -373,10 +373,11 @@ impl Tokens {
             Ok(Ok(TokenEvent::Finished(finished))) => {
                 Next::Text(text.finish(), Some(finished.reason))
             }
-            Ok(Ok(TokenEvent::Failed(message))) if *generated == 0 => {
+            Ok(Ok(TokenEvent::Refused(message))) => {
                 Next::Failed(ApiError::bad_request("prompt", message))
             }
-            Ok(Ok(TokenEvent::Failed(message))) => Next::Failed(ApiError::failed(message)),
+            // The model could not make room for it now (its KV pages): retry later.
+            Ok(Ok(TokenEvent::Failed(message))) => Next::Failed(ApiError::unavailable(message)),
         }
     }
 }

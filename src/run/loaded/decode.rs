@@ -96,7 +96,7 @@ fn admit(
         }
     };
     if let Err(refusal) = check_job(decoder, &job) {
-        let _ = job.events.send(TokenEvent::Failed(refusal));
+        let _ = job.events.send(TokenEvent::Refused(refusal));
         return Ok(());
     }
     decoder.prompt = job.prompt.clone();

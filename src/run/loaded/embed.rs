@@ -95,7 +95,7 @@ fn gather(encoder: &Encoder, folder: Option<&ModelFolder>, job: Job) -> Option<G
         Job::Embed(job) => job,
         Job::Generate(job) => {
             let refusal = "this model is an encoder: it embeds text, it does not generate";
-            let _ = job.events.send(TokenEvent::Failed(refusal.into()));
+            let _ = job.events.send(TokenEvent::Refused(refusal.into()));
             return None;
         }
     };

@@ -46,11 +46,16 @@ pub struct GenerateJob {
     pub cancel: Cancel,
 }
 
-/// What a generation reports, in order: tokens, then one `Finished` or `Failed`.
+/// What a generation reports, in order: tokens, then one `Finished`, `Refused` or
+/// `Failed`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum TokenEvent {
     Token(u32),
     Finished(Finished),
+    /// The job cannot run on this model as asked (the caller's error: a token out of
+    /// the vocabulary, a sequence longer than the model takes).
+    Refused(String),
+    /// The model could not compute it (its KV pages did not fit beside the others).
     Failed(String),
 }
 

@@ -107,10 +107,16 @@ pub fn loaded_budgets(prepared: &Prepared, settings: &Settings, limits: BatchLim
 }
 
 /// Steps the budget policy is asked for: a decoder's KV cache for every sequence of a
-/// full batch at the longest length (as one sequence of that many tokens).
+/// full batch at the longest length, each in whole pages (as one sequence of that
+/// many tokens).
 fn ask_steps(prepared: &Prepared, limits: BatchLimits) -> u64 {
-    match prepared.facts().kind() {
-        WorkloadKind::Decoder => limits.max_sequence_tokens * limits.max_sequences.max(1) as u64,
+    let facts = prepared.facts();
+    match facts.kind() {
+        WorkloadKind::Decoder => {
+            let page = facts.kv_cache().map_or(1, |kv| kv.page_tokens.max(1));
+            let per_sequence = limits.max_sequence_tokens.div_ceil(page) * page;
+            per_sequence * limits.max_sequences.max(1) as u64
+        }
         _ => 1,
     }
 }
