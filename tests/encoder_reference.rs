@@ -203,3 +203,31 @@ fn the_batch_size_changes_neither_order_nor_values() {
     let lengths: Vec<usize> = expected.texts.iter().map(String::len).collect();
     assert!(lengths.windows(2).any(|pair| pair[0] < pair[1]));
 }
+
+#[test]
+fn the_roberta_demo_preset_streams_bit_for_bit() {
+    // Proves `demo-model --arch roberta` writes a folder stagehand opens as a RoBERTa
+    // (514-style positions past pad_token_id 1, one token type) and embeds streamed,
+    // every batch equal to its resident pass.
+    let dir = tempfile::tempdir().unwrap();
+    let demo = stagehand::model::generated::BertDemo {
+        roberta: true,
+        ..Default::default()
+    };
+    let folder = stagehand::model::generated::write_bert_folder(dir.path(), &demo).unwrap();
+    let config: Value =
+        serde_json::from_str(&std::fs::read_to_string(folder.join("config.json")).unwrap())
+            .unwrap();
+    assert_eq!(config["model_type"], "roberta");
+    assert_eq!(config["max_position_embeddings"], 514);
+    let texts: Vec<String> = [
+        "A man is eating food.",
+        "Hello world.",
+        "The new movie is awesome today.",
+    ]
+    .map(String::from)
+    .to_vec();
+    let ran = embed(&folder, &texts, 2);
+    assert_eq!(ran.describe, "roberta encoder");
+    assert_eq!(ran.embeddings.len(), 3);
+}

@@ -23,6 +23,8 @@ pub enum Arch {
     LinearStack,
     /// A BERT encoder folder (config.json, weights, tokenizer.json, sentence-transformers head).
     Bert,
+    /// A RoBERTa encoder folder (`--preset base`: roberta-base's shapes, 514 positions).
+    Roberta,
     /// A Llama decoder folder (byte-level tokenizer.json; `1b` has Llama-3.2-1B's shapes).
     Llama,
     /// A Mixtral decoder folder: 8 experts, top-2.
@@ -99,7 +101,8 @@ pub struct DemoModelArgs {
 
 pub fn execute(args: DemoModelArgs) -> CommandResult {
     match args.arch {
-        Arch::Bert => return write_bert(&args),
+        Arch::Bert => return write_bert(&args, false),
+        Arch::Roberta => return write_bert(&args, true),
         Arch::Llama => return write_decoder(&args, DecoderArch::Llama),
         Arch::Mixtral => return write_decoder(&args, DecoderArch::Mixtral),
         Arch::Qwen3 => return write_decoder(&args, DecoderArch::Qwen3),
@@ -154,8 +157,9 @@ pub fn execute(args: DemoModelArgs) -> CommandResult {
     Ok(())
 }
 
-/// `--arch bert`: the encoder folder, and with `--lora-out DIR` a PEFT adapter folder.
-fn write_bert(args: &DemoModelArgs) -> CommandResult {
+/// `--arch bert|roberta`: the encoder folder, and with `--lora-out DIR` a PEFT adapter
+/// folder.
+fn write_bert(args: &DemoModelArgs, roberta: bool) -> CommandResult {
     if args.dtype == DTypeArg::Fp8 {
         return Err(Failure::bad_input(anyhow::anyhow!(
             "--dtype fp8 is for decoders (--arch llama, mixtral, qwen3, qwen3-moe, qwen2-moe); use f32, f16 or bf16 for bert"
@@ -165,15 +169,17 @@ fn write_bert(args: &DemoModelArgs) -> CommandResult {
         preset: args.preset,
         dtype: args.dtype.dtype(),
         seed: args.seed,
+        roberta,
         ..BertDemo::default()
     };
     let started = Instant::now();
     let dir = write_bert_folder(&args.out, &demo)
         .map_err(|error| Failure::run_failed(anyhow::anyhow!("{}: {error}", args.out.display())))?;
-    let shape = args.preset.shape();
+    let shape = demo.shape();
     println!(
-        "wrote {} (BERT {:?}: {} layers of {}, {} heads, {} weights = {}, seed {}) in {:.2} s",
+        "wrote {} ({} {:?}: {} layers of {}, {} heads, {} weights = {}, seed {}) in {:.2} s",
         dir.display(),
+        if roberta { "RoBERTa" } else { "BERT" },
         args.preset,
         shape.layers,
         shape.hidden,
