@@ -43,6 +43,7 @@ pub struct CalibrateArgs {
 pub fn execute(args: CalibrateArgs) -> CommandResult {
     let loaded = settings::load(&args.settings).map_err(Failure::bad_input)?;
     let settings = loaded.settings;
+    check_arguments(&args, &settings)?;
     let dir = args
         .dir
         .clone()
@@ -84,6 +85,58 @@ pub fn execute(args: CalibrateArgs) -> CommandResult {
         return write_profile(&args, &calibration, false);
     }
     write_profile(&args, &calibration, true)
+}
+
+/// What is refused before anything is measured (a calibration takes seconds to
+/// minutes): the simulator as the device, no bytes to read, a --dir or --file that is
+/// not one, an `--out` that cannot be
+/// written.
+fn check_arguments(
+    args: &CalibrateArgs,
+    settings: &stagehand::settings::Settings,
+) -> CommandResult {
+    let refuse = |message: String| Err(Failure::bad_input(anyhow::anyhow!(message)));
+    if settings.device == stagehand::settings::DeviceKind::Sim {
+        return refuse(
+            "--device sim: calibrate measures a real machine (cpu or cuda); the simulator reads              the profile it writes (`stagehand simulate --hardware FILE`)"
+                .to_string(),
+        );
+    }
+    if args.disk_bytes.as_u64() == 0 {
+        return refuse(
+            "--disk-bytes 0: the disk measurement needs bytes to read, e.g. 256MiB".to_string(),
+        );
+    }
+    if let Some(dir) = args.dir.as_ref().filter(|dir| !dir.is_dir()) {
+        return refuse(format!(
+            "--dir {}: not a folder; give the folder to write the scratch file in",
+            dir.display()
+        ));
+    }
+    if let Some(file) = args.file.as_ref().filter(|file| !file.is_file()) {
+        return refuse(format!(
+            "--file {}: not a regular file; give a file to read (it is read, never written)",
+            file.display()
+        ));
+    }
+    let Some(out) = &args.out else {
+        return Ok(());
+    };
+    let folder = out.parent().filter(|parent| !parent.as_os_str().is_empty());
+    if out.is_dir() {
+        return refuse(format!(
+            "--out {}: a folder; give the profile file's path, e.g. local.toml",
+            out.display()
+        ));
+    }
+    match folder {
+        Some(folder) if !folder.is_dir() => refuse(format!(
+            "--out {}: the folder {} does not exist",
+            out.display(),
+            folder.display()
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// Copies, reads and kernels are what a profile cannot do without.

@@ -35,6 +35,8 @@ pub enum Arch {
     Qwen3Moe,
     /// A Qwen2-MoE decoder folder: top-4 of 12 (small: 20) experts and a shared expert.
     Qwen2Moe,
+    /// A Flux.1 diffusion transformer (`--flux-preset`, `--layout`; `--cond-out` writes a conditioning file).
+    Flux,
 }
 
 /// Storage dtype of a generated folder's weights.
@@ -48,7 +50,7 @@ pub enum DTypeArg {
 }
 
 impl DTypeArg {
-    fn dtype(self) -> DType {
+    pub(super) fn dtype(self) -> DType {
         match self {
             DTypeArg::F32 => DType::F32,
             DTypeArg::F16 => DType::F16,
@@ -97,9 +99,12 @@ pub struct DemoModelArgs {
     /// Precision of the adapter's factors: the same seeded values, rounded to nearest.
     #[arg(long, value_enum, default_value_t = LoraDtype::F32)]
     pub lora_dtype: LoraDtype,
+    #[command(flatten)]
+    pub flux: super::demo_flux::FluxArgs,
 }
 
 pub fn execute(args: DemoModelArgs) -> CommandResult {
+    check_arguments(&args)?;
     match args.arch {
         Arch::Bert => return write_bert(&args, false),
         Arch::Roberta => return write_bert(&args, true),
@@ -108,6 +113,9 @@ pub fn execute(args: DemoModelArgs) -> CommandResult {
         Arch::Qwen3 => return write_decoder(&args, DecoderArch::Qwen3),
         Arch::Qwen3Moe => return write_decoder(&args, DecoderArch::Qwen3Moe),
         Arch::Qwen2Moe => return write_decoder(&args, DecoderArch::Qwen2Moe),
+        Arch::Flux => {
+            return super::demo_flux::write(&args.out, &args.flux, args.dtype.dtype(), args.seed)
+        }
         Arch::LinearStack => {}
     }
     let spec = DemoSpec {
@@ -153,6 +161,39 @@ pub fn execute(args: DemoModelArgs) -> CommandResult {
             path.display(),
             lora_path.display()
         );
+    }
+    Ok(())
+}
+
+/// What every arch refuses before writing anything: an `--out` that is not a folder,
+/// an adapter flag the arch does not write, a rank of 0.
+fn check_arguments(args: &DemoModelArgs) -> CommandResult {
+    let refuse = |message: String| Err(Failure::bad_input(anyhow::anyhow!(message)));
+    if args.out.exists() && !args.out.is_dir() {
+        return refuse(format!(
+            "--out {}: not a folder (it is a file); give the folder to write into (made if missing)",
+            args.out.display()
+        ));
+    }
+    let writes_adapters = matches!(args.arch, Arch::LinearStack | Arch::Bert | Arch::Roberta);
+    if args.lora_out.is_some() && !writes_adapters {
+        return refuse(format!(
+            "--lora-out writes adapters for --arch linear-stack, bert and roberta only; leave it out for --arch {}",
+            clap::ValueEnum::to_possible_value(&args.arch)
+                .map_or_else(String::new, |value| value.get_name().to_string())
+        ));
+    }
+    if let Some(lora_out) = args.lora_out.as_ref().filter(|path| path.is_dir()) {
+        if args.arch == Arch::LinearStack {
+            return refuse(format!(
+                "--lora-out {}: a folder; give the adapter file's path, e.g. {}",
+                lora_out.display(),
+                lora_out.join("lora.safetensors").display()
+            ));
+        }
+    }
+    if args.lora_out.is_some() && args.lora_rank == 0 {
+        return refuse("--lora-rank 0: an adapter needs a rank of at least 1".to_string());
     }
     Ok(())
 }

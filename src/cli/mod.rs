@@ -40,6 +40,7 @@ mod bench_lora;
 mod bench_model;
 mod calibrate;
 mod config_cmd;
+mod demo_flux;
 mod demo_model;
 mod embed;
 mod generate;
@@ -49,8 +50,10 @@ mod logging;
 mod machine_load;
 mod progress;
 mod run;
+mod sample;
 mod simulate;
 mod validate;
+mod validate_checks;
 
 /// Why a command failed, which decides the exit status.
 #[derive(Debug)]
@@ -102,6 +105,8 @@ pub enum Command {
     Embed(embed::EmbedArgs),
     /// Text from a decoder folder (Llama family, Qwen3, Mixtral and Qwen MoEs), streamed under the budgets.
     Generate(generate::GenerateArgs),
+    /// Samples a Flux diffusion transformer's denoising steps from a conditioning file.
+    Sample(sample::SampleArgs),
     /// Show a safetensors checkpoint's files, tensors and block split.
     Inspect(inspect::InspectArgs),
     /// Print the effective settings and which layer set each one.
@@ -118,9 +123,32 @@ pub enum Command {
     Bench(bench::BenchArgs),
 }
 
+/// The command line, with every flag that takes a value taking a negative number as
+/// that value, so `--seed -3` is refused by the flag's own parser, naming the flag
+/// (clap's default reads `-3` as an unknown flag and suggests `-- -3`).
+pub fn command() -> clap::Command {
+    fn negative_numbers(command: clap::Command) -> clap::Command {
+        command
+            .mut_args(|arg| {
+                if arg.get_action().takes_values() {
+                    arg.allow_negative_numbers(true)
+                } else {
+                    arg
+                }
+            })
+            .mut_subcommands(negative_numbers)
+    }
+    negative_numbers(<Cli as clap::CommandFactory>::command())
+}
+
+fn parse() -> Result<Cli, clap::Error> {
+    let matches = command().try_get_matches()?;
+    <Cli as clap::FromArgMatches>::from_arg_matches(&matches)
+}
+
 pub fn main() -> ExitCode {
     stagehand::signals::install();
-    let cli = match Cli::try_parse() {
+    let cli = match parse() {
         Ok(cli) => cli,
         Err(error) => {
             // Help, version and usage errors; a closed or full output is not a panic.
@@ -133,6 +161,7 @@ pub fn main() -> ExitCode {
         Some(Command::Run(args)) => run::execute(args),
         Some(Command::Embed(args)) => embed::execute(args),
         Some(Command::Generate(args)) => generate::execute(args),
+        Some(Command::Sample(args)) => sample::execute(args),
         Some(Command::Inspect(args)) => inspect::execute(args),
         Some(Command::Config(args)) => config_cmd::execute(args),
         Some(Command::DemoModel(args)) => demo_model::execute(args),
@@ -144,15 +173,15 @@ pub fn main() -> ExitCode {
     let status = match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure::BadInput(error)) => {
-            eprintln!("error: {error:#}");
+            eprintln!("error: {}", one_line(&format!("{error:#}")));
             ExitCode::from(2)
         }
         Err(Failure::RunFailed(error)) => {
-            eprintln!("run failed: {error:#}");
+            eprintln!("run failed: {}", one_line(&format!("{error:#}")));
             ExitCode::from(1)
         }
         Err(Failure::DoesNotFit(error)) => {
-            eprintln!("does not fit: {error:#}");
+            eprintln!("does not fit: {}", one_line(&format!("{error:#}")));
             ExitCode::from(EXIT_DOES_NOT_FIT)
         }
     };
@@ -169,6 +198,18 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// A failure's message as the one line the exit codes promise: a library error that
+/// spans lines (a TOML parser's snippet and caret) is joined, its lines that carry no
+/// words (the caret) left out.
+fn one_line(message: &str) -> String {
+    let lines: Vec<&str> = message
+        .lines()
+        .map(str::trim)
+        .filter(|line| line.chars().any(char::is_alphanumeric))
+        .collect();
+    lines.join(" ")
+}
+
 #[cfg(test)]
 mod tests {
     use clap::{CommandFactory, Parser};
@@ -180,6 +221,7 @@ mod tests {
         // Proves clap's own checks of every subcommand's definition hold (names,
         // conflicts, defaults that parse).
         Cli::command().debug_assert();
+        super::command().debug_assert();
     }
 
     #[test]

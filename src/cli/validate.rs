@@ -19,9 +19,9 @@ use stagehand::model::generated::{
 
 /// Steps one validation run may take: the steady median needs a handful, and the
 /// matrix runs every configuration.
-const MAX_STEPS: u64 = 1000;
+pub(super) const MAX_STEPS: u64 = 1000;
 /// Real runs per configuration at most.
-const MAX_REPEATS: u32 = 20;
+pub(super) const MAX_REPEATS: u32 = 20;
 
 /// A recommended depth within this much of the fastest measured one counts as right.
 const DEPTH_TOLERANCE: f64 = 0.05;
@@ -156,24 +156,7 @@ pub fn matrix(
 }
 
 pub fn execute(args: ValidateArgs) -> CommandResult {
-    if args.steps < 3 {
-        return Err(Failure::bad_input(anyhow::anyhow!(
-            "--steps {}: at least 3 (a cold step, a warm-up step, then steady ones)",
-            args.steps
-        )));
-    }
-    if !(1..=MAX_REPEATS).contains(&args.repeats) {
-        return Err(Failure::bad_input(anyhow::anyhow!(
-            "--repeats {}: between 1 and {MAX_REPEATS} real runs per configuration",
-            args.repeats
-        )));
-    }
-    if args.steps > MAX_STEPS {
-        return Err(Failure::bad_input(anyhow::anyhow!(
-            "--steps {}: at most {MAX_STEPS} per run (the matrix runs 40 of them)",
-            args.steps
-        )));
-    }
+    super::validate_checks::check_arguments(&args)?;
     let cache = args
         .cache_dir
         .clone()

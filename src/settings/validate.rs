@@ -114,6 +114,13 @@ impl Settings {
                 reason,
             })?;
         }
+        if let Some(path) = &self.trace {
+            check_trace_path(path).map_err(|reason| Invalid {
+                key: "trace",
+                value: path.display().to_string(),
+                reason,
+            })?;
+        }
         if !is_log_filter(&self.log) {
             return fail(
                 "log",
@@ -166,6 +173,24 @@ fn check_aligned(key: &'static str, size: ByteSize) -> Result<(), Invalid> {
              aligned sizes, so write e.g. 4MiB rather than 4MB"
         ),
     })
+}
+
+/// The trace is written when the run ends: a path it cannot be written to is refused
+/// before the run, not after it.
+fn check_trace_path(path: &std::path::Path) -> Result<(), String> {
+    if path.is_dir() {
+        return Err("is a folder; give the trace file's path, e.g. trace.json".to_string());
+    }
+    let parent = path
+        .parent()
+        .filter(|parent| !parent.as_os_str().is_empty());
+    match parent {
+        Some(parent) if !parent.is_dir() => Err(format!(
+            "its folder {} does not exist; create it or write the trace elsewhere",
+            parent.display()
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// A block pattern must compile and have a capture group (its text is the block key).

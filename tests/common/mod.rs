@@ -2,6 +2,7 @@
 //! `safetensors` crate, crafting broken files by hand, and running the binary.
 #![allow(dead_code)] // Each test binary uses a different subset.
 
+pub mod cli;
 pub mod decoder;
 pub mod demo;
 pub mod encoder;
