@@ -56,6 +56,37 @@ pub struct BertConfig {
 const MAX_DIMENSION: u64 = 1 << 20;
 const MAX_LAYERS: u64 = 4096;
 
+/// Which variant `config` is (by `model_type`, else the first architecture) and the id
+/// its batches are padded with (`pad_token_id`; RoBERTa's positions start past it).
+fn variant(
+    config: &Value,
+    bad: &dyn Fn(&str, String) -> FamilyError,
+) -> Result<(Variant, u32), FamilyError> {
+    let model_type = config.get("model_type").and_then(Value::as_str);
+    let roberta = matches!(model_type, Some("roberta" | "xlm-roberta"))
+        || config
+            .get("architectures")
+            .and_then(|names| names.get(0))
+            .and_then(Value::as_str)
+            .is_some_and(|name| name.starts_with("Roberta") || name.starts_with("XLMRoberta"));
+    let pad_token_id = match config.get("pad_token_id") {
+        None | Some(Value::Null) => u32::from(roberta),
+        Some(value) => value
+            .as_u64()
+            .filter(|&id| id < 1 << 24)
+            .ok_or_else(|| bad("pad_token_id", format!("is {value}; expected a token id")))?
+            as u32,
+    };
+    let variant = if roberta {
+        Variant::Roberta {
+            padding_idx: pad_token_id,
+        }
+    } else {
+        Variant::Bert
+    };
+    Ok((variant, pad_token_id))
+}
+
 impl BertConfig {
     pub fn from_json(path: &Path, config: &Value) -> Result<Self, FamilyError> {
         let bad = |key: &str, problem: String| {
@@ -73,27 +104,7 @@ impl BertConfig {
                 )),
             }
         };
-        let model_type = config.get("model_type").and_then(Value::as_str);
-        let roberta = matches!(model_type, Some("roberta" | "xlm-roberta"))
-            || config
-                .get("architectures")
-                .and_then(|names| names.get(0))
-                .and_then(Value::as_str)
-                .is_some_and(|name| name.starts_with("Roberta") || name.starts_with("XLMRoberta"));
-        let pad_token_id =
-            match config.get("pad_token_id") {
-                None | Some(Value::Null) => u32::from(roberta),
-                Some(value) => value.as_u64().filter(|&id| id < 1 << 24).ok_or_else(|| {
-                    bad("pad_token_id", format!("is {value}; expected a token id"))
-                })? as u32,
-            };
-        let variant = if roberta {
-            Variant::Roberta {
-                padding_idx: pad_token_id,
-            }
-        } else {
-            Variant::Bert
-        };
+        let (variant, pad_token_id) = variant(config, &bad)?;
         let hidden = size("hidden_size", MAX_DIMENSION)?;
         let heads = size("num_attention_heads", MAX_DIMENSION)?;
         if hidden % heads != 0 {
