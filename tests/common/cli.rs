@@ -151,7 +151,13 @@ impl Table {
                 self.subcommand,
                 self.arguments(row).join(" ")
             );
+            let started = std::time::Instant::now();
             let output = output_within_deadline(&mut self.command(row));
+            eprintln!(
+                "  exit {:?} after {:.1} s",
+                output.status.code(),
+                started.elapsed().as_secs_f64()
+            );
             if let Err(failure) = check(row, &output) {
                 let _ = writeln!(
                     failures,
