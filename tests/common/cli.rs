@@ -301,7 +301,11 @@ pub fn help_text(subcommand: &str) -> String {
 }
 
 /// The long flags `stagehand SUB --help` documents, sorted.
+/// clap's `help` subcommands take subcommand names only (`help --help` is refused).
 pub fn documented_flags(subcommand: &str) -> Vec<String> {
+    if subcommand.split_whitespace().last() == Some("help") {
+        return Vec::new();
+    }
     option_flags(&help_text(subcommand))
 }
 
