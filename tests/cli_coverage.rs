@@ -1,6 +1,6 @@
 //! The CLI tables cover the command line as documented: every subcommand `stagehand
 //! --help` lists (at any depth) has a table (tests/common/cli.rs `TABLES`), every table
-//! listed is still a subcommand, and every flag README.md documents exists — in the
+//! listed is still a subcommand, and every flag README.md (and docs/simulator.md) documents exists — in the
 //! `--help` of the subcommand its example names (`stagehand SUB ... --flag`), or of
 //! some subcommand for flags the prose mentions alone. A flag a `--help` documents is
 //! then tried by that subcommand's table (each table checks its own).
@@ -105,7 +105,12 @@ const NOT_STAGEHAND: &[&str] = &[
 #[test]
 fn every_flag_the_readme_documents_exists_where_it_says() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
+    // The simulator's guide documents `simulate`, `calibrate` and `validate` flags too.
+    let readme = ["README.md", "docs/simulator.md"]
+        .iter()
+        .map(|name| std::fs::read_to_string(root.join(name)).expect("the documentation"))
+        .collect::<Vec<_>>()
+        .join("\n");
     let subcommands = every_subcommand();
     let defined: Vec<(String, Vec<String>)> = subcommands
         .iter()
