@@ -568,3 +568,14 @@ pub fn device_rows(ok: &'static str) -> Vec<Row> {
         row(&["--device", "tpu"], Expect::Bad("tpu")),
     ]
 }
+
+/// Rows for `--device` of a subcommand that opens no device (`config`, `inspect`,
+/// `simulate`): every kind is accepted (`ok` on stdout), an unknown one refused.
+pub fn unopened_device_rows(ok: &'static str) -> Vec<Row> {
+    let mut rows: Vec<Row> = ["cpu", "auto", "sim", "cuda"]
+        .into_iter()
+        .map(|device| row(&["--device", device], Expect::Ok(ok)))
+        .collect();
+    rows.push(row(&["--device", "tpu"], Expect::Bad("tpu")));
+    rows
+}
