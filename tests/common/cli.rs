@@ -12,9 +12,11 @@
 //! lists that has no table.
 
 use std::fmt::Write as _;
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::Output;
+use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
+use std::time::Instant;
 
 use stagehand::compute::DType;
 use stagehand::lora::{write_demo_lora, DemoLora};
@@ -23,7 +25,7 @@ use stagehand::model::generated::{write_bert_lora, BertDemo, BertPreset, Decoder
 
 use super::decoder::tiny_decoder;
 use super::encoder::tiny_bert;
-use super::process::output_within_deadline;
+use super::process::{output_within_deadline, send_signal, wait_or_kill, HANG};
 use super::stagehand;
 
 /// Every subcommand (as its words after `stagehand`) and the file whose table tries it.
@@ -60,6 +62,9 @@ pub enum Expect {
     /// This exit status and a line of stdout or stderr containing this (`simulate`'s
     /// 3 for a model that does not fit, 1 for a run that failed).
     Exit(i32, &'static str),
+    /// Keeps running (a server, `run --steps 0`) until a line of stderr contains this;
+    /// then SIGTERM stops it, and it exits 143 saying so, with no panic.
+    Runs(&'static str),
 }
 
 /// One run of the binary: the arguments after the subcommand, and what it expects.
@@ -152,7 +157,10 @@ impl Table {
                 self.arguments(row).join(" ")
             );
             let started = std::time::Instant::now();
-            let output = output_within_deadline(&mut self.command(row));
+            let output = match row.expect {
+                Expect::Runs(needle) => stop_once_running(&mut self.command(row), needle),
+                _ => output_within_deadline(&mut self.command(row)),
+            };
             eprintln!(
                 "  exit {:?} after {:.1} s",
                 output.status.code(),
@@ -213,7 +221,7 @@ impl Table {
         arguments
     }
 
-    fn command(&self, row: &Row) -> std::process::Command {
+    fn command(&self, row: &Row) -> Command {
         let mut command = stagehand();
         command
             .args(self.subcommand.split_whitespace())
@@ -272,6 +280,21 @@ pub fn check(row: &Row, output: &Output) -> Result<(), String> {
         Expect::Bad(needle) => bad(needle),
         Expect::OkOrBad(needle) if code == Some(2) => bad(needle),
         Expect::OkOrBad(needle) => ok(needle),
+        Expect::Runs(needle) => {
+            if code != Some(143) || !stderr.contains("stopped by SIGTERM") {
+                Err(format!(
+                    "expected SIGTERM to stop it (exit 143): {}",
+                    shown()
+                ))
+            } else if !stderr.contains(needle) {
+                Err(format!(
+                    "expected a line of stderr with {needle:?}: {}",
+                    shown()
+                ))
+            } else {
+                Ok(())
+            }
+        }
         Expect::Exit(expected, needle) => {
             let any_line = stdout.lines().chain(stderr.lines());
             if code != Some(expected) {
@@ -282,6 +305,49 @@ pub fn check(row: &Row, output: &Output) -> Result<(), String> {
                 Ok(())
             }
         }
+    }
+}
+
+/// Runs `command` until a line of its stderr contains `needle` (or it exits, or
+/// [`HANG`] passes), then sends it SIGTERM and waits for it to exit.
+fn stop_once_running(command: &mut Command, needle: &'static str) -> Output {
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the binary starts");
+    let mut stdout_pipe = child.stdout.take().expect("stdout piped");
+    let stdout = std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        let _ = stdout_pipe.read_to_end(&mut bytes);
+        bytes
+    });
+    let stderr_pipe = child.stderr.take().expect("stderr piped");
+    let (lines_sender, lines) = std::sync::mpsc::channel::<bool>();
+    let stderr = std::thread::spawn(move || {
+        let mut text = String::new();
+        for line in BufReader::new(stderr_pipe).lines().map_while(Result::ok) {
+            let _ = lines_sender.send(line.contains(needle));
+            text.push_str(&line);
+            text.push('\n');
+        }
+        text
+    });
+    let deadline = Instant::now() + HANG;
+    while let Ok(found) = lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        if found {
+            break;
+        }
+    }
+    if child.try_wait().expect("wait").is_none() {
+        send_signal(&child, libc::SIGTERM);
+    }
+    let status = wait_or_kill(&mut child, HANG);
+    Output {
+        status,
+        stdout: stdout.join().expect("stdout reader"),
+        stderr: stderr.join().expect("stderr reader").into_bytes(),
     }
 }
 
