@@ -46,8 +46,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ..RunPlan::new(&settings, budgets, 1)
     };
     let outcome = stagehand::execute(&model, plan)?;
-    let embeddings = outcome.report.outputs.get(&0).cloned().unwrap_or_default();
-    let width = embeddings.len() / texts.len().max(1);
+    // The texts are embedded longest first; this puts them back in the order given.
+    let rows = stagehand::families::bert::embeddings_in_input_order(
+        &outcome.report.outputs,
+        texts.len(),
+        model.facts().output_order(),
+    )
+    .unwrap_or_default();
+    let width = rows.first().map_or(0, Vec::len);
     println!(
         "{} texts embedded in {width} dimensions under a {} VRAM budget ({} streamed); {} step verified against the fully-resident pass",
         texts.len(),
@@ -55,7 +61,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         stagehand::actors::Bytes(outcome.model_bytes),
         outcome.report.verified_steps
     );
-    let rows: Vec<&[f32]> = embeddings.chunks(width.max(1)).collect();
     for (i, a) in rows.iter().enumerate() {
         for (j, b) in rows.iter().enumerate().skip(i + 1) {
             println!("cosine({i}, {j}) = {:.4}", cosine(a, b));

@@ -3,22 +3,9 @@
 
 mod common;
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::process::send_signal;
-
-/// Whether process `pid` holds an open file in `dir` that has no name yet.
-fn writes_unnamed_into(pid: u32, dir: &Path) -> bool {
-    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
-        return false;
-    };
-    fds.flatten().any(|fd| {
-        std::fs::read_link(fd.path()).is_ok_and(|target| {
-            target.starts_with(dir) && target.to_string_lossy().ends_with("(deleted)")
-        })
-    })
-}
+use common::process::{send_signal, writes_unnamed_into};
 
 #[test]
 fn a_writer_killed_midway_leaves_no_file() {

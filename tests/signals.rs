@@ -10,7 +10,9 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::process::{send_signal, shell_status, wait_for_line, wait_or_kill, HANG};
+use common::process::{
+    send_signal, shell_status, wait_for_line, wait_or_kill, writes_unnamed_into, HANG,
+};
 use common::stagehand;
 
 fn endless_run(model: &Path) -> Command {
@@ -136,9 +138,16 @@ fn sigterm_while_writing_a_model_leaves_no_partial_file() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("starts");
-    // The temporary file exists as soon as the write has started.
+    // The file exists, unnamed (or as a named `.tmp` where the filesystem has no
+    // O_TMPFILE), as soon as the write has started.
     let started = std::time::Instant::now();
-    while !out.is_dir() || !entries(&out).iter().any(|name| name.ends_with(".tmp")) {
+    let pid = child.id();
+    let writing = |out: &Path| {
+        out.is_dir()
+            && (writes_unnamed_into(pid, out)
+                || entries(out).iter().any(|name| name.ends_with(".tmp")))
+    };
+    while !writing(&out) {
         assert!(started.elapsed() < HANG, "the write never started");
         assert!(
             child.try_wait().expect("wait").is_none(),

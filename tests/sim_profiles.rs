@@ -114,6 +114,48 @@ request_latency_us = 70
 }
 
 #[test]
+fn a_checkpoint_partly_in_the_page_cache_is_read_at_the_blend_of_both_rates() {
+    let directory = tempfile::tempdir().unwrap();
+    let path = directory.path().join("calibrated.toml");
+    std::fs::write(
+        &path,
+        r#"
+[gpu]
+name = "CPU"
+vram = "8 GiB"
+pcie_generation = 4
+bf16_dense_tflops = 1
+sustained_efficiency = 0.5
+memory_gb_per_s = 30
+
+[host]
+ram = "16 GiB"
+
+[disk]
+read_gb_per_s = 1.0
+request_latency_us = 70
+page_cache_gb_per_s = 4.0
+"#,
+    )
+    .unwrap();
+    let profile = HardwareProfile::load(path.to_str().unwrap()).unwrap();
+    // Half the bytes at 4 GB/s and half at 1: 1 / (0.5 / 4 + 0.5 / 1) = 1.6 GB/s.
+    let half = profile.clone().reading_cached(0.5);
+    assert_eq!(half.disk_rates().bytes_per_second, 1_600_000_000);
+    // What the page cache does not hold is still read at the cold rate.
+    assert_eq!(
+        half.uncached_rates().unwrap().bytes_per_second,
+        1_000_000_000
+    );
+    let all = profile.clone().reading_cached(1.0);
+    assert_eq!(all.disk_rates().bytes_per_second, 4_000_000_000);
+    assert_eq!(profile.clone().reading_cached(0.0), profile);
+    // A profile that never measured the page cache keeps its one rate.
+    let shipped = HardwareProfile::load("rtx3060-12gb").unwrap();
+    assert_eq!(shipped.clone().reading_cached(1.0), shipped);
+}
+
+#[test]
 fn unknown_names_and_broken_files_say_what_to_do() {
     let error = HardwareProfile::load("gtx1080").unwrap_err().to_string();
     assert!(

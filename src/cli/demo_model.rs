@@ -33,6 +33,8 @@ pub enum Arch {
     Qwen3Moe,
     /// A Qwen2-MoE decoder folder: top-4 of 12 (small: 20) experts and a shared expert.
     Qwen2Moe,
+    /// A Flux.1 diffusion transformer (`--flux-preset`, `--layout`; `--cond-out` writes a conditioning file).
+    Flux,
 }
 
 /// Storage dtype of a generated folder's weights.
@@ -46,7 +48,7 @@ pub enum DTypeArg {
 }
 
 impl DTypeArg {
-    fn dtype(self) -> DType {
+    pub(super) fn dtype(self) -> DType {
         match self {
             DTypeArg::F32 => DType::F32,
             DTypeArg::F16 => DType::F16,
@@ -95,6 +97,8 @@ pub struct DemoModelArgs {
     /// Precision of the adapter's factors: the same seeded values, rounded to nearest.
     #[arg(long, value_enum, default_value_t = LoraDtype::F32)]
     pub lora_dtype: LoraDtype,
+    #[command(flatten)]
+    pub flux: super::demo_flux::FluxArgs,
 }
 
 pub fn execute(args: DemoModelArgs) -> CommandResult {
@@ -106,6 +110,9 @@ pub fn execute(args: DemoModelArgs) -> CommandResult {
         Arch::Qwen3 => return write_decoder(&args, DecoderArch::Qwen3),
         Arch::Qwen3Moe => return write_decoder(&args, DecoderArch::Qwen3Moe),
         Arch::Qwen2Moe => return write_decoder(&args, DecoderArch::Qwen2Moe),
+        Arch::Flux => {
+            return super::demo_flux::write(&args.out, &args.flux, args.dtype.dtype(), args.seed)
+        }
         Arch::LinearStack => {}
     }
     let spec = DemoSpec {

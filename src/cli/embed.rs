@@ -9,11 +9,12 @@ use serde::Serialize;
 
 use super::run::{run_error, run_prepared, use_cuda, Launch, PolicyArg};
 use super::{CommandResult, Failure};
-use stagehand::families::bert::{cosine, EmbeddingPlacement};
+use stagehand::families::bert::{cosine, embeddings_in_input_order, EmbeddingPlacement};
 use stagehand::lora::LoraSpec;
 use stagehand::run::summary::Summary;
 use stagehand::run::{
-    parse_token_ids, prepare_with, texts_from_file, EncoderInput, Extras, Outcome, WorkloadKind,
+    parse_token_ids, prepare_with, texts_from_file, EncoderInput, Extras, Outcome, Prepared,
+    WorkloadKind,
 };
 use stagehand::settings::{self, SettingsArgs};
 
@@ -36,8 +37,10 @@ pub struct EmbedArgs {
     /// Texts per step.
     #[arg(long, default_value_t = 32)]
     pub batch: usize,
-    /// Attach a LoRA adapter (PEFT or kohya) with an optional strength; repeatable.
-    #[arg(long, value_name = "FILE[:STRENGTH]", value_parser = super::run::parse_lora_arg)]
+    /// Attach a LoRA adapter with an optional strength; repeatable. A PEFT adapter
+    /// folder (adapter_config.json + adapter_model.safetensors), or a PEFT or kohya
+    /// safetensors file.
+    #[arg(long, value_name = "DIR|FILE[:STRENGTH]", value_parser = super::run::parse_lora_arg)]
     pub lora: Vec<LoraSpec>,
     /// Where the word-embedding table lives (see `stagehand run --help`).
     #[arg(long, value_enum, default_value = "auto")]
@@ -93,12 +96,6 @@ pub fn execute(args: EmbedArgs) -> CommandResult {
         &extras,
     )
     .map_err(run_error)?;
-    for &text in &prepared.truncated_texts {
-        tracing::warn!(
-            "text {} is longer than the model takes and was truncated as its tokenizer says",
-            text + 1
-        );
-    }
     let batches = labels.len().div_ceil(args.batch) as u64;
     let outcome = run_prepared(
         &prepared,
@@ -113,7 +110,7 @@ pub fn execute(args: EmbedArgs) -> CommandResult {
             verify: stagehand::settings::Verify::First,
         },
     )?;
-    let embeddings = embeddings(&outcome, labels.len())?;
+    let embeddings = embeddings(&outcome, &prepared, labels.len())?;
     let similarity: Vec<Vec<f32>> = embeddings
         .iter()
         .map(|a| embeddings.iter().map(|b| cosine(a, b)).collect())
@@ -171,17 +168,19 @@ fn input(args: &EmbedArgs) -> Result<(EncoderInput, Vec<String>), Failure> {
     Ok((EncoderInput::Texts(texts.clone()), texts))
 }
 
-/// One embedding per text, from the kept outputs of each batch, in text order.
-fn embeddings(outcome: &Outcome, texts: usize) -> Result<Vec<Vec<f32>>, Failure> {
-    let all: Vec<f32> = outcome.report.outputs.values().flatten().copied().collect();
-    if texts == 0 || all.len() % texts != 0 {
-        return Err(Failure::run_failed(anyhow::anyhow!(
+/// One embedding per text, in input order.
+fn embeddings(
+    outcome: &Outcome,
+    prepared: &Prepared,
+    texts: usize,
+) -> Result<Vec<Vec<f32>>, Failure> {
+    let order = prepared.facts().output_order();
+    embeddings_in_input_order(&outcome.report.outputs, texts, order).ok_or_else(|| {
+        Failure::run_failed(anyhow::anyhow!(
             "the run produced {} values for {texts} texts (was it interrupted?)",
-            all.len()
-        )));
-    }
-    let width = all.len() / texts;
-    Ok(all.chunks_exact(width).map(<[f32]>::to_vec).collect())
+            outcome.report.outputs.values().map(Vec::len).sum::<usize>()
+        ))
+    })
 }
 
 /// The embeddings (their first values and norm) and the similarity table.

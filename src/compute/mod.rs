@@ -18,6 +18,7 @@
 //! done (always at once on the CPU, when the event completes on CUDA).
 
 pub mod checksum;
+pub mod diffusion;
 mod dtype;
 mod fp8;
 pub mod record;
@@ -25,6 +26,7 @@ pub mod shapes;
 mod view;
 pub mod work;
 
+pub use diffusion::Diffusion;
 pub use dtype::DType;
 pub use view::{BlockView, LowRank, TensorSlot, Weight};
 
@@ -238,6 +240,15 @@ pub trait Compute {
     /// A checksum of a block's bytes in the device tier (`stream-verify`), equal to
     /// `crate::families::stream_verify::checksum` of the same bytes.
     fn checksum(&self, block: &BlockView<'_>) -> Result<u64, ComputeError>;
+
+    /// The diffusion-transformer kernels ([`Diffusion`]), or the error naming the
+    /// adapter that has none: a Flux model is refused when it starts, not midway.
+    fn diffusion(&self) -> Result<&dyn Diffusion<Tensor = Self::Tensor>, ComputeError> {
+        Err(ComputeError::Device(format!(
+            "the {} adapter has no diffusion-transformer kernels (adaptive LayerNorm, gated add, GELU-tanh, interleaved rope); run Flux with --device cpu",
+            self.name()
+        )))
+    }
 
     /// Marks the point the compute stream has reached.
     fn fence(&self) -> Result<Self::Fence, ComputeError>;

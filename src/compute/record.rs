@@ -31,7 +31,7 @@ pub struct Shape {
 }
 
 impl Shape {
-    fn values(&self) -> u64 {
+    pub(super) fn values(&self) -> u64 {
         (self.rows * self.cols) as u64
     }
 }
@@ -68,7 +68,7 @@ impl Recorder {
         self.kernels.borrow_mut().push(kernel);
     }
 
-    fn element(&self, op: ElementOp, elements: u64) -> Result<(), ComputeError> {
+    pub(super) fn element(&self, op: ElementOp, elements: u64) -> Result<(), ComputeError> {
         self.push(Kernel::Elementwise { op, elements });
         Ok(())
     }
@@ -294,6 +294,10 @@ impl Compute for Recorder {
                 * (shape.past + shape.queries) as u64,
         });
         Ok(())
+    }
+
+    fn diffusion(&self) -> Result<&dyn super::Diffusion<Tensor = Shape>, ComputeError> {
+        Ok(self)
     }
 
     fn checksum(&self, block: &BlockView<'_>) -> Result<u64, ComputeError> {

@@ -189,4 +189,24 @@ impl<'a> LowRank<'a> {
     pub fn out_features(&self) -> usize {
         self.b.rows()
     }
+
+    /// The factors of output rows `first .. first + count` alone (`B`'s rows): a LoRA
+    /// of a fused weight (Flux's qkv) applied to one of its slices.
+    pub fn out_rows(&self, first: usize, count: usize) -> Result<Self, ComputeError> {
+        let b = &self.b;
+        if first.checked_add(count).is_none_or(|end| end > b.rows) || count == 0 {
+            return Err(ComputeError::Shape(format!(
+                "LoRA rows {first}..{} of a B of {} rows",
+                first.saturating_add(count),
+                b.rows
+            )));
+        }
+        let offset = (first * b.cols * b.dtype.size_bytes()) as u64;
+        let b = Weight {
+            ptr: b.ptr.offset(offset),
+            rows: count,
+            ..*b
+        };
+        Ok(Self { a: self.a, b })
+    }
 }

@@ -171,6 +171,13 @@ pub trait Facts {
         &[]
     }
 
+    /// The input position of each output in the order the steps produce them, when a
+    /// family reorders its inputs (an encoder batches texts by length); empty: input
+    /// order.
+    fn output_order(&self) -> &[usize] {
+        &[]
+    }
+
     /// Steps with the same key compute the same output, so the reference is computed
     /// once per key.
     fn reference_key(&self, step: u64) -> u64 {

@@ -24,6 +24,8 @@ pub enum WorkloadKind {
     /// The generated mixture-of-experts model: experts acquired as routed, through an
     /// expert cache with speculative prefetch.
     Moe,
+    /// A diffusion transformer (Flux): a denoising step a step, the latent carried on.
+    Diffusion,
 }
 
 impl WorkloadKind {
@@ -41,6 +43,7 @@ impl WorkloadKind {
             WorkloadKind::Encoder => "an encoder",
             WorkloadKind::Decoder => "a decoder",
             WorkloadKind::Moe => "the generated MoE model",
+            WorkloadKind::Diffusion => "a diffusion transformer",
         }
     }
 }
@@ -58,6 +61,9 @@ pub struct Extras {
     /// Read headers only (no tensor data): to describe a model, not to run it.
     pub headers_only: bool,
     pub embeddings: EmbeddingPlacement,
+    /// What a diffusion transformer samples; `None`: a seeded conditioning at a small
+    /// default resolution (1024² with 512 text tokens when only headers are read).
+    pub diffusion: Option<super::flux::SampleInput>,
 }
 
 /// The expert cache's knobs (generated MoE and the MoE decoders).

@@ -6,6 +6,7 @@
 //! - [`bert`]: BERT-family encoders from Hugging Face folders.
 //! - [`llama`]: Llama-family decoders (Llama, Mistral, Qwen2, Qwen3, and the mixtures
 //!   of experts Mixtral, Qwen2-MoE and Qwen3-MoE).
+//! - [`flux`]: Flux.1 diffusion transformers (original, ComfyUI and diffusers layouts).
 //! - [`stream_verify`]: any safetensors checkpoint; every block's bytes are checked
 //!   against the file after they have crossed the tiers. Nothing is computed.
 //!
@@ -17,6 +18,7 @@
 pub mod bert;
 pub mod blocks;
 pub mod family;
+pub mod flux;
 mod host_table;
 pub mod inputs;
 mod kv_cache;

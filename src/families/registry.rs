@@ -231,5 +231,6 @@ families! {
     Moe => super::moe::MoeRun,
     Bert => super::bert::Encoder,
     Llama => super::llama::Decoder,
+    Flux => super::flux::Flux,
     StreamVerify => super::stream_verify::StreamVerify,
 }

@@ -50,7 +50,8 @@ pub enum LoraError {
         key: String,
         dtype: String,
     },
-    #[error("{}: adapter_config.json: {reason}", path.display())]
+    /// `path` is the `adapter_config.json`.
+    #[error("{}: {reason}", path.display())]
     Config { path: PathBuf, reason: String },
     #[error("{}: `{base}` is {dtype}: the CPU backend applies LoRA to F32 weights only", path.display())]
     BaseDtype {

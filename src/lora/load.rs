@@ -73,6 +73,14 @@ pub fn load_adapter(
         path: path.to_path_buf(),
         reason,
     };
+    // A PEFT adapter folder: its adapter_model.safetensors, with the config required.
+    let folder_weights;
+    let path = if path.is_dir() {
+        folder_weights = super::peft::folder_weights(path)?;
+        folder_weights.as_path()
+    } else {
+        path
+    };
     // A FIFO or a device is refused at once rather than waited on.
     let bytes = crate::model::read_regular(path, MAX_ADAPTER_BYTES)
         .map_err(|error| io(format!("{error} (a LoRA file is a safetensors file)")))?;
@@ -102,10 +110,18 @@ pub fn parse_adapter(
         first: keys.iter().take(LISTED_KEYS).cloned().collect(),
     })?;
     let modules = read_modules(path, &file, &keys, naming)?;
-    let config_alpha = match config {
-        Some(text) if naming == Naming::Peft => peft_config_alpha(path, text)?,
-        _ => None,
+    let config_path = path.with_file_name("adapter_config.json");
+    let peft = match config {
+        Some(text) if naming == Naming::Peft => {
+            let peft = super::peft::parse(&config_path, text)?;
+            super::peft::check_base(&config_path, &peft, index)?;
+            super::peft::check_targets(&config_path, &peft, index)?;
+            only_factors(path, &keys)?;
+            peft
+        }
+        _ => super::peft::PeftConfig::default(),
     };
+    let config_alpha = peft.alpha;
     let bases = BaseNames::new(index);
 
     let mut unmatched = Vec::new();
@@ -133,6 +149,20 @@ pub fn parse_adapter(
             total: modules.len(),
             first: unmatched.into_iter().take(LISTED_KEYS).collect(),
         });
+    }
+    if let Some(rank) = peft.rank {
+        if let Some(other) = targets.iter().find(|target| target.rank != rank) {
+            return Err(LoraError::Config {
+                path: config_path,
+                reason: format!(
+                    "r is {rank}, but the factors of `{}` have rank {} (rank_pattern is not implemented)",
+                    other.base, other.rank
+                ),
+            });
+        }
+    }
+    for target in &mut targets {
+        target.rslora = peft.rslora;
     }
     // Adapter order is application order: keep it stable (by base tensor position).
     targets.sort_by_key(|target| target.tensor);
@@ -218,22 +248,21 @@ fn peft_config_text(path: &Path) -> Result<Option<String>, LoraError> {
         .map_err(|_| config_error("not UTF-8 text".to_string()))
 }
 
-/// `lora_alpha` from a PEFT `adapter_config.json`'s text.
-fn peft_config_alpha(path: &Path, text: &str) -> Result<Option<f32>, LoraError> {
-    let config_path = path.with_file_name("adapter_config.json");
-    let config_error = |reason: String| LoraError::Config {
-        path: config_path.clone(),
-        reason,
-    };
-    let value: serde_json::Value =
-        serde_json::from_str(text).map_err(|error| config_error(error.to_string()))?;
-    match value.get("lora_alpha") {
-        None => Ok(None),
-        Some(alpha) => alpha
-            .as_f64()
-            .filter(|alpha| alpha.is_finite())
-            .map(|alpha| Some(alpha as f32))
-            .ok_or_else(|| config_error(format!("lora_alpha {alpha} is not a finite number"))),
+/// A PEFT adapter's file holds its factors only: anything else (DoRA's
+/// `lora_magnitude_vector`, trained biases, `lora_embedding_A`, saved modules) changes
+/// the model in a way stagehand does not apply, and is refused by name.
+fn only_factors(path: &Path, keys: &[String]) -> Result<(), LoraError> {
+    let (down, up) = Naming::Peft.suffixes();
+    match keys
+        .iter()
+        .find(|key| !key.ends_with(down) && !key.ends_with(up))
+    {
+        None => Ok(()),
+        Some(key) => Err(LoraError::Shape {
+            path: path.to_path_buf(),
+            key: key.clone(),
+            problem: "is not a lora_A/lora_B factor; stagehand applies plain LoRA and does not implement what this tensor adds".to_string(),
+        }),
     }
 }
 
@@ -260,18 +289,25 @@ impl BaseNames {
         match naming {
             // Try the full path, then drop leading components (`base_model.model.`,
             // `transformer.`, …) one at a time.
+            // A ComfyUI single file holds its diffusion model under
+            // `model.diffusion_model.`, which adapters trained on the bare model omit.
             Naming::Peft => {
                 let mut rest = module;
                 loop {
-                    if let Some(&tensor) = self.dotted.get(&format!("{rest}.weight")) {
-                        return Some(tensor);
+                    for under in ["", "model.diffusion_model."] {
+                        if let Some(&tensor) = self.dotted.get(&format!("{under}{rest}.weight")) {
+                            return Some(tensor);
+                        }
                     }
                     rest = rest.split_once('.')?.1;
                 }
             }
             Naming::Kohya => KOHYA_PREFIXES.iter().find_map(|prefix| {
                 let rest = module.strip_prefix(prefix)?;
-                self.flattened.get(rest).copied()
+                self.flattened
+                    .get(rest)
+                    .or_else(|| self.flattened.get(&format!("model_diffusion_model_{rest}")))
+                    .copied()
             }),
         }
     }
@@ -343,6 +379,7 @@ fn target(
         alpha,
         a: down.clone(),
         b: up.clone(),
+        rslora: false,
     })
 }
 

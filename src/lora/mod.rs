@@ -3,18 +3,22 @@
 //!
 //! An adapter patches a base weight `W` (row-major `[out, in]`) with two low-rank
 //! factors: `W' = W + s·B·A`, `A` is `[rank, in]`, `B` is `[out, rank]` and
-//! `s = strength · alpha / rank`.
+//! `s = strength · alpha / rank` (`alpha / √rank` for rsLoRA). `--lora` takes a file or
+//! a PEFT adapter folder (`adapter_config.json` + `adapter_model.safetensors`, as
+//! `save_pretrained` writes it), whose config is checked against the model (`peft`).
 
 mod error;
 mod generate;
 mod load;
 mod math;
+mod peft;
 mod precision;
 
 pub use error::LoraError;
 pub use generate::{write_demo_lora, DemoLora, LoraDtype, LoraNaming};
 pub use load::{load_adapter, parse_adapter, Naming};
 pub use math::{apply_low_rank, merge_into, Factors};
+pub use peft::{PeftConfig, Targets, INERT_KEYS as PEFT_INERT_KEYS};
 pub use precision::{LORA_BF16_TOLERANCE, LORA_F16_TOLERANCE, LORA_PRECISION_SCALE_LIMIT};
 
 use std::path::PathBuf;
@@ -82,12 +86,15 @@ pub struct LoraTarget {
     pub a: Vec<f32>,
     /// `[out, rank]`, row-major.
     pub b: Vec<f32>,
+    /// PEFT's `use_rslora`: the scale divides by √rank instead of rank.
+    pub rslora: bool,
 }
 
 impl LoraTarget {
-    /// `s = strength · alpha / rank`.
+    /// `s = strength · alpha / rank`, or `strength · alpha / √rank` for rsLoRA.
     pub fn scale(&self, strength: f32) -> f32 {
-        strength * self.alpha / self.rank as f32
+        let rank = self.rank as f32;
+        strength * self.alpha / if self.rslora { rank.sqrt() } else { rank }
     }
 
     /// Bytes of both factors as f32 (what the pipeline holds for them).

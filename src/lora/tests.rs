@@ -14,6 +14,7 @@ fn target(out: usize, input: usize, rank: usize) -> LoraTarget {
         alpha: rank as f32 * 2.0,
         a: (0..rank * input).map(|i| value(i, 1)).collect(),
         b: (0..out * rank).map(|i| value(i, 2)).collect(),
+        rslora: false,
     }
 }
 

@@ -1,7 +1,7 @@
 //! Hugging Face model folders: `config.json` (which architecture), the weights
 //! (`model.safetensors`, or shards with a `*.safetensors.index.json`), `tokenizer.json`,
-//! and for sentence-transformers folders `modules.json` with its pooling and
-//! normalisation modules.
+//! and for sentence-transformers folders `modules.json` (which the encoder family
+//! reads: `families/bert/sentence.rs`).
 //!
 //! A path is a folder's model when it is the folder, or a `.safetensors` file or index
 //! inside a folder that has a `config.json`. A checkpoint with no `config.json` beside
@@ -24,24 +24,6 @@ pub struct ModelFolder {
     pub checkpoint: PathBuf,
     /// `tokenizer.json`, if the folder has one.
     pub tokenizer: Option<PathBuf>,
-    /// The sentence-transformers head, if `modules.json` declares one.
-    pub sentence: Option<SentenceHead>,
-}
-
-/// How sentence-transformers turns token states into one embedding per text.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SentenceHead {
-    pub pooling: Pooling,
-    /// A `Normalize` module follows the pooling: embeddings are L2-normalised.
-    pub normalize: bool,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Pooling {
-    /// The mean over the real (not padding) tokens.
-    Mean,
-    /// The first token's state.
-    Cls,
 }
 
 /// What was wrong with a folder.
@@ -89,13 +71,11 @@ impl ModelFolder {
             None => weights_in(&dir)?,
         };
         let tokenizer = Some(dir.join("tokenizer.json")).filter(|path| path.is_file());
-        let sentence = sentence_head(&dir)?;
         Ok(Some(Self {
             dir,
             config,
             checkpoint,
             tokenizer,
-            sentence,
         }))
     }
 
@@ -117,7 +97,8 @@ impl ModelFolder {
     }
 }
 
-fn read_json(path: &Path) -> Result<Value, FolderError> {
+/// A small JSON file (a config), read and parsed; the error names the file.
+pub fn read_json(path: &Path) -> Result<Value, FolderError> {
     let length = std::fs::metadata(path)
         .map_err(|failure| error(path, failure.to_string()))?
         .len();
@@ -162,56 +143,4 @@ fn weights_in(dir: &Path) -> Result<PathBuf, FolderError> {
         .into_iter()
         .next()
         .unwrap_or_else(|| dir.to_path_buf()))
-}
-
-/// sentence-transformers' `modules.json`: a Pooling module (with its
-/// `1_Pooling/config.json`) and an optional Normalize module.
-fn sentence_head(dir: &Path) -> Result<Option<SentenceHead>, FolderError> {
-    let modules_path = dir.join("modules.json");
-    if !modules_path.is_file() {
-        return Ok(None);
-    }
-    let modules = read_json(&modules_path)?;
-    let modules = modules
-        .as_array()
-        .ok_or_else(|| error(&modules_path, "must be a JSON list of modules"))?;
-    let kind = |module: &Value| {
-        module
-            .get("type")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string()
-    };
-    let Some(pooling_module) = modules
-        .iter()
-        .find(|module| kind(module).ends_with(".Pooling"))
-    else {
-        return Ok(None);
-    };
-    let normalize = modules
-        .iter()
-        .any(|module| kind(module).ends_with(".Normalize"));
-    let folder = pooling_module
-        .get("path")
-        .and_then(Value::as_str)
-        .unwrap_or("1_Pooling");
-    let config_path = dir.join(folder).join("config.json");
-    let pooling = if config_path.is_file() {
-        let config = read_json(&config_path)?;
-        let flag = |key: &str| config.get(key).and_then(Value::as_bool).unwrap_or(false);
-        if flag("pooling_mode_mean_tokens") {
-            Pooling::Mean
-        } else if flag("pooling_mode_cls_token") {
-            Pooling::Cls
-        } else {
-            return Err(error(
-                &config_path,
-                "asks for a pooling mode stagehand does not implement (it does mean and CLS)",
-            ));
-        }
-    } else {
-        // sentence-transformers' own default.
-        Pooling::Mean
-    };
-    Ok(Some(SentenceHead { pooling, normalize }))
 }

@@ -21,7 +21,7 @@ pub use checksum::{
     DATA_CHECKSUM_KEY, PENDING_CHECKSUM,
 };
 pub use error::IndexError;
-pub use folder::{FolderError, ModelFolder, Pooling, SentenceHead};
+pub use folder::{read_json, FolderError, ModelFolder};
 pub use header::MAX_HEADER_BYTES;
 pub use index::{BlockInfo, ModelIndex, ShardFile, TensorInfo};
 pub use reader::{BlockReadError, BlockReader};

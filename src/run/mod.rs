@@ -7,6 +7,7 @@ mod budget;
 mod cuda;
 pub mod driver;
 mod execute;
+pub mod loaded;
 pub mod memory;
 mod prepare;
 mod recorded;
@@ -14,6 +15,7 @@ mod reference;
 pub mod report;
 pub mod roofline;
 pub mod summary;
+pub mod text;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
@@ -36,9 +38,9 @@ pub use crate::families::{
 };
 pub use crate::os::available_ram_bytes;
 pub use budget::{
-    automatic_budget, budgets_for, demo_pin_room, fitting_depth, plan_minimum_bytes,
-    resident_need_bytes, resolve_budgets, BudgetAsk, Budgets, DEFAULT_DEMO_PIN_FRACTION,
-    DEFAULT_VRAM_FRACTION,
+    automatic_budget, budgets_for, demo_pin_room, fitting_depth, lora_region_bytes,
+    plan_minimum_bytes, resident_need_bytes, resolve_budgets, BudgetAsk, Budgets,
+    DEFAULT_DEMO_PIN_FRACTION, DEFAULT_VRAM_FRACTION,
 };
 #[cfg(feature = "cuda")]
 pub use cuda::{execute_cuda_with, CudaOutcome, CudaRunOptions, VramFigures};

@@ -28,7 +28,8 @@ impl ModelDescription {
             file: source.clone(),
             message,
         };
-        if prepared.folder.is_none() {
+        // A Flux file (original or ComfyUI layout) is its family's without a folder.
+        if prepared.folder.is_none() && prepared.facts().kind() != WorkloadKind::Diffusion {
             return Err(failed(
                 "only model folders are described from their family; give the checkpoint file for others".to_string(),
             ));

@@ -30,6 +30,7 @@ pub const TABLES: &[(&str, &str)] = &[
     ("run", "tests/cli_run.rs"),
     ("embed", "tests/cli_embed.rs"),
     ("generate", "tests/cli_generate.rs"),
+    ("sample", "tests/cli_sample.rs"),
     ("inspect", "tests/cli_inspect.rs"),
     ("config", "tests/cli_config.rs"),
     ("demo-model", "tests/cli_demo_model.rs"),

@@ -97,3 +97,15 @@ pub fn shell_status(status: ExitStatus) -> i32 {
         .code()
         .unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
 }
+
+/// Whether process `pid` holds an open file in `dir` that has no name yet.
+pub fn writes_unnamed_into(pid: u32, dir: &std::path::Path) -> bool {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.flatten().any(|fd| {
+        std::fs::read_link(fd.path()).is_ok_and(|target| {
+            target.starts_with(dir) && target.to_string_lossy().ends_with("(deleted)")
+        })
+    })
+}

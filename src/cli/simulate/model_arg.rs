@@ -47,15 +47,18 @@ fn prepare_family(
     tokens_per_step: u64,
     pattern: Option<&str>,
 ) -> Result<Option<stagehand::run::Prepared>, Failure> {
-    let Ok(Some(folder)) = stagehand::model::ModelFolder::find(path) else {
-        return Ok(None);
-    };
-    let Ok(index) = ModelIndex::open(&folder.checkpoint, pattern) else {
+    // A bare checkpoint may still be a family's (a Flux file in the original or
+    // ComfyUI layout); any other is described from its checkpoint.
+    let folder = stagehand::model::ModelFolder::find(path).ok().flatten();
+    let checkpoint = folder
+        .as_ref()
+        .map_or(path, |folder| folder.checkpoint.as_path());
+    let Ok(index) = ModelIndex::open(checkpoint, pattern) else {
         return Ok(None);
     };
     let found = stagehand::families::Found {
         index: &index,
-        folder: Some(&folder),
+        folder: folder.as_ref(),
     };
     let Ok(entry) = stagehand::families::find(WorkloadKind::Auto, &found) else {
         return Ok(None);
@@ -66,8 +69,13 @@ fn prepare_family(
     };
     let batch = match entry.kind {
         WorkloadKind::Decoder => 1,
+        // One denoising step of 1024² with 512 text tokens (the family's description).
+        WorkloadKind::Diffusion => 1,
         WorkloadKind::Encoder => {
-            let ids = encoder_ids(&folder, tokens_per_step)?;
+            let Some(folder) = &folder else {
+                return Ok(None);
+            };
+            let ids = encoder_ids(folder, tokens_per_step)?;
             let sequences = ids.len();
             extras.encoder = Some(EncoderInput::TokenIds(ids));
             sequences

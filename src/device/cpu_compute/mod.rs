@@ -21,6 +21,7 @@
 
 mod attention;
 mod checksum;
+mod diffusion;
 mod elementwise;
 mod gemm;
 mod gemv;
@@ -465,6 +466,10 @@ impl Compute for CpuCompute {
             &mut out.data,
         );
         Ok(())
+    }
+
+    fn diffusion(&self) -> Result<diffusion::Kernels<'_>, ComputeError> {
+        Ok(self)
     }
 
     fn checksum(&self, block: &BlockView<'_>) -> Result<u64, ComputeError> {

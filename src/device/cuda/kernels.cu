@@ -275,6 +275,50 @@ extern "C" __global__ void stagehand_narrow(const float* src, unsigned char* dst
     }
 }
 
+// Decode products, y[rows, out] = x[rows, in] · Wᵀ (· scale) + bias, for at most
+// STAGEHAND_GEMV_ROWS rows, reading W[out, in] once in its storage dtype and widening
+// each element in registers (no widened copy of the weight). One warp per output
+// feature: lane l sums elements l, l + 32, … of its row in that order, then the warp
+// adds the 32 partial sums in one fixed tree, so every launch gives the same bits
+// whatever the block the weight lies in (a streamed slot or a resident block).
+#define STAGEHAND_GEMV_ROWS 8
+extern "C" __global__ void stagehand_gemv(const float* x, u32 rows, const unsigned char* w, int dtype,
+                                          const unsigned char* scale, const float* bias, float* y,
+                                          u32 out, u32 in) {
+    const u32 lane = threadIdx.x & 31u;
+    const u64 feature = (u64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (feature >= out) {
+        return;
+    }
+    float sums[STAGEHAND_GEMV_ROWS];
+    for (u32 r = 0; r < STAGEHAND_GEMV_ROWS; ++r) {
+        sums[r] = 0.0f;
+    }
+    const u64 row_start = feature * (u64)in;
+    for (u32 i = lane; i < in; i += 32u) {
+        const float weight = stagehand_load(w, row_start + i, dtype);
+        for (u32 r = 0; r < STAGEHAND_GEMV_ROWS; ++r) {
+            if (r < rows) {
+                sums[r] += weight * x[(u64)r * in + i];
+            }
+        }
+    }
+    const float factor = stagehand_scale(scale);
+    for (u32 r = 0; r < STAGEHAND_GEMV_ROWS; ++r) {
+        if (r >= rows) {
+            break;
+        }
+        float sum = sums[r];
+        for (int offset = 16; offset > 0; offset >>= 1) {
+            sum += __shfl_down_sync(0xffffffffu, sum, offset);
+        }
+        if (lane == 0u) {
+            const float scaled = scale ? sum * factor : sum;
+            y[(u64)r * out + feature] = bias ? scaled + bias[feature] : scaled;
+        }
+    }
+}
+
 // Every row of y[rows, cols] set to `row` (a bias before a GEMM with beta = 1).
 extern "C" __global__ void stagehand_fill_rows(float* y, const float* row, u64 rows, u32 cols) {
     STAGEHAND_GRID_STRIDE(i, rows * cols) {

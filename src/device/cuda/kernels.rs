@@ -36,7 +36,7 @@ pub fn dtype_code(dtype: DType) -> i32 {
 }
 
 /// A weight's scale address for the kernels: 0 for none.
-fn scale_address(scale: Option<DevicePtr>) -> u64 {
+pub(super) fn scale_address(scale: Option<DevicePtr>) -> u64 {
     scale.map_or(0, |scale| scale.0)
 }
 
@@ -72,9 +72,13 @@ pub(super) fn narrow_u32(value: usize, what: &str) -> Result<u32, CudaError> {
         .map_err(|_| CudaError::InvalidArgument(format!("{what} {value} is too large")))
 }
 
+/// Most rows a decode product (`gemv`) takes: `STAGEHAND_GEMV_ROWS` in the source.
+pub const GEMV_ROWS_MAX: usize = 8;
+
 pub struct Kernels {
     pub(super) stream: Arc<CudaStream>,
     widen: CudaFunction,
+    pub(super) gemv: CudaFunction,
     narrow: CudaFunction,
     fill_rows: CudaFunction,
     add: CudaFunction,
@@ -109,6 +113,7 @@ impl Kernels {
         Ok(Self {
             stream: stream.clone(),
             widen: function("stagehand_widen")?,
+            gemv: function("stagehand_gemv")?,
             narrow: function("stagehand_narrow")?,
             fill_rows: function("stagehand_fill_rows")?,
             add: function("stagehand_add")?,
@@ -392,6 +397,7 @@ mod tests {
         // the checksum kernel uses crate::compute::checksum's constants.
         for name in [
             "stagehand_widen",
+            "stagehand_gemv",
             "stagehand_narrow",
             "stagehand_fill_rows",
             "stagehand_add(",
@@ -417,6 +423,7 @@ mod tests {
         ] {
             assert!(SOURCE.contains(constant), "{constant}");
         }
+        assert!(SOURCE.contains(&format!("#define STAGEHAND_GEMV_ROWS {GEMV_ROWS_MAX}\n")));
         assert!(!SOURCE.contains("#include"), "NVRTC must need no header");
         assert!(!SOURCE.contains("atomicAdd(float"), "no float atomics");
         const { assert!(BLOCK_THREADS % 32 == 0 && BLOCK_THREADS / 32 <= 32) };

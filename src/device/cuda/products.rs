@@ -6,6 +6,7 @@
 use super::blas::Gemm;
 use super::cast::readable_in_place;
 use super::compute::CudaCompute;
+use super::kernels::GEMV_ROWS_MAX;
 use super::tensor::CudaTensor;
 use crate::compute::shapes;
 use crate::compute::{Compute, ComputeError, LowRank, Weight};
@@ -21,6 +22,9 @@ pub(super) fn linear(
     shapes::linear((x.rows, x.cols), weight, (y.rows, y.cols))?;
     if let Some(bias) = bias {
         shapes::vector("linear bias", bias, out_features)?;
+    }
+    if x.rows <= GEMV_ROWS_MAX && !readable_in_place(weight) {
+        return gemv(compute, x, weight, bias, y);
     }
     compute.queue(|| {
         let mut cast = compute.cast.borrow_mut();
@@ -55,6 +59,42 @@ pub(super) fn linear(
         // SAFETY: x [rows, in], W [out, in] as f32, y [rows, out], checked above;
         // y is borrowed mutably so it aliases neither input.
         unsafe { compute.blas().gemm(&gemm) }
+    })
+}
+
+/// A decode product (at most [`GEMV_ROWS_MAX`] rows) of a weight that would need a
+/// widened copy for cuBLAS (f16, bf16, FP8 and its scale, unaligned f32): read once
+/// in its storage dtype by `stagehand_gemv`, as the CPU backend's decode products do.
+/// Only the bias (a vector) goes through the cast buffer.
+fn gemv(
+    compute: &CudaCompute,
+    x: &CudaTensor,
+    weight: &Weight<'_>,
+    bias: Option<&Weight<'_>>,
+    y: &mut CudaTensor,
+) -> Result<(), ComputeError> {
+    compute.queue(|| {
+        let mut cast = compute.cast.borrow_mut();
+        cast.begin();
+        let bias = bias
+            .map(|bias| cast.f32_of(&compute.kernels, bias))
+            .transpose()?;
+        // SAFETY: x [rows ≤ 8, in] f32, W [out, in] in its dtype inside a block the
+        // caller holds, the bias `out` f32 (cast region or held block), y [rows, out]
+        // borrowed mutably so it aliases no input; all alive until the stream passes.
+        unsafe {
+            compute.kernels.gemv(
+                x.ptr(),
+                x.rows,
+                weight.ptr(),
+                weight.dtype(),
+                weight.scale(),
+                bias,
+                y.ptr(),
+                weight.rows(),
+                weight.cols(),
+            )
+        }
     })
 }
 

@@ -1,4 +1,6 @@
-//! A BERT-family `config.json`, read and checked.
+//! A BERT-family `config.json`, read and checked: BERT, and RoBERTa / XLM-RoBERTa (the
+//! same encoder with positions counted from `pad_token_id + 1`, as e5, bge and gte
+//! embedders of that kind have them).
 
 use std::path::Path;
 
@@ -6,9 +8,40 @@ use serde_json::Value;
 
 use crate::families::FamilyError;
 
+/// Which encoder of the family a folder holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Variant {
+    /// `bert`: positions 0, 1, … for every token.
+    Bert,
+    /// `roberta`, `xlm-roberta`: a real token at index i has position
+    /// `padding_idx + 1 + i` (counting real tokens only) and padding has `padding_idx`,
+    /// as transformers' `create_position_ids_from_input_ids` computes them.
+    Roberta { padding_idx: u32 },
+}
+
+impl Variant {
+    pub fn describe(self) -> &'static str {
+        match self {
+            Variant::Bert => "bert encoder",
+            Variant::Roberta { .. } => "roberta encoder",
+        }
+    }
+
+    /// Tensor-name prefixes of the task checkpoints (`BertForMaskedLM`, …), besides none.
+    pub fn prefix(self) -> &'static str {
+        match self {
+            Variant::Bert => "bert.",
+            Variant::Roberta { .. } => "roberta.",
+        }
+    }
+}
+
 /// The hyper-parameters a BERT encoder's forward pass needs.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BertConfig {
+    pub variant: Variant,
+    /// The id batches are padded with.
+    pub pad_token_id: u32,
     pub hidden: usize,
     pub layers: usize,
     pub heads: usize,
@@ -39,6 +72,27 @@ impl BertConfig {
                     format!("is {value}; expected a whole number from 1 to {limit}"),
                 )),
             }
+        };
+        let model_type = config.get("model_type").and_then(Value::as_str);
+        let roberta = matches!(model_type, Some("roberta" | "xlm-roberta"))
+            || config
+                .get("architectures")
+                .and_then(|names| names.get(0))
+                .and_then(Value::as_str)
+                .is_some_and(|name| name.starts_with("Roberta") || name.starts_with("XLMRoberta"));
+        let pad_token_id =
+            match config.get("pad_token_id") {
+                None | Some(Value::Null) => u32::from(roberta),
+                Some(value) => value.as_u64().filter(|&id| id < 1 << 24).ok_or_else(|| {
+                    bad("pad_token_id", format!("is {value}; expected a token id"))
+                })? as u32,
+            };
+        let variant = if roberta {
+            Variant::Roberta {
+                padding_idx: pad_token_id,
+            }
+        } else {
+            Variant::Bert
         };
         let hidden = size("hidden_size", MAX_DIMENSION)?;
         let heads = size("num_attention_heads", MAX_DIMENSION)?;
@@ -80,12 +134,23 @@ impl BertConfig {
                     )
                 })? as f32,
         };
+        let max_positions = size("max_position_embeddings", MAX_DIMENSION)?;
+        if let Variant::Roberta { padding_idx } = variant {
+            if padding_idx as usize + 1 >= max_positions {
+                return Err(bad(
+                    "pad_token_id",
+                    format!("is {padding_idx}: a RoBERTa's positions start after it, and max_position_embeddings is only {max_positions}"),
+                ));
+            }
+        }
         Ok(Self {
+            variant,
+            pad_token_id,
             hidden,
             layers: size("num_hidden_layers", MAX_LAYERS)?,
             heads,
             intermediate: size("intermediate_size", MAX_DIMENSION)?,
-            max_positions: size("max_position_embeddings", MAX_DIMENSION)?,
+            max_positions,
             type_vocab: size("type_vocab_size", MAX_DIMENSION)?,
             vocab: size("vocab_size", 1 << 24)?,
             layer_norm_eps,
@@ -94,6 +159,39 @@ impl BertConfig {
 
     pub fn head_dim(&self) -> usize {
         self.hidden / self.heads
+    }
+
+    /// Tokens a sequence may have: the position table's rows, less those a RoBERTa
+    /// skips (`padding_idx + 1`).
+    pub fn usable_positions(&self) -> usize {
+        match self.variant {
+            Variant::Bert => self.max_positions,
+            Variant::Roberta { padding_idx } => self.max_positions - padding_idx as usize - 1,
+        }
+    }
+
+    /// The position id of every token of a padded batch (`ids`: `sequences × length`).
+    pub fn position_ids(&self, ids: &[u32], length: usize) -> Vec<u32> {
+        match self.variant {
+            Variant::Bert => (0..ids.len())
+                .map(|row| (row % length.max(1)) as u32)
+                .collect(),
+            Variant::Roberta { padding_idx } => {
+                let mut positions = Vec::with_capacity(ids.len());
+                for sequence in ids.chunks(length.max(1)) {
+                    let mut real = 0;
+                    for &id in sequence {
+                        if id == padding_idx {
+                            positions.push(padding_idx);
+                        } else {
+                            real += 1;
+                            positions.push(padding_idx + real);
+                        }
+                    }
+                }
+                positions
+            }
+        }
     }
 }
 

@@ -1,6 +1,7 @@
 //! BERT-family encoders (`model_type: bert`: BertModel checkpoints and
-//! sentence-transformers folders such as all-MiniLM-L6-v2), written once against the
-//! compute port.
+//! sentence-transformers folders such as all-MiniLM-L6-v2; `roberta` and `xlm-roberta`,
+//! the same layers with positions counted past the padding id — see
+//! [`config::Variant`]), written once against the compute port.
 //!
 //! One step embeds one batch of texts: word + position + token-type embeddings and a
 //! LayerNorm; per encoder layer, multi-head self-attention under the padding mask, the
@@ -17,6 +18,10 @@
 
 mod config;
 mod open;
+mod output;
+mod pool;
+mod requests;
+mod sentence;
 mod tokens;
 mod weights;
 
@@ -24,8 +29,11 @@ use std::path::Path;
 
 use stagehand_actors::BlockId;
 
-pub use config::BertConfig;
-pub use tokens::{batches, from_ids, tokenize, TokenBatch, Tokens};
+pub use config::{BertConfig, Variant};
+pub use output::embeddings_in_input_order;
+pub use requests::input_tokens;
+pub use sentence::{MaxLength, Pooling, SentenceFolder, SentenceHead};
+pub use tokens::{batches, from_ids, length_order, tokenize, TextLimits, TokenBatch, Tokens};
 
 use self::weights::{EncoderWeights, Linear, Norm};
 use super::blocks::{Blocks, Held};
@@ -33,7 +41,7 @@ use super::family::{Facts, Family, StepOutput};
 use super::host_table::HostTable;
 use super::FamilyError;
 use crate::compute::{Attention, Compute, Mask, TensorSlot};
-use crate::model::{ModelIndex, Pooling, SentenceHead};
+use crate::model::ModelIndex;
 
 /// Where the word-embedding table lives (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
@@ -56,8 +64,12 @@ pub struct Encoder {
     head: SentenceHead,
     host_table: Option<HostTable>,
     inputs: Vec<StepInput>,
+    /// The input position of each text in the order the steps embed them.
+    order: Vec<usize>,
     /// Texts longer than the model takes, cut short as the tokenizer says (by position).
     truncated_texts: Vec<usize>,
+    /// How the folder's texts are cut and cased (kept for texts given later: `serve`).
+    limits: TextLimits,
 }
 
 /// One step's batch with its position ids.
@@ -91,39 +103,12 @@ impl Encoder {
     pub fn new(
         index: &ModelIndex,
         config: BertConfig,
-        head: Option<SentenceHead>,
+        head: SentenceHead,
         tokens: &[Tokens],
         batch: usize,
         embeddings: EmbeddingPlacement,
     ) -> Result<Self, FamilyError> {
-        if tokens.is_empty() {
-            return Err(FamilyError::Model(
-                "no text to embed: give one or more texts (or --file)".into(),
-            ));
-        }
-        if let Some((text, id)) = tokens.iter().enumerate().find_map(|(text, tokens)| {
-            tokens
-                .ids
-                .iter()
-                .find(|&&id| id as usize >= config.vocab)
-                .map(|&id| (text, id))
-        }) {
-            return Err(FamilyError::Model(format!(
-                "text {}: token id {id} is outside the model's vocabulary of {}",
-                text + 1,
-                config.vocab
-            )));
-        }
-        let pad_id = 0;
-        let inputs: Vec<StepInput> = batches(tokens, batch, pad_id)
-            .into_iter()
-            .map(|batch| {
-                let positions = (0..batch.sequences)
-                    .flat_map(|_| 0..batch.length as u32)
-                    .collect();
-                StepInput { batch, positions }
-            })
-            .collect();
+        let (inputs, order) = step_inputs(&config, tokens, batch)?;
         let largest_rows = inputs
             .iter()
             .map(|input| input.batch.ids.len())
@@ -142,21 +127,20 @@ impl Encoder {
         } else {
             Some(HostTable::read(index, weights.word_tensor)?)
         };
+        let limits = TextLimits {
+            max_positions: config.usable_positions(),
+            max_length: None,
+            lower_case: false,
+        };
         Ok(Self {
             config,
             weights,
-            head: head.unwrap_or(SentenceHead {
-                pooling: Pooling::Mean,
-                normalize: false,
-            }),
+            head,
             host_table,
-            truncated_texts: tokens
-                .iter()
-                .enumerate()
-                .filter(|(_, text)| text.truncated)
-                .map(|(position, _)| position)
-                .collect(),
+            truncated_texts: truncated(tokens),
+            limits,
             inputs,
+            order,
         })
     }
 
@@ -174,8 +158,8 @@ impl Encoder {
         rows.unwrap_or(0) as u64 * self.config.hidden as u64 * 4
     }
 
-    pub fn head(&self) -> SentenceHead {
-        self.head
+    pub fn head(&self) -> &SentenceHead {
+        &self.head
     }
 
     /// Steps needed to embed every text once.
@@ -354,32 +338,6 @@ impl Encoder {
         blocks.release(compute, held)?;
         outcome
     }
-
-    /// The sentence head on the final token states: one embedding per sequence.
-    fn pool(&self, states: &[f32], batch: &TokenBatch) -> Vec<f32> {
-        let hidden = self.config.hidden;
-        let mut pooled = vec![0.0f32; batch.sequences * hidden];
-        for (sequence, out) in pooled.chunks_exact_mut(hidden).enumerate() {
-            let first = sequence * batch.length;
-            let rows = match self.head.pooling {
-                Pooling::Mean => batch.lengths[sequence],
-                Pooling::Cls => 1,
-            };
-            for row in states[first * hidden..(first + rows) * hidden].chunks_exact(hidden) {
-                out.iter_mut()
-                    .zip(row)
-                    .for_each(|(out, value)| *out += value);
-            }
-            out.iter_mut().for_each(|value| *value /= rows as f32);
-            if self.head.normalize {
-                // As torch.nn.functional.normalize: divide by max(‖v‖, 1e-12).
-                let norm = out.iter().map(|value| value * value).sum::<f32>().sqrt();
-                let norm = norm.max(1e-12);
-                out.iter_mut().for_each(|value| *value /= norm);
-            }
-        }
-        pooled
-    }
 }
 
 /// `y ← x·Wᵀ + b`, plus the low-rank LoRA updates of a streamed weight.
@@ -457,7 +415,12 @@ impl Family for Encoder {
         }
         let states = compute.read(&acts.x)?;
         Ok(StepOutput {
-            output: Some(self.pool(&states, &input.batch)),
+            output: Some(pool::pool(
+                &self.head,
+                &states,
+                &input.batch,
+                self.config.hidden,
+            )),
             ..StepOutput::default()
         })
     }
@@ -473,4 +436,49 @@ pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
 /// Reads `config.json` of a BERT folder.
 pub fn bert_config(path: &Path, config: &serde_json::Value) -> Result<BertConfig, FamilyError> {
     BertConfig::from_json(path, config)
+}
+
+/// The steps of `tokens`, `batch` texts a step: sorted longest first (sentence-
+/// transformers' order), each batch padded to its own longest text; and the input
+/// position of each text in the order the steps embed them.
+fn step_inputs(
+    config: &BertConfig,
+    tokens: &[Tokens],
+    batch: usize,
+) -> Result<(Vec<StepInput>, Vec<usize>), FamilyError> {
+    if tokens.is_empty() {
+        return Err(FamilyError::Model(
+            "no text to embed: give one or more texts (or --file)".into(),
+        ));
+    }
+    if let Some((text, id)) = tokens.iter().enumerate().find_map(|(text, tokens)| {
+        tokens
+            .ids
+            .iter()
+            .find(|&&id| id as usize >= config.vocab)
+            .map(|&id| (text, id))
+    }) {
+        return Err(FamilyError::Model(format!(
+            "text {}: token id {id} is outside the model's vocabulary of {}",
+            text + 1,
+            config.vocab
+        )));
+    }
+    let order = length_order(tokens);
+    let inputs = batches(tokens, &order, batch, config.pad_token_id)
+        .into_iter()
+        .map(|batch| {
+            let positions = config.position_ids(&batch.ids, batch.length);
+            StepInput { batch, positions }
+        })
+        .collect();
+    Ok((inputs, order))
+}
+
+/// The input positions of the texts cut short.
+fn truncated(tokens: &[Tokens]) -> Vec<usize> {
+    (tokens.iter().enumerate())
+        .filter(|(_, text)| text.truncated)
+        .map(|(position, _)| position)
+        .collect()
 }

@@ -2,7 +2,8 @@
 
 use stagehand_actors::ModelLayout;
 
-use super::{tokenize, Encoder, Tokens};
+use super::sentence::{self, SentenceFolder};
+use super::{Encoder, TextLimits, Tokens};
 use crate::compute::TensorSlot;
 use crate::families::family::Facts;
 use crate::families::inputs::{EncoderInput, WorkloadKind, BUILT_IN_SENTENCES};
@@ -13,50 +14,58 @@ use crate::model::ModelIndex;
 impl Open for Encoder {
     const NAME: &'static str = "bert";
     const KIND: WorkloadKind = WorkloadKind::Encoder;
-    const MODEL_TYPES: &'static [&'static str] = &["bert"];
-    const ARCHITECTURES: &'static [&'static str] = &["Bert"];
+    const MODEL_TYPES: &'static [&'static str] = &["bert", "roberta", "xlm-roberta"];
+    const ARCHITECTURES: &'static [&'static str] = &["Bert", "Roberta", "XLMRoberta"];
 
     /// The encoder over a folder, for the texts the run gives (or the built-in
     /// sentences), tokenized by the folder's `tokenizer.json`, or for token ids.
     fn open(request: &Request<'_>) -> Result<Self, FamilyError> {
         let folder = request.folder("an encoder")?;
         let config = super::bert_config(&folder.config_path(), &folder.config)?;
+        let sentence = sentence::read(&folder.dir, config.hidden)?;
         let input = request.extras.encoder.clone().unwrap_or_else(|| {
             EncoderInput::Texts(BUILT_IN_SENTENCES.iter().map(|s| s.to_string()).collect())
         });
-        let tokens: Vec<Tokens> = match &input {
-            EncoderInput::Texts(texts) => {
-                if texts.is_empty() {
-                    return Err(FamilyError::Model(
-                        "no text to embed: give one or more texts, or --file".to_string(),
-                    ));
-                }
-                let Some(tokenizer) = &folder.tokenizer else {
-                    return Err(FamilyError::Model(format!(
-                        "{}: no tokenizer.json in the folder; add it, or give token ids with --token-ids 101,7592,102",
-                        folder.dir.display()
-                    )));
-                };
-                tokenize(tokenizer, texts, config.max_positions)?
-            }
-            EncoderInput::TokenIds(ids) => {
-                if ids.is_empty() || ids.iter().any(Vec::is_empty) {
-                    return Err(FamilyError::Model(
-                        "--token-ids: every text needs at least one id".to_string(),
-                    ));
-                }
-                super::from_ids(ids, config.max_positions)
-            }
+        let limits = TextLimits {
+            max_positions: config.usable_positions(),
+            max_length: sentence.max_length.as_ref().map(|length| length.tokens),
+            lower_case: sentence.lower_case,
         };
-        Encoder::new(
+        let tokens: Vec<Tokens> = super::input_tokens(folder, &config, limits, &input)?;
+        warn_truncated(&tokens, &sentence, config.usable_positions());
+        let mut encoder = Encoder::new(
             request.index,
             config,
-            folder.sentence,
+            sentence.head,
             &tokens,
             request.batch,
             request.extras.embeddings,
-        )
+        )?;
+        encoder.limits = limits;
+        Ok(encoder)
     }
+}
+
+/// One line for every text cut short: which, where, and who set the length.
+fn warn_truncated(tokens: &[Tokens], sentence: &SentenceFolder, max_positions: usize) {
+    let cut: Vec<String> = (tokens.iter().enumerate())
+        .filter(|(_, text)| text.truncated)
+        .map(|(position, _)| (position + 1).to_string())
+        .collect();
+    if cut.is_empty() {
+        return;
+    }
+    let limit = match &sentence.max_length {
+        Some(length) if length.tokens <= max_positions => {
+            format!("{} tokens ({})", length.tokens, length.source)
+        }
+        _ => format!("the tokenizer's length, at most the model's {max_positions} positions"),
+    };
+    let texts = if cut.len() == 1 { "text" } else { "texts" };
+    tracing::warn!(
+        "{texts} {} longer than {limit}: truncated there, as sentence-transformers does",
+        cut.join(", ")
+    );
 }
 
 impl Facts for Encoder {
@@ -65,7 +74,7 @@ impl Facts for Encoder {
     }
 
     fn describe(&self) -> &'static str {
-        "bert encoder"
+        self.config.variant.describe()
     }
 
     fn layout(&self) -> &ModelLayout {
@@ -86,6 +95,10 @@ impl Facts for Encoder {
 
     fn truncated_inputs(&self) -> &[usize] {
         &self.truncated_texts
+    }
+
+    fn output_order(&self) -> &[usize] {
+        &self.order
     }
 
     fn reference_key(&self, step: u64) -> u64 {

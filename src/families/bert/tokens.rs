@@ -1,11 +1,13 @@
-//! Texts to token batches, with Hugging Face's own tokenizer reading `tokenizer.json`:
-//! padding and truncation as the file configures them (padding always on the right,
-//! so the real tokens of every sequence are its prefix), and truncation never past
-//! the model's positions.
+//! Texts to token batches, with Hugging Face's own tokenizer reading `tokenizer.json`,
+//! batched as sentence-transformers batches them: texts sorted by length (longest
+//! first) into batches, each padded on the right to its own longest text — not to the
+//! fixed length a `tokenizer.json` may configure (MiniLM's pads every text to 128) —
+//! and results given back in input order. Padding is on the right, so the real tokens
+//! of every sequence are its prefix; truncation never goes past the model's positions.
 
 use std::path::Path;
 
-use tokenizers::{PaddingDirection, PaddingParams, Tokenizer, TruncationParams};
+use tokenizers::{Tokenizer, TruncationParams};
 
 use crate::families::FamilyError;
 
@@ -33,12 +35,23 @@ pub struct Tokens {
     pub truncated: bool,
 }
 
-/// Tokenizes `texts` with `tokenizer.json`, never keeping more than `max_positions`
-/// tokens of a text.
+/// How texts are cut and cased before they are tokenized.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TextLimits {
+    /// Tokens the model's positions take.
+    pub max_positions: usize,
+    /// Where to truncate (sentence-transformers' `max_seq_length`); `None`: where the
+    /// tokenizer.json truncates. Never past `max_positions`.
+    pub max_length: Option<usize>,
+    /// Lower-case every text first (sentence-transformers' `do_lower_case`).
+    pub lower_case: bool,
+}
+
+/// Tokenizes `texts` with `tokenizer.json` within `limits`.
 pub fn tokenize(
     path: &Path,
     texts: &[String],
-    max_positions: usize,
+    limits: TextLimits,
 ) -> Result<Vec<Tokens>, FamilyError> {
     let fail = |problem: String| FamilyError::Model(format!("{}: {problem}", path.display()));
     let mut tokenizer = Tokenizer::from_file(path).map_err(|error| {
@@ -46,13 +59,22 @@ pub fn tokenize(
             "is not a tokenizer Hugging Face's tokenizers can read ({error})"
         ))
     })?;
-    let truncation = match tokenizer.get_truncation() {
-        Some(params) if params.max_length <= max_positions => params.clone(),
-        Some(params) => TruncationParams {
+    let max_positions = limits.max_positions;
+    let truncation = match (limits.max_length, tokenizer.get_truncation()) {
+        (Some(length), Some(params)) => TruncationParams {
+            max_length: length.min(max_positions),
+            ..params.clone()
+        },
+        (Some(length), None) => TruncationParams {
+            max_length: length.min(max_positions),
+            ..TruncationParams::default()
+        },
+        (None, Some(params)) if params.max_length <= max_positions => params.clone(),
+        (None, Some(params)) => TruncationParams {
             max_length: max_positions,
             ..params.clone()
         },
-        None => TruncationParams {
+        (None, None) => TruncationParams {
             max_length: max_positions,
             ..TruncationParams::default()
         },
@@ -60,15 +82,16 @@ pub fn tokenize(
     tokenizer
         .with_truncation(Some(truncation))
         .map_err(|error| fail(format!("truncation: {error}")))?;
-    let padding = tokenizer
-        .get_padding()
-        .cloned()
-        .map(|params| PaddingParams {
-            direction: PaddingDirection::Right,
-            ..params
-        });
-    tokenizer.with_padding(padding);
-    let inputs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    // Each text alone: a batch is padded to its own longest text in `batches`.
+    tokenizer.with_padding(None);
+    // As sentence-transformers' Lowercase normalizer put in front of the tokenizer's own.
+    let lowered: Vec<String>;
+    let inputs: Vec<&str> = if limits.lower_case {
+        lowered = texts.iter().map(|text| text.to_lowercase()).collect();
+        lowered.iter().map(String::as_str).collect()
+    } else {
+        texts.iter().map(String::as_str).collect()
+    };
     let encodings = tokenizer
         .encode_batch(inputs, true)
         .map_err(|error| fail(format!("could not tokenize the input ({error})")))?;
@@ -106,9 +129,19 @@ pub fn from_ids(texts: &[Vec<u32>], max_positions: usize) -> Vec<Tokens> {
         .collect()
 }
 
-/// Groups texts into batches of `batch`, each padded (with `pad_id`) to its longest.
-pub fn batches(tokens: &[Tokens], batch: usize, pad_id: u32) -> Vec<TokenBatch> {
-    tokens
+/// Texts in the order they are batched: longest first (a stable sort, so texts of
+/// one length keep their input order). `order[k]` is the input position of the k-th.
+pub fn length_order(tokens: &[Tokens]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..tokens.len()).collect();
+    order.sort_by_key(|&text| std::cmp::Reverse(tokens[text].ids.len()));
+    order
+}
+
+/// Groups texts, taken in `order`, into batches of `batch`, each padded (with `pad_id`)
+/// to its longest.
+pub fn batches(tokens: &[Tokens], order: &[usize], batch: usize, pad_id: u32) -> Vec<TokenBatch> {
+    let sorted: Vec<&Tokens> = order.iter().map(|&text| &tokens[text]).collect();
+    sorted
         .chunks(batch.max(1))
         .map(|group| {
             let length = group
@@ -119,7 +152,7 @@ pub fn batches(tokens: &[Tokens], batch: usize, pad_id: u32) -> Vec<TokenBatch> 
                 .max(1);
             let mut ids = Vec::with_capacity(group.len() * length);
             let mut type_ids = Vec::with_capacity(group.len() * length);
-            for text in group {
+            for text in group.iter() {
                 ids.extend(&text.ids);
                 ids.resize(ids.len() + length - text.ids.len(), pad_id);
                 type_ids.extend(&text.type_ids);

@@ -1,5 +1,5 @@
 //! Where a BERT encoder's weights are: found by their Hugging Face names (with or
-//! without the `bert.` prefix of `BertFor*` checkpoints, `LayerNorm.weight` or the
+//! without the `bert.` / `roberta.` prefix of `BertFor*` / `RobertaFor*` checkpoints, `LayerNorm.weight` or the
 //! older `LayerNorm.gamma`), checked against `config.json`, and placed as blocks — the
 //! embeddings, then one block per encoder layer. The pooler and `position_ids` are not
 //! used by a sentence embedding and are left out.
@@ -62,8 +62,8 @@ struct Names<'i> {
 }
 
 impl Names<'_> {
-    fn new(index: &ModelIndex) -> Names<'_> {
-        let prefix = ["", "bert."]
+    fn new<'i>(index: &'i ModelIndex, config: &BertConfig) -> Names<'i> {
+        let prefix = ["", config.variant.prefix()]
             .into_iter()
             .find(|prefix| {
                 index
@@ -144,7 +144,7 @@ impl EncoderWeights {
     ) -> Result<Self, FamilyError> {
         let hidden = config.hidden;
         let mut placer = Placer {
-            names: Names::new(index),
+            names: Names::new(index, config),
             builder: PlacementBuilder::new(index),
         };
         placer.builder.block("embeddings");

@@ -31,6 +31,23 @@ pub enum Values {
     Uniform { seed: u64, center: f32, spread: f32 },
     /// Every value the same.
     Constant(f32),
+    /// [`Values::Uniform`]'s stream from position `first` on: a slice of a tensor
+    /// written whole elsewhere (one of the pieces a fused weight is stored as).
+    UniformFrom {
+        seed: u64,
+        center: f32,
+        spread: f32,
+        first: u64,
+    },
+    /// [`Values::Uniform`]'s stream with its two halves (of `half` values each) in
+    /// the other order: a weight one layout stores halves-swapped (diffusers' Flux
+    /// `norm_out.linear`).
+    Swapped {
+        seed: u64,
+        center: f32,
+        spread: f32,
+        half: u64,
+    },
 }
 
 impl TensorSpec {
@@ -71,6 +88,29 @@ impl Values {
                 }
             }
             Values::Constant(constant) => out.fill(constant),
+            Values::UniformFrom {
+                seed,
+                center,
+                spread,
+                first: skipped,
+            } => Values::Uniform {
+                seed,
+                center,
+                spread,
+            }
+            .fill(skipped + first, out),
+            Values::Swapped {
+                seed,
+                center,
+                spread,
+                half,
+            } => {
+                for (offset, value) in out.iter_mut().enumerate() {
+                    let at = first + offset as u64;
+                    let source = if at < half { at + half } else { at - half };
+                    *value = center + (unit_interval(seed, source) * 2.0 - 1.0) * spread;
+                }
+            }
         }
     }
 }

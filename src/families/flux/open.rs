@@ -1,0 +1,171 @@
+//! How a Flux checkpoint is recognised and opened, and what the run asks of it.
+
+use stagehand_actors::ModelLayout;
+
+use super::config::FluxConfig;
+use super::input::{read_latent, Conditioning, Start};
+use super::names::Names;
+use super::{Flux, Plan};
+use crate::compute::TensorSlot;
+use crate::families::family::Facts;
+use crate::families::inputs::WorkloadKind;
+use crate::families::registry::{Found, Open, Request};
+use crate::families::FamilyError;
+use crate::model::ModelIndex;
+
+/// diffusers' class of the Flux transformer (`_class_name` of `transformer/config.json`).
+pub const CLASS_NAME: &str = "FluxTransformer2DModel";
+
+/// What a run without `sample`'s inputs computes: a seeded conditioning of this many
+/// text tokens at this size and steps (Flux's own 512 tokens at 1024² when only
+/// headers are read, to describe a real step).
+const DEFAULT_TEXT_TOKENS: usize = 32;
+const DEFAULT_SIZE: usize = 256;
+const DEFAULT_STEPS: usize = 4;
+const DESCRIBED_TEXT_TOKENS: usize = 512;
+const DESCRIBED_SIZE: usize = 1024;
+
+impl Open for Flux {
+    const NAME: &'static str = "flux";
+    const KIND: WorkloadKind = WorkloadKind::Diffusion;
+
+    fn recognises(found: &Found<'_>) -> bool {
+        match found.folder {
+            Some(folder) => {
+                folder
+                    .config
+                    .get("_class_name")
+                    .and_then(|name| name.as_str())
+                    == Some(CLASS_NAME)
+            }
+            None => Names::detect(found.index).is_some(),
+        }
+    }
+
+    fn open(request: &Request<'_>) -> Result<Self, FamilyError> {
+        let index = request.index;
+        let names = Names::detect(index).ok_or_else(|| {
+            FamilyError::Model(format!(
+                "{}: not a Flux transformer (no img_in/txt_in/double_blocks tensors, with or without model.diffusion_model., nor diffusers' x_embedder/context_embedder)",
+                request.path.display()
+            ))
+        })?;
+        super::quant::check(index, request.extras.headers_only)?;
+        let config = match request.folder {
+            Some(folder) => FluxConfig::from_json(&folder.config_path(), &folder.config)?,
+            None => FluxConfig::infer(index, &names)?,
+        };
+        check_counts(index, &names, &config)?;
+        let plan = plan_of(request, &config)?;
+        Flux::new(index, config, names, plan)
+    }
+}
+
+/// Block counts of the checkpoint against its config.
+fn check_counts(index: &ModelIndex, names: &Names, config: &FluxConfig) -> Result<(), FamilyError> {
+    for (kind, key, expected) in [
+        ("double_blocks", "num_layers", config.double_blocks),
+        ("single_blocks", "num_single_layers", config.single_blocks),
+    ] {
+        let found = names.count(index, kind);
+        if found != expected {
+            return Err(FamilyError::Model(format!(
+                "{}: the checkpoint has {found} {kind}, its config says {expected} ({key}); the file and the config are of different models",
+                index.path.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn plan_of(request: &Request<'_>, config: &FluxConfig) -> Result<Plan, FamilyError> {
+    let (context_dim, pooled_dim) = (config.context_dim, config.pooled_dim);
+    let Some(input) = &request.extras.diffusion else {
+        let (tokens, size) = match request.extras.headers_only {
+            true => (DESCRIBED_TEXT_TOKENS, DESCRIBED_SIZE),
+            false => (DEFAULT_TEXT_TOKENS, DEFAULT_SIZE),
+        };
+        return Ok(Plan {
+            cond: Conditioning::seeded(tokens, context_dim, pooled_dim),
+            width: size,
+            height: size,
+            steps: DEFAULT_STEPS,
+            guidance: None,
+            init: None,
+            strength: None,
+            seed: 0,
+        });
+    };
+    let cond = Conditioning::read(&input.cond, context_dim, pooled_dim)?;
+    let channels = config.in_channels / 4;
+    let (init, strength, seed) = match &input.start {
+        Start::Seed(seed) => (None, None, *seed),
+        Start::Init {
+            path,
+            strength,
+            seed,
+        } => {
+            if input.width % 16 != 0 || input.height % 16 != 0 {
+                (None, *strength, *seed)
+            } else {
+                let latent = read_latent(path, channels, input.height / 8, input.width / 8)?;
+                (Some(latent), *strength, *seed)
+            }
+        }
+    };
+    if let Some(strength) = strength.filter(|strength| !(*strength > 0.0 && *strength <= 1.0)) {
+        return Err(FamilyError::Model(format!(
+            "--strength {strength}: give a value in (0, 1] (1 starts from pure noise)"
+        )));
+    }
+    Ok(Plan {
+        cond,
+        width: input.width,
+        height: input.height,
+        steps: input.steps,
+        guidance: input.guidance,
+        init,
+        strength,
+        seed,
+    })
+}
+
+impl Facts for Flux {
+    fn kind(&self) -> WorkloadKind {
+        WorkloadKind::Diffusion
+    }
+
+    fn describe(&self) -> &'static str {
+        "flux transformer"
+    }
+
+    fn layout(&self) -> &ModelLayout {
+        &self.weights.placement.layout
+    }
+
+    fn activation_bytes(&self, _steps: u64) -> u64 {
+        self.working_set_bytes()
+    }
+
+    fn takes_lora(&self) -> bool {
+        true
+    }
+
+    fn place(&self, _index: &ModelIndex, tensor: usize) -> Option<(usize, TensorSlot)> {
+        self.weights.placement.slot_of(tensor)
+    }
+
+    fn reference_key(&self, step: u64) -> u64 {
+        step
+    }
+
+    /// Each step continues from the latent of the one before.
+    fn reference_is_sequential(&self) -> bool {
+        true
+    }
+
+    /// Text and image tokens through every block.
+    fn tokens_per_step(&self) -> u64 {
+        (self.text_tokens() + self.image_tokens()) as u64
+    }
+}

@@ -1,0 +1,126 @@
+//! What the Flux tests share: generated checkpoints and conditioning files, and a
+//! sampling run streamed under a budget and checked against the resident pass.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use stagehand::compute::DType;
+use stagehand::families::flux::{
+    write_conditioning, FluxDemo, FluxPreset, Layout, SampleInput, Start,
+};
+use stagehand::lora::LoraSpec;
+use stagehand::run::{
+    execute, no_observer, prepare_with, Budgets, Extras, Outcome, Prepared, RunPlan, WorkloadKind,
+};
+use stagehand::settings::Settings;
+
+pub const LAYOUTS: [Layout; 3] = [Layout::Original, Layout::ComfyUi, Layout::Diffusers];
+
+/// Writes `preset` in `layout`/`dtype` and a conditioning file of 8 tokens.
+pub fn generated(
+    dir: &Path,
+    preset: FluxPreset,
+    layout: Layout,
+    dtype: DType,
+) -> (PathBuf, PathBuf) {
+    let demo = FluxDemo {
+        preset,
+        layout,
+        dtype,
+        seed: 42,
+    };
+    let model = demo
+        .write(&dir.join(format!("{}-{dtype}", layout.describe())))
+        .expect("writes the model");
+    let cond = dir.join("cond.safetensors");
+    write_conditioning(&cond, &preset.shape(), 8, 3).expect("writes the conditioning");
+    (model, cond)
+}
+
+/// A 64 × 48 sample of `steps` steps from seeded noise.
+pub fn input(cond: &Path, steps: usize) -> SampleInput {
+    SampleInput {
+        cond: cond.to_path_buf(),
+        width: 48,
+        height: 64,
+        steps,
+        guidance: None,
+        start: Start::Seed(5),
+    }
+}
+
+pub fn prepare(model: &Path, input: SampleInput, loras: Vec<LoraSpec>) -> Prepared {
+    let extras = Extras {
+        diffusion: Some(input),
+        loras,
+        ..Extras::default()
+    };
+    prepare_with(
+        model,
+        WorkloadKind::Auto,
+        1,
+        &Settings::default(),
+        false,
+        &extras,
+    )
+    .expect("opens")
+}
+
+/// Runs `prepared`'s `steps` streamed under `share` of its streamed bytes (at least
+/// a ring of two blocks, prefetching one ahead; some block always streams), checked step by step against
+/// the resident pass.
+pub fn run(prepared: &Prepared, steps: u64, share: f64) -> Outcome {
+    let settings = Settings::default();
+    let layout = prepared.facts().layout();
+    let largest = layout
+        .blocks
+        .iter()
+        .map(|block| block.bytes)
+        .max()
+        .unwrap_or(0);
+    let weights = ((layout.total_bytes() as f64 * share) as u64).max(2 * largest + largest / 2);
+    let budget = weights + prepared.activation_bytes(steps);
+    let outcome = execute(
+        prepared,
+        RunPlan {
+            settings: &settings,
+            budgets: Budgets {
+                vram_budget_bytes: budget,
+                pin_ceiling_bytes: 64 << 20,
+            },
+            prefetch_depth: 1,
+            policy: stagehand::actors::ResidencyPolicy::Planned,
+            steps,
+            stop: Arc::new(AtomicBool::new(false)),
+            observer: no_observer(),
+            on_step: Box::new(|_, _| {}),
+            fail_after_reads: None,
+            keep_outputs: true,
+            on_token: None,
+        },
+    )
+    .expect("samples");
+    let resident = &outcome.report.plan.vram.resident;
+    assert!(resident.iter().any(|r| !r), "the budget streams no block");
+    outcome
+}
+
+/// Samples `input` with no LoRA.
+pub fn sample(model: &Path, input: SampleInput, share: f64) -> Outcome {
+    let steps = input.steps as u64;
+    run(&prepare(model, input, Vec::new()), steps, share)
+}
+
+/// The packed latent after the last step.
+pub fn last_latent(outcome: &Outcome) -> Vec<f32> {
+    outcome
+        .report
+        .outputs
+        .values()
+        .last()
+        .cloned()
+        .expect("a latent")
+}
