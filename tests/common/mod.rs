@@ -3,6 +3,7 @@
 #![allow(dead_code)] // Each test binary uses a different subset.
 
 pub mod cli;
+pub mod cli_rows;
 pub mod decoder;
 pub mod demo;
 pub mod encoder;
