@@ -74,6 +74,7 @@ struct Sampled<'a> {
     text_tokens: usize,
     sigmas: &'a [f32],
     seconds_per_step: f64,
+    activation_bytes: u64,
     summary: &'a Summary,
 }
 
@@ -192,6 +193,7 @@ pub fn execute(args: SampleArgs) -> CommandResult {
             text_tokens: flux.text_tokens(),
             sigmas: &flux.sigmas[flux.first..],
             seconds_per_step,
+            activation_bytes: flux.working_set_bytes(),
             summary: &summary,
         };
         let json = serde_json::to_string_pretty(&sampled).map_err(Failure::run_failed)?;
@@ -202,6 +204,11 @@ pub fn execute(args: SampleArgs) -> CommandResult {
         "sample: wrote {} (latent [1, {channels}, {height}, {width}]) after {steps} denoising steps, {:.1} ms per step (steady, median)",
         args.out.display(),
         seconds_per_step * 1e3
+    );
+    println!(
+        "  activations: {} per denoising step (q, k, v and attention over {} tokens, the MLP's hidden state, the modulations, the rope table), reserved through the activation path before the first block",
+        stagehand_actors::Bytes(flux.working_set_bytes()),
+        flux.image_tokens() + flux.text_tokens()
     );
     print!("{}", summary.render());
     Ok(())
