@@ -181,7 +181,18 @@ pub fn execute(args: SampleArgs) -> CommandResult {
     let (height, width) = (args.height / 8, args.width / 8);
     write_latent(&args.out, &flux.unpack(packed), channels, height, width)
         .map_err(|error| Failure::run_failed(anyhow::anyhow!(error)))?;
-    let summary = Summary::new(&outcome);
+    print_result(&args, flux, &outcome, (channels, height, width))
+}
+
+/// The result as JSON, or the written latent's line and the run summary.
+fn print_result(
+    args: &SampleArgs,
+    flux: &stagehand::families::flux::Flux,
+    outcome: &stagehand::run::Outcome,
+    (channels, height, width): (usize, usize, usize),
+) -> CommandResult {
+    let steps = flux.steps_per_sample();
+    let summary = Summary::new(outcome);
     let seconds_per_step = outcome.report.steady_step_seconds();
     if args.json {
         let sampled = Sampled {
