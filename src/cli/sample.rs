@@ -47,7 +47,7 @@ pub struct SampleArgs {
     pub init: Option<PathBuf>,
     /// Image-to-image: noise --init to this strength (0–1] and run that share of the steps.
     #[arg(long, requires = "init")]
-    pub strength: Option<f32>,
+    pub strength: Option<f64>,
     /// Where to write the final latent (safetensors `latent` [1, 16, H/8, W/8], F32).
     #[arg(long, value_name = "FILE")]
     pub out: PathBuf,

@@ -37,9 +37,10 @@ pub fn sigmas(steps: usize, image_tokens: usize, shifted: bool) -> Vec<f32> {
     sigmas
 }
 
-/// The first step image-to-image runs at `strength` of `steps` (0 for a full run).
-pub fn first_step(steps: usize, strength: f32) -> usize {
-    let init = (steps as f64 * f64::from(strength)).min(steps as f64);
+/// The first step image-to-image runs at `strength` of `steps` (0 for a full run), in
+/// f64 as the pipeline computes `int(N − min(N·strength, N))`.
+pub fn first_step(steps: usize, strength: f64) -> usize {
+    let init = (steps as f64 * strength).min(steps as f64);
     (steps as f64 - init).max(0.0) as usize
 }
 
