@@ -75,7 +75,8 @@ fn packing(channels: usize, rows: usize, cols: usize) -> impl Iterator<Item = (u
     })
 }
 
-/// A latent `[channels, 2·rows, 2·cols]` packed into tokens (see [`packing`]).
+/// A latent `[channels, 2·rows, 2·cols]` packed into `rows·cols` tokens of
+/// `channels·4` values: token (i, j), value `c·4 + 2a + b` is `latent[c][2i + a][2j + b]`.
 pub fn pack(latent: &[f32], channels: usize, rows: usize, cols: usize) -> Vec<f32> {
     let mut packed = vec![0.0; latent.len()];
     for (to, from) in packing(channels, rows, cols) {
