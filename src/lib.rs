@@ -94,6 +94,9 @@ pub mod model;
 pub mod os;
 #[doc(hidden)]
 pub mod run;
+#[cfg(feature = "serve")]
+#[doc(hidden)]
+pub mod serve;
 #[doc(hidden)]
 pub mod settings;
 #[doc(hidden)]

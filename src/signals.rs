@@ -86,6 +86,13 @@ pub fn check() -> Result<(), Interrupted> {
     Ok(())
 }
 
+/// For a server that drains on the first signal: whether a stop was requested, and if
+/// so, lowers the flag again so the work it still finishes is not interrupted by it.
+/// [`received`] still names the signal, and a second signal still exits at once.
+pub fn take_stop_request() -> bool {
+    stop().swap(false, Ordering::SeqCst)
+}
+
 /// Asks the process to stop as `signal` would (the first-signal half of the handler).
 /// For tests, which cannot send themselves a signal without stopping their runner.
 pub fn request_stop(signal: i32) {

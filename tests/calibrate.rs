@@ -286,9 +286,11 @@ fn copies_and_reads_on_a_writable_directory_are_measured() {
 }
 
 #[test]
-fn nothing_measurable_exits_2_naming_what_was_skipped_and_why() {
-    // Only the disk asked for, on a directory that does not exist: exit 2, and the
-    // error line names the skipped measurements and the reason.
+fn a_missing_scratch_folder_exits_2_naming_the_flag() {
+    // Only the disk asked for, on a directory that does not exist: exit 2 before
+    // anything is measured, the one line naming the flag and what to give. (The
+    // library's "nothing could be measured" naming each skipped measurement is the
+    // test above.)
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("missing");
     let output = common::stagehand()
@@ -300,8 +302,9 @@ fn nothing_measurable_exits_2_naming_what_was_skipped_and_why() {
     assert_eq!(output.status.code(), Some(2), "{stderr}");
     let last = stderr.trim_end().lines().last().unwrap_or_default();
     assert!(
-        last.contains("nothing could be measured") && last.contains("disk.buffered_cold"),
+        last.contains("--dir") && last.contains("not a folder"),
         "{stderr}"
     );
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 }

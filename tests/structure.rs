@@ -20,6 +20,8 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("model families", &["families", "lora"]),
     ("the run", &["run"]),
     ("tools over runs", &["simulate", "calibrate", "validate"]),
+    // The top layer, beside the CLI (which is not a library module).
+    ("serving", &["serve"]),
 ];
 
 /// Library files longer than this are split along their seams.

@@ -51,6 +51,8 @@ mod machine_load;
 mod progress;
 mod run;
 mod sample;
+#[cfg(feature = "serve")]
+mod serve;
 mod simulate;
 mod validate;
 mod validate_checks;
@@ -121,6 +123,9 @@ pub enum Command {
     Validate(validate::ValidateArgs),
     /// Measure stagehand against its physical bound and baselines (`bench disk FILE` for storage).
     Bench(bench::BenchArgs),
+    /// Keep models loaded behind an OpenAI-compatible HTTP API (embeddings, completions, chat).
+    #[cfg(feature = "serve")]
+    Serve(serve::ServeArgs),
 }
 
 /// The command line, with every flag that takes a value taking a negative number as
@@ -156,6 +161,8 @@ pub fn main() -> ExitCode {
             return ExitCode::from(u8::try_from(error.exit_code()).unwrap_or(2));
         }
     };
+    // A server stopped by SIGINT/SIGTERM drains and exits 0 (README "Serving").
+    let drains_on_signal = is_serve(&cli.command);
     let result = match cli.command {
         None => run::execute(cli.run),
         Some(Command::Run(args)) => run::execute(args),
@@ -169,7 +176,10 @@ pub fn main() -> ExitCode {
         Some(Command::Bench(args)) => bench::execute(args),
         Some(Command::Calibrate(args)) => calibrate::execute(args),
         Some(Command::Validate(args)) => validate::execute(args),
+        #[cfg(feature = "serve")]
+        Some(Command::Serve(args)) => serve::execute(args),
     };
+    let result_ok = result.is_ok();
     let status = match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure::BadInput(error)) => {
@@ -185,7 +195,8 @@ pub fn main() -> ExitCode {
             ExitCode::from(EXIT_DOES_NOT_FIT)
         }
     };
-    if let Some(signal) = stagehand::signals::received() {
+    let drained = drains_on_signal && result_ok;
+    if let Some(signal) = stagehand::signals::received().filter(|_| !drained) {
         eprintln!("stopped by {}", stagehand::signals::signal_name(signal));
         return ExitCode::from(stagehand::signals::exit_status(signal));
     }
@@ -208,6 +219,16 @@ fn one_line(message: &str) -> String {
         .filter(|line| line.chars().any(char::is_alphanumeric))
         .collect();
     lines.join(" ")
+}
+
+/// Whether the command is `serve`, which exits 0 after a drained SIGINT/SIGTERM.
+fn is_serve(command: &Option<Command>) -> bool {
+    #[cfg(feature = "serve")]
+    if matches!(command, Some(Command::Serve(_))) {
+        return true;
+    }
+    let _ = command;
+    false
 }
 
 #[cfg(test)]

@@ -138,7 +138,7 @@ pub fn execute_on<C: Compute>(
 }
 
 /// The session's configuration, and the expert cache's for an MoE model.
-fn session_configs(
+pub(super) fn session_configs(
     prepared: &Prepared,
     plan: &RunPlan<'_>,
 ) -> Result<(SessionConfig, Option<ExpertConfig>), RunError> {

@@ -7,6 +7,7 @@ mod budget;
 mod cuda;
 pub mod driver;
 mod execute;
+pub mod loaded;
 pub mod memory;
 mod prepare;
 mod recorded;
@@ -14,6 +15,7 @@ mod reference;
 pub mod report;
 pub mod roofline;
 pub mod summary;
+pub mod text;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;

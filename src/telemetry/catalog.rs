@@ -9,6 +9,8 @@
 
 use metrics::{KeyName, Recorder, SharedString, Unit};
 
+use super::serving_catalog;
+
 /// The Prometheus type of a metric.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MetricKind {
@@ -138,6 +140,10 @@ pub const PLAN_STEP_STREAMED_BYTES: &str = "stagehand_plan_step_streamed_bytes";
 pub const ACTIVATION_DISPLACED_BLOCKS: &str = "stagehand_activation_displaced_blocks_total";
 pub const EXPERT_ACQUIRES: &str = "stagehand_expert_acquires_total";
 pub const ERRORS: &str = "stagehand_errors_total";
+pub use super::serving_catalog::{
+    SERVE_BATCH_SIZE, SERVE_IN_FLIGHT, SERVE_QUEUE_DEPTH, SERVE_REQUESTS, SERVE_REQUEST_DURATION,
+    SERVE_TIME_TO_FIRST_TOKEN, SERVE_TOKENS,
+};
 
 /// Every metric stagehand exports.
 pub const CATALOG: &[MetricSpec] = &[
@@ -293,6 +299,13 @@ pub const CATALOG: &[MetricSpec] = &[
         description: "Errors by kind (read, copy, pin, budget, protocol).",
         buckets: &[],
     },
+    serving_catalog::REQUESTS,
+    serving_catalog::REQUEST_DURATION,
+    serving_catalog::TIME_TO_FIRST_TOKEN,
+    serving_catalog::QUEUE_DEPTH,
+    serving_catalog::IN_FLIGHT,
+    serving_catalog::BATCH_SIZE,
+    serving_catalog::TOKENS,
 ];
 
 /// Looks a metric up by its declared name.
@@ -343,7 +356,10 @@ pub fn markdown_table() -> String {
         } else {
             spec.labels
                 .iter()
-                .map(|label| format!("`{}` ({})", label.name, label.values.join(", ")))
+                .map(|label| match label.values {
+                    [] => format!("`{}` (the served models' names)", label.name),
+                    values => format!("`{}` ({})", label.name, values.join(", ")),
+                })
                 .collect::<Vec<_>>()
                 .join("; ")
         };
@@ -356,7 +372,7 @@ pub fn markdown_table() -> String {
             spec.description
         ));
     }
-    text.push_str("\nHistogram buckets (upper bounds, seconds):\n\n");
+    text.push_str("\nHistogram buckets (upper bounds, in each metric's unit):\n\n");
     for spec in CATALOG.iter().filter(|spec| !spec.buckets.is_empty()) {
         let bounds = spec
             .buckets

@@ -17,6 +17,8 @@ pub mod exposition;
 mod observer;
 pub mod promql;
 mod server;
+pub mod serving;
+mod serving_catalog;
 pub mod trace;
 mod trace_observer;
 

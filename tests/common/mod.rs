@@ -9,6 +9,7 @@ pub mod encoder;
 pub mod lora;
 pub mod metrics;
 pub mod process;
+pub mod reference;
 pub mod replay;
 pub mod sim;
 pub mod storage;

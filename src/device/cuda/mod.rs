@@ -36,6 +36,7 @@ mod decoder;
 mod device;
 mod error;
 mod events;
+mod gemv;
 mod kernels;
 mod kernels_attention;
 mod library;

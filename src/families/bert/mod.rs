@@ -20,6 +20,7 @@ mod config;
 mod open;
 mod output;
 mod pool;
+mod requests;
 mod sentence;
 mod tokens;
 mod weights;
@@ -30,6 +31,7 @@ use stagehand_actors::BlockId;
 
 pub use config::{BertConfig, Variant};
 pub use output::embeddings_in_input_order;
+pub use requests::input_tokens;
 pub use sentence::{MaxLength, Pooling, SentenceFolder, SentenceHead};
 pub use tokens::{batches, from_ids, length_order, tokenize, TextLimits, TokenBatch, Tokens};
 
@@ -66,6 +68,8 @@ pub struct Encoder {
     order: Vec<usize>,
     /// Texts longer than the model takes, cut short as the tokenizer says (by position).
     truncated_texts: Vec<usize>,
+    /// How the folder's texts are cut and cased (kept for texts given later: `serve`).
+    limits: TextLimits,
 }
 
 /// One step's batch with its position ids.
@@ -104,32 +108,7 @@ impl Encoder {
         batch: usize,
         embeddings: EmbeddingPlacement,
     ) -> Result<Self, FamilyError> {
-        if tokens.is_empty() {
-            return Err(FamilyError::Model(
-                "no text to embed: give one or more texts (or --file)".into(),
-            ));
-        }
-        if let Some((text, id)) = tokens.iter().enumerate().find_map(|(text, tokens)| {
-            tokens
-                .ids
-                .iter()
-                .find(|&&id| id as usize >= config.vocab)
-                .map(|&id| (text, id))
-        }) {
-            return Err(FamilyError::Model(format!(
-                "text {}: token id {id} is outside the model's vocabulary of {}",
-                text + 1,
-                config.vocab
-            )));
-        }
-        let order = length_order(tokens);
-        let inputs: Vec<StepInput> = batches(tokens, &order, batch, config.pad_token_id)
-            .into_iter()
-            .map(|batch| {
-                let positions = config.position_ids(&batch.ids, batch.length);
-                StepInput { batch, positions }
-            })
-            .collect();
+        let (inputs, order) = step_inputs(&config, tokens, batch)?;
         let largest_rows = inputs
             .iter()
             .map(|input| input.batch.ids.len())
@@ -148,17 +127,18 @@ impl Encoder {
         } else {
             Some(HostTable::read(index, weights.word_tensor)?)
         };
+        let limits = TextLimits {
+            max_positions: config.usable_positions(),
+            max_length: None,
+            lower_case: false,
+        };
         Ok(Self {
             config,
             weights,
             head,
             host_table,
-            truncated_texts: tokens
-                .iter()
-                .enumerate()
-                .filter(|(_, text)| text.truncated)
-                .map(|(position, _)| position)
-                .collect(),
+            truncated_texts: truncated(tokens),
+            limits,
             inputs,
             order,
         })
@@ -456,4 +436,49 @@ pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
 /// Reads `config.json` of a BERT folder.
 pub fn bert_config(path: &Path, config: &serde_json::Value) -> Result<BertConfig, FamilyError> {
     BertConfig::from_json(path, config)
+}
+
+/// The steps of `tokens`, `batch` texts a step: sorted longest first (sentence-
+/// transformers' order), each batch padded to its own longest text; and the input
+/// position of each text in the order the steps embed them.
+fn step_inputs(
+    config: &BertConfig,
+    tokens: &[Tokens],
+    batch: usize,
+) -> Result<(Vec<StepInput>, Vec<usize>), FamilyError> {
+    if tokens.is_empty() {
+        return Err(FamilyError::Model(
+            "no text to embed: give one or more texts (or --file)".into(),
+        ));
+    }
+    if let Some((text, id)) = tokens.iter().enumerate().find_map(|(text, tokens)| {
+        tokens
+            .ids
+            .iter()
+            .find(|&&id| id as usize >= config.vocab)
+            .map(|&id| (text, id))
+    }) {
+        return Err(FamilyError::Model(format!(
+            "text {}: token id {id} is outside the model's vocabulary of {}",
+            text + 1,
+            config.vocab
+        )));
+    }
+    let order = length_order(tokens);
+    let inputs = batches(tokens, &order, batch, config.pad_token_id)
+        .into_iter()
+        .map(|batch| {
+            let positions = config.position_ids(&batch.ids, batch.length);
+            StepInput { batch, positions }
+        })
+        .collect();
+    Ok((inputs, order))
+}
+
+/// The input positions of the texts cut short.
+fn truncated(tokens: &[Tokens]) -> Vec<usize> {
+    (tokens.iter().enumerate())
+        .filter(|(_, text)| text.truncated)
+        .map(|(position, _)| position)
+        .collect()
 }

@@ -3,7 +3,7 @@
 use stagehand_actors::ModelLayout;
 
 use super::sentence::{self, SentenceFolder};
-use super::{tokenize, Encoder, TextLimits, Tokens};
+use super::{Encoder, TextLimits, Tokens};
 use crate::compute::TensorSlot;
 use crate::families::family::Facts;
 use crate::families::inputs::{EncoderInput, WorkloadKind, BUILT_IN_SENTENCES};
@@ -26,44 +26,23 @@ impl Open for Encoder {
         let input = request.extras.encoder.clone().unwrap_or_else(|| {
             EncoderInput::Texts(BUILT_IN_SENTENCES.iter().map(|s| s.to_string()).collect())
         });
-        let tokens: Vec<Tokens> = match &input {
-            EncoderInput::Texts(texts) => {
-                if texts.is_empty() {
-                    return Err(FamilyError::Model(
-                        "no text to embed: give one or more texts, or --file".to_string(),
-                    ));
-                }
-                let Some(tokenizer) = &folder.tokenizer else {
-                    return Err(FamilyError::Model(format!(
-                        "{}: no tokenizer.json in the folder; add it, or give token ids with --token-ids 101,7592,102",
-                        folder.dir.display()
-                    )));
-                };
-                let limits = TextLimits {
-                    max_positions: config.usable_positions(),
-                    max_length: sentence.max_length.as_ref().map(|length| length.tokens),
-                    lower_case: sentence.lower_case,
-                };
-                tokenize(tokenizer, texts, limits)?
-            }
-            EncoderInput::TokenIds(ids) => {
-                if ids.is_empty() || ids.iter().any(Vec::is_empty) {
-                    return Err(FamilyError::Model(
-                        "--token-ids: every text needs at least one id".to_string(),
-                    ));
-                }
-                super::from_ids(ids, config.usable_positions())
-            }
+        let limits = TextLimits {
+            max_positions: config.usable_positions(),
+            max_length: sentence.max_length.as_ref().map(|length| length.tokens),
+            lower_case: sentence.lower_case,
         };
+        let tokens: Vec<Tokens> = super::input_tokens(folder, &config, limits, &input)?;
         warn_truncated(&tokens, &sentence, config.usable_positions());
-        Encoder::new(
+        let mut encoder = Encoder::new(
             request.index,
             config,
             sentence.head,
             &tokens,
             request.batch,
             request.extras.embeddings,
-        )
+        )?;
+        encoder.limits = limits;
+        Ok(encoder)
     }
 }
 

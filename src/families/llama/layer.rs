@@ -232,18 +232,30 @@ impl Decoder {
         step: u64,
         output: &mut StepOutput,
     ) -> Result<(), FamilyError> {
-        let slots = &self.weights.layers[layer];
         let held = blocks.acquire(compute, BlockId(layer as u32))?;
         let lora = blocks.lora();
-        let outcome = (|| {
-            self.attention(compute, &held, lora, slots, layer, positions, state)?;
-            let acts = state.acts.as_mut().ok_or_else(unallocated)?;
-            Self::feed_forward(compute, &held, lora, &slots.ffn, acts)
-        })();
+        let outcome = self.layer_held(compute, &held, lora, layer, positions, state);
         blocks.release(compute, held)?;
         if let Some(router_logits) = outcome? {
             self.moe(compute, state, blocks, layer, &router_logits, step, output)?;
         }
         Ok(())
+    }
+
+    /// A layer's attention and dense MLP (or its router's logits, returned for the
+    /// experts) while its block is held.
+    pub(super) fn layer_held<C: Compute>(
+        &self,
+        compute: &C,
+        held: &Held<C::Block>,
+        lora: Option<&LoraSet>,
+        layer: usize,
+        positions: &[u32],
+        state: &mut DecoderState<C>,
+    ) -> Result<Option<Vec<f32>>, FamilyError> {
+        let slots = &self.weights.layers[layer];
+        self.attention(compute, held, lora, slots, layer, positions, state)?;
+        let acts = state.acts.as_mut().ok_or_else(unallocated)?;
+        Self::feed_forward(compute, held, lora, &slots.ffn, acts)
     }
 }

@@ -21,6 +21,7 @@
 //! is `lm_head` itself, in the head block: the next token's row is gathered on the
 //! device while the head is held, at the end of the step that picked it.
 
+mod batch;
 mod config;
 mod experts;
 mod keys;
@@ -33,6 +34,7 @@ mod window;
 
 use stagehand_actors::BlockId;
 
+pub use batch::BatchSequence;
 pub use config::{Biases, DecoderConfig, ExpertNames, Experts, Variant, DECODER_FAMILIES};
 pub use experts::{route, ExpertHint};
 pub use keys::NO_MATH;
@@ -41,9 +43,10 @@ pub use sampling::{argmax, Sampling};
 pub use window::SlidingWindow;
 
 use self::weights::DecoderWeights;
-use super::blocks::Blocks;
+use super::blocks::{Blocks, Held};
 use super::family::{Decoded, Family, StepOutput};
 use super::host_table::HostTable;
+use super::lora_set::LoraSet;
 use super::FamilyError;
 use crate::compute::{Compute, TensorSlot};
 use crate::model::ModelIndex;
@@ -301,54 +304,76 @@ impl Decoder {
         Ok(())
     }
 
-    /// The final norm on the last position, `lm_head`, the next token, and its
-    /// embedding for the next step.
+    /// The final norm on the last position, `lm_head`, the next token (picked as
+    /// `sampling` says), and its embedding for the next step.
     fn head<C: Compute, B: Blocks<C>>(
         &self,
         compute: &C,
         state: &mut DecoderState<C>,
         blocks: &mut B,
+        sampling: &Sampling,
     ) -> Result<Vec<f32>, FamilyError> {
         let held = blocks.acquire(compute, BlockId(self.weights.head_block()))?;
         let lora = blocks.lora();
-        let outcome = (|| {
-            let view = held.view(compute);
-            let head = self.weights.head;
-            let acts = state.acts.as_mut().ok_or_else(unallocated)?;
-            compute.slice_rows(&acts.x, state.rows - 1, &mut state.last)?;
-            compute.rms_norm(
-                &state.last,
-                Some(&view.weight(&head.norm)?),
-                self.config.rms_eps,
-                &mut state.last_normed,
-            )?;
-            Self::project(
-                compute,
-                &held,
-                lora,
-                &head.lm_head,
-                None,
-                &state.last_normed,
-                &mut state.logits,
-                &mut acts.low_rank,
-            )?;
-            let logits = compute.read(&state.logits)?;
-            let token = self.sampling.pick(&logits, &mut state.rng);
-            state.next_token = token;
-            if self.host_table.is_none() {
-                compute.write(&mut state.next, &state.zeros)?;
-                compute.gather_add(&view.weight(&head.lm_head)?, &[token], &mut state.next)?;
-            }
-            Ok::<_, FamilyError>(logits)
-        })();
+        let outcome = self.head_held(compute, state, &held, lora, sampling);
         blocks.release(compute, held)?;
         let logits = outcome?;
+        self.next_row(compute, state)?;
+        Ok(logits)
+    }
+
+    /// [`Decoder::head`] while the head block is held: the logits and the next token
+    /// (with tied embeddings, its row gathered from `lm_head` into `next`).
+    fn head_held<C: Compute>(
+        &self,
+        compute: &C,
+        state: &mut DecoderState<C>,
+        held: &Held<C::Block>,
+        lora: Option<&LoraSet>,
+        sampling: &Sampling,
+    ) -> Result<Vec<f32>, FamilyError> {
+        let view = held.view(compute);
+        let head = self.weights.head;
+        let acts = state.acts.as_mut().ok_or_else(unallocated)?;
+        compute.slice_rows(&acts.x, state.rows - 1, &mut state.last)?;
+        compute.rms_norm(
+            &state.last,
+            Some(&view.weight(&head.norm)?),
+            self.config.rms_eps,
+            &mut state.last_normed,
+        )?;
+        Self::project(
+            compute,
+            held,
+            lora,
+            &head.lm_head,
+            None,
+            &state.last_normed,
+            &mut state.logits,
+            &mut acts.low_rank,
+        )?;
+        let logits = compute.read(&state.logits)?;
+        let token = sampling.pick(&logits, &mut state.rng);
+        state.next_token = token;
+        if self.host_table.is_none() {
+            compute.write(&mut state.next, &state.zeros)?;
+            compute.gather_add(&view.weight(&head.lm_head)?, &[token], &mut state.next)?;
+        }
+        Ok(logits)
+    }
+
+    /// With an untied `lm_head`, the next token's row from the host table into `next`.
+    fn next_row<C: Compute>(
+        &self,
+        compute: &C,
+        state: &mut DecoderState<C>,
+    ) -> Result<(), FamilyError> {
         if let Some(table) = &self.host_table {
             let mut row = Vec::new();
             table.gather(&[state.next_token], &mut row)?;
             compute.write(&mut state.next, &row)?;
         }
-        Ok(logits)
+        Ok(())
     }
 
     /// The prompt's embeddings into `x` (step 0).
@@ -357,22 +382,23 @@ impl Decoder {
         compute: &C,
         state: &mut DecoderState<C>,
         blocks: &mut B,
+        prompt: &[u32],
     ) -> Result<(), FamilyError> {
         let acts = state.acts.as_mut().ok_or_else(unallocated)?;
         if let Some(table) = &self.host_table {
             let mut rows = Vec::new();
-            table.gather(&self.prompt, &mut rows)?;
+            table.gather(prompt, &mut rows)?;
             compute.write(&mut acts.x, &rows)?;
             return Ok(());
         }
         let held = blocks.acquire(compute, BlockId(self.weights.head_block()))?;
         let outcome = (|| {
             let view = held.view(compute);
-            let zeros = vec![0.0; self.prompt.len() * self.config.hidden];
+            let zeros = vec![0.0; prompt.len() * self.config.hidden];
             compute.write(&mut acts.x, &zeros)?;
             compute.gather_add(
                 &view.weight(&self.weights.head.lm_head)?,
-                &self.prompt,
+                prompt,
                 &mut acts.x,
             )?;
             Ok::<_, FamilyError>(())
@@ -423,37 +449,13 @@ impl Family for Decoder {
         step: u64,
     ) -> Result<StepOutput, FamilyError> {
         let mut output = StepOutput::default();
-        let rows = if step == 0 { self.prompt.len() } else { 1 };
-        let length = state.position + rows;
-        if let Some(refusal) = self.config.refuse_sequence(length) {
-            return Err(FamilyError::Model(format!("{refusal}; lower --max-tokens")));
-        }
-        if self.config.rope.depends_on_length() {
-            state.inv_freq = self.config.rope.inv_freq(length);
-        }
-        if state.acts.is_none() || state.rows != rows {
-            state.acts = Some(self.activations(compute, rows)?);
-            state.rows = rows;
-        }
-        self.grow_cache(compute, state, blocks, state.position + rows, &mut output)?;
-        if step == 0 {
-            self.embed_prompt(compute, state, blocks)?;
-        } else {
-            let acts = state.acts.as_mut().ok_or_else(unallocated)?;
-            compute.copy(&state.next, &mut acts.x)?;
-        }
-        let positions: Vec<u32> = (state.position..state.position + rows)
-            .map(|p| p as u32)
-            .collect();
+        let positions =
+            self.begin_sequence(compute, state, blocks, step, &self.prompt, &mut output)?;
         for layer in 0..self.config.layers {
             self.layer(compute, state, blocks, layer, &positions, step, &mut output)?;
         }
-        let logits = self.head(compute, state, blocks)?;
-        state.position += rows;
-        let decoded = output.decoded.get_or_insert_with(Decoded::default);
-        decoded.token = state.next_token;
-        decoded.kv_bytes = state.capacity as u64 * self.kv_bytes_per_token();
-        output.output = Some(logits);
+        let logits = self.head(compute, state, blocks, &self.sampling)?;
+        self.finish_sequence(state, positions.len(), logits, &mut output);
         Ok(output)
     }
 }

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use serde_json::json;
 
 use super::decoder_shape::DecoderShape;
-use super::tokenizer::byte_level_tokenizer_json;
+use super::tokenizer::{byte_level_tokenizer_json, chat_tokenizer_config_json};
 use super::writer::{write_atomically, write_checkpoint, TensorSpec};
 use crate::compute::DType;
 
@@ -173,5 +173,6 @@ pub fn write_decoder_folder(dir: &Path, demo: &DecoderDemo) -> std::io::Result<P
     };
     json_file("config.json", demo.config(&shape))?;
     json_file("tokenizer.json", byte_level_tokenizer_json())?;
+    json_file("tokenizer_config.json", chat_tokenizer_config_json())?;
     Ok(dir.to_path_buf())
 }

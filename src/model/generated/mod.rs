@@ -12,5 +12,7 @@ mod writer;
 pub use bert::{write_bert_folder, write_bert_lora, BertDemo, BertPreset, BertShape};
 pub use decoder::{write_decoder_folder, DecoderArch, DecoderDemo, DecoderPreset};
 pub use decoder_shape::{DecoderShape, MoeShape};
-pub use tokenizer::{byte_level_tokenizer_json, minimum_vocabulary, tokenizer_json};
+pub use tokenizer::{
+    byte_level_tokenizer_json, chat_tokenizer_config_json, minimum_vocabulary, tokenizer_json,
+};
 pub use writer::{write_atomically, write_checkpoint, write_single, TensorSpec, Values};

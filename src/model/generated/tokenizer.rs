@@ -182,6 +182,22 @@ pub fn byte_level_tokenizer_json() -> Value {
     })
 }
 
+/// `tokenizer_config.json` for the byte-level tokenizer: its special tokens and a chat
+/// template (Jinja, as Hugging Face's `apply_chat_template` renders it), so a served
+/// generated decoder answers chat requests.
+pub fn chat_tokenizer_config_json() -> Value {
+    json!({
+        "bos_token": BEGIN_OF_TEXT,
+        "eos_token": END_OF_TEXT,
+        "add_bos_token": true,
+        "model_max_length": 2048,
+        "chat_template": CHAT_TEMPLATE,
+    })
+}
+
+/// Each message as `<|role|>` and its text on the next line; the assistant's turn last.
+const CHAT_TEMPLATE: &str = "{{ bos_token }}{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}";
+
 #[cfg(test)]
 mod byte_level_tests {
     use super::*;

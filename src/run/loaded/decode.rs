@@ -1,0 +1,237 @@
+//! Decoder jobs, batched continuously: up to `max_sequences` sequences at once, each
+//! with its own state and KV pages; a sequence joins when a job arrives and leaves
+//! when it stops, reaches `max_tokens`, fails or is cancelled, between steps. Each
+//! round is one batched step of the family ([`Decoder::step_batch`]): every block is
+//! acquired once and serves every sequence, and each sequence computes exactly what
+//! it would alone.
+
+use flume::TryRecvError;
+
+use crate::device::CpuCompute;
+use crate::families::llama::{BatchSequence, Decoder, DecoderState};
+use crate::families::{Family, FamilyError, StepOutput};
+
+use super::{is_fatal, Context, FinishReason, Finished, GenerateJob, Job, TokenEvent};
+
+/// One sequence being decoded.
+struct Sequence {
+    job: GenerateJob,
+    /// The prompt, swapped into the decoder for this sequence's steps.
+    prompt: Vec<u32>,
+    prompt_tokens: usize,
+    state: DecoderState<CpuCompute>,
+    step: u64,
+    /// KV-cache bytes reserved for this sequence, released when it leaves.
+    reserved_bytes: u64,
+    generated: usize,
+    finished: Option<FinishReason>,
+}
+
+/// Answers jobs until the queue closes and the last sequence has left.
+pub(super) fn run(decoder: &mut Decoder, context: &mut Context<'_, '_>) -> Result<(), FamilyError> {
+    let mut active: Vec<Sequence> = Vec::new();
+    let mut closed = false;
+    loop {
+        if active.is_empty() {
+            if closed {
+                return Ok(());
+            }
+            match context.jobs.recv() {
+                Ok(job) => admit(decoder, context, job, &mut active)?,
+                Err(_) => return Ok(()),
+            }
+        }
+        while !closed && active.len() < context.limits.max_sequences.max(1) {
+            match context.jobs.try_recv() {
+                Ok(job) => admit(decoder, context, job, &mut active)?,
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => closed = true,
+            }
+        }
+        if active.is_empty() {
+            continue;
+        }
+        step_round(decoder, context, &mut active)?;
+        retire(context, &mut active);
+    }
+}
+
+/// One prefill of a one-token prompt before the first request: every block lands
+/// (and is checked against the file) once, so no request waits for that first read.
+pub(super) fn warm_up(
+    decoder: &mut Decoder,
+    context: &mut Context<'_, '_>,
+) -> Result<(), FamilyError> {
+    let prompt = std::mem::replace(&mut decoder.prompt, vec![0]);
+    let mut state = decoder.start(context.compute)?;
+    context.blocks.begin_step();
+    let stepped = decoder.step(context.compute, &mut state, context.blocks, 0);
+    decoder.prompt = prompt;
+    if stepped.is_err() {
+        let _ = context.blocks.drain(context.compute);
+    }
+    let reserved = stepped?
+        .decoded
+        .map_or(0, |decoded| decoded.kv_reserved_bytes);
+    context.end_step()?;
+    context.blocks.session().release_activations(reserved);
+    Ok(())
+}
+
+/// Starts a job's sequence, or answers it with why it cannot run.
+fn admit(
+    decoder: &mut Decoder,
+    context: &mut Context<'_, '_>,
+    job: Job,
+    active: &mut Vec<Sequence>,
+) -> Result<(), FamilyError> {
+    let job = match job {
+        Job::Generate(job) => job,
+        Job::Embed(job) => {
+            let refusal = "this model is a decoder: it generates text, it does not embed";
+            let _ = job
+                .reply
+                .send(Err(super::RunError::BadInput(refusal.into())));
+            return Ok(());
+        }
+    };
+    if let Err(refusal) = check_job(decoder, &job) {
+        let _ = job.events.send(TokenEvent::Failed(refusal));
+        return Ok(());
+    }
+    decoder.prompt = job.prompt.clone();
+    decoder.sampling = job.sampling;
+    let state = decoder.start(context.compute)?;
+    active.push(Sequence {
+        prompt: job.prompt.clone(),
+        prompt_tokens: job.prompt.len(),
+        job,
+        state,
+        step: 0,
+        reserved_bytes: 0,
+        generated: 0,
+        finished: None,
+    });
+    Ok(())
+}
+
+/// Why `job` cannot run on this decoder (a message for the client), if it cannot.
+fn check_job(decoder: &Decoder, job: &GenerateJob) -> Result<(), String> {
+    if job.prompt.is_empty() {
+        return Err("the prompt has no tokens".into());
+    }
+    if job.max_tokens == 0 {
+        return Err("max_tokens must be at least 1".into());
+    }
+    let vocab = decoder.config.vocab;
+    if let Some(id) = job.prompt.iter().find(|&&id| id as usize >= vocab) {
+        return Err(format!(
+            "prompt token id {id} is outside the vocabulary of {vocab}"
+        ));
+    }
+    let length = job.prompt.len() + job.max_tokens as usize;
+    if let Some(refusal) = decoder.config.refuse_sequence(length) {
+        return Err(format!("prompt + max_tokens: {refusal}"));
+    }
+    job.sampling.validate()
+}
+
+/// One step of every active sequence, as one batch: each block acquired once for all
+/// of them ([`Decoder::step_batch`]); each token told to its job.
+fn step_round(
+    decoder: &Decoder,
+    context: &mut Context<'_, '_>,
+    active: &mut [Sequence],
+) -> Result<(), FamilyError> {
+    for sequence in active.iter_mut() {
+        if sequence.job.cancel.is_cancelled() || sequence.job.events.is_disconnected() {
+            sequence.finished = Some(FinishReason::Cancelled);
+        }
+    }
+    let mut batch: Vec<BatchSequence<'_, CpuCompute>> = active
+        .iter_mut()
+        .filter(|sequence| sequence.finished.is_none())
+        .map(|sequence| BatchSequence {
+            state: &mut sequence.state,
+            prompt: &sequence.prompt,
+            sampling: sequence.job.sampling,
+            step: sequence.step,
+        })
+        .collect();
+    if batch.is_empty() {
+        return Ok(());
+    }
+    context.batches.batch(batch.len());
+    context.blocks.begin_step();
+    let stepped = decoder.step_batch(context.compute, &mut batch, context.blocks);
+    drop(batch);
+    let outputs = match stepped {
+        Ok(outputs) => outputs,
+        Err(error) => {
+            let _ = context.blocks.drain(context.compute);
+            if is_fatal(&error) {
+                return Err(error);
+            }
+            for sequence in active.iter_mut().filter(|s| s.finished.is_none()) {
+                let _ = sequence
+                    .job
+                    .events
+                    .send(TokenEvent::Failed(error.to_string()));
+                sequence.finished = Some(FinishReason::Cancelled);
+            }
+            return Ok(());
+        }
+    };
+    context.end_step()?;
+    let stepped = active
+        .iter_mut()
+        .filter(|sequence| sequence.finished.is_none());
+    for (sequence, output) in stepped.zip(outputs) {
+        record(sequence, output);
+    }
+    Ok(())
+}
+
+/// A sequence's step output: its token told, its KV pages counted, its end decided.
+fn record(sequence: &mut Sequence, output: Result<StepOutput, FamilyError>) {
+    let output = match output {
+        Ok(output) => output,
+        Err(error) => {
+            let _ = sequence
+                .job
+                .events
+                .send(TokenEvent::Failed(error.to_string()));
+            sequence.finished = Some(FinishReason::Cancelled);
+            return;
+        }
+    };
+    sequence.step += 1;
+    let decoded = output.decoded.unwrap_or_default();
+    sequence.reserved_bytes += decoded.kv_reserved_bytes;
+    sequence.generated += 1;
+    let _ = sequence.job.events.send(TokenEvent::Token(decoded.token));
+    if sequence.job.stop_tokens.contains(&decoded.token) {
+        sequence.finished = Some(FinishReason::Stop);
+    } else if sequence.generated as u64 >= sequence.job.max_tokens {
+        sequence.finished = Some(FinishReason::Length);
+    }
+}
+
+/// Sequences that ended leave: their KV pages go back, their jobs are told.
+fn retire(context: &mut Context<'_, '_>, active: &mut Vec<Sequence>) {
+    active.retain(|sequence| {
+        let Some(reason) = sequence.finished else {
+            return true;
+        };
+        context
+            .blocks
+            .session()
+            .release_activations(sequence.reserved_bytes);
+        let _ = sequence.job.events.send(TokenEvent::Finished(Finished {
+            reason,
+            prompt_tokens: sequence.prompt_tokens,
+            generated_tokens: sequence.generated,
+        }));
+        false
+    });
+}

@@ -1,0 +1,234 @@
+//! A model kept loaded between requests (what `stagehand serve` runs, one per model):
+//! opened once by [`super::prepare_with`], budgeted by the one budget policy
+//! ([`super::budgets_for`]), its session started once on the CPU backend, then each
+//! job — texts to embed, a prompt to continue — runs the family's own step over the
+//! same streamed blocks. Blocks are checked against the file as they land (the
+//! cheap check `embed` and `generate` default to); the budgets are released when the
+//! job channel closes, and the final counters are returned to show it.
+//!
+//! Encoders gather the texts of queued jobs into one step, up to a token budget;
+//! decoders run up to [`BatchLimits::max_sequences`] sequences together, each with its
+//! own KV pages, joining and leaving between steps ([`decode`]).
+
+mod decode;
+mod embed;
+mod jobs;
+
+use std::sync::Arc;
+
+use stagehand_actors::{Observer, Session, StatsSnapshot};
+
+use crate::device::{CpuCompute, CpuDevice};
+use crate::families::blocks::Streamed;
+use crate::families::landing::LandingCheck;
+use crate::families::{FamilyError, Model, WorkloadKind};
+use crate::model::BlockReader;
+use crate::settings::Settings;
+
+use super::{
+    budgets_for, execute::session_configs, fitting_depth, open_model_storage, BudgetAsk, Budgets,
+    Prepared, RunError, RunPlan,
+};
+
+pub use jobs::{
+    BatchLimits, Cancel, CancelOnDrop, EmbedJob, Embedded, FinishReason, Finished, GenerateJob,
+    Job, TokenEvent,
+};
+
+/// What a loaded model tells its owner once its session runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoadedInfo {
+    pub kind: WorkloadKind,
+    pub budgets: Budgets,
+    /// Bytes the session streams (the layout's).
+    pub model_bytes: u64,
+}
+
+/// How a batch went, told after each step (for the server's metrics).
+pub trait BatchObserver: Send {
+    /// A step computed `sequences` sequences (or texts) at once.
+    fn batch(&mut self, sequences: usize);
+}
+
+/// Observes nothing.
+pub struct NoBatchObserver;
+
+impl BatchObserver for NoBatchObserver {
+    fn batch(&mut self, _sequences: usize) {}
+}
+
+/// What a job loop works with: the compute, the session's blocks, the job queue.
+pub(super) struct Context<'c, 's> {
+    pub compute: &'c CpuCompute,
+    pub blocks: &'c mut Streamed<'s, CpuCompute>,
+    pub jobs: &'c flume::Receiver<Job>,
+    pub limits: BatchLimits,
+    pub batches: Box<dyn BatchObserver>,
+}
+
+impl Context<'_, '_> {
+    /// Ends a step: holds given back, the session told.
+    fn end_step(&mut self) -> Result<(), FamilyError> {
+        self.blocks.drain(self.compute)?;
+        self.blocks.session().step_done();
+        Ok(())
+    }
+}
+
+/// A failure that ends the loaded model (its session stopped, its files changed),
+/// rather than one request.
+fn is_fatal(error: &FamilyError) -> bool {
+    match error {
+        // A stop request seen by a read (before a draining server lowered the flag)
+        // ends that request, not the model.
+        FamilyError::Session(stagehand_actors::SessionError::Interrupted) => false,
+        FamilyError::Session(_) | FamilyError::Io { .. } | FamilyError::Corrupt { .. } => true,
+        _ => false,
+    }
+}
+
+/// What [`serve_jobs`] runs with beside the model.
+pub struct LoadedOptions<'a> {
+    pub settings: &'a Settings,
+    pub limits: BatchLimits,
+    /// The session's observer (transfers, tiers: the existing catalog).
+    pub observer: Arc<dyn Observer>,
+    pub batches: Box<dyn BatchObserver>,
+}
+
+/// The budgets a loaded model runs under: the one policy, asked for the longest
+/// sequence the limits allow, times the sequences decoded together.
+pub fn loaded_budgets(prepared: &Prepared, settings: &Settings, limits: BatchLimits) -> Budgets {
+    budgets_for(
+        prepared,
+        settings,
+        BudgetAsk::steps(ask_steps(prepared, limits)),
+    )
+}
+
+/// Steps the budget policy is asked for: a decoder's KV cache for every sequence of a
+/// full batch at the longest length (as one sequence of that many tokens).
+fn ask_steps(prepared: &Prepared, limits: BatchLimits) -> u64 {
+    match prepared.facts().kind() {
+        WorkloadKind::Decoder => limits.max_sequence_tokens * limits.max_sequences.max(1) as u64,
+        _ => 1,
+    }
+}
+
+/// Runs `prepared` kept loaded: starts its session, runs one warm-up step, calls
+/// `ready` (with an error instead when it cannot start), then answers jobs until
+/// `jobs` closes. Returns the
+/// session's final counters: every budget released.
+pub fn serve_jobs(
+    mut prepared: Prepared,
+    options: LoadedOptions<'_>,
+    jobs: flume::Receiver<Job>,
+    ready: impl FnOnce(Result<LoadedInfo, RunError>),
+) -> Result<StatsSnapshot, RunError> {
+    let mut ready = Some(ready);
+    let started = start_session(&prepared, &options);
+    let (mut session, info, compute) = match started {
+        Ok(started) => started,
+        Err(error) => {
+            if let Some(ready) = ready.take() {
+                ready(Err(RunError::BadInput(error.to_string())));
+            }
+            return Err(error);
+        }
+    };
+    let files = BlockReader::open(&prepared.index)
+        .map_err(|error| RunError::Failed(format!("cannot read the model's files: {error}")))?;
+    let layout = prepared.facts().layout().clone();
+    let outcome = (|| {
+        let mut blocks = Streamed::new(&mut session, &compute, None)?;
+        if options
+            .settings
+            .verify
+            .unwrap_or(crate::settings::Verify::First)
+            != crate::settings::Verify::Off
+        {
+            blocks.landing = Some(LandingCheck::new(&files, &layout));
+        }
+        let lora = prepared.workload.lora.first().map(|phase| &phase.set);
+        blocks.switch_lora(&compute, lora, 0)?;
+        let mut context = Context {
+            compute: &compute,
+            blocks: &mut blocks,
+            jobs: &jobs,
+            limits: options.limits,
+            batches: options.batches,
+        };
+        let folder = prepared.folder.clone();
+        match &mut prepared.workload.model {
+            Model::Llama(decoder) => {
+                decode::warm_up(decoder, &mut context)?;
+                if let Some(ready) = ready.take() {
+                    ready(Ok(info));
+                }
+                decode::run(decoder, &mut context)
+            }
+            Model::Bert(encoder) => {
+                embed::warm_up(encoder, &mut context)?;
+                if let Some(ready) = ready.take() {
+                    ready(Ok(info));
+                }
+                embed::run(encoder, folder.as_ref(), &mut context)
+            }
+            other => Err(FamilyError::Model(format!(
+                "the {} family is not served (serve takes encoders and decoders)",
+                other.family_name()
+            ))),
+        }
+    })();
+    if let Some(ready) = ready.take() {
+        let failure = match &outcome {
+            Err(error) => error.to_string(),
+            Ok(()) => "the model stopped before it was ready".to_string(),
+        };
+        ready(Err(RunError::BadInput(failure)));
+    }
+    let stats = session.finish();
+    outcome.map_err(|error| super::failed_run(error, &stats))?;
+    Ok(stats)
+}
+
+/// The session of a loaded model on the CPU backend, under the one budget policy.
+fn start_session(
+    prepared: &Prepared,
+    options: &LoadedOptions<'_>,
+) -> Result<(Session, LoadedInfo, CpuCompute), RunError> {
+    if options.settings.device == crate::settings::DeviceKind::Cuda {
+        return Err(RunError::BadInput(
+            "serve runs on the CPU backend for now; set device = \"cpu\" (or auto)".to_string(),
+        ));
+    }
+    let settings = options.settings;
+    let budgets = loaded_budgets(prepared, settings, options.limits);
+    let ask = BudgetAsk::steps(ask_steps(prepared, options.limits));
+    let depth = fitting_depth(prepared, settings, budgets, ask);
+    let layout = prepared.workload.layout().clone();
+    let capacity = budgets.vram_budget_bytes.max(layout.largest_block_bytes());
+    let device = CpuDevice::new(capacity).map_err(|error| RunError::Failed(error.to_string()))?;
+    let streams = budgets.vram_budget_bytes < layout.total_bytes();
+    let compute = CpuCompute::with_threads(settings.compute_threads_for(streams));
+    let mut plan = RunPlan::new(settings, budgets, ask.steps);
+    plan.prefetch_depth = depth;
+    let (config, experts) = session_configs(prepared, &plan)?;
+    let storage = open_model_storage(&prepared.index, settings, None)?;
+    let session = Session::start_with_experts(
+        config,
+        experts,
+        layout.clone(),
+        prepared.workload.order(),
+        Arc::new(device),
+        storage,
+        Arc::clone(&options.observer),
+    )
+    .map_err(|error| RunError::BadInput(error.to_string()))?;
+    let info = LoadedInfo {
+        kind: prepared.facts().kind(),
+        budgets,
+        model_bytes: layout.total_bytes(),
+    };
+    Ok((session, info, compute))
+}

@@ -1,0 +1,240 @@
+//! The serve config file (TOML): where to listen, the limits, and the models, each
+//! with its folder, optional LoRA adapters, budgets and limits. Unknown keys are
+//! refused by name; relative paths are relative to the file.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// The whole file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServeConfig {
+    /// `HOST:PORT` to listen on; 127.0.0.1 unless told otherwise.
+    #[serde(default = "default_bind")]
+    pub bind: String,
+    /// Clients must send `Authorization: Bearer KEY` when set.
+    #[serde(default)]
+    pub api_key: Option<String>,
+    /// A settings file (as `--config` of the other commands) every model starts from.
+    #[serde(default)]
+    pub settings: Option<PathBuf>,
+    #[serde(default)]
+    pub limits: Limits,
+    #[serde(default)]
+    pub models: Vec<ModelConfig>,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        Self {
+            bind: default_bind(),
+            api_key: None,
+            settings: None,
+            limits: Limits::default(),
+            models: Vec::new(),
+        }
+    }
+}
+
+fn default_bind() -> String {
+    "127.0.0.1:8080".to_string()
+}
+
+/// Limits of every request (a model may lower `max_tokens` and `queue_depth`).
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Requests waiting per model; past it, 429 with `Retry-After`.
+    pub queue_depth: usize,
+    /// A request that has not finished by then is cancelled (504).
+    pub request_timeout_seconds: f64,
+    /// After SIGTERM: how long in-flight requests may still run.
+    pub drain_seconds: f64,
+    /// Largest request body (413 above).
+    pub max_body_bytes: usize,
+    /// Longest prompt in tokens (400 above).
+    pub max_prompt_tokens: usize,
+    /// Largest `max_tokens` a request may ask (400 above); the default when it asks none.
+    pub max_tokens: u64,
+    /// Most inputs in one embeddings request (400 above).
+    pub max_inputs: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            queue_depth: 64,
+            request_timeout_seconds: 300.0,
+            drain_seconds: 30.0,
+            max_body_bytes: 2 << 20,
+            max_prompt_tokens: 2048,
+            max_tokens: 256,
+            max_inputs: 256,
+        }
+    }
+}
+
+/// One served model.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// The name clients ask for (`"model": NAME`).
+    pub name: String,
+    /// The Hugging Face folder (an encoder or a decoder).
+    pub folder: PathBuf,
+    /// LoRA adapters attached for the model's whole life (`FILE` or `FILE:STRENGTH`).
+    #[serde(default)]
+    pub lora: Vec<String>,
+    /// This model's VRAM budget (`"2GiB"`); default: the settings' policy.
+    #[serde(default)]
+    pub vram_budget: Option<String>,
+    /// This model's pin ceiling; default: the settings' policy.
+    #[serde(default)]
+    pub pin_ceiling: Option<String>,
+    /// Decoders: sequences decoded together.
+    #[serde(default = "default_sequences")]
+    pub max_sequences: usize,
+    /// Encoders: padded tokens gathered into one step from queued requests.
+    #[serde(default = "default_batch_tokens")]
+    pub max_batch_tokens: usize,
+    /// Lowers the server's `max_tokens` for this model.
+    #[serde(default)]
+    pub max_tokens: Option<u64>,
+    /// Lowers the server's `queue_depth` for this model.
+    #[serde(default)]
+    pub queue_depth: Option<usize>,
+}
+
+fn default_sequences() -> usize {
+    8
+}
+
+fn default_batch_tokens() -> usize {
+    8192
+}
+
+impl ModelConfig {
+    /// A model served from `folder` under the folder's name, with the defaults.
+    pub fn from_folder(folder: &Path) -> Self {
+        let name = folder.file_name().map_or("model".to_string(), |name| {
+            name.to_string_lossy().into_owned()
+        });
+        Self {
+            name,
+            folder: folder.to_path_buf(),
+            lora: Vec::new(),
+            vram_budget: None,
+            pin_ceiling: None,
+            max_sequences: default_sequences(),
+            max_batch_tokens: default_batch_tokens(),
+            max_tokens: None,
+            queue_depth: None,
+        }
+    }
+}
+
+impl ServeConfig {
+    /// Reads `path`, paths in it made relative to its folder.
+    pub fn read(path: &Path) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|error| format!("{}: {error}", path.display()))?;
+        let mut config: ServeConfig = toml::from_str(&text)
+            .map_err(|error| format!("{}: {}", path.display(), error.message()))?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        let relative = |file: &Path| {
+            if file.is_absolute() {
+                file.to_path_buf()
+            } else {
+                base.join(file)
+            }
+        };
+        config.settings = config.settings.as_deref().map(relative);
+        for model in &mut config.models {
+            model.folder = relative(&model.folder);
+        }
+        Ok(config)
+    }
+
+    /// The listen address, parsed.
+    pub fn bind_addr(&self) -> Result<SocketAddr, String> {
+        self.bind.parse().map_err(|_| {
+            format!(
+                "bind = \"{}\" is not HOST:PORT (for example 127.0.0.1:8080)",
+                self.bind
+            )
+        })
+    }
+
+    /// Checks what the types cannot; each message names the key.
+    pub fn validate(&self) -> Result<(), String> {
+        self.bind_addr()?;
+        if self.models.is_empty() {
+            return Err(
+                "no model to serve: add a [[models]] table (name, folder) or pass --model DIR"
+                    .into(),
+            );
+        }
+        let limits = &self.limits;
+        let positive = [
+            ("limits.queue_depth", limits.queue_depth as f64),
+            (
+                "limits.request_timeout_seconds",
+                limits.request_timeout_seconds,
+            ),
+            ("limits.max_body_bytes", limits.max_body_bytes as f64),
+            ("limits.max_prompt_tokens", limits.max_prompt_tokens as f64),
+            ("limits.max_tokens", limits.max_tokens as f64),
+            ("limits.max_inputs", limits.max_inputs as f64),
+        ];
+        if let Some((key, _)) = positive
+            .iter()
+            .find(|(_, value)| value.is_nan() || *value <= 0.0)
+        {
+            return Err(format!("{key} must be above 0"));
+        }
+        if limits.drain_seconds.is_nan() || limits.drain_seconds < 0.0 {
+            return Err("limits.drain_seconds must be 0 or more".into());
+        }
+        if self.api_key.as_deref() == Some("") {
+            return Err("api_key is empty: remove it to serve without a key".into());
+        }
+        for (index, model) in self.models.iter().enumerate() {
+            validate_model(model)?;
+            if self.models[..index]
+                .iter()
+                .any(|other| other.name == model.name)
+            {
+                return Err(format!("models: the name \"{}\" is used twice", model.name));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn validate_model(model: &ModelConfig) -> Result<(), String> {
+    let name = &model.name;
+    if name.is_empty() || name.contains(char::is_whitespace) {
+        return Err(format!(
+            "models: name \"{name}\" must be non-empty, without spaces"
+        ));
+    }
+    if !model.folder.is_dir() {
+        return Err(format!(
+            "models.{name}.folder: {} is not a folder",
+            model.folder.display()
+        ));
+    }
+    if model.max_sequences == 0 || model.max_batch_tokens == 0 {
+        return Err(format!(
+            "models.{name}: max_sequences and max_batch_tokens must be above 0"
+        ));
+    }
+    if model.max_tokens == Some(0) || model.queue_depth == Some(0) {
+        return Err(format!(
+            "models.{name}: max_tokens and queue_depth must be above 0"
+        ));
+    }
+    Ok(())
+}

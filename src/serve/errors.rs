@@ -1,0 +1,155 @@
+//! Errors in OpenAI's JSON shape: `{"error": {"message", "type", "param", "code"}}`
+//! with the status the official clients map to their exception types.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+/// A request that could not be answered, and how to tell the client.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    /// OpenAI's `type`: `invalid_request_error`, `authentication_error`, …
+    pub kind: &'static str,
+    pub code: Option<&'static str>,
+    pub param: Option<String>,
+    /// Seconds a 429 or 503 asks the client to wait.
+    pub retry_after_seconds: Option<u64>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+            kind,
+            code: None,
+            param: None,
+            retry_after_seconds: None,
+        }
+    }
+
+    /// 400: the request is wrong; `param` names the field.
+    pub fn bad_request(param: &str, message: impl Into<String>) -> Self {
+        Self {
+            param: Some(param.to_string()),
+            ..Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+        }
+    }
+
+    /// 400 without a field to blame (a body that is not JSON).
+    pub fn invalid_body(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+    }
+
+    pub fn unauthorized() -> Self {
+        Self {
+            code: Some("invalid_api_key"),
+            ..Self::new(
+                StatusCode::UNAUTHORIZED,
+                "authentication_error",
+                "missing or wrong API key: send `Authorization: Bearer KEY` with the server's api_key",
+            )
+        }
+    }
+
+    pub fn model_not_found(model: &str, served: &[String]) -> Self {
+        Self {
+            code: Some("model_not_found"),
+            param: Some("model".into()),
+            ..Self::new(
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                format!(
+                    "the model `{model}` is not served here; served: {}",
+                    served.join(", ")
+                ),
+            )
+        }
+    }
+
+    pub fn not_found(path: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            format!("no endpoint {path}; see GET /v1/models, POST /v1/embeddings, /v1/completions, /v1/chat/completions"),
+        )
+    }
+
+    pub fn too_large(limit: usize) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            format!("the request body is larger than the server's limit of {limit} bytes (limits.max_body_bytes)"),
+        )
+    }
+
+    /// 429: the model's queue is full.
+    pub fn queue_full(model: &str, depth: usize) -> Self {
+        Self {
+            code: Some("rate_limit_exceeded"),
+            retry_after_seconds: Some(1),
+            ..Self::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_error",
+                format!("the queue of `{model}` is full ({depth} requests waiting); retry after a second"),
+            )
+        }
+    }
+
+    /// 503: the server is draining (SIGTERM) or the model stopped.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self {
+            retry_after_seconds: Some(5),
+            ..Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", message)
+        }
+    }
+
+    pub fn timeout(seconds: f64) -> Self {
+        Self::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            "timeout",
+            format!("the request did not finish within {seconds} s (limits.request_timeout_seconds) and was cancelled"),
+        )
+    }
+
+    pub fn failed(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
+    }
+
+    /// The `outcome` label of the request counter.
+    pub fn outcome(&self) -> &'static str {
+        match self.status {
+            StatusCode::UNAUTHORIZED => "unauthorized",
+            StatusCode::NOT_FOUND => "not_found",
+            StatusCode::TOO_MANY_REQUESTS => "rejected",
+            StatusCode::SERVICE_UNAVAILABLE => "unavailable",
+            StatusCode::GATEWAY_TIMEOUT => "timeout",
+            status if status.is_client_error() => "bad_request",
+            _ => "failed",
+        }
+    }
+
+    /// The JSON body.
+    pub fn body(&self) -> serde_json::Value {
+        json!({"error": {
+            "message": self.message,
+            "type": self.kind,
+            "param": self.param,
+            "code": self.code,
+        }})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (self.status, axum::Json(self.body())).into_response();
+        if let Some(seconds) = self.retry_after_seconds {
+            if let Ok(value) = HeaderValue::from_str(&seconds.to_string()) {
+                response.headers_mut().insert(header::RETRY_AFTER, value);
+            }
+        }
+        response
+    }
+}

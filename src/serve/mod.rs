@@ -1,0 +1,182 @@
+//! `stagehand serve`: models kept loaded behind an OpenAI-compatible HTTP API
+//! (DESIGN §8), on axum over tokio. Each model of the config runs on its own thread
+//! as a [`crate::run::loaded`] model — opened, budgeted and streamed by the same
+//! machinery as `embed` and `generate` — fed by a bounded job queue (429 when full).
+//! Handlers tokenize, render chat templates, queue jobs and turn their answers into
+//! OpenAI's bodies or server-sent events.
+//!
+//! Shutdown: the first SIGINT or SIGTERM makes new requests 503 and gives those in
+//! flight `limits.drain_seconds` to finish; then the listener closes, the queues close,
+//! every model's session drains and releases both budgets, and [`serve`] returns the
+//! final counters of each (the command exits 0).
+
+mod chat;
+mod config;
+mod errors;
+mod generation;
+mod handlers;
+mod load;
+mod openai;
+mod state;
+mod stop_text;
+mod streaming;
+
+use std::future::IntoFuture;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use stagehand_actors::StatsSnapshot;
+
+use crate::settings::SettingsArgs;
+use crate::telemetry::serving::ServeTelemetry;
+
+pub use chat::{ChatTemplate, TemplateMessage};
+pub use config::{Limits, ModelConfig, ServeConfig};
+pub use errors::ApiError;
+
+use state::AppState;
+
+/// Why the server could not start (exit 2) or failed (exit 1).
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("{0}")]
+    BadInput(String),
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// What [`serve`] runs: the config and the settings flags every model starts from.
+pub struct ServeOptions {
+    pub config: ServeConfig,
+    pub settings: SettingsArgs,
+    /// Told the address once the listener is bound (the CLI prints it).
+    pub on_listening: Box<dyn FnOnce(SocketAddr) + Send>,
+}
+
+/// How a server ended: each model's final counters (every budget given back).
+#[derive(Debug, Clone)]
+pub struct ServeReport {
+    pub models: Vec<(String, StatsSnapshot)>,
+    /// Requests still in flight when the drain time ran out (cancelled).
+    pub cancelled_in_flight: usize,
+}
+
+/// Loads every model, serves until the first SIGINT/SIGTERM, drains, and returns.
+pub fn serve(options: ServeOptions) -> Result<ServeReport, ServeError> {
+    let config = options.config;
+    config.validate().map_err(ServeError::BadInput)?;
+    let addr = config.bind_addr().map_err(ServeError::BadInput)?;
+    let names: Vec<String> = config
+        .models
+        .iter()
+        .map(|model| model.name.clone())
+        .collect();
+    let telemetry =
+        ServeTelemetry::new(&names).map_err(|error| ServeError::Failed(error.to_string()))?;
+    let mut models = Vec::new();
+    let mut workers = Vec::new();
+    for model in &config.models {
+        let loaded = load::load(model, &config, &options.settings, &telemetry);
+        let (served, worker) = match loaded {
+            Ok(loaded) => loaded,
+            Err(error) => {
+                // The models already loaded give their budgets back before the error.
+                drop(models);
+                for (_, worker) in workers {
+                    let _ = load::join(worker);
+                }
+                return Err(error);
+            }
+        };
+        workers.push((model.name.clone(), worker));
+        models.push(Arc::new(served));
+    }
+    let app = Arc::new(AppState {
+        models,
+        api_key: config.api_key.clone(),
+        limits: config.limits,
+        telemetry,
+        draining: Default::default(),
+        in_flight: Default::default(),
+    });
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .thread_name("stagehand-serve")
+        .build()
+        .map_err(|error| ServeError::Failed(format!("cannot start the HTTP runtime: {error}")))?;
+    let served = runtime.block_on(listen(Arc::clone(&app), addr, options.on_listening));
+    let cancelled_in_flight = app.in_flight.load(Ordering::SeqCst);
+    // Every handler and stream task goes (their guards cancel their jobs); with the
+    // last copy of the state the queues close and each model's loop ends.
+    drop(app);
+    runtime.shutdown_timeout(Duration::from_secs(2));
+    let mut report = ServeReport {
+        models: Vec::new(),
+        cancelled_in_flight,
+    };
+    for (name, worker) in workers {
+        let stats = load::join(worker)?;
+        report.models.push((name, stats));
+    }
+    served?;
+    Ok(report)
+}
+
+/// Serves `app` on `addr` until a stop request has drained.
+async fn listen(
+    app: Arc<AppState>,
+    addr: SocketAddr,
+    on_listening: Box<dyn FnOnce(SocketAddr) + Send>,
+) -> Result<(), ServeError> {
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|error| {
+        ServeError::BadInput(format!(
+            "cannot listen on {addr}: {error}; choose a free HOST:PORT with --bind (or bind in the config)"
+        ))
+    })?;
+    let bound = listener
+        .local_addr()
+        .map_err(|error| ServeError::Failed(error.to_string()))?;
+    on_listening(bound);
+    let (drained, drained_seen) = tokio::sync::watch::channel(false);
+    let router = handlers::router(Arc::clone(&app));
+    let mut shutdown = drained_seen.clone();
+    let server = tokio::spawn(
+        axum::serve(listener, router)
+            .with_graceful_shutdown(async move {
+                let _ = shutdown.wait_for(|done| *done).await;
+            })
+            .into_future(),
+    );
+    drain_on_stop(&app).await;
+    let _ = drained.send(true);
+    // Open connections get a moment to close; then the listener task is dropped.
+    match tokio::time::timeout(Duration::from_secs(2), server).await {
+        Ok(Ok(Err(error))) => Err(ServeError::Failed(format!(
+            "the HTTP server failed: {error}"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Waits for the process's stop request, then refuses new requests and waits for
+/// those in flight, at most `limits.drain_seconds`.
+async fn drain_on_stop(app: &AppState) {
+    // The flag is lowered as soon as it is seen: the requests being drained must not
+    // be interrupted by it (a block read for its checksum polls it).
+    while !crate::signals::take_stop_request() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    app.draining.store(true, Ordering::SeqCst);
+    tracing::info!(
+        "stop requested: draining {} request(s) in flight for at most {} s",
+        app.in_flight.load(Ordering::SeqCst),
+        app.limits.drain_seconds
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs_f64(app.limits.drain_seconds);
+    while app.in_flight.load(Ordering::SeqCst) > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

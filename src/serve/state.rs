@@ -1,0 +1,110 @@
+//! What the handlers share: the served models (each a job queue into its loaded
+//! model's thread, its tokenizer and chat template, its limits and series) and the
+//! server's own state (draining, requests in flight, the API key).
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::families::WorkloadKind;
+use crate::run::loaded::{Job, LoadedInfo};
+use crate::telemetry::serving::{ModelSeries, ServeTelemetry};
+
+use super::chat::ChatTemplate;
+use super::config::Limits;
+use super::errors::ApiError;
+
+/// One model as the handlers see it.
+pub struct ServedModel {
+    pub name: String,
+    pub info: LoadedInfo,
+    pub jobs: flume::Sender<Job>,
+    pub queue_depth: usize,
+    pub max_tokens: u64,
+    pub tokenizer: Option<tokenizers::Tokenizer>,
+    /// `None`: the folder has no chat template; chat is refused by name.
+    pub chat: Option<ChatTemplate>,
+    /// The model's end-of-text ids (`eos_token_id` of `config.json`).
+    pub stop_tokens: Vec<u32>,
+    pub series: Arc<ModelSeries>,
+    /// Seconds since the epoch when it was loaded (`created` of `/v1/models`).
+    pub created: u64,
+}
+
+impl ServedModel {
+    pub fn is_encoder(&self) -> bool {
+        self.info.kind == WorkloadKind::Encoder
+    }
+
+    /// Queues `job`; a full queue is a 429, a stopped model a 503.
+    pub fn submit(&self, job: Job) -> Result<(), ApiError> {
+        let outcome = self.jobs.try_send(job);
+        self.series.queue_depth.set(self.jobs.len() as f64);
+        match outcome {
+            Ok(()) => Ok(()),
+            Err(flume::TrySendError::Full(_)) => {
+                Err(ApiError::queue_full(&self.name, self.queue_depth))
+            }
+            Err(flume::TrySendError::Disconnected(_)) => Err(ApiError::unavailable(format!(
+                "the model `{}` has stopped",
+                self.name
+            ))),
+        }
+    }
+}
+
+/// The server's shared state.
+pub struct AppState {
+    pub models: Vec<Arc<ServedModel>>,
+    pub api_key: Option<String>,
+    pub limits: Limits,
+    pub telemetry: ServeTelemetry,
+    /// Set by SIGTERM: new requests get 503 while in-flight ones finish.
+    pub draining: AtomicBool,
+    pub in_flight: AtomicUsize,
+}
+
+impl AppState {
+    pub fn model(&self, name: &str) -> Result<Arc<ServedModel>, ApiError> {
+        self.models
+            .iter()
+            .find(|model| model.name == name)
+            .cloned()
+            .ok_or_else(|| {
+                let served: Vec<String> = self.models.iter().map(|m| m.name.clone()).collect();
+                ApiError::model_not_found(name, &served)
+            })
+    }
+
+    /// Admits a request (503 while draining); the ticket counts it in flight.
+    pub fn admit(self: &Arc<Self>, model: &Arc<ServedModel>) -> Result<Ticket, ApiError> {
+        if self.draining.load(Ordering::SeqCst) {
+            return Err(ApiError::unavailable(
+                "the server is shutting down and takes no new requests",
+            ));
+        }
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        model.series.in_flight.increment(1.0);
+        Ok(Ticket {
+            app: Arc::clone(self),
+            model: Arc::clone(model),
+        })
+    }
+
+    pub fn timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.limits.request_timeout_seconds)
+    }
+}
+
+/// A request in flight; dropping it (answered, failed or disconnected) counts it out.
+pub struct Ticket {
+    app: Arc<AppState>,
+    pub model: Arc<ServedModel>,
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.app.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.model.series.in_flight.decrement(1.0);
+    }
+}

@@ -1,0 +1,159 @@
+//! The series of `stagehand serve` (requests, queue, batches, tokens; each with a
+//! `model` label), on the same recorder as the pipeline's [`PrometheusObserver`], so
+//! one `/metrics` page shows both. Every series of every served model is registered
+//! at start, so it is exported (at zero) from the first scrape.
+
+use std::sync::Arc;
+
+use metrics::{Counter, Gauge, Histogram, Key, Label, Recorder};
+use metrics_exporter_prometheus::{PrometheusHandle, PrometheusRecorder};
+
+use super::catalog::{self, CATALOG};
+use super::observer::PrometheusObserver;
+use super::TelemetryError;
+
+/// The endpoints a request is counted under (the `endpoint` label).
+pub const SERVE_ENDPOINTS: [&str; 3] = ["embeddings", "completions", "chat_completions"];
+
+/// One model's series.
+pub struct ModelSeries {
+    /// By endpoint ([`SERVE_ENDPOINTS`] order), then outcome (the catalog's order).
+    requests: Vec<Vec<Counter>>,
+    durations: Vec<Histogram>,
+    pub time_to_first_token: Histogram,
+    pub queue_depth: Gauge,
+    pub in_flight: Gauge,
+    pub batch_size: Histogram,
+    pub prompt_tokens: Counter,
+    pub generated_tokens: Counter,
+}
+
+impl ModelSeries {
+    /// Counts one answered request of `endpoint` with `outcome`, and its duration.
+    pub fn request(&self, endpoint: &str, outcome: &str, seconds: f64) {
+        let Some(at) = SERVE_ENDPOINTS.iter().position(|known| *known == endpoint) else {
+            return;
+        };
+        if let Some(counter) = outcome_index(outcome).and_then(|index| self.requests[at].get(index))
+        {
+            counter.increment(1);
+        }
+        self.durations[at].record(seconds);
+    }
+}
+
+fn outcomes() -> &'static [&'static str] {
+    catalog::find(catalog::SERVE_REQUESTS)
+        .and_then(|spec| spec.labels.iter().find(|label| label.name == "outcome"))
+        .map_or(&[], |label| label.values)
+}
+
+fn outcome_index(outcome: &str) -> Option<usize> {
+    outcomes().iter().position(|known| *known == outcome)
+}
+
+/// The server's metrics: the pipeline's observer and each model's series.
+pub struct ServeTelemetry {
+    pub observer: Arc<PrometheusObserver>,
+    models: Vec<(String, Arc<ModelSeries>)>,
+    handle: PrometheusHandle,
+}
+
+impl ServeTelemetry {
+    /// Registers the catalog and the series of every model in `models`.
+    pub fn new(models: &[String]) -> Result<Self, TelemetryError> {
+        let recorder: PrometheusRecorder = super::server::builder()?.build_recorder();
+        let handle = recorder.handle();
+        let observer = Arc::new(PrometheusObserver::register(
+            &recorder,
+            handle.clone(),
+            None,
+        ));
+        let models = models
+            .iter()
+            .map(|model| (model.clone(), Arc::new(series(&recorder, model))))
+            .collect();
+        Ok(Self {
+            observer,
+            models,
+            handle,
+        })
+    }
+
+    /// The series of `model`, if it is served.
+    pub fn model(&self, model: &str) -> Option<Arc<ModelSeries>> {
+        self.models
+            .iter()
+            .find(|(name, _)| name == model)
+            .map(|(_, series)| Arc::clone(series))
+    }
+
+    /// The exposition of every series, as `/metrics` serves it.
+    pub fn render(&self) -> String {
+        self.handle.render()
+    }
+}
+
+fn key(name: &'static str, labels: &[(&'static str, String)]) -> Key {
+    debug_assert!(
+        CATALOG.iter().any(|spec| spec.name == name),
+        "{name} is not declared"
+    );
+    let labels: Vec<Label> = labels
+        .iter()
+        .map(|(key, value)| Label::new(*key, value.clone()))
+        .collect();
+    Key::from_parts(name, labels)
+}
+
+static METADATA: metrics::Metadata<'static> =
+    metrics::Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
+
+fn series(recorder: &PrometheusRecorder, model: &str) -> ModelSeries {
+    let model_label = ("model", model.to_string());
+    let with = |extra: &[(&'static str, &str)]| {
+        let mut labels = vec![model_label.clone()];
+        labels.extend(extra.iter().map(|(key, value)| (*key, value.to_string())));
+        labels
+    };
+    let counter = |name, labels: Vec<(&'static str, String)>| {
+        recorder.register_counter(&key(name, &labels), &METADATA)
+    };
+    let histogram = |name, labels: Vec<(&'static str, String)>| {
+        recorder.register_histogram(&key(name, &labels), &METADATA)
+    };
+    let gauge = |name, labels: Vec<(&'static str, String)>| {
+        recorder.register_gauge(&key(name, &labels), &METADATA)
+    };
+    ModelSeries {
+        requests: SERVE_ENDPOINTS
+            .iter()
+            .map(|endpoint| {
+                outcomes()
+                    .iter()
+                    .map(|outcome| {
+                        counter(
+                            catalog::SERVE_REQUESTS,
+                            with(&[("endpoint", endpoint), ("outcome", outcome)]),
+                        )
+                    })
+                    .collect()
+            })
+            .collect(),
+        durations: SERVE_ENDPOINTS
+            .iter()
+            .map(|endpoint| {
+                histogram(
+                    catalog::SERVE_REQUEST_DURATION,
+                    with(&[("endpoint", endpoint)]),
+                )
+            })
+            .collect(),
+        time_to_first_token: histogram(catalog::SERVE_TIME_TO_FIRST_TOKEN, with(&[])),
+        queue_depth: gauge(catalog::SERVE_QUEUE_DEPTH, with(&[])),
+        in_flight: gauge(catalog::SERVE_IN_FLIGHT, with(&[])),
+        batch_size: histogram(catalog::SERVE_BATCH_SIZE, with(&[])),
+        prompt_tokens: counter(catalog::SERVE_TOKENS, with(&[("kind", "prompt")])),
+        generated_tokens: counter(catalog::SERVE_TOKENS, with(&[("kind", "generated")])),
+    }
+}
