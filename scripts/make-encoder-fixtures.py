@@ -34,6 +34,7 @@ Every text of TEXTS is embedded in batches of BATCH, so batches mix lengths; at 
 one text is longer than each folder's length and is truncated there.
 """
 
+import importlib.util
 import json
 import pathlib
 import shutil
@@ -77,8 +78,21 @@ TEXTS = [
     "A woman is eating bread at the table today and talking about a new movie with people.",
 ]
 HIDDEN = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
-PROMPT = [1, 17, 42, 99, 5, 63, 100, 7]
-STEPS = 16
+
+def decoder_fixtures():
+    """scripts/make-decoder-fixtures.py as a module: its prompt, steps and greedy loop
+    are the ones the llama3 fixture's reference was made with."""
+    spec = importlib.util.spec_from_file_location(
+        "make_decoder_fixtures", REPO / "scripts" / "make-decoder-fixtures.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+DECODERS = decoder_fixtures()
+PROMPT = DECODERS.PROMPT
+greedy = DECODERS.greedy
 
 
 def randomise(model, seed):
@@ -245,21 +259,10 @@ def name_base(adapter, name):
     config_path = adapter / "adapter_config.json"
     saved = json.loads(config_path.read_text())
     saved["base_model_name_or_path"] = name
+    # peft keeps target_modules as a set: sorted, the file is the same on every run.
+    if isinstance(saved.get("target_modules"), list):
+        saved["target_modules"] = sorted(saved["target_modules"])
     config_path.write_text(json.dumps(saved, indent=2, sort_keys=True))
-
-
-def greedy(model):
-    ids = torch.tensor([PROMPT])
-    logits, tokens = [], []
-    with torch.no_grad():
-        output = model(ids, use_cache=True)
-        for _ in range(STEPS):
-            last = output.logits[0, -1].to(torch.float32)
-            token = int(last.argmax())
-            logits.append(last)
-            tokens.append(token)
-            output = model(torch.tensor([[token]]), past_key_values=output.past_key_values, use_cache=True)
-    return logits, tokens
 
 
 def peft_llama():

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::cli::{row, settings_rows, Expect, Row, Table};
+use common::cli::{row, settings_rows, unopened_device_rows, Expect, Row, Table};
 
 fn rows() -> Vec<Row> {
     let mut rows = vec![
@@ -16,10 +16,7 @@ fn rows() -> Vec<Row> {
         row(&["positional"], Expect::Bad("positional")),
     ];
     // `config` shows what a run would use: every device kind is shown, none is opened.
-    for device in ["cpu", "auto", "sim", "cuda"] {
-        rows.push(row(&["--device", device], Expect::Ok("flag --device")));
-    }
-    rows.push(row(&["--device", "tpu"], Expect::Bad("tpu")));
+    rows.extend(unopened_device_rows("flag --device"));
     rows.extend(settings_rows("set by"));
     rows
 }

@@ -36,6 +36,10 @@ fn rows() -> Vec<Row> {
         ),
         row(&["--arch", "bert", "--out", &bert], Expect::Ok("BERT Tiny")),
         row(
+            &["--arch", "roberta", "--out", &out("roberta")],
+            Expect::Ok("RoBERTa Tiny"),
+        ),
+        row(
             &["--arch", "bert", "--preset", "tiny", "--out", &bert],
             Expect::Ok("BERT Tiny"),
         ),

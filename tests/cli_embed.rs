@@ -19,6 +19,12 @@ fn rows() -> Vec<Row> {
     let empty = fixtures.file("empty.txt", "");
     let missing = fixtures.path("none.txt");
     let folder = fixtures.folder("empty");
+    // The PEFT adapter folder around the adapter file (adapter_config.json beside it).
+    let lora_folder = std::path::Path::new(&lora)
+        .parent()
+        .expect("the adapter's folder")
+        .display()
+        .to_string();
     let mut rows = vec![
         row(&["one text"], Expect::Ok(OK)),
         row(&["one text", "another text"], Expect::Ok("cosine")),
@@ -43,6 +49,11 @@ fn rows() -> Vec<Row> {
         row(&["--batch", "-2", "a"], Expect::Bad("--batch")),
         row(&["--lora", &lora, "a"], Expect::Ok("LoRA")),
         row(&["--lora", &format!("{lora}:0.5"), "a"], Expect::Ok("LoRA")),
+        row(&["--lora", &lora_folder, "a"], Expect::Ok("LoRA")),
+        row(
+            &["--lora", &folder, "a"],
+            Expect::Bad("adapter_config.json"),
+        ),
         row(&["--lora", &missing, "a"], Expect::Bad("none.txt")),
         row(
             &["--lora", &fixtures.linear_lora(), "a"],

@@ -7,7 +7,7 @@ mod common;
 
 use std::path::Path;
 
-use common::cli::{fixtures, row, settings_rows, Expect, Row, Table};
+use common::cli::{fixtures, row, settings_rows, unopened_device_rows, Expect, Row, Table};
 
 const OK: &str = "in 6 blocks";
 
@@ -36,17 +36,10 @@ fn rows() -> Vec<Row> {
         ),
     ];
     // `inspect` reads headers only: every device kind is accepted and none is touched.
-    for device in ["cpu", "auto", "sim", "cuda"] {
-        rows.push(row(
-            &[&fixtures.llama(), "--device", device],
-            Expect::Ok(OK),
-        ));
-    }
-    rows.push(row(
-        &[&fixtures.llama(), "--device", "tpu"],
-        Expect::Bad("tpu"),
-    ));
-    for mut setting in settings_rows(OK) {
+    for mut setting in unopened_device_rows(OK)
+        .into_iter()
+        .chain(settings_rows(OK))
+    {
         setting.args.insert(0, fixtures.llama());
         rows.push(setting);
     }

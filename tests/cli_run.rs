@@ -110,6 +110,8 @@ fn rows(subcommand: &str) -> Vec<Row> {
         row(&["--model", &folder], Expect::Bad("empty")),
         row(&["--model", &not_safetensors], Expect::Bad("notes.txt")),
         row(&["--steps", "3"], Expect::Ok("3 steps")),
+        // 0 runs until Ctrl-C: SIGTERM stops it at the next step.
+        row(&["--steps", "0", "--log", "info"], Expect::Runs("ran in")),
         row(&["--steps", "-1"], Expect::Bad("--steps")),
         row(&["--steps", "x"], Expect::Bad("--steps")),
         row(&["--batch", "2"], Expect::Ok(OK)),

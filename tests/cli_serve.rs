@@ -183,3 +183,62 @@ fn a_configured_lora_adapter_is_applied_as_embed_applies_it() {
     // it low-rank, within the LoRA tolerance the run states.
     assert!(difference <= 1e-4, "serve and embed differ by {difference}");
 }
+
+#[test]
+fn every_documented_serve_flag_starts_or_is_refused_through_the_binary() {
+    // Proves through the CLI table machinery (tests/common/cli.rs) that every flag
+    // `serve --help` documents starts the server (it loads its model, then SIGTERM
+    // drains it: exit 0) or is refused with exit 2 and one line; none panics.
+    use common::cli::{fixtures, row, Expect, Table};
+    let fixtures = fixtures();
+    let (bert, llama) = (fixtures.bert(), fixtures.llama());
+    let config = fixtures.file(
+        "serve.toml",
+        &format!("bind = \"127.0.0.1:0\"\n[[models]]\nname = \"coder\"\nfolder = \"{llama}\"\n"),
+    );
+    let settings = fixtures.file("settings.toml", "prefetch_depth = 1\n");
+    let missing = fixtures.path("none.toml");
+    let loaded = Expect::Runs("loaded");
+    let rows = vec![
+        row(&[], Expect::Runs("bert loaded")),
+        row(&["--model", &llama], Expect::Runs("llama loaded")),
+        row(&["--config", &config], Expect::Runs("coder loaded")).bare(),
+        row(&["--config", &missing], Expect::Bad("none.toml")).bare(),
+        row(&["--model", &missing], Expect::Bad("none.toml")),
+        row(&["--bind", "127.0.0.1:0"], Expect::Runs("loaded")),
+        row(&["--bind", "nowhere"], Expect::Bad("is not HOST:PORT")),
+        row(&["--api-key", "k"], Expect::Runs("loaded")),
+        row(&["--settings", &settings], Expect::Runs("loaded")),
+        row(&["--settings", &missing], Expect::Bad("none.toml")),
+        row(&["--vram-budget", "64MiB"], Expect::Runs("loaded")),
+        row(&["--vram-budget", "lots"], Expect::Bad("lots")),
+        row(&["--pin-ceiling", "64MiB"], Expect::Runs("loaded")),
+        row(&["--queue-depth", "4"], Expect::Runs("loaded")),
+        row(&["--queue-depth", "0"], Expect::Bad("queue_depth")),
+        row(&["--request-timeout", "10"], Expect::Runs("loaded")),
+        row(
+            &["--request-timeout", "0"],
+            Expect::Bad("request_timeout_seconds"),
+        ),
+        row(&["--drain-seconds", "1"], Expect::Runs("loaded")),
+        row(&["--drain-seconds", "-1"], Expect::Bad("drain_seconds")),
+        row(&["--max-tokens", "4"], Expect::Runs("loaded")),
+        row(
+            &["--model", &llama, "--max-sequences", "2"],
+            Expect::Runs("loaded"),
+        ),
+        row(
+            &["--model", &llama, "--max-sequences", "0"],
+            Expect::Bad("max_sequences"),
+        ),
+        row(&["--log", "info"], loaded),
+        row(&["--log", "[[["], Expect::Bad("log")),
+        row(&["--help"], Expect::Ok("Usage: stagehand serve")),
+        row(&["--unknown-flag"], Expect::Bad("--unknown-flag")),
+    ];
+    Table::new("serve", file!())
+        .default(&["--model", &bert])
+        .default(&["--bind", "127.0.0.1:0"])
+        .rows(rows)
+        .run();
+}

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::cli::{fixtures, row, settings_rows, Expect, Row, Table};
+use common::cli::{fixtures, row, settings_rows, unopened_device_rows, Expect, Row, Table};
 
 const OK: &str = "fits: yes";
 
@@ -69,10 +69,7 @@ fn rows() -> Vec<Row> {
         row(&["--unknown-flag"], Expect::Bad("--unknown-flag")),
     ];
     // The simulator is the device: every kind is accepted (none is opened).
-    for device in ["cpu", "auto", "sim", "cuda"] {
-        rows.push(row(&["--device", device], Expect::Ok(OK)));
-    }
-    rows.push(row(&["--device", "tpu"], Expect::Bad("tpu")));
+    rows.extend(unopened_device_rows(OK));
     rows.extend(settings_rows(OK));
     rows
 }

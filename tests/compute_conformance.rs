@@ -41,3 +41,21 @@ fn the_cpu_adapter_repeats_every_operation_bit_for_bit() {
     let second = ops::run_ops(&compute, &ops::host_read_back).expect("second pass");
     ops::assert_same_bits(&first, &second);
 }
+
+#[path = "compute_port/diffusion.rs"]
+mod diffusion;
+
+#[test]
+fn the_cpu_adapter_has_the_diffusion_operations_and_checks_their_shapes() {
+    // Proves the Flux kernels match their f64 definitions and refuse misshapen input.
+    let compute = CpuCompute::new();
+    let results = diffusion::diffusion_misses(&compute).expect("the cpu has them");
+    assert_eq!(results.len(), 6);
+    for (what, difference) in &results {
+        assert!(*difference < diffusion::TOLERANCE, "{what}: {difference}");
+    }
+    assert_eq!(
+        diffusion::diffusion_shape_errors(&compute).expect("runs"),
+        4
+    );
+}

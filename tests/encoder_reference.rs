@@ -13,6 +13,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::decoder::decoder_plan;
+use common::reference::{self, largest_difference};
 use serde_json::Value;
 use stagehand::actors::ResidencyPolicy;
 use stagehand::families::bert::embeddings_in_input_order;
@@ -27,9 +28,7 @@ use stagehand::settings::Settings;
 const EMBEDDING_TOLERANCE: f32 = 1e-5;
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/encoders")
-        .join(name)
+    reference::fixture("encoders", name)
 }
 
 struct Reference {
@@ -39,9 +38,8 @@ struct Reference {
     embeddings: Vec<Vec<f32>>,
 }
 
-fn reference(folder: &Path) -> Reference {
-    let text = std::fs::read_to_string(folder.join("reference.json")).unwrap();
-    let value: Value = serde_json::from_str(&text).unwrap();
+fn read_reference(folder: &Path) -> Reference {
+    let value = reference::json(&folder.join("reference.json"));
     let list = |key: &str| value[key].as_array().unwrap().clone();
     Reference {
         batch: value["batch"].as_u64().unwrap() as usize,
@@ -53,16 +51,7 @@ fn reference(folder: &Path) -> Reference {
             .iter()
             .map(|flag| flag.as_bool().unwrap())
             .collect(),
-        embeddings: list("embeddings")
-            .iter()
-            .map(|row| {
-                row.as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|v| v.as_f64().unwrap() as f32)
-                    .collect()
-            })
-            .collect(),
+        embeddings: reference::float_rows(&value["embeddings"]),
     }
 }
 
@@ -126,21 +115,10 @@ fn embed(folder: &Path, texts: &[String], batch: usize) -> Embedded {
     }
 }
 
-fn largest_difference(ours: &[Vec<f32>], theirs: &[Vec<f32>]) -> f32 {
-    assert_eq!(ours.len(), theirs.len());
-    ours.iter()
-        .zip(theirs)
-        .flat_map(|(a, b)| {
-            assert_eq!(a.len(), b.len(), "embedding width");
-            a.iter().zip(b).map(|(a, b)| (a - b).abs())
-        })
-        .fold(0.0f32, f32::max)
-}
-
 /// Embeds fixture `name` as sentence-transformers did and holds it against its output.
 fn matches_sentence_transformers(name: &str, describe: &str) {
     let folder = fixture(name);
-    let expected = reference(&folder);
+    let expected = read_reference(&folder);
     let ran = embed(&folder, &expected.texts, expected.batch);
     assert_eq!(ran.describe, describe, "{name}");
     let worst = largest_difference(&ran.embeddings, &expected.embeddings);
@@ -192,7 +170,7 @@ fn the_batch_size_changes_neither_order_nor_values() {
     // text's embedding does not depend on what it was batched with (padding to the
     // batch's longest text is masked): batches of 1, 3 and all texts agree.
     let folder = fixture("roberta");
-    let expected = reference(&folder);
+    let expected = read_reference(&folder);
     let alone = embed(&folder, &expected.texts, 1);
     for batch in [3, expected.texts.len()] {
         let batched = embed(&folder, &expected.texts, batch);
@@ -202,4 +180,32 @@ fn the_batch_size_changes_neither_order_nor_values() {
     // The order is really exercised: the texts are not given longest first.
     let lengths: Vec<usize> = expected.texts.iter().map(String::len).collect();
     assert!(lengths.windows(2).any(|pair| pair[0] < pair[1]));
+}
+
+#[test]
+fn the_roberta_demo_preset_streams_bit_for_bit() {
+    // Proves `demo-model --arch roberta` writes a folder stagehand opens as a RoBERTa
+    // (514-style positions past pad_token_id 1, one token type) and embeds streamed,
+    // every batch equal to its resident pass.
+    let dir = tempfile::tempdir().unwrap();
+    let demo = stagehand::model::generated::BertDemo {
+        roberta: true,
+        ..Default::default()
+    };
+    let folder = stagehand::model::generated::write_bert_folder(dir.path(), &demo).unwrap();
+    let config: Value =
+        serde_json::from_str(&std::fs::read_to_string(folder.join("config.json")).unwrap())
+            .unwrap();
+    assert_eq!(config["model_type"], "roberta");
+    assert_eq!(config["max_position_embeddings"], 514);
+    let texts: Vec<String> = [
+        "A man is eating food.",
+        "Hello world.",
+        "The new movie is awesome today.",
+    ]
+    .map(String::from)
+    .to_vec();
+    let ran = embed(&folder, &texts, 2);
+    assert_eq!(ran.describe, "roberta encoder");
+    assert_eq!(ran.embeddings.len(), 3);
 }

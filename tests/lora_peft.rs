@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 
 use common::decoder::decoder_plan;
+use common::reference::{float_rows, floats, ids, json, largest_difference};
 use common::{assert_bad_input, stagehand};
 use serde_json::Value;
 use stagehand::actors::ResidencyPolicy;
@@ -32,19 +33,6 @@ fn repo(relative: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(relative)
 }
 
-fn json(path: &Path) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-}
-
-fn floats(value: &Value) -> Vec<f32> {
-    value
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_f64().unwrap() as f32)
-        .collect()
-}
-
 #[test]
 fn a_peft_folder_on_a_decoder_gives_the_adapted_models_tokens_and_logits() {
     // Proves a folder peft saved (q/k/v/o, r 4, alpha 16) attaches to the llama3
@@ -52,14 +40,8 @@ fn a_peft_folder_on_a_decoder_gives_the_adapted_models_tokens_and_logits() {
     // LOGIT_TOLERANCE.
     let adapter = repo("tests/fixtures/encoders/peft-llama3");
     let reference = json(&adapter.join("reference.json"));
-    let prompt: Vec<u32> = floats(&reference["prompt"])
-        .iter()
-        .map(|&id| id as u32)
-        .collect();
-    let tokens: Vec<u32> = floats(&reference["tokens"])
-        .iter()
-        .map(|&id| id as u32)
-        .collect();
+    let prompt = ids(&reference["prompt"]);
+    let tokens = ids(&reference["tokens"]);
     let settings = Settings::default();
     let extras = Extras {
         decoder: Some(DecoderInput {
@@ -87,17 +69,10 @@ fn a_peft_folder_on_a_decoder_gives_the_adapted_models_tokens_and_logits() {
     let outcome = execute(&prepared, plan).unwrap();
     let report = &outcome.report;
     assert_eq!(report.tokens, tokens, "the adapted model's greedy tokens");
-    let worst = (0..steps)
-        .flat_map(|step| {
-            let expected = floats(&reference["logits"][step as usize]);
-            let ours = report.outputs[&step].clone();
-            assert_eq!(ours.len(), expected.len());
-            ours.into_iter()
-                .zip(expected)
-                .map(|(a, b)| (a - b).abs())
-                .collect::<Vec<_>>()
-        })
-        .fold(0.0f32, f32::max);
+    let logits: Vec<Vec<f32>> = (0..steps)
+        .map(|step| report.outputs[&step].clone())
+        .collect();
+    let worst = largest_difference(&logits, &float_rows(&reference["logits"]));
     eprintln!("peft-llama3: largest logit difference from PyTorch {worst:e}");
     assert!(worst <= LOGIT_TOLERANCE, "logits differ by {worst}");
     assert!(
@@ -141,18 +116,13 @@ fn a_peft_folder_on_an_encoder_gives_sentence_transformers_adapted_embeddings() 
             String::from_utf8_lossy(&output.stderr)
         );
         let embedded: Value = serde_json::from_slice(&output.stdout).unwrap();
-        let worst = embedded["texts"]
+        let ours: Vec<Vec<f32>> = embedded["texts"]
             .as_array()
             .unwrap()
             .iter()
-            .zip(reference["embeddings"].as_array().unwrap())
-            .flat_map(|(ours, theirs)| {
-                floats(&ours["embedding"])
-                    .into_iter()
-                    .zip(floats(theirs))
-                    .map(|(a, b)| (a - b).abs())
-            })
-            .fold(0.0f32, f32::max);
+            .map(|text| floats(&text["embedding"]))
+            .collect();
+        let worst = largest_difference(&ours, &float_rows(&reference["embeddings"]));
         eprintln!("peft-bert at {budget}: largest difference {worst:e}");
         assert!(worst <= EMBEDDING_TOLERANCE, "{budget}: {worst}");
     }

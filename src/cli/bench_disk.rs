@@ -234,10 +234,38 @@ fn check_input(args: &BenchDiskArgs) -> Result<u64, Failure> {
             "--rounds must be between 1 and 100"
         )));
     }
-    if args.staging_buffers == 0 || args.staging_buffer_size.as_u64() < 4096 {
+    check_ring(args)?;
+    Ok(metadata.len())
+}
+
+/// The staging ring is allocated whole before the first read: bounded in count like
+/// the runs' ring (64), in size by what the machine can spare (half its available RAM;
+/// 1000 buffers of the default 64 MiB got the bench killed for memory), aligned for
+/// O_DIRECT.
+fn check_ring(args: &BenchDiskArgs) -> Result<(), Failure> {
+    const MAX_STAGING_BUFFERS: u32 = 64;
+    let size = args.staging_buffer_size.as_u64();
+    if !(1..=MAX_STAGING_BUFFERS).contains(&args.staging_buffers) || size < IO_ALIGN_BYTES {
         return Err(Failure::bad_input(anyhow!(
-            "--staging-buffers must be ≥ 1 and --staging-buffer-size ≥ 4KiB"
+            "--staging-buffers must be between 1 and {MAX_STAGING_BUFFERS} and --staging-buffer-size at least 4KiB"
         )));
     }
-    Ok(metadata.len())
+    if size % IO_ALIGN_BYTES != 0 {
+        return Err(Failure::bad_input(anyhow!(
+            "--staging-buffer-size {}: not a multiple of 4 KiB (O_DIRECT reads whole blocks)",
+            Bytes(size)
+        )));
+    }
+    let ring = u64::from(args.staging_buffers) * size;
+    let spare = stagehand::os::available_ram_bytes().map(|available| available / 2);
+    if let Some(spare) = spare.filter(|spare| ring > *spare) {
+        return Err(Failure::bad_input(anyhow!(
+            "a staging ring of {} (--staging-buffers {} × --staging-buffer-size {}) is more than half the available RAM ({}); use fewer or smaller buffers",
+            Bytes(ring),
+            args.staging_buffers,
+            Bytes(size),
+            Bytes(spare)
+        )));
+    }
+    Ok(())
 }

@@ -64,9 +64,25 @@ pub fn execute(args: BenchLoraArgs) -> CommandResult {
     let loaded = settings::load(&args.settings).map_err(Failure::bad_input)?;
     let settings = loaded.settings;
     super::run::init_logging(&settings.log);
-    if args.steps < 2 || args.rounds == 0 || args.rank == 0 {
+    // The LoRA bench runs the CPU backend: `sim` and `cuda` are refused, not ignored.
+    let device = settings.device;
+    if !matches!(
+        device,
+        settings::DeviceKind::Cpu | settings::DeviceKind::Auto
+    ) {
         return Err(Failure::bad_input(anyhow::anyhow!(
-            "--steps must be at least 2 (the first step is cold), --rounds and --rank at least 1"
+            "bench lora runs on the CPU backend only; --device {} is not implemented for it (use --device cpu{})",
+            format!("{device:?}").to_ascii_lowercase(),
+            if device == settings::DeviceKind::Sim {
+                ", or `stagehand simulate` for virtual time"
+            } else {
+                ""
+            }
+        )));
+    }
+    if args.steps < 2 || args.rounds == 0 || args.rank == 0 || args.batch == 0 {
+        return Err(Failure::bad_input(anyhow::anyhow!(
+            "--steps must be at least 2 (the first step is cold), --rounds, --rank and --batch at least 1"
         )));
     }
     let spec = DemoSpec::default();

@@ -47,6 +47,7 @@ pub fn execute(args: &BenchArgs, settings: &Settings, model: &std::path::Path) -
     }
     drop(probe);
     let decoder = workload == WorkloadKind::Decoder;
+    check_asks(args, decoder, model)?;
     let bench = Bench {
         settings,
         steps: args.steps,
@@ -64,13 +65,7 @@ pub fn execute(args: &BenchArgs, settings: &Settings, model: &std::path::Path) -
         Vec::new()
     };
     let kv = match args.kv_tokens {
-        Some(tokens) if decoder => Some(kv_growth(&bench, settings, tokens)?),
-        Some(_) => {
-            return Err(Failure::bad_input(anyhow::anyhow!(
-                "--kv-tokens is for decoders; {} is not one",
-                model.display()
-            )))
-        }
+        Some(tokens) => Some(kv_growth(&bench, settings, tokens)?),
         None => None,
     };
     let results = Results {
@@ -86,6 +81,22 @@ pub fn execute(args: &BenchArgs, settings: &Settings, model: &std::path::Path) -
     }
     print_text(&bench, budgets, &results);
     Ok(())
+}
+
+/// What is refused before the first measurement, not after it.
+fn check_asks(args: &BenchArgs, decoder: bool, model: &std::path::Path) -> CommandResult {
+    let refuse = |message: String| Err(Failure::bad_input(anyhow::anyhow!(message)));
+    if !decoder && args.batches.contains(&0) {
+        return refuse("--batches must be at least 1".to_string());
+    }
+    match args.kv_tokens {
+        Some(_) if !decoder => refuse(format!(
+            "--kv-tokens is for decoders; {} is not one",
+            model.display()
+        )),
+        Some(tokens) if tokens < 8 => refuse(format!("--kv-tokens {tokens}: at least 8")),
+        _ => Ok(()),
+    }
 }
 
 /// What `bench --model` measured, for either output.
@@ -106,11 +117,6 @@ fn configurations(
     let batches: &[usize] = if decoder { &[1] } else { &args.batches };
     let mut rows = Vec::with_capacity(batches.len());
     for &batch in batches {
-        if batch == 0 {
-            return Err(Failure::bad_input(anyhow::anyhow!(
-                "--batches must be at least 1"
-            )));
-        }
         rows.push(bench.configuration("model", batch, budgets)?);
     }
     Ok(rows)
@@ -308,11 +314,6 @@ struct KvGrowth {
 /// Generates `tokens` tokens with every block resident beside a spare ring and room
 /// for about one KV page, so the cache's growth makes resident blocks stream.
 fn kv_growth(bench: &Bench<'_>, settings: &Settings, tokens: u64) -> Result<KvGrowth, Failure> {
-    if tokens < 8 {
-        return Err(Failure::bad_input(anyhow::anyhow!(
-            "--kv-tokens must be at least 8"
-        )));
-    }
     let prepared = prepare_with(
         &bench.model,
         WorkloadKind::Decoder,

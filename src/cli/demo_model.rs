@@ -23,6 +23,8 @@ pub enum Arch {
     LinearStack,
     /// A BERT encoder folder (config.json, weights, tokenizer.json, sentence-transformers head).
     Bert,
+    /// A RoBERTa encoder folder (`--preset base`: roberta-base's shapes, 514 positions).
+    Roberta,
     /// A Llama decoder folder (byte-level tokenizer.json; `1b` has Llama-3.2-1B's shapes).
     Llama,
     /// A Mixtral decoder folder: 8 experts, top-2.
@@ -104,7 +106,8 @@ pub struct DemoModelArgs {
 pub fn execute(args: DemoModelArgs) -> CommandResult {
     check_arguments(&args)?;
     match args.arch {
-        Arch::Bert => return write_bert(&args),
+        Arch::Bert => return write_bert(&args, false),
+        Arch::Roberta => return write_bert(&args, true),
         Arch::Llama => return write_decoder(&args, DecoderArch::Llama),
         Arch::Mixtral => return write_decoder(&args, DecoderArch::Mixtral),
         Arch::Qwen3 => return write_decoder(&args, DecoderArch::Qwen3),
@@ -172,10 +175,10 @@ fn check_arguments(args: &DemoModelArgs) -> CommandResult {
             args.out.display()
         ));
     }
-    let writes_adapters = matches!(args.arch, Arch::LinearStack | Arch::Bert);
+    let writes_adapters = matches!(args.arch, Arch::LinearStack | Arch::Bert | Arch::Roberta);
     if args.lora_out.is_some() && !writes_adapters {
         return refuse(format!(
-            "--lora-out writes adapters for --arch linear-stack and bert only; leave it out for --arch {}",
+            "--lora-out writes adapters for --arch linear-stack, bert and roberta only; leave it out for --arch {}",
             clap::ValueEnum::to_possible_value(&args.arch)
                 .map_or_else(String::new, |value| value.get_name().to_string())
         ));
@@ -195,8 +198,9 @@ fn check_arguments(args: &DemoModelArgs) -> CommandResult {
     Ok(())
 }
 
-/// `--arch bert`: the encoder folder, and with `--lora-out DIR` a PEFT adapter folder.
-fn write_bert(args: &DemoModelArgs) -> CommandResult {
+/// `--arch bert|roberta`: the encoder folder, and with `--lora-out DIR` a PEFT adapter
+/// folder.
+fn write_bert(args: &DemoModelArgs, roberta: bool) -> CommandResult {
     if args.dtype == DTypeArg::Fp8 {
         return Err(Failure::bad_input(anyhow::anyhow!(
             "--dtype fp8 is for decoders (--arch llama, mixtral, qwen3, qwen3-moe, qwen2-moe); use f32, f16 or bf16 for bert"
@@ -206,15 +210,17 @@ fn write_bert(args: &DemoModelArgs) -> CommandResult {
         preset: args.preset,
         dtype: args.dtype.dtype(),
         seed: args.seed,
+        roberta,
         ..BertDemo::default()
     };
     let started = Instant::now();
     let dir = write_bert_folder(&args.out, &demo)
         .map_err(|error| Failure::run_failed(anyhow::anyhow!("{}: {error}", args.out.display())))?;
-    let shape = args.preset.shape();
+    let shape = demo.shape();
     println!(
-        "wrote {} (BERT {:?}: {} layers of {}, {} heads, {} weights = {}, seed {}) in {:.2} s",
+        "wrote {} ({} {:?}: {} layers of {}, {} heads, {} weights = {}, seed {}) in {:.2} s",
         dir.display(),
+        if roberta { "RoBERTa" } else { "BERT" },
         args.preset,
         shape.layers,
         shape.hidden,

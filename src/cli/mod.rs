@@ -246,6 +246,26 @@ mod tests {
     }
 
     #[test]
+    fn a_negative_number_is_its_flags_value() {
+        // Proves `--seed -3` reaches --seed's parser (refused naming it), where clap's
+        // default read `-3` as an unknown flag.
+        let error = super::command()
+            .try_get_matches_from(["stagehand", "generate", "--model", "m", "--seed", "-3"])
+            .expect_err("a seed is unsigned");
+        assert!(error.to_string().contains("'--seed <SEED>'"), "{error}");
+    }
+
+    #[test]
+    fn a_message_over_several_lines_is_printed_as_one() {
+        // Proves a TOML parser's snippet and caret become one line.
+        let toml = "bad.toml: TOML parse error at line 1, column 6\n  |\n1 | a = = b\n  |      ^\nexpected a value\n";
+        assert_eq!(
+            super::one_line(toml),
+            "bad.toml: TOML parse error at line 1, column 6 1 | a = = b expected a value"
+        );
+    }
+
+    #[test]
     fn generate_reads_token_ids_as_one_list() {
         // Proves `--token-ids 256,10,20` parses into the ids (it panicked: clap's
         // "Mismatch between definition and access of `token_ids`").

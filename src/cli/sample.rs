@@ -47,7 +47,7 @@ pub struct SampleArgs {
     pub init: Option<PathBuf>,
     /// Image-to-image: noise --init to this strength (0–1] and run that share of the steps.
     #[arg(long, requires = "init")]
-    pub strength: Option<f32>,
+    pub strength: Option<f64>,
     /// Where to write the final latent (safetensors `latent` [1, 16, H/8, W/8], F32).
     #[arg(long, value_name = "FILE")]
     pub out: PathBuf,
@@ -74,6 +74,7 @@ struct Sampled<'a> {
     text_tokens: usize,
     sigmas: &'a [f32],
     seconds_per_step: f64,
+    activation_bytes: u64,
     summary: &'a Summary,
 }
 
@@ -180,7 +181,18 @@ pub fn execute(args: SampleArgs) -> CommandResult {
     let (height, width) = (args.height / 8, args.width / 8);
     write_latent(&args.out, &flux.unpack(packed), channels, height, width)
         .map_err(|error| Failure::run_failed(anyhow::anyhow!(error)))?;
-    let summary = Summary::new(&outcome);
+    print_result(&args, flux, &outcome, (channels, height, width))
+}
+
+/// The result as JSON, or the written latent's line and the run summary.
+fn print_result(
+    args: &SampleArgs,
+    flux: &stagehand::families::flux::Flux,
+    outcome: &stagehand::run::Outcome,
+    (channels, height, width): (usize, usize, usize),
+) -> CommandResult {
+    let steps = flux.steps_per_sample();
+    let summary = Summary::new(outcome);
     let seconds_per_step = outcome.report.steady_step_seconds();
     if args.json {
         let sampled = Sampled {
@@ -192,6 +204,7 @@ pub fn execute(args: SampleArgs) -> CommandResult {
             text_tokens: flux.text_tokens(),
             sigmas: &flux.sigmas[flux.first..],
             seconds_per_step,
+            activation_bytes: flux.working_set_bytes(),
             summary: &summary,
         };
         let json = serde_json::to_string_pretty(&sampled).map_err(Failure::run_failed)?;
@@ -202,6 +215,11 @@ pub fn execute(args: SampleArgs) -> CommandResult {
         "sample: wrote {} (latent [1, {channels}, {height}, {width}]) after {steps} denoising steps, {:.1} ms per step (steady, median)",
         args.out.display(),
         seconds_per_step * 1e3
+    );
+    println!(
+        "  activations: {} per denoising step (q, k, v and attention over {} tokens, the MLP's hidden state, the modulations, the rope table), reserved through the activation path before the first block",
+        stagehand_actors::Bytes(flux.working_set_bytes()),
+        flux.image_tokens() + flux.text_tokens()
     );
     print!("{}", summary.render());
     Ok(())

@@ -57,6 +57,13 @@ pub struct ServeArgs {
 }
 
 pub fn execute(args: ServeArgs) -> CommandResult {
+    // The other commands check `log` with their settings; serve's is its own flag.
+    if !stagehand::settings::is_log_filter(&args.log) {
+        return Err(Failure::bad_input(anyhow::anyhow!(
+            "--log {:?}: not a log filter; use e.g. info, warn, or stagehand=debug",
+            args.log
+        )));
+    }
     super::logging::init_logging(&args.log);
     let config =
         config_of(&args).map_err(|message| Failure::bad_input(anyhow::anyhow!(message)))?;

@@ -20,7 +20,7 @@ pub use load::{
     find_default_file, load, load_layers, load_with, LoadOptions, Loaded, DEFAULT_FILE,
 };
 pub use provenance::{Origin, Provenance, Source};
-pub use validate::{check_block_pattern, IO_ALIGN_BYTES, MIN_RAM_FLOOR};
+pub use validate::{check_block_pattern, is_log_filter, IO_ALIGN_BYTES, MIN_RAM_FLOOR};
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -3,12 +3,14 @@
 #![allow(dead_code)] // Each test binary uses a different subset.
 
 pub mod cli;
+pub mod cli_rows;
 pub mod decoder;
 pub mod demo;
 pub mod encoder;
 pub mod lora;
 pub mod metrics;
 pub mod process;
+pub mod reference;
 pub mod replay;
 pub mod sim;
 pub mod storage;

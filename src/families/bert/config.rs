@@ -56,6 +56,37 @@ pub struct BertConfig {
 const MAX_DIMENSION: u64 = 1 << 20;
 const MAX_LAYERS: u64 = 4096;
 
+/// Which variant `config` is (by `model_type`, else the first architecture) and the id
+/// its batches are padded with (`pad_token_id`; RoBERTa's positions start past it).
+fn variant(
+    config: &Value,
+    bad: &dyn Fn(&str, String) -> FamilyError,
+) -> Result<(Variant, u32), FamilyError> {
+    let model_type = config.get("model_type").and_then(Value::as_str);
+    let roberta = matches!(model_type, Some("roberta" | "xlm-roberta"))
+        || config
+            .get("architectures")
+            .and_then(|names| names.get(0))
+            .and_then(Value::as_str)
+            .is_some_and(|name| name.starts_with("Roberta") || name.starts_with("XLMRoberta"));
+    let pad_token_id = match config.get("pad_token_id") {
+        None | Some(Value::Null) => u32::from(roberta),
+        Some(value) => value
+            .as_u64()
+            .filter(|&id| id < 1 << 24)
+            .ok_or_else(|| bad("pad_token_id", format!("is {value}; expected a token id")))?
+            as u32,
+    };
+    let variant = if roberta {
+        Variant::Roberta {
+            padding_idx: pad_token_id,
+        }
+    } else {
+        Variant::Bert
+    };
+    Ok((variant, pad_token_id))
+}
+
 impl BertConfig {
     pub fn from_json(path: &Path, config: &Value) -> Result<Self, FamilyError> {
         let bad = |key: &str, problem: String| {
@@ -73,27 +104,7 @@ impl BertConfig {
                 )),
             }
         };
-        let model_type = config.get("model_type").and_then(Value::as_str);
-        let roberta = matches!(model_type, Some("roberta" | "xlm-roberta"))
-            || config
-                .get("architectures")
-                .and_then(|names| names.get(0))
-                .and_then(Value::as_str)
-                .is_some_and(|name| name.starts_with("Roberta") || name.starts_with("XLMRoberta"));
-        let pad_token_id =
-            match config.get("pad_token_id") {
-                None | Some(Value::Null) => u32::from(roberta),
-                Some(value) => value.as_u64().filter(|&id| id < 1 << 24).ok_or_else(|| {
-                    bad("pad_token_id", format!("is {value}; expected a token id"))
-                })? as u32,
-            };
-        let variant = if roberta {
-            Variant::Roberta {
-                padding_idx: pad_token_id,
-            }
-        } else {
-            Variant::Bert
-        };
+        let (variant, pad_token_id) = variant(config, &bad)?;
         let hidden = size("hidden_size", MAX_DIMENSION)?;
         let heads = size("num_attention_heads", MAX_DIMENSION)?;
         if hidden % heads != 0 {
@@ -121,6 +132,16 @@ impl BertConfig {
                 "position_embedding_type",
                 format!("is \"{positions}\"; stagehand's encoders implement \"absolute\""),
             ));
+        }
+        // A causal or cross-attending BERT/RoBERTa is a decoder; its mask is not the
+        // padding mask an embedder computes under.
+        for key in ["is_decoder", "add_cross_attention"] {
+            if config.get(key).and_then(Value::as_bool) == Some(true) {
+                return Err(bad(
+                    key,
+                    "is true: stagehand runs these models as bidirectional encoders (sentence embeddings); use the checkpoint's encoder configuration".to_string(),
+                ));
+            }
         }
         let layer_norm_eps = match config.get("layer_norm_eps") {
             None => 1e-12,
@@ -226,6 +247,12 @@ mod tests {
             ("hidden_size", serde_json::json!("big"), "hidden_size"),
             ("hidden_act", serde_json::json!("relu"), "hidden_act"),
             ("layer_norm_eps", serde_json::json!(-1.0), "layer_norm_eps"),
+            ("is_decoder", serde_json::json!(true), "is_decoder"),
+            (
+                "add_cross_attention",
+                serde_json::json!(true),
+                "add_cross_attention",
+            ),
         ] {
             let mut json = minilm();
             json[key] = value;
@@ -236,5 +263,33 @@ mod tests {
         json.as_object_mut().unwrap().remove("vocab_size");
         let message = BertConfig::from_json(path, &json).unwrap_err().to_string();
         assert!(message.contains("`vocab_size` is missing"), "{message}");
+    }
+
+    #[test]
+    fn roberta_counts_positions_past_its_padding_id() {
+        // Proves a RoBERTa config gives positions padding_idx + 1 + i for real tokens and
+        // padding_idx for padding, and takes padding_idx + 1 fewer tokens than its table.
+        let mut json = minilm();
+        json["model_type"] = "xlm-roberta".into();
+        json["pad_token_id"] = 1.into();
+        json["max_position_embeddings"] = 514.into();
+        let config = BertConfig::from_json(Path::new("config.json"), &json).unwrap();
+        assert_eq!(config.variant, Variant::Roberta { padding_idx: 1 });
+        assert_eq!(config.usable_positions(), 512);
+        // Two sequences of 4: [0, 7, 2, pad], [0, 2, pad, pad].
+        assert_eq!(
+            config.position_ids(&[0, 7, 2, 1, 0, 2, 1, 1], 4),
+            [2, 3, 4, 1, 2, 3, 1, 1]
+        );
+        let bert = BertConfig::from_json(Path::new("config.json"), &minilm()).unwrap();
+        assert_eq!(
+            bert.position_ids(&[5, 6, 0, 7, 0, 0], 3),
+            [0, 1, 2, 0, 1, 2]
+        );
+        json["pad_token_id"] = 513.into();
+        let message = BertConfig::from_json(Path::new("config.json"), &json)
+            .unwrap_err()
+            .to_string();
+        assert!(message.contains("pad_token_id"), "{message}");
     }
 }

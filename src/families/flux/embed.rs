@@ -57,44 +57,39 @@ pub fn token_ids(text: usize, rows: usize, cols: usize) -> Vec<[f32; 3]> {
     ids
 }
 
-/// A latent `[channels, 2·rows, 2·cols]` packed into `rows·cols` tokens of
-/// `channels·4` values: token (i, j), value `c·4 + 2a + b` is `latent[c][2i + a][2j + b]`
-/// (diffusers' `_pack_latents`, the original's `rearrange`).
-pub fn pack(latent: &[f32], channels: usize, rows: usize, cols: usize) -> Vec<f32> {
+/// Every (packed, latent) index pair of a latent `[channels, 2·rows, 2·cols]` packed
+/// into `rows·cols` tokens of `channels·4` values: token (i, j), value `c·4 + 2a + b`
+/// is `latent[c][2i + a][2j + b]` (diffusers' `_pack_latents`, the original's
+/// `rearrange`).
+fn packing(channels: usize, rows: usize, cols: usize) -> impl Iterator<Item = (usize, usize)> {
     let (height, width) = (2 * rows, 2 * cols);
+    (0..rows * cols).flat_map(move |token| {
+        let (i, j) = (token / cols, token % cols);
+        (0..channels * 4).map(move |value| {
+            let (c, a, b) = (value / 4, value % 4 / 2, value % 2);
+            (
+                token * channels * 4 + value,
+                (c * height + 2 * i + a) * width + 2 * j + b,
+            )
+        })
+    })
+}
+
+/// A latent `[channels, 2·rows, 2·cols]` packed into `rows·cols` tokens of
+/// `channels·4` values: token (i, j), value `c·4 + 2a + b` is `latent[c][2i + a][2j + b]`.
+pub fn pack(latent: &[f32], channels: usize, rows: usize, cols: usize) -> Vec<f32> {
     let mut packed = vec![0.0; latent.len()];
-    for i in 0..rows {
-        for j in 0..cols {
-            let token = (i * cols + j) * channels * 4;
-            for c in 0..channels {
-                for a in 0..2 {
-                    for b in 0..2 {
-                        packed[token + c * 4 + a * 2 + b] =
-                            latent[(c * height + 2 * i + a) * width + 2 * j + b];
-                    }
-                }
-            }
-        }
+    for (to, from) in packing(channels, rows, cols) {
+        packed[to] = latent[from];
     }
     packed
 }
 
 /// The inverse of [`pack`].
 pub fn unpack(packed: &[f32], channels: usize, rows: usize, cols: usize) -> Vec<f32> {
-    let (height, width) = (2 * rows, 2 * cols);
     let mut latent = vec![0.0; packed.len()];
-    for i in 0..rows {
-        for j in 0..cols {
-            let token = (i * cols + j) * channels * 4;
-            for c in 0..channels {
-                for a in 0..2 {
-                    for b in 0..2 {
-                        latent[(c * height + 2 * i + a) * width + 2 * j + b] =
-                            packed[token + c * 4 + a * 2 + b];
-                    }
-                }
-            }
-        }
+    for (from, to) in packing(channels, rows, cols) {
+        latent[to] = packed[from];
     }
     latent
 }
@@ -167,9 +162,9 @@ mod tests {
         // Proves text ids (all zero) rotate by nothing: cos 1, sin 0.
         let table = rope_table(&token_ids(1, 1, 2), &[2, 2, 4]);
         assert_eq!(&table[..8], &[1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0]);
-        // The third token, image (0, 0, 1): its column axis (its last 4 values, 2
+        // Image token (0, 0, 1), the third row: the column axis (its last 4 values, 2
         // pairs) turns by 1 and 1/100.
-        let column = &table[3 * 8 - 4..];
+        let column = &table[3 * 8 - 4..3 * 8];
         assert!((column[0] - 1f32.cos()).abs() < 1e-7 && (column[1] - 1f32.sin()).abs() < 1e-7);
         assert!((column[3] - 0.01f32.sin()).abs() < 1e-7);
     }

@@ -29,7 +29,7 @@ pub enum Start {
     /// start from (noised with `seed`).
     Init {
         path: PathBuf,
-        strength: Option<f32>,
+        strength: Option<f64>,
         seed: u64,
     },
 }

@@ -187,18 +187,27 @@ pub fn stream_shapes(rows: usize, config: &FluxConfig) -> Vec<(usize, usize)> {
     shapes
 }
 
+/// Tensors of `shapes`, handed out in order by the function returned: how a state
+/// struct is allocated from the same list of shapes its size is predicted from.
+pub fn allocator<C: Compute>(
+    compute: &C,
+    shapes: Vec<(usize, usize)>,
+) -> Result<impl FnMut() -> Result<C::Tensor, FamilyError>, FamilyError> {
+    let mut tensors = shapes
+        .into_iter()
+        .map(|(rows, cols)| compute.tensor(rows, cols))
+        .collect::<Result<Vec<_>, _>>()?
+        .into_iter();
+    Ok(move || {
+        tensors
+            .next()
+            .ok_or_else(|| FamilyError::Model("activation shapes and tensors disagree".into()))
+    })
+}
+
 impl<C: Compute> StreamActs<C> {
     pub fn new(compute: &C, rows: usize, config: &FluxConfig) -> Result<Self, FamilyError> {
-        let mut tensors = stream_shapes(rows, config)
-            .into_iter()
-            .map(|(rows, cols)| compute.tensor(rows, cols))
-            .collect::<Result<Vec<_>, _>>()?
-            .into_iter();
-        let mut next = || {
-            tensors
-                .next()
-                .ok_or_else(|| FamilyError::Model("activation shapes and tensors disagree".into()))
-        };
+        let mut next = allocator(compute, stream_shapes(rows, config))?;
         Ok(Self {
             x: next()?,
             normed: next()?,

@@ -74,7 +74,7 @@ pub struct Plan {
     /// The unpacked latent to start from and, for image-to-image, its strength and the
     /// noise's seed; or the seed of the starting noise.
     pub init: Option<Vec<f32>>,
-    pub strength: Option<f32>,
+    pub strength: Option<f64>,
     pub seed: u64,
 }
 

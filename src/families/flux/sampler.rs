@@ -37,15 +37,9 @@ pub fn sigmas(steps: usize, image_tokens: usize, shifted: bool) -> Vec<f32> {
     sigmas
 }
 
-/// The first step image-to-image runs at `strength` of `steps` (0 for a full run).
-pub fn first_step(steps: usize, strength: f32) -> usize {
-    // diffusers computes `int(max(steps - min(steps * strength, steps), 0))` with the
-    // strength the user typed as a double: 0.6 the decimal, not 0.6f32 widened
-    // (0.60000002…, which would turn 10 × 0.6 into 6.0000002 and start at step 3).
-    let strength = strength
-        .to_string()
-        .parse::<f64>()
-        .unwrap_or(f64::from(strength));
+/// The first step image-to-image runs at `strength` of `steps` (0 for a full run), in
+/// f64 as the pipeline computes `int(N − min(N·strength, N))`.
+pub fn first_step(steps: usize, strength: f64) -> usize {
     let init = (steps as f64 * strength).min(steps as f64);
     (steps as f64 - init).max(0.0) as usize
 }

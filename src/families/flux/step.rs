@@ -5,11 +5,12 @@
 use stagehand_actors::BlockId;
 
 use super::embed::timestep_embedding;
-use super::layers::{stream_shapes, Ctx, StreamActs, EPS};
+use super::layers::{allocator, stream_shapes, Ctx, StreamActs, EPS};
 use super::Flux;
 use crate::compute::Compute;
-use crate::families::blocks::Blocks;
+use crate::families::blocks::{Blocks, Held};
 use crate::families::family::{Family, StepOutput};
+use crate::families::lora_set::LoraSet;
 use crate::families::FamilyError;
 
 /// The activations of a step, allocated once per run.
@@ -77,16 +78,7 @@ pub fn shapes(flux: &Flux) -> Vec<(usize, usize)> {
 
 impl<C: Compute> Acts<C> {
     fn new(compute: &C, flux: &Flux) -> Result<Self, FamilyError> {
-        let mut tensors = own_shapes(flux)
-            .into_iter()
-            .map(|(rows, cols)| compute.tensor(rows, cols))
-            .collect::<Result<Vec<_>, _>>()?
-            .into_iter();
-        let mut next = || {
-            tensors
-                .next()
-                .ok_or_else(|| FamilyError::Model("activation shapes and tensors disagree".into()))
-        };
+        let mut next = allocator(compute, own_shapes(flux))?;
         let mut acts = Self {
             latent: next()?,
             context: next()?,
@@ -117,6 +109,20 @@ impl<C: Compute> Acts<C> {
     }
 }
 
+/// Runs `work` on block `id`, held (with the LoRA set attached now), and gives the
+/// block back whether or not the work failed.
+fn with_block<C: Compute, B: Blocks<C>, T>(
+    compute: &C,
+    blocks: &mut B,
+    id: BlockId,
+    work: impl FnOnce(&Held<C::Block>, Option<&LoraSet>) -> Result<T, FamilyError>,
+) -> Result<T, FamilyError> {
+    let held = blocks.acquire(compute, id)?;
+    let outcome = work(&held, blocks.lora());
+    blocks.release(compute, held)?;
+    outcome
+}
+
 impl Flux {
     fn ctx<'a, C: Compute>(&'a self, compute: &'a C) -> Result<Ctx<'a, C>, FamilyError> {
         Ok(Ctx {
@@ -136,12 +142,10 @@ impl Flux {
         sigma: f32,
     ) -> Result<(), FamilyError> {
         let (compute, weights) = (cx.compute, &self.weights.head);
-        let held = blocks.acquire(compute, BlockId(0))?;
-        let lora = blocks.lora();
-        let outcome = (|| {
+        with_block(compute, blocks, BlockId(0), |held, lora| {
             let scratch = &mut acts.scratch;
             cx.linear(
-                &held,
+                held,
                 lora,
                 &weights.img_in,
                 0,
@@ -150,7 +154,7 @@ impl Flux {
                 scratch,
             )?;
             cx.linear(
-                &held,
+                held,
                 lora,
                 &weights.txt_in,
                 0,
@@ -163,7 +167,7 @@ impl Flux {
             compute.write(&mut acts.frequencies, &timestep_embedding(t))?;
             let (hidden, out) = (&mut acts.embed_hidden, &mut acts.embed_out);
             cx.embedder(
-                &held,
+                held,
                 lora,
                 &weights.time_in,
                 &acts.frequencies,
@@ -174,7 +178,7 @@ impl Flux {
             if let (Some(embedder), Some(guidance)) = (&weights.guidance_in, self.guidance) {
                 compute.write(&mut acts.frequencies, &timestep_embedding(guidance))?;
                 cx.embedder(
-                    &held,
+                    held,
                     lora,
                     embedder,
                     &acts.frequencies,
@@ -185,7 +189,7 @@ impl Flux {
                 compute.add(&mut acts.vec, out)?;
             }
             cx.embedder(
-                &held,
+                held,
                 lora,
                 &weights.vector_in,
                 &acts.pooled,
@@ -196,9 +200,7 @@ impl Flux {
             compute.add(&mut acts.vec, out)?;
             cx.kernels.silu(&mut acts.vec)?;
             Ok(())
-        })();
-        blocks.release(compute, held)?;
-        outcome
+        })
     }
 
     fn double<C: Compute, B: Blocks<C>>(
@@ -210,9 +212,7 @@ impl Flux {
     ) -> Result<(), FamilyError> {
         let (compute, weights) = (cx.compute, &self.weights.double[block]);
         let text = self.text_tokens();
-        let held = blocks.acquire(compute, BlockId(1 + block as u32))?;
-        let lora = blocks.lora();
-        let outcome = (|| {
+        with_block(compute, blocks, BlockId(1 + block as u32), |held, lora| {
             let Acts {
                 img,
                 txt,
@@ -225,8 +225,8 @@ impl Flux {
                 scratch,
                 ..
             } = acts;
-            cx.stream_qkv(&held, lora, &weights.img, vec, img, scratch)?;
-            cx.stream_qkv(&held, lora, &weights.txt, vec, txt, scratch)?;
+            cx.stream_qkv(held, lora, &weights.img, vec, img, scratch)?;
+            cx.stream_qkv(held, lora, &weights.txt, vec, txt, scratch)?;
             for (joint, (text_part, image_part)) in [
                 (&mut *q, (&txt.q, &img.q)),
                 (&mut *k, (&txt.k, &img.k)),
@@ -238,11 +238,9 @@ impl Flux {
             cx.attention(table, q, k, v, attn)?;
             compute.slice_rows(attn, 0, &mut txt.attn)?;
             compute.slice_rows(attn, text, &mut img.attn)?;
-            cx.stream_out(&held, lora, &weights.img, img, scratch)?;
-            cx.stream_out(&held, lora, &weights.txt, txt, scratch)
-        })();
-        blocks.release(compute, held)?;
-        outcome
+            cx.stream_out(held, lora, &weights.img, img, scratch)?;
+            cx.stream_out(held, lora, &weights.txt, txt, scratch)
+        })
     }
 
     fn single<C: Compute, B: Blocks<C>>(
@@ -255,9 +253,7 @@ impl Flux {
         let (compute, weights) = (cx.compute, &self.weights.single[block]);
         let hidden = self.config.hidden();
         let id = 1 + self.config.double_blocks + block;
-        let held = blocks.acquire(compute, BlockId(id as u32))?;
-        let lora = blocks.lora();
-        let outcome = (|| {
+        with_block(compute, blocks, BlockId(id as u32), |held, lora| {
             let Acts {
                 img,
                 q,
@@ -275,12 +271,12 @@ impl Flux {
                 ..
             } = acts;
             let mods = &mut img.mods[..3];
-            cx.modulation(&held, lora, &weights.modulation, vec, mods, scratch)?;
+            cx.modulation(held, lora, &weights.modulation, vec, mods, scratch)?;
             cx.kernels
                 .adaptive_norm(joint, &mods[0], &mods[1], EPS, joint_normed)?;
-            cx.linear(&held, lora, &weights.linear1, 0, joint_normed, q, scratch)?;
+            cx.linear(held, lora, &weights.linear1, 0, joint_normed, q, scratch)?;
             cx.linear(
-                &held,
+                held,
                 lora,
                 &weights.linear1,
                 hidden,
@@ -289,7 +285,7 @@ impl Flux {
                 scratch,
             )?;
             cx.linear(
-                &held,
+                held,
                 lora,
                 &weights.linear1,
                 2 * hidden,
@@ -298,7 +294,7 @@ impl Flux {
                 scratch,
             )?;
             cx.linear(
-                &held,
+                held,
                 lora,
                 &weights.linear1,
                 3 * hidden,
@@ -306,18 +302,16 @@ impl Flux {
                 joint_hidden,
                 scratch,
             )?;
-            cx.norm(&held, weights.q_norm, q)?;
-            cx.norm(&held, weights.k_norm, k)?;
+            cx.norm(held, weights.q_norm, q)?;
+            cx.norm(held, weights.k_norm, k)?;
             cx.attention(table, q, k, v, attn)?;
             cx.kernels.gelu_tanh(joint_hidden)?;
             cx.kernels.write_cols(concat, 0, attn)?;
             cx.kernels.write_cols(concat, hidden, joint_hidden)?;
-            cx.linear(&held, lora, &weights.linear2, 0, concat, joint_out, scratch)?;
+            cx.linear(held, lora, &weights.linear2, 0, concat, joint_out, scratch)?;
             cx.kernels.add_gated(joint, joint_out, &mods[2])?;
             Ok(())
-        })();
-        blocks.release(compute, held)?;
-        outcome
+        })
     }
 
     /// The final adaLN and linear over the image tokens: the velocity.
@@ -329,9 +323,7 @@ impl Flux {
     ) -> Result<(), FamilyError> {
         let (compute, weights) = (cx.compute, &self.weights.last);
         let id = 1 + self.config.double_blocks + self.config.single_blocks;
-        let held = blocks.acquire(compute, BlockId(id as u32))?;
-        let lora = blocks.lora();
-        let outcome = (|| {
+        with_block(compute, blocks, BlockId(id as u32), |held, lora| {
             let Acts {
                 img,
                 joint,
@@ -342,17 +334,15 @@ impl Flux {
             } = acts;
             compute.slice_rows(joint, self.text_tokens(), &mut img.x)?;
             let mods = &mut img.mods[..2];
-            cx.modulation(&held, lora, &weights.modulation, vec, mods, scratch)?;
+            cx.modulation(held, lora, &weights.modulation, vec, mods, scratch)?;
             let (shift, scale) = match weights.scale_first {
                 false => (&mods[0], &mods[1]),
                 true => (&mods[1], &mods[0]),
             };
             cx.kernels
                 .adaptive_norm(&img.x, shift, scale, EPS, &mut img.normed)?;
-            cx.linear(&held, lora, &weights.linear, 0, &img.normed, out, scratch)
-        })();
-        blocks.release(compute, held)?;
-        outcome
+            cx.linear(held, lora, &weights.linear, 0, &img.normed, out, scratch)
+        })
     }
 }
 

@@ -72,6 +72,10 @@ pub struct BertDemo {
     pub seed: u64,
     /// Shards hold at most this many bytes (the index is written when there are more).
     pub shard_bytes: u64,
+    /// A RoBERTa instead (`model_type: roberta`): positions from `pad_token_id` 1 + 1
+    /// (two more position rows), one token type, RoBERTa's vocabulary size for the
+    /// base and large presets (50265).
+    pub roberta: bool,
 }
 
 impl Default for BertDemo {
@@ -81,6 +85,7 @@ impl Default for BertDemo {
             dtype: DType::F32,
             seed: 0x0042_4552,
             shard_bytes: 1 << 30,
+            roberta: false,
         }
     }
 }
@@ -90,8 +95,25 @@ impl Default for BertDemo {
 const WEIGHT_SPREAD: f32 = 0.02 * 1.732_050_8;
 
 impl BertDemo {
-    fn tensors(&self) -> Vec<TensorSpec> {
+    /// The preset's shape, with RoBERTa's vocabulary and position rows when it is one.
+    pub fn shape(&self) -> BertShape {
         let shape = self.preset.shape();
+        if !self.roberta {
+            return shape;
+        }
+        BertShape {
+            vocab: if self.preset == BertPreset::Tiny {
+                shape.vocab
+            } else {
+                50265
+            },
+            max_positions: shape.max_positions + 2,
+            ..shape
+        }
+    }
+
+    fn tensors(&self) -> Vec<TensorSpec> {
+        let shape = self.shape();
         let (hidden, inner) = (shape.hidden, shape.intermediate);
         let mut tensors = Vec::new();
         let mut add = |name: String, dims: Vec<usize>, center: f32, spread: f32| {
@@ -112,7 +134,7 @@ impl BertDemo {
         );
         add(
             "embeddings.token_type_embeddings.weight".into(),
-            vec![2, hidden],
+            vec![if self.roberta { 1 } else { 2 }, hidden],
             0.0,
             WEIGHT_SPREAD,
         );
@@ -157,7 +179,25 @@ impl BertDemo {
     }
 
     fn config(&self) -> serde_json::Value {
-        let shape = self.preset.shape();
+        let shape = self.shape();
+        let mut config = self.bert_config(shape);
+        if self.roberta {
+            for (key, value) in [
+                ("architectures", json!(["RobertaModel"])),
+                ("model_type", json!("roberta")),
+                ("pad_token_id", json!(1)),
+                ("bos_token_id", json!(0)),
+                ("eos_token_id", json!(2)),
+                ("type_vocab_size", json!(1)),
+                ("layer_norm_eps", json!(1e-5)),
+            ] {
+                config[key] = value;
+            }
+        }
+        config
+    }
+
+    fn bert_config(&self, shape: BertShape) -> serde_json::Value {
         json!({
             "architectures": ["BertModel"],
             "model_type": "bert",
@@ -220,7 +260,7 @@ pub fn write_bert_folder(dir: &Path, demo: &BertDemo) -> std::io::Result<PathBuf
         })
     };
     json_file("config.json", demo.config())?;
-    json_file("tokenizer.json", tokenizer_json(demo.preset.shape().vocab))?;
+    json_file("tokenizer.json", tokenizer_json(demo.shape().vocab))?;
     json_file(
         "modules.json",
         json!([
@@ -283,7 +323,8 @@ pub fn write_bert_lora(
     let config = json!({
         "peft_type": "LORA", "task_type": "FEATURE_EXTRACTION", "r": rank,
         "lora_alpha": 2 * rank, "lora_dropout": 0.0, "bias": "none",
-        "target_modules": ["query", "value"], "base_model_name_or_path": "generated-bert"
+        "target_modules": ["query", "value"],
+        "base_model_name_or_path": if demo.roberta { "generated-roberta" } else { "generated-bert" }
     });
     write_atomically(&dir.join("adapter_config.json"), |file| {
         use std::io::Write;

@@ -1,0 +1,159 @@
+//! The CLI tables cover the command line as documented: every subcommand `stagehand
+//! --help` lists (at any depth) has a table (tests/common/cli.rs `TABLES`), every table
+//! listed is still a subcommand, and every flag README.md (and docs/simulator.md) documents exists — in the
+//! `--help` of the subcommand its example names (`stagehand SUB ... --flag`), or of
+//! some subcommand for flags the prose mentions alone. A flag a `--help` documents is
+//! then tried by that subcommand's table (each table checks its own).
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use common::cli::{documented_flags, flags_in, subcommands_of, TABLES};
+
+/// Every subcommand, as its words after `stagehand` ("" is plain `stagehand`).
+fn every_subcommand() -> Vec<String> {
+    let mut found = vec![String::new()];
+    let mut next = 0;
+    while next < found.len() {
+        let subcommand = found[next].clone();
+        next += 1;
+        if subcommand.split_whitespace().last() != Some("help") {
+            found.extend(subcommands_of(&subcommand));
+        }
+    }
+    found
+}
+
+#[test]
+fn every_subcommand_has_a_table_and_every_table_a_subcommand() {
+    let subcommands = every_subcommand();
+    let untabled: Vec<String> = subcommands
+        .iter()
+        .filter(|subcommand| !TABLES.iter().any(|(listed, _)| listed == subcommand))
+        .map(|subcommand| {
+            let file = format!("tests/cli_{}.rs", subcommand.replace([' ', '-'], "_"));
+            format!(
+                "`stagehand {subcommand}` has no table: write {file} with a Table::new(\"{subcommand}\", file!()) \
+                 and add (\"{subcommand}\", \"{file}\") to TABLES in tests/common/cli.rs"
+            )
+        })
+        .collect();
+    assert!(untabled.is_empty(), "{}", untabled.join("\n"));
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for (subcommand, file) in TABLES {
+        assert!(
+            subcommands.iter().any(|listed| listed == subcommand),
+            "TABLES (tests/common/cli.rs) lists `stagehand {subcommand}`, which `--help` no longer lists: remove it and {file}"
+        );
+        let text = std::fs::read_to_string(root.join(file)).unwrap_or_default();
+        assert!(
+            text.contains(&format!("Table::new(\"{subcommand}\"")) || text.contains("fn table(subcommand"),
+            "TABLES names {file} for `stagehand {subcommand}`, but that file builds no Table for it"
+        );
+    }
+}
+
+/// Code spans (`...`) and code-block lines of README.md.
+fn code_of(readme: &str) -> Vec<String> {
+    let mut code = Vec::new();
+    let mut fenced = false;
+    for line in readme.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        if fenced || line.starts_with("    ") {
+            code.push(line.trim().to_string());
+            continue;
+        }
+        code.extend(line.split('`').skip(1).step_by(2).map(str::to_string));
+    }
+    code
+}
+
+/// The subcommand a `stagehand ...` example names (the longest that exists), if any.
+fn named_subcommand(example: &str, subcommands: &[String]) -> Option<String> {
+    let words: Vec<&str> = example.split_whitespace().collect();
+    if words.first() != Some(&"stagehand") {
+        return None;
+    }
+    let mut named = String::new();
+    for word in &words[1..] {
+        let longer = format!("{named} {word}").trim().to_string();
+        if !subcommands.contains(&longer) {
+            break;
+        }
+        named = longer;
+    }
+    Some(named)
+}
+
+/// Other programs' flags the README mentions (cargo's, in the test instructions).
+const NOT_STAGEHAND: &[&str] = &[
+    "--release",
+    "--workspace",
+    "--no-fail-fast",
+    "--test",
+    "--include-ignored",
+    "--all-targets",
+    "--check",
+    "--no-default-features",
+];
+
+#[test]
+fn every_flag_the_readme_documents_exists_where_it_says() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    // The simulator's guide documents `simulate`, `calibrate` and `validate` flags too.
+    let readme = ["README.md", "docs/simulator.md"]
+        .iter()
+        .map(|name| std::fs::read_to_string(root.join(name)).expect("the documentation"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let subcommands = every_subcommand();
+    let defined: Vec<(String, Vec<String>)> = subcommands
+        .iter()
+        .map(|subcommand| (subcommand.clone(), documented_flags(subcommand)))
+        .collect();
+    let defines = |subcommand: &str, flag: &String| {
+        defined
+            .iter()
+            .any(|(name, flags)| name == subcommand && flags.contains(flag))
+    };
+    let mut wrong = BTreeSet::new();
+    for span in code_of(&readme) {
+        let words: Vec<&str> = span.split_whitespace().collect();
+        if words
+            .first()
+            .is_some_and(|first| first.starts_with("cargo") || first.starts_with("scripts/"))
+        {
+            continue;
+        }
+        for flag in flags_in(&span) {
+            if NOT_STAGEHAND.contains(&flag.as_str()) {
+                continue;
+            }
+            match named_subcommand(&span, &subcommands) {
+                // `stagehand run --lora ...`: run's own flag (plain `stagehand` is run's flags too).
+                Some(subcommand) if !defines(&subcommand, &flag) => {
+                    wrong.insert(format!(
+                        "README.md's `{span}` uses {flag}, which `stagehand {subcommand} --help` does not document"
+                    ));
+                }
+                Some(_) => {}
+                None if !defined.iter().any(|(_, flags)| flags.contains(&flag)) => {
+                    wrong.insert(format!(
+                        "README.md mentions {flag} (in `{span}`), which no subcommand's --help documents"
+                    ));
+                }
+                None => {}
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "fix README.md, or the flag, then add its rows to the subcommand's table:\n{}",
+        wrong.into_iter().collect::<Vec<_>>().join("\n")
+    );
+}
