@@ -64,9 +64,11 @@ pub(crate) fn text_layer(
 }
 
 /// `STAGEHAND_*` variables that are not settings: the opt-in switch of the GPU test
-/// suite, which is set around test binaries that in turn start `stagehand`. Every other
-/// `STAGEHAND_*` variable must be a setting, so a typo is reported instead of ignored.
-pub const NOT_SETTINGS_ENV: &[&str] = &["STAGEHAND_GPU_TESTS"];
+/// suite and the python with the `openai` client that CI names for the serve test
+/// (`.ci/run`), both set around test binaries that in turn start `stagehand`. Every
+/// other `STAGEHAND_*` variable must be a setting, so a typo is reported instead of
+/// ignored.
+pub const NOT_SETTINGS_ENV: &[&str] = &["STAGEHAND_GPU_TESTS", "STAGEHAND_OPENAI_PYTHON"];
 
 /// `STAGEHAND_*` variables from `env` (name → value). Values are taken verbatim from
 /// `env`, not as the config crate guessed their type, so "1e3" stays "1e3".
