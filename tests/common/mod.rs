@@ -5,6 +5,7 @@
 pub mod cli;
 pub mod cli_rows;
 pub mod decoder;
+pub mod decoder_config;
 pub mod demo;
 pub mod encoder;
 pub mod lora;
