@@ -474,35 +474,3 @@ fn write_tensors(path: &Path, tensors: &[(String, Vec<usize>, Vec<f32>)]) {
         .collect();
     common::lora::write_f32_tensors(path, &named);
 }
-
-#[test]
-fn simulate_describes_a_decoder_folder_from_its_config_and_headers() {
-    // Proves `simulate` takes a decoder folder (config.json and headers, no tensor data
-    // read) and gives its figures in tokens/s.
-    let dir = tempfile::tempdir().unwrap();
-    for arch in [DecoderArch::Llama, DecoderArch::Mixtral] {
-        let model = folder(&dir.path().join(format!("{arch:?}")), arch, DType::Bf16);
-        let output = stagehand()
-            .args([
-                "simulate",
-                "--hardware",
-                "rtx3060-12gb",
-                "--json",
-                "--model",
-            ])
-            .arg(&model)
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        assert!(
-            output.status.success(),
-            "{stdout}{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let report: Value = serde_json::from_str(&stdout).unwrap();
-        let text = report.to_string();
-        assert!(text.contains("tokens/s"), "{arch:?}: {text}");
-        assert_eq!(report["output"]["unit"], "token", "{arch:?}");
-        assert_eq!(report["fits"], true, "{arch:?}");
-    }
-}

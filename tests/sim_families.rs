@@ -216,3 +216,35 @@ fn qwen_steps_carry_their_head_norms_routers_and_shared_experts() {
     }
     assert_eq!(norms, vec![2, 4, 4, 2], "RMSNorms of a layer's step");
 }
+
+#[test]
+fn simulate_describes_a_decoder_folder_from_its_config_and_headers() {
+    // Proves `simulate` takes a decoder folder (config.json and headers, no tensor data
+    // read) and gives its figures in tokens/s.
+    let dir = tempfile::tempdir().unwrap();
+    for arch in [DecoderArch::Llama, DecoderArch::Mixtral] {
+        let model = tiny_decoder(&dir.path().join(format!("{arch:?}")), arch, DType::Bf16, 11);
+        let output = stagehand()
+            .args([
+                "simulate",
+                "--hardware",
+                "rtx3060-12gb",
+                "--json",
+                "--model",
+            ])
+            .arg(&model)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        let text = report.to_string();
+        assert!(text.contains("tokens/s"), "{arch:?}: {text}");
+        assert_eq!(report["output"]["unit"], "token", "{arch:?}");
+        assert_eq!(report["fits"], true, "{arch:?}");
+    }
+}
