@@ -44,7 +44,7 @@ impl Decoder {
     }
 
     /// [`Decoder::project`] of a projection with its optional bias.
-    fn projection<C: Compute>(
+    pub(super) fn projection<C: Compute>(
         compute: &C,
         held: &Held<C::Block>,
         lora: Option<&LoraSet>,

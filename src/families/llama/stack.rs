@@ -86,13 +86,11 @@ impl Decoder {
             (&slots.k, &mut acts.k),
             (&slots.v, &mut acts.v),
         ] {
-            let bias = projection.bias.as_ref();
-            Self::project(
+            Self::projection(
                 compute,
                 held,
                 lora,
-                &projection.weight,
-                bias,
+                projection,
                 &acts.normed,
                 y,
                 &mut acts.low_rank,
@@ -133,13 +131,11 @@ impl Decoder {
             )?;
             compute.write_rows(&mut acts.attended, row, &stack.attended)?;
         }
-        let o = &slots.o;
-        Self::project(
+        Self::projection(
             compute,
             held,
             lora,
-            &o.weight,
-            o.bias.as_ref(),
+            &slots.o,
             &acts.attended,
             &mut acts.out,
             &mut acts.low_rank,
