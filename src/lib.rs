@@ -147,11 +147,10 @@ pub use run::{budgets_for, BudgetAsk, Budgets};
 /// A model opened for runs: [`prepare`] / [`prepare_with`].
 pub use run::{prepare, prepare_with, Prepared};
 
+/// See [`write_linear_stack`].
+pub use families::bert::{write_bert_folder, BertDemo, BertPreset};
+/// See [`write_linear_stack`].
+pub use families::llama::{write_decoder_folder, DecoderArch, DecoderDemo, DecoderPreset};
 /// Generated checkpoints with real names and shapes (seeded weights), to try
 /// stagehand without a download: BERT and Llama-family folders, the linear stack.
 pub use model::demo::{write_linear_stack, DemoSpec};
-/// See [`write_linear_stack`].
-pub use model::generated::{
-    write_bert_folder, write_decoder_folder, BertDemo, BertPreset, DecoderArch, DecoderDemo,
-    DecoderPreset,
-};

@@ -58,6 +58,11 @@ fn bench_rows() -> Vec<Row> {
             Expect::Bad("--kv-tokens is for decoders"),
         ),
         row(&["--model", &moe], Expect::Ok("hint")),
+        // A diffusion transformer: one row of a denoising step, whatever --batches says.
+        row(
+            &["--model", &fixtures.flux(), "--batches", "1,4"],
+            Expect::Ok(" step   bound ms"),
+        ),
         row(
             &["--model", &llama, "--json"],
             Expect::Ok("\"configurations\""),

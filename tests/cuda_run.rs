@@ -20,10 +20,11 @@ use common::decoder::tiny_decoder;
 use stagehand::actors::{Link, ResidencyPolicy};
 use stagehand::compute::DType;
 use stagehand::device::cuda;
+use stagehand::families::bert::{write_bert_folder, BertDemo, BertPreset};
+use stagehand::families::llama::DecoderArch;
 use stagehand::lora::{write_demo_lora, DemoLora, LoraSpec};
 use stagehand::model::demo::{write_linear_stack, DemoSpec};
 use stagehand::model::demo_moe::{write_moe_model, MoeSpec};
-use stagehand::model::generated::{write_bert_folder, BertDemo, BertPreset, DecoderArch};
 use stagehand::run::{
     execute, execute_cuda, execute_cuda_with, no_observer, prepare, prepare_with, resolve_budgets,
     CudaOutcome, CudaRunOptions, Extras, Outcome, Prepared, RunError, RunPlan, WorkloadKind,

@@ -12,7 +12,7 @@ use common::decoder::{decoder_plan, tiny_decoder, KV_GROWTH_BUDGET};
 use common::{assert_bad_input, stagehand};
 use serde_json::Value;
 use stagehand::compute::DType;
-use stagehand::model::generated::DecoderArch;
+use stagehand::families::llama::DecoderArch;
 use stagehand::run::{execute, no_observer, prepare_with, Extras, Outcome, RunError, WorkloadKind};
 use stagehand::settings::Settings;
 

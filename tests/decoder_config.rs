@@ -9,7 +9,7 @@ mod common;
 
 use common::decoder_config::{prefill_logits, refused, runs, Folders};
 use serde_json::json;
-use stagehand::model::generated::DecoderArch;
+use stagehand::families::llama::DecoderArch;
 
 #[test]
 fn rope_type_unknown_or_longrope_is_refused_by_name() {

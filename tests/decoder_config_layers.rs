@@ -8,7 +8,7 @@ mod common;
 
 use common::decoder_config::{prefill_logits, refused, runs, Folders};
 use serde_json::json;
-use stagehand::model::generated::DecoderArch;
+use stagehand::families::llama::DecoderArch;
 
 #[test]
 fn expert_counts_are_checked() {

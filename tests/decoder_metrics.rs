@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use common::decoder::{decoder_plan, tiny_decoder, KV_GROWTH_BUDGET};
 use stagehand::compute::DType;
-use stagehand::model::generated::DecoderArch;
+use stagehand::families::llama::DecoderArch;
 use stagehand::run::{execute, prepare_with, Extras, Outcome, WorkloadKind};
 use stagehand::settings::Settings;
 use stagehand::telemetry::{catalog, exposition, PrometheusObserver};

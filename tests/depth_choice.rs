@@ -7,7 +7,7 @@ mod common;
 
 use common::decoder::tiny_decoder;
 use stagehand::compute::DType;
-use stagehand::model::generated::DecoderArch;
+use stagehand::families::llama::DecoderArch;
 use stagehand::run::{prepare, WorkloadKind};
 use stagehand::settings::Settings;
 

@@ -206,10 +206,9 @@ fn a_peft_adapter_on_an_encoder_matches_its_merged_reference() {
     // stated tolerance, and it changes the embeddings.
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_bert(&dir.path().join("model"), DType::F32);
-    let demo = stagehand::model::generated::BertDemo::default();
+    let demo = stagehand::families::bert::BertDemo::default();
     let adapter =
-        stagehand::model::generated::write_bert_lora(&dir.path().join("lora"), &demo, 8, 7)
-            .unwrap();
+        stagehand::families::bert::write_bert_lora(&dir.path().join("lora"), &demo, 8, 7).unwrap();
     let adapter = adapter.to_str().unwrap();
     let plain = embed(&model, &[FOOD, BREAD]);
     for (budget, low_rank) in [("64MiB", false), ("3MiB", true)] {

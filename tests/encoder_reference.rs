@@ -188,11 +188,11 @@ fn the_roberta_demo_preset_streams_bit_for_bit() {
     // (514-style positions past pad_token_id 1, one token type) and embeds streamed,
     // every batch equal to its resident pass.
     let dir = tempfile::tempdir().unwrap();
-    let demo = stagehand::model::generated::BertDemo {
+    let demo = stagehand::families::bert::BertDemo {
         roberta: true,
         ..Default::default()
     };
-    let folder = stagehand::model::generated::write_bert_folder(dir.path(), &demo).unwrap();
+    let folder = stagehand::families::bert::write_bert_folder(dir.path(), &demo).unwrap();
     let config: Value =
         serde_json::from_str(&std::fs::read_to_string(folder.join("config.json")).unwrap())
             .unwrap();

@@ -13,7 +13,7 @@ use common::{assert_bad_input, stagehand};
 
 use stagehand::compute::work::Kernel;
 use stagehand::compute::DType;
-use stagehand::model::generated::DecoderArch;
+use stagehand::families::llama::DecoderArch;
 use stagehand::run::driver::Model;
 use stagehand::run::{prepare_with, Extras, Prepared, WorkloadKind};
 use stagehand::settings::Settings;

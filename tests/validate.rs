@@ -8,9 +8,8 @@ mod common;
 use common::{assert_bad_input, stagehand};
 use stagehand::calibrate::validate::{validate_case, Case, CaseModel, Row, Verdict};
 use stagehand::compute::DType;
-use stagehand::model::generated::{
-    write_bert_folder, write_decoder_folder, BertDemo, DecoderArch, DecoderDemo, DecoderPreset,
-};
+use stagehand::families::bert::{write_bert_folder, BertDemo};
+use stagehand::families::llama::{write_decoder_folder, DecoderArch, DecoderDemo, DecoderPreset};
 use stagehand::sim::HardwareProfile;
 
 /// A calibrated-style profile with a shared bus and measured kernels (figures of

@@ -14,11 +14,12 @@ use stagehand_actors::Bytes;
 
 use super::machine_load::{CpuSample, MachineLoad};
 use super::{CommandResult, Failure};
+use stagehand::families::Entry;
 use stagehand::model::demo::DemoSpec;
 use stagehand::run::bound::StepBound;
 use stagehand::run::{
     default_cache_dir, ensure_demo_model, no_observer, prepare_with, resolve_budgets, Budgets,
-    EncoderInput, Extras, Outcome, RunError, RunPlan, WorkloadKind, BUILT_IN_SENTENCES,
+    Extras, Outcome, RunError, RunPlan, WorkloadKind,
 };
 use stagehand::settings::{self, Settings, SettingsArgs};
 
@@ -102,8 +103,8 @@ pub(super) struct Bench<'a> {
     /// `steps` tokens); the resident run's budget has room for it too.
     pub activation_bytes: u64,
     pub rounds: u32,
-    /// The demo linear stack, or a model folder of a supported family.
-    pub workload: WorkloadKind,
+    /// The family measured: the demo linear stack's, or a model folder's.
+    pub family: &'static Entry,
 }
 
 impl Bench<'_> {
@@ -126,19 +127,14 @@ impl Bench<'_> {
         policy: ResidencyPolicy,
         extras: &Extras,
     ) -> Result<Outcome, Failure> {
-        let is_demo = self.workload == WorkloadKind::LinearStack;
         let mut extras = extras.clone();
-        if self.workload == WorkloadKind::Encoder {
-            // An encoder embeds `batch` of the built-in sentences per step.
-            let texts = BUILT_IN_SENTENCES.iter().cycle().take(batch);
-            extras.encoder = Some(EncoderInput::Texts(texts.map(|s| s.to_string()).collect()));
-        }
+        self.family.measured_input(batch, &mut extras);
         let prepared = prepare_with(
             &self.model,
-            self.workload,
+            self.family.kind,
             batch,
             self.settings,
-            is_demo,
+            false,
             &extras,
         )
         .map_err(run_error)?;
@@ -275,7 +271,7 @@ pub fn execute(args: BenchArgs) -> CommandResult {
         model_bytes,
         activation_bytes: 0,
         rounds: args.rounds,
-        workload: WorkloadKind::LinearStack,
+        family: demo_family()?,
     };
     let before = CpuSample::now();
     let compute_bound = bench.configuration("compute-bound", args.compute_batch, budgets)?;
@@ -377,4 +373,13 @@ fn print_table(
             row.batch, row.aim, row.name, row.bound_limited_by
         );
     }
+}
+
+/// The registry's line of the demo linear stack, which bench measures by default.
+pub(super) fn demo_family() -> Result<&'static Entry, Failure> {
+    stagehand::families::generated(WorkloadKind::LinearStack).ok_or_else(|| {
+        Failure::run_failed(anyhow::anyhow!(
+            "the registry lists no linear-stack family (a build without it cannot bench the demo)"
+        ))
+    })
 }

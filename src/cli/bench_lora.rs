@@ -103,7 +103,7 @@ pub fn execute(args: BenchLoraArgs) -> CommandResult {
         model_bytes,
         activation_bytes: 0,
         rounds: args.rounds,
-        workload: stagehand::run::WorkloadKind::LinearStack,
+        family: super::bench::demo_family()?,
     };
     let with_lora = Extras {
         loras: vec![LoraSpec {

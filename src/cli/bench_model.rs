@@ -14,6 +14,7 @@ use super::bench::{run_error, Bench, BenchArgs, Configuration, JsonReport};
 use super::machine_load::{CpuSample, MachineLoad};
 use super::{CommandResult, Failure};
 use stagehand::families::llama::{ExpertHint, Sampling};
+use stagehand::families::StepUnit;
 use stagehand::run::bound::StepBound;
 use stagehand::run::report::median;
 use stagehand::run::{
@@ -36,18 +37,18 @@ pub fn execute(args: &BenchArgs, settings: &Settings, model: &std::path::Path) -
     let activation_bytes = probe.activation_bytes(args.steps);
     let budgets = stagehand::run::budgets_for(&probe, settings, BudgetAsk::steps(args.steps));
     let facts = probe.facts();
-    let workload = facts.kind();
-    let is_moe = workload == WorkloadKind::Decoder && facts.experts().is_some();
-    if matches!(workload, WorkloadKind::StreamVerify | WorkloadKind::Moe) {
+    let family = probe.family;
+    if family.step == StepUnit::Check {
         return Err(Failure::bad_input(anyhow::anyhow!(
             "bench --model measures computed models of a folder; {} is {}",
             model.display(),
             facts.describe()
         )));
     }
+    let is_moe = family.step == StepUnit::Token && facts.experts().is_some();
+    let has_kv = facts.kv_cache().is_some();
     drop(probe);
-    let decoder = workload == WorkloadKind::Decoder;
-    check_asks(args, decoder, model)?;
+    check_asks(args, family.step, has_kv, model)?;
     let bench = Bench {
         settings,
         steps: args.steps,
@@ -55,10 +56,10 @@ pub fn execute(args: &BenchArgs, settings: &Settings, model: &std::path::Path) -
         model_bytes,
         activation_bytes,
         rounds: args.rounds,
-        workload,
+        family,
     };
     let before = CpuSample::now();
-    let rows = configurations(&bench, args, decoder, budgets)?;
+    let rows = configurations(&bench, args, budgets)?;
     let experts = if is_moe {
         expert_rows(&bench, budgets)?
     } else {
@@ -84,14 +85,19 @@ pub fn execute(args: &BenchArgs, settings: &Settings, model: &std::path::Path) -
 }
 
 /// What is refused before the first measurement, not after it.
-fn check_asks(args: &BenchArgs, decoder: bool, model: &std::path::Path) -> CommandResult {
+fn check_asks(
+    args: &BenchArgs,
+    step: StepUnit,
+    has_kv: bool,
+    model: &std::path::Path,
+) -> CommandResult {
     let refuse = |message: String| Err(Failure::bad_input(anyhow::anyhow!(message)));
-    if !decoder && args.batches.contains(&0) {
+    if step == StepUnit::Batch && args.batches.contains(&0) {
         return refuse("--batches must be at least 1".to_string());
     }
     match args.kv_tokens {
-        Some(_) if !decoder => refuse(format!(
-            "--kv-tokens is for decoders; {} is not one",
+        Some(_) if !has_kv => refuse(format!(
+            "--kv-tokens is for decoders (it measures a KV cache's growth); {} keeps no KV cache",
             model.display()
         )),
         Some(tokens) if tokens < 8 => refuse(format!("--kv-tokens {tokens}: at least 8")),
@@ -107,14 +113,17 @@ struct Results {
     machine_load: Option<MachineLoad>,
 }
 
-/// Resident, naive and stagehand at each batch (one row per token for a decoder).
+/// Resident, naive and stagehand at each batch (one row of a token for a decoder, of
+/// a denoising step for a diffusion transformer).
 fn configurations(
     bench: &Bench<'_>,
     args: &BenchArgs,
-    decoder: bool,
     budgets: Budgets,
 ) -> Result<Vec<Configuration>, Failure> {
-    let batches: &[usize] = if decoder { &[1] } else { &args.batches };
+    let batches: &[usize] = match bench.family.step {
+        StepUnit::Batch => &args.batches,
+        StepUnit::Token | StepUnit::Denoise | StepUnit::Check => &[1],
+    };
     let mut rows = Vec::with_capacity(batches.len());
     for &batch in batches {
         rows.push(bench.configuration("model", batch, budgets)?);
@@ -152,7 +161,7 @@ fn print_text(bench: &Bench<'_>, budgets: Budgets, results: &Results) {
         Bytes(budgets.pin_ceiling_bytes),
         bench.settings.prefetch_depth
     );
-    print_steps(&results.rows, bench.workload == WorkloadKind::Decoder);
+    print_steps(&results.rows, bench.family.step);
     if !results.experts.is_empty() {
         print_experts(&results.experts);
     }
@@ -165,11 +174,12 @@ fn print_text(bench: &Bench<'_>, budgets: Budgets, results: &Results) {
     }
 }
 
-fn print_steps(rows: &[Configuration], decoder: bool) {
+fn print_steps(rows: &[Configuration], step: StepUnit) {
+    let decoder = step == StepUnit::Token;
     let unit = if decoder { "token" } else { "step" };
     println!(
         "{:>5} {:>10} {:>14} {:>10} {:>10} {:>10} {:>16} {:>16} {:>14} {:>14}",
-        if decoder { "token" } else { "batch" },
+        step.row_name(),
         "bound ms",
         "limited by",
         "resident",
@@ -316,7 +326,7 @@ struct KvGrowth {
 fn kv_growth(bench: &Bench<'_>, settings: &Settings, tokens: u64) -> Result<KvGrowth, Failure> {
     let prepared = prepare_with(
         &bench.model,
-        WorkloadKind::Decoder,
+        bench.family.kind,
         1,
         settings,
         false,
@@ -339,7 +349,7 @@ fn kv_growth(bench: &Bench<'_>, settings: &Settings, tokens: u64) -> Result<KvGr
         model_bytes: bench.model_bytes,
         activation_bytes: 0,
         rounds: 1,
-        workload: WorkloadKind::Decoder,
+        family: bench.family,
     };
     let outcome = long.run_with(
         1,

@@ -9,12 +9,10 @@ use stagehand_actors::Bytes;
 
 use super::{CommandResult, Failure};
 use stagehand::compute::DType;
+use stagehand::families::bert::{write_bert_folder, write_bert_lora, BertDemo, BertPreset};
+use stagehand::families::llama::{write_decoder_folder, DecoderArch, DecoderDemo, DecoderPreset};
 use stagehand::lora::{write_demo_lora, DemoLora, LoraDtype};
 use stagehand::model::demo::{write_linear_stack, DemoError, DemoSpec};
-use stagehand::model::generated::{
-    write_bert_folder, write_bert_lora, write_decoder_folder, BertDemo, BertPreset, DecoderArch,
-    DecoderDemo, DecoderPreset,
-};
 
 /// Which model `demo-model` writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

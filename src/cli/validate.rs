@@ -12,10 +12,9 @@ use super::{CommandResult, Failure};
 use stagehand::calibrate::validate::{
     validate_case, Case, CaseModel, Figure, Row, Verdict, COLD_TOLERANCE, STEADY_TOLERANCE,
 };
+use stagehand::families::bert::{write_bert_folder, BertDemo};
+use stagehand::families::llama::{write_decoder_folder, DecoderArch, DecoderDemo, DecoderPreset};
 use stagehand::model::demo::DemoSpec;
-use stagehand::model::generated::{
-    write_bert_folder, write_decoder_folder, BertDemo, DecoderArch, DecoderDemo, DecoderPreset,
-};
 
 /// Steps one validation run may take: the steady median needs a handful, and the
 /// matrix runs every configuration.

@@ -38,7 +38,10 @@ pub use inputs::{
     BUILT_IN_SENTENCES,
 };
 pub use kv_cache::KvCache;
-pub use registry::{find, supported_model_types, Found, Model, Open, Request, Visit, REGISTRY};
+pub use registry::{
+    find, generated, supported_model_types, Entry, Found, Model, Open, Request, StepUnit, Visit,
+    REGISTRY,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum FamilyError {

@@ -56,12 +56,41 @@ impl<'a> Request<'a> {
     }
 }
 
+/// What one step of a family computes, as the tools that measure and describe steps
+/// (bench, validate, simulate) count it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepUnit {
+    /// A token for each sequence (decoders): bench measures one row a token, and a
+    /// description's tokens per step are sequences decoded together.
+    Token,
+    /// A batch of inputs (encoders, the generated models): bench measures a row for
+    /// each of `--batches`; a description's step is one batch of its tokens.
+    Batch,
+    /// One denoising step over a fixed input (diffusion transformers): one row.
+    Denoise,
+    /// Nothing is computed (stream-verify): there is no step to measure or describe.
+    Check,
+}
+
+impl StepUnit {
+    /// What a bench row counts: "token", "batch" or "step".
+    pub fn row_name(self) -> &'static str {
+        match self {
+            StepUnit::Token => "token",
+            StepUnit::Batch => "batch",
+            StepUnit::Denoise | StepUnit::Check => "step",
+        }
+    }
+}
+
 /// How a family is found and opened: the registry's side of a family.
 pub trait Open: Family + Sized {
     /// The family's name (`llama`, `bert`).
     const NAME: &'static str;
     /// The kind of work it is.
     const KIND: WorkloadKind;
+    /// What one of its steps computes, for bench, validate and simulate.
+    const STEP: StepUnit;
     /// The `config.json` `model_type`s it computes.
     const MODEL_TYPES: &'static [&'static str] = &[];
     /// Prefixes of `config.json` `architectures` it computes, for configs without a
@@ -89,6 +118,25 @@ pub trait Open: Family + Sized {
         None
     }
 
+    /// Puts the input of a measured step of `batch` inputs into `extras` (bench and
+    /// validate measure steps without a user's input): by default the family's own
+    /// built-in input, which `open` takes when `extras` names none.
+    fn measured_input(batch: usize, extras: &mut Extras) {
+        let _ = (batch, extras);
+    }
+
+    /// The batch of one step of `tokens_per_step` tokens as `simulate --model`
+    /// describes it from headers only, with that step's input put into `extras`;
+    /// `None`: the family is not described from its own steps (its checkpoint is).
+    fn described_step(
+        found: &Found<'_>,
+        tokens_per_step: u64,
+        extras: &mut Extras,
+    ) -> Result<Option<usize>, FamilyError> {
+        let _ = (found, tokens_per_step, extras);
+        Ok(None)
+    }
+
     /// The family over the checkpoint, with the run's inputs. Errors are the user's:
     /// a missing tensor, a shape or config that disagrees, a prompt out of range.
     fn open(request: &Request<'_>) -> Result<Self, FamilyError>;
@@ -104,9 +152,12 @@ pub trait Visit {
 pub struct Entry {
     pub name: &'static str,
     pub kind: WorkloadKind,
+    pub step: StepUnit,
     pub model_types: &'static [&'static str],
     recognises: fn(&Found<'_>) -> bool,
     row_values: fn(&Found<'_>) -> Option<u64>,
+    measured_input: fn(usize, &mut Extras),
+    described_step: fn(&Found<'_>, u64, &mut Extras) -> Result<Option<usize>, FamilyError>,
     open: fn(&Request<'_>) -> Result<Model, FamilyError>,
 }
 
@@ -120,9 +171,32 @@ impl Entry {
         (self.row_values)(found)
     }
 
+    /// See [`Open::measured_input`].
+    pub fn measured_input(&self, batch: usize, extras: &mut Extras) {
+        (self.measured_input)(batch, extras);
+    }
+
+    /// See [`Open::described_step`].
+    pub fn described_step(
+        &self,
+        found: &Found<'_>,
+        tokens_per_step: u64,
+        extras: &mut Extras,
+    ) -> Result<Option<usize>, FamilyError> {
+        (self.described_step)(found, tokens_per_step, extras)
+    }
+
     pub fn open(&self, request: &Request<'_>) -> Result<Model, FamilyError> {
         (self.open)(request)
     }
+}
+
+/// The registry's line of the family of `kind` that no folder declares
+/// (linear-stack, moe, stream-verify), for tools that run it by name.
+pub fn generated(kind: WorkloadKind) -> Option<&'static Entry> {
+    REGISTRY
+        .iter()
+        .find(|entry| entry.kind == kind && entry.model_types.is_empty())
 }
 
 /// The `model_type`s of every family, for messages.
@@ -140,10 +214,7 @@ pub fn find(kind: WorkloadKind, found: &Found<'_>) -> Result<&'static Entry, Fam
     // Kinds no folder declares (linear-stack, moe, stream-verify) are taken at the
     // user's word; their `open` checks the checkpoint.
     if kind != WorkloadKind::Auto {
-        let forced = REGISTRY
-            .iter()
-            .find(|entry| entry.kind == kind && entry.model_types.is_empty());
-        if let Some(entry) = forced {
+        if let Some(entry) = generated(kind) {
             return Ok(entry);
         }
     }
@@ -217,9 +288,12 @@ macro_rules! families {
             $(Entry {
                 name: <$family as Open>::NAME,
                 kind: <$family as Open>::KIND,
+                step: <$family as Open>::STEP,
                 model_types: <$family as Open>::MODEL_TYPES,
                 recognises: <$family as Open>::recognises,
                 row_values: <$family as Open>::activation_row_values,
+                measured_input: <$family as Open>::measured_input,
+                described_step: <$family as Open>::described_step,
                 open: |request| Ok(Model::$variant(Box::new(<$family as Open>::open(request)?))),
             },)*
         ];

@@ -7,7 +7,7 @@ use stagehand_actors::{BlockId, ModelLayout};
 use super::blocks::Blocks;
 use super::family::{Facts, Family, StepOutput};
 use super::inputs::WorkloadKind;
-use super::registry::{Found, Open, Request};
+use super::registry::{Found, Open, Request, StepUnit};
 use super::FamilyError;
 use crate::compute::checksum::checksum;
 use crate::compute::Compute;
@@ -41,6 +41,7 @@ impl StreamVerify {
 impl Open for StreamVerify {
     const NAME: &'static str = "stream-verify";
     const KIND: WorkloadKind = WorkloadKind::StreamVerify;
+    const STEP: StepUnit = StepUnit::Check;
 
     /// A bare checkpoint (no `config.json` beside it): its bytes are what can be checked.
     fn recognises(found: &Found<'_>) -> bool {

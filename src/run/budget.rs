@@ -130,7 +130,10 @@ pub fn automatic_budget(
         ""
     };
     let kv = if activations > 0 {
-        format!(" plus {} of KV cache and LoRA regions", Bytes(activations))
+        format!(
+            " plus {} of activations (a KV cache, a block's working set) and LoRA regions",
+            Bytes(activations)
+        )
     } else {
         String::new()
     };

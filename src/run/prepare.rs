@@ -7,7 +7,7 @@ use std::path::Path;
 
 use crate::families::bert::EmbeddingPlacement;
 use crate::families::lora_set::LoraSet;
-use crate::families::{Extras, Facts, FamilyError, Found, Request, WorkloadKind};
+use crate::families::{Entry, Extras, Facts, FamilyError, Found, Request, WorkloadKind};
 use crate::lora::LoraSpec;
 use crate::model::{ModelFolder, ModelIndex};
 use crate::settings::Settings;
@@ -21,6 +21,8 @@ pub struct Prepared {
     pub workload: Workload,
     pub is_demo: bool,
     pub folder: Option<ModelFolder>,
+    /// The registry's line of the family that opened it.
+    pub family: &'static Entry,
     /// Texts that were longer than the model takes, by position (encoders).
     pub truncated_texts: Vec<usize>,
 }
@@ -118,6 +120,7 @@ pub fn prepare_with(
         },
         is_demo,
         folder,
+        family: entry,
         truncated_texts,
     })
 }

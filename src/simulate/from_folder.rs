@@ -11,7 +11,7 @@ use super::model::{BlockDesc, ExpertDesc, ModelDescription};
 use super::output::{OutputUnit, StepOutput};
 use crate::compute::work::Work;
 use crate::families::record::record_model;
-use crate::families::WorkloadKind;
+use crate::families::StepUnit;
 use crate::run::Prepared;
 use crate::sim::SimError;
 
@@ -28,16 +28,17 @@ impl ModelDescription {
             file: source.clone(),
             message,
         };
-        // A Flux file (original or ComfyUI layout) is its family's without a folder.
-        if prepared.folder.is_none() && prepared.facts().kind() != WorkloadKind::Diffusion {
+        let unit = prepared.family.step;
+        if unit == StepUnit::Check {
             return Err(failed(
-                "only model folders are described from their family; give the checkpoint file for others".to_string(),
+                "its family computes nothing to describe; give the checkpoint file to describe its bytes".to_string(),
             ));
         }
         let facts = prepared.facts();
-        let (sequences, tokens_per_step) = match facts.kind() {
-            WorkloadKind::Decoder => (tokens_per_step.max(1), tokens_per_step.max(1)),
-            _ => (1, facts.tokens_per_step()),
+        // A decoder's step decodes a token of each sequence; another's is its batch.
+        let (sequences, tokens_per_step) = match unit {
+            StepUnit::Token => (tokens_per_step.max(1), tokens_per_step.max(1)),
+            StepUnit::Batch | StepUnit::Denoise | StepUnit::Check => (1, facts.tokens_per_step()),
         };
         let steps = record_model(&prepared.workload.model, RECORDED_STEPS)
             .map_err(|error| failed(format!("recording a step of the family: {error}")))?;
@@ -60,7 +61,7 @@ impl ModelDescription {
                 top_k: experts.top_k as u32,
                 bytes_each: experts.expert_bytes,
             }),
-            output: (facts.kind() == WorkloadKind::Decoder).then_some(StepOutput {
+            output: (unit == StepUnit::Token).then_some(StepOutput {
                 unit: OutputUnit::Token,
                 steps_per_output: None,
             }),

@@ -6,9 +6,11 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use stagehand::compute::DType;
+use stagehand::families::bert::{write_bert_lora, BertDemo, BertPreset};
+use stagehand::families::flux::{FluxDemo, FluxPreset, Layout};
+use stagehand::families::llama::DecoderArch;
 use stagehand::lora::{write_demo_lora, DemoLora};
 use stagehand::model::demo::{write_linear_stack, DemoSpec};
-use stagehand::model::generated::{write_bert_lora, BertDemo, BertPreset, DecoderArch};
 
 use super::cli::{row, Expect, Row};
 use super::decoder::tiny_decoder;
@@ -30,6 +32,7 @@ pub struct Fixtures {
     bert_lora: OnceLock<String>,
     llama: OnceLock<String>,
     moe: OnceLock<String>,
+    flux: OnceLock<String>,
 }
 
 /// This test binary's fixtures.
@@ -52,6 +55,7 @@ pub fn fixtures() -> &'static Fixtures {
             bert_lora: OnceLock::new(),
             llama: OnceLock::new(),
             moe: OnceLock::new(),
+            flux: OnceLock::new(),
         }
     })
 }
@@ -142,6 +146,21 @@ impl Fixtures {
             .get_or_init(|| {
                 let dir = self.dir.join("moe");
                 shown(&tiny_decoder(&dir, DecoderArch::Qwen3Moe, DType::F32, 5))
+            })
+            .clone()
+    }
+
+    /// The tiny Flux transformer in the original single-file layout (f32): the file.
+    pub fn flux(&self) -> String {
+        self.flux
+            .get_or_init(|| {
+                let demo = FluxDemo {
+                    preset: FluxPreset::Tiny,
+                    layout: Layout::Original,
+                    dtype: DType::F32,
+                    seed: 42,
+                };
+                shown(&demo.write(&self.dir.join("flux")).expect("writes the Flux"))
             })
             .clone()
     }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use stagehand::actors::{Observer, ResidencyPolicy};
 use stagehand::compute::DType;
-use stagehand::model::generated::{write_decoder_folder, DecoderArch, DecoderDemo, DecoderPreset};
+use stagehand::families::llama::{write_decoder_folder, DecoderArch, DecoderDemo, DecoderPreset};
 use stagehand::run::{Budgets, RunPlan};
 use stagehand::settings::Settings;
 

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 use stagehand::compute::DType;
-use stagehand::model::generated::DecoderArch;
+use stagehand::families::llama::DecoderArch;
 use stagehand::run::{execute, no_observer, prepare_with, Extras, WorkloadKind};
 use stagehand::settings::Settings;
 

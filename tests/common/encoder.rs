@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use stagehand::compute::DType;
-use stagehand::model::generated::{write_bert_folder, BertDemo, BertPreset};
+use stagehand::families::bert::{write_bert_folder, BertDemo, BertPreset};
 
 static FETCH: Mutex<()> = Mutex::new(());
 

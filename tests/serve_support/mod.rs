@@ -19,7 +19,7 @@ pub fn models(dir: &Path) -> (PathBuf, PathBuf) {
     let bert = super::common::encoder::tiny_bert(&dir.join("bert"), stagehand::compute::DType::F32);
     let llama = super::common::decoder::tiny_decoder(
         &dir.join("llama"),
-        stagehand::model::generated::DecoderArch::Llama,
+        stagehand::families::llama::DecoderArch::Llama,
         stagehand::compute::DType::F32,
         7,
     );

@@ -5,13 +5,9 @@ use std::path::Path;
 
 use super::super::Failure;
 use super::SimulateArgs;
-use stagehand::families::{EncoderInput, Extras, WorkloadKind};
+use stagehand::families::{Extras, WorkloadKind};
 use stagehand::model::ModelIndex;
 use stagehand::simulate::ModelDescription;
-
-/// Most tokens one described encoder step may have (a bound on the ids made up to
-/// describe it; far above any real batch).
-const MAX_ENCODER_TOKENS: u64 = 1 << 20;
 
 /// A shipped name or description TOML, else a checkpoint `inspect` can read.
 pub(super) fn load_model(
@@ -67,50 +63,14 @@ fn prepare_family(
         headers_only: true,
         ..Extras::default()
     };
-    let batch = match entry.kind {
-        WorkloadKind::Decoder => 1,
-        // One denoising step of 1024² with 512 text tokens (the family's description).
-        WorkloadKind::Diffusion => 1,
-        WorkloadKind::Encoder => {
-            let Some(folder) = &folder else {
-                return Ok(None);
-            };
-            let ids = encoder_ids(folder, tokens_per_step)?;
-            let sequences = ids.len();
-            extras.encoder = Some(EncoderInput::TokenIds(ids));
-            sequences
-        }
-        _ => return Ok(None),
+    let described = entry
+        .described_step(&found, tokens_per_step, &mut extras)
+        .map_err(|error| Failure::bad_input(anyhow::anyhow!(error)))?;
+    let Some(batch) = described else {
+        return Ok(None);
     };
     let settings = stagehand::settings::Settings::default();
     stagehand::run::prepare_with(path, entry.kind, batch, &settings, false, &extras)
         .map(Some)
         .map_err(|error| Failure::bad_input(anyhow::anyhow!(error)))
-}
-
-/// Token ids of one encoder step of `tokens_per_step` tokens: sequences of the
-/// model's longest (`max_position_embeddings`), one batch. The ids themselves do not
-/// change the work, so they are made up.
-fn encoder_ids(
-    folder: &stagehand::model::ModelFolder,
-    tokens_per_step: u64,
-) -> Result<Vec<Vec<u32>>, Failure> {
-    if tokens_per_step > MAX_ENCODER_TOKENS {
-        return Err(Failure::bad_input(anyhow::anyhow!(
-            "--tokens-per-step {tokens_per_step}: an encoder step of at most {MAX_ENCODER_TOKENS} tokens is described (the token ids it embeds are made up to describe it)"
-        )));
-    }
-    let max_positions = folder
-        .config
-        .get("max_position_embeddings")
-        .and_then(serde_json::Value::as_u64)
-        .unwrap_or(512)
-        .max(1);
-    let sequences = tokens_per_step.div_ceil(max_positions);
-    Ok((0..sequences)
-        .map(|sequence| {
-            let length = (tokens_per_step - sequence * max_positions).min(max_positions);
-            vec![0; length as usize]
-        })
-        .collect())
 }

@@ -17,6 +17,7 @@
 //! the gather runs on the device. [`EmbeddingPlacement`] overrides the choice.
 
 mod config;
+mod demo;
 mod open;
 mod output;
 mod pool;
@@ -30,6 +31,7 @@ use std::path::Path;
 use stagehand_actors::BlockId;
 
 pub use config::{BertConfig, Variant};
+pub use demo::{write_bert_folder, write_bert_lora, BertDemo, BertPreset, BertShape};
 pub use output::embeddings_in_input_order;
 pub use requests::input_tokens;
 pub use sentence::{MaxLength, Pooling, SentenceFolder, SentenceHead};

@@ -6,16 +6,60 @@ use super::sentence::{self, SentenceFolder};
 use super::{Encoder, TextLimits, Tokens};
 use crate::compute::TensorSlot;
 use crate::families::family::Facts;
-use crate::families::inputs::{EncoderInput, WorkloadKind, BUILT_IN_SENTENCES};
-use crate::families::registry::{Open, Request};
+use crate::families::inputs::{EncoderInput, Extras, WorkloadKind, BUILT_IN_SENTENCES};
+use crate::families::registry::{Found, Open, Request, StepUnit};
 use crate::families::FamilyError;
 use crate::model::ModelIndex;
+
+/// Most tokens one described encoder step may have (a bound on the ids made up to
+/// describe it; far above any real batch).
+const MAX_DESCRIBED_TOKENS: u64 = 1 << 20;
 
 impl Open for Encoder {
     const NAME: &'static str = "bert";
     const KIND: WorkloadKind = WorkloadKind::Encoder;
+    const STEP: StepUnit = StepUnit::Batch;
     const MODEL_TYPES: &'static [&'static str] = &["bert", "roberta", "xlm-roberta"];
     const ARCHITECTURES: &'static [&'static str] = &["Bert", "Roberta", "XLMRoberta"];
+
+    /// A measured step embeds `batch` of the built-in sentences.
+    fn measured_input(batch: usize, extras: &mut Extras) {
+        let texts = BUILT_IN_SENTENCES.iter().cycle().take(batch);
+        extras.encoder = Some(EncoderInput::Texts(texts.map(|s| s.to_string()).collect()));
+    }
+
+    /// A described step of `tokens_per_step` tokens: sequences of the model's
+    /// longest (`max_position_embeddings`), one batch. The ids themselves do not
+    /// change the work, so they are made up.
+    fn described_step(
+        found: &Found<'_>,
+        tokens_per_step: u64,
+        extras: &mut Extras,
+    ) -> Result<Option<usize>, FamilyError> {
+        let Some(folder) = found.folder else {
+            return Ok(None);
+        };
+        if tokens_per_step > MAX_DESCRIBED_TOKENS {
+            return Err(FamilyError::Model(format!(
+                "--tokens-per-step {tokens_per_step}: an encoder step of at most {MAX_DESCRIBED_TOKENS} tokens is described (the token ids it embeds are made up to describe it)"
+            )));
+        }
+        let max_positions = folder
+            .config
+            .get("max_position_embeddings")
+            .and_then(serde_json::Value::as_u64)
+            .unwrap_or(512)
+            .max(1);
+        let sequences = tokens_per_step.div_ceil(max_positions);
+        let ids: Vec<Vec<u32>> = (0..sequences)
+            .map(|sequence| {
+                let length = (tokens_per_step - sequence * max_positions).min(max_positions);
+                vec![0; length as usize]
+            })
+            .collect();
+        extras.encoder = Some(EncoderInput::TokenIds(ids));
+        Ok(Some(sequences as usize))
+    }
 
     /// The encoder over a folder, for the texts the run gives (or the built-in
     /// sentences), tokenized by the folder's `tokenizer.json`, or for token ids.

@@ -9,7 +9,7 @@ use super::{Flux, Plan};
 use crate::compute::TensorSlot;
 use crate::families::family::Facts;
 use crate::families::inputs::WorkloadKind;
-use crate::families::registry::{Found, Open, Request};
+use crate::families::registry::{Found, Open, Request, StepUnit};
 use crate::families::FamilyError;
 use crate::model::ModelIndex;
 
@@ -28,6 +28,17 @@ const DESCRIBED_SIZE: usize = 1024;
 impl Open for Flux {
     const NAME: &'static str = "flux";
     const KIND: WorkloadKind = WorkloadKind::Diffusion;
+    const STEP: StepUnit = StepUnit::Denoise;
+
+    /// A described step is one denoising step of 1024² with 512 text tokens (the
+    /// input `open` makes when only headers are read).
+    fn described_step(
+        _: &Found<'_>,
+        _: u64,
+        _: &mut crate::families::Extras,
+    ) -> Result<Option<usize>, FamilyError> {
+        Ok(Some(1))
+    }
 
     fn recognises(found: &Found<'_>) -> bool {
         match found.folder {

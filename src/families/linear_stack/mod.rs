@@ -8,7 +8,7 @@ use crate::compute::{Compute, DType, TensorSlot};
 use crate::families::blocks::Blocks;
 use crate::families::family::{Facts, Family, StepOutput};
 use crate::families::inputs::WorkloadKind;
-use crate::families::registry::{Found, Open, Request};
+use crate::families::registry::{Found, Open, Request, StepUnit};
 use crate::families::FamilyError;
 use crate::model::demo::DemoSpec;
 use crate::model::ModelIndex;
@@ -147,6 +147,7 @@ fn checked_count(batch: usize, dim: usize) -> Result<usize, FamilyError> {
 impl Open for LinearStack {
     const NAME: &'static str = "linear-stack";
     const KIND: WorkloadKind = WorkloadKind::LinearStack;
+    const STEP: StepUnit = StepUnit::Batch;
 
     fn recognises(found: &Found<'_>) -> bool {
         DemoSpec::from_metadata(&found.index.metadata).is_some()

@@ -23,6 +23,7 @@
 
 mod batch;
 mod config;
+mod demo;
 mod experts;
 mod keys;
 mod layer;
@@ -37,6 +38,9 @@ use stagehand_actors::BlockId;
 
 pub use batch::BatchSequence;
 pub use config::{Biases, DecoderConfig, ExpertNames, Experts, Variant, DECODER_FAMILIES};
+pub use demo::{
+    write_decoder_folder, DecoderArch, DecoderDemo, DecoderPreset, DecoderShape, MoeShape,
+};
 pub use experts::{route, ExpertHint};
 pub use keys::NO_MATH;
 pub use rope::{Rope, RopeKind};

@@ -9,14 +9,25 @@ use crate::compute::TensorSlot;
 use crate::families::family::{ExpertNeeds, Facts};
 use crate::families::inputs::{DecoderInput, PromptInput, WorkloadKind, BUILT_IN_PROMPT};
 use crate::families::kv_cache::KvCache;
-use crate::families::registry::{Open, Request};
+use crate::families::registry::{Found, Open, Request, StepUnit};
 use crate::families::FamilyError;
 use crate::model::ModelIndex;
 
 impl Open for Decoder {
     const NAME: &'static str = "llama";
     const KIND: WorkloadKind = WorkloadKind::Decoder;
+    const STEP: StepUnit = StepUnit::Token;
     const MODEL_TYPES: &'static [&'static str] = DECODER_FAMILIES;
+
+    /// A described step decodes one token of each sequence, from the built-in prompt;
+    /// the description batches it over `tokens_per_step` sequences.
+    fn described_step(
+        _: &Found<'_>,
+        _: u64,
+        _: &mut crate::families::Extras,
+    ) -> Result<Option<usize>, FamilyError> {
+        Ok(Some(1))
+    }
 
     /// The decoder over a folder, for the prompt the run gives (or the built-in one),
     /// tokenized by the folder's `tokenizer.json`, or for token ids.

@@ -1,17 +1,12 @@
-//! Generated Hugging Face model folders with real shapes and names (no model hub is
-//! reachable offline): seeded weights, a real `config.json` and a `tokenizer.json`
-//! that Hugging Face's `tokenizers` reads.
+//! What generated Hugging Face model folders share (no model hub is reachable
+//! offline): the safetensors writer of seeded weights and `tokenizer.json` files that
+//! Hugging Face's `tokenizers` reads. Each family writes its own folders with real
+//! shapes and names beside its code (`families::bert::demo`, `families::llama::demo`,
+//! `families::flux`).
 
-mod bert;
-mod decoder;
-mod decoder_shape;
-mod decoder_tensors;
 mod tokenizer;
 mod writer;
 
-pub use bert::{write_bert_folder, write_bert_lora, BertDemo, BertPreset, BertShape};
-pub use decoder::{write_decoder_folder, DecoderArch, DecoderDemo, DecoderPreset};
-pub use decoder_shape::{DecoderShape, MoeShape};
 pub use tokenizer::{
     byte_level_tokenizer_json, chat_tokenizer_config_json, minimum_vocabulary, tokenizer_json,
 };

@@ -4,10 +4,10 @@
 //! embeddings, norms, biases, routers and `lm_head` stay bf16, as in real FP8
 //! checkpoints.
 
-use super::decoder::{DecoderArch, DecoderDemo};
-use super::decoder_shape::{DecoderShape, MoeShape};
-use super::writer::{TensorSpec, Values};
+use super::shape::{DecoderShape, MoeShape};
+use super::{DecoderArch, DecoderDemo};
 use crate::compute::DType;
+use crate::model::generated::{TensorSpec, Values};
 
 /// Weights uniform with std 0.02, like Llama's initialisation.
 const SPREAD: f32 = 0.02 * 1.732_050_8;

@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 
 use serde_json::json;
 
-use super::tokenizer::tokenizer_json;
-use super::writer::{write_atomically, write_checkpoint, write_single, TensorSpec};
 use crate::compute::DType;
+use crate::model::generated::tokenizer_json;
+use crate::model::generated::{write_atomically, write_checkpoint, write_single, TensorSpec};
 
 /// Shapes of a generated encoder.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -2,7 +2,7 @@
 //! experts, top-2, shapes where the experts are most of the bytes), Qwen3 (per-head
 //! q/k norms; Qwen3-0.6B's shapes at `1b`), Qwen3-MoE and Qwen2-MoE (with its shared
 //! expert), with real `config.json` keys (transformers 4's layout, as the Hub ships
-//! them) and tensor names, seeded weights (`decoder_tensors.rs`), and a byte-level
+//! them) and tensor names, seeded weights (`tensors.rs`), and a byte-level
 //! tokenizer.
 
 use std::collections::BTreeMap;
@@ -10,10 +10,14 @@ use std::path::{Path, PathBuf};
 
 use serde_json::json;
 
-use super::decoder_shape::DecoderShape;
-use super::tokenizer::{byte_level_tokenizer_json, chat_tokenizer_config_json};
-use super::writer::{write_atomically, write_checkpoint, TensorSpec};
+mod shape;
+mod tensors;
+
+pub use shape::{DecoderShape, MoeShape};
+
 use crate::compute::DType;
+use crate::model::generated::{byte_level_tokenizer_json, chat_tokenizer_config_json};
+use crate::model::generated::{write_atomically, write_checkpoint, TensorSpec};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "cli", derive(clap::ValueEnum))]

@@ -1,7 +1,7 @@
 //! The shapes of the generated decoder presets: real configurations' proportions at
 //! `tiny` and `small`, and real models' shapes at `1b` (Llama-3.2-1B; Qwen3-0.6B).
 
-use super::decoder::{DecoderArch, DecoderPreset};
+use super::{DecoderArch, DecoderPreset};
 
 /// A mixture of experts in a generated decoder.
 #[derive(Debug, Clone, Copy, PartialEq)]
