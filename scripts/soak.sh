@@ -13,13 +13,17 @@
 #         metrics served;
 #   cycle a loop of short runs, each attaching an adapter, streaming 20 steps and
 #         detaching it on the way out (every one must exit 0);
-#   curl  both metrics endpoints scraped every second (every scrape must succeed).
-# At the end both long runs get SIGINT and must exit 130 with every budget released.
+#   serve `stagehand serve` with a tiny BERT embedder and a tiny Llama decoder, under
+#         steady load: two clients posting /v1/embeddings and /v1/completions back
+#         to back (every request must answer 200);
+#   curl  the three metrics endpoints scraped every second (every scrape must succeed).
+# At the end both long runs get SIGINT and must exit 130 with every budget released;
+# the server gets SIGTERM and must drain, exit 0 and say each model holds 0 B.
 #
 # Environment (not STAGEHAND_*: those are settings): SOAK_BIN (default: build
 # target/release/stagehand),
 # SOAK_SAMPLE_SECONDS (default 60), SOAK_DIR (default target/soak/<time>),
-# SOAK_PORT (first of two ports, default 19464).
+# SOAK_PORT (first of three ports, default 19464).
 #
 # The verdict: after warm-up (the first fifth of the samples, at least one), a
 # process is flat when its RSS grew by at most max(2 MiB, 2 %) from its lowest to its
@@ -48,6 +52,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 sample_seconds="${SOAK_SAMPLE_SECONDS:-60}"
 port="${SOAK_PORT:-19464}"
 moe_port=$((port + 1))
+serve_port=$((port + 2))
 dir="${SOAK_DIR:-$root/target/soak/$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$dir"
 bin="${SOAK_BIN:-}"
@@ -62,6 +67,19 @@ models="$dir/models"
   --lora-out "$models/adapter.safetensors" --lora-rank 8 >"$dir/demo-model.log" 2>&1
 model="$models/linear-stack.safetensors"
 adapter="$models/adapter.safetensors"
+"$bin" demo-model --arch bert --out "$models/bert" >>"$dir/demo-model.log" 2>&1
+"$bin" demo-model --arch llama --out "$models/llama" >>"$dir/demo-model.log" 2>&1
+cat >"$dir/serve.toml" <<TOML
+bind = "127.0.0.1:$serve_port"
+
+[[models]]
+name = "bert"
+folder = "$models/bert"
+
+[[models]]
+name = "llama"
+folder = "$models/llama"
+TOML
 
 pids=()
 cleanup() {
@@ -77,14 +95,41 @@ pids+=("$lora_pid")
   --metrics-addr "127.0.0.1:$moe_port" >"$dir/moe.out" 2>"$dir/moe.err" &
 moe_pid=$!
 pids+=("$moe_pid")
+"$bin" serve --config "$dir/serve.toml" >"$dir/serve.out" 2>"$dir/serve.err" &
+serve_pid=$!
+pids+=("$serve_pid")
 
-# The clock starts once both runs serve metrics (they have prepared and started).
+# The clock starts once both runs serve metrics (they have prepared and started) and
+# the server has loaded its models.
 for _ in $(seq 1 240); do
   if curl -sf --max-time 2 "http://127.0.0.1:$port/metrics" -o /dev/null &&
-    curl -sf --max-time 2 "http://127.0.0.1:$moe_port/metrics" -o /dev/null; then
+    curl -sf --max-time 2 "http://127.0.0.1:$moe_port/metrics" -o /dev/null &&
+    curl -sf --max-time 2 "http://127.0.0.1:$serve_port/ready" -o /dev/null; then
     break
   fi
   sleep 0.5
+done
+
+# Two clients of the server, back to back: embeddings and completions.
+for kind in embeddings completions; do
+  (
+    ok=0 failed=0
+    if [ "$kind" = embeddings ]; then
+      body='{"model": "bert", "input": ["a soak of the server", "steady load, all day"]}'
+    else
+      body='{"model": "llama", "prompt": "The soak", "max_tokens": 8}'
+    fi
+    while :; do
+      if curl -sf --max-time 60 -H 'Content-Type: application/json' -d "$body" \
+        "http://127.0.0.1:$serve_port/v1/$kind" -o /dev/null 2>>"$dir/requests.err"; then
+        ok=$((ok + 1))
+      else
+        failed=$((failed + 1))
+      fi
+      echo "$ok $failed" >"$dir/$kind.count"
+    done
+  ) &
+  pids+=("$!")
 done
 
 # Short runs that attach and detach an adapter, back to back.
@@ -106,7 +151,7 @@ pids+=("$!")
 (
   ok=0 failed=0
   while :; do
-    for p in "$port" "$moe_port"; do
+    for p in "$port" "$moe_port" "$serve_port"; do
       if curl -sf --max-time 5 "http://127.0.0.1:$p/metrics" -o /dev/null; then
         ok=$((ok + 1))
       else
@@ -149,10 +194,11 @@ while :; do
   if [ "$now" -ge "$next" ]; then
     sample lora "$lora_pid" "$port" "$elapsed"
     sample moe "$moe_pid" "$moe_port" "$elapsed"
+    sample serve "$serve_pid" "$serve_port" "$elapsed"
     next=$((next + sample_seconds))
   fi
   [ "$elapsed" -ge "$seconds" ] && break
-  for pid in "$lora_pid" "$moe_pid"; do
+  for pid in "$lora_pid" "$moe_pid" "$serve_pid"; do
     if ! kill -0 "$pid" 2>/dev/null; then
       echo "soak: a long run ended early (see $dir)" >&2
       ended_early=yes
@@ -162,8 +208,9 @@ while :; do
   sleep 1
 done
 
-# Stop the helpers, then the long runs with SIGINT: each must exit 130, released.
-for pid in "${pids[@]:2}"; do kill "$pid" 2>/dev/null || true; done
+# Stop the helpers, then the long runs with SIGINT: each must exit 130, released;
+# then the server with SIGTERM: it drains, exits 0, and each model holds nothing.
+for pid in "${pids[@]:3}"; do kill "$pid" 2>/dev/null || true; done
 endings=""
 endings_ok=yes
 for name in lora moe; do
@@ -174,12 +221,21 @@ for name in lora moe; do
   wait "$pid" || status=$?
   released=$(grep -c "vram 0 B pinned 0 B held" "$dir/$name.out" || true)
   { [ "$status" -eq 130 ] && [ "$released" -gt 0 ]; } || endings_ok=no
-  endings+="| $name | $status | $([ "$released" -gt 0 ] && echo yes || echo NO) |"$'\n'
+  endings+="| $name | $status (130 expected) | $([ "$released" -gt 0 ] && echo yes || echo NO) |"$'\n'
 done
+kill -TERM "$serve_pid" 2>/dev/null || true
+status=0
+wait "$serve_pid" || status=$?
+released=$(grep -c "vram 0 B and pinned 0 B still held" "$dir/serve.out" || true)
+{ [ "$status" -eq 0 ] && [ "$released" -eq 2 ]; } || endings_ok=no
+endings+="| serve | $status (0 expected) | $([ "$released" -eq 2 ] && echo "yes (both models)" || echo NO) |"$'\n'
 trap - EXIT
 
 read -r cycle_runs cycle_failures <"$dir/cycle.count" 2>/dev/null || { cycle_runs=0; cycle_failures=0; }
 read -r scrapes_ok scrapes_failed <"$dir/scrape.count" 2>/dev/null || { scrapes_ok=0; scrapes_failed=0; }
+read -r embeddings_ok embeddings_failed <"$dir/embeddings.count" 2>/dev/null || { embeddings_ok=0; embeddings_failed=0; }
+read -r completions_ok completions_failed <"$dir/completions.count" 2>/dev/null || { completions_ok=0; completions_failed=0; }
+requests_failed=$((embeddings_failed + completions_failed))
 
 report="$dir/report.md"
 {
@@ -199,13 +255,13 @@ report="$dir/report.md"
       for (i = 1; i <= n; i++) printf "%s", row[order[i]]
     }' "$dir/samples.csv"
   echo
-  echo "Short attach/detach runs: $cycle_runs passed, $cycle_failures failed. Metrics scrapes: $scrapes_ok answered, $scrapes_failed failed."
+  echo "Short attach/detach runs: $cycle_runs passed, $cycle_failures failed. Metrics scrapes: $scrapes_ok answered, $scrapes_failed failed. Server requests: $embeddings_ok embeddings and $completions_ok completions answered 200, $requests_failed failed."
   echo
-  echo "| long run | exit status (130 expected) | budgets released |"
+  echo "| long run | exit status | budgets released |"
   echo "|---|---|---|"
   printf "%s" "$endings"
   echo
-  awk -F, -v runs_failed="$cycle_failures" -v scrapes_failed="$scrapes_failed" \
+  awk -F, -v runs_failed="$((cycle_failures + requests_failed))" -v scrapes_failed="$scrapes_failed" \
     -v endings_ok="$endings_ok" -v ended_early="$ended_early" '
     NR > 1 && $3 != "" { n[$2]++; rss[$2, n[$2]] = $3; thr[$2, n[$2]] = $4; fd[$2, n[$2]] = $5; pin[$2, n[$2]] = $6 }
     END {
@@ -229,8 +285,8 @@ report="$dir/report.md"
         if (!flat) verdict = "NOT FLAT"
       }
       if (ended_early == "yes") verdict = "FAILED: a long run ended before the soak did"
-      else if (endings_ok != "yes") verdict = verdict ", but a long run did not stop cleanly on SIGINT"
-      if (runs_failed > 0 || scrapes_failed > 0) verdict = verdict " (with failed runs or scrapes)"
+      else if (endings_ok != "yes") verdict = verdict ", but a long run or the server did not stop cleanly"
+      if (runs_failed > 0 || scrapes_failed > 0) verdict = verdict " (with failed runs, requests or scrapes)"
       printf "\n**Verdict: %s.**\n", verdict
     }' "$dir/samples.csv"
 } >"$report"

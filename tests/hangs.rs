@@ -167,3 +167,34 @@ fn a_huge_simulated_step_count_is_refused() {
     ]));
     assert_bad_input(&output, &["--steps", "10000"]);
 }
+
+#[test]
+fn a_lora_run_at_a_budget_just_above_the_model_finishes() {
+    // Proves `run --lora` at a VRAM budget just above the 4 MiB model (every block
+    // resident, no spare ring) computes its steps: the adapter's VRAM region used to
+    // take the room of the last resident block, which then waited forever.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let model = common::demo::small_demo_model(dir.path());
+    let lora = common::lora::lora_file(dir.path(), "l.safetensors", &Default::default());
+    for budget in ["4100KiB", "4300KiB"] {
+        let output = output_within_deadline(stagehand().args([
+            "run",
+            "--device",
+            "cpu",
+            "--model",
+            &model.to_string_lossy(),
+            "--lora",
+            &lora.to_string_lossy(),
+            "--steps",
+            "3",
+            "--vram-budget",
+            budget,
+        ]));
+        assert_verified(&output, budget);
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            stdout.contains("linear-stack, 3 steps"),
+            "{budget}: {stdout}"
+        );
+    }
+}

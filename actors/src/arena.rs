@@ -54,6 +54,18 @@ impl FreeList {
         Some(offset)
     }
 
+    /// Extends the area by `bytes` at its end (room the budget gained after the plan).
+    pub fn grow(&mut self, bytes: u64) {
+        if bytes == 0 {
+            return;
+        }
+        match self.free.last_mut() {
+            Some((start, length)) if *start + *length == self.capacity_bytes => *length += bytes,
+            _ => self.free.push((self.capacity_bytes, bytes)),
+        }
+        self.capacity_bytes += bytes;
+    }
+
     pub fn free(&mut self, offset: u64, bytes: u64) {
         let bytes = align_up(bytes.max(1));
         debug_assert!(offset + bytes <= self.capacity_bytes);
@@ -115,6 +127,25 @@ mod tests {
         list.free(0, 2 * SLOT_ALIGN);
         assert_eq!(list.used_bytes(), 0);
         assert_eq!(list.allocate(4 * SLOT_ALIGN), Some(0));
+    }
+
+    #[test]
+    fn a_grown_area_takes_ranges_across_its_old_end() {
+        let mut list = FreeList::new(2 * SLOT_ALIGN);
+        let a = list.allocate(SLOT_ALIGN).unwrap();
+        list.grow(2 * SLOT_ALIGN);
+        // The free tail and the growth are one range.
+        assert_eq!(list.allocate(3 * SLOT_ALIGN), Some(SLOT_ALIGN));
+        assert!(list.allocate(1).is_none());
+        list.free(a, SLOT_ALIGN);
+        // Full to the old end: the growth is a range of its own.
+        let mut full = FreeList::new(SLOT_ALIGN);
+        full.allocate(SLOT_ALIGN).unwrap();
+        full.grow(SLOT_ALIGN);
+        assert_eq!(full.allocate(SLOT_ALIGN), Some(SLOT_ALIGN));
+        full.free(SLOT_ALIGN, SLOT_ALIGN);
+        full.free(0, SLOT_ALIGN);
+        assert_eq!(full.allocate(2 * SLOT_ALIGN), Some(0));
     }
 
     proptest! {

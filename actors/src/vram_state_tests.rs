@@ -230,3 +230,33 @@ fn activations_that_do_not_fit_name_a_budget_that_holds_them() {
     roomy.run_step();
     assert!(roomy.state.reserve_activations(9000).is_ok());
 }
+
+#[test]
+fn a_lora_region_leaves_room_for_resident_blocks_still_to_load() {
+    // Every block resident with a spare ring: a region reserved before the blocks
+    // load (as an adapter attaches at the start) makes one planned-resident block
+    // give way and stream. It used to fit beside the blocks placed so far, and the
+    // last resident block then found no room.
+    let sizes = [1024; 8];
+    let mut harness = Harness::new(&sizes, 8192 + 2048, 1, ResidencyPolicy::Planned);
+    let (_, evicted) = harness.state.reserve_lora(1024).unwrap();
+    assert_eq!(evicted, 1);
+    harness.run_step();
+    harness.run_step();
+    assert!(harness.state.used_bytes() + harness.state.lora_bytes() <= 8192 + 2048);
+}
+
+#[test]
+fn a_lora_region_with_no_ring_to_stream_through_is_refused_not_waited_for() {
+    // Every block resident and no spare ring: no block can give way to the region,
+    // so it is refused by name; before, it was placed and the last block waited for
+    // room forever (`run --lora` just above the model's size hung).
+    let sizes = [1024; 8];
+    let mut harness = Harness::new(&sizes, 8192 + 512, 1, ResidencyPolicy::Planned);
+    let error = harness.state.reserve_lora(1024).unwrap_err();
+    assert!(
+        matches!(error, ActivationError::LoraDoesNotFit { .. }),
+        "{error}"
+    );
+    harness.run_step();
+}

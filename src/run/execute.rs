@@ -143,9 +143,12 @@ pub(super) fn session_configs(
     plan: &RunPlan<'_>,
 ) -> Result<(SessionConfig, Option<ExpertConfig>), RunError> {
     let config = SessionConfig {
-        // A decoder's first KV pages (the prompt and the first token) are reserved as it
-        // starts; the plan leaves room for them.
-        activation_reserve_bytes: prepared.activation_bytes(1),
+        // A decoder's first KV pages (the prompt and the first token) and the LoRA
+        // offloader's regions are reserved as it starts; the plan leaves room for them
+        // (a region placed beside a plan that had counted on its room would leave a
+        // resident block nowhere to go).
+        activation_reserve_bytes: prepared.activation_bytes(1)
+            + super::lora_region_bytes(prepared, plan.prefetch_depth),
         ..session_config(
             plan.settings,
             plan.budgets,

@@ -46,10 +46,13 @@ impl VramState {
             .sum()
     }
 
-    /// Grows the budget by `bytes` kept for activations: plan with `budget − bytes`
-    /// and call this to make the total the real budget (as with the expert area).
+    /// Grows the budget by `bytes` kept for activations and LoRA regions: plan with
+    /// `budget − bytes` and call this to make the total the real budget (as with the
+    /// expert area). The resident area reaches to the budget's end, so a LoRA region
+    /// (placed in it, unlike activations) finds that room.
     pub fn with_activation_room(mut self, bytes: u64) -> Self {
         self.budget_bytes += bytes;
+        self.resident_area.grow(bytes);
         self
     }
 
@@ -57,12 +60,23 @@ impl VramState {
         self.activation_bytes = self.activation_bytes.saturating_sub(bytes);
     }
 
-    /// Places a LoRA region of `bytes` in the resident area, evicting resident weights
-    /// (furthest next use first) until it fits — inside the budget, counted as LoRA
-    /// bytes. Returns its arena offset and how many blocks were evicted.
+    /// Places a LoRA region of `bytes` in the resident area, inside the budget,
+    /// counted as LoRA bytes. It must leave room for every block the plan keeps
+    /// resident, loaded yet or not (a block still to load that found no room, with no
+    /// ring slot to fall back on, would be waited for forever): while it does not,
+    /// the planned-resident block of lowest max-scatter priority gives way and streams
+    /// from now on (as for activations). Then, where free space is too fragmented for
+    /// one region, placed blocks give way, furthest next use first. Refused when no
+    /// block can give way. Returns its arena offset and how many blocks gave way.
     pub fn reserve_lora(&mut self, bytes: u64) -> Result<(u64, u64), ActivationError> {
         let aligned = align_up(bytes.max(1));
         let mut evicted = 0;
+        while self.committed_bytes() + aligned > self.budget_bytes {
+            if self.evict_lowest_priority().is_none() {
+                return Err(self.do_not_fit(aligned, true));
+            }
+            evicted += 1;
+        }
         loop {
             if self.used_bytes() + aligned <= self.budget_bytes {
                 if let Some(offset) = self.resident_area.allocate(aligned) {
@@ -72,7 +86,7 @@ impl VramState {
                     return Ok((self.resident_base() + offset, evicted));
                 }
             }
-            // Over the budget, or free space too fragmented for one region.
+            // Free space too fragmented for one region.
             if !self.evict_one_resident() {
                 return Err(self.do_not_fit(aligned, true));
             }
