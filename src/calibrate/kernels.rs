@@ -36,6 +36,11 @@ pub struct KernelOptions {
     /// outvoted: one pass measured the one-row f32 1024² point at 4.0 GFLOP/s where
     /// five others found 12–14.
     pub linear_passes: usize,
+    /// Threads the CPU compute adapter times the kernels on: a streamed run's
+    /// default (every core but one, left to the copy and read threads), so the
+    /// simulator's kernel costs are those of the runs it predicts. The CUDA adapter
+    /// ignores it.
+    pub compute_threads: usize,
 }
 
 impl KernelOptions {
@@ -47,6 +52,7 @@ impl KernelOptions {
             seconds_per_point: 0.04,
             min_samples: 5,
             linear_passes: 3,
+            compute_threads: streamed_run_threads(),
         }
     }
 
@@ -58,8 +64,14 @@ impl KernelOptions {
             seconds_per_point: 0.02,
             min_samples: 3,
             linear_passes: 2,
+            compute_threads: streamed_run_threads(),
         }
     }
+}
+
+/// The compute threads of a streamed run on this machine by default.
+fn streamed_run_threads() -> usize {
+    crate::settings::Settings::default().compute_threads_for(true)
 }
 
 /// What the kernel measurements found: the profile's `[compute]` table.

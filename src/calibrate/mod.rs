@@ -404,6 +404,15 @@ fn measure_backend_kernels(
                 .map_err(|error| format!("no CUDA compute: {error}"))?;
             measure_kernels(&compute, options)
         }
-        _ => measure_kernels(&crate::device::CpuCompute::new(), options),
+        _ => {
+            let threads = options.compute_threads.max(1);
+            let compute = crate::device::CpuCompute::with_threads(threads);
+            let mut figures = measure_kernels(&compute, options)?;
+            figures.how.push_str(&format!(
+                "; on {threads} compute thread{}, a streamed run's default here (every core but one)",
+                if threads == 1 { "" } else { "s" }
+            ));
+            Ok(figures)
+        }
     }
 }
