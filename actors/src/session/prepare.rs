@@ -33,6 +33,16 @@ pub(super) struct Prepared {
     order: StepOrder,
     plan: SessionPlan,
     stats: Arc<Stats>,
+    /// In a shared budget: the arena (the whole shared VRAM budget) and the budget
+    /// the order is planned in before the lease is applied (one that keeps a ring).
+    shared: Option<SharedPlan>,
+}
+
+/// How a session in a shared budget is planned (see `shared`).
+#[derive(Clone, Copy)]
+struct SharedPlan {
+    capacity_bytes: u64,
+    planned_bytes: u64,
 }
 
 impl Prepared {
@@ -41,15 +51,24 @@ impl Prepared {
         experts: Option<ExpertConfig>,
         layout: &ModelLayout,
         order: Vec<BlockId>,
+        capacity: Option<u64>,
     ) -> Result<Self, SessionError> {
         let order = StepOrder::new(order, layout.len())?;
-        let vram = VramPlan::new(
-            layout,
-            &order,
-            planned_budget(config, experts)?,
-            config.prefetch_depth,
-            config.policy,
-        )?;
+        let mut planned_bytes = planned_budget(config, experts)?;
+        let plan_in = |bytes| {
+            VramPlan::new(layout, &order, bytes, config.prefetch_depth, config.policy)
+        };
+        let mut vram = plan_in(planned_bytes)?;
+        if capacity.is_some() && vram.ring_slots == 0 {
+            // Everything fits and no ring beside it: plan one block short of that, so
+            // the model has a ring to stream through once it must give way.
+            planned_bytes = vram.resident_bytes.saturating_sub(1).min(planned_bytes);
+            vram = plan_in(planned_bytes)?;
+        }
+        let shared = capacity.map(|capacity_bytes| SharedPlan {
+            capacity_bytes: capacity_bytes.max(config.vram_budget_bytes),
+            planned_bytes,
+        });
         let staging = match config.fast_disk_chunk_bytes {
             Some(buffer_bytes) => Staging::Chunks {
                 buffers: config.staging_buffers,
@@ -70,6 +89,7 @@ impl Prepared {
             order,
             plan: SessionPlan { vram, pins },
             stats: Arc::new(Stats::default()),
+            shared,
         })
     }
 
@@ -87,8 +107,11 @@ impl Prepared {
         let observer: Arc<dyn Observer> = Arc::new(Tee(self.stats.clone(), observer));
         let vram = self.vram_state(&config, experts, &layout)?;
         let mut pins = self.pin_state(&config, &layout);
+        let arena_bytes = self
+            .shared
+            .map_or(config.vram_budget_bytes, |shared| shared.capacity_bytes);
         let arena = device
-            .allocate_arena(config.vram_budget_bytes)
+            .allocate_arena(arena_bytes)
             .map_err(|error| SessionError::Device(error.to_string()))?;
         // The staging ring is allocated here, before any actor starts: a ring that
         // cannot be pinned fails the start with a clear error, instead of leaving every
@@ -138,10 +161,14 @@ impl Prepared {
         experts: Option<ExpertConfig>,
         layout: &ModelLayout,
     ) -> Result<VramState, SessionError> {
+        let planned_bytes = match self.shared {
+            Some(shared) => shared.planned_bytes,
+            None => planned_budget(config, experts)?,
+        };
         let mut state = VramState::new(
             layout,
             self.order.clone(),
-            planned_budget(config, experts)?,
+            planned_bytes,
             config.prefetch_depth,
             config.policy,
             self.table.clone(),
@@ -154,7 +181,14 @@ impl Prepared {
         if let Some(experts) = experts {
             state = state.with_experts(experts.slots, experts.slot_bytes, experts.policy);
         }
-        Ok(state.with_activation_room(config.activation_reserve_bytes))
+        let state = state.with_activation_room(config.activation_reserve_bytes);
+        let Some(shared) = self.shared else {
+            return Ok(state);
+        };
+        // Planned below the lease to keep a ring: the lease's room is planned back.
+        let mut state = state.with_capacity(shared.capacity_bytes);
+        state.resize(config.vram_budget_bytes);
+        Ok(state)
     }
 
     /// The pin manager's state: the pin plan, within the ceiling (and the chunk ring).
