@@ -101,3 +101,7 @@ impl VramState {
             .collect()
     }
 }
+
+#[cfg(test)]
+#[path = "resize_tests.rs"]
+mod tests;
