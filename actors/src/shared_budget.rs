@@ -47,6 +47,7 @@ enum Request {
 #[derive(Clone)]
 pub struct SharedBudget {
     requests: flume::Sender<Request>,
+    total: Lease,
 }
 
 /// Requests waiting for the broker at once: each model has at most one outstanding.
@@ -68,7 +69,12 @@ impl SharedBudget {
                 }
             })
             .map_err(|_| PoolError::Stopped)?;
-        Ok(Self { requests })
+        Ok(Self { requests, total })
+    }
+
+    /// The whole shared budget.
+    pub fn total(&self) -> Lease {
+        self.total
     }
 
     fn ask<T>(&self, request: impl FnOnce(Answer<T>) -> Request) -> Result<T, PoolError> {
