@@ -61,7 +61,8 @@ pub use error::SessionError;
 pub use lora_offloader::{LoraAttach, LoraPack};
 pub use lora_state::{AdapterSummary, LoraSlot, LoraUsage, MAX_ADAPTERS};
 pub use pool_state::{Lease, MemberSnapshot, PoolAsk, PoolError, PoolState};
-pub use shared_budget::SharedBudget;
 pub use session::{
-    BudgetHandle, ExpertConfig, LocalSession, LoraHandle, Session, SessionConfig, SessionPlan, STOP_POLL,
+    BudgetHandle, ExpertConfig, LocalSession, LoraHandle, Session, SessionConfig, SessionPlan,
+    STOP_POLL,
 };
+pub use shared_budget::SharedBudget;

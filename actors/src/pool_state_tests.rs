@@ -65,7 +65,10 @@ fn the_least_recent_idle_model_gives_way_first_and_only_down_to_its_floor() {
     joined(&mut pool, "c", ask(10, 60));
     // a holds 60, b 40, c got nothing free... c joined into 0 free: below its floor.
     let leases: Vec<Lease> = pool.snapshot().iter().map(|member| member.lease).collect();
-    assert!(leases.iter().fold(Lease::default(), |sum, l| sum.plus(*l)).within(pool.total()));
+    assert!(leases
+        .iter()
+        .fold(Lease::default(), |sum, l| sum.plus(*l))
+        .within(pool.total()));
     let mut give = |_: &str, target: Lease, _: Lease| target;
     let asked = use_model(&mut pool, "c", &mut give);
     // a was used before b: a is the least recent, so it gives way first.
@@ -92,7 +95,10 @@ fn floors_that_do_not_fit_are_refused_by_name() {
     joined(&mut pool, "a", ask(60, 90));
     let refused = pool.join("b", ask(50, 50)).unwrap_err();
     assert!(refused.to_string().contains("\"b\""), "{refused}");
-    assert!(matches!(pool.join("a", ask(1, 1)), Err(PoolError::Taken(_))));
+    assert!(matches!(
+        pool.join("a", ask(1, 1)),
+        Err(PoolError::Taken(_))
+    ));
 }
 
 #[test]

@@ -68,8 +68,8 @@ mod shared;
 use self::core::{queue_when_room, try_queue, Core, Queued, MAX_MISS_ATTEMPTS};
 pub use config::{ExpertConfig, SessionConfig, SessionPlan};
 pub use local::LocalSession;
-pub use shared::BudgetHandle;
 use prepare::Prepared;
+pub use shared::BudgetHandle;
 
 /// A held LoRA pack: its factors' place in VRAM. Move-only, released once by
 /// [`Session::release_lora`]; a distinct type, so a pack can never be released into

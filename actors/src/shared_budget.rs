@@ -189,8 +189,7 @@ impl Broker {
     fn begin_use(&mut self, name: &str) -> Result<Lease, PoolError> {
         let (wanted, victims) = self.state.begin_use(name)?;
         self.make_room(wanted, &victims)?;
-        if let (Some(target), Some(handle)) =
-            (self.state.grow_target(name), self.handles.get(name))
+        if let (Some(target), Some(handle)) = (self.state.grow_target(name), self.handles.get(name))
         {
             // A model that cannot take the room (stopped) keeps what it had.
             if let Ok(granted) = handle.resize(target) {

@@ -50,7 +50,9 @@ impl SharedBudgetConfig {
                 .map(|size| size.as_u64())
                 .filter(|&bytes| bytes > 0)
                 .ok_or_else(|| {
-                    format!("budget.{key} = \"{text}\" is not a size above 0 (for example \"24GiB\")")
+                    format!(
+                        "budget.{key} = \"{text}\" is not a size above 0 (for example \"24GiB\")"
+                    )
                 })
         };
         let vram = parse("vram_budget", &self.vram_budget)?;

@@ -33,7 +33,9 @@ impl PinState {
             freed.extend(self.take_cache_buffer(block));
         }
         self.ceiling_bytes = if limit < previous {
-            limit.max(self.used_bytes()).min(previous.max(self.used_bytes()))
+            limit
+                .max(self.used_bytes())
+                .min(previous.max(self.used_bytes()))
         } else {
             limit
         };

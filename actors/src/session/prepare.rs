@@ -55,9 +55,8 @@ impl Prepared {
     ) -> Result<Self, SessionError> {
         let order = StepOrder::new(order, layout.len())?;
         let mut planned_bytes = planned_budget(config, experts)?;
-        let plan_in = |bytes| {
-            VramPlan::new(layout, &order, bytes, config.prefetch_depth, config.policy)
-        };
+        let plan_in =
+            |bytes| VramPlan::new(layout, &order, bytes, config.prefetch_depth, config.policy);
         let mut vram = plan_in(planned_bytes)?;
         if capacity.is_some() && vram.ring_slots == 0 {
             // Everything fits and no ring beside it: plan one block short of that, so

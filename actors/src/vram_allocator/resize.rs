@@ -25,7 +25,8 @@ impl Handler<Resize> for VramAllocator {
         self.observer
             .plan_streamed(self.state.streamed_bytes_per_step());
         self.report_usage();
-        self.schedule(None);
+        // No scheduling pass here: loads started now would lend out the very cache
+        // buffers the pinned tier is about to give back. The next demand schedules.
         self.pins.post(ResizePins {
             ceiling_bytes: lease.pin_bytes,
             streamed: self.state.streamed_blocks(),

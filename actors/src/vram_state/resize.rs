@@ -95,9 +95,7 @@ impl VramState {
     /// Per block: whether it streams through VRAM now (what the pinned tier may cache).
     pub fn streamed_blocks(&self) -> Vec<bool> {
         (0..self.block_bytes.len())
-            .map(|index| {
-                self.order.contains(BlockId(index as u32)) && !self.plan.resident[index]
-            })
+            .map(|index| self.order.contains(BlockId(index as u32)) && !self.plan.resident[index])
             .collect()
     }
 }

@@ -24,9 +24,16 @@ fn state(blocks: usize, budget: u64, capacity: u64) -> (VramState, Arc<Residency
     };
     let table = Arc::new(ResidencyTable::new((0..blocks).map(|_| BLOCK)));
     let order = StepOrder::new((0..blocks as u32).map(BlockId).collect(), blocks).unwrap();
-    let state = VramState::new(&layout, order, budget, 1, ResidencyPolicy::Planned, table.clone())
-        .unwrap()
-        .with_capacity(capacity);
+    let state = VramState::new(
+        &layout,
+        order,
+        budget,
+        1,
+        ResidencyPolicy::Planned,
+        table.clone(),
+    )
+    .unwrap()
+    .with_capacity(capacity);
     (state, table)
 }
 

@@ -248,7 +248,10 @@ fn start_session(
         }
     };
     let layout = prepared.workload.layout().clone();
-    let arena = options.shared.as_ref().map(|member| member.capacity_bytes());
+    let arena = options
+        .shared
+        .as_ref()
+        .map(|member| member.capacity_bytes());
     let capacity = arena
         .unwrap_or(budgets.vram_budget_bytes)
         .max(layout.largest_block_bytes());
@@ -264,10 +267,23 @@ fn start_session(
     let observer = Arc::clone(&options.observer);
     let started = match arena {
         Some(arena) => Session::start_shared(
-            config, experts, arena, layout.clone(), order, device, storage, observer,
+            config,
+            experts,
+            arena,
+            layout.clone(),
+            order,
+            device,
+            storage,
+            observer,
         ),
         None => Session::start_with_experts(
-            config, experts, layout.clone(), order, device, storage, observer,
+            config,
+            experts,
+            layout.clone(),
+            order,
+            device,
+            storage,
+            observer,
         ),
     };
     let session = match (started, &options.shared) {

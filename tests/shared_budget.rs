@@ -1,0 +1,254 @@
+//! Two loaded models in one shared budget, used in turn (issue 24): a tiny BERT
+//! encoder and a tiny Llama decoder under a VRAM budget and pin ceiling that hold
+//! about one and a half of them. Each answer equals the model's answer alone with
+//! the whole budget, bit for bit; the two models together never hold more than the
+//! shared budget (checked at every report either makes); the idle one gives way when
+//! the other is used; after shutdown each holds vram 0 B and pinned 0 B.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use stagehand::compute::DType;
+use stagehand::families::llama::{ExpertHint, Sampling};
+use stagehand::families::{DecoderInput, EncoderInput, Extras, PromptInput, WorkloadKind};
+use stagehand::model::generated::DecoderArch;
+use stagehand::run::loaded::{
+    open_shared_budget, serve_jobs, BatchLimits, Cancel, EmbedJob, GenerateJob, Job, LoadedOptions,
+    NoBatchObserver, SharedMember, TokenEvent,
+};
+use stagehand::run::{prepare_with, Prepared};
+use stagehand::settings::Settings;
+use stagehand_actors::{Observer, SharedBudget, StatsSnapshot, Tier, TierUsage};
+
+/// Every tier report of every model, checked against the shared totals as it comes.
+struct Ledger {
+    totals: (u64, u64),
+    latest: Mutex<HashMap<(String, bool), u64>>,
+}
+
+struct ModelObserver {
+    name: String,
+    ledger: Arc<Ledger>,
+}
+
+impl Observer for ModelObserver {
+    fn tier_usage(&self, tier: Tier, usage: TierUsage) {
+        let used = usage.model_bytes + usage.lora_bytes + usage.other_bytes;
+        let vram = tier == Tier::Vram;
+        let mut latest = self.ledger.latest.lock().unwrap();
+        latest.insert((self.name.clone(), vram), used);
+        let held: u64 = latest
+            .iter()
+            .filter(|((_, is_vram), _)| *is_vram == vram)
+            .map(|(_, bytes)| bytes)
+            .sum();
+        let total = if vram {
+            self.ledger.totals.0
+        } else {
+            self.ledger.totals.1
+        };
+        assert!(held <= total, "{tier:?}: {held} held of a shared {total}");
+    }
+}
+
+fn prepared(folder: &Path) -> Prepared {
+    let extras = Extras {
+        decoder: Some(DecoderInput {
+            prompt: PromptInput::TokenIds(vec![0]),
+            sampling: Sampling::default(),
+            hint: ExpertHint::NextLayer,
+        }),
+        encoder: Some(EncoderInput::TokenIds(vec![vec![0]])),
+        ..Extras::default()
+    };
+    prepare_with(
+        folder,
+        WorkloadKind::Auto,
+        1,
+        &Settings::default(),
+        false,
+        &extras,
+    )
+    .unwrap()
+}
+
+/// A model's thread answering jobs until its queue closes.
+struct Running {
+    jobs: flume::Sender<Job>,
+    worker: std::thread::JoinHandle<StatsSnapshot>,
+}
+
+fn start(
+    folder: &Path,
+    settings: Settings,
+    shared: Option<SharedMember>,
+    observer: Arc<dyn Observer>,
+) -> Running {
+    let prepared = prepared(folder);
+    let (jobs, queue) = flume::bounded(4);
+    let (ready, started) = flume::bounded(1);
+    let worker = std::thread::spawn(move || {
+        let options = LoadedOptions {
+            settings: &settings,
+            limits: BatchLimits {
+                max_sequences: 1,
+                max_batch_tokens: 4096,
+                max_sequence_tokens: 64,
+            },
+            observer,
+            batches: Box::new(NoBatchObserver),
+            shared,
+        };
+        serve_jobs(prepared, options, queue, |info| {
+            let _ = ready.send(info.map(|_| ()).map_err(|error| error.to_string()));
+        })
+        .unwrap()
+    });
+    started.recv().unwrap().unwrap();
+    Running { jobs, worker }
+}
+
+fn embed(model: &Running) -> Vec<Vec<u32>> {
+    let (reply, answer) = flume::bounded(1);
+    let input = EncoderInput::TokenIds(vec![vec![1, 5, 9, 2], vec![3, 4]]);
+    let job = EmbedJob {
+        input,
+        reply,
+        cancel: Cancel::new(),
+    };
+    model.jobs.send(Job::Embed(job)).unwrap();
+    let embedded = answer.recv().unwrap().unwrap();
+    let bits = |row: &Vec<f32>| row.iter().map(|value| value.to_bits()).collect();
+    embedded.embeddings.iter().map(bits).collect()
+}
+
+fn generate(model: &Running) -> Vec<u32> {
+    let (events, tokens) = flume::unbounded();
+    let job = GenerateJob {
+        prompt: vec![1, 2, 3],
+        sampling: Sampling::default(),
+        max_tokens: 6,
+        stop_tokens: Vec::new(),
+        events,
+        cancel: Cancel::new(),
+    };
+    model.jobs.send(Job::Generate(job)).unwrap();
+    let mut generated = Vec::new();
+    for event in tokens.iter() {
+        match event {
+            TokenEvent::Token(token) => generated.push(token),
+            TokenEvent::Finished(_) => break,
+            other => panic!("{other:?}"),
+        }
+    }
+    generated
+}
+
+fn finish(model: Running) -> StatsSnapshot {
+    drop(model.jobs);
+    model.worker.join().unwrap()
+}
+
+/// A model alone with the whole shared budget.
+fn alone(totals: (u64, u64)) -> Settings {
+    Settings {
+        vram_budget: Some(bytesize::ByteSize::b(totals.0)),
+        pin_ceiling: Some(bytesize::ByteSize::b(totals.1)),
+        ..Settings::default()
+    }
+}
+
+#[test]
+fn two_models_in_turn_under_one_and_a_half_of_them_answer_as_each_alone() {
+    // Proves the issue's load test: outputs equal each model alone, the shared
+    // budget is never exceeded, the idle model gives way, and both end at 0 B.
+    let dir = tempfile::tempdir().unwrap();
+    let bert = common::encoder::tiny_bert(&dir.path().join("bert"), DType::F32);
+    let llama =
+        common::decoder::tiny_decoder(&dir.path().join("llama"), DecoderArch::Llama, DType::F32, 7);
+    let sizes: Vec<u64> = [&bert, &llama]
+        .iter()
+        .map(|folder| prepared(folder).facts().layout().total_bytes())
+        .collect();
+    // About one and a half models: three quarters of both.
+    let vram = (sizes[0] + sizes[1]) * 3 / 4;
+    let totals = (vram, vram);
+    let ledger = Arc::new(Ledger {
+        totals,
+        latest: Mutex::new(HashMap::new()),
+    });
+    let observer = |name: &str| -> Arc<dyn Observer> {
+        Arc::new(ModelObserver {
+            name: name.to_string(),
+            ledger: Arc::clone(&ledger),
+        })
+    };
+
+    let each_alone = |folder: &Path, name: &str| {
+        let model = start(folder, alone(totals), None, observer(name));
+        let answers = if name.starts_with("bert") {
+            (embed(&model), Vec::new())
+        } else {
+            (Vec::new(), generate(&model))
+        };
+        let stats = finish(model);
+        assert_eq!((stats.vram.used_bytes, stats.pinned.used_bytes), (0, 0));
+        answers
+    };
+    let bert_alone = each_alone(&bert, "bert-alone").0;
+    let llama_alone = each_alone(&llama, "llama-alone").1;
+    ledger.latest.lock().unwrap().clear();
+
+    let pool: SharedBudget = open_shared_budget(totals.0, totals.1).unwrap();
+    let member = |name: &str| {
+        Some(SharedMember {
+            pool: pool.clone(),
+            name: name.to_string(),
+        })
+    };
+    let encoder = start(&bert, Settings::default(), member("bert"), observer("bert"));
+    let decoder = start(
+        &llama,
+        Settings::default(),
+        member("llama"),
+        observer("llama"),
+    );
+    for _turn in 0..3 {
+        assert_eq!(embed(&encoder), bert_alone, "the encoder's answer changed");
+        let leases = pool.snapshot();
+        let held: u64 = leases.iter().map(|member| member.lease.vram_bytes).sum();
+        assert!(held <= totals.0, "{leases:?}");
+        assert_eq!(
+            leases.iter().find(|member| member.rank == 0).unwrap().name,
+            "bert"
+        );
+        assert_eq!(
+            generate(&decoder),
+            llama_alone,
+            "the decoder's answer changed"
+        );
+        let leases = pool.snapshot();
+        let idle = leases.iter().find(|member| member.name == "bert").unwrap();
+        // The idle encoder gave way, but only part of it: a partial unload.
+        assert!(
+            idle.lease.vram_bytes < idle.ask.want.vram_bytes,
+            "{leases:?}"
+        );
+        assert!(
+            idle.lease.vram_bytes >= idle.ask.floor.vram_bytes,
+            "{leases:?}"
+        );
+    }
+    let encoder_stats = finish(encoder);
+    let decoder_stats = finish(decoder);
+    for stats in [encoder_stats, decoder_stats] {
+        assert_eq!((stats.vram.used_bytes, stats.pinned.used_bytes), (0, 0));
+    }
+    assert!(
+        pool.snapshot().is_empty(),
+        "both models left the shared budget"
+    );
+}
