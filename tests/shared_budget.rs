@@ -32,9 +32,22 @@ struct Ledger {
 struct ModelObserver {
     name: String,
     ledger: Arc<Ledger>,
+    /// Bytes this model moved (disk → pinned, pinned → VRAM, disk → VRAM).
+    moved: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Observer for ModelObserver {
+    fn transfer(
+        &self,
+        _link: stagehand_actors::Link,
+        _owner: stagehand_actors::Owner,
+        bytes: u64,
+        _seconds: f64,
+    ) {
+        self.moved
+            .fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+
     fn tier_usage(&self, tier: Tier, usage: TierUsage) {
         let used = usage.model_bytes + usage.lora_bytes + usage.other_bytes;
         let vram = tier == Tier::Vram;
@@ -184,6 +197,7 @@ fn two_models_in_turn_under_one_and_a_half_of_them_answer_as_each_alone() {
         Arc::new(ModelObserver {
             name: name.to_string(),
             ledger: Arc::clone(&ledger),
+            moved: Default::default(),
         })
     };
 
@@ -251,4 +265,118 @@ fn two_models_in_turn_under_one_and_a_half_of_them_answer_as_each_alone() {
         pool.snapshot().is_empty(),
         "both models left the shared budget"
     );
+}
+
+/// Seconds of `job`, and the bytes `moved` grew by during it.
+fn timed(moved: &std::sync::atomic::AtomicU64, job: impl FnOnce()) -> (f64, u64) {
+    let before = moved.load(std::sync::atomic::Ordering::Relaxed);
+    let started = std::time::Instant::now();
+    job();
+    let seconds = started.elapsed().as_secs_f64();
+    (
+        seconds,
+        moved.load(std::sync::atomic::Ordering::Relaxed) - before,
+    )
+}
+
+#[test]
+#[ignore = "a measurement for BENCHMARKS.md, run in release with --ignored --nocapture"]
+fn measure_two_models_in_turn_against_each_alone() {
+    // Measures (asserts nothing on time): each model's steady job alone with the whole
+    // budget, the same in turn in the shared budget, and the first job after a switch
+    // (its extra time and bytes are the switch's cost).
+    let dir = tempfile::tempdir().unwrap();
+    let bert = common::encoder::tiny_bert(&dir.path().join("bert"), DType::F32);
+    let llama =
+        common::decoder::tiny_decoder(&dir.path().join("llama"), DecoderArch::Llama, DType::F32, 7);
+    let size = |folder: &Path| prepared(folder).facts().layout().total_bytes();
+    let vram = (size(&bert) + size(&llama)) * 3 / 4;
+    let totals = (vram, vram);
+    let ledger = Arc::new(Ledger {
+        totals,
+        latest: Mutex::new(HashMap::new()),
+    });
+    let rounds = 20;
+    let observed = |name: &str| {
+        let moved: Arc<std::sync::atomic::AtomicU64> = Default::default();
+        let observer: Arc<dyn Observer> = Arc::new(ModelObserver {
+            name: name.to_string(),
+            ledger: Arc::clone(&ledger),
+            moved: Arc::clone(&moved),
+        });
+        (observer, moved)
+    };
+    let median = |mut values: Vec<f64>| {
+        values.sort_by(f64::total_cmp);
+        values[values.len() / 2]
+    };
+    let mut alone_seconds = Vec::new();
+    for (folder, name) in [(&bert, "bert"), (&llama, "llama")] {
+        let (observer, moved) = observed(&format!("{name}-alone"));
+        let model = start(folder, alone(totals), None, observer);
+        let job = || {
+            if name == "bert" {
+                drop(embed(&model))
+            } else {
+                drop(generate(&model))
+            }
+        };
+        let times: Vec<f64> = (0..rounds).map(|_| timed(&moved, job).0).collect();
+        alone_seconds.push(median(times));
+        finish(model);
+    }
+    ledger.latest.lock().unwrap().clear();
+    let pool = open_shared_budget(totals.0, totals.1).unwrap();
+    let member = |name: &str| {
+        Some(SharedMember {
+            pool: pool.clone(),
+            name: name.to_string(),
+        })
+    };
+    let (bert_observer, bert_moved) = observed("bert");
+    let (llama_observer, llama_moved) = observed("llama");
+    let encoder = start(&bert, Settings::default(), member("bert"), bert_observer);
+    let decoder = start(&llama, Settings::default(), member("llama"), llama_observer);
+    let (mut switched, mut steady) = ([Vec::new(), Vec::new()], [Vec::new(), Vec::new()]);
+    let mut switch_bytes = [Vec::new(), Vec::new()];
+    for _round in 0..rounds {
+        for (index, moved) in [(0, &bert_moved), (1, &llama_moved)] {
+            let job = || {
+                if index == 0 {
+                    drop(embed(&encoder))
+                } else {
+                    drop(generate(&decoder))
+                }
+            };
+            let (first, first_bytes) = timed(moved, job);
+            let (again, again_bytes) = timed(moved, job);
+            switched[index].push(first);
+            steady[index].push(again);
+            switch_bytes[index].push(first_bytes.saturating_sub(again_bytes) as f64);
+        }
+    }
+    finish(encoder);
+    finish(decoder);
+    println!(
+        "shared budget {} (vram and pin); models {} and {}",
+        vram,
+        size(&bert),
+        size(&llama)
+    );
+    for (index, name) in ["bert (embed 2 texts)", "llama (6 tokens)"]
+        .iter()
+        .enumerate()
+    {
+        let steady_seconds = median(steady[index].clone());
+        let switched_seconds = median(switched[index].clone());
+        println!(
+            "{name}: alone {:.3} ms; shared, steady {:.3} ms ({:.2}x alone); first after a switch {:.3} ms (switch costs {:.3} ms); bytes moved by a switch {:.0}",
+            alone_seconds[index] * 1e3,
+            steady_seconds * 1e3,
+            steady_seconds / alone_seconds[index],
+            switched_seconds * 1e3,
+            (switched_seconds - steady_seconds) * 1e3,
+            median(switch_bytes[index].clone()),
+        );
+    }
 }
