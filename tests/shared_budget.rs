@@ -166,7 +166,7 @@ fn finish(model: Running) -> StatsSnapshot {
 }
 
 /// A model alone with the whole shared budget.
-fn alone(totals: (u64, u64)) -> Settings {
+fn alone_settings(totals: (u64, u64)) -> Settings {
     Settings {
         vram_budget: Some(bytesize::ByteSize::b(totals.0)),
         pin_ceiling: Some(bytesize::ByteSize::b(totals.1)),
@@ -202,7 +202,7 @@ fn two_models_in_turn_under_one_and_a_half_of_them_answer_as_each_alone() {
     };
 
     let each_alone = |folder: &Path, name: &str| {
-        let model = start(folder, alone(totals), None, observer(name));
+        let model = start(folder, alone_settings(totals), None, observer(name));
         let answers = if name.starts_with("bert") {
             (embed(&model), Vec::new())
         } else {
@@ -279,24 +279,38 @@ fn timed(moved: &std::sync::atomic::AtomicU64, job: impl FnOnce()) -> (f64, u64)
     )
 }
 
+/// A generated Llama of the small preset (tens of MiB), seeded with `seed`.
+fn small_decoder(dir: &Path, seed: u64) -> std::path::PathBuf {
+    let demo = stagehand::model::generated::DecoderDemo {
+        arch: DecoderArch::Llama,
+        preset: stagehand::model::generated::DecoderPreset::Small,
+        dtype: DType::F32,
+        seed,
+        shard_bytes: 1 << 30,
+    };
+    stagehand::model::generated::write_decoder_folder(dir, &demo).unwrap()
+}
+
 #[test]
 #[ignore = "a measurement for BENCHMARKS.md, run in release with --ignored --nocapture"]
 fn measure_two_models_in_turn_against_each_alone() {
-    // Measures (asserts nothing on time): each model's steady job alone with the whole
-    // budget, the same in turn in the shared budget, and the first job after a switch
-    // (its extra time and bytes are the switch's cost).
+    // Measures (asserts nothing on time): two small generated decoders, each job 6
+    // tokens; each model's job alone with the whole budget, the same in turn in a
+    // shared budget of three quarters of both, and the first job after a switch (its
+    // extra time and bytes over the next job are the switch's cost).
     let dir = tempfile::tempdir().unwrap();
-    let bert = common::encoder::tiny_bert(&dir.path().join("bert"), DType::F32);
-    let llama =
-        common::decoder::tiny_decoder(&dir.path().join("llama"), DecoderArch::Llama, DType::F32, 7);
+    let folders = [
+        small_decoder(&dir.path().join("a"), 7),
+        small_decoder(&dir.path().join("b"), 11),
+    ];
     let size = |folder: &Path| prepared(folder).facts().layout().total_bytes();
-    let vram = (size(&bert) + size(&llama)) * 3 / 4;
+    let vram = (size(&folders[0]) + size(&folders[1])) * 3 / 4;
     let totals = (vram, vram);
     let ledger = Arc::new(Ledger {
         totals,
         latest: Mutex::new(HashMap::new()),
     });
-    let rounds = 20;
+    let rounds = 10;
     let observed = |name: &str| {
         let moved: Arc<std::sync::atomic::AtomicU64> = Default::default();
         let observer: Arc<dyn Observer> = Arc::new(ModelObserver {
@@ -310,73 +324,79 @@ fn measure_two_models_in_turn_against_each_alone() {
         values.sort_by(f64::total_cmp);
         values[values.len() / 2]
     };
-    let mut alone_seconds = Vec::new();
-    for (folder, name) in [(&bert, "bert"), (&llama, "llama")] {
-        let (observer, moved) = observed(&format!("{name}-alone"));
-        let model = start(folder, alone(totals), None, observer);
-        let job = || {
-            if name == "bert" {
-                drop(embed(&model))
-            } else {
-                drop(generate(&model))
-            }
-        };
-        let times: Vec<f64> = (0..rounds).map(|_| timed(&moved, job).0).collect();
-        alone_seconds.push(median(times));
-        finish(model);
+    // Every measured job is interleaved with the others, so load from other work on
+    // the machine falls on all of them alike: in each round, each model alone (its own
+    // session with the whole budget, checked by a ledger of its own), then each in
+    // the shared budget twice.
+    let apart = Arc::new(Ledger {
+        totals: (u64::MAX / 4, u64::MAX / 4),
+        latest: Mutex::new(HashMap::new()),
+    });
+    let mut alone = Vec::new();
+    for (index, folder) in folders.iter().enumerate() {
+        let moved: Arc<std::sync::atomic::AtomicU64> = Default::default();
+        let observer: Arc<dyn Observer> = Arc::new(ModelObserver {
+            name: format!("alone-{index}"),
+            ledger: Arc::clone(&apart),
+            moved: Arc::clone(&moved),
+        });
+        alone.push((start(folder, alone_settings(totals), None, observer), moved));
     }
-    ledger.latest.lock().unwrap().clear();
     let pool = open_shared_budget(totals.0, totals.1).unwrap();
-    let member = |name: &str| {
-        Some(SharedMember {
+    let mut models = Vec::new();
+    for (index, folder) in folders.iter().enumerate() {
+        let (observer, moved) = observed(&format!("m{index}"));
+        let member = Some(SharedMember {
             pool: pool.clone(),
-            name: name.to_string(),
-        })
-    };
-    let (bert_observer, bert_moved) = observed("bert");
-    let (llama_observer, llama_moved) = observed("llama");
-    let encoder = start(&bert, Settings::default(), member("bert"), bert_observer);
-    let decoder = start(&llama, Settings::default(), member("llama"), llama_observer);
-    let (mut switched, mut steady) = ([Vec::new(), Vec::new()], [Vec::new(), Vec::new()]);
-    let mut switch_bytes = [Vec::new(), Vec::new()];
+            name: format!("m{index}"),
+        });
+        models.push((start(folder, Settings::default(), member, observer), moved));
+    }
+    let mut alone_runs = [Vec::new(), Vec::new()];
+    let mut figures = [Vec::new(), Vec::new()];
     for _round in 0..rounds {
-        for (index, moved) in [(0, &bert_moved), (1, &llama_moved)] {
-            let job = || {
-                if index == 0 {
-                    drop(embed(&encoder))
-                } else {
-                    drop(generate(&decoder))
-                }
-            };
-            let (first, first_bytes) = timed(moved, job);
-            let (again, again_bytes) = timed(moved, job);
-            switched[index].push(first);
-            steady[index].push(again);
-            switch_bytes[index].push(first_bytes.saturating_sub(again_bytes) as f64);
+        for (index, (model, moved)) in alone.iter().enumerate() {
+            alone_runs[index].push(timed(moved, || drop(generate(model))));
+        }
+        for (index, (model, moved)) in models.iter().enumerate() {
+            let first = timed(moved, || drop(generate(model)));
+            let again = timed(moved, || drop(generate(model)));
+            figures[index].push((first, again));
         }
     }
-    finish(encoder);
-    finish(decoder);
-    println!(
-        "shared budget {} (vram and pin); models {} and {}",
-        vram,
-        size(&bert),
-        size(&llama)
-    );
-    for (index, name) in ["bert (embed 2 texts)", "llama (6 tokens)"]
+    let leases = pool.snapshot();
+    for (model, _) in models.into_iter().chain(alone) {
+        finish(model);
+    }
+    let alone: Vec<(f64, f64)> = alone_runs
         .iter()
-        .enumerate()
-    {
-        let steady_seconds = median(steady[index].clone());
-        let switched_seconds = median(switched[index].clone());
+        .map(|runs| {
+            let seconds = median(runs.iter().map(|run| run.0).collect());
+            (
+                seconds,
+                median(runs.iter().map(|run| run.1 as f64).collect()),
+            )
+        })
+        .collect();
+    println!(
+        "shared budget {vram} B (vram and pin); models {} and {} B; leases at the end {leases:?}",
+        size(&folders[0]),
+        size(&folders[1])
+    );
+    for (index, runs) in figures.iter().enumerate() {
+        let pick =
+            |f: &dyn Fn(&((f64, u64), (f64, u64))) -> f64| median(runs.iter().map(f).collect());
+        let (first_seconds, first_bytes) = (pick(&|run| run.0 .0), pick(&|run| run.0 .1 as f64));
+        let (steady_seconds, steady_bytes) = (pick(&|run| run.1 .0), pick(&|run| run.1 .1 as f64));
         println!(
-            "{name}: alone {:.3} ms; shared, steady {:.3} ms ({:.2}x alone); first after a switch {:.3} ms (switch costs {:.3} ms); bytes moved by a switch {:.0}",
-            alone_seconds[index] * 1e3,
+            "model {index}: alone {:.2} ms, {:.0} B moved per job; shared steady {:.2} ms ({:.2}x alone), {steady_bytes:.0} B per job; first job after a switch {:.2} ms ({:.2} ms more), {first_bytes:.0} B ({:.0} B more)",
+            alone[index].0 * 1e3,
+            alone[index].1,
             steady_seconds * 1e3,
-            steady_seconds / alone_seconds[index],
-            switched_seconds * 1e3,
-            (switched_seconds - steady_seconds) * 1e3,
-            median(switch_bytes[index].clone()),
+            steady_seconds / alone[index].0,
+            first_seconds * 1e3,
+            (first_seconds - steady_seconds) * 1e3,
+            first_bytes - steady_bytes,
         );
     }
 }

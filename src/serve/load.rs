@@ -87,7 +87,10 @@ pub(super) fn load(
     };
     let (jobs, queue) = flume::bounded(queue_depth);
     let (ready, loaded) = flume::bounded(1);
-    let observer = Arc::clone(&telemetry.observer) as Arc<dyn stagehand_actors::Observer>;
+    let observer = telemetry
+        .observer(name)
+        .ok_or_else(|| ServeError::Failed(format!("no pipeline series for {name}")))?
+        as Arc<dyn stagehand_actors::Observer>;
     let batches = Box::new(SeriesBatches(Arc::clone(&series)));
     let shared = shared.map(|pool| SharedMember {
         pool: pool.clone(),

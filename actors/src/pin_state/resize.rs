@@ -108,3 +108,7 @@ impl PinState {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "resize_tests.rs"]
+mod tests;

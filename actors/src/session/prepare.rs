@@ -58,6 +58,23 @@ impl Prepared {
         let plan_in =
             |bytes| VramPlan::new(layout, &order, bytes, config.prefetch_depth, config.policy);
         let mut vram = plan_in(planned_bytes)?;
+        if capacity.is_some() {
+            // The ring's slot size is chosen for the least budget the plan runs in
+            // (blocks too large for it stay resident), since that is what the model
+            // may have to give way down to; the lease's room is planned back after.
+            let least = VramPlan::minimum_capacity_bytes(
+                layout,
+                &order,
+                config.prefetch_depth,
+                config.policy,
+            );
+            match plan_in(least) {
+                Ok(smallest) if least < planned_bytes && smallest.ring_slots > 0 => {
+                    (planned_bytes, vram) = (least, smallest);
+                }
+                _ => {}
+            }
+        }
         if capacity.is_some() && vram.ring_slots == 0 {
             // Everything fits and no ring beside it: plan one block short of that, so
             // the model has a ring to stream through once it must give way.
