@@ -267,8 +267,11 @@ fn two_models_in_turn_under_one_and_a_half_of_them_answer_as_each_alone() {
     );
 }
 
+/// Seconds of a job and the bytes it moved.
+type Timed = (f64, u64);
+
 /// Seconds of `job`, and the bytes `moved` grew by during it.
-fn timed(moved: &std::sync::atomic::AtomicU64, job: impl FnOnce()) -> (f64, u64) {
+fn timed(moved: &std::sync::atomic::AtomicU64, job: impl FnOnce()) -> Timed {
     let before = moved.load(std::sync::atomic::Ordering::Relaxed);
     let started = std::time::Instant::now();
     job();
@@ -384,8 +387,7 @@ fn measure_two_models_in_turn_against_each_alone() {
         size(&folders[1])
     );
     for (index, runs) in figures.iter().enumerate() {
-        let pick =
-            |f: &dyn Fn(&((f64, u64), (f64, u64))) -> f64| median(runs.iter().map(f).collect());
+        let pick = |f: &dyn Fn(&(Timed, Timed)) -> f64| median(runs.iter().map(f).collect());
         let (first_seconds, first_bytes) = (pick(&|run| run.0 .0), pick(&|run| run.0 .1 as f64));
         let (steady_seconds, steady_bytes) = (pick(&|run| run.1 .0), pick(&|run| run.1 .1 as f64));
         println!(
