@@ -12,7 +12,7 @@
 //! total: a model grows only into room another has already given back.
 
 /// Both budgets of one model (or of the pool): VRAM and pinned RAM.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 pub struct Lease {
     /// VRAM budget, in bytes.
     pub vram_bytes: u64,

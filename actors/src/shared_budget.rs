@@ -189,8 +189,11 @@ impl Broker {
     fn begin_use(&mut self, name: &str) -> Result<Lease, PoolError> {
         let (wanted, victims) = self.state.begin_use(name)?;
         self.make_room(wanted, &victims)?;
-        if let (Some(target), Some(handle)) = (self.state.grow_target(name), self.handles.get(name))
-        {
+        // Even without more room, the resize re-plans the model in its lease: blocks
+        // its own activations pushed out (a decoder's KV pages, since given back)
+        // are planned resident again.
+        let target = (self.state.grow_target(name)).unwrap_or_else(|| self.lease_of(name));
+        if let Some(handle) = self.handles.get(name) {
             // A model that cannot take the room (stopped) keeps what it had.
             if let Ok(granted) = handle.resize(target) {
                 self.state.record(name, granted.min(target))?;

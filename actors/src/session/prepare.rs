@@ -59,27 +59,23 @@ impl Prepared {
             |bytes| VramPlan::new(layout, &order, bytes, config.prefetch_depth, config.policy);
         let mut vram = plan_in(planned_bytes)?;
         if capacity.is_some() {
-            // The ring's slot size is chosen for the least budget the plan runs in
-            // (blocks too large for it stay resident), since that is what the model
-            // may have to give way down to; the lease's room is planned back after.
-            let least = VramPlan::minimum_capacity_bytes(
-                layout,
-                &order,
-                config.prefetch_depth,
-                config.policy,
-            );
-            match plan_in(least) {
-                Ok(smallest) if least < planned_bytes && smallest.ring_slots > 0 => {
-                    (planned_bytes, vram) = (least, smallest);
+            // Planned one byte short of everything resident, whatever the lease: the
+            // plan then streams the fewest bytes it can, through a ring of the
+            // smallest slots that allows (blocks larger stay resident), which is the
+            // ring a model that gives way down to its floor wants. A plan made in a
+            // large lease would size the ring for the largest block (spare room), and
+            // one made at the least budget may stream that block through a slot of
+            // its size; either leaves the ring holding what residency should. The
+            // lease's room is planned back after.
+            let everything = plan_in(u64::MAX)?.resident_bytes;
+            let near = everything.saturating_sub(1);
+            if let Ok(streaming) = plan_in(near) {
+                // Only when the lease holds what that plan cannot give way.
+                if streaming.ring_slots > 0 && cannot_give_way(layout, &streaming) <= planned_bytes
+                {
+                    (planned_bytes, vram) = (near, streaming);
                 }
-                _ => {}
             }
-        }
-        if capacity.is_some() && vram.ring_slots == 0 {
-            // Everything fits and no ring beside it: plan one block short of that, so
-            // the model has a ring to stream through once it must give way.
-            planned_bytes = vram.resident_bytes.saturating_sub(1).min(planned_bytes);
-            vram = plan_in(planned_bytes)?;
         }
         let shared = capacity.map(|capacity_bytes| SharedPlan {
             capacity_bytes: capacity_bytes.max(config.vram_budget_bytes),
@@ -203,7 +199,18 @@ impl Prepared {
         };
         // Planned below the lease to keep a ring: the lease's room is planned back.
         let mut state = state.with_capacity(shared.capacity_bytes);
-        state.resize(config.vram_budget_bytes);
+        let resized = state.resize(config.vram_budget_bytes);
+        if resized.budget_bytes > config.vram_budget_bytes {
+            return Err(SessionError::Plan(
+                crate::plan::PlanError::VramBudgetTooSmall {
+                    budget: crate::plan::Bytes(config.vram_budget_bytes),
+                    needed: crate::plan::Bytes(resized.budget_bytes),
+                    largest: crate::plan::Bytes(self.plan.vram.slot_bytes),
+                    depth: config.prefetch_depth,
+                    fits_at_depth: None,
+                },
+            ));
+        }
         Ok(state)
     }
 
@@ -386,6 +393,15 @@ const COMPUTE_MAILBOX: usize = 256;
 /// Streamed blocks past the prefetch window whose disk reads may start early: more than
 /// the staging buffers (at most 3 by default) can hold is never used.
 const READ_AHEAD_BLOCKS: usize = 4;
+
+/// What `plan` keeps whatever its budget: the ring and the blocks too large for a slot.
+fn cannot_give_way(layout: &ModelLayout, plan: &VramPlan) -> u64 {
+    let oversized: u64 = (layout.blocks.iter())
+        .map(|block| crate::arena::align_up(block.bytes))
+        .filter(|&footprint| footprint > plan.slot_bytes)
+        .sum();
+    plan.ring_bytes() + oversized
+}
 
 /// The budget the step order is planned in: the VRAM budget less the expert cache.
 fn planned_budget(
