@@ -3,7 +3,8 @@
 //! about one and a half of them. Each answer equals the model's answer alone with
 //! the whole budget, bit for bit; the two models together never hold more than the
 //! shared budget (checked at every report either makes); the idle one gives way when
-//! the other is used; after shutdown each holds vram 0 B and pinned 0 B.
+//! the other is used; one unloaded while the other runs gives its room back; after
+//! shutdown each holds vram 0 B and pinned 0 B.
 
 mod common;
 
@@ -256,7 +257,29 @@ fn two_models_in_turn_under_one_and_a_half_of_them_answer_as_each_alone() {
             "{leases:?}"
         );
     }
+    // Unloading a model while the other runs: the encoder leaves, and the decoder's
+    // next job grows into the room it gave back, with the same answer.
+    let lease_of = |name: &str| {
+        let leases = pool.snapshot();
+        leases
+            .into_iter()
+            .find(|member| member.name == name)
+            .map(|member| member.lease)
+    };
+    let before = lease_of("llama").unwrap();
     let encoder_stats = finish(encoder);
+    assert_eq!(lease_of("bert"), None, "the encoder left the shared budget");
+    assert_eq!(
+        generate(&decoder),
+        llama_alone,
+        "the decoder's answer changed"
+    );
+    let after = lease_of("llama").unwrap();
+    assert!(
+        after.vram_bytes > before.vram_bytes,
+        "{before:?} → {after:?}"
+    );
+    assert!(after.vram_bytes <= totals.0);
     let decoder_stats = finish(decoder);
     for stats in [encoder_stats, decoder_stats] {
         assert_eq!((stats.vram.used_bytes, stats.pinned.used_bytes), (0, 0));
