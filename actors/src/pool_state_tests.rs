@@ -63,7 +63,7 @@ fn the_least_recent_idle_model_gives_way_first_and_only_down_to_its_floor() {
     joined(&mut pool, "a", ask(10, 60));
     joined(&mut pool, "b", ask(10, 40));
     joined(&mut pool, "c", ask(10, 60));
-    // a holds 60, b 40, c got nothing free... c joined into 0 free: below its floor.
+    // a holds 60 and b 40: c joined into no free room (it holds 0 until it is used).
     let leases: Vec<Lease> = pool.snapshot().iter().map(|member| member.lease).collect();
     assert!(leases
         .iter()
