@@ -31,6 +31,7 @@ use super::{
     Prepared, RunError, RunPlan,
 };
 
+use shared::LeaveOnDrop;
 pub use shared::{open_shared_budget, pool_ask, SharedMember};
 
 pub use jobs::{
@@ -157,6 +158,9 @@ pub fn serve_jobs(
     ready: impl FnOnce(Result<LoadedInfo, RunError>),
 ) -> Result<StatsSnapshot, RunError> {
     let mut ready = Some(ready);
+    // Declared before the session, so dropped after it: whatever way this returns,
+    // the lease is given back only once the session has released every byte.
+    let _leave = LeaveOnDrop(options.shared.clone());
     let started = start_session(&prepared, &options);
     let (mut session, info, compute) = match started {
         Ok(started) => started,
@@ -220,10 +224,6 @@ pub fn serve_jobs(
         ready(Err(RunError::BadInput(failure)));
     }
     let stats = session.finish();
-    if let Some(member) = &options.shared {
-        // Every byte is back: the lease is free for the others.
-        let _ = member.pool.leave(&member.name);
-    }
     outcome.map_err(|error| super::failed_run(error, &stats))?;
     Ok(stats)
 }

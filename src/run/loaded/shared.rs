@@ -49,6 +49,18 @@ impl SharedMember {
     }
 }
 
+/// Leaves the shared budget when dropped (a model's session has finished, or never
+/// started): its lease is free for the others. Leaving twice is harmless.
+pub(super) struct LeaveOnDrop(pub Option<SharedMember>);
+
+impl Drop for LeaveOnDrop {
+    fn drop(&mut self) {
+        if let Some(member) = &self.0 {
+            let _ = member.pool.leave(&member.name);
+        }
+    }
+}
+
 /// Opens a budget of `vram_bytes` of VRAM and `pin_bytes` of pinned RAM to share.
 pub fn open_shared_budget(vram_bytes: u64, pin_bytes: u64) -> Result<SharedBudget, RunError> {
     if vram_bytes == 0 || pin_bytes == 0 {
