@@ -61,3 +61,47 @@ fn an_embedder_and_a_decoder_share_one_budget_in_turn() {
         );
     }
 }
+
+/// `stagehand serve --config FILE` with `text` as the file, expected to exit 2 with a
+/// line containing `needle`.
+fn refused_config(dir: &std::path::Path, text: &str, needle: &str) {
+    let path = dir.join("refused.toml");
+    std::fs::write(&path, text).unwrap();
+    let output = common::process::output_within_deadline(
+        common::stagehand()
+            .arg("serve")
+            .arg("--config")
+            .arg(&path)
+            .args(["--bind", "127.0.0.1:0", "--log", "warn"]),
+    );
+    common::assert_bad_input(&output, &[needle]);
+}
+
+#[test]
+fn a_shared_budget_that_cannot_hold_the_models_is_refused_by_name() {
+    // Proves bad shared budgets are one clear line and exit 2, never a panic: a size
+    // that does not parse, a model's own budget beside [budget], and floors that do
+    // not fit (the first model's lease is given back before the error).
+    let dir = tempfile::tempdir().unwrap();
+    let (bert, llama) = models(dir.path());
+    let models = format!(
+        "[[models]]\nname = \"bert\"\nfolder = \"{}\"\n\n[[models]]\nname = \"llama\"\nfolder = \"{}\"\n",
+        bert.display(),
+        llama.display()
+    );
+    refused_config(
+        dir.path(),
+        &format!("[budget]\nvram_budget = \"lots\"\n\n{models}"),
+        "budget.vram_budget",
+    );
+    refused_config(
+        dir.path(),
+        &format!("[budget]\nvram_budget = \"1GiB\"\n\n{models}\nvram_budget = \"64MiB\"\n"),
+        "models.llama: vram_budget and pin_ceiling cannot be set beside a shared [budget]",
+    );
+    refused_config(
+        dir.path(),
+        &format!("[budget]\nvram_budget = \"3MiB\"\npin_ceiling = \"3MiB\"\n\n{models}"),
+        "the shared budget",
+    );
+}
