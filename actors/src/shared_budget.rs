@@ -218,6 +218,13 @@ impl Broker {
             let before = self.lease_of(victim);
             // A session that has stopped gives nothing now; its leave frees it all.
             if let Ok(granted) = handle.resize(target) {
+                tracing::debug!(
+                    "shared budget: {victim} gave way from vram {} / pin {} to vram {} / pin {}",
+                    crate::Bytes(before.vram_bytes),
+                    crate::Bytes(before.pin_bytes),
+                    crate::Bytes(granted.vram_bytes),
+                    crate::Bytes(granted.pin_bytes)
+                );
                 self.state.record(victim, granted.min(before))?;
             }
         }
