@@ -13,7 +13,7 @@ mod serve_support;
 use std::path::PathBuf;
 
 use common::process::output_within_deadline;
-use serve_support::{models, Server};
+use serve_support::{models, shared_budget_config, Server};
 
 /// The python that imports `openai`: `STAGEHAND_OPENAI_PYTHON`, else the venv the
 /// install script makes.
@@ -34,22 +34,32 @@ fn client_python() -> Option<PathBuf> {
 #[test]
 fn the_openai_client_gets_models_embeddings_completions_chat_streams_and_errors() {
     // Proves a real client library accepts every answer and error shape the server gives.
+    let dir = tempfile::tempdir().unwrap();
+    let (bert, llama) = models(dir.path());
+    let (bert, llama) = (bert.display().to_string(), llama.display().to_string());
+    client_checks(&["--model", &bert, "--model", &llama, "--api-key", "test-key"]);
+}
+
+#[test]
+fn the_openai_client_gets_the_same_from_two_models_sharing_one_budget() {
+    // Proves issue 24's "done when": the client's embeddings and chat with an embedder
+    // and a decoder in one shared budget that holds about one and a half of them.
+    let dir = tempfile::tempdir().unwrap();
+    let (bert, llama) = models(dir.path());
+    let config = shared_budget_config(dir.path(), &bert, &llama);
+    let config = config.display().to_string();
+    client_checks(&["--config", &config, "--api-key", "test-key"]);
+}
+
+/// Runs `tests/serve_openai.py` against `stagehand serve ARGS`.
+fn client_checks(args: &[&str]) {
     let Some(python) = client_python() else {
         eprintln!(
             "SKIPPED: the openai client is not installed (run scripts/install-openai.sh, or set STAGEHAND_OPENAI_PYTHON); CI sets it and fails without it"
         );
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let (bert, llama) = models(dir.path());
-    let server = Server::start(&[
-        "--model",
-        &bert.display().to_string(),
-        "--model",
-        &llama.display().to_string(),
-        "--api-key",
-        "test-key",
-    ]);
+    let server = Server::start(args);
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/serve_openai.py");
     let output = output_within_deadline(
         std::process::Command::new(&python)

@@ -52,12 +52,17 @@ mod mailbox;
 mod messages;
 mod pin_manager;
 mod pin_state;
+mod pool_state;
 mod session;
+mod shared_budget;
 mod vram_allocator;
 
 pub use error::SessionError;
 pub use lora_offloader::{LoraAttach, LoraPack};
 pub use lora_state::{AdapterSummary, LoraSlot, LoraUsage, MAX_ADAPTERS};
+pub use pool_state::{Lease, MemberSnapshot, PoolAsk, PoolError, PoolState};
 pub use session::{
-    ExpertConfig, LocalSession, LoraHandle, Session, SessionConfig, SessionPlan, STOP_POLL,
+    BudgetHandle, ExpertConfig, LocalSession, LoraHandle, Session, SessionConfig, SessionPlan,
+    STOP_POLL,
 };
+pub use shared_budget::SharedBudget;

@@ -239,3 +239,23 @@ pub struct Invalidate {
 pub struct Hint {
     pub blocks: Vec<BlockId>,
 }
+
+/// Run time, from a shared budget's broker: make this session's budgets `lease` (give
+/// way block by block, or take room). Answers the budgets now in force.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Resize {
+    pub lease: crate::pool_state::Lease,
+    pub reply: Reply<Result<crate::pool_state::Lease, SessionError>>,
+}
+
+/// VramAllocator → PinManager: the pinned part of a [`Resize`], with the blocks VRAM
+/// streams now (the ones the pinned cache may hold) and the VRAM budget granted.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ResizePins {
+    pub ceiling_bytes: u64,
+    pub streamed: Vec<bool>,
+    pub vram_bytes: u64,
+    pub reply: Reply<Result<crate::pool_state::Lease, SessionError>>,
+}

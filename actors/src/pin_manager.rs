@@ -233,6 +233,7 @@ impl PinManager {
 
 mod chunks;
 mod lora_pins;
+mod resize;
 
 use chunks::ChunkStream;
 

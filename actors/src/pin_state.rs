@@ -392,6 +392,7 @@ impl PinState {
 }
 
 mod read_ahead;
+mod resize;
 
 pub use read_ahead::AheadDone;
 

@@ -99,7 +99,7 @@ impl StepOrder {
     }
 
     /// Blocks by descending max-scatter priority of their first position.
-    fn by_priority(&self) -> Vec<BlockId> {
+    pub(crate) fn by_priority(&self) -> Vec<BlockId> {
         let mut blocks: Vec<(u16, usize, BlockId)> = self
             .positions
             .iter()

@@ -63,11 +63,13 @@ mod config;
 mod core;
 mod local;
 mod prepare;
+mod shared;
 
 use self::core::{queue_when_room, try_queue, Core, Queued, MAX_MISS_ATTEMPTS};
 pub use config::{ExpertConfig, SessionConfig, SessionPlan};
 pub use local::LocalSession;
 use prepare::Prepared;
+pub use shared::BudgetHandle;
 
 /// A held LoRA pack: its factors' place in VRAM. Move-only, released once by
 /// [`Session::release_lora`]; a distinct type, so a pack can never be released into
@@ -124,7 +126,28 @@ impl Session {
         storage: Arc<dyn Storage>,
         observer: Arc<dyn Observer>,
     ) -> Result<Self, SessionError> {
-        let prepared = Prepared::new(&config, experts, &layout, order)?;
+        Self::start_inner(
+            config,
+            experts,
+            None,
+            (layout, order),
+            device,
+            storage,
+            observer,
+        )
+    }
+
+    /// Starts the actors; `capacity` is the arena of a shared budget (see `shared`).
+    fn start_inner(
+        config: SessionConfig,
+        experts: Option<ExpertConfig>,
+        capacity: Option<u64>,
+        (layout, order): (ModelLayout, Vec<BlockId>),
+        device: Arc<dyn Device>,
+        storage: Arc<dyn Storage>,
+        observer: Arc<dyn Observer>,
+    ) -> Result<Self, SessionError> {
+        let prepared = Prepared::new(&config, experts, &layout, order, capacity)?;
         let memory_space = device.memory_space();
         let (sender, receiver) = flume::bounded(1);
         let moved = prepared.clone();

@@ -265,6 +265,7 @@ impl VramAllocator {
 }
 
 mod lora_regions;
+mod resize;
 
 impl Actor for VramAllocator {
     type Context = Context<Self>;

@@ -86,6 +86,8 @@ pub struct VramState {
     depth: u32,
     table: Arc<ResidencyTable>,
     budget_bytes: u64,
+    /// The arena's size: the most a shared budget may grow this one to.
+    capacity_bytes: u64,
     ring_area_bytes: u64,
     resident_area: FreeList,
     activation_bytes: u64,
@@ -135,6 +137,7 @@ impl VramState {
             depth,
             table,
             budget_bytes,
+            capacity_bytes: budget_bytes,
             ring_area_bytes,
             resident_area: FreeList::new(resident_capacity),
             activation_bytes: 0,
@@ -464,6 +467,7 @@ impl VramState {
 
 mod experts;
 mod reservations;
+mod resize;
 mod ring;
 
 use experts::ExpertArea;

@@ -22,8 +22,47 @@ pub struct ServeConfig {
     pub settings: Option<PathBuf>,
     #[serde(default)]
     pub limits: Limits,
+    /// One VRAM budget and pin ceiling every model shares (ranked by recency of use);
+    /// without it each model has its own.
+    #[serde(default)]
+    pub budget: Option<SharedBudgetConfig>,
     #[serde(default)]
     pub models: Vec<ModelConfig>,
+}
+
+/// `[budget]`: the budgets the models share.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SharedBudgetConfig {
+    /// VRAM every model together may use (`"24GiB"`).
+    pub vram_budget: String,
+    /// Pinned RAM every model together may hold; default: what the host can spare.
+    #[serde(default)]
+    pub pin_ceiling: Option<String>,
+}
+
+impl SharedBudgetConfig {
+    /// The shared VRAM budget and pin ceiling in bytes (`None`: the host's spare RAM).
+    pub fn bytes(&self) -> Result<(u64, Option<u64>), String> {
+        let parse = |key: &str, text: &str| {
+            text.parse::<bytesize::ByteSize>()
+                .ok()
+                .map(|size| size.as_u64())
+                .filter(|&bytes| bytes > 0)
+                .ok_or_else(|| {
+                    format!(
+                        "budget.{key} = \"{text}\" is not a size above 0 (for example \"24GiB\")"
+                    )
+                })
+        };
+        let vram = parse("vram_budget", &self.vram_budget)?;
+        let pin = self
+            .pin_ceiling
+            .as_deref()
+            .map(|text| parse("pin_ceiling", text))
+            .transpose()?;
+        Ok((vram, pin))
+    }
 }
 
 impl Default for ServeConfig {
@@ -33,6 +72,7 @@ impl Default for ServeConfig {
             api_key: None,
             settings: None,
             limits: Limits::default(),
+            budget: None,
             models: Vec::new(),
         }
     }
@@ -200,8 +240,18 @@ impl ServeConfig {
         if self.api_key.as_deref() == Some("") {
             return Err("api_key is empty: remove it to serve without a key".into());
         }
+        if let Some(budget) = &self.budget {
+            budget.bytes()?;
+        }
         for (index, model) in self.models.iter().enumerate() {
             validate_model(model)?;
+            let own = model.vram_budget.is_some() || model.pin_ceiling.is_some();
+            if self.budget.is_some() && own {
+                return Err(format!(
+                    "models.{}: vram_budget and pin_ceiling cannot be set beside a shared [budget] (each model takes its share of it); remove them or the [budget] table",
+                    model.name
+                ));
+            }
             if self.models[..index]
                 .iter()
                 .any(|other| other.name == model.name)

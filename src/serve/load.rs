@@ -7,14 +7,16 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use serde_json::Value;
-use stagehand_actors::StatsSnapshot;
+use stagehand_actors::{SharedBudget, StatsSnapshot};
 
 use crate::families::llama::ExpertHint;
 use crate::families::llama::Sampling;
 use crate::families::{DecoderInput, EncoderInput, Extras, PromptInput, WorkloadKind};
 use crate::lora::LoraSpec;
 use crate::model::ModelFolder;
-use crate::run::loaded::{serve_jobs, BatchLimits, BatchObserver, LoadedInfo, LoadedOptions};
+use crate::run::loaded::{
+    serve_jobs, BatchLimits, BatchObserver, LoadedInfo, LoadedOptions, SharedMember,
+};
 use crate::run::{prepare_with, RunError};
 use crate::settings::{self, SettingsArgs};
 use crate::telemetry::serving::{ModelSeries, ServeTelemetry};
@@ -42,6 +44,7 @@ pub(super) fn load(
     config: &ServeConfig,
     base: &SettingsArgs,
     telemetry: &ServeTelemetry,
+    shared: Option<&SharedBudget>,
 ) -> Result<(ServedModel, Worker), ServeError> {
     let name = &model.name;
     let bad = |problem: String| ServeError::BadInput(format!("models.{name}: {problem}"));
@@ -84,8 +87,15 @@ pub(super) fn load(
     };
     let (jobs, queue) = flume::bounded(queue_depth);
     let (ready, loaded) = flume::bounded(1);
-    let observer = Arc::clone(&telemetry.observer) as Arc<dyn stagehand_actors::Observer>;
+    let observer = telemetry
+        .observer(name)
+        .ok_or_else(|| ServeError::Failed(format!("no pipeline series for {name}")))?
+        as Arc<dyn stagehand_actors::Observer>;
     let batches = Box::new(SeriesBatches(Arc::clone(&series)));
+    let shared = shared.map(|pool| SharedMember {
+        pool: pool.clone(),
+        name: name.clone(),
+    });
     let worker = std::thread::Builder::new()
         .name(format!("serve-{name}"))
         .spawn(move || {
@@ -94,6 +104,7 @@ pub(super) fn load(
                 limits,
                 observer,
                 batches,
+                shared,
             };
             serve_jobs(prepared, options, queue, |info| {
                 let _ = ready.send(info);
@@ -192,6 +203,35 @@ pub(super) fn join(worker: Worker) -> Result<StatsSnapshot, ServeError> {
     }
 }
 
+/// The budget every model shares, when the config has a `[budget]` table; its pin
+/// ceiling defaults to what the host can spare under the server's settings.
+pub(super) fn shared_budget(
+    config: &ServeConfig,
+    base: &SettingsArgs,
+) -> Result<Option<SharedBudget>, ServeError> {
+    let Some(budget) = &config.budget else {
+        return Ok(None);
+    };
+    let (vram, pin) = budget.bytes().map_err(ServeError::BadInput)?;
+    let pin = match pin {
+        Some(pin) => pin,
+        None => {
+            let mut args = base.clone();
+            if args.config.is_none() {
+                args.config = config.settings.clone();
+            }
+            let settings = settings::load(&args)
+                .map_err(|error| ServeError::BadInput(error.to_string()))?
+                .settings;
+            let available = crate::run::available_ram_bytes().unwrap_or(0);
+            crate::run::memory::pinnable_bytes(available, &settings)
+        }
+    };
+    crate::run::loaded::open_shared_budget(vram, pin)
+        .map(Some)
+        .map_err(|error| ServeError::BadInput(error.to_string()))
+}
+
 /// The server's settings (file and flags) with the model's own budgets over them.
 fn model_settings(
     model: &ModelConfig,
@@ -212,7 +252,7 @@ fn share_pin_ceiling(mut settings: settings::Settings, config: &ServeConfig) -> 
         .iter()
         .filter(|model| model.pin_ceiling.is_none())
         .count() as u64;
-    if settings.pin_ceiling.is_some() || sharing < 2 {
+    if settings.pin_ceiling.is_some() || sharing < 2 || config.budget.is_some() {
         return settings;
     }
     if let Some(available) = crate::run::available_ram_bytes() {

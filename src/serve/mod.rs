@@ -75,10 +75,17 @@ pub fn serve(options: ServeOptions) -> Result<ServeReport, ServeError> {
         .collect();
     let telemetry =
         ServeTelemetry::new(&names).map_err(|error| ServeError::Failed(error.to_string()))?;
+    let shared = load::shared_budget(&config, &options.settings)?;
     let mut models = Vec::new();
     let mut workers = Vec::new();
     for model in &config.models {
-        let loaded = load::load(model, &config, &options.settings, &telemetry);
+        let loaded = load::load(
+            model,
+            &config,
+            &options.settings,
+            &telemetry,
+            shared.as_ref(),
+        );
         let (served, worker) = match loaded {
             Ok(loaded) => loaded,
             Err(error) => {

@@ -7,6 +7,7 @@ mod fit;
 mod from_folder;
 mod from_index;
 pub mod harness;
+mod mix;
 mod model;
 mod output;
 mod policy;
@@ -21,6 +22,7 @@ pub use depth::{
     SEARCH_STEPS, TIE_RELATIVE,
 };
 pub use fit::{Bottleneck, FitCheck, FitFailure, FitSettings, RAM_FLOOR_MIN_BYTES};
+pub use mix::{simulate_mix, MixError, MixModel, MixPrediction};
 pub use model::{BlockDesc, ExpertDesc, ModelDescription};
 pub use output::{OutputRate, OutputUnit, StepOutput};
 pub use policy::Policy;

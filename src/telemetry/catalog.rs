@@ -346,7 +346,9 @@ pub fn markdown_table() -> String {
          when this file is out of date and prints the expected text.\n\n\
          Serve them with `stagehand run --metrics-addr 127.0.0.1:9464` (or `metrics_addr` in the \
          settings) and import `dashboards/stagehand.json` into Grafana; `dashboards/rules.yml` \
-         holds the recording rules and alerts.\n\n\
+         holds the recording rules and alerts. Under `stagehand serve` every series also \
+         carries `model` (the served model's name): each model's tiers, links and steps \
+         are its own.\n\n\
          | name | type | unit | labels | description |\n\
          |---|---|---|---|---|\n",
     );

@@ -67,36 +67,41 @@ struct TierGauges {
 /// Registers handles against one recorder; the metadata only names where they came from.
 struct Registrar<'a> {
     recorder: &'a dyn Recorder,
+    /// A `model` label on every series (a server with several models), if any.
+    model: Option<&'a str>,
 }
 
 static METADATA: Metadata<'static> =
     Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
 
 impl Registrar<'_> {
-    fn key(name: &'static str, labels: &[(&'static str, &'static str)]) -> Key {
-        let labels: Vec<Label> = labels
+    fn key(&self, name: &'static str, labels: &[(&'static str, &'static str)]) -> Key {
+        let mut labels: Vec<Label> = labels
             .iter()
             .map(|(key, value)| Label::from_static_parts(key, value))
             .collect();
+        if let Some(model) = self.model {
+            labels.push(Label::new("model", model.to_string()));
+        }
         Key::from_parts(name, labels)
     }
 
     fn counter(&self, name: &'static str, labels: &[(&'static str, &'static str)]) -> Counter {
         debug_assert!(catalog::find(name).is_some(), "{name} is not declared");
         self.recorder
-            .register_counter(&Self::key(name, labels), &METADATA)
+            .register_counter(&self.key(name, labels), &METADATA)
     }
 
     fn gauge(&self, name: &'static str, labels: &[(&'static str, &'static str)]) -> Gauge {
         debug_assert!(catalog::find(name).is_some(), "{name} is not declared");
         self.recorder
-            .register_gauge(&Self::key(name, labels), &METADATA)
+            .register_gauge(&self.key(name, labels), &METADATA)
     }
 
     fn histogram(&self, name: &'static str, labels: &[(&'static str, &'static str)]) -> Histogram {
         debug_assert!(catalog::find(name).is_some(), "{name} is not declared");
         self.recorder
-            .register_histogram(&Self::key(name, labels), &METADATA)
+            .register_histogram(&self.key(name, labels), &METADATA)
     }
 }
 
@@ -138,8 +143,20 @@ impl PrometheusObserver {
         handle: PrometheusHandle,
         server: Option<MetricsServer>,
     ) -> Self {
+        Self::register_labelled(recorder, handle, server, None)
+    }
+
+    /// As [`PrometheusObserver::register`], every series labelled `model="MODEL"`:
+    /// one observer per model of a server, so one model's bytes never show in
+    /// another's figures.
+    pub(super) fn register_labelled(
+        recorder: &dyn Recorder,
+        handle: PrometheusHandle,
+        server: Option<MetricsServer>,
+        model: Option<&str>,
+    ) -> Self {
         describe_all(recorder);
-        let registrar = Registrar { recorder };
+        let registrar = Registrar { recorder, model };
         let transferred_bytes = Link::ALL.map(|link| {
             OWNERS.map(|owner| {
                 registrar.counter(

@@ -52,10 +52,10 @@ fn outcome_index(outcome: &str) -> Option<usize> {
     outcomes().iter().position(|known| *known == outcome)
 }
 
-/// The server's metrics: the pipeline's observer and each model's series.
+/// The server's metrics: each model's pipeline observer (its tiers, links and steps
+/// labelled by `model`) and its serving series.
 pub struct ServeTelemetry {
-    pub observer: Arc<PrometheusObserver>,
-    models: Vec<(String, Arc<ModelSeries>)>,
+    models: Vec<(String, Arc<ModelSeries>, Arc<PrometheusObserver>)>,
     handle: PrometheusHandle,
 }
 
@@ -64,28 +64,39 @@ impl ServeTelemetry {
     pub fn new(models: &[String]) -> Result<Self, TelemetryError> {
         let recorder: PrometheusRecorder = super::server::builder()?.build_recorder();
         let handle = recorder.handle();
-        let observer = Arc::new(PrometheusObserver::register(
-            &recorder,
-            handle.clone(),
-            None,
-        ));
         let models = models
             .iter()
-            .map(|model| (model.clone(), Arc::new(series(&recorder, model))))
+            .map(|model| {
+                let observer = PrometheusObserver::register_labelled(
+                    &recorder,
+                    handle.clone(),
+                    None,
+                    Some(model),
+                );
+                (
+                    model.clone(),
+                    Arc::new(series(&recorder, model)),
+                    Arc::new(observer),
+                )
+            })
             .collect();
-        Ok(Self {
-            observer,
-            models,
-            handle,
-        })
+        Ok(Self { models, handle })
     }
 
     /// The series of `model`, if it is served.
     pub fn model(&self, model: &str) -> Option<Arc<ModelSeries>> {
         self.models
             .iter()
-            .find(|(name, _)| name == model)
-            .map(|(_, series)| Arc::clone(series))
+            .find(|(name, _, _)| name == model)
+            .map(|(_, series, _)| Arc::clone(series))
+    }
+
+    /// The pipeline observer of `model`, if it is served.
+    pub fn observer(&self, model: &str) -> Option<Arc<PrometheusObserver>> {
+        self.models
+            .iter()
+            .find(|(name, _, _)| name == model)
+            .map(|(_, _, observer)| Arc::clone(observer))
     }
 
     /// The exposition of every series, as `/metrics` serves it.

@@ -302,3 +302,32 @@ pub fn eventually(what: &str, mut check: impl FnMut() -> bool) {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// A serve config in `dir` with `bert` and `llama` sharing one `[budget]` that holds
+/// about one and a half of them (three quarters of their weights together).
+pub fn shared_budget_config(dir: &Path, bert: &Path, llama: &Path) -> PathBuf {
+    let weights = |folder: &Path| -> u64 {
+        std::fs::read_dir(folder)
+            .unwrap()
+            .flatten()
+            .filter(|entry| {
+                entry
+                    .path()
+                    .extension()
+                    .is_some_and(|ext| ext == "safetensors")
+            })
+            .map(|entry| entry.metadata().unwrap().len())
+            .sum()
+    };
+    let shared = (weights(bert) + weights(llama)) * 3 / 4;
+    let text = format!(
+        "[budget]\nvram_budget = \"{shared}B\"\npin_ceiling = \"{shared}B\"\n\n\
+         [[models]]\nname = \"bert\"\nfolder = \"{}\"\n\n\
+         [[models]]\nname = \"llama\"\nfolder = \"{}\"\n",
+        bert.display(),
+        llama.display()
+    );
+    let path = dir.join("shared.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}

@@ -35,7 +35,7 @@ impl LocalSession {
         storage: Arc<dyn Storage>,
         observer: Arc<dyn Observer>,
     ) -> Result<Self, SessionError> {
-        let prepared = Prepared::new(&config, None, &layout, order)?;
+        let prepared = Prepared::new(&config, None, &layout, order, None)?;
         let memory_space = device.memory_space();
         let wiring = prepared
             .clone()

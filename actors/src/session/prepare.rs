@@ -33,6 +33,16 @@ pub(super) struct Prepared {
     order: StepOrder,
     plan: SessionPlan,
     stats: Arc<Stats>,
+    /// In a shared budget: the arena (the whole shared VRAM budget) and the budget
+    /// the order is planned in before the lease is applied (one that keeps a ring).
+    shared: Option<SharedPlan>,
+}
+
+/// How a session in a shared budget is planned (see `shared`).
+#[derive(Clone, Copy)]
+struct SharedPlan {
+    capacity_bytes: u64,
+    planned_bytes: u64,
 }
 
 impl Prepared {
@@ -41,15 +51,36 @@ impl Prepared {
         experts: Option<ExpertConfig>,
         layout: &ModelLayout,
         order: Vec<BlockId>,
+        capacity: Option<u64>,
     ) -> Result<Self, SessionError> {
         let order = StepOrder::new(order, layout.len())?;
-        let vram = VramPlan::new(
-            layout,
-            &order,
-            planned_budget(config, experts)?,
-            config.prefetch_depth,
-            config.policy,
-        )?;
+        let mut planned_bytes = planned_budget(config, experts)?;
+        let plan_in =
+            |bytes| VramPlan::new(layout, &order, bytes, config.prefetch_depth, config.policy);
+        let mut vram = plan_in(planned_bytes)?;
+        if capacity.is_some() {
+            // Planned one byte short of everything resident, whatever the lease: the
+            // plan then streams the fewest bytes it can, through a ring of the
+            // smallest slots that allows (blocks larger stay resident), which is the
+            // ring a model that gives way down to its floor wants. A plan made in a
+            // large lease would size the ring for the largest block (spare room), and
+            // one made at the least budget may stream that block through a slot of
+            // its size; either leaves the ring holding what residency should. The
+            // lease's room is planned back after.
+            let everything = plan_in(u64::MAX)?.resident_bytes;
+            let near = everything.saturating_sub(1);
+            if let Ok(streaming) = plan_in(near) {
+                // Only when the lease holds what that plan cannot give way.
+                if streaming.ring_slots > 0 && cannot_give_way(layout, &streaming) <= planned_bytes
+                {
+                    (planned_bytes, vram) = (near, streaming);
+                }
+            }
+        }
+        let shared = capacity.map(|capacity_bytes| SharedPlan {
+            capacity_bytes: capacity_bytes.max(config.vram_budget_bytes),
+            planned_bytes,
+        });
         let staging = match config.fast_disk_chunk_bytes {
             Some(buffer_bytes) => Staging::Chunks {
                 buffers: config.staging_buffers,
@@ -70,6 +101,7 @@ impl Prepared {
             order,
             plan: SessionPlan { vram, pins },
             stats: Arc::new(Stats::default()),
+            shared,
         })
     }
 
@@ -87,8 +119,11 @@ impl Prepared {
         let observer: Arc<dyn Observer> = Arc::new(Tee(self.stats.clone(), observer));
         let vram = self.vram_state(&config, experts, &layout)?;
         let mut pins = self.pin_state(&config, &layout);
+        let arena_bytes = self
+            .shared
+            .map_or(config.vram_budget_bytes, |shared| shared.capacity_bytes);
         let arena = device
-            .allocate_arena(config.vram_budget_bytes)
+            .allocate_arena(arena_bytes)
             .map_err(|error| SessionError::Device(error.to_string()))?;
         // The staging ring is allocated here, before any actor starts: a ring that
         // cannot be pinned fails the start with a clear error, instead of leaving every
@@ -138,10 +173,14 @@ impl Prepared {
         experts: Option<ExpertConfig>,
         layout: &ModelLayout,
     ) -> Result<VramState, SessionError> {
+        let planned_bytes = match self.shared {
+            Some(shared) => shared.planned_bytes,
+            None => planned_budget(config, experts)?,
+        };
         let mut state = VramState::new(
             layout,
             self.order.clone(),
-            planned_budget(config, experts)?,
+            planned_bytes,
             config.prefetch_depth,
             config.policy,
             self.table.clone(),
@@ -154,7 +193,25 @@ impl Prepared {
         if let Some(experts) = experts {
             state = state.with_experts(experts.slots, experts.slot_bytes, experts.policy);
         }
-        Ok(state.with_activation_room(config.activation_reserve_bytes))
+        let state = state.with_activation_room(config.activation_reserve_bytes);
+        let Some(shared) = self.shared else {
+            return Ok(state);
+        };
+        // Planned below the lease to keep a ring: the lease's room is planned back.
+        let mut state = state.with_capacity(shared.capacity_bytes);
+        let resized = state.resize(config.vram_budget_bytes);
+        if resized.budget_bytes > config.vram_budget_bytes {
+            return Err(SessionError::Plan(
+                crate::plan::PlanError::VramBudgetTooSmall {
+                    budget: crate::plan::Bytes(config.vram_budget_bytes),
+                    needed: crate::plan::Bytes(resized.budget_bytes),
+                    largest: crate::plan::Bytes(self.plan.vram.slot_bytes),
+                    depth: config.prefetch_depth,
+                    fits_at_depth: None,
+                },
+            ));
+        }
+        Ok(state)
     }
 
     /// The pin manager's state: the pin plan, within the ceiling (and the chunk ring).
@@ -336,6 +393,15 @@ const COMPUTE_MAILBOX: usize = 256;
 /// Streamed blocks past the prefetch window whose disk reads may start early: more than
 /// the staging buffers (at most 3 by default) can hold is never used.
 const READ_AHEAD_BLOCKS: usize = 4;
+
+/// What `plan` keeps whatever its budget: the ring and the blocks too large for a slot.
+fn cannot_give_way(layout: &ModelLayout, plan: &VramPlan) -> u64 {
+    let oversized: u64 = (layout.blocks.iter())
+        .map(|block| crate::arena::align_up(block.bytes))
+        .filter(|&footprint| footprint > plan.slot_bytes)
+        .sum();
+    plan.ring_bytes() + oversized
+}
 
 /// The budget the step order is planned in: the VRAM budget less the expert cache.
 fn planned_budget(

@@ -31,7 +31,7 @@ impl VramState {
     /// The blocks the plan keeps resident (placed or still to load), LoRA regions, the
     /// ring and expert areas whole, and activations: what a new activation
     /// reservation must fit beside.
-    fn committed_bytes(&self) -> u64 {
+    pub(super) fn committed_bytes(&self) -> u64 {
         self.planned_resident_bytes()
             + self.lora_bytes
             + self.resident_base()
@@ -122,7 +122,7 @@ impl VramState {
 
     /// Evicts the evictable resident block of lowest max-scatter priority (its first
     /// position in the order, bit-reversed) and streams it from now on.
-    fn evict_lowest_priority(&mut self) -> Option<BlockId> {
+    pub(super) fn evict_lowest_priority(&mut self) -> Option<BlockId> {
         let victim = self.planned_resident().min_by_key(|&block| {
             self.order
                 .first_position(block)

@@ -36,7 +36,7 @@ pub(super) fn run(decoder: &mut Decoder, context: &mut Context<'_, '_>) -> Resul
             if closed {
                 return Ok(());
             }
-            match context.jobs.recv() {
+            match context.next_job() {
                 Ok(job) => admit(decoder, context, job, &mut active)?,
                 Err(_) => return Ok(()),
             }

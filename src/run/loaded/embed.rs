@@ -30,7 +30,7 @@ pub(super) fn run(
     loop {
         let first = match held.take() {
             Some(first) => first,
-            None => match context.jobs.recv() {
+            None => match context.next_job() {
                 Ok(job) => match gather(encoder, folder, job) {
                     Some(first) => first,
                     None => continue,

@@ -13,6 +13,7 @@
 mod decode;
 mod embed;
 mod jobs;
+mod shared;
 
 use std::sync::Arc;
 
@@ -29,6 +30,9 @@ use super::{
     budgets_for, execute::session_configs, fitting_depth, open_model_storage, BudgetAsk, Budgets,
     Prepared, RunError, RunPlan,
 };
+
+use shared::LeaveOnDrop;
+pub use shared::{open_shared_budget, pool_ask, SharedMember};
 
 pub use jobs::{
     BatchLimits, Cancel, CancelOnDrop, EmbedJob, Embedded, FinishReason, Finished, GenerateJob,
@@ -64,9 +68,29 @@ pub(super) struct Context<'c, 's> {
     pub jobs: &'c flume::Receiver<Job>,
     pub limits: BatchLimits,
     pub batches: Box<dyn BatchObserver>,
+    /// The model's place in a shared budget, if it has one.
+    pub member: Option<&'c SharedMember>,
 }
 
 impl Context<'_, '_> {
+    /// The next job, waiting for one if none is queued. In a shared budget the model
+    /// says it is idle while it waits, and asks for room before the job runs.
+    fn next_job(&mut self) -> Result<Job, flume::RecvError> {
+        let job = match self.jobs.try_recv() {
+            Ok(job) => job,
+            Err(_) => {
+                if let Some(member) = self.member {
+                    member.end_use();
+                }
+                self.jobs.recv()?
+            }
+        };
+        if let Some(member) = self.member {
+            member.begin_use();
+        }
+        Ok(job)
+    }
+
     /// Ends a step: holds given back, the session told.
     fn end_step(&mut self) -> Result<(), FamilyError> {
         self.blocks.drain(self.compute)?;
@@ -94,6 +118,8 @@ pub struct LoadedOptions<'a> {
     /// The session's observer (transfers, tiers: the existing catalog).
     pub observer: Arc<dyn Observer>,
     pub batches: Box<dyn BatchObserver>,
+    /// Share one budget with other models (its lease replaces the budget policy's).
+    pub shared: Option<SharedMember>,
 }
 
 /// The budgets a loaded model runs under: the one policy, asked for the longest
@@ -132,6 +158,9 @@ pub fn serve_jobs(
     ready: impl FnOnce(Result<LoadedInfo, RunError>),
 ) -> Result<StatsSnapshot, RunError> {
     let mut ready = Some(ready);
+    // Declared before the session, so dropped after it: whatever way this returns,
+    // the lease is given back only once the session has released every byte.
+    let _leave = LeaveOnDrop(options.shared.clone());
     let started = start_session(&prepared, &options);
     let (mut session, info, compute) = match started {
         Ok(started) => started,
@@ -163,6 +192,7 @@ pub fn serve_jobs(
             jobs: &jobs,
             limits: options.limits,
             batches: options.batches,
+            member: options.shared.as_ref(),
         };
         let folder = prepared.folder.clone();
         match &mut prepared.workload.model {
@@ -209,11 +239,22 @@ fn start_session(
         ));
     }
     let settings = options.settings;
-    let budgets = loaded_budgets(prepared, settings, options.limits);
     let ask = BudgetAsk::steps(ask_steps(prepared, options.limits));
-    let depth = fitting_depth(prepared, settings, budgets, ask);
+    let (budgets, depth) = match &options.shared {
+        Some(member) => shared_budgets(prepared, settings, ask, member)?,
+        None => {
+            let budgets = loaded_budgets(prepared, settings, options.limits);
+            (budgets, fitting_depth(prepared, settings, budgets, ask))
+        }
+    };
     let layout = prepared.workload.layout().clone();
-    let capacity = budgets.vram_budget_bytes.max(layout.largest_block_bytes());
+    let arena = options
+        .shared
+        .as_ref()
+        .map(|member| member.capacity_bytes());
+    let capacity = arena
+        .unwrap_or(budgets.vram_budget_bytes)
+        .max(layout.largest_block_bytes());
     let device = CpuDevice::new(capacity).map_err(|error| RunError::Failed(error.to_string()))?;
     let streams = budgets.vram_budget_bytes < layout.total_bytes();
     let compute = CpuCompute::with_threads(settings.compute_threads_for(streams));
@@ -221,20 +262,73 @@ fn start_session(
     plan.prefetch_depth = depth;
     let (config, experts) = session_configs(prepared, &plan)?;
     let storage = open_model_storage(&prepared.index, settings, None)?;
-    let session = Session::start_with_experts(
-        config,
-        experts,
-        layout.clone(),
-        prepared.workload.order(),
-        Arc::new(device),
-        storage,
-        Arc::clone(&options.observer),
-    )
-    .map_err(|error| RunError::BadInput(error.to_string()))?;
+    let order = prepared.workload.order();
+    let device: Arc<dyn stagehand_actors::Device> = Arc::new(device);
+    let observer = Arc::clone(&options.observer);
+    let started = match arena {
+        Some(arena) => Session::start_shared(
+            config,
+            experts,
+            arena,
+            layout.clone(),
+            order,
+            device,
+            storage,
+            observer,
+        ),
+        None => Session::start_with_experts(
+            config,
+            experts,
+            layout.clone(),
+            order,
+            device,
+            storage,
+            observer,
+        ),
+    };
+    let session = match (started, &options.shared) {
+        (Ok(session), Some(member)) => {
+            let attached = member.pool.attach(&member.name, session.budget_handle());
+            attached.map_err(|error| RunError::Failed(error.to_string()))?;
+            session
+        }
+        (Ok(session), None) => session,
+        (Err(error), shared) => {
+            if let Some(member) = shared {
+                let _ = member.pool.leave(&member.name);
+            }
+            return Err(RunError::BadInput(error.to_string()));
+        }
+    };
     let info = LoadedInfo {
         kind: prepared.facts().kind(),
         budgets,
         model_bytes: layout.total_bytes(),
     };
     Ok((session, info, compute))
+}
+
+/// A model's budgets in a shared budget: the lease the broker grants it (others give
+/// way first), at the deepest prefetch the whole budget fits.
+fn shared_budgets(
+    prepared: &Prepared,
+    settings: &Settings,
+    ask: BudgetAsk,
+    member: &SharedMember,
+) -> Result<(Budgets, u32), RunError> {
+    let whole = member.pool_total();
+    let whole = Budgets {
+        vram_budget_bytes: whole.vram_bytes,
+        pin_ceiling_bytes: whole.pin_bytes,
+    };
+    let depth = fitting_depth(prepared, settings, whole, ask);
+    let lease = member
+        .pool
+        .join(&member.name, pool_ask(prepared, settings, depth, ask))
+        .map_err(|error| RunError::BadInput(error.to_string()))?;
+    let budgets = Budgets {
+        vram_budget_bytes: lease.vram_bytes,
+        pin_ceiling_bytes: lease.pin_bytes,
+    };
+    Ok((budgets, depth))
 }

@@ -1,0 +1,99 @@
+//! Loaded models that share one VRAM budget and one pin ceiling (serve's `[budget]`,
+//! or an embedder's own [`SharedBudget`]): each keeps its own session, started with
+//! the arena of the whole shared VRAM budget and a lease of it; before each job the
+//! model asks the broker for room (the others give way, least recently used first,
+//! block by block), and between jobs it says it is idle.
+//!
+//! What a model asks: its floor is the least its plan runs in (the ring at its
+//! prefetch depth, blocks too large to stream, an expert cache, the first
+//! activations; the staging ring of pinned RAM), its want what it would use alone
+//! (every block resident beside the ring and the activations of a full batch;
+//! every block pinned).
+
+use stagehand_actors::{Lease, PoolAsk, SharedBudget};
+
+use crate::run::{BudgetAsk, Prepared, RunError};
+use crate::settings::Settings;
+use stagehand_actors::arena_bytes;
+
+/// One model's place in a shared budget.
+#[derive(Clone)]
+pub struct SharedMember {
+    /// The broker.
+    pub pool: SharedBudget,
+    /// The model's name in it (serve's model name).
+    pub name: String,
+}
+
+impl SharedMember {
+    /// The whole shared budget: each member's arena is its VRAM part.
+    pub fn pool_total(&self) -> Lease {
+        self.pool.total()
+    }
+
+    /// The arena a member's session starts with: the whole shared VRAM budget.
+    pub fn capacity_bytes(&self) -> u64 {
+        self.pool.total().vram_bytes
+    }
+
+    /// The model is about to run a job: it is ranked first and grown toward its want.
+    pub fn begin_use(&self) {
+        if let Err(error) = self.pool.begin_use(&self.name) {
+            tracing::warn!("shared budget: {}: {error}", self.name);
+        }
+    }
+
+    /// The model waits for a job: it gives way first.
+    pub fn end_use(&self) {
+        self.pool.end_use(&self.name);
+    }
+}
+
+/// Leaves the shared budget when dropped (a model's session has finished, or never
+/// started): its lease is free for the others. Leaving twice is harmless.
+pub(super) struct LeaveOnDrop(pub Option<SharedMember>);
+
+impl Drop for LeaveOnDrop {
+    fn drop(&mut self) {
+        if let Some(member) = &self.0 {
+            let _ = member.pool.leave(&member.name);
+        }
+    }
+}
+
+/// Opens a budget of `vram_bytes` of VRAM and `pin_bytes` of pinned RAM to share.
+pub fn open_shared_budget(vram_bytes: u64, pin_bytes: u64) -> Result<SharedBudget, RunError> {
+    if vram_bytes == 0 || pin_bytes == 0 {
+        return Err(RunError::BadInput(
+            "budget.vram_budget and budget.pin_ceiling must be above 0".to_string(),
+        ));
+    }
+    SharedBudget::start(Lease {
+        vram_bytes,
+        pin_bytes,
+    })
+    .map_err(|error| RunError::Failed(error.to_string()))
+}
+
+/// The floor and want of `prepared` at prefetch `depth`, for `ask`'s steps.
+pub fn pool_ask(prepared: &Prepared, settings: &Settings, depth: u32, ask: BudgetAsk) -> PoolAsk {
+    let (minimum, total) = prepared.plan_minimum_bytes(depth, ask.policy);
+    let layout = prepared.facts().layout();
+    let slot = arena_bytes(layout.largest_block_bytes());
+    let ring = slot * u64::from(depth + 1);
+    let staging = if settings.fast_disk {
+        0
+    } else {
+        (settings.staging_buffers.max(2) as u64) * slot
+    };
+    PoolAsk {
+        floor: Lease {
+            vram_bytes: minimum + prepared.activation_bytes(1),
+            pin_bytes: staging,
+        },
+        want: Lease {
+            vram_bytes: total + ring + prepared.activation_bytes(ask.steps),
+            pin_bytes: layout.total_bytes() + staging,
+        },
+    }
+}
