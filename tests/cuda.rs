@@ -290,6 +290,8 @@ fn gpu_every_operation_matches_the_cpu_adapter() {
             DType::Bf16 => 1.0 / 128.0,
             DType::F8E4M3 => 1.0 / 8.0,
             DType::F8E5M2 => 1.0 / 4.0,
+            DType::I8 => 1.0 / 127.0,
+            DType::U4 => 0.0,
         };
         let difference =
             ops::normalised_difference(&dtype.decode(cpu_bytes), &dtype.decode(gpu_bytes));

@@ -170,6 +170,7 @@ impl LoraSet {
             rows: placed.rank,
             cols: placed.slot.cols,
             scale: None,
+            groups: None,
         };
         let b = TensorSlot {
             offset: placed.pack_offset + a.bytes(),
@@ -177,6 +178,7 @@ impl LoraSet {
             rows: placed.slot.rows,
             cols: placed.rank,
             scale: None,
+            groups: None,
         };
         Patch {
             adapter,

@@ -25,6 +25,7 @@ mod diffusion;
 mod elementwise;
 mod gemm;
 mod gemv;
+mod grouped;
 mod heads;
 mod kernels;
 mod pool;
@@ -495,6 +496,5 @@ impl Compute for CpuCompute {
 
 #[cfg(test)]
 mod tests;
-
 #[cfg(test)]
 mod product_tests;
