@@ -45,8 +45,12 @@ pub enum DTypeArg {
     F32,
     F16,
     Bf16,
-    /// Decoders: linear weights in F8_E4M3 with per-tensor F32 scales.
+    /// Decoders and Flux: linear weights in F8_E4M3 with per-tensor F32 scales.
     Fp8,
+    /// Flux: linear weights as ComfyUI's int8_tensorwise (I8, one F32 scale each).
+    Int8,
+    /// Flux: linear weights as ComfyUI's awq_w4a16 (4-bit, BF16 scale and zero per group of 64 inputs).
+    Awq,
 }
 
 impl DTypeArg {
@@ -56,6 +60,8 @@ impl DTypeArg {
             DTypeArg::F16 => DType::F16,
             DTypeArg::Bf16 => DType::Bf16,
             DTypeArg::Fp8 => DType::F8E4M3,
+            DTypeArg::Int8 => DType::I8,
+            DTypeArg::Awq => DType::U4,
         }
     }
 }
@@ -194,6 +200,12 @@ fn check_arguments(args: &DemoModelArgs) -> CommandResult {
     }
     if args.lora_out.is_some() && args.lora_rank == 0 {
         return refuse("--lora-rank 0: an adapter needs a rank of at least 1".to_string());
+    }
+    if matches!(args.dtype, DTypeArg::Int8 | DTypeArg::Awq) && args.arch != Arch::Flux {
+        return refuse(
+            "--dtype int8 and awq write ComfyUI's integer formats for --arch flux only; use f32, f16, bf16 (or fp8 for decoders)"
+                .to_string(),
+        );
     }
     Ok(())
 }

@@ -6,6 +6,7 @@ mod bert;
 mod decoder;
 mod decoder_shape;
 mod decoder_tensors;
+mod quantized;
 mod tokenizer;
 mod writer;
 
@@ -14,5 +15,8 @@ pub use decoder::{write_decoder_folder, DecoderArch, DecoderDemo, DecoderPreset}
 pub use decoder_shape::{DecoderShape, MoeShape};
 pub use tokenizer::{
     byte_level_tokenizer_json, chat_tokenizer_config_json, minimum_vocabulary, tokenizer_json,
+};
+pub use quantized::{
+    quantize_awq, quantize_int8, quantized_linear, QuantFormat, AWQ_GROUP_SIZE,
 };
 pub use writer::{write_atomically, write_checkpoint, write_single, TensorSpec, Values};
