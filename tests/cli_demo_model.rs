@@ -204,20 +204,39 @@ fn rows() -> Vec<Row> {
         ),
         row(
             &[
-                "--arch", "flux", "--layout", "original", "--dtype", "int8", "--out",
+                "--arch",
+                "flux",
+                "--layout",
+                "original",
+                "--dtype",
+                "int8",
+                "--out",
                 &out("flux-int8"),
             ],
             Expect::Ok("int8 weights"),
         ),
         row(
             &[
-                "--arch", "flux", "--layout", "comfyui", "--dtype", "awq", "--out",
+                "--arch",
+                "flux",
+                "--layout",
+                "comfyui",
+                "--dtype",
+                "awq",
+                "--out",
                 &out("flux-awq"),
             ],
             Expect::Ok("awq-u4 weights"),
         ),
         row(
-            &["--arch", "llama", "--dtype", "int8", "--out", &out("llama-int8")],
+            &[
+                "--arch",
+                "llama",
+                "--dtype",
+                "int8",
+                "--out",
+                &out("llama-int8"),
+            ],
             Expect::Bad("for --arch flux only"),
         ),
         row(

@@ -87,6 +87,10 @@ mod tests {
         };
         assert_eq!(groups.extent_bytes(4, 128), Some(2 * (10 + 4)));
         assert_eq!(groups.extent_bytes(4, 100), None, "not whole groups");
-        assert_eq!(groups.extent_bytes(11, 128), None, "more rows than the stride");
+        assert_eq!(
+            groups.extent_bytes(11, 128),
+            None,
+            "more rows than the stride"
+        );
     }
 }

@@ -155,7 +155,11 @@ impl<'i> PlacementBuilder<'i> {
             if scales_required || dtype == "I8" {
                 return Err(self.bad(format!(
                     "{dtype} tensor `{name}` has no scale (`{stem}.weight_scale`){}",
-                    if dtype == "I8" { "; an int8 weight is stored divided by one" } else { ", while the checkpoint's other FP8 weights have one" }
+                    if dtype == "I8" {
+                        "; an int8 weight is stored divided by one"
+                    } else {
+                        ", while the checkpoint's other FP8 weights have one"
+                    }
                 )));
             }
             return Ok(tensor);
@@ -198,9 +202,9 @@ impl<'i> PlacementBuilder<'i> {
             )));
         }
         let scale_name = format!("{stem}.weight_scale");
-        let scale = self.position(&scale_name).ok_or_else(|| {
-            self.bad(format!("awq_w4a16 weight `{name}` has no `{scale_name}`"))
-        })?;
+        let scale = self
+            .position(&scale_name)
+            .ok_or_else(|| self.bad(format!("awq_w4a16 weight `{name}` has no `{scale_name}`")))?;
         let (scale_info, zero_info) = (&self.index.tensors[scale], &self.index.tensors[zero]);
         let groups = match scale_info.shape[..] {
             [groups, out] if out == rows && groups > 0 && cols % groups == 0 => groups,

@@ -28,14 +28,12 @@ pub(super) fn linear(
         ComputeError::Shape("a 4-bit weight came without its group scales and zeros".into())
     })?;
     let (out, inner) = (weight.rows(), weight.cols());
-    let extent = groups
-        .extent_bytes(out, inner)
-        .ok_or_else(|| {
-            ComputeError::Shape(format!(
-                "groups of {} do not divide a [{out}, {inner}] weight's rows",
-                groups.size
-            ))
-        })? as usize;
+    let extent = groups.extent_bytes(out, inner).ok_or_else(|| {
+        ComputeError::Shape(format!(
+            "groups of {} do not divide a [{out}, {inner}] weight's rows",
+            groups.size
+        ))
+    })? as usize;
     // SAFETY: `BlockView::weight` checked both ranges lie inside the held block, live
     // host memory of this device for the weight's lifetime.
     let (scales, zeros) = unsafe {
@@ -171,6 +169,12 @@ fn product(
             out,
         };
         let mut packed = compute.packed.borrow_mut();
-        gemm::gemm(&compute.pool, &compute.scratch, &mut packed, &product, partial);
+        gemm::gemm(
+            &compute.pool,
+            &compute.scratch,
+            &mut packed,
+            &product,
+            partial,
+        );
     }
 }

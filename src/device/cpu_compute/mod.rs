@@ -495,6 +495,6 @@ impl Compute for CpuCompute {
 }
 
 #[cfg(test)]
-mod tests;
-#[cfg(test)]
 mod product_tests;
+#[cfg(test)]
+mod tests;

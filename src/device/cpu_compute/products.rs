@@ -5,8 +5,7 @@
 use crate::compute::{shapes, ComputeError, DType, LowRank, Weight};
 
 use super::{
-    as_f32, gemm, gemv, grouped, kernels, vector, weight_bytes, weight_scale, CpuCompute,
-    CpuTensor,
+    as_f32, gemm, gemv, grouped, kernels, vector, weight_bytes, weight_scale, CpuCompute, CpuTensor,
 };
 
 /// A weight whose values a plain widening does not give (U4's are per group), for

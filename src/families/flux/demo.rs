@@ -166,12 +166,10 @@ impl Tensors {
                 first: (first * input) as u64,
             };
             match self.quant {
-                Some(format) => self.list.extend(quantized_linear(
-                    &piece,
-                    (rows, input),
-                    &values,
-                    format,
-                )),
+                Some(format) => {
+                    self.list
+                        .extend(quantized_linear(&piece, (rows, input), &values, format))
+                }
                 None => self.list.push(TensorSpec {
                     name: format!("{piece}.weight"),
                     shape: vec![rows, input],

@@ -13,10 +13,8 @@ mod writer;
 pub use bert::{write_bert_folder, write_bert_lora, BertDemo, BertPreset, BertShape};
 pub use decoder::{write_decoder_folder, DecoderArch, DecoderDemo, DecoderPreset};
 pub use decoder_shape::{DecoderShape, MoeShape};
+pub use quantized::{quantize_awq, quantize_int8, quantized_linear, QuantFormat, AWQ_GROUP_SIZE};
 pub use tokenizer::{
     byte_level_tokenizer_json, chat_tokenizer_config_json, minimum_vocabulary, tokenizer_json,
-};
-pub use quantized::{
-    quantize_awq, quantize_int8, quantized_linear, QuantFormat, AWQ_GROUP_SIZE,
 };
 pub use writer::{write_atomically, write_checkpoint, write_single, TensorSpec, Values};

@@ -60,7 +60,9 @@ impl QuantFormat {
 
 /// `values` quantized tensorwise: the codes and the scale.
 pub fn quantize_int8(values: &[f32]) -> (Vec<u8>, f32) {
-    let largest = values.iter().fold(0f32, |most, value| most.max(value.abs()));
+    let largest = values
+        .iter()
+        .fold(0f32, |most, value| most.max(value.abs()));
     let scale = (largest / 127.0).max(1e-30);
     let inverse = 1.0 / scale;
     let codes = values
