@@ -38,6 +38,13 @@ impl DType {
         }
     }
 
+    /// As [`DType::from_safetensors`] for the float dtypes alone: a tensor read as its
+    /// values (an embedding table, a router, a norm), which an unscaled integer
+    /// code is not.
+    pub fn float_from_safetensors(name: &str) -> Option<Self> {
+        Self::from_safetensors(name).filter(|dtype| !matches!(dtype, DType::I8 | DType::U4))
+    }
+
     /// The safetensors spelling.
     pub fn safetensors_name(self) -> &'static str {
         match self {
