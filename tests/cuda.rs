@@ -443,3 +443,26 @@ fn the_kernels_compute_their_definitions_on_a_cpu_emulator() {
         "the narrowing sweep was printed ({narrowed})"
     );
 }
+
+#[path = "compute_port/quantized.rs"]
+mod quantized;
+
+#[test]
+#[ignore = "needs a CUDA device: run with STAGEHAND_GPU_TESTS=1 and --include-ignored (scripts/gpu-check.sh does)"]
+fn gpu_int8_weights_match_the_reference_and_awq_is_refused_by_name() {
+    // Proves the CUDA adapter's int8_tensorwise linears (code × scale, read in their
+    // stored bytes) match the plain reference, and an awq_w4a16 weight, which it does
+    // not compute, is refused with an error naming the format.
+    let Some((_gpu, device)) = gpu_device() else {
+        return;
+    };
+    let compute = CudaCompute::new(&device).expect("cuda compute");
+    let misses = quantized::quantized_linear_misses(&compute, false).expect("int8 on the gpu");
+    assert_eq!(misses.len(), 4);
+    for (what, difference) in &misses {
+        assert!(*difference <= quantized::TOLERANCE, "{what}: {difference}");
+    }
+    let refused = quantized::quantized_linear_misses(&compute, true).unwrap_err();
+    assert!(refused.to_string().contains("awq_w4a16"), "{refused}");
+    assert!(quantized::awq_tables_outside_the_block_are_refused(&compute).expect("a view"));
+}

@@ -83,7 +83,7 @@ fn int8_and_awq_checkpoints_stream_at_their_stored_bytes_bit_exact() {
         let step_ratio = planned / bf16_planned;
         eprintln!("{dtype}: model {model_ratio:.3} of BF16, planned per step {step_ratio:.3}");
         // int8: 1 byte a weight (BF16's 2) and one F32 scale a layer, BF16 biases and
-        // norms. AWQ: ½ byte plus a BF16 scale and zero per 64 (1/32 byte), the few
+        // norms. AWQ: ½ byte plus a BF16 scale and zero per 64 (1/16 byte), the few
         // layers of 32 inputs left BF16.
         let expected = match dtype {
             DType::I8 => 0.50..0.52,
