@@ -459,7 +459,7 @@ fn gpu_int8_weights_match_the_reference_and_awq_is_refused_by_name() {
     let compute = CudaCompute::new(&device).expect("cuda compute");
     let misses = quantized::quantized_linear_misses(&compute, false).expect("int8 on the gpu");
     assert_eq!(misses.len(), 4);
-    for (what, difference) in &misses {
+    for (what, difference, _) in &misses {
         assert!(*difference <= quantized::TOLERANCE, "{what}: {difference}");
     }
     let refused = quantized::quantized_linear_misses(&compute, true).unwrap_err();

@@ -18,8 +18,8 @@ pub const TOLERANCE: f32 = 1e-4;
 const SHAPES: [(usize, usize, usize); 4] =
     [(3, 128, 40), (33, 256, 72), (2, 1024, 300), (9, 1024, 300)];
 
-/// Every case's name and its normalised difference from the reference.
-pub type Misses = Vec<(String, f32)>;
+/// Every case's name, its normalised difference from the reference, and its output.
+pub type Misses = Vec<(String, f32, Vec<f32>)>;
 
 /// An int8 weight of `out × inner` codes (all of −128..=127 occur) and its scale.
 fn int8_case(out: usize, inner: usize) -> (Vec<u8>, f32, Vec<f32>) {
@@ -85,8 +85,13 @@ pub fn quantized_linear_misses<C: Compute>(compute: &C, awq: bool) -> Result<Mis
         };
         compute.linear(&x, &view.weight(&slot)?, None, &mut y)?;
         let expected = reference::linear(&x_values, &weights, None, inner);
-        let difference = normalised_difference(&compute.read(&y)?, &expected);
-        misses.push((format!("int8 linear {rows}x{inner}x{out}"), difference));
+        let values = compute.read(&y)?;
+        let difference = normalised_difference(&values, &expected);
+        misses.push((
+            format!("int8 linear {rows}x{inner}x{out}"),
+            difference,
+            values,
+        ));
         if !awq {
             continue;
         }
@@ -112,8 +117,13 @@ pub fn quantized_linear_misses<C: Compute>(compute: &C, awq: bool) -> Result<Mis
         };
         compute.linear(&x, &view.weight(&slot)?, None, &mut y)?;
         let expected = reference::linear(&x_values, &weights, None, inner);
-        let difference = normalised_difference(&compute.read(&y)?, &expected);
-        misses.push((format!("awq linear {rows}x{inner}x{out}"), difference));
+        let values = compute.read(&y)?;
+        let difference = normalised_difference(&values, &expected);
+        misses.push((
+            format!("awq linear {rows}x{inner}x{out}"),
+            difference,
+            values,
+        ));
         // Rows 8..24 alone, as a fused weight's piece is read.
         let (first, count) = (8, 16);
         let piece = TensorSlot {
@@ -130,11 +140,10 @@ pub fn quantized_linear_misses<C: Compute>(compute: &C, awq: bool) -> Result<Mis
         compute.linear(&x, &view.weight(&piece)?, None, &mut part)?;
         let rows_weights = &weights[first * inner..(first + count) * inner];
         let expected = reference::linear(&x_values, rows_weights, None, inner);
-        let difference = normalised_difference(&compute.read(&part)?, &expected);
-        misses.push((
-            format!("awq rows {first}.. of {rows}x{inner}x{out}"),
-            difference,
-        ));
+        let values = compute.read(&part)?;
+        let difference = normalised_difference(&values, &expected);
+        let what = format!("awq rows {first}.. of {rows}x{inner}x{out}");
+        misses.push((what, difference, values));
     }
     Ok(misses)
 }
