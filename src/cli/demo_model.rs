@@ -81,7 +81,7 @@ pub struct DemoModelArgs {
     /// small; 1b = Llama-3.2-1B's, Qwen3-0.6B's for qwen3).
     #[arg(long, value_enum, default_value = "tiny")]
     pub decoder_preset: DecoderPreset,
-    /// `--arch bert`: storage dtype of the weights.
+    /// Storage dtype of the weights (bert, decoders, flux); fp8 for decoders and flux, int8 and awq for flux.
     #[arg(long, value_enum, default_value = "f32")]
     pub dtype: DTypeArg,
     /// Number of blocks (the unit the scheduler streams).

@@ -27,6 +27,8 @@
 //! latter said in a warning. Any other format (nvfp4, mxfp8, convrot_w4a4, …) is
 //! refused by name.
 
+use std::collections::BTreeMap;
+
 use serde_json::Value;
 
 use crate::families::FamilyError;
@@ -77,6 +79,7 @@ pub fn check(index: &ModelIndex, headers_only: bool) -> Result<(), FamilyError> 
     if !headers_only {
         declared.extend(comfy_quant_tensors(index)?);
     }
+    let mut ignored: BTreeMap<(String, String), (usize, String)> = BTreeMap::new();
     for (layer, value) in declared {
         let format = value.get("format").and_then(Value::as_str).ok_or_else(|| {
             bad(
@@ -109,10 +112,16 @@ pub fn check(index: &ModelIndex, headers_only: bool) -> Result<(), FamilyError> 
         }
         check_variant(index, &layer, format, &value)?;
         if let Some(linear_dtype) = value.get("linear_dtype") {
-            tracing::warn!(
-                "layer `{layer}`: comfy_quant linear_dtype {linear_dtype} is ignored; stagehand computes {format} in f32 from the dequantised weight"
-            );
+            let key = (format.to_string(), linear_dtype.to_string());
+            let (count, _) = ignored.entry(key).or_insert((0, layer.clone()));
+            *count += 1;
         }
+    }
+    // One warning per (format, linear_dtype), not one per layer.
+    for ((format, linear_dtype), (count, first)) in ignored {
+        tracing::warn!(
+            "comfy_quant linear_dtype {linear_dtype} of {count} {format} layer(s) (`{first}`, …) is ignored; stagehand computes {format} in f32 from the dequantised weight"
+        );
     }
     Ok(())
 }
