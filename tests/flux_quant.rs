@@ -253,3 +253,41 @@ fn integer_variants_stagehand_does_not_compute_are_refused_by_name() {
         "`convrot_w4a4`, a format stagehand does not implement",
     );
 }
+
+#[test]
+fn a_lora_on_integer_weights_is_refused_by_name() {
+    // Proves a kohya adapter on an int8_tensorwise or awq_w4a16 checkpoint is refused
+    // at open with a one-line error: resident blocks and the reference bake a patch
+    // into the weight, which in int8 codes rounds most of it away (seen: 7e-4 off
+    // the low-rank pass at the first step) and in 4-bit groups has no merge.
+    use stagehand::families::flux::{write_flux_lora, FluxLoraNaming};
+    let dir = tempfile::tempdir().unwrap();
+    let lora = dir.path().join("lora.safetensors");
+    write_flux_lora(
+        &lora,
+        &FluxPreset::Small.shape(),
+        FluxLoraNaming::Kohya,
+        4,
+        9,
+    )
+    .unwrap();
+    let spec = stagehand::lora::LoraSpec::parse(&format!("{}:0.8", lora.display())).unwrap();
+    for dtype in [DType::I8, DType::U4] {
+        let (model, cond) = generated(dir.path(), FluxPreset::Small, Layout::Original, dtype);
+        let extras = stagehand::run::Extras {
+            diffusion: Some(input(&cond, 1)),
+            loras: vec![spec.clone()],
+            ..stagehand::run::Extras::default()
+        };
+        let settings = stagehand::settings::Settings::default();
+        let kind = stagehand::run::WorkloadKind::Auto;
+        match stagehand::run::prepare_with(&model, kind, 1, &settings, false, &extras) {
+            Err(stagehand::run::RunError::BadInput(message)) => {
+                assert!(message.contains("integer-quantized"), "{dtype}: {message}");
+                assert!(!message.contains('\n'), "{message}");
+            }
+            Err(other) => panic!("{dtype}: not bad input: {other}"),
+            Ok(_) => panic!("{dtype}: a LoRA on integer weights was accepted"),
+        }
+    }
+}

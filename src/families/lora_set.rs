@@ -90,6 +90,15 @@ impl LoraSet {
                         key: target.base.clone(),
                         problem: "is not a weight this model's forward pass streams".to_string(),
                     })?;
+                if matches!(slot.dtype, DType::I8 | DType::U4) {
+                    // A resident block (and the merged reference) bakes the patch in:
+                    // integer codes would round most of it away (see `lora::load`).
+                    return Err(LoraError::Shape {
+                        path: adapter.path.clone(),
+                        key: target.base.clone(),
+                        problem: "patches an integer-quantized (int8_tensorwise or awq_w4a16) weight, which stagehand does not patch with a LoRA; use a BF16 or FP8 checkpoint".to_string(),
+                    });
+                }
                 targets.push(Placed {
                     block,
                     slot,
