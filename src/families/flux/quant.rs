@@ -6,8 +6,12 @@
 //! `<layer>.comfy_quant` U8 tensor holding JSON such as `{"format": "float8_e4m3fn"}`,
 //! or the same per layer under `_quantization_metadata` in the header). Four formats
 //! are computed, each dequantised in the cast, so they move at their stored bytes on
-//! every link (the layouts are those ComfyUI's `comfy/ops.py` `_load_quantized_module`
-//! and comfy-kitchen's `TensorWiseINT8Layout` and `TensorCoreAWQW4A16Layout` read):
+//! every link. The layouts are what ComfyUI reads (Comfy-Org/ComfyUI: `QUANT_ALGOS` in
+//! `comfy/quant_ops.py`, `_load_quantized_module` in `comfy/ops.py`, which pops
+//! `weight_scale` and, for AWQ, `weight_zeros` and `group_size`) and how comfy-kitchen
+//! dequantises them (`comfy_kitchen/tensor`: `TensorWiseINT8Layout`,
+//! `TensorCoreAWQW4A16Layout`, whose docstring gives the packing and the formula; some
+//! ComfyUI versions list the AWQ parameter as `weight_zero`, so both names are read):
 //!
 //! - `float8_e4m3fn`, `float8_e5m2`: FP8 weights, one F32 `weight_scale`;
 //!   `stored × scale`.
