@@ -203,6 +203,43 @@ fn rows() -> Vec<Row> {
             Expect::Bad("--dtype fp8"),
         ),
         row(
+            &[
+                "--arch",
+                "flux",
+                "--layout",
+                "original",
+                "--dtype",
+                "int8",
+                "--out",
+                &out("flux-int8"),
+            ],
+            Expect::Ok("int8 weights"),
+        ),
+        row(
+            &[
+                "--arch",
+                "flux",
+                "--layout",
+                "comfyui",
+                "--dtype",
+                "awq",
+                "--out",
+                &out("flux-awq"),
+            ],
+            Expect::Ok("awq-u4 weights"),
+        ),
+        row(
+            &[
+                "--arch",
+                "llama",
+                "--dtype",
+                "int8",
+                "--out",
+                &out("llama-int8"),
+            ],
+            Expect::Bad("for --arch flux only"),
+        ),
+        row(
             &["--arch", "flux", "--layout", "nope"],
             Expect::Bad("'nope'"),
         ),

@@ -59,3 +59,35 @@ fn the_cpu_adapter_has_the_diffusion_operations_and_checks_their_shapes() {
         4
     );
 }
+
+#[path = "compute_port/quantized.rs"]
+mod quantized;
+
+#[test]
+fn int8_and_awq_weights_compute_their_dequantised_values_on_the_cpu() {
+    // Proves int8_tensorwise (code × scale) and awq_w4a16 ((q − 8)·scale + zero per
+    // group, low nibble first, tables [in / 64, out]) linears match the plain
+    // reference of the dequantised weight, few rows and many, across panels and for a
+    // slice of a fused weight's rows; a table past its block is refused.
+    let compute = CpuCompute::new();
+    let misses = quantized::quantized_linear_misses(&compute, true).expect("runs");
+    assert_eq!(misses.len(), 12);
+    for (what, difference, _) in &misses {
+        assert!(*difference <= quantized::TOLERANCE, "{what}: {difference}");
+    }
+    assert!(quantized::awq_tables_outside_the_block_are_refused(&compute).expect("runs"));
+}
+
+#[test]
+fn awq_products_give_the_same_bits_on_any_number_of_threads() {
+    // Proves the dequantised panels and their products do not depend on the thread
+    // count (the streamed and resident passes may run with different counts).
+    let one = CpuCompute::with_threads(1);
+    let two = CpuCompute::with_threads(2);
+    let first = quantized::quantized_linear_misses(&one, true).expect("runs");
+    let second = quantized::quantized_linear_misses(&two, true).expect("runs");
+    for ((what, _, a), (_, _, b)) in first.iter().zip(&second) {
+        let bits = |values: &[f32]| values.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(a), bits(b), "{what}");
+    }
+}

@@ -290,6 +290,8 @@ fn gpu_every_operation_matches_the_cpu_adapter() {
             DType::Bf16 => 1.0 / 128.0,
             DType::F8E4M3 => 1.0 / 8.0,
             DType::F8E5M2 => 1.0 / 4.0,
+            DType::I8 => 1.0 / 127.0,
+            DType::U4 => 0.0,
         };
         let difference =
             ops::normalised_difference(&dtype.decode(cpu_bytes), &dtype.decode(gpu_bytes));
@@ -440,4 +442,27 @@ fn the_kernels_compute_their_definitions_on_a_cpu_emulator() {
         narrowed > 1000,
         "the narrowing sweep was printed ({narrowed})"
     );
+}
+
+#[path = "compute_port/quantized.rs"]
+mod quantized;
+
+#[test]
+#[ignore = "needs a CUDA device: run with STAGEHAND_GPU_TESTS=1 and --include-ignored (scripts/gpu-check.sh does)"]
+fn gpu_int8_weights_match_the_reference_and_awq_is_refused_by_name() {
+    // Proves the CUDA adapter's int8_tensorwise linears (code × scale, read in their
+    // stored bytes) match the plain reference, and an awq_w4a16 weight, which it does
+    // not compute, is refused with an error naming the format.
+    let Some((_gpu, device)) = gpu_device() else {
+        return;
+    };
+    let compute = CudaCompute::new(&device).expect("cuda compute");
+    let misses = quantized::quantized_linear_misses(&compute, false).expect("int8 on the gpu");
+    assert_eq!(misses.len(), 4);
+    for (what, difference, _) in &misses {
+        assert!(*difference <= quantized::TOLERANCE, "{what}: {difference}");
+    }
+    let refused = quantized::quantized_linear_misses(&compute, true).unwrap_err();
+    assert!(refused.to_string().contains("awq_w4a16"), "{refused}");
+    assert!(quantized::awq_tables_outside_the_block_are_refused(&compute).expect("a view"));
 }

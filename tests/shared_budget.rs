@@ -13,9 +13,9 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use stagehand::compute::DType;
+use stagehand::families::llama::DecoderArch;
 use stagehand::families::llama::{ExpertHint, Sampling};
 use stagehand::families::{DecoderInput, EncoderInput, Extras, PromptInput, WorkloadKind};
-use stagehand::model::generated::DecoderArch;
 use stagehand::run::loaded::{
     open_shared_budget, serve_jobs, BatchLimits, Cancel, EmbedJob, GenerateJob, Job, LoadedOptions,
     NoBatchObserver, SharedMember, TokenEvent,
@@ -307,14 +307,14 @@ fn timed(moved: &std::sync::atomic::AtomicU64, job: impl FnOnce()) -> Timed {
 
 /// A generated Llama of the small preset (tens of MiB), seeded with `seed`.
 fn small_decoder(dir: &Path, seed: u64) -> std::path::PathBuf {
-    let demo = stagehand::model::generated::DecoderDemo {
+    let demo = stagehand::families::llama::DecoderDemo {
         arch: DecoderArch::Llama,
-        preset: stagehand::model::generated::DecoderPreset::Small,
+        preset: stagehand::families::llama::DecoderPreset::Small,
         dtype: DType::F32,
         seed,
         shard_bytes: 1 << 30,
     };
-    stagehand::model::generated::write_decoder_folder(dir, &demo).unwrap()
+    stagehand::families::llama::write_decoder_folder(dir, &demo).unwrap()
 }
 
 #[test]

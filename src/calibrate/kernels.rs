@@ -207,6 +207,8 @@ pub fn dtype_name(dtype: DType) -> &'static str {
         DType::Bf16 => "bf16",
         DType::F8E4M3 => "f8_e4m3",
         DType::F8E5M2 => "f8_e5m2",
+        DType::I8 => "i8",
+        DType::U4 => "u4",
     }
 }
 

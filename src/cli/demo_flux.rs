@@ -27,9 +27,10 @@ pub struct FluxArgs {
 }
 
 pub fn write(out: &Path, args: &FluxArgs, dtype: DType, seed: u64) -> CommandResult {
-    if dtype == DType::F8E4M3 && args.layout == Layout::Diffusers {
+    let quantized = matches!(dtype, DType::F8E4M3 | DType::I8 | DType::U4);
+    if quantized && args.layout == Layout::Diffusers {
         return Err(Failure::bad_input(anyhow::anyhow!(
-            "--dtype fp8 writes ComfyUI's scaled FP8 (scale_weight per layer), which diffusers folders do not hold; use --layout original or comfyui"
+            "--dtype fp8, int8 and awq write ComfyUI's quantized formats (a scale per layer), which diffusers folders do not hold; use --layout original or comfyui"
         )));
     }
     if args.cond_tokens == 0 {

@@ -43,8 +43,12 @@ pub enum DTypeArg {
     F32,
     F16,
     Bf16,
-    /// Decoders: linear weights in F8_E4M3 with per-tensor F32 scales.
+    /// Decoders and Flux: linear weights in F8_E4M3 with per-tensor F32 scales.
     Fp8,
+    /// Flux: linear weights as ComfyUI's int8_tensorwise (I8, one F32 scale each).
+    Int8,
+    /// Flux: linear weights as ComfyUI's awq_w4a16 (4-bit, BF16 scale and zero per group of 64 inputs).
+    Awq,
 }
 
 impl DTypeArg {
@@ -54,6 +58,8 @@ impl DTypeArg {
             DTypeArg::F16 => DType::F16,
             DTypeArg::Bf16 => DType::Bf16,
             DTypeArg::Fp8 => DType::F8E4M3,
+            DTypeArg::Int8 => DType::I8,
+            DTypeArg::Awq => DType::U4,
         }
     }
 }
@@ -73,7 +79,7 @@ pub struct DemoModelArgs {
     /// small; 1b = Llama-3.2-1B's, Qwen3-0.6B's for qwen3).
     #[arg(long, value_enum, default_value = "tiny")]
     pub decoder_preset: DecoderPreset,
-    /// `--arch bert`: storage dtype of the weights.
+    /// Storage dtype of the weights (bert, decoders, flux); fp8 for decoders and flux, int8 and awq for flux.
     #[arg(long, value_enum, default_value = "f32")]
     pub dtype: DTypeArg,
     /// Number of blocks (the unit the scheduler streams).
@@ -192,6 +198,12 @@ fn check_arguments(args: &DemoModelArgs) -> CommandResult {
     }
     if args.lora_out.is_some() && args.lora_rank == 0 {
         return refuse("--lora-rank 0: an adapter needs a rank of at least 1".to_string());
+    }
+    if matches!(args.dtype, DTypeArg::Int8 | DTypeArg::Awq) && args.arch != Arch::Flux {
+        return refuse(
+            "--dtype int8 and awq write ComfyUI's integer formats for --arch flux only; use f32, f16, bf16 (or fp8 for decoders)"
+                .to_string(),
+        );
     }
     Ok(())
 }

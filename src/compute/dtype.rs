@@ -16,6 +16,12 @@ pub enum DType {
     F8E4M3,
     /// FP8 E5M2, usually with a per-tensor scale.
     F8E5M2,
+    /// Signed 8-bit integers with a per-tensor scale (ComfyUI's `int8_tensorwise`).
+    I8,
+    /// Unsigned 4-bit codes, two a byte (element `2j` in the low nibble), centred on 8
+    /// and dequantised per group with a scale and a zero (ComfyUI's `awq_w4a16`,
+    /// stored as `I8`); see [`super::quant`].
+    U4,
 }
 
 impl DType {
@@ -27,8 +33,16 @@ impl DType {
             "BF16" => Some(DType::Bf16),
             "F8_E4M3" => Some(DType::F8E4M3),
             "F8_E5M2" => Some(DType::F8E5M2),
+            "I8" => Some(DType::I8),
             _ => None,
         }
+    }
+
+    /// As [`DType::from_safetensors`] for the float dtypes alone: a tensor read as its
+    /// values (an embedding table, a router, a norm), which an unscaled integer
+    /// code is not.
+    pub fn float_from_safetensors(name: &str) -> Option<Self> {
+        Self::from_safetensors(name).filter(|dtype| !matches!(dtype, DType::I8 | DType::U4))
     }
 
     /// The safetensors spelling.
@@ -39,6 +53,7 @@ impl DType {
             DType::Bf16 => "BF16",
             DType::F8E4M3 => "F8_E4M3",
             DType::F8E5M2 => "F8_E5M2",
+            DType::I8 | DType::U4 => "I8",
         }
     }
 
@@ -51,18 +66,30 @@ impl DType {
         }
     }
 
+    /// Bytes of one element; [`DType::U4`] packs two elements a byte, so sizes of
+    /// many elements go through [`DType::bytes`].
     pub fn size_bytes(self) -> usize {
         match self {
             DType::F32 => 4,
             DType::F16 | DType::Bf16 => 2,
-            DType::F8E4M3 | DType::F8E5M2 => 1,
+            DType::F8E4M3 | DType::F8E5M2 | DType::I8 | DType::U4 => 1,
+        }
+    }
+
+    /// Bytes of `elements` elements of this dtype (half a byte each for U4).
+    pub fn bytes(self, elements: usize) -> usize {
+        match self {
+            DType::U4 => elements.div_ceil(2),
+            _ => elements * self.size_bytes(),
         }
     }
 
     /// Widens little-endian `bytes` of this dtype into `out` (exact: every f16/bf16
-    /// value is an f32). `bytes.len()` must be `out.len() × size_bytes()`.
+    /// value is an f32; an I8 or U4 element widens to its code, U4 less its centre
+    /// 8, with the scales left to the kernels). `bytes.len()` must be
+    /// `bytes(out.len())`.
     pub fn widen(self, bytes: &[u8], out: &mut [f32]) {
-        debug_assert_eq!(bytes.len(), out.len() * self.size_bytes());
+        debug_assert_eq!(bytes.len(), self.bytes(out.len()));
         match self {
             DType::F32 => {
                 for (value, word) in out.iter_mut().zip(bytes.chunks_exact(4)) {
@@ -93,13 +120,25 @@ impl DType {
             DType::F8E4M3 | DType::F8E5M2 => {
                 self.fp8().unwrap_or(Fp8::E4M3).widen(bytes, out);
             }
+            DType::I8 => {
+                for (value, &byte) in out.iter_mut().zip(bytes) {
+                    *value = f32::from(byte as i8);
+                }
+            }
+            DType::U4 => {
+                for (index, value) in out.iter_mut().enumerate() {
+                    *value = super::quant::nibble(bytes, index) as f32 - 8.0;
+                }
+            }
         }
     }
 
     /// Narrows `values` into little-endian bytes of this dtype, rounding to nearest
     /// with ties to even (what the hardware does).
+    /// I8 and U4 round to the nearest integer code and saturate (U4's codes are the
+    /// value plus 8, in 0..=15).
     pub fn narrow(self, values: &[f32], out: &mut [u8]) {
-        debug_assert_eq!(out.len(), values.len() * self.size_bytes());
+        debug_assert_eq!(out.len(), self.bytes(values.len()));
         match self {
             DType::F32 => {
                 for (word, value) in out.chunks_exact_mut(4).zip(values) {
@@ -122,21 +161,36 @@ impl DType {
                     *code = format.encode(*value);
                 }
             }
+            DType::I8 => {
+                for (code, value) in out.iter_mut().zip(values) {
+                    *code = value.round_ties_even().clamp(-128.0, 127.0) as i8 as u8;
+                }
+            }
+            DType::U4 => {
+                out.fill(0);
+                for (index, value) in values.iter().enumerate() {
+                    let code = (value.round_ties_even() + 8.0).clamp(0.0, 15.0) as u8;
+                    out[index / 2] |= code << (4 * (index % 2));
+                }
+            }
         }
     }
 
     /// `values` encoded in this dtype.
     pub fn encode(self, values: &[f32]) -> Vec<u8> {
-        let mut bytes = vec![0u8; values.len() * self.size_bytes()];
+        let mut bytes = vec![0u8; self.bytes(values.len())];
         self.narrow(values, &mut bytes);
         bytes
     }
 
     /// Values decoded from little-endian bytes of this dtype.
     pub fn decode(self, bytes: &[u8]) -> Vec<f32> {
-        let count = bytes.len() / self.size_bytes();
+        let count = match self {
+            DType::U4 => bytes.len() * 2,
+            _ => bytes.len() / self.size_bytes(),
+        };
         let mut values = vec![0.0; count];
-        self.widen(&bytes[..count * self.size_bytes()], &mut values);
+        self.widen(&bytes[..self.bytes(count)], &mut values);
         values
     }
 }
@@ -149,6 +203,8 @@ impl std::fmt::Display for DType {
             DType::Bf16 => "bf16",
             DType::F8E4M3 => "fp8-e4m3",
             DType::F8E5M2 => "fp8-e5m2",
+            DType::I8 => "int8",
+            DType::U4 => "awq-u4",
         })
     }
 }

@@ -21,6 +21,7 @@ pub mod checksum;
 pub mod diffusion;
 mod dtype;
 mod fp8;
+pub mod quant;
 pub mod record;
 pub mod shapes;
 mod view;

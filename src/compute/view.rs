@@ -6,6 +6,7 @@ use std::marker::PhantomData;
 
 use stagehand_actors::DevicePtr;
 
+use super::quant::Groups;
 use super::{ComputeError, DType};
 
 /// Where one tensor sits inside its block's buffer, and what it is.
@@ -20,6 +21,9 @@ pub struct TensorSlot {
     /// Where an f32 scale of the weight sits in the same block (FP8 checkpoints store
     /// `weight_scale` beside the weight): the weight's values are `stored × scale`.
     pub scale: Option<u64>,
+    /// Where the per-group scales and zeros of a [`DType::U4`] weight sit in the
+    /// same block.
+    pub groups: Option<Groups>,
 }
 
 impl TensorSlot {
@@ -31,6 +35,7 @@ impl TensorSlot {
             rows,
             cols,
             scale: None,
+            groups: None,
         }
     }
 
@@ -39,7 +44,7 @@ impl TensorSlot {
     }
 
     pub fn bytes(&self) -> u64 {
-        (self.elements() * self.dtype.size_bytes()) as u64
+        self.dtype.bytes(self.elements()) as u64
     }
 }
 
@@ -101,8 +106,33 @@ impl<'a> BlockView<'a> {
             rows: slot.rows,
             cols: slot.cols,
             scale,
+            groups: self.groups(slot)?,
             held: PhantomData,
         })
+    }
+
+    /// The slot's group scales and zeros as addresses, checked to lie inside the block.
+    fn groups(&self, slot: &TensorSlot) -> Result<Option<Groups>, ComputeError> {
+        let Some(groups) = slot.groups else {
+            return Ok(None);
+        };
+        let fits = |offset: u64| {
+            groups
+                .extent_bytes(slot.rows, slot.cols)
+                .and_then(|extent| offset.checked_add(extent))
+                .is_some_and(|end| end <= self.bytes)
+        };
+        if !fits(groups.scale) || !fits(groups.zero) {
+            return Err(ComputeError::Shape(format!(
+                "the group scales of a [{}, {}] weight (groups of {}, {} a row) do not fit in a block of {} bytes",
+                slot.rows, slot.cols, groups.size, groups.stride, self.bytes
+            )));
+        }
+        Ok(Some(Groups {
+            scale: self.ptr.offset(groups.scale).0,
+            zero: self.ptr.offset(groups.zero).0,
+            ..groups
+        }))
     }
 }
 
@@ -113,12 +143,19 @@ pub struct Weight<'a> {
     dtype: DType,
     rows: usize,
     cols: usize,
-    /// Where its f32 scale is, for scaled (FP8) weights.
+    /// Where its f32 scale is, for scaled (FP8, int8) weights.
     scale: Option<DevicePtr>,
+    /// Where its group scales and zeros are (addresses), for U4 weights.
+    groups: Option<Groups>,
     held: PhantomData<&'a [u8]>,
 }
 
 impl Weight<'_> {
+    /// The device addresses of a U4 weight's group scales and zeros.
+    pub fn groups(&self) -> Option<Groups> {
+        self.groups
+    }
+
     /// The device address of the weight's f32 scale, if it has one.
     pub fn scale(&self) -> Option<DevicePtr> {
         self.scale
@@ -145,7 +182,7 @@ impl Weight<'_> {
     }
 
     pub fn bytes(&self) -> usize {
-        self.elements() * self.dtype.size_bytes()
+        self.dtype.bytes(self.elements())
     }
 }
 

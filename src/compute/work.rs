@@ -111,7 +111,7 @@ impl Kernel {
                 outer,
                 dtype,
                 ..
-            } => inner * outer * dtype.size_bytes() as u64,
+            } => dtype.bytes((inner * outer) as usize) as u64,
             Kernel::LowRank {
                 inner, rank, outer, ..
             } => rank * (inner + outer) * 4,

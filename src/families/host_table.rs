@@ -19,7 +19,7 @@ impl HostTable {
     /// bytes (its rows gather as zeros), for describing a model that will not run.
     pub fn described(index: &ModelIndex, tensor: usize) -> Result<Self, FamilyError> {
         let info = &index.tensors[tensor];
-        let dtype = DType::from_safetensors(&info.dtype).ok_or_else(|| {
+        let dtype = DType::float_from_safetensors(&info.dtype).ok_or_else(|| {
             FamilyError::Model(format!(
                 "{}: {} is not a float table",
                 info.name, info.dtype
@@ -36,7 +36,7 @@ impl HostTable {
     /// Reads tensor `tensor` of the index (a `[rows, cols]` float table) once.
     pub fn read(index: &ModelIndex, tensor: usize) -> Result<Self, FamilyError> {
         let info = &index.tensors[tensor];
-        let dtype = DType::from_safetensors(&info.dtype).ok_or_else(|| {
+        let dtype = DType::float_from_safetensors(&info.dtype).ok_or_else(|| {
             FamilyError::Model(format!(
                 "{}: {} is not a float table",
                 info.name, info.dtype

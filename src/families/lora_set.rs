@@ -90,6 +90,15 @@ impl LoraSet {
                         key: target.base.clone(),
                         problem: "is not a weight this model's forward pass streams".to_string(),
                     })?;
+                if matches!(slot.dtype, DType::I8 | DType::U4) {
+                    // A resident block (and the merged reference) bakes the patch in:
+                    // integer codes would round most of it away (see `lora::load`).
+                    return Err(LoraError::Shape {
+                        path: adapter.path.clone(),
+                        key: target.base.clone(),
+                        problem: "patches an integer-quantized (int8_tensorwise or awq_w4a16) weight, which stagehand does not patch with a LoRA; use a BF16 or FP8 checkpoint".to_string(),
+                    });
+                }
                 targets.push(Placed {
                     block,
                     slot,
@@ -170,6 +179,7 @@ impl LoraSet {
             rows: placed.rank,
             cols: placed.slot.cols,
             scale: None,
+            groups: None,
         };
         let b = TensorSlot {
             offset: placed.pack_offset + a.bytes(),
@@ -177,6 +187,7 @@ impl LoraSet {
             rows: placed.slot.rows,
             cols: placed.rank,
             scale: None,
+            groups: None,
         };
         Patch {
             adapter,

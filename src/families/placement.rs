@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use stagehand_actors::{BlockLayout, Extent, FileId, ModelLayout};
 
 use super::FamilyError;
+use crate::compute::quant::Groups;
 use crate::compute::{DType, TensorSlot};
 use crate::model::ModelIndex;
 
@@ -16,8 +17,20 @@ pub struct PlacementBuilder<'i> {
     index: &'i ModelIndex,
     /// Per block: its name and the tensors it holds.
     blocks: Vec<(String, Vec<usize>)>,
-    /// (weight, its scale tensor): FP8 weights stored with a per-tensor scale.
+    /// (weight, its scale tensor): FP8 and int8 weights stored with a per-tensor scale.
     scales: Vec<(usize, usize)>,
+    /// U4 weights (ComfyUI's `awq_w4a16`) with their group scales and zeros.
+    grouped: Vec<GroupedWeight>,
+}
+
+/// A U4 weight's tensors, and what the slot needs of their shapes.
+#[derive(Debug, Clone, Copy)]
+struct GroupedWeight {
+    weight: usize,
+    scale: usize,
+    zero: usize,
+    /// Inputs per group.
+    size: usize,
 }
 
 /// The finished layout, and where each placed tensor of the index is.
@@ -34,6 +47,7 @@ impl<'i> PlacementBuilder<'i> {
             index,
             blocks: Vec::new(),
             scales: Vec::new(),
+            grouped: Vec::new(),
         }
     }
 
@@ -45,32 +59,53 @@ impl<'i> PlacementBuilder<'i> {
     /// Adds the tensor named `name` to the current block, checking it is a float
     /// tensor of `shape` (`[rows, cols]`, or `[n]` for a vector). Returns its index.
     pub fn add(&mut self, name: &str, shape: &[usize]) -> Result<usize, FamilyError> {
-        let position = self
-            .index
-            .tensors
-            .iter()
-            .position(|tensor| tensor.name == name)
-            .ok_or_else(|| {
-                FamilyError::Model(format!(
-                    "{}: tensor `{name}` is missing (expected shape {shape:?})",
-                    self.index.path.display()
-                ))
-            })?;
+        let position = self.find(name, shape)?;
+        let dtype = &self.index.tensors[position].dtype;
+        if dtype == "I8" {
+            return Err(self.bad(format!(
+                "tensor `{name}` is I8; stagehand computes I8 only as a quantized linear weight (int8_tensorwise with its weight_scale, or awq_w4a16)"
+            )));
+        }
+        self.push(position)
+    }
+
+    fn bad(&self, message: String) -> FamilyError {
+        FamilyError::Model(format!("{}: {message}", self.index.path.display()))
+    }
+
+    /// The index of the tensor named `name`, checked to have `shape` and a dtype
+    /// stagehand computes with.
+    fn find(&self, name: &str, shape: &[usize]) -> Result<usize, FamilyError> {
+        let position = self.position(name).ok_or_else(|| {
+            self.bad(format!(
+                "tensor `{name}` is missing (expected shape {shape:?})"
+            ))
+        })?;
         let tensor = &self.index.tensors[position];
         if tensor.shape != shape {
-            return Err(FamilyError::Model(format!(
-                "{}: tensor `{name}` has shape {:?}, but config.json implies {shape:?}",
-                self.index.path.display(),
+            return Err(self.bad(format!(
+                "tensor `{name}` has shape {:?}, but config.json implies {shape:?}",
                 tensor.shape
             )));
         }
         if DType::from_safetensors(&tensor.dtype).is_none() {
-            return Err(FamilyError::Model(format!(
-                "{}: tensor `{name}` is {}; stagehand computes with F32, F16 and BF16 weights",
-                self.index.path.display(),
+            return Err(self.bad(format!(
+                "tensor `{name}` is {}; stagehand computes with F32, F16 and BF16 weights (and FP8, int8 or awq_w4a16 quantized linear weights)",
                 tensor.dtype
             )));
         }
+        Ok(position)
+    }
+
+    fn position(&self, name: &str) -> Option<usize> {
+        self.index
+            .tensors
+            .iter()
+            .position(|tensor| tensor.name == name)
+    }
+
+    /// Puts tensor `position` in the current block.
+    fn push(&mut self, position: usize) -> Result<usize, FamilyError> {
         match self.blocks.last_mut() {
             Some((_, tensors)) => tensors.push(position),
             None => {
@@ -82,38 +117,49 @@ impl<'i> PlacementBuilder<'i> {
         Ok(position)
     }
 
-    /// As [`PlacementBuilder::add`] for a weight `<stem>.weight`: an FP8 weight's
-    /// per-tensor scale (`<stem>.weight_scale`, or ComfyUI's `<stem>.scale_weight`; one
-    /// F32 value) travels in the same block. `scales_required`: the checkpoint scales
-    /// its FP8 weights, so one without a scale is an error.
+    /// As [`PlacementBuilder::add`] for a weight `<stem>.weight`: an FP8 or I8
+    /// weight's per-tensor scale (`<stem>.weight_scale`, or ComfyUI's
+    /// `<stem>.scale_weight`; one F32 value) travels in the same block, as do an
+    /// `awq_w4a16` weight's group scales and zeros (`<stem>.weight_zeros` marks one).
+    /// `scales_required`: the checkpoint scales its FP8 weights, so one without a
+    /// scale is an error (an I8 weight always needs one).
     pub fn add_weight(
         &mut self,
         name: &str,
         shape: &[usize],
         scales_required: bool,
     ) -> Result<usize, FamilyError> {
-        let tensor = self.add(name, shape)?;
-        let info = &self.index.tensors[tensor];
-        if !info.dtype.starts_with("F8_") {
-            return Ok(tensor);
+        let stem = name.strip_suffix(".weight").unwrap_or(name).to_string();
+        let zeros = [
+            format!("{stem}.weight_zeros"),
+            format!("{stem}.weight_zero"),
+        ]
+        .into_iter()
+        .find_map(|candidate| self.position(&candidate));
+        if let Some(zero) = zeros {
+            return self.add_grouped(name, &stem, shape, zero);
         }
-        let stem = name.strip_suffix(".weight").unwrap_or(name);
+        let tensor = self.find(name, shape)?;
+        let dtype = self.index.tensors[tensor].dtype.clone();
+        if !dtype.starts_with("F8_") && dtype != "I8" {
+            return self.push(tensor);
+        }
+        self.push(tensor)?;
         let scale = [
             format!("{stem}.weight_scale"),
             format!("{stem}.scale_weight"),
         ]
         .into_iter()
-        .find_map(|candidate| {
-            self.index
-                .tensors
-                .iter()
-                .position(|tensor| tensor.name == candidate)
-        });
+        .find_map(|candidate| self.position(&candidate));
         let Some(scale) = scale else {
-            if scales_required {
-                return Err(FamilyError::Model(format!(
-                    "{}: FP8 tensor `{name}` has no scale (`{stem}.weight_scale`), while the checkpoint's other FP8 weights have one",
-                    self.index.path.display()
+            if scales_required || dtype == "I8" {
+                return Err(self.bad(format!(
+                    "{dtype} tensor `{name}` has no scale (`{stem}.weight_scale`){}",
+                    if dtype == "I8" {
+                        "; an int8 weight is stored divided by one"
+                    } else {
+                        ", while the checkpoint's other FP8 weights have one"
+                    }
                 )));
             }
             return Ok(tensor);
@@ -121,19 +167,71 @@ impl<'i> PlacementBuilder<'i> {
         let scale_info = &self.index.tensors[scale];
         let values: usize = scale_info.shape.iter().product();
         if scale_info.dtype != "F32" || values != 1 {
-            return Err(FamilyError::Model(format!(
-                "{}: the scale `{}` of FP8 tensor `{name}` is {} {:?}; a per-tensor scale is one F32 value",
-                self.index.path.display(),
-                scale_info.name,
-                scale_info.dtype,
-                scale_info.shape
+            return Err(self.bad(format!(
+                "the scale `{}` of {dtype} tensor `{name}` is {} {:?}; a per-tensor scale is one F32 value (per-row int8 scales are not implemented)",
+                scale_info.name, scale_info.dtype, scale_info.shape
             )));
         }
-        if let Some((_, tensors)) = self.blocks.last_mut() {
-            tensors.push(scale);
-        }
+        self.push(scale)?;
         self.scales.push((tensor, scale));
         Ok(tensor)
+    }
+
+    /// An `awq_w4a16` weight of logical `shape` `[rows, cols]`: `I8 [rows, cols / 2]`
+    /// codes, `weight_scale` and `zero` of `[cols / size, rows]` in F32, F16 or BF16.
+    fn add_grouped(
+        &mut self,
+        name: &str,
+        stem: &str,
+        shape: &[usize],
+        zero: usize,
+    ) -> Result<usize, FamilyError> {
+        let &[rows, cols] = shape else {
+            return Err(self.bad(format!("`{name}` is group-quantized but not a matrix")));
+        };
+        if cols % 2 != 0 {
+            return Err(self.bad(format!(
+                "`{name}` is awq_w4a16 with {cols} inputs; two 4-bit codes share a byte, so the inputs must be even"
+            )));
+        }
+        let weight = self.find(name, &[rows, cols / 2])?;
+        if self.index.tensors[weight].dtype != "I8" {
+            return Err(self.bad(format!(
+                "`{name}` has group zeros (awq_w4a16) but is {}; its packed codes are I8",
+                self.index.tensors[weight].dtype
+            )));
+        }
+        let scale_name = format!("{stem}.weight_scale");
+        let scale = self
+            .position(&scale_name)
+            .ok_or_else(|| self.bad(format!("awq_w4a16 weight `{name}` has no `{scale_name}`")))?;
+        let (scale_info, zero_info) = (&self.index.tensors[scale], &self.index.tensors[zero]);
+        let groups = match scale_info.shape[..] {
+            [groups, out] if out == rows && groups > 0 && cols % groups == 0 => groups,
+            _ => {
+                return Err(self.bad(format!(
+                    "`{scale_name}` has shape {:?}; an awq_w4a16 scale of a [{rows}, {cols}] weight is [inputs / group size, {rows}]",
+                    scale_info.shape
+                )))
+            }
+        };
+        let float = matches!(scale_info.dtype.as_str(), "F32" | "F16" | "BF16");
+        if !float || zero_info.shape != scale_info.shape || zero_info.dtype != scale_info.dtype {
+            return Err(self.bad(format!(
+                "`{scale_name}` is {} {:?} and `{}` is {} {:?}; they must be one float dtype (F32, F16 or BF16) and one shape",
+                scale_info.dtype, scale_info.shape, zero_info.name, zero_info.dtype, zero_info.shape
+            )));
+        }
+        self.push(weight)?;
+        self.push(scale)?;
+        self.push(zero)?;
+        self.grouped.push(GroupedWeight {
+            weight,
+            scale,
+            zero,
+            size: cols / groups,
+        });
+        Ok(weight)
     }
 
     /// Lays each block's tensors out in file order (so neighbours in the file share
@@ -167,6 +265,7 @@ impl<'i> PlacementBuilder<'i> {
                             rows,
                             cols,
                             scale: None,
+                            groups: None,
                         },
                     ),
                 );
@@ -190,6 +289,23 @@ impl<'i> PlacementBuilder<'i> {
             let offset = slots.get(&scale).map(|(_, slot)| slot.offset);
             if let Some((_, slot)) = slots.get_mut(&weight) {
                 slot.scale = offset;
+            }
+        }
+        for grouped in self.grouped {
+            let scale = slots.get(&grouped.scale).map(|(_, slot)| *slot);
+            let zero = slots.get(&grouped.zero).map(|(_, slot)| slot.offset);
+            if let (Some((_, slot)), Some(scale), Some(zero)) =
+                (slots.get_mut(&grouped.weight), scale, zero)
+            {
+                slot.dtype = DType::U4;
+                slot.cols *= 2;
+                slot.groups = Some(Groups {
+                    scale: scale.offset,
+                    zero,
+                    dtype: scale.dtype,
+                    size: grouped.size,
+                    stride: slot.rows,
+                });
             }
         }
         Placement {

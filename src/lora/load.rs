@@ -347,6 +347,15 @@ fn target(
             base.name, base.shape
         )));
     };
+    if base.dtype == "I8" {
+        // A resident block (and the reference) bakes the patch into the weight: into
+        // int8 codes it rounds to steps of max|w|/127 (most of a LoRA's update), and a
+        // 4-bit group-quantized weight has no merge at all.
+        return Err(shape_error(format!(
+            "base tensor `{}` is integer-quantized (int8_tensorwise or awq_w4a16), which stagehand does not patch with a LoRA (merged into its codes the update would round away); use a BF16 or FP8 checkpoint",
+            base.name
+        )));
+    }
     let ([rank, a_in], [b_out, b_rank]) = (&down_shape[..], &up_shape[..]) else {
         return Err(shape_error(format!(
             "factors must be 2-D, found A {down_shape:?} and B {up_shape:?}"

@@ -39,6 +39,10 @@ pub fn merge_tolerance(dtype: DType) -> f32 {
         DType::Bf16 => 8e-3,
         DType::F8E4M3 => 7e-2,
         DType::F8E5M2 => 0.13,
+        // An int8 merge is stored in 255 steps of its scale.
+        DType::I8 => 1e-2,
+        // Not merged into (refused): no tolerance passes.
+        DType::U4 => 0.0,
     }
 }
 

@@ -190,7 +190,7 @@ unsafe fn one_block(
 /// Widens `stored` (elements of `dtype`) into `out`, sixteen at a time in registers;
 /// exact, so the panel holds the weight's values bit for bit.
 pub(super) fn widen(dtype: DType, stored: &[u8], out: &mut [f32]) {
-    assert_eq!(stored.len(), out.len() * dtype.size_bytes());
+    assert_eq!(stored.len(), dtype.bytes(out.len()));
     macro_rules! on {
         ($format:ty) => {
             match Isa::detect() {
@@ -210,6 +210,9 @@ pub(super) fn widen(dtype: DType, stored: &[u8], out: &mut [f32]) {
         DType::Bf16 => on!(simd::Bf16),
         DType::F8E4M3 => on!(simd::E4M3),
         DType::F8E5M2 => on!(simd::E5M2),
+        DType::I8 => on!(simd::I8),
+        // Codes alone (U4's scales are per group): `grouped` widens U4 weights.
+        DType::U4 => dtype.widen(stored, out),
     }
 }
 
@@ -302,7 +305,12 @@ mod tests {
             DType::Bf16,
             DType::F8E4M3,
             DType::F8E5M2,
+            DType::I8,
         ] {
+            let values: Vec<f32> = match dtype {
+                DType::I8 => (0..37).map(|i| (i * 7) as f32 - 128.0).collect(),
+                _ => values.clone(),
+            };
             let bytes = dtype.encode(&values);
             let mut out = vec![0.0; values.len()];
             widen(dtype, &bytes, &mut out);

@@ -99,6 +99,10 @@ unsafe fn features(product: &Gemv<'_>, first: usize, end: usize, output: SharedO
         DType::Bf16 => on!(simd::Bf16),
         DType::F8E4M3 => on!(simd::E4M3),
         DType::F8E5M2 => on!(simd::E5M2),
+        DType::I8 => on!(simd::I8),
+        // `products::linear` dequantises group-quantised weights into f32 panels
+        // (`grouped`) before they reach a product.
+        DType::U4 => unreachable!("a U4 weight reached gemv"),
     }
 }
 

@@ -25,6 +25,7 @@ mod diffusion;
 mod elementwise;
 mod gemm;
 mod gemv;
+mod grouped;
 mod heads;
 mod kernels;
 mod pool;
@@ -494,7 +495,6 @@ impl Compute for CpuCompute {
 }
 
 #[cfg(test)]
-mod tests;
-
-#[cfg(test)]
 mod product_tests;
+#[cfg(test)]
+mod tests;

@@ -67,6 +67,7 @@ fn weight_block(
         rows: 0,
         cols: 0,
         scale: scale.map(|_| scale_at as u64),
+        groups: None,
     };
     (compute.load_block(&bytes).expect("block"), slot)
 }

@@ -2,11 +2,22 @@
 //! [`gemv`], many through [`gemm`]), LoRA low-rank and merge, embedding lookups and
 //! row-scaled sums.
 
-use crate::compute::{shapes, ComputeError, LowRank, Weight};
+use crate::compute::{shapes, ComputeError, DType, LowRank, Weight};
 
 use super::{
-    as_f32, gemm, gemv, kernels, vector, weight_bytes, weight_scale, CpuCompute, CpuTensor,
+    as_f32, gemm, gemv, grouped, kernels, vector, weight_bytes, weight_scale, CpuCompute, CpuTensor,
 };
+
+/// A weight whose values a plain widening does not give (U4's are per group), for
+/// the operations that read a weight whole.
+fn refuse_grouped(what: &str, weight: &Weight<'_>) -> Result<(), ComputeError> {
+    if weight.dtype() == DType::U4 {
+        return Err(ComputeError::Shape(format!(
+            "{what} of a 4-bit group-quantized (awq_w4a16) weight is not implemented; dequantize the checkpoint"
+        )));
+    }
+    Ok(())
+}
 
 pub(super) fn linear(
     compute: &CpuCompute,
@@ -22,6 +33,9 @@ pub(super) fn linear(
         Some(bias) => Some(vector("linear bias", bias, out, &mut small)?),
         None => None,
     };
+    if weight.dtype() == DType::U4 {
+        return grouped::linear(compute, x, weight, bias, y);
+    }
     let (stored, dtype, scale) = (weight_bytes(weight), weight.dtype(), weight_scale(weight));
     if x.rows <= gemv::GEMV_ROWS {
         let product = gemv::Gemv {
@@ -101,6 +115,7 @@ pub(super) fn merge_low_rank(
     scale: f32,
 ) -> Result<(), ComputeError> {
     shapes::merge(weight, factors)?;
+    refuse_grouped("merging a LoRA into a resident block", weight)?;
     let mut small = compute.cast_small.borrow_mut();
     let mut widened = Vec::new();
     let a = as_f32(factors.a(), &mut widened);
@@ -156,6 +171,7 @@ pub(super) fn gather_add(
     out: &mut CpuTensor,
 ) -> Result<(), ComputeError> {
     shapes::gather(table, rows, out.dims())?;
+    refuse_grouped("an embedding lookup", table)?;
     let bytes = weight_bytes(table);
     let row_bytes = table.cols() * table.dtype().size_bytes();
     let scale = weight_scale(table);

@@ -57,6 +57,7 @@ pub(super) enum Kind {
     Bf16,
     E4M3,
     E5M2,
+    I8,
 }
 
 pub(super) struct F32;
@@ -64,6 +65,7 @@ pub(super) struct F16;
 pub(super) struct Bf16;
 pub(super) struct E4M3;
 pub(super) struct E5M2;
+pub(super) struct I8;
 
 impl Format for F32 {
     const KIND: Kind = Kind::F32;
@@ -108,6 +110,15 @@ impl Format for E5M2 {
     unsafe fn scalar(at: *const u8) -> f32 {
         // SAFETY: the caller's contract. An E5M2 code is the top byte of an f16.
         half::f16::from_bits(u16::from(unsafe { *at }) << 8).to_f32()
+    }
+}
+
+impl Format for I8 {
+    const KIND: Kind = Kind::I8;
+    const BYTES: usize = 1;
+    unsafe fn scalar(at: *const u8) -> f32 {
+        // SAFETY: the caller's contract.
+        f32::from(unsafe { *at } as i8)
     }
 }
 
@@ -286,6 +297,22 @@ mod tests {
     unsafe fn widen_pair_avx512(codes: &[u8]) -> (Avx512, Avx512) {
         // SAFETY: the caller's contract.
         unsafe { Avx512::widen_pair::<E4M3>(codes.as_ptr()) }
+    }
+
+    #[test]
+    fn every_int8_code_widens_to_its_value_in_every_lane_implementation() {
+        // Proves the vector int8 widening (sign extension, then conversion) gives
+        // every code's value, −128 and 127 included, in every lane.
+        for first in (0..256).step_by(16) {
+            let codes: Vec<u8> = (first..first + 16).map(|code| code as u8).collect();
+            let expected: Vec<u32> = codes
+                .iter()
+                .map(|&code| f32::from(code as i8).to_bits())
+                .collect();
+            for result in all_lanes::<I8>(&codes) {
+                assert_eq!(bits(&result), expected, "int8 codes from {first}");
+            }
+        }
     }
 
     #[test]

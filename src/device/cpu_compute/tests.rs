@@ -27,6 +27,7 @@ fn slot(dtype: DType, rows: usize, cols: usize, offset: usize) -> TensorSlot {
         rows,
         cols,
         scale: None,
+        groups: None,
     }
 }
 

@@ -48,7 +48,7 @@ impl Kernels {
             shared_mem_bytes: 0,
         };
         let (x, rows, weight, dtype) =
-            (x.0, narrow_u32(rows, "rows")?, weight.0, dtype_code(dtype));
+            (x.0, narrow_u32(rows, "rows")?, weight.0, dtype_code(dtype)?);
         let (scale, bias, y) = (scale_address(scale), scale_address(bias), y.0);
         let (out, input) = (
             narrow_u32(out, "output features")?,

@@ -8,8 +8,8 @@
 // equals the resident run. The one atomic is the checksum's integer sum, which is
 // order-independent.
 //
-// dtype codes: 0 = f32, 1 = f16, 2 = bf16, 3 = fp8 e4m3, 4 = fp8 e5m2 (little-endian,
-// as in safetensors). A weight may carry an f32 scale (FP8 checkpoints): its values
+// dtype codes: 0 = f32, 1 = f16, 2 = bf16, 3 = fp8 e4m3, 4 = fp8 e5m2, 5 = int8 (little-endian,
+// as in safetensors). A weight may carry an f32 scale (FP8 and int8 checkpoints): its values
 // are stored × scale; kernels take the scale's address, 0 for none.
 
 typedef unsigned long long u64;
@@ -21,6 +21,7 @@ typedef unsigned short u16;
 #define STAGEHAND_BF16 2
 #define STAGEHAND_F8E4M3 3
 #define STAGEHAND_F8E5M2 4
+#define STAGEHAND_I8 5
 
 __device__ __forceinline__ float stagehand_half_to_float(u32 bits) {
     const u32 sign = (bits & 0x8000u) << 16;
@@ -156,6 +157,9 @@ __device__ __forceinline__ float stagehand_scale(const unsigned char* scale) {
 // Element `index` of a weight in `dtype` at any byte address: whole loads when the
 // address is aligned for the type, byte loads when the file left it unaligned.
 __device__ __forceinline__ float stagehand_load(const unsigned char* base, u64 index, int dtype) {
+    if (dtype == STAGEHAND_I8) {
+        return (float)(signed char)base[index];
+    }
     if (dtype == STAGEHAND_F8E4M3 || dtype == STAGEHAND_F8E5M2) {
         return stagehand_fp8_to_float(base[index], dtype);
     }
@@ -174,6 +178,11 @@ __device__ __forceinline__ float stagehand_load(const unsigned char* base, u64 i
 }
 
 __device__ __forceinline__ void stagehand_store(unsigned char* base, u64 index, int dtype, float value) {
+    if (dtype == STAGEHAND_I8) {
+        // Nearest code, ties to even, saturating (as the CPU backend narrows).
+        base[index] = (unsigned char)(signed char)fminf(fmaxf(rintf(value), -128.0f), 127.0f);
+        return;
+    }
     if (dtype == STAGEHAND_F8E4M3 || dtype == STAGEHAND_F8E5M2) {
         base[index] = (unsigned char)stagehand_float_to_fp8(value, dtype);
         return;

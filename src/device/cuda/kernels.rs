@@ -24,15 +24,23 @@ pub const BLOCK_THREADS: u32 = 256;
 /// Most blocks of a grid-stride launch: enough to fill any current GPU.
 const GRID_BLOCKS_MAX: u64 = 4096;
 
-/// The dtype code the kernels take.
-pub fn dtype_code(dtype: DType) -> i32 {
-    match dtype {
+/// The dtype code the kernels take. The kernels read int8 (`int8_tensorwise`) but
+/// not group-quantised 4-bit weights (`awq_w4a16`), which the CPU backend computes:
+/// those are refused by name.
+pub fn dtype_code(dtype: DType) -> Result<i32, CudaError> {
+    Ok(match dtype {
         DType::F32 => 0,
         DType::F16 => 1,
         DType::Bf16 => 2,
         DType::F8E4M3 => 3,
         DType::F8E5M2 => 4,
-    }
+        DType::I8 => 5,
+        DType::U4 => {
+            return Err(CudaError::InvalidArgument(
+                "awq_w4a16 (4-bit group-quantized) weights are computed by the CPU backend only; run with --device cpu".into(),
+            ))
+        }
+    })
 }
 
 /// A weight's scale address for the kernels: 0 for none.
@@ -145,7 +153,7 @@ impl Kernels {
         if count == 0 {
             return Ok(());
         }
-        let (src, dtype, scale, dst) = (src.0, dtype_code(dtype), scale_address(scale), dst.0);
+        let (src, dtype, scale, dst) = (src.0, dtype_code(dtype)?, scale_address(scale), dst.0);
         let mut launch = self.stream.launch_builder(&self.widen);
         launch
             .arg(&src)
@@ -175,7 +183,7 @@ impl Kernels {
         if count == 0 {
             return Ok(());
         }
-        let (src, dst, dtype, scale) = (src.0, dst.0, dtype_code(dtype), scale_address(scale));
+        let (src, dst, dtype, scale) = (src.0, dst.0, dtype_code(dtype)?, scale_address(scale));
         let mut launch = self.stream.launch_builder(&self.narrow);
         launch
             .arg(&src)
@@ -274,7 +282,7 @@ impl Kernels {
         if count == 0 {
             return Ok(());
         }
-        let (table, dtype, scale) = (table.0, dtype_code(dtype), scale_address(scale));
+        let (table, dtype, scale) = (table.0, dtype_code(dtype)?, scale_address(scale));
         let (ids, out) = (ids.0, out.0);
         let (rows, cols) = (rows as u64, narrow_u32(cols, "columns")?);
         let mut launch = self.stream.launch_builder(&self.gather_add);
@@ -437,8 +445,11 @@ mod tests {
         assert_eq!(grid_for(u64::MAX / 2).grid_dim.0, GRID_BLOCKS_MAX as u32);
         assert!(per_row(u64::from(u32::MAX)).is_err());
         assert_eq!(per_row(7).unwrap().grid_dim.0, 7);
-        assert_eq!(dtype_code(DType::Bf16), 2);
-        assert_eq!(dtype_code(DType::F8E5M2), 4);
+        assert_eq!(dtype_code(DType::Bf16).unwrap(), 2);
+        assert_eq!(dtype_code(DType::F8E5M2).unwrap(), 4);
+        assert_eq!(dtype_code(DType::I8).unwrap(), 5);
+        let refused = dtype_code(DType::U4).unwrap_err().to_string();
+        assert!(refused.contains("awq_w4a16"), "{refused}");
         assert_eq!(scale_address(None), 0);
     }
 }

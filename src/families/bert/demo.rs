@@ -219,6 +219,7 @@ impl BertDemo {
                 DType::Bf16 => "bfloat16",
                 DType::F8E4M3 => "float8_e4m3fn",
                 DType::F8E5M2 => "float8_e5m2",
+                DType::I8 | DType::U4 => "int8",
             },
             "type_vocab_size": 2,
             "vocab_size": shape.vocab,

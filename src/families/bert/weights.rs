@@ -236,7 +236,7 @@ fn check_shape(index: &ModelIndex, tensor: usize, shape: &[usize]) -> Result<(),
             info.shape
         )));
     }
-    if crate::compute::DType::from_safetensors(&info.dtype).is_none() {
+    if crate::compute::DType::float_from_safetensors(&info.dtype).is_none() {
         return Err(FamilyError::Model(format!(
             "{}: tensor `{}` is {}; stagehand computes with F32, F16 and BF16 weights",
             index.path.display(),

@@ -155,8 +155,18 @@ impl FluxConfig {
                     )
                 })
         };
+        // An awq_w4a16 weight (it has group zeros) stores two inputs a byte.
+        let packed = |name: &str| {
+            let stem = name.trim_end_matches(".weight");
+            ["weight_zeros", "weight_zero"].iter().any(|zeros| {
+                index
+                    .tensor(&names.full(&format!("{stem}.{zeros}")))
+                    .is_some()
+            })
+        };
         let matrix = |name: &str| -> Result<(usize, usize), FamilyError> {
             match shape(name)?[..] {
+                [rows, cols] if packed(name) => Ok((rows, 2 * cols)),
                 [rows, cols] => Ok((rows, cols)),
                 ref other => Err(bad(
                     path,

@@ -5,7 +5,10 @@
 //! The same preset and seed write the same values in every layout: a fused original
 //! weight (a qkv, a `linear1`) and its diffusers pieces come from one seeded stream,
 //! each piece from its own position in it. FP8 (`F8_E4M3`) stores every linear
-//! weight with ComfyUI's per-layer F32 `scale_weight` and the `scaled_fp8` marker.
+//! weight with ComfyUI's per-layer F32 `scale_weight` and the `scaled_fp8` marker;
+//! int8 (`I8`) and AWQ (`U4`) quantize the same seeded weights ComfyUI's way
+//! (`int8_tensorwise`, `awq_w4a16`; see [`crate::model::generated::QuantFormat`]),
+//! each layer with its `comfy_quant` marker. Biases and norms of all three are BF16.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -16,7 +19,9 @@ use super::config::AXES_METADATA;
 use super::input::{CONTEXT_NAME, POOLED_NAME};
 use super::names::{Layout, Names, COMFY_PREFIX};
 use crate::compute::DType;
-use crate::model::generated::{write_atomically, write_single, TensorSpec, Values};
+use crate::model::generated::{
+    quantized_linear, write_atomically, write_single, QuantFormat, TensorSpec, Values,
+};
 
 /// Which shape `demo-model --arch flux` writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,7 +101,8 @@ impl FluxPreset {
 pub struct FluxDemo {
     pub preset: FluxPreset,
     pub layout: Layout,
-    /// BF16, F16, F32, or F8_E4M3 (linear weights scaled; biases and norms BF16).
+    /// BF16, F16, F32, F8_E4M3 (linear weights scaled; biases and norms BF16), I8
+    /// (`int8_tensorwise`) or U4 (`awq_w4a16`).
     pub dtype: DType,
     pub seed: u64,
 }
@@ -108,11 +114,18 @@ const IN_CHANNELS: usize = 64;
 struct Tensors {
     names: Names,
     fp8: bool,
+    /// The integer format linear weights are quantized in.
+    quant: Option<QuantFormat>,
     seed: u64,
     list: Vec<TensorSpec>,
 }
 
 impl Tensors {
+    /// Biases' and norms' dtype: BF16 beside quantized weights.
+    fn side_dtype(&self) -> Option<DType> {
+        (self.fp8 || self.quant.is_some()).then_some(DType::Bf16)
+    }
+
     fn next_seed(&mut self) -> u64 {
         self.seed = self
             .seed
@@ -124,7 +137,7 @@ impl Tensors {
     fn vector(&mut self, name: String, width: usize, center: f32, spread: f32) {
         let seed = self.next_seed();
         let mut tensor = TensorSpec::uniform(name, vec![width], seed, center, spread);
-        tensor.dtype = self.fp8.then_some(DType::Bf16);
+        tensor.dtype = self.side_dtype();
         self.list.push(tensor);
     }
 
@@ -146,17 +159,24 @@ impl Tensors {
         let stored = if self.fp8 { 448.0 } else { spread };
         let mut first = 0usize;
         for (piece, rows) in stems.into_iter().zip(rows) {
-            self.list.push(TensorSpec {
-                name: format!("{piece}.weight"),
-                shape: vec![rows, input],
-                values: Values::UniformFrom {
-                    seed: weight_seed,
-                    center: 0.0,
-                    spread: stored,
-                    first: (first * input) as u64,
-                },
-                dtype: None,
-            });
+            let values = Values::UniformFrom {
+                seed: weight_seed,
+                center: 0.0,
+                spread: stored,
+                first: (first * input) as u64,
+            };
+            match self.quant {
+                Some(format) => {
+                    self.list
+                        .extend(quantized_linear(&piece, (rows, input), &values, format))
+                }
+                None => self.list.push(TensorSpec {
+                    name: format!("{piece}.weight"),
+                    shape: vec![rows, input],
+                    values,
+                    dtype: None,
+                }),
+            }
             if self.fp8 {
                 self.list.push(TensorSpec {
                     name: format!("{piece}.scale_weight"),
@@ -174,7 +194,7 @@ impl Tensors {
                     spread: 0.02,
                     first: first as u64,
                 },
-                dtype: self.fp8.then_some(DType::Bf16),
+                dtype: self.side_dtype(),
             });
             first += rows;
         }
@@ -223,6 +243,7 @@ impl FluxDemo {
                 layout: self.layout,
             },
             fp8: matches!(self.dtype, DType::F8E4M3 | DType::F8E5M2),
+            quant: QuantFormat::of(self.dtype),
             seed: self.seed,
             list: Vec::new(),
         };
@@ -264,10 +285,17 @@ impl FluxDemo {
     pub fn weight_bytes(&self) -> u64 {
         self.tensors()
             .iter()
-            .map(|tensor| {
-                tensor.elements() * tensor.dtype.unwrap_or(self.dtype).size_bytes() as u64
-            })
+            .map(|tensor| tensor.bytes(self.storage()))
             .sum()
+    }
+
+    /// The checkpoint's dtype for tensors that name none (quantized checkpoints give
+    /// every tensor its own; the VAE tensor of a ComfyUI file is BF16 beside them).
+    fn storage(&self) -> DType {
+        match QuantFormat::of(self.dtype) {
+            Some(_) => DType::Bf16,
+            None => self.dtype,
+        }
     }
 
     /// Writes the checkpoint under `dir`: `flux.safetensors` (original, ComfyUI) or
@@ -301,13 +329,13 @@ impl FluxDemo {
                 std::io::Write::write_all(file, text.as_bytes())
             })?;
             let path = folder.join("diffusion_pytorch_model.safetensors");
-            write_single(&path, &tensors, self.dtype, &metadata)?;
+            write_single(&path, &tensors, self.storage(), &metadata)?;
             return Ok(folder);
         }
         std::fs::create_dir_all(dir)?;
         metadata.insert(AXES_METADATA.to_string(), json!(shape.axes).to_string());
         let path = dir.join("flux.safetensors");
-        write_single(&path, &tensors, self.dtype, &metadata)?;
+        write_single(&path, &tensors, self.storage(), &metadata)?;
         Ok(path)
     }
 }
@@ -333,12 +361,19 @@ impl Tensors {
                 spread,
             },
         };
-        self.list.push(TensorSpec {
-            name: format!("{stem}.weight"),
-            shape: vec![2 * hidden, hidden],
-            values: values(weight_seed, stored, hidden * hidden),
-            dtype: None,
-        });
+        let weight = values(weight_seed, stored, hidden * hidden);
+        match self.quant {
+            Some(format) => {
+                let tensors = quantized_linear(&stem, (2 * hidden, hidden), &weight, format);
+                self.list.extend(tensors);
+            }
+            None => self.list.push(TensorSpec {
+                name: format!("{stem}.weight"),
+                shape: vec![2 * hidden, hidden],
+                values: weight,
+                dtype: None,
+            }),
+        }
         if self.fp8 {
             self.list.push(TensorSpec {
                 name: format!("{stem}.scale_weight"),
@@ -351,7 +386,7 @@ impl Tensors {
             name: format!("{stem}.bias"),
             shape: vec![2 * hidden],
             values: values(bias_seed, 0.02, hidden),
-            dtype: self.fp8.then_some(DType::Bf16),
+            dtype: self.side_dtype(),
         });
     }
 }

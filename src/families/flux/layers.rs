@@ -1,6 +1,7 @@
 //! One Flux denoising pass, block by block, against the compute port: the embedders,
 //! the double-stream blocks, the single-stream blocks and the final layer.
 
+use crate::compute::quant::Groups;
 use crate::compute::{Attention, Compute, Diffusion, Mask, TensorSlot};
 use crate::families::blocks::Held;
 use crate::families::lora_set::LoraSet;
@@ -20,19 +21,28 @@ pub struct Ctx<'a, C: Compute> {
     pub config: &'a FluxConfig,
 }
 
-/// Rows `first .. first + count` of a matrix slot (a bias is one row: its columns).
+/// Rows `first .. first + count` of a matrix slot (a bias is one row: its columns);
+/// a U4 weight's group scales and zeros start `first` values on, their stride kept.
 fn sub_slot(slot: TensorSlot, first: usize, count: usize) -> TensorSlot {
-    let size = slot.dtype.size_bytes() as u64;
     if slot.rows == 1 {
         return TensorSlot {
-            offset: slot.offset + first as u64 * size,
+            offset: slot.offset + slot.dtype.bytes(first) as u64,
             cols: count,
             ..slot
         };
     }
+    let groups = slot.groups.map(|groups| {
+        let skipped = groups.dtype.bytes(first) as u64;
+        Groups {
+            scale: groups.scale + skipped,
+            zero: groups.zero + skipped,
+            ..groups
+        }
+    });
     TensorSlot {
-        offset: slot.offset + (first * slot.cols) as u64 * size,
+        offset: slot.offset + slot.dtype.bytes(first * slot.cols) as u64,
         rows: count,
+        groups,
         ..slot
     }
 }

@@ -76,6 +76,7 @@ impl LinearStack {
                     rows: dim,
                     cols: dim,
                     scale: None,
+                    groups: None,
                 });
             }
             layers.push(slots);

@@ -81,7 +81,7 @@ pub(super) fn host_routers(
             let elements: usize = tensor.shape.iter().product();
             return Ok(vec![0.0; elements]);
         };
-        let dtype = DType::from_safetensors(&tensor.dtype).ok_or_else(|| {
+        let dtype = DType::float_from_safetensors(&tensor.dtype).ok_or_else(|| {
             FamilyError::Model(format!("{name}: {} is not a float tensor", tensor.dtype))
         })?;
         let extent = stagehand_actors::Extent {

@@ -79,6 +79,7 @@ impl MoeRun {
             rows: self.dim(),
             cols: self.dim(),
             scale: None,
+            groups: None,
         }
     }
 
@@ -117,6 +118,7 @@ impl MoeRun {
                 rows: self.model.spec.experts as usize,
                 cols: self.dim(),
                 scale: None,
+                groups: None,
             };
             compute.linear(&state.x, &view.weight(&router)?, None, &mut state.logits)?;
             Ok::<_, FamilyError>(compute.read(&state.logits)?)

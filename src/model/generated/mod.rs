@@ -4,9 +4,11 @@
 //! shapes and names beside its code (`families::bert::demo`, `families::llama::demo`,
 //! `families::flux`).
 
+mod quantized;
 mod tokenizer;
 mod writer;
 
+pub use quantized::{quantize_awq, quantize_int8, quantized_linear, QuantFormat, AWQ_GROUP_SIZE};
 pub use tokenizer::{
     byte_level_tokenizer_json, chat_tokenizer_config_json, minimum_vocabulary, tokenizer_json,
 };

@@ -25,7 +25,7 @@ pub struct TensorSpec {
 }
 
 /// How a tensor's values are made.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub enum Values {
     /// Uniform in `[center − spread, center + spread)` from a seeded stream.
     Uniform { seed: u64, center: f32, spread: f32 },
@@ -48,6 +48,13 @@ pub enum Values {
         spread: f32,
         half: u64,
     },
+    /// Bytes written as they are, under the safetensors dtype named (quantized
+    /// codes, their scales, ComfyUI's `comfy_quant` JSON): the tensor's `dtype` is
+    /// ignored and its shape must hold the bytes.
+    Raw {
+        bytes: std::sync::Arc<[u8]>,
+        dtype: &'static str,
+    },
 }
 
 impl TensorSpec {
@@ -69,13 +76,26 @@ impl TensorSpec {
         }
     }
 
-    fn bytes(&self, dtype: DType) -> u64 {
+    /// Bytes written, the checkpoint's storage dtype being `dtype`.
+    pub fn bytes(&self, dtype: DType) -> u64 {
+        if let Values::Raw { bytes, .. } = &self.values {
+            return bytes.len() as u64;
+        }
         self.elements() * self.dtype.unwrap_or(dtype).size_bytes() as u64
+    }
+
+    /// The safetensors dtype name written in the header.
+    fn stored_name(&self, dtype: DType) -> &'static str {
+        match &self.values {
+            Values::Raw { dtype, .. } => dtype,
+            _ => self.dtype.unwrap_or(dtype).safetensors_name(),
+        }
     }
 }
 
 impl Values {
-    fn fill(&self, first: u64, out: &mut [f32]) {
+    /// Values `first .. first + out.len()` of the stream (`Raw` bytes have none: zeros).
+    pub fn fill(&self, first: u64, out: &mut [f32]) {
         match *self {
             Values::Uniform {
                 seed,
@@ -88,6 +108,7 @@ impl Values {
                 }
             }
             Values::Constant(constant) => out.fill(constant),
+            Values::Raw { .. } => out.fill(0.0),
             Values::UniformFrom {
                 seed,
                 center,
@@ -213,10 +234,9 @@ fn write_shard(
     let mut offset = 0u64;
     for tensor in tensors {
         let end = offset + tensor.bytes(dtype);
-        let stored = tensor.dtype.unwrap_or(dtype);
         header.insert(
             tensor.name.clone(),
-            json!({"dtype": stored.safetensors_name(), "shape": tensor.shape, "data_offsets": [offset, end]}),
+            json!({"dtype": tensor.stored_name(dtype), "shape": tensor.shape, "data_offsets": [offset, end]}),
         );
         offset = end;
     }
@@ -229,6 +249,10 @@ fn write_shard(
     let mut values = vec![0f32; CHUNK_VALUES];
     let mut bytes = vec![0u8; CHUNK_VALUES * 4];
     for tensor in tensors {
+        if let Values::Raw { bytes, .. } = &tensor.values {
+            writer.write_all(bytes)?;
+            continue;
+        }
         let stored = tensor.dtype.unwrap_or(dtype);
         let total = tensor.elements();
         let mut first = 0u64;

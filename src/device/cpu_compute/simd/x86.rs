@@ -76,6 +76,11 @@ impl Lanes for Avx2 {
                         halves_to_f32(_mm_unpackhi_epi8(zero, codes)),
                     )
                 }
+                Kind::I8 => {
+                    let low = _mm256_cvtepi8_epi32(_mm_loadl_epi64(at as *const __m128i));
+                    let high = _mm256_cvtepi8_epi32(_mm_loadl_epi64(at.add(8) as *const __m128i));
+                    Avx2(_mm256_cvtepi32_ps(low), _mm256_cvtepi32_ps(high))
+                }
                 Kind::E4M3 => {
                     let low = _mm256_cvtepu8_epi32(_mm_loadl_epi64(at as *const __m128i));
                     let high = _mm256_cvtepu8_epi32(_mm_loadl_epi64(at.add(8) as *const __m128i));
@@ -134,6 +139,9 @@ impl Lanes for Avx512 {
                     let codes = _mm256_cvtepu8_epi16(_mm_loadu_si128(at as *const __m128i));
                     Avx512(_mm512_cvtph_ps(_mm256_slli_epi16(codes, 8)))
                 }
+                Kind::I8 => Avx512(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+                    at as *const __m128i,
+                )))),
                 Kind::E4M3 => {
                     let codes = _mm512_cvtepu8_epi32(_mm_loadu_si128(at as *const __m128i));
                     let rest = _mm512_and_si512(codes, _mm512_set1_epi32(0x7f));
