@@ -185,6 +185,81 @@ fn a_configured_lora_adapter_is_applied_as_embed_applies_it() {
 }
 
 #[test]
+fn an_adapter_per_request_is_found_relative_to_the_config_and_refused_by_name() {
+    // Proves `adapters = { style = FILE }`: `"model": "base:style"` embeds as a model
+    // with that adapter as its own `lora` does (both paths relative to the config
+    // file), is listed by /v1/models, and a bad name or file stops the start, named.
+    let dir = tempfile::tempdir().unwrap();
+    let wrote = output_within_deadline(common::stagehand().current_dir(dir.path()).args([
+        "demo-model",
+        "--arch",
+        "bert",
+        "--out",
+        "bert",
+        "--lora-out",
+        "adapter",
+        "--lora-rank",
+        "4",
+    ]));
+    assert!(
+        wrote.status.success(),
+        "{}",
+        String::from_utf8_lossy(&wrote.stderr)
+    );
+    let config = dir.path().join("serve.toml");
+    let write = |models: &str| std::fs::write(&config, models).unwrap();
+    write(
+        "[[models]]\nname = \"tuned\"\nfolder = \"bert\"\nlora = [\"adapter/adapter_model.safetensors:0.8\"]\n\n\
+         [[models]]\nname = \"base\"\nfolder = \"bert\"\n\
+         adapters = { style = \"adapter/adapter_model.safetensors:0.8\" }\n",
+    );
+    let server = Server::start(&["--config", &config.display().to_string()]);
+    let listed = server.get("/v1/models").json();
+    let ids: Vec<&str> = listed["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|model| model["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["tuned", "base", "base:style"]);
+    let embed = |name: &str| {
+        let reply = server.post(
+            "/v1/embeddings",
+            &json!({"model": name, "input": "hello world"}),
+        );
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        assert_eq!(reply.json()["model"], name);
+        reply.json()["data"][0]["embedding"].clone()
+    };
+    let (tuned, base, styled) = (embed("tuned"), embed("base"), embed("base:style"));
+    assert_ne!(styled, base, "the adapter changes the embedding");
+    let difference = styled
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(tuned.as_array().unwrap())
+        .map(|(a, b)| (a.as_f64().unwrap() - b.as_f64().unwrap()).abs())
+        .fold(0.0, f64::max);
+    assert!(
+        difference <= 1e-6,
+        "base:style and tuned differ by {difference}"
+    );
+    let unknown = server.post(
+        "/v1/embeddings",
+        &json!({"model": "base:nope", "input": "x"}),
+    );
+    assert_eq!(unknown.status, 404, "{}", unknown.text());
+    assert!(unknown.text().contains("base:style"), "{}", unknown.text());
+    let stopped = server.stop();
+    assert_eq!(stopped.status.code(), Some(0), "{}", stopped.stderr);
+    let config_arg = config.display().to_string();
+    write("[[models]]\nname = \"base\"\nfolder = \"bert\"\nadapters = { \"a:b\" = \"adapter\" }\n");
+    refused(&["--config", &config_arg], "\"a:b\" is not an adapter name");
+    write("[[models]]\nname = \"base\"\nfolder = \"bert\"\nadapters = { style = \"missing.safetensors\" }\n");
+    refused(&["--config", &config_arg], "missing.safetensors");
+}
+
+#[test]
 fn every_documented_serve_flag_starts_or_is_refused_through_the_binary() {
     // Proves through the CLI table machinery (tests/common/cli.rs) that every flag
     // `serve --help` documents starts the server (it loads its model, then SIGTERM

@@ -1,8 +1,10 @@
 """The official `openai` client against a running `stagehand serve`.
 
 Run by tests/serve_openai.rs as `python tests/serve_openai.py BASE_URL API_KEY`: the
-server serves `bert` (an encoder) and `llama` (a decoder with a chat template).
-Every check asserts; the last line says how many passed.
+server serves `bert` (an encoder) and `llama` (a decoder with a chat template),
+perhaps each with an adapter `style` (`bert:style`, `llama:style`: the adapter
+checks run when the models list names them). Every check asserts; the last line
+says how many passed.
 """
 
 import math
@@ -25,10 +27,14 @@ def check(name):
     return run
 
 
-@check("models.list names both models")
+ids = sorted(model.id for model in client.models.list())
+adapters = "llama:style" in ids
+
+
+@check("models.list names both models (and their adapters)")
 def _():
-    ids = sorted(model.id for model in client.models.list())
-    assert ids == ["bert", "llama"], ids
+    expected = ["bert", "bert:style", "llama", "llama:style"] if adapters else ["bert", "llama"]
+    assert ids == expected, ids
 
 
 @check("embeddings: a list, in the client's default base64 and as floats, agree")
@@ -127,6 +133,34 @@ def _():
         assert error.status_code == 401 and error.code == "invalid_api_key", error
     else:
         raise AssertionError("no error")
+
+
+if adapters:
+
+    @check("a LoRA per request: model:adapter answers under its own id, differently from the base")
+    def _():
+        ask = dict(prompt="hello", max_tokens=6, temperature=0)
+        base = client.completions.create(model="llama", **ask)
+        styled = client.completions.create(model="llama:style", **ask)
+        again = client.completions.create(model="llama:style", **ask)
+        assert styled.model == "llama:style" and base.model == "llama", (styled.model, base.model)
+        assert styled.choices[0].text == again.choices[0].text
+        assert styled.choices[0].text != base.choices[0].text, styled.choices[0].text
+        messages = [{"role": "user", "content": "hi"}]
+        chat = client.chat.completions.create(model="llama:style", messages=messages, max_tokens=4, temperature=0)
+        assert chat.model == "llama:style" and chat.choices[0].message.role == "assistant"
+        texts = ["a man is eating food"]
+        plain = client.embeddings.create(model="bert", input=texts, encoding_format="float")
+        styled = client.embeddings.create(model="bert:style", input=texts, encoding_format="float")
+        assert styled.model == "bert:style"
+        moved = max(abs(a - b) for a, b in zip(plain.data[0].embedding, styled.data[0].embedding))
+        assert moved > 1e-3, moved
+        try:
+            client.completions.create(model="llama:nope", prompt="x", max_tokens=1)
+        except openai.NotFoundError as error:
+            assert error.code == "model_not_found" and "llama:style" in error.message, error
+        else:
+            raise AssertionError("no error")
 
 
 print(f"openai-client: {len(checks)} checks passed (openai {openai.__version__})")

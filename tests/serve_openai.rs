@@ -13,7 +13,7 @@ mod serve_support;
 use std::path::PathBuf;
 
 use common::process::output_within_deadline;
-use serve_support::{models, shared_budget_config, Server};
+use serve_support::{adapters, models, shared_budget_config_with, Server};
 
 /// The python that imports `openai`: `STAGEHAND_OPENAI_PYTHON`, else the venv the
 /// install script makes.
@@ -37,22 +37,28 @@ fn the_openai_client_gets_models_embeddings_completions_chat_streams_and_errors(
     let dir = tempfile::tempdir().unwrap();
     let (bert, llama) = models(dir.path());
     let (bert, llama) = (bert.display().to_string(), llama.display().to_string());
-    client_checks(&["--model", &bert, "--model", &llama, "--api-key", "test-key"]);
+    client_checks(
+        &["--model", &bert, "--model", &llama, "--api-key", "test-key"],
+        9,
+    );
 }
 
 #[test]
-fn the_openai_client_gets_the_same_from_two_models_sharing_one_budget() {
+fn the_openai_client_gets_the_same_from_two_models_sharing_one_budget_and_a_lora_per_request() {
     // Proves issue 24's "done when": the client's embeddings and chat with an embedder
-    // and a decoder in one shared budget that holds about one and a half of them.
+    // and a decoder in one shared budget that holds about one and a half of them, and
+    // each model's adapter chosen per request (`"model": "llama:style"`).
     let dir = tempfile::tempdir().unwrap();
     let (bert, llama) = models(dir.path());
-    let config = shared_budget_config(dir.path(), &bert, &llama);
+    let (bert_lora, llama_lora) = adapters(dir.path(), 1);
+    let config =
+        shared_budget_config_with(dir.path(), &bert, &llama, Some((&bert_lora, &llama_lora)));
     let config = config.display().to_string();
-    client_checks(&["--config", &config, "--api-key", "test-key"]);
+    client_checks(&["--config", &config, "--api-key", "test-key"], 10);
 }
 
-/// Runs `tests/serve_openai.py` against `stagehand serve ARGS`.
-fn client_checks(args: &[&str]) {
+/// Runs `tests/serve_openai.py` against `stagehand serve ARGS`; `checks` of them pass.
+fn client_checks(args: &[&str], checks: usize) {
     let Some(python) = client_python() else {
         eprintln!(
             "SKIPPED: the openai client is not installed (run scripts/install-openai.sh, or set STAGEHAND_OPENAI_PYTHON); CI sets it and fails without it"
@@ -74,7 +80,7 @@ fn client_checks(args: &[&str]) {
         "the openai client failed:\n{stdout}\n{stderr}"
     );
     assert!(
-        stdout.contains("openai-client: 9 checks passed"),
+        stdout.contains(&format!("openai-client: {checks} checks passed")),
         "{stdout}\n{stderr}"
     );
     let stopped = server.stop();

@@ -130,6 +130,7 @@ fn embed(model: &Running) -> Vec<Vec<u32>> {
     let input = EncoderInput::TokenIds(vec![vec![1, 5, 9, 2], vec![3, 4]]);
     let job = EmbedJob {
         input,
+        adapter: None,
         reply,
         cancel: Cancel::new(),
     };
@@ -143,6 +144,7 @@ fn generate(model: &Running) -> Vec<u32> {
     let (events, tokens) = flume::unbounded();
     let job = GenerateJob {
         prompt: vec![1, 2, 3],
+        adapter: None,
         sampling: Sampling::default(),
         max_tokens: 6,
         stop_tokens: Vec::new(),

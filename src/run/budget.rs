@@ -179,20 +179,19 @@ pub fn plan_minimum_bytes(prepared: &Prepared, depth: u32, policy: ResidencyPoli
     ((dense_minimum + expert_floor).min(total), total)
 }
 
-/// VRAM the attached LoRA adapters' regions take: per adapter, a slot for each ring
+/// VRAM the attached LoRA adapters' regions take (the largest of the sets a session
+/// may attach): per adapter, a slot for each ring
 /// slot and one more (`depth + 2`), each as large as its largest pack (what the LoRA
 /// offloader asks the allocator for).
 pub fn lora_region_bytes(prepared: &Prepared, depth: u32) -> u64 {
     let blocks = prepared.facts().layout().len();
     prepared
-        .workload
-        .lora
-        .iter()
-        .map(|phase| {
-            (0..phase.set.adapters().len())
+        .lora_sets()
+        .map(|set| {
+            (0..set.adapters().len())
                 .map(|adapter| {
                     let largest = (0..blocks)
-                        .map(|block| phase.set.pack_bytes(adapter, block))
+                        .map(|block| set.pack_bytes(adapter, block))
                         .max()
                         .unwrap_or(0);
                     u64::from(depth + 2) * arena_bytes(largest.max(1))
@@ -214,19 +213,18 @@ pub fn resident_need_bytes(prepared: &Prepared, prefetch_depth: u32) -> u64 {
         .map(|block| arena_bytes(block.bytes))
         .sum();
     let ring = u64::from(prefetch_depth + 1) * arena_bytes(layout.largest_block_bytes());
+    // One set is attached at a time (a switch detaches the last): the largest counts.
     let lora: u64 = prepared
-        .workload
-        .lora
-        .iter()
-        .map(|phase| {
-            (0..phase.set.adapters().len())
+        .lora_sets()
+        .map(|set| {
+            (0..set.adapters().len())
                 .flat_map(|adapter| {
-                    (0..layout.len())
-                        .map(move |block| arena_bytes(phase.set.pack_bytes(adapter, block)))
+                    (0..layout.len()).map(move |block| arena_bytes(set.pack_bytes(adapter, block)))
                 })
                 .sum::<u64>()
         })
-        .sum();
+        .max()
+        .unwrap_or(0);
     blocks + ring + lora
 }
 

@@ -45,7 +45,7 @@ pub use budget::{
 #[cfg(feature = "cuda")]
 pub use cuda::{execute_cuda_with, CudaOutcome, CudaRunOptions, VramFigures};
 pub use execute::{execute, execute_cuda, execute_on, peak_rss_bytes};
-pub use prepare::{parse_token_ids, prepare, prepare_with, texts_from_file, Prepared};
+pub use prepare::{parse_token_ids, prepare, prepare_with, texts_from_file, NamedLora, Prepared};
 
 /// Why a run could not be set up (exit 2) or failed (exit 1).
 #[derive(Debug, thiserror::Error)]

@@ -25,12 +25,48 @@ pub struct Prepared {
     pub family: &'static Entry,
     /// Texts that were longer than the model takes, by position (encoders).
     pub truncated_texts: Vec<usize>,
+    /// Adapters a kept-loaded model switches to per request (`serve`'s
+    /// `"model": "base:adapter"`), each a whole set: the model's own LoRA, then the
+    /// adapter's. Empty for one-shot runs.
+    pub adapters: Vec<NamedLora>,
+}
+
+/// A LoRA set a request can choose by name.
+pub struct NamedLora {
+    pub name: String,
+    pub set: LoraSet,
 }
 
 impl Prepared {
     /// What the run and the tools ask about the model, whatever its family.
     pub fn facts(&self) -> &dyn Facts {
         self.workload.model.facts()
+    }
+
+    /// Adds a set requests can choose as `name`: `specs` placed where the family puts
+    /// each target tensor (the same checks as `--lora`).
+    pub fn add_adapter(&mut self, name: &str, specs: &[LoraSpec]) -> Result<(), RunError> {
+        let facts = self.facts();
+        if !facts.takes_lora() {
+            return Err(RunError::BadInput(format!(
+                "adapter {name}: this model takes no LoRA (serve applies adapters to BERT encoders and Llama-family decoders)"
+            )));
+        }
+        let place = |tensor: usize| facts.place(&self.index, tensor);
+        let set = LoraSet::load(&self.index, specs, facts.layout().len(), &place)
+            .map_err(|error| RunError::BadInput(format!("adapter {name}: {error}")))?;
+        self.adapters.push(NamedLora {
+            name: name.to_string(),
+            set,
+        });
+        Ok(())
+    }
+
+    /// Every LoRA set a session of this model may attach (one at a time): its phases'
+    /// and its adapters'.
+    pub fn lora_sets(&self) -> impl Iterator<Item = &LoraSet> {
+        let phases = self.workload.lora.iter().map(|phase| &phase.set);
+        phases.chain(self.adapters.iter().map(|adapter| &adapter.set))
     }
 
     /// Bytes the session streams: the layout's, which may leave out tensors the
@@ -122,6 +158,7 @@ pub fn prepare_with(
         folder,
         family: entry,
         truncated_texts,
+        adapters: Vec::new(),
     })
 }
 

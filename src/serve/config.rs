@@ -2,6 +2,7 @@
 //! with its folder, optional LoRA adapters, budgets and limits. Unknown keys are
 //! refused by name; relative paths are relative to the file.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
@@ -127,6 +128,10 @@ pub struct ModelConfig {
     /// LoRA adapters attached for the model's whole life (`FILE` or `FILE:STRENGTH`).
     #[serde(default)]
     pub lora: Vec<String>,
+    /// Adapters a request chooses by name, `"model": "NAME:ADAPTER"` (`FILE` or
+    /// `FILE:STRENGTH`, applied after `lora`); the base is never reloaded to switch.
+    #[serde(default)]
+    pub adapters: BTreeMap<String, String>,
     /// This model's VRAM budget (`"2GiB"`); default: the settings' policy.
     #[serde(default)]
     pub vram_budget: Option<String>,
@@ -165,6 +170,7 @@ impl ModelConfig {
             name,
             folder: folder.to_path_buf(),
             lora: Vec::new(),
+            adapters: BTreeMap::new(),
             vram_budget: None,
             pin_ceiling: None,
             max_sequences: default_sequences(),
@@ -172,6 +178,17 @@ impl ModelConfig {
             max_tokens: None,
             queue_depth: None,
         }
+    }
+}
+
+/// `FILE[:STRENGTH]` with a relative `FILE` made relative to the config's folder
+/// (left as written when it does not parse: loading says why).
+fn relative_spec(text: &str, relative: &impl Fn(&Path) -> PathBuf) -> String {
+    match crate::lora::LoraSpec::parse(text) {
+        Ok(spec) if spec.path.is_relative() => {
+            format!("{}:{}", relative(&spec.path).display(), spec.strength)
+        }
+        _ => text.to_string(),
     }
 }
 
@@ -193,6 +210,10 @@ impl ServeConfig {
         config.settings = config.settings.as_deref().map(relative);
         for model in &mut config.models {
             model.folder = relative(&model.folder);
+            let specs = model.lora.iter_mut().chain(model.adapters.values_mut());
+            for spec in specs {
+                *spec = relative_spec(spec, &relative);
+            }
         }
         Ok(config)
     }

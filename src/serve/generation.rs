@@ -43,6 +43,8 @@ impl Endpoint {
 pub(super) struct Generation {
     pub endpoint: Endpoint,
     pub model: Arc<ServedModel>,
+    /// The model's adapter the request named (`"model": "NAME:ADAPTER"`).
+    pub adapter: Option<String>,
     pub prompt: Vec<u32>,
     pub sampling: Sampling,
     pub max_tokens: u64,
@@ -53,6 +55,16 @@ pub(super) struct Generation {
     pub created: u64,
 }
 
+impl Generation {
+    /// The id the request asked for: `NAME` or `NAME:ADAPTER`.
+    pub fn model_id(&self) -> String {
+        match &self.adapter {
+            Some(adapter) => format!("{}:{adapter}", self.model.name),
+            None => self.model.name.clone(),
+        }
+    }
+}
+
 pub(super) async fn completions(
     State(app): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
@@ -61,11 +73,11 @@ pub(super) async fn completions(
     let model = model_field(&body);
     let result = async {
         let request: CompletionRequest = parse(body, app.limits.max_body_bytes)?;
-        let served = generator(&app, &request.model)?;
+        let (served, adapter) = generator(&app, &request.model)?;
         let prompt = completion_prompt(&served, request.prompt)?;
         let generation = generation(
             &app,
-            served,
+            (served, adapter),
             Endpoint::Completions,
             prompt,
             request.sampling,
@@ -84,18 +96,19 @@ pub(super) async fn chat(
     let model = model_field(&body);
     let result = async {
         let request: ChatRequest = parse(body, app.limits.max_body_bytes)?;
-        let served = generator(&app, &request.model)?;
+        let (served, adapter) = generator(&app, &request.model)?;
         let prompt = chat_prompt(&served, &request.messages)?;
-        let generation = generation(&app, served, Endpoint::Chat, prompt, request.sampling)?;
+        let chosen = (served, adapter);
+        let generation = generation(&app, chosen, Endpoint::Chat, prompt, request.sampling)?;
         run(&app, generation, started).await
     }
     .await;
     finish(&app, model.as_deref(), "chat_completions", started, result)
 }
 
-/// The served decoder `name` (an encoder is refused by name).
-fn generator(app: &AppState, name: &str) -> Result<Arc<ServedModel>, ApiError> {
-    let model = app.model(name)?;
+/// The served decoder `name` names, with its adapter (an encoder is refused by name).
+fn generator(app: &AppState, name: &str) -> Result<(Arc<ServedModel>, Option<String>), ApiError> {
+    let (model, adapter) = app.model(name)?;
     if model.is_encoder() {
         return Err(ApiError::bad_request(
             "model",
@@ -105,7 +118,7 @@ fn generator(app: &AppState, name: &str) -> Result<Arc<ServedModel>, ApiError> {
             ),
         ));
     }
-    Ok(model)
+    Ok((model, adapter))
 }
 
 fn tokenize(
@@ -189,7 +202,7 @@ fn content_text(content: Option<&Content>) -> String {
 /// The request's sampling and limits, checked; each error names its field.
 fn generation(
     app: &AppState,
-    model: Arc<ServedModel>,
+    (model, adapter): (Arc<ServedModel>, Option<String>),
     endpoint: Endpoint,
     prompt: Vec<u32>,
     request: openai::Sampling,
@@ -253,6 +266,7 @@ fn generation(
     Ok(Generation {
         endpoint,
         model,
+        adapter,
         prompt,
         sampling: Sampling {
             temperature,
@@ -290,6 +304,7 @@ async fn run(
     let (events, received) = flume::unbounded();
     generation.model.submit(Job::Generate(GenerateJob {
         prompt: generation.prompt.clone(),
+        adapter: generation.adapter.clone(),
         sampling: generation.sampling,
         max_tokens: generation.max_tokens,
         stop_tokens: generation.model.stop_tokens.clone(),
@@ -414,7 +429,7 @@ fn answer_body(generation: &Generation, text: &str, reason: FinishReason, usage:
         "id": generation.id,
         "object": object(generation.endpoint, false),
         "created": generation.created,
-        "model": generation.model.name,
+        "model": generation.model_id(),
         "choices": [choice],
         "usage": usage,
     })

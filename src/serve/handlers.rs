@@ -90,9 +90,11 @@ async fn models(State(app): State<Arc<AppState>>) -> Response {
     let data: Vec<serde_json::Value> = app
         .models
         .iter()
-        .map(|model| {
-            json!({"id": model.name, "object": "model", "created": model.created,
-                   "owned_by": "stagehand"})
+        .flat_map(|model| {
+            model.ids().into_iter().map(|id| {
+                json!({"id": id, "object": "model", "created": model.created,
+                       "owned_by": "stagehand"})
+            })
         })
         .collect();
     Json(json!({"object": "list", "data": data})).into_response()
@@ -128,7 +130,14 @@ pub(super) fn finish(
         Ok(_) => "ok",
         Err(error) => error.outcome(),
     };
-    if let Some(series) = model.and_then(|name| app.telemetry.model(name)) {
+    // `NAME:ADAPTER` counts under the model.
+    let series = model.and_then(|name| {
+        app.telemetry.model(name).or_else(|| {
+            let (base, _) = name.rsplit_once(':')?;
+            app.telemetry.model(base)
+        })
+    });
+    if let Some(series) = series {
         series.request(endpoint, outcome, started.elapsed().as_secs_f64());
     }
     match result {
@@ -179,7 +188,7 @@ async fn embed(
             ))
         }
     };
-    let model = app.model(&request.model)?;
+    let (model, adapter) = app.model(&request.model)?;
     if !model.is_encoder() {
         return Err(ApiError::bad_request(
             "model",
@@ -200,6 +209,7 @@ async fn embed(
     let (reply, replied) = flume::bounded(1);
     model.submit(Job::Embed(EmbedJob {
         input,
+        adapter,
         reply,
         cancel,
     }))?;
@@ -223,7 +233,7 @@ async fn embed(
         .series
         .prompt_tokens
         .increment(embedded.prompt_tokens as u64);
-    Ok(Json(embeddings_body(&model.name, &embedded, base64)).into_response())
+    Ok(Json(embeddings_body(&request.model, &embedded, base64)).into_response())
 }
 
 /// The request's input as texts or token-id lists, within the limits.

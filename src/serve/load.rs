@@ -36,6 +36,10 @@ impl BatchObserver for SeriesBatches {
     fn batch(&mut self, sequences: usize) {
         self.0.batch_size.record(sequences as f64);
     }
+
+    fn adapter_switch(&mut self) {
+        self.0.adapter_switches.increment(1);
+    }
 }
 
 /// Opens `model`, starts its thread and waits until its session runs.
@@ -50,7 +54,7 @@ pub(super) fn load(
     let bad = |problem: String| ServeError::BadInput(format!("models.{name}: {problem}"));
     let settings = model_settings(model, config, base).map_err(bad)?;
     let extras = extras(model).map_err(bad)?;
-    let prepared = prepare_with(
+    let mut prepared = prepare_with(
         &model.folder,
         WorkloadKind::Auto,
         1,
@@ -59,6 +63,7 @@ pub(super) fn load(
         &extras,
     )
     .map_err(|error| bad(error.to_string()))?;
+    add_adapters(&mut prepared, model, &extras.loras).map_err(bad)?;
     let kind = prepared.facts().kind();
     if kind != WorkloadKind::Encoder && kind != WorkloadKind::Decoder {
         return Err(bad(format!(
@@ -133,6 +138,7 @@ pub(super) fn load(
         tokenizer,
         chat,
         stop_tokens,
+        adapters: model.adapters.keys().cloned().collect(),
         series,
         created,
     };
@@ -281,6 +287,29 @@ fn configured_settings(
     settings::load(&args)
         .map(|loaded| loaded.settings)
         .map_err(|error| error.to_string())
+}
+
+/// The model's `adapters`, each a set of its own `lora` and the adapter's file.
+fn add_adapters(
+    prepared: &mut crate::run::Prepared,
+    model: &ModelConfig,
+    own: &[LoraSpec],
+) -> Result<(), String> {
+    for (name, text) in &model.adapters {
+        if name.is_empty() || name.contains(':') {
+            return Err(format!(
+                "adapters: \"{name}\" is not an adapter name (requests ask for \"{}:NAME\"; a name is not empty and has no `:`)",
+                model.name
+            ));
+        }
+        let spec = LoraSpec::parse(text)
+            .map_err(|error| format!("adapters.{name} = \"{text}\": {error}"))?;
+        let specs: Vec<LoraSpec> = own.iter().cloned().chain([spec]).collect();
+        prepared
+            .add_adapter(name, &specs)
+            .map_err(|error| error.to_string())?;
+    }
+    Ok(())
 }
 
 /// The adapters, and a one-token input the family opens with (requests bring their own).

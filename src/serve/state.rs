@@ -26,12 +26,21 @@ pub struct ServedModel {
     pub chat: Option<ChatTemplate>,
     /// The model's end-of-text ids (`eos_token_id` of `config.json`).
     pub stop_tokens: Vec<u32>,
+    /// Adapters a request names as `"model": "NAME:ADAPTER"`, in name order.
+    pub adapters: Vec<String>,
     pub series: Arc<ModelSeries>,
     /// Seconds since the epoch when it was loaded (`created` of `/v1/models`).
     pub created: u64,
 }
 
 impl ServedModel {
+    /// The ids clients may ask for: the model's name, then `NAME:ADAPTER` for each
+    /// adapter.
+    pub fn ids(&self) -> Vec<String> {
+        let adapters = self.adapters.iter().map(|a| format!("{}:{a}", self.name));
+        std::iter::once(self.name.clone()).chain(adapters).collect()
+    }
+
     pub fn is_encoder(&self) -> bool {
         self.info.kind == WorkloadKind::Encoder
     }
@@ -65,15 +74,21 @@ pub struct AppState {
 }
 
 impl AppState {
-    pub fn model(&self, name: &str) -> Result<Arc<ServedModel>, ApiError> {
+    /// The served model `name` names, with its adapter: `NAME` or `NAME:ADAPTER`.
+    pub fn model(&self, name: &str) -> Result<(Arc<ServedModel>, Option<String>), ApiError> {
+        let not_found = || {
+            let served: Vec<String> = self.models.iter().flat_map(|m| m.ids()).collect();
+            ApiError::model_not_found(name, &served)
+        };
+        if let Some(model) = self.models.iter().find(|model| model.name == name) {
+            return Ok((Arc::clone(model), None));
+        }
+        let (base, adapter) = name.rsplit_once(':').ok_or_else(not_found)?;
         self.models
             .iter()
-            .find(|model| model.name == name)
-            .cloned()
-            .ok_or_else(|| {
-                let served: Vec<String> = self.models.iter().map(|m| m.name.clone()).collect();
-                ApiError::model_not_found(name, &served)
-            })
+            .find(|model| model.name == base && model.adapters.iter().any(|a| a == adapter))
+            .map(|model| (Arc::clone(model), Some(adapter.to_string())))
+            .ok_or_else(not_found)
     }
 
     /// Admits a request (503 while draining); the ticket counts it in flight.

@@ -137,7 +137,7 @@ fn chunk(generation: &Generation, delta: Option<Value>, reason: Option<FinishRea
         "id": generation.id,
         "object": object(generation.endpoint, true),
         "created": generation.created,
-        "model": generation.model.name,
+        "model": generation.model_id(),
         "choices": [choice],
     })
 }

@@ -141,8 +141,8 @@ pub const ACTIVATION_DISPLACED_BLOCKS: &str = "stagehand_activation_displaced_bl
 pub const EXPERT_ACQUIRES: &str = "stagehand_expert_acquires_total";
 pub const ERRORS: &str = "stagehand_errors_total";
 pub use super::serving_catalog::{
-    SERVE_BATCH_SIZE, SERVE_IN_FLIGHT, SERVE_QUEUE_DEPTH, SERVE_REQUESTS, SERVE_REQUEST_DURATION,
-    SERVE_TIME_TO_FIRST_TOKEN, SERVE_TOKENS,
+    SERVE_ADAPTER_SWITCHES, SERVE_BATCH_SIZE, SERVE_IN_FLIGHT, SERVE_QUEUE_DEPTH, SERVE_REQUESTS,
+    SERVE_REQUEST_DURATION, SERVE_TIME_TO_FIRST_TOKEN, SERVE_TOKENS,
 };
 
 /// Every metric stagehand exports.
@@ -306,6 +306,7 @@ pub const CATALOG: &[MetricSpec] = &[
     serving_catalog::IN_FLIGHT,
     serving_catalog::BATCH_SIZE,
     serving_catalog::TOKENS,
+    serving_catalog::ADAPTER_SWITCHES,
 ];
 
 /// Looks a metric up by its declared name.

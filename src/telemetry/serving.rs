@@ -26,6 +26,7 @@ pub struct ModelSeries {
     pub batch_size: Histogram,
     pub prompt_tokens: Counter,
     pub generated_tokens: Counter,
+    pub adapter_switches: Counter,
 }
 
 impl ModelSeries {
@@ -166,5 +167,6 @@ fn series(recorder: &PrometheusRecorder, model: &str) -> ModelSeries {
         batch_size: histogram(catalog::SERVE_BATCH_SIZE, with(&[])),
         prompt_tokens: counter(catalog::SERVE_TOKENS, with(&[("kind", "prompt")])),
         generated_tokens: counter(catalog::SERVE_TOKENS, with(&[("kind", "generated")])),
+        adapter_switches: counter(catalog::SERVE_ADAPTER_SWITCHES, with(&[])),
     }
 }

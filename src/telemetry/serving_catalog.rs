@@ -45,6 +45,7 @@ pub const SERVE_QUEUE_DEPTH: &str = "stagehand_serve_queue_depth_requests";
 pub const SERVE_IN_FLIGHT: &str = "stagehand_serve_in_flight_requests";
 pub const SERVE_BATCH_SIZE: &str = "stagehand_serve_batch_size_sequences";
 pub const SERVE_TOKENS: &str = "stagehand_serve_tokens_total";
+pub const SERVE_ADAPTER_SWITCHES: &str = "stagehand_serve_adapter_switches_total";
 
 pub(super) const REQUESTS: MetricSpec = MetricSpec {
     name: SERVE_REQUESTS,
@@ -109,5 +110,14 @@ pub(super) const TOKENS: MetricSpec = MetricSpec {
     labels: &[SERVED_MODEL, SERVE_TOKEN_KIND],
     description:
         "`stagehand serve`: tokens of the prompts read and of the text generated, by model.",
+    buckets: &[],
+};
+
+pub(super) const ADAPTER_SWITCHES: MetricSpec = MetricSpec {
+    name: SERVE_ADAPTER_SWITCHES,
+    kind: MetricKind::Counter,
+    unit: "switches",
+    labels: &[SERVED_MODEL],
+    description: "`stagehand serve`: times a model attached another LoRA adapter between steps (requests naming `MODEL:ADAPTER`); each reloads the resident blocks the last one was baked into.",
     buckets: &[],
 };

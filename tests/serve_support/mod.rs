@@ -306,6 +306,17 @@ pub fn eventually(what: &str, mut check: impl FnMut() -> bool) {
 /// A serve config in `dir` with `bert` and `llama` sharing one `[budget]` that holds
 /// about one and a half of them (three quarters of their weights together).
 pub fn shared_budget_config(dir: &Path, bert: &Path, llama: &Path) -> PathBuf {
+    shared_budget_config_with(dir, bert, llama, None)
+}
+
+/// [`shared_budget_config`], each model with an adapter `style` (`(bert, llama)`
+/// files) requests can name as `bert:style` and `llama:style`.
+pub fn shared_budget_config_with(
+    dir: &Path,
+    bert: &Path,
+    llama: &Path,
+    adapters: Option<(&Path, &Path)>,
+) -> PathBuf {
     let weights = |folder: &Path| -> u64 {
         std::fs::read_dir(folder)
             .unwrap()
@@ -320,14 +331,68 @@ pub fn shared_budget_config(dir: &Path, bert: &Path, llama: &Path) -> PathBuf {
             .sum()
     };
     let shared = (weights(bert) + weights(llama)) * 3 / 4;
+    let adapter = |file: Option<&Path>| {
+        file.map_or(String::new(), |file| {
+            format!("adapters = {{ style = \"{}\" }}\n", file.display())
+        })
+    };
     let text = format!(
         "[budget]\nvram_budget = \"{shared}B\"\npin_ceiling = \"{shared}B\"\n\n\
-         [[models]]\nname = \"bert\"\nfolder = \"{}\"\n\n\
-         [[models]]\nname = \"llama\"\nfolder = \"{}\"\n",
+         [[models]]\nname = \"bert\"\nfolder = \"{}\"\n{}\n\
+         [[models]]\nname = \"llama\"\nfolder = \"{}\"\n{}",
         bert.display(),
-        llama.display()
+        adapter(adapters.map(|(bert, _)| bert)),
+        llama.display(),
+        adapter(adapters.map(|(_, llama)| llama)),
     );
     let path = dir.join("shared.toml");
     std::fs::write(&path, text).unwrap();
     path
+}
+
+/// PEFT adapters for the two models of [`models`], seeded with `seed`: `(bert, llama)`
+/// adapter files, rank 4 on the attention projections of every layer — strong enough
+/// that greedy answers change.
+pub fn adapters(dir: &Path, seed: u64) -> (PathBuf, PathBuf) {
+    let demo = stagehand::families::bert::BertDemo {
+        preset: stagehand::families::bert::BertPreset::Tiny,
+        dtype: stagehand::compute::DType::F32,
+        ..Default::default()
+    };
+    let bert = stagehand::families::bert::write_bert_lora(
+        &dir.join(format!("bert-lora-{seed}")),
+        &demo,
+        4,
+        seed,
+    )
+    .unwrap();
+    let ramp = |count: usize, scale: f32, salt: usize| -> Vec<f32> {
+        (0..count)
+            .map(|i| (((i + salt) * 7919 % 97) as f32 / 97.0 - 0.5) * scale)
+            .collect()
+    };
+    let mut tensors = Vec::new();
+    for layer in 0..4 {
+        for (target, out) in [("q_proj", 128usize), ("v_proj", 64)] {
+            let module = format!("base_model.model.model.layers.{layer}.self_attn.{target}");
+            let salt = seed as usize * 13 + layer;
+            tensors.push((
+                format!("{module}.lora_A.weight"),
+                vec![4, 128],
+                ramp(4 * 128, 0.5, salt),
+            ));
+            tensors.push((
+                format!("{module}.lora_B.weight"),
+                vec![out, 4],
+                ramp(out * 4, 2.0, salt + 5),
+            ));
+        }
+    }
+    let named: Vec<(&str, Vec<usize>, Vec<f32>)> = tensors
+        .iter()
+        .map(|(name, shape, values)| (name.as_str(), shape.clone(), values.clone()))
+        .collect();
+    let llama = dir.join(format!("llama-lora-{seed}.safetensors"));
+    super::common::lora::write_f32_tensors(&llama, &named);
+    (bert, llama)
 }

@@ -3,7 +3,9 @@
 //! when it stops, reaches `max_tokens`, fails or is cancelled, between steps. Each
 //! round is one batched step of the family ([`Decoder::step_batch`]): every block is
 //! acquired once and serves every sequence, and each sequence computes exactly what
-//! it would alone.
+//! it would alone. Sequences of different adapters are stepped in groups, one batched
+//! step per adapter each round, the attached adapter's group first (so two adapters
+//! in use switch once a round, not twice).
 
 use flume::TryRecvError;
 
@@ -19,6 +21,8 @@ struct Sequence {
     /// The prompt, swapped into the decoder for this sequence's steps.
     prompt: Vec<u32>,
     prompt_tokens: usize,
+    /// The adapter it decodes with (an index of the model's adapters).
+    adapter: Option<usize>,
     state: DecoderState<CpuCompute>,
     step: u64,
     /// KV-cache bytes reserved for this sequence, released when it leaves.
@@ -95,16 +99,22 @@ fn admit(
             return Ok(());
         }
     };
-    if let Err(refusal) = check_job(decoder, &job) {
-        let _ = job.events.send(TokenEvent::Refused(refusal));
-        return Ok(());
-    }
+    let adapter =
+        check_job(decoder, &job).and_then(|()| context.loras.find(job.adapter.as_deref()));
+    let adapter = match adapter {
+        Ok(adapter) => adapter,
+        Err(refusal) => {
+            let _ = job.events.send(TokenEvent::Refused(refusal));
+            return Ok(());
+        }
+    };
     decoder.prompt = job.prompt.clone();
     decoder.sampling = job.sampling;
     let state = decoder.start(context.compute)?;
     active.push(Sequence {
         prompt: job.prompt.clone(),
         prompt_tokens: job.prompt.len(),
+        adapter,
         job,
         state,
         step: 0,
@@ -136,8 +146,7 @@ fn check_job(decoder: &Decoder, job: &GenerateJob) -> Result<(), String> {
     job.sampling.validate()
 }
 
-/// One step of every active sequence, as one batch: each block acquired once for all
-/// of them ([`Decoder::step_batch`]); each token told to its job.
+/// One step of every active sequence: one batch per adapter in use.
 fn step_round(
     decoder: &Decoder,
     context: &mut Context<'_, '_>,
@@ -148,23 +157,52 @@ fn step_round(
             sequence.finished = Some(FinishReason::Cancelled);
         }
     }
-    let mut batch: Vec<BatchSequence<'_, CpuCompute>> = active
-        .iter_mut()
-        .filter(|sequence| sequence.finished.is_none())
-        .map(|sequence| BatchSequence {
-            state: &mut sequence.state,
-            prompt: &sequence.prompt,
-            sampling: sequence.job.sampling,
-            step: sequence.step,
-        })
-        .collect();
-    if batch.is_empty() {
-        return Ok(());
+    for adapter in round_order(context.loras.attached, active) {
+        step_group(decoder, context, active, adapter)?;
     }
-    context.batches.batch(batch.len());
-    context.blocks.begin_step();
-    let stepped = decoder.step_batch(context.compute, &mut batch, context.blocks);
-    drop(batch);
+    Ok(())
+}
+
+/// The adapters of the sequences still running, the attached one first, the others
+/// in the order their first sequence joined.
+fn round_order(attached: Option<usize>, active: &[Sequence]) -> Vec<Option<usize>> {
+    let mut order: Vec<Option<usize>> = Vec::new();
+    let running = active.iter().filter(|sequence| sequence.finished.is_none());
+    for sequence in running {
+        if !order.contains(&sequence.adapter) {
+            order.push(sequence.adapter);
+        }
+    }
+    if let Some(first) = order.iter().position(|&adapter| adapter == attached) {
+        order[..=first].rotate_right(1);
+    }
+    order
+}
+
+/// One step of the running sequences of `adapter`, as one batch: each block acquired
+/// once for all of them ([`Decoder::step_batch`]); each token told to its job.
+fn step_group(
+    decoder: &Decoder,
+    context: &mut Context<'_, '_>,
+    active: &mut [Sequence],
+    adapter: Option<usize>,
+) -> Result<(), FamilyError> {
+    let in_group = |sequence: &Sequence| sequence.finished.is_none() && sequence.adapter == adapter;
+    let stepped = context.use_adapter(adapter).and_then(|()| {
+        let mut batch: Vec<BatchSequence<'_, CpuCompute>> = active
+            .iter_mut()
+            .filter(|sequence| in_group(sequence))
+            .map(|sequence| BatchSequence {
+                state: &mut sequence.state,
+                prompt: &sequence.prompt,
+                sampling: sequence.job.sampling,
+                step: sequence.step,
+            })
+            .collect();
+        context.batches.batch(batch.len());
+        context.blocks.begin_step();
+        decoder.step_batch(context.compute, &mut batch, context.blocks)
+    });
     let outputs = match stepped {
         Ok(outputs) => outputs,
         Err(error) => {
@@ -172,7 +210,7 @@ fn step_round(
             if is_fatal(&error) {
                 return Err(error);
             }
-            for sequence in active.iter_mut().filter(|s| s.finished.is_none()) {
+            for sequence in active.iter_mut().filter(|s| in_group(s)) {
                 let _ = sequence
                     .job
                     .events
@@ -183,9 +221,7 @@ fn step_round(
         }
     };
     context.end_step()?;
-    let stepped = active
-        .iter_mut()
-        .filter(|sequence| sequence.finished.is_none());
+    let stepped = active.iter_mut().filter(|sequence| in_group(sequence));
     for (sequence, output) in stepped.zip(outputs) {
         record(sequence, output);
     }

@@ -1,5 +1,7 @@
 //! Encoder jobs: the texts of every queued job, up to the token budget, embedded in
 //! one step through the family's own step, and the embeddings handed back per job.
+//! Only jobs of one adapter share a step: a job of another ends the gathering and
+//! starts the next step.
 
 use flume::TryRecvError;
 
@@ -7,12 +9,14 @@ use crate::families::bert::{embeddings_in_input_order, input_tokens, Encoder, To
 use crate::families::{Facts, Family, FamilyError};
 use crate::model::ModelFolder;
 
-use super::{is_fatal, Context, EmbedJob, Embedded, Job, RunError, TokenEvent};
+use super::{is_fatal, Context, EmbedJob, Embedded, Job, Loras, RunError, TokenEvent};
 
 /// A job with its tokens, waiting for its step.
 struct Gathered {
     job: EmbedJob,
     tokens: Vec<Tokens>,
+    /// The adapter it embeds with (an index of the model's adapters).
+    adapter: Option<usize>,
 }
 
 /// Padded tokens of a step of `texts` texts whose longest has `longest` tokens.
@@ -31,7 +35,7 @@ pub(super) fn run(
         let first = match held.take() {
             Some(first) => first,
             None => match context.next_job() {
-                Ok(job) => match gather(encoder, folder, job) {
+                Ok(job) => match gather(encoder, folder, &context.loras, job) {
                     Some(first) => first,
                     None => continue,
                 },
@@ -44,10 +48,11 @@ pub(super) fn run(
                 Ok(job) => job,
                 Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
             };
-            let Some(next) = gather(encoder, folder, job) else {
+            let Some(next) = gather(encoder, folder, &context.loras, job) else {
                 continue;
             };
-            if fits(&batch, &next, context.limits.max_batch_tokens) {
+            let same_adapter = next.adapter == batch[0].adapter;
+            if same_adapter && fits(&batch, &next, context.limits.max_batch_tokens) {
                 batch.push(next);
             } else {
                 held = Some(next);
@@ -90,7 +95,12 @@ fn fits(batch: &[Gathered], next: &Gathered, budget: usize) -> bool {
 }
 
 /// A job's tokens, or `None` after answering it with why it cannot run.
-fn gather(encoder: &Encoder, folder: Option<&ModelFolder>, job: Job) -> Option<Gathered> {
+fn gather(
+    encoder: &Encoder,
+    folder: Option<&ModelFolder>,
+    loras: &Loras<'_>,
+    job: Job,
+) -> Option<Gathered> {
     let job = match job {
         Job::Embed(job) => job,
         Job::Generate(job) => {
@@ -102,6 +112,13 @@ fn gather(encoder: &Encoder, folder: Option<&ModelFolder>, job: Job) -> Option<G
     if job.cancel.is_cancelled() {
         return None;
     }
+    let adapter = match loras.find(job.adapter.as_deref()) {
+        Ok(adapter) => adapter,
+        Err(refusal) => {
+            let _ = job.reply.send(Err(RunError::BadInput(refusal)));
+            return None;
+        }
+    };
     let Some(folder) = folder else {
         let _ = job.reply.send(Err(RunError::BadInput(
             "the encoder has no folder to tokenize with".into(),
@@ -109,7 +126,11 @@ fn gather(encoder: &Encoder, folder: Option<&ModelFolder>, job: Job) -> Option<G
         return None;
     };
     match input_tokens(folder, &encoder.config, encoder.limits(), &job.input) {
-        Ok(tokens) => Some(Gathered { job, tokens }),
+        Ok(tokens) => Some(Gathered {
+            job,
+            tokens,
+            adapter,
+        }),
         Err(error) => {
             let _ = job.reply.send(Err(RunError::BadInput(error.to_string())));
             None
@@ -141,7 +162,9 @@ fn embed_batch(
         .unwrap_or(1)
         .max(1);
     let per_step = (context.limits.max_batch_tokens / longest).clamp(1, texts);
+    let adapter = batch[0].adapter;
     let embedded = (|| {
+        context.use_adapter(adapter)?;
         encoder.set_inputs(&tokens, per_step)?;
         let mut state = encoder.start(context.compute)?;
         let mut steps = std::collections::BTreeMap::new();

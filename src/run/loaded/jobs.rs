@@ -18,6 +18,9 @@ pub enum Job {
 /// Texts (or token-id lists) to embed.
 pub struct EmbedJob {
     pub input: EncoderInput,
+    /// The adapter to embed with (a name the model was given with
+    /// [`crate::run::Prepared::add_adapter`]); `None`: the model's own weights.
+    pub adapter: Option<String>,
     pub reply: flume::Sender<Result<Embedded, RunError>>,
     pub cancel: Cancel,
 }
@@ -35,6 +38,8 @@ pub struct Embedded {
 /// A prompt to continue.
 pub struct GenerateJob {
     pub prompt: Vec<u32>,
+    /// The adapter to decode with, as for [`EmbedJob::adapter`].
+    pub adapter: Option<String>,
     pub sampling: Sampling,
     /// Tokens to generate at most (the first comes from the prefill).
     pub max_tokens: u64,

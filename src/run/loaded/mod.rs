@@ -9,6 +9,12 @@
 //! Encoders gather the texts of queued jobs into one step, up to a token budget;
 //! decoders run up to [`BatchLimits::max_sequences`] sequences together, each with its
 //! own KV pages, joining and leaving between steps, in one batched step ([`crate::families::llama::Decoder::step_batch`]).
+//!
+//! A job may name one of the model's adapters ([`super::Prepared::add_adapter`]):
+//! jobs of one adapter share a step, and the session switches its attached LoRA set
+//! between steps of different adapters (the LoRA offloader detaches one set and
+//! attaches the next; resident blocks that had the last one baked in are reloaded).
+//! The base weights are never reloaded for a switch.
 
 mod decode;
 mod embed;
@@ -22,13 +28,14 @@ use stagehand_actors::{Observer, Session, StatsSnapshot};
 use crate::device::{CpuCompute, CpuDevice};
 use crate::families::blocks::Streamed;
 use crate::families::landing::LandingCheck;
+use crate::families::lora_set::LoraSet;
 use crate::families::{FamilyError, Model, WorkloadKind};
 use crate::model::BlockReader;
 use crate::settings::Settings;
 
 use super::{
     budgets_for, execute::session_configs, fitting_depth, open_model_storage, BudgetAsk, Budgets,
-    Prepared, RunError, RunPlan,
+    NamedLora, Prepared, RunError, RunPlan,
 };
 
 use shared::LeaveOnDrop;
@@ -52,6 +59,8 @@ pub struct LoadedInfo {
 pub trait BatchObserver: Send {
     /// A step computed `sequences` sequences (or texts) at once.
     fn batch(&mut self, sequences: usize);
+    /// The session attached another adapter's LoRA set for the next step.
+    fn adapter_switch(&mut self) {}
 }
 
 /// Observes nothing.
@@ -70,6 +79,42 @@ pub(super) struct Context<'c, 's> {
     pub batches: Box<dyn BatchObserver>,
     /// The model's place in a shared budget, if it has one.
     pub member: Option<&'c SharedMember>,
+    pub loras: Loras<'s>,
+}
+
+/// The LoRA sets a loaded model switches between per job: its own (`None`, the
+/// model's `--lora`, or no LoRA) and its named adapters.
+pub(super) struct Loras<'s> {
+    pub own: Option<&'s LoraSet>,
+    pub adapters: &'s [NamedLora],
+    /// Which is attached now.
+    pub attached: Option<usize>,
+}
+
+impl Loras<'_> {
+    /// The adapter `name` names, or why a job cannot have it.
+    fn find(&self, name: Option<&str>) -> Result<Option<usize>, String> {
+        let Some(name) = name else {
+            return Ok(None);
+        };
+        match self
+            .adapters
+            .iter()
+            .position(|adapter| adapter.name == name)
+        {
+            Some(index) => Ok(Some(index)),
+            None if self.adapters.is_empty() => {
+                Err(format!("the model has no adapters; `{name}` is not one"))
+            }
+            None => {
+                let names: Vec<&str> = self.adapters.iter().map(|a| a.name.as_str()).collect();
+                Err(format!(
+                    "the model has no adapter `{name}` (its adapters: {})",
+                    names.join(", ")
+                ))
+            }
+        }
+    }
 }
 
 impl Context<'_, '_> {
@@ -89,6 +134,21 @@ impl Context<'_, '_> {
             member.begin_use();
         }
         Ok(job)
+    }
+
+    /// Attaches `adapter`'s set (`None`: the model's own) unless it is attached.
+    fn use_adapter(&mut self, adapter: Option<usize>) -> Result<(), FamilyError> {
+        if self.loras.attached == adapter {
+            return Ok(());
+        }
+        let set = match adapter {
+            Some(index) => Some(&self.loras.adapters[index].set),
+            None => self.loras.own,
+        };
+        self.blocks.switch_lora(self.compute, set, 0)?;
+        self.loras.attached = adapter;
+        self.batches.adapter_switch();
+        Ok(())
     }
 
     /// Ends a step: holds given back, the session told.
@@ -184,8 +244,8 @@ pub fn serve_jobs(
         {
             blocks.landing = Some(LandingCheck::new(&files, &layout));
         }
-        let lora = prepared.workload.lora.first().map(|phase| &phase.set);
-        blocks.switch_lora(&compute, lora, 0)?;
+        let own = prepared.workload.lora.first().map(|phase| &phase.set);
+        blocks.switch_lora(&compute, own, 0)?;
         let mut context = Context {
             compute: &compute,
             blocks: &mut blocks,
@@ -193,6 +253,11 @@ pub fn serve_jobs(
             limits: options.limits,
             batches: options.batches,
             member: options.shared.as_ref(),
+            loras: Loras {
+                own,
+                adapters: &prepared.adapters,
+                attached: None,
+            },
         };
         let folder = prepared.folder.clone();
         match &mut prepared.workload.model {
