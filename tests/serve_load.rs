@@ -147,7 +147,7 @@ fn a_bounded_load_of_mixed_requests_gets_no_5xx_and_every_answer_equals_its_sing
     // the one the same request gets alone. Prints p50/p99 latency (not asserted).
     let dir = tempfile::tempdir().unwrap();
     let (bert, llama) = models_without_eos(dir.path());
-    let server = std::sync::Arc::new(Server::start(&[
+    let server = Server::start(&[
         "--model",
         &bert.display().to_string(),
         "--model",
@@ -156,17 +156,52 @@ fn a_bounded_load_of_mixed_requests_gets_no_5xx_and_every_answer_equals_its_sing
         "8",
         "--queue-depth",
         "64",
-    ]));
-    let requests: Vec<(&'static str, serde_json::Value)> = (0..8)
+    ]);
+    bounded_load(server, mixed_requests(&["bert"], &["llama"]), "own budgets");
+}
+
+#[test]
+fn the_same_load_on_two_models_in_one_shared_budget_with_adapters_per_request() {
+    // Proves the load above holds when the two models share a budget of about one
+    // and a half of them (each request makes one give way to the other) and requests
+    // also name each model's adapter (`bert:style`, `llama:style`): no 5xx, and every
+    // answer is the one the same request gets alone.
+    let dir = tempfile::tempdir().unwrap();
+    let (bert, llama) = models_without_eos(dir.path());
+    let (bert_lora, llama_lora) = serve_support::adapters(dir.path(), 1);
+    let config = serve_support::shared_budget_config_with(
+        dir.path(),
+        &bert,
+        &llama,
+        Some((&bert_lora, &llama_lora)),
+    );
+    let server = Server::start(&["--config", &config.display().to_string()]);
+    let requests = mixed_requests(&["bert", "bert:style"], &["llama", "llama:style"]);
+    bounded_load(server, requests, "shared budget, adapters");
+}
+
+/// Eight requests, embeddings of `embedders` and greedy completions of `decoders` in
+/// turn (each list cycled).
+fn mixed_requests(embedders: &[&str], decoders: &[&str]) -> Vec<(&'static str, serde_json::Value)> {
+    (0..8)
         .map(|index| {
             if index % 2 == 0 {
-                ("/v1/embeddings", json!({"model": "bert", "input": format!("text number {index}")}))
+                let model = embedders[index / 2 % embedders.len()];
+                ("/v1/embeddings", json!({"model": model, "input": format!("text number {index}")}))
             } else {
-                let body = json!({"model": "llama", "prompt": format!("prompt {index}"), "max_tokens": 4 + index, "temperature": 0});
+                let model = decoders[index / 2 % decoders.len()];
+                let body = json!({"model": model, "prompt": format!("prompt {index}"), "max_tokens": 4 + index, "temperature": 0});
                 ("/v1/completions", body)
             }
         })
-        .collect();
+        .collect()
+}
+
+/// Each request once alone, then 16 clients sending 20 each: every answer 200 and
+/// equal to its single run (completions exactly; embeddings within 1e-6, the ulps a
+/// larger step moves), no request counted failed; p50/p99 printed as `what`.
+fn bounded_load(server: Server, requests: Vec<(&'static str, serde_json::Value)>, what: &str) {
+    let server = std::sync::Arc::new(server);
     let answer = |reply: &serve_support::Reply| -> serde_json::Value {
         let body = reply.json();
         if body["object"] == "list" {
@@ -199,7 +234,7 @@ fn a_bounded_load_of_mixed_requests_gets_no_5xx_and_every_answer_equals_its_sing
                         reply.text()
                     );
                     let got = answer(&reply);
-                    if body["model"] == "llama" {
+                    if path.ends_with("completions") {
                         assert_eq!(got, expected[pick], "request {pick} changed under load");
                     } else {
                         let difference = got
@@ -216,14 +251,17 @@ fn a_bounded_load_of_mixed_requests_gets_no_5xx_and_every_answer_equals_its_sing
             })
         })
         .collect();
-    let mut latencies: Vec<f64> = clients
-        .into_iter()
-        .flat_map(|client| client.join().unwrap())
-        .collect();
+    let joined: Vec<_> = clients.into_iter().map(|client| client.join()).collect();
+    if joined.iter().any(Result::is_err) {
+        let stopped = std::sync::Arc::try_unwrap(server).ok().map(Server::stop);
+        let log = stopped.map_or(String::new(), |stopped| stopped.stderr);
+        panic!("a client failed ({what}); the server said:\n{log}");
+    }
+    let mut latencies: Vec<f64> = joined.into_iter().flat_map(Result::unwrap).collect();
     latencies.sort_by(f64::total_cmp);
     let at = |quantile: f64| latencies[((latencies.len() - 1) as f64 * quantile) as usize];
     eprintln!(
-        "load: {} requests from 16 clients, p50 {:.1} ms, p99 {:.1} ms",
+        "load ({what}): {} requests from 16 clients, p50 {:.1} ms, p99 {:.1} ms",
         latencies.len(),
         at(0.5) * 1e3,
         at(0.99) * 1e3

@@ -47,6 +47,10 @@ pub use registry::{
 pub enum FamilyError {
     #[error("{0}")]
     Model(String),
+    /// A sequence's activations (its next KV pages) found no room in the budget now:
+    /// it took no step, its state is as it was, and it may fit once others leave.
+    #[error("{0}")]
+    NoRoom(String),
     #[error("{path}: {reason}")]
     Io { path: String, reason: String },
     #[error("{0}")]

@@ -213,19 +213,26 @@ pub fn resident_need_bytes(prepared: &Prepared, prefetch_depth: u32) -> u64 {
         .map(|block| arena_bytes(block.bytes))
         .sum();
     let ring = u64::from(prefetch_depth + 1) * arena_bytes(layout.largest_block_bytes());
-    // One set is attached at a time (a switch detaches the last): the largest counts.
-    let lora: u64 = prepared
+    blocks + ring + lora_pack_bytes(prepared)
+}
+
+/// Bytes of every pack of the largest LoRA set the session may attach, each rounded
+/// as the arena places it: what the set pins (the offloader holds all its packs in
+/// pinned RAM), and what it takes in VRAM when every pack is resident. One set is
+/// attached at a time (a switch detaches the last), so the largest counts.
+pub fn lora_pack_bytes(prepared: &Prepared) -> u64 {
+    let blocks = prepared.facts().layout().len();
+    prepared
         .lora_sets()
         .map(|set| {
             (0..set.adapters().len())
                 .flat_map(|adapter| {
-                    (0..layout.len()).map(move |block| arena_bytes(set.pack_bytes(adapter, block)))
+                    (0..blocks).map(move |block| arena_bytes(set.pack_bytes(adapter, block)))
                 })
                 .sum::<u64>()
         })
         .max()
-        .unwrap_or(0);
-    blocks + ring + lora
+        .unwrap_or(0)
 }
 
 /// Step 3: a demo model's automatic pin ceiling leaves room to work.

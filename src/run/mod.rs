@@ -38,9 +38,9 @@ pub use crate::families::{
 };
 pub use crate::os::available_ram_bytes;
 pub use budget::{
-    automatic_budget, budgets_for, demo_pin_room, fitting_depth, lora_region_bytes,
-    plan_minimum_bytes, resident_need_bytes, resolve_budgets, BudgetAsk, Budgets,
-    DEFAULT_DEMO_PIN_FRACTION, DEFAULT_VRAM_FRACTION,
+    automatic_budget, budgets_for, demo_pin_room, fitting_depth, lora_pack_bytes,
+    lora_region_bytes, plan_minimum_bytes, resident_need_bytes, resolve_budgets, BudgetAsk,
+    Budgets, DEFAULT_DEMO_PIN_FRACTION, DEFAULT_VRAM_FRACTION,
 };
 #[cfg(feature = "cuda")]
 pub use cuda::{execute_cuda_with, CudaOutcome, CudaRunOptions, VramFigures};

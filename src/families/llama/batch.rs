@@ -128,7 +128,7 @@ impl Decoder {
                     positions.push(rows);
                     outputs.push(Ok(output));
                 }
-                Err(error @ FamilyError::Model(_)) => {
+                Err(error @ (FamilyError::Model(_) | FamilyError::NoRoom(_))) => {
                     positions.push(Vec::new());
                     outputs.push(Err(error));
                 }

@@ -293,7 +293,7 @@ impl Decoder {
         let capacity = tokens.div_ceil(KV_PAGE_TOKENS) * KV_PAGE_TOKENS;
         let added = (capacity - state.capacity) as u64 * self.kv_bytes_per_token();
         let gave_way = blocks.reserve_activations(added).map_err(|error| {
-            FamilyError::Model(format!(
+            FamilyError::NoRoom(format!(
                 "the KV cache does not fit after {} tokens: {} more for the next {} tokens ({error}); lower --max-tokens or raise --vram-budget",
                 state.position,
                 stagehand_actors::Bytes(added),

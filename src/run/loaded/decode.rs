@@ -6,6 +6,12 @@
 //! it would alone. Sequences of different adapters are stepped in groups, one batched
 //! step per adapter each round, the attached adapter's group first (so two adapters
 //! in use switch once a round, not twice).
+//!
+//! A sequence whose next KV pages find no room (a shared budget's lease is smaller
+//! than a full batch's want, other sequences hold the rest) waits: it took no step
+//! and is tried again next round, once others have left; only a round in which no
+//! sequence could step fails the ones that found no room (nothing would free it).
+//! An adapter switch that finds no room for the adapter's regions waits the same way.
 
 use flume::TryRecvError;
 
@@ -29,6 +35,8 @@ struct Sequence {
     reserved_bytes: u64,
     generated: usize,
     finished: Option<FinishReason>,
+    /// Why this round's step found no room for it (it waits for the next round).
+    no_room: Option<String>,
 }
 
 /// Answers jobs until the queue closes and the last sequence has left.
@@ -121,6 +129,7 @@ fn admit(
         reserved_bytes: 0,
         generated: 0,
         finished: None,
+        no_room: None,
     });
     Ok(())
 }
@@ -157,15 +166,35 @@ fn step_round(
             sequence.finished = Some(FinishReason::Cancelled);
         }
     }
+    let mut stepped = 0;
     for adapter in round_order(context.loras.attached, active) {
-        step_group(decoder, context, active, adapter)?;
+        stepped += step_group(decoder, context, active, adapter)?;
+    }
+    if active.iter().all(|sequence| sequence.no_room.is_none()) {
+        return Ok(());
+    }
+    if stepped > 0 {
+        // Room comes back as the others leave; in a shared budget, ask for more now.
+        if let Some(member) = context.member {
+            member.begin_use();
+        }
+        for sequence in active.iter_mut() {
+            sequence.no_room = None;
+        }
+        return Ok(());
+    }
+    for sequence in active.iter_mut() {
+        if let Some(why) = sequence.no_room.take() {
+            let _ = sequence.job.events.send(TokenEvent::Failed(why));
+            sequence.finished = Some(FinishReason::Cancelled);
+        }
     }
     Ok(())
 }
 
 /// The adapters of the sequences still running, the attached one first, the others
 /// in the order their first sequence joined.
-fn round_order(attached: Option<usize>, active: &[Sequence]) -> Vec<Option<usize>> {
+fn round_order(attached: Option<Option<usize>>, active: &[Sequence]) -> Vec<Option<usize>> {
     let mut order: Vec<Option<usize>> = Vec::new();
     let running = active.iter().filter(|sequence| sequence.finished.is_none());
     for sequence in running {
@@ -173,7 +202,7 @@ fn round_order(attached: Option<usize>, active: &[Sequence]) -> Vec<Option<usize
             order.push(sequence.adapter);
         }
     }
-    if let Some(first) = order.iter().position(|&adapter| adapter == attached) {
+    if let Some(first) = order.iter().position(|&adapter| Some(adapter) == attached) {
         order[..=first].rotate_right(1);
     }
     order
@@ -181,12 +210,13 @@ fn round_order(attached: Option<usize>, active: &[Sequence]) -> Vec<Option<usize
 
 /// One step of the running sequences of `adapter`, as one batch: each block acquired
 /// once for all of them ([`Decoder::step_batch`]); each token told to its job.
+/// Returns how many took their step.
 fn step_group(
     decoder: &Decoder,
     context: &mut Context<'_, '_>,
     active: &mut [Sequence],
     adapter: Option<usize>,
-) -> Result<(), FamilyError> {
+) -> Result<usize, FamilyError> {
     let in_group = |sequence: &Sequence| sequence.finished.is_none() && sequence.adapter == adapter;
     let stepped = context.use_adapter(adapter).and_then(|()| {
         let mut batch: Vec<BatchSequence<'_, CpuCompute>> = active
@@ -210,35 +240,49 @@ fn step_group(
             if is_fatal(&error) {
                 return Err(error);
             }
+            let no_room = matches!(
+                error,
+                FamilyError::Session(stagehand_actors::SessionError::Activations(_))
+            );
             for sequence in active.iter_mut().filter(|s| in_group(s)) {
+                if no_room {
+                    sequence.no_room = Some(error.to_string());
+                    continue;
+                }
                 let _ = sequence
                     .job
                     .events
                     .send(TokenEvent::Failed(error.to_string()));
                 sequence.finished = Some(FinishReason::Cancelled);
             }
-            return Ok(());
+            return Ok(0);
         }
     };
     context.end_step()?;
+    let mut took = 0;
     let stepped = active.iter_mut().filter(|sequence| in_group(sequence));
     for (sequence, output) in stepped.zip(outputs) {
-        record(sequence, output);
+        took += usize::from(record(sequence, output));
     }
-    Ok(())
+    Ok(took)
 }
 
 /// A sequence's step output: its token told, its KV pages counted, its end decided.
-fn record(sequence: &mut Sequence, output: Result<StepOutput, FamilyError>) {
+/// Returns whether it took its step.
+fn record(sequence: &mut Sequence, output: Result<StepOutput, FamilyError>) -> bool {
     let output = match output {
         Ok(output) => output,
+        Err(FamilyError::NoRoom(why)) => {
+            sequence.no_room = Some(why);
+            return false;
+        }
         Err(error) => {
             let _ = sequence
                 .job
                 .events
                 .send(TokenEvent::Failed(error.to_string()));
             sequence.finished = Some(FinishReason::Cancelled);
-            return;
+            return false;
         }
     };
     sequence.step += 1;
@@ -251,6 +295,7 @@ fn record(sequence: &mut Sequence, output: Result<StepOutput, FamilyError>) {
     } else if sequence.generated as u64 >= sequence.job.max_tokens {
         sequence.finished = Some(FinishReason::Length);
     }
+    true
 }
 
 /// Sequences that ended leave: their KV pages go back, their jobs are told.

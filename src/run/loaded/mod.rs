@@ -87,8 +87,9 @@ pub(super) struct Context<'c, 's> {
 pub(super) struct Loras<'s> {
     pub own: Option<&'s LoraSet>,
     pub adapters: &'s [NamedLora],
-    /// Which is attached now.
-    pub attached: Option<usize>,
+    /// Which is attached now: `Some(None)` the model's own, `Some(Some(i))` adapter
+    /// `i`, `None` not known (a switch failed halfway: the next one attaches anew).
+    pub attached: Option<Option<usize>>,
 }
 
 impl Loras<'_> {
@@ -138,15 +139,16 @@ impl Context<'_, '_> {
 
     /// Attaches `adapter`'s set (`None`: the model's own) unless it is attached.
     fn use_adapter(&mut self, adapter: Option<usize>) -> Result<(), FamilyError> {
-        if self.loras.attached == adapter {
+        if self.loras.attached == Some(adapter) {
             return Ok(());
         }
         let set = match adapter {
             Some(index) => Some(&self.loras.adapters[index].set),
             None => self.loras.own,
         };
+        self.loras.attached = None;
         self.blocks.switch_lora(self.compute, set, 0)?;
-        self.loras.attached = adapter;
+        self.loras.attached = Some(adapter);
         self.batches.adapter_switch();
         Ok(())
     }
@@ -166,6 +168,13 @@ fn is_fatal(error: &FamilyError) -> bool {
         // A stop request seen by a read (before a draining server lowered the flag)
         // ends that request, not the model.
         FamilyError::Session(stagehand_actors::SessionError::Interrupted) => false,
+        // Room that was not there for this step (its activations, an adapter's
+        // regions or pinned set): the step gave back what it held, the next may fit.
+        FamilyError::Session(
+            stagehand_actors::SessionError::Activations(_)
+            | stagehand_actors::SessionError::LoraPinCeiling { .. }
+            | stagehand_actors::SessionError::TooManyAdapters { .. },
+        ) => false,
         FamilyError::Session(_) | FamilyError::Io { .. } | FamilyError::Corrupt { .. } => true,
         _ => false,
     }
@@ -256,7 +265,7 @@ pub fn serve_jobs(
             loras: Loras {
                 own,
                 adapters: &prepared.adapters,
-                attached: None,
+                attached: Some(None),
             },
         };
         let folder = prepared.folder.clone();
@@ -288,9 +297,31 @@ pub fn serve_jobs(
         };
         ready(Err(RunError::BadInput(failure)));
     }
+    // Jobs still queued are told the model stopped, not left to their timeout (the
+    // queue's senders outlive this thread, and so would the jobs in it).
+    let reason = match &outcome {
+        Err(error) => format!("the model stopped: {error}"),
+        Ok(()) => "the model stopped".to_string(),
+    };
+    for job in jobs.drain() {
+        refuse(job, &reason);
+    }
+    drop(jobs);
     let stats = session.finish();
     outcome.map_err(|error| super::failed_run(error, &stats))?;
     Ok(stats)
+}
+
+/// Answers `job` with `reason` instead of computing it.
+fn refuse(job: Job, reason: &str) {
+    match job {
+        Job::Embed(job) => {
+            let _ = job.reply.send(Err(RunError::Failed(reason.to_string())));
+        }
+        Job::Generate(job) => {
+            let _ = job.events.send(TokenEvent::Failed(reason.to_string()));
+        }
+    }
 }
 
 /// The session of a loaded model on the CPU backend, under the one budget policy.

@@ -6,13 +6,14 @@
 //!
 //! What a model asks: its floor is the least its plan runs in (the ring at its
 //! prefetch depth, blocks too large to stream, an expert cache, the first
-//! activations; the staging ring of pinned RAM), its want what it would use alone
+//! activations, the regions of its largest LoRA set; the staging ring of pinned RAM
+//! and that set's packs), its want what it would use alone
 //! (every block resident beside the ring and the activations of a full batch;
 //! every block pinned).
 
 use stagehand_actors::{Lease, PoolAsk, SharedBudget};
 
-use crate::run::{BudgetAsk, Prepared, RunError};
+use crate::run::{lora_pack_bytes, lora_region_bytes, BudgetAsk, Prepared, RunError};
 use crate::settings::Settings;
 use stagehand_actors::arena_bytes;
 
@@ -86,14 +87,18 @@ pub fn pool_ask(prepared: &Prepared, settings: &Settings, depth: u32, ask: Budge
     } else {
         (settings.staging_buffers.max(2) as u64) * slot
     };
+    // The largest adapter set the model may attach: its VRAM regions beside the
+    // ring, its packs pinned (a switch to it must fit whatever the others hold).
+    let lora_regions = lora_region_bytes(prepared, depth);
+    let lora_pinned = lora_pack_bytes(prepared);
     PoolAsk {
         floor: Lease {
-            vram_bytes: minimum + prepared.activation_bytes(1),
-            pin_bytes: staging,
+            vram_bytes: minimum + prepared.activation_bytes(1) + lora_regions,
+            pin_bytes: staging + lora_pinned,
         },
         want: Lease {
-            vram_bytes: total + ring + prepared.activation_bytes(ask.steps),
-            pin_bytes: layout.total_bytes() + staging,
+            vram_bytes: total + ring + prepared.activation_bytes(ask.steps) + lora_regions,
+            pin_bytes: layout.total_bytes() + staging + lora_pinned,
         },
     }
 }
