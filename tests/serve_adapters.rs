@@ -62,6 +62,16 @@ struct Running {
 
 /// Streams under `vram` bytes (below the model), `sequences` decoded together.
 fn start(prepared: Prepared, vram: u64, sequences: usize) -> Running {
+    start_observed(prepared, vram, sequences, std::sync::Arc::new(NoObserver))
+}
+
+/// [`start`], the session reporting to `observer`.
+fn start_observed(
+    prepared: Prepared,
+    vram: u64,
+    sequences: usize,
+    observer: std::sync::Arc<dyn stagehand_actors::Observer>,
+) -> Running {
     let (jobs, queue) = flume::bounded(16);
     let (ready, started) = flume::bounded(1);
     let worker = std::thread::spawn(move || {
@@ -76,7 +86,7 @@ fn start(prepared: Prepared, vram: u64, sequences: usize) -> Running {
                 max_batch_tokens: 4096,
                 max_sequence_tokens: 64,
             },
-            observer: std::sync::Arc::new(NoObserver),
+            observer,
             batches: Box::new(NoBatchObserver),
             shared: None,
         };
@@ -97,12 +107,20 @@ fn finish(model: Running) {
 }
 
 fn submit_generation(model: &Running, adapter: Option<&str>) -> flume::Receiver<TokenEvent> {
+    submit_tokens(model, adapter, 6)
+}
+
+fn submit_tokens(
+    model: &Running,
+    adapter: Option<&str>,
+    max_tokens: u64,
+) -> flume::Receiver<TokenEvent> {
     let (events, tokens) = flume::unbounded();
     let job = GenerateJob {
         prompt: vec![1, 2, 3],
         adapter: adapter.map(str::to_string),
         sampling: Sampling::default(),
-        max_tokens: 6,
+        max_tokens,
         stop_tokens: Vec::new(),
         events,
         cancel: Cancel::new(),
@@ -262,4 +280,157 @@ fn an_encoder_embeds_each_job_with_its_adapter_and_never_mixes_two_in_a_step() {
     let refused = embeddings(submit_embedding(&served, Some("zzz"))).unwrap_err();
     assert!(refused.contains("no adapter `zzz`"), "{refused}");
     finish(served);
+}
+
+/// Counts the bytes every link moves.
+#[derive(Default)]
+struct Moved(std::sync::atomic::AtomicU64);
+
+impl stagehand_actors::Observer for Moved {
+    fn transfer(
+        &self,
+        _link: stagehand_actors::Link,
+        _owner: stagehand_actors::Owner,
+        bytes: u64,
+        _seconds: f64,
+    ) {
+        self.0
+            .fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// A rank-`rank` PEFT adapter on q_proj and v_proj of every layer of the decoder in
+/// `folder` (its sizes from `config.json`), seeded with `seed`.
+fn decoder_adapter(folder: &Path, rank: usize, seed: usize) -> PathBuf {
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(folder.join("config.json")).unwrap())
+            .unwrap();
+    let number = |key: &str| config[key].as_u64().unwrap() as usize;
+    let hidden = number("hidden_size");
+    let heads = number("num_attention_heads");
+    let kv = number("num_key_value_heads") * (hidden / heads);
+    let ramp = |count: usize, scale: f32, salt: usize| -> Vec<f32> {
+        (0..count)
+            .map(|i| (((i + salt) * 7919 % 97) as f32 / 97.0 - 0.5) * scale)
+            .collect()
+    };
+    let mut tensors = Vec::new();
+    for layer in 0..number("num_hidden_layers") {
+        for (target, out) in [("q_proj", hidden), ("v_proj", kv)] {
+            let module = format!("base_model.model.model.layers.{layer}.self_attn.{target}");
+            let salt = seed * 13 + layer;
+            tensors.push((
+                format!("{module}.lora_A.weight"),
+                vec![rank, hidden],
+                ramp(rank * hidden, 0.1, salt),
+            ));
+            tensors.push((
+                format!("{module}.lora_B.weight"),
+                vec![out, rank],
+                ramp(out * rank, 0.5, salt + 5),
+            ));
+        }
+    }
+    let named: Vec<(&str, Vec<usize>, Vec<f32>)> = tensors
+        .iter()
+        .map(|(name, shape, values)| (name.as_str(), shape.clone(), values.clone()))
+        .collect();
+    let path = folder.with_file_name(format!("adapter-{seed}.safetensors"));
+    common::lora::write_f32_tensors(&path, &named);
+    path
+}
+
+#[test]
+#[ignore = "a measurement for BENCHMARKS.md, run in release with --ignored --nocapture"]
+fn measure_what_an_adapter_per_request_costs() {
+    // Measures (asserts nothing on time): a generated small Llama (f32) streamed at
+    // 40 % of its weights, loaded once with two rank-16 adapters. Jobs of 16 tokens
+    // one at a time: the base, adapter a every time, a and b in turn (each job pays
+    // a switch); then 4 concurrent jobs of one adapter against 2 + 2 of two.
+    let dir = tempfile::tempdir().unwrap();
+    let demo = stagehand::families::llama::DecoderDemo {
+        arch: stagehand::families::llama::DecoderArch::Llama,
+        preset: stagehand::families::llama::DecoderPreset::Small,
+        dtype: stagehand::compute::DType::F32,
+        seed: 7,
+        shard_bytes: 1 << 30,
+    };
+    let folder =
+        stagehand::families::llama::write_decoder_folder(&dir.path().join("llama"), &demo).unwrap();
+    let (a, b) = (
+        decoder_adapter(&folder, 16, 1),
+        decoder_adapter(&folder, 16, 2),
+    );
+    let vram = weights(&folder) * 2 / 5;
+    let moved = std::sync::Arc::new(Moved::default());
+    let observer = std::sync::Arc::clone(&moved) as std::sync::Arc<dyn stagehand_actors::Observer>;
+    let model = start_observed(
+        prepared(&folder, None, &[("a", &a), ("b", &b)]),
+        vram,
+        8,
+        observer,
+    );
+    let bytes = || moved.0.load(std::sync::atomic::Ordering::Relaxed);
+    let median = |mut values: Vec<f64>| {
+        values.sort_by(f64::total_cmp);
+        values[values.len() / 2]
+    };
+    let tokens = 16;
+    let one_at_a_time = |adapters: &[Option<&str>]| {
+        let mut seconds = Vec::new();
+        let mut moved = Vec::new();
+        for _round in 0..3 {
+            for adapter in adapters {
+                let (before, started) = (bytes(), std::time::Instant::now());
+                tokens_of(submit_tokens(&model, *adapter, tokens));
+                seconds.push(started.elapsed().as_secs_f64());
+                moved.push((bytes() - before) as f64);
+            }
+        }
+        (median(seconds), median(moved))
+    };
+    one_at_a_time(&[None, Some("a")]); // warm every path once
+    let rows = [
+        ("adapter a every job", one_at_a_time(&[Some("a"); 3])),
+        ("base, one job at a time", one_at_a_time(&[None; 3])),
+        (
+            "a and b in turn (a switch each job)",
+            one_at_a_time(&[Some("a"), Some("b")]),
+        ),
+        ("base again", one_at_a_time(&[None; 3])),
+    ];
+    for (what, (seconds, moved)) in rows {
+        eprintln!(
+            "{what}: {:.1} ms a job of {tokens} tokens, {:.2} MiB moved a job",
+            seconds * 1e3,
+            moved / f64::from(1 << 20)
+        );
+    }
+    let together = |adapters: &[Option<&str>]| {
+        let mut seconds = Vec::new();
+        for _round in 0..3 {
+            let started = std::time::Instant::now();
+            let pending: Vec<_> = adapters
+                .iter()
+                .map(|adapter| submit_tokens(&model, *adapter, tokens))
+                .collect();
+            pending.into_iter().for_each(tokens_of);
+            seconds.push(started.elapsed().as_secs_f64());
+        }
+        median(seconds)
+    };
+    let same = together(&[Some("a"); 4]);
+    let mixed = together(&[Some("a"), Some("b"), Some("a"), Some("b")]);
+    eprintln!(
+        "4 concurrent jobs: one adapter {:.1} ms, two adapters (2 + 2) {:.1} ms ({:.2}x)",
+        same * 1e3,
+        mixed * 1e3,
+        mixed / same
+    );
+    finish(model);
+}
+
+/// The tokens of a generation that must succeed.
+fn tokens_of(events: flume::Receiver<TokenEvent>) {
+    tokens(events).unwrap();
 }

@@ -11,7 +11,7 @@ use stagehand::actors::{
     Device, DeviceArena, DeviceError, DevicePtr, HostBuffer, MemoryInfo, MemorySpace, OpFuture,
 };
 use stagehand::device::{CpuCompute, CpuDevice};
-use stagehand::run::{execute_on, prepare, Budgets, Outcome, RunError, RunPlan, WorkloadKind};
+use stagehand::run::{execute_on, Budgets, Outcome, RunError, RunPlan, WorkloadKind};
 use stagehand::settings::{Settings, Verify};
 
 /// The CPU device, but from the `corrupt_from`-th copy to the device on (0: none)
@@ -80,16 +80,41 @@ impl Device for Corrupting {
 /// land every step, checked as `verify` says; from the 10th copy on every copy lands
 /// corrupted when `corrupt` is set.
 fn run(verify: Verify, corrupt: bool) -> Result<Outcome, RunError> {
+    run_with(verify, corrupt, false)
+}
+
+/// [`run`], with the demo LoRA adapter (every layer patched) when `lora` is set.
+fn run_with(verify: Verify, corrupt: bool, lora: bool) -> Result<Outcome, RunError> {
     let dir = tempfile::tempdir().expect("temp dir");
     let model = common::demo::small_demo_model(dir.path());
     let settings = Settings {
         verify: Some(verify),
         ..Settings::default()
     };
-    let prepared = prepare(&model, WorkloadKind::Auto, 2, &settings, false).expect("prepares");
+    let loras = if lora {
+        let adapter = common::lora::lora_file(
+            dir.path(),
+            "adapter.safetensors",
+            &stagehand::lora::DemoLora::default(),
+        );
+        vec![stagehand::lora::LoraSpec {
+            path: adapter,
+            strength: 1.0,
+        }]
+    } else {
+        Vec::new()
+    };
+    let extras = stagehand::families::Extras {
+        loras,
+        ..Default::default()
+    };
+    let prepared =
+        stagehand::run::prepare_with(&model, WorkloadKind::Auto, 2, &settings, false, &extras)
+            .expect("prepares");
     let block = prepared.facts().layout().largest_block_bytes();
     let budgets = Budgets {
-        vram_budget_bytes: 3 * block,
+        // Room for 3 of the 8 blocks (the adapter's regions besides, with one).
+        vram_budget_bytes: 3 * block + stagehand::run::lora_region_bytes(&prepared, 2),
         pin_ceiling_bytes: 4 * block,
     };
     let device = Corrupting {
@@ -141,6 +166,23 @@ fn a_block_damaged_on_its_way_fails_the_weights_check_and_nothing_else_misses_it
     }
     // Nothing checks with `off`: the run completes on damaged weights, as asked.
     assert!(run(Verify::Off, true).is_ok());
+}
+
+#[test]
+fn blocks_an_adapter_patches_are_checked_as_they_land_too() {
+    // Proves a LoRA leaves no hole in the weights check: with the demo adapter on
+    // every layer, every landing is still checked (a streamed block keeps the file's
+    // bytes; a resident one is checked before the adapter is baked into it), a clean
+    // run passes, and a block damaged on its way fails the run.
+    let clean = run_with(Verify::Weights, false, true).expect("a clean run with a LoRA");
+    assert!(
+        clean.report.landings_checked >= 8 + 3 * 5,
+        "{}",
+        clean.report.landings_checked
+    );
+    let failed = run_with(Verify::Weights, true, true).err();
+    let message = failed.map(|error| error.to_string()).unwrap_or_default();
+    assert!(message.contains("differ from the file"), "{message}");
 }
 
 #[test]

@@ -349,7 +349,11 @@ impl<C: Compute> Blocks<C> for Streamed<'_, C> {
             .lora
             .as_ref()
             .is_some_and(|lora| lora.set.touches(block.index()));
-        if let (Some(landing), false) = (self.landing.as_mut(), touched) {
+        // A block is checked as it lands, before an adapter is baked into it; once
+        // baked (this generation) its bytes are no longer the file's.
+        let baked = self.baked[block.index()]
+            .is_some_and(|(generation, _)| generation == handle.generation);
+        if let (Some(landing), false) = (self.landing.as_mut(), baked) {
             if let Err(error) = landing.check(compute, &handle) {
                 self.session.release(handle);
                 return Err(error);

@@ -7,8 +7,9 @@
 //!
 //! A block is checked when its residency generation is new (it was loaded again). Its
 //! file checksum is computed once, from plain reads of the file, the first time the
-//! block lands. Blocks a LoRA adapter patches are not checked: a resident one holds
-//! the baked weights, which are not the file's.
+//! block lands. Blocks a LoRA adapter patches are checked too: a streamed one keeps
+//! the file's bytes (the adapter is a separate low-rank pass), and a resident one is
+//! checked as it lands, before the adapter is baked into it.
 
 use stagehand_actors::{BlockHandle, ModelLayout};
 
