@@ -64,6 +64,12 @@ fn rows() -> Vec<Row> {
         ),
         row(&["--no-baselines"], Expect::Ok(OK)),
         row(&["--json"], Expect::Ok("\"fits\"")),
+        row(&["--with", "flux1-dev"], Expect::Ok("in turn on")),
+        row(
+            &["--with", "flux1-dev", "--vram-budget", "8GiB", "--json"],
+            Expect::Ok("\"switch_bytes\""),
+        ),
+        row(&["--with", "nope"], Expect::Bad("unknown model `nope`")),
         row(&["--prefetch-depth", "auto"], Expect::Ok(OK)),
         row(&["--help"], Expect::Ok("Usage: stagehand simulate")),
         row(&["--unknown-flag"], Expect::Bad("--unknown-flag")),

@@ -20,10 +20,11 @@ use stagehand::simulate::{
 };
 use stagehand::telemetry::TraceRecorder;
 
+mod mix;
 mod model_arg;
 mod text;
 
-use model_arg::load_model;
+use model_arg::{load_model, load_model_named};
 use text::write_text;
 
 /// The value of `--prefetch-depth` (or `STAGEHAND_PREFETCH_DEPTH`) that asks the
@@ -64,6 +65,12 @@ pub struct SimulateArgs {
     /// Print the result as JSON (schema in docs/simulator.md).
     #[arg(long)]
     pub json: bool,
+    /// A second model used in turn with --model under one shared budget (what
+    /// `serve`'s `[budget]` does): --vram-budget and --pin-ceiling are then the
+    /// shared ones (default: the profile's VRAM less reserve_vram and vram_headroom, and
+    /// the RAM it can pin).
+    #[arg(long, value_name = "MODEL")]
+    pub with: Option<String>,
     #[command(flatten)]
     pub settings: SettingsArgs,
 }
@@ -77,6 +84,10 @@ pub fn execute(args: SimulateArgs) -> CommandResult {
     } = load_settings(&args)?;
     let model = load_model(&args, settings.block_pattern.as_deref())?;
     let hardware = load_hardware(&args, &settings)?;
+    if let Some(with) = &args.with {
+        let other = load_model_named(with, &args, settings.block_pattern.as_deref())?;
+        return mix::execute(&args, [&model, &other], &hardware, &settings);
+    }
     let faults = FaultPlan {
         seed: args.seed,
         jitter: args.jitter,

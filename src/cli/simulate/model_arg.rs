@@ -14,12 +14,21 @@ pub(super) fn load_model(
     args: &SimulateArgs,
     pattern: Option<&str>,
 ) -> Result<ModelDescription, Failure> {
-    let path = Path::new(&args.model);
-    let is_description = ModelDescription::builtin_names().contains(&args.model.as_str())
+    load_model_named(&args.model, args, pattern)
+}
+
+/// [`load_model`] of `model` (`--model`, or `--with`'s second model).
+pub(super) fn load_model_named(
+    model: &str,
+    args: &SimulateArgs,
+    pattern: Option<&str>,
+) -> Result<ModelDescription, Failure> {
+    let path = Path::new(model);
+    let is_description = ModelDescription::builtin_names().contains(&model)
         || path.extension().is_some_and(|ext| ext == "toml")
         || !path.exists();
     if is_description {
-        return ModelDescription::load(&args.model).map_err(Failure::bad_input);
+        return ModelDescription::load(model).map_err(Failure::bad_input);
     }
     if args.tokens_per_step == 0 {
         return Err(Failure::bad_input(anyhow::anyhow!(
