@@ -14,8 +14,9 @@
 #   cycle a loop of short runs, each attaching an adapter, streaming 20 steps and
 #         detaching it on the way out (every one must exit 0);
 #   serve `stagehand serve` with a tiny BERT embedder and a tiny Llama decoder, under
-#         steady load: two clients posting /v1/embeddings and /v1/completions back
-#         to back (every request must answer 200);
+#         steady load: two clients posting /v1/embeddings (in turn on `bert` and on
+#         its adapter, `bert:style`: a LoRA switch every request) and
+#         /v1/completions back to back (every request must answer 200);
 #   curl  the three metrics endpoints scraped every second (every scrape must succeed).
 # At the end both long runs get SIGINT and must exit 130 with every budget released;
 # the server gets SIGTERM and must drain, exit 0 and say each model holds 0 B.
@@ -67,7 +68,8 @@ models="$dir/models"
   --lora-out "$models/adapter.safetensors" --lora-rank 8 >"$dir/demo-model.log" 2>&1
 model="$models/linear-stack.safetensors"
 adapter="$models/adapter.safetensors"
-"$bin" demo-model --arch bert --out "$models/bert" >>"$dir/demo-model.log" 2>&1
+"$bin" demo-model --arch bert --out "$models/bert" --lora-out "$models/bert-adapter" \
+  --lora-rank 4 >>"$dir/demo-model.log" 2>&1
 "$bin" demo-model --arch llama --out "$models/llama" >>"$dir/demo-model.log" 2>&1
 cat >"$dir/serve.toml" <<TOML
 bind = "127.0.0.1:$serve_port"
@@ -75,6 +77,7 @@ bind = "127.0.0.1:$serve_port"
 [[models]]
 name = "bert"
 folder = "$models/bert"
+adapters = { style = "$models/bert-adapter/adapter_model.safetensors" }
 
 [[models]]
 name = "llama"
@@ -114,12 +117,18 @@ done
 for kind in embeddings completions; do
   (
     ok=0 failed=0
-    if [ "$kind" = embeddings ]; then
-      body='{"model": "bert", "input": ["a soak of the server", "steady load, all day"]}'
-    else
-      body='{"model": "llama", "prompt": "The soak", "max_tokens": 8}'
-    fi
+    turn=0
     while :; do
+      # The embedder's requests alternate between the base and its adapter (a
+      # LoRA switch every request).
+      if [ "$kind" = embeddings ]; then
+        model=bert
+        if [ $((turn % 2)) = 1 ]; then model=bert:style; fi
+        body='{"model": "'$model'", "input": ["a soak of the server", "steady load, all day"]}'
+      else
+        body='{"model": "llama", "prompt": "The soak", "max_tokens": 8}'
+      fi
+      turn=$((turn + 1))
       if curl -sf --max-time 60 -H 'Content-Type: application/json' -d "$body" \
         "http://127.0.0.1:$serve_port/v1/$kind" -o /dev/null 2>>"$dir/requests.err"; then
         ok=$((ok + 1))
