@@ -53,17 +53,7 @@ pub(super) fn load(
     let name = &model.name;
     let bad = |problem: String| ServeError::BadInput(format!("models.{name}: {problem}"));
     let settings = model_settings(model, config, base).map_err(bad)?;
-    let extras = extras(model).map_err(bad)?;
-    let mut prepared = prepare_with(
-        &model.folder,
-        WorkloadKind::Auto,
-        1,
-        &settings,
-        false,
-        &extras,
-    )
-    .map_err(|error| bad(error.to_string()))?;
-    add_adapters(&mut prepared, model, &extras.loras).map_err(bad)?;
+    let prepared = open(model, &settings).map_err(bad)?;
     let kind = prepared.facts().kind();
     if kind != WorkloadKind::Encoder && kind != WorkloadKind::Decoder {
         return Err(bad(format!(
@@ -287,6 +277,25 @@ fn configured_settings(
     settings::load(&args)
         .map(|loaded| loaded.settings)
         .map_err(|error| error.to_string())
+}
+
+/// The model's folder opened as `embed` and `generate` open it, with its adapters.
+fn open(
+    model: &ModelConfig,
+    settings: &settings::Settings,
+) -> Result<crate::run::Prepared, String> {
+    let extras = extras(model)?;
+    let mut prepared = prepare_with(
+        &model.folder,
+        WorkloadKind::Auto,
+        1,
+        settings,
+        false,
+        &extras,
+    )
+    .map_err(|error| error.to_string())?;
+    add_adapters(&mut prepared, model, &extras.loras)?;
+    Ok(prepared)
 }
 
 /// The model's `adapters`, each a set of its own `lora` and the adapter's file.
