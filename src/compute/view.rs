@@ -46,6 +46,33 @@ impl TensorSlot {
     pub fn bytes(&self) -> u64 {
         self.dtype.bytes(self.elements()) as u64
     }
+
+    /// Rows `first .. first + count` of a matrix slot (a vector is one row: its
+    /// elements); a U4 weight's group scales and zeros start `first` values on, their
+    /// stride kept. A slice of a fused weight, computed or patched on its own.
+    pub fn sub_rows(&self, first: usize, count: usize) -> TensorSlot {
+        if self.rows == 1 {
+            return TensorSlot {
+                offset: self.offset + self.dtype.bytes(first) as u64,
+                cols: count,
+                ..*self
+            };
+        }
+        let groups = self.groups.map(|groups| {
+            let skipped = groups.dtype.bytes(first) as u64;
+            Groups {
+                scale: groups.scale + skipped,
+                zero: groups.zero + skipped,
+                ..groups
+            }
+        });
+        TensorSlot {
+            offset: self.offset + self.dtype.bytes(first * self.cols) as u64,
+            rows: count,
+            groups,
+            ..*self
+        }
+    }
 }
 
 /// A block's bytes in the device tier, valid for `'a`.

@@ -165,6 +165,13 @@ pub trait Facts {
         None
     }
 
+    /// Modules of another layout of this model's weights an adapter may name (Flux's
+    /// diffusers pieces of an original checkpoint's fused weights, or the reverse),
+    /// tried after the checkpoint's own tensor names.
+    fn lora_aliases(&self) -> Vec<crate::lora::LoraAlias> {
+        Vec::new()
+    }
+
     /// Inputs the family had to cut short (texts longer than the model takes), by
     /// position.
     fn truncated_inputs(&self) -> &[usize] {

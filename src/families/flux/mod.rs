@@ -18,6 +18,7 @@ mod demo_lora;
 mod embed;
 mod input;
 mod layers;
+mod lora_names;
 mod names;
 mod open;
 mod quant;
@@ -27,7 +28,7 @@ mod weights;
 
 pub use config::{FluxConfig, AXES_METADATA};
 pub use demo::{write_conditioning, FluxDemo, FluxPreset, FluxShape};
-pub use demo_lora::{lora_modules, write_flux_lora, FluxLoraNaming};
+pub use demo_lora::{lora_modules, write_flux_lora, write_flux_lora_own_down, FluxLoraNaming};
 pub use embed::{gaussian, pack, unpack};
 pub use input::{
     read_tensors, write_latent, Conditioning, SampleInput, Start, CONTEXT_NAME, LATENT_NAME,

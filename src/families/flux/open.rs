@@ -162,6 +162,17 @@ impl Facts for Flux {
         true
     }
 
+    /// The other layout's modules: diffusers pieces on an original or ComfyUI file,
+    /// original (kohya) names on a diffusers folder.
+    fn lora_aliases(&self) -> Vec<crate::lora::LoraAlias> {
+        super::lora_names::aliases(
+            Names {
+                layout: self.layout,
+            },
+            &self.weights.linears,
+        )
+    }
+
     fn place(&self, _index: &ModelIndex, tensor: usize) -> Option<(usize, TensorSlot)> {
         self.weights.placement.slot_of(tensor)
     }
