@@ -135,6 +135,12 @@ pub trait Facts {
             .map_or(0, |kv| kv.reserved_bytes(kv.prompt_tokens + steps))
     }
 
+    /// A step's activation tensors, reserved and per kind of block, for a family that
+    /// computes them from its shapes (Flux).
+    fn activations(&self) -> Option<super::Activations> {
+        None
+    }
+
     /// Model bytes kept in host memory outside the tiers (an embedding table whose
     /// rows alone go to the device).
     fn host_table_bytes(&self) -> u64 {

@@ -160,15 +160,6 @@ pub struct StreamActs<C: Compute> {
     pub mods: Vec<C::Tensor>,
 }
 
-/// Shapes of a stream's tensors, in [`StreamActs`]' field order.
-pub fn stream_shapes(rows: usize, config: &FluxConfig) -> Vec<(usize, usize)> {
-    let hidden = config.hidden();
-    let mut shapes = vec![(rows, hidden); 7];
-    shapes.push((rows, config.mlp));
-    shapes.extend([(1, hidden); 6]);
-    shapes
-}
-
 /// Tensors of `shapes`, handed out in order by the function returned: how a state
 /// struct is allocated from the same list of shapes its size is predicted from.
 pub fn allocator<C: Compute>(
@@ -188,8 +179,11 @@ pub fn allocator<C: Compute>(
 }
 
 impl<C: Compute> StreamActs<C> {
-    pub fn new(compute: &C, rows: usize, config: &FluxConfig) -> Result<Self, FamilyError> {
-        let mut next = allocator(compute, stream_shapes(rows, config))?;
+    /// The stream's tensors from `next`, in field order (the shapes are
+    /// `working_set::stream`'s).
+    pub fn new(
+        next: &mut impl FnMut() -> Result<C::Tensor, FamilyError>,
+    ) -> Result<Self, FamilyError> {
         Ok(Self {
             x: next()?,
             normed: next()?,

@@ -25,6 +25,7 @@ mod quant;
 mod sampler;
 mod step;
 mod weights;
+mod working_set;
 
 pub use config::{FluxConfig, AXES_METADATA};
 pub use demo::{write_conditioning, FluxDemo, FluxPreset, FluxShape};
@@ -168,11 +169,15 @@ impl Flux {
         embed::unpack(packed, self.config.in_channels / 4, self.rows, self.cols)
     }
 
-    /// Bytes of the activations one step holds (every tensor of its state).
+    /// Bytes of the activations one step holds (every tensor of its state), reserved
+    /// before its first block.
     pub fn working_set_bytes(&self) -> u64 {
-        step::shapes(self)
-            .iter()
-            .map(|(rows, cols)| (rows * cols * 4) as u64)
-            .sum()
+        self.activations().reserved_bytes
+    }
+
+    /// What a step reserves, and the working set of each kind of block (embedders,
+    /// double block, single block, final layer), from the shapes each uses.
+    pub fn activations(&self) -> crate::families::Activations {
+        working_set::activations(self)
     }
 }

@@ -158,6 +158,10 @@ impl Facts for Flux {
         self.working_set_bytes()
     }
 
+    fn activations(&self) -> Option<crate::families::Activations> {
+        Some(Flux::activations(self))
+    }
+
     fn takes_lora(&self) -> bool {
         true
     }
