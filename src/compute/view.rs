@@ -47,17 +47,10 @@ impl TensorSlot {
         self.dtype.bytes(self.elements()) as u64
     }
 
-    /// Rows `first .. first + count` of a matrix slot (a vector is one row: its
-    /// elements); a U4 weight's group scales and zeros start `first` values on, their
-    /// stride kept. A slice of a fused weight, computed or patched on its own.
+    /// Rows `first .. first + count` of a matrix slot; a U4 weight's group scales and
+    /// zeros start `first` values on, their stride kept. A slice of a fused weight,
+    /// computed or patched on its own.
     pub fn sub_rows(&self, first: usize, count: usize) -> TensorSlot {
-        if self.rows == 1 {
-            return TensorSlot {
-                offset: self.offset + self.dtype.bytes(first) as u64,
-                cols: count,
-                ..*self
-            };
-        }
         let groups = self.groups.map(|groups| {
             let skipped = groups.dtype.bytes(first) as u64;
             Groups {
@@ -70,6 +63,16 @@ impl TensorSlot {
             offset: self.offset + self.dtype.bytes(first * self.cols) as u64,
             rows: count,
             groups,
+            ..*self
+        }
+    }
+
+    /// Elements `first .. first + count` of a vector slot (one row): a slice of a
+    /// fused linear's bias.
+    pub fn sub_vector(&self, first: usize, count: usize) -> TensorSlot {
+        TensorSlot {
+            offset: self.offset + self.dtype.bytes(first) as u64,
+            cols: count,
             ..*self
         }
     }

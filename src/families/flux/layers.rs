@@ -53,7 +53,7 @@ impl<C: Compute> Ctx<'_, C> {
         self.compute.linear(
             x,
             &view.weight(&weight.sub_rows(local, rows))?,
-            Some(&view.weight(&bias.sub_rows(local, rows))?),
+            Some(&view.weight(&bias.sub_vector(local, rows))?),
             y,
         )?;
         for (factors, scale) in held.low_rank(lora, &weight, local..local + rows)? {
