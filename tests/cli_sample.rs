@@ -59,6 +59,23 @@ fn rows() -> Vec<Row> {
     write_latent(Path::new(&init), &vec![0.5; 16 * 6 * 4], 16, 6, 4).unwrap();
     let lora = fixtures.path("flux/lora.safetensors");
     write_flux_lora(Path::new(&lora), &shape, FluxLoraNaming::Peft, 2, 5).unwrap();
+    // kohya's original names on the diffusers folder: mapped to its pieces.
+    let kohya = fixtures.path("flux/kohya.safetensors");
+    write_flux_lora(Path::new(&kohya), &shape, FluxLoraNaming::Kohya, 2, 5).unwrap();
+    let stray = "lora_unet_double_blocks_9_img_attn_qkv";
+    let stray_lora = write_tensors(
+        &fixtures.path("flux/stray-lora.safetensors"),
+        &[
+            (
+                &format!("{stray}.lora_down.weight"),
+                vec![2, shape.hidden()],
+            ),
+            (
+                &format!("{stray}.lora_up.weight"),
+                vec![3 * shape.hidden(), 2],
+            ),
+        ],
+    );
     let misshapen = write_tensors(
         &fixtures.path("flux/misshapen.safetensors"),
         &[("encoder_hidden_states", vec![1, 4, 7])],
@@ -122,6 +139,8 @@ fn rows() -> Vec<Row> {
             &["--lora", &format!("{lora}:0.5"), "--model", &f32_model],
             Expect::Ok(ok),
         ),
+        row(&["--lora", &kohya, "--model", &f32_model], Expect::Ok(ok)),
+        row(&["--lora", &stray_lora], Expect::Bad(stray)),
         row(&["--lora", &missing], Expect::Bad("none.safetensors")),
         row(&["--json"], Expect::Ok("\"sigmas\"")),
         row(&["--quiet"], Expect::Ok(ok)),

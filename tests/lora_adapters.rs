@@ -13,8 +13,8 @@ fn both_namings_load_to_the_same_factors() {
     // with the same scale, and alpha defaults to the rank without an alpha tensor.
     let (dir, _model, index) = setup();
     let (peft, kohya) = peft_and_kohya(dir.path(), DemoLora::default());
-    let a = load_adapter(&peft, 0.5, "p".into(), &index).unwrap();
-    let b = load_adapter(&kohya, 0.5, "k".into(), &index).unwrap();
+    let a = load_adapter(&peft, 0.5, "p".into(), &index, &[]).unwrap();
+    let b = load_adapter(&kohya, 0.5, "k".into(), &index, &[]).unwrap();
     assert_eq!(a.targets.len(), 16);
     assert_eq!(a.targets, b.targets);
     assert_eq!(a.targets[0].base, "blocks.0.linear0.weight");
@@ -27,7 +27,7 @@ fn both_namings_load_to_the_same_factors() {
             ..DemoLora::default()
         },
     );
-    let c = load_adapter(&plain, 1.0, "n".into(), &index).unwrap();
+    let c = load_adapter(&plain, 1.0, "n".into(), &index, &[]).unwrap();
     assert_eq!(c.targets[0].scale(1.0), 1.0);
 }
 
@@ -49,7 +49,7 @@ fn peft_alpha_comes_from_adapter_config() {
         r#"{"r": 8, "lora_alpha": 32}"#,
     )
     .unwrap();
-    let adapter = load_adapter(&path, 1.0, "a".into(), &index).unwrap();
+    let adapter = load_adapter(&path, 1.0, "a".into(), &index, &[]).unwrap();
     assert_eq!(adapter.targets[0].scale(1.0), 4.0);
 }
 
@@ -62,7 +62,7 @@ fn bad_adapters_are_refused_with_clear_errors() {
     let case = |name: &str, tensors: Vec<(&str, Vec<usize>, Vec<f32>)>| -> LoraError {
         let path = dir.path().join(name);
         write_f32_tensors(&path, &tensors);
-        load_adapter(&path, 1.0, name.into(), &index).unwrap_err()
+        load_adapter(&path, 1.0, name.into(), &index, &[]).unwrap_err()
     };
     let a = "blocks.0.linear0.lora_A.weight";
     let b = "blocks.0.linear0.lora_B.weight";

@@ -41,8 +41,16 @@ fuzz_target!(|input: &[u8]| {
     let (config, adapter) = rest.split_at(config_bytes);
     let config = (config_bytes > 0).then(|| String::from_utf8_lossy(config).into_owned());
     let path = Path::new("fuzz-adapter.safetensors");
-    if let Ok(adapter) = parse_adapter(path, adapter, config.as_deref(), 0.8, "fuzz".into(), model())
-    {
+    let parsed = parse_adapter(
+        path,
+        adapter,
+        config.as_deref(),
+        0.8,
+        "fuzz".into(),
+        model(),
+        &[],
+    );
+    if let Ok(adapter) = parsed {
         for target in &adapter.targets {
             assert!(target.tensor < model().tensors.len());
         }

@@ -11,6 +11,7 @@ use serde::Serialize;
 use super::run::{run_error, run_prepared, use_cuda, Launch, PolicyArg};
 use super::{CommandResult, Failure};
 use stagehand::families::flux::{write_latent, SampleInput, Start};
+use stagehand::families::Activations;
 use stagehand::lora::LoraSpec;
 use stagehand::run::driver::Model;
 use stagehand::run::summary::Summary;
@@ -75,6 +76,9 @@ struct Sampled<'a> {
     sigmas: &'a [f32],
     seconds_per_step: f64,
     activation_bytes: u64,
+    /// What a step reserves and each kind of block's working set, computed from the
+    /// shapes each uses (as `simulate --model` reports them).
+    activations: Activations,
     summary: &'a Summary,
 }
 
@@ -205,6 +209,7 @@ fn print_result(
             sigmas: &flux.sigmas[flux.first..],
             seconds_per_step,
             activation_bytes: flux.working_set_bytes(),
+            activations: flux.activations(),
             summary: &summary,
         };
         let json = serde_json::to_string_pretty(&sampled).map_err(Failure::run_failed)?;
@@ -216,10 +221,12 @@ fn print_result(
         args.out.display(),
         seconds_per_step * 1e3
     );
+    let activations = flux.activations();
     println!(
-        "  activations: {} per denoising step (q, k, v and attention over {} tokens, the MLP's hidden state, the modulations, the rope table), reserved through the activation path before the first block",
-        stagehand_actors::Bytes(flux.working_set_bytes()),
-        flux.image_tokens() + flux.text_tokens()
+        "  activations: {} per denoising step (every tensor of the step over {} tokens, allocated once), reserved through the activation path before the first block; working set per block (computed from the shapes each kind holds live): {}",
+        stagehand_actors::Bytes(activations.reserved_bytes),
+        flux.image_tokens() + flux.text_tokens(),
+        activations.describe_peaks()
     );
     print!("{}", summary.render());
     Ok(())

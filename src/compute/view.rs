@@ -46,6 +46,36 @@ impl TensorSlot {
     pub fn bytes(&self) -> u64 {
         self.dtype.bytes(self.elements()) as u64
     }
+
+    /// Rows `first .. first + count` of a matrix slot; a U4 weight's group scales and
+    /// zeros start `first` values on, their stride kept. A slice of a fused weight,
+    /// computed or patched on its own.
+    pub fn sub_rows(&self, first: usize, count: usize) -> TensorSlot {
+        let groups = self.groups.map(|groups| {
+            let skipped = groups.dtype.bytes(first) as u64;
+            Groups {
+                scale: groups.scale + skipped,
+                zero: groups.zero + skipped,
+                ..groups
+            }
+        });
+        TensorSlot {
+            offset: self.offset + self.dtype.bytes(first * self.cols) as u64,
+            rows: count,
+            groups,
+            ..*self
+        }
+    }
+
+    /// Elements `first .. first + count` of a vector slot (one row): a slice of a
+    /// fused linear's bias.
+    pub fn sub_vector(&self, first: usize, count: usize) -> TensorSlot {
+        TensorSlot {
+            offset: self.offset + self.dtype.bytes(first) as u64,
+            cols: count,
+            ..*self
+        }
+    }
 }
 
 /// A block's bytes in the device tier, valid for `'a`.

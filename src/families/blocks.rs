@@ -10,6 +10,7 @@
 //! generation; a block read for the reference is baked as it is loaded.
 
 use std::collections::{HashMap, VecDeque};
+use std::ops::Range;
 use std::time::Instant;
 
 use stagehand_actors::{BlockHandle, BlockId, LoraHandle, LoraSlot, ModelLayout, Session};
@@ -78,12 +79,16 @@ impl<B> Held<B> {
         }
     }
 
-    /// The LoRA factors to apply low-rank to the weight at `slot` of this block, with
-    /// their scales: only a streamed block with packs has any.
+    /// The LoRA factors to apply low-rank to the output rows `rows` of the weight at
+    /// `slot` of this block (all of them, or a slice of a fused weight the pass
+    /// computes apart, as Flux's q, k and v of one qkv), with their scales: each
+    /// patch on those rows, its `B` cut to them. Only a streamed block with packs has
+    /// any.
     pub fn low_rank<'a>(
         &'a self,
         lora: Option<&LoraSet>,
         slot: &TensorSlot,
+        rows: Range<usize>,
     ) -> Result<Vec<(LowRank<'a>, f32)>, FamilyError> {
         let (Inner::Session { handle, packs, .. }, Some(lora)) = (&self.0, lora) else {
             return Ok(Vec::new());
@@ -92,26 +97,29 @@ impl<B> Held<B> {
             return Ok(Vec::new());
         }
         let block = handle.block.index();
-        lora.patches_at(block, slot.offset)
-            .map(|patch| {
-                let pack = packs
-                    .iter()
-                    .find(|(adapter, _)| *adapter == patch.adapter)
-                    .map(|(_, pack)| pack)
-                    .ok_or_else(|| {
-                        FamilyError::Model(format!(
-                            "block {block}: the pack of LoRA adapter {} is not held",
-                            patch.adapter
-                        ))
-                    })?;
-                // SAFETY: as for the block above: the pack is held with this hold, on
-                // the session's device, and the offloader copied exactly the set's
-                // pack bytes there (a pack handle carries the address, not the length).
-                let view =
-                    unsafe { BlockView::new(pack.ptr, lora.pack_bytes(patch.adapter, block)) };
-                Ok((patch.factors(&view)?, patch.scale))
-            })
-            .collect()
+        let mut factors = Vec::new();
+        for patch in lora.patches_at(block, slot.offset) {
+            let Some(local) = patch.local_row(&rows)? else {
+                continue;
+            };
+            let pack = packs
+                .iter()
+                .find(|(adapter, _)| *adapter == patch.adapter)
+                .map(|(_, pack)| pack)
+                .ok_or_else(|| {
+                    FamilyError::Model(format!(
+                        "block {block}: the pack of LoRA adapter {} is not held",
+                        patch.adapter
+                    ))
+                })?;
+            // SAFETY: as for the block above: the pack is held with this hold, on
+            // the session's device, and the offloader copied exactly the set's
+            // pack bytes there (a pack handle carries the address, not the length).
+            let view = unsafe { BlockView::new(pack.ptr, lora.pack_bytes(patch.adapter, block)) };
+            let cut = patch.factors(&view)?.out_rows(local, rows.len())?;
+            factors.push((cut, patch.scale));
+        }
+        Ok(factors)
     }
 }
 

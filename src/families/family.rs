@@ -135,6 +135,12 @@ pub trait Facts {
             .map_or(0, |kv| kv.reserved_bytes(kv.prompt_tokens + steps))
     }
 
+    /// A step's activation tensors, reserved and per kind of block, for a family that
+    /// computes them from its shapes (Flux).
+    fn activations(&self) -> Option<super::Activations> {
+        None
+    }
+
     /// Model bytes kept in host memory outside the tiers (an embedding table whose
     /// rows alone go to the device).
     fn host_table_bytes(&self) -> u64 {
@@ -163,6 +169,13 @@ pub trait Facts {
     fn place(&self, index: &ModelIndex, tensor: usize) -> Option<(usize, TensorSlot)> {
         let _ = (index, tensor);
         None
+    }
+
+    /// Modules of another layout of this model's weights an adapter may name (Flux's
+    /// diffusers pieces of an original checkpoint's fused weights, or the reverse),
+    /// tried after the checkpoint's own tensor names.
+    fn lora_aliases(&self) -> Vec<crate::lora::LoraAlias> {
+        Vec::new()
     }
 
     /// Inputs the family had to cut short (texts longer than the model takes), by

@@ -5,6 +5,7 @@
 //! order. A target is found by where its base weight sits in its block (the
 //! [`TensorSlot`] a model family placed it at), so any family gets LoRA the same way.
 
+use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -12,7 +13,7 @@ use stagehand_actors::{AdapterSummary, BlockId, LoraAttach, LoraPack};
 
 use super::FamilyError;
 use crate::compute::{BlockView, Compute, DType, LowRank, TensorSlot};
-use crate::lora::{load_adapter, Adapter, LoraError, LoraSpec};
+use crate::lora::{load_adapter, Adapter, LoraAlias, LoraError, LoraSpec};
 use crate::model::ModelIndex;
 
 /// Outputs of a run with LoRA on streamed blocks are checked against the merged
@@ -34,17 +35,23 @@ struct Placed {
     block: usize,
     /// The base weight in its block.
     slot: TensorSlot,
+    /// The weight's output rows `first_row .. first_row + rows` are patched (`B`'s rows).
+    first_row: usize,
+    rows: usize,
     rank: usize,
     /// Where this target's `A` starts in the adapter's pack for `block`.
     pack_offset: u64,
 }
 
-/// One patch on one weight: which adapter, its scale, and where its factors sit in
-/// that adapter's pack of the block.
+/// One patch on one weight: which adapter, its scale, the weight's output rows it
+/// patches (`first_row ..` for `rows`: all of them unless the adapter named a piece
+/// of a fused weight), and where its factors sit in that adapter's pack of the block.
 #[derive(Debug, Clone, Copy)]
 pub struct Patch {
     pub adapter: usize,
     pub scale: f32,
+    pub first_row: usize,
+    pub rows: usize,
     a: TensorSlot,
     b: TensorSlot,
 }
@@ -53,6 +60,23 @@ impl Patch {
     /// The factors, read from the adapter's pack of this block.
     pub fn factors<'a>(&self, pack: &BlockView<'a>) -> Result<LowRank<'a>, FamilyError> {
         Ok(LowRank::new(pack.weight(&self.a)?, pack.weight(&self.b)?)?)
+    }
+
+    /// Where the weight's output rows `rows`, computed together, start in this
+    /// patch's `B`; `None` when the patch leaves them alone. A patch that covers only
+    /// some of them is refused: its update would land in part of an output the pass
+    /// computes at once.
+    pub fn local_row(&self, rows: &Range<usize>) -> Result<Option<usize>, FamilyError> {
+        let (start, end) = (self.first_row, self.first_row + self.rows);
+        if end <= rows.start || rows.end <= start {
+            return Ok(None);
+        }
+        if rows.start < start || end < rows.end {
+            return Err(FamilyError::Model(format!(
+                "a LoRA patch of rows {start}..{end} covers part of the rows {rows:?} computed together"
+            )));
+        }
+        Ok(Some(rows.start - start))
     }
 }
 
@@ -99,9 +123,23 @@ impl LoraSet {
                         problem: "patches an integer-quantized (int8_tensorwise or awq_w4a16) weight, which stagehand does not patch with a LoRA; use a BF16 or FP8 checkpoint".to_string(),
                     });
                 }
+                if target.first_row + target.out_features > slot.rows {
+                    return Err(LoraError::Shape {
+                        path: adapter.path.clone(),
+                        key: target.base.clone(),
+                        problem: format!(
+                            "patches rows {}..{} of a weight of {} rows",
+                            target.first_row,
+                            target.first_row + target.out_features,
+                            slot.rows
+                        ),
+                    });
+                }
                 targets.push(Placed {
                     block,
                     slot,
+                    first_row: target.first_row,
+                    rows: target.out_features,
                     rank: target.rank,
                     pack_offset: next_in_block[block],
                 });
@@ -119,9 +157,11 @@ impl LoraSet {
         })
     }
 
-    /// Loads each `FILE[:STRENGTH]` against the model, naming adapters by file stem.
+    /// Loads each `FILE[:STRENGTH]` against the model (or the `aliases` its family
+    /// lists for another layout of its weights), naming adapters by file stem.
     pub fn load(
         index: &ModelIndex,
+        aliases: &[LoraAlias],
         specs: &[LoraSpec],
         blocks: usize,
         place: &Placement<'_>,
@@ -134,6 +174,7 @@ impl LoraSet {
                 spec.strength,
                 name,
                 index,
+                aliases,
             )?));
         }
         Self::new(adapters, blocks, place)
@@ -184,7 +225,7 @@ impl LoraSet {
         let b = TensorSlot {
             offset: placed.pack_offset + a.bytes(),
             dtype: DType::F32,
-            rows: placed.slot.rows,
+            rows: placed.rows,
             cols: placed.rank,
             scale: None,
             groups: None,
@@ -192,6 +233,8 @@ impl LoraSet {
         Patch {
             adapter,
             scale: source.scale(self.adapters[adapter].strength),
+            first_row: placed.first_row,
+            rows: placed.rows,
             a,
             b,
         }
@@ -224,7 +267,10 @@ impl LoraSet {
                 ))
             })?;
             let patch = self.patch(adapter, target);
-            let weight = weights.weight(&self.placed[adapter][target].slot)?;
+            let rows = self.placed[adapter][target]
+                .slot
+                .sub_rows(patch.first_row, patch.rows);
+            let weight = weights.weight(&rows)?;
             compute.merge_low_rank(&weight, &patch.factors(&pack)?, patch.scale)?;
         }
         Ok(())

@@ -15,6 +15,7 @@
 //! source they are written against ([`blocks`]), LoRA sets ([`lora_set`]), tensor
 //! placement in blocks ([`placement`]), host embedding tables, the KV cache's pages.
 
+pub mod activations;
 pub mod bert;
 pub mod blocks;
 pub mod family;
@@ -32,6 +33,7 @@ pub mod record;
 pub mod registry;
 pub mod stream_verify;
 
+pub use activations::{Activations, BlockKindPeak};
 pub use family::{Decoded, ExpertNeeds, ExpertStep, Facts, Family, StepOutput};
 pub use inputs::{
     DecoderInput, EncoderInput, Extras, MoeOptions, PromptInput, WorkloadKind, BUILT_IN_PROMPT,

@@ -444,7 +444,7 @@ mod tests {
                 ..DemoLora::default()
             };
             write_demo_lora(&path, &spec, &lora).unwrap();
-            load_adapter(&path, 1.0, "a".into(), &index).unwrap()
+            load_adapter(&path, 1.0, "a".into(), &index, &[]).unwrap()
         };
         for naming in [LoraNaming::Peft, LoraNaming::Kohya] {
             let wide = load(LoraDtype::F32, naming);

@@ -7,28 +7,20 @@
 //! (+ `<module>.alpha`) with `<module>` the dotted path flattened with `_` behind a
 //! `lora_unet_`-style prefix. Without an alpha, alpha = rank (scale = strength).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use safetensors::{Dtype, SafeTensors};
 
-use super::{Adapter, LoraError, LoraTarget};
+use super::names::BaseNames;
+use super::targets::targets;
+use super::{Adapter, LoraAlias, LoraError};
 use crate::model::ModelIndex;
 
 /// How many unmatched keys an error lists.
 const LISTED_KEYS: usize = 5;
 /// Adapter files are small; anything above this is not a LoRA we should read whole.
 const MAX_ADAPTER_BYTES: u64 = 16 << 30;
-/// kohya module prefixes, longest first so `lora_te1_` wins over `lora_te_`.
-const KOHYA_PREFIXES: [&str; 7] = [
-    "lora_transformer_",
-    "lora_unet_",
-    "lora_te1_",
-    "lora_te2_",
-    "lora_te_",
-    "lora_",
-    "",
-];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Naming {
@@ -56,18 +48,21 @@ impl Naming {
 
 /// One module's raw factors as read.
 #[derive(Default)]
-struct Module {
-    down: Option<(Vec<usize>, Vec<f32>)>,
-    up: Option<(Vec<usize>, Vec<f32>)>,
-    alpha: Option<f32>,
+pub(super) struct Module {
+    pub(super) down: Option<(Vec<usize>, Vec<f32>)>,
+    pub(super) up: Option<(Vec<usize>, Vec<f32>)>,
+    pub(super) alpha: Option<f32>,
 }
 
-/// Loads `path` and maps it onto `index`. `name` must be unique among attached adapters.
+/// Loads `path` and maps it onto `index`, or onto `aliases` (another layout of the
+/// model's weights, [`LoraAlias`]) for a module the model does not name. `name` must be
+/// unique among attached adapters.
 pub fn load_adapter(
     path: &Path,
     strength: f32,
     name: String,
     index: &ModelIndex,
+    aliases: &[LoraAlias],
 ) -> Result<Adapter, LoraError> {
     let io = |reason: String| LoraError::Io {
         path: path.to_path_buf(),
@@ -85,7 +80,15 @@ pub fn load_adapter(
     let bytes = crate::model::read_regular(path, MAX_ADAPTER_BYTES)
         .map_err(|error| io(format!("{error} (a LoRA file is a safetensors file)")))?;
     let config = peft_config_text(path)?;
-    parse_adapter(path, &bytes, config.as_deref(), strength, name, index)
+    parse_adapter(
+        path,
+        &bytes,
+        config.as_deref(),
+        strength,
+        name,
+        index,
+        aliases,
+    )
 }
 
 /// Maps an adapter file's bytes onto `index`; `config` is the text of the
@@ -98,6 +101,7 @@ pub fn parse_adapter(
     strength: f32,
     name: String,
     index: &ModelIndex,
+    aliases: &[LoraAlias],
 ) -> Result<Adapter, LoraError> {
     let file = SafeTensors::deserialize(bytes).map_err(|error| LoraError::Format {
         path: path.to_path_buf(),
@@ -115,26 +119,27 @@ pub fn parse_adapter(
         Some(text) if naming == Naming::Peft => {
             let peft = super::peft::parse(&config_path, text)?;
             super::peft::check_base(&config_path, &peft, index)?;
-            super::peft::check_targets(&config_path, &peft, index)?;
+            super::peft::check_targets(&config_path, &peft, index, aliases)?;
             only_factors(path, &keys)?;
             peft
         }
         _ => super::peft::PeftConfig::default(),
     };
     let config_alpha = peft.alpha;
-    let bases = BaseNames::new(index);
+    let bases = BaseNames::new(index, aliases);
 
     let mut unmatched = Vec::new();
     let mut targets = Vec::with_capacity(modules.len());
     for (module_name, module) in &modules {
-        let Some(tensor) = bases.find(module_name, naming) else {
+        let Some(found) = bases.find(module_name, naming) else {
             unmatched.push(module_name.clone());
             continue;
         };
-        targets.push(target(
+        targets.extend(self::targets(
             path,
             index,
-            tensor,
+            &bases,
+            found,
             module_name,
             module,
             config_alpha,
@@ -164,8 +169,9 @@ pub fn parse_adapter(
     for target in &mut targets {
         target.rslora = peft.rslora;
     }
-    // Adapter order is application order: keep it stable (by base tensor position).
-    targets.sort_by_key(|target| target.tensor);
+    // Adapter order is application order: keep it stable (by base tensor position,
+    // then by the rows a piece of a fused weight patches).
+    targets.sort_by_key(|target| (target.tensor, target.first_row));
     Ok(Adapter {
         name,
         path: path.to_path_buf(),
@@ -262,144 +268,6 @@ fn only_factors(path: &Path, keys: &[String]) -> Result<(), LoraError> {
             path: path.to_path_buf(),
             key: key.clone(),
             problem: "is not a lora_A/lora_B factor; stagehand applies plain LoRA and does not implement what this tensor adds".to_string(),
-        }),
-    }
-}
-
-/// The model's tensor names, dotted and flattened, for both namings' lookups.
-struct BaseNames {
-    dotted: HashMap<String, usize>,
-    flattened: HashMap<String, usize>,
-}
-
-impl BaseNames {
-    fn new(index: &ModelIndex) -> Self {
-        let mut dotted = HashMap::new();
-        let mut flattened = HashMap::new();
-        for (position, tensor) in index.tensors.iter().enumerate() {
-            dotted.insert(tensor.name.clone(), position);
-            if let Some(module) = tensor.name.strip_suffix(".weight") {
-                flattened.insert(module.replace('.', "_"), position);
-            }
-        }
-        Self { dotted, flattened }
-    }
-
-    fn find(&self, module: &str, naming: Naming) -> Option<usize> {
-        match naming {
-            // Try the full path, then drop leading components (`base_model.model.`,
-            // `transformer.`, …) one at a time.
-            // A ComfyUI single file holds its diffusion model under
-            // `model.diffusion_model.`, which adapters trained on the bare model omit.
-            Naming::Peft => {
-                let mut rest = module;
-                loop {
-                    for under in ["", "model.diffusion_model."] {
-                        if let Some(&tensor) = self.dotted.get(&format!("{under}{rest}.weight")) {
-                            return Some(tensor);
-                        }
-                    }
-                    rest = rest.split_once('.')?.1;
-                }
-            }
-            Naming::Kohya => KOHYA_PREFIXES.iter().find_map(|prefix| {
-                let rest = module.strip_prefix(prefix)?;
-                self.flattened
-                    .get(rest)
-                    .or_else(|| self.flattened.get(&format!("model_diffusion_model_{rest}")))
-                    .copied()
-            }),
-        }
-    }
-}
-
-fn target(
-    path: &Path,
-    index: &ModelIndex,
-    tensor: usize,
-    module_name: &str,
-    module: &Module,
-    config_alpha: Option<f32>,
-) -> Result<LoraTarget, LoraError> {
-    let base = &index.tensors[tensor];
-    let missing = |present: &str, missing: &str| LoraError::MissingFactor {
-        path: path.to_path_buf(),
-        module: module_name.to_string(),
-        present: present.to_string(),
-        missing: missing.to_string(),
-    };
-    let (down_shape, down) = module
-        .down
-        .as_ref()
-        .ok_or_else(|| missing("an up/B factor", "down/A factor"))?;
-    let (up_shape, up) = module
-        .up
-        .as_ref()
-        .ok_or_else(|| missing("a down/A factor", "up/B factor"))?;
-    let shape_error = |problem: String| LoraError::Shape {
-        path: path.to_path_buf(),
-        key: module_name.to_string(),
-        problem,
-    };
-    let [out_features, in_features] = base.shape[..] else {
-        return Err(shape_error(format!(
-            "base tensor `{}` has shape {:?}; LoRA patches 2-D weights only",
-            base.name, base.shape
-        )));
-    };
-    if base.dtype == "I8" {
-        // A resident block (and the reference) bakes the patch into the weight: into
-        // int8 codes it rounds to steps of max|w|/127 (most of a LoRA's update), and a
-        // 4-bit group-quantized weight has no merge at all.
-        return Err(shape_error(format!(
-            "base tensor `{}` is integer-quantized (int8_tensorwise or awq_w4a16), which stagehand does not patch with a LoRA (merged into its codes the update would round away); use a BF16 or FP8 checkpoint",
-            base.name
-        )));
-    }
-    let ([rank, a_in], [b_out, b_rank]) = (&down_shape[..], &up_shape[..]) else {
-        return Err(shape_error(format!(
-            "factors must be 2-D, found A {down_shape:?} and B {up_shape:?}"
-        )));
-    };
-    if *rank == 0 || *b_rank == 0 {
-        return Err(LoraError::RankZero {
-            path: path.to_path_buf(),
-            module: module_name.to_string(),
-        });
-    }
-    if rank != b_rank || *a_in != in_features || *b_out != out_features {
-        return Err(shape_error(format!(
-            "A {down_shape:?} · B {up_shape:?} does not patch `{}` {:?} (need A [rank, {in_features}] and B [{out_features}, rank])",
-            base.name, base.shape
-        )));
-    }
-    let alpha = module.alpha.or(config_alpha).unwrap_or(*rank as f32);
-    check_finite(path, &format!("{module_name} alpha"), &[alpha])?;
-    check_finite(path, &format!("{module_name} A"), down)?;
-    check_finite(path, &format!("{module_name} B"), up)?;
-    Ok(LoraTarget {
-        tensor,
-        base: base.name.clone(),
-        block: base.block,
-        block_offset: base.block_offset,
-        out_features,
-        in_features,
-        rank: *rank,
-        alpha,
-        a: down.clone(),
-        b: up.clone(),
-        rslora: false,
-    })
-}
-
-fn check_finite(path: &Path, key: &str, values: &[f32]) -> Result<(), LoraError> {
-    match values.iter().position(|value| !value.is_finite()) {
-        None => Ok(()),
-        Some(index) => Err(LoraError::NonFinite {
-            path: path.to_path_buf(),
-            key: key.to_string(),
-            index,
-            value: values[index],
         }),
     }
 }

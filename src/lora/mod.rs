@@ -7,13 +7,17 @@
 //! a PEFT adapter folder (`adapter_config.json` + `adapter_model.safetensors`, as
 //! `save_pretrained` writes it), whose config is checked against the model (`peft`).
 
+mod alias;
 mod error;
 mod generate;
 mod load;
 mod math;
+mod names;
 mod peft;
 mod precision;
+mod targets;
 
+pub use alias::{AliasPiece, LoraAlias};
 pub use error::LoraError;
 pub use generate::{write_demo_lora, DemoLora, LoraDtype, LoraNaming};
 pub use load::{load_adapter, parse_adapter, Naming};
@@ -78,6 +82,10 @@ pub struct LoraTarget {
     /// The base tensor's block and where it starts in the block's buffer.
     pub block: usize,
     pub block_offset: u64,
+    /// The base weight's output rows `first_row .. first_row + out_features` are the
+    /// ones patched (all of them, unless the adapter names a piece of a fused weight
+    /// through a [`LoraAlias`]); `B` has `out_features` rows.
+    pub first_row: usize,
     pub out_features: usize,
     pub in_features: usize,
     pub rank: usize,

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use super::LoraError;
+use super::{LoraAlias, LoraError};
 use crate::model::{ModelFolder, ModelIndex};
 
 /// Keys that do not change what an adapter computes at inference, and why.
@@ -160,17 +160,21 @@ fn targets(value: &Value) -> Result<Option<Targets>, String> {
 }
 
 /// Checks that every target of `config` names a weight of `index`: a module of the
-/// model is a 2-D `<module>.weight` tensor.
+/// model is a 2-D `<module>.weight` tensor, or one of `aliases` (its weights in
+/// another layout).
 pub fn check_targets(
     config_path: &Path,
     config: &PeftConfig,
     index: &ModelIndex,
+    aliases: &[LoraAlias],
 ) -> Result<(), LoraError> {
+    // A module of another layout of the same weights is one of the model's modules.
     let modules: Vec<&str> = index
         .tensors
         .iter()
         .filter(|tensor| tensor.shape.len() == 2)
         .filter_map(|tensor| tensor.name.strip_suffix(".weight"))
+        .chain(aliases.iter().map(|alias| alias.module.as_str()))
         .collect();
     let unmatched = |target: &str| {
         LoraError::Config {

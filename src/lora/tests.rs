@@ -8,6 +8,7 @@ fn target(out: usize, input: usize, rank: usize) -> LoraTarget {
         base: "w".into(),
         block: 0,
         block_offset: 0,
+        first_row: 0,
         out_features: out,
         in_features: input,
         rank,

@@ -182,7 +182,8 @@ fn lora_phase(
         return Ok(Vec::new());
     }
     let place = |tensor: usize| facts.place(index, tensor);
-    let set = LoraSet::load(index, specs, facts.layout().len(), &place)
+    let aliases = facts.lora_aliases();
+    let set = LoraSet::load(index, &aliases, specs, facts.layout().len(), &place)
         .map_err(|error| RunError::BadInput(error.to_string()))?;
     Ok(vec![LoraPhase { from_step: 0, set }])
 }

@@ -222,9 +222,10 @@ impl VramFit {
                 available_bytes: vram_available_bytes,
             });
         }
-        // A decoder's first KV pages are kept out of the plan (the session plans in
-        // the budget less them, as `stagehand run` does); a shortfall counts them.
-        let kv_start_bytes = model.kv_cache.map_or(0, |kv| kv.start_reserve_bytes());
+        // A decoder's first KV pages and a family's activation tensors are kept out of
+        // the plan (the session plans in the budget less them, as `stagehand run`
+        // does); a shortfall counts them.
+        let kv_start_bytes = model.activation_reserve_bytes();
         let plan_budget_bytes = vram_budget_bytes.saturating_sub(kv_start_bytes);
         let streams = model_bytes > plan_budget_bytes;
         // The ring the pipeline's own plan picks: slots sized for the largest block it

@@ -69,6 +69,7 @@ impl ModelDescription {
                 bytes_per_token: kv.bytes_per_token * sequences,
                 ..kv
             }),
+            activations: facts.activations(),
         }
         .checked()
     }

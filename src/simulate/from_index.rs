@@ -78,6 +78,7 @@ impl ModelDescription {
             experts,
             output: None,
             kv_cache: None,
+            activations: None,
         };
         description.checked()
     }

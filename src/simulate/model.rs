@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use stagehand_actors::{BlockLayout, Extent, FileId, ModelLayout};
 
 use super::output::StepOutput;
-use crate::families::KvCache;
+use crate::families::{Activations, KvCache};
 use crate::sim::SimError;
 
 const BUILTIN_MODELS: &[(&str, &str)] = &[
@@ -60,6 +60,10 @@ pub struct ModelDescription {
     /// A decoder's KV cache, reserved beside the weights as the run grows it (a
     /// description made from a decoder folder; never in a description file).
     pub kv_cache: Option<KvCache>,
+    /// The activation tensors a step reserves beside the weights, and each kind of
+    /// block's working set, from the family's own shapes (a Flux checkpoint; never in a
+    /// description file).
+    pub activations: Option<Activations>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -161,6 +165,7 @@ impl ModelDescription {
             experts: file.experts,
             output: file.output,
             kv_cache: None,
+            activations: None,
         };
         description.checked()
     }
@@ -174,6 +179,16 @@ impl ModelDescription {
                 message,
             }),
         }
+    }
+
+    /// Device bytes a run reserves beside the weights before its first block, kept
+    /// out of the plan: a decoder's first KV pages, a family's activation tensors.
+    pub fn activation_reserve_bytes(&self) -> u64 {
+        let kv = self.kv_cache.map_or(0, |kv| kv.start_reserve_bytes());
+        kv + self
+            .activations
+            .as_ref()
+            .map_or(0, |acts| acts.reserved_bytes)
     }
 
     pub fn total_bytes(&self) -> u64 {

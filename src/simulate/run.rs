@@ -139,8 +139,9 @@ async fn run_on_current_system(
     let machine = sim_machine(hardware, options, &layout)?;
     let depth = policy.prefetch_depth(options.settings.prefetch_depth);
     let mut config = session_config(policy, depth, options);
-    // A decoder's first KV pages are kept out of the plan, as `run::execute` keeps them.
-    config.activation_reserve_bytes = model.kv_cache.map_or(0, |kv| kv.start_reserve_bytes());
+    // A decoder's first KV pages and a family's activation tensors are kept out of
+    // the plan, as `run::execute` keeps them.
+    config.activation_reserve_bytes = model.activation_reserve_bytes();
     let received = VramBytesPerBlock::new(layout.len());
     let observer = observer(options, &machine, &names, &received);
     let order: Vec<BlockId> = (0..layout.len() as u32).map(BlockId).collect();
@@ -163,6 +164,10 @@ async fn run_on_current_system(
         names: &names,
         block_durations: block_durations(model, hardware, &machine),
         kv_cache: model.kv_cache,
+        activation_bytes: model
+            .activations
+            .as_ref()
+            .map_or(0, |acts| acts.reserved_bytes),
         steps: options.steps.max(1),
         progress: Progress::default(),
     };

@@ -82,6 +82,9 @@ pub struct Simulation {
     pub stagehand_rate: Option<OutputRate>,
     /// Things a user must know even though the model fits (e.g. impractically slow).
     pub warnings: Vec<String>,
+    /// The activation tensors a step reserves and each kind of block's working set,
+    /// when the description carries them (a Flux checkpoint).
+    pub activations: Option<crate::families::Activations>,
 }
 
 /// What the simulation says to put in the config: the chosen depth, and how it
@@ -243,6 +246,7 @@ pub fn simulate(
         bound_rate,
         stagehand_rate: None,
         warnings: Vec::new(),
+        activations: model.activations.clone(),
     };
     if !simulation.fits {
         return Ok(simulation);

@@ -73,7 +73,6 @@ pub fn prepare(model: &Path, input: SampleInput, loras: Vec<LoraSpec>) -> Prepar
 /// a ring of two blocks, prefetching one ahead; some block always streams), checked step by step against
 /// the resident pass.
 pub fn run(prepared: &Prepared, steps: u64, share: f64) -> Outcome {
-    let settings = Settings::default();
     let layout = prepared.facts().layout();
     let largest = layout
         .blocks
@@ -82,13 +81,22 @@ pub fn run(prepared: &Prepared, steps: u64, share: f64) -> Outcome {
         .max()
         .unwrap_or(0);
     let weights = ((layout.total_bytes() as f64 * share) as u64).max(2 * largest + largest / 2);
-    let budget = weights + prepared.activation_bytes(steps);
-    let outcome = execute(
+    let outcome = run_within(prepared, steps, weights + prepared.activation_bytes(steps));
+    let resident = &outcome.report.plan.vram.resident;
+    assert!(resident.iter().any(|r| !r), "the budget streams no block");
+    outcome
+}
+
+/// Runs `prepared`'s `steps` under a VRAM budget of `vram_budget_bytes`, checked step
+/// by step against the resident pass.
+pub fn run_within(prepared: &Prepared, steps: u64, vram_budget_bytes: u64) -> Outcome {
+    let settings = Settings::default();
+    execute(
         prepared,
         RunPlan {
             settings: &settings,
             budgets: Budgets {
-                vram_budget_bytes: budget,
+                vram_budget_bytes,
                 pin_ceiling_bytes: 64 << 20,
             },
             prefetch_depth: 1,
@@ -102,10 +110,7 @@ pub fn run(prepared: &Prepared, steps: u64, share: f64) -> Outcome {
             on_token: None,
         },
     )
-    .expect("samples");
-    let resident = &outcome.report.plan.vram.resident;
-    assert!(resident.iter().any(|r| !r), "the budget streams no block");
-    outcome
+    .expect("samples")
 }
 
 /// Samples `input` with no LoRA.

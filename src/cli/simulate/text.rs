@@ -88,7 +88,16 @@ fn write_setup(out: &mut impl Write, simulation: &Simulation) -> std::io::Result
         Bytes(fit.pin_ceiling_bytes),
         Bytes(fit.staging_bytes),
         Bytes(fit.pinned_cache_bytes)
-    )
+    )?;
+    if let Some(activations) = &simulation.activations {
+        writeln!(
+            out,
+            "activations: {} reserved beside the weights (every tensor of a step); working set per block: {}",
+            Bytes(activations.reserved_bytes),
+            activations.describe_peaks()
+        )?;
+    }
+    Ok(())
 }
 
 /// The bytes a step moves and the bound they set.

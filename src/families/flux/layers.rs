@@ -1,8 +1,7 @@
 //! One Flux denoising pass, block by block, against the compute port: the embedders,
 //! the double-stream blocks, the single-stream blocks and the final layer.
 
-use crate::compute::quant::Groups;
-use crate::compute::{Attention, Compute, Diffusion, Mask, TensorSlot};
+use crate::compute::{Attention, Compute, Diffusion, Mask};
 use crate::families::blocks::Held;
 use crate::families::lora_set::LoraSet;
 use crate::families::FamilyError;
@@ -19,32 +18,6 @@ pub struct Ctx<'a, C: Compute> {
     pub kernels: &'a dyn Diffusion<Tensor = C::Tensor>,
     pub weights: &'a FluxWeights,
     pub config: &'a FluxConfig,
-}
-
-/// Rows `first .. first + count` of a matrix slot (a bias is one row: its columns);
-/// a U4 weight's group scales and zeros start `first` values on, their stride kept.
-fn sub_slot(slot: TensorSlot, first: usize, count: usize) -> TensorSlot {
-    if slot.rows == 1 {
-        return TensorSlot {
-            offset: slot.offset + slot.dtype.bytes(first) as u64,
-            cols: count,
-            ..slot
-        };
-    }
-    let groups = slot.groups.map(|groups| {
-        let skipped = groups.dtype.bytes(first) as u64;
-        Groups {
-            scale: groups.scale + skipped,
-            zero: groups.zero + skipped,
-            ..groups
-        }
-    });
-    TensorSlot {
-        offset: slot.offset + slot.dtype.bytes(first * slot.cols) as u64,
-        rows: count,
-        groups,
-        ..slot
-    }
 }
 
 impl<C: Compute> Ctx<'_, C> {
@@ -79,12 +52,11 @@ impl<C: Compute> Ctx<'_, C> {
         let view = held.view(self.compute);
         self.compute.linear(
             x,
-            &view.weight(&sub_slot(weight, local, rows))?,
-            Some(&view.weight(&sub_slot(bias, local, rows))?),
+            &view.weight(&weight.sub_rows(local, rows))?,
+            Some(&view.weight(&bias.sub_vector(local, rows))?),
             y,
         )?;
-        for (factors, scale) in held.low_rank(lora, &weight)? {
-            let factors = factors.out_rows(local, rows)?;
+        for (factors, scale) in held.low_rank(lora, &weight, local..local + rows)? {
             self.compute.low_rank_add(x, &factors, scale, scratch, y)?;
         }
         Ok(())
@@ -188,15 +160,6 @@ pub struct StreamActs<C: Compute> {
     pub mods: Vec<C::Tensor>,
 }
 
-/// Shapes of a stream's tensors, in [`StreamActs`]' field order.
-pub fn stream_shapes(rows: usize, config: &FluxConfig) -> Vec<(usize, usize)> {
-    let hidden = config.hidden();
-    let mut shapes = vec![(rows, hidden); 7];
-    shapes.push((rows, config.mlp));
-    shapes.extend([(1, hidden); 6]);
-    shapes
-}
-
 /// Tensors of `shapes`, handed out in order by the function returned: how a state
 /// struct is allocated from the same list of shapes its size is predicted from.
 pub fn allocator<C: Compute>(
@@ -216,8 +179,11 @@ pub fn allocator<C: Compute>(
 }
 
 impl<C: Compute> StreamActs<C> {
-    pub fn new(compute: &C, rows: usize, config: &FluxConfig) -> Result<Self, FamilyError> {
-        let mut next = allocator(compute, stream_shapes(rows, config))?;
+    /// The stream's tensors from `next`, in field order (the shapes are
+    /// `working_set::stream`'s).
+    pub fn new(
+        next: &mut impl FnMut() -> Result<C::Tensor, FamilyError>,
+    ) -> Result<Self, FamilyError> {
         Ok(Self {
             x: next()?,
             normed: next()?,

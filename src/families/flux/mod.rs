@@ -18,16 +18,18 @@ mod demo_lora;
 mod embed;
 mod input;
 mod layers;
+mod lora_names;
 mod names;
 mod open;
 mod quant;
 mod sampler;
 mod step;
 mod weights;
+mod working_set;
 
 pub use config::{FluxConfig, AXES_METADATA};
 pub use demo::{write_conditioning, FluxDemo, FluxPreset, FluxShape};
-pub use demo_lora::{lora_modules, write_flux_lora, FluxLoraNaming};
+pub use demo_lora::{lora_modules, write_flux_lora, write_flux_lora_own_down, FluxLoraNaming};
 pub use embed::{gaussian, pack, unpack};
 pub use input::{
     read_tensors, write_latent, Conditioning, SampleInput, Start, CONTEXT_NAME, LATENT_NAME,
@@ -167,11 +169,15 @@ impl Flux {
         embed::unpack(packed, self.config.in_channels / 4, self.rows, self.cols)
     }
 
-    /// Bytes of the activations one step holds (every tensor of its state).
+    /// Bytes of the activations one step holds (every tensor of its state), reserved
+    /// before its first block.
     pub fn working_set_bytes(&self) -> u64 {
-        step::shapes(self)
-            .iter()
-            .map(|(rows, cols)| (rows * cols * 4) as u64)
-            .sum()
+        self.activations().reserved_bytes
+    }
+
+    /// What a step reserves, and the working set of each kind of block (embedders,
+    /// double block, single block, final layer), from the shapes each uses.
+    pub fn activations(&self) -> crate::families::Activations {
+        working_set::activations(self)
     }
 }

@@ -158,8 +158,23 @@ impl Facts for Flux {
         self.working_set_bytes()
     }
 
+    fn activations(&self) -> Option<crate::families::Activations> {
+        Some(Flux::activations(self))
+    }
+
     fn takes_lora(&self) -> bool {
         true
+    }
+
+    /// The other layout's modules: diffusers pieces on an original or ComfyUI file,
+    /// original (kohya) names on a diffusers folder.
+    fn lora_aliases(&self) -> Vec<crate::lora::LoraAlias> {
+        super::lora_names::aliases(
+            Names {
+                layout: self.layout,
+            },
+            &self.weights.linears,
+        )
     }
 
     fn place(&self, _index: &ModelIndex, tensor: usize) -> Option<(usize, TensorSlot)> {

@@ -5,7 +5,8 @@
 use stagehand_actors::BlockId;
 
 use super::embed::timestep_embedding;
-use super::layers::{allocator, stream_shapes, Ctx, StreamActs, EPS};
+use super::layers::{allocator, Ctx, StreamActs, EPS};
+use super::working_set;
 use super::Flux;
 use crate::compute::Compute;
 use crate::families::blocks::{Blocks, Held};
@@ -47,38 +48,11 @@ pub struct FluxState<C: Compute> {
     reserved: bool,
 }
 
-/// Shapes of [`Acts`]' own tensors, in field order (the streams' come after).
-fn own_shapes(flux: &Flux) -> Vec<(usize, usize)> {
-    let config = &flux.config;
-    let (hidden, mlp) = (config.hidden(), config.mlp);
-    let (text, image) = (flux.text_tokens(), flux.image_tokens());
-    let rows = text + image;
-    let mut shapes = vec![
-        (image, config.in_channels),
-        (text, config.context_dim),
-        (1, config.pooled_dim),
-        (1, super::embed::TIME_FREQUENCIES),
-        (1, hidden),
-        (1, hidden),
-        (1, hidden),
-    ];
-    shapes.extend([(rows, hidden); 6]);
-    shapes.extend([(rows, mlp), (rows, hidden + mlp), (rows, hidden)]);
-    shapes.extend([(image, config.in_channels), (rows, config.head_dim), (1, 1)]);
-    shapes
-}
-
-/// Every tensor a step holds: the peak working set.
-pub fn shapes(flux: &Flux) -> Vec<(usize, usize)> {
-    let mut shapes = own_shapes(flux);
-    shapes.extend(stream_shapes(flux.image_tokens(), &flux.config));
-    shapes.extend(stream_shapes(flux.text_tokens(), &flux.config));
-    shapes
-}
-
 impl<C: Compute> Acts<C> {
+    /// Every tensor of [`working_set::tensors`], in its order: this struct's own,
+    /// then the image and text streams'.
     fn new(compute: &C, flux: &Flux) -> Result<Self, FamilyError> {
-        let mut next = allocator(compute, own_shapes(flux))?;
+        let mut next = allocator(compute, working_set::shapes(flux))?;
         let mut acts = Self {
             latent: next()?,
             context: next()?,
@@ -99,8 +73,8 @@ impl<C: Compute> Acts<C> {
             out: next()?,
             table: next()?,
             scratch: next()?,
-            img: StreamActs::new(compute, flux.image_tokens(), &flux.config)?,
-            txt: StreamActs::new(compute, flux.text_tokens(), &flux.config)?,
+            img: StreamActs::new(&mut next)?,
+            txt: StreamActs::new(&mut next)?,
         };
         compute.write(&mut acts.context, &flux.cond.context)?;
         compute.write(&mut acts.pooled, &flux.cond.pooled)?;

@@ -79,8 +79,18 @@ pub struct FinalWeights {
     pub linear: Linear,
 }
 
+/// A linear as the original layout names it, and the output rows of its parts (the
+/// pieces diffusers splits it into; one part for a linear no layout splits).
+#[derive(Debug, Clone)]
+pub struct LinearName {
+    pub stem: String,
+    pub parts: Vec<usize>,
+}
+
 pub struct FluxWeights {
     pub placement: Placement,
+    /// Every linear placed, in placement order.
+    pub linears: Vec<LinearName>,
     pub head: HeadWeights,
     pub double: Vec<DoubleWeights>,
     pub single: Vec<SingleWeights>,
@@ -108,6 +118,7 @@ impl FluxWeights {
             names,
             builder: PlacementBuilder::new(index),
             scales_required,
+            linears: Vec::new(),
         };
         let (hidden, mlp) = (config.hidden(), config.mlp);
         placer.builder.block("head");
@@ -160,6 +171,7 @@ impl FluxWeights {
         };
         Ok(Self {
             placement: placer.builder.finish(),
+            linears: placer.linears,
             head,
             double,
             single,
@@ -172,6 +184,7 @@ struct Placer<'i> {
     names: Names,
     builder: PlacementBuilder<'i>,
     scales_required: bool,
+    linears: Vec<LinearName>,
 }
 
 impl Placer<'_> {
@@ -201,6 +214,10 @@ impl Placer<'_> {
             });
             first += rows;
         }
+        self.linears.push(LinearName {
+            stem: stem.to_string(),
+            parts: parts.to_vec(),
+        });
         Ok(Linear { pieces })
     }
 

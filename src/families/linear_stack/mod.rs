@@ -115,7 +115,7 @@ impl LinearStack {
         index: &ModelIndex,
         specs: &[crate::lora::LoraSpec],
     ) -> Result<crate::families::lora_set::LoraSet, crate::lora::LoraError> {
-        crate::families::lora_set::LoraSet::load(index, specs, self.blocks(), &|tensor| {
+        crate::families::lora_set::LoraSet::load(index, &[], specs, self.blocks(), &|tensor| {
             self.place(index, tensor)
         })
     }
@@ -216,7 +216,7 @@ impl Family for LinearStack {
                 for slot in layers {
                     let weight = view.weight(slot)?;
                     compute.linear(&state.x, &weight, None, &mut state.y)?;
-                    for (factors, scale) in held.low_rank(blocks.lora(), slot)? {
+                    for (factors, scale) in held.low_rank(blocks.lora(), slot, 0..slot.rows)? {
                         compute.low_rank_add(
                             &state.x,
                             &factors,

@@ -36,6 +36,9 @@ pub(super) struct ComputeSide<'a> {
     /// Each block's compute time and weight bytes: for the first step, for the rest.
     pub block_durations: [Vec<(Duration, u64)>; 2],
     pub kv_cache: Option<KvCache>,
+    /// A family's activation tensors, reserved before the first block of the first
+    /// step (as the Flux family reserves them).
+    pub activation_bytes: u64,
     pub steps: u64,
     pub progress: Progress,
 }
@@ -56,6 +59,12 @@ impl ComputeSide<'_> {
             progress.step.set(step);
             // The decoder grows its KV cache before the step's first block; resident
             // weights give way when the budget is full, as in the real session.
+            if step == 0 && self.activation_bytes > 0 {
+                session
+                    .reserve_activations(self.activation_bytes)
+                    .await
+                    .map_err(|error| format!("the activations do not fit: {error}"))?;
+            }
             let growth = self.kv_cache.map_or(0, |kv| kv.growth_bytes(step));
             if growth > 0 {
                 session
