@@ -53,7 +53,8 @@ impl Prepared {
             )));
         }
         let place = |tensor: usize| facts.place(&self.index, tensor);
-        let set = LoraSet::load(&self.index, specs, facts.layout().len(), &place)
+        let aliases = facts.lora_aliases();
+        let set = LoraSet::load(&self.index, &aliases, specs, facts.layout().len(), &place)
             .map_err(|error| RunError::BadInput(format!("adapter {name}: {error}")))?;
         self.adapters.push(NamedLora {
             name: name.to_string(),
