@@ -7,7 +7,12 @@
 //! LoRA lives here too, because how a block meets its adapters depends on where it
 //! came from: a streamed block gets its factors' packs held beside it and applies them
 //! low-rank; a resident block has `W + s·B·A` baked into its VRAM copy once per
-//! generation; a block read for the reference is baked as it is loaded.
+//! generation; a block read for the reference is baked as it is loaded. Only F32
+//! weights are baked ([`merges`]): a patch on a narrower weight is applied low-rank
+//! wherever its block is, its packs held beside a resident block and loaded beside a
+//! reference block.
+//!
+//! [`merges`]: super::lora_set::merges
 
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
@@ -34,15 +39,24 @@ enum Inner<B> {
         /// The block was ready when asked for (no wait).
         ready: bool,
     },
-    /// Read from the files for the reference (LoRA already baked in).
-    Loaded { block: BlockId, memory: B },
+    /// Read from the files for the reference (LoRA baked into its F32 weights), with
+    /// the packs (by adapter index) of the patches it applies low-rank.
+    Loaded {
+        block: BlockId,
+        memory: B,
+        packs: Vec<(usize, B)>,
+    },
 }
 
 impl<B> Held<B> {
     /// A hold of `memory`, a block the compute adapter owns (loaded itself): its view
     /// is the adapter's own [`Compute::block_view`] of it, so any source may make one.
     pub fn of_loaded(block: BlockId, memory: B) -> Self {
-        Held(Inner::Loaded { block, memory })
+        Held(Inner::Loaded {
+            block,
+            memory,
+            packs: Vec::new(),
+        })
     }
 
     /// The adapter's memory of a block made with [`Held::of_loaded`].
@@ -82,44 +96,74 @@ impl<B> Held<B> {
     /// The LoRA factors to apply low-rank to the output rows `rows` of the weight at
     /// `slot` of this block (all of them, or a slice of a fused weight the pass
     /// computes apart, as Flux's q, k and v of one qkv), with their scales: each
-    /// patch on those rows, its `B` cut to them. Only a streamed block with packs has
-    /// any.
-    pub fn low_rank<'a>(
+    /// patch on those rows, its `B` cut to them. A streamed block applies every patch
+    /// this way; a resident or reference block only those not baked into its weights.
+    pub fn low_rank<'a, C: Compute<Block = B>>(
         &'a self,
+        compute: &C,
         lora: Option<&LoraSet>,
         slot: &TensorSlot,
         rows: Range<usize>,
     ) -> Result<Vec<(LowRank<'a>, f32)>, FamilyError> {
-        let (Inner::Session { handle, packs, .. }, Some(lora)) = (&self.0, lora) else {
+        let Some(lora) = lora else {
             return Ok(Vec::new());
         };
-        if packs.is_empty() {
+        let (block, streamed, held_packs) = match &self.0 {
+            Inner::Session { handle, packs, .. } => {
+                (handle.block.index(), handle.streamed, packs.len())
+            }
+            Inner::Loaded { block, packs, .. } => (block.index(), false, packs.len()),
+        };
+        if held_packs == 0 {
             return Ok(Vec::new());
         }
-        let block = handle.block.index();
         let mut factors = Vec::new();
         for patch in lora.patches_at(block, slot.offset) {
+            if patch.merged && !streamed {
+                continue;
+            }
             let Some(local) = patch.local_row(&rows)? else {
                 continue;
             };
-            let pack = packs
-                .iter()
-                .find(|(adapter, _)| *adapter == patch.adapter)
-                .map(|(_, pack)| pack)
-                .ok_or_else(|| {
-                    FamilyError::Model(format!(
-                        "block {block}: the pack of LoRA adapter {} is not held",
-                        patch.adapter
-                    ))
-                })?;
-            // SAFETY: as for the block above: the pack is held with this hold, on
-            // the session's device, and the offloader copied exactly the set's
-            // pack bytes there (a pack handle carries the address, not the length).
-            let view = unsafe { BlockView::new(pack.ptr, lora.pack_bytes(patch.adapter, block)) };
+            let view = self.pack_view(compute, lora, block, patch.adapter)?;
             let cut = patch.factors(&view)?.out_rows(local, rows.len())?;
             factors.push((cut, patch.scale));
         }
         Ok(factors)
+    }
+
+    /// Adapter `adapter`'s pack of `block`, held with this hold.
+    fn pack_view<'a, C: Compute<Block = B>>(
+        &'a self,
+        compute: &C,
+        lora: &LoraSet,
+        block: usize,
+        adapter: usize,
+    ) -> Result<BlockView<'a>, FamilyError> {
+        let missing = || {
+            FamilyError::Model(format!(
+                "block {block}: the pack of LoRA adapter {adapter} is not held"
+            ))
+        };
+        match &self.0 {
+            Inner::Session { packs, .. } => {
+                let pack = packs
+                    .iter()
+                    .find(|(held, _)| *held == adapter)
+                    .map(|(_, pack)| pack)
+                    .ok_or_else(missing)?;
+                // SAFETY: as for the block in `view`: the pack is held with this
+                // hold, on the session's device, and the offloader copied exactly the
+                // set's pack bytes there (a pack handle carries the address, not the
+                // length).
+                Ok(unsafe { BlockView::new(pack.ptr, lora.pack_bytes(adapter, block)) })
+            }
+            Inner::Loaded { packs, .. } => packs
+                .iter()
+                .find(|(held, _)| *held == adapter)
+                .map(|(_, pack)| compute.block_view(pack))
+                .ok_or_else(missing),
+        }
     }
 }
 
@@ -291,7 +335,7 @@ impl<'s, C: Compute> Streamed<'s, C> {
             return Ok(());
         };
         let block = handle.block.index();
-        if self.baked[block] == Some((handle.generation, phase)) {
+        if self.baked[block] == Some((handle.generation, phase)) || !set.merges_on(block) {
             return Ok(());
         }
         let packs = self.hold_packs(block)?;
@@ -368,17 +412,25 @@ impl<C: Compute> Blocks<C> for Streamed<'_, C> {
             }
         }
         let mut packs = Vec::new();
-        if touched {
+        if let Some(set) = self.lora.as_ref().map(|lora| lora.set).filter(|_| touched) {
+            let index = block.index();
             let prepared = if handle.streamed {
-                self.hold_packs(block.index()).map(|held| packs = held)
+                self.hold_packs(index).map(|held| packs = held)
             } else {
-                self.bake(compute, &handle)
+                self.bake(compute, &handle).and_then(|()| {
+                    if set.low_rank_on_resident(index) {
+                        packs = self.hold_packs(index)?;
+                    }
+                    Ok(())
+                })
             };
             if let Err(error) = prepared {
                 self.session.release(handle);
                 return Err(error);
             }
-            self.low_rank_used |= handle.streamed;
+            // Only a baked patch computed low-rank sums in another order than the
+            // reference; one low-rank in both is the same arithmetic.
+            self.low_rank_used |= handle.streamed && set.merges_on(index);
         }
         self.acquired_at = Some(Instant::now());
         Ok(Held(Inner::Session {
@@ -421,7 +473,13 @@ pub struct FromFiles<'a, C: Compute> {
     reader: &'a BlockReader<'a>,
     layout: &'a ModelLayout,
     lora: Option<&'a LoraSet>,
-    kept: Option<HashMap<BlockId, C::Block>>,
+    kept: Option<HashMap<BlockId, Loaded<C::Block>>>,
+}
+
+/// A reference block in memory, with the packs of the patches it applies low-rank.
+struct Loaded<B> {
+    memory: B,
+    packs: Vec<(usize, B)>,
 }
 
 impl<'a, C: Compute> FromFiles<'a, C> {
@@ -439,7 +497,7 @@ impl<'a, C: Compute> FromFiles<'a, C> {
         }
     }
 
-    fn load(&self, compute: &C, block: BlockId) -> Result<C::Block, FamilyError> {
+    fn load(&self, compute: &C, block: BlockId) -> Result<Loaded<C::Block>, FamilyError> {
         let layout = self
             .layout
             .block(block)
@@ -448,44 +506,60 @@ impl<'a, C: Compute> FromFiles<'a, C> {
         self.reader.read_extents(&layout.extents, &mut bytes)?;
         self.reader.forget(&layout.extents);
         let memory = compute.load_block(&bytes)?;
-        if let Some(set) = self.lora {
-            let packs: Vec<Option<C::Block>> = (0..set.adapters().len())
-                .map(|adapter| {
-                    let pack = set.pack_of(adapter, block.index());
-                    (!pack.is_empty())
-                        .then(|| compute.load_block(&pack))
-                        .transpose()
-                })
-                .collect::<Result<_, _>>()?;
-            let view = compute.block_view(&memory);
-            set.bake(compute, block.index(), &view, |adapter| {
-                packs[adapter].as_ref().map(|pack| compute.block_view(pack))
-            })?;
-            compute.wait(compute.fence()?)?;
+        let Some(set) = self.lora.filter(|set| set.touches(block.index())) else {
+            return Ok(Loaded {
+                memory,
+                packs: Vec::new(),
+            });
+        };
+        let mut packs = Vec::new();
+        for adapter in set.adapters_on(block.index()) {
+            let pack = set.pack_of(adapter, block.index());
+            packs.push((adapter, compute.load_block(&pack)?));
         }
-        Ok(memory)
+        let view = compute.block_view(&memory);
+        set.bake(compute, block.index(), &view, |adapter| {
+            packs
+                .iter()
+                .find(|(held, _)| *held == adapter)
+                .map(|(_, pack)| compute.block_view(pack))
+        })?;
+        compute.wait(compute.fence()?)?;
+        if !set.low_rank_on_resident(block.index()) {
+            packs.clear();
+        }
+        Ok(Loaded { memory, packs })
     }
 }
 
 impl<C: Compute> Blocks<C> for FromFiles<'_, C> {
     fn acquire(&mut self, compute: &C, block: BlockId) -> Result<Held<C::Block>, FamilyError> {
-        if let Some(memory) = self.kept.as_mut().and_then(|kept| kept.remove(&block)) {
-            return Ok(Held(Inner::Loaded { block, memory }));
-        }
-        let memory = self.load(compute, block)?;
-        Ok(Held(Inner::Loaded { block, memory }))
+        let loaded = match self.kept.as_mut().and_then(|kept| kept.remove(&block)) {
+            Some(loaded) => loaded,
+            None => self.load(compute, block)?,
+        };
+        Ok(Held(Inner::Loaded {
+            block,
+            memory: loaded.memory,
+            packs: loaded.packs,
+        }))
     }
 
     fn release(&mut self, compute: &C, held: Held<C::Block>) -> Result<(), FamilyError> {
-        if let Inner::Loaded { block, memory } = held.0 {
+        if let Inner::Loaded {
+            block,
+            memory,
+            packs,
+        } = held.0
+        {
             match self.kept.as_mut() {
                 Some(kept) => {
-                    kept.insert(block, memory);
+                    kept.insert(block, Loaded { memory, packs });
                 }
-                // The device may still read it: free it only after the stream passed.
+                // The device may still read them: free them only after the stream passed.
                 None => {
                     compute.wait(compute.fence()?)?;
-                    drop(memory);
+                    drop((memory, packs));
                 }
             }
         }
@@ -493,7 +567,7 @@ impl<C: Compute> Blocks<C> for FromFiles<'_, C> {
     }
 
     fn lora(&self) -> Option<&LoraSet> {
-        // Baked at load: no low-rank patches to apply.
-        None
+        // Baked at load, but for the patches on weights narrower than F32.
+        self.lora
     }
 }

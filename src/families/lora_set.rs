@@ -22,7 +22,8 @@ use crate::model::ModelIndex;
 /// order. Each linear-stack layer's output is RMS-normalised (elements of order 1), so
 /// each layer adds a few f32 ulps (~1e-7); measured worst differences on the demo stay
 /// below 1e-5 after 64 layers. Resident blocks bake the same `W + s·B·A` as the
-/// reference, bit for bit.
+/// reference, bit for bit; a patch on a weight narrower than F32 is applied low-rank
+/// in both and on streamed blocks alike ([`merges`]), bit for bit too.
 pub const LORA_TOLERANCE: f32 = 1e-4;
 
 /// Where a model family placed a tensor of the index: its block in the session's
@@ -45,13 +46,17 @@ struct Placed {
 
 /// One patch on one weight: which adapter, its scale, the weight's output rows it
 /// patches (`first_row ..` for `rows`: all of them unless the adapter named a piece
-/// of a fused weight), and where its factors sit in that adapter's pack of the block.
+/// of a fused weight), whether resident copies hold it baked in ([`merges`]), and
+/// where its factors sit in that adapter's pack of the block.
 #[derive(Debug, Clone, Copy)]
 pub struct Patch {
     pub adapter: usize,
     pub scale: f32,
     pub first_row: usize,
     pub rows: usize,
+    /// Baked into the weight of a resident block and of the reference; otherwise
+    /// applied low-rank wherever its block is.
+    pub merged: bool,
     a: TensorSlot,
     b: TensorSlot,
 }
@@ -78,6 +83,18 @@ impl Patch {
         }
         Ok(Some(rows.start - start))
     }
+}
+
+/// Whether a patch on a weight stored as `dtype` is baked into resident copies (and
+/// the reference): only into F32 weights. Baked into a narrower weight, `W + s·B·A`
+/// would be rounded to its storage (BF16 keeps 8 significant bits: about 0.6% of the
+/// tiny Flux fixture's latent moved against diffusers, which adds the update
+/// unmerged, and a streamed block's exact low-rank pass no longer met the merged
+/// reference); such a patch is applied low-rank on resident blocks and in the
+/// reference too, the same arithmetic as on a streamed block, so a run with it
+/// resident or streamed gives the same bits.
+pub fn merges(dtype: DType) -> bool {
+    dtype == DType::F32
 }
 
 /// Adapters in application order, placed on the session's blocks.
@@ -198,6 +215,27 @@ impl LoraSet {
             .is_some_and(|patches| !patches.is_empty())
     }
 
+    /// Whether a patch on `block` is baked into its resident copy (an F32 weight).
+    pub fn merges_on(&self, block: usize) -> bool {
+        self.placed_on(block)
+            .any(|placed| merges(placed.slot.dtype))
+    }
+
+    /// Whether a patch on `block` is applied low-rank even where the block is
+    /// resident (a weight narrower than F32).
+    pub fn low_rank_on_resident(&self, block: usize) -> bool {
+        self.placed_on(block)
+            .any(|placed| !merges(placed.slot.dtype))
+    }
+
+    fn placed_on(&self, block: usize) -> impl Iterator<Item = &Placed> + '_ {
+        self.by_block
+            .get(block)
+            .into_iter()
+            .flatten()
+            .map(|&(adapter, target)| &self.placed[adapter][target])
+    }
+
     /// The adapters (by index) that patch `block`.
     pub fn adapters_on(&self, block: usize) -> Vec<usize> {
         let mut adapters: Vec<usize> = self
@@ -235,6 +273,7 @@ impl LoraSet {
             scale: source.scale(self.adapters[adapter].strength),
             first_row: placed.first_row,
             rows: placed.rows,
+            merged: merges(placed.slot.dtype),
             a,
             b,
         }
@@ -250,9 +289,9 @@ impl LoraSet {
             .map(|&(adapter, target)| self.patch(adapter, target))
     }
 
-    /// Bakes every patch of `block` into its weights in place (`W ← W + s·B·A`, in
-    /// adapter order): the resident path and the merged reference. `pack(adapter)` is
-    /// that adapter's pack of the block.
+    /// Bakes every patch of `block` that [`merges`] into its weights in place
+    /// (`W ← W + s·B·A`, in adapter order): the resident path and the merged
+    /// reference. `pack(adapter)` is that adapter's pack of the block.
     pub fn bake<'p, C: Compute>(
         &self,
         compute: &C,
@@ -261,6 +300,9 @@ impl LoraSet {
         pack: impl Fn(usize) -> Option<BlockView<'p>>,
     ) -> Result<(), FamilyError> {
         for &(adapter, target) in self.by_block.get(block).into_iter().flatten() {
+            if !merges(self.placed[adapter][target].slot.dtype) {
+                continue;
+            }
             let pack = pack(adapter).ok_or_else(|| {
                 FamilyError::Model(format!(
                     "block {block}: the pack of LoRA adapter {adapter} is missing"

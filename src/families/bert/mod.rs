@@ -359,7 +359,7 @@ fn linear<C: Compute>(
         Some(&view.weight(&slots.bias)?),
         y,
     )?;
-    for (factors, scale) in held.low_rank(lora, &slots.weight, 0..slots.weight.rows)? {
+    for (factors, scale) in held.low_rank(compute, lora, &slots.weight, 0..slots.weight.rows)? {
         compute.low_rank_add(x, &factors, scale, scratch, y)?;
     }
     Ok(())

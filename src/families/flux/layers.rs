@@ -56,7 +56,7 @@ impl<C: Compute> Ctx<'_, C> {
             Some(&view.weight(&bias.sub_vector(local, rows))?),
             y,
         )?;
-        for (factors, scale) in held.low_rank(lora, &weight, local..local + rows)? {
+        for (factors, scale) in held.low_rank(self.compute, lora, &weight, local..local + rows)? {
             self.compute.low_rank_add(x, &factors, scale, scratch, y)?;
         }
         Ok(())

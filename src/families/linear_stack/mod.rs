@@ -216,7 +216,9 @@ impl Family for LinearStack {
                 for slot in layers {
                     let weight = view.weight(slot)?;
                     compute.linear(&state.x, &weight, None, &mut state.y)?;
-                    for (factors, scale) in held.low_rank(blocks.lora(), slot, 0..slot.rows)? {
+                    for (factors, scale) in
+                        held.low_rank(compute, blocks.lora(), slot, 0..slot.rows)?
+                    {
                         compute.low_rank_add(
                             &state.x,
                             &factors,

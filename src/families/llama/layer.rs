@@ -37,7 +37,7 @@ impl Decoder {
         let view = held.view(compute);
         let bias = bias.map(|bias| view.weight(bias)).transpose()?;
         compute.linear(x, &view.weight(weight)?, bias.as_ref(), y)?;
-        for (factors, scale) in held.low_rank(lora, weight, 0..weight.rows)? {
+        for (factors, scale) in held.low_rank(compute, lora, weight, 0..weight.rows)? {
             compute.low_rank_add(x, &factors, scale, scratch, y)?;
         }
         Ok(())

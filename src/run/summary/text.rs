@@ -223,7 +223,7 @@ impl Summary {
                 .map(|adapter| format!("{}:{}", adapter.name, adapter.strength))
                 .collect();
             line(out, format!(
-                "  lora: {} ({} of factors, counted apart from the model; pinned {}, vram {} of pack slots, {}/step re-sent with streamed blocks)  {} steps low-rank within {:e} of the merged reference, the rest bit-exact",
+                "  lora: {} ({} of factors, counted apart from the model; pinned {}, vram {} of pack slots, {}/step re-sent with the blocks that apply it low-rank)  {} steps low-rank within {:e} of the merged reference, the rest bit-exact",
                 names.join(", "),
                 bytes(self.lora_bytes),
                 bytes(self.lora_pinned_bytes),
