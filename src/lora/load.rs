@@ -2,8 +2,9 @@
 //!
 //! PEFT names a module's factors `<module>.lora_A.weight` / `<module>.lora_B.weight`
 //! with `<module>` a dotted path, often under `base_model.model.`; its scale comes from
-//! a per-module `<module>.alpha` tensor or `lora_alpha` in an `adapter_config.json`
-//! beside the file. kohya names them `<module>.lora_down.weight` / `.lora_up.weight`
+//! a per-module `<module>.alpha` tensor, `lora_alpha` in the file header's
+//! `lora_adapter_metadata` (diffusers' `save_lora_weights`, [`HEADER_CONFIG_KEY`]), or
+//! `lora_alpha` in an `adapter_config.json` beside the file. kohya names them `<module>.lora_down.weight` / `.lora_up.weight`
 //! (+ `<module>.alpha`) with `<module>` the dotted path flattened with `_` behind a
 //! `lora_unet_`-style prefix. Without an alpha, alpha = rank (scale = strength).
 
@@ -114,7 +115,15 @@ pub fn parse_adapter(
         first: keys.iter().take(LISTED_KEYS).cloned().collect(),
     })?;
     let modules = read_modules(path, &file, &keys, naming)?;
-    let config_path = path.with_file_name("adapter_config.json");
+    // diffusers keeps the LoraConfig in the file's header; it wins over a file beside it.
+    let header = header_config(path, bytes, &keys)?;
+    let (config, config_path) = match &header {
+        Some(text) => (
+            Some(text.as_str()),
+            PathBuf::from(format!("{} ({HEADER_CONFIG_KEY})", path.display())),
+        ),
+        None => (config, path.with_file_name("adapter_config.json")),
+    };
     let peft = match config {
         Some(text) if naming == Naming::Peft => {
             let peft = super::peft::parse(&config_path, text)?;
@@ -231,6 +240,54 @@ fn read_modules(
         // Other keys (e.g. kohya's text-encoder metadata tensors) are not factors.
     }
     Ok(modules)
+}
+
+/// The safetensors header entry where diffusers' `save_lora_weights` (and a model's
+/// `save_lora_adapter`) keep the adapter's PEFT `LoraConfig` as JSON: its `r`,
+/// `lora_alpha`, `target_modules`, …, each key behind the pipeline component's name
+/// (`transformer.lora_alpha`) or, from a model's own save, bare. Such a file has no
+/// `.alpha` tensors: without this, alpha = rank would scale the update wrongly.
+pub const HEADER_CONFIG_KEY: &str = "lora_adapter_metadata";
+
+/// The adapter's PEFT config from the file's header, as the text of an
+/// `adapter_config.json`: the entries of the component whose factors the file holds
+/// (the first component of its factor names, `transformer`), with that prefix taken
+/// off; or the whole object when its entries are bare. `None` without the entry, or
+/// when it describes only other components.
+fn header_config(path: &Path, bytes: &[u8], keys: &[String]) -> Result<Option<String>, LoraError> {
+    let fail = |reason: String| LoraError::Config {
+        path: PathBuf::from(format!("{} ({HEADER_CONFIG_KEY})", path.display())),
+        reason,
+    };
+    let (_, metadata) = SafeTensors::read_metadata(bytes).map_err(|error| LoraError::Format {
+        path: path.to_path_buf(),
+        reason: error.to_string(),
+    })?;
+    let Some(text) = metadata
+        .metadata()
+        .as_ref()
+        .and_then(|entries| entries.get(HEADER_CONFIG_KEY))
+    else {
+        return Ok(None);
+    };
+    let value: serde_json::Value =
+        serde_json::from_str(text).map_err(|error| fail(format!("not JSON: {error}")))?;
+    let Some(entries) = value.as_object() else {
+        return Err(fail("must be a JSON object".to_string()));
+    };
+    if entries.contains_key("r") || entries.contains_key("peft_type") {
+        return Ok(Some(text.clone()));
+    }
+    let component = keys
+        .first()
+        .and_then(|key| key.split_once('.'))
+        .map_or("", |(first, _)| first);
+    let prefix = format!("{component}.");
+    let own: serde_json::Map<String, serde_json::Value> = entries
+        .iter()
+        .filter_map(|(key, value)| Some((key.strip_prefix(&prefix)?.to_string(), value.clone())))
+        .collect();
+    Ok((!own.is_empty()).then(|| serde_json::Value::Object(own).to_string()))
 }
 
 /// Config files are a few hundred bytes; this bounds what is read.
