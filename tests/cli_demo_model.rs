@@ -13,7 +13,7 @@ fn rows() -> Vec<Row> {
     let a_file = fixtures.file("a-file", "not a folder\n");
     let lora_folder = fixtures.folder("lora-folder");
     let (bert, llama, lora) = (out("bert"), out("llama"), out("l.safetensors"));
-    vec![
+    let mut rows = vec![
         row(&[], Expect::Ok("2 blocks x 1 layers x 64x64 f32")),
         row(&["--out", &a_file], Expect::Bad("not a folder")),
         row(&[], Expect::Bad("--out")).bare(),
@@ -153,6 +153,31 @@ fn rows() -> Vec<Row> {
             &["--arch", "llama", "--lora-out", &lora],
             Expect::Bad("--lora-out"),
         ),
+    ];
+    // A kohya adapter for every small preset in every layout (full-depth is the same
+    // code at 158 MiB a model).
+    for preset in ["tiny", "tiny-schnell", "small"] {
+        for layout in ["original", "comfyui", "diffusers"] {
+            rows.push(row(
+                &[
+                    "--arch",
+                    "flux",
+                    "--flux-preset",
+                    preset,
+                    "--layout",
+                    layout,
+                    "--out",
+                    &out(&format!("flux-{preset}-{layout}")),
+                    "--lora-out",
+                    &out(&format!("flux-{preset}-{layout}.safetensors")),
+                    "--lora-rank",
+                    "4",
+                ],
+                Expect::Ok("kohya rank 4 F32 LoRA on 10 modules"),
+            ));
+        }
+    }
+    rows.extend(vec![
         row(
             &["--arch", "flux", "--out", &out("flux")],
             Expect::Ok("Flux Tiny, diffusers layout"),
@@ -278,9 +303,62 @@ fn rows() -> Vec<Row> {
             ],
             Expect::Bad("--cond-tokens"),
         ),
+        row(
+            &[
+                "--arch",
+                "flux",
+                "--out",
+                &out("flux"),
+                "--lora-out",
+                &out("flux-lora.safetensors"),
+                "--lora-rank",
+                "999",
+            ],
+            Expect::Bad("--lora-rank must be between 1 and the hidden size"),
+        ),
+        row(
+            &[
+                "--arch",
+                "flux",
+                "--out",
+                &out("flux"),
+                "--lora-out",
+                &lora_folder,
+            ],
+            Expect::Bad("a folder"),
+        ),
+        row(
+            &[
+                "--arch",
+                "flux",
+                "--layout",
+                "original",
+                "--dtype",
+                "int8",
+                "--out",
+                &out("flux-int8"),
+                "--lora-out",
+                &out("flux-lora.safetensors"),
+            ],
+            Expect::Bad("integer-quantized"),
+        ),
+        row(
+            &[
+                "--arch",
+                "flux",
+                "--out",
+                &out("flux"),
+                "--lora-out",
+                &out("flux-lora.safetensors"),
+                "--lora-dtype",
+                "bf16",
+            ],
+            Expect::Ok("kohya rank 8 Bf16 LoRA"),
+        ),
         row(&["--help"], Expect::Ok("Usage: stagehand demo-model")),
         row(&["--unknown-flag"], Expect::Bad("--unknown-flag")),
-    ]
+    ]);
+    rows
 }
 
 #[test]
@@ -292,4 +370,141 @@ fn every_documented_demo_model_flag_runs_through_the_binary() {
         .default(&["--dim", "64"])
         .rows(rows())
         .run();
+}
+
+/// `12.50 KiB` as a summary prints a size, in bytes.
+fn bytes(text: &str) -> f64 {
+    let (number, unit) = text.trim().split_once(' ').unwrap_or((text, "B"));
+    let scale = match unit {
+        "B" => 1.0,
+        "KiB" => 1024.0,
+        "MiB" => 1024.0 * 1024.0,
+        other => panic!("unit {other} in {text}"),
+    };
+    number.parse::<f64>().unwrap() * scale
+}
+
+/// Runs the binary with `args`; returns stdout and stderr together, after checking it
+/// exited 0.
+fn succeeds(args: &[&str]) -> String {
+    let output = common::process::output_within_deadline(common::stagehand().args(args));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(output.status.success(), "stagehand {args:?}: {text}");
+    text
+}
+
+#[test]
+fn a_flux_demo_adapter_samples_streamed_as_resident_on_every_layout() {
+    // Proves `demo-model --arch flux --lora-out` writes a kohya adapter that
+    // `sample --lora` applies to the generated model in each layout (it changes the
+    // latent), and that sampling it streamed under about half the model gives the
+    // same bits as fully resident (BF16 weights: every patch low-rank in both).
+    let dir = tempfile::tempdir().unwrap();
+    let path = |name: &str| dir.path().join(name).display().to_string();
+    for preset in ["tiny", "tiny-schnell"] {
+        for layout in ["original", "comfyui", "diffusers"] {
+            let case = format!("{preset} {layout}");
+            let (lora, cond) = (
+                path(&format!("{case}.safetensors")),
+                path("cond.safetensors"),
+            );
+            let written = succeeds(&[
+                "demo-model",
+                "--arch",
+                "flux",
+                "--flux-preset",
+                preset,
+                "--layout",
+                layout,
+                "--dtype",
+                "bf16",
+                "--out",
+                &path(&case),
+                "--lora-out",
+                &lora,
+                "--cond-out",
+                &cond,
+                "--cond-tokens",
+                "8",
+            ]);
+            let model = written
+                .lines()
+                .find_map(|line| {
+                    line.strip_prefix("wrote ")?
+                        .split_once(" (Flux")
+                        .map(|(m, _)| m)
+                })
+                .unwrap_or_else(|| panic!("{case}: no model path in {written}"))
+                .to_string();
+            let sample = |budget: &str, lora: Option<&str>, out: &str| {
+                let lora_spec = lora.map(|lora| format!("{lora}:0.8"));
+                let mut args = vec![
+                    "sample",
+                    "--model",
+                    &model,
+                    "--cond",
+                    &cond,
+                    "--width",
+                    "48",
+                    "--height",
+                    "32",
+                    "--steps",
+                    "2",
+                    "--vram-budget",
+                    budget,
+                    "--out",
+                    out,
+                ];
+                if let Some(spec) = &lora_spec {
+                    args.extend(["--lora", spec]);
+                }
+                let text = succeeds(&args);
+                (text, std::fs::read(out).unwrap())
+            };
+            let (streamed_text, streamed) = sample("500KiB", Some(&lora), &path("s.safetensors"));
+            let (resident_text, resident) = sample("64MiB", Some(&lora), &path("r.safetensors"));
+            let (_, plain) = sample("64MiB", None, &path("p.safetensors"));
+            let resident_part = |text: &str| {
+                let line = text
+                    .lines()
+                    .find(|line| line.contains(" resident + streaming ring"));
+                let line = line.unwrap_or_else(|| panic!("{case}: no budget line in {text}"));
+                let model = line
+                    .split("model ")
+                    .nth(1)
+                    .unwrap()
+                    .split("  ")
+                    .next()
+                    .unwrap();
+                let resident = line
+                    .split('(')
+                    .nth(1)
+                    .unwrap()
+                    .split(" resident")
+                    .next()
+                    .unwrap();
+                (model.to_string(), resident.to_string())
+            };
+            let (model_bytes, streamed_resident) = resident_part(&streamed_text);
+            assert!(
+                2.0 * bytes(&streamed_resident) < bytes(&model_bytes),
+                "{case}: {streamed_resident} of {model_bytes} resident: not streamed"
+            );
+            let (_, all_resident) = resident_part(&resident_text);
+            assert!(
+                bytes(&all_resident) >= bytes(&model_bytes),
+                "{case}: {all_resident} of {model_bytes} resident"
+            );
+            assert!(
+                streamed_text.contains("0 steps low-rank within"),
+                "{case}: {streamed_text}"
+            );
+            assert_eq!(streamed, resident, "{case}: streamed differs from resident");
+            assert_ne!(resident, plain, "{case}: the adapter changed nothing");
+        }
+    }
 }

@@ -94,7 +94,7 @@ pub struct DemoModelArgs {
     /// Seed of the weights; the same seed always writes the same bytes.
     #[arg(long, default_value_t = DemoSpec::default().seed)]
     pub seed: u64,
-    /// Also write a PEFT-style LoRA adapter for this model here, for `run --lora FILE`.
+    /// Also write a LoRA adapter for this model here: PEFT-style for `run --lora FILE` (a PEFT folder for bert and roberta), kohya-named for flux's `sample --lora FILE`.
     #[arg(long, value_name = "FILE")]
     pub lora_out: Option<PathBuf>,
     /// Rank of the adapter written with --lora-out.
@@ -118,7 +118,21 @@ pub fn execute(args: DemoModelArgs) -> CommandResult {
         Arch::Qwen3Moe => return write_decoder(&args, DecoderArch::Qwen3Moe),
         Arch::Qwen2Moe => return write_decoder(&args, DecoderArch::Qwen2Moe),
         Arch::Flux => {
-            return super::demo_flux::write(&args.out, &args.flux, args.dtype.dtype(), args.seed)
+            let lora = args
+                .lora_out
+                .as_deref()
+                .map(|path| super::demo_flux::FluxLoraOut {
+                    path,
+                    rank: args.lora_rank,
+                    dtype: args.lora_dtype,
+                });
+            return super::demo_flux::write(
+                &args.out,
+                &args.flux,
+                args.dtype.dtype(),
+                args.seed,
+                lora,
+            );
         }
         Arch::LinearStack => {}
     }
@@ -179,16 +193,19 @@ fn check_arguments(args: &DemoModelArgs) -> CommandResult {
             args.out.display()
         ));
     }
-    let writes_adapters = matches!(args.arch, Arch::LinearStack | Arch::Bert | Arch::Roberta);
+    let writes_adapters = matches!(
+        args.arch,
+        Arch::LinearStack | Arch::Bert | Arch::Roberta | Arch::Flux
+    );
     if args.lora_out.is_some() && !writes_adapters {
         return refuse(format!(
-            "--lora-out writes adapters for --arch linear-stack, bert and roberta only; leave it out for --arch {}",
+            "--lora-out writes adapters for --arch linear-stack, bert, roberta and flux only; leave it out for --arch {}",
             clap::ValueEnum::to_possible_value(&args.arch)
                 .map_or_else(String::new, |value| value.get_name().to_string())
         ));
     }
     if let Some(lora_out) = args.lora_out.as_ref().filter(|path| path.is_dir()) {
-        if args.arch == Arch::LinearStack {
+        if matches!(args.arch, Arch::LinearStack | Arch::Flux) {
             return refuse(format!(
                 "--lora-out {}: a folder; give the adapter file's path, e.g. {}",
                 lora_out.display(),

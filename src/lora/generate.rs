@@ -41,7 +41,7 @@ impl LoraDtype {
         }
     }
 
-    fn safetensors(self) -> Dtype {
+    pub(crate) fn safetensors(self) -> Dtype {
         match self {
             LoraDtype::F32 => Dtype::F32,
             LoraDtype::F16 => Dtype::F16,
@@ -50,7 +50,7 @@ impl LoraDtype {
     }
 
     /// Little-endian bytes of `values` in this dtype.
-    fn encode(self, values: &[f32]) -> Vec<u8> {
+    pub(crate) fn encode(self, values: &[f32]) -> Vec<u8> {
         match self {
             LoraDtype::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
             LoraDtype::F16 => values

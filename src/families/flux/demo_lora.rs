@@ -13,6 +13,7 @@ use std::path::Path;
 
 use super::demo::FluxShape;
 use super::embed::gaussian;
+use crate::lora::LoraDtype;
 
 /// How a generated adapter names its modules.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -167,7 +168,20 @@ pub fn write_flux_lora(
     rank: usize,
     seed: u64,
 ) -> std::io::Result<()> {
-    write(path, shape, naming, rank, seed, Down::Shared)
+    write_flux_lora_in(path, shape, naming, rank, seed, LoraDtype::F32).map(|_| ())
+}
+
+/// [`write_flux_lora`] with the factors (and alphas) stored as `dtype`: the same
+/// seeded values rounded to nearest. Returns the bytes written.
+pub fn write_flux_lora_in(
+    path: &Path,
+    shape: &FluxShape,
+    naming: FluxLoraNaming,
+    rank: usize,
+    seed: u64,
+    dtype: LoraDtype,
+) -> std::io::Result<u64> {
+    write(path, shape, naming, (rank, dtype), seed, Down::Shared)
 }
 
 /// Writes a rank-`rank` PEFT adapter whose pieces of a fused weight each have their
@@ -182,10 +196,11 @@ pub fn write_flux_lora_own_down(
         path,
         shape,
         FluxLoraNaming::Peft,
-        rank,
+        (rank, LoraDtype::F32),
         seed,
         Down::PerPiece,
     )
+    .map(|_| ())
 }
 
 /// Whether a fused weight's PEFT pieces share its `A`.
@@ -216,10 +231,10 @@ fn write(
     path: &Path,
     shape: &FluxShape,
     naming: FluxLoraNaming,
-    rank: usize,
+    (rank, dtype): (usize, LoraDtype),
     seed: u64,
     down: Down,
-) -> std::io::Result<()> {
+) -> std::io::Result<u64> {
     let mut tensors: Vec<Tensor> = Vec::new();
     let alpha = vec![rank as f32 / 2.0];
     for (number, module) in modules(shape).iter().enumerate() {
@@ -267,21 +282,19 @@ fn write(
     let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
         .into_iter()
         .map(|(name, shape, values)| {
-            let data = values
-                .iter()
-                .flat_map(|value| value.to_le_bytes())
-                .collect();
+            let data = dtype.encode(&values);
             (name, shape, data)
         })
         .collect();
     let views = bytes
         .iter()
         .map(|(name, shape, data)| {
-            safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), data)
+            safetensors::tensor::TensorView::new(dtype.safetensors(), shape.clone(), data)
                 .map(|view| (name.clone(), view))
         })
         .collect::<Result<Vec<_>, _>>()
         .map_err(std::io::Error::other)?;
     let file = safetensors::serialize(views, None).map_err(std::io::Error::other)?;
-    crate::os::write_atomically(path, |mut out| std::io::Write::write_all(&mut out, &file))
+    crate::os::write_atomically(path, |mut out| std::io::Write::write_all(&mut out, &file))?;
+    Ok(file.len() as u64)
 }

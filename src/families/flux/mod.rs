@@ -29,7 +29,9 @@ mod working_set;
 
 pub use config::{FluxConfig, AXES_METADATA};
 pub use demo::{write_conditioning, FluxDemo, FluxPreset, FluxShape};
-pub use demo_lora::{lora_modules, write_flux_lora, write_flux_lora_own_down, FluxLoraNaming};
+pub use demo_lora::{
+    lora_modules, write_flux_lora, write_flux_lora_in, write_flux_lora_own_down, FluxLoraNaming,
+};
 pub use embed::{gaussian, pack, unpack};
 pub use input::{
     read_tensors, write_latent, Conditioning, SampleInput, Start, CONTEXT_NAME, LATENT_NAME,
