@@ -76,6 +76,22 @@ fn rows() -> Vec<Row> {
             ),
         ],
     );
+    // A PEFT module of a single block the model lacks: refused by name, not read as
+    // the final layer's `proj_out` its name ends in.
+    let stray_block = "transformer.single_transformer_blocks.9.proj_out";
+    let stray_block_lora = write_tensors(
+        &fixtures.path("flux/stray-block-lora.safetensors"),
+        &[
+            (
+                &format!("{stray_block}.lora_A.weight"),
+                vec![2, 5 * shape.hidden()],
+            ),
+            (
+                &format!("{stray_block}.lora_B.weight"),
+                vec![shape.hidden(), 2],
+            ),
+        ],
+    );
     let misshapen = write_tensors(
         &fixtures.path("flux/misshapen.safetensors"),
         &[("encoder_hidden_states", vec![1, 4, 7])],
@@ -141,6 +157,10 @@ fn rows() -> Vec<Row> {
         ),
         row(&["--lora", &kohya, "--model", &f32_model], Expect::Ok(ok)),
         row(&["--lora", &stray_lora], Expect::Bad(stray)),
+        row(
+            &["--lora", &stray_block_lora],
+            Expect::Bad("single_transformer_blocks 9, and this model's run from 0 to"),
+        ),
         row(&["--lora", &missing], Expect::Bad("none.safetensors")),
         row(&["--json"], Expect::Ok("\"sigmas\"")),
         row(&["--quiet"], Expect::Ok(ok)),

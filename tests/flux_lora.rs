@@ -241,3 +241,54 @@ fn a_module_naming_no_weight_of_either_layout_is_refused_by_name() {
         }
     }
 }
+
+#[test]
+fn a_stray_block_is_not_read_as_the_top_level_module_its_name_ends_in() {
+    // Proves a PEFT module of a single block the model lacks
+    // (`single_transformer_blocks.N.proj_out`) is refused as unmatched, by name and
+    // with the blocks the model has, in one line and as bad input (exit 2), on either
+    // layout: its name is not shortened past the block's number to the final layer's
+    // `proj_out` (which gave a shape error about another weight).
+    let dir = tempfile::tempdir().unwrap();
+    let shape = PRESET.shape();
+    let hidden = shape.hidden();
+    let stray = shape.single_blocks + 5;
+    let module = format!("transformer.single_transformer_blocks.{stray}.proj_out");
+    for layout in [Layout::Diffusers, Layout::Original] {
+        let (model, cond) = generated(dir.path(), PRESET, layout, DType::F32);
+        let good = dir.path().join("peft.safetensors");
+        write_flux_lora(&good, &shape, FluxLoraNaming::Peft, 4, 9).unwrap();
+        let bad = dir.path().join("peft-stray-proj-out.safetensors");
+        with_module(
+            &good,
+            &bad,
+            &module,
+            FluxLoraNaming::Peft,
+            hidden,
+            5 * hidden,
+        );
+        let spec = LoraSpec::parse(&bad.display().to_string()).unwrap();
+        let extras = stagehand::run::Extras {
+            diffusion: Some(input(&cond, 1)),
+            loras: vec![spec],
+            ..stagehand::run::Extras::default()
+        };
+        let settings = stagehand::settings::Settings::default();
+        let kind = stagehand::run::WorkloadKind::Auto;
+        let last = shape.single_blocks - 1;
+        match stagehand::run::prepare_with(&model, kind, 1, &settings, false, &extras) {
+            Err(RunError::BadInput(message)) => {
+                assert!(message.contains(&module), "{layout:?}: {message}");
+                assert!(message.contains("1 of "), "{layout:?}: {message}");
+                let has = format!(
+                    "names single_transformer_blocks {stray}, and this model's run from 0 to {last}"
+                );
+                assert!(message.contains(&has), "{layout:?}: {message}");
+                assert!(!message.contains("does not patch"), "{layout:?}: {message}");
+                assert!(!message.contains('\n'), "{message}");
+            }
+            Err(other) => panic!("{layout:?}: not bad input: {other}"),
+            Ok(_) => panic!("{layout:?}: {module} was accepted"),
+        }
+    }
+}

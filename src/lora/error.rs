@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+use super::load::Naming;
+
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum LoraError {
     #[error("--lora {spec}: strength {problem}")]
@@ -13,14 +15,17 @@ pub enum LoraError {
     Format { path: PathBuf, reason: String },
     #[error("{}: no LoRA keys found (expected PEFT `…lora_A.weight`/`…lora_B.weight` or kohya `…lora_down.weight`/`…lora_up.weight`); first keys: {}", path.display(), first.join(", "))]
     UnknownNaming { path: PathBuf, first: Vec<String> },
-    #[error("{}: {count} of {total} LoRA modules match no tensor of {} (naming guessed: {naming}); first unmatched: {} — is this an adapter for a different model?", path.display(), model.display(), first.join(", "))]
+    #[error("{}: {count} of {total} LoRA modules match no tensor of {} (naming guessed: {naming}); first unmatched: {} — {}is this an adapter for a different model?", path.display(), model.display(), first.join(", "), hint.as_deref().map(|hint| format!("{hint}: ")).unwrap_or_default())]
     Unmatched {
         path: PathBuf,
         model: PathBuf,
-        naming: String,
+        naming: Naming,
         count: usize,
         total: usize,
         first: Vec<String>,
+        /// What the model has where the first unmatched module names a block it
+        /// lacks (`single_transformer_blocks` 0 to 1).
+        hint: Option<String>,
     },
     #[error("{}: `{module}` has {present} but no {missing}", path.display())]
     MissingFactor {

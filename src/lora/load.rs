@@ -158,9 +158,10 @@ pub fn parse_adapter(
         return Err(LoraError::Unmatched {
             path: path.to_path_buf(),
             model: index.path.clone(),
-            naming: naming.to_string(),
+            naming,
             count: unmatched.len(),
             total: modules.len(),
+            hint: block_hint(&unmatched[0], index, aliases),
             first: unmatched.into_iter().take(LISTED_KEYS).collect(),
         });
     }
@@ -188,6 +189,38 @@ pub fn parse_adapter(
         strength,
         targets,
     })
+}
+
+/// For a dotted `module` that names block N of a list (`…single_transformer_blocks.7.…`):
+/// the blocks of that list the model has, in its own names or its aliases', when it
+/// has any. (A kohya name's flattened number cannot be told from its words.)
+fn block_hint(module: &str, index: &ModelIndex, aliases: &[LoraAlias]) -> Option<String> {
+    let components: Vec<&str> = module.split('.').collect();
+    let at = components
+        .iter()
+        .position(|part| super::names::is_number(part))?;
+    let list = *components.get(at.checked_sub(1)?)?;
+    let names = index
+        .tensors
+        .iter()
+        .map(|tensor| tensor.name.as_str())
+        .chain(aliases.iter().map(|alias| alias.module.as_str()));
+    let numbers = names.filter_map(|name| {
+        let parts: Vec<&str> = name.split('.').collect();
+        parts
+            .windows(2)
+            .find(|pair| pair[0] == list && super::names::is_number(pair[1]))
+            .and_then(|pair| pair[1].parse::<usize>().ok())
+    });
+    let last = numbers.max()?;
+    let named: usize = components[at].parse().ok()?;
+    if named <= last {
+        return None;
+    }
+    Some(format!(
+        "`{module}` names {list} {}, and this model's run from 0 to {last}",
+        components[at]
+    ))
 }
 
 fn guess_naming(keys: &[String]) -> Option<Naming> {

@@ -82,9 +82,15 @@ impl<'a> BaseNames<'a> {
     }
 }
 
+/// Whether a dotted name's component is a block's (or list entry's) number.
+pub fn is_number(component: &str) -> bool {
+    !component.is_empty() && component.bytes().all(|byte| byte.is_ascii_digit())
+}
+
 /// `module` in one vocabulary: for PEFT the full path, then with leading components
 /// (`base_model.model.`, `transformer.`, …) dropped one at a time, each also under a
-/// ComfyUI file's prefix; for kohya the name behind its prefix, flattened.
+/// ComfyUI file's prefix, but never a block's number; for kohya the name behind its
+/// prefix, flattened.
 fn lookup(
     module: &str,
     naming: Naming,
@@ -100,7 +106,14 @@ fn lookup(
                         return Some(found);
                     }
                 }
-                rest = rest.split_once('.')?.1;
+                let (dropped, next) = rest.split_once('.')?;
+                // A block's number says which block: the name without it is another
+                // module (`single_transformer_blocks.7.proj_out` of a model with two
+                // single blocks is not Flux's final `proj_out`).
+                if is_number(dropped) {
+                    return None;
+                }
+                rest = next;
             }
         }
         Naming::Kohya => {
