@@ -20,6 +20,7 @@ pub mod bert;
 pub mod blocks;
 pub mod family;
 pub mod flux;
+mod from_files;
 mod host_table;
 pub mod inputs;
 mod kv_cache;
