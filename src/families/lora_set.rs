@@ -132,8 +132,9 @@ impl LoraSet {
                         problem: "is not a weight this model's forward pass streams".to_string(),
                     })?;
                 if matches!(slot.dtype, DType::I8 | DType::U4) {
-                    // A resident block (and the merged reference) bakes the patch in:
-                    // integer codes would round most of it away (see `lora::load`).
+                    // Refused since a baked patch rounded away in integer codes; such
+                    // a weight is no longer baked ([`merges`]), but LoRA on one is
+                    // untested (see `lora::targets`).
                     return Err(LoraError::Shape {
                         path: adapter.path.clone(),
                         key: target.base.clone(),

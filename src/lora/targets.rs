@@ -52,9 +52,10 @@ fn destinations(
                 )));
             };
             if base.dtype == "I8" {
-                // A resident block (and the reference) bakes the patch into the weight:
-                // into int8 codes it rounds to steps of max|w|/127 (most of a LoRA's
-                // update), and a 4-bit group-quantized weight has no merge at all.
+                // Refused when resident blocks baked every patch: into int8 codes it
+                // rounds to steps of max|w|/127 (most of a LoRA's update), and a 4-bit
+                // group-quantized weight has no merge at all. Only F32 weights are
+                // baked now (`lora_set::merges`); LoRA on integer weights is untested.
                 return Err(shape_error(format!(
                     "base tensor `{}` is integer-quantized (int8_tensorwise or awq_w4a16), which stagehand does not patch with a LoRA (merged into its codes the update would round away); use a BF16 or FP8 checkpoint",
                     base.name
