@@ -56,18 +56,46 @@ def embeddings(url, model, count, clients):
           f"(mean batch {count / max(steps, 1):.1f}); ratio {alone / together:.2f}x")
 
 
+def stream_completion(url, body):
+    """One streamed completion: (tokens, seconds to its first token, seconds to its end)."""
+    request = urllib.request.Request(
+        url + "/v1/completions", data=json.dumps({**body, "stream": True}).encode(),
+        headers={"Content-Type": "application/json"})
+    started = time.perf_counter()
+    first, tokens = None, 0
+    with urllib.request.urlopen(request, timeout=600) as response:
+        for line in response:
+            line = line.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            if json.loads(line[6:])["choices"][0].get("text"):
+                tokens += 1
+                first = first if first is not None else time.perf_counter()
+    return tokens, first - started, time.perf_counter() - started
+
+
 def decode(url, model, sequences, tokens):
+    """Generated tokens/s with `sequences` concurrent streams: over the whole requests
+    (prefill included), and decode alone — each stream's tokens after its first over
+    the time from its first token to its end, summed over the streams (they run side by
+    side for the whole window, every one to max_tokens)."""
     bodies = [{"model": model, "prompt": f"sequence {i} says", "max_tokens": tokens, "temperature": 0}
               for i in range(sequences)]
     vram = {"to": "vram"}
     moved_before = metric(url, "stagehand_link_transferred_bytes_total", vram)
-    answers, seconds = run_all(url, "/v1/completions", bodies, sequences)
+    started = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=sequences) as pool:
+        streams = list(pool.map(lambda body: stream_completion(url, body), bodies))
+    seconds = time.perf_counter() - started
     moved = metric(url, "stagehand_link_transferred_bytes_total", vram) - moved_before
-    generated = sum(answer["usage"]["completion_tokens"] for answer in answers)
+    generated = sum(count for count, _, _ in streams)
     rate = generated / seconds
+    decode_rate = sum((count - 1) / (end - first) for count, first, end in streams if count > 1)
+    first_token = max(first for _, first, _ in streams)
     print(f"decode {model}: {sequences:2d} concurrent sequences, {generated} tokens in {seconds:.1f} s: "
-          f"{rate:.1f} tokens/s, {moved / generated / 2**20:.2f} MiB copied to vram per token")
-    return rate
+          f"{rate:.1f} tokens/s with prefill, {decode_rate:.1f} tokens/s decoding "
+          f"(last first token at {first_token:.1f} s), {moved / generated / 2**20:.2f} MiB copied to vram per token")
+    return rate, decode_rate
 
 
 def main():
@@ -86,7 +114,9 @@ def main():
         post(args.url, "/v1/completions", {"model": args.decoder, "prompt": "warm", "max_tokens": 2})
         rates = {n: decode(args.url, args.decoder, n, args.tokens) for n in map(int, args.sequences.split(","))}
         base = rates[min(rates)]
-        print("decode ratios to one sequence: " + ", ".join(f"{n}: {rate / base:.2f}x" for n, rate in rates.items()))
+        print("decode ratios to one sequence, with prefill: "
+              + ", ".join(f"{n}: {rate[0] / base[0]:.2f}x" for n, rate in rates.items())
+              + "; decoding: " + ", ".join(f"{n}: {rate[1] / base[1]:.2f}x" for n, rate in rates.items()))
 
 
 if __name__ == "__main__":

@@ -26,6 +26,11 @@ const PARALLEL_MIN_MACS: usize = 1 << 16;
 /// and give the prefetcher four streams.
 const GROUP: usize = 4;
 
+/// Rows of `x` that share one widened weight chunk on AVX-512: `GROUP × 4`
+/// accumulators, the widened pairs and two `x` chunks fit its 32 registers. (AVX2's
+/// sixteen registers hold one row's.)
+const AVX512_ROWS: usize = 4;
+
 /// One few-rows product.
 pub(super) struct Gemv<'a> {
     /// `[rows, inner]`, row-major.
@@ -89,7 +94,7 @@ unsafe fn features(product: &Gemv<'_>, first: usize, end: usize, output: SharedO
                 #[cfg(target_arch = "x86_64")]
                 Isa::Avx2 => unsafe { features_avx2::<$format>(product, first, end, output) },
                 // SAFETY: portable lanes run everywhere; the range is the caller's.
-                _ => unsafe { features_on::<Portable, $format>(product, first, end, output) },
+                _ => unsafe { features_on::<Portable, $format, 1>(product, first, end, output) },
             }
         };
     }
@@ -117,7 +122,7 @@ unsafe fn features_avx512<F: Format>(
     output: SharedOut,
 ) {
     // SAFETY: the caller's contract.
-    unsafe { features_on::<simd::Avx512, F>(product, first, end, output) }
+    unsafe { features_on::<simd::Avx512, F, AVX512_ROWS>(product, first, end, output) }
 }
 
 /// # Safety
@@ -131,13 +136,14 @@ unsafe fn features_avx2<F: Format>(
     output: SharedOut,
 ) {
     // SAFETY: the caller's contract.
-    unsafe { features_on::<simd::Avx2, F>(product, first, end, output) }
+    unsafe { features_on::<simd::Avx2, F, 1>(product, first, end, output) }
 }
 
 /// # Safety
-/// As [`features`], with lanes `L` this CPU runs.
+/// As [`features`], with lanes `L` this CPU runs; `R` rows of `x` share each widened
+/// chunk of the weight (as many as the lanes' registers hold).
 #[inline(always)]
-unsafe fn features_on<L: Lanes, F: Format>(
+unsafe fn features_on<L: Lanes, F: Format, const R: usize>(
     product: &Gemv<'_>,
     first: usize,
     end: usize,
@@ -145,35 +151,56 @@ unsafe fn features_on<L: Lanes, F: Format>(
 ) {
     let row_bytes = product.inner * F::BYTES;
     let weight = product.weight.as_ptr();
+    let x_row = |row: usize| product.x[row * product.inner..].as_ptr();
+    let store = |row: usize, feature: usize, sums: &[f32]| {
+        for (at, sum) in sums.iter().enumerate() {
+            let column = feature + at;
+            let scaled = product.scale.map_or(*sum, |scale| sum * scale);
+            let value = product.bias.map_or(scaled, |bias| scaled + bias[column]);
+            let index = row * product.out + column;
+            debug_assert!(index < output.len());
+            // SAFETY: `index` is inside `y` (row < rows, column < out) and in this
+            // part's columns (the caller's contract).
+            unsafe { *output.pointer().add(index) = value };
+        }
+    };
     let mut feature = first;
     while feature < end {
         let count = GROUP.min(end - feature);
-        for row in 0..product.rows {
-            let x = product.x[row * product.inner..].as_ptr();
-            // SAFETY: rows `feature..feature + count` of the weight are inside it
-            // (`end <= out`, length asserted in `gemv`), x's row has `inner` values.
-            let sums: [f32; GROUP] = unsafe {
-                if count == GROUP {
-                    let rows = std::array::from_fn(|at| weight.add((feature + at) * row_bytes));
-                    dots::<L, F, GROUP>(rows, x, product.inner)
-                } else {
-                    let mut sums = [0.0; GROUP];
-                    for (at, sum) in sums.iter_mut().take(count).enumerate() {
-                        let rows = [weight.add((feature + at) * row_bytes)];
-                        *sum = dots::<L, F, 1>(rows, x, product.inner)[0];
-                    }
-                    sums
+        let mut row = 0;
+        if count == GROUP {
+            // SAFETY: rows `feature..feature + GROUP` of the weight are inside it
+            // (`end <= out`, length asserted in `gemv`), each x row has `inner` values.
+            let rows: [*const u8; GROUP] =
+                std::array::from_fn(|at| unsafe { weight.add((feature + at) * row_bytes) });
+            while row + R <= product.rows {
+                // SAFETY: as above, for the R rows from `row`.
+                let sums = unsafe {
+                    dots_rows::<L, F, GROUP, R>(
+                        rows,
+                        std::array::from_fn(|at| x_row(row + at)),
+                        product.inner,
+                    )
+                };
+                for (at, sums) in sums.iter().enumerate() {
+                    store(row + at, feature, sums);
                 }
-            };
-            for (at, sum) in sums.iter().take(count).enumerate() {
-                let column = feature + at;
-                let scaled = product.scale.map_or(*sum, |scale| sum * scale);
-                let value = product.bias.map_or(scaled, |bias| scaled + bias[column]);
-                let index = row * product.out + column;
-                debug_assert!(index < output.len());
-                // SAFETY: `index` is inside `y` (row < rows, column < out) and in this
-                // part's columns (the caller's contract).
-                unsafe { *output.pointer().add(index) = value };
+                row += R;
+            }
+            for row in row..product.rows {
+                // SAFETY: as above.
+                let sums = unsafe { dots::<L, F, GROUP>(rows, x_row(row), product.inner) };
+                store(row, feature, &sums);
+            }
+        } else {
+            for row in 0..product.rows {
+                let mut sums = [0.0; GROUP];
+                for (at, sum) in sums.iter_mut().take(count).enumerate() {
+                    // SAFETY: as above, for the `count` rows left.
+                    let rows = [unsafe { weight.add((feature + at) * row_bytes) }];
+                    *sum = unsafe { dots::<L, F, 1>(rows, x_row(row), product.inner) }[0];
+                }
+                store(row, feature, &sums[..count]);
             }
         }
         feature += count;
@@ -192,35 +219,61 @@ pub(super) unsafe fn dots<L: Lanes, F: Format, const W: usize>(
     x: *const f32,
     inner: usize,
 ) -> [f32; W] {
+    // SAFETY: the caller's contract.
+    unsafe { dots_rows::<L, F, W, 1>(rows, [x], inner)[0] }
+}
+
+/// The dot products of `W` weight rows with each of `R` rows of `inner` values: every
+/// chunk of the weight is widened once for all `R` rows. Each accumulator still
+/// takes its chunks in increasing order, so every dot has the bits [`dots`] gives it
+/// alone.
+///
+/// # Safety
+/// As [`dots`], for every one of `xs`.
+#[inline(always)]
+unsafe fn dots_rows<L: Lanes, F: Format, const W: usize, const R: usize>(
+    rows: [*const u8; W],
+    xs: [*const f32; R],
+    inner: usize,
+) -> [[f32; W]; R] {
     let chunks = inner / 16;
     // SAFETY: every read is inside the first `chunks·16` elements (the caller's contract).
     unsafe {
-        let mut sums = [L::zero(); W];
+        let mut sums = [[L::zero(); W]; R];
         // Two chunks at a time (the same lane order: chunk c, then c + 1).
         for pair in 0..chunks / 2 {
             let at = pair * 32;
-            let (first, second) = (L::load(x.add(at)), L::load(x.add(at + 16)));
-            for (sum, row) in sums.iter_mut().zip(rows) {
-                let (low, high) = L::widen_pair::<F>(row.add(at * F::BYTES));
-                *sum = L::fma(high, second, L::fma(low, first, *sum));
+            let widened: [(L, L); W] =
+                std::array::from_fn(|row| L::widen_pair::<F>(rows[row].add(at * F::BYTES)));
+            for (sums, x) in sums.iter_mut().zip(xs) {
+                let (first, second) = (L::load(x.add(at)), L::load(x.add(at + 16)));
+                for (sum, (low, high)) in sums.iter_mut().zip(widened) {
+                    *sum = L::fma(high, second, L::fma(low, first, *sum));
+                }
             }
         }
         if chunks % 2 == 1 {
             let at = (chunks - 1) * 16;
-            let values = L::load(x.add(at));
-            for (sum, row) in sums.iter_mut().zip(rows) {
-                *sum = L::fma(L::widen::<F>(row.add(at * F::BYTES)), values, *sum);
+            let widened: [L; W] =
+                std::array::from_fn(|row| L::widen::<F>(rows[row].add(at * F::BYTES)));
+            for (sums, x) in sums.iter_mut().zip(xs) {
+                let values = L::load(x.add(at));
+                for (sum, weight) in sums.iter_mut().zip(widened) {
+                    *sum = L::fma(weight, values, *sum);
+                }
             }
         }
-        let mut totals = [0.0; W];
-        for ((total, sum), row) in totals.iter_mut().zip(sums).zip(rows) {
-            let mut lanes = [0f32; 16];
-            sum.store(lanes.as_mut_ptr());
-            for index in chunks * 16..inner {
-                let lane = &mut lanes[index - chunks * 16];
-                *lane = F::scalar(row.add(index * F::BYTES)).mul_add(*x.add(index), *lane);
+        let mut totals = [[0.0; W]; R];
+        for ((totals, sums), x) in totals.iter_mut().zip(sums).zip(xs) {
+            for ((total, sum), row) in totals.iter_mut().zip(sums).zip(rows) {
+                let mut lanes = [0f32; 16];
+                sum.store(lanes.as_mut_ptr());
+                for index in chunks * 16..inner {
+                    let lane = &mut lanes[index - chunks * 16];
+                    *lane = F::scalar(row.add(index * F::BYTES)).mul_add(*x.add(index), *lane);
+                }
+                *total = halving_sum(&mut lanes);
             }
-            *total = halving_sum(&mut lanes);
         }
         totals
     }
@@ -290,6 +343,60 @@ mod tests {
                         sums.iter().all(|sum| sum.to_bits() == expected),
                         "avx512 {length}"
                     );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_row_gets_the_same_bits_in_a_product_of_many_rows_as_alone() {
+        // Proves that rows sharing a widened weight chunk (AVX-512's four at a time)
+        // get the bits each gets in a one-row product — what lets decode rows of
+        // several sequences stack into one product — for bf16 and f32 weights, every
+        // row count up to GEMV_ROWS, and edges in both dimensions.
+        let pool = Pool::new(2);
+        for (inner, out) in [(2048usize, 36usize), (77, 9), (16, 4)] {
+            for dtype in [DType::F32, DType::Bf16] {
+                let weight: Vec<u8> = (0..out * inner)
+                    .flat_map(|i| {
+                        let value = ((i * 29 % 113) as f32 - 56.0) / 9.0;
+                        match dtype {
+                            DType::Bf16 => (value.to_bits() >> 16).to_le_bytes()[..2].to_vec(),
+                            _ => value.to_le_bytes().to_vec(),
+                        }
+                    })
+                    .collect();
+                let bias: Vec<f32> = (0..out).map(|o| o as f32 / 3.0).collect();
+                let x: Vec<f32> = (0..GEMV_ROWS * inner)
+                    .map(|i| ((i * 61 % 89) as f32 - 44.0) / 11.0)
+                    .collect();
+                let product = |rows: usize, x: &[f32]| {
+                    let mut y = vec![0f32; rows * out];
+                    let gemv_product = Gemv {
+                        x,
+                        rows,
+                        inner,
+                        weight: &weight,
+                        dtype,
+                        scale: Some(0.75),
+                        bias: Some(&bias),
+                        out,
+                    };
+                    gemv(&pool, &gemv_product, &mut y);
+                    y
+                };
+                for rows in 1..=GEMV_ROWS {
+                    let together = product(rows, &x[..rows * inner]);
+                    for row in 0..rows {
+                        let alone = product(1, &x[row * inner..(row + 1) * inner]);
+                        let bits =
+                            |values: &[f32]| values.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(
+                            bits(&together[row * out..(row + 1) * out]),
+                            bits(&alone),
+                            "{dtype:?} {inner}x{out}, row {row} of {rows}"
+                        );
+                    }
                 }
             }
         }
