@@ -11,7 +11,7 @@ use clap::Parser;
 use common::stagehand;
 use stagehand::settings::{
     find_default_file, load_with, LoadOptions, Loaded, Settings, SettingsArgs, SettingsError,
-    Source, KEYS,
+    Source, Streaming, KEYS, ROWS_HIDING_COPIES,
 };
 
 #[derive(Parser)]
@@ -488,12 +488,25 @@ fn compute_threads_is_refused_outside_one_to_the_cores_and_names_the_limit() {
         );
     }
     let settings = Settings::default();
-    assert_eq!(settings.compute_threads_for(false), cores);
+    assert_eq!(settings.compute_threads_for(Streaming::Nothing), cores);
+    // A decode step streams behind one core fewer; a step of many rows per block
+    // (an encoder batch, a denoising step) keeps every core: its copies are a sliver.
     assert_eq!(
-        settings.compute_threads_for(true),
+        settings.compute_threads_for(Streaming::Blocks { rows: 1 }),
         cores.saturating_sub(1).max(1)
+    );
+    assert_eq!(
+        settings.compute_threads_for(Streaming::Blocks {
+            rows: ROWS_HIDING_COPIES
+        }),
+        cores
     );
     let loaded = load(&flags(&["--compute-threads", "1"]), None, BTreeMap::new()).expect("loads");
     assert_eq!(loaded.settings.compute_threads, Some(1));
-    assert_eq!(loaded.settings.compute_threads_for(false), 1);
+    assert_eq!(
+        loaded
+            .settings
+            .compute_threads_for(Streaming::Blocks { rows: 4096 }),
+        1
+    );
 }

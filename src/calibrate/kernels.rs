@@ -69,9 +69,11 @@ impl KernelOptions {
     }
 }
 
-/// The compute threads of a streamed run on this machine by default.
+/// The compute threads of a streamed decode run on this machine by default (a
+/// streamed step of many rows keeps every core: `Settings::compute_threads_for`).
 fn streamed_run_threads() -> usize {
-    crate::settings::Settings::default().compute_threads_for(true)
+    crate::settings::Settings::default()
+        .compute_threads_for(crate::settings::Streaming::Blocks { rows: 1 })
 }
 
 /// What the kernel measurements found: the profile's `[compute]` table.

@@ -15,6 +15,7 @@ use crate::families::ExpertNeeds;
 use crate::model::BlockReader;
 use crate::run::bound::{measure_rates, StepBound};
 use crate::run::driver::{drive_traced, DriverOptions, RunReport};
+use crate::settings::Streaming;
 use crate::telemetry::TraceObserver;
 
 use super::{failed_run, open_model_storage, session_config, Outcome, Prepared, RunError, RunPlan};
@@ -28,9 +29,20 @@ pub fn execute(prepared: &Prepared, plan: RunPlan<'_>) -> Result<Outcome, RunErr
         .max(layout.largest_block_bytes());
     let device: Arc<dyn Device> =
         Arc::new(CpuDevice::new(capacity).map_err(|error| RunError::Failed(error.to_string()))?);
-    let streams = plan.budgets.vram_budget_bytes < layout.total_bytes();
-    let compute = CpuCompute::with_threads(plan.settings.compute_threads_for(streams));
+    let streaming = streaming(prepared, plan.budgets.vram_budget_bytes);
+    let compute = CpuCompute::with_threads(plan.settings.compute_threads_for(streaming));
     execute_on(prepared, plan, device, &compute)
+}
+
+/// What a run of `prepared` under a VRAM budget of `vram_budget_bytes` streams.
+pub(super) fn streaming(prepared: &Prepared, vram_budget_bytes: u64) -> Streaming {
+    if vram_budget_bytes < prepared.workload.layout().total_bytes() {
+        Streaming::Blocks {
+            rows: prepared.facts().tokens_per_step(),
+        }
+    } else {
+        Streaming::Nothing
+    }
 }
 
 /// A run on the CUDA backend (`super::cuda`).

@@ -69,7 +69,7 @@ pub struct SettingsArgs {
     /// Disk reader worker threads (1..=64).
     #[cfg_attr(feature = "cli", arg(long, value_name = "N"))]
     pub reader_threads: Option<String>,
-    /// CPU backend compute threads (1..=cores; "" = every core, one fewer when streaming).
+    /// CPU backend compute threads (1..=cores; "" = every core, one fewer when a streamed step has under 64 rows).
     #[cfg_attr(feature = "cli", arg(long, value_name = "N"))]
     pub compute_threads: Option<String>,
     /// How a run checks its results: full, first, weights or off (default: full for

@@ -352,8 +352,8 @@ fn start_session(
         .unwrap_or(budgets.vram_budget_bytes)
         .max(layout.largest_block_bytes());
     let device = CpuDevice::new(capacity).map_err(|error| RunError::Failed(error.to_string()))?;
-    let streams = budgets.vram_budget_bytes < layout.total_bytes();
-    let compute = CpuCompute::with_threads(settings.compute_threads_for(streams));
+    let streaming = super::execute::streaming(prepared, budgets.vram_budget_bytes);
+    let compute = CpuCompute::with_threads(settings.compute_threads_for(streaming));
     let mut plan = RunPlan::new(settings, budgets, ask.steps);
     plan.prefetch_depth = depth;
     let (config, experts) = session_configs(prepared, &plan)?;
