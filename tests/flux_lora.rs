@@ -222,23 +222,30 @@ fn a_module_naming_no_weight_of_either_layout_is_refused_by_name() {
         write_flux_lora(&good, &PRESET.shape(), naming, 4, 9).unwrap();
         let bad = dir.path().join(format!("{naming:?}-stray.safetensors"));
         with_module(&good, &bad, &module, naming, 3 * hidden, hidden);
-        let spec = LoraSpec::parse(&bad.display().to_string()).unwrap();
-        let extras = stagehand::run::Extras {
-            diffusion: Some(input(&cond, 1)),
-            loras: vec![spec],
-            ..stagehand::run::Extras::default()
-        };
-        let settings = stagehand::settings::Settings::default();
-        let kind = stagehand::run::WorkloadKind::Auto;
-        match stagehand::run::prepare_with(&model, kind, 1, &settings, false, &extras) {
-            Err(RunError::BadInput(message)) => {
-                assert!(message.contains(&module), "{layout:?}: {message}");
-                assert!(message.contains("1 of "), "{layout:?}: {message}");
-                assert!(!message.contains('\n'), "{message}");
-            }
-            Err(other) => panic!("{layout:?}: not bad input: {other}"),
-            Ok(_) => panic!("{layout:?}: {module} was accepted"),
+        let message = refusal(&model, &cond, &bad, &module, layout);
+        assert!(message.contains("1 of "), "{layout:?}: {message}");
+    }
+}
+
+/// The one-line bad-input refusal of preparing `model` with the adapter `lora`, which
+/// must name `module`.
+fn refusal(model: &Path, cond: &Path, lora: &Path, module: &str, layout: Layout) -> String {
+    let spec = LoraSpec::parse(&lora.display().to_string()).unwrap();
+    let extras = stagehand::run::Extras {
+        diffusion: Some(input(cond, 1)),
+        loras: vec![spec],
+        ..stagehand::run::Extras::default()
+    };
+    let settings = stagehand::settings::Settings::default();
+    let kind = stagehand::run::WorkloadKind::Auto;
+    match stagehand::run::prepare_with(model, kind, 1, &settings, false, &extras) {
+        Err(RunError::BadInput(message)) => {
+            assert!(message.contains(module), "{layout:?}: {message}");
+            assert!(!message.contains('\n'), "{message}");
+            message
         }
+        Err(other) => panic!("{layout:?}: not bad input: {other}"),
+        Ok(_) => panic!("{layout:?}: {module} was accepted"),
     }
 }
 
@@ -267,28 +274,13 @@ fn a_stray_block_is_not_read_as_the_top_level_module_its_name_ends_in() {
             hidden,
             5 * hidden,
         );
-        let spec = LoraSpec::parse(&bad.display().to_string()).unwrap();
-        let extras = stagehand::run::Extras {
-            diffusion: Some(input(&cond, 1)),
-            loras: vec![spec],
-            ..stagehand::run::Extras::default()
-        };
-        let settings = stagehand::settings::Settings::default();
-        let kind = stagehand::run::WorkloadKind::Auto;
         let last = shape.single_blocks - 1;
-        match stagehand::run::prepare_with(&model, kind, 1, &settings, false, &extras) {
-            Err(RunError::BadInput(message)) => {
-                assert!(message.contains(&module), "{layout:?}: {message}");
-                assert!(message.contains("1 of "), "{layout:?}: {message}");
-                let has = format!(
-                    "names single_transformer_blocks {stray}, and this model's run from 0 to {last}"
-                );
-                assert!(message.contains(&has), "{layout:?}: {message}");
-                assert!(!message.contains("does not patch"), "{layout:?}: {message}");
-                assert!(!message.contains('\n'), "{message}");
-            }
-            Err(other) => panic!("{layout:?}: not bad input: {other}"),
-            Ok(_) => panic!("{layout:?}: {module} was accepted"),
-        }
+        let message = refusal(&model, &cond, &bad, &module, layout);
+        assert!(message.contains("1 of "), "{layout:?}: {message}");
+        let has = format!(
+            "names single_transformer_blocks {stray}, and this model's run from 0 to {last}"
+        );
+        assert!(message.contains(&has), "{layout:?}: {message}");
+        assert!(!message.contains("does not patch"), "{layout:?}: {message}");
     }
 }

@@ -223,3 +223,32 @@ pub fn machine_cores() -> usize {
 fn threads_beside_streaming(cores: usize) -> usize {
     cores.saturating_sub(1).max(1)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unset_compute_threads_keep_a_core_only_for_few_row_streamed_steps() {
+        // Proves every core computes when nothing streams or when a streamed step has
+        // many rows per block (an encoder batch, a denoising step: its copies are a
+        // sliver), one fewer for a streamed decode step, and a set count always wins.
+        let cores = machine_cores();
+        let settings = Settings::default();
+        assert_eq!(settings.compute_threads_for(Streaming::Nothing), cores);
+        let decode = Streaming::Blocks { rows: 1 };
+        assert_eq!(
+            settings.compute_threads_for(decode),
+            cores.saturating_sub(1).max(1)
+        );
+        let batch = Streaming::Blocks {
+            rows: ROWS_HIDING_COPIES,
+        };
+        assert_eq!(settings.compute_threads_for(batch), cores);
+        let one = Settings {
+            compute_threads: Some(1),
+            ..Settings::default()
+        };
+        assert_eq!(one.compute_threads_for(Streaming::Blocks { rows: 4096 }), 1);
+    }
+}
