@@ -38,9 +38,6 @@ pub struct FluxLoraOut<'a> {
     pub dtype: LoraDtype,
 }
 
-/// Seeds the adapter apart from the model's weights (same `--seed`, other values).
-const LORA_SEED_MIX: u64 = 0x4c6f_5241;
-
 pub fn write(
     out: &Path,
     args: &FluxArgs,
@@ -132,7 +129,7 @@ fn write_lora(
         shape,
         naming,
         lora.rank,
-        seed ^ LORA_SEED_MIX,
+        seed ^ super::demo_model::LORA_SEED_MIX,
         lora.dtype,
     )
     .map_err(|error| Failure::run_failed(anyhow::anyhow!("{}: {error}", lora.path.display())))?;

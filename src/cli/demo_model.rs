@@ -107,6 +107,9 @@ pub struct DemoModelArgs {
     pub flux: super::demo_flux::FluxArgs,
 }
 
+/// Seeds an adapter apart from its model's weights (same `--seed`, other values).
+pub(super) const LORA_SEED_MIX: u64 = 0x4c6f_5241;
+
 pub fn execute(args: DemoModelArgs) -> CommandResult {
     check_arguments(&args)?;
     match args.arch {
@@ -264,7 +267,7 @@ fn write_bert(args: &DemoModelArgs, roberta: bool) -> CommandResult {
                 shape.hidden
             )));
         }
-        let path = write_bert_lora(lora_dir, &demo, args.lora_rank, args.seed ^ 0x4c6f_5241)
+        let path = write_bert_lora(lora_dir, &demo, args.lora_rank, args.seed ^ LORA_SEED_MIX)
             .map_err(|error| {
                 Failure::run_failed(anyhow::anyhow!("{}: {error}", lora_dir.display()))
             })?;
