@@ -131,6 +131,30 @@ for dtype in bf16 fp8; do
     rm -rf "$WORK/llama-1b-$dtype"
 done
 
+# Flux on the GPU (issue 25): the generated full-depth preset (19 + 38 blocks) in BF16,
+# sampled at 512² and 1024² resident (budget above the model), naive (depth 0) and
+# stagehand (depth 2) under 40 % of the model, every step's bytes checked as they land
+# (`--verify weights`), plus FP8 at stagehand's settings: steady step per denoising step.
+FLUX_DIR="$WORK/flux"
+run_step "demo-model --arch flux --flux-preset full-depth (bf16, fp8)" "$OUT/flux-demo.txt" \
+    sh -c "'$BIN/stagehand' demo-model --arch flux --flux-preset full-depth --layout original --dtype bf16 --out '$FLUX_DIR/bf16' --cond-out '$FLUX_DIR/cond.safetensors' --cond-tokens 64 && '$BIN/stagehand' demo-model --arch flux --flux-preset full-depth --layout comfyui --dtype fp8 --out '$FLUX_DIR/fp8'"
+flux_sample() {  # NAME MODEL SIDE ARGS...: one `sample --device cuda --json` into flux-NAME.json
+    local name=$1 model=$2 side=$3
+    shift 3
+    run_step "sample --device cuda $name" "$OUT/flux-$name.stderr.txt" \
+        sh -c "'$BIN/stagehand' sample --model '$model' --cond '$FLUX_DIR/cond.safetensors' --width $side --height $side --steps 4 --out '$WORK/latent.safetensors' --device cuda --log warn --json $* > '$OUT/flux-$name.json'"
+}
+FLUX_BF16="$FLUX_DIR/bf16/flux.safetensors"
+if [ -f "$FLUX_BF16" ]; then
+    flux_mib=$(( $(stat -c %s "$FLUX_BF16") / 1048576 ))
+    for side in 512 1024; do
+        flux_sample "resident-$side" "$FLUX_BF16" "$side" --verify off --vram-budget "$((flux_mib * 2))MiB"
+        flux_sample "naive-$side" "$FLUX_BF16" "$side" --verify weights --prefetch-depth 0 --vram-budget "$((flux_mib * 4 / 10))MiB"
+        flux_sample "stagehand-$side" "$FLUX_BF16" "$side" --verify weights --prefetch-depth 2 --vram-budget "$((flux_mib * 4 / 10))MiB"
+    done
+    flux_sample "fp8-stagehand-1024" "$FLUX_DIR/fp8/flux.safetensors" 1024 --verify weights --prefetch-depth 2 --vram-budget "$((flux_mib * 4 / 10))MiB"
+fi
+
 TOTAL_SECONDS=$(( $(date +%s) - START ))
 
 # summary.json: the steps, plus the bench's own JSON when it produced an object.
@@ -272,6 +296,26 @@ PY
         grep -v " INFO " "$OUT/bench-llama-1b-$dtype.txt" 2>/dev/null | tail -n 12
         echo '```'
     done
+    echo
+    echo "## sample Flux full-depth --device cuda (steady ms per denoising step)"
+    echo
+    if command -v python3 >/dev/null 2>&1; then
+        python3 - "$OUT" <<'PY'
+import json, os, sys
+out = sys.argv[1]
+print("| run | ms/step | compute ms | →vram MiB/step | planned MiB/step | model MiB |")
+print("|---|---|---|---|---|---|")
+for name in sorted(f[5:-5] for f in os.listdir(out) if f.startswith("flux-") and f.endswith(".json")):
+    try:
+        d = json.load(open(os.path.join(out, f"flux-{name}.json")))
+        s = d["summary"]
+        mib = lambda b: f"{b / 2**20:.1f}"
+        print(f"| {name} | {d['seconds_per_step'] * 1e3:.2f} | {s['steady_compute_seconds'] * 1e3:.2f} | "
+              f"{mib(s['pinned_to_vram_bytes_per_step'])} | {mib(s['streamed_bytes_per_step_planned'])} | {mib(s['model_bytes'])} |")
+    except Exception as error:
+        print(f"| {name} | no result ({type(error).__name__}) | | | | |")
+PY
+    fi
 } > "$OUT/report.md"
 
 echo

@@ -338,7 +338,7 @@ fn gpu_the_compute_shares_the_devices_memory_space_and_reuses_its_cast_buffer() 
         compute.memory_space(),
         MemorySpace::Accelerator { kind: "cuda", .. }
     ));
-    let (rows, inner, out) = (4, 1024, 2048);
+    let (inner, out) = (1024, 2048);
     let block = compute
         .load_block(&DType::F16.encode(&ops::seeded(out * inner, 5, 0.1)))
         .unwrap();
@@ -346,6 +346,15 @@ fn gpu_the_compute_shares_the_devices_memory_space_and_reuses_its_cast_buffer() 
     let weight = view
         .weight(&TensorSlot::new(0, DType::F16, out, inner))
         .unwrap();
+    // A decode product (at most GEMV_ROWS rows) reads the f16 weight where it lies:
+    // nothing is widened into the cast buffer.
+    let before = compute.cast_buffer_bytes();
+    let x = compute.tensor(4, inner).unwrap();
+    let mut y = compute.tensor(4, out).unwrap();
+    compute.linear(&x, &weight, None, &mut y).unwrap();
+    assert_eq!(compute.cast_buffer_bytes(), before, "a gemv widens nothing");
+    // More rows go through cuBLAS on the weight widened to f32 in the cast buffer.
+    let rows = 16;
     let x = compute.tensor(rows, inner).unwrap();
     let mut y = compute.tensor(rows, out).unwrap();
     compute.linear(&x, &weight, None, &mut y).unwrap();

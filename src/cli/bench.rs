@@ -105,6 +105,8 @@ pub(super) struct Bench<'a> {
     pub rounds: u32,
     /// The family measured: the demo linear stack's, or a model folder's.
     pub family: &'static Entry,
+    /// Each run on the CUDA backend (`bench --model PATH --device cuda`).
+    pub use_cuda: bool,
 }
 
 impl Bench<'_> {
@@ -138,7 +140,12 @@ impl Bench<'_> {
             &extras,
         )
         .map_err(run_error)?;
-        stagehand::run::execute(
+        let execute = if self.use_cuda {
+            stagehand::run::execute_cuda
+        } else {
+            stagehand::run::execute
+        };
+        execute(
             &prepared,
             RunPlan {
                 keep_outputs: false,
@@ -243,7 +250,8 @@ pub fn execute(args: BenchArgs) -> CommandResult {
     let loaded = settings::load(&args.settings).map_err(Failure::bad_input)?;
     let settings = loaded.settings;
     super::run::init_logging(&settings.log);
-    if super::run::use_cuda(settings.device)? {
+    let use_cuda = super::run::use_cuda(settings.device)?;
+    if use_cuda && args.model.is_none() {
         #[cfg(feature = "cuda")]
         return super::bench_cuda::execute(&settings, args.json);
         #[cfg(not(feature = "cuda"))]
@@ -257,7 +265,7 @@ pub fn execute(args: BenchArgs) -> CommandResult {
         )));
     }
     if let Some(model) = &args.model {
-        return super::bench_model::execute(&args, &settings, model);
+        return super::bench_model::execute(&args, &settings, model, use_cuda);
     }
     let preparing = super::progress::Status::start("preparing the demo model");
     let model = ensure_demo_model(&default_cache_dir(), &DemoSpec::default()).map_err(run_error)?;
@@ -272,6 +280,7 @@ pub fn execute(args: BenchArgs) -> CommandResult {
         activation_bytes: 0,
         rounds: args.rounds,
         family: demo_family()?,
+        use_cuda: false,
     };
     let before = CpuSample::now();
     let compute_bound = bench.configuration("compute-bound", args.compute_batch, budgets)?;

@@ -104,6 +104,7 @@ pub fn execute(args: BenchLoraArgs) -> CommandResult {
         activation_bytes: 0,
         rounds: args.rounds,
         family: super::bench::demo_family()?,
+        use_cuda: false,
     };
     let with_lora = Extras {
         loras: vec![LoraSpec {

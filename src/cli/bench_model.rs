@@ -23,7 +23,12 @@ use stagehand::run::{
 };
 use stagehand::settings::Settings;
 
-pub fn execute(args: &BenchArgs, settings: &Settings, model: &std::path::Path) -> CommandResult {
+pub fn execute(
+    args: &BenchArgs,
+    settings: &Settings,
+    model: &std::path::Path,
+    use_cuda: bool,
+) -> CommandResult {
     let probe = prepare_with(
         model,
         WorkloadKind::Auto,
@@ -57,6 +62,7 @@ pub fn execute(args: &BenchArgs, settings: &Settings, model: &std::path::Path) -
         activation_bytes,
         rounds: args.rounds,
         family,
+        use_cuda,
     };
     let before = CpuSample::now();
     let rows = configurations(&bench, args, budgets)?;
@@ -350,6 +356,7 @@ fn kv_growth(bench: &Bench<'_>, settings: &Settings, tokens: u64) -> Result<KvGr
         activation_bytes: 0,
         rounds: 1,
         family: bench.family,
+        use_cuda: bench.use_cuda,
     };
     let outcome = long.run_with(
         1,

@@ -118,11 +118,7 @@ pub fn execute(args: SampleArgs) -> CommandResult {
     let loaded = settings::load(&args.settings).map_err(Failure::bad_input)?;
     let settings = loaded.settings;
     super::run::init_logging(&settings.log);
-    if use_cuda(settings.device)? {
-        return Err(bad(
-            "--device cuda: the CUDA adapter has no diffusion-transformer kernels yet; sample Flux with --device cpu".into(),
-        ));
-    }
+    let use_cuda = use_cuda(settings.device)?;
     let extras = Extras {
         loras: args.lora.clone(),
         diffusion: Some(input_of(&args)?),
@@ -171,7 +167,7 @@ pub fn execute(args: SampleArgs) -> CommandResult {
             policy: PolicyArg::Planned,
             quiet: args.quiet || args.json,
             keep_outputs: true,
-            use_cuda: false,
+            use_cuda,
             on_token: None,
             verify: settings::Verify::First,
         },

@@ -191,7 +191,23 @@ fn weight_budget(
             .min(room)
             .min(super::resident_need_bytes(prepared, plan.prefetch_depth));
     }
-    budget.budget_bytes = arena_bytes(budget.budget_bytes);
+    let asked_bytes = budget.budget_bytes;
+    budget.budget_bytes = arena_bytes(asked_bytes);
+    let (minimum_bytes, _) = prepared.plan_minimum_bytes(plan.prefetch_depth, plan.policy);
+    if budget.budget_bytes < minimum_bytes && asked_bytes >= minimum_bytes {
+        // The budget met the plan's minimum until it was cut to whole driver pages:
+        // name the figure that survives the cut, not the minimum that does not.
+        let paged_minimum = Bytes(minimum_bytes.next_multiple_of(DRIVER_PAGE_BYTES));
+        return Err(RunError::BadInput(format!(
+            "vram_budget {}: on CUDA the weight arena is whole {} driver pages, so it holds {}, below the {} this model needs at prefetch depth {}: set --vram-budget {} or more",
+            Bytes(asked_bytes),
+            Bytes(DRIVER_PAGE_BYTES),
+            Bytes(budget.budget_bytes),
+            Bytes(minimum_bytes),
+            plan.prefetch_depth,
+            paged_minimum.flag_value_at_least(),
+        )));
+    }
     Ok(budget)
 }
 

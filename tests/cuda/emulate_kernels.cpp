@@ -440,6 +440,78 @@ static void decoder() {
             }
 }
 
+// The diffusion-transformer kernels (Flux) against plain loops in double precision.
+static void diffusion() {
+    const unsigned rows = 3, cols = 257;
+    const auto x = seeded(rows * cols, 20, 3.0f);
+    const auto shift = seeded(cols, 21, 1.0f), scale = seeded(cols, 22, 0.5f);
+    std::vector<float> y(rows * cols);
+    launch(rows, 64, [&] { stagehand_adaptive_norm(x.data(), shift.data(), scale.data(), 1e-6f, y.data(), cols); });
+    for (unsigned r = 0; r < rows; ++r) {
+        double mean = 0, variance = 0;
+        for (unsigned c = 0; c < cols; ++c) mean += x[r * cols + c];
+        mean /= cols;
+        for (unsigned c = 0; c < cols; ++c) variance += (x[r * cols + c] - mean) * (x[r * cols + c] - mean);
+        variance /= cols;
+        for (unsigned c = 0; c < cols; ++c) {
+            const double expected = (x[r * cols + c] - mean) / std::sqrt(variance + 1e-6) * (1.0 + scale[c]) + shift[c];
+            CHECK(relative(y[r * cols + c], expected) < 1e-5, "adaptive_norm [%u,%u]: %g vs %g", r, c, y[r * cols + c], expected);
+        }
+    }
+
+    auto gated = x;
+    const auto add = seeded(rows * cols, 23, 2.0f), gate = seeded(cols, 24, 1.0f);
+    launch(2, 32, [&] { stagehand_add_gated(gated.data(), add.data(), gate.data(), rows, cols); });
+    for (size_t i = 0; i < gated.size(); ++i) {
+        CHECK(gated[i] == x[i] + gate[i % cols] * add[i], "add_gated %zu", i);
+    }
+
+    auto silu = seeded(300, 25, 8.0f), tanh_gelu = silu;
+    const auto before = silu;
+    launch(1, 64, [&] { stagehand_silu(silu.data(), silu.size()); });
+    launch(1, 64, [&] { stagehand_gelu_tanh(tanh_gelu.data(), tanh_gelu.size()); });
+    for (size_t i = 0; i < before.size(); ++i) {
+        const double v = before[i];
+        CHECK(relative(silu[i], v / (1.0 + std::exp(-v))) < 1e-5, "silu(%g) = %g", v, silu[i]);
+        const double gelu = 0.5 * v * (1.0 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
+        CHECK(relative(tanh_gelu[i], gelu) < 1e-5, "gelu_tanh(%g) = %g, expected %g", v, tanh_gelu[i], gelu);
+    }
+
+    // Interleaved pairs: head h of row r turns pair (2i, 2i + 1) by the table's
+    // (cos, sin) at row r, columns 2i and 2i + 1.
+    const unsigned heads = 2, head_dim = 8;
+    auto turned = seeded(rows * heads * head_dim, 26, 1.0f);
+    const auto original = turned;
+    std::vector<float> table(rows * head_dim);
+    for (unsigned r = 0; r < rows; ++r)
+        for (unsigned i = 0; i < head_dim / 2; ++i) {
+            const double angle = 0.3 * (r + 1) * (i + 1);
+            table[r * head_dim + 2 * i] = (float)std::cos(angle);
+            table[r * head_dim + 2 * i + 1] = (float)std::sin(angle);
+        }
+    launch(1, 32, [&] { stagehand_rope_pairs(turned.data(), table.data(), rows, heads, head_dim); });
+    for (unsigned r = 0; r < rows; ++r)
+        for (unsigned h = 0; h < heads; ++h)
+            for (unsigned i = 0; i < head_dim / 2; ++i) {
+                const size_t at = (r * heads + h) * head_dim + 2 * i;
+                const float cosine = table[r * head_dim + 2 * i], sine = table[r * head_dim + 2 * i + 1];
+                const float real = original[at], imaginary = original[at + 1];
+                CHECK(turned[at] == real * cosine - imaginary * sine &&
+                          turned[at + 1] == imaginary * cosine + real * sine,
+                      "rope_pairs row %u head %u pair %u", r, h, i);
+            }
+
+    const unsigned wide = 11, narrow = 4, at = 5;
+    std::vector<float> to(rows * wide, -1.0f);
+    const auto from = seeded(rows * narrow, 27, 1.0f);
+    launch(1, 32, [&] { stagehand_write_cols(to.data(), from.data(), rows, wide, at, narrow); });
+    for (unsigned r = 0; r < rows; ++r)
+        for (unsigned c = 0; c < wide; ++c) {
+            const bool inside = c >= at && c < at + narrow;
+            CHECK(to[r * wide + c] == (inside ? from[r * narrow + c - at] : -1.0f), "write_cols [%u,%u]", r, c);
+        }
+}
+
 // Prints "checksum OFFSET LENGTH SUM" for a buffer tests/cuda.rs rebuilds: byte i is
 // (i · 2654435761 mod 2^32) >> 13, truncated to a byte.
 static void checksums() {
@@ -487,6 +559,7 @@ int main() {
     rows();
     scaled();
     decoder();
+    diffusion();
     checksums();
     narrowing_sweep();
     std::printf("%s: %d failure(s)\n", failures ? "FAILED" : "passed", failures);

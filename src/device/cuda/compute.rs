@@ -423,6 +423,12 @@ impl Compute for CudaCompute {
         Ok(crate::compute::checksum::finish(sum, block.bytes()))
     }
 
+    fn diffusion(
+        &self,
+    ) -> Result<&dyn crate::compute::Diffusion<Tensor = CudaTensor>, ComputeError> {
+        Ok(self)
+    }
+
     fn fence(&self) -> Result<CudaFence, ComputeError> {
         make_current(&self.context).map_err(compute_error)?;
         self.time.fence(&self.stream).map_err(compute_error)

@@ -467,6 +467,82 @@ extern "C" __global__ void stagehand_rope(float* x, const u32* positions, const 
     }
 }
 
+// Diffusion transformers (Flux), in the CPU adapter's order of operations. One block
+// per row: y = LayerNorm(x)·(1 + scale) + shift, LayerNorm without affine weights;
+// shift and scale are one row broadcast over every row.
+extern "C" __global__ void stagehand_adaptive_norm(const float* x, const float* shift, const float* scale,
+                                                   float eps, float* y, u32 cols) {
+    __shared__ float shared[32];
+    const float* in = x + (u64)blockIdx.x * cols;
+    float* out = y + (u64)blockIdx.x * cols;
+    float sum = 0.0f;
+    for (u32 i = threadIdx.x; i < cols; i += blockDim.x) {
+        sum += in[i];
+    }
+    const float mean = stagehand_block_sum(sum, shared) / (float)cols;
+    float squares = 0.0f;
+    for (u32 i = threadIdx.x; i < cols; i += blockDim.x) {
+        const float deviation = in[i] - mean;
+        squares += deviation * deviation;
+    }
+    const float variance = stagehand_block_sum(squares, shared) / (float)cols;
+    const float inverse = 1.0f / sqrtf(variance + eps);
+    for (u32 i = threadIdx.x; i < cols; i += blockDim.x) {
+        out[i] = (in[i] - mean) * inverse * (1.0f + scale[i]) + shift[i];
+    }
+}
+
+// x += gate·y, the gate one row broadcast over every row.
+extern "C" __global__ void stagehand_add_gated(float* x, const float* y, const float* gate, u64 rows,
+                                               u32 cols) {
+    STAGEHAND_GRID_STRIDE(i, rows * cols) {
+        x[i] = x[i] + gate[i % cols] * y[i];
+    }
+}
+
+extern "C" __global__ void stagehand_silu(float* x, u64 count) {
+    STAGEHAND_GRID_STRIDE(i, count) {
+        const float value = x[i];
+        x[i] = value / (1.0f + expf(-value));
+    }
+}
+
+// PyTorch's gelu(approximate="tanh").
+extern "C" __global__ void stagehand_gelu_tanh(float* x, u64 count) {
+    STAGEHAND_GRID_STRIDE(i, count) {
+        const float value = x[i];
+        const float inner = 0.7978846f * (value + 0.044715f * value * value * value);
+        x[i] = 0.5f * value * (1.0f + tanhf(inner));
+    }
+}
+
+// Rotary embedding on interleaved pairs (Flux): in each head of row r, the pair
+// (2i, 2i + 1) turns by the angle whose cosine and sine are table[r][2i], table[r][2i + 1].
+extern "C" __global__ void stagehand_rope_pairs(float* x, const float* table, u64 rows, u32 heads,
+                                                u32 head_dim) {
+    const u32 half = head_dim / 2u;
+    STAGEHAND_GRID_STRIDE(i, rows * heads * half) {
+        const u32 pair = (u32)(i % half);
+        const u64 head = i / half;
+        const u64 row = head / heads;
+        float* at = x + head * head_dim + 2u * pair;
+        const float* angle = table + row * head_dim + 2u * pair;
+        const float cosine = angle[0], sine = angle[1];
+        const float real = at[0], imaginary = at[1];
+        at[0] = real * cosine - imaginary * sine;
+        at[1] = imaginary * cosine + real * sine;
+    }
+}
+
+// to[r][at .. at + narrow] = from[r] for every row (the single block's concatenation).
+extern "C" __global__ void stagehand_write_cols(float* to, const float* from, u64 rows, u32 wide, u32 at,
+                                                u32 narrow) {
+    STAGEHAND_GRID_STRIDE(i, rows * narrow) {
+        const u64 row = i / narrow;
+        to[row * wide + at + (i % narrow)] = from[i];
+    }
+}
+
 // The stream-verify checksum (crate::compute::checksum): the sum of
 // mix64(index · φ ⊕ word) over little-endian 32-bit words, the last zero-padded. An
 // integer sum, so the atomic per warp does not make it depend on thread order.

@@ -12,6 +12,7 @@ use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use stagehand_actors::DevicePtr;
 
 use super::error::CudaError;
+use super::kernels_diffusion::DiffusionKernels;
 use super::library::require_nvrtc;
 use crate::compute::DType;
 
@@ -99,6 +100,7 @@ pub struct Kernels {
     pub(super) silu_mul: CudaFunction,
     pub(super) rope: CudaFunction,
     checksum: CudaFunction,
+    pub(super) diffusion: DiffusionKernels,
 }
 
 impl Kernels {
@@ -134,6 +136,7 @@ impl Kernels {
             silu_mul: function("stagehand_silu_mul")?,
             rope: function("stagehand_rope")?,
             checksum: function("stagehand_checksum")?,
+            diffusion: DiffusionKernels::load(&module)?,
         })
     }
 
@@ -408,7 +411,7 @@ mod tests {
             "stagehand_gemv",
             "stagehand_narrow",
             "stagehand_fill_rows",
-            "stagehand_add(",
+            "stagehand_add",
             "stagehand_add_scaled_rows",
             "stagehand_gather_add",
             "stagehand_layer_norm",
@@ -418,9 +421,12 @@ mod tests {
             "stagehand_silu_mul",
             "stagehand_rope",
             "stagehand_checksum",
-        ] {
+        ]
+        .into_iter()
+        .chain(super::super::kernels_diffusion::NAMES)
+        {
             assert!(
-                SOURCE.contains(&format!("__global__ void {name}")),
+                SOURCE.contains(&format!("__global__ void {name}(")),
                 "{name}"
             );
         }
