@@ -22,15 +22,16 @@
 #   bench-llama-1b-{bf16,fp8}.txt,
 #   summary.json (every step's exit code and seconds, the bench, run and embed JSON)
 #   and report.md (the same, readable, with the bench's own Markdown tables).
-# Everything runs under one deadline, 5 minutes in all: each step gets what is left, and
-# the report is written even when a step fails or runs out of time. Exit status: 0 only
+# Everything runs under one deadline, 5 minutes in all (GPU_CHECK_SECONDS, default 285,
+# plus 15 s for the report): each step gets what is left, and the report is written even
+# when a step fails or runs out of time. Exit status: 0 only
 # if every step passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 if [ -z "${GPU_CHECK_INNER:-}" ]; then
     # Safety net over the per-step deadlines: nothing outlives 5 minutes.
-    GPU_CHECK_INNER=1 exec timeout --kill-after=5 300 "$0" "$@"
+    GPU_CHECK_INNER=1 exec timeout --kill-after=5 $(( ${GPU_CHECK_SECONDS:-285} + 15 )) "$0" "$@"
 fi
 
 OUT=${OUT:-./gpu-out}
@@ -128,32 +129,56 @@ for dtype in bf16 fp8; do
         "$BIN/stagehand" demo-model --arch llama --decoder-preset 1b --dtype "$dtype" --out "$WORK/llama-1b-$dtype"
     run_step "bench --model llama-1b-$dtype --device cuda" "$OUT/bench-llama-1b-$dtype.txt" \
         "$BIN/stagehand" bench --model "$WORK/llama-1b-$dtype" --device cuda --batches 1
+    if [ "$dtype" = bf16 ]; then
+        # The peer on the same GPU and weights: stagehand's resident generate (a
+        # 265-token prompt, 64 tokens) and PyTorch/transformers (the machine's own
+        # python3), decode ms per token and prefill.
+        PROMPT_IDS=$(seq 0 264 | awk '{ printf "%s%d", (NR > 1 ? "," : ""), 1000 + (7 * $1) % 20000 }')
+        run_step "generate --device cuda llama-1b-bf16 (265-token prompt, 64 tokens)" "$OUT/generate-llama-1b-bf16.stderr.txt" \
+            sh -c "'$BIN/stagehand' generate --model '$WORK/llama-1b-bf16' --device cuda --token-ids '$PROMPT_IDS' --max-tokens 64 --json --log warn > '$OUT/generate-llama-1b-bf16.json'"
+        run_step "PyTorch decode llama-1b-bf16 --device cuda" "$OUT/peer-decode-llama-1b-bf16.txt" \
+            python3 scripts/peer-bench.py decode --model "$WORK/llama-1b-bf16" --device cuda --tokens 64 --prompt-tokens 265
+        run_step "PyTorch prefill llama-1b-bf16 --device cuda" "$OUT/peer-prefill-llama-1b-bf16.txt" \
+            python3 scripts/peer-bench.py prefill --model "$WORK/llama-1b-bf16" --device cuda --prompt-tokens 265 --repeats 5
+    fi
     rm -rf "$WORK/llama-1b-$dtype"
 done
 
-# Flux on the GPU (issue 25): the generated full-depth preset (19 + 38 blocks) in BF16,
-# sampled at 512² and 1024² resident (budget above the model), naive (depth 0) and
-# stagehand (depth 2) under 40 % of the model, every step's bytes checked as they land
-# (`--verify weights`), plus FP8 at stagehand's settings: steady step per denoising step.
+# Flux on the GPU (issue 25): generated checkpoints at Flux's block count (19 double +
+# 38 single) — full-depth (width 256, 158 MiB BF16) and full-depth-wide (width 1024,
+# Flux's head size and rope axes, 2.47 GiB BF16) — sampled resident (budget above the
+# model), naive (depth 0) and stagehand (depth 2) under 40 % of the model plus the
+# step's activations (read from the resident run's JSON), every block's bytes checked
+# as they land (`--verify weights`); FP8 of full-depth at stagehand's settings. Steady
+# ms per denoising step in the report.
 FLUX_DIR="$WORK/flux"
-run_step "demo-model --arch flux --flux-preset full-depth (bf16, fp8)" "$OUT/flux-demo.txt" \
-    sh -c "'$BIN/stagehand' demo-model --arch flux --flux-preset full-depth --layout original --dtype bf16 --out '$FLUX_DIR/bf16' --cond-out '$FLUX_DIR/cond.safetensors' --cond-tokens 64 && '$BIN/stagehand' demo-model --arch flux --flux-preset full-depth --layout comfyui --dtype fp8 --out '$FLUX_DIR/fp8'"
-flux_sample() {  # NAME MODEL SIDE ARGS...: one `sample --device cuda --json` into flux-NAME.json
-    local name=$1 model=$2 side=$3
-    shift 3
+run_step "demo-model --arch flux (full-depth bf16 + fp8, full-depth-wide bf16)" "$OUT/flux-demo.txt" \
+    sh -c "'$BIN/stagehand' demo-model --arch flux --flux-preset full-depth --layout original --dtype bf16 --out '$FLUX_DIR/bf16' --cond-out '$FLUX_DIR/cond.safetensors' --cond-tokens 64 && '$BIN/stagehand' demo-model --arch flux --flux-preset full-depth --layout comfyui --dtype fp8 --out '$FLUX_DIR/fp8' && '$BIN/stagehand' demo-model --arch flux --flux-preset full-depth-wide --layout original --dtype bf16 --out '$FLUX_DIR/wide' --cond-out '$FLUX_DIR/cond-wide.safetensors' --cond-tokens 64"
+flux_sample() {  # NAME MODEL COND SIDE ARGS...: one `sample --device cuda --json` into flux-NAME.json
+    local name=$1 model=$2 cond=$3 side=$4
+    shift 4
     run_step "sample --device cuda $name" "$OUT/flux-$name.stderr.txt" \
-        sh -c "'$BIN/stagehand' sample --model '$model' --cond '$FLUX_DIR/cond.safetensors' --width $side --height $side --steps 4 --out '$WORK/latent.safetensors' --device cuda --log warn --json $* > '$OUT/flux-$name.json'"
+        sh -c "'$BIN/stagehand' sample --model '$model' --cond '$cond' --width $side --height $side --steps 4 --out '$WORK/latent.safetensors' --device cuda --log warn --json $* > '$OUT/flux-$name.json'"
 }
-FLUX_BF16="$FLUX_DIR/bf16/flux.safetensors"
-if [ -f "$FLUX_BF16" ]; then
-    flux_mib=$(( $(stat -c %s "$FLUX_BF16") / 1048576 ))
-    for side in 512 1024; do
-        flux_sample "resident-$side" "$FLUX_BF16" "$side" --verify off --vram-budget "$((flux_mib * 2))MiB"
-        flux_sample "naive-$side" "$FLUX_BF16" "$side" --verify weights --prefetch-depth 0 --vram-budget "$((flux_mib * 4 / 10))MiB"
-        flux_sample "stagehand-$side" "$FLUX_BF16" "$side" --verify weights --prefetch-depth 2 --vram-budget "$((flux_mib * 4 / 10))MiB"
-    done
-    flux_sample "fp8-stagehand-1024" "$FLUX_DIR/fp8/flux.safetensors" 1024 --verify weights --prefetch-depth 2 --vram-budget "$((flux_mib * 4 / 10))MiB"
+flux_three_ways() {  # PRESET MODEL COND SIDE: resident, naive, stagehand
+    local preset=$1 model=$2 cond=$3 side=$4
+    [ -f "$model" ] || return 0
+    local model_bytes activation_bytes
+    model_bytes=$(stat -c %s "$model")
+    flux_sample "$preset-$side-resident" "$model" "$cond" "$side" --verify off --vram-budget "$((model_bytes * 2 + (1 << 30)))B"
+    activation_bytes=$(grep -o '"activation_bytes": [0-9]*' "$OUT/flux-$preset-$side-resident.json" 2>/dev/null | head -n 1 | grep -o '[0-9]*$')
+    FLUX_BUDGET="$((model_bytes * 4 / 10 + ${activation_bytes:-0}))B"
+    flux_sample "$preset-$side-naive" "$model" "$cond" "$side" --verify weights --prefetch-depth 0 --vram-budget "$FLUX_BUDGET"
+    flux_sample "$preset-$side-stagehand" "$model" "$cond" "$side" --verify weights --prefetch-depth 2 --vram-budget "$FLUX_BUDGET"
+}
+for side in 256 512 1024; do
+    flux_three_ways wide "$FLUX_DIR/wide/flux.safetensors" "$FLUX_DIR/cond-wide.safetensors" "$side"
+done
+flux_three_ways full-depth "$FLUX_DIR/bf16/flux.safetensors" "$FLUX_DIR/cond.safetensors" 1024
+if [ -f "$FLUX_DIR/fp8/flux.safetensors" ]; then
+    flux_sample "full-depth-1024-fp8-stagehand" "$FLUX_DIR/fp8/flux.safetensors" "$FLUX_DIR/cond.safetensors" 1024 --verify weights --prefetch-depth 2 --vram-budget "$FLUX_BUDGET"
 fi
+rm -rf "$FLUX_DIR"
 
 TOTAL_SECONDS=$(( $(date +%s) - START ))
 
@@ -297,20 +322,29 @@ PY
         echo '```'
     done
     echo
-    echo "## sample Flux full-depth --device cuda (steady ms per denoising step)"
+    echo "## Llama-1B bf16 resident on this GPU: stagehand generate vs PyTorch (transformers)"
+    echo
+    echo '```'
+    grep -hE '"(prefill_tokens_per_second|time_to_first_token_seconds|cold_read_seconds|prefill_compute_seconds|decode_tokens_per_second)"' "$OUT/generate-llama-1b-bf16.json" 2>/dev/null
+    tail -n 1 "$OUT/peer-decode-llama-1b-bf16.txt" 2>/dev/null
+    tail -n 1 "$OUT/peer-prefill-llama-1b-bf16.txt" 2>/dev/null
+    echo '```'
+    echo
+    echo "## sample Flux --device cuda (steady ms per denoising step)"
     echo
     if command -v python3 >/dev/null 2>&1; then
         python3 - "$OUT" <<'PY'
 import json, os, sys
 out = sys.argv[1]
-print("| run | ms/step | compute ms | →vram MiB/step | planned MiB/step | model MiB |")
-print("|---|---|---|---|---|---|")
+print("| run | ms/step | compute ms | bound ms (limited by) | →vram MiB/step | planned MiB/step | model MiB |")
+print("|---|---|---|---|---|---|---|")
 for name in sorted(f[5:-5] for f in os.listdir(out) if f.startswith("flux-") and f.endswith(".json")):
     try:
         d = json.load(open(os.path.join(out, f"flux-{name}.json")))
         s = d["summary"]
         mib = lambda b: f"{b / 2**20:.1f}"
         print(f"| {name} | {d['seconds_per_step'] * 1e3:.2f} | {s['steady_compute_seconds'] * 1e3:.2f} | "
+              f"{s.get('bound_seconds', 0) * 1e3:.2f} ({s.get('bound_limited_by', '?')}) | "
               f"{mib(s['pinned_to_vram_bytes_per_step'])} | {mib(s['streamed_bytes_per_step_planned'])} | {mib(s['model_bytes'])} |")
     except Exception as error:
         print(f"| {name} | no result ({type(error).__name__}) | | | | |")

@@ -17,6 +17,9 @@ Usage (PyTorch lives in a venv outside the repository; CI never runs this):
   /work/venv/bin/python scripts/peer-bench.py minilm  --model DIR [--texts-out FILE]
   /work/venv/bin/python scripts/peer-bench.py sentences --texts-out FILE
 
+`--device cuda` runs decode and prefill on the GPU (scripts/gpu-check.sh does, with the
+machine's own PyTorch), synchronising the device around every timing.
+
 `sentences` (and `minilm --texts-out`) writes the 512 sentences one per line, so that
 `stagehand embed --file FILE` embeds exactly the same texts. Every case prints one JSON
 line with its figures.
@@ -55,6 +58,29 @@ def setup_torch(threads):
     return torch
 
 
+def synchronize(torch, device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def load_decoder(torch, args):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16)
+    model.to(args.device)
+    model.eval()
+    ids = torch.tensor([prompt_ids(args.prompt_tokens)], device=args.device)
+    return model, ids
+
+
+def timed(torch, device, work):
+    synchronize(torch, device)
+    start = time.perf_counter()
+    work()
+    synchronize(torch, device)
+    return time.perf_counter() - start
+
+
 def prompt_ids(count):
     # Token ids 1000.. are ordinary vocabulary in any Llama-sized tokenizer; the
     # figures depend on the prompt's length, not its content.
@@ -63,48 +89,40 @@ def prompt_ids(count):
 
 def case_decode(args):
     torch = setup_torch(args.threads)
-    from transformers import AutoModelForCausalLM
+    model, ids = load_decoder(torch, args)
 
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16)
-    model.eval()
-    ids = torch.tensor([prompt_ids(args.prompt_tokens)])
+    def generate(tokens):
+        return lambda: model.generate(ids, max_new_tokens=tokens, do_sample=False, min_new_tokens=tokens)
+
     # Warm-up: one short generation.
-    model.generate(ids, max_new_tokens=4, do_sample=False, min_new_tokens=4)
-    start = time.perf_counter()
-    model.generate(ids, max_new_tokens=1, do_sample=False, min_new_tokens=1)
-    prefill_seconds = time.perf_counter() - start
-    start = time.perf_counter()
-    model.generate(ids, max_new_tokens=args.tokens, do_sample=False, min_new_tokens=args.tokens)
-    total = time.perf_counter() - start
+    timed(torch, args.device, generate(4))
+    prefill_seconds = timed(torch, args.device, generate(1))
+    total = timed(torch, args.device, generate(args.tokens))
     per_token = (total - prefill_seconds) / (args.tokens - 1)
     return {
         "case": "decode",
+        "device": args.device,
         "threads": args.threads,
         "prompt_tokens": args.prompt_tokens,
         "tokens": args.tokens,
-        "ms_per_token": round(per_token * 1e3, 2),
+        "ms_per_token": round(per_token * 1e3, 3),
         "dtype": "bf16",
     }
 
 
 def case_prefill(args):
     torch = setup_torch(args.threads)
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16)
-    model.eval()
-    ids = torch.tensor([prompt_ids(args.prompt_tokens)])
-    model(ids, logits_to_keep=1)
-    best = float("inf")
-    for _ in range(args.repeats):
-        start = time.perf_counter()
-        model(ids, logits_to_keep=1)
-        best = min(best, time.perf_counter() - start)
+    model, ids = load_decoder(torch, args)
+    timed(torch, args.device, lambda: model(ids, logits_to_keep=1))
+    best = min(
+        timed(torch, args.device, lambda: model(ids, logits_to_keep=1)) for _ in range(args.repeats)
+    )
     return {
         "case": "prefill",
+        "device": args.device,
         "threads": args.threads,
         "prompt_tokens": args.prompt_tokens,
-        "seconds_best": round(best, 3),
+        "seconds_best": round(best, 5),
         "repeats": args.repeats,
         "dtype": "bf16",
     }
@@ -144,6 +162,7 @@ def main():
     parser.add_argument("case", choices=["decode", "prefill", "minilm", "sentences"])
     parser.add_argument("--model")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--prompt-tokens", type=int, default=265)
     parser.add_argument("--repeats", type=int, default=3)

@@ -113,10 +113,16 @@ fn gpu_the_diffusion_kernels_compute_their_definitions_and_check_shapes() {
     let results = diffusion::diffusion_misses(&compute).expect("the gpu has them");
     assert_eq!(results.len(), 6);
     for (what, difference) in &results {
-        println!("{what}: normalised error {difference:.3e} (tolerance {:.0e})", diffusion::TOLERANCE);
+        println!(
+            "{what}: normalised error {difference:.3e} (tolerance {:.0e})",
+            diffusion::TOLERANCE
+        );
         assert!(*difference < diffusion::TOLERANCE, "{what}: {difference}");
     }
-    assert_eq!(diffusion::diffusion_shape_errors(&compute).expect("runs"), 4);
+    assert_eq!(
+        diffusion::diffusion_shape_errors(&compute).expect("runs"),
+        4
+    );
 }
 
 #[test]
@@ -137,8 +143,14 @@ fn gpu_flux_samples_streamed_bit_exact_and_like_the_cpu_backend() {
         let (model, cond) = generated(dir.path(), FluxPreset::Small, layout, dtype);
         let loras = if lora {
             let path = dir.path().join("kohya.safetensors");
-            write_flux_lora(&path, &FluxPreset::Small.shape(), FluxLoraNaming::Kohya, 4, 9)
-                .unwrap();
+            write_flux_lora(
+                &path,
+                &FluxPreset::Small.shape(),
+                FluxLoraNaming::Kohya,
+                4,
+                9,
+            )
+            .unwrap();
             vec![LoraSpec::parse(&format!("{}:0.8", path.display())).unwrap()]
         } else {
             Vec::new()

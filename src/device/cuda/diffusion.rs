@@ -11,10 +11,7 @@ use crate::compute::ComputeError;
 impl CudaCompute {
     fn activation(&self, kind: Activation, x: &mut CudaTensor) -> Result<(), ComputeError> {
         // SAFETY: x holds `elements` f32, borrowed mutably for the launch.
-        self.queue(|| unsafe {
-            self.kernels
-                .activation(kind, x.ptr(), x.elements() as u64)
-        })
+        self.queue(|| unsafe { self.kernels.activation(kind, x.ptr(), x.elements() as u64) })
     }
 }
 
@@ -81,11 +78,8 @@ impl Diffusion for CudaCompute {
         heads: usize,
         table: &CudaTensor,
     ) -> Result<(), ComputeError> {
-        let head_dim = diffusion::rope_pairs(
-            (x.rows(), x.cols()),
-            heads,
-            (table.rows(), table.cols()),
-        )?;
+        let head_dim =
+            diffusion::rope_pairs((x.rows(), x.cols()), heads, (table.rows(), table.cols()))?;
         // SAFETY: x is [rows, heads·head_dim] and table [rows, head_dim], checked above.
         self.queue(|| unsafe {
             self.kernels

@@ -35,6 +35,11 @@ pub enum FluxPreset {
     Small,
     /// Flux's 19 double + 38 single blocks at width 256 (4 heads of 64).
     FullDepth,
+    /// Flux's 19 double + 38 single blocks, head size (128), rope axes (16/56/56),
+    /// T5 width (4096) and pooled CLIP width (768), at a third of its width: 8 heads,
+    /// width 1024, 1.3 B parameters (2.4 GiB in BF16). Blocks big enough that a GPU's
+    /// link and its kernels, not launch overhead, set the step time.
+    FullDepthWide,
 }
 
 /// The sizes of a preset.
@@ -90,6 +95,16 @@ impl FluxPreset {
                 axes: [8, 28, 28],
                 context_dim: 256,
                 pooled_dim: 64,
+                ..tiny
+            },
+            FluxPreset::FullDepthWide => FluxShape {
+                double_blocks: 19,
+                single_blocks: 38,
+                heads: 8,
+                head_dim: 128,
+                axes: [16, 56, 56],
+                context_dim: 4096,
+                pooled_dim: 768,
                 ..tiny
             },
         }
