@@ -140,17 +140,23 @@ impl Bench<'_> {
             &extras,
         )
         .map_err(run_error)?;
-        let execute = if self.use_cuda {
-            stagehand::run::execute_cuda
+        // The CUDA run takes a folder's budget from the settings (without one it uses
+        // the device's, and everything would be resident): name the bench's.
+        let cuda_settings = Settings {
+            vram_budget: Some(bytesize::ByteSize::b(budgets.vram_budget_bytes)),
+            ..self.settings.clone()
+        };
+        let (execute, settings): (fn(_, _) -> _, _) = if self.use_cuda {
+            (stagehand::run::execute_cuda, &cuda_settings)
         } else {
-            stagehand::run::execute
+            (stagehand::run::execute, self.settings)
         };
         execute(
             &prepared,
             RunPlan {
                 keep_outputs: false,
                 on_token: None,
-                settings: self.settings,
+                settings,
                 budgets,
                 prefetch_depth: depth,
                 policy,
