@@ -80,11 +80,6 @@ pub struct Demand {
     pub reply: Reply<Result<(), SessionError>>,
 }
 
-/// The step about to start is the run's last: prefetch no further than its end.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct LastStep;
-
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Released {

@@ -52,9 +52,7 @@ use crate::error::SessionError;
 use crate::layout::{BlockId, ModelLayout};
 use crate::lora_offloader::{Attach, DemandPack, Detach, LoraAttach, LoraOffloader, Usage};
 use crate::lora_state::{LoraSlot, LoraState, LoraUsage};
-use crate::messages::{
-    Hint, Invalidate, LastStep, ReleaseActivations, ReserveActivations, Shutdown,
-};
+use crate::messages::{Hint, Invalidate, ReleaseActivations, ReserveActivations, Shutdown};
 use crate::observer::Observer;
 use crate::residency::BlockHandle;
 use crate::stats::StatsSnapshot;
@@ -382,13 +380,6 @@ impl Session {
     pub fn step_done(&mut self) {
         let message = self.core.step_done();
         let _ = self.send(&self.core.stream, message);
-    }
-
-    /// Says the step about to start is the run's last, before its first block: the
-    /// prefetch then stops at the end of the order instead of loading blocks of a
-    /// next step that never runs. A run of unknown length never calls it.
-    pub fn last_step(&mut self) {
-        let _ = self.send(&self.core.stream, LastStep);
     }
 
     /// Reserves VRAM for activations, evicting weights if needed (activations win).

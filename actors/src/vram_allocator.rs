@@ -14,9 +14,8 @@ use crate::error::SessionError;
 use crate::layout::BlockId;
 use crate::lora_offloader::LoraOffloader;
 use crate::messages::{
-    Demand, Drain, EnsurePinned, Hint, Invalidate, LastStep, LoraPrefetch, PinFailed, Pinned,
-    ReadAhead, ReleaseActivations, Released, Reply, ReserveActivations, ReserveLora, ReturnBuffer,
-    Streamed,
+    Demand, Drain, EnsurePinned, Hint, Invalidate, LoraPrefetch, PinFailed, Pinned, ReadAhead,
+    ReleaseActivations, Released, Reply, ReserveActivations, ReserveLora, ReturnBuffer, Streamed,
 };
 use crate::observer::{ErrorKind, Link, Observer, Owner, Tier, TierUsage};
 use crate::pin_manager::PinManager;
@@ -301,15 +300,6 @@ impl Handler<Demand> for VramAllocator {
         self.waiters[block.index()].push(reply);
         self.state.advance(position);
         self.schedule(Some(block));
-    }
-}
-
-impl Handler<LastStep> for VramAllocator {
-    type Result = ();
-
-    fn handle(&mut self, _message: LastStep, _ctx: &mut Self::Context) {
-        self.state.last_step();
-        self.schedule(None);
     }
 }
 

@@ -27,17 +27,6 @@ enum Placement {
     },
 }
 
-/// Where the step order ends for prefetching.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum RunEnd {
-    /// Another step follows: look ahead across the end of the order into it.
-    Repeats,
-    /// This step is the run's last: look ahead to the end of the order only.
-    LastStep,
-    /// The last step has passed its last block: load nothing ahead.
-    Ended,
-}
-
 #[derive(Debug, Clone, Copy, Default)]
 struct RingSlot {
     block: Option<BlockId>,
@@ -108,9 +97,6 @@ pub struct VramState {
     loading: Vec<bool>,
     loads_in_flight: usize,
     cursor: usize,
-    /// Whether the order repeats after the step running now: prefetch wraps into the
-    /// next step unless the run said this step is its last.
-    run_end: RunEnd,
     use_clock: u64,
     last_declined: Option<BlockId>,
     peak_used_bytes: u64,
@@ -160,7 +146,6 @@ impl VramState {
             loading: vec![false; block_count],
             loads_in_flight: 0,
             cursor: 0,
-            run_end: RunEnd::Repeats,
             use_clock: 0,
             last_declined: None,
             peak_used_bytes: 0,
@@ -256,28 +241,7 @@ impl VramState {
     /// measured from here, so the block at the cursor (distance 0) is the one needed
     /// soonest and is never a victim for a speculative load.
     pub fn advance(&mut self, position: usize) {
-        if self.run_end == RunEnd::LastStep && position >= self.order.len() {
-            self.run_end = RunEnd::Ended;
-        }
         self.cursor = position % self.order.len();
-    }
-
-    /// The step about to start is the run's last (sent by the compute thread before
-    /// its first block): the compute is at the start of the order, and prefetch stops
-    /// at its end instead of loading the first blocks of a step that never runs —
-    /// copies that would cost the link and show as bytes the plan does not move.
-    pub fn last_step(&mut self) {
-        self.cursor = 0;
-        self.run_end = RunEnd::LastStep;
-    }
-
-    /// How many positions from the cursor on prefetch and read-ahead may look at.
-    fn positions_ahead(&self) -> usize {
-        match self.run_end {
-            RunEnd::Repeats => self.order.len(),
-            RunEnd::LastStep => self.order.len() - self.cursor,
-            RunEnd::Ended => 0,
-        }
     }
 
     /// The compute thread released the streamed block at `position`: it needs the next
@@ -324,8 +288,7 @@ impl VramState {
         let window = match self.policy {
             ResidencyPolicy::Planned => self.order.len(),
             ResidencyPolicy::Lru => (self.depth as usize + 1).min(self.order.len()),
-        }
-        .min(self.positions_ahead());
+        };
         for step in 0..window {
             if ahead >= self.depth {
                 break;
@@ -355,7 +318,7 @@ impl VramState {
         if self.read_ahead_blocks == 0 {
             return Vec::new();
         }
-        (0..self.positions_ahead())
+        (0..self.order.len())
             .map(|step| self.order.at(self.cursor + step))
             .filter(|&block| {
                 !self.plan.is_resident(block)

@@ -122,48 +122,6 @@ fn planned_policy_moves_the_minimum_every_steady_step() {
 }
 
 #[test]
-fn the_last_step_prefetches_nothing_past_its_end() {
-    // Proves a step marked last moves its plan's bytes less the blocks the step before
-    // loaded ahead for it, and starts no load for a next step: after its last block
-    // nothing is in flight or loaded ahead, where an ordinary step has already loaded
-    // the next step's first blocks.
-    let mut harness = Harness::new(&[1024; 20], 10240, 2, ResidencyPolicy::Planned);
-    let streamed = harness.state.plan().streamed_bytes_per_step;
-    harness.run_step();
-    harness.run_step();
-    harness.loaded_bytes = 0;
-    harness.run_step();
-    assert_eq!(harness.loaded_bytes, streamed, "an ordinary steady step");
-    let ahead = |harness: &Harness| {
-        (0..20)
-            .map(BlockId)
-            .filter(|&block| !harness.state.plan().is_resident(block))
-            .filter(|&block| harness.table.state(block) != BlockState::Absent)
-            .count()
-    };
-    assert!(
-        ahead(&harness) > 0,
-        "an ordinary step loads the next one's first blocks"
-    );
-    let loaded_ahead = ahead(&harness) as u64 * 1024;
-    harness.loaded_bytes = 0;
-    harness.state.last_step();
-    harness.run_step();
-    while harness.complete_one() {}
-    assert!(harness.in_flight.is_empty());
-    assert_eq!(
-        harness.loaded_bytes,
-        streamed - loaded_ahead,
-        "the last step"
-    );
-    assert!(
-        harness.state.schedule(None).loads.is_empty(),
-        "nothing after the end"
-    );
-    assert!(harness.state.read_ahead().is_empty());
-}
-
-#[test]
 fn lru_moves_the_whole_model_every_step_on_a_cyclic_order() {
     let mut harness = Harness::new(&[1024; 20], 10240, 1, ResidencyPolicy::Lru);
     harness.run_step();

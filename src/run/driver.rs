@@ -294,10 +294,6 @@ fn run_steps<'a, C: Compute, F: Family>(
             blocks.switch_lora(compute, set, phase.unwrap_or(usize::MAX))?;
             phase_now = phase;
         }
-        if step + 1 == options.steps {
-            // Prefetch stops at this step's end, not in a next step that never runs.
-            blocks.session().last_step();
-        }
         blocks.begin_step();
         let started = Instant::now();
         let output = match family.step(compute, &mut state, &mut blocks, step) {
@@ -326,9 +322,6 @@ fn run_steps<'a, C: Compute, F: Family>(
         }
         if step == 0 {
             report.after_first_step = blocks.session().stats();
-        }
-        if step + 2 == options.steps && step > 0 {
-            report.before_last_step = Some((step, blocks.session().stats()));
         }
         (options.on_step)(step, step_seconds);
         let against_reference = match options.verify {

@@ -12,12 +12,6 @@ pub struct RunReport {
     pub compute_seconds: Vec<f64>,
     /// Counters after the first (cold) step, to derive steady-state figures.
     pub after_first_step: StatsSnapshot,
-    /// Counters after the step before the last, in runs of three steps or more. Every
-    /// step but the last loads the next step's first blocks ahead; the last prefetches
-    /// nothing past its own end (`Session::last_step`), so the steady figures are
-    /// taken between this and `after_first_step`, where each step counts alike. With
-    /// the steps after the first that it covers.
-    pub before_last_step: Option<(u64, StatsSnapshot)>,
     /// Counters after the session was shut down.
     pub stats: StatsSnapshot,
     pub plan: SessionPlan,
@@ -69,7 +63,6 @@ impl RunReport {
             step_seconds: Vec::new(),
             compute_seconds: Vec::new(),
             after_first_step: StatsSnapshot::default(),
-            before_last_step: None,
             stats: StatsSnapshot::default(),
             plan,
             verified_steps: 0,
@@ -123,20 +116,15 @@ impl RunReport {
         self.stats.pinned_to_vram.lora_bytes.saturating_sub(first) as f64 / later_steps
     }
 
-    /// Bytes per steady-state step over a link: the counters' growth from the end of
-    /// step 1 to the end of the step before the last (see `before_last_step`), or to
-    /// the end of the run when it has two steps.
+    /// Bytes per steady-state step over a link, from the counters' growth after step 1.
     pub fn steady_bytes_per_step(&self, link: Link) -> f64 {
         let later_steps = self.steps.saturating_sub(1);
         if later_steps == 0 {
             return self.stats.link(link).model_bytes as f64;
         }
-        let first = self.after_first_step.link(link).model_bytes;
-        let (until, steps) = match &self.before_last_step {
-            Some((covered, before_last)) if *covered > 0 => (before_last, *covered),
-            _ => (&self.stats, later_steps),
-        };
-        until.link(link).model_bytes.saturating_sub(first) as f64 / steps as f64
+        let grown =
+            self.stats.link(link).model_bytes - self.after_first_step.link(link).model_bytes;
+        grown as f64 / later_steps as f64
     }
 }
 

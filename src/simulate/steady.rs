@@ -60,20 +60,14 @@ impl SteadyBytes {
 
 /// The steps that count as steady state: the first step is cold (everything read
 /// and copied once), and the second still benefits from what the first prefetched
-/// for it, so both are left out when there are enough steps; so is the last, which
-/// loads nothing ahead for a next step (`LocalSession::last_step`), when steps are
-/// left without it.
+/// for it, so both are left out when there are enough steps.
 pub fn steady_window<T>(per_step: &[T]) -> &[T] {
     let skip = match per_step.len() {
         0 | 1 => 0,
         2 => 1,
         _ => 2,
     };
-    let end = match per_step.len() {
-        length if length > skip + 1 => length - 1,
-        length => length,
-    };
-    &per_step[skip..end]
+    &per_step[skip..]
 }
 
 pub(super) fn steady(step_seconds: &[f64]) -> f64 {

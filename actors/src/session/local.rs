@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use crate::device::Device;
 use crate::error::SessionError;
 use crate::layout::{BlockId, ModelLayout};
-use crate::messages::{LastStep, ReleaseActivations, ReserveActivations, Shutdown};
+use crate::messages::{ReleaseActivations, ReserveActivations, Shutdown};
 use crate::observer::Observer;
 use crate::residency::BlockHandle;
 use crate::stats::StatsSnapshot;
@@ -100,11 +100,6 @@ impl LocalSession {
     pub async fn step_done(&mut self) {
         let message = self.core.step_done();
         queue_when_room(&self.core.stream, message).await;
-    }
-
-    /// Says the step about to start is the run's last (see `Session::last_step`).
-    pub async fn last_step(&mut self) {
-        queue_when_room(&self.core.stream, LastStep).await;
     }
 
     /// Reserves VRAM for activations, evicting weights if needed (activations win).

@@ -72,9 +72,6 @@ impl ComputeSide<'_> {
                     .await
                     .map_err(|error| format!("the KV cache does not fit: {error}"))?;
             }
-            if step + 1 == self.steps {
-                session.last_step().await;
-            }
             let block_durations = &self.block_durations[usize::from(step > 0)];
             for (position, &block) in self.order.iter().enumerate() {
                 progress.position.set(position);
