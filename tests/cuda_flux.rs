@@ -11,7 +11,7 @@
 mod support;
 
 #[path = "compute_port/ops.rs"]
-#[allow(dead_code)]
+#[allow(dead_code, unused_imports)]
 mod ops;
 
 #[path = "compute_port/diffusion.rs"]

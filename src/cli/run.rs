@@ -123,6 +123,16 @@ pub fn use_cuda(device: DeviceKind) -> Result<bool, Failure> {
         DeviceKind::Sim => Err(Failure::bad_input(anyhow::anyhow!(
             "device `sim` runs in virtual time: use `stagehand simulate --model PATH --hardware NAME`"
         ))),
+        // Refused here, before a command prints anything, when there is no GPU.
+        #[cfg(feature = "cuda")]
+        DeviceKind::Cuda => match stagehand::device::cuda::device_count() {
+            Ok(0) => Err(Failure::bad_input(anyhow::anyhow!(
+                "--device cuda: no CUDA device found; run with --device cpu (or auto)"
+            ))),
+            Ok(_) => Ok(true),
+            Err(error) => Err(Failure::bad_input(anyhow::anyhow!("--device cuda: {error}"))),
+        },
+        #[cfg(not(feature = "cuda"))]
         DeviceKind::Cuda => Ok(true),
         #[cfg(feature = "cuda")]
         DeviceKind::Auto => {
