@@ -5,11 +5,12 @@
 
 mod common;
 
+use stagehand::compute::Compute;
 use stagehand::compute::DType;
 use stagehand::device::CpuCompute;
 use stagehand::families::blocks::FromFiles;
 use stagehand::families::llama::DecoderArch;
-use stagehand::families::llama::{BatchSequence, Decoder, Sampling, STACK_ROWS};
+use stagehand::families::llama::{BatchSequence, Decoder, Sampling};
 use stagehand::families::{Family, Model, WorkloadKind};
 use stagehand::model::BlockReader;
 use stagehand::run::prepare;
@@ -47,7 +48,7 @@ fn cases() -> Vec<Case> {
         },
     ];
     // More decoding sequences than one stack holds: two stacks in one step.
-    for extra in 0..STACK_ROWS as u32 {
+    for extra in 0..CpuCompute::new().stackable_rows() as u32 {
         cases.push(Case {
             prompt: vec![256, 40 + extra],
             sampling: greedy,

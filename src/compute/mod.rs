@@ -238,6 +238,14 @@ pub trait Compute {
         shape: &CachedAttention,
         out: &mut Self::Tensor,
     ) -> Result<(), ComputeError>;
+    /// The most rows a product (`linear`) takes while still computing each row in the
+    /// order it would alone: up to this many decode rows of different sequences can
+    /// share one product and each keep its own bits (continuous batching). 1 when the
+    /// adapter promises nothing of the kind.
+    fn stackable_rows(&self) -> usize {
+        1
+    }
+
     /// A checksum of a block's bytes in the device tier (`stream-verify`), equal to
     /// `crate::families::stream_verify::checksum` of the same bytes.
     fn checksum(&self, block: &BlockView<'_>) -> Result<u64, ComputeError>;

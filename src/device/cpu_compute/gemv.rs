@@ -16,7 +16,7 @@ use super::pool::{share, Pool, SharedOut};
 use super::simd::{self, Format, Isa, Lanes, Portable};
 
 /// Products with at most this many rows take this path.
-pub(super) const GEMV_ROWS: usize = 8;
+pub(super) const GEMV_ROWS: usize = 16;
 
 /// Below this many multiply-adds a product runs on the calling thread alone: the
 /// hand-off would cost more than the second core saves.

@@ -1,12 +1,11 @@
 //! The CPU backend's compute (the `Compute` port), on a pool of compute threads:
 //!
-//! - decode products (few rows, `gemv`) read each weight once in its storage dtype
-//!   and widen it in registers (AVX-512, AVX2/FMA/F16C, or portable lanes, chosen once
-//!   per process);
-//! - prefill, encoder and batched products (`gemm`) go through the `gemm` crate,
-//!   a weight widened one cache-sized panel at a time;
-//! - attention (`attention`) keeps one tile of scores, parallel over K/V heads;
-//! - the rest is plain loops.
+//! - decode products (few rows, `gemv`) read each weight once in its storage dtype and
+//!   widen it in registers (AVX-512, AVX2/FMA/F16C or portable lanes, chosen once);
+//! - prefill, encoder and batched products (`gemm`) go through the `gemm` crate, a
+//!   weight widened one cache-sized panel at a time;
+//! - attention (`attention`) keeps one tile of scores, parallel over K/V heads; the
+//!   rest is plain loops.
 //!
 //! Every split of work over threads is fixed by the shape, and every output element
 //! is reduced by one thread in one fixed order, so the bits of every operation are
@@ -14,10 +13,10 @@
 //! pass over the same blocks loaded from the file agree bit for bit, whatever
 //! `compute_threads` each was given.
 //!
-//! "Device memory" is host memory here: a weight's `DevicePtr` is a host address
-//! inside the CPU device's arena (a held block) or a [`CpuBlock`] this adapter loaded.
-//! Small vectors (biases, norm weights) and LoRA factors are widened into cast buffers
-//! owned by this adapter; products never widen a whole weight.
+//! "Device memory" is host memory: a weight's `DevicePtr` is a host address in the CPU
+//! device's arena (a held block) or a [`CpuBlock`] this adapter loaded. Small vectors
+//! and LoRA factors are widened into this adapter's cast buffers; products never widen
+//! a whole weight.
 
 mod attention;
 mod checksum;
@@ -91,9 +90,7 @@ impl CpuCompute {
     /// started now (0 is taken as 1). The results are the same bits for any count.
     pub fn with_threads(threads: usize) -> Self {
         let pool = pool::Pool::new(threads);
-        let scratch = (0..pool.threads())
-            .map(|_| Mutex::new(Vec::new()))
-            .collect();
+        let scratch = (0..pool.threads()).map(|_| Mutex::default()).collect();
         Self {
             pool,
             scratch,
@@ -108,8 +105,7 @@ impl CpuCompute {
         self.pool.threads()
     }
 
-    /// Bytes the cast and scratch buffers hold now (they grow to their largest use and
-    /// stay).
+    /// Bytes the cast and scratch buffers hold now (grown to their largest use).
     pub fn cast_buffer_bytes(&self) -> u64 {
         let scratch: usize = self
             .scratch
@@ -471,6 +467,10 @@ impl Compute for CpuCompute {
 
     fn diffusion(&self) -> Result<diffusion::Kernels<'_>, ComputeError> {
         Ok(self)
+    }
+
+    fn stackable_rows(&self) -> usize {
+        gemv::GEMV_ROWS
     }
 
     fn checksum(&self, block: &BlockView<'_>) -> Result<u64, ComputeError> {

@@ -401,6 +401,13 @@ impl Compute for CudaCompute {
         super::decoder::attention_cached(self, q, k_cache, v_cache, shape, out)
     }
 
+    fn stackable_rows(&self) -> usize {
+        // The gemv kernel computes each of its rows in one fixed order, but only for
+        // weights it does not read in place: f32 weights take cuBLAS at any row count,
+        // and cuBLAS may pick another kernel (another order) for another row count.
+        1
+    }
+
     fn checksum(&self, block: &BlockView<'_>) -> Result<u64, ComputeError> {
         let sum = self.queue(|| {
             let sum = self

@@ -9,7 +9,7 @@
 
 use stagehand_actors::BlockId;
 
-use super::stack::{Stack, STACK_ROWS};
+use super::stack::Stack;
 use super::{unallocated, Decoder, DecoderState, Sampling};
 use crate::compute::Compute;
 use crate::families::blocks::Blocks;
@@ -96,8 +96,8 @@ impl Decoder {
     }
 
     /// One step of every sequence of `batch`, each block acquired once for all of
-    /// them; the sequences that decode one token go in stacks of [`STACK_ROWS`] rows
-    /// (one product per projection), the others (prefills, expert layers) one by one
+    /// them; the sequences that decode one token go in stacks of the adapter's
+    /// `stackable_rows` (one product per projection), the others (prefills, expert layers) one by one
     /// on the same hold. A sequence that cannot take its step (its KV pages do not
     /// fit, it outgrew its positions) gets its error and sits the step out; an error
     /// of the blocks themselves fails the whole step.
@@ -136,7 +136,7 @@ impl Decoder {
             }
         }
         let mut stacks = stacked
-            .chunks(STACK_ROWS)
+            .chunks(compute.stackable_rows().max(1))
             .map(|members| {
                 let states: Vec<&DecoderState<C>> = members
                     .iter()

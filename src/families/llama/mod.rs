@@ -45,7 +45,6 @@ pub use experts::{route, ExpertHint};
 pub use keys::NO_MATH;
 pub use rope::{Rope, RopeKind};
 pub use sampling::{argmax, Sampling};
-pub use stack::STACK_ROWS;
 pub use window::SlidingWindow;
 
 use self::weights::DecoderWeights;

@@ -3,20 +3,17 @@
 //! projection reads its weight once for all of them (memory traffic, not FLOPs, is a
 //! decode step's cost). Attention stays per sequence, over its own KV cache.
 //!
-//! At most [`STACK_ROWS`] rows go into one product: up to that many rows, a product
-//! computes each row in one fixed order whatever the row count (the CPU adapter's
-//! few-rows product; see `device/cpu_compute/gemv.rs`), so a stacked sequence gets
-//! exactly the bits it gets alone. Norms, rotary embedding and activations are row by
-//! row, so they do too.
+//! At most `Compute::stackable_rows` rows go into one product: up to that many rows,
+//! the adapter computes each row in one fixed order whatever the row count (the CPU
+//! adapter's few-rows product, the CUDA adapter's gemv kernel), so a stacked sequence
+//! gets exactly the bits it gets alone. Norms, rotary embedding and activations are
+//! row by row, so they do too.
 
 use super::{unallocated, Activations, Decoder, DecoderState};
 use crate::compute::{CachedAttention, Compute};
 use crate::families::blocks::Held;
 use crate::families::lora_set::LoraSet;
 use crate::families::FamilyError;
-
-/// Rows of one stacked product.
-pub const STACK_ROWS: usize = 8;
 
 /// A group of decoding sequences computed as one stack of rows.
 pub(super) struct Stack<C: Compute> {
