@@ -228,6 +228,18 @@ impl ServeConfig {
         })
     }
 
+    /// A model's own budgets are refused beside a shared `[budget]`.
+    pub(super) fn fits_the_budget(&self, model: &ModelConfig) -> Result<(), String> {
+        let own = model.vram_budget.is_some() || model.pin_ceiling.is_some();
+        if self.budget.is_some() && own {
+            return Err(format!(
+                "models.{}: vram_budget and pin_ceiling cannot be set beside a shared [budget] (each model takes its share of it); remove them or the [budget] table",
+                model.name
+            ));
+        }
+        Ok(())
+    }
+
     /// Checks what the types cannot; each message names the key.
     pub fn validate(&self) -> Result<(), String> {
         self.bind_addr()?;
@@ -266,13 +278,7 @@ impl ServeConfig {
         }
         for (index, model) in self.models.iter().enumerate() {
             validate_model(model)?;
-            let own = model.vram_budget.is_some() || model.pin_ceiling.is_some();
-            if self.budget.is_some() && own {
-                return Err(format!(
-                    "models.{}: vram_budget and pin_ceiling cannot be set beside a shared [budget] (each model takes its share of it); remove them or the [budget] table",
-                    model.name
-                ));
-            }
+            self.fits_the_budget(model)?;
             if self.models[..index]
                 .iter()
                 .any(|other| other.name == model.name)
@@ -284,7 +290,7 @@ impl ServeConfig {
     }
 }
 
-fn validate_model(model: &ModelConfig) -> Result<(), String> {
+pub(super) fn validate_model(model: &ModelConfig) -> Result<(), String> {
     let name = &model.name;
     if name.is_empty() || name.contains(char::is_whitespace) {
         return Err(format!(

@@ -114,6 +114,11 @@ impl ApiError {
         )
     }
 
+    /// 409: the request conflicts with what the server holds (a name already served).
+    pub fn conflict(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, "invalid_request_error", message)
+    }
+
     pub fn failed(message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
     }

@@ -1,5 +1,6 @@
 //! The routes: `/v1/models`, `/v1/embeddings`, the generation endpoints (in
-//! [`super::generation`]), `/metrics`, `/health`, `/ready`; the API-key check; the
+//! [`super::generation`]), loading and unloading models (`/admin/models`, in
+//! [`super::admin`]), `/metrics`, `/health`, `/ready`; the API-key check; the
 //! body limit; errors in OpenAI's shape for every failure, 404s included.
 
 use std::sync::atomic::Ordering;
@@ -12,7 +13,7 @@ use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use base64::Engine as _;
 use serde::de::DeserializeOwned;
@@ -34,6 +35,8 @@ pub fn router(app: Arc<AppState>) -> Router {
         .route("/v1/embeddings", post(embeddings))
         .route("/v1/completions", post(super::generation::completions))
         .route("/v1/chat/completions", post(super::generation::chat))
+        .route("/admin/models", post(super::admin::load_model))
+        .route("/admin/models/{name}", delete(super::admin::unload_model))
         .route_layer(middleware::from_fn_with_state(Arc::clone(&app), authorize));
     Router::new()
         .route("/health", get(health))
@@ -70,7 +73,8 @@ async fn health() -> Response {
 
 /// 200 while every model is loaded and the server takes requests; 503 while draining.
 async fn ready(State(app): State<Arc<AppState>>) -> Response {
-    let names: Vec<&str> = app.models.iter().map(|model| model.name.as_str()).collect();
+    let served = app.served();
+    let names: Vec<&str> = served.iter().map(|model| model.name.as_str()).collect();
     if app.draining.load(Ordering::SeqCst) {
         let body = json!({"status": "draining", "models": names});
         return (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
@@ -88,16 +92,16 @@ async fn metrics(State(app): State<Arc<AppState>>) -> Response {
 
 async fn models(State(app): State<Arc<AppState>>) -> Response {
     let data: Vec<serde_json::Value> = app
-        .models
+        .served()
         .iter()
-        .flat_map(|model| {
-            model.ids().into_iter().map(|id| {
-                json!({"id": id, "object": "model", "created": model.created,
-                       "owned_by": "stagehand"})
-            })
-        })
+        .flat_map(|model| model.ids().into_iter().map(|id| model_entry(&id, model)))
         .collect();
     Json(json!({"object": "list", "data": data})).into_response()
+}
+
+/// One model of `/v1/models`.
+pub(super) fn model_entry(id: &str, model: &super::state::ServedModel) -> serde_json::Value {
+    json!({"id": id, "object": "model", "created": model.created, "owned_by": "stagehand"})
 }
 
 /// The body as `T`, or a 400 (not JSON, a field missing or of the wrong type) or 413.

@@ -10,6 +10,7 @@
 //! every model's session drains and releases both budgets, and [`serve`] returns the
 //! final counters of each (the command exits 0).
 
+mod admin;
 mod chat;
 mod config;
 mod errors;
@@ -101,7 +102,14 @@ pub fn serve(options: ServeOptions) -> Result<ServeReport, ServeError> {
         models.push(Arc::new(served));
     }
     let app = Arc::new(AppState {
-        models,
+        models: models.into(),
+        loader: admin::Loader {
+            config: config.clone(),
+            settings: options.settings.clone(),
+            shared,
+            workers: workers.into(),
+            busy: Default::default(),
+        },
         api_key: config.api_key.clone(),
         limits: config.limits,
         telemetry,
@@ -116,6 +124,8 @@ pub fn serve(options: ServeOptions) -> Result<ServeReport, ServeError> {
         .map_err(|error| ServeError::Failed(format!("cannot start the HTTP runtime: {error}")))?;
     let served = runtime.block_on(listen(Arc::clone(&app), addr, options.on_listening));
     let cancelled_in_flight = app.in_flight.load(Ordering::SeqCst);
+    // The threads of every model served now (loaded at start or since).
+    let workers = app.loader.take_workers();
     // Every handler and stream task goes (their guards cancel their jobs); with the
     // last copy of the state the queues close and each model's loop ends.
     drop(app);

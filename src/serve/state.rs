@@ -3,13 +3,14 @@
 //! server's own state (draining, requests in flight, the API key).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use crate::families::WorkloadKind;
 use crate::run::loaded::{Job, LoadedInfo};
 use crate::telemetry::serving::{ModelSeries, ServeTelemetry};
 
+use super::admin::Loader;
 use super::chat::ChatTemplate;
 use super::config::Limits;
 use super::errors::ApiError;
@@ -64,7 +65,10 @@ impl ServedModel {
 
 /// The server's shared state.
 pub struct AppState {
-    pub models: Vec<Arc<ServedModel>>,
+    /// The served models; `/admin/models` adds and removes them while the server runs.
+    pub models: RwLock<Vec<Arc<ServedModel>>>,
+    /// What loading a model at run time needs, and every model's thread.
+    pub loader: Loader,
     pub api_key: Option<String>,
     pub limits: Limits,
     pub telemetry: ServeTelemetry,
@@ -74,17 +78,26 @@ pub struct AppState {
 }
 
 impl AppState {
+    /// The models served now.
+    pub fn served(&self) -> Vec<Arc<ServedModel>> {
+        self.models
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
     /// The served model `name` names, with its adapter: `NAME` or `NAME:ADAPTER`.
     pub fn model(&self, name: &str) -> Result<(Arc<ServedModel>, Option<String>), ApiError> {
+        let models = self.served();
         let not_found = || {
-            let served: Vec<String> = self.models.iter().flat_map(|m| m.ids()).collect();
+            let served: Vec<String> = models.iter().flat_map(|m| m.ids()).collect();
             ApiError::model_not_found(name, &served)
         };
-        if let Some(model) = self.models.iter().find(|model| model.name == name) {
+        if let Some(model) = models.iter().find(|model| model.name == name) {
             return Ok((Arc::clone(model), None));
         }
         let (base, adapter) = name.rsplit_once(':').ok_or_else(not_found)?;
-        self.models
+        models
             .iter()
             .find(|model| model.name == base && model.adapters.iter().any(|a| a == adapter))
             .map(|model| (Arc::clone(model), Some(adapter.to_string())))

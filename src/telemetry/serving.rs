@@ -3,7 +3,7 @@
 //! one `/metrics` page shows both. Every series of every served model is registered
 //! at start, so it is exported (at zero) from the first scrape.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use metrics::{Counter, Gauge, Histogram, Key, Label, Recorder};
 use metrics_exporter_prometheus::{PrometheusHandle, PrometheusRecorder};
@@ -53,10 +53,16 @@ fn outcome_index(outcome: &str) -> Option<usize> {
     outcomes().iter().position(|known| *known == outcome)
 }
 
+/// One model's name, serving series and pipeline observer.
+type Registered = (String, Arc<ModelSeries>, Arc<PrometheusObserver>);
+
 /// The server's metrics: each model's pipeline observer (its tiers, links and steps
 /// labelled by `model`) and its serving series.
 pub struct ServeTelemetry {
-    models: Vec<(String, Arc<ModelSeries>, Arc<PrometheusObserver>)>,
+    /// Each model's series, registered once: a model unloaded and loaded again keeps
+    /// counting on the same series.
+    models: Mutex<Vec<Registered>>,
+    recorder: PrometheusRecorder,
     handle: PrometheusHandle,
 }
 
@@ -65,28 +71,46 @@ impl ServeTelemetry {
     pub fn new(models: &[String]) -> Result<Self, TelemetryError> {
         let recorder: PrometheusRecorder = super::server::builder()?.build_recorder();
         let handle = recorder.handle();
-        let models = models
-            .iter()
-            .map(|model| {
-                let observer = PrometheusObserver::register_labelled(
-                    &recorder,
-                    handle.clone(),
-                    None,
-                    Some(model),
-                );
-                (
-                    model.clone(),
-                    Arc::new(series(&recorder, model)),
-                    Arc::new(observer),
-                )
-            })
-            .collect();
-        Ok(Self { models, handle })
+        let telemetry = Self {
+            models: Mutex::default(),
+            recorder,
+            handle,
+        };
+        for model in models {
+            telemetry.add_model(model);
+        }
+        Ok(telemetry)
+    }
+
+    /// Registers the series of `model` (a model loaded while the server runs); a name
+    /// already registered keeps its series.
+    pub fn add_model(&self, model: &str) {
+        let mut models = self.lock();
+        if models.iter().any(|(name, _, _)| name == model) {
+            return;
+        }
+        let observer = PrometheusObserver::register_labelled(
+            &self.recorder,
+            self.handle.clone(),
+            None,
+            Some(model),
+        );
+        models.push((
+            model.to_string(),
+            Arc::new(series(&self.recorder, model)),
+            Arc::new(observer),
+        ));
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Vec<Registered>> {
+        self.models
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// The series of `model`, if it is served.
     pub fn model(&self, model: &str) -> Option<Arc<ModelSeries>> {
-        self.models
+        self.lock()
             .iter()
             .find(|(name, _, _)| name == model)
             .map(|(_, series, _)| Arc::clone(series))
@@ -94,7 +118,7 @@ impl ServeTelemetry {
 
     /// The pipeline observer of `model`, if it is served.
     pub fn observer(&self, model: &str) -> Option<Arc<PrometheusObserver>> {
-        self.models
+        self.lock()
             .iter()
             .find(|(name, _, _)| name == model)
             .map(|(_, _, observer)| Arc::clone(observer))

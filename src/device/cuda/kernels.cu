@@ -362,12 +362,10 @@ extern "C" __global__ void stagehand_gather_add(const unsigned char* table, int 
     }
 }
 
-// One block per row: mean, then the biased variance of the deviations (as PyTorch).
-extern "C" __global__ void stagehand_layer_norm(const float* x, const float* gamma, const float* beta,
-                                                float eps, float* y, u32 cols) {
-    __shared__ float shared[32];
-    const float* in = x + (u64)blockIdx.x * cols;
-    float* out = y + (u64)blockIdx.x * cols;
+// A row's mean, then 1/√(the biased variance of its deviations + eps) (as PyTorch),
+// each summed over the block in its fixed tree. `shared` holds 32 floats.
+__device__ void stagehand_row_moments(const float* in, u32 cols, float eps, float* shared, float* mean_out,
+                                      float* inverse_out) {
     float sum = 0.0f;
     for (u32 i = threadIdx.x; i < cols; i += blockDim.x) {
         sum += in[i];
@@ -379,7 +377,18 @@ extern "C" __global__ void stagehand_layer_norm(const float* x, const float* gam
         squares += deviation * deviation;
     }
     const float variance = stagehand_block_sum(squares, shared) / (float)cols;
-    const float inverse = 1.0f / sqrtf(variance + eps);
+    *mean_out = mean;
+    *inverse_out = 1.0f / sqrtf(variance + eps);
+}
+
+// One block per row.
+extern "C" __global__ void stagehand_layer_norm(const float* x, const float* gamma, const float* beta,
+                                                float eps, float* y, u32 cols) {
+    __shared__ float shared[32];
+    const float* in = x + (u64)blockIdx.x * cols;
+    float* out = y + (u64)blockIdx.x * cols;
+    float mean, inverse;
+    stagehand_row_moments(in, cols, eps, shared, &mean, &inverse);
     for (u32 i = threadIdx.x; i < cols; i += blockDim.x) {
         out[i] = (in[i] - mean) * inverse * gamma[i] + beta[i];
     }
@@ -475,18 +484,8 @@ extern "C" __global__ void stagehand_adaptive_norm(const float* x, const float* 
     __shared__ float shared[32];
     const float* in = x + (u64)blockIdx.x * cols;
     float* out = y + (u64)blockIdx.x * cols;
-    float sum = 0.0f;
-    for (u32 i = threadIdx.x; i < cols; i += blockDim.x) {
-        sum += in[i];
-    }
-    const float mean = stagehand_block_sum(sum, shared) / (float)cols;
-    float squares = 0.0f;
-    for (u32 i = threadIdx.x; i < cols; i += blockDim.x) {
-        const float deviation = in[i] - mean;
-        squares += deviation * deviation;
-    }
-    const float variance = stagehand_block_sum(squares, shared) / (float)cols;
-    const float inverse = 1.0f / sqrtf(variance + eps);
+    float mean, inverse;
+    stagehand_row_moments(in, cols, eps, shared, &mean, &inverse);
     for (u32 i = threadIdx.x; i < cols; i += blockDim.x) {
         out[i] = (in[i] - mean) * inverse * (1.0f + scale[i]) + shift[i];
     }
