@@ -17,15 +17,14 @@ mod ops;
 #[path = "compute_port/diffusion.rs"]
 mod diffusion;
 
-use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use bytesize::ByteSize;
 use stagehand::compute::DType;
 use stagehand::device::cuda;
 use stagehand::families::flux::{write_flux_lora, FluxLoraNaming, FluxPreset, Layout};
 use stagehand::lora::LoraSpec;
-use stagehand::run::{execute_cuda_with, no_observer, CudaRunOptions, Prepared, RunPlan};
+use stagehand::run::{execute_cuda_with, CudaRunOptions, Prepared};
 use stagehand::settings::Settings;
 use support::{generated, input, last_latent, prepare};
 
@@ -59,22 +58,7 @@ fn sample_on_gpu(prepared: &Prepared, steps: u64) -> Vec<f32> {
     };
     let run = execute_cuda_with(
         prepared,
-        RunPlan {
-            settings: &settings,
-            budgets: stagehand::run::Budgets {
-                vram_budget_bytes: budget,
-                pin_ceiling_bytes: 64 << 20,
-            },
-            prefetch_depth: 1,
-            policy: stagehand::actors::ResidencyPolicy::Planned,
-            steps,
-            stop: Arc::new(AtomicBool::new(false)),
-            observer: no_observer(),
-            on_step: Box::new(|_, _| {}),
-            fail_after_reads: None,
-            keep_outputs: true,
-            on_token: None,
-        },
+        support::plan(&settings, steps, budget),
         CudaRunOptions::default(),
     )
     .unwrap_or_else(|error| panic!("cuda sample: {error}"));

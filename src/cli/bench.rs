@@ -142,14 +142,20 @@ impl Bench<'_> {
         .map_err(run_error)?;
         // The CUDA run takes a folder's budget from the settings (without one it uses
         // the device's, and everything would be resident): name the bench's.
-        let cuda_settings = Settings {
-            vram_budget: Some(bytesize::ByteSize::b(budgets.vram_budget_bytes)),
-            ..self.settings.clone()
-        };
-        let (execute, settings): (fn(_, _) -> _, _) = if self.use_cuda {
-            (stagehand::run::execute_cuda, &cuda_settings)
+        let cuda_settings;
+        let settings = if self.use_cuda {
+            cuda_settings = Settings {
+                vram_budget: Some(bytesize::ByteSize::b(budgets.vram_budget_bytes)),
+                ..self.settings.clone()
+            };
+            &cuda_settings
         } else {
-            (stagehand::run::execute, self.settings)
+            self.settings
+        };
+        let execute = if self.use_cuda {
+            stagehand::run::execute_cuda
+        } else {
+            stagehand::run::execute
         };
         execute(
             &prepared,

@@ -91,26 +91,28 @@ pub fn run(prepared: &Prepared, steps: u64, share: f64) -> Outcome {
 /// by step against the resident pass.
 pub fn run_within(prepared: &Prepared, steps: u64, vram_budget_bytes: u64) -> Outcome {
     let settings = Settings::default();
-    execute(
-        prepared,
-        RunPlan {
-            settings: &settings,
-            budgets: Budgets {
-                vram_budget_bytes,
-                pin_ceiling_bytes: 64 << 20,
-            },
-            prefetch_depth: 1,
-            policy: stagehand::actors::ResidencyPolicy::Planned,
-            steps,
-            stop: Arc::new(AtomicBool::new(false)),
-            observer: no_observer(),
-            on_step: Box::new(|_, _| {}),
-            fail_after_reads: None,
-            keep_outputs: true,
-            on_token: None,
+    execute(prepared, plan(&settings, steps, vram_budget_bytes)).expect("samples")
+}
+
+/// The plan of a sampling run: `steps` under `vram_budget_bytes` and a 64 MiB pin
+/// ceiling, prefetching one block ahead, keeping the latents.
+pub fn plan(settings: &Settings, steps: u64, vram_budget_bytes: u64) -> RunPlan<'_> {
+    RunPlan {
+        settings,
+        budgets: Budgets {
+            vram_budget_bytes,
+            pin_ceiling_bytes: 64 << 20,
         },
-    )
-    .expect("samples")
+        prefetch_depth: 1,
+        policy: stagehand::actors::ResidencyPolicy::Planned,
+        steps,
+        stop: Arc::new(AtomicBool::new(false)),
+        observer: no_observer(),
+        on_step: Box::new(|_, _| {}),
+        fail_after_reads: None,
+        keep_outputs: true,
+        on_token: None,
+    }
 }
 
 /// Samples `input` with no LoRA.

@@ -367,11 +367,26 @@ impl Kernels {
     /// # Safety
     /// See the module docs.
     pub unsafe fn gelu_erf(&self, x: DevicePtr, count: u64) -> Result<(), CudaError> {
+        // SAFETY: the caller's contract.
+        unsafe { self.in_place(&self.gelu_erf, x, count) }
+    }
+
+    /// `function` (an element-wise kernel taking `(float*, u64)`) over `count` f32 at
+    /// `x`, in place.
+    ///
+    /// # Safety
+    /// See the module docs; `function` is one of this module's element-wise kernels.
+    pub(super) unsafe fn in_place(
+        &self,
+        function: &CudaFunction,
+        x: DevicePtr,
+        count: u64,
+    ) -> Result<(), CudaError> {
         if count == 0 {
             return Ok(());
         }
         let x = x.0;
-        let mut launch = self.stream.launch_builder(&self.gelu_erf);
+        let mut launch = self.stream.launch_builder(function);
         launch.arg(&x).arg(&count);
         // SAFETY: (pointer, u64); the caller's promise covers the range.
         unsafe { launch.launch(grid_for(count)) }.map_err(CudaError::driver("cuLaunchKernel"))?;

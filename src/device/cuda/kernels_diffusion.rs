@@ -120,19 +120,12 @@ impl Kernels {
         x: DevicePtr,
         count: u64,
     ) -> Result<(), CudaError> {
-        if count == 0 {
-            return Ok(());
-        }
         let function = match kind {
             Activation::Silu => &self.diffusion.silu,
             Activation::GeluTanh => &self.diffusion.gelu_tanh,
         };
-        let x = x.0;
-        let mut launch = self.stream.launch_builder(function);
-        launch.arg(&x).arg(&count);
-        // SAFETY: (pointer, u64); the caller's promise covers the range.
-        unsafe { launch.launch(grid_for(count)) }.map_err(CudaError::driver("cuLaunchKernel"))?;
-        Ok(())
+        // SAFETY: the caller's contract; both are `(float*, u64)` element-wise kernels.
+        unsafe { self.in_place(function, x, count) }
     }
 
     /// Rotary embedding on interleaved pairs of `x` (`[rows, heads·head_dim]`) in
