@@ -5,6 +5,41 @@ use serde::Serialize;
 
 use super::fp8::Fp8;
 
+/// The precision of the many-rows products (prefill, encoders, batched decode): the
+/// `compute_dtype` setting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ComputeDtype {
+    /// f32 operands (a stored weight widened exactly), f32 sums: the reference.
+    #[default]
+    F32,
+    /// bf16 operands — activations rounded to nearest even, f32/f16 weights rounded
+    /// too, bf16/FP8/int8 weights exact — and f32 sums: the arithmetic of PyTorch's
+    /// bf16 models, on AMX tiles where the CPU has them. Decode's few-row products stay
+    /// f32 (they are bound by reading the weights, which bf16 operands would not change).
+    Bf16,
+}
+
+impl ComputeDtype {
+    pub const NAMES: &'static str = "f32, bf16";
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ComputeDtype::F32 => "f32",
+            ComputeDtype::Bf16 => "bf16",
+        }
+    }
+
+    /// The precision named `name` (case-insensitive).
+    pub fn parse(name: &str) -> Option<Self> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "f32" => Some(ComputeDtype::F32),
+            "bf16" => Some(ComputeDtype::Bf16),
+            _ => None,
+        }
+    }
+}
+
 /// The element type a weight is stored in, in the file and in every tier.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]

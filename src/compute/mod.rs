@@ -28,7 +28,7 @@ mod view;
 pub mod work;
 
 pub use diffusion::Diffusion;
-pub use dtype::DType;
+pub use dtype::{ComputeDtype, DType};
 pub use view::{BlockView, LowRank, TensorSlot, Weight};
 
 /// What an operation could not do.

@@ -24,6 +24,7 @@ use serde::Serialize;
 use stagehand_actors::{Bytes, Device};
 
 use super::{execute_on, Budgets, Outcome, Prepared, RunError, RunPlan};
+use crate::compute::ComputeDtype;
 use crate::device::cuda::bench::{link_figures, LinkFigures};
 use crate::device::cuda::{CudaCompute, CudaDevice, CudaError, VramBudget};
 use crate::run::bound::{LinkRates, StepBound};
@@ -225,6 +226,13 @@ pub fn execute_cuda_with(
     mut plan: RunPlan<'_>,
     options: CudaRunOptions,
 ) -> Result<CudaOutcome, RunError> {
+    if plan.settings.compute_dtype != ComputeDtype::F32 {
+        return Err(RunError::BadInput(format!(
+            "compute_dtype = \"{}\" is implemented on the CPU backend only; on --device cuda \
+             set compute_dtype = \"f32\" (cuBLAS multiplies the widened f32 weights)",
+            plan.settings.compute_dtype.name()
+        )));
+    }
     let device = match &options.device {
         Some(device) => device.clone(),
         None => CudaDevice::open(0).map(Arc::new).map_err(cuda_error)?,

@@ -30,7 +30,8 @@ pub fn execute(prepared: &Prepared, plan: RunPlan<'_>) -> Result<Outcome, RunErr
     let device: Arc<dyn Device> =
         Arc::new(CpuDevice::new(capacity).map_err(|error| RunError::Failed(error.to_string()))?);
     let streaming = streaming(prepared, plan.budgets.vram_budget_bytes);
-    let compute = CpuCompute::with_threads(plan.settings.compute_threads_for(streaming));
+    let compute = CpuCompute::with_threads(plan.settings.compute_threads_for(streaming))
+        .with_compute_dtype(plan.settings.compute_dtype);
     execute_on(prepared, plan, device, &compute)
 }
 
@@ -122,7 +123,8 @@ pub fn execute_on<C: Compute>(
     let streamed = report.plan.vram.streamed_bytes_per_step as f64;
     let disk = report.plan.pins.disk_bytes_per_step as f64;
     let roofline = (compute.memory_space() == stagehand_actors::MemorySpace::Host)
-        .then(|| super::roofline::Roofline::of_this_machine(&super::default_cache_dir()));
+        .then(|| super::roofline::Roofline::of_this_machine(&super::default_cache_dir()))
+        .map(|roofline| roofline.for_compute_dtype(settings.compute_dtype));
     let compute_floor =
         roofline.map(|roofline| roofline.floor(&super::roofline::steady_work(prepared)));
     if compute_floor.is_some_and(|floor| floor.seconds > report.steady_compute_seconds() * 1.05) {

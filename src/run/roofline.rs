@@ -7,9 +7,11 @@
 //! - **memory bandwidth**: every core streaming a 256 MiB buffer it did not write
 //!   last (f32 sums; the best of three passes) — what any kernel reading weights from
 //!   the device tier can reach at most;
-//! - **peak product rate**: the compute adapter's f32 GEMM at 256 × 1024 × 1024 on
-//!   every core, the best of three (the widest product a step runs on this backend; bf16, f16 and FP8
-//!   weights are widened to f32, so it is their peak too).
+//! - **peak product rate**, per `compute_dtype`: the compute adapter's GEMM at
+//!   256 × 1024 × 1024 on every core, the best of three (the widest product a step
+//!   runs on this backend). Under `f32`, bf16, f16 and FP8 weights are widened to f32,
+//!   so the f32 figure is their peak too; under `bf16` the products run on bf16
+//!   operands (AMX tiles where present), which has its own figure.
 //!
 //! A kernel's floor is the larger of its bytes over the bandwidth and its FLOPs over
 //! the peak; a step's compute floor is the sum over its kernels (the family's own
@@ -23,7 +25,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use crate::compute::work::{ElementOp, Kernel, Work};
-use crate::compute::{Compute, DType, TensorSlot};
+use crate::compute::{Compute, ComputeDtype, DType, TensorSlot};
 use crate::families::record::record_model;
 
 /// The cached measurement's file name inside the cache directory.
@@ -43,8 +45,12 @@ const BANDWIDTH_BYTES: usize = if cfg!(debug_assertions) {
 pub struct Roofline {
     /// Bytes per second every core together reads from memory.
     pub memory_bytes_per_second: f64,
-    /// The compute adapter's best f32 product rate.
+    /// The compute adapter's best product rate under the run's `compute_dtype`
+    /// ([`Roofline::for_compute_dtype`]; measured and cached: the f32 one).
     pub flops_per_second: f64,
+    /// The best product rate under `compute_dtype = bf16`.
+    #[serde(default)]
+    pub bf16_flops_per_second: f64,
     /// When it was measured (seconds since the epoch), and on which host.
     pub measured_at_unix: u64,
     pub host: u64,
@@ -64,6 +70,7 @@ impl Roofline {
                     && now.saturating_sub(cached.measured_at_unix) < MAX_AGE_SECONDS
                     && cached.memory_bytes_per_second > 0.0
                     && cached.flops_per_second > 0.0
+                    && cached.bf16_flops_per_second > 0.0
             });
         if let Some(cached) = cached {
             return cached;
@@ -95,9 +102,21 @@ impl Roofline {
     pub fn measure() -> Roofline {
         Roofline {
             memory_bytes_per_second: memory_bandwidth(),
-            flops_per_second: product_peak(),
+            flops_per_second: product_peak(ComputeDtype::F32),
+            bf16_flops_per_second: product_peak(ComputeDtype::Bf16),
             measured_at_unix: unix_now(),
             host: host_identity(),
+        }
+    }
+
+    /// The roofline of a run whose many-rows products are in `compute_dtype`.
+    pub fn for_compute_dtype(self, compute_dtype: ComputeDtype) -> Roofline {
+        match compute_dtype {
+            ComputeDtype::F32 => self,
+            ComputeDtype::Bf16 => Roofline {
+                flops_per_second: self.bf16_flops_per_second,
+                ..self
+            },
         }
     }
 
@@ -220,12 +239,12 @@ fn streaming_sum(values: &[f32]) -> f32 {
     lanes.iter().flatten().sum::<f32>() + rest.iter().sum::<f32>()
 }
 
-/// The CPU compute adapter's f32 product of 256 rows by a 1024 × 1024 weight on every
-/// core; the best of three, in FLOP/s.
-fn product_peak() -> f64 {
+/// The CPU compute adapter's product of 256 rows by a 1024 × 1024 weight in
+/// `compute_dtype` on every core; the best of three, in FLOP/s.
+fn product_peak(compute_dtype: ComputeDtype) -> f64 {
     let (rows, inner, outer) = (256, 1024, 1024);
     let cores = std::thread::available_parallelism().map_or(1, |count| count.get());
-    let compute = crate::device::CpuCompute::with_threads(cores);
+    let compute = crate::device::CpuCompute::with_threads(cores).with_compute_dtype(compute_dtype);
     let weights: Vec<f32> = (0..inner * outer)
         .map(|i| ((i % 13) as f32 - 6.0) * 1e-2)
         .collect();
@@ -272,6 +291,7 @@ mod tests {
         Roofline {
             memory_bytes_per_second: 20e9,
             flops_per_second: 100e9,
+            bf16_flops_per_second: 400e9,
             measured_at_unix: 0,
             host: 0,
         }
@@ -324,6 +344,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         let measured = Roofline::of_this_machine(dir.path());
         assert!(measured.memory_bytes_per_second > 0.0 && measured.flops_per_second > 0.0);
+        assert!(measured.bf16_flops_per_second > 0.0);
         let cached = dir.path().join(CACHED_ROOFLINE_FILE).exists();
         assert_eq!(cached, !cfg!(debug_assertions));
     }

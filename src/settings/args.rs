@@ -76,13 +76,17 @@ pub struct SettingsArgs {
     /// run and bench, first for embed and generate).
     #[cfg_attr(feature = "cli", arg(long, value_name = "MODE"))]
     pub verify: Option<String>,
+    /// Precision of the many-rows products: f32 (default, exact widening) or bf16
+    /// (PyTorch's bf16 arithmetic: bf16 operands, f32 sums; AMX tiles where present).
+    #[cfg_attr(feature = "cli", arg(long, value_name = "DTYPE"))]
+    pub compute_dtype: Option<String>,
 }
 
 impl SettingsArgs {
     /// The flags that were given, as (key, value, source) in field order.
     pub(crate) fn entries(&self) -> Vec<(String, Value, Source)> {
         let text = |value: &Option<String>| value.as_ref().map(|text| Value::from(text.as_str()));
-        let candidates: [(&str, Option<Value>); 18] = [
+        let candidates: [(&str, Option<Value>); 19] = [
             ("device", text(&self.device)),
             ("vram_budget", text(&self.vram_budget)),
             ("reserve_vram", text(&self.reserve_vram)),
@@ -101,6 +105,7 @@ impl SettingsArgs {
             ("reader_threads", text(&self.reader_threads)),
             ("compute_threads", text(&self.compute_threads)),
             ("verify", text(&self.verify)),
+            ("compute_dtype", text(&self.compute_dtype)),
         ];
         candidates
             .into_iter()

@@ -13,6 +13,7 @@ use config::{Value, ValueKind};
 use stagehand_actors::Bytes;
 
 use super::{DeviceKind, Settings, Verify};
+use crate::compute::ComputeDtype;
 
 /// Every key, in the order of the `Settings` fields.
 pub const KEYS: &[&str] = &[
@@ -34,6 +35,7 @@ pub const KEYS: &[&str] = &[
     "reader_threads",
     "compute_threads",
     "verify",
+    "compute_dtype",
 ];
 
 /// The canonical spelling of `key` if it is a known setting.
@@ -70,6 +72,7 @@ pub(crate) fn apply(settings: &mut Settings, key: &str, value: Value) -> Result<
         "reader_threads" => settings.reader_threads = parse_count(&value)?,
         "verify" => settings.verify = optional(&value, parse_verify)?,
         "compute_threads" => settings.compute_threads = optional(&value, parse_count)?,
+        "compute_dtype" => settings.compute_dtype = parse_compute_dtype(&value)?,
         other => return Err(format!("`{other}` is not a setting")),
     }
     Ok(())
@@ -124,6 +127,7 @@ pub fn display_value(settings: &Settings, key: &str) -> String {
             },
             |threads| threads.to_string(),
         ),
+        "compute_dtype" => settings.compute_dtype.name().to_string(),
         _ => String::new(),
     }
 }
@@ -137,6 +141,11 @@ fn optional<T>(
         return Ok(None);
     }
     parse(value).map(Some)
+}
+
+fn parse_compute_dtype(value: &Value) -> Result<ComputeDtype, String> {
+    ComputeDtype::parse(&value_text(value))
+        .ok_or_else(|| format!("expected one of {}", ComputeDtype::NAMES))
 }
 
 fn parse_verify(value: &Value) -> Result<Verify, String> {

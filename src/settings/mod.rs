@@ -28,6 +28,8 @@ use std::path::PathBuf;
 use bytesize::ByteSize;
 use serde::{Deserialize, Serialize};
 
+use crate::compute::ComputeDtype;
+
 /// Which device adapter runs the session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
@@ -143,6 +145,9 @@ pub struct Settings {
     /// How a run checks its results; `None`: the command's own default (`run` and
     /// `bench`: full, `embed` and `generate`: first).
     pub verify: Option<Verify>,
+    /// The precision of the many-rows products (`f32` or `bf16`; see
+    /// [`ComputeDtype`]).
+    pub compute_dtype: ComputeDtype,
     /// No layer the user wrote set `prefetch_depth` (it is the shipped default), so a
     /// run may take a smaller depth that fits its VRAM budget (`run::fitting_depth`).
     /// Not a key: `settings::load` sets it from the layers (false once the user sets the depth);
@@ -172,6 +177,7 @@ impl Default for Settings {
             reader_threads: 4,
             compute_threads: None,
             verify: None,
+            compute_dtype: ComputeDtype::F32,
             choose_prefetch_depth: true,
         }
     }

@@ -45,6 +45,9 @@ pub(super) struct Gemm<'a> {
     pub scale: Option<f32>,
     pub bias: Option<&'a [f32]>,
     pub out: usize,
+    /// Round `x` and an f32/f16 weight to bf16 before multiplying (`compute_dtype =
+    /// bf16` where the CPU has no AMX tiles): the operands of the tiles' products.
+    pub bf16_operands: bool,
 }
 
 /// The slices of an inner dimension: `(first, length)` each, equal but for rounding.
@@ -93,6 +96,9 @@ pub(super) fn gemm(
         for row in product.x.chunks_exact(product.inner) {
             packed.extend_from_slice(&row[first..first + length]);
         }
+    }
+    if product.bf16_operands {
+        packed.iter_mut().for_each(|value| *value = to_bf16(*value));
     }
     let packed = &packed[..];
     let width = block_width(product.out, product.inner);
@@ -152,6 +158,9 @@ unsafe fn one_block(
                 target,
             );
         }
+        if product.bf16_operands && matches!(product.dtype, DType::F32 | DType::F16) {
+            panel.iter_mut().for_each(|value| *value = to_bf16(*value));
+        }
         let x_slice = &packed[first * rows..(first + length) * rows];
         let accumulate = first > 0 || product.bias.is_some();
         // `gemm` computes dst ← alpha·dst + beta·lhs·rhs with dst `[m, n]`. Here dst is
@@ -185,6 +194,11 @@ unsafe fn one_block(
             );
         }
     }
+}
+
+/// `value` rounded to the nearest bf16 (ties to even), as an f32.
+fn to_bf16(value: f32) -> f32 {
+    super::amx::bf16_value(super::amx::round_bf16(value))
 }
 
 /// Widens `stored` (elements of `dtype`) into `out`, sixteen at a time in registers;

@@ -167,6 +167,8 @@ fn product(
             scale: None,
             bias,
             out,
+            // Dequantized groups multiply on the f32 kernels, operands rounded.
+            bf16_operands: compute.compute_dtype() == crate::compute::ComputeDtype::Bf16,
         };
         let mut packed = compute.packed.borrow_mut();
         gemm::gemm(

@@ -18,6 +18,7 @@
 //! and LoRA factors are widened into this adapter's cast buffers; products never widen
 //! a whole weight.
 
+mod amx;
 mod attention;
 mod checksum;
 mod diffusion;
@@ -37,7 +38,8 @@ use std::sync::Mutex;
 use stagehand_actors::{DevicePtr, HostBuffer, MemorySpace};
 
 use crate::compute::{
-    shapes, Attention, BlockView, CachedAttention, Compute, ComputeError, DType, LowRank, Weight,
+    shapes, Attention, BlockView, CachedAttention, Compute, ComputeDtype, ComputeError, DType,
+    LowRank, Weight,
 };
 
 /// The CPU compute stream. Not `Sync`: it belongs to the compute thread, which runs
@@ -53,6 +55,15 @@ pub struct CpuCompute {
     cast: RefCell<Vec<f32>>,
     /// Small vectors (bias, norm weights) and the second LoRA factor.
     cast_small: RefCell<Vec<f32>>,
+    /// The precision of the many-rows products.
+    compute_dtype: ComputeDtype,
+    /// With bf16 products on AMX: one weight panel per pool thread, and the
+    /// activations packed into tiles.
+    tile_panels: Vec<Mutex<amx::Panel>>,
+    tile_rows: RefCell<Vec<u16>>,
+    /// bf16 products run on AMX tiles (this machine has them; tests may turn it off
+    /// to check the f32 kernels' bf16 path here too).
+    tiles: bool,
 }
 
 impl Default for CpuCompute {
@@ -91,13 +102,35 @@ impl CpuCompute {
     pub fn with_threads(threads: usize) -> Self {
         let pool = pool::Pool::new(threads);
         let scratch = (0..pool.threads()).map(|_| Mutex::default()).collect();
+        let tile_panels = (0..pool.threads()).map(|_| Mutex::default()).collect();
         Self {
             pool,
             scratch,
             packed: RefCell::default(),
             cast: RefCell::default(),
             cast_small: RefCell::default(),
+            compute_dtype: ComputeDtype::F32,
+            tile_panels,
+            tile_rows: RefCell::default(),
+            tiles: amx::available(),
         }
+    }
+
+    /// The same compute with many-rows products in `compute_dtype`.
+    pub fn with_compute_dtype(mut self, compute_dtype: ComputeDtype) -> Self {
+        self.compute_dtype = compute_dtype;
+        self
+    }
+
+    /// The precision of the many-rows products.
+    pub fn compute_dtype(&self) -> ComputeDtype {
+        self.compute_dtype
+    }
+
+    /// Whether bf16 products run on AMX tiles on this machine (else on the f32
+    /// kernels, operands rounded to bf16 first).
+    pub fn bf16_tiles() -> bool {
+        amx::available()
     }
 
     /// The threads that compute, the calling one included.
@@ -112,11 +145,17 @@ impl CpuCompute {
             .iter()
             .map(|buffer| buffer.lock().map_or(0, |buffer| buffer.capacity()))
             .sum();
+        let panels: usize = self
+            .tile_panels
+            .iter()
+            .map(|panel| panel.lock().map_or(0, |panel| panel.bytes()))
+            .sum();
+        let halves = self.tile_rows.borrow().capacity();
         let floats = self.cast.borrow().capacity()
             + self.cast_small.borrow().capacity()
             + self.packed.borrow().capacity()
             + scratch;
-        (floats * 4) as u64
+        (floats * 4 + halves * 2 + panels) as u64
     }
 }
 

@@ -138,30 +138,37 @@ fn product(
         .iter()
         .map(|value| value / scale.unwrap_or(1.0))
         .collect();
+    // bf16 products multiply bf16 operands: activations rounded, f32/f16 weights too.
+    let bf16 = compute.compute_dtype() == ComputeDtype::Bf16 && rows > gemv::GEMV_ROWS;
+    let rounded = |value: f32| amx::bf16_value(amx::round_bf16(value));
+    let x_operands: Vec<f32> = match bf16 {
+        true => x_values.iter().map(|&value| rounded(value)).collect(),
+        false => x_values,
+    };
+    let round_weight = bf16 && matches!(dtype, DType::F32 | DType::F16);
     let stored: Vec<f64> = dtype
         .decode(&dtype.encode(&stored_codes))
         .iter()
-        .map(|value| f64::from(*value) * f64::from(scale.unwrap_or(1.0)))
+        .map(|&value| if round_weight { rounded(value) } else { value })
+        .map(|value| f64::from(value) * f64::from(scale.unwrap_or(1.0)))
         .collect();
     (
         y.values().to_vec(),
-        reference(&x_values, &stored, &bias_values, shape),
+        reference(&x_operands, &stored, &bias_values, shape),
     )
 }
 
-#[test]
-fn products_of_every_dtype_and_shape_class_match_an_f64_reference() {
-    // Proves decode and many-rows products of f32 (aligned or not), f16, bf16 and
-    // FP8 with a scale give x·Wᵀ + b of the stored values within the f32 bound.
-    let compute = CpuCompute::with_threads(2);
+/// Every storage case and shape (with and without bias) on `compute` within the f32
+/// summation bound of the reference of its operands.
+fn assert_every_product_within_bound(compute: &CpuCompute, what: &str) {
     for storage in STORAGE {
-        for shape in SHAPES {
+        for shape in SHAPES.iter().chain(&BF16_SHAPES) {
             for with_bias in [false, true] {
-                let (y, expected) = product(&compute, storage, shape, with_bias);
+                let (y, expected) = product(compute, storage, *shape, with_bias);
                 for (index, (value, (exact, bound))) in y.iter().zip(&expected).enumerate() {
                     assert!(
                         (f64::from(*value) - exact).abs() <= *bound,
-                        "{storage:?} {shape:?} bias {with_bias}: y[{index}] = {value}, exact {exact} ± {bound}"
+                        "{what} {storage:?} {shape:?} bias {with_bias}: y[{index}] = {value}, exact {exact} ± {bound}"
                     );
                 }
             }
@@ -169,16 +176,48 @@ fn products_of_every_dtype_and_shape_class_match_an_f64_reference() {
     }
 }
 
+/// Many-rows shapes around the AMX kernel's 32 × 32 blocks and 32-value tiles.
+const BF16_SHAPES: [(usize, usize, usize); 3] = [(33, 33, 33), (64, 64, 64), (17, 700, 31)];
+
+#[test]
+fn products_of_every_dtype_and_shape_class_match_an_f64_reference() {
+    // Proves decode and many-rows products of f32 (aligned or not), f16, bf16 and
+    // FP8 with a scale give x·Wᵀ + b of the stored values within the f32 bound.
+    assert_every_product_within_bound(&CpuCompute::with_threads(2), "f32");
+}
+
+#[test]
+fn bf16_products_sum_their_rounded_operands_within_the_f32_bound() {
+    // Proves `compute_dtype = bf16` multiplies x and f32/f16 weights rounded to bf16
+    // (bf16 and FP8 weights as stored) with f32 sums, on AMX tiles where this CPU has
+    // them and on the f32 kernels otherwise: both paths are checked here.
+    let compute = CpuCompute::with_threads(2).with_compute_dtype(ComputeDtype::Bf16);
+    if compute.tiles {
+        assert_every_product_within_bound(&compute, "bf16 on AMX tiles");
+    } else {
+        eprintln!("this CPU has no AMX tiles: the bf16 tile kernel is not checked here");
+    }
+    let mut kernels = CpuCompute::with_threads(2).with_compute_dtype(ComputeDtype::Bf16);
+    kernels.tiles = false;
+    assert_every_product_within_bound(&kernels, "bf16 on the f32 kernels");
+}
+
 #[test]
 fn products_give_the_same_bits_on_one_two_and_three_threads() {
     // Proves the split over compute threads never changes a product's bits: the
     // property that lets a streamed pass and its reference use any thread counts.
-    let computes: Vec<CpuCompute> = [1, 2, 3]
-        .into_iter()
-        .map(CpuCompute::with_threads)
-        .collect();
+    for compute_dtype in [ComputeDtype::F32, ComputeDtype::Bf16] {
+        let computes: Vec<CpuCompute> = [1, 2, 3]
+            .into_iter()
+            .map(|threads| CpuCompute::with_threads(threads).with_compute_dtype(compute_dtype))
+            .collect();
+        assert_same_bits_on(&computes);
+    }
+}
+
+fn assert_same_bits_on(computes: &[CpuCompute]) {
     for storage in STORAGE {
-        for shape in SHAPES {
+        for &shape in SHAPES.iter().chain(&BF16_SHAPES) {
             let bits = |compute: &CpuCompute| -> Vec<u32> {
                 product(compute, storage, shape, true)
                     .0

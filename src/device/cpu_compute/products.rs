@@ -2,10 +2,11 @@
 //! [`gemv`], many through [`gemm`]), LoRA low-rank and merge, embedding lookups and
 //! row-scaled sums.
 
-use crate::compute::{shapes, ComputeError, DType, LowRank, Weight};
+use crate::compute::{shapes, ComputeDtype, ComputeError, DType, LowRank, Weight};
 
 use super::{
-    as_f32, gemm, gemv, grouped, kernels, vector, weight_bytes, weight_scale, CpuCompute, CpuTensor,
+    amx, as_f32, gemm, gemv, grouped, kernels, vector, weight_bytes, weight_scale, CpuCompute,
+    CpuTensor,
 };
 
 /// A weight whose values a plain widening does not give (U4's are per group), for
@@ -50,6 +51,7 @@ pub(super) fn linear(
         };
         gemv::gemv(&compute.pool, &product, &mut y.data);
     } else {
+        let bf16 = compute.compute_dtype == ComputeDtype::Bf16;
         let product = gemm::Gemm {
             x: &x.data,
             rows: x.rows,
@@ -59,15 +61,27 @@ pub(super) fn linear(
             scale,
             bias,
             out,
+            bf16_operands: bf16,
         };
-        let mut packed = compute.packed.borrow_mut();
-        gemm::gemm(
-            &compute.pool,
-            &compute.scratch,
-            &mut packed,
-            &product,
-            &mut y.data,
-        );
+        if bf16 && compute.tiles {
+            let mut packed = compute.tile_rows.borrow_mut();
+            amx::gemm(
+                &compute.pool,
+                &compute.tile_panels,
+                &mut packed,
+                &product,
+                &mut y.data,
+            );
+        } else {
+            let mut packed = compute.packed.borrow_mut();
+            gemm::gemm(
+                &compute.pool,
+                &compute.scratch,
+                &mut packed,
+                &product,
+                &mut y.data,
+            );
+        }
     }
     Ok(())
 }

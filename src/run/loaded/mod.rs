@@ -353,7 +353,8 @@ fn start_session(
         .max(layout.largest_block_bytes());
     let device = CpuDevice::new(capacity).map_err(|error| RunError::Failed(error.to_string()))?;
     let streaming = super::execute::streaming(prepared, budgets.vram_budget_bytes);
-    let compute = CpuCompute::with_threads(settings.compute_threads_for(streaming));
+    let compute = CpuCompute::with_threads(settings.compute_threads_for(streaming))
+        .with_compute_dtype(settings.compute_dtype);
     let mut plan = RunPlan::new(settings, budgets, ask.steps);
     plan.prefetch_depth = depth;
     let (config, experts) = session_configs(prepared, &plan)?;

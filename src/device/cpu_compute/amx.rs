@@ -1,0 +1,541 @@
+//! Many-rows products on AMX tiles, for `compute_dtype = "bf16"` on a CPU that has
+//! them (Intel Sapphire Rapids and later): `y ← x·Wᵀ·scale (+ bias)` with `x` and `W`
+//! rounded to bf16 and every sum kept in f32 — the arithmetic of PyTorch's bf16
+//! products, which oneDNN runs on the same tiles.
+//!
+//! One `tdpbf16ps` multiplies a 16 × 32 bf16 tile by a 32 × 16 one into a 16 × 16
+//! f32 accumulator. The kernel keeps four accumulators (32 output features × 32
+//! rows), two weight tiles and two activation tiles in the eight tile registers, and
+//! runs the whole inner dimension into them before writing them out once:
+//!
+//! - the **weight** side (the tiles' rows) is a panel of 32 output features, copied
+//!   (bf16) or rounded (f32, f16) or widened exactly (FP8, int8) to bf16, its row
+//!   stride padded by 64 bytes so the 16 rows of a tile do not share cache sets;
+//! - the **activation** side is `x` rounded to bf16 once per product and packed in
+//!   the tiles' pair-interleaved ("VNNI") order: tile `(b, c)` holds rows `16b..16b+16`
+//!   and inner values `32c..32c+32`, pair `p` of row `n` at `u32` `16p + n`;
+//! - an accumulator holds 16 features × 16 rows, so it is transposed (AVX-512
+//!   shuffles) on its way into the row-major `y`, scaled, biased.
+//!
+//! The feature blocks are shared over the compute threads by shape alone, and each
+//! output element is one accumulator's chain of `tdpbf16ps` over the inner dimension
+//! in order, so the bits never depend on the thread count: streamed = resident.
+//!
+//! The Linux kernel hands the tile state to a process only on request
+//! (`ARCH_REQ_XCOMP_PERM`); [`available`] asks once and answers false when the CPU
+//! or the kernel says no, and the caller then takes the f32 kernels on bf16-rounded
+//! inputs (the same arithmetic, another summation order).
+
+use std::sync::{Mutex, OnceLock, PoisonError};
+
+use crate::compute::DType;
+
+use super::gemm::{widen, Gemm};
+use super::pool::{share, Pool, SharedOut};
+
+/// Output features per kernel call (two tiles of rows).
+const FEATURES: usize = 32;
+/// Activation rows per kernel call (two tiles of columns).
+const ROWS: usize = 32;
+/// Inner values per tile (32 bf16 = 64 bytes, one tile row).
+const CHUNK: usize = 32;
+/// `u16`s in one packed activation tile (16 pairs × 16 rows × 2).
+const TILE_HALVES: usize = 512;
+/// Padding of a weight panel's row, in `u16`s (64 bytes).
+const ROW_PADDING: usize = 32;
+
+/// Whether this process may run AMX bf16 tiles (asked of the CPU and the kernel once).
+pub(super) fn available() -> bool {
+    static AVAILABLE: OnceLock<bool> = OnceLock::new();
+    *AVAILABLE.get_or_init(detect)
+}
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+fn detect() -> bool {
+    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+    const XFEATURE_XTILEDATA: libc::c_long = 18;
+    // CPUID leaf 7: EDX bit 22 is AMX-BF16, bit 24 AMX-TILE.
+    let leaf = std::arch::x86_64::__cpuid_count(7, 0);
+    let tiles = leaf.edx & (1 << 22) != 0 && leaf.edx & (1 << 24) != 0;
+    let vectors = std::arch::is_x86_feature_detected!("avx512f");
+    // SAFETY: `arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)` takes two integers
+    // and only changes which XSAVE state the kernel lets this process use.
+    tiles
+        && vectors
+        && unsafe {
+            libc::syscall(
+                libc::SYS_arch_prctl,
+                ARCH_REQ_XCOMP_PERM,
+                XFEATURE_XTILEDATA,
+            )
+        } == 0
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+fn detect() -> bool {
+    false
+}
+
+/// f32 → bf16, rounded to nearest even; a NaN stays a (quiet) NaN.
+#[inline(always)]
+pub(super) fn round_bf16(value: f32) -> u16 {
+    let bits = value.to_bits();
+    if value.is_nan() {
+        return ((bits >> 16) | 0x40) as u16;
+    }
+    ((bits + 0x7fff + ((bits >> 16) & 1)) >> 16) as u16
+}
+
+/// The value of a bf16.
+#[inline(always)]
+pub(super) fn bf16_value(half: u16) -> f32 {
+    f32::from_bits(u32::from(half) << 16)
+}
+
+/// Per-thread buffers: the weight panel (bf16) and its f32 widening.
+#[derive(Default)]
+pub(super) struct Panel {
+    halves: Vec<u16>,
+    widened: Vec<f32>,
+}
+
+impl Panel {
+    /// Bytes held (grown to the largest use).
+    pub(super) fn bytes(&self) -> usize {
+        self.halves.capacity() * 2 + self.widened.capacity() * 4
+    }
+}
+
+/// `y ← x·Wᵀ·scale (+ bias)` on AMX tiles. [`available`] must have said yes.
+/// `panels` holds one buffer per pool thread; `packed` takes the packed activations.
+pub(super) fn gemm(
+    pool: &Pool,
+    panels: &[Mutex<Panel>],
+    packed: &mut Vec<u16>,
+    product: &Gemm<'_>,
+    y: &mut [f32],
+) {
+    assert!(available(), "AMX tiles are available");
+    assert_eq!(product.x.len(), product.rows * product.inner);
+    assert_eq!(
+        product.weight.len(),
+        product.out * product.inner * product.dtype.size_bytes()
+    );
+    assert_eq!(y.len(), product.rows * product.out);
+    assert!(product.bias.is_none_or(|bias| bias.len() == product.out));
+    assert!(panels.len() >= pool.threads());
+    assert!(
+        product.dtype != DType::U4,
+        "grouped weights take their own path"
+    );
+    let chunks = product.inner.div_ceil(CHUNK);
+    let row_blocks = product.rows.div_ceil(ROWS);
+    let packed = pack_rows(pool, product, chunks, packed);
+    let blocks = product.out.div_ceil(FEATURES);
+    let threads = pool.threads().min(blocks);
+    let output = SharedOut::new(y);
+    pool.run(&|index| {
+        if index >= threads {
+            return;
+        }
+        let mut panel = panels[index].lock().unwrap_or_else(PoisonError::into_inner);
+        let (first, end) = share(blocks, threads, index, 1);
+        // SAFETY: the tiles were granted (`available`); the configuration is a valid
+        // palette-1 layout of eight 16 × 64-byte tiles.
+        unsafe { tiles::configure() };
+        for block in first..end {
+            let feature = block * FEATURES;
+            let (offset, stride) = fill_panel(product, feature, chunks, &mut panel);
+            for row_block in 0..row_blocks {
+                // SAFETY: block `block` owns output columns `feature..feature + 32`
+                // (those below `out`), written by this thread alone; the panel holds
+                // 32 rows of `chunks` tiles at `stride`, `packed` every row block.
+                unsafe {
+                    one_block(
+                        product,
+                        (&panel.halves[offset..], stride),
+                        packed,
+                        (feature, row_block * ROWS),
+                        chunks,
+                        output,
+                    )
+                };
+            }
+        }
+        // SAFETY: tiles configured above; releasing them returns the state to init.
+        unsafe { tiles::release() };
+    });
+}
+
+/// `x` rounded to bf16 in the tiles' order (zero past its rows and inner values),
+/// row blocks shared over the threads. Returns the 64-byte aligned tiles.
+fn pack_rows<'p>(
+    pool: &Pool,
+    product: &Gemm<'_>,
+    chunks: usize,
+    packed: &'p mut Vec<u16>,
+) -> &'p [u16] {
+    let tile_blocks = product.rows.div_ceil(ROWS) * (ROWS / 16);
+    let halves = tile_blocks * chunks * TILE_HALVES;
+    packed.clear();
+    packed.resize(halves + ROW_PADDING, 0);
+    let offset = packed.as_ptr().align_offset(64).min(ROW_PADDING);
+    let tiles = &mut packed[offset..offset + halves];
+    let pointer = SendPointer(tiles.as_mut_ptr());
+    let threads = pool.threads().min(tile_blocks);
+    let inner = product.inner;
+    pool.run(&|index| {
+        if index >= threads {
+            return;
+        }
+        let (first, end) = share(tile_blocks, threads, index, 1);
+        let base = pointer;
+        for tile_block in first..end {
+            for n in 0..16 {
+                let row = tile_block * 16 + n;
+                if row >= product.rows {
+                    break;
+                }
+                let values = &product.x[row * inner..(row + 1) * inner];
+                for (k, &value) in values.iter().enumerate() {
+                    let (chunk, within) = (k / CHUNK, k % CHUNK);
+                    let at = (tile_block * chunks + chunk) * TILE_HALVES
+                        + (within / 2) * 32
+                        + n * 2
+                        + within % 2;
+                    // SAFETY: `at` is inside tile block `tile_block`'s tiles, which
+                    // only this thread writes (the blocks are shared disjointly).
+                    unsafe { *base.0.add(at) = round_bf16(value) };
+                }
+            }
+        }
+    });
+    &packed[offset..offset + halves]
+}
+
+#[derive(Clone, Copy)]
+struct SendPointer(*mut u16);
+// SAFETY: the parts of a job write disjoint tile blocks through it; the buffer
+// outlives the job.
+unsafe impl Send for SendPointer {}
+unsafe impl Sync for SendPointer {}
+
+/// Fills the panel with features `feature..feature + 32` of the weight in bf16 (rows
+/// past `out` and values past `inner` zero). Returns the panel's 64-byte aligned
+/// start and its row stride, in `u16`s.
+fn fill_panel(
+    product: &Gemm<'_>,
+    feature: usize,
+    chunks: usize,
+    panel: &mut Panel,
+) -> (usize, usize) {
+    let stride = chunks * CHUNK + ROW_PADDING;
+    let Panel { halves, widened } = panel;
+    let needed = FEATURES * stride + ROW_PADDING;
+    if halves.len() != needed {
+        halves.clear();
+        halves.resize(needed, 0);
+    }
+    let offset = halves.as_ptr().align_offset(64).min(ROW_PADDING);
+    let element = product.dtype.size_bytes();
+    let inner = product.inner;
+    let features = FEATURES.min(product.out - feature);
+    for row in 0..FEATURES {
+        let target = &mut halves[offset + row * stride..offset + (row + 1) * stride];
+        if row >= features {
+            target.fill(0);
+            continue;
+        }
+        let (values, padding) = target.split_at_mut(inner);
+        padding.fill(0);
+        let start = (feature + row) * inner * element;
+        let stored = &product.weight[start..start + inner * element];
+        if product.dtype == DType::Bf16 {
+            for (half, bytes) in values.iter_mut().zip(stored.chunks_exact(2)) {
+                *half = u16::from_le_bytes([bytes[0], bytes[1]]);
+            }
+        } else {
+            widened.clear();
+            widened.resize(inner, 0.0);
+            widen(product.dtype, stored, widened);
+            for (half, &value) in values.iter_mut().zip(widened.iter()) {
+                *half = round_bf16(value);
+            }
+        }
+    }
+    (offset, stride)
+}
+
+/// One kernel call: features `feature..feature + 32` × rows `row..row + 32`.
+///
+/// # Safety
+/// The tiles are configured on this thread; `panel` holds 32 rows of `chunks` tiles at
+/// `stride`, `packed` the row blocks of `product`; no other thread writes these
+/// output columns.
+unsafe fn one_block(
+    product: &Gemm<'_>,
+    (panel, stride): (&[u16], usize),
+    packed: &[u16],
+    (feature, row): (usize, usize),
+    chunks: usize,
+    output: SharedOut,
+) {
+    assert!(panel.len() >= FEATURES * stride);
+    let first_tile = (row / 16) * chunks * TILE_HALVES;
+    assert!(packed.len() >= first_tile + 2 * chunks * TILE_HALVES);
+    let mut sums = tiles::Accumulators::default();
+    // SAFETY: bounds asserted above; tiles configured (the caller's contract).
+    unsafe {
+        tiles::multiply(
+            panel.as_ptr(),
+            stride * 2,
+            packed.as_ptr().add(first_tile),
+            chunks,
+            &mut sums,
+        )
+    };
+    let (out, rows) = (product.out, product.rows);
+    let scale = product.scale.unwrap_or(1.0);
+    for (tile, (feature_offset, row_offset)) in
+        [(0, 0), (0, 16), (16, 0), (16, 16)].into_iter().enumerate()
+    {
+        let first_feature = feature + feature_offset;
+        if first_feature >= out {
+            continue;
+        }
+        let features = 16.min(out - first_feature);
+        let first_row = row + row_offset;
+        let valid_rows = 16.min(rows.saturating_sub(first_row));
+        let bias = product
+            .bias
+            .map(|bias| &bias[first_feature..first_feature + features]);
+        // SAFETY: rows `first_row..first_row + valid_rows`, columns
+        // `first_feature..first_feature + features` lie inside y and are this
+        // thread's (the caller's contract).
+        unsafe {
+            let target = output.pointer().add(first_row * out + first_feature);
+            tiles::store_transposed(
+                &sums.0[tile * 256..tile * 256 + 256],
+                (target, out),
+                (valid_rows, features),
+                scale,
+                bias,
+            );
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod tiles {
+    use std::arch::asm;
+    use std::arch::x86_64::*;
+
+    /// Four 16 × 16 f32 accumulators, in the kernel's order: (features 0–15, rows
+    /// 0–15), (0–15, 16–31), (16–31, 0–15), (16–31, 16–31).
+    #[repr(C, align(64))]
+    pub(super) struct Accumulators(pub [f32; 1024]);
+
+    impl Default for Accumulators {
+        fn default() -> Self {
+            Self([0.0; 1024])
+        }
+    }
+
+    #[repr(C, align(64))]
+    struct Configuration([u8; 64]);
+
+    /// Palette 1, eight tiles of 16 rows × 64 bytes.
+    const CONFIGURATION: Configuration = {
+        let mut bytes = [0u8; 64];
+        bytes[0] = 1;
+        let mut tile = 0;
+        while tile < 8 {
+            bytes[16 + 2 * tile] = 64;
+            bytes[48 + tile] = 16;
+            tile += 1;
+        }
+        Configuration(bytes)
+    };
+
+    /// # Safety
+    /// The process was granted the tile state (`super::available`).
+    pub(super) unsafe fn configure() {
+        // SAFETY: a valid configuration (the caller's contract for the grant).
+        unsafe {
+            asm!("ldtilecfg [{}]", in(reg) CONFIGURATION.0.as_ptr(), options(nostack, readonly));
+        }
+    }
+
+    /// # Safety
+    /// The tiles were configured on this thread.
+    pub(super) unsafe fn release() {
+        // SAFETY: the caller's contract.
+        unsafe { asm!("tilerelease", options(nostack, nomem)) };
+    }
+
+    /// `sums ← Σ_c panel(c)·packed(c)` over `chunks` tiles of the inner dimension:
+    /// the weight tiles are 16 panel rows of 64 bytes at `stride_bytes`, the
+    /// activation tiles 1 KiB each, row block 0's `chunks` tiles then row block 1's.
+    ///
+    /// # Safety
+    /// Tiles configured on this thread; `panel` covers 32 rows at `stride_bytes` of
+    /// `chunks` × 64 bytes, `packed` `2 × chunks` tiles; `chunks ≥ 1`.
+    pub(super) unsafe fn multiply(
+        panel: *const u16,
+        stride_bytes: usize,
+        packed: *const u16,
+        chunks: usize,
+        sums: &mut Accumulators,
+    ) {
+        assert!(chunks >= 1);
+        // SAFETY: every load is inside the ranges of the caller's contract; the four
+        // stores fill `sums` (4 × 1 KiB at a 64-byte stride).
+        unsafe {
+            let second_panel = panel.cast::<u8>().add(16 * stride_bytes);
+            let second_rows = packed.cast::<u8>().add(chunks * 1024);
+            asm!(
+                "tilezero tmm0",
+                "tilezero tmm1",
+                "tilezero tmm2",
+                "tilezero tmm3",
+                "2:",
+                "tileloadd tmm4, [{a0} + {a_stride}*1]",
+                "tileloadd tmm5, [{a1} + {a_stride}*1]",
+                "tileloadd tmm6, [{b0} + {b_stride}*1]",
+                "tileloadd tmm7, [{b1} + {b_stride}*1]",
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                "tdpbf16ps tmm1, tmm4, tmm7",
+                "tdpbf16ps tmm2, tmm5, tmm6",
+                "tdpbf16ps tmm3, tmm5, tmm7",
+                "add {a0}, 64",
+                "add {a1}, 64",
+                "add {b0}, 1024",
+                "add {b1}, 1024",
+                "dec {chunks}",
+                "jnz 2b",
+                "tilestored [{c} + {b_stride}*1], tmm0",
+                "add {c}, 1024",
+                "tilestored [{c} + {b_stride}*1], tmm1",
+                "add {c}, 1024",
+                "tilestored [{c} + {b_stride}*1], tmm2",
+                "add {c}, 1024",
+                "tilestored [{c} + {b_stride}*1], tmm3",
+                a0 = inout(reg) panel.cast::<u8>() => _,
+                a1 = inout(reg) second_panel => _,
+                a_stride = in(reg) stride_bytes,
+                b0 = inout(reg) packed.cast::<u8>() => _,
+                b1 = inout(reg) second_rows => _,
+                b_stride = in(reg) 64usize,
+                chunks = inout(reg) chunks => _,
+                c = inout(reg) sums.0.as_mut_ptr() => _,
+                options(nostack)
+            );
+        }
+    }
+
+    /// Writes the transpose of a 16 × 16 accumulator (features × rows) into `target`
+    /// (row-major, `stride` floats a row): `valid_rows` rows of `features` values,
+    /// each `sum·scale (+ bias)`.
+    ///
+    /// # Safety
+    /// `target` covers `valid_rows` rows of `features` floats at `stride`; the CPU has
+    /// AVX-512F (every AMX CPU does).
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn store_transposed(
+        sums: &[f32],
+        (target, stride): (*mut f32, usize),
+        (valid_rows, features): (usize, usize),
+        scale: f32,
+        bias: Option<&[f32]>,
+    ) {
+        assert_eq!(sums.len(), 256);
+        assert!(features <= 16 && bias.is_none_or(|bias| bias.len() == features));
+        let mask: __mmask16 = if features == 16 {
+            0xffff
+        } else {
+            (1u16 << features) - 1
+        };
+        // SAFETY: 16 rows of 16 floats inside `sums` (asserted); the masked loads and
+        // stores touch `features` floats of `bias` and of each of `valid_rows` rows
+        // of `target` (the caller's contract).
+        unsafe {
+            let mut rows = [_mm512_setzero_ps(); 16];
+            for (index, row) in rows.iter_mut().enumerate() {
+                *row = _mm512_loadu_ps(sums.as_ptr().add(index * 16));
+            }
+            transpose(&mut rows);
+            let scale = _mm512_set1_ps(scale);
+            let bias = bias.map(|bias| _mm512_maskz_loadu_ps(mask, bias.as_ptr()));
+            for (index, row) in rows.iter().take(valid_rows).enumerate() {
+                let scaled = _mm512_mul_ps(*row, scale);
+                let value = bias.map_or(scaled, |bias| _mm512_add_ps(scaled, bias));
+                _mm512_mask_storeu_ps(target.add(index * stride), mask, value);
+            }
+        }
+    }
+
+    /// Transposes 16 rows of 16 floats in registers.
+    #[target_feature(enable = "avx512f")]
+    fn transpose(rows: &mut [__m512; 16]) {
+        let r = rows;
+        let mut t = [_mm512_setzero_ps(); 16];
+        for pair in 0..8 {
+            t[2 * pair] = _mm512_unpacklo_ps(r[2 * pair], r[2 * pair + 1]);
+            t[2 * pair + 1] = _mm512_unpackhi_ps(r[2 * pair], r[2 * pair + 1]);
+        }
+        for quad in 0..4 {
+            let base = 4 * quad;
+            let (a, b) = (_mm512_castps_pd(t[base]), _mm512_castps_pd(t[base + 2]));
+            let (c, d) = (_mm512_castps_pd(t[base + 1]), _mm512_castps_pd(t[base + 3]));
+            r[base] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+            r[base + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+            r[base + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(c, d));
+            r[base + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(c, d));
+        }
+        for half in 0..2 {
+            let base = 8 * half;
+            for lane in 0..4 {
+                t[base + lane] = _mm512_shuffle_f32x4::<0x88>(r[base + lane], r[base + 4 + lane]);
+                t[base + 4 + lane] =
+                    _mm512_shuffle_f32x4::<0xdd>(r[base + lane], r[base + 4 + lane]);
+            }
+        }
+        for lane in 0..8 {
+            r[lane] = _mm512_shuffle_f32x4::<0x88>(t[lane], t[8 + lane]);
+            r[8 + lane] = _mm512_shuffle_f32x4::<0xdd>(t[lane], t[8 + lane]);
+        }
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+mod tiles {
+    //! No tiles off x86-64: `available` is false there, so nothing below runs.
+    pub(super) struct Accumulators(pub [f32; 1024]);
+    impl Default for Accumulators {
+        fn default() -> Self {
+            Self([0.0; 1024])
+        }
+    }
+    pub(super) unsafe fn configure() {
+        unreachable!("AMX is x86-64 only")
+    }
+    pub(super) unsafe fn release() {}
+    pub(super) unsafe fn multiply(
+        _: *const u16,
+        _: usize,
+        _: *const u16,
+        _: usize,
+        _: &mut Accumulators,
+    ) {
+        unreachable!("AMX is x86-64 only")
+    }
+    pub(super) unsafe fn store_transposed(
+        _: &[f32],
+        _: (*mut f32, usize),
+        _: (usize, usize),
+        _: f32,
+        _: Option<&[f32]>,
+    ) {
+        unreachable!("AMX is x86-64 only")
+    }
+}
