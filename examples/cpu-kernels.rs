@@ -2,11 +2,14 @@
 //! on 1 and on every core, and prints GB/s (decode) and GFLOP/s (many rows): the
 //! kernel figures behind BENCHMARKS.md "Compute against PyTorch on the CPU backend".
 //!
-//!     cargo run --release --example cpu-kernels [-- THREADS...]
+//!     cargo run --release --example cpu-kernels [-- [f32|bf16] THREADS...]
+//!
+//! `bf16` times the many-rows products under `compute_dtype = bf16` (AMX tiles where
+//! the CPU has them); decode rows are the same either way.
 
 use std::time::Instant;
 
-use stagehand::compute::{Attention, Compute, DType, Mask, TensorSlot};
+use stagehand::compute::{Attention, Compute, ComputeDtype, DType, Mask, TensorSlot};
 use stagehand::device::CpuCompute;
 
 /// (what, rows, inner, out)
@@ -33,13 +36,27 @@ fn seconds_best(repeats: usize, mut run: impl FnMut()) -> f64 {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let threads: Vec<usize> = match std::env::args().skip(1).map(|a| a.parse()).collect() {
-        Ok(list) if !Vec::<usize>::is_empty(&list) => list,
-        _ => vec![1, cores],
+    let arguments: Vec<String> = std::env::args().skip(1).collect();
+    let compute_dtype = arguments
+        .iter()
+        .find_map(|argument| ComputeDtype::parse(argument))
+        .unwrap_or_default();
+    let threads: Vec<usize> = arguments
+        .iter()
+        .filter_map(|argument| argument.parse().ok())
+        .collect();
+    let threads = if threads.is_empty() {
+        vec![1, cores]
+    } else {
+        threads
     };
     for count in threads {
-        let compute = CpuCompute::with_threads(count);
-        println!("## {} compute threads", compute.threads());
+        let compute = CpuCompute::with_threads(count).with_compute_dtype(compute_dtype);
+        println!(
+            "## {} compute threads, compute_dtype {}",
+            compute.threads(),
+            compute_dtype.name()
+        );
         for dtype in [DType::Bf16, DType::F8E4M3, DType::F32] {
             for (what, rows, inner, out) in PRODUCTS {
                 let values: Vec<f32> = (0..out * inner)

@@ -25,14 +25,16 @@ fn word_term(index: u64, word: u32) -> u64 {
 pub fn partial_sum(bytes: &[u8], first_word: u64) -> u64 {
     let mut sum = 0u64;
     let mut words = bytes.chunks_exact(4);
-    let mut index = first_word;
+    // index·φ (mod 2⁶⁴) as a running sum: the term of `word_term`, one add a word.
+    let mut index_gamma = first_word.wrapping_mul(GOLDEN_GAMMA);
     for word in &mut words {
         let word = u32::from_le_bytes([word[0], word[1], word[2], word[3]]);
-        sum = sum.wrapping_add(word_term(index, word));
-        index += 1;
+        sum = sum.wrapping_add(mix64(index_gamma ^ u64::from(word)));
+        index_gamma = index_gamma.wrapping_add(GOLDEN_GAMMA);
     }
     let tail = words.remainder();
     if !tail.is_empty() {
+        let index = first_word + (bytes.len() / 4) as u64;
         let mut padded = [0u8; 4];
         padded[..tail.len()].copy_from_slice(tail);
         sum = sum.wrapping_add(word_term(index, u32::from_le_bytes(padded)));

@@ -145,7 +145,13 @@ pub(super) fn gemm(
         unsafe { tiles::configure() };
         for block in first..end {
             let feature = block * FEATURES;
-            let (offset, stride) = fill_panel(product, feature, chunks, &mut panel);
+            let panel = match in_place(product, feature) {
+                Some(rows) => rows,
+                None => {
+                    let (offset, stride) = fill_panel(product, feature, chunks, &mut panel);
+                    (&panel.halves[offset..], stride)
+                }
+            };
             for row_block in 0..row_blocks {
                 // SAFETY: block `block` owns output columns `feature..feature + 32`
                 // (those below `out`), written by this thread alone; the panel holds
@@ -153,7 +159,7 @@ pub(super) fn gemm(
                 unsafe {
                     one_block(
                         product,
-                        (&panel.halves[offset..], stride),
+                        panel,
                         packed,
                         (feature, row_block * ROWS),
                         chunks,
@@ -197,15 +203,14 @@ fn pack_rows<'p>(
                     break;
                 }
                 let values = &product.x[row * inner..(row + 1) * inner];
-                for (k, &value) in values.iter().enumerate() {
-                    let (chunk, within) = (k / CHUNK, k % CHUNK);
-                    let at = (tile_block * chunks + chunk) * TILE_HALVES
-                        + (within / 2) * 32
-                        + n * 2
-                        + within % 2;
-                    // SAFETY: `at` is inside tile block `tile_block`'s tiles, which
-                    // only this thread writes (the blocks are shared disjointly).
-                    unsafe { *base.0.add(at) = round_bf16(value) };
+                for (chunk, values) in values.chunks(CHUNK).enumerate() {
+                    let tile = (tile_block * chunks + chunk) * TILE_HALVES + n * 2;
+                    for (within, &value) in values.iter().enumerate() {
+                        let at = tile + (within / 2) * 32 + within % 2;
+                        // SAFETY: `at` is inside tile block `tile_block`'s tiles, which
+                        // only this thread writes (the blocks are shared disjointly).
+                        unsafe { *base.0.add(at) = round_bf16(value) };
+                    }
                 }
             }
         }
@@ -219,6 +224,23 @@ struct SendPointer(*mut u16);
 // outlives the job.
 unsafe impl Send for SendPointer {}
 unsafe impl Sync for SendPointer {}
+
+/// A bf16 weight whose 32 rows from `feature` are whole tiles read in place (no
+/// panel copy): its rows and inner values fill whole tiles. Their `u16`s and stride.
+fn in_place<'w>(product: &Gemm<'w>, feature: usize) -> Option<(&'w [u16], usize)> {
+    let whole = product.dtype == DType::Bf16
+        && product.inner % CHUNK == 0
+        && feature + FEATURES <= product.out;
+    if !whole {
+        return None;
+    }
+    let start = feature * product.inner * 2;
+    let bytes = &product.weight[start..start + FEATURES * product.inner * 2];
+    // SAFETY: every bit pattern is a valid u16; `align_to` yields the aligned middle,
+    // used only when it is the whole range (a 2-aligned weight, as checkpoints are).
+    let (head, halves, tail) = unsafe { bytes.align_to::<u16>() };
+    (head.is_empty() && tail.is_empty()).then_some((halves, product.inner))
+}
 
 /// Fills the panel with features `feature..feature + 32` of the weight in bf16 (rows
 /// past `out` and values past `inner` zero). Returns the panel's 64-byte aligned

@@ -7,10 +7,12 @@
 //! once, then serves every query head that shares it (grouped-query attention). Each
 //! output row is computed by one task in one fixed order — tiles in key order, the
 //! scores of a tile in order — so the bits depend on neither which thread runs a task
-//! nor how many threads there are. The loops are plain element-wise f32 arithmetic
-//! (no fused multiply-add, no reassociation), so the compiler's vectorisation does
-//! not change them either; the softmax's `exp` is the vectorisable one of
-//! [`super::elementwise`].
+//! nor how many threads there are. A score sums over the head dimension in order, an
+//! output value over the keys in order; a tile's maximum and weight sum are taken in
+//! sixteen lanes, then over the lanes in order. The loops are plain element-wise f32
+//! arithmetic (no fused multiply-add, no reassociation), written so that independent
+//! chains of adds sit in registers side by side; the compiler's vectorisation does not
+//! change them; the softmax's `exp` is the vectorisable one of [`super::elementwise`].
 
 use crate::compute::{Attention, CachedAttention, Mask};
 
@@ -20,6 +22,13 @@ use super::simd::Isa;
 
 /// Keys per tile of scores.
 pub(super) const KEY_TILE: usize = 64;
+
+/// The lanes a tile's maximum and sum are taken in (a multiple of every vector width).
+const LANES: usize = 16;
+
+/// Rows of [`LANES`] output values a query accumulates at once (128 values: a whole
+/// head of every model we run).
+const OUT_ROWS: usize = 8;
 
 /// Below this many query·key·dimension products an attention runs on one thread.
 const PARALLEL_MIN_WORK: usize = 1 << 15;
@@ -236,34 +245,73 @@ fn query_row(
 ) {
     let mut maximum = f32::NEG_INFINITY;
     let mut total = 0.0f32;
+    let out_len = out.len();
     out.iter_mut().for_each(|value| *value = 0.0);
     let mut tile = 0;
     while tile < visible {
         let count = KEY_TILE.min(visible - tile);
-        let mut scores = [0f32; KEY_TILE];
+        // The tile's scores as four independent rows of sixteen lanes (four chains of
+        // adds in flight, kept in registers), each score summed over d in order.
+        let mut sums = [[0f32; LANES]; KEY_TILE / LANES];
         for (d, &q_d) in q.iter().enumerate() {
             let column = &keys_t[d * padded + tile..][..KEY_TILE];
-            for (score, key) in scores.iter_mut().zip(column) {
-                *score += q_d * key;
+            for (row, keys) in sums.iter_mut().zip(column.chunks_exact(LANES)) {
+                for (sum, key) in row.iter_mut().zip(keys) {
+                    *sum += q_d * key;
+                }
             }
         }
-        let scores = &mut scores[..count];
-        let mut tile_maximum = f32::NEG_INFINITY;
-        for score in scores.iter_mut() {
-            *score *= scale;
-            tile_maximum = tile_maximum.max(*score);
+        let mut scores = [0f32; KEY_TILE];
+        for (chunk, row) in scores.chunks_exact_mut(LANES).zip(&sums) {
+            chunk.copy_from_slice(row);
         }
+        // Scaled, with the keys past `count` at −∞ (weight 0), so the maximum and the
+        // weights run over whole 16-lane rows: a maximum is the same in any order, and
+        // the weights' sum is taken lane by lane, then over the lanes in order — a
+        // fixed order, so the same bits every time.
+        for (index, score) in scores.iter_mut().enumerate() {
+            *score = if index < count {
+                *score * scale
+            } else {
+                f32::NEG_INFINITY
+            };
+        }
+        let mut lane_maximum = [f32::NEG_INFINITY; LANES];
+        for row in scores.chunks_exact(LANES) {
+            for (lane, score) in lane_maximum.iter_mut().zip(row) {
+                *lane = lane.max(*score);
+            }
+        }
+        let tile_maximum = lane_maximum
+            .iter()
+            .fold(f32::NEG_INFINITY, |a, &b| a.max(b));
         let next_maximum = maximum.max(tile_maximum);
         // The first tile rescales nothing: exp(−∞) = 0 times a zero row.
         let correction = exp(maximum - next_maximum);
-        total *= correction;
         out.iter_mut().for_each(|value| *value *= correction);
-        for (offset, score) in scores.iter().enumerate() {
-            let weight = exp(score - next_maximum);
-            total += weight;
-            for (value, v) in out.iter_mut().zip(values.row(tile + offset)) {
-                *value += weight * v;
+        let mut weights = [0f32; KEY_TILE];
+        for (weight, score) in weights.iter_mut().zip(scores.iter()) {
+            *weight = exp(score - next_maximum);
+        }
+        let mut lane_total = [0f32; LANES];
+        for row in weights.chunks_exact(LANES) {
+            for (lane, weight) in lane_total.iter_mut().zip(row) {
+                *lane += weight;
             }
+        }
+        total = total * correction + lane_total.iter().sum::<f32>();
+        // The output in rows of sixteen lanes, up to [`OUT_ROWS`] rows at once (as many
+        // independent chains of adds in registers), each value summed over the tile's
+        // keys in order.
+        let mut first = 0;
+        while first < out_len {
+            let width = (OUT_ROWS * LANES).min(out_len - first);
+            accumulate_rows(
+                &mut out[first..first + width],
+                &weights[..count],
+                |offset| &values.row(tile + offset)[first..first + width],
+            );
+            first += width;
         }
         maximum = next_maximum;
         tile += count;
@@ -272,4 +320,48 @@ fn query_row(
         let inverse = 1.0 / total;
         out.iter_mut().for_each(|value| *value *= inverse);
     }
+}
+
+/// `out[i] += Σ_k weights[k]·row(k)[i]`, keys in order, for `out` of at most
+/// `OUT_ROWS · LANES` values: whole rows of lanes in registers (a count known at
+/// compile time, so they stay there), the rest one by one.
+#[inline(always)]
+fn accumulate_rows<'v>(out: &mut [f32], weights: &[f32], row: impl Fn(usize) -> &'v [f32]) {
+    let whole = match out.len() / LANES {
+        8 => accumulate::<8, _>(out, weights, &row),
+        4 => accumulate::<4, _>(out, weights, &row),
+        2 => accumulate::<2, _>(out, weights, &row),
+        1 => accumulate::<1, _>(out, weights, &row),
+        _ => 0,
+    };
+    for (index, value) in out.iter_mut().enumerate().skip(whole) {
+        for (offset, &weight) in weights.iter().enumerate() {
+            *value += weight * row(offset)[index];
+        }
+    }
+}
+
+/// The first `ROWS · LANES` values of [`accumulate_rows`]; returns how many.
+#[inline(always)]
+fn accumulate<'v, const ROWS: usize, R: Fn(usize) -> &'v [f32]>(
+    out: &mut [f32],
+    weights: &[f32],
+    row: &R,
+) -> usize {
+    let mut sums = [[0f32; LANES]; ROWS];
+    for (sum, values) in sums.iter_mut().zip(out.chunks_exact(LANES)) {
+        sum.copy_from_slice(values);
+    }
+    for (offset, &weight) in weights.iter().enumerate() {
+        let values = &row(offset)[..ROWS * LANES];
+        for (sum, values) in sums.iter_mut().zip(values.chunks_exact(LANES)) {
+            for (sum, value) in sum.iter_mut().zip(values) {
+                *sum += weight * value;
+            }
+        }
+    }
+    for (sum, target) in sums.iter().zip(out.chunks_exact_mut(LANES)) {
+        target.copy_from_slice(sum);
+    }
+    ROWS * LANES
 }
