@@ -88,6 +88,48 @@ fn minilm_reproduces_the_published_similarity_with_most_layers_streaming() {
 }
 
 #[test]
+fn bf16_products_change_the_math_within_bf16_and_still_stream_bit_exactly() {
+    // Proves `--compute-dtype bf16` reaches the products (the embeddings differ from
+    // the f32 run's, the published similarity holds to bf16's precision), and that a
+    // streamed bf16 run verifies every step against its resident pass and equals a
+    // fully-resident bf16 run bit for bit. Two texts of ~13 tokens are ~26 rows: the
+    // many-rows products (AMX tiles where the CPU has them).
+    let model = minilm();
+    let bf16 = ["--compute-dtype", "bf16"];
+    let streamed = embed(
+        &model,
+        &[
+            &[FOOD, BREAD, "--vram-budget", "21MiB", "--verify", "full"][..],
+            &bf16,
+        ]
+        .concat(),
+    );
+    let summary = &streamed["summary"];
+    assert_eq!(summary["verified_steps"], summary["steps"]);
+    assert!(summary["streamed_bytes_per_step_planned"].as_u64().unwrap() > 0);
+    let similarity = streamed["similarity"][0][1].as_f64().unwrap();
+    assert!(
+        (similarity - 0.7553).abs() < 0.01,
+        "bf16 similarity {similarity}"
+    );
+    let resident = embed(
+        &model,
+        &[&[FOOD, BREAD, "--vram-budget", "1GiB"][..], &bf16].concat(),
+    );
+    assert_eq!(
+        embeddings(&streamed),
+        embeddings(&resident),
+        "streamed = resident"
+    );
+    let f32_run = embed(&model, &[FOOD, BREAD, "--vram-budget", "1GiB"]);
+    assert_ne!(
+        embeddings(&f32_run),
+        embeddings(&resident),
+        "bf16 operands give other bits than f32"
+    );
+}
+
+#[test]
 fn run_on_the_real_folder_works_with_no_flags() {
     // Proves `run --model DIR` computes the encoder on built-in sentences with the
     // defaults: the automatic budget is at least what the plan needs.

@@ -167,7 +167,7 @@ impl Fixtures {
 }
 
 /// Rows for the deployment settings every run-like subcommand flattens in (`--config`
-/// to `--verify`, less `--device`, whose rows each table writes for its own outcomes),
+/// to `--compute-dtype`, less `--device`, whose rows each table writes for its own outcomes),
 /// good values expecting `ok` on stdout and bad ones exit 2 naming the key.
 pub fn settings_rows(ok: &'static str) -> Vec<Row> {
     let fixtures = fixtures();
@@ -237,6 +237,9 @@ pub fn settings_rows(ok: &'static str) -> Vec<Row> {
             &["--verify", "sometimes"],
             Expect::Bad("full, first, weights, off"),
         ),
+        row(&["--compute-dtype", "f32"], Expect::Ok(ok)),
+        row(&["--compute-dtype", "bf16"], Expect::Ok(ok)),
+        row(&["--compute-dtype", "fp64"], Expect::Bad("f32, bf16")),
     ]
 }
 

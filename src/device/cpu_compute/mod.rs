@@ -30,6 +30,9 @@ mod heads;
 mod kernels;
 mod pool;
 mod products;
+mod weights;
+
+use weights::{as_f32, vector, weight_bytes, weight_scale};
 mod simd;
 
 use std::cell::RefCell;
@@ -38,8 +41,8 @@ use std::sync::Mutex;
 use stagehand_actors::{DevicePtr, HostBuffer, MemorySpace};
 
 use crate::compute::{
-    shapes, Attention, BlockView, CachedAttention, Compute, ComputeDtype, ComputeError, DType,
-    LowRank, Weight,
+    shapes, Attention, BlockView, CachedAttention, Compute, ComputeDtype, ComputeError, LowRank,
+    Weight,
 };
 
 /// The CPU compute stream. Not `Sync`: it belongs to the compute thread, which runs
@@ -159,44 +162,6 @@ impl CpuCompute {
     }
 }
 
-fn weight_bytes<'w>(weight: &'w Weight<'_>) -> &'w [u8] {
-    // SAFETY: a `Weight` comes from a `BlockView` whose contract (see
-    // `BlockView::new`) is that its range is live host memory of this device for the
-    // view's lifetime, and `weight` borrows that lifetime.
-    unsafe { std::slice::from_raw_parts(weight.ptr().0 as *const u8, weight.bytes()) }
-}
-
-/// The weight's scale (FP8 checkpoints), read from the device tier.
-fn weight_scale(weight: &Weight<'_>) -> Option<f32> {
-    let at = weight.scale()?;
-    // SAFETY: the scale lies inside the block the weight's view was checked against
-    // (`BlockView::weight`), live host memory for the view's lifetime; it may be
-    // unaligned.
-    Some(unsafe { std::ptr::read_unaligned(at.0 as *const f32) })
-}
-
-/// The weight as f32: in place when it is aligned, unscaled f32, else widened (and
-/// scaled) into `buffer`.
-fn as_f32<'w>(weight: &'w Weight<'_>, buffer: &'w mut Vec<f32>) -> &'w [f32] {
-    let bytes = weight_bytes(weight);
-    let scale = weight_scale(weight);
-    if weight.dtype() == DType::F32 && scale.is_none() {
-        // SAFETY: every bit pattern is a valid f32; `align_to` only yields the
-        // aligned middle, which we use only when it is the whole slice.
-        let (prefix, floats, suffix) = unsafe { bytes.align_to::<f32>() };
-        if prefix.is_empty() && suffix.is_empty() {
-            return floats;
-        }
-    }
-    buffer.clear();
-    buffer.resize(weight.elements(), 0.0);
-    weight.dtype().widen(bytes, buffer);
-    if let Some(scale) = scale {
-        buffer.iter_mut().for_each(|value| *value *= scale);
-    }
-    buffer
-}
-
 fn allocate(rows: usize, cols: usize) -> Result<Vec<f32>, ComputeError> {
     let count = shapes::elements(rows, cols)?;
     let mut data = Vec::new();
@@ -213,17 +178,6 @@ impl CpuTensor {
     fn dims(&self) -> shapes::Dims {
         (self.rows, self.cols)
     }
-}
-
-/// A vector weight of `expected` elements, as f32.
-fn vector<'w>(
-    what: &str,
-    weight: &'w Weight<'_>,
-    expected: usize,
-    buffer: &'w mut Vec<f32>,
-) -> Result<&'w [f32], ComputeError> {
-    shapes::vector(what, weight, expected)?;
-    Ok(as_f32(weight, buffer))
 }
 
 impl Compute for CpuCompute {

@@ -1,5 +1,5 @@
 use super::*;
-use crate::compute::{CachedAttention, Mask, TensorSlot};
+use crate::compute::{CachedAttention, DType, Mask, TensorSlot};
 
 fn seeded(count: usize, seed: u64) -> Vec<f32> {
     let mut state = seed;
