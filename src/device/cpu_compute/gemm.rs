@@ -50,6 +50,19 @@ pub(super) struct Gemm<'a> {
     pub bf16_operands: bool,
 }
 
+impl Gemm<'_> {
+    /// The operands and `y` have the product's shapes.
+    pub(super) fn assert_shapes(&self, y: &[f32]) {
+        assert_eq!(self.x.len(), self.rows * self.inner);
+        assert_eq!(
+            self.weight.len(),
+            self.out * self.inner * self.dtype.size_bytes()
+        );
+        assert_eq!(y.len(), self.rows * self.out);
+        assert!(self.bias.is_none_or(|bias| bias.len() == self.out));
+    }
+}
+
 /// The slices of an inner dimension: `(first, length)` each, equal but for rounding.
 pub(super) fn slices(inner: usize) -> impl Iterator<Item = (usize, usize)> {
     let count = inner.div_ceil(SLICE_MAX).max(1);
@@ -82,13 +95,7 @@ pub(super) fn gemm(
     product: &Gemm<'_>,
     y: &mut [f32],
 ) {
-    assert_eq!(product.x.len(), product.rows * product.inner);
-    assert_eq!(
-        product.weight.len(),
-        product.out * product.inner * product.dtype.size_bytes()
-    );
-    assert_eq!(y.len(), product.rows * product.out);
-    assert!(product.bias.is_none_or(|bias| bias.len() == product.out));
+    product.assert_shapes(y);
     assert!(panels.len() >= pool.threads());
     // x in its slices, one after the other, each `[rows, length]`.
     packed.clear();

@@ -116,13 +116,7 @@ pub(super) fn gemm(
     y: &mut [f32],
 ) {
     assert!(available(), "AMX tiles are available");
-    assert_eq!(product.x.len(), product.rows * product.inner);
-    assert_eq!(
-        product.weight.len(),
-        product.out * product.inner * product.dtype.size_bytes()
-    );
-    assert_eq!(y.len(), product.rows * product.out);
-    assert!(product.bias.is_none_or(|bias| bias.len() == product.out));
+    product.assert_shapes(y);
     assert!(panels.len() >= pool.threads());
     assert!(
         product.dtype != DType::U4,
