@@ -250,20 +250,14 @@ fn query_row(
     let mut tile = 0;
     while tile < visible {
         let count = KEY_TILE.min(visible - tile);
-        // The tile's scores as four independent rows of sixteen lanes (four chains of
-        // adds in flight, kept in registers), each score summed over d in order.
-        let mut sums = [[0f32; LANES]; KEY_TILE / LANES];
-        for (d, &q_d) in q.iter().enumerate() {
-            let column = &keys_t[d * padded + tile..][..KEY_TILE];
-            for (row, keys) in sums.iter_mut().zip(column.chunks_exact(LANES)) {
-                for (sum, key) in row.iter_mut().zip(keys) {
-                    *sum += q_d * key;
-                }
-            }
-        }
+        // The tile's scores in rows of sixteen lanes, only the rows holding visible
+        // keys (independent chains of adds in registers), each summed over d in order.
         let mut scores = [0f32; KEY_TILE];
-        for (chunk, row) in scores.chunks_exact_mut(LANES).zip(&sums) {
-            chunk.copy_from_slice(row);
+        match count.div_ceil(LANES) {
+            1 => tile_scores::<1>(q, &keys_t[tile..], padded, &mut scores),
+            2 => tile_scores::<2>(q, &keys_t[tile..], padded, &mut scores),
+            3 => tile_scores::<3>(q, &keys_t[tile..], padded, &mut scores),
+            _ => tile_scores::<4>(q, &keys_t[tile..], padded, &mut scores),
         }
         // Scaled, with the keys past `count` at −∞ (weight 0), so the maximum and the
         // weights run over whole 16-lane rows: a maximum is the same in any order, and
@@ -364,4 +358,27 @@ fn accumulate<'v, const ROWS: usize, R: Fn(usize) -> &'v [f32]>(
         target.copy_from_slice(sum);
     }
     ROWS * LANES
+}
+
+/// The first `ROWS · LANES` scores of a tile: `q · Kᵀ[:, key]`, summed over d in order,
+/// `keys_t` starting at the tile's first key with rows of `padded` keys.
+#[inline(always)]
+fn tile_scores<const ROWS: usize>(
+    q: &[f32],
+    keys_t: &[f32],
+    padded: usize,
+    scores: &mut [f32; KEY_TILE],
+) {
+    let mut sums = [[0f32; LANES]; ROWS];
+    for (d, &q_d) in q.iter().enumerate() {
+        let column = &keys_t[d * padded..][..ROWS * LANES];
+        for (row, keys) in sums.iter_mut().zip(column.chunks_exact(LANES)) {
+            for (sum, key) in row.iter_mut().zip(keys) {
+                *sum += q_d * key;
+            }
+        }
+    }
+    for (chunk, row) in scores.chunks_exact_mut(LANES).zip(&sums) {
+        chunk.copy_from_slice(row);
+    }
 }

@@ -177,7 +177,8 @@ fn pack_rows<'p>(
 ) -> &'p [u16] {
     let tile_blocks = product.rows.div_ceil(ROWS) * (ROWS / 16);
     let halves = tile_blocks * chunks * TILE_HALVES;
-    packed.clear();
+    // Every value is written below; only the padding (rows past `rows`, values past
+    // `inner`) is zeroed, tile by tile, so the buffer is not cleared as a whole.
     packed.resize(halves + ROW_PADDING, 0);
     let offset = packed.as_ptr().align_offset(64).min(ROW_PADDING);
     let tiles = &mut packed[offset..offset + halves];
@@ -189,8 +190,24 @@ fn pack_rows<'p>(
             return;
         }
         let (first, end) = share(tile_blocks, threads, index, 1);
+        // The whole wrapper, not its field (a closure would capture the raw pointer).
         let base = pointer;
         for tile_block in first..end {
+            let block_start = tile_block * chunks * TILE_HALVES;
+            let padded_rows = (tile_block + 1) * 16 > product.rows;
+            let zeroed = match (padded_rows, inner % CHUNK) {
+                (true, _) => Some(block_start..block_start + chunks * TILE_HALVES),
+                (false, 0) => None,
+                (false, _) => Some(
+                    block_start + (chunks - 1) * TILE_HALVES..block_start + chunks * TILE_HALVES,
+                ),
+            };
+            if let Some(range) = zeroed {
+                // SAFETY: tile block `tile_block`'s tiles, this thread's alone.
+                unsafe {
+                    std::ptr::write_bytes(base.0.add(range.start), 0, range.len());
+                }
+            }
             for n in 0..16 {
                 let row = tile_block * 16 + n;
                 if row >= product.rows {
@@ -198,18 +215,41 @@ fn pack_rows<'p>(
                 }
                 let values = &product.x[row * inner..(row + 1) * inner];
                 for (chunk, values) in values.chunks(CHUNK).enumerate() {
-                    let tile = (tile_block * chunks + chunk) * TILE_HALVES + n * 2;
-                    for (within, &value) in values.iter().enumerate() {
-                        let at = tile + (within / 2) * 32 + within % 2;
-                        // SAFETY: `at` is inside tile block `tile_block`'s tiles, which
-                        // only this thread writes (the blocks are shared disjointly).
-                        unsafe { *base.0.add(at) = round_bf16(value) };
-                    }
+                    let tile = block_start + chunk * TILE_HALVES + n * 2;
+                    // SAFETY: `tile` and the 16 pairs at a 32-`u16` stride from it lie
+                    // in tile block `tile_block`'s tiles, which only this thread writes
+                    // (the blocks are shared disjointly).
+                    unsafe { pack_chunk(values, base.0.add(tile)) };
                 }
             }
         }
     });
     &packed[offset..offset + halves]
+}
+
+/// One row's (up to) 32 values of one chunk, rounded, as 16 pairs at a stride of one
+/// tile row (32 `u16`s) from `target`.
+///
+/// # Safety
+/// `target + 32p`, `target + 32p + 1` are writable for every pair `p` of `values`.
+#[inline(always)]
+unsafe fn pack_chunk(values: &[f32], target: *mut u16) {
+    if let Ok(values) = <&[f32; CHUNK]>::try_from(values) {
+        let mut rounded = [0u16; CHUNK];
+        for (half, &value) in rounded.iter_mut().zip(values) {
+            *half = round_bf16(value);
+        }
+        for pair in 0..CHUNK / 2 {
+            let word = u32::from(rounded[2 * pair]) | (u32::from(rounded[2 * pair + 1]) << 16);
+            // SAFETY: the caller's contract; a pair is 4 bytes at an even `u16` offset.
+            unsafe { target.add(pair * 32).cast::<u32>().write_unaligned(word) };
+        }
+        return;
+    }
+    for (within, &value) in values.iter().enumerate() {
+        // SAFETY: the caller's contract.
+        unsafe { *target.add((within / 2) * 32 + within % 2) = round_bf16(value) };
+    }
 }
 
 #[derive(Clone, Copy)]
