@@ -97,17 +97,22 @@ pub(super) fn gemm(
 ) {
     product.assert_shapes(y);
     assert!(panels.len() >= pool.threads());
-    // x in its slices, one after the other, each `[rows, length]`.
-    packed.clear();
-    for (first, length) in slices(product.inner) {
-        for row in product.x.chunks_exact(product.inner) {
-            packed.extend_from_slice(&row[first..first + length]);
+    // x in its slices, one after the other, each `[rows, length]` — x itself when it
+    // is one slice (it is then already that layout).
+    let packed: &[f32] = if product.inner <= SLICE_MAX && !product.bf16_operands {
+        product.x
+    } else {
+        packed.clear();
+        for (first, length) in slices(product.inner) {
+            for row in product.x.chunks_exact(product.inner) {
+                packed.extend_from_slice(&row[first..first + length]);
+            }
         }
-    }
-    if product.bf16_operands {
-        packed.iter_mut().for_each(|value| *value = to_bf16(*value));
-    }
-    let packed = &packed[..];
+        if product.bf16_operands {
+            packed.iter_mut().for_each(|value| *value = to_bf16(*value));
+        }
+        packed
+    };
     let width = block_width(product.out, product.inner);
     let blocks = product.out.div_ceil(width);
     let threads = pool.threads().min(blocks);
@@ -155,19 +160,25 @@ unsafe fn one_block(
     }
     let element = product.dtype.size_bytes();
     for (first, length) in slices(inner) {
-        panel.clear();
-        panel.resize(columns * length, 0.0);
-        for (feature, target) in panel.chunks_exact_mut(length).enumerate() {
-            let start = ((column + feature) * inner + first) * element;
-            widen(
-                product.dtype,
-                &product.weight[start..start + length * element],
-                target,
-            );
-        }
-        if product.bf16_operands && matches!(product.dtype, DType::F32 | DType::F16) {
-            panel.iter_mut().for_each(|value| *value = to_bf16(*value));
-        }
+        let panel: &[f32] = match in_place(product, column, columns) {
+            Some(rows) => rows,
+            None => {
+                panel.clear();
+                panel.resize(columns * length, 0.0);
+                for (feature, target) in panel.chunks_exact_mut(length).enumerate() {
+                    let start = ((column + feature) * inner + first) * element;
+                    widen(
+                        product.dtype,
+                        &product.weight[start..start + length * element],
+                        target,
+                    );
+                }
+                if product.bf16_operands && matches!(product.dtype, DType::F32 | DType::F16) {
+                    panel.iter_mut().for_each(|value| *value = to_bf16(*value));
+                }
+                panel
+            }
+        };
         let x_slice = &packed[first * rows..(first + length) * rows];
         let accumulate = first > 0 || product.bias.is_some();
         // `gemm` computes dst ← alpha·dst + beta·lhs·rhs with dst `[m, n]`. Here dst is
@@ -201,6 +212,23 @@ unsafe fn one_block(
             );
         }
     }
+}
+
+/// The weight rows `column..column + columns` as the panel itself, when the weight is
+/// f32 (aligned, unscaled, not rounded) and its inner dimension one slice: the rows
+/// are then already the panel's contiguous `[columns, inner]` layout.
+fn in_place<'w>(product: &Gemm<'w>, column: usize, columns: usize) -> Option<&'w [f32]> {
+    let usable =
+        product.dtype == DType::F32 && product.inner <= SLICE_MAX && !product.bf16_operands;
+    if !usable {
+        return None;
+    }
+    let start = column * product.inner * 4;
+    let bytes = &product.weight[start..start + columns * product.inner * 4];
+    // SAFETY: every bit pattern is a valid f32; `align_to` yields the aligned middle,
+    // used only when it is the whole range.
+    let (head, floats, tail) = unsafe { bytes.align_to::<f32>() };
+    (head.is_empty() && tail.is_empty()).then_some(floats)
 }
 
 /// `value` rounded to the nearest bf16 (ties to even), as an f32.
