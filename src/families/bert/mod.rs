@@ -440,8 +440,9 @@ pub fn bert_config(path: &Path, config: &serde_json::Value) -> Result<BertConfig
     BertConfig::from_json(path, config)
 }
 
-/// The steps of `tokens`, `batch` texts a step: sorted longest first (sentence-
-/// transformers' order), each batch padded to its own longest text; and the input
+/// The steps of `tokens`, `batch` texts a step: sorted shortest first (the first step,
+/// which `verify = first` computes twice, is the cheapest), each batch padded to its
+/// own longest text; and the input
 /// position of each text in the order the steps embed them.
 fn step_inputs(
     config: &BertConfig,

@@ -1,6 +1,8 @@
 //! Texts to token batches, with Hugging Face's own tokenizer reading `tokenizer.json`,
-//! batched as sentence-transformers batches them: texts sorted by length (longest
-//! first) into batches, each padded on the right to its own longest text — not to the
+//! batched as sentence-transformers batches them: texts sorted by length into batches
+//! (shortest first, where sentence-transformers takes the longest first: the first
+//! step is the one `verify = first` computes twice, and the shortest batch makes that
+//! reference cheapest), each padded on the right to its own longest text — not to the
 //! fixed length a `tokenizer.json` may configure (MiniLM's pads every text to 128) —
 //! and results given back in input order. Padding is on the right, so the real tokens
 //! of every sequence are its prefix; truncation never goes past the model's positions.
@@ -129,11 +131,11 @@ pub fn from_ids(texts: &[Vec<u32>], max_positions: usize) -> Vec<Tokens> {
         .collect()
 }
 
-/// Texts in the order they are batched: longest first (a stable sort, so texts of
+/// Texts in the order they are batched: shortest first (a stable sort, so texts of
 /// one length keep their input order). `order[k]` is the input position of the k-th.
 pub fn length_order(tokens: &[Tokens]) -> Vec<usize> {
     let mut order: Vec<usize> = (0..tokens.len()).collect();
-    order.sort_by_key(|&text| std::cmp::Reverse(tokens[text].ids.len()));
+    order.sort_by_key(|&text| tokens[text].ids.len());
     order
 }
 
