@@ -176,8 +176,10 @@ fn assert_every_product_within_bound(compute: &CpuCompute, what: &str) {
     }
 }
 
-/// Many-rows shapes around the AMX kernel's 32 × 32 blocks and 32-value tiles.
-const BF16_SHAPES: [(usize, usize, usize); 3] = [(33, 33, 33), (64, 64, 64), (17, 700, 31)];
+/// Many-rows shapes around the AMX kernel's 32 × 32 blocks and 32-value tiles, and
+/// one whose packed activations (bf16 weights) are multiplied in slabs.
+const BF16_SHAPES: [(usize, usize, usize); 4] =
+    [(33, 33, 33), (64, 64, 64), (17, 700, 31), (40, 1024, 70)];
 
 #[test]
 fn products_of_every_dtype_and_shape_class_match_an_f64_reference() {

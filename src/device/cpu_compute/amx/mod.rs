@@ -92,17 +92,41 @@ pub(super) fn bf16_value(half: u16) -> f32 {
     f32::from_bits(u32::from(half) << 16)
 }
 
-/// Per-thread buffers: the weight panel (bf16) and its f32 widening.
+/// Packed activations past this many bytes are multiplied in slabs of the inner
+/// dimension of [`SLAB_BYTES`] (with every row block), so a slab stays in L2 while
+/// every feature block reads it: at 265 rows, `down_proj`'s 8192 inner values pack to
+/// 4.3 MiB, which otherwise streams from L3 for each block of 32 features.
+/// (The unit tests slab products of a few hundred KiB, so their shapes take this path.)
+const SLABBED_BYTES: usize = if cfg!(test) { 64 << 10 } else { 2 << 20 };
+const SLAB_BYTES: usize = if cfg!(test) { 32 << 10 } else { 1 << 20 };
+
+/// Per-thread buffers: the weight panel (bf16), its f32 widening, and the
+/// accumulators kept between slabs (one per feature block and row block).
 #[derive(Default)]
 pub(super) struct Panel {
     halves: Vec<u16>,
     widened: Vec<f32>,
+    sums: Vec<tiles::Accumulators>,
 }
 
 impl Panel {
     /// Bytes held (grown to the largest use).
     pub(super) fn bytes(&self) -> usize {
-        self.halves.capacity() * 2 + self.widened.capacity() * 4
+        self.halves.capacity() * 2
+            + self.widened.capacity() * 4
+            + self.sums.capacity() * std::mem::size_of::<tiles::Accumulators>()
+    }
+}
+
+/// Chunks of the inner dimension a slab takes (`chunks`: one slab).
+fn slab_chunks(product: &Gemm<'_>, chunks: usize, tile_blocks: usize) -> usize {
+    let chunk_bytes = tile_blocks * TILE_HALVES * 2;
+    let slabbed = product.dtype == DType::Bf16
+        && product.inner % CHUNK == 0
+        && chunks * chunk_bytes > SLABBED_BYTES;
+    match slabbed {
+        true => (SLAB_BYTES / chunk_bytes).clamp(1, chunks),
+        false => chunks,
     }
 }
 
@@ -125,6 +149,7 @@ pub(super) fn gemm(
     let chunks = product.inner.div_ceil(CHUNK);
     let row_blocks = product.rows.div_ceil(ROWS);
     let packed = pack_rows(pool, product, chunks, packed);
+    let slab = slab_chunks(product, chunks, row_blocks * (ROWS / 16));
     let blocks = product.out.div_ceil(FEATURES);
     let threads = pool.threads().min(blocks);
     let output = SharedOut::new(y);
@@ -132,34 +157,65 @@ pub(super) fn gemm(
         if index >= threads {
             return;
         }
-        let mut panel = panels[index].lock().unwrap_or_else(PoisonError::into_inner);
+        let mut guard = panels[index].lock().unwrap_or_else(PoisonError::into_inner);
+        let Panel {
+            halves,
+            widened,
+            sums,
+        } = &mut *guard;
         let (first, end) = share(blocks, threads, index, 1);
+        // One accumulator per (block, row block) when there are slabs to carry them
+        // across; one in all otherwise. Their contents never matter before a use (a
+        // first slab starts from zero tiles).
+        let slabbed = slab < chunks;
+        let needed = if slabbed {
+            (end - first) * row_blocks
+        } else {
+            1
+        };
+        if sums.len() < needed {
+            sums.resize_with(needed, Default::default);
+        }
         // SAFETY: the tiles were granted (`available`); the configuration is a valid
         // palette-1 layout of eight 16 × 64-byte tiles.
         unsafe { tiles::configure() };
-        for block in first..end {
-            let feature = block * FEATURES;
-            let panel = match in_place(product, feature) {
-                Some(rows) => rows,
-                None => {
-                    let (offset, stride) = fill_panel(product, feature, chunks, &mut panel);
-                    (&panel.halves[offset..], stride)
-                }
-            };
-            for row_block in 0..row_blocks {
-                // SAFETY: block `block` owns output columns `feature..feature + 32`
-                // (those below `out`), written by this thread alone; the panel holds
-                // 32 rows of `chunks` tiles at `stride`, `packed` every row block.
-                unsafe {
-                    one_block(
-                        product,
-                        panel,
-                        packed,
-                        (feature, row_block * ROWS),
-                        chunks,
-                        output,
-                    )
+        // Slabs of the inner dimension in order, each over every block: an output's
+        // chain of products runs through the slabs in order, its accumulator kept in
+        // `sums` between them (f32, as in the tile), so the bits are the one-slab bits.
+        for slab_start in (0..chunks).step_by(slab) {
+            let slab = (slab_start, slab.min(chunks - slab_start));
+            for block in first..end {
+                let feature = block * FEATURES;
+                let panel = match in_place(product, feature) {
+                    Some(rows) => rows,
+                    None => {
+                        let (offset, stride) =
+                            fill_panel(product, feature, chunks, (halves, widened));
+                        (&halves[offset..], stride)
+                    }
                 };
+                for row_block in 0..row_blocks {
+                    let at = if slabbed {
+                        (block - first) * row_blocks + row_block
+                    } else {
+                        0
+                    };
+                    let sums = &mut sums[at];
+                    // SAFETY: block `block` owns output columns `feature..feature + 32`
+                    // (those below `out`), written by this thread alone; the panel
+                    // holds 32 rows of `chunks` tiles at `stride`, `packed` every row
+                    // block.
+                    unsafe {
+                        one_block(
+                            product,
+                            (panel, packed),
+                            (feature, row_block * ROWS),
+                            (chunks, slab),
+                            sums,
+                            output,
+                        )
+                    };
+                }
             }
         }
         // SAFETY: tiles configured above; releasing them returns the state to init.
@@ -283,10 +339,9 @@ fn fill_panel(
     product: &Gemm<'_>,
     feature: usize,
     chunks: usize,
-    panel: &mut Panel,
+    (halves, widened): (&mut Vec<u16>, &mut Vec<f32>),
 ) -> (usize, usize) {
     let stride = chunks * CHUNK + ROW_PADDING;
-    let Panel { halves, widened } = panel;
     let needed = FEATURES * stride + ROW_PADDING;
     if halves.len() != needed {
         halves.clear();
@@ -330,26 +385,29 @@ fn fill_panel(
 /// output columns.
 unsafe fn one_block(
     product: &Gemm<'_>,
-    (panel, stride): (&[u16], usize),
-    packed: &[u16],
+    ((panel, stride), packed): ((&[u16], usize), &[u16]),
     (feature, row): (usize, usize),
-    chunks: usize,
+    (chunks, (slab_start, slab_chunks)): (usize, (usize, usize)),
+    sums: &mut tiles::Accumulators,
     output: SharedOut,
 ) {
-    assert!(panel.len() >= FEATURES * stride);
-    let first_tile = (row / 16) * chunks * TILE_HALVES;
-    assert!(packed.len() >= first_tile + 2 * chunks * TILE_HALVES);
-    let mut sums = tiles::Accumulators::default();
-    // SAFETY: bounds asserted above; tiles configured (the caller's contract).
+    assert!(panel.len() >= FEATURES * stride && slab_start + slab_chunks <= chunks);
+    let first_tile = ((row / 16) * chunks + slab_start) * TILE_HALVES;
+    assert!(packed.len() >= first_tile + (chunks + slab_chunks) * TILE_HALVES);
+    // SAFETY: bounds asserted above (the second row block's tiles start `chunks`
+    // tiles after the first's); tiles configured (the caller's contract).
     unsafe {
         tiles::multiply(
-            panel.as_ptr(),
+            panel.as_ptr().add(slab_start * CHUNK),
             stride * 2,
-            packed.as_ptr().add(first_tile),
-            chunks,
-            &mut sums,
+            (packed.as_ptr().add(first_tile), chunks),
+            (slab_chunks, slab_start > 0),
+            sums,
         )
     };
+    if slab_start + slab_chunks < chunks {
+        return;
+    }
     let (out, rows) = (product.out, product.rows);
     let scale = product.scale.unwrap_or(1.0);
     for (tile, (feature_offset, row_offset)) in

@@ -13,8 +13,8 @@ pub(super) unsafe fn release() {}
 pub(super) unsafe fn multiply(
     _: *const u16,
     _: usize,
-    _: *const u16,
-    _: usize,
+    _: (*const u16, usize),
+    _: (usize, bool),
     _: &mut Accumulators,
 ) {
     unreachable!("AMX is x86-64 only")

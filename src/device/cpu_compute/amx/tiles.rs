@@ -47,31 +47,53 @@ pub(super) unsafe fn release() {
     unsafe { asm!("tilerelease", options(nostack, nomem)) };
 }
 
-/// `sums ← Σ_c panel(c)·packed(c)` over `chunks` tiles of the inner dimension:
-/// the weight tiles are 16 panel rows of 64 bytes at `stride_bytes`, the
-/// activation tiles 1 KiB each, row block 0's `chunks` tiles then row block 1's.
+/// `sums ← Σ_c panel(c)·packed(c)` over `chunks` tiles of the inner dimension (`+
+/// sums` when `resume`: the accumulators continue a chain begun on an earlier slab):
+/// the weight tiles are 16 panel rows of 64 bytes at `stride_bytes`, the activation
+/// tiles 1 KiB each, row block 0's from `packed`, row block 1's `row_block_tiles`
+/// tiles later.
 ///
 /// # Safety
 /// Tiles configured on this thread; `panel` covers 32 rows at `stride_bytes` of
-/// `chunks` × 64 bytes, `packed` `2 × chunks` tiles; `chunks ≥ 1`.
+/// `chunks` × 64 bytes, `packed` `row_block_tiles + chunks` tiles; `chunks ≥ 1`.
 pub(super) unsafe fn multiply(
     panel: *const u16,
     stride_bytes: usize,
-    packed: *const u16,
-    chunks: usize,
+    (packed, row_block_tiles): (*const u16, usize),
+    (chunks, resume): (usize, bool),
     sums: &mut Accumulators,
 ) {
     assert!(chunks >= 1);
     // SAFETY: every load is inside the ranges of the caller's contract; the four
-    // stores fill `sums` (4 × 1 KiB at a 64-byte stride).
+    // loads and stores of `sums` cover it (4 × 1 KiB at a 64-byte stride). The tile
+    // registers keep their values between the two `asm!` blocks (nothing else on this
+    // thread uses them).
     unsafe {
         let second_panel = panel.cast::<u8>().add(16 * stride_bytes);
-        let second_rows = packed.cast::<u8>().add(chunks * 1024);
+        let second_rows = packed.cast::<u8>().add(row_block_tiles * 1024);
+        if resume {
+            asm!(
+                "tileloadd tmm0, [{c} + {stride}*1]",
+                "add {c}, 1024",
+                "tileloadd tmm1, [{c} + {stride}*1]",
+                "add {c}, 1024",
+                "tileloadd tmm2, [{c} + {stride}*1]",
+                "add {c}, 1024",
+                "tileloadd tmm3, [{c} + {stride}*1]",
+                c = inout(reg) sums.0.as_ptr() => _,
+                stride = in(reg) 64usize,
+                options(nostack, readonly)
+            );
+        } else {
+            asm!(
+                "tilezero tmm0",
+                "tilezero tmm1",
+                "tilezero tmm2",
+                "tilezero tmm3",
+                options(nostack, nomem)
+            );
+        }
         asm!(
-            "tilezero tmm0",
-            "tilezero tmm1",
-            "tilezero tmm2",
-            "tilezero tmm3",
             "2:",
             "tileloadd tmm4, [{a0} + {a_stride}*1]",
             "tileloadd tmm5, [{a1} + {a_stride}*1]",
