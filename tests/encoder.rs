@@ -106,6 +106,7 @@ fn bf16_products_change_the_math_within_bf16_and_still_stream_bit_exactly() {
     );
     let summary = &streamed["summary"];
     assert_eq!(summary["verified_steps"], summary["steps"]);
+    assert_eq!(summary["compute_dtype"], "bf16");
     assert!(summary["streamed_bytes_per_step_planned"].as_u64().unwrap() > 0);
     let similarity = streamed["similarity"][0][1].as_f64().unwrap();
     assert!(
@@ -122,6 +123,7 @@ fn bf16_products_change_the_math_within_bf16_and_still_stream_bit_exactly() {
         "streamed = resident"
     );
     let f32_run = embed(&model, &[FOOD, BREAD, "--vram-budget", "1GiB"]);
+    assert_eq!(f32_run["summary"]["compute_dtype"], "f32");
     assert_ne!(
         embeddings(&f32_run),
         embeddings(&resident),

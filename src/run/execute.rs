@@ -148,6 +148,7 @@ pub fn execute_on<C: Compute>(
         host_bytes: prepared.facts().host_table_bytes(),
         peak_rss_bytes: peak_rss_bytes(),
         roofline,
+        compute_dtype: settings.compute_dtype,
     })
 }
 

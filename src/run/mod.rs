@@ -232,6 +232,8 @@ pub struct Outcome {
     pub staging_ring_bytes: u64,
     /// The machine's roofline the bound's compute share came from (the CPU backend).
     pub roofline: Option<roofline::Roofline>,
+    /// The precision of the many-rows products (`compute_dtype`).
+    pub compute_dtype: crate::compute::ComputeDtype,
 }
 
 /// An observer that records nothing, for runs without metrics.

@@ -18,6 +18,8 @@ pub struct Summary {
     pub verified_steps: u64,
     /// How the steps were checked: full, first, weights or off.
     pub verify: &'static str,
+    /// The precision of the many-rows products: f32 or bf16 (`compute_dtype`).
+    pub compute_dtype: &'static str,
     /// Blocks checked against the file as they landed (`verify = first | weights`).
     pub landings_checked: u64,
     pub landed_bytes_checked: u64,
@@ -132,6 +134,7 @@ impl Summary {
             steps: report.steps,
             verified_steps: report.verified_steps,
             verify: report.verify.name(),
+            compute_dtype: outcome.compute_dtype.name(),
             landings_checked: report.landings_checked,
             landed_bytes_checked: report.landed_bytes_checked,
             model_bytes: outcome.model_bytes,

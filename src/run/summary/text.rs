@@ -55,10 +55,14 @@ impl Summary {
             line(
                 out,
                 format!(
-                    "stagehand run: {}, {} on {} ({} reads), {}",
+                    "stagehand run: {}, {} on {}{} ({} reads), {}",
                     self.workload,
                     counted(self.steps, "step", "steps"),
                     self.device,
+                    match self.compute_dtype {
+                        "f32" => "",
+                        _ => " with bf16 products",
+                    },
                     self.storage,
                     self.verification(reference)
                 ),
