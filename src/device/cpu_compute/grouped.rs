@@ -170,13 +170,6 @@ fn product(
             // Dequantized groups multiply on the f32 kernels, operands rounded.
             bf16_operands: compute.compute_dtype() == crate::compute::ComputeDtype::Bf16,
         };
-        let mut packed = compute.packed.borrow_mut();
-        gemm::gemm(
-            &compute.pool,
-            &compute.scratch,
-            &mut packed,
-            &product,
-            partial,
-        );
+        compute.f32_gemm(&product, partial);
     }
 }

@@ -130,6 +130,12 @@ impl CpuCompute {
         self.compute_dtype
     }
 
+    /// A many-rows product on the f32 kernels, with this compute's pool and buffers.
+    fn f32_gemm(&self, product: &gemm::Gemm<'_>, y: &mut [f32]) {
+        let mut packed = self.packed.borrow_mut();
+        gemm::gemm(&self.pool, &self.scratch, &mut packed, product, y);
+    }
+
     /// Whether bf16 products run on AMX tiles on this machine (else on the f32
     /// kernels, operands rounded to bf16 first).
     pub fn bf16_tiles() -> bool {

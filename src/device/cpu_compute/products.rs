@@ -73,14 +73,7 @@ pub(super) fn linear(
                 &mut y.data,
             );
         } else {
-            let mut packed = compute.packed.borrow_mut();
-            gemm::gemm(
-                &compute.pool,
-                &compute.scratch,
-                &mut packed,
-                &product,
-                &mut y.data,
-            );
+            compute.f32_gemm(&product, &mut y.data);
         }
     }
     Ok(())
