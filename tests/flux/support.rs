@@ -4,8 +4,6 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
 
 use stagehand::compute::DType;
 use stagehand::families::flux::{
@@ -13,7 +11,7 @@ use stagehand::families::flux::{
 };
 use stagehand::lora::LoraSpec;
 use stagehand::run::{
-    execute, no_observer, prepare_with, Budgets, Extras, Outcome, Prepared, RunPlan, WorkloadKind,
+    execute, prepare_with, Budgets, Extras, Outcome, Prepared, RunPlan, WorkloadKind,
 };
 use stagehand::settings::Settings;
 
@@ -97,21 +95,14 @@ pub fn run_within(prepared: &Prepared, steps: u64, vram_budget_bytes: u64) -> Ou
 /// The plan of a sampling run: `steps` under `vram_budget_bytes` and a 64 MiB pin
 /// ceiling, prefetching one block ahead, keeping the latents.
 pub fn plan(settings: &Settings, steps: u64, vram_budget_bytes: u64) -> RunPlan<'_> {
+    let budgets = Budgets {
+        vram_budget_bytes,
+        pin_ceiling_bytes: 64 << 20,
+    };
     RunPlan {
-        settings,
-        budgets: Budgets {
-            vram_budget_bytes,
-            pin_ceiling_bytes: 64 << 20,
-        },
         prefetch_depth: 1,
-        policy: stagehand::actors::ResidencyPolicy::Planned,
-        steps,
-        stop: Arc::new(AtomicBool::new(false)),
-        observer: no_observer(),
-        on_step: Box::new(|_, _| {}),
-        fail_after_reads: None,
         keep_outputs: true,
-        on_token: None,
+        ..RunPlan::new(settings, budgets, steps)
     }
 }
 

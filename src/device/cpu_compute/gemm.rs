@@ -233,7 +233,7 @@ fn in_place<'w>(product: &Gemm<'w>, column: usize, columns: usize) -> Option<&'w
 
 /// `value` rounded to the nearest bf16 (ties to even), as an f32.
 fn to_bf16(value: f32) -> f32 {
-    super::amx::bf16_value(super::amx::round_bf16(value))
+    half::bf16::from_f32(value).to_f32()
 }
 
 /// Widens `stored` (elements of `dtype`) into `out`, sixteen at a time in registers;

@@ -136,12 +136,6 @@ impl CpuCompute {
         gemm::gemm(&self.pool, &self.scratch, &mut packed, product, y);
     }
 
-    /// Whether bf16 products run on AMX tiles on this machine (else on the f32
-    /// kernels, operands rounded to bf16 first).
-    pub fn bf16_tiles() -> bool {
-        amx::available()
-    }
-
     /// The threads that compute, the calling one included.
     pub fn threads(&self) -> usize {
         self.pool.threads()

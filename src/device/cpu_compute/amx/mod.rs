@@ -8,9 +8,10 @@
 //! rows), two weight tiles and two activation tiles in the eight tile registers, and
 //! runs the whole inner dimension into them before writing them out once:
 //!
-//! - the **weight** side (the tiles' rows) is a panel of 32 output features, copied
-//!   (bf16) or rounded (f32, f16) or widened exactly (FP8, int8) to bf16, its row
-//!   stride padded by 64 bytes so the 16 rows of a tile do not share cache sets;
+//! - the **weight** side (the tiles' rows) is 32 output features: a bf16 weight whose
+//!   rows fill whole tiles is read in place; any other is a panel rounded (f32, f16)
+//!   or widened exactly (FP8, int8, a ragged bf16) to bf16, its row stride padded by
+//!   64 bytes so the 16 rows of a tile do not share cache sets;
 //! - the **activation** side is `x` rounded to bf16 once per product and packed in
 //!   the tiles' pair-interleaved ("VNNI") order: tile `(b, c)` holds rows `16b..16b+16`
 //!   and inner values `32c..32c+32`, pair `p` of row `n` at `u32` `16p + n`;
@@ -76,20 +77,11 @@ fn detect() -> bool {
     false
 }
 
-/// f32 → bf16, rounded to nearest even; a NaN stays a (quiet) NaN.
+/// f32 → bf16 bits, rounded to nearest even (the `half` crate's conversion, which
+/// the bf16 dtype's narrowing uses too); a NaN stays a quiet NaN.
 #[inline(always)]
-pub(super) fn round_bf16(value: f32) -> u16 {
-    let bits = value.to_bits();
-    if value.is_nan() {
-        return ((bits >> 16) | 0x40) as u16;
-    }
-    ((bits + 0x7fff + ((bits >> 16) & 1)) >> 16) as u16
-}
-
-/// The value of a bf16.
-#[inline(always)]
-pub(super) fn bf16_value(half: u16) -> f32 {
-    f32::from_bits(u32::from(half) << 16)
+fn round_bf16(value: f32) -> u16 {
+    half::bf16::from_f32(value).to_bits()
 }
 
 /// Packed activations past this many bytes are multiplied in slabs of the inner
