@@ -5,9 +5,8 @@
 //!
 //! Work is split by key/value head (of one sequence): a task transposes its K head
 //! once, then serves every query head that shares it (grouped-query attention). Each
-//! output row is computed by one task in one fixed order — tiles in key order, the
-//! scores of a tile in order — so the bits depend on neither which thread runs a task
-//! nor how many threads there are. A score sums over the head dimension in order, an
+//! output row is computed by one task in one fixed order — tiles in key order — so
+//! the bits depend on neither which thread runs a task nor how many threads there are. A score sums over the head dimension in order, an
 //! output value over the keys in order; a tile's maximum and weight sum are taken in
 //! sixteen lanes, then over the lanes in order. The loops are plain element-wise f32
 //! arithmetic (no fused multiply-add, no reassociation), written so that independent
@@ -323,7 +322,11 @@ fn query_row(
 fn accumulate_rows<'v>(out: &mut [f32], weights: &[f32], row: impl Fn(usize) -> &'v [f32]) {
     let whole = match out.len() / LANES {
         8 => accumulate::<8, _>(out, weights, &row),
+        7 => accumulate::<7, _>(out, weights, &row),
+        6 => accumulate::<6, _>(out, weights, &row),
+        5 => accumulate::<5, _>(out, weights, &row),
         4 => accumulate::<4, _>(out, weights, &row),
+        3 => accumulate::<3, _>(out, weights, &row),
         2 => accumulate::<2, _>(out, weights, &row),
         1 => accumulate::<1, _>(out, weights, &row),
         _ => 0,
