@@ -2,10 +2,11 @@
 //! on 1 and on every core, and prints GB/s (decode) and GFLOP/s (many rows): the
 //! kernel figures behind BENCHMARKS.md "Compute against PyTorch on the CPU backend".
 //!
-//!     cargo run --release --example cpu-kernels [-- [f32|bf16] THREADS...]
+//!     cargo run --release --example cpu-kernels [-- [f32|bf16] [attention] THREADS...]
 //!
 //! `bf16` times the many-rows products under `compute_dtype = bf16` (AMX tiles where
-//! the CPU has them); decode rows are the same either way.
+//! the CPU has them); decode rows are the same either way. `attention` times only the
+//! attention rows (many times over: a profile of it sees little else).
 
 use std::time::Instant;
 
@@ -41,6 +42,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .iter()
         .find_map(|argument| ComputeDtype::parse(argument))
         .unwrap_or_default();
+    let only_attention = arguments.iter().any(|argument| argument == "attention");
     let threads: Vec<usize> = arguments
         .iter()
         .filter_map(|argument| argument.parse().ok())
@@ -57,7 +59,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             compute.threads(),
             compute_dtype.name()
         );
-        for dtype in [DType::Bf16, DType::F8E4M3, DType::F32] {
+        let dtypes = if only_attention {
+            &[][..]
+        } else {
+            &[DType::Bf16, DType::F8E4M3, DType::F32][..]
+        };
+        for &dtype in dtypes {
             for (what, rows, inner, out) in PRODUCTS {
                 let values: Vec<f32> = (0..out * inner)
                     .map(|i| ((i % 251) as f32 - 125.0) * 1e-3)
@@ -81,18 +88,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 );
             }
         }
-        for (what, length, heads, kv_heads) in [
-            ("prefill 265 attention", 265, 32, 8),
-            ("minilm 32x40 attention", 40, 12, 12),
+        // (what, tokens, heads, K/V heads, head width)
+        for (what, length, heads, kv_heads, head_dim) in [
+            ("prefill 265 attention", 265, 32, 8, 64),
+            ("minilm 32x40 attention", 40, 12, 12, 32),
         ] {
             let sequences = if heads == 12 { 32 } else { 1 };
             let rows = sequences * length;
-            let mut q = compute.tensor(rows, heads * 64)?;
-            compute.write(&mut q, &vec![0.01; rows * heads * 64])?;
-            let mut k = compute.tensor(rows, kv_heads * 64)?;
-            compute.write(&mut k, &vec![0.02; rows * kv_heads * 64])?;
+            let mut q = compute.tensor(rows, heads * head_dim)?;
+            compute.write(&mut q, &vec![0.01; rows * heads * head_dim])?;
+            let mut k = compute.tensor(rows, kv_heads * head_dim)?;
+            compute.write(&mut k, &vec![0.02; rows * kv_heads * head_dim])?;
             let v = k.clone();
-            let mut out = compute.tensor(rows, heads * 64)?;
+            let mut out = compute.tensor(rows, heads * head_dim)?;
             let lengths = vec![length; sequences];
             let mask = if heads == 12 {
                 Mask::Padding(&lengths)
@@ -104,16 +112,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 sequence_length: length,
                 heads,
                 kv_heads,
-                head_dim: 64,
+                head_dim,
                 scale: 0.125,
                 mask,
             };
-            let seconds = seconds_best(5, || {
+            let repeats = if only_attention { 500 } else { 5 };
+            let seconds = seconds_best(repeats, || {
                 compute
                     .attention(&q, &k, &v, &shape, &mut out)
                     .expect("attention");
             });
             println!("     f32 {what:<24} {:8.3} ms", seconds * 1e3);
+        }
+        if only_attention {
+            continue;
         }
         // What `verify = weights` pays per landed block: one checksum pass over it.
         let landed = compute.load_block(&vec![0x5a_u8; 64 << 20])?;

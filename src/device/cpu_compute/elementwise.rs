@@ -24,7 +24,8 @@ pub(super) fn exp(x: f32) -> f32 {
     // 1.5·2²³: adding and subtracting it rounds to the nearest integer (ties to even).
     const ROUNDER: f32 = 12_582_912.0;
     let clamped = x.clamp(-87.3, 88.0);
-    let n = (clamped * LOG2_E + ROUNDER) - ROUNDER;
+    let shifted = clamped * LOG2_E + ROUNDER;
+    let n = shifted - ROUNDER;
     let r = (clamped - n * LN2_HIGH) - n * LN2_LOW;
     let mut p = 1.987_569_1e-4;
     p = p * r + 1.398_199_9e-3;
@@ -33,7 +34,13 @@ pub(super) fn exp(x: f32) -> f32 {
     p = p * r + 0.166_666_65;
     p = p * r + 0.5;
     let value = (p * (r * r) + r) + 1.0;
-    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    // n as an integer from the rounder's bits (ulp 1 there: its low bits are n), not
+    // `n as i32`, whose saturating conversion does not vectorise.
+    let exponent = shifted
+        .to_bits()
+        .wrapping_sub(ROUNDER.to_bits())
+        .wrapping_add(127);
+    let scale = f32::from_bits(exponent << 23);
     let result = value * scale;
     if x < -87.3 {
         0.0

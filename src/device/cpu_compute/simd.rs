@@ -30,8 +30,12 @@ pub(super) trait Lanes: Copy {
             )
         }
     }
+    /// `value` in every lane.
+    unsafe fn splat(value: f32) -> Self;
     /// `a·b + c` per lane, rounded once.
     unsafe fn fma(a: Self, b: Self, c: Self) -> Self;
+    /// `a·b` per lane.
+    unsafe fn mul(a: Self, b: Self) -> Self;
     unsafe fn store(self, at: *mut f32);
 }
 
@@ -156,12 +160,18 @@ impl Lanes for Portable {
         }
         Portable(lanes)
     }
+    unsafe fn splat(value: f32) -> Self {
+        Portable([value; 16])
+    }
     unsafe fn fma(a: Self, b: Self, c: Self) -> Self {
         let mut lanes = c.0;
         for (lane, value) in lanes.iter_mut().enumerate() {
             *value = a.0[lane].mul_add(b.0[lane], *value);
         }
         Portable(lanes)
+    }
+    unsafe fn mul(a: Self, b: Self) -> Self {
+        Portable(std::array::from_fn(|lane| a.0[lane] * b.0[lane]))
     }
     unsafe fn store(self, at: *mut f32) {
         // SAFETY: the caller's contract.

@@ -294,7 +294,7 @@ fn an_impossible_activation_is_an_error_not_an_abort() {
 #[test]
 fn cached_attention_one_token_at_a_time_equals_causal_attention() {
     // Proves decoding against a KV cache, a query at a time, gives what causal
-    // attention over the whole sequence gives (grouped-query heads too).
+    // attention over the whole sequence gives (grouped-query heads too), bit for bit.
     let compute = CpuCompute::new();
     let (length, heads, kv_heads, head_dim) = (6, 4, 2, 8);
     let q_values = seeded(length * heads * head_dim, 11);
@@ -310,6 +310,20 @@ fn cached_attention_one_token_at_a_time_equals_causal_attention() {
         mask: Mask::Causal,
     };
     let expected = naive_attention(&q_values, &k_values, &v_values, &full);
+    let tensor = |rows: usize, values: &[f32]| {
+        let mut tensor = compute.tensor(rows, values.len() / rows).unwrap();
+        compute.write(&mut tensor, values).unwrap();
+        tensor
+    };
+    let mut causal = compute.tensor(length, heads * head_dim).unwrap();
+    let (q_all, k_all, v_all) = (
+        tensor(length, &q_values),
+        tensor(length, &k_values),
+        tensor(length, &v_values),
+    );
+    compute
+        .attention(&q_all, &k_all, &v_all, &full, &mut causal)
+        .unwrap();
     let mut k_cache = compute.tensor(0, kv_heads * head_dim).unwrap();
     let mut v_cache = compute.tensor(0, kv_heads * head_dim).unwrap();
     let kv_cols = kv_heads * head_dim;
@@ -351,6 +365,14 @@ fn cached_attention_one_token_at_a_time_equals_causal_attention() {
             .unwrap();
         let row = &expected[token * q_cols..(token + 1) * q_cols];
         assert!(close(out.values(), row, 1e-5), "token {token}");
+        // A query's bits do not depend on the rows it shares a block with.
+        let prefill = &causal.values()[token * q_cols..(token + 1) * q_cols];
+        let bits = |values: &[f32]| values.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(
+            bits(out.values()),
+            bits(prefill),
+            "token {token}: decode = prefill"
+        );
     }
 }
 

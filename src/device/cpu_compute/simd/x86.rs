@@ -90,6 +90,11 @@ impl Lanes for Avx2 {
         }
     }
     #[inline(always)]
+    unsafe fn splat(value: f32) -> Self {
+        // SAFETY: AVX (checked by `Isa::detect`).
+        unsafe { Avx2(_mm256_set1_ps(value), _mm256_set1_ps(value)) }
+    }
+    #[inline(always)]
     unsafe fn fma(a: Self, b: Self, c: Self) -> Self {
         // SAFETY: FMA (checked by `Isa::detect`).
         unsafe {
@@ -98,6 +103,11 @@ impl Lanes for Avx2 {
                 _mm256_fmadd_ps(a.1, b.1, c.1),
             )
         }
+    }
+    #[inline(always)]
+    unsafe fn mul(a: Self, b: Self) -> Self {
+        // SAFETY: AVX (checked by `Isa::detect`).
+        unsafe { Avx2(_mm256_mul_ps(a.0, b.0), _mm256_mul_ps(a.1, b.1)) }
     }
     #[inline(always)]
     unsafe fn store(self, at: *mut f32) {
@@ -195,9 +205,19 @@ impl Lanes for Avx512 {
         }
     }
     #[inline(always)]
+    unsafe fn splat(value: f32) -> Self {
+        // SAFETY: AVX-512F (checked by `Isa::detect`).
+        unsafe { Avx512(_mm512_set1_ps(value)) }
+    }
+    #[inline(always)]
     unsafe fn fma(a: Self, b: Self, c: Self) -> Self {
         // SAFETY: AVX-512F (checked by `Isa::detect`).
         unsafe { Avx512(_mm512_fmadd_ps(a.0, b.0, c.0)) }
+    }
+    #[inline(always)]
+    unsafe fn mul(a: Self, b: Self) -> Self {
+        // SAFETY: AVX-512F (checked by `Isa::detect`).
+        unsafe { Avx512(_mm512_mul_ps(a.0, b.0)) }
     }
     #[inline(always)]
     unsafe fn store(self, at: *mut f32) {
