@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use super::run::{run_error, run_prepared, use_cuda, Launch, PolicyArg};
 use super::{CommandResult, Failure};
-use stagehand::families::bert::{cosine, embeddings_in_input_order, EmbeddingPlacement};
+use stagehand::families::bert::{embeddings_in_input_order, similarity_table, EmbeddingPlacement};
 use stagehand::lora::LoraSpec;
 use stagehand::run::summary::Summary;
 use stagehand::run::{
@@ -111,10 +111,7 @@ pub fn execute(args: EmbedArgs) -> CommandResult {
         },
     )?;
     let embeddings = embeddings(&outcome, &prepared, labels.len())?;
-    let similarity: Vec<Vec<f32>> = embeddings
-        .iter()
-        .map(|a| embeddings.iter().map(|b| cosine(a, b)).collect())
-        .collect();
+    let similarity = similarity_table(&embeddings);
     let summary = Summary::new(&outcome);
     let texts: Vec<Embedded> = labels
         .into_iter()

@@ -34,6 +34,7 @@ mod weights;
 
 use weights::{as_f32, vector, weight_bytes, weight_scale};
 mod simd;
+mod spare;
 
 use std::cell::RefCell;
 use std::sync::Mutex;
@@ -162,16 +163,10 @@ impl CpuCompute {
     }
 }
 
-fn allocate(rows: usize, cols: usize) -> Result<Vec<f32>, ComputeError> {
-    let count = shapes::elements(rows, cols)?;
-    let mut data = Vec::new();
-    data.try_reserve_exact(count).map_err(|_| {
-        ComputeError::OutOfMemory(format!(
-            "an activation of {rows} × {cols} f32 does not fit in host memory; lower --batch"
-        ))
-    })?;
-    data.resize(count, 0.0);
-    Ok(data)
+impl Drop for CpuTensor {
+    fn drop(&mut self) {
+        spare::give(std::mem::take(&mut self.data));
+    }
 }
 
 impl CpuTensor {
@@ -195,7 +190,7 @@ impl Compute for CpuCompute {
 
     fn tensor(&self, rows: usize, cols: usize) -> Result<CpuTensor, ComputeError> {
         Ok(CpuTensor {
-            data: allocate(rows, cols)?,
+            data: spare::allocate(rows, cols)?,
             rows,
             cols,
         })

@@ -23,6 +23,7 @@ mod output;
 mod pool;
 mod requests;
 mod sentence;
+mod similarity;
 mod tokens;
 mod weights;
 
@@ -35,6 +36,7 @@ pub use demo::{write_bert_folder, write_bert_lora, BertDemo, BertPreset, BertSha
 pub use output::embeddings_in_input_order;
 pub use requests::input_tokens;
 pub use sentence::{MaxLength, Pooling, SentenceFolder, SentenceHead};
+pub use similarity::{cosine, similarity_table};
 pub use tokens::{batches, from_ids, length_order, tokenize, TextLimits, TokenBatch, Tokens};
 
 use self::weights::{EncoderWeights, Linear, Norm};
@@ -426,13 +428,6 @@ impl Family for Encoder {
             ..StepOutput::default()
         })
     }
-}
-
-/// Cosine similarity of two embeddings.
-pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
-    let dot: f32 = a.iter().zip(b).map(|(a, b)| a * b).sum();
-    let norm = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>().sqrt();
-    dot / (norm(a) * norm(b)).max(f32::MIN_POSITIVE)
 }
 
 /// Reads `config.json` of a BERT folder.
