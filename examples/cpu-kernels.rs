@@ -14,10 +14,13 @@ use stagehand::compute::{Attention, Compute, ComputeDtype, DType, Mask, TensorSl
 use stagehand::device::CpuCompute;
 
 /// (what, rows, inner, out)
-const PRODUCTS: [(&str, usize, usize, usize); 7] = [
+const PRODUCTS: [(&str, usize, usize, usize); 10] = [
     ("decode q_proj", 1, 2048, 2048),
     ("decode gate_proj", 1, 2048, 8192),
     ("decode down_proj", 1, 8192, 2048),
+    ("demo stack 24 rows", 24, 1024, 1024),
+    ("batched 32 gate_proj", 32, 2048, 8192),
+    ("batched 64 gate_proj", 64, 2048, 8192),
     ("prefill 265 gate_proj", 265, 2048, 8192),
     ("prefill 265 down_proj", 265, 8192, 2048),
     ("prefill 265 q_proj", 265, 2048, 2048),

@@ -145,7 +145,7 @@ fn product(
     // format reads them; the stagehand CPU targets are little-endian).
     let weight =
         unsafe { std::slice::from_raw_parts(panel.as_ptr().cast::<u8>(), panel.len() * 4) };
-    if x.rows <= gemv::GEMV_ROWS {
+    if x.rows <= compute.gemv_rows() {
         let product = gemv::Gemv {
             x: &x.data,
             rows: x.rows,

@@ -137,6 +137,16 @@ impl CpuCompute {
         gemm::gemm(&self.pool, &self.scratch, &mut packed, product, y);
     }
 
+    /// Products of at most this many rows take the few-rows path (`gemv`): every row
+    /// then has the bits it has alone.
+    fn gemv_rows(&self) -> usize {
+        if self.compute_dtype == ComputeDtype::Bf16 && self.tiles {
+            gemv::GEMV_ROWS_BESIDE_TILES
+        } else {
+            gemv::GEMV_ROWS
+        }
+    }
+
     /// The threads that compute, the calling one included.
     pub fn threads(&self) -> usize {
         self.pool.threads()
@@ -458,7 +468,7 @@ impl Compute for CpuCompute {
     }
 
     fn stackable_rows(&self) -> usize {
-        gemv::GEMV_ROWS
+        self.gemv_rows()
     }
 
     fn checksum(&self, block: &BlockView<'_>) -> Result<u64, ComputeError> {

@@ -139,7 +139,7 @@ fn product(
         .map(|value| value / scale.unwrap_or(1.0))
         .collect();
     // bf16 products multiply bf16 operands: activations rounded, f32/f16 weights too.
-    let bf16 = compute.compute_dtype() == ComputeDtype::Bf16 && rows > gemv::GEMV_ROWS;
+    let bf16 = compute.compute_dtype() == ComputeDtype::Bf16 && rows > compute.gemv_rows();
     let rounded = |value: f32| half::bf16::from_f32(value).to_f32();
     let x_operands: Vec<f32> = match bf16 {
         true => x_values.iter().map(|&value| rounded(value)).collect(),

@@ -38,7 +38,7 @@ pub(super) fn linear(
         return grouped::linear(compute, x, weight, bias, y);
     }
     let (stored, dtype, scale) = (weight_bytes(weight), weight.dtype(), weight_scale(weight));
-    if x.rows <= gemv::GEMV_ROWS {
+    if x.rows <= compute.gemv_rows() {
         let product = gemv::Gemv {
             x: &x.data,
             rows: x.rows,
