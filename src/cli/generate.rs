@@ -190,6 +190,13 @@ fn print_result(
         summary.first_step_wait_seconds * 1e3,
         summary.first_step_compute_seconds * 1e3
     );
+    if summary.device.starts_with("cpu") && summary.first_step_read_bytes > 0 {
+        // The CPU backend's loads run on the cores the prefill computes on.
+        println!(
+            "  (the prefill shared this machine's cores with the cold reads of {}: a loaded model's prefill — `stagehand serve` — computes alone)",
+            bytesize::ByteSize::b(summary.first_step_read_bytes).display().iec()
+        );
+    }
     print!("{}", summary.render());
     Ok(())
 }

@@ -36,6 +36,9 @@ pub struct Summary {
     /// for the cold reads and copies (a decoder's time to first token, split).
     pub first_step_compute_seconds: f64,
     pub first_step_wait_seconds: f64,
+    /// Model bytes read from disk up to the end of the first step (the cold reads):
+    /// on the CPU backend they share the cores with the first step's compute.
+    pub first_step_read_bytes: u64,
     pub steady_step_seconds: f64,
     pub steady_compute_seconds: f64,
     pub bound_seconds: f64,
@@ -149,6 +152,8 @@ impl Summary {
             first_step_wait_seconds: (report.step_seconds.first().copied().unwrap_or(0.0)
                 - report.compute_seconds.first().copied().unwrap_or(0.0))
             .max(0.0),
+            first_step_read_bytes: report.after_first_step.disk_to_pinned.model_bytes
+                + report.after_first_step.disk_to_vram.model_bytes,
             steady_step_seconds: steady,
             steady_compute_seconds: report.steady_compute_seconds(),
             bound_seconds: bound,
