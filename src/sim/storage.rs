@@ -72,6 +72,11 @@ pub struct ReadCost {
     /// keeps two reader threads busy.
     pub request_bytes: u64,
     pub reader_threads: u64,
+    /// How fast the reader threads copy the page cache into the buffer, bytes per
+    /// second (a calibrated profile's `page_cache_gb_per_s`), when known. A buffered
+    /// read keeps its threads busy only for that copy: the rest of its time they
+    /// sleep on the disk. Unknown: busy for the whole read.
+    pub copy_bytes_per_second: Option<f64>,
 }
 
 impl ReadCost {
@@ -80,12 +85,14 @@ impl ReadCost {
         traffic_per_byte: 2.0,
         request_bytes: u64::MAX,
         reader_threads: 1,
+        copy_bytes_per_second: None,
     };
     pub const DIRECT: ReadCost = ReadCost {
         threads: 0.0,
         traffic_per_byte: 1.0,
         request_bytes: u64::MAX,
         reader_threads: 1,
+        copy_bytes_per_second: None,
     };
 
     /// O_DIRECT with `fast_disk`, else buffered.
@@ -106,12 +113,29 @@ impl ReadCost {
         }
     }
 
-    /// Threads a read of `bytes` keeps busy.
-    pub fn threads_for(&self, bytes: u64) -> f64 {
+    /// The same, its buffered reads' copies running at `bytes_per_second` (the page
+    /// cache's rate; a non-positive or unknown rate leaves the threads busy for the
+    /// whole read).
+    pub fn copying_at(self, bytes_per_second: Option<f64>) -> Self {
+        Self {
+            copy_bytes_per_second: bytes_per_second.filter(|rate| rate.is_finite() && *rate > 0.0),
+            ..self
+        }
+    }
+
+    /// Threads a read of `bytes` taking `seconds` keeps busy, on average over the
+    /// read: its requests' threads, for the share of the read their copy takes (a
+    /// read from the page cache is all copy; a cold one mostly waits on the disk,
+    /// which leaves the cores to the compute and the copy threads).
+    pub fn threads_for(&self, bytes: u64, seconds: f64) -> f64 {
         let requests = bytes
             .div_ceil(self.request_bytes)
             .clamp(1, self.reader_threads);
-        self.threads * requests as f64
+        let busy = match self.copy_bytes_per_second {
+            Some(rate) if seconds > 0.0 => (bytes as f64 / rate / seconds).min(1.0),
+            _ => 1.0,
+        };
+        self.threads * requests as f64 * busy
     }
 }
 
@@ -326,7 +350,7 @@ impl Storage for SimStorage {
         if let Some((bus, cost)) = &self.bus {
             let seconds = duration.as_secs_f64().max(1e-12);
             let demand = Demand {
-                threads: cost.threads_for(bytes),
+                threads: cost.threads_for(bytes, seconds),
                 memory_bytes_per_second: cost.traffic_per_byte * bytes as f64 / seconds,
             };
             let label = self.label(&extents, bytes);
@@ -409,17 +433,38 @@ mod tests {
     #[test]
     fn a_buffered_read_keeps_one_reader_thread_busy_per_request() {
         let cost = ReadCost::BUFFERED.in_requests(4 << 20, 4);
-        assert_eq!(cost.threads_for(1), 1.0);
-        assert_eq!(cost.threads_for(8 << 20), 2.0);
-        assert_eq!(cost.threads_for(64 << 20), 4.0, "at most the pool");
+        assert_eq!(cost.threads_for(1, 0.01), 1.0);
+        assert_eq!(cost.threads_for(8 << 20, 0.01), 2.0);
+        assert_eq!(cost.threads_for(64 << 20, 0.01), 4.0, "at most the pool");
         // O_DIRECT is the disk's DMA: no thread, however many requests.
         assert_eq!(
             ReadCost::DIRECT
                 .in_requests(4 << 20, 4)
-                .threads_for(64 << 20),
+                .threads_for(64 << 20, 0.01),
             0.0
         );
         // Unsplit (no request size given): one thread per read.
-        assert_eq!(ReadCost::BUFFERED.threads_for(64 << 20), 1.0);
+        assert_eq!(ReadCost::BUFFERED.threads_for(64 << 20, 0.01), 1.0);
+    }
+
+    #[test]
+    fn a_buffered_read_keeps_its_threads_busy_only_for_its_copy() {
+        // Proves a read at the page cache's rate is all copy (its threads busy), one
+        // at a fifth of it busy a fifth of the time, and a rate faster than the
+        // copy's (a bad profile) never more than busy.
+        let copy = 8e9;
+        let cost = ReadCost::BUFFERED
+            .in_requests(4 << 20, 4)
+            .copying_at(Some(copy));
+        let bytes = 16u64 << 20;
+        let at = |rate: f64| cost.threads_for(bytes, bytes as f64 / rate);
+        assert!((at(copy) - 4.0).abs() < 1e-9);
+        assert!((at(copy / 5.0) - 0.8).abs() < 1e-9);
+        assert!((at(copy * 2.0) - 4.0).abs() < 1e-9);
+        // An unknown or unusable rate: busy for the whole read, as before.
+        for rate in [None, Some(0.0), Some(f64::NAN)] {
+            let unknown = ReadCost::BUFFERED.in_requests(4 << 20, 4).copying_at(rate);
+            assert_eq!(unknown.threads_for(bytes, 1.0), 4.0);
+        }
     }
 }

@@ -218,10 +218,17 @@ fn sim_machine(
     options: &RunOptions,
     layout: &ModelLayout,
 ) -> Result<SimMachine, SimError> {
-    let read_cost = crate::sim::ReadCost::of(options.settings.fast_disk).in_requests(
-        options.settings.read_request_bytes,
-        options.max_reads_in_flight.max(1) as u64,
-    );
+    let read_cost = crate::sim::ReadCost::of(options.settings.fast_disk)
+        .in_requests(
+            options.settings.read_request_bytes,
+            options.max_reads_in_flight.max(1) as u64,
+        )
+        .copying_at(
+            hardware
+                .disk
+                .page_cache_gb_per_s
+                .map(|gb_per_s| gb_per_s * 1e9),
+        );
     SimMachine::with_read_cost(
         hardware,
         &options.faults,
