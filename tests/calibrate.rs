@@ -13,7 +13,7 @@ use stagehand::calibrate::{
     Part, MAX_AGE_SECONDS,
 };
 use stagehand::compute::work::ElementOp;
-use stagehand::sim::{Demand, HardwareProfile, KernelCosts, LinearRates, ReadPath};
+use stagehand::sim::{Demand, HardwareProfile, KernelCosts, LinearRates, ReadPath, ThreadScaling};
 
 fn measured(per_second: f64) -> Measured {
     Measured::rate(per_second, &[1.0, 1.0, 1.0], "three samples".to_string())
@@ -59,6 +59,11 @@ fn known_calibration(at_unix: u64) -> Calibration {
                     rows: vec![1, 8, 64],
                     gflops: vec![4.0, 16.0, 64.0],
                 }],
+                threads: Some(ThreadScaling {
+                    timed_on: 1,
+                    all_cores: 2,
+                    all_cores_speedup: 1.75,
+                }),
             },
             how: "synthetic".to_string(),
         }),

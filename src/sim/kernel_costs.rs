@@ -30,6 +30,38 @@ pub struct KernelCosts {
     pub elementwise_ns: BTreeMap<ElementOp, f64>,
     /// GEMM rates, one table per (dtype, weight shape).
     pub linear: Vec<LinearRates>,
+    /// How the times scale with compute threads (the CPU backend); absent: the table's
+    /// times hold for every run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threads: Option<ThreadScaling>,
+}
+
+/// The CPU backend computes on every core when a step streams nothing or pushes many
+/// rows, and on one core fewer when it streams few rows (`Settings::compute_threads_for`);
+/// the table is timed on the latter. This says what the former gains.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ThreadScaling {
+    /// Compute threads the table was timed on.
+    pub timed_on: u64,
+    /// Every core of the calibrated machine.
+    pub all_cores: u64,
+    /// How much less time the kernels took on `all_cores` threads than on `timed_on`
+    /// (the least over an f32 1024² product at 1, 8 and 64 rows).
+    pub all_cores_speedup: f64,
+}
+
+impl ThreadScaling {
+    /// The speedup on `threads` compute threads: 1 at `timed_on` or fewer,
+    /// `all_cores_speedup` at `all_cores` or more, linear between.
+    pub fn speedup_on(&self, threads: u64) -> f64 {
+        if threads <= self.timed_on || self.all_cores <= self.timed_on {
+            return 1.0;
+        }
+        let span = (self.all_cores - self.timed_on) as f64;
+        let share = ((threads - self.timed_on) as f64 / span).min(1.0);
+        1.0 + (self.all_cores_speedup - 1.0) * share
+    }
 }
 
 /// GFLOP/s of `linear` on one weight shape and dtype, at each measured row count.
@@ -68,6 +100,20 @@ impl KernelCosts {
                 return Err(format!(
                     "compute.elementwise_ns.{} = {value}: must be zero or positive",
                     op.name()
+                ));
+            }
+        }
+        if let Some(threads) = &self.threads {
+            if threads.timed_on == 0 || threads.all_cores < threads.timed_on {
+                return Err(format!(
+                    "compute.threads: timed_on = {}, all_cores = {}: at least 1, and all_cores at least timed_on",
+                    threads.timed_on, threads.all_cores
+                ));
+            }
+            if !(threads.all_cores_speedup.is_finite() && threads.all_cores_speedup > 0.0) {
+                return Err(format!(
+                    "compute.threads.all_cores_speedup = {}: must be a positive number",
+                    threads.all_cores_speedup
                 ));
             }
         }
@@ -258,6 +304,45 @@ mod tests {
                     gflops: vec![4.0, 64.0],
                 },
             ],
+            threads: None,
+        }
+    }
+
+    #[test]
+    fn every_core_speeds_a_step_up_by_the_measured_factor_and_no_further() {
+        // Proves the thread scaling is 1 on the timed threads or fewer, the measured
+        // speedup on every core or more, linear between, and that a bad table is
+        // refused by name.
+        let scaling = ThreadScaling {
+            timed_on: 3,
+            all_cores: 5,
+            all_cores_speedup: 1.5,
+        };
+        assert_eq!(scaling.speedup_on(1), 1.0);
+        assert_eq!(scaling.speedup_on(3), 1.0);
+        assert!((scaling.speedup_on(4) - 1.25).abs() < 1e-12);
+        assert_eq!(scaling.speedup_on(5), 1.5);
+        assert_eq!(scaling.speedup_on(64), 1.5);
+        for bad in [
+            ThreadScaling {
+                timed_on: 0,
+                ..scaling
+            },
+            ThreadScaling {
+                all_cores: 2,
+                ..scaling
+            },
+            ThreadScaling {
+                all_cores_speedup: f64::NAN,
+                ..scaling
+            },
+        ] {
+            let costs = KernelCosts {
+                threads: Some(bad),
+                ..costs()
+            };
+            let error = costs.validate().unwrap_err();
+            assert!(error.contains("compute.threads"), "{error}");
         }
     }
 

@@ -31,7 +31,7 @@ pub use device::{CopyLabeler, CopyStats, LinkRates, SimDevice, SimDeviceSpec};
 pub use faults::{FaultPlan, SplitMix64};
 pub use first_touch::{FirstTouch, TouchedRanges};
 pub use hardware::{CalibrationStamp, DiskSpec, GpuSpec, HardwareProfile, LinkSpec, ReadPath};
-pub use kernel_costs::{dtype_of, KernelCosts, LinearRates};
+pub use kernel_costs::{dtype_of, KernelCosts, LinearRates, ThreadScaling};
 pub use machine::SimMachine;
 pub use shared::{Demand, SharedBus, SharedSpec};
 pub use storage::{DiskRates, ReadCost, ReadStats, SimStorage};

@@ -26,6 +26,7 @@ use super::model::ModelDescription;
 use super::policy::Policy;
 use super::reuse::{ReuseLedger, VramBytesPerBlock};
 use super::steady::{steady, steady_bytes, LinkBytes, SteadyBytes};
+use crate::settings::Streaming;
 use crate::sim::FaultPlan;
 use crate::sim::HardwareProfile;
 use crate::sim::SimClock;
@@ -158,11 +159,12 @@ async fn run_on_current_system(
         reason: error.to_string(),
     })?;
     let plan = session.plan().clone();
+    let speedup = compute_speedup(model, hardware, &plan);
     let compute = ComputeSide {
         machine: &machine,
         order: &order,
         names: &names,
-        block_durations: block_durations(model, hardware, &machine),
+        block_durations: block_durations(model, hardware, &machine, speedup),
         kv_cache: model.kv_cache,
         activation_bytes: model
             .activations
@@ -210,6 +212,30 @@ async fn run_on_current_system(
         stats,
     }
     .into_policy_run())
+}
+
+/// What the run's compute threads gain over those the profile's kernels were timed
+/// on: a run that streams nothing, or streams many rows a step, computes on every core
+/// (`Settings::compute_threads_for` with `compute_threads` unset, as `run::execute`
+/// asks it; an explicit `compute_threads` is not followed here).
+fn compute_speedup(
+    model: &ModelDescription,
+    hardware: &HardwareProfile,
+    plan: &SessionPlan,
+) -> f64 {
+    let Some(scaling) = hardware.compute.as_ref().and_then(|costs| costs.threads) else {
+        return 1.0;
+    };
+    let streaming = if plan.vram.streamed_bytes_per_step > 0 {
+        Streaming::Blocks {
+            rows: model.tokens_per_step,
+        }
+    } else {
+        Streaming::Nothing
+    };
+    // The default thread choice: the simulator's settings carry no `compute_threads`.
+    let threads = crate::settings::Settings::default().compute_threads_for(streaming);
+    scaling.speedup_on(threads as u64)
 }
 
 /// The simulated machine, its reads costed as the settings split them.

@@ -106,10 +106,14 @@ impl ComputeSide<'_> {
 }
 
 /// Each block's compute time and weight bytes, for the first step and for the rest.
+/// Each block's compute time in the first and in a later step, its measured kernel
+/// costs divided by `speedup` (what the run's compute threads gain over the threads
+/// the costs were timed on: [`crate::sim::ThreadScaling`]).
 pub(super) fn block_durations(
     model: &ModelDescription,
     hardware: &HardwareProfile,
     machine: &SimMachine,
+    speedup: f64,
 ) -> [Vec<(Duration, u64)>; 2] {
     let block_durations = |first_step: bool| -> Vec<(Duration, u64)> {
         model
@@ -124,7 +128,7 @@ pub(super) fn block_durations(
                     machine
                         .compute
                         .block_time(model.block_step_flops(block), block.bytes, work);
-                (time, block.bytes)
+                (time.div_f64(speedup.max(1e-9)), block.bytes)
             })
             .collect()
     };
