@@ -26,7 +26,7 @@ use super::model::ModelDescription;
 use super::policy::Policy;
 use super::reuse::{ReuseLedger, VramBytesPerBlock};
 use super::steady::{steady, steady_bytes, LinkBytes, SteadyBytes};
-use crate::settings::Streaming;
+use crate::settings::ROWS_HIDING_COPIES;
 use crate::sim::FaultPlan;
 use crate::sim::HardwareProfile;
 use crate::sim::SimClock;
@@ -215,9 +215,11 @@ async fn run_on_current_system(
 }
 
 /// What the run's compute threads gain over those the profile's kernels were timed
-/// on: a run that streams nothing, or streams many rows a step, computes on every core
-/// (`Settings::compute_threads_for` with `compute_threads` unset, as `run::execute`
-/// asks it; an explicit `compute_threads` is not followed here).
+/// on. `run` computes on every core when nothing streams or a step streams
+/// [`ROWS_HIDING_COPIES`] rows or more, and on the timed threads (every core but one)
+/// otherwise (`Settings::compute_threads_for` with `compute_threads` unset; an
+/// explicit `compute_threads` is not followed here). The profile's own core count is
+/// used, not this machine's: it may describe another.
 fn compute_speedup(
     model: &ModelDescription,
     hardware: &HardwareProfile,
@@ -226,16 +228,11 @@ fn compute_speedup(
     let Some(scaling) = hardware.compute.as_ref().and_then(|costs| costs.threads) else {
         return 1.0;
     };
-    let streaming = if plan.vram.streamed_bytes_per_step > 0 {
-        Streaming::Blocks {
-            rows: model.tokens_per_step,
-        }
-    } else {
-        Streaming::Nothing
-    };
-    // The default thread choice: the simulator's settings carry no `compute_threads`.
-    let threads = crate::settings::Settings::default().compute_threads_for(streaming);
-    scaling.speedup_on(threads as u64)
+    let streams = plan.vram.streamed_bytes_per_step > 0;
+    if streams && model.tokens_per_step < ROWS_HIDING_COPIES {
+        return 1.0;
+    }
+    scaling.speedup_on(scaling.all_cores)
 }
 
 /// The simulated machine, its reads costed as the settings split them.
