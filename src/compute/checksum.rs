@@ -10,9 +10,13 @@
 
 const GOLDEN_GAMMA: u64 = 0x9e37_79b9_7f4a_7c15;
 
+/// `mix64`'s two multipliers (splitmix64's finaliser), shared with the vector path.
+const MIX_1: u64 = 0xbf58_476d_1ce4_e5b9;
+const MIX_2: u64 = 0x94d0_49bb_1331_11eb;
+
 pub fn mix64(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z = (z ^ (z >> 30)).wrapping_mul(MIX_1);
+    z = (z ^ (z >> 27)).wrapping_mul(MIX_2);
     z ^ (z >> 31)
 }
 
@@ -75,6 +79,8 @@ pub fn checksum(bytes: &[u8]) -> u64 {
 mod x86 {
     use std::arch::x86_64::*;
 
+    use super::{GOLDEN_GAMMA, MIX_1, MIX_2};
+
     /// Streams read side by side: one sequential stream leaves the memory system
     /// idle between its misses (4.5 GB/s a core from memory here); four overlap them.
     const STREAMS: usize = 4;
@@ -87,13 +93,12 @@ mod x86 {
     /// The CPU must have AVX-512F and AVX-512DQ.
     #[target_feature(enable = "avx512f,avx512dq")]
     pub(super) unsafe fn sum_avx512(bytes: &[u8], first_word: u64) -> u64 {
-        const GAMMA: u64 = 0x9e37_79b9_7f4a_7c15;
-        let gamma = _mm512_set1_epi64(GAMMA as i64);
-        let c1 = _mm512_set1_epi64(0xbf58_476d_1ce4_e5b9_u64 as i64);
-        let c2 = _mm512_set1_epi64(0x94d0_49bb_1331_11eb_u64 as i64);
+        let gamma = _mm512_set1_epi64(GOLDEN_GAMMA as i64);
+        let c1 = _mm512_set1_epi64(MIX_1 as i64);
+        let c2 = _mm512_set1_epi64(MIX_2 as i64);
         // index·γ (mod 2⁶⁴) kept as a running product: the next eight indices' are
         // these plus 8γ, one add instead of a 64-bit multiply (the slow part).
-        let step = _mm512_set1_epi64(GAMMA.wrapping_mul(8) as i64);
+        let step = _mm512_set1_epi64(GOLDEN_GAMMA.wrapping_mul(8) as i64);
         let index_gamma_at = |word: u64| {
             let index = _mm512_add_epi64(
                 _mm512_set1_epi64(word as i64),
