@@ -2,11 +2,13 @@
 //! on 1 and on every core, and prints GB/s (decode) and GFLOP/s (many rows): the
 //! kernel figures behind BENCHMARKS.md "Compute against PyTorch on the CPU backend".
 //!
-//!     cargo run --release --example cpu-kernels [-- [f32|bf16] [attention] THREADS...]
+//!     cargo run --release --example cpu-kernels [-- [f32|bf16] [attention|minilm] THREADS...]
 //!
 //! `bf16` times the many-rows products under `compute_dtype = bf16` (AMX tiles where
 //! the CPU has them); decode rows are the same either way. `attention` times only the
-//! attention rows (many times over: a profile of it sees little else).
+//! attention rows (many times over: a profile of it sees little else). `minilm` times
+//! each operation of one all-MiniLM-L6-v2 layer on a batch of 32 × 40 tokens, in the
+//! order the encoder runs them, and their sum (best of 50 each).
 
 use std::time::Instant;
 
@@ -46,6 +48,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .find_map(|argument| ComputeDtype::parse(argument))
         .unwrap_or_default();
     let only_attention = arguments.iter().any(|argument| argument == "attention");
+    let only_minilm = arguments.iter().any(|argument| argument == "minilm");
     let threads: Vec<usize> = arguments
         .iter()
         .filter_map(|argument| argument.parse().ok())
@@ -62,6 +65,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             compute.threads(),
             compute_dtype.name()
         );
+        if only_minilm {
+            minilm_layer(&compute)?;
+            continue;
+        }
         let dtypes = if only_attention {
             &[][..]
         } else {
@@ -146,5 +153,92 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             );
         }
     }
+    Ok(())
+}
+
+/// One all-MiniLM-L6-v2 layer (hidden 384, 12 heads × 32, intermediate 1536, f32) on
+/// 32 sequences of 40 tokens: each operation as the encoder calls it, best of 50.
+fn minilm_layer(compute: &CpuCompute) -> Result<(), Box<dyn std::error::Error>> {
+    const REPEATS: usize = 50;
+    let (sequences, length, hidden, intermediate) = (32, 40, 384, 1536);
+    let rows = sequences * length;
+    let values = |count: usize| -> Vec<f32> {
+        (0..count)
+            .map(|i| ((i % 251) as f32 - 125.0) * 1e-3)
+            .collect()
+    };
+    // One block: the square weight, fc1, fc2, then the biases and norm vectors.
+    let layout = [
+        (hidden, hidden),
+        (intermediate, hidden),
+        (hidden, intermediate),
+        (1, hidden),
+        (1, intermediate),
+    ];
+    let mut bytes = Vec::new();
+    let mut slots = Vec::new();
+    for (out, inner) in layout {
+        slots.push(TensorSlot::new(bytes.len() as u64, DType::F32, out, inner));
+        bytes.extend_from_slice(&DType::F32.encode(&values(out * inner)));
+    }
+    let block = compute.load_block(&bytes)?;
+    let view = compute.block_view(&block);
+    let [square, fc1, fc2, bias, wide_bias] = [0, 1, 2, 3, 4].map(|i| view.weight(&slots[i]));
+    let (square, fc1, fc2, bias, wide_bias) = (square?, fc1?, fc2?, bias?, wide_bias?);
+    let tensor = |cols: usize| -> Result<_, Box<dyn std::error::Error>> {
+        let mut tensor = compute.tensor(rows, cols)?;
+        compute.write(&mut tensor, &values(rows * cols))?;
+        Ok(tensor)
+    };
+    let (x, mut y, mut wide) = (tensor(hidden)?, tensor(hidden)?, tensor(intermediate)?);
+    let (mut q, mut normed) = (tensor(hidden)?, tensor(hidden)?);
+    let lengths = vec![length; sequences];
+    let shape = Attention {
+        sequences,
+        sequence_length: length,
+        heads: 12,
+        kv_heads: 12,
+        head_dim: 32,
+        scale: 1.0 / 32f32.sqrt(),
+        mask: Mask::Padding(&lengths),
+    };
+    let mut total_seconds = 0.0;
+    let mut time = |what: &str, times: usize, run: &mut dyn FnMut()| {
+        let seconds = seconds_best(REPEATS, run);
+        total_seconds += seconds * times as f64;
+        println!("{what:<34} {:8.3} ms × {times}", seconds * 1e3);
+    };
+    time("q/k/v/o 384 → 384 + bias", 4, &mut || {
+        compute
+            .linear(&x, &square, Some(&bias), &mut y)
+            .expect("linear");
+    });
+    time("attention, 12 heads × 32", 1, &mut || {
+        compute
+            .attention(&x, &x, &x, &shape, &mut q)
+            .expect("attention");
+    });
+    time("add (residual)", 2, &mut || {
+        compute.add(&mut y, &x).expect("add")
+    });
+    time("layer_norm", 2, &mut || {
+        compute
+            .layer_norm(&y, &bias, &bias, 1e-12, &mut normed)
+            .expect("layer_norm");
+    });
+    time("fc1 384 → 1536 + bias", 1, &mut || {
+        compute
+            .linear(&x, &fc1, Some(&wide_bias), &mut wide)
+            .expect("linear");
+    });
+    time("gelu (erf)", 1, &mut || {
+        compute.gelu_erf(&mut wide).expect("gelu")
+    });
+    time("fc2 1536 → 384 + bias", 1, &mut || {
+        compute
+            .linear(&wide, &fc2, Some(&bias), &mut y)
+            .expect("linear");
+    });
+    println!("{:<34} {:8.3} ms", "one layer", total_seconds * 1e3);
     Ok(())
 }

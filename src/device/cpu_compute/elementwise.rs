@@ -6,11 +6,8 @@
 //! over threads. libm's scalar `exp` (and the f64 erfc behind the old GELU) cost
 //! 10–20 ns an element: a second of a MiniLM batch, a fifth of a Llama prefill.
 
-use super::pool::{share, Pool, SharedOut};
+use super::pool::Pool;
 use super::simd::Isa;
-
-/// Below this many elements an activation runs on the calling thread alone.
-const PARALLEL_MIN_ELEMENTS: usize = 1 << 15;
 
 /// `e^x` within 2 ulp of the exact value for x in [−87.3, 88] (Cephes' `expf`:
 /// Cody–Waite reduction by ln 2, a degree-6 polynomial, the exponent set by bits),
@@ -87,7 +84,7 @@ fn silu_times(gate: f32, up: f32) -> f32 {
 /// `gate ← silu(gate)·up`, element-wise.
 pub(super) fn silu_mul(pool: &Pool, gate: &mut [f32], up: &[f32]) {
     assert_eq!(gate.len(), up.len());
-    split(pool, gate, &|_, part, first| {
+    pool.split(gate, 16, &|part, first| {
         // SAFETY: the kernels below only need the detected instruction set.
         unsafe { dispatch(part, &up[first..first + part.len()], Kind::SiluMul) }
     });
@@ -95,31 +92,9 @@ pub(super) fn silu_mul(pool: &Pool, gate: &mut [f32], up: &[f32]) {
 
 /// `x ← gelu(x)`, element-wise.
 pub(super) fn gelu_erf(pool: &Pool, x: &mut [f32]) {
-    split(pool, x, &|_, part, _| {
+    pool.split(x, 16, &|part, _| {
         // SAFETY: the kernels below only need the detected instruction set.
         unsafe { dispatch(part, &[], Kind::Gelu) }
-    });
-}
-
-/// Runs `work(thread, part, first)` on equal contiguous parts of `data`.
-fn split(pool: &Pool, data: &mut [f32], work: &(dyn Fn(usize, &mut [f32], usize) + Sync)) {
-    let length = data.len();
-    let parts = if length < PARALLEL_MIN_ELEMENTS {
-        1
-    } else {
-        pool.threads()
-    };
-    if parts == 1 {
-        work(0, data, 0);
-        return;
-    }
-    let output = SharedOut::new(data);
-    pool.run(&|index| {
-        let (first, end) = share(length, parts, index, 16);
-        if first < end {
-            // SAFETY: `share` gives disjoint ranges inside `data`, which outlives the job.
-            work(index, unsafe { output.range(first, end - first) }, first);
-        }
     });
 }
 

@@ -1,6 +1,9 @@
-//! The CPU kernels behind `CpuCompute` that need no thread pool, on plain f32 slices:
-//! LoRA products (`matrixmultiply`, single-threaded and deterministic; the factors are
-//! small), norms and rotary embedding. Each reduction runs in a fixed order.
+//! The smaller CPU kernels behind `CpuCompute`, on plain f32 slices: LoRA products
+//! (`matrixmultiply`, single-threaded and deterministic; the factors are small),
+//! rotary embedding, and the norms and residual add, whose rows or parts go to the
+//! pool's threads by shape alone. Each reduction runs in a fixed order.
+
+use super::pool::Pool;
 
 /// `y ← x·Wᵀ + beta·y`: `x` is `[rows, inner]`, `weights` row-major `[out, inner]`.
 pub(super) fn gemm_transposed(
@@ -114,47 +117,96 @@ pub(super) fn merge(
     }
 }
 
-/// `y ← (x − mean)/√(var + eps)·gamma + beta` row by row (biased variance, as PyTorch).
+/// Running sums in a row sum: element `i` of a row goes to sum `i % ROW_SUM_LANES`.
+const ROW_SUM_LANES: usize = 16;
+
+/// `Σ term(value)` over `values`, in one order fixed by the length alone: sixteen
+/// running sums (element `i` into sum `i % 16`) — sixteen independent chains the
+/// compiler keeps in vector registers of any width, instead of one chain waiting on
+/// each add — then folded in halves (8 + 8, 4 + 4, 2 + 2, 1 + 1), then the tail
+/// one by one. The same bits on any instruction set and any split over threads.
+#[inline(always)]
+fn row_sum(values: &[f32], term: impl Fn(f32) -> f32) -> f32 {
+    let mut sums = [0.0f32; ROW_SUM_LANES];
+    let chunks = values.chunks_exact(ROW_SUM_LANES);
+    let tail = chunks.remainder();
+    for chunk in chunks {
+        for (sum, &value) in sums.iter_mut().zip(chunk) {
+            *sum += term(value);
+        }
+    }
+    let mut width = ROW_SUM_LANES / 2;
+    while width > 0 {
+        for lane in 0..width {
+            sums[lane] += sums[lane + width];
+        }
+        width /= 2;
+    }
+    tail.iter().fold(sums[0], |sum, &value| sum + term(value))
+}
+
+/// `x ← x + y`, element-wise, parts of it on the pool's threads.
+pub(super) fn add(pool: &Pool, x: &mut [f32], y: &[f32]) {
+    assert_eq!(x.len(), y.len());
+    pool.split(x, 16, &|part, first| {
+        let y = &y[first..first + part.len()];
+        part.iter_mut().zip(y).for_each(|(x, y)| *x += y);
+    });
+}
+
+/// `y ← (x − mean)/√(var + eps)·gamma + beta` row by row (biased variance, as PyTorch;
+/// both sums by [`row_sum`]), rows shared over the pool's threads.
 pub(super) fn layer_norm(
-    x: &[f32],
-    cols: usize,
-    gamma: &[f32],
-    beta: &[f32],
+    pool: &Pool,
+    (x, cols): (&[f32], usize),
+    (gamma, beta): (&[f32], &[f32]),
     eps: f32,
     y: &mut [f32],
 ) {
-    for (row_in, row_out) in x.chunks_exact(cols).zip(y.chunks_exact_mut(cols)) {
-        let mean = row_in.iter().sum::<f32>() / cols as f32;
-        let variance = row_in
-            .iter()
-            .map(|value| (value - mean) * (value - mean))
-            .sum::<f32>()
-            / cols as f32;
-        let inverse = 1.0 / (variance + eps).sqrt();
-        for (((out, value), gamma), beta) in row_out.iter_mut().zip(row_in).zip(gamma).zip(beta) {
-            *out = (value - mean) * inverse * gamma + beta;
+    assert_eq!(x.len(), y.len());
+    pool.split(y, cols, &|part, first| {
+        let x = &x[first..first + part.len()];
+        for (row_in, row_out) in x.chunks_exact(cols).zip(part.chunks_exact_mut(cols)) {
+            let mean = row_sum(row_in, |value| value) / cols as f32;
+            let variance = row_sum(row_in, |value| (value - mean) * (value - mean)) / cols as f32;
+            let inverse = 1.0 / (variance + eps).sqrt();
+            for (((out, value), gamma), beta) in row_out.iter_mut().zip(row_in).zip(gamma).zip(beta)
+            {
+                *out = (value - mean) * inverse * gamma + beta;
+            }
         }
-    }
+    });
 }
 
-/// `y ← x/√(mean(x²) + eps)·gamma` row by row.
-pub(super) fn rms_norm(x: &[f32], cols: usize, gamma: Option<&[f32]>, eps: f32, y: &mut [f32]) {
-    for (row_in, row_out) in x.chunks_exact(cols).zip(y.chunks_exact_mut(cols)) {
-        let mean_square = row_in.iter().map(|value| value * value).sum::<f32>() / cols as f32;
-        let scale = 1.0 / (mean_square + eps).sqrt();
-        match gamma {
-            Some(gamma) => {
-                for ((out, value), gamma) in row_out.iter_mut().zip(row_in).zip(gamma) {
-                    *out = value * scale * gamma;
+/// `y ← x/√(mean(x²) + eps)·gamma` row by row (the sum by [`row_sum`]), rows shared
+/// over the pool's threads.
+pub(super) fn rms_norm(
+    pool: &Pool,
+    (x, cols): (&[f32], usize),
+    gamma: Option<&[f32]>,
+    eps: f32,
+    y: &mut [f32],
+) {
+    assert_eq!(x.len(), y.len());
+    pool.split(y, cols, &|part, first| {
+        let x = &x[first..first + part.len()];
+        for (row_in, row_out) in x.chunks_exact(cols).zip(part.chunks_exact_mut(cols)) {
+            let mean_square = row_sum(row_in, |value| value * value) / cols as f32;
+            let scale = 1.0 / (mean_square + eps).sqrt();
+            match gamma {
+                Some(gamma) => {
+                    for ((out, value), gamma) in row_out.iter_mut().zip(row_in).zip(gamma) {
+                        *out = value * scale * gamma;
+                    }
                 }
-            }
-            None => {
-                for (out, value) in row_out.iter_mut().zip(row_in) {
-                    *out = value * scale;
+                None => {
+                    for (out, value) in row_out.iter_mut().zip(row_in) {
+                        *out = value * scale;
+                    }
                 }
             }
         }
-    }
+    });
 }
 
 /// Llama's rotate-half rotary embedding, in place.

@@ -286,7 +286,7 @@ impl Compute for CpuCompute {
 
     fn add(&self, x: &mut CpuTensor, y: &CpuTensor) -> Result<(), ComputeError> {
         shapes::same("add", x.dims(), y.dims())?;
-        x.data.iter_mut().zip(&y.data).for_each(|(x, y)| *x += y);
+        kernels::add(&self.pool, &mut x.data, &y.data);
         Ok(())
     }
 
@@ -321,7 +321,8 @@ impl Compute for CpuCompute {
         let mut small = self.cast_small.borrow_mut();
         let gamma = vector("layer_norm weight", gamma, x.cols, &mut cast)?;
         let beta = vector("layer_norm bias", beta, x.cols, &mut small)?;
-        kernels::layer_norm(&x.data, x.cols, gamma, beta, eps, &mut y.data);
+        let rows = (&x.data[..], x.cols);
+        kernels::layer_norm(&self.pool, rows, (gamma, beta), eps, &mut y.data);
         Ok(())
     }
 
@@ -334,11 +335,10 @@ impl Compute for CpuCompute {
     ) -> Result<(), ComputeError> {
         shapes::same("rms_norm", x.dims(), y.dims())?;
         let mut small = self.cast_small.borrow_mut();
-        let gamma = match gamma {
-            Some(gamma) => Some(vector("rms_norm weight", gamma, x.cols, &mut small)?),
-            None => None,
-        };
-        kernels::rms_norm(&x.data, x.cols, gamma, eps, &mut y.data);
+        let gamma = gamma
+            .map(|gamma| vector("rms_norm weight", gamma, x.cols, &mut small))
+            .transpose()?;
+        kernels::rms_norm(&self.pool, (&x.data, x.cols), gamma, eps, &mut y.data);
         Ok(())
     }
 

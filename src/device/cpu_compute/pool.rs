@@ -14,6 +14,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
+/// Below this many elements [`Pool::split`] runs on the calling thread alone: the
+/// hand-off would cost more than the second core saves.
+const PARALLEL_MIN_ELEMENTS: usize = 1 << 15;
+
 /// Spin-loop rounds a worker waits for the next job before it parks: a few tens of
 /// microseconds, longer than the gap between two products of a step, shorter than
 /// the wait for a streamed block.
@@ -134,6 +138,40 @@ impl Pool {
         if shared.panicked.swap(false, Ordering::SeqCst) {
             panic!("a compute worker panicked (see the message above)");
         }
+    }
+}
+
+impl Pool {
+    /// Runs `work(part, first)` on contiguous parts of `data`, one a thread, each a
+    /// multiple of `granule` elements long (a row, or a vector's lanes) but the last;
+    /// `first` is where the part starts in `data`. A part's bounds follow from the
+    /// length and the thread count alone, so an element-wise or row-wise `work`
+    /// writes the same bits however `data` is split.
+    pub(super) fn split(
+        &self,
+        data: &mut [f32],
+        granule: usize,
+        work: &(dyn Fn(&mut [f32], usize) + Sync),
+    ) {
+        let length = data.len();
+        let parts = if length < PARALLEL_MIN_ELEMENTS {
+            1
+        } else {
+            self.threads()
+        };
+        if parts == 1 {
+            work(data, 0);
+            return;
+        }
+        let output = SharedOut::new(data);
+        self.run(&|index| {
+            let (first, end) = share(length, parts, index, granule);
+            if first < end {
+                // SAFETY: `share` gives disjoint ranges inside `data`, which outlives
+                // the job.
+                work(unsafe { output.range(first, end - first) }, first);
+            }
+        });
     }
 }
 

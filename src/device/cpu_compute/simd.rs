@@ -36,6 +36,8 @@ pub(super) trait Lanes: Copy {
     unsafe fn fma(a: Self, b: Self, c: Self) -> Self;
     /// `a·b` per lane.
     unsafe fn mul(a: Self, b: Self) -> Self;
+    /// `a + b` per lane.
+    unsafe fn add(a: Self, b: Self) -> Self;
     unsafe fn store(self, at: *mut f32);
 }
 
@@ -172,6 +174,9 @@ impl Lanes for Portable {
     }
     unsafe fn mul(a: Self, b: Self) -> Self {
         Portable(std::array::from_fn(|lane| a.0[lane] * b.0[lane]))
+    }
+    unsafe fn add(a: Self, b: Self) -> Self {
+        Portable(std::array::from_fn(|lane| a.0[lane] + b.0[lane]))
     }
     unsafe fn store(self, at: *mut f32) {
         // SAFETY: the caller's contract.

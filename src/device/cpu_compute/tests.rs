@@ -149,6 +149,64 @@ fn gelu_layer_norm_and_rms_norm_match_their_definitions() {
     assert!(close(y.values(), &expected, 1e-6));
 }
 
+#[test]
+fn norms_and_add_of_many_rows_match_f64_and_repeat_on_any_thread_count() {
+    // Proves the row-split norms and add: each row's layer norm within 1e-5 of an f64
+    // one (the sums in sixteen lanes, a width with a tail too), and the same bits on
+    // 1, 2 and 3 threads (the inputs are past the size that splits over threads).
+    for cols in [384usize, 389] {
+        let rows = 40_000 / cols + 7;
+        let values: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 7919 % 1009) as f32 - 504.0) * 3e-3 + (i / cols) as f32 * 0.1)
+            .collect();
+        let gamma_values: Vec<f32> = (0..cols).map(|i| 0.5 + i as f32 * 1e-3).collect();
+        let beta_values: Vec<f32> = (0..cols).map(|i| i as f32 * -2e-3).collect();
+        let mut outputs = Vec::new();
+        for threads in [1, 2, 3] {
+            let compute = CpuCompute::with_threads(threads);
+            let params = block(
+                &compute,
+                &[gamma_values.clone(), beta_values.clone()].concat(),
+                DType::F32,
+                0,
+            );
+            let view = compute.block_view(&params);
+            let gamma = view.weight(&slot(DType::F32, 1, cols, 0)).unwrap();
+            let beta = view.weight(&slot(DType::F32, 1, cols, cols * 4)).unwrap();
+            let mut x = compute.tensor(rows, cols).unwrap();
+            compute.write(&mut x, &values).unwrap();
+            let residual = x.clone();
+            compute.add(&mut x, &residual).unwrap();
+            let mut normed = compute.tensor(rows, cols).unwrap();
+            compute
+                .layer_norm(&x, &gamma, &beta, 1e-12, &mut normed)
+                .unwrap();
+            let mut rms = compute.tensor(rows, cols).unwrap();
+            compute.rms_norm(&x, Some(&gamma), 1e-6, &mut rms).unwrap();
+            let bits = |values: &[f32]| values.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            outputs.push([x.values(), normed.values(), rms.values()].map(bits));
+            if threads == 1 {
+                for (row, out) in values.chunks(cols).zip(normed.values().chunks(cols)) {
+                    let row: Vec<f64> = row.iter().map(|&v| 2.0 * v as f64).collect();
+                    let mean = row.iter().sum::<f64>() / cols as f64;
+                    let variance =
+                        row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / cols as f64;
+                    for (column, (&value, &got)) in row.iter().zip(out).enumerate() {
+                        let expected = (value - mean) / (variance + 1e-12).sqrt()
+                            * gamma_values[column] as f64
+                            + beta_values[column] as f64;
+                        assert!(
+                            (got as f64 - expected).abs() < 1e-5,
+                            "{cols}: {got} vs {expected}"
+                        );
+                    }
+                }
+            }
+        }
+        assert!(outputs.windows(2).all(|pair| pair[0] == pair[1]), "{cols}");
+    }
+}
+
 /// Attention computed the obvious way, one query at a time.
 fn naive_attention(q: &[f32], k: &[f32], v: &[f32], shape: &Attention<'_>) -> Vec<f32> {
     let (length, dim) = (shape.sequence_length, shape.head_dim);

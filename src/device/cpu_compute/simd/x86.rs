@@ -110,6 +110,11 @@ impl Lanes for Avx2 {
         unsafe { Avx2(_mm256_mul_ps(a.0, b.0), _mm256_mul_ps(a.1, b.1)) }
     }
     #[inline(always)]
+    unsafe fn add(a: Self, b: Self) -> Self {
+        // SAFETY: AVX (checked by `Isa::detect`).
+        unsafe { Avx2(_mm256_add_ps(a.0, b.0), _mm256_add_ps(a.1, b.1)) }
+    }
+    #[inline(always)]
     unsafe fn store(self, at: *mut f32) {
         // SAFETY: the trait's contract.
         unsafe {
@@ -218,6 +223,11 @@ impl Lanes for Avx512 {
     unsafe fn mul(a: Self, b: Self) -> Self {
         // SAFETY: AVX-512F (checked by `Isa::detect`).
         unsafe { Avx512(_mm512_mul_ps(a.0, b.0)) }
+    }
+    #[inline(always)]
+    unsafe fn add(a: Self, b: Self) -> Self {
+        // SAFETY: AVX-512F (checked by `Isa::detect`).
+        unsafe { Avx512(_mm512_add_ps(a.0, b.0)) }
     }
     #[inline(always)]
     unsafe fn store(self, at: *mut f32) {
