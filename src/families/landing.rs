@@ -6,14 +6,16 @@
 //! fully-resident forward pass.
 //!
 //! A block is checked when its residency generation is new (it was loaded again). Its
-//! file checksum is computed once, from plain reads of the file, the first time the
-//! block lands. Blocks a LoRA adapter patches are checked too: a streamed one keeps
+//! file checksum is computed once, from plain reads of the file the first time the
+//! block lands, a mebibyte at a time through one buffer that stays in cache (not
+//! a block-sized allocation, faulted in and dropped per block). Blocks a LoRA adapter patches are checked too: a streamed one keeps
 //! the file's bytes (the adapter is a separate low-rank pass), and a resident one is
 //! checked as it lands, before the adapter is baked into it.
 
-use stagehand_actors::{BlockHandle, ModelLayout};
+use stagehand_actors::{BlockHandle, Extent, ModelLayout};
 
 use super::FamilyError;
+use crate::compute::checksum::{finish, partial_sum};
 use crate::compute::{BlockView, Compute};
 use crate::model::BlockReader;
 
@@ -25,6 +27,8 @@ pub struct LandingCheck<'a> {
     expected: Vec<Option<u64>>,
     /// Per block: the generation last checked.
     checked: Vec<Option<u32>>,
+    /// The file's bytes on their way into an expected checksum ([`PIECE_BYTES`]).
+    piece: Vec<u8>,
     /// Landings checked so far.
     pub landings: u64,
     /// Bytes of them.
@@ -39,6 +43,7 @@ impl<'a> LandingCheck<'a> {
             layout,
             expected: vec![None; layout.len()],
             checked: vec![None; layout.len()],
+            piece: Vec::new(),
             landings: 0,
             bytes: 0,
         }
@@ -61,9 +66,7 @@ impl<'a> LandingCheck<'a> {
         let expected = match self.expected[block] {
             Some(expected) => expected,
             None => {
-                let mut bytes = vec![0u8; info.bytes as usize];
-                self.reader.read_extents(&info.extents, &mut bytes)?;
-                let expected = crate::compute::checksum::checksum(&bytes);
+                let expected = file_checksum(self.reader, &info.extents, &mut self.piece)?;
                 self.expected[block] = Some(expected);
                 expected
             }
@@ -82,5 +85,88 @@ impl<'a> LandingCheck<'a> {
         self.landings += 1;
         self.bytes += handle.bytes;
         Ok(())
+    }
+}
+
+/// Bytes read from the file per piece of an expected checksum: a multiple of the
+/// checksum's 4-byte word, small enough to stay in L2. (The unit test's pieces are a
+/// few words, so its tensors cross them.)
+const PIECE_BYTES: usize = if cfg!(test) { 12 } else { 1 << 20 };
+
+/// The checksum of `extents` laid end to end, read [`PIECE_BYTES`] at a time into
+/// `piece`: each full piece (a whole number of words) is folded in as it fills, so the
+/// buffer stays in the core's cache and no block-sized allocation is made.
+fn file_checksum(
+    reader: &BlockReader<'_>,
+    extents: &[Extent],
+    piece: &mut Vec<u8>,
+) -> Result<u64, FamilyError> {
+    piece.resize(PIECE_BYTES, 0);
+    let (mut sum, mut folded, mut filled) = (0u64, 0u64, 0usize);
+    for extent in extents {
+        let mut done = 0u64;
+        while done < extent.length {
+            let length = (extent.length - done).min((PIECE_BYTES - filled) as u64);
+            let part = Extent {
+                offset: extent.offset + done,
+                length,
+                ..*extent
+            };
+            reader.read_extents(&[part], &mut piece[filled..filled + length as usize])?;
+            (done, filled) = (done + length, filled + length as usize);
+            if filled == PIECE_BYTES {
+                sum = sum.wrapping_add(partial_sum(piece, folded / 4));
+                (folded, filled) = (folded + PIECE_BYTES as u64, 0);
+            }
+        }
+    }
+    sum = sum.wrapping_add(partial_sum(&piece[..filled], folded / 4));
+    Ok(finish(sum, folded + filled as u64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compute::checksum::checksum;
+    use crate::model::ModelIndex;
+
+    #[test]
+    fn a_file_checksum_read_in_pieces_equals_the_checksum_of_the_whole_block() {
+        // Proves the piecewise fold: tensors of odd byte lengths (words straddle both
+        // the tensors and the pieces) give the checksum of their bytes laid end to end.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("model.safetensors");
+        let data: Vec<Vec<u8>> = [14usize, 66, 20, 3]
+            .iter()
+            .map(|&length| (0..length).map(|i| (i * 37 + length) as u8).collect())
+            .collect();
+        let tensors = [
+            ("layers.0.a", safetensors::Dtype::F16, 0),
+            ("layers.0.b", safetensors::Dtype::F16, 1),
+            ("layers.0.c", safetensors::Dtype::F32, 2),
+            ("layers.1.d", safetensors::Dtype::U8, 3),
+        ];
+        let views: Vec<_> = tensors
+            .iter()
+            .map(|&(name, dtype, at)| {
+                let elements = data[at].len() * 8 / dtype.bitsize();
+                let view = safetensors::tensor::TensorView::new(dtype, vec![elements], &data[at]);
+                (name, view.unwrap())
+            })
+            .collect();
+        safetensors::serialize_to_file(views, None, &path).unwrap();
+        let index = ModelIndex::open(&path, None).unwrap();
+        let reader = BlockReader::open(&index).unwrap();
+        let mut piece = Vec::new();
+        for block in &index.blocks {
+            let mut whole = vec![0u8; block.bytes as usize];
+            reader.read_extents(&block.extents, &mut whole).unwrap();
+            let pieces = file_checksum(&reader, &block.extents, &mut piece).unwrap();
+            assert_eq!(pieces, checksum(&whole), "{}", block.name);
+        }
+        assert!(index
+            .blocks
+            .iter()
+            .any(|block| block.bytes > 2 * PIECE_BYTES as u64));
     }
 }
