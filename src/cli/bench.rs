@@ -67,8 +67,7 @@ pub enum BenchTarget {
 
 #[derive(Debug, Serialize)]
 pub(super) struct Configuration {
-    /// What the measured bound says: "compute-bound", "copy-bound", "disk-bound", or
-    /// "bus-bound" (the CPU backend: compute and copies together fill its memory bus).
+    /// What the measured bound says: "compute-bound", "copy-bound" or "disk-bound".
     pub(super) name: &'static str,
     /// What the batch size aimed at (the measured bound may say otherwise).
     pub(super) aim: &'static str,
@@ -209,24 +208,18 @@ impl Bench<'_> {
             )));
         };
         let compute = resident_seconds;
-        // The resident run's time is the compute share; the memory bus the copies
-        // share with it on the CPU backend comes from the stagehand run's own bound.
-        let bound = StepBound {
-            bus_seconds: stagehand.bound.bus_seconds,
-            ..StepBound::new(
-                compute,
-                stagehand.report.plan.vram.streamed_bytes_per_step as f64,
-                stagehand.report.plan.pins.disk_bytes_per_step as f64,
-                stagehand.rates,
-            )
-        };
+        let bound = StepBound::new(
+            compute,
+            stagehand.report.plan.vram.streamed_bytes_per_step as f64,
+            stagehand.report.plan.pins.disk_bytes_per_step as f64,
+            stagehand.rates,
+        );
         let stagehand_seconds = stagehand.report.steady_step_seconds();
         Ok(Configuration {
             name: match bound.limited_by() {
                 "compute" => "compute-bound",
                 "copy to VRAM" => "copy-bound",
-                "disk reads" => "disk-bound",
-                _ => "bus-bound",
+                _ => "disk-bound",
             },
             aim,
             batch,

@@ -1,7 +1,5 @@
 //! The physical bound of a step, `max(compute, bytes to VRAM / copy rate, bytes from
-//! disk / read rate)`, with the rates measured on this machine in the same process —
-//! and, on the CPU backend, whose copies are `memcpy`s over the memory its kernels
-//! read, the memory traffic of all three together.
+//! disk / read rate)`, with the rates measured on this machine in the same process.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -196,10 +194,6 @@ pub struct StepBound {
     pub compute_limited_by: &'static str,
     pub copy_seconds: f64,
     pub read_seconds: f64,
-    /// Where compute and copies share one memory bus (the CPU backend; 0 elsewhere):
-    /// the time that bus takes to carry the step's traffic — the kernels' reads, and
-    /// each byte copied to VRAM or out of the page cache twice (read, then written).
-    pub bus_seconds: f64,
 }
 
 impl StepBound {
@@ -209,25 +203,20 @@ impl StepBound {
         Self::with_compute(compute_seconds, "compute", vram_bytes, disk_bytes, rates)
     }
 
-    /// The physical bound on the CPU backend: the machine's floor under the step's
-    /// kernels, the links', and the memory bus they all share.
+    /// The physical bound: the machine's floor under the step's kernels, the links'.
     pub fn on_roofline(
         floor: super::roofline::ComputeFloor,
         vram_bytes: f64,
         disk_bytes: f64,
         rates: LinkRates,
     ) -> Self {
-        let traffic = floor.memory_bytes + 2.0 * (vram_bytes + disk_bytes);
-        Self {
-            bus_seconds: traffic / floor.memory_bytes_per_second.max(1.0),
-            ..Self::with_compute(
-                floor.seconds,
-                floor.limited_by(),
-                vram_bytes,
-                disk_bytes,
-                rates,
-            )
-        }
+        Self::with_compute(
+            floor.seconds,
+            floor.limited_by(),
+            vram_bytes,
+            disk_bytes,
+            rates,
+        )
     }
 
     fn with_compute(
@@ -246,7 +235,6 @@ impl StepBound {
             } else {
                 0.0
             },
-            bus_seconds: 0.0,
         }
     }
 
@@ -254,7 +242,6 @@ impl StepBound {
         self.compute_seconds
             .max(self.copy_seconds)
             .max(self.read_seconds)
-            .max(self.bus_seconds)
     }
 
     pub fn limited_by(&self) -> &'static str {
@@ -263,10 +250,8 @@ impl StepBound {
             self.compute_limited_by
         } else if bound == self.copy_seconds {
             "copy to VRAM"
-        } else if bound == self.read_seconds {
-            "disk reads"
         } else {
-            "memory bus (compute + copies)"
+            "disk reads"
         }
     }
 }

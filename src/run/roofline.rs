@@ -131,14 +131,10 @@ impl Roofline {
     /// A step's compute floor: the sum of its kernels' floors, and the share of it
     /// memory sets.
     pub fn floor(&self, work: &Work) -> ComputeFloor {
-        let mut floor = ComputeFloor {
-            memory_bytes_per_second: self.memory_bytes_per_second,
-            ..ComputeFloor::default()
-        };
+        let mut floor = ComputeFloor::default();
         for kernel in &work.kernels {
             let (seconds, memory) = self.kernel_floor(kernel);
             floor.seconds += seconds;
-            floor.memory_bytes += memory_bytes(kernel) as f64;
             if memory {
                 floor.memory_seconds += seconds;
             }
@@ -153,9 +149,6 @@ pub struct ComputeFloor {
     pub seconds: f64,
     /// Of `seconds`, the kernels whose bytes (not FLOPs) set their floor.
     pub memory_seconds: f64,
-    /// Bytes the kernels read from memory, all of them, and the rate memory gives.
-    pub memory_bytes: f64,
-    pub memory_bytes_per_second: f64,
 }
 
 impl ComputeFloor {
@@ -341,30 +334,6 @@ mod tests {
         let (seconds, memory) = roofline.kernel_floor(&linear(512, DType::Bf16));
         assert!(!memory);
         assert!((seconds - 2.0 * 512.0 * 2048.0 * 8192.0 / 100e9).abs() < 1e-9);
-    }
-
-    #[test]
-    fn a_streamed_step_on_the_shared_bus_is_bounded_by_its_reads_and_twice_its_copies() {
-        // Proves the CPU backend's bus term: the kernels' bytes plus each copied byte
-        // read and written, over the memory rate; it sets the bound only when it is
-        // the largest, and a step that copies nothing stays bound by its kernels.
-        use crate::run::bound::{LinkRates, StepBound};
-        let floor = roofline().floor(&Work {
-            kernels: vec![linear(1, DType::Bf16)],
-        });
-        let weight = 2048.0 * 8192.0 * 2.0;
-        assert_eq!(floor.memory_bytes, weight);
-        let rates = LinkRates {
-            copy_bytes_per_second: 1e12,
-            read_bytes_per_second: 0.0,
-        };
-        let streamed = StepBound::on_roofline(floor, weight, 0.0, rates);
-        assert!((streamed.bus_seconds - 3.0 * weight / 20e9).abs() < 1e-12);
-        assert_eq!(streamed.seconds(), streamed.bus_seconds);
-        assert_eq!(streamed.limited_by(), "memory bus (compute + copies)");
-        let resident = StepBound::on_roofline(floor, 0.0, 0.0, rates);
-        assert_eq!(resident.seconds(), floor.seconds);
-        assert_eq!(resident.limited_by(), "memory bandwidth");
     }
 
     #[test]

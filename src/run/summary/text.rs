@@ -131,9 +131,6 @@ impl Summary {
             "copy to VRAM" | "disk reads" => {
                 " — above 1: the link rate measured after the run was slower than the run's own transfers (the page cache served its reads, or the link was busy when measured)"
             }
-            "memory bus (compute + copies)" => {
-                " — above 1: part of the traffic the bound counts came from the CPU's caches (a slot just copied is still in them), or the memory rate was measured on a busier machine"
-            }
             _ if self.roofline_flops_per_second > 0.0 => {
                 " — above 1: the kernels ran faster than the cached roofline allows, so it was measured on a busier machine; the next run measures it again"
             }
