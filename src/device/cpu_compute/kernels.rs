@@ -154,6 +154,23 @@ pub(super) fn add(pool: &Pool, x: &mut [f32], y: &[f32]) {
     });
 }
 
+/// Runs `row(input, output)` on each pair of rows of `x` and `y` (`cols` values each),
+/// the rows shared over the pool's threads by shape.
+fn rows_on_pool(
+    pool: &Pool,
+    (x, cols): (&[f32], usize),
+    y: &mut [f32],
+    row: &(dyn Fn(&[f32], &mut [f32]) + Sync),
+) {
+    assert_eq!(x.len(), y.len());
+    pool.split(y, cols, &|part, first| {
+        let x = &x[first..first + part.len()];
+        for (row_in, row_out) in x.chunks_exact(cols).zip(part.chunks_exact_mut(cols)) {
+            row(row_in, row_out);
+        }
+    });
+}
+
 /// `y ← (x − mean)/√(var + eps)·gamma + beta` row by row (biased variance, as PyTorch;
 /// both sums by [`row_sum`]), rows shared over the pool's threads.
 pub(super) fn layer_norm(
@@ -163,17 +180,12 @@ pub(super) fn layer_norm(
     eps: f32,
     y: &mut [f32],
 ) {
-    assert_eq!(x.len(), y.len());
-    pool.split(y, cols, &|part, first| {
-        let x = &x[first..first + part.len()];
-        for (row_in, row_out) in x.chunks_exact(cols).zip(part.chunks_exact_mut(cols)) {
-            let mean = row_sum(row_in, |value| value) / cols as f32;
-            let variance = row_sum(row_in, |value| (value - mean) * (value - mean)) / cols as f32;
-            let inverse = 1.0 / (variance + eps).sqrt();
-            for (((out, value), gamma), beta) in row_out.iter_mut().zip(row_in).zip(gamma).zip(beta)
-            {
-                *out = (value - mean) * inverse * gamma + beta;
-            }
+    rows_on_pool(pool, (x, cols), y, &|row_in, row_out| {
+        let mean = row_sum(row_in, |value| value) / cols as f32;
+        let variance = row_sum(row_in, |value| (value - mean) * (value - mean)) / cols as f32;
+        let inverse = 1.0 / (variance + eps).sqrt();
+        for (((out, value), gamma), beta) in row_out.iter_mut().zip(row_in).zip(gamma).zip(beta) {
+            *out = (value - mean) * inverse * gamma + beta;
         }
     });
 }
@@ -187,22 +199,18 @@ pub(super) fn rms_norm(
     eps: f32,
     y: &mut [f32],
 ) {
-    assert_eq!(x.len(), y.len());
-    pool.split(y, cols, &|part, first| {
-        let x = &x[first..first + part.len()];
-        for (row_in, row_out) in x.chunks_exact(cols).zip(part.chunks_exact_mut(cols)) {
-            let mean_square = row_sum(row_in, |value| value * value) / cols as f32;
-            let scale = 1.0 / (mean_square + eps).sqrt();
-            match gamma {
-                Some(gamma) => {
-                    for ((out, value), gamma) in row_out.iter_mut().zip(row_in).zip(gamma) {
-                        *out = value * scale * gamma;
-                    }
+    rows_on_pool(pool, (x, cols), y, &|row_in, row_out| {
+        let mean_square = row_sum(row_in, |value| value * value) / cols as f32;
+        let scale = 1.0 / (mean_square + eps).sqrt();
+        match gamma {
+            Some(gamma) => {
+                for ((out, value), gamma) in row_out.iter_mut().zip(row_in).zip(gamma) {
+                    *out = value * scale * gamma;
                 }
-                None => {
-                    for (out, value) in row_out.iter_mut().zip(row_in) {
-                        *out = value * scale;
-                    }
+            }
+            None => {
+                for (out, value) in row_out.iter_mut().zip(row_in) {
+                    *out = value * scale;
                 }
             }
         }
