@@ -139,9 +139,7 @@ impl Pool {
             panic!("a compute worker panicked (see the message above)");
         }
     }
-}
 
-impl Pool {
     /// Runs `work(part, first)` on contiguous parts of `data`, one a thread, each a
     /// multiple of `granule` elements long (a row, or a vector's lanes) but the last;
     /// `first` is where the part starts in `data`. A part's bounds follow from the
