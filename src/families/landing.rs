@@ -8,9 +8,10 @@
 //! A block is checked when its residency generation is new (it was loaded again). Its
 //! file checksum is computed once, from plain reads of the file the first time the
 //! block lands, a mebibyte at a time through one buffer that stays in cache (not
-//! a block-sized allocation, faulted in and dropped per block). Blocks a LoRA adapter patches are checked too: a streamed one keeps
-//! the file's bytes (the adapter is a separate low-rank pass), and a resident one is
-//! checked as it lands, before the adapter is baked into it.
+//! a block-sized allocation, faulted in and dropped per block). Blocks a LoRA adapter
+//! patches are checked too: a streamed one keeps the file's bytes (the adapter is a
+//! separate low-rank pass), and a resident one is checked as it lands, before the
+//! adapter is baked into it.
 
 use stagehand_actors::{BlockHandle, Extent, ModelLayout};
 

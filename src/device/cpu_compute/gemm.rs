@@ -73,7 +73,7 @@ impl Gemm<'_> {
 
 /// The slices of an inner dimension: `(first, length)` each, equal but for rounding.
 pub(super) fn slices(inner: usize) -> impl Iterator<Item = (usize, usize)> {
-    let count = if inner <= ONE_SLICE_MAX {
+    let count = if one_slice(inner) {
         1
     } else {
         inner.div_ceil(SLICE_MAX)
