@@ -1,8 +1,7 @@
-//! The block checksum of the compute port (`compute::checksum`: a wrapping sum of
-//! `mix64(index · φ ⊕ word)` over the block's 32-bit words) at memory speed: the words
-//! split over the pool by position alone, each part summed by the definition's
-//! [`partial_sum`] (eight lanes at a time where the CPU has AVX-512 with 64-bit
-//! multiplies). A wrapping sum does not depend on the order its terms are added in,
+//! The block checksum of the compute port (`compute::checksum`: a wrapping sum of one
+//! keyed 32 × 32 → 64-bit product per 32-bit word of the block) at memory speed: the
+//! words split over the pool by position alone, each part summed by the definition's
+//! [`partial_sum`] (eight lanes at a time where the CPU has AVX-512). A wrapping sum does not depend on the order its terms are added in,
 //! so the result is the definition's, bit for bit, for any thread count and
 //! instruction set. It is what `verify = weights` pays for each block that
 //! lands, so it must cost about one read of the block.

@@ -542,15 +542,10 @@ extern "C" __global__ void stagehand_write_cols(float* to, const float* from, u6
     }
 }
 
-// The stream-verify checksum (crate::compute::checksum): the sum of
-// mix64(index · φ ⊕ word) over little-endian 32-bit words, the last zero-padded. An
-// integer sum, so the atomic per warp does not make it depend on thread order.
-__device__ __forceinline__ u64 stagehand_mix64(u64 z) {
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
+// The stream-verify checksum (crate::compute::checksum): the sum over little-endian
+// 32-bit words (the last zero-padded) of (word ^ low32(g)) * (high32(g) | 1), a 32 x 32
+// -> 64-bit product, where g = index * phi. An integer sum, so the atomic per warp does
+// not make it depend on thread order.
 extern "C" __global__ void stagehand_checksum(const unsigned char* data, u64 length, u64* sum_out) {
     const u64 words = (length + 3) / 4;
     const u64 stride = (u64)gridDim.x * blockDim.x;
@@ -566,7 +561,8 @@ extern "C" __global__ void stagehand_checksum(const unsigned char* data, u64 len
                 word |= ((u32)data[start + b]) << (8 * b);
             }
         }
-        sum += stagehand_mix64((i * 0x9e3779b97f4a7c15ULL) ^ (u64)word);
+        const u64 key = i * 0x9e3779b97f4a7c15ULL;
+        sum += (u64)(word ^ (u32)key) * (u64)((u32)(key >> 32) | 1u);
     }
     for (int offset = 16; offset > 0; offset >>= 1) {
         sum += __shfl_down_sync(0xffffffffu, sum, offset);

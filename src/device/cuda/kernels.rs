@@ -420,7 +420,8 @@ mod tests {
     #[test]
     fn the_source_defines_every_kernel_loaded_and_the_checksum_constants() {
         // Proves each function `Kernels::compile` asks for is in the source, and that
-        // the checksum kernel uses crate::compute::checksum's constants.
+        // the checksum kernel uses crate::compute::checksum's key constant (the
+        // emulator test checks its sums against the definition).
         for name in [
             "stagehand_widen",
             "stagehand_gemv",
@@ -445,13 +446,10 @@ mod tests {
                 "{name}"
             );
         }
-        for constant in [
-            "0x9e3779b97f4a7c15",
-            "0xbf58476d1ce4e5b9",
-            "0x94d049bb133111eb",
-        ] {
-            assert!(SOURCE.contains(constant), "{constant}");
-        }
+        assert!(
+            SOURCE.contains("0x9e3779b97f4a7c15"),
+            "the checksum's index key"
+        );
         assert!(SOURCE.contains(&format!("#define STAGEHAND_GEMV_ROWS {GEMV_ROWS_MAX}\n")));
         assert!(!SOURCE.contains("#include"), "NVRTC must need no header");
         assert!(!SOURCE.contains("atomicAdd(float"), "no float atomics");
