@@ -68,6 +68,9 @@ pub struct CpuCompute {
     /// bf16 products run on AMX tiles (this machine has them; tests may turn it off
     /// to check the f32 kernels' bf16 path here too).
     tiles: bool,
+    /// The cores this process may run on: a pool spanning them all shares one with
+    /// the copy thread (see `checksum`).
+    cores: usize,
 }
 
 impl Default for CpuCompute {
@@ -117,6 +120,7 @@ impl CpuCompute {
             tile_panels,
             tile_rows: RefCell::default(),
             tiles: amx::available(),
+            cores: crate::settings::machine_cores(),
         }
     }
 
@@ -476,7 +480,7 @@ impl Compute for CpuCompute {
         let bytes = unsafe {
             std::slice::from_raw_parts(block.ptr().0 as *const u8, block.bytes() as usize)
         };
-        Ok(checksum::checksum(&self.pool, bytes))
+        Ok(checksum::checksum(&self.pool, bytes, self.cores))
     }
 
     fn fence(&self) -> Result<(), ComputeError> {
