@@ -58,6 +58,7 @@ fn known_calibration(at_unix: u64) -> Calibration {
                     outer: 1024,
                     rows: vec![1, 8, 64],
                     gflops: vec![4.0, 16.0, 64.0],
+                    cold_gflops: Some(vec![3.0, 12.0, 60.0]),
                 }],
                 threads: Some(ThreadScaling {
                     timed_on: 1,

@@ -114,7 +114,10 @@ request_latency_us = 70
 }
 
 #[test]
-fn a_checkpoint_partly_in_the_page_cache_is_read_at_the_blend_of_both_rates() {
+fn a_checkpoint_partly_in_the_page_cache_reads_its_uncached_ranges_cold_once() {
+    // Proves `reading_cached`: the page-cache rate for every read, the cold rate kept
+    // for the ranges the page cache did not hold, which the storage model reads cold
+    // the first time (tests/sim_disk.rs proves that part).
     let directory = tempfile::tempdir().unwrap();
     let path = directory.path().join("calibrated.toml");
     std::fs::write(
@@ -139,20 +142,22 @@ page_cache_gb_per_s = 4.0
     )
     .unwrap();
     let profile = HardwareProfile::load(path.to_str().unwrap()).unwrap();
-    // Half the bytes at 4 GB/s and half at 1: 1 / (0.5 / 4 + 0.5 / 1) = 1.6 GB/s.
-    let half = profile.clone().reading_cached(0.5);
-    assert_eq!(half.disk_rates().bytes_per_second, 1_600_000_000);
-    // What the page cache does not hold is still read at the cold rate.
+    // What the page cache holds is read at 4 GB/s; the ranges it does not hold, at
+    // the cold 1 GB/s the first time (the storage model's dropped ranges).
+    let dropped = vec![(0, 4096, 1 << 20)];
+    let partly = profile.clone().reading_cached(dropped.clone());
+    assert_eq!(partly.disk_rates().bytes_per_second, 4_000_000_000);
     assert_eq!(
-        half.uncached_rates().unwrap().bytes_per_second,
+        partly.uncached_rates().unwrap().bytes_per_second,
         1_000_000_000
     );
-    let all = profile.clone().reading_cached(1.0);
+    assert_eq!(partly.uncached_at_start, dropped);
+    let all = profile.clone().reading_cached(Vec::new());
     assert_eq!(all.disk_rates().bytes_per_second, 4_000_000_000);
-    assert_eq!(profile.clone().reading_cached(0.0), profile);
+    assert!(all.uncached_at_start.is_empty());
     // A profile that never measured the page cache keeps its one rate.
     let shipped = HardwareProfile::load("rtx3060-12gb").unwrap();
-    assert_eq!(shipped.clone().reading_cached(1.0), shipped);
+    assert_eq!(shipped.clone().reading_cached(dropped), shipped);
 }
 
 #[test]

@@ -62,6 +62,12 @@ pub fn measure_copies(
         }
         let mut seconds = Vec::with_capacity(repeats);
         for round in 0..repeats + 1 {
+            // The source comes from memory, as a run's does (a block pinned a step
+            // or more ago, or read in by other threads): the same buffer copied
+            // again would otherwise be read from the caches.
+            if let Some(bytes) = buffer.as_slice() {
+                crate::os::flush_from_caches(bytes);
+            }
             let (returned, elapsed) = copy(buffer, block_bytes)?;
             buffer = returned;
             // The first copy warms the arena's pages and the copy thread.
@@ -73,7 +79,7 @@ pub fn measure_copies(
             block_bytes as f64,
             &seconds,
             format!(
-                "{repeats} copies of {} from {what} into the device tier, one at a time; median",
+                "{repeats} copies of {} from {what} into the device tier, one at a time, the source flushed from the CPU caches before each; median",
                 stagehand_actors::Bytes(block_bytes)
             ),
         ))

@@ -107,6 +107,11 @@ pub fn measure_kernels<C: Compute>(
             for (kept, new) in kept.gflops.iter_mut().zip(again.gflops) {
                 *kept = kept.max(new);
             }
+            if let (Some(kept), Some(new)) = (kept.cold_gflops.as_mut(), again.cold_gflops) {
+                for (kept, new) in kept.iter_mut().zip(new) {
+                    *kept = kept.max(new);
+                }
+            }
         }
     }
     let elementwise_ns = measure_elementwise(compute, options).map_err(error)?;
@@ -122,7 +127,7 @@ pub fn measure_kernels<C: Compute>(
             threads: None,
         },
         how: format!(
-            "through the {} compute adapter, one call at a time, each call waited for; linear: weights cycled through {} so each call reads its weight from memory, not a cache, the fastest of {} passes over the sweep; each point the median of ≥ {} calls over ≥ {:.0} ms",
+            "through the {} compute adapter, one call at a time, each call waited for; linear: weights cycled through {} (gflops: as a resident model's, in the caches as far as they hold them) and again flushed from the caches before each call (cold_gflops: as a streamed block's, from memory), the fastest of {} passes over the sweep; each point the median of ≥ {} calls over ≥ {:.0} ms",
             compute.name(),
             stagehand_actors::Bytes(CACHE_DEFEAT_BYTES),
             options.linear_passes.max(1),
@@ -136,6 +141,16 @@ pub fn measure_kernels<C: Compute>(
 fn time_calls<C: Compute>(
     compute: &C,
     options: &KernelOptions,
+    call: impl FnMut(usize) -> Result<(), crate::compute::ComputeError>,
+) -> Result<f64, crate::compute::ComputeError> {
+    time_calls_after(compute, options, |_| {}, call)
+}
+
+/// [`time_calls`], `before(index)` run untimed ahead of call `index`.
+fn time_calls_after<C: Compute>(
+    compute: &C,
+    options: &KernelOptions,
+    mut before: impl FnMut(usize),
     mut call: impl FnMut(usize) -> Result<(), crate::compute::ComputeError>,
 ) -> Result<f64, crate::compute::ComputeError> {
     // One untimed call: first-touch page faults and lazy allocations.
@@ -147,6 +162,7 @@ fn time_calls<C: Compute>(
     while samples.len() < options.min_samples
         || (started.elapsed().as_secs_f64() < options.seconds_per_point && samples.len() < 10_000)
     {
+        before(index);
         let began = Instant::now();
         call(index)?;
         compute.wait(compute.fence()?)?;
@@ -182,17 +198,28 @@ fn measure_linear<C: Compute>(
         .collect::<Result<_, _>>()?;
     let slot = TensorSlot::new(0, dtype, side_usize, side_usize);
     let mut gflops = Vec::with_capacity(options.rows.len());
+    let mut cold_gflops = Vec::with_capacity(options.rows.len());
+    let flops_of = |rows: u64| 2.0 * rows as f64 * elements as f64;
     for &rows in &options.rows {
         let rows_usize = rows as usize;
         let mut x = compute.tensor(rows_usize, side_usize)?;
         compute.write(&mut x, &vec![0.25; rows_usize * side_usize])?;
         let mut y = compute.tensor(rows_usize, side_usize)?;
-        let seconds = time_calls(compute, options, |index| {
+        let mut product = |index: usize| {
             let view = compute.block_view(&blocks[index % copies]);
             compute.linear(&x, &view.weight(&slot)?, None, &mut y)
-        })?;
-        let flops = 2.0 * rows as f64 * elements as f64;
-        gflops.push(flops / seconds.max(1e-12) / 1e9);
+        };
+        // Resident: the weights cycle through `CACHE_DEFEAT_BYTES`, which a large L3
+        // may hold, as it holds a small resident model.
+        let seconds = time_calls(compute, options, &mut product)?;
+        gflops.push(flops_of(rows) / seconds.max(1e-12) / 1e9);
+        // Streamed: each weight flushed from the caches before its call, as a block
+        // copied in with non-temporal stores just before its compute.
+        let flush = |index: usize| {
+            compute.flush_from_caches(&compute.block_view(&blocks[index % copies]));
+        };
+        let seconds = time_calls_after(compute, options, flush, &mut product)?;
+        cold_gflops.push(flops_of(rows) / seconds.max(1e-12) / 1e9);
     }
     Ok(LinearRates {
         dtype: dtype_name(dtype).to_string(),
@@ -200,6 +227,7 @@ fn measure_linear<C: Compute>(
         outer: side,
         rows: options.rows.clone(),
         gflops,
+        cold_gflops: Some(cold_gflops),
     })
 }
 

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use super::Failure;
-use stagehand::sim::HardwareProfile;
+use stagehand::sim::{HardwareProfile, UncachedRange};
 
 /// A shipped profile, a profile file, or `local` (calibrated now or reused from the
 /// cache, saying which on stderr; reads are measured on `read_dir`'s filesystem).
@@ -28,8 +28,9 @@ pub fn load_hardware(name: &str, read_dir: Option<&Path>) -> Result<HardwareProf
 
 /// The profile `simulate` predicts with: reads measured on the model's filesystem
 /// (`local`); at the O_DIRECT rate with `fast_disk` when the profile measured one;
-/// otherwise, for a checkpoint on this machine, at the rate of what the page cache
-/// holds of it now (said on stderr), as the run will read it.
+/// otherwise, for a checkpoint on this machine, from the page cache as it holds the
+/// checkpoint now (said on stderr): what it holds at the page-cache rate, the rest at
+/// the cold rate the first time it is read, as the run will read them.
 pub fn for_model(name: &str, model: &str, fast_disk: bool) -> Result<HardwareProfile, Failure> {
     let read_dir = Path::new(model).parent().filter(|dir| dir.is_dir());
     let hardware = load_hardware(name, read_dir)?;
@@ -39,23 +40,24 @@ pub fn for_model(name: &str, model: &str, fast_disk: bool) -> Result<HardwarePro
     let Some(page_cache_rate) = hardware.disk.page_cache_gb_per_s else {
         return Ok(hardware);
     };
-    let Some((cached, total)) = cached_share(Path::new(model)) else {
+    let Some((uncached, total)) = uncached_ranges(Path::new(model)) else {
         return Ok(hardware);
     };
     let cold_rate = hardware.disk.read_gb_per_s;
-    let hardware = hardware.reading_cached(cached as f64 / total as f64);
+    let uncached_bytes: u64 = uncached.iter().map(|&(_, start, end)| end - start).sum();
     eprintln!(
-        "reads: the page cache holds {} of the checkpoint's {} now, read at {page_cache_rate:.2} GB/s, the rest at the cold {cold_rate:.2} GB/s: {:.2} GB/s predicted (--fast-disk reads past the page cache)",
-        stagehand::actors::Bytes(cached),
+        "reads: the page cache holds {} of the checkpoint's {} now, read at {page_cache_rate:.2} GB/s; the rest at the cold {cold_rate:.2} GB/s the first time (--fast-disk reads past the page cache)",
+        stagehand::actors::Bytes(total.saturating_sub(uncached_bytes)),
         stagehand::actors::Bytes(total),
-        hardware.disk.read_gb_per_s
     );
-    Ok(hardware)
+    Ok(hardware.reading_cached(uncached))
 }
 
-/// Bytes of a checkpoint's files in the page cache now, and their total; `None` for a
-/// shipped model or a description, or where the files cannot be measured.
-fn cached_share(model: &Path) -> Option<(u64, u64)> {
+/// The byte ranges of a checkpoint's files the page cache does not hold now
+/// (`(file, start, end)`, `file` the index in the model's files), and the files'
+/// total bytes; `None` for a shipped model or a description, or where the files
+/// cannot be measured.
+fn uncached_ranges(model: &Path) -> Option<(Vec<UncachedRange>, u64)> {
     if !model.exists()
         || model
             .extension()
@@ -64,11 +66,12 @@ fn cached_share(model: &Path) -> Option<(u64, u64)> {
         return None;
     }
     let index = stagehand::ModelIndex::open(model, None).ok()?;
-    let mut cached = 0;
+    let mut uncached = Vec::new();
     let mut total = 0;
-    for file in &index.files {
-        cached += stagehand::os::cached_bytes(&file.path).ok()?;
-        total += std::fs::metadata(&file.path).ok()?.len();
+    for (file, shard) in (0u32..).zip(&index.files) {
+        let ranges = stagehand::os::uncached_ranges(&shard.path).ok()?;
+        uncached.extend(ranges.into_iter().map(|(start, end)| (file, start, end)));
+        total += std::fs::metadata(&shard.path).ok()?.len();
     }
-    (total > 0).then_some((cached, total))
+    (total > 0).then_some((uncached, total))
 }

@@ -246,6 +246,12 @@ pub trait Compute {
         1
     }
 
+    /// Pushes a block's bytes out of the caches this adapter's kernels read through,
+    /// so the next call reads the weight from memory as a run does (a block copied in
+    /// with non-temporal stores, or last used a step ago): for calibration, never on
+    /// a run's path. Default: nothing (a GPU's caches hold little of a block).
+    fn flush_from_caches(&self, _block: &BlockView<'_>) {}
+
     /// A checksum of a block's bytes in the device tier (`stream-verify`), equal to
     /// `crate::families::stream_verify::checksum` of the same bytes.
     fn checksum(&self, block: &BlockView<'_>) -> Result<u64, ComputeError>;

@@ -56,6 +56,8 @@ pub struct SimCompute {
     trace: Option<Arc<TraceRecorder>>,
     /// Measured kernel costs: a block with its kernels known costs their sum.
     costs: Option<KernelCosts>,
+    /// The same, for weights read from memory (a streamed block's).
+    cold_costs: Option<KernelCosts>,
     /// A shared-bus machine: compute runs on the bus beside copies and reads.
     bus: Option<Arc<SharedBus>>,
 }
@@ -68,12 +70,14 @@ impl SimCompute {
             stream: SerialLane::default(),
             trace: None,
             costs: None,
+            cold_costs: None,
             bus: None,
         }
     }
 
     /// Blocks whose kernels are known cost what `costs` measured for them.
     pub fn with_costs(mut self, costs: KernelCosts) -> Self {
+        self.cold_costs = Some(costs.cold());
         self.costs = Some(costs);
         self
     }
@@ -88,6 +92,15 @@ impl SimCompute {
     /// else the roofline.
     pub fn block_time(&self, flops: f64, weight_bytes: u64, work: Option<&Work>) -> Duration {
         match (&self.costs, work) {
+            (Some(costs), Some(work)) => costs.work_duration(work),
+            _ => self.block_duration(flops, weight_bytes),
+        }
+    }
+
+    /// [`Self::block_time`] with the weights read from memory, not the caches: a
+    /// streamed block's, copied in just before its compute.
+    pub fn cold_block_time(&self, flops: f64, weight_bytes: u64, work: Option<&Work>) -> Duration {
+        match (&self.cold_costs, work) {
             (Some(costs), Some(work)) => costs.work_duration(work),
             _ => self.block_duration(flops, weight_bytes),
         }
@@ -130,10 +143,22 @@ impl SimCompute {
         duration: Duration,
         weight_bytes: u64,
     ) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + 'static>> {
+        self.compute_on(label, duration, weight_bytes, 1)
+    }
+
+    /// As [`Self::compute_reading`], split over `threads` compute threads that all
+    /// must finish (what it asks of a shared bus's cores).
+    pub fn compute_on(
+        &self,
+        label: impl Into<String>,
+        duration: Duration,
+        weight_bytes: u64,
+        threads: u64,
+    ) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + 'static>> {
         if let Some(bus) = &self.bus {
             let seconds = duration.as_secs_f64().max(1e-12);
             let demand = Demand {
-                threads: 1.0,
+                threads: threads.max(1) as f64,
                 memory_bytes_per_second: weight_bytes as f64 / seconds,
             };
             return Box::pin(bus.submit(Lane::Compute, duration, demand, label.into(), None));

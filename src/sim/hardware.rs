@@ -44,6 +44,10 @@ const BUILTIN_PROFILES: &[(&str, &str)] = &[
 const LINKS_FILE: &str = include_str!("../../config/hardware/links.toml");
 const DISKS_FILE: &str = include_str!("../../config/hardware/disks.toml");
 
+/// A byte range of a model's file the page cache does not hold: `(file, start, end)`,
+/// `file` the index in the model's files.
+pub type UncachedRange = (u32, u64, u64);
+
 /// A resolved machine: everything the simulator and the fit check need.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct HardwareProfile {
@@ -72,6 +76,12 @@ pub struct HardwareProfile {
     /// and reads again later — the buffered cold rate. `None`: every read at the disk's
     /// one rate.
     pub uncached_read_gb_per_s: Option<f64>,
+    /// The byte ranges of the model's files the page cache did not hold when the
+    /// simulation began, `(file, start, end)` with `file` the index in the model's
+    /// files ([`Self::reading_cached`]): read at the uncached rate the first time,
+    /// cached from then on, as the run reads them. Not part of a profile file.
+    #[serde(skip)]
+    pub uncached_at_start: Vec<UncachedRange>,
 }
 
 /// The `[calibration]` stamp of a measured profile.
@@ -229,6 +239,7 @@ impl HardwareProfile {
             compute: file.compute,
             first_touch_gb_per_s: file.host.first_touch_gb_per_s,
             uncached_read_gb_per_s: None,
+            uncached_at_start: Vec::new(),
         };
         profile.validate().map_err(profile_error)?;
         Ok(profile)
@@ -263,24 +274,25 @@ impl HardwareProfile {
         self
     }
 
-    /// The same machine reading buffered from a file of which `cached_fraction` is in
-    /// the page cache now: the cached part at the page-cache rate and the rest at the
-    /// cold rate, one after the other (their harmonic blend). Unchanged where the
-    /// profile measured no page-cache rate (a shipped profile) or nothing is cached.
-    /// A model just written or run is read from the page cache, ~3× the cold rate.
-    pub fn reading_cached(mut self, cached_fraction: f64) -> Self {
-        let cached = cached_fraction.clamp(0.0, 1.0);
+    /// The same machine reading buffered from files of which the page cache holds
+    /// all but `uncached` now (`(file, start, end)` byte ranges): reads at the
+    /// page-cache rate, and those ranges at the cold rate the first time they are
+    /// read — page by page, as a run meets them: a run that pinned some blocks
+    /// dropped their pages, and the next run reads those cold once, then from its
+    /// pins, while the streamed blocks keep coming from the page cache. Unchanged
+    /// where the profile measured no page-cache rate (a shipped profile).
+    pub fn reading_cached(mut self, uncached: Vec<UncachedRange>) -> Self {
         let Some(page_cache) = self.disk.page_cache_gb_per_s else {
             return self;
         };
-        if cached == 0.0 || page_cache.is_nan() || page_cache <= 0.0 {
+        if page_cache.is_nan() || page_cache <= 0.0 {
             return self;
         }
-        let cold = self.disk.read_gb_per_s;
         if self.uncached_read_gb_per_s.is_none() {
-            self.uncached_read_gb_per_s = Some(cold);
+            self.uncached_read_gb_per_s = Some(self.disk.read_gb_per_s);
         }
-        self.disk.read_gb_per_s = 1.0 / (cached / page_cache + (1.0 - cached) / cold);
+        self.disk.read_gb_per_s = page_cache;
+        self.uncached_at_start = uncached;
         self
     }
 

@@ -74,10 +74,29 @@ pub struct LinearRates {
     pub outer: u64,
     /// Row counts, ascending.
     pub rows: Vec<u64>,
+    /// With the weight in the caches as far as they hold it (a resident block).
     pub gflops: Vec<f64>,
+    /// With the weight flushed from the caches before each call: what a streamed
+    /// block meets, copied in with non-temporal stores just before its compute.
+    /// Absent in older profiles and where the adapter's caches hold little of a
+    /// weight (a GPU): `gflops` then stands for both.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cold_gflops: Option<Vec<f64>>,
 }
 
 impl KernelCosts {
+    /// The same costs for weights read from memory, not the caches: each product's
+    /// `cold_gflops` where it was measured.
+    pub fn cold(&self) -> KernelCosts {
+        let mut cold = self.clone();
+        for table in &mut cold.linear {
+            if let Some(rates) = table.cold_gflops.take() {
+                table.gflops = rates;
+            }
+        }
+        cold
+    }
+
     /// Checks the table; the message names the key.
     pub fn validate(&self) -> Result<(), String> {
         for (key, value) in [
@@ -145,6 +164,19 @@ impl KernelCosts {
                 .find(|value| !(value.is_finite() && **value > 0.0))
             {
                 return Err(format!("{key}.gflops: {bad} is not a positive number"));
+            }
+            if let Some(cold) = &table.cold_gflops {
+                if cold.len() != table.rows.len() {
+                    return Err(format!(
+                        "{key}: cold_gflops must have one rate per row count"
+                    ));
+                }
+                if let Some(bad) = cold
+                    .iter()
+                    .find(|value| !(value.is_finite() && **value > 0.0))
+                {
+                    return Err(format!("{key}.cold_gflops: {bad} is not a positive number"));
+                }
             }
         }
         Ok(())
@@ -295,6 +327,7 @@ mod tests {
                     outer: 256,
                     rows: vec![1, 16],
                     gflops: vec![1.0, 16.0],
+                    cold_gflops: Some(vec![0.5, 8.0]),
                 },
                 LinearRates {
                     dtype: "f32".into(),
@@ -302,6 +335,7 @@ mod tests {
                     outer: 1024,
                     rows: vec![1, 16],
                     gflops: vec![4.0, 64.0],
+                    cold_gflops: None,
                 },
             ],
             threads: None,
@@ -358,6 +392,24 @@ mod tests {
         assert!((at(1, 64 * 64) - 1.0).abs() < 1e-9);
         // bf16 was not measured: f32 stands in (only f32 tables exist).
         assert!((costs.linear_gflops(16, 256 * 256, DType::Bf16) - 16.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn cold_costs_use_the_flushed_rates_where_measured_and_refuse_bad_ones() {
+        // Proves `cold()`: a table with `cold_gflops` takes them, one without keeps its
+        // rates; a cold table of the wrong length or with a bad rate is refused by name.
+        let cold = costs().cold();
+        assert!((cold.linear_gflops(16, 256 * 256, DType::F32) - 8.0).abs() < 1e-9);
+        assert!((cold.linear_gflops(16, 1024 * 1024, DType::F32) - 64.0).abs() < 1e-9);
+        for bad in [vec![1.0], vec![1.0, f64::NAN]] {
+            let mut costs = costs();
+            costs.linear[0].cold_gflops = Some(bad);
+            let error = costs.validate().unwrap_err();
+            assert!(
+                error.contains("compute.linear[0]") && error.contains("cold_gflops"),
+                "{error}"
+            );
+        }
     }
 
     #[test]

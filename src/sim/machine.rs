@@ -56,7 +56,9 @@ impl SimMachine {
             storage = storage.with_layout(layout);
         }
         if let Some(rates) = profile.uncached_rates() {
-            storage = storage.with_uncached(rates);
+            storage = storage
+                .with_uncached(rates)
+                .with_uncached_at_start(&profile.uncached_at_start);
         }
         let mut compute = SimCompute::new(profile.compute_rates(), Arc::clone(&clock));
         if let Some(costs) = &profile.compute {

@@ -30,7 +30,9 @@ pub use compute::{ComputeRates, SimCompute};
 pub use device::{CopyLabeler, CopyStats, LinkRates, SimDevice, SimDeviceSpec};
 pub use faults::{FaultPlan, SplitMix64};
 pub use first_touch::{FirstTouch, TouchedRanges};
-pub use hardware::{CalibrationStamp, DiskSpec, GpuSpec, HardwareProfile, LinkSpec, ReadPath};
+pub use hardware::{
+    CalibrationStamp, DiskSpec, GpuSpec, HardwareProfile, LinkSpec, ReadPath, UncachedRange,
+};
 pub use kernel_costs::{dtype_of, KernelCosts, LinearRates, ThreadScaling};
 pub use machine::SimMachine;
 pub use shared::{Demand, SharedBus, SharedSpec};

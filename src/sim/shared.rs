@@ -51,16 +51,37 @@ impl SharedSpec {
     /// The shares each of `demands` progresses at when they run at once: its time
     /// alone is stretched by `1 / share`.
     pub fn shares(&self, demands: &[Demand]) -> Vec<f64> {
-        let threads: f64 = demands.iter().map(|demand| demand.threads).sum();
+        // An operation's solo time was measured on this machine's cores: it can keep
+        // no more than all of them busy (four reader threads on two cores use two),
+        // so one operation alone is never slowed by its own threads.
+        let threads: f64 = demands
+            .iter()
+            .map(|demand| demand.threads.min(self.cores))
+            .sum();
         let cpu = if threads > self.cores {
             self.cores / threads
         } else {
             1.0
         };
+        // An operation split over several threads that all must finish (the compute
+        // pool's fork and join) goes at the pace of its slowest thread: the one on a
+        // core shared with the most others. Three threads on two cores leave a
+        // two-thread product half a core on one of them, so half its speed.
+        let joined = if threads > self.cores {
+            1.0 / (threads / self.cores).ceil()
+        } else {
+            1.0
+        };
+        let cpu_of = |demand: &Demand| if demand.threads > 1.0 { joined } else { cpu };
         let traffic: f64 = demands
             .iter()
             .map(|demand| {
-                demand.memory_bytes_per_second * if demand.threads > 0.0 { cpu } else { 1.0 }
+                demand.memory_bytes_per_second
+                    * if demand.threads > 0.0 {
+                        cpu_of(demand)
+                    } else {
+                        1.0
+                    }
             })
             .sum();
         // One operation alone is never slowed: a GEMV's reads may outrun what
@@ -74,7 +95,11 @@ impl SharedSpec {
         demands
             .iter()
             .map(|demand| {
-                let cpu_share = if demand.threads > 0.0 { cpu } else { 1.0 };
+                let cpu_share = if demand.threads > 0.0 {
+                    cpu_of(demand)
+                } else {
+                    1.0
+                };
                 let memory_share = if demand.memory_bytes_per_second > 0.0 {
                     cpu_share * memory
                 } else {

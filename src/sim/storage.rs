@@ -208,6 +208,21 @@ impl SimStorage {
         self
     }
 
+    /// With [`Self::with_uncached`]: the ranges the page cache did not hold when the
+    /// simulation began, `(file, start, end)`, read at the uncached rate the first time.
+    pub fn with_uncached_at_start(self, ranges: &[super::UncachedRange]) -> Self {
+        let extents: Vec<Extent> = ranges
+            .iter()
+            .map(|&(file, start, end)| Extent {
+                file: FileId(file),
+                offset: start,
+                length: end.saturating_sub(start),
+            })
+            .collect();
+        self.forget_cached(&extents);
+        self
+    }
+
     /// Reads share `bus` with copies and compute, each asking `cost` of it.
     pub fn with_bus(mut self, bus: Arc<SharedBus>, cost: ReadCost) -> Self {
         self.bus = Some((bus, cost));

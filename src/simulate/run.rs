@@ -159,12 +159,13 @@ async fn run_on_current_system(
         reason: error.to_string(),
     })?;
     let plan = session.plan().clone();
-    let speedup = compute_speedup(model, hardware, &plan);
+    let (speedup, compute_threads) = compute_speedup(model, hardware, &plan);
     let compute = ComputeSide {
         machine: &machine,
         order: &order,
         names: &names,
         block_durations: block_durations(model, hardware, &machine, speedup),
+        compute_threads,
         kv_cache: model.kv_cache,
         activation_bytes: model
             .activations
@@ -215,7 +216,7 @@ async fn run_on_current_system(
 }
 
 /// What the run's compute threads gain over those the profile's kernels were timed
-/// on. `run` computes on every core when nothing streams or a step streams
+/// on, and how many they are. `run` computes on every core when nothing streams or a step streams
 /// [`ROWS_HIDING_COPIES`] rows or more, and on the timed threads (every core but one)
 /// otherwise (`Settings::compute_threads_for` with `compute_threads` unset; an
 /// explicit `compute_threads` is not followed here). The profile's own core count is
@@ -224,15 +225,15 @@ fn compute_speedup(
     model: &ModelDescription,
     hardware: &HardwareProfile,
     plan: &SessionPlan,
-) -> f64 {
+) -> (f64, u64) {
     let Some(scaling) = hardware.compute.as_ref().and_then(|costs| costs.threads) else {
-        return 1.0;
+        return (1.0, 1);
     };
     let streams = plan.vram.streamed_bytes_per_step > 0;
     if streams && model.tokens_per_step < ROWS_HIDING_COPIES {
-        return 1.0;
+        return (1.0, scaling.timed_on);
     }
-    scaling.speedup_on(scaling.all_cores)
+    (scaling.speedup_on(scaling.all_cores), scaling.all_cores)
 }
 
 /// The simulated machine, its reads costed as the settings split them.

@@ -475,6 +475,14 @@ impl Compute for CpuCompute {
         self.gemv_rows()
     }
 
+    fn flush_from_caches(&self, block: &BlockView<'_>) {
+        // SAFETY: the view's contract: live host memory of this device for its lifetime.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(block.ptr().0 as *const u8, block.bytes() as usize)
+        };
+        crate::os::flush_from_caches(bytes);
+    }
+
     fn checksum(&self, block: &BlockView<'_>) -> Result<u64, ComputeError> {
         // SAFETY: the view's contract: live host memory of this device for its lifetime.
         let bytes = unsafe {

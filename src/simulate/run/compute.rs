@@ -33,8 +33,10 @@ pub(super) struct ComputeSide<'a> {
     pub machine: &'a SimMachine,
     pub order: &'a [BlockId],
     pub names: &'a [String],
-    /// Each block's compute time and weight bytes: for the first step, for the rest.
-    pub block_durations: [Vec<(Duration, u64)>; 2],
+    /// Each block's compute times and weight bytes: for the first step, for the rest.
+    pub block_durations: [Vec<BlockCost>; 2],
+    /// The run's compute threads (what a block asks of a shared bus's cores).
+    pub compute_threads: u64,
     pub kv_cache: Option<KvCache>,
     /// A family's activation tensors, reserved before the first block of the first
     /// step (as the Flux family reserves them).
@@ -81,10 +83,24 @@ impl ComputeSide<'_> {
                     .map_err(|error| error.to_string())?;
                 let index = block.index();
                 record.reuse.used(step, block);
-                let (duration, weight_bytes) = block_durations[index];
+                let cost = block_durations[index];
+                // A streamed block was just copied in with non-temporal stores: its
+                // weights come from memory. A resident one's, from the caches as far
+                // as they hold it.
+                let duration = if handle.streamed {
+                    cost.streamed
+                } else {
+                    cost.resident
+                };
+                let weight_bytes = cost.weight_bytes;
                 machine
                     .compute
-                    .compute_reading(self.names[index].clone(), duration, weight_bytes)
+                    .compute_on(
+                        self.names[index].clone(),
+                        duration,
+                        weight_bytes,
+                        self.compute_threads,
+                    )
                     .await;
                 session.release(handle).await;
             }
@@ -105,17 +121,25 @@ impl ComputeSide<'_> {
     }
 }
 
-/// Each block's compute time and weight bytes, for the first step and for the rest.
-/// Each block's compute time in the first and in a later step, its measured kernel
-/// costs divided by `speedup` (what the run's compute threads gain over the threads
-/// the costs were timed on: [`crate::sim::ThreadScaling`]).
+/// A block's compute time, resident and streamed, and its weight bytes.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct BlockCost {
+    pub resident: Duration,
+    /// With its weights read from memory: copied in just before.
+    pub streamed: Duration,
+    pub weight_bytes: u64,
+}
+
+/// Each block's compute time in the first and in a later step, resident and
+/// streamed, its measured kernel costs divided by `speedup` (what the run's compute
+/// threads gain over the threads the costs were timed on: [`crate::sim::ThreadScaling`]).
 pub(super) fn block_durations(
     model: &ModelDescription,
     hardware: &HardwareProfile,
     machine: &SimMachine,
     speedup: f64,
-) -> [Vec<(Duration, u64)>; 2] {
-    let block_durations = |first_step: bool| -> Vec<(Duration, u64)> {
+) -> [Vec<BlockCost>; 2] {
+    let block_durations = |first_step: bool| -> Vec<BlockCost> {
         model
             .blocks
             .iter()
@@ -124,11 +148,18 @@ pub(super) fn block_durations(
                     (Some(first), true) => Some(first),
                     _ => block.work.as_ref(),
                 };
-                let time =
-                    machine
-                        .compute
-                        .block_time(model.block_step_flops(block), block.bytes, work);
-                (time.div_f64(speedup.max(1e-9)), block.bytes)
+                let flops = model.block_step_flops(block);
+                let speedup = speedup.max(1e-9);
+                let compute = &machine.compute;
+                BlockCost {
+                    resident: compute
+                        .block_time(flops, block.bytes, work)
+                        .div_f64(speedup),
+                    streamed: compute
+                        .cold_block_time(flops, block.bytes, work)
+                        .div_f64(speedup),
+                    weight_bytes: block.bytes,
+                }
             })
             .collect()
     };
@@ -146,7 +177,9 @@ pub(super) fn block_durations(
             .map(crate::compute::work::Work::cast_buffer_bytes)
             .max()
             .unwrap_or(0);
-        first.0 += crate::sim::FirstTouch::new(gb_per_s).duration(cast_bytes);
+        let fault = crate::sim::FirstTouch::new(gb_per_s).duration(cast_bytes);
+        first.resident += fault;
+        first.streamed += fault;
     }
     block_durations
 }
