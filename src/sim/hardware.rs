@@ -5,6 +5,8 @@
 //! a file of the same shape, given by path; it may name a shipped link or disk or
 //! describe its own in a `[link]` / `[disk]` table.
 
+mod catalog;
+
 use std::time::Duration;
 
 use bytesize::ByteSize;
@@ -16,6 +18,7 @@ use super::kernel_costs::KernelCosts;
 use super::shared::SharedSpec;
 use super::storage::DiskRates;
 use super::SimError;
+use catalog::{named_disk, named_link};
 
 /// The shipped machine profiles, by name.
 const BUILTIN_PROFILES: &[(&str, &str)] = &[
@@ -41,8 +44,6 @@ const BUILTIN_PROFILES: &[(&str, &str)] = &[
     ),
     ("h200", include_str!("../../config/hardware/h200.toml")),
 ];
-const LINKS_FILE: &str = include_str!("../../config/hardware/links.toml");
-const DISKS_FILE: &str = include_str!("../../config/hardware/disks.toml");
 
 /// A byte range of a model's file the page cache does not hold: `(file, start, end)`,
 /// `file` the index in the model's files.
@@ -188,7 +189,7 @@ impl HardwareProfile {
 
     /// Names `with_disk` accepts.
     pub fn disk_names() -> Result<Vec<String>, SimError> {
-        Ok(catalog::<DiskSpec>("disks.toml", DISKS_FILE)?
+        Ok(catalog::disks()?
             .into_iter()
             .map(|(name, _)| name)
             .collect())
@@ -393,71 +394,6 @@ impl HardwareProfile {
             pinnable_bytes: self.ram_bytes,
             link: self.link_rates(),
         }
-    }
-}
-
-fn named_link(name: &str) -> Result<LinkSpec, SimError> {
-    named("link", "links.toml", LINKS_FILE, name)
-}
-
-fn named_disk(name: &str) -> Result<DiskSpec, SimError> {
-    named("disk", "disks.toml", DISKS_FILE, name)
-}
-
-fn named<T: for<'de> Deserialize<'de> + NamedSpec>(
-    kind: &'static str,
-    file: &str,
-    text: &str,
-    name: &str,
-) -> Result<T, SimError> {
-    let entries = catalog::<T>(file, text)?;
-    let known: Vec<&str> = entries.iter().map(|(name, _)| name.as_str()).collect();
-    let known = known.join(", ");
-    entries
-        .into_iter()
-        .find(|(entry, _)| entry == name)
-        .map(|(_, spec)| spec)
-        .ok_or_else(|| SimError::UnknownProfile {
-            kind,
-            name: name.to_string(),
-            known,
-        })
-}
-
-/// The tables of a catalog file, in file order, each with its name filled in.
-fn catalog<T: for<'de> Deserialize<'de> + NamedSpec>(
-    file: &str,
-    text: &str,
-) -> Result<Vec<(String, T)>, SimError> {
-    let error = |message: String| SimError::Profile {
-        file: format!("config/hardware/{file}"),
-        message,
-    };
-    let table: toml::Table = toml::from_str(text).map_err(|e| error(e.to_string()))?;
-    let mut entries = Vec::new();
-    for (name, value) in table {
-        let mut spec: T = value
-            .try_into()
-            .map_err(|e: toml::de::Error| error(format!("[{name}]: {e}")))?;
-        spec.set_name(&name);
-        entries.push((name, spec));
-    }
-    Ok(entries)
-}
-
-trait NamedSpec {
-    fn set_name(&mut self, name: &str);
-}
-
-impl NamedSpec for LinkSpec {
-    fn set_name(&mut self, name: &str) {
-        self.name = name.to_string();
-    }
-}
-
-impl NamedSpec for DiskSpec {
-    fn set_name(&mut self, name: &str) {
-        self.name = name.to_string();
     }
 }
 

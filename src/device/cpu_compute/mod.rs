@@ -35,6 +35,9 @@ mod weights;
 use weights::{as_f32, vector, weight_bytes, weight_scale};
 mod simd;
 mod spare;
+mod tensor;
+
+pub use tensor::CpuTensor;
 
 use std::cell::RefCell;
 use std::sync::Mutex;
@@ -76,20 +79,6 @@ pub struct CpuCompute {
 impl Default for CpuCompute {
     fn default() -> Self {
         Self::new()
-    }
-}
-
-/// A row-major f32 matrix in host memory.
-#[derive(Debug, Clone, PartialEq)]
-pub struct CpuTensor {
-    data: Vec<f32>,
-    rows: usize,
-    cols: usize,
-}
-
-impl CpuTensor {
-    pub fn values(&self) -> &[f32] {
-        &self.data
     }
 }
 
@@ -174,18 +163,6 @@ impl CpuCompute {
             + self.packed.borrow().capacity()
             + scratch;
         (floats * 4 + halves * 2 + panels) as u64
-    }
-}
-
-impl Drop for CpuTensor {
-    fn drop(&mut self) {
-        spare::give(std::mem::take(&mut self.data));
-    }
-}
-
-impl CpuTensor {
-    fn dims(&self) -> shapes::Dims {
-        (self.rows, self.cols)
     }
 }
 
