@@ -207,10 +207,12 @@ pub fn execute(args: ValidateArgs) -> CommandResult {
     }
     let load_after = stagehand::calibrate::load_average();
     let depth_checks = depth_checks(&rows);
+    let caches = cache_effect(&profile);
     let mut out = std::io::stdout().lock();
     let written = if args.json {
         let report = serde_json::json!({
             "hardware": profile.name,
+            "cached_over_memory_product_rate": caches.map(|(cached, memory)| cached / memory),
             "load_average_before": load_before,
             "load_average_after": load_after,
             "rows": rows,
@@ -220,12 +222,38 @@ pub fn execute(args: ValidateArgs) -> CommandResult {
             .map_err(std::io::Error::from)
             .and_then(|()| writeln!(out))
     } else {
-        write_table(&mut out, &rows, &depth_checks, load_before, load_after)
+        write_table(&mut out, &rows, &depth_checks, load_before, load_after).and_then(|()| {
+            match caches {
+                Some((cached, memory)) => writeln!(
+                    out,
+                    "this machine's caches: a one-row f32 1024² product runs at {cached:.1} GFLOP/s with its weight in the caches (a resident block's rate) and {memory:.1} from memory (a streamed block's), {:.2}×; reads from the page cache at {} the cold rate. How much of a model the CPU caches and the page cache hold is what differs most between two machines of one kind: `simulate` reads the page cache's state of the checkpoint, range by range, before it predicts",
+                    cached / memory,
+                    profile
+                        .disk
+                        .page_cache_gb_per_s
+                        .map_or("(not measured)".to_string(), |page_cache| format!(
+                            "{:.1}×",
+                            page_cache / profile.disk.read_gb_per_s
+                        ))
+                ),
+                None => Ok(()),
+            }
+        })
     };
     match written {
         Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
         other => other.map_err(Failure::run_failed),
     }
+}
+
+/// The profile's product rate at one row of an f32 1024² weight, with the weight in
+/// the caches and from memory (`gflops` and `cold_gflops`); `None` without kernel costs.
+fn cache_effect(profile: &stagehand::sim::HardwareProfile) -> Option<(f64, f64)> {
+    let costs = profile.compute.as_ref()?;
+    let rate = |costs: &stagehand::sim::KernelCosts| {
+        costs.linear_gflops(1, 1024 * 1024, stagehand::compute::DType::F32)
+    };
+    Some((rate(costs), rate(&costs.cold())))
 }
 
 fn label(case: &Case) -> String {
@@ -434,4 +462,51 @@ fn write_depth_checks(out: &mut impl Write, depth_checks: &[DepthCheck]) -> std:
         )?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cache_effect_is_the_profiles_cached_over_its_flushed_product_rate() {
+        // Proves the caches line's figures come from the profile's `gflops` and
+        // `cold_gflops` at one row of an f32 1024² weight, and that a profile without
+        // kernel costs (a shipped GPU) has none.
+        let text = r#"
+[gpu]
+name = "CPU"
+vram = "8 GiB"
+pcie_generation = 4
+bf16_dense_tflops = 1
+sustained_efficiency = 0.5
+memory_gb_per_s = 30
+
+[host]
+ram = "16 GiB"
+
+[disk]
+read_gb_per_s = 1.0
+request_latency_us = 70
+
+[compute]
+call_overhead_us = 0
+attention_ns_per_score_dim = 1
+cached_attention_ns_per_score_dim = 1
+
+[compute.elementwise_ns]
+
+[[compute.linear]]
+dtype = "f32"
+inner = 1024
+outer = 1024
+rows = [1, 8]
+gflops = [12.0, 40.0]
+cold_gflops = [6.0, 38.0]
+"#;
+        let profile = stagehand::sim::HardwareProfile::parse("box", "test", text).unwrap();
+        assert_eq!(cache_effect(&profile), Some((12.0, 6.0)));
+        let shipped = stagehand::sim::HardwareProfile::load("rtx4090").unwrap();
+        assert_eq!(cache_effect(&shipped), None);
+    }
 }
