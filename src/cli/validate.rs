@@ -465,48 +465,4 @@ fn write_depth_checks(out: &mut impl Write, depth_checks: &[DepthCheck]) -> std:
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_cache_effect_is_the_profiles_cached_over_its_flushed_product_rate() {
-        // Proves the caches line's figures come from the profile's `gflops` and
-        // `cold_gflops` at one row of an f32 1024² weight, and that a profile without
-        // kernel costs (a shipped GPU) has none.
-        let text = r#"
-[gpu]
-name = "CPU"
-vram = "8 GiB"
-pcie_generation = 4
-bf16_dense_tflops = 1
-sustained_efficiency = 0.5
-memory_gb_per_s = 30
-
-[host]
-ram = "16 GiB"
-
-[disk]
-read_gb_per_s = 1.0
-request_latency_us = 70
-
-[compute]
-call_overhead_us = 0
-attention_ns_per_score_dim = 1
-cached_attention_ns_per_score_dim = 1
-
-[compute.elementwise_ns]
-
-[[compute.linear]]
-dtype = "f32"
-inner = 1024
-outer = 1024
-rows = [1, 8]
-gflops = [12.0, 40.0]
-cold_gflops = [6.0, 38.0]
-"#;
-        let profile = stagehand::sim::HardwareProfile::parse("box", "test", text).unwrap();
-        assert_eq!(cache_effect(&profile), Some((12.0, 6.0)));
-        let shipped = stagehand::sim::HardwareProfile::load("rtx4090").unwrap();
-        assert_eq!(cache_effect(&shipped), None);
-    }
-}
+mod tests;
