@@ -57,11 +57,12 @@ fn operations_at_once_share_the_bus_and_one_alone_runs_at_its_solo_rate() {
 /// 8 blocks of 10 MB on a 1 GB/s link (10 ms a copy) and 10 ms of compute each.
 #[test]
 fn an_operation_alone_is_never_slowed_by_its_own_threads_and_a_split_one_waits_for_its_slowest() {
-    // Proves the shares count at most every core for one operation: a read timed on
+    // Proves a split operation is never slowed by its own threads: a read timed on
     // four reader threads over two cores runs at its solo rate alone. Beside a
-    // one-thread compute, three threads ask for two cores: the compute gets 2/3 of
-    // one, the read (split over threads that all must finish) the pace of its thread
-    // that shares a core: 1/2.
+    // one-thread compute, five threads share two cores: the compute gets its fair
+    // 2/5 of a core, the read (threads that all must finish) the pace of its slowest,
+    // three to a core where alone it had two: 2/3. A two-thread product beside a
+    // copy thread gets half its speed (one of its threads shares a core).
     let spec = SharedSpec {
         cores: 2.0,
         memory_gb_per_s: 100.0,
@@ -76,8 +77,14 @@ fn an_operation_alone_is_never_slowed_by_its_own_threads_and_a_split_one_waits_f
     };
     assert_eq!(spec.shares(&[read]), [1.0]);
     let shared = spec.shares(&[read, compute]);
+    assert!((shared[0] - 2.0 / 3.0).abs() < 1e-12, "{shared:?}");
+    assert!((shared[1] - 0.4).abs() < 1e-12, "{shared:?}");
+    let product = Demand {
+        threads: 2.0,
+        ..compute
+    };
+    let shared = spec.shares(&[product, compute]);
     assert!((shared[0] - 0.5).abs() < 1e-12, "{shared:?}");
-    assert!((shared[1] - 2.0 / 3.0).abs() < 1e-12, "{shared:?}");
 }
 
 fn toy(shared: bool) -> (ModelDescription, HardwareProfile) {

@@ -51,28 +51,26 @@ impl SharedSpec {
     /// The shares each of `demands` progresses at when they run at once: its time
     /// alone is stretched by `1 / share`.
     pub fn shares(&self, demands: &[Demand]) -> Vec<f64> {
-        // An operation's solo time was measured on this machine's cores: it can keep
-        // no more than all of them busy (four reader threads on two cores use two),
-        // so one operation alone is never slowed by its own threads.
-        let threads: f64 = demands
-            .iter()
-            .map(|demand| demand.threads.min(self.cores))
-            .sum();
-        let cpu = if threads > self.cores {
-            self.cores / threads
-        } else {
-            1.0
+        // The cores are shared thread by thread. A one-thread operation gets its
+        // fair share of a core. An operation split over several threads that all
+        // must finish (the compute pool's fork and join, a read's requests) goes at
+        // the pace of its slowest thread, on a core shared with the most others:
+        // ⌈its threads / cores⌉ to a core alone (its solo time, measured on these
+        // cores), ⌈all threads / cores⌉ now. So one operation alone is never slowed
+        // by its own threads (four reader threads on two cores), and a two-thread
+        // product beside a copy thread on two cores gets half its speed.
+        let threads: f64 = demands.iter().map(|demand| demand.threads).sum();
+        let crowded = threads > self.cores;
+        let per_core_now = (threads / self.cores).ceil();
+        let cpu_of = |demand: &Demand| {
+            if !crowded {
+                1.0
+            } else if demand.threads > 1.0 {
+                (demand.threads / self.cores).ceil() / per_core_now
+            } else {
+                self.cores / threads
+            }
         };
-        // An operation split over several threads that all must finish (the compute
-        // pool's fork and join) goes at the pace of its slowest thread: the one on a
-        // core shared with the most others. Three threads on two cores leave a
-        // two-thread product half a core on one of them, so half its speed.
-        let joined = if threads > self.cores {
-            1.0 / (threads / self.cores).ceil()
-        } else {
-            1.0
-        };
-        let cpu_of = |demand: &Demand| if demand.threads > 1.0 { joined } else { cpu };
         let traffic: f64 = demands
             .iter()
             .map(|demand| {
