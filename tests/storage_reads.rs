@@ -161,3 +161,54 @@ proptest! {
         prop_assert_eq!(&read_all(&runtime, &buffered, &extents, into_offset).expect("pread"), &std_bytes);
     }
 }
+
+#[test]
+fn a_one_off_read_leaves_the_page_cache_as_it_found_it() {
+    // Proves `BlockReader::read_once` (references, checksums) drops the pages it brought
+    // in and keeps those it found cached: a reference that dropped every page it read
+    // sent a run's next reads of its streamed blocks, and the bound's read rate, to disk.
+    let dir = disk_dir();
+    let path = dir.path().join("model.safetensors");
+    let block_bytes = 1usize << 20;
+    let data: Vec<Vec<u8>> = (0..2).map(|seed| pattern(seed, block_bytes)).collect();
+    let views: Vec<_> = ["layers.0.w", "layers.1.w"]
+        .iter()
+        .zip(&data)
+        .map(|(name, bytes)| {
+            let view = safetensors::tensor::TensorView::new(
+                safetensors::Dtype::U8,
+                vec![bytes.len()],
+                bytes,
+            );
+            (*name, view.expect("tensor"))
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, &path).expect("written");
+    std::fs::File::open(&path)
+        .and_then(|file| file.sync_all())
+        .expect("flushed");
+    let index = stagehand::model::ModelIndex::open(&path, None).expect("indexed");
+    let reader = stagehand::model::BlockReader::open(&index).expect("opened");
+    let [cold, warm] = [&index.blocks[0], &index.blocks[1]];
+    // Block 1 in the page cache, block 0 not.
+    drop_page_cache(&path, 0, 0).expect("fadvise");
+    let mut bytes = vec![0u8; block_bytes];
+    reader
+        .read_extents(&warm.extents, &mut bytes)
+        .expect("warmed");
+    let cached_before = cached_bytes(&path).expect("mincore");
+    assert!(
+        cached_before >= block_bytes as u64 && cached_before < 2 * block_bytes as u64,
+        "this test needs a filesystem with a page cache (target/ on tmpfs?): \
+         {cached_before} bytes cached after warming one block of {block_bytes}"
+    );
+    for (block, expected) in [cold, warm].into_iter().zip(&data) {
+        reader.read_once(&block.extents, &mut bytes).expect("read");
+        assert_eq!(&bytes, expected, "{}", block.name);
+    }
+    assert_eq!(
+        cached_bytes(&path).expect("mincore"),
+        cached_before,
+        "the cold block's pages dropped again, the warm block's kept"
+    );
+}

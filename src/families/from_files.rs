@@ -49,8 +49,7 @@ impl<'a, C: Compute> FromFiles<'a, C> {
             .block(block)
             .ok_or_else(|| FamilyError::Model(format!("{block} is not a block of this model")))?;
         let mut bytes = vec![0u8; layout.bytes as usize];
-        self.reader.read_extents(&layout.extents, &mut bytes)?;
-        self.reader.forget(&layout.extents);
+        self.reader.read_once(&layout.extents, &mut bytes)?;
         let memory = compute.load_block(&bytes)?;
         let Some(set) = self.lora.filter(|set| set.touches(block.index())) else {
             return Ok(Loaded {

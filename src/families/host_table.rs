@@ -56,8 +56,7 @@ impl HostTable {
             offset: info.offset,
             length: info.bytes,
         };
-        reader.read_extents(&[extent], &mut bytes)?;
-        reader.forget(&[extent]);
+        reader.read_once(&[extent], &mut bytes)?;
         Ok(Self {
             bytes,
             dtype,

@@ -113,7 +113,7 @@ fn file_checksum(
                 length,
                 ..*extent
             };
-            reader.read_extents(&[part], &mut piece[filled..filled + length as usize])?;
+            reader.read_once(&[part], &mut piece[filled..filled + length as usize])?;
             (done, filled) = (done + length, filled + length as usize);
             if filled == PIECE_BYTES {
                 sum = sum.wrapping_add(partial_sum(piece, folded / 4));

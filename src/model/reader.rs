@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use stagehand_actors::Extent;
 
 use super::ModelIndex;
+use crate::os::PageCacheView;
 
 /// A file of the model that could not be opened or read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -27,6 +28,9 @@ pub struct BlockReadError {
 pub struct BlockReader<'a> {
     index: &'a ModelIndex,
     files: Vec<File>,
+    /// Per file, which pages the page cache holds (`None` where it cannot be mapped:
+    /// a one-off read from it then drops every page it read).
+    pages: Vec<Option<PageCacheView>>,
 }
 
 impl<'a> BlockReader<'a> {
@@ -44,7 +48,15 @@ impl<'a> BlockReader<'a> {
                     })
             })
             .collect::<Result<Vec<File>, _>>()?;
-        let reader = Self { index, files };
+        let pages = files
+            .iter()
+            .map(|file| PageCacheView::of(file).ok())
+            .collect();
+        let reader = Self {
+            index,
+            files,
+            pages,
+        };
         for file in 0..reader.files.len() {
             reader.check_unchanged(file)?;
         }
@@ -74,12 +86,6 @@ impl<'a> BlockReader<'a> {
         }
     }
 
-    /// Fills `bytes` (at least the block's size) with block `block`'s extents laid end
-    /// to end, as the block sits in its device slot.
-    pub fn read_into(&self, block: usize, bytes: &mut [u8]) -> Result<(), BlockReadError> {
-        self.read_extents(&self.index.blocks[block].extents, bytes)
-    }
-
     /// Fills `bytes` with `extents` of the model's files laid end to end (a layout
     /// other than the index's own blocks, such as MoE experts).
     pub fn read_extents(&self, extents: &[Extent], bytes: &mut [u8]) -> Result<(), BlockReadError> {
@@ -106,18 +112,35 @@ impl<'a> BlockReader<'a> {
         Ok(())
     }
 
-    /// Tells the kernel the page cache may drop `extents`: a read for a reference or a
-    /// checksum is one-off, and must not leave behind the pages a run's pinned blocks
-    /// freed. Advice only: a failure changes nothing that matters.
-    pub fn forget(&self, extents: &[Extent]) {
+    /// Fills `bytes` as [`Self::read_extents`] does, for a one-off read (a reference,
+    /// a checksum, a table copied to the host), and leaves the page cache as it found
+    /// it: the pages the read brought in are dropped, those it found cached stay. A run
+    /// streams its unpinned blocks from those cached pages; a reference that dropped
+    /// them all made the run's next reads of them, and the read rate its bound is
+    /// measured with, go to the disk. Advice only: a failure costs RAM, never bytes.
+    pub fn read_once(&self, extents: &[Extent], bytes: &mut [u8]) -> Result<(), BlockReadError> {
+        let mut uncached: Vec<(usize, (u64, u64))> = Vec::new();
         for extent in extents {
-            if let Some(file) = self.files.get(extent.file.0 as usize) {
-                let _ = crate::os::advise_dont_need(file, extent.offset, extent.length);
+            let file = extent.file.0 as usize;
+            let whole = vec![(extent.offset, extent.offset + extent.length)];
+            let ranges = match self.pages.get(file) {
+                Some(Some(view)) => view
+                    .uncached_within(extent.offset, extent.length)
+                    .unwrap_or(whole),
+                _ => whole,
+            };
+            uncached.extend(ranges.into_iter().map(|range| (file, range)));
+        }
+        self.read_extents(extents, bytes)?;
+        for (file, (start, end)) in uncached {
+            if let Some(file) = self.files.get(file) {
+                let _ = crate::os::advise_dont_need(file, start, end - start);
             }
         }
+        Ok(())
     }
 
-    /// Block `block`'s bytes in a new buffer.
+    /// Block `block`'s bytes in a new buffer, read once ([`Self::read_once`]).
     pub fn read(&self, block: usize) -> Result<Vec<u8>, BlockReadError> {
         let length = self.index.blocks[block].bytes;
         let mut bytes = Vec::new();
@@ -133,7 +156,7 @@ impl<'a> BlockReader<'a> {
                 interrupted: false,
             })?;
         bytes.resize(length as usize, 0);
-        self.read_into(block, &mut bytes)?;
+        self.read_once(&self.index.blocks[block].extents, &mut bytes)?;
         Ok(bytes)
     }
 }

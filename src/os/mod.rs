@@ -11,4 +11,6 @@ pub use files::{
     FileStamp,
 };
 pub use memory::{available_ram_bytes, flush_from_caches, total_ram_bytes};
-pub use page_cache::{advise_dont_need, cached_bytes, drop_page_cache, uncached_ranges};
+pub use page_cache::{
+    advise_dont_need, cached_bytes, drop_page_cache, uncached_ranges, PageCacheView,
+};

@@ -69,17 +69,23 @@ impl PageResidency {
     /// The byte ranges of the pages not held, adjacent ones joined, the last page
     /// cut at the file's end.
     fn uncached_ranges(&self) -> Vec<(u64, u64)> {
-        let mut ranges: Vec<(u64, u64)> = Vec::new();
-        for (page, _) in (0u64..).zip(&self.pages).filter(|(_, &flag)| flag & 1 == 0) {
-            let start = page * self.page_bytes;
-            let end = (start + self.page_bytes).min(self.file_bytes);
-            match ranges.last_mut() {
-                Some(last) if last.1 == start => last.1 = end,
-                _ => ranges.push((start, end)),
-            }
-        }
-        ranges
+        uncached_runs(&self.pages, 0, self.page_bytes, self.file_bytes)
     }
+}
+
+/// The ranges of the pages whose flag has bit 0 clear, the first page starting at
+/// `start`, adjacent ones joined, the last cut at `end`.
+fn uncached_runs(pages: &[u8], start: u64, page_bytes: u64, end: u64) -> Vec<(u64, u64)> {
+    let mut ranges: Vec<(u64, u64)> = Vec::new();
+    for (page, _) in (0u64..).zip(pages).filter(|(_, &flag)| flag & 1 == 0) {
+        let page_start = start + page * page_bytes;
+        let page_end = (page_start + page_bytes).min(end);
+        match ranges.last_mut() {
+            Some(last) if last.1 == page_start => last.1 = page_end,
+            _ => ranges.push((page_start, page_end)),
+        }
+    }
+    ranges
 }
 
 fn page_residency(path: &Path) -> Result<PageResidency, StorageError> {
@@ -88,41 +94,88 @@ fn page_residency(path: &Path) -> Result<PageResidency, StorageError> {
         reason: format!("{what}: {error}"),
     };
     let file = File::open(path).map_err(|error| io_error("cannot open", error))?;
-    let file_bytes = file
-        .metadata()
-        .map_err(|error| io_error("fstat failed", error))?
-        .len();
-    // SAFETY: sysconf has no preconditions.
-    let page_bytes = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
-    if file_bytes == 0 {
-        return Ok(PageResidency {
-            pages: Vec::new(),
-            page_bytes,
-            file_bytes,
-        });
-    }
-    // SAFETY: the mapping is only passed to mincore, never read, so a concurrent
-    // truncation cannot fault us.
-    let mapping = unsafe { memmap2::Mmap::map(&file) }
-        .map_err(|error| io_error("mmap for mincore failed", error))?;
-    let mut pages = vec![0u8; file_bytes.div_ceil(page_bytes) as usize];
-    // SAFETY: the mapping is `file_bytes` long and page-aligned; `pages` has one
-    // byte per page of it, as mincore requires.
-    let status = unsafe {
-        libc::mincore(
-            mapping.as_ptr() as *mut libc::c_void,
-            mapping.len(),
-            pages.as_mut_ptr(),
-        )
-    };
-    if status != 0 {
-        return Err(io_error("mincore failed", io::Error::last_os_error()));
-    }
+    let view =
+        PageCacheView::of(&file).map_err(|error| io_error("mmap for mincore failed", error))?;
+    let file_bytes = view.file_bytes;
+    let mut pages = vec![0u8; file_bytes.div_ceil(view.page_bytes) as usize];
+    view.residency(0, &mut pages)
+        .map_err(|error| io_error("mincore failed", error))?;
     Ok(PageResidency {
         pages,
-        page_bytes,
+        page_bytes: view.page_bytes,
         file_bytes,
     })
+}
+
+/// A file mapped once, never read, so `mincore` can say which of its pages the page
+/// cache holds — and a one-off read can leave the cache as it found it.
+pub struct PageCacheView {
+    /// `None` for an empty file (nothing to map).
+    mapping: Option<memmap2::Mmap>,
+    page_bytes: u64,
+    file_bytes: u64,
+}
+
+impl PageCacheView {
+    pub fn of(file: &File) -> io::Result<Self> {
+        let file_bytes = file.metadata()?.len();
+        // SAFETY: sysconf has no preconditions.
+        let page_bytes = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
+        // SAFETY: the mapping is only passed to mincore, never read, so a concurrent
+        // truncation cannot fault us.
+        let mapping = (file_bytes > 0)
+            .then(|| unsafe { memmap2::Mmap::map(file) })
+            .transpose()?;
+        Ok(Self {
+            mapping,
+            page_bytes,
+            file_bytes,
+        })
+    }
+
+    /// The ranges of `offset .. offset + length` the page cache does not hold now,
+    /// whole pages (the first and last may reach past the range), adjacent ones joined.
+    pub fn uncached_within(&self, offset: u64, length: u64) -> io::Result<Vec<(u64, u64)>> {
+        let end = offset.saturating_add(length).min(self.file_bytes);
+        if offset >= end {
+            return Ok(Vec::new());
+        }
+        let first_page = offset / self.page_bytes;
+        let pages = end.div_ceil(self.page_bytes) - first_page;
+        let mut flags = vec![0u8; pages as usize];
+        self.residency(first_page, &mut flags)?;
+        let start = first_page * self.page_bytes;
+        Ok(uncached_runs(
+            &flags,
+            start,
+            self.page_bytes,
+            self.file_bytes,
+        ))
+    }
+
+    /// One flag per page from page `first_page` into `flags`.
+    fn residency(&self, first_page: u64, flags: &mut [u8]) -> io::Result<()> {
+        let Some(mapping) = &self.mapping else {
+            return Ok(());
+        };
+        let start = (first_page * self.page_bytes) as usize;
+        let length =
+            (flags.len() as u64 * self.page_bytes).min(mapping.len() as u64 - start as u64);
+        // SAFETY: `start` is page-aligned and inside the mapping, `length` stays inside
+        // it, and `flags` has one byte per page of that range, as mincore requires.
+        let status = unsafe {
+            libc::mincore(
+                mapping.as_ptr().add(start) as *mut libc::c_void,
+                length as usize,
+                flags.as_mut_ptr(),
+            )
+        };
+        if status == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
 }
 
 #[cfg(test)]

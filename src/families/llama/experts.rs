@@ -90,8 +90,7 @@ pub(super) fn host_routers(
             length: tensor.bytes,
         };
         let mut bytes = vec![0u8; tensor.bytes as usize];
-        reader.read_extents(&[extent], &mut bytes)?;
-        reader.forget(&[extent]);
+        reader.read_once(&[extent], &mut bytes)?;
         Ok(dtype.decode(&bytes))
     };
     (0..config.layers)
