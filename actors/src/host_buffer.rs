@@ -14,6 +14,21 @@ use std::ptr::NonNull;
 /// Alignment of every real host buffer: the page size and the common O_DIRECT block size.
 pub const HOST_BUFFER_ALIGN: usize = 4096;
 
+/// Buffers of at least this size are aligned to it (a huge page's): each whole 2 MiB
+/// of them can then be backed by one huge page where the owner asks for it, instead of
+/// 512 small ones faulted in one by one.
+const HUGE_PAGE_BYTES: usize = 2 << 20;
+
+/// The alignment of a real buffer of `len` bytes: [`HOST_BUFFER_ALIGN`], or
+/// [`HUGE_PAGE_BYTES`] for a buffer that spans one.
+fn alignment(len: usize) -> usize {
+    if len >= HUGE_PAGE_BYTES {
+        HUGE_PAGE_BYTES
+    } else {
+        HOST_BUFFER_ALIGN
+    }
+}
+
 /// Undoes a device-specific registration (e.g. `cuMemHostUnregister`) when dropped.
 pub trait PinRegistration: Send {}
 
@@ -49,14 +64,28 @@ unsafe impl Sync for HostBuffer {}
 impl HostBuffer {
     /// Allocates `len` zeroed, page-aligned bytes. `len == 0` yields an empty buffer.
     pub fn allocate(len: usize) -> Result<Self, HostAllocError> {
+        Self::allocate_advised(len, |_, _| {})
+    }
+
+    /// Allocates as [`Self::allocate`] does, handing the memory's address and length
+    /// to `advise` before anything touches it (the zeroing is its first touch): where
+    /// the owner asks the kernel how to back it, with huge pages say.
+    pub fn allocate_advised(
+        len: usize,
+        advise: impl FnOnce(*mut u8, usize),
+    ) -> Result<Self, HostAllocError> {
         if len == 0 {
             return Ok(Self::virtual_buffer(0));
         }
-        let layout = Layout::from_size_align(len, HOST_BUFFER_ALIGN)
+        let layout = Layout::from_size_align(len, alignment(len))
             .map_err(|_| HostAllocError { bytes: len })?;
         // SAFETY: layout has non-zero size.
-        let pointer = unsafe { alloc::alloc_zeroed(layout) };
+        let pointer = unsafe { alloc::alloc(layout) };
         let memory = NonNull::new(pointer).ok_or(HostAllocError { bytes: len })?;
+        advise(pointer, len);
+        // SAFETY: `pointer` was just allocated with `len` bytes, owned here alone.
+        // (std's `alloc_zeroed` zeroes a page-aligned allocation the same way.)
+        unsafe { pointer.write_bytes(0, len) };
         Ok(Self {
             memory: Some(memory),
             len,
@@ -146,7 +175,7 @@ impl Drop for HostBuffer {
         // Unregister before the memory goes away.
         self.registration = None;
         if let Some(memory) = self.memory {
-            let layout = Layout::from_size_align(self.len, HOST_BUFFER_ALIGN)
+            let layout = Layout::from_size_align(self.len, alignment(self.len))
                 .expect("layout was valid at allocation");
             // SAFETY: allocated in `allocate` with this exact layout.
             unsafe { alloc::dealloc(memory.as_ptr(), layout) };

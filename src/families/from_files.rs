@@ -20,6 +20,9 @@ pub struct FromFiles<'a, C: Compute> {
     layout: &'a ModelLayout,
     lora: Option<&'a LoraSet>,
     kept: Option<HashMap<BlockId, Loaded<C::Block>>>,
+    /// The file's bytes on their way into the adapter's memory, reused block after
+    /// block: a fresh buffer a block faulted in every page of it again.
+    scratch: Vec<u8>,
 }
 
 /// A reference block in memory, with the packs of the patches it applies low-rank.
@@ -40,17 +43,19 @@ impl<'a, C: Compute> FromFiles<'a, C> {
             layout,
             lora: lora.filter(|set| !set.is_empty()),
             kept: keep.then(HashMap::new),
+            scratch: Vec::new(),
         }
     }
 
-    fn load(&self, compute: &C, block: BlockId) -> Result<Loaded<C::Block>, FamilyError> {
+    fn load(&mut self, compute: &C, block: BlockId) -> Result<Loaded<C::Block>, FamilyError> {
         let layout = self
             .layout
             .block(block)
             .ok_or_else(|| FamilyError::Model(format!("{block} is not a block of this model")))?;
-        let mut bytes = vec![0u8; layout.bytes as usize];
-        self.reader.read_once(&layout.extents, &mut bytes)?;
-        let memory = compute.load_block(&bytes)?;
+        let bytes = &mut self.scratch;
+        bytes.resize(layout.bytes as usize, 0);
+        self.reader.read_once(&layout.extents, bytes)?;
+        let memory = compute.load_block(bytes)?;
         let Some(set) = self.lora.filter(|set| set.touches(block.index())) else {
             return Ok(Loaded {
                 memory,

@@ -18,7 +18,7 @@ use stagehand_actors::{BlockHandle, Extent, ModelLayout};
 use super::FamilyError;
 use crate::compute::checksum::{finish, partial_sum};
 use crate::compute::{BlockView, Compute};
-use crate::model::BlockReader;
+use crate::model::{BlockReadError, BlockReader};
 
 /// Checks landed blocks against the file.
 pub struct LandingCheck<'a> {
@@ -34,6 +34,9 @@ pub struct LandingCheck<'a> {
     pub landings: u64,
     /// Bytes of them.
     pub bytes: u64,
+    /// The file pages the expected checksums bring in stay cached for the reader's
+    /// life ([`Self::keeping_pages`]).
+    keep_pages: bool,
 }
 
 impl<'a> LandingCheck<'a> {
@@ -47,7 +50,17 @@ impl<'a> LandingCheck<'a> {
             piece: Vec::new(),
             landings: 0,
             bytes: 0,
+            keep_pages: false,
         }
+    }
+
+    /// The file pages read for the expected checksums stay cached until the reader is
+    /// dropped: for a run whose reference (`verify = first`) reads the same blocks
+    /// after its step, from memory then instead of from the disk a second time (the
+    /// pin manager dropped the pinned blocks' pages, so both reads went to the disk).
+    pub fn keeping_pages(mut self) -> Self {
+        self.keep_pages = true;
+        self
     }
 
     /// Checks the held block if it landed since it was last checked; a mismatch is a
@@ -67,7 +80,12 @@ impl<'a> LandingCheck<'a> {
         let expected = match self.expected[block] {
             Some(expected) => expected,
             None => {
-                let expected = file_checksum(self.reader, &info.extents, &mut self.piece)?;
+                let (reader, keep_pages) = (self.reader, self.keep_pages);
+                let read = |extents: &[Extent], into: &mut [u8]| match keep_pages {
+                    true => reader.read_keeping(extents, into),
+                    false => reader.read_once(extents, into),
+                };
+                let expected = file_checksum(read, &info.extents, &mut self.piece)?;
                 self.expected[block] = Some(expected);
                 expected
             }
@@ -98,7 +116,7 @@ const PIECE_BYTES: usize = if cfg!(test) { 12 } else { 1 << 20 };
 /// `piece`: each full piece (a whole number of words) is folded in as it fills, so the
 /// buffer stays in the core's cache and no block-sized allocation is made.
 fn file_checksum(
-    reader: &BlockReader<'_>,
+    read: impl Fn(&[Extent], &mut [u8]) -> Result<(), BlockReadError>,
     extents: &[Extent],
     piece: &mut Vec<u8>,
 ) -> Result<u64, FamilyError> {
@@ -113,7 +131,7 @@ fn file_checksum(
                 length,
                 ..*extent
             };
-            reader.read_once(&[part], &mut piece[filled..filled + length as usize])?;
+            read(&[part], &mut piece[filled..filled + length as usize])?;
             (done, filled) = (done + length, filled + length as usize);
             if filled == PIECE_BYTES {
                 sum = sum.wrapping_add(partial_sum(piece, folded / 4));
@@ -162,7 +180,8 @@ mod tests {
         for block in &index.blocks {
             let mut whole = vec![0u8; block.bytes as usize];
             reader.read_extents(&block.extents, &mut whole).unwrap();
-            let pieces = file_checksum(&reader, &block.extents, &mut piece).unwrap();
+            let read = |extents: &[Extent], into: &mut [u8]| reader.read_once(extents, into);
+            let pieces = file_checksum(read, &block.extents, &mut piece).unwrap();
             assert_eq!(pieces, checksum(&whole), "{}", block.name);
         }
         assert!(index

@@ -8,6 +8,7 @@
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
+use std::sync::Mutex;
 
 use stagehand_actors::Extent;
 
@@ -31,6 +32,19 @@ pub struct BlockReader<'a> {
     /// Per file, which pages the page cache holds (`None` where it cannot be mapped:
     /// a one-off read from it then drops every page it read).
     pages: Vec<Option<PageCacheView>>,
+    /// Pages [`Self::read_keeping`] brought in, dropped with the reader.
+    kept_pages: Mutex<Vec<(usize, (u64, u64))>>,
+}
+
+impl Drop for BlockReader<'_> {
+    fn drop(&mut self) {
+        let kept = std::mem::take(
+            self.kept_pages
+                .get_mut()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        );
+        self.drop_pages(&kept);
+    }
 }
 
 impl<'a> BlockReader<'a> {
@@ -56,6 +70,7 @@ impl<'a> BlockReader<'a> {
             index,
             files,
             pages,
+            kept_pages: Mutex::new(Vec::new()),
         };
         for file in 0..reader.files.len() {
             reader.check_unchanged(file)?;
@@ -119,7 +134,29 @@ impl<'a> BlockReader<'a> {
     /// them all made the run's next reads of them, and the read rate its bound is
     /// measured with, go to the disk. Advice only: a failure costs RAM, never bytes.
     pub fn read_once(&self, extents: &[Extent], bytes: &mut [u8]) -> Result<(), BlockReadError> {
-        let mut uncached: Vec<(usize, (u64, u64))> = Vec::new();
+        let brought_in = self.uncached_of(extents);
+        self.read_extents(extents, bytes)?;
+        self.drop_pages(&brought_in);
+        Ok(())
+    }
+
+    /// Fills `bytes` as [`Self::read_once`] does, but the pages the read brings in stay
+    /// cached until this reader is dropped: for bytes the run's reference reads again
+    /// (the landing check's expected checksums, under `verify = first`), which then
+    /// come from memory instead of the disk a second time.
+    pub fn read_keeping(&self, extents: &[Extent], bytes: &mut [u8]) -> Result<(), BlockReadError> {
+        let brought_in = self.uncached_of(extents);
+        self.read_extents(extents, bytes)?;
+        if let Ok(mut kept) = self.kept_pages.lock() {
+            kept.extend(brought_in);
+        }
+        Ok(())
+    }
+
+    /// The ranges of `extents` the page cache does not hold now, by file (the whole
+    /// extent where the file could not be mapped).
+    fn uncached_of(&self, extents: &[Extent]) -> Vec<(usize, (u64, u64))> {
+        let mut uncached = Vec::new();
         for extent in extents {
             let file = extent.file.0 as usize;
             let whole = vec![(extent.offset, extent.offset + extent.length)];
@@ -131,13 +168,15 @@ impl<'a> BlockReader<'a> {
             };
             uncached.extend(ranges.into_iter().map(|range| (file, range)));
         }
-        self.read_extents(extents, bytes)?;
-        for (file, (start, end)) in uncached {
+        uncached
+    }
+
+    fn drop_pages(&self, ranges: &[(usize, (u64, u64))]) {
+        for &(file, (start, end)) in ranges {
             if let Some(file) = self.files.get(file) {
                 let _ = crate::os::advise_dont_need(file, start, end - start);
             }
         }
-        Ok(())
     }
 
     /// Block `block`'s bytes in a new buffer, read once ([`Self::read_once`]).

@@ -18,6 +18,24 @@ fn meminfo_bytes(key: &str) -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// Asks the kernel to back `length` bytes from `start` with transparent huge pages
+/// where it can (their 2 MiB-aligned parts; Linux's default `madvise` mode grants them
+/// only on request). Call it on a large buffer of the caller's own before its first
+/// touch: filling a fresh 7 MiB reference block faulted in 1 700 small pages, more
+/// time than copying its bytes. Advice only: it changes how memory is backed, never
+/// its contents, and is a no-op where there are no huge pages.
+pub fn advise_huge_pages(start: *mut u8, length: usize) {
+    const HUGE_PAGE_BYTES: usize = 2 << 20;
+    let first = (start as usize).next_multiple_of(HUGE_PAGE_BYTES);
+    let end = (start as usize + length) & !(HUGE_PAGE_BYTES - 1);
+    if first < end {
+        // SAFETY: madvise reads and writes no memory; MADV_HUGEPAGE on a range the
+        // caller owns changes only how the kernel backs it.
+        let _ =
+            unsafe { libc::madvise(first as *mut libc::c_void, end - first, libc::MADV_HUGEPAGE) };
+    }
+}
+
 /// Writes back and drops every cache line of `bytes` from the CPU's caches, so the
 /// next read of them comes from memory: what a calibration does to time a kernel or a
 /// copy on data as cold as a run meets it (a weight copied in with non-temporal

@@ -279,7 +279,12 @@ fn run_steps<'a, C: Compute, F: Family>(
     let mut state = family.start(compute)?;
     let mut blocks = Streamed::new(session, compute, trace)?;
     if options.verify.checks_weights() {
-        blocks.landing = Some(LandingCheck::new(reference.files(), family.layout()));
+        let landing = LandingCheck::new(reference.files(), family.layout());
+        // `first`: the reference reads the same blocks after the run, from memory.
+        blocks.landing = Some(match options.verify {
+            Verify::First => landing.keeping_pages(),
+            _ => landing,
+        });
     }
     let mut recorder = Recorder::new(options.steps == 0);
     let mut phase_now = None;

@@ -215,9 +215,11 @@ impl Compute for CpuCompute {
     }
 
     fn load_block(&self, bytes: &[u8]) -> Result<CpuBlock, ComputeError> {
-        let mut buffer = HostBuffer::allocate(bytes.len()).map_err(|error| {
-            ComputeError::OutOfMemory(format!("loading a block for the reference: {error}"))
-        })?;
+        let huge_pages = crate::os::advise_huge_pages;
+        let mut buffer =
+            HostBuffer::allocate_advised(bytes.len(), huge_pages).map_err(|error| {
+                ComputeError::OutOfMemory(format!("loading a block for the reference: {error}"))
+            })?;
         if let Some(target) = buffer.as_mut_slice() {
             target.copy_from_slice(bytes);
         }
