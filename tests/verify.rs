@@ -1,9 +1,10 @@
 //! `verify = full | first | weights | off`: what each checks, that `weights` catches a
-//! block whose bytes changed on their way to the device (and `off` does not), and the
-//! setting as users give it.
+//! block whose bytes changed on their way to the device (and `off` does not), the file
+//! checksums kept between runs, and the setting as users give it.
 
 mod common;
 
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -11,6 +12,7 @@ use stagehand::actors::{
     Device, DeviceArena, DeviceError, DevicePtr, HostBuffer, MemoryInfo, MemorySpace, OpFuture,
 };
 use stagehand::device::{CpuCompute, CpuDevice};
+use stagehand::model::{KnownChecksums, ModelIndex};
 use stagehand::run::{execute_on, Budgets, Outcome, RunError, RunPlan, WorkloadKind};
 use stagehand::settings::{Settings, Verify};
 
@@ -87,13 +89,24 @@ fn run(verify: Verify, corrupt: bool) -> Result<Outcome, RunError> {
 fn run_with(verify: Verify, corrupt: bool, lora: bool) -> Result<Outcome, RunError> {
     let dir = tempfile::tempdir().expect("temp dir");
     let model = common::demo::small_demo_model(dir.path());
+    run_on(dir.path(), &model, verify, corrupt, lora)
+}
+
+/// [`run_with`] on `model`, an adapter (if any) written to `dir`.
+fn run_on(
+    dir: &Path,
+    model: &Path,
+    verify: Verify,
+    corrupt: bool,
+    lora: bool,
+) -> Result<Outcome, RunError> {
     let settings = Settings {
         verify: Some(verify),
         ..Settings::default()
     };
     let loras = if lora {
         let adapter = common::lora::lora_file(
-            dir.path(),
+            dir,
             "adapter.safetensors",
             &stagehand::lora::DemoLora::default(),
         );
@@ -109,7 +122,7 @@ fn run_with(verify: Verify, corrupt: bool, lora: bool) -> Result<Outcome, RunErr
         ..Default::default()
     };
     let prepared =
-        stagehand::run::prepare_with(&model, WorkloadKind::Auto, 2, &settings, false, &extras)
+        stagehand::run::prepare_with(model, WorkloadKind::Auto, 2, &settings, false, &extras)
             .expect("prepares");
     let block = prepared.facts().layout().largest_block_bytes();
     let budgets = Budgets {
@@ -169,6 +182,41 @@ fn a_block_damaged_on_its_way_fails_the_weights_check_and_nothing_else_misses_it
 }
 
 #[test]
+fn a_second_run_takes_the_kept_checksums_and_a_damaged_cache_costs_a_read_not_a_verdict() {
+    // Proves the checksums kept between runs: the first run reads every block's
+    // checksum from the file, the second none (and still checks every landing); a
+    // damage on the way still fails; and a cache whose checksums are wrong makes the
+    // run read the file again and pass, never call a clean landing corrupt.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let model = common::demo::small_demo_model(dir.path());
+    let blocks = ModelIndex::open(&model, None).expect("index").blocks.len() as u64;
+    let first = run_on(dir.path(), &model, Verify::Weights, false, false).expect("first run");
+    assert_eq!(first.report.checksums_read_from_files, blocks);
+    let second = run_on(dir.path(), &model, Verify::Weights, false, false).expect("second run");
+    assert_eq!(second.report.checksums_read_from_files, 0);
+    assert_eq!(
+        second.report.landings_checked,
+        first.report.landings_checked
+    );
+    let damaged = run_on(dir.path(), &model, Verify::Weights, true, false).err();
+    let message = damaged.map(|error| error.to_string()).unwrap_or_default();
+    assert!(message.contains("differ from the file"), "{message}");
+
+    let index = ModelIndex::open(&model, None).expect("index");
+    let cache = KnownChecksums::cache_file(&stagehand::run::default_cache_dir(), &index);
+    let mut kept: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&cache).expect("the cache file")).expect("json");
+    let sums = kept["blocks"].as_object_mut().expect("blocks");
+    assert_eq!(sums.len() as u64, blocks);
+    for sum in sums.values_mut() {
+        *sum = serde_json::json!(sum.as_u64().expect("a checksum") ^ 1);
+    }
+    std::fs::write(&cache, serde_json::to_vec(&kept).expect("json")).expect("written");
+    let after = run_on(dir.path(), &model, Verify::Weights, false, false).expect("wrong cache");
+    assert_eq!(after.report.checksums_read_from_files, blocks);
+}
+
+#[test]
 fn blocks_an_adapter_patches_are_checked_as_they_land_too() {
     // Proves a LoRA leaves no hole in the weights check: with the demo adapter on
     // every layer, every landing is still checked (a streamed block keeps the file's
@@ -191,7 +239,7 @@ fn the_setting_takes_its_values_and_refuses_others_by_name() {
     let model = common::demo::small_demo_model(dir.path());
     for (value, heading) in [
         ("off", "not verified (verify = off)"),
-        ("weights", "checked against the file (verify = weights)"),
+        ("weights", "checked against the file (verify = weights, "),
         (
             "first",
             "1 verified against the fully-resident reference, then",

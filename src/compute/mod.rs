@@ -113,6 +113,20 @@ pub trait Compute {
 
     /// Copies one block's bytes into memory the adapter owns (the reference path).
     fn load_block(&self, bytes: &[u8]) -> Result<Self::Block, ComputeError>;
+    /// A block of `length` bytes in memory the adapter owns, written by `fill` (the
+    /// reference path: a read from the files). By default `fill` writes `scratch`,
+    /// which [`Self::load_block`] copies; an adapter whose memory is the host's lets
+    /// `fill` write the block itself, one pass over its bytes fewer.
+    fn load_block_with<E: From<ComputeError>>(
+        &self,
+        length: usize,
+        scratch: &mut Vec<u8>,
+        fill: impl FnOnce(&mut [u8]) -> Result<(), E>,
+    ) -> Result<Self::Block, E> {
+        scratch.resize(length, 0);
+        fill(scratch)?;
+        Ok(self.load_block(scratch)?)
+    }
     /// A view of a loaded block, valid while the block is borrowed.
     fn block_view<'a>(&self, block: &'a Self::Block) -> BlockView<'a>;
 

@@ -20,7 +20,8 @@ pub struct FromFiles<'a, C: Compute> {
     layout: &'a ModelLayout,
     lora: Option<&'a LoraSet>,
     kept: Option<HashMap<BlockId, Loaded<C::Block>>>,
-    /// The file's bytes on their way into the adapter's memory, reused block after
+    /// The file's bytes on their way into the adapter's memory where the adapter
+    /// cannot take them straight ([`Compute::load_block_with`]), reused block after
     /// block: a fresh buffer a block faulted in every page of it again.
     scratch: Vec<u8>,
 }
@@ -52,10 +53,13 @@ impl<'a, C: Compute> FromFiles<'a, C> {
             .layout
             .block(block)
             .ok_or_else(|| FamilyError::Model(format!("{block} is not a block of this model")))?;
-        let bytes = &mut self.scratch;
-        bytes.resize(layout.bytes as usize, 0);
-        self.reader.read_once(&layout.extents, bytes)?;
-        let memory = compute.load_block(bytes)?;
+        let reader = self.reader;
+        let memory =
+            compute.load_block_with(layout.bytes as usize, &mut self.scratch, |bytes| {
+                reader
+                    .read_once(&layout.extents, bytes)
+                    .map_err(FamilyError::from)
+            })?;
         let Some(set) = self.lora.filter(|set| set.touches(block.index())) else {
             return Ok(Loaded {
                 memory,

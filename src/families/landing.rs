@@ -8,7 +8,10 @@
 //! A block is checked when its residency generation is new (it was loaded again). Its
 //! file checksum is computed once, from plain reads of the file the first time the
 //! block lands, a mebibyte at a time through one buffer that stays in cache (not
-//! a block-sized allocation, faulted in and dropped per block). Blocks a LoRA adapter
+//! a block-sized allocation, faulted in and dropped per block) — or taken from the
+//! checksums an earlier run on the same, unchanged files kept ([`KnownChecksums`]);
+//! a landing that differs from a kept checksum is checked against the file again
+//! before it is called corrupt. Blocks a LoRA adapter
 //! patches are checked too: a streamed one keeps the file's bytes (the adapter is a
 //! separate low-rank pass), and a resident one is checked as it lands, before the
 //! adapter is baked into it.
@@ -18,14 +21,17 @@ use stagehand_actors::{BlockHandle, Extent, ModelLayout};
 use super::FamilyError;
 use crate::compute::checksum::{finish, partial_sum};
 use crate::compute::{BlockView, Compute};
-use crate::model::{BlockReadError, BlockReader};
+use crate::model::{BlockReadError, BlockReader, KnownChecksums};
 
 /// Checks landed blocks against the file.
 pub struct LandingCheck<'a> {
     reader: &'a BlockReader<'a>,
     layout: &'a ModelLayout,
-    /// Per block: the checksum of its bytes in the file, once computed.
-    expected: Vec<Option<u64>>,
+    /// Per block: the checksum of its bytes in the file, once known.
+    expected: Vec<Option<Expected>>,
+    /// Checksums kept between runs: read before a file is, learned as files are read,
+    /// saved when the check is dropped.
+    known: KnownChecksums,
     /// Per block: the generation last checked.
     checked: Vec<Option<u32>>,
     /// The file's bytes on their way into an expected checksum ([`PIECE_BYTES`]).
@@ -34,6 +40,8 @@ pub struct LandingCheck<'a> {
     pub landings: u64,
     /// Bytes of them.
     pub bytes: u64,
+    /// Blocks whose expected checksum was read from the files (not kept from before).
+    pub read_from_files: u64,
     /// The file pages the expected checksums bring in stay cached for the reader's
     /// life ([`Self::keeping_pages`]).
     keep_pages: bool,
@@ -46,10 +54,12 @@ impl<'a> LandingCheck<'a> {
             reader,
             layout,
             expected: vec![None; layout.len()],
+            known: KnownChecksums::none(),
             checked: vec![None; layout.len()],
             piece: Vec::new(),
             landings: 0,
             bytes: 0,
+            read_from_files: 0,
             keep_pages: false,
         }
     }
@@ -60,6 +70,13 @@ impl<'a> LandingCheck<'a> {
     /// pin manager dropped the pinned blocks' pages, so both reads went to the disk).
     pub fn keeping_pages(mut self) -> Self {
         self.keep_pages = true;
+        self
+    }
+
+    /// Takes expected checksums from `known` where it has them, and keeps there those
+    /// read from the files, for the next run.
+    pub fn with_known(mut self, known: KnownChecksums) -> Self {
+        self.known = known;
         self
     }
 
@@ -80,12 +97,10 @@ impl<'a> LandingCheck<'a> {
         let expected = match self.expected[block] {
             Some(expected) => expected,
             None => {
-                let (reader, keep_pages) = (self.reader, self.keep_pages);
-                let read = |extents: &[Extent], into: &mut [u8]| match keep_pages {
-                    true => reader.read_keeping(extents, into),
-                    false => reader.read_once(extents, into),
+                let expected = match self.known.get(&info.extents) {
+                    Some(sum) => Expected { sum, read: false },
+                    None => self.read_expected(&info.extents)?,
                 };
-                let expected = file_checksum(read, &info.extents, &mut self.piece)?;
                 self.expected[block] = Some(expected);
                 expected
             }
@@ -94,17 +109,54 @@ impl<'a> LandingCheck<'a> {
         // memory space (the block source checked it) and stays put while held.
         let view = unsafe { BlockView::new(handle.ptr, handle.bytes) };
         let landed = compute.checksum(&view)?;
-        if landed != expected {
-            return Err(FamilyError::Corrupt {
-                block: info.name.clone(),
-                offset: 0,
-            });
+        if landed != expected.sum {
+            // A kept checksum may be stale or damaged: the file has the last word.
+            let from_file = match expected.read {
+                true => expected,
+                false => self.read_expected(&info.extents)?,
+            };
+            self.expected[block] = Some(from_file);
+            if landed != from_file.sum {
+                return Err(FamilyError::Corrupt {
+                    block: info.name.clone(),
+                    offset: 0,
+                });
+            }
         }
         self.checked[block] = Some(handle.generation);
         self.landings += 1;
         self.bytes += handle.bytes;
         Ok(())
     }
+}
+
+impl LandingCheck<'_> {
+    /// The checksum of `extents` in the files, read now and kept in [`KnownChecksums`].
+    fn read_expected(&mut self, extents: &[Extent]) -> Result<Expected, FamilyError> {
+        let (reader, keep_pages) = (self.reader, self.keep_pages);
+        let read = |extents: &[Extent], into: &mut [u8]| match keep_pages {
+            true => reader.read_keeping(extents, into),
+            false => reader.read_once(extents, into),
+        };
+        let sum = file_checksum(read, extents, &mut self.piece)?;
+        self.known.learn(extents, sum);
+        self.read_from_files += 1;
+        Ok(Expected { sum, read: true })
+    }
+}
+
+impl Drop for LandingCheck<'_> {
+    fn drop(&mut self) {
+        self.known.save();
+    }
+}
+
+/// A block's checksum in the file, and whether this run read it from the file (or
+/// took it from [`KnownChecksums`]).
+#[derive(Debug, Clone, Copy)]
+struct Expected {
+    sum: u64,
+    read: bool,
 }
 
 /// Bytes read from the file per piece of an expected checksum: a multiple of the

@@ -12,6 +12,7 @@ pub mod folder;
 pub mod generated;
 mod header;
 mod index;
+mod known_checksums;
 mod reader;
 mod source;
 
@@ -24,5 +25,6 @@ pub use error::IndexError;
 pub use folder::{read_json, FolderError, ModelFolder};
 pub use header::MAX_HEADER_BYTES;
 pub use index::{BlockInfo, ModelIndex, ShardFile, TensorInfo};
+pub use known_checksums::KnownChecksums;
 pub use reader::{BlockReadError, BlockReader};
 pub use source::{parse_index, ParsedIndex};

@@ -78,6 +78,11 @@ impl<'a> BlockReader<'a> {
         Ok(reader)
     }
 
+    /// The index whose files this reads.
+    pub fn index(&self) -> &'a ModelIndex {
+        self.index
+    }
+
     /// Fails unless file `file` is still what the index read (length, times, inode).
     fn check_unchanged(&self, file: usize) -> Result<(), BlockReadError> {
         let shard = &self.index.files[file];
@@ -151,6 +156,22 @@ impl<'a> BlockReader<'a> {
             kept.extend(brought_in);
         }
         Ok(())
+    }
+
+    /// Asks the kernel to bring `extents` into the page cache in the background, for
+    /// one-off reads that come later (the `first` reference's, while the run's other
+    /// steps compute from pinned blocks and the disk idles). The pages it brings in are
+    /// dropped with the reader, as [`Self::read_keeping`]'s are.
+    pub fn prefetch(&self, extents: &[Extent]) {
+        let brought_in = self.uncached_of(extents);
+        for &(file, (start, end)) in &brought_in {
+            if let Some(file) = self.files.get(file) {
+                let _ = crate::os::advise_will_need(file, start, end - start);
+            }
+        }
+        if let Ok(mut kept) = self.kept_pages.lock() {
+            kept.extend(brought_in);
+        }
     }
 
     /// The ranges of `extents` the page cache does not hold now, by file (the whole

@@ -17,7 +17,7 @@ use std::path::Path;
 /// times), truncation (its length) or replacement (its inode) gives another stamp. The
 /// change time cannot be set back by `touch`, so a rewrite never passes for the file
 /// that was read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct FileStamp {
     pub device: u64,
     pub inode: u64,

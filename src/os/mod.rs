@@ -12,5 +12,6 @@ pub use files::{
 };
 pub use memory::{advise_huge_pages, available_ram_bytes, flush_from_caches, total_ram_bytes};
 pub use page_cache::{
-    advise_dont_need, cached_bytes, drop_page_cache, uncached_ranges, PageCacheView,
+    advise_dont_need, advise_will_need, cached_bytes, drop_page_cache, uncached_ranges,
+    PageCacheView,
 };

@@ -27,17 +27,26 @@ pub fn drop_page_cache(path: &Path, offset: u64, len: u64) -> Result<(), Storage
 /// `posix_fadvise(DONTNEED)` on a range of an open file: the kernel may drop those
 /// pages from the page cache.
 pub fn advise_dont_need(file: &File, offset: u64, len: u64) -> io::Result<()> {
+    fadvise(file, offset, len, libc::POSIX_FADV_DONTNEED)
+}
+
+fn fadvise(file: &File, offset: u64, len: u64, advice: libc::c_int) -> io::Result<()> {
     let offset = libc::off_t::try_from(offset).map_err(|_| io::ErrorKind::InvalidInput)?;
     let len = libc::off_t::try_from(len).map_err(|_| io::ErrorKind::InvalidInput)?;
     // SAFETY: plain syscall on a descriptor we own; no memory is passed.
-    let status =
-        unsafe { libc::posix_fadvise(file.as_raw_fd(), offset, len, libc::POSIX_FADV_DONTNEED) };
+    let status = unsafe { libc::posix_fadvise(file.as_raw_fd(), offset, len, advice) };
     // posix_fadvise returns the error number instead of setting errno.
     if status == 0 {
         Ok(())
     } else {
         Err(io::Error::from_raw_os_error(status))
     }
+}
+
+/// `posix_fadvise(WILLNEED)` on a range of an open file: the kernel starts reading
+/// those pages into the page cache and returns without waiting for them.
+pub fn advise_will_need(file: &File, offset: u64, len: u64) -> io::Result<()> {
+    fadvise(file, offset, len, libc::POSIX_FADV_WILLNEED)
 }
 
 /// Bytes of `path` currently in the page cache (`mincore` over a mapping that is never

@@ -43,6 +43,9 @@ pub struct RunReport {
     /// and their bytes.
     pub landings_checked: u64,
     pub landed_bytes_checked: u64,
+    /// Blocks whose file checksum the landing check read from the files this run
+    /// (the rest came from the checksums an earlier run kept).
+    pub checksums_read_from_files: u64,
 }
 
 impl RunReport {
@@ -79,6 +82,7 @@ impl RunReport {
             kv_growth: Vec::new(),
             verify: crate::settings::Verify::Full,
             landings_checked: 0,
+            checksums_read_from_files: 0,
             landed_bytes_checked: 0,
         }
     }

@@ -23,6 +23,9 @@ pub struct Summary {
     /// Blocks checked against the file as they landed (`verify = first | weights`).
     pub landings_checked: u64,
     pub landed_bytes_checked: u64,
+    /// Blocks whose expected checksum was read from the files this run; the others
+    /// came from the checksums an earlier run on the same, unchanged files kept.
+    pub checksums_read_from_files: u64,
     pub model_bytes: u64,
     pub vram_budget_bytes: u64,
     pub pin_ceiling_bytes: u64,
@@ -139,6 +142,7 @@ impl Summary {
             verify: report.verify.name(),
             compute_dtype: outcome.compute_dtype.name(),
             landings_checked: report.landings_checked,
+            checksums_read_from_files: report.checksums_read_from_files,
             landed_bytes_checked: report.landed_bytes_checked,
             model_bytes: outcome.model_bytes,
             vram_budget_bytes: outcome.budgets.vram_budget_bytes,

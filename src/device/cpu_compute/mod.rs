@@ -215,13 +215,25 @@ impl Compute for CpuCompute {
     }
 
     fn load_block(&self, bytes: &[u8]) -> Result<CpuBlock, ComputeError> {
+        self.load_block_with(bytes.len(), &mut Vec::new(), |block| {
+            block.copy_from_slice(bytes);
+            Ok::<_, ComputeError>(())
+        })
+    }
+
+    fn load_block_with<E: From<ComputeError>>(
+        &self,
+        length: usize,
+        _scratch: &mut Vec<u8>,
+        fill: impl FnOnce(&mut [u8]) -> Result<(), E>,
+    ) -> Result<CpuBlock, E> {
+        // Huge pages: a reference block is written once, right away, in whole.
         let huge_pages = crate::os::advise_huge_pages;
-        let mut buffer =
-            HostBuffer::allocate_advised(bytes.len(), huge_pages).map_err(|error| {
-                ComputeError::OutOfMemory(format!("loading a block for the reference: {error}"))
-            })?;
-        if let Some(target) = buffer.as_mut_slice() {
-            target.copy_from_slice(bytes);
+        let mut buffer = HostBuffer::allocate_advised(length, huge_pages).map_err(|error| {
+            ComputeError::OutOfMemory(format!("loading a block for the reference: {error}"))
+        })?;
+        if let Some(block) = buffer.as_mut_slice() {
+            fill(block)?;
         }
         Ok(CpuBlock { buffer })
     }

@@ -30,7 +30,7 @@ use crate::families::blocks::Streamed;
 use crate::families::landing::LandingCheck;
 use crate::families::lora_set::LoraSet;
 use crate::families::{FamilyError, Model, WorkloadKind};
-use crate::model::BlockReader;
+use crate::model::{BlockReader, KnownChecksums};
 use crate::settings::Settings;
 
 use super::{
@@ -251,7 +251,8 @@ pub fn serve_jobs(
             .unwrap_or(crate::settings::Verify::First)
             != crate::settings::Verify::Off
         {
-            blocks.landing = Some(LandingCheck::new(&files, &layout));
+            let known = KnownChecksums::open(&crate::run::default_cache_dir(), &prepared.index);
+            blocks.landing = Some(LandingCheck::new(&files, &layout).with_known(known));
         }
         let own = prepared.workload.lora.first().map(|phase| &phase.set);
         blocks.switch_lora(&compute, own, 0)?;

@@ -25,11 +25,13 @@ impl Summary {
             self.landings_checked,
             bytes(self.landed_bytes_checked)
         );
+        // The file's checksums an earlier run on the unchanged files kept are not read.
+        let checksums = format!("{} file checksums read", self.checksums_read_from_files);
         match self.verify {
             "off" => "not verified (verify = off)".to_string(),
-            "weights" => format!("{landed} (verify = weights)"),
+            "weights" => format!("{landed} (verify = weights, {checksums})"),
             "first" => format!(
-                "{} verified against {reference}, then {landed} (verify = first)",
+                "{} verified against {reference}, then {landed} (verify = first, {checksums})",
                 self.verified_steps
             ),
             _ => format!("{} verified against {reference}", self.verified_steps),
