@@ -278,15 +278,7 @@ fn run_steps<'a, C: Compute, F: Family>(
 ) -> Result<Recorder, FamilyError> {
     let mut state = family.start(compute)?;
     let mut blocks = Streamed::new(session, compute, trace)?;
-    if options.verify.checks_weights() {
-        let known = KnownChecksums::open(&super::default_cache_dir(), reference.files().index());
-        let landing = LandingCheck::new(reference.files(), family.layout()).with_known(known);
-        // `first`: the reference reads the same blocks after the run, from memory.
-        blocks.landing = Some(match options.verify {
-            Verify::First => landing.keeping_pages(),
-            _ => landing,
-        });
-    }
+    blocks.landing = landing_check(options.verify, reference.files(), family.layout());
     let mut recorder = Recorder::new(options.steps == 0);
     let mut phase_now = None;
     let mut step = 0u64;
@@ -366,6 +358,24 @@ fn run_steps<'a, C: Compute, F: Family>(
         report.checksums_read_from_files = landing.read_from_files;
     }
     Ok(recorder)
+}
+
+/// The landing check `verify` asks for, with the file checksums earlier runs kept.
+fn landing_check<'a>(
+    verify: Verify,
+    files: &'a BlockReader<'a>,
+    layout: &'a ModelLayout,
+) -> Option<LandingCheck<'a>> {
+    if !verify.checks_weights() {
+        return None;
+    }
+    let known = KnownChecksums::open(&super::default_cache_dir(), files.index());
+    let landing = LandingCheck::new(files, layout).with_known(known);
+    // `first`: the reference reads the same blocks after the run, from memory.
+    Some(match verify {
+        Verify::First => landing.keeping_pages(),
+        _ => landing,
+    })
 }
 
 /// `verify = first` checks its first step against a reference that reads every block

@@ -120,6 +120,15 @@ pub struct Summary {
     pub tokens: Vec<u32>,
 }
 
+/// `part / whole`, 0 where there is no whole.
+fn share(part: f64, whole: f64) -> f64 {
+    if whole > 0.0 {
+        part / whole
+    } else {
+        0.0
+    }
+}
+
 /// Host memory the budgets account for may be exceeded by this factor and margin
 /// (allocator slack, the binary, the tokenizer, activations).
 const RSS_SLACK: f64 = 1.1;
@@ -131,6 +140,8 @@ impl Summary {
         let stats = &report.stats;
         let steady = report.steady_step_seconds();
         let bound = outcome.bound.seconds();
+        let first_step = report.step_seconds.first().copied().unwrap_or(0.0);
+        let first_compute = report.compute_seconds.first().copied().unwrap_or(0.0);
         let accounted =
             outcome.budgets.vram_budget_bytes + stats.pinned.peak_used_bytes + outcome.host_bytes;
         Self {
@@ -151,11 +162,9 @@ impl Summary {
             resident_bytes: report.plan.vram.resident_bytes,
             streamed_bytes_per_step_planned: report.plan.vram.streamed_bytes_per_step,
             disk_bytes_per_step_planned: report.plan.pins.disk_bytes_per_step,
-            first_step_seconds: report.step_seconds.first().copied().unwrap_or(0.0),
-            first_step_compute_seconds: report.compute_seconds.first().copied().unwrap_or(0.0),
-            first_step_wait_seconds: (report.step_seconds.first().copied().unwrap_or(0.0)
-                - report.compute_seconds.first().copied().unwrap_or(0.0))
-            .max(0.0),
+            first_step_seconds: first_step,
+            first_step_compute_seconds: first_compute,
+            first_step_wait_seconds: (first_step - first_compute).max(0.0),
             first_step_read_bytes: report.after_first_step.disk_to_pinned.model_bytes
                 + report.after_first_step.disk_to_vram.model_bytes,
             steady_step_seconds: steady,
@@ -169,12 +178,11 @@ impl Summary {
             roofline_flops_per_second: outcome
                 .roofline
                 .map_or(0.0, |roofline| roofline.flops_per_second),
-            compute_share_of_roofline: if report.steady_compute_seconds() > 0.0 {
-                outcome.bound.compute_seconds / report.steady_compute_seconds()
-            } else {
-                0.0
-            },
-            efficiency: if steady > 0.0 { bound / steady } else { 0.0 },
+            compute_share_of_roofline: share(
+                outcome.bound.compute_seconds,
+                report.steady_compute_seconds(),
+            ),
+            efficiency: share(bound, steady),
             copy_bytes_per_second: outcome.rates.copy_bytes_per_second,
             read_bytes_per_second: outcome.rates.read_bytes_per_second,
             pinned_to_vram_bytes_per_step: report.steady_bytes_per_step(Link::PinnedToVram),

@@ -33,16 +33,18 @@ mod products;
 mod weights;
 
 use weights::{as_f32, vector, weight_bytes, weight_scale};
+mod block;
 mod simd;
 mod spare;
 mod tensor;
 
+pub use block::CpuBlock;
 pub use tensor::CpuTensor;
 
 use std::cell::RefCell;
 use std::sync::Mutex;
 
-use stagehand_actors::{DevicePtr, HostBuffer, MemorySpace};
+use stagehand_actors::{DevicePtr, MemorySpace};
 
 use crate::compute::{
     shapes, Attention, BlockView, CachedAttention, Compute, ComputeDtype, ComputeError, LowRank,
@@ -80,11 +82,6 @@ impl Default for CpuCompute {
     fn default() -> Self {
         Self::new()
     }
-}
-
-/// A block loaded for the reference pass: page-aligned host memory.
-pub struct CpuBlock {
-    buffer: HostBuffer,
 }
 
 impl CpuCompute {
@@ -215,7 +212,7 @@ impl Compute for CpuCompute {
     }
 
     fn load_block(&self, bytes: &[u8]) -> Result<CpuBlock, ComputeError> {
-        self.load_block_with(bytes.len(), &mut Vec::new(), |block| {
+        CpuBlock::filled(bytes.len(), |block| {
             block.copy_from_slice(bytes);
             Ok::<_, ComputeError>(())
         })
@@ -227,15 +224,7 @@ impl Compute for CpuCompute {
         _scratch: &mut Vec<u8>,
         fill: impl FnOnce(&mut [u8]) -> Result<(), E>,
     ) -> Result<CpuBlock, E> {
-        // Huge pages: a reference block is written once, right away, in whole.
-        let huge_pages = crate::os::advise_huge_pages;
-        let mut buffer = HostBuffer::allocate_advised(length, huge_pages).map_err(|error| {
-            ComputeError::OutOfMemory(format!("loading a block for the reference: {error}"))
-        })?;
-        if let Some(block) = buffer.as_mut_slice() {
-            fill(block)?;
-        }
-        Ok(CpuBlock { buffer })
+        CpuBlock::filled(length, fill)
     }
 
     fn block_view<'a>(&self, block: &'a CpuBlock) -> BlockView<'a> {
