@@ -382,8 +382,13 @@ fn landing_check<'a>(
 /// from the files after the run; the pin manager dropped the pages of the blocks it
 /// pinned, so that read goes to the disk (MiniLM: 43 MB, 20–40 ms after the last step).
 /// Where the steps that follow read nothing from the disk, the kernel reads it in now,
-/// in the background, while they compute.
+/// in the background, while they compute — if the model takes at most half the RAM
+/// the host has available (a second copy beside the pins must not push it to swap).
 fn prefetch_for_reference(files: &BlockReader<'_>, layout: &ModelLayout) {
+    let available = crate::os::available_ram_bytes().unwrap_or(0);
+    if layout.total_bytes() > available / 2 {
+        return;
+    }
     for block in &layout.blocks {
         files.prefetch(&block.extents);
     }
