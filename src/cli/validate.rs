@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use stagehand_actors::Bytes;
 
 use super::{CommandResult, Failure};
+use depth::{depth_checks, write_depth_checks, DepthCheck};
 use stagehand::calibrate::validate::{
     validate_case, Case, CaseModel, Figure, Row, Verdict, COLD_TOLERANCE, STEADY_TOLERANCE,
 };
@@ -21,9 +22,6 @@ use stagehand::model::demo::DemoSpec;
 pub(super) const MAX_STEPS: u64 = 1000;
 /// Real runs per configuration at most.
 pub(super) const MAX_REPEATS: u32 = 20;
-
-/// A recommended depth within this much of the fastest measured one counts as right.
-const DEPTH_TOLERANCE: f64 = 0.05;
 
 /// The demo model of the matrix: 8 blocks × 2 layers × dim² f32 (64 MiB at the
 /// default 1024), small enough that 36 real runs take about a minute, large enough
@@ -267,49 +265,6 @@ fn label(case: &Case) -> String {
     )
 }
 
-/// Per (model, batch, budget, disk): the depth the simulation finds faster (the
-/// smaller on a tie within 5 %) and whether it is the fastest measured, within 5 %.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct DepthCheck {
-    pub configuration: String,
-    pub recommended_depth: u32,
-    pub fastest_measured_depth: u32,
-    pub ok: bool,
-}
-
-fn depth_checks(rows: &[Row]) -> Vec<DepthCheck> {
-    let mut checks = Vec::new();
-    for pair in rows.windows(2) {
-        let (shallow, deep) = (&pair[0], &pair[1]);
-        let same = Case {
-            prefetch_depth: deep.case.prefetch_depth,
-            ..shallow.case.clone()
-        };
-        if shallow.case.prefetch_depth != 0 || deep.case.prefetch_depth != 2 || same != deep.case {
-            continue;
-        }
-        let predicted = |row: &Row| row.steady_step_seconds.predicted;
-        let measured = |row: &Row| row.steady_step_seconds.measured;
-        let recommended = if predicted(deep) < predicted(shallow) * (1.0 - DEPTH_TOLERANCE) {
-            deep
-        } else {
-            shallow
-        };
-        let fastest = if measured(deep) < measured(shallow) {
-            deep
-        } else {
-            shallow
-        };
-        checks.push(DepthCheck {
-            configuration: label(&shallow.case).replace(" d0", ""),
-            recommended_depth: recommended.case.prefetch_depth,
-            fastest_measured_depth: fastest.case.prefetch_depth,
-            ok: measured(recommended) <= measured(fastest) * (1.0 + DEPTH_TOLERANCE),
-        });
-    }
-    checks
-}
-
 fn ms(seconds: f64) -> String {
     format!("{:.2}", seconds * 1e3)
 }
@@ -446,23 +401,6 @@ fn write_tallies(out: &mut impl Write, rows: &[Row]) -> std::io::Result<()> {
     Ok(())
 }
 
-/// How often the recommended depth was the fastest measured, and where it was not.
-fn write_depth_checks(out: &mut impl Write, depth_checks: &[DepthCheck]) -> std::io::Result<()> {
-    let depth_ok = depth_checks.iter().filter(|check| check.ok).count();
-    writeln!(
-        out,
-        "recommended depth (0 or 2) within 5 % of the fastest measured: {depth_ok}/{}",
-        depth_checks.len()
-    )?;
-    for check in depth_checks.iter().filter(|check| !check.ok) {
-        writeln!(
-            out,
-            "  {}: simulation recommends {}, depth {} measured faster",
-            check.configuration, check.recommended_depth, check.fastest_measured_depth
-        )?;
-    }
-    Ok(())
-}
-
+mod depth;
 #[cfg(test)]
 mod tests;

@@ -1,3 +1,4 @@
+use super::depth::{judge_depths, DepthFigures, DepthVerdict};
 use super::*;
 
 #[test]
@@ -40,4 +41,32 @@ cold_gflops = [6.0, 38.0]
     assert_eq!(cache_effect(&profile), Some((12.0, 6.0)));
     let shipped = stagehand::sim::HardwareProfile::load("rtx4090").unwrap();
     assert_eq!(cache_effect(&shipped), None);
+}
+
+#[test]
+fn a_depth_recommendation_is_judged_against_the_faster_depth_and_the_runs_spread() {
+    // Proves the depth verdict: deep is recommended only when predicted faster by more
+    // than 5 %; right when it measured within 5 % of the faster; a miss smaller than
+    // the repeats' own spread is told apart from one larger.
+    let figures = |predicted: f64, measured: f64, spread: f64| DepthFigures {
+        predicted,
+        measured,
+        spread,
+    };
+    let resident = judge_depths(figures(3.0, 3.0, 0.16), figures(3.0, 2.6, 0.19));
+    assert_eq!(
+        resident,
+        DepthVerdict {
+            recommends_deep: false,
+            deep_measured_faster: true,
+            ok: false,
+            within_spread: true,
+        }
+    );
+    let clear_miss = judge_depths(figures(10.0, 10.0, 0.02), figures(12.0, 7.0, 0.03));
+    assert!(!clear_miss.recommends_deep && !clear_miss.ok && !clear_miss.within_spread);
+    let right = judge_depths(figures(10.0, 10.0, 0.02), figures(8.0, 7.0, 0.03));
+    assert!(right.recommends_deep && right.ok && !right.within_spread);
+    let tie = judge_depths(figures(10.0, 10.0, 0.02), figures(9.8, 10.3, 0.03));
+    assert!(!tie.recommends_deep && tie.ok);
 }
