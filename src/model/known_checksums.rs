@@ -202,7 +202,8 @@ mod tests {
             KnownChecksums::open(&cache, &index).get(&extents()),
             Some(42)
         );
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        // File times tick at the kernel's coarse clock (a jiffy: up to 10 ms).
+        std::thread::sleep(std::time::Duration::from_millis(50));
         let rewritten = checkpoint(&model, 1);
         assert_eq!(
             KnownChecksums::open(&cache, &rewritten).get(&extents()),
