@@ -21,7 +21,7 @@ use stagehand_actors::{BlockHandle, Extent, ModelLayout};
 use super::FamilyError;
 use crate::compute::checksum::{finish, partial_sum};
 use crate::compute::{BlockView, Compute};
-use crate::model::{BlockReadError, BlockReader, KnownChecksums};
+use crate::model::{BlockReader, KnownChecksums};
 
 /// Checks landed blocks against the file.
 pub struct LandingCheck<'a> {
@@ -42,9 +42,6 @@ pub struct LandingCheck<'a> {
     pub bytes: u64,
     /// Blocks whose expected checksum was read from the files (not kept from before).
     pub read_from_files: u64,
-    /// The file pages the expected checksums bring in stay cached for the reader's
-    /// life ([`Self::keeping_pages`]).
-    keep_pages: bool,
 }
 
 impl<'a> LandingCheck<'a> {
@@ -60,17 +57,7 @@ impl<'a> LandingCheck<'a> {
             landings: 0,
             bytes: 0,
             read_from_files: 0,
-            keep_pages: false,
         }
-    }
-
-    /// The file pages read for the expected checksums stay cached until the reader is
-    /// dropped: for a run whose reference (`verify = first`) reads the same blocks
-    /// after its step, from memory then instead of from the disk a second time (the
-    /// pin manager dropped the pinned blocks' pages, so both reads went to the disk).
-    pub fn keeping_pages(mut self) -> Self {
-        self.keep_pages = true;
-        self
     }
 
     /// Takes expected checksums from `known` where it has them, and keeps there those
@@ -133,12 +120,7 @@ impl<'a> LandingCheck<'a> {
 impl LandingCheck<'_> {
     /// The checksum of `extents` in the files, read now and kept in [`KnownChecksums`].
     fn read_expected(&mut self, extents: &[Extent]) -> Result<Expected, FamilyError> {
-        let (reader, keep_pages) = (self.reader, self.keep_pages);
-        let read = |extents: &[Extent], into: &mut [u8]| match keep_pages {
-            true => reader.read_keeping(extents, into),
-            false => reader.read_once(extents, into),
-        };
-        let sum = file_checksum(read, extents, &mut self.piece)?;
+        let sum = file_checksum(self.reader, extents, &mut self.piece)?;
         self.known.learn(extents, sum);
         self.read_from_files += 1;
         Ok(Expected { sum, read: true })
@@ -168,7 +150,7 @@ const PIECE_BYTES: usize = if cfg!(test) { 12 } else { 1 << 20 };
 /// `piece`: each full piece (a whole number of words) is folded in as it fills, so the
 /// buffer stays in the core's cache and no block-sized allocation is made.
 fn file_checksum(
-    read: impl Fn(&[Extent], &mut [u8]) -> Result<(), BlockReadError>,
+    reader: &BlockReader<'_>,
     extents: &[Extent],
     piece: &mut Vec<u8>,
 ) -> Result<u64, FamilyError> {
@@ -183,7 +165,7 @@ fn file_checksum(
                 length,
                 ..*extent
             };
-            read(&[part], &mut piece[filled..filled + length as usize])?;
+            reader.read_once(&[part], &mut piece[filled..filled + length as usize])?;
             (done, filled) = (done + length, filled + length as usize);
             if filled == PIECE_BYTES {
                 sum = sum.wrapping_add(partial_sum(piece, folded / 4));
@@ -232,8 +214,7 @@ mod tests {
         for block in &index.blocks {
             let mut whole = vec![0u8; block.bytes as usize];
             reader.read_extents(&block.extents, &mut whole).unwrap();
-            let read = |extents: &[Extent], into: &mut [u8]| reader.read_once(extents, into);
-            let pieces = file_checksum(read, &block.extents, &mut piece).unwrap();
+            let pieces = file_checksum(&reader, &block.extents, &mut piece).unwrap();
             assert_eq!(pieces, checksum(&whole), "{}", block.name);
         }
         assert!(index

@@ -32,7 +32,7 @@ pub struct BlockReader<'a> {
     /// Per file, which pages the page cache holds (`None` where it cannot be mapped:
     /// a one-off read from it then drops every page it read).
     pages: Vec<Option<PageCacheView>>,
-    /// Pages [`Self::read_keeping`] brought in, dropped with the reader.
+    /// Pages [`Self::prefetch`] brought in, dropped with the reader.
     kept_pages: Mutex<Vec<(usize, (u64, u64))>>,
 }
 
@@ -145,23 +145,11 @@ impl<'a> BlockReader<'a> {
         Ok(())
     }
 
-    /// Fills `bytes` as [`Self::read_once`] does, but the pages the read brings in stay
-    /// cached until this reader is dropped: for bytes the run's reference reads again
-    /// (the landing check's expected checksums, under `verify = first`), which then
-    /// come from memory instead of the disk a second time.
-    pub fn read_keeping(&self, extents: &[Extent], bytes: &mut [u8]) -> Result<(), BlockReadError> {
-        let brought_in = self.uncached_of(extents);
-        self.read_extents(extents, bytes)?;
-        if let Ok(mut kept) = self.kept_pages.lock() {
-            kept.extend(brought_in);
-        }
-        Ok(())
-    }
-
     /// Asks the kernel to bring `extents` into the page cache in the background, for
     /// one-off reads that come later (the `first` reference's, while the run's other
-    /// steps compute from pinned blocks and the disk idles). The pages it brings in are
-    /// dropped with the reader, as [`Self::read_keeping`]'s are.
+    /// steps compute from pinned blocks and the disk idles). The pages it brings in stay
+    /// until the reader is dropped, so a [`Self::read_once`] in between finds them
+    /// cached and keeps them.
     pub fn prefetch(&self, extents: &[Extent]) {
         let brought_in = self.uncached_of(extents);
         for &(file, (start, end)) in &brought_in {

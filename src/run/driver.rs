@@ -370,12 +370,7 @@ fn landing_check<'a>(
         return None;
     }
     let known = KnownChecksums::open(&super::default_cache_dir(), files.index());
-    let landing = LandingCheck::new(files, layout).with_known(known);
-    // `first`: the reference reads the same blocks after the run, from memory.
-    Some(match verify {
-        Verify::First => landing.keeping_pages(),
-        _ => landing,
-    })
+    Some(LandingCheck::new(files, layout).with_known(known))
 }
 
 /// `verify = first` checks its first step against a reference that reads every block
