@@ -168,7 +168,54 @@ fn a_one_off_read_leaves_the_page_cache_as_it_found_it() {
     // in and keeps those it found cached: a reference that dropped every page it read
     // sent a run's next reads of its streamed blocks, and the bound's read rate, to disk.
     let dir = disk_dir();
-    let path = dir.path().join("model.safetensors");
+    let (path, data) = two_block_model(dir.path());
+    let block_bytes = data[0].len();
+    let index = stagehand::model::ModelIndex::open(&path, None).expect("indexed");
+    let reader = stagehand::model::BlockReader::open(&index).expect("opened");
+    let [cold, warm] = [&index.blocks[0], &index.blocks[1]];
+    let cached_before = warm_only(&path, &reader, warm, block_bytes);
+    let mut bytes = vec![0u8; block_bytes];
+    for (block, expected) in [cold, warm].into_iter().zip(&data) {
+        reader.read_once(&block.extents, &mut bytes).expect("read");
+        assert_eq!(&bytes, expected, "{}", block.name);
+    }
+    assert_eq!(
+        cached_bytes(&path).expect("mincore"),
+        cached_before,
+        "the cold block's pages dropped again, the warm block's kept"
+    );
+}
+
+#[test]
+fn a_cached_block_is_shared_from_the_files_pages_and_an_uncached_one_is_not() {
+    // Proves `BlockReader::cached` hands the reference a block's bytes straight from the
+    // file's cached pages (the same bytes, nothing read), and nothing for a block the
+    // page cache does not hold — that one is read, and its pages dropped again.
+    let dir = disk_dir();
+    let (path, data) = two_block_model(dir.path());
+    let index = stagehand::model::ModelIndex::open(&path, None).expect("indexed");
+    let reader = stagehand::model::BlockReader::open(&index).expect("opened");
+    let [cold, warm] = [&index.blocks[0], &index.blocks[1]];
+    let cached_before = warm_only(&path, &reader, warm, data[1].len());
+    let shared = reader
+        .cached(&warm.extents)
+        .expect("the warm block is cached");
+    assert_eq!(shared.as_slice(), &data[1][..]);
+    assert!(
+        reader.cached(&cold.extents).is_none(),
+        "the cold block is not"
+    );
+    let both = [warm.extents[0], cold.extents[0]];
+    assert!(
+        reader.cached(&both).is_none(),
+        "two ranges are read, not shared"
+    );
+    assert_eq!(cached_bytes(&path).expect("mincore"), cached_before);
+}
+
+/// A safetensors file of two 1 MiB tensors in two blocks, flushed; its path and bytes.
+fn two_block_model(dir: &Path) -> (std::path::PathBuf, Vec<Vec<u8>>) {
+    let path = dir.join("model.safetensors");
     let block_bytes = 1usize << 20;
     let data: Vec<Vec<u8>> = (0..2).map(|seed| pattern(seed, block_bytes)).collect();
     let views: Vec<_> = ["layers.0.w", "layers.1.w"]
@@ -187,28 +234,26 @@ fn a_one_off_read_leaves_the_page_cache_as_it_found_it() {
     std::fs::File::open(&path)
         .and_then(|file| file.sync_all())
         .expect("flushed");
-    let index = stagehand::model::ModelIndex::open(&path, None).expect("indexed");
-    let reader = stagehand::model::BlockReader::open(&index).expect("opened");
-    let [cold, warm] = [&index.blocks[0], &index.blocks[1]];
-    // Block 1 in the page cache, block 0 not.
-    drop_page_cache(&path, 0, 0).expect("fadvise");
+    (path, data)
+}
+
+/// Leaves `warm`'s pages in the page cache and none other of `path`'s; the bytes cached.
+fn warm_only(
+    path: &Path,
+    reader: &stagehand::model::BlockReader<'_>,
+    warm: &stagehand::model::BlockInfo,
+    block_bytes: usize,
+) -> u64 {
+    drop_page_cache(path, 0, 0).expect("fadvise");
     let mut bytes = vec![0u8; block_bytes];
     reader
         .read_extents(&warm.extents, &mut bytes)
         .expect("warmed");
-    let cached_before = cached_bytes(&path).expect("mincore");
+    let cached = cached_bytes(path).expect("mincore");
     assert!(
-        cached_before >= block_bytes as u64 && cached_before < 2 * block_bytes as u64,
+        cached >= block_bytes as u64 && cached < 2 * block_bytes as u64,
         "this test needs a filesystem with a page cache (target/ on tmpfs?): \
-         {cached_before} bytes cached after warming one block of {block_bytes}"
+         {cached} bytes cached after warming one block of {block_bytes}"
     );
-    for (block, expected) in [cold, warm].into_iter().zip(&data) {
-        reader.read_once(&block.extents, &mut bytes).expect("read");
-        assert_eq!(&bytes, expected, "{}", block.name);
-    }
-    assert_eq!(
-        cached_bytes(&path).expect("mincore"),
-        cached_before,
-        "the cold block's pages dropped again, the warm block's kept"
-    );
+    cached
 }

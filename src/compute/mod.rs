@@ -24,11 +24,13 @@ mod fp8;
 pub mod quant;
 pub mod record;
 pub mod shapes;
+mod shared_bytes;
 mod view;
 pub mod work;
 
 pub use diffusion::Diffusion;
 pub use dtype::{ComputeDtype, DType};
+pub use shared_bytes::SharedBytes;
 pub use view::{BlockView, LowRank, TensorSlot, Weight};
 
 /// What an operation could not do.
@@ -126,6 +128,14 @@ pub trait Compute {
         scratch.resize(length, 0);
         fill(scratch)?;
         Ok(self.load_block(scratch)?)
+    }
+    /// A block over `bytes`, host memory that stays unchanged while it is shared (a
+    /// model file's cached pages, mapped: the reference path). An adapter whose memory
+    /// is the host's computes from them where they are; by default they are copied in
+    /// with [`Self::load_block`]. Never patched in place: a block a LoRA is merged into
+    /// is loaded ([`Self::load_block_with`]), the mapping is read-only.
+    fn share_block(&self, bytes: SharedBytes) -> Result<Self::Block, ComputeError> {
+        self.load_block(bytes.as_slice())
     }
     /// A view of a loaded block, valid while the block is borrowed.
     fn block_view<'a>(&self, block: &'a Self::Block) -> BlockView<'a>;

@@ -54,13 +54,19 @@ impl<'a, C: Compute> FromFiles<'a, C> {
             .block(block)
             .ok_or_else(|| FamilyError::Model(format!("{block} is not a block of this model")))?;
         let reader = self.reader;
-        let memory =
-            compute.load_block_with(layout.bytes as usize, &mut self.scratch, |bytes| {
+        let lora = self.lora.filter(|set| set.touches(block.index()));
+        // A block no LoRA is merged into is computed from the file's cached pages
+        // where it can be: nothing copied.
+        let cached = lora.is_none().then(|| reader.cached(&layout.extents));
+        let memory = match cached.flatten() {
+            Some(bytes) => compute.share_block(bytes)?,
+            None => compute.load_block_with(layout.bytes as usize, &mut self.scratch, |bytes| {
                 reader
                     .read_once(&layout.extents, bytes)
                     .map_err(FamilyError::from)
-            })?;
-        let Some(set) = self.lora.filter(|set| set.touches(block.index())) else {
+            })?,
+        };
+        let Some(set) = lora else {
             return Ok(Loaded {
                 memory,
                 packs: Vec::new(),

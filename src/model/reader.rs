@@ -8,11 +8,12 @@
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use stagehand_actors::Extent;
 
 use super::ModelIndex;
+use crate::compute::SharedBytes;
 use crate::os::PageCacheView;
 
 /// A file of the model that could not be opened or read.
@@ -186,6 +187,30 @@ impl<'a> BlockReader<'a> {
                 let _ = crate::os::advise_dont_need(file, start, end - start);
             }
         }
+    }
+
+    /// `extents`' bytes where they are one range of one file and the page cache holds
+    /// all of it: the file's own cached pages, mapped, nothing copied — the reference
+    /// computes from them in place (MiniLM: 43 MB that a read copied at ~3 GB/s on a
+    /// 2-vCPU VM, 15–40 ms a run). `None` otherwise, or where the file changed since it
+    /// was indexed: read them then ([`Self::read_once`]), which says what is wrong.
+    pub fn cached(&self, extents: &[Extent]) -> Option<SharedBytes> {
+        let [extent] = extents else {
+            return None;
+        };
+        let file = extent.file.0 as usize;
+        self.check_unchanged(file).ok()?;
+        let view = self.pages.get(file)?.as_ref()?;
+        let uncached = view.uncached_within(extent.offset, extent.length).ok()?;
+        if !uncached.is_empty() {
+            return None;
+        }
+        let mapping: Arc<dyn AsRef<[u8]> + Send + Sync> = view.mapping()?;
+        SharedBytes::new(
+            mapping,
+            usize::try_from(extent.offset).ok()?,
+            usize::try_from(extent.length).ok()?,
+        )
     }
 
     /// Block `block`'s bytes in a new buffer, read once ([`Self::read_once`]).

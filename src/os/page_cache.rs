@@ -5,6 +5,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::path::Path;
+use std::sync::Arc;
 
 use stagehand_actors::StorageError;
 
@@ -116,11 +117,12 @@ fn page_residency(path: &Path) -> Result<PageResidency, StorageError> {
     })
 }
 
-/// A file mapped once, never read, so `mincore` can say which of its pages the page
-/// cache holds — and a one-off read can leave the cache as it found it.
+/// A file mapped once, so `mincore` can say which of its pages the page cache holds —
+/// and a one-off read can leave the cache as it found it, or compute from cached pages
+/// where they are ([`Self::mapping`]).
 pub struct PageCacheView {
     /// `None` for an empty file (nothing to map).
-    mapping: Option<memmap2::Mmap>,
+    mapping: Option<Arc<memmap2::Mmap>>,
     page_bytes: u64,
     file_bytes: u64,
 }
@@ -130,16 +132,25 @@ impl PageCacheView {
         let file_bytes = file.metadata()?.len();
         // SAFETY: sysconf has no preconditions.
         let page_bytes = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
-        // SAFETY: the mapping is only passed to mincore, never read, so a concurrent
-        // truncation cannot fault us.
+        // SAFETY: a read-only shared mapping. It is read only where mincore found
+        // the pages cached, after a check that the file is the one indexed
+        // (`BlockReader::cached`); a file truncated in the milliseconds a reference
+        // then computes from it ends the process with SIGBUS, as it does every
+        // mmap-based model loader (llama.cpp, safetensors' `safe_open`).
         let mapping = (file_bytes > 0)
             .then(|| unsafe { memmap2::Mmap::map(file) })
-            .transpose()?;
+            .transpose()?
+            .map(Arc::new);
         Ok(Self {
             mapping,
             page_bytes,
             file_bytes,
         })
+    }
+
+    /// The whole file, mapped read-only (`None` for an empty file).
+    pub fn mapping(&self) -> Option<Arc<memmap2::Mmap>> {
+        self.mapping.clone()
     }
 
     /// The ranges of `offset .. offset + length` the page cache does not hold now,

@@ -1,13 +1,20 @@
-//! The CPU adapter's block: a model block loaded for the reference pass, in host memory
-//! of its own.
+//! The CPU adapter's block: a model block for the reference pass, in host memory of its
+//! own or in the model file's cached pages, mapped.
 
 use stagehand_actors::HostBuffer;
 
-use crate::compute::ComputeError;
+use crate::compute::{ComputeError, SharedBytes};
 
-/// A block loaded for the reference pass: page-aligned host memory.
+/// A block for the reference pass.
 pub struct CpuBlock {
-    pub(super) buffer: HostBuffer,
+    memory: Memory,
+}
+
+enum Memory {
+    /// Page-aligned host memory the block was copied into.
+    Owned(HostBuffer),
+    /// Host bytes computed from where they are (read-only).
+    Shared(SharedBytes),
 }
 
 impl CpuBlock {
@@ -25,6 +32,23 @@ impl CpuBlock {
         if let Some(block) = buffer.as_mut_slice() {
             fill(block)?;
         }
-        Ok(Self { buffer })
+        Ok(Self {
+            memory: Memory::Owned(buffer),
+        })
+    }
+
+    /// A block computed from `bytes` in place, with nothing copied.
+    pub(super) fn shared(bytes: SharedBytes) -> Self {
+        Self {
+            memory: Memory::Shared(bytes),
+        }
+    }
+
+    /// The block's bytes.
+    pub(super) fn bytes(&self) -> &[u8] {
+        match &self.memory {
+            Memory::Owned(buffer) => buffer.as_slice().unwrap_or(&[]),
+            Memory::Shared(bytes) => bytes.as_slice(),
+        }
     }
 }

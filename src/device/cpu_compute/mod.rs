@@ -48,7 +48,7 @@ use stagehand_actors::{DevicePtr, MemorySpace};
 
 use crate::compute::{
     shapes, Attention, BlockView, CachedAttention, Compute, ComputeDtype, ComputeError, LowRank,
-    Weight,
+    SharedBytes, Weight,
 };
 
 /// The CPU compute stream. Not `Sync`: it belongs to the compute thread, which runs
@@ -227,15 +227,15 @@ impl Compute for CpuCompute {
         CpuBlock::filled(length, fill)
     }
 
+    fn share_block(&self, bytes: SharedBytes) -> Result<CpuBlock, ComputeError> {
+        Ok(CpuBlock::shared(bytes))
+    }
+
     fn block_view<'a>(&self, block: &'a CpuBlock) -> BlockView<'a> {
-        // SAFETY: the buffer is host memory this adapter owns; the view borrows it,
-        // so it stays allocated and unchanged for the view's lifetime.
-        unsafe {
-            BlockView::new(
-                DevicePtr(block.buffer.as_ptr() as u64),
-                block.buffer.len() as u64,
-            )
-        }
+        let bytes = block.bytes();
+        // SAFETY: the bytes are host memory the block owns or shares; the view borrows
+        // the block, so they stay allocated and unchanged for the view's lifetime.
+        unsafe { BlockView::new(DevicePtr(bytes.as_ptr() as u64), bytes.len() as u64) }
     }
 
     fn linear(

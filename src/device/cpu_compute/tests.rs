@@ -336,7 +336,7 @@ fn low_rank_on_the_fly_agrees_with_the_merged_weight() {
     let view = compute.block_view(&half);
     let weight = view.weight(&slot(DType::F16, out, input, 0)).unwrap();
     compute.merge_low_rank(&weight, &low_rank, 0.5).unwrap();
-    let bytes = &half.buffer.as_slice().unwrap()[..out * input * 2];
+    let bytes = &half.bytes()[..out * input * 2];
     let stored = DType::F16.decode(bytes);
     assert_eq!(DType::F16.encode(&stored), bytes, "merged weights stay f16");
 }
