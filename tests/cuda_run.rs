@@ -63,6 +63,7 @@ fn plan(settings: &Settings, model_bytes: u64, steps: u64, is_demo: bool) -> Run
         fail_after_reads: None,
         keep_outputs: false,
         on_token: None,
+        measure_links: false,
     }
 }
 

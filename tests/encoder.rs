@@ -200,6 +200,7 @@ fn run_folder(model: &Path, share: f64, steps: u64) -> Outcome {
             fail_after_reads: None,
             keep_outputs: true,
             on_token: None,
+            measure_links: false,
         },
     )
     .unwrap()

@@ -200,6 +200,7 @@ fn plan_for(settings: &Settings, steps: u64) -> RunPlan<'_> {
         fail_after_reads: None,
         keep_outputs: false,
         on_token: None,
+        measure_links: false,
     }
 }
 
@@ -217,6 +218,36 @@ fn a_failed_read_fails_the_run_and_releases_every_budget() {
     };
     assert!(message.contains("injected"), "{message}");
     assert!(message.contains("every budget was released"), "{message}");
+}
+
+#[test]
+fn a_run_takes_the_machines_copy_rate_and_a_measuring_one_times_its_own() {
+    // Proves a CPU run's copy bound comes from the cached roofline (no ~200 MiB of
+    // copies timed after every run) and that `measure_links` (validate, bench) still
+    // times the run's own copies.
+    let dir = tempfile::tempdir().unwrap();
+    let model = demo_model(dir.path());
+    let settings = settings();
+    let prepared = prepare(&model, WorkloadKind::Auto, 2, &settings, false).unwrap();
+    let copy_rates = [false, true].map(|measure_links| {
+        let plan = RunPlan {
+            measure_links,
+            ..plan_for(&settings, 2)
+        };
+        let outcome = execute(&prepared, plan).expect("runs");
+        let roofline = outcome.roofline.expect("the CPU backend has a roofline");
+        assert!(roofline.copy_bytes_per_second > 0.0);
+        (
+            outcome.rates.copy_bytes_per_second,
+            roofline.copy_bytes_per_second,
+        )
+    });
+    let [(taken, cached), (timed, machine)] = copy_rates;
+    assert_eq!(taken, cached, "the run takes the roofline's copy rate");
+    assert!(
+        timed > 0.0 && timed != machine,
+        "a measuring run times its own: {timed}"
+    );
 }
 
 /// Runs six steps, truncates the model file after the first, and expects a clean failure.

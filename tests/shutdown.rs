@@ -51,6 +51,7 @@ fn run(fail_after_reads: Option<u64>) -> bool {
             fail_after_reads,
             keep_outputs: false,
             on_token: None,
+            measure_links: false,
         },
     )
     .is_ok()

@@ -162,6 +162,7 @@ impl Bench<'_> {
             RunPlan {
                 keep_outputs: false,
                 on_token: None,
+                measure_links: true,
                 settings,
                 budgets,
                 prefetch_depth: depth,

@@ -150,6 +150,7 @@ impl Bench<'_> {
                 fail_after_reads: None,
                 keep_outputs: false,
                 on_token: None,
+                measure_links: true,
             },
             CudaRunOptions {
                 device: Some(self.device.clone()),

@@ -221,6 +221,7 @@ pub(super) fn run_prepared(
         fail_after_reads: None,
         keep_outputs: launch.keep_outputs,
         on_token: launch.on_token,
+        measure_links: false,
     };
     let outcome = if launch.use_cuda {
         stagehand::run::execute_cuda(prepared, plan)

@@ -17,63 +17,73 @@ pub struct LinkRates {
 /// Bytes each calibration loop moves (or the largest block, if larger).
 const CALIBRATION_BYTES: u64 = 128 << 20;
 /// The copy loop rotates over at least this many bytes: more than a last-level cache.
-const CALIBRATION_SPAN: u64 = 64 << 20;
+pub(super) const CALIBRATION_SPAN: u64 = 64 << 20;
 /// Copies or reads each calibration loop makes at most: a model of tiny blocks would
 /// otherwise need millions of them to move `CALIBRATION_BYTES` (one-byte blocks: 134
 /// million cross-thread copies, hours).
 const CALIBRATION_OPERATIONS: u64 = 256;
 
-/// Times copies of the largest block into an arena, and reads through the storage
-/// adapter of the blocks the run reads from disk every step (`read_from_disk`; as warm
-/// as the run left the page cache). Blocks with a pinned copy are not read again: that
-/// would pull their pages back into the page cache the run just dropped them from.
-/// With nothing read from disk each step the read rate is 0 and does not bound a step.
+/// Times copies of the largest block into an arena ([`measure_copy_rate`]), and reads
+/// of the blocks the run reads from disk every step ([`measure_read_rate`]).
 pub fn measure_rates(
     device: &Arc<dyn Device>,
     storage: &Arc<dyn Storage>,
     layout: &ModelLayout,
     read_from_disk: impl Fn(usize) -> bool,
 ) -> Result<LinkRates, String> {
-    let largest = layout.largest_block_bytes().max(1);
-    // Copies of the largest block at rotating places of a span larger than the
-    // last-level cache, source and destination alike: one block copied over itself
-    // would be served from the cache, as no step of a streamed run is.
-    // The span fits what the device has free (the CPU device's "VRAM" is the budget).
+    Ok(LinkRates {
+        copy_bytes_per_second: measure_copy_rate(device, layout.largest_block_bytes())?,
+        read_bytes_per_second: measure_read_rate(device, storage, layout, read_from_disk)?,
+    })
+}
+
+/// Bytes per second `device` copies blocks of `block_bytes` from pinned memory into its
+/// own, each to one of rotating places of a span larger than the last-level cache,
+/// source and destination alike: one block copied over itself would be served from
+/// the cache, as no step of a streamed run is. The span fits what the device has free
+/// (the CPU device's "VRAM" is the budget).
+pub fn measure_copy_rate(device: &Arc<dyn Device>, block_bytes: u64) -> Result<f64, String> {
+    let largest = block_bytes.max(1);
     let free = device
         .memory_info()
         .map_or(CALIBRATION_SPAN, |memory| memory.free_bytes);
     let places = (CALIBRATION_SPAN.min(free) / largest).clamp(1, CALIBRATION_OPERATIONS);
     let span = places * largest;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|error| error.to_string())?;
+    let loops = Loops::new(device, largest)?;
     let arena = device
         .allocate_arena(span)
         .map_err(|error| format!("calibration arena: {error}"))?;
-    let buffer = match device.allocate_pinned(span) {
-        Ok(buffer) => buffer,
-        Err(error) => {
-            device.free_arena(arena);
-            return Err(format!("calibration buffer: {error}"));
-        }
+    let copied = match device.allocate_pinned(span) {
+        Ok(buffer) => loops.time_copies(&arena, places, buffer),
+        Err(error) => Err(format!("calibration buffer: {error}")),
     };
-    let loops = Loops {
-        runtime,
-        device,
-        largest,
-        rounds: CALIBRATION_BYTES
-            .div_ceil(largest)
-            .clamp(2, CALIBRATION_OPERATIONS),
-    };
-    let (buffer, copied) = loops.time_copies(&arena, places, buffer);
     device.free_arena(arena);
-    let copy_bytes_per_second = copied?;
-    let read_bytes_per_second = loops.time_reads(storage, layout, read_from_disk, buffer)?;
-    Ok(LinkRates {
-        copy_bytes_per_second,
-        read_bytes_per_second,
-    })
+    copied
+}
+
+/// Bytes per second the storage adapter reads the blocks the run reads from disk every
+/// step (`read_from_disk`; as warm as the run left the page cache). Blocks with a
+/// pinned copy are not read again: that would pull their pages back into the page
+/// cache the run just dropped them from. With nothing read from disk each step the
+/// rate is 0 (nothing is allocated or read) and does not bound a step.
+pub fn measure_read_rate(
+    device: &Arc<dyn Device>,
+    storage: &Arc<dyn Storage>,
+    layout: &ModelLayout,
+    read_from_disk: impl Fn(usize) -> bool,
+) -> Result<f64, String> {
+    let largest = (layout.blocks.iter().enumerate())
+        .filter(|(index, _)| read_from_disk(*index))
+        .map(|(_, block)| block.bytes)
+        .max();
+    let Some(largest) = largest.filter(|bytes| *bytes > 0) else {
+        return Ok(0.0);
+    };
+    let loops = Loops::new(device, largest)?;
+    let buffer = device
+        .allocate_pinned(largest)
+        .map_err(|error| format!("calibration buffer: {error}"))?;
+    loops.time_reads(storage, layout, read_from_disk, buffer)
 }
 
 /// A stop request cuts the calibration short (the rates come from what was measured);
@@ -92,15 +102,30 @@ struct Loops<'a> {
     rounds: u64,
 }
 
-impl Loops<'_> {
-    /// Copies the largest block to `places` rotating places of the arena; the
-    /// buffer comes back with the copy rate, or with the copy's error.
+impl<'a> Loops<'a> {
+    fn new(device: &'a Arc<dyn Device>, largest: u64) -> Result<Self, String> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|error| error.to_string())?;
+        Ok(Self {
+            runtime,
+            device,
+            largest,
+            rounds: CALIBRATION_BYTES
+                .div_ceil(largest)
+                .clamp(2, CALIBRATION_OPERATIONS),
+        })
+    }
+
+    /// Copies the largest block to `places` rotating places of the arena: the copy
+    /// rate, or the copy's error.
     fn time_copies(
         &self,
         arena: &DeviceArena,
         places: u64,
         mut buffer: HostBuffer,
-    ) -> (HostBuffer, Result<f64, String>) {
+    ) -> Result<f64, String> {
         let largest = self.largest;
         let copy = |index: u64, buffer: HostBuffer| {
             let offset = (index % places) * largest;
@@ -123,17 +148,14 @@ impl Loops<'_> {
             }
             match copy(index, buffer) {
                 Ok(returned) => buffer = returned,
-                Err((error, returned)) => {
-                    return (returned, Err(format!("calibration copy: {error}")));
-                }
+                Err((error, _)) => return Err(format!("calibration copy: {error}")),
             }
             if index >= places {
                 copies += 1;
             }
         }
         let copy_seconds = copy_started.elapsed().as_secs_f64();
-        let rate = (copies * largest) as f64 / copy_seconds.max(1e-9);
-        (buffer, Ok(rate))
+        Ok((copies * largest) as f64 / copy_seconds.max(1e-9))
     }
 
     /// Reads the blocks the run reads from disk each step through the storage

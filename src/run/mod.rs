@@ -155,6 +155,11 @@ pub struct RunPlan<'a> {
     pub keep_outputs: bool,
     /// Called with each token a decoder picks, as it is picked (`generate`).
     pub on_token: Option<Box<dyn FnMut(u32) + Send>>,
+    /// Time the copies (and the disk reads) after the run, in this process, instead of
+    /// taking the machine's cached copy rate (the roofline's, on the CPU backend; a run
+    /// on a device without one always times them): for `validate` and `bench`, which
+    /// compare a run with its own links.
+    pub measure_links: bool,
 }
 
 impl<'a> RunPlan<'a> {
@@ -173,6 +178,7 @@ impl<'a> RunPlan<'a> {
             fail_after_reads: None,
             keep_outputs: false,
             on_token: None,
+            measure_links: false,
         }
     }
 }

@@ -2,7 +2,7 @@
 //! bound a run is measured against is the machine's (memory bandwidth, FLOP/s, the
 //! links), not the run's own compute time.
 //!
-//! Two figures, measured on this machine and cached (`roofline-local.json` in the
+//! Three figures, measured on this machine and cached (`roofline-local.json` in the
 //! cache directory, remeasured after a week or on another host):
 //! - **memory bandwidth**: every core streaming a 256 MiB buffer it did not write
 //!   last (f32 sums; the best of three passes) — what any kernel reading weights from
@@ -11,7 +11,12 @@
 //!   256 × 1024 × 1024 on every core, the best of three (the widest product a step
 //!   runs on this backend). Under `f32`, bf16, f16 and FP8 weights are widened to f32,
 //!   so the f32 figure is their peak too; under `bf16` the products run on bf16
-//!   operands (AMX tiles where present), which has its own figure.
+//!   operands (AMX tiles where present), which has its own figure;
+//! - **copy rate**: the CPU device copying 8 MiB blocks from pinned memory into its
+//!   "VRAM" (its copy thread, streamed stores) — the link of this backend, the rate a
+//!   run's streamed bytes are bounded by. A run takes it from here rather than timing
+//!   ~200 MiB of copies after its last step (~45 ms a run on a 2-vCPU VM); `validate`
+//!   and `bench` still time their own runs' copies (`RunPlan::measure_links`).
 //!
 //! A kernel's floor is the larger of its bytes over the bandwidth and its FLOPs over
 //! the peak; a step's compute floor is the sum over its kernels (the family's own
@@ -51,6 +56,10 @@ pub struct Roofline {
     /// The best product rate under `compute_dtype = bf16`.
     #[serde(default)]
     pub bf16_flops_per_second: f64,
+    /// Bytes per second the CPU device copies large blocks into its "VRAM": the link
+    /// of this backend ([`copy_rate`]).
+    #[serde(default)]
+    pub copy_bytes_per_second: f64,
     /// When it was measured (seconds since the epoch), and on which host.
     pub measured_at_unix: u64,
     pub host: u64,
@@ -71,6 +80,7 @@ impl Roofline {
                     && cached.memory_bytes_per_second > 0.0
                     && cached.flops_per_second > 0.0
                     && cached.bf16_flops_per_second > 0.0
+                    && cached.copy_bytes_per_second > 0.0
             });
         if let Some(cached) = cached {
             return cached;
@@ -98,12 +108,13 @@ impl Roofline {
         let _ = std::fs::remove_file(cache_dir.join(CACHED_ROOFLINE_FILE));
     }
 
-    /// Measures both figures now (about a second).
+    /// Measures every figure now (about a second).
     pub fn measure() -> Roofline {
         Roofline {
             memory_bytes_per_second: memory_bandwidth(),
             flops_per_second: product_peak(ComputeDtype::F32),
             bf16_flops_per_second: product_peak(ComputeDtype::Bf16),
+            copy_bytes_per_second: copy_rate(),
             measured_at_unix: unix_now(),
             host: host_identity(),
         }
@@ -184,6 +195,26 @@ fn memory_bytes(kernel: &Kernel) -> u64 {
         } => elements,
         _ => kernel.weight_bytes(),
     }
+}
+
+/// Blocks the copy rate is measured with: a layer of a large model, whose copies memory
+/// limits, not the per-copy hand-off to the copy thread (~50 µs on a small VM, not a
+/// property of the link).
+const COPY_BLOCK_BYTES: u64 = 8 << 20;
+
+/// The CPU device's copy of [`COPY_BLOCK_BYTES`] blocks from pinned memory into its
+/// "VRAM", as a streamed step copies them ([`super::bound::measure_copy_rate`]), the
+/// best of three; 0 where the device cannot be made (the cache then keeps nothing and
+/// the next run measures again).
+fn copy_rate() -> f64 {
+    let capacity = super::bound::CALIBRATION_SPAN.max(COPY_BLOCK_BYTES);
+    let device = match crate::device::CpuDevice::new(capacity) {
+        Ok(device) => std::sync::Arc::new(device) as std::sync::Arc<dyn stagehand_actors::Device>,
+        Err(_) => return 0.0,
+    };
+    (0..3)
+        .map(|_| super::bound::measure_copy_rate(&device, COPY_BLOCK_BYTES).unwrap_or(0.0))
+        .fold(0.0, f64::max)
 }
 
 /// How far ahead of its reads each stream of [`streaming_sum`] asks for a line (1 KiB:
@@ -306,6 +337,7 @@ mod tests {
             memory_bytes_per_second: 20e9,
             flops_per_second: 100e9,
             bf16_flops_per_second: 400e9,
+            copy_bytes_per_second: 10e9,
             measured_at_unix: 0,
             host: 0,
         }

@@ -52,5 +52,6 @@ pub fn decoder_plan(
         fail_after_reads: None,
         keep_outputs: false,
         on_token: None,
+        measure_links: false,
     }
 }

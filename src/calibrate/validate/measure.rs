@@ -84,6 +84,7 @@ fn run_real(
         fail_after_reads: None,
         keep_outputs: false,
         on_token: None,
+        measure_links: true,
     };
     let outcome = if case.cuda {
         crate::run::execute_cuda(prepared, plan)
