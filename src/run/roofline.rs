@@ -57,7 +57,7 @@ pub struct Roofline {
     #[serde(default)]
     pub bf16_flops_per_second: f64,
     /// Bytes per second the CPU device copies large blocks into its "VRAM": the link
-    /// of this backend ([`copy_rate`]).
+    /// of this backend (8 MiB blocks, the best of three; see the module notes).
     #[serde(default)]
     pub copy_bytes_per_second: f64,
     /// When it was measured (seconds since the epoch), and on which host.
