@@ -205,12 +205,9 @@ impl<'a> BlockReader<'a> {
         if !uncached.is_empty() {
             return None;
         }
-        let mapping: Arc<dyn AsRef<[u8]> + Send + Sync> = view.mapping()?;
-        SharedBytes::new(
-            mapping,
-            usize::try_from(extent.offset).ok()?,
-            usize::try_from(extent.length).ok()?,
-        )
+        let range = view.map_range(extent.offset, extent.length)?;
+        let length = range.as_ref().len();
+        SharedBytes::new(Arc::new(range), 0, length)
     }
 
     /// Block `block`'s bytes in a new buffer, read once ([`Self::read_once`]).

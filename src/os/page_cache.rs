@@ -148,9 +148,18 @@ impl PageCacheView {
         })
     }
 
-    /// The whole file, mapped read-only (`None` for an empty file).
-    pub fn mapping(&self) -> Option<Arc<memmap2::Mmap>> {
-        self.mapping.clone()
+    /// `offset .. offset + length` of the file, mapped read-only (`None` for an empty
+    /// file or a range past its end). Read it only where the page cache holds it.
+    pub fn map_range(&self, offset: u64, length: u64) -> Option<MappedRange> {
+        let mapping = self.mapping.clone()?;
+        let start = usize::try_from(offset).ok()?;
+        let length = usize::try_from(length).ok()?;
+        (start.checked_add(length)? <= mapping.len()).then_some(MappedRange {
+            mapping,
+            start,
+            length,
+            page_bytes: self.page_bytes as usize,
+        })
     }
 
     /// The ranges of `offset .. offset + length` the page cache does not hold now,
@@ -198,6 +207,47 @@ impl PageCacheView {
     }
 }
 
+/// A range of a mapped file, read in place. Dropped, it unmaps its pages from this
+/// process (they stay in the page cache): a reference computed from a whole model's
+/// cached pages holds one block's worth of them at a time, not the model.
+pub struct MappedRange {
+    mapping: Arc<memmap2::Mmap>,
+    start: usize,
+    length: usize,
+    page_bytes: usize,
+}
+
+impl AsRef<[u8]> for MappedRange {
+    fn as_ref(&self) -> &[u8] {
+        &self.mapping[self.start..self.start + self.length]
+    }
+}
+
+impl Drop for MappedRange {
+    fn drop(&mut self) {
+        let first = self.start / self.page_bytes * self.page_bytes;
+        let end = (self.start + self.length)
+            .div_ceil(self.page_bytes)
+            .saturating_mul(self.page_bytes)
+            .min(self.mapping.len());
+        if end <= first {
+            return;
+        }
+        // SAFETY: `first .. end` is page-aligned at its start and inside the mapping.
+        // On a shared, read-only file mapping MADV_DONTNEED only drops this process's
+        // page-table entries: the pages stay in the page cache, and a later read of
+        // the range (an adjacent block's shared edge page included) faults the file's
+        // bytes back in. Advice only: a failure costs resident memory, never bytes.
+        unsafe {
+            libc::madvise(
+                self.mapping.as_ptr().add(first) as *mut libc::c_void,
+                end - first,
+                libc::MADV_DONTNEED,
+            );
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -225,5 +275,48 @@ mod tests {
         }
         let uncached: u64 = ranges.iter().map(|(start, end)| end - start).sum();
         assert_eq!(uncached + cached_bytes(&path).unwrap(), file_bytes);
+    }
+
+    #[test]
+    fn a_dropped_range_leaves_the_process_and_its_bytes_stay_readable() {
+        // Proves a mapped range reads the file's bytes, and that dropping it takes its
+        // pages out of this process (the mapping's resident size goes to 0) while a
+        // range mapped again reads the same bytes: a reference holds one block of a
+        // model's cached pages at a time, not the model.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pages.bin");
+        let bytes: Vec<u8> = (0..(2u32 << 20)).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&path, &bytes).unwrap();
+        let file = File::open(&path).unwrap();
+        let view = PageCacheView::of(&file).unwrap();
+        let base = view
+            .mapping
+            .as_ref()
+            .map_or(0, |mapping| mapping.as_ptr() as usize);
+        let range = view.map_range(4096, 1 << 20).expect("inside the file");
+        assert_eq!(range.as_ref(), &bytes[4096..4096 + (1 << 20)]);
+        assert!(
+            mapping_rss_bytes(base) >= 1 << 20,
+            "read, its pages are mapped"
+        );
+        drop(range);
+        assert_eq!(mapping_rss_bytes(base), 0, "dropped, none are");
+        let again = view.map_range(4096, 1 << 20).expect("inside the file");
+        assert_eq!(again.as_ref(), &bytes[4096..4096 + (1 << 20)]);
+        assert!(view.map_range(1 << 21, 1).is_none(), "past the end");
+    }
+
+    /// The resident bytes of this process's mapping that starts at `base`
+    /// (`/proc/self/smaps`).
+    fn mapping_rss_bytes(base: usize) -> u64 {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let start = format!("{base:x}-");
+        let mut lines = smaps.lines().skip_while(|line| !line.starts_with(&start));
+        lines.next().expect("the mapping is listed");
+        let rss = lines
+            .find(|line| line.starts_with("Rss:"))
+            .expect("its Rss line");
+        let kib: u64 = rss.split_whitespace().nth(1).unwrap().parse().unwrap();
+        kib * 1024
     }
 }
