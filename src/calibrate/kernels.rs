@@ -231,9 +231,18 @@ fn measure_linear<C: Compute>(
     })
 }
 
+/// Passes [`thread_scaling`] times each side. On a shared VM a pass of the every-core
+/// side loses a core to another guest now and then: with two passes the profile's
+/// speedup came out 1.39× and 1.80× in two calibrations minutes apart (the resident
+/// steps it predicts ran 1.75–1.83×), and the 1.39 predicted every resident row of
+/// `validate` 11–35 % too slow; with four, 1.49× once in nine calibrations and
+/// 1.80–2.05× in the others.
+const THREAD_SCALING_PASSES: usize = 4;
+
 /// How much faster the products run on `all` (every core) than on `timed` (the
-/// table's threads): an f32 1024² weight at 1, 8 and 64 rows, each side timed twice,
-/// alternating, the faster of its two kept; the smallest of the three ratios.
+/// table's threads): an f32 1024² weight at 1, 8 and 64 rows, each side timed
+/// [`THREAD_SCALING_PASSES`] times, alternating, the fastest kept; the smallest of the
+/// three ratios.
 pub fn thread_scaling<C: Compute>(
     (timed, timed_on): (&C, u64),
     (all, all_cores): (&C, u64),
@@ -245,7 +254,7 @@ pub fn thread_scaling<C: Compute>(
     };
     let error = |error: crate::compute::ComputeError| error.to_string();
     let mut best = [vec![0f64; 3], vec![0f64; 3]];
-    for _ in 0..2 {
+    for _ in 0..THREAD_SCALING_PASSES {
         for (side, compute) in [(0, timed), (1, all)] {
             let rates = measure_linear(compute, &probe, DType::F32, 1024).map_err(error)?;
             for (kept, new) in best[side].iter_mut().zip(rates.gflops) {
