@@ -1,5 +1,6 @@
-//! The fully-resident reference's block source: blocks read straight from the
-//! model's files into the compute adapter's memory, with the attached LoRA baked into
+//! The fully-resident reference's block source: blocks straight from the model's
+//! files — computed from their cached pages where the page cache holds a block whole,
+//! else read into the compute adapter's memory — with the attached LoRA baked into
 //! their F32 weights and the packs of the other patches loaded beside them.
 
 use std::collections::HashMap;
@@ -57,8 +58,11 @@ impl<'a, C: Compute> FromFiles<'a, C> {
         let lora = self.lora.filter(|set| set.touches(block.index()));
         // A block no LoRA is merged into is computed from the file's cached pages
         // where it can be: nothing copied.
-        let cached = lora.is_none().then(|| reader.cached(&layout.extents));
-        let memory = match cached.flatten() {
+        let cached = match lora {
+            None => reader.cached(&layout.extents),
+            Some(_) => None,
+        };
+        let memory = match cached {
             Some(bytes) => compute.share_block(bytes)?,
             None => compute.load_block_with(layout.bytes as usize, &mut self.scratch, |bytes| {
                 reader

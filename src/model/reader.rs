@@ -206,8 +206,7 @@ impl<'a> BlockReader<'a> {
             return None;
         }
         let range = view.map_range(extent.offset, extent.length)?;
-        let length = range.as_ref().len();
-        SharedBytes::new(Arc::new(range), 0, length)
+        Some(SharedBytes::new(Arc::new(range)))
     }
 
     /// Block `block`'s bytes in a new buffer, read once ([`Self::read_once`]).

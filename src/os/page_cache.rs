@@ -119,7 +119,7 @@ fn page_residency(path: &Path) -> Result<PageResidency, StorageError> {
 
 /// A file mapped once, so `mincore` can say which of its pages the page cache holds —
 /// and a one-off read can leave the cache as it found it, or compute from cached pages
-/// where they are ([`Self::mapping`]).
+/// where they are ([`Self::map_range`]).
 pub struct PageCacheView {
     /// `None` for an empty file (nothing to map).
     mapping: Option<Arc<memmap2::Mmap>>,
