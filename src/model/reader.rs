@@ -1,5 +1,6 @@
-//! Plain reads of a block's bytes straight from its files, for references and
-//! checksums computed outside the pipeline (never on the streaming path).
+//! A block's bytes straight from its files — plain reads, or the file's cached pages
+//! mapped — for references and checksums computed outside the pipeline (never on the
+//! streaming path).
 //!
 //! Every read first checks that the file is still the one indexed (one `fstat`): a file
 //! truncated or rewritten while a reference is computed from it fails at the next

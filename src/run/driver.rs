@@ -373,12 +373,14 @@ fn landing_check<'a>(
     Some(LandingCheck::new(files, layout).with_known(known))
 }
 
-/// `verify = first` checks its first step against a reference that reads every block
+/// `verify = first` checks its first step against a reference that takes every block
 /// from the files after the run; the pin manager dropped the pages of the blocks it
-/// pinned, so that read goes to the disk (MiniLM: 43 MB, 20–40 ms after the last step).
-/// Where the steps that follow read nothing from the disk, the kernel reads it in now,
-/// in the background, while they compute — if the model takes at most half the RAM
-/// the host has available (a second copy beside the pins must not push it to swap).
+/// pinned, so that would be a read from the disk (MiniLM: 43 MB, 20–40 ms after the
+/// last step). Where the steps that follow read nothing from the disk, the kernel reads
+/// the blocks in now, in the background, while they compute, and the reference then
+/// computes from those cached pages (`BlockReader::cached`) — if the model takes at
+/// most half the RAM the host has available (a second copy beside the pins must not
+/// push it to swap).
 fn prefetch_for_reference(files: &BlockReader<'_>, layout: &ModelLayout) {
     let available = crate::os::available_ram_bytes().unwrap_or(0);
     if layout.total_bytes() > available / 2 {

@@ -164,15 +164,15 @@ fn physical_bound(
     roofline: Option<super::roofline::Roofline>,
     links: Links<'_>,
 ) -> Result<(LinkRates, StepBound), RunError> {
-    let cached_copy_rate =
-        (roofline.filter(|_| !links.measure)).map(|roofline| roofline.copy_bytes_per_second);
-    let read_from_disk = |index: usize| !report.plan.pins.is_cached(BlockId(index as u32));
     let Links {
         device,
         storage,
         layout,
-        ..
+        measure,
     } = links;
+    let cached_copy_rate =
+        (roofline.filter(|_| !measure)).map(|roofline| roofline.copy_bytes_per_second);
+    let read_from_disk = |index: usize| !report.plan.pins.is_cached(BlockId(index as u32));
     let rates = match cached_copy_rate {
         Some(copy_bytes_per_second) => measure_read_rate(device, storage, layout, read_from_disk)
             .map(|read_bytes_per_second| LinkRates {
