@@ -183,6 +183,19 @@ fn weight_bytes(dtype: DType, elements: usize, seed: u64) -> Vec<u8> {
     bytes
 }
 
+/// A weight held as a run's weights are: in the device tier's memory on a GPU, and on
+/// the CPU backend in plain host pages, as the device tier's arena is — not in the huge
+/// pages the CPU adapter gives a block it loads for the reference pass. A product
+/// cycling its weights through 64 MiB of huge pages ran a resident linear-stack step in
+/// 2.7 ms on one thread where the run, its weights in the arena, took 3.4–7.8 ms: the
+/// page walks of small pages are part of a run's product time.
+fn weight_block<C: Compute>(
+    compute: &C,
+    bytes: Vec<u8>,
+) -> Result<C::Block, crate::compute::ComputeError> {
+    compute.share_block(crate::compute::SharedBytes::new(std::sync::Arc::new(bytes)))
+}
+
 fn measure_linear<C: Compute>(
     compute: &C,
     options: &KernelOptions,
@@ -194,7 +207,7 @@ fn measure_linear<C: Compute>(
     let bytes = (elements * dtype.size_bytes()) as u64;
     let copies = CACHE_DEFEAT_BYTES.div_ceil(bytes).clamp(1, 64) as usize;
     let blocks: Vec<C::Block> = (0..copies)
-        .map(|copy| compute.load_block(&weight_bytes(dtype, elements, copy as u64)))
+        .map(|copy| weight_block(compute, weight_bytes(dtype, elements, copy as u64)))
         .collect::<Result<_, _>>()?;
     let slot = TensorSlot::new(0, dtype, side_usize, side_usize);
     let mut gflops = Vec::with_capacity(options.rows.len());
