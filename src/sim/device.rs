@@ -2,8 +2,10 @@
 //!
 //! No bytes move. Arenas get fake addresses and count against the VRAM capacity;
 //! pinned buffers are virtual and count against the host's pinnable RAM until they are
-//! dropped; a copy takes `latency + bytes / rate` and copies queue on one copy engine
-//! in the order they were issued, as on a CUDA copy stream.
+//! dropped; a copy takes `bytes / rate` and copies queue on one copy engine in the
+//! order they were issued, as on a CUDA copy stream. The link's latency (a launch, the
+//! CPU copy thread's wake-up and hand-back) comes before a copy issued to an idle
+//! engine; one queued behind others starts when they end, its latency overlapped.
 //!
 //! A buffer the device pinned copies at the link's pinned rate; any other buffer (a
 //! baseline's plain host memory) at the pageable rate, because that is what the
@@ -30,7 +32,8 @@ use crate::telemetry::trace::{Lane, TraceRecorder};
 pub struct LinkRates {
     pub pinned_bytes_per_second: u64,
     pub pageable_bytes_per_second: u64,
-    /// Fixed cost of each copy (launch and DMA setup).
+    /// Fixed cost of a copy issued to an idle copy engine (launch and DMA setup; on
+    /// the CPU backend the copy thread's wake-up and hand-back), before its transfer.
     pub latency: Duration,
 }
 
@@ -296,7 +299,8 @@ impl Device for SimDevice {
         } else {
             self.spec.link.pageable_bytes_per_second
         };
-        let mut nominal = self.spec.link.latency + transfer_duration(bytes, rate);
+        let latency = self.spec.link.latency;
+        let mut nominal = transfer_duration(bytes, rate);
         let duration = {
             let mut state = self.lock();
             if let Err(reason) = Self::check_destination(&state, destination, bytes) {
@@ -327,13 +331,17 @@ impl Device for SimDevice {
                 threads: 1.0,
                 memory_bytes_per_second: 2.0 * bytes as f64 / seconds,
             };
-            let done = bus.submit(Lane::Copy, duration, demand, label(), Some(bytes));
+            let done =
+                bus.submit_waking(Lane::Copy, latency, duration, demand, label(), Some(bytes));
             return Box::pin(async move {
                 done.await;
                 Ok(source)
             });
         }
-        let (start, end) = self.copy_engine.book(self.clock.now(), duration);
+        // The latency (the launch, the copy thread's wake-up) runs before a copy
+        // issued to an idle engine and overlaps the copies queued ahead of one issued
+        // behind them.
+        let (start, end) = self.copy_engine.book(self.clock.now() + latency, duration);
         if let Some(trace) = &self.trace {
             trace.record(Lane::Copy, label(), start, end, Some(bytes));
         }

@@ -207,41 +207,87 @@ impl SharedBus {
         label: String,
         bytes: Option<u64>,
     ) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let id = {
+        self.submit_waking(lane, Duration::ZERO, solo, demand, label, bytes)
+    }
+
+    /// As [`Self::submit`], on a lane whose thread sleeps when it has nothing queued:
+    /// issued to an idle lane, the operation first waits `wake` (the thread being
+    /// woken, and its completion passed back: nothing on the cores or the bus);
+    /// queued behind another, it starts when that one ends, the thread already awake.
+    pub fn submit_waking(
+        self: &Arc<Self>,
+        lane: Lane,
+        wake: Duration,
+        solo: Duration,
+        demand: Demand,
+        label: String,
+        bytes: Option<u64>,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let (woken, id) = {
             let now = self.clock.now().as_secs_f64();
             let mut state = self.lock();
             self.advance(&mut state, now);
-            let id = state.next_id;
-            state.next_id += 1;
             let lane_busy = state
                 .operations
                 .values()
                 .any(|operation| operation.lane == lane && operation.ended.is_none());
-            state.operations.insert(
-                id,
-                Operation {
-                    lane,
-                    remaining: solo.as_secs_f64(),
-                    demand,
-                    label,
-                    bytes,
-                    started: (!lane_busy).then_some(now),
-                    ended: None,
-                },
-            );
-            if lane_busy {
-                state
-                    .queues
-                    .entry(lane_key(lane))
-                    .or_default()
-                    .push_back(id);
-            }
-            id
+            let woken = (!lane_busy && !wake.is_zero()).then(|| {
+                let asleep = Demand {
+                    threads: 0.0,
+                    memory_bytes_per_second: 0.0,
+                };
+                Self::enqueue(&mut state, now, lane, (wake, asleep), "wake".into(), None)
+            });
+            let id = Self::enqueue(&mut state, now, lane, (solo, demand), label, bytes);
+            (woken, id)
         };
         // The others' shares changed: they re-project their ends.
         self.changed.notify_waiters();
         let bus = Arc::clone(self);
-        async move { bus.wait_for(id).await }
+        async move {
+            if let Some(woken) = woken {
+                bus.wait_for(woken).await;
+            }
+            bus.wait_for(id).await
+        }
+    }
+
+    /// Adds an operation of `solo` seconds alone on `lane`: running from `now` if the
+    /// lane is idle, else queued behind the lane's others.
+    fn enqueue(
+        state: &mut BusState,
+        now: f64,
+        lane: Lane,
+        (solo, demand): (Duration, Demand),
+        label: String,
+        bytes: Option<u64>,
+    ) -> u64 {
+        let id = state.next_id;
+        state.next_id += 1;
+        let lane_busy = state
+            .operations
+            .values()
+            .any(|operation| operation.lane == lane && operation.ended.is_none());
+        state.operations.insert(
+            id,
+            Operation {
+                lane,
+                remaining: solo.as_secs_f64(),
+                demand,
+                label,
+                bytes,
+                started: (!lane_busy).then_some(now),
+                ended: None,
+            },
+        );
+        if lane_busy {
+            state
+                .queues
+                .entry(lane_key(lane))
+                .or_default()
+                .push_back(id);
+        }
+        id
     }
 
     /// Waits until operation `id` has ended, re-projecting its end whenever another
