@@ -142,6 +142,18 @@ fn plan_bytes_and_peaks_are_predicted_exactly() {
     }
     // The budget makes the demo stream: bytes cross every step.
     assert!(rows[1]["plan_streamed_bytes"]["measured"].as_f64().unwrap() > 0.0);
+    // The machine's speed now against the profile: the same two products timed
+    // before and after the matrix, each beside the figure the profile's table holds.
+    for when in ["before", "after"] {
+        let probes = report["speed_against_profile"][when].as_array().unwrap();
+        assert_eq!(probes.len(), 2, "{report}");
+        for (probe, (rows, table_gflops)) in probes.iter().zip([(1, 4.0), (64, 58.0)]) {
+            assert_eq!(probe["rows"], rows, "{probe}");
+            let profile_gflops = probe["profile_gflops"].as_f64().unwrap();
+            assert!((profile_gflops - table_gflops).abs() < 1e-9, "{probe}");
+            assert!(probe["gflops"].as_f64().unwrap() > 0.0, "{probe}");
+        }
+    }
 }
 
 /// Runs one case both ways on [`PROFILE`] and checks the exact figures of its row.

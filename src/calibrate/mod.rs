@@ -27,7 +27,10 @@ use serde::Serialize;
 pub use contention::{measure_contention, ContentionFigures, OverlapRun};
 pub use copy::{measure_copies, CopyFigures};
 pub use disk::{measure_disk, DiskFigures, DiskOptions};
-pub use kernels::{dtype_name, measure_kernels, KernelFigures, KernelOptions};
+pub use kernels::{
+    dtype_name, measure_kernels, speed_against, KernelFigures, KernelOptions, SpeedProbe,
+    SPEED_PROBE_ROWS,
+};
 pub use local::{
     local_profile, local_profile_with, LocalProfile, CACHED_PROFILE_FILE, LOCAL, MAX_AGE_SECONDS,
 };

@@ -10,6 +10,7 @@ use stagehand_actors::Bytes;
 
 use super::{CommandResult, Failure};
 use depth::{depth_checks, write_depth_checks, DepthCheck};
+use speed::{write_speed, Speed};
 use stagehand::calibrate::validate::{
     validate_case, Case, CaseModel, Figure, Row, Verdict, COLD_TOLERANCE, STEADY_TOLERANCE,
 };
@@ -198,12 +199,17 @@ pub fn execute(args: ValidateArgs) -> CommandResult {
         case.cuda = args.device == ValidateDevice::Cuda;
     }
     let load_before = stagehand::calibrate::load_average();
+    let speed_before = speed::probe(&profile, args.device);
     let mut rows = Vec::with_capacity(cases.len());
     for (index, case) in cases.iter().enumerate() {
         eprintln!("validate: {}/{} {}", index + 1, cases.len(), label(case));
         rows.push(validate_case(case, &profile).map_err(Failure::run_failed)?);
     }
     let load_after = stagehand::calibrate::load_average();
+    let speed = speed_before.and_then(|before| {
+        let after = speed::probe(&profile, args.device)?;
+        Some(Speed { before, after })
+    });
     let depth_checks = depth_checks(&rows);
     let caches = cache_effect(&profile);
     let mut out = std::io::stdout().lock();
@@ -213,6 +219,7 @@ pub fn execute(args: ValidateArgs) -> CommandResult {
             "cached_over_memory_product_rate": caches.map(|(cached, memory)| cached / memory),
             "load_average_before": load_before,
             "load_average_after": load_after,
+            "speed_against_profile": speed,
             "rows": rows,
             "depth_checks": depth_checks,
         });
@@ -220,7 +227,9 @@ pub fn execute(args: ValidateArgs) -> CommandResult {
             .map_err(std::io::Error::from)
             .and_then(|()| writeln!(out))
     } else {
-        write_table(&mut out, &rows, &depth_checks, load_before, load_after).and_then(|()| {
+        write_table(&mut out, &rows, &depth_checks, load_before, load_after)
+            .and_then(|()| speed.as_ref().map_or(Ok(()), |speed| write_speed(&mut out, speed)))
+            .and_then(|()| {
             match caches {
                 Some((cached, memory)) => writeln!(
                     out,
@@ -402,5 +411,6 @@ fn write_tallies(out: &mut impl Write, rows: &[Row]) -> std::io::Result<()> {
 }
 
 mod depth;
+mod speed;
 #[cfg(test)]
 mod tests;
