@@ -227,11 +227,7 @@ impl SharedBus {
             let now = self.clock.now().as_secs_f64();
             let mut state = self.lock();
             self.advance(&mut state, now);
-            let lane_busy = state
-                .operations
-                .values()
-                .any(|operation| operation.lane == lane && operation.ended.is_none());
-            let woken = (!lane_busy && !wake.is_zero()).then(|| {
+            let woken = (!Self::lane_busy(&state, lane) && !wake.is_zero()).then(|| {
                 let asleep = Demand {
                     threads: 0.0,
                     memory_bytes_per_second: 0.0,
@@ -252,6 +248,14 @@ impl SharedBus {
         }
     }
 
+    /// Whether an operation on `lane` has not ended yet.
+    fn lane_busy(state: &BusState, lane: Lane) -> bool {
+        state
+            .operations
+            .values()
+            .any(|operation| operation.lane == lane && operation.ended.is_none())
+    }
+
     /// Adds an operation of `solo` seconds alone on `lane`: running from `now` if the
     /// lane is idle, else queued behind the lane's others.
     fn enqueue(
@@ -264,10 +268,7 @@ impl SharedBus {
     ) -> u64 {
         let id = state.next_id;
         state.next_id += 1;
-        let lane_busy = state
-            .operations
-            .values()
-            .any(|operation| operation.lane == lane && operation.ended.is_none());
+        let lane_busy = Self::lane_busy(state, lane);
         state.operations.insert(
             id,
             Operation {
