@@ -59,10 +59,12 @@ fn operations_at_once_share_the_bus_and_one_alone_runs_at_its_solo_rate() {
 fn an_operation_alone_is_never_slowed_by_its_own_threads_and_a_split_one_waits_for_its_slowest() {
     // Proves a split operation is never slowed by its own threads: a read timed on
     // four reader threads over two cores runs at its solo rate alone. Beside a
-    // one-thread compute, five threads share two cores: the compute gets its fair
-    // 2/5 of a core, the read (threads that all must finish) the pace of its slowest,
-    // three to a core where alone it had two: 2/3. A two-thread product beside a
-    // copy thread gets half its speed (one of its threads shares a core).
+    // one-thread compute, five threads share two cores: the read (threads that all
+    // must finish) goes at the pace of its slowest, three to a core where alone it had
+    // two: 2/3; the compute shares the cores with two of the read's threads (the
+    // others wait behind their siblings): 2/3 of a core. Two four-thread reads share
+    // the cores evenly. A two-thread product beside a copy thread gets half its speed
+    // (one of its threads shares a core).
     let spec = SharedSpec {
         cores: 2.0,
         memory_gb_per_s: 100.0,
@@ -78,7 +80,10 @@ fn an_operation_alone_is_never_slowed_by_its_own_threads_and_a_split_one_waits_f
     assert_eq!(spec.shares(&[read]), [1.0]);
     let shared = spec.shares(&[read, compute]);
     assert!((shared[0] - 2.0 / 3.0).abs() < 1e-12, "{shared:?}");
-    assert!((shared[1] - 0.4).abs() < 1e-12, "{shared:?}");
+    assert!((shared[1] - 2.0 / 3.0).abs() < 1e-12, "{shared:?}");
+    let shared = spec.shares(&[read, read]);
+    assert!((shared[0] - 0.5).abs() < 1e-12, "{shared:?}");
+    assert!((shared[1] - 0.5).abs() < 1e-12, "{shared:?}");
     let product = Demand {
         threads: 2.0,
         ..compute
