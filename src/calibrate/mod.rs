@@ -17,6 +17,7 @@ mod disk;
 mod kernels;
 mod local;
 mod profile;
+mod speed;
 pub mod validate;
 
 use std::path::PathBuf;
@@ -27,14 +28,12 @@ use serde::Serialize;
 pub use contention::{measure_contention, ContentionFigures, OverlapRun};
 pub use copy::{measure_copies, CopyFigures};
 pub use disk::{measure_disk, DiskFigures, DiskOptions};
-pub use kernels::{
-    dtype_name, measure_kernels, speed_against, KernelFigures, KernelOptions, SpeedProbe,
-    SPEED_PROBE_ROWS,
-};
+pub use kernels::{dtype_name, measure_kernels, KernelFigures, KernelOptions};
 pub use local::{
     local_profile, local_profile_with, LocalProfile, CACHED_PROFILE_FILE, LOCAL, MAX_AGE_SECONDS,
 };
 pub use profile::{profile_toml, shared_spec};
+pub use speed::{speed_against, SpeedProbe, SPEED_PROBE_ROWS};
 
 /// One measured rate: what it moved or computed per second, over how many samples,
 /// and how it was measured (written into the profile as a comment).
