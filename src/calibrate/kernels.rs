@@ -41,6 +41,10 @@ pub struct KernelOptions {
     /// simulator's kernel costs are those of the runs it predicts. The CUDA adapter
     /// ignores it.
     pub compute_threads: usize,
+    /// Also time each product with its weight flushed from the caches first
+    /// (`cold_gflops`, a streamed block's rate). The thread-scaling and speed probes
+    /// read only the resident rates and leave it out.
+    pub cold: bool,
 }
 
 impl KernelOptions {
@@ -53,18 +57,24 @@ impl KernelOptions {
             min_samples: 5,
             linear_passes: 3,
             compute_threads: streamed_run_threads(),
+            cold: true,
         }
     }
 
+    /// Fewer shapes than [`Self::full`], each point timed as long: with 20 ms points
+    /// of 3 samples a quick profile held the one-row f32 1024² product 8–32 % slower
+    /// than the same product timed at once afterwards (`validate`'s speed line read
+    /// ×1.08–1.32), with 40 ms of 5, ×0.87–1.07, as a full profile reads.
     pub fn quick() -> Self {
         Self {
             dtypes: vec![DType::F32, DType::Bf16],
             sides: vec![512, 1024],
             rows: vec![1, 8, 64],
-            seconds_per_point: 0.02,
-            min_samples: 3,
+            seconds_per_point: 0.04,
+            min_samples: 5,
             linear_passes: 2,
             compute_threads: streamed_run_threads(),
+            cold: true,
         }
     }
 }
@@ -226,6 +236,9 @@ pub(super) fn measure_linear<C: Compute>(
         // may hold, as it holds a small resident model.
         let seconds = time_calls(compute, options, &mut product)?;
         gflops.push(flops_of(rows) / seconds.max(1e-12) / 1e9);
+        if !options.cold {
+            continue;
+        }
         // Streamed: each weight flushed from the caches before its call, as a block
         // copied in with non-temporal stores just before its compute.
         let flush = |index: usize| {
@@ -240,7 +253,7 @@ pub(super) fn measure_linear<C: Compute>(
         outer: side,
         rows: options.rows.clone(),
         gflops,
-        cold_gflops: Some(cold_gflops),
+        cold_gflops: options.cold.then_some(cold_gflops),
     })
 }
 
@@ -263,6 +276,7 @@ pub fn thread_scaling<C: Compute>(
 ) -> Result<ThreadScaling, String> {
     let probe = KernelOptions {
         rows: vec![1, 8, 64],
+        cold: false,
         ..options.clone()
     };
     let error = |error: crate::compute::ComputeError| error.to_string();

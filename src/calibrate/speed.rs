@@ -43,6 +43,7 @@ pub fn speed_against<C: Compute>(
         sides: vec![1024],
         rows: SPEED_PROBE_ROWS.to_vec(),
         linear_passes: 2,
+        cold: false,
         ..KernelOptions::full()
     };
     let mut fastest = [0f64; SPEED_PROBE_ROWS.len()];
