@@ -33,7 +33,7 @@ pub use local::{
     local_profile, local_profile_with, LocalProfile, CACHED_PROFILE_FILE, LOCAL, MAX_AGE_SECONDS,
 };
 pub use profile::{profile_toml, shared_spec};
-pub use speed::{speed_against, SpeedProbe, SPEED_PROBE_ROWS};
+pub use speed::{speed_against, SpeedProbe};
 
 /// One measured rate: what it moved or computed per second, over how many samples,
 /// and how it was measured (written into the profile as a comment).

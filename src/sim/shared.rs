@@ -78,7 +78,8 @@ impl SharedSpec {
             } else if demand.threads > 1.0 {
                 (demand.threads / self.cores).ceil() / per_core_now
             } else {
-                self.cores / placed
+                // Crowded, so `placed` exceeds the cores for any op with a thread.
+                (self.cores / placed).min(1.0)
             }
         };
         let traffic: f64 = demands
