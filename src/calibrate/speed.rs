@@ -29,11 +29,11 @@ impl SpeedProbe {
 pub const SPEED_PROBE_ROWS: [u64; 2] = [1, 64];
 
 /// How fast this machine runs now against `costs` (a profile's table): an f32 1024²
-/// product at [`SPEED_PROBE_ROWS`], timed as the table was (on `compute`'s threads,
-/// the weights cycled through 64 MiB of plain pages, the fastest of two passes). On a
-/// shared VM the same binary ran the same resident step 1.42 ms and 2.12 ms half an
-/// hour apart: a prediction from a profile is off by as much as the machine moved
-/// since its calibration, which this shows.
+/// product at 1 and 64 rows (`SPEED_PROBE_ROWS`), timed as the table was (on
+/// `compute`'s threads, the weights cycled through 64 MiB of plain pages, the fastest
+/// of two passes). On a shared VM the same binary ran the same resident step 1.42 ms
+/// and 2.12 ms half an hour apart: a prediction from a profile is off by as much as the
+/// machine moved since its calibration, which this shows.
 pub fn speed_against<C: Compute>(
     compute: &C,
     costs: &KernelCosts,
