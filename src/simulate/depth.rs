@@ -26,10 +26,13 @@ pub const AUTO_DEPTH_MAX: u32 = 4;
 pub const SEARCH_STEPS: u64 = 5;
 
 /// Steady steps within this fraction of the fastest are a tie, and a tie goes to the
-/// smaller depth: it ties up fewer ring slots of VRAM and staging buffers of pinned RAM
-/// for the same speed. Virtual times are exact to the nanosecond, so this only absorbs
-/// nanosecond-level differences in how two depths' copies round, never a real gain.
-pub const TIE_RELATIVE: f64 = 1e-6;
+/// smaller depth: a deeper ring holds one more block of VRAM and one more staging
+/// buffer of pinned RAM, worth it only for a gain a run can show. 1 % is below that:
+/// the simulator agrees with runs on this backend to a few percent at best
+/// (docs/simulator.md, "`stagehand validate`"), and runs of one depth spread more than
+/// that from step to step. Measured: issue 22's scenario predicted 64.24 ms at depth 2 and 64.26 at
+/// depth 1; depth 1 ran fastest (median 62.3 ms against 66.4).
+pub const TIE_RELATIVE: f64 = 0.01;
 
 /// One depth tried.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -222,7 +225,11 @@ mod tests {
             pick_depth(&figures(&[(0, within_tolerance), (2, 2.0)])),
             Some(0)
         );
-        assert_eq!(pick_depth(&figures(&[(0, 2.001), (2, 2.0)])), Some(2));
+        let beyond_tolerance = 2.0 * (1.0 + 2.0 * TIE_RELATIVE);
+        assert_eq!(
+            pick_depth(&figures(&[(0, beyond_tolerance), (2, 2.0)])),
+            Some(2)
+        );
         let mut some_failed = figures(&[(2, 5.0)]);
         some_failed.insert(0, DepthCandidate::failed(0, "does not fit".to_string()));
         assert_eq!(pick_depth(&some_failed), Some(2));
@@ -252,7 +259,10 @@ mod tests {
             "{candidates:?}"
         );
         for candidate in &candidates {
-            assert!(steady(&candidates, chosen) <= steady(&candidates, candidate.depth));
+            assert!(
+                steady(&candidates, chosen)
+                    <= steady(&candidates, candidate.depth) * (1.0 + TIE_RELATIVE)
+            );
         }
     }
 

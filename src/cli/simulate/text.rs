@@ -291,7 +291,9 @@ fn write_depth_advice(out: &mut impl Write, simulation: &Simulation) -> std::io:
     let versus = match advice.configured_steady_step_seconds {
         Some(steady) if steady <= advice.steady_step_seconds * (1.0 + TIE_RELATIVE) => {
             format!(
-                "as fast as the configured {configured}, with fewer buffers in VRAM and pinned RAM"
+                "within {:.0} % of the configured {configured} ({}), with fewer buffers in VRAM and pinned RAM",
+                TIE_RELATIVE * 100.0,
+                seconds(steady)
             )
         }
         Some(steady) => format!("vs {} at the configured {configured}", seconds(steady)),
