@@ -20,8 +20,8 @@ use stagehand::actors::{
     ResidencyPolicy, SessionConfig, SessionError, Storage,
 };
 use stagehand::sim::{
-    virtual_time_system, ChaosCounts, ChaosDevice, ChaosPlan, ChaosStorage, FaultPlan, SimClock,
-    SplitMix64,
+    tokio_duration, virtual_time_system, ChaosCounts, ChaosDevice, ChaosPlan, ChaosStorage,
+    FaultPlan, SimClock, SplitMix64,
 };
 
 const MIB: u64 = 1 << 20;
@@ -90,7 +90,9 @@ fn run_one(seed: u64) -> Result<(Ending, Arc<ChaosCounts>), String> {
     let layout = layout(&mut rng);
     let config = config(&mut rng, &layout);
     let steps = 2 + rng.next_u64() % 4;
-    let plan = ChaosPlan::drawn(seed, Duration::from_millis(1 + rng.next_u64() % 20));
+    // The chaos adapter sleeps on tokio's clock: 1–20 ms of virtual time.
+    let slow_read = tokio_duration(Duration::from_millis(1 + rng.next_u64() % 20));
+    let plan = ChaosPlan::drawn(seed, slow_read);
     let counts = Arc::new(ChaosCounts::default());
     if std::env::var("FAULT_RUNS").as_deref() == Ok("1") {
         println!(
@@ -135,7 +137,7 @@ fn run_one(seed: u64) -> Result<(Ending, Arc<ChaosCounts>), String> {
             for _ in 0..steps {
                 for &block in &order {
                     let handle = session.acquire(block).await?;
-                    tokio::time::sleep(Duration::from_micros(500)).await;
+                    tokio::time::sleep(tokio_duration(Duration::from_micros(500))).await;
                     session.release(handle).await;
                 }
                 session.step_done().await;
@@ -144,7 +146,7 @@ fn run_one(seed: u64) -> Result<(Ending, Arc<ChaosCounts>), String> {
         };
         // Virtual time: an hour passes in no time when every task waits, so a stall is
         // caught at once.
-        let outcome = tokio::time::timeout(Duration::from_secs(3600), drive)
+        let outcome = tokio::time::timeout(tokio_duration(Duration::from_secs(3600)), drive)
             .await
             .map_err(|_| {
                 format!("the run stalled (an hour of virtual time with no progress); injected {counts:?}")

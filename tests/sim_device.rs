@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::sim::{device, extent, nvme, COPY_LATENCY, GB, READ_LATENCY};
 use stagehand::actors::{Device, HostBuffer, Storage};
-use stagehand::sim::{virtual_time_runtime, FaultPlan, FirstTouch, SimClock};
+use stagehand::sim::{tokio_duration, virtual_time_runtime, FaultPlan, FirstTouch, SimClock};
 
 #[test]
 fn a_copy_takes_bytes_over_link_rate_in_virtual_time_not_wall_time() {
@@ -41,8 +41,12 @@ fn a_copy_takes_bytes_over_link_rate_in_virtual_time_not_wall_time() {
     });
     let copy = Duration::from_millis(400) + COPY_LATENCY;
     assert_eq!(done_at, copy);
-    // tokio's own clock is within its 1 ms tick of the exact time.
-    assert!(tokio_elapsed >= done_at && tokio_elapsed - done_at < Duration::from_millis(1));
+    // tokio's own clock runs TOKIO_SLOWDOWN times slower, within its 1 ms tick.
+    let tokio_done_at = tokio_duration(done_at);
+    assert!(
+        tokio_elapsed >= tokio_done_at && tokio_elapsed - tokio_done_at < Duration::from_millis(1),
+        "{tokio_elapsed:?} for {done_at:?} of virtual time"
+    );
     assert_eq!(long_copy_done_at, 101 * copy);
     // 40 s of virtual copying in far less wall time (generous: a loaded CI box).
     let wall_elapsed = wall.elapsed();

@@ -9,8 +9,9 @@
 //! deterministically; jitter and faults come from a seeded [`FaultPlan`].
 //!
 //! All timed parts share one [`SimClock`], which keeps the exact timeline (tokio's
-//! timers have millisecond ticks; see `clock.rs`). Read times from it, not from
-//! `Instant`, when sub-millisecond precision matters.
+//! timers have millisecond ticks, and its paused clock runs [`TOKIO_SLOWDOWN`] times
+//! slower than virtual time; see `clock.rs`). Read times from it, not from `Instant`,
+//! and wait on tokio's clock only through [`tokio_duration`].
 
 mod chaos;
 mod clock;
@@ -25,7 +26,7 @@ mod shared;
 mod storage;
 
 pub use chaos::{ChaosCounts, ChaosDevice, ChaosPlan, ChaosStorage};
-pub use clock::{transfer_duration, SerialLane, SimClock};
+pub use clock::{tokio_duration, transfer_duration, SerialLane, SimClock, TOKIO_SLOWDOWN};
 pub use compute::{ComputeRates, SimCompute};
 pub use device::{CopyLabeler, CopyStats, LinkRates, SimDevice, SimDeviceSpec};
 pub use faults::{FaultPlan, SplitMix64};

@@ -181,7 +181,11 @@ async fn run_on_current_system(
         boundaries: vec![(Duration::ZERO, LinkBytes::default())],
         reuse: ReuseLedger::new(received, model.blocks.iter().map(|b| b.bytes).collect()),
     };
-    let driven = tokio::time::timeout(limit, compute.drive(&mut session, &mut record)).await;
+    let driven = tokio::time::timeout(
+        crate::sim::tokio_duration(limit),
+        compute.drive(&mut session, &mut record),
+    )
+    .await;
     let Ok(outcome) = driven else {
         return Err(SimRunError::Stalled {
             policy: policy.label(),
