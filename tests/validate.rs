@@ -83,6 +83,8 @@ fn plan_bytes_and_peaks_are_predicted_exactly() {
         .arg(&profile)
         .arg("--cache-dir")
         .arg(dir.path())
+        .arg("--traces")
+        .arg(dir.path().join("traces"))
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -90,6 +92,22 @@ fn plan_bytes_and_peaks_are_predicted_exactly() {
     let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
     let rows = report["rows"].as_array().unwrap();
     assert_eq!(rows.len(), 2, "{report}");
+    // Each row's two timelines, simulated and real, with the blocks' compute on them.
+    for depth in [0, 2] {
+        for side in ["sim", "run"] {
+            let name = format!("linear-stack-b8-v50-d{depth}.{side}.json");
+            let text = std::fs::read_to_string(dir.path().join("traces").join(&name))
+                .unwrap_or_else(|error| panic!("{name}: {error}"));
+            let trace: serde_json::Value = serde_json::from_str(&text).unwrap();
+            let computed = trace["traceEvents"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|event| event["ph"] == "X" && event["name"] == "blocks.0")
+                .count();
+            assert!(computed >= 4, "{name}: {computed} spans of blocks.0");
+        }
+    }
     for row in rows {
         for key in [
             "plan_streamed_bytes",
@@ -169,7 +187,7 @@ fn assert_exact_row(model: CaseModel, batch: usize, prefetch_depth: u32) -> Row 
         repeats: 1,
         cuda: false,
     };
-    let row = validate_case(&case, &profile).unwrap();
+    let row = validate_case(&case, &profile, None).unwrap();
     for (key, figure) in [
         ("plan_streamed_bytes", row.plan_streamed_bytes),
         ("plan_disk_bytes", row.plan_disk_bytes),
@@ -229,4 +247,18 @@ fn too_few_steps_is_bad_input() {
         .output()
         .unwrap();
     assert_bad_input(&output, &["--steps 2", "at least 3"]);
+}
+
+#[test]
+fn traces_into_a_file_is_bad_input() {
+    // The traces' folder cannot be made where a file is: refused before any run.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    let output = stagehand()
+        .args(["validate", "--quick", "--traces"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_bad_input(&output, &["--traces", "cannot make the folder"]);
 }

@@ -74,6 +74,11 @@ pub struct ValidateArgs {
     /// Print the rows as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Write each row's simulated and real Chrome traces into DIR
+    /// (`<row>.sim.json`, `<row>.run.json`, the last repeat): where a row misses, the
+    /// two timelines show which lane differs.
+    #[arg(long, value_name = "DIR")]
+    pub traces: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -203,7 +208,9 @@ pub fn execute(args: ValidateArgs) -> CommandResult {
     let mut rows = Vec::with_capacity(cases.len());
     for (index, case) in cases.iter().enumerate() {
         eprintln!("validate: {}/{} {}", index + 1, cases.len(), label(case));
-        rows.push(validate_case(case, &profile).map_err(Failure::run_failed)?);
+        rows.push(
+            validate_case(case, &profile, args.traces.as_deref()).map_err(Failure::run_failed)?,
+        );
     }
     let load_after = stagehand::calibrate::load_average();
     let speed = speed_before.and_then(|before| {

@@ -45,6 +45,14 @@ pub(super) fn check_arguments(args: &ValidateArgs) -> CommandResult {
             cache.display()
         )));
     }
+    if let Some(traces) = &args.traces {
+        std::fs::create_dir_all(traces).map_err(|error| {
+            Failure::bad_input(anyhow::anyhow!(
+                "--traces {}: cannot make the folder ({error}); give a writable folder",
+                traces.display()
+            ))
+        })?;
+    }
     if args.device == ValidateDevice::Cuda {
         check_cuda()?;
     }

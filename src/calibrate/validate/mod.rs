@@ -12,6 +12,7 @@ mod measure;
 mod row;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::Serialize;
 use stagehand_actors::ResidencyPolicy;
@@ -25,6 +26,7 @@ use crate::sim::{FaultPlan, HardwareProfile, ReadPath};
 use crate::simulate::{
     run_policy, steady_window, FitSettings, ModelDescription, Policy, PolicyRun, RunOptions,
 };
+use crate::telemetry::trace::TraceRecorder;
 use measure::run_repeats;
 use row::compare;
 
@@ -91,6 +93,18 @@ fn describe(case: &Case) -> String {
         case.vram_share * 100.0,
         case.prefetch_depth,
         if case.fast_disk { " fast-disk" } else { "" }
+    )
+}
+
+/// The file stem of the case's traces: `linear-stack-b64-v30-d2-fast`.
+pub fn trace_stem(case: &Case) -> String {
+    format!(
+        "{}-b{}-v{:.0}-d{}{}",
+        case.model.label().replace(' ', "-"),
+        case.batch,
+        case.vram_share * 100.0,
+        case.prefetch_depth,
+        if case.fast_disk { "-fast" } else { "" }
     )
 }
 
@@ -164,6 +178,7 @@ pub fn simulate_case(
     settings: &Settings,
     budgets: Budgets,
     prefetch_depth: u32,
+    trace: Option<Arc<TraceRecorder>>,
 ) -> Result<PolicyRun, String> {
     let mut fit = FitSettings::from_settings(settings);
     fit.prefetch_depth = prefetch_depth;
@@ -173,7 +188,7 @@ pub fn simulate_case(
         pin_ceiling_bytes: budgets.pin_ceiling_bytes,
         settings: fit,
         faults: FaultPlan::default(),
-        trace: None,
+        trace,
         max_reads_in_flight: settings.reader_threads as usize,
         virtual_time_limit: None,
     };
@@ -181,8 +196,15 @@ pub fn simulate_case(
     run_policy(model, &hardware, Policy::Stagehand, &options).map_err(|error| error.to_string())
 }
 
-/// Simulates and runs one case; the row compares them.
-pub fn validate_case(case: &Case, profile: &HardwareProfile) -> Result<Row, ValidateError> {
+/// Simulates and runs one case; the row compares them. With `traces`, the simulated
+/// run's Chrome trace is written there as `<stem>.sim.json` and the last real run's as
+/// `<stem>.run.json` ([`trace_stem`]): where a row misses, the two timelines show
+/// which lane differs.
+pub fn validate_case(
+    case: &Case,
+    profile: &HardwareProfile,
+    traces: Option<&Path>,
+) -> Result<Row, ValidateError> {
     let fail = |reason: String| ValidateError::Case {
         case: describe(case),
         reason,
@@ -193,6 +215,7 @@ pub fn validate_case(case: &Case, profile: &HardwareProfile) -> Result<Row, Vali
     // The run and the simulation take the budget as set, as a user would give it.
     settings.vram_budget = Some(bytesize::ByteSize(budgets.vram_budget_bytes));
     let model = description_of(case, &prepared).map_err(fail)?;
+    let sim_trace = traces.map(|_| Arc::new(TraceRecorder::new()));
     let predicted = simulate_case(
         case,
         &model,
@@ -200,8 +223,16 @@ pub fn validate_case(case: &Case, profile: &HardwareProfile) -> Result<Row, Vali
         &settings,
         budgets,
         case.prefetch_depth,
+        sim_trace.clone(),
     )
     .map_err(|reason| fail(format!("simulation: {reason}")))?;
+    if let (Some(dir), Some(trace)) = (traces, &sim_trace) {
+        let path = dir.join(format!("{}.sim.json", trace_stem(case)));
+        trace
+            .write_chrome_trace(&path)
+            .map_err(|error| fail(format!("writing {}: {error}", path.display())))?;
+        settings.trace = Some(dir.join(format!("{}.run.json", trace_stem(case))));
+    }
     let mut runs = run_repeats(case, &prepared, &settings, budgets).map_err(fail)?;
     let steady_repeats = Repeats::new(
         runs.iter()
@@ -223,6 +254,7 @@ pub fn validate_case(case: &Case, profile: &HardwareProfile) -> Result<Row, Vali
         &settings,
         budgets,
         case.prefetch_depth,
+        None,
     )
     .map_err(|reason| fail(format!("simulation at the run's rates: {reason}")))?;
     let used = profile.clone().reading(read_path(case));
