@@ -58,6 +58,11 @@ fn rows() -> Vec<Row> {
             &["--cache-dir", &fixtures.file("a-file", "x")],
             Expect::Bad("a-file"),
         ),
+        row(&["--traces", &fixtures.path("traces")], Expect::Ok(OK)),
+        row(
+            &["--traces", &fixtures.file("not-a-folder", "x")],
+            Expect::Bad("--traces"),
+        ),
         row(&["--help"], Expect::Ok("Usage: stagehand validate")),
         row(&["--vram-budget", "1GiB"], Expect::Bad("--vram-budget")),
         row(&["--unknown-flag"], Expect::Bad("--unknown-flag")),

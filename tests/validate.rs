@@ -248,17 +248,3 @@ fn too_few_steps_is_bad_input() {
         .unwrap();
     assert_bad_input(&output, &["--steps 2", "at least 3"]);
 }
-
-#[test]
-fn traces_into_a_file_is_bad_input() {
-    // The traces' folder cannot be made where a file is: refused before any run.
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("a-file");
-    std::fs::write(&file, b"x").unwrap();
-    let output = stagehand()
-        .args(["validate", "--quick", "--traces"])
-        .arg(&file)
-        .output()
-        .unwrap();
-    assert_bad_input(&output, &["--traces", "cannot make the folder"]);
-}

@@ -4,7 +4,7 @@
 //! row (`--json` for scripts). The matrix and how to read it: docs/simulator.md.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use stagehand_actors::Bytes;
 
@@ -158,6 +158,20 @@ pub fn matrix(
     cases
 }
 
+/// Every case simulated and run, in order, with a progress line each.
+fn validate_all(
+    cases: &[Case],
+    profile: &stagehand::sim::HardwareProfile,
+    traces: Option<&Path>,
+) -> Result<Vec<Row>, Failure> {
+    let mut rows = Vec::with_capacity(cases.len());
+    for (index, case) in cases.iter().enumerate() {
+        eprintln!("validate: {}/{} {}", index + 1, cases.len(), label(case));
+        rows.push(validate_case(case, profile, traces).map_err(Failure::run_failed)?);
+    }
+    Ok(rows)
+}
+
 pub fn execute(args: ValidateArgs) -> CommandResult {
     super::validate_checks::check_arguments(&args)?;
     let cache = args
@@ -205,13 +219,7 @@ pub fn execute(args: ValidateArgs) -> CommandResult {
     }
     let load_before = stagehand::calibrate::load_average();
     let speed_before = speed::probe(&profile, args.device);
-    let mut rows = Vec::with_capacity(cases.len());
-    for (index, case) in cases.iter().enumerate() {
-        eprintln!("validate: {}/{} {}", index + 1, cases.len(), label(case));
-        rows.push(
-            validate_case(case, &profile, args.traces.as_deref()).map_err(Failure::run_failed)?,
-        );
-    }
+    let rows = validate_all(&cases, &profile, args.traces.as_deref())?;
     let load_after = stagehand::calibrate::load_average();
     let speed = speed_before.and_then(|before| {
         let after = speed::probe(&profile, args.device)?;
