@@ -50,6 +50,7 @@ fn known_calibration(at_unix: u64) -> Calibration {
             costs: KernelCosts {
                 call_overhead_us: 0.5,
                 attention_ns_per_score_dim: 0.25,
+                attention_ns_per_query_head: 90.0,
                 cached_attention_ns_per_score_dim: 1.25,
                 elementwise_ns: BTreeMap::from([(ElementOp::RmsNorm, 0.75)]),
                 linear: vec![LinearRates {

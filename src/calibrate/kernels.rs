@@ -14,8 +14,11 @@ use serde::Serialize;
 
 use super::median;
 use crate::compute::work::ElementOp;
-use crate::compute::{Attention, CachedAttention, Compute, DType, Mask, TensorSlot};
+use crate::compute::{Compute, DType, TensorSlot};
 use crate::sim::{KernelCosts, LinearRates, ThreadScaling};
+
+mod attention;
+use attention::measure_attention;
 
 /// Weights per (dtype, size) are cycled through at least this many bytes.
 const CACHE_DEFEAT_BYTES: u64 = 64 << 20;
@@ -125,12 +128,13 @@ pub fn measure_kernels<C: Compute>(
         }
     }
     let elementwise_ns = measure_elementwise(compute, options).map_err(error)?;
-    let (attention, cached) = measure_attention(compute, options).map_err(error)?;
+    let (attention, per_query_head, cached) = measure_attention(compute, options).map_err(error)?;
     let call_overhead = measure_call_overhead(compute).map_err(error)?;
     Ok(KernelFigures {
         costs: KernelCosts {
             call_overhead_us: call_overhead * 1e6,
             attention_ns_per_score_dim: attention * 1e9,
+            attention_ns_per_query_head: per_query_head * 1e9,
             cached_attention_ns_per_score_dim: cached * 1e9,
             elementwise_ns,
             linear,
@@ -400,55 +404,6 @@ fn measure_elementwise<C: Compute>(
 }
 
 /// Seconds per score·dim of an encoder's attention and of a decoder's cached one.
-fn measure_attention<C: Compute>(
-    compute: &C,
-    options: &KernelOptions,
-) -> Result<(f64, f64), crate::compute::ComputeError> {
-    let (sequences, length, heads, head_dim) = (8usize, 32usize, 8usize, 64usize);
-    let width = heads * head_dim;
-    let rows = sequences * length;
-    let values: Vec<f32> = (0..rows * width)
-        .map(|index| ((index % 31) as f32 - 15.0) / 32.0)
-        .collect();
-    let mut q = compute.tensor(rows, width)?;
-    compute.write(&mut q, &values)?;
-    let mut out = compute.tensor(rows, width)?;
-    let lengths = vec![length; sequences];
-    let shape = Attention {
-        sequences,
-        sequence_length: length,
-        heads,
-        kv_heads: heads,
-        head_dim,
-        scale: 0.125,
-        mask: Mask::Padding(&lengths),
-    };
-    let full = time_calls(compute, options, |_| {
-        compute.attention(&q, &q, &q, &shape, &mut out)
-    })?;
-    let full_units = (sequences * heads * length * length * head_dim) as f64;
-
-    let past = 255usize;
-    let mut cache = compute.tensor(past + 1, width)?;
-    compute.write(&mut cache, &values[..(past + 1) * width])?;
-    let mut query = compute.tensor(1, width)?;
-    compute.write(&mut query, &values[..width])?;
-    let mut attended = compute.tensor(1, width)?;
-    let cached_shape = CachedAttention {
-        heads,
-        kv_heads: heads,
-        head_dim,
-        scale: 0.125,
-        past,
-        queries: 1,
-    };
-    let cached = time_calls(compute, options, |_| {
-        compute.attention_cached(&query, &cache, &cache, &cached_shape, &mut attended)
-    })?;
-    let cached_units = (heads * (past + 1) * head_dim) as f64;
-    Ok((full / full_units, cached / cached_units))
-}
-
 /// Seconds of a call that does almost nothing (an `add` of 16 values).
 fn measure_call_overhead<C: Compute>(compute: &C) -> Result<f64, crate::compute::ComputeError> {
     let mut x = compute.tensor(1, 16)?;

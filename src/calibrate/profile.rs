@@ -328,7 +328,7 @@ fn write_compute(text: &mut String, kernels: &KernelFigures) -> Result<(), Strin
     line(text, format!("# [compute]: {}.", kernels.how));
     line(
         text,
-        "# linear: GFLOP/s (2 per multiply-add) of y = x·Wᵀ by storage dtype, weight shape and rows;\n# elementwise_ns: nanoseconds per value (per byte for checksum); attention: ns per score·dim.".to_string(),
+        "# linear: GFLOP/s (2 per multiply-add) of y = x·Wᵀ by storage dtype, weight shape and rows;\n# elementwise_ns: nanoseconds per value (per byte for checksum); attention: ns per score·dim, plus ns per (query, head).".to_string(),
     );
     text.push_str(&table("compute", &kernels.costs)?);
     Ok(())

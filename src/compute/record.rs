@@ -242,11 +242,10 @@ impl Compute for Recorder {
         _out: &mut Shape,
     ) -> Result<(), ComputeError> {
         let length = shape.sequence_length as u64;
+        let queries = shape.sequences as u64 * shape.heads as u64 * length;
         self.push(Kernel::Attention {
-            score_dims: shape.sequences as u64
-                * (shape.heads * shape.head_dim) as u64
-                * length
-                * length,
+            score_dims: queries * shape.head_dim as u64 * length,
+            queries,
         });
         Ok(())
     }

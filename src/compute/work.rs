@@ -74,8 +74,10 @@ pub enum Kernel {
     },
     /// Element-wise work on `elements` values.
     Elementwise { op: ElementOp, elements: u64 },
-    /// Softmax attention: Σ over heads and queries of the keys each scores, × head_dim.
-    Attention { score_dims: u64 },
+    /// Softmax attention: Σ over heads and queries of the keys each scores, × head_dim
+    /// (`score_dims`), and the (query, head) pairs (`queries`): each pays a fixed cost
+    /// (its softmax's start and end, its output row) beside its scores.
+    Attention { score_dims: u64, queries: u64 },
     /// Attention of new tokens over a KV cache, in the same unit.
     CachedAttention { score_dims: u64 },
     /// Anything else (a LoRA merge into a resident weight), timed as moving `elements`.
@@ -96,7 +98,7 @@ impl Kernel {
                 rank,
                 outer,
             } => 2.0 * rows as f64 * rank as f64 * (inner + outer) as f64,
-            Kernel::Attention { score_dims } | Kernel::CachedAttention { score_dims } => {
+            Kernel::Attention { score_dims, .. } | Kernel::CachedAttention { score_dims } => {
                 4.0 * score_dims as f64
             }
             Kernel::Elementwise { .. } | Kernel::Other { .. } => 0.0,
@@ -158,8 +160,12 @@ impl Kernel {
                 op,
                 elements: elements * sequences,
             },
-            Kernel::Attention { score_dims } => Kernel::Attention {
+            Kernel::Attention {
+                score_dims,
+                queries,
+            } => Kernel::Attention {
                 score_dims: score_dims * sequences,
+                queries: queries * sequences,
             },
             Kernel::CachedAttention { score_dims } => Kernel::CachedAttention {
                 score_dims: score_dims * sequences,

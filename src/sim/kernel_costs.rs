@@ -24,6 +24,10 @@ pub struct KernelCosts {
     /// Nanoseconds per score·dim of softmax attention (Σ heads × queries × keys ×
     /// head_dim).
     pub attention_ns_per_score_dim: f64,
+    /// Nanoseconds per (query, head) of softmax attention, beside its scores: what
+    /// short sequences pay most (absent in older profiles: 0, every cost per score·dim).
+    #[serde(default)]
+    pub attention_ns_per_query_head: f64,
     /// The same for a decoder's attention over its KV cache.
     pub cached_attention_ns_per_score_dim: f64,
     /// Nanoseconds per value of each element-wise kernel (per byte for `checksum`).
@@ -104,6 +108,10 @@ impl KernelCosts {
             (
                 "compute.attention_ns_per_score_dim",
                 self.attention_ns_per_score_dim,
+            ),
+            (
+                "compute.attention_ns_per_query_head",
+                self.attention_ns_per_query_head,
             ),
             (
                 "compute.cached_attention_ns_per_score_dim",
@@ -206,8 +214,13 @@ impl KernelCosts {
                         + self.linear_seconds(rows, rank, outer, DType::F32)
                 }
                 Kernel::Elementwise { op, elements } => element(op, elements),
-                Kernel::Attention { score_dims } => {
-                    self.attention_ns_per_score_dim * 1e-9 * score_dims as f64
+                Kernel::Attention {
+                    score_dims,
+                    queries,
+                } => {
+                    (self.attention_ns_per_score_dim * score_dims as f64
+                        + self.attention_ns_per_query_head * queries as f64)
+                        * 1e-9
                 }
                 Kernel::CachedAttention { score_dims } => {
                     self.cached_attention_ns_per_score_dim * 1e-9 * score_dims as f64
@@ -318,6 +331,7 @@ mod tests {
         KernelCosts {
             call_overhead_us: 0.0,
             attention_ns_per_score_dim: 1.0,
+            attention_ns_per_query_head: 100.0,
             cached_attention_ns_per_score_dim: 2.0,
             elementwise_ns: BTreeMap::from([(ElementOp::Add, 0.5)]),
             linear: vec![
@@ -431,6 +445,39 @@ mod tests {
         };
         let seconds = costs().work_duration(&work).as_secs_f64();
         assert!((seconds - (131.072e-6 + 0.5e-6)).abs() < 1e-12, "{seconds}");
+    }
+
+    #[test]
+    fn attention_costs_its_scores_and_its_query_heads() {
+        // 8 sequences × 17 tokens × 12 heads × 32 dims (MiniLM at 8 short texts):
+        // 887 808 score·dims at 1 ns and 1632 (query, head) pairs at 100 ns.
+        let kernel = Kernel::Attention {
+            score_dims: 8 * 12 * 17 * 17 * 32,
+            queries: 8 * 12 * 17,
+        };
+        let seconds = costs().kernel_seconds(&kernel);
+        assert!(
+            (seconds - (887_808e-9 + 163_200e-9)).abs() < 1e-12,
+            "{seconds}"
+        );
+        // An older profile without the per-query figure prices the scores alone.
+        let text = r#"
+            call_overhead_us = 0
+            attention_ns_per_score_dim = 1
+            cached_attention_ns_per_score_dim = 2
+            elementwise_ns = {}
+            linear = []
+        "#;
+        let older: KernelCosts = toml::from_str(text).unwrap();
+        assert_eq!(older.attention_ns_per_query_head, 0.0);
+        assert!((older.kernel_seconds(&kernel) - 887_808e-9).abs() < 1e-12);
+        let mut bad = costs();
+        bad.attention_ns_per_query_head = -1.0;
+        let message = bad.validate().unwrap_err();
+        assert!(
+            message.contains("compute.attention_ns_per_query_head"),
+            "{message}"
+        );
     }
 
     #[test]
