@@ -18,7 +18,7 @@ use crate::compute::{Compute, DType, TensorSlot};
 use crate::sim::{KernelCosts, LinearRates, ThreadScaling};
 
 mod attention;
-use attention::measure_attention;
+use attention::{cached_attention, fit_attention};
 
 /// Weights per (dtype, size) are cycled through at least this many bytes.
 const CACHE_DEFEAT_BYTES: u64 = 64 << 20;
@@ -128,7 +128,8 @@ pub fn measure_kernels<C: Compute>(
         }
     }
     let elementwise_ns = measure_elementwise(compute, options).map_err(error)?;
-    let (attention, per_query_head, cached) = measure_attention(compute, options).map_err(error)?;
+    let (attention, per_query_head) = fit_attention(compute, options).map_err(error)?;
+    let cached = cached_attention(compute, options).map_err(error)?;
     let call_overhead = measure_call_overhead(compute).map_err(error)?;
     Ok(KernelFigures {
         costs: KernelCosts {

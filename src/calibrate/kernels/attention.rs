@@ -15,13 +15,13 @@ const ATTENTION_SHAPES: [(usize, usize, usize, usize); 4] = [
 ];
 
 /// Seconds per score·dim and per (query, head) of softmax attention, fitted to
-/// [`ATTENTION_SHAPES`] (least squares on the relative error), and per score·dim of
-/// attention over a KV cache. One figure per score·dim alone priced MiniLM's
-/// 8 × 17-token batch 3× short here (0.25 ms timed against 0.09).
-pub(super) fn measure_attention<C: Compute>(
+/// [`ATTENTION_SHAPES`] (least squares on the relative error). One figure per
+/// score·dim alone priced MiniLM's 8 × 17-token batch 3× short here (0.25 ms timed
+/// against 0.09).
+pub(super) fn fit_attention<C: Compute>(
     compute: &C,
     options: &KernelOptions,
-) -> Result<(f64, f64, f64), crate::compute::ComputeError> {
+) -> Result<(f64, f64), crate::compute::ComputeError> {
     let mut timed = Vec::new();
     for (sequences, length, heads, head_dim) in ATTENTION_SHAPES {
         let width = heads * head_dim;
@@ -48,7 +48,14 @@ pub(super) fn measure_attention<C: Compute>(
         let queries = (sequences * heads * length) as f64;
         timed.push((queries * (length * head_dim) as f64, queries, seconds));
     }
-    let (per_score_dim, per_query) = fit_two(&timed);
+    Ok(fit_two(&timed))
+}
+
+/// Seconds per score·dim of one new token's attention over a 256-token KV cache.
+pub(super) fn cached_attention<C: Compute>(
+    compute: &C,
+    options: &KernelOptions,
+) -> Result<f64, crate::compute::ComputeError> {
     let (heads, head_dim, past) = (8usize, 64usize, 255usize);
     let width = heads * head_dim;
     let values: Vec<f32> = (0..(past + 1) * width)
@@ -71,7 +78,7 @@ pub(super) fn measure_attention<C: Compute>(
         compute.attention_cached(&query, &cache, &cache, &cached_shape, &mut attended)
     })?;
     let cached_units = (heads * (past + 1) * head_dim) as f64;
-    Ok((per_score_dim, per_query, cached / cached_units))
+    Ok(cached / cached_units)
 }
 
 /// `a` and `b` ≥ 0 that make `a·x + b·y` closest to each `t` of `(x, y, t)` in relative
