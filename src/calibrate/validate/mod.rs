@@ -100,7 +100,7 @@ fn describe(case: &Case) -> String {
 pub fn trace_stem(case: &Case) -> String {
     format!(
         "{}-b{}-v{:.0}-d{}{}",
-        case.model.label().replace(' ', "-"),
+        case.model.label(),
         case.batch,
         case.vram_share * 100.0,
         case.prefetch_depth,
@@ -227,11 +227,12 @@ pub fn validate_case(
     )
     .map_err(|reason| fail(format!("simulation: {reason}")))?;
     if let (Some(dir), Some(trace)) = (traces, &sim_trace) {
-        let path = dir.join(format!("{}.sim.json", trace_stem(case)));
+        let stem = trace_stem(case);
+        let path = dir.join(format!("{stem}.sim.json"));
         trace
             .write_chrome_trace(&path)
             .map_err(|error| fail(format!("writing {}: {error}", path.display())))?;
-        settings.trace = Some(dir.join(format!("{}.run.json", trace_stem(case))));
+        settings.trace = Some(dir.join(format!("{stem}.run.json")));
     }
     let mut runs = run_repeats(case, &prepared, &settings, budgets).map_err(fail)?;
     let steady_repeats = Repeats::new(
