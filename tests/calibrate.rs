@@ -215,7 +215,8 @@ fn a_malformed_cached_profile_is_measured_again_and_a_fresh_one_reused() {
 
 #[test]
 fn a_stale_or_foreign_cached_profile_is_measured_again() {
-    // Older than the limit, or stamped by another host: recalibrated, saying why.
+    // Older than the limit, measured by an older method, or stamped by another host:
+    // recalibrated, saying why.
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("hardware-local.toml");
     let old = now() - MAX_AGE_SECONDS - 60;
@@ -227,6 +228,22 @@ fn a_stale_or_foreign_cached_profile_is_measured_again() {
     let local = local_profile_with(&path, now(), &mut canned(now())).unwrap();
     assert!(
         !local.reused && local.note.contains("stale"),
+        "{}",
+        local.note
+    );
+
+    // Written by an older calibration (no method number): measured again.
+    let current = profile_toml(&known_calibration(now()), "local").unwrap();
+    let older: String = current
+        .lines()
+        .filter(|line| !line.starts_with("method = "))
+        .map(|line| format!("{line}\n"))
+        .collect();
+    assert_ne!(older, current);
+    std::fs::write(&path, older).unwrap();
+    let local = local_profile_with(&path, now(), &mut canned(now())).unwrap();
+    assert!(
+        !local.reused && local.note.contains("older calibration (method 0"),
         "{}",
         local.note
     );

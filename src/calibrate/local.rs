@@ -118,6 +118,13 @@ fn staleness(profile: &HardwareProfile, now_unix: u64) -> Option<String> {
             env!("CARGO_PKG_VERSION")
         ));
     }
+    if stamp.method != crate::sim::CALIBRATION_METHOD {
+        return Some(format!(
+            "was measured by an older calibration (method {}; this stagehand measures by method {})",
+            stamp.method,
+            crate::sim::CALIBRATION_METHOD
+        ));
+    }
     let age = now_unix.saturating_sub(stamp.at_unix);
     if age > MAX_AGE_SECONDS {
         return Some(format!(

@@ -98,6 +98,7 @@ fn write_stamp(text: &mut String, calibration: &Calibration) {
         text,
         format!("stagehand = {}", quoted(env!("CARGO_PKG_VERSION"))),
     );
+    line(text, format!("method = {}", crate::sim::CALIBRATION_METHOD));
     line(text, String::new());
 }
 

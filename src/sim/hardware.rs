@@ -97,7 +97,17 @@ pub struct CalibrationStamp {
     pub backend: String,
     /// The stagehand version that measured it.
     pub stagehand: String,
+    /// How it was measured ([`CALIBRATION_METHOD`] when written; absent: 0, before
+    /// methods were numbered). `--hardware local` measures again when it differs.
+    #[serde(default)]
+    pub method: u32,
 }
+
+/// The calibration method `stagehand calibrate` writes into its stamp: raised whenever
+/// a measurement changes what it reports, so a profile cached by an older one is
+/// measured again rather than reused for a week. 1: attention per (query, head), the
+/// first-touch rate the fastest of three fresh arenas (2026-12-06).
+pub const CALIBRATION_METHOD: u32 = 1;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

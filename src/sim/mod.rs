@@ -33,6 +33,7 @@ pub use faults::{FaultPlan, SplitMix64};
 pub use first_touch::{FirstTouch, TouchedRanges};
 pub use hardware::{
     CalibrationStamp, DiskSpec, GpuSpec, HardwareProfile, LinkSpec, ReadPath, UncachedRange,
+    CALIBRATION_METHOD,
 };
 pub use kernel_costs::{dtype_of, KernelCosts, LinearRates, ThreadScaling};
 pub use machine::SimMachine;
