@@ -166,7 +166,12 @@ fn validate_all(
 ) -> Result<Vec<Row>, Failure> {
     let mut rows = Vec::with_capacity(cases.len());
     for (index, case) in cases.iter().enumerate() {
-        eprintln!("validate: {}/{} {}", index + 1, cases.len(), label(case));
+        eprintln!(
+            "validate: {}/{} {}",
+            index + 1,
+            cases.len(),
+            case.short_label()
+        );
         rows.push(validate_case(case, profile, traces).map_err(Failure::run_failed)?);
     }
     Ok(rows)
@@ -278,17 +283,6 @@ fn cache_effect(profile: &stagehand::sim::HardwareProfile) -> Option<(f64, f64)>
     Some((rate(costs), rate(&costs.cold())))
 }
 
-fn label(case: &Case) -> String {
-    format!(
-        "{} b{} v{:.0}% d{}{}",
-        case.model.label(),
-        case.batch,
-        case.vram_share * 100.0,
-        case.prefetch_depth,
-        if case.fast_disk { " fast" } else { "" }
-    )
-}
-
 fn ms(seconds: f64) -> String {
     format!("{:.2}", seconds * 1e3)
 }
@@ -356,7 +350,7 @@ fn write_row(out: &mut impl Write, row: &Row) -> std::io::Result<()> {
     writeln!(
         out,
         "{:<28} {:>16} {:>8} {:>8} {:>7} {:>16} {:>8} {:>8} {:>18} {:>18} {:>14} {:>14} {:>12}",
-        label(&row.case),
+        row.case.short_label(),
         format!(
             "{}/{}",
             ms(row.steady_step_seconds.predicted),

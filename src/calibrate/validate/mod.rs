@@ -96,16 +96,24 @@ fn describe(case: &Case) -> String {
     )
 }
 
-/// The file stem of the case's traces: `linear-stack-b64-v30-d2-fast`.
+impl Case {
+    /// The case in a table's words: `linear-stack b64 v30% d2 fast`.
+    pub fn short_label(&self) -> String {
+        format!(
+            "{} b{} v{:.0}% d{}{}",
+            self.model.label(),
+            self.batch,
+            self.vram_share * 100.0,
+            self.prefetch_depth,
+            if self.fast_disk { " fast" } else { "" }
+        )
+    }
+}
+
+/// The file stem of the case's traces, its short label as a name:
+/// `linear-stack-b64-v30-d2-fast`.
 pub fn trace_stem(case: &Case) -> String {
-    format!(
-        "{}-b{}-v{:.0}-d{}{}",
-        case.model.label(),
-        case.batch,
-        case.vram_share * 100.0,
-        case.prefetch_depth,
-        if case.fast_disk { "-fast" } else { "" }
-    )
+    case.short_label().replace('%', "").replace(' ', "-")
 }
 
 fn settings_of(case: &Case) -> Settings {

@@ -4,8 +4,6 @@ use std::io::Write;
 
 use stagehand::calibrate::validate::{Case, Row};
 
-use super::label;
-
 /// A recommended depth within this much of the fastest measured one counts as right.
 const DEPTH_TOLERANCE: f64 = 0.05;
 
@@ -41,7 +39,7 @@ pub(super) fn depth_checks(rows: &[Row]) -> Vec<DepthCheck> {
         let judged = judge_depths(figures(shallow), figures(deep));
         let depth = |deep_one: bool| if deep_one { deep } else { shallow }.case.prefetch_depth;
         checks.push(DepthCheck {
-            configuration: label(&shallow.case).replace(" d0", ""),
+            configuration: shallow.case.short_label().replace(" d0", ""),
             recommended_depth: depth(judged.recommends_deep),
             fastest_measured_depth: depth(judged.deep_measured_faster),
             ok: judged.ok,
