@@ -93,6 +93,8 @@ pub mod model;
 #[doc(hidden)]
 pub mod os;
 #[doc(hidden)]
+pub mod pipeline;
+#[doc(hidden)]
 pub mod run;
 #[cfg(feature = "serve")]
 #[doc(hidden)]

@@ -327,9 +327,9 @@ fn bad_folders_and_inputs_exit_2_with_one_line() {
     std::fs::write(malformed.join("config.json"), "{ not json").unwrap();
     refused(&malformed, &["x"], &["config.json", "not valid JSON"]);
 
-    let llama = fresh("llama");
-    edit_config(&llama, |config| config["model_type"] = "t5".into());
-    refused(&llama, &["x"], &["\"t5\"", "supported: bert"]);
+    let unknown = fresh("mamba");
+    edit_config(&unknown, |config| config["model_type"] = "mamba".into());
+    refused(&unknown, &["x"], &["\"mamba\"", "supported: bert"]);
     let decoder = fresh("decoder");
     edit_config(&decoder, |config| config["model_type"] = "llama".into());
     refused(
@@ -349,7 +349,7 @@ fn bad_folders_and_inputs_exit_2_with_one_line() {
             "stream-verify",
             "--model",
         ])
-        .arg(&llama)
+        .arg(&unknown)
         .output()
         .unwrap();
     assert!(output.status.success(), "stream-verify still streams it");

@@ -35,7 +35,7 @@ fn model(dir: &Path, tokens: usize) -> (PathBuf, PathBuf) {
 fn prepared(model: &Path, cond: &Path, width: usize, height: usize) -> Prepared {
     let extras = Extras {
         diffusion: Some(SampleInput {
-            cond: cond.to_path_buf(),
+            cond: cond.to_path_buf().into(),
             width,
             height,
             steps: 1,

@@ -39,7 +39,7 @@ fn expected(variant: &str, name: &str) -> Vec<f32> {
 
 fn input(steps: usize) -> SampleInput {
     SampleInput {
-        cond: fixtures().join("cond.safetensors"),
+        cond: fixtures().join("cond.safetensors").into(),
         width: 48,
         height: 64,
         steps,

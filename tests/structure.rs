@@ -19,7 +19,10 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("adapters", &["device", "storage", "telemetry", "sim"]),
     ("model families", &["families", "lora"]),
     ("the run", &["run"]),
-    ("tools over runs", &["simulate", "calibrate", "validate"]),
+    (
+        "tools over runs",
+        &["simulate", "calibrate", "validate", "pipeline"],
+    ),
     // The top layer, beside the CLI (which is not a library module).
     ("serving", &["serve"]),
 ];

@@ -105,7 +105,7 @@ fn input_of(args: &SampleArgs) -> Result<SampleInput, Failure> {
         (None, _) => Start::Seed(args.seed.unwrap_or(0)),
     };
     Ok(SampleInput {
-        cond: args.cond.clone(),
+        cond: args.cond.clone().into(),
         width: args.width,
         height: args.height,
         steps: args.steps,

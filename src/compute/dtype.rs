@@ -15,8 +15,10 @@ pub enum ComputeDtype {
     F32,
     /// bf16 operands — activations rounded to nearest even, f32/f16 weights rounded
     /// too, bf16/FP8/int8 weights exact — and f32 sums: the arithmetic of PyTorch's
-    /// bf16 models, on AMX tiles where the CPU has them. Decode's few-row products stay
-    /// f32 (they are bound by reading the weights, which bf16 operands would not change).
+    /// bf16 models, on AMX tiles where the CPU has them and by rounding the operands of
+    /// the f32 kernels elsewhere. Products of at most 16 rows (decode) stay f32 on
+    /// every CPU: they are bound by reading the weights, which bf16 operands would not
+    /// change.
     Bf16,
 }
 

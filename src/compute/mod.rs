@@ -21,6 +21,7 @@ pub mod checksum;
 pub mod diffusion;
 mod dtype;
 mod fp8;
+pub mod pipeline;
 pub mod quant;
 pub mod record;
 pub mod shapes;
@@ -30,6 +31,7 @@ pub mod work;
 
 pub use diffusion::Diffusion;
 pub use dtype::{ComputeDtype, DType};
+pub use pipeline::Pipeline;
 pub use shared_bytes::SharedBytes;
 pub use view::{BlockView, LowRank, TensorSlot, Weight};
 
@@ -285,6 +287,15 @@ pub trait Compute {
     fn diffusion(&self) -> Result<&dyn Diffusion<Tensor = Self::Tensor>, ComputeError> {
         Err(ComputeError::Device(format!(
             "the {} adapter has no diffusion-transformer kernels (adaptive LayerNorm, gated add, GELU-tanh, interleaved rope); run Flux with --device cpu",
+            self.name()
+        )))
+    }
+
+    /// The pipeline kernels ([`Pipeline`]: text encoders and the VAE), or the error
+    /// naming the adapter that has none.
+    fn pipeline(&self) -> Result<&dyn Pipeline<Tensor = Self::Tensor>, ComputeError> {
+        Err(ComputeError::Device(format!(
+            "the {} adapter has no pipeline kernels (quick GELU, biased attention, convolutions, group norm); run text encoders and the VAE with --device cpu",
             self.name()
         )))
     }

@@ -64,6 +64,10 @@ impl Recorder {
         self.kernels.borrow().get(from..).unwrap_or(&[]).to_vec()
     }
 
+    pub(super) fn push_kernel(&self, kernel: Kernel) {
+        self.push(kernel);
+    }
+
     fn push(&self, kernel: Kernel) {
         self.kernels.borrow_mut().push(kernel);
     }
@@ -293,6 +297,10 @@ impl Compute for Recorder {
                 * (shape.past + shape.queries) as u64,
         });
         Ok(())
+    }
+
+    fn pipeline(&self) -> Result<&dyn super::Pipeline<Tensor = Shape>, ComputeError> {
+        Ok(self)
     }
 
     fn diffusion(&self) -> Result<&dyn super::Diffusion<Tensor = Shape>, ComputeError> {

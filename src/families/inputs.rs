@@ -26,6 +26,10 @@ pub enum WorkloadKind {
     Moe,
     /// A diffusion transformer (Flux): a denoising step a step, the latent carried on.
     Diffusion,
+    /// A pipeline's text encoder (CLIP, T5): a prompt's states, padded to one length.
+    TextEncoder,
+    /// A pipeline's image autoencoder (the VAE): a latent decoded to pixels.
+    Autoencoder,
 }
 
 impl WorkloadKind {
@@ -44,6 +48,8 @@ impl WorkloadKind {
             WorkloadKind::Decoder => "a decoder",
             WorkloadKind::Moe => "the generated MoE model",
             WorkloadKind::Diffusion => "a diffusion transformer",
+            WorkloadKind::TextEncoder => "a text encoder",
+            WorkloadKind::Autoencoder => "an image autoencoder",
         }
     }
 }
@@ -64,6 +70,11 @@ pub struct Extras {
     /// What a diffusion transformer samples; `None`: a seeded conditioning at a small
     /// default resolution (1024² with 512 text tokens when only headers are read).
     pub diffusion: Option<super::flux::SampleInput>,
+    /// The tokens a text encoder pads every prompt to, where the model does not fix
+    /// it (T5: diffusers' `max_sequence_length`); `None`: the family's default.
+    pub prompt_length: Option<usize>,
+    /// What an image autoencoder decodes; `None`: a seeded latent of a small image.
+    pub latent: Option<super::vae::LatentInput>,
 }
 
 /// The expert cache's knobs (generated MoE and the MoE decoders).
@@ -87,6 +98,9 @@ impl Default for MoeOptions {
 
 /// The prompt `stagehand run` gives a decoder when none is given.
 pub const BUILT_IN_PROMPT: &str = "The quick brown fox jumps over the lazy dog. Then it";
+
+/// The prompt a text encoder encodes when none is given.
+pub const BUILT_IN_IMAGE_PROMPT: &str = "A photo of a red fox sitting in the snow, highly detailed";
 
 /// Sentences `stagehand run` embeds with an encoder when no text is given: the two
 /// of the sentence-transformers similarity example first.

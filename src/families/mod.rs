@@ -7,6 +7,8 @@
 //! - [`llama`]: Llama-family decoders (Llama, Mistral, Qwen2, Qwen3, and the mixtures
 //!   of experts Mixtral, Qwen2-MoE and Qwen3-MoE).
 //! - [`flux`]: Flux.1 diffusion transformers (original, ComfyUI and diffusers layouts).
+//! - [`clip`], [`t5`]: the text encoders of a prompt-to-image pipeline.
+//! - [`vae`]: the image autoencoder that turns a latent into pixels.
 //! - [`stream_verify`]: any safetensors checkpoint; every block's bytes are checked
 //!   against the file after they have crossed the tiers. Nothing is computed.
 //!
@@ -18,6 +20,8 @@
 pub mod activations;
 pub mod bert;
 pub mod blocks;
+pub mod clip;
+mod config_json;
 pub mod family;
 pub mod flux;
 mod from_files;
@@ -30,9 +34,13 @@ pub mod llama;
 pub mod lora_set;
 pub mod moe;
 pub mod placement;
+pub mod prompt_tokens;
 pub mod record;
 pub mod registry;
 pub mod stream_verify;
+pub mod t5;
+pub mod vae;
+mod walk;
 
 pub use activations::{Activations, BlockKindPeak};
 pub use family::{Decoded, ExpertNeeds, ExpertStep, Facts, Family, StepOutput};

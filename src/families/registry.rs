@@ -306,5 +306,8 @@ families! {
     Bert => super::bert::Encoder,
     Llama => super::llama::Decoder,
     Flux => super::flux::Flux,
+    Clip => super::clip::ClipText,
+    T5 => super::t5::T5Encoder,
+    Vae => super::vae::VaeDecoder,
     StreamVerify => super::stream_verify::StreamVerify,
 }

@@ -41,7 +41,7 @@ pub fn generated(
 /// A 64 × 48 sample of `steps` steps from seeded noise.
 pub fn input(cond: &Path, steps: usize) -> SampleInput {
     SampleInput {
-        cond: cond.to_path_buf(),
+        cond: cond.to_path_buf().into(),
         width: 48,
         height: 64,
         steps,

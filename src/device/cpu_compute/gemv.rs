@@ -23,9 +23,11 @@ use super::simd::{self, Format, Isa, Lanes, Portable};
 /// see `CpuCompute::gemv_rows`).
 pub(super) const GEMV_ROWS: usize = 32;
 
-/// The same under `compute_dtype = bf16` on AMX tiles, which run a 17-row product
-/// faster than this path (a 17-token prefill 0.12 s against 0.24 s for 16 here).
-pub(super) const GEMV_ROWS_BESIDE_TILES: usize = 16;
+/// The same under `compute_dtype = bf16`, on every CPU: longer products get bf16
+/// operands (AMX tiles run a 17-row product faster than this path: a 17-token
+/// prefill 0.12 s against 0.24 s for 16). Shorter ones — decode — stay f32, bound by
+/// reading the weights, which bf16 operands would not change.
+pub(super) const GEMV_ROWS_BF16: usize = 16;
 
 /// Below this many multiply-adds a product runs on the calling thread alone: the
 /// hand-off would cost more than the second core saves.

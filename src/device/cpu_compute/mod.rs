@@ -28,6 +28,7 @@ mod gemv;
 mod grouped;
 mod heads;
 mod kernels;
+mod pipeline;
 mod pool;
 mod products;
 mod weights;
@@ -128,10 +129,13 @@ impl CpuCompute {
     }
 
     /// Products of at most this many rows take the few-rows path (`gemv`): every row
-    /// then has the bits it has alone.
+    /// then has the bits it has alone. Under `compute_dtype = bf16` the bound is the
+    /// same on every CPU, so which products get bf16 operands depends on the setting
+    /// and the shape, never on whether this CPU has AMX tiles (without them the f32
+    /// kernels round the operands).
     fn gemv_rows(&self) -> usize {
-        if self.compute_dtype == ComputeDtype::Bf16 && self.tiles {
-            gemv::GEMV_ROWS_BESIDE_TILES
+        if self.compute_dtype == ComputeDtype::Bf16 {
+            gemv::GEMV_ROWS_BF16
         } else {
             gemv::GEMV_ROWS
         }
@@ -445,6 +449,10 @@ impl Compute for CpuCompute {
             &mut out.data,
         );
         Ok(())
+    }
+
+    fn pipeline(&self) -> Result<&dyn crate::compute::Pipeline<Tensor = CpuTensor>, ComputeError> {
+        Ok(self)
     }
 
     fn diffusion(&self) -> Result<diffusion::Kernels<'_>, ComputeError> {

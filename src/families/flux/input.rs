@@ -25,6 +25,9 @@ pub const LATENT_NAME: &str = "latent";
 pub enum Start {
     /// Seeded Gaussian noise.
     Seed(u64),
+    /// The starting noise itself, unpacked (`[channels, height / 8, width / 8]`):
+    /// diffusers' `latents` argument, given by a pipeline.
+    Latent(Vec<f32>),
     /// A latent file: the starting noise itself, or with `strength` the image to
     /// start from (noised with `seed`).
     Init {
@@ -34,10 +37,23 @@ pub enum Start {
     },
 }
 
+/// Where the conditioning comes from: a file, or a pipeline's text encoders.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CondInput {
+    File(PathBuf),
+    Given(Conditioning),
+}
+
+impl From<PathBuf> for CondInput {
+    fn from(path: PathBuf) -> Self {
+        CondInput::File(path)
+    }
+}
+
 /// What `stagehand sample` asks of a Flux model.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SampleInput {
-    pub cond: PathBuf,
+    pub cond: CondInput,
     pub width: usize,
     pub height: usize,
     /// Steps of the schedule.
@@ -48,7 +64,7 @@ pub struct SampleInput {
 }
 
 /// The conditioning, read: `[tokens, context_dim]` and `[pooled_dim]`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Conditioning {
     pub context: Vec<f32>,
     pub tokens: usize,
@@ -134,6 +150,31 @@ fn shape_text(dims: &[Option<usize>]) -> String {
 }
 
 impl Conditioning {
+    /// The conditioning `input` names, checked against the transformer's widths.
+    pub fn of(
+        input: &CondInput,
+        context_dim: usize,
+        pooled_dim: usize,
+    ) -> Result<Self, FamilyError> {
+        match input {
+            CondInput::File(path) => Self::read(path, context_dim, pooled_dim),
+            CondInput::Given(cond) => {
+                let fits = cond.tokens > 0
+                    && cond.context.len() == cond.tokens * context_dim
+                    && cond.pooled.len() == pooled_dim;
+                if !fits {
+                    return Err(FamilyError::Model(format!(
+                        "the text encoders gave {} states of {} values and a pooled vector of {}; the transformer takes states of {context_dim} (joint_attention_dim) and a pooled vector of {pooled_dim} (pooled_projection_dim): the pipeline's parts are of different models",
+                        cond.tokens,
+                        cond.context.len() / cond.tokens.max(1),
+                        cond.pooled.len()
+                    )));
+                }
+                Ok(cond.clone())
+            }
+        }
+    }
+
     pub fn read(path: &Path, context_dim: usize, pooled_dim: usize) -> Result<Self, FamilyError> {
         let mut tensors = read_tensors(path)?;
         let (shape, context) = take(path, &mut tensors, CONTEXT_NAME, &[None, Some(context_dim)])?;

@@ -34,8 +34,8 @@ pub use demo_lora::{
 };
 pub use embed::{gaussian, pack, unpack};
 pub use input::{
-    read_tensors, write_latent, Conditioning, SampleInput, Start, CONTEXT_NAME, LATENT_NAME,
-    POOLED_NAME,
+    read_tensors, write_latent, CondInput, Conditioning, SampleInput, Start, CONTEXT_NAME,
+    LATENT_NAME, POOLED_NAME,
 };
 pub use names::{Layout, COMFY_PREFIX};
 pub use quant::METADATA_KEY as QUANTIZATION_METADATA;

@@ -107,10 +107,24 @@ fn plan_of(request: &Request<'_>, config: &FluxConfig) -> Result<Plan, FamilyErr
             seed: 0,
         });
     };
-    let cond = Conditioning::read(&input.cond, context_dim, pooled_dim)?;
+    let cond = Conditioning::of(&input.cond, context_dim, pooled_dim)?;
     let channels = config.in_channels / 4;
     let (init, strength, seed) = match &input.start {
         Start::Seed(seed) => (None, None, *seed),
+        Start::Latent(latent) => {
+            let expected = channels * (input.height / 8) * (input.width / 8);
+            if latent.len() != expected {
+                return Err(FamilyError::Model(format!(
+                    "the starting latent has {} values; a {}×{} image starts from [{channels}, {}, {}]",
+                    latent.len(),
+                    input.width,
+                    input.height,
+                    input.height / 8,
+                    input.width / 8
+                )));
+            }
+            (Some(latent.clone()), None, 0)
+        }
         Start::Init {
             path,
             strength,

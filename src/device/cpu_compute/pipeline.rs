@@ -1,0 +1,336 @@
+//! The CPU's pipeline kernels ([`Pipeline`]): a convolution is its im2col rows in
+//! bands times the weight through this adapter's own products, so it has their
+//! dtypes and their speed; the rest are loops whose every output element is computed
+//! by one thread in one fixed order, so the bits do not depend on the pool's size.
+
+use std::sync::Mutex;
+
+use super::elementwise::exp;
+use super::pool::{share, SharedOut};
+use super::{products, spare, vector, CpuCompute, CpuTensor};
+use crate::compute::pipeline::{self, BiasedAttention, Conv2d, GroupNorm, Image, Pipeline};
+use crate::compute::{ComputeError, Weight};
+
+/// The most im2col values one band of a convolution holds (16 MiB of f32): bands of
+/// a few hundred pixels, many rows for the product, little memory beside the image.
+const BAND_VALUES: usize = 1 << 22;
+
+/// Pixels whose group-norm sums one task takes: the partial sums are per chunk and
+/// added in chunk order, so the bits do not depend on the thread count.
+const NORM_CHUNK_PIXELS: usize = 1024;
+
+impl Pipeline for CpuCompute {
+    type Tensor = CpuTensor;
+
+    fn quick_gelu(&self, x: &mut CpuTensor) -> Result<(), ComputeError> {
+        self.pool.split(&mut x.data, 1, &|part, _| {
+            for value in part {
+                let v = *value;
+                *value = v * (1.0 / (1.0 + exp(-1.702 * v)));
+            }
+        });
+        Ok(())
+    }
+
+    fn gelu_tanh_mul(&self, gate: &mut CpuTensor, up: &CpuTensor) -> Result<(), ComputeError> {
+        crate::compute::shapes::same("gelu_tanh_mul", gate.dims(), up.dims())?;
+        const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+        let up = &up.data;
+        self.pool.split(&mut gate.data, 1, &|part, first| {
+            for (value, &linear) in part.iter_mut().zip(&up[first..]) {
+                let v = *value;
+                let inner = SQRT_2_OVER_PI * (v + 0.044_715 * v * v * v);
+                *value = 0.5 * v * (1.0 + inner.tanh()) * linear;
+            }
+        });
+        Ok(())
+    }
+
+    fn attention_biased(
+        &self,
+        q: &CpuTensor,
+        k: &CpuTensor,
+        v: &CpuTensor,
+        bias: &CpuTensor,
+        shape: BiasedAttention,
+        out: &mut CpuTensor,
+    ) -> Result<(), ComputeError> {
+        let (sequences, head_dim) = pipeline::attention_biased(
+            (q.dims(), k.dims(), v.dims(), out.dims()),
+            bias.dims(),
+            shape,
+        )?;
+        let BiasedAttention { heads, length } = shape;
+        let width = q.cols;
+        let tasks = sequences * heads;
+        let output = SharedOut::new(&mut out.data);
+        let threads = self.pool.threads().min(tasks).max(1);
+        self.pool.run(&|index| {
+            if index >= threads {
+                return;
+            }
+            let (first, end) = share(tasks, threads, index, 1);
+            let mut keys = vec![0.0f32; head_dim * length];
+            let mut scores = vec![0.0f32; length];
+            for task in first..end {
+                let (sequence, head) = (task / heads, task % heads);
+                let rows = sequence * length;
+                let column = head * head_dim;
+                // Kᵀ of this head: the score loop then runs along contiguous keys.
+                for j in 0..length {
+                    let row = &k.data[(rows + j) * width + column..][..head_dim];
+                    for (d, &value) in row.iter().enumerate() {
+                        keys[d * length + j] = value;
+                    }
+                }
+                for i in 0..length {
+                    let query = &q.data[(rows + i) * width + column..][..head_dim];
+                    let offsets = &bias.data[i * length * heads..][..length * heads];
+                    for (score, offset) in scores.iter_mut().zip(offsets.chunks_exact(heads)) {
+                        *score = offset[head];
+                    }
+                    for (d, &qd) in query.iter().enumerate() {
+                        let key_row = &keys[d * length..][..length];
+                        for (score, &key) in scores.iter_mut().zip(key_row) {
+                            *score += qd * key;
+                        }
+                    }
+                    let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+                    let mut sum = 0.0f32;
+                    for score in scores.iter_mut() {
+                        *score = exp(*score - max);
+                        sum += *score;
+                    }
+                    let start = (rows + i) * width + column;
+                    // SAFETY: task (sequence, head) alone writes the head's columns of
+                    // its sequence's rows; `out` outlives the job.
+                    let row = unsafe { output.range(start, head_dim) };
+                    row.fill(0.0);
+                    for (j, &weight) in scores.iter().enumerate() {
+                        let value = &v.data[(rows + j) * width + column..][..head_dim];
+                        for (o, &x) in row.iter_mut().zip(value) {
+                            *o += weight * x;
+                        }
+                    }
+                    let inverse = 1.0 / sum;
+                    row.iter_mut().for_each(|o| *o *= inverse);
+                }
+            }
+        });
+        Ok(())
+    }
+
+    fn conv2d(
+        &self,
+        x: &CpuTensor,
+        weight: &Weight<'_>,
+        bias: Option<&Weight<'_>>,
+        shape: &Conv2d,
+        y: &mut CpuTensor,
+    ) -> Result<(), ComputeError> {
+        let channels = pipeline::conv2d(x.dims(), (weight.rows(), weight.cols()), shape, y.dims())?;
+        if shape.kernel == 1 && shape.stride == 1 && shape.padding == [0; 4] {
+            return products::linear(self, x, weight, bias, y);
+        }
+        let columns = weight.cols();
+        let output = shape.output();
+        let band_pixels = (BAND_VALUES / columns).max(1);
+        let out_channels = weight.rows();
+        let mut first = 0;
+        while first < output.pixels() {
+            let pixels = band_pixels.min(output.pixels() - first);
+            let mut band = CpuTensor {
+                data: spare::allocate(pixels, columns)?,
+                rows: pixels,
+                cols: columns,
+            };
+            self.pool.split(&mut band.data, columns, &|part, start| {
+                let pixel = first + start / columns;
+                im2col(&x.data, channels, shape, output, pixel, part);
+            });
+            let mut band_out = CpuTensor {
+                data: spare::allocate(pixels, out_channels)?,
+                rows: pixels,
+                cols: out_channels,
+            };
+            products::linear(self, &band, weight, bias, &mut band_out)?;
+            y.data[first * out_channels..][..pixels * out_channels].copy_from_slice(&band_out.data);
+            first += pixels;
+        }
+        Ok(())
+    }
+
+    fn group_norm(
+        &self,
+        x: &CpuTensor,
+        gamma: &Weight<'_>,
+        beta: &Weight<'_>,
+        norm: GroupNorm,
+        y: &mut CpuTensor,
+    ) -> Result<(), ComputeError> {
+        let GroupNorm { groups, eps, silu } = norm;
+        pipeline::group_norm(x.dims(), groups, gamma.cols() * gamma.rows(), y.dims())?;
+        let channels = x.cols;
+        let mut cast = self.cast.borrow_mut();
+        let mut small = self.cast_small.borrow_mut();
+        let gamma = vector("group_norm gamma", gamma, channels, &mut cast)?;
+        let beta = vector("group_norm beta", beta, channels, &mut small)?;
+        let (means, inverses) = self.group_moments(x, groups, eps);
+        let per_group = channels / groups;
+        // Per channel: y = x·a + b.
+        let scales: Vec<f32> = (0..channels)
+            .map(|c| inverses[c / per_group] * gamma[c])
+            .collect();
+        let shifts: Vec<f32> = (0..channels)
+            .map(|c| beta[c] - means[c / per_group] * inverses[c / per_group] * gamma[c])
+            .collect();
+        let source = &x.data;
+        self.pool.split(&mut y.data, channels, &|part, start| {
+            let input = &source[start..][..part.len()];
+            for (row_out, row_in) in part
+                .chunks_exact_mut(channels)
+                .zip(input.chunks_exact(channels))
+            {
+                for (((out, &value), &scale), &shift) in
+                    row_out.iter_mut().zip(row_in).zip(&scales).zip(&shifts)
+                {
+                    let normed = value * scale + shift;
+                    *out = if silu {
+                        normed / (1.0 + exp(-normed))
+                    } else {
+                        normed
+                    };
+                }
+            }
+        });
+        Ok(())
+    }
+
+    fn upsample_nearest(
+        &self,
+        x: &CpuTensor,
+        input: Image,
+        y: &mut CpuTensor,
+    ) -> Result<(), ComputeError> {
+        pipeline::upsample_nearest(x.dims(), input, y.dims())?;
+        let channels = x.cols;
+        let wide = 2 * input.width;
+        let source = &x.data;
+        // Each output row of pixels is a part: it reads one input row.
+        self.pool
+            .split(&mut y.data, wide * channels, &|part, start| {
+                let first_row = start / (wide * channels);
+                for (offset, row) in part.chunks_exact_mut(wide * channels).enumerate() {
+                    let input_row = (first_row + offset) / 2;
+                    for (column, pixel) in row.chunks_exact_mut(channels).enumerate() {
+                        let from = (input_row * input.width + column / 2) * channels;
+                        pixel.copy_from_slice(&source[from..][..channels]);
+                    }
+                }
+            });
+        Ok(())
+    }
+}
+
+impl CpuCompute {
+    /// Each group's mean and 1/√(var + eps), over fixed chunks of pixels in f64, the
+    /// chunks added in order.
+    fn group_moments(&self, x: &CpuTensor, groups: usize, eps: f32) -> (Vec<f32>, Vec<f32>) {
+        let channels = x.cols;
+        let per_group = channels / groups;
+        let chunks = x.rows.div_ceil(NORM_CHUNK_PIXELS).max(1);
+        let threads = self.pool.threads().min(chunks).max(1);
+        let partials: Mutex<Vec<(usize, Vec<f64>)>> = Mutex::new(Vec::with_capacity(chunks));
+        self.pool.run(&|index| {
+            if index >= threads {
+                return;
+            }
+            let (first, end) = share(chunks, threads, index, 1);
+            for chunk in first..end {
+                let mut sums = vec![0.0f64; 2 * groups];
+                let rows = chunk * NORM_CHUNK_PIXELS..((chunk + 1) * NORM_CHUNK_PIXELS).min(x.rows);
+                for row in x.data[rows.start * channels..rows.end * channels].chunks_exact(channels)
+                {
+                    for (group, values) in row.chunks_exact(per_group).enumerate() {
+                        let (sum, squares) = values.iter().fold((0.0f64, 0.0f64), |(s, q), &v| {
+                            let v = f64::from(v);
+                            (s + v, q + v * v)
+                        });
+                        sums[2 * group] += sum;
+                        sums[2 * group + 1] += squares;
+                    }
+                }
+                partials
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .push((chunk, sums));
+            }
+        });
+        let mut partials = partials
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        partials.sort_by_key(|(chunk, _)| *chunk);
+        let mut totals = vec![0.0f64; 2 * groups];
+        for (_, sums) in &partials {
+            for (total, value) in totals.iter_mut().zip(sums) {
+                *total += value;
+            }
+        }
+        let count = (x.rows * per_group) as f64;
+        let mut means = Vec::with_capacity(groups);
+        let mut inverses = Vec::with_capacity(groups);
+        for group in 0..groups {
+            let mean = totals[2 * group] / count;
+            let variance = (totals[2 * group + 1] / count - mean * mean).max(0.0);
+            means.push(mean as f32);
+            inverses.push((1.0 / (variance + f64::from(eps)).sqrt()) as f32);
+        }
+        (means, inverses)
+    }
+}
+
+/// Fills `part` (whole im2col rows from output pixel `pixel` on) with the inputs each
+/// output pixel's kernel covers: column `c·k² + ky·k + kx` is channel `c` at tap
+/// `(ky, kx)`, the order of the weight's `[out, in, kh, kw]`; outside the image, 0.
+fn im2col(
+    image: &[f32],
+    channels: usize,
+    shape: &Conv2d,
+    output: Image,
+    pixel: usize,
+    part: &mut [f32],
+) {
+    let kernel = shape.kernel;
+    let taps = kernel * kernel;
+    let columns = channels * taps;
+    let (top, left) = (shape.padding[0], shape.padding[2]);
+    let input = shape.input;
+    for (offset, row) in part.chunks_exact_mut(columns).enumerate() {
+        let at = pixel + offset;
+        let (out_y, out_x) = (at / output.width, at % output.width);
+        for ky in 0..kernel {
+            let in_y = (out_y * shape.stride + ky)
+                .checked_sub(top)
+                .filter(|&y| y < input.height);
+            for kx in 0..kernel {
+                let tap = ky * kernel + kx;
+                let in_x = (out_x * shape.stride + kx)
+                    .checked_sub(left)
+                    .filter(|&x| x < input.width);
+                match (in_y, in_x) {
+                    (Some(y), Some(x)) => {
+                        let source = &image[(y * input.width + x) * channels..][..channels];
+                        for (channel, &value) in source.iter().enumerate() {
+                            row[channel * taps + tap] = value;
+                        }
+                    }
+                    _ => {
+                        for channel in 0..channels {
+                            row[channel * taps + tap] = 0.0;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

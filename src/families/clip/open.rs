@@ -1,0 +1,65 @@
+//! How a CLIP text encoder's folder is recognised and opened.
+
+use super::{ClipConfig, ClipText};
+use crate::families::config_json::ConfigJson;
+use crate::families::inputs::WorkloadKind;
+use crate::families::prompt_tokens;
+use crate::families::registry::{Open, Request, StepUnit};
+use crate::families::FamilyError;
+
+/// CLIP's pad token when `tokenizer_config.json` names none (FLUX.1's pads with it).
+const PAD: &str = "<|endoftext|>";
+
+impl ClipConfig {
+    pub fn from_json(
+        path: &std::path::Path,
+        config: &serde_json::Value,
+    ) -> Result<Self, FamilyError> {
+        // A full CLIPModel config keeps the text tower's under `text_config`.
+        let config = (config.get("text_config"))
+            .filter(|inner| inner.is_object())
+            .unwrap_or(config);
+        let json = ConfigJson::new(path, config)?;
+        json.require_text("hidden_act", &["quick_gelu", "gelu"])?;
+        let hidden = json.count("hidden_size", Some(512))?;
+        let heads = json.count("num_attention_heads", Some(8))?;
+        if hidden % heads != 0 {
+            return Err(json.bad(format!(
+                "hidden_size {hidden} is not a multiple of num_attention_heads {heads}"
+            )));
+        }
+        Ok(Self {
+            vocab: json.count("vocab_size", Some(49408))?,
+            hidden,
+            intermediate: json.count("intermediate_size", Some(2048))?,
+            layers: json.count("num_hidden_layers", Some(12))?,
+            heads,
+            positions: json.count("max_position_embeddings", Some(77))?,
+            eps: json.float("layer_norm_eps", 1e-5)? as f32,
+            eos_token_id: json.integer("eos_token_id").unwrap_or(2),
+            quick_gelu: json.text("hidden_act", "quick_gelu") == "quick_gelu",
+        })
+    }
+}
+
+impl Open for ClipText {
+    const NAME: &'static str = "clip";
+    const KIND: WorkloadKind = WorkloadKind::TextEncoder;
+    const STEP: StepUnit = StepUnit::Batch;
+    const MODEL_TYPES: &'static [&'static str] = &["clip_text_model", "clip"];
+    const ARCHITECTURES: &'static [&'static str] = &["CLIPTextModel"];
+
+    /// The encoder over the run's prompts (or the built-in one), each cut and padded
+    /// to the model's positions by the pipeline's CLIP tokenizer.
+    fn open(request: &Request<'_>) -> Result<Self, FamilyError> {
+        let folder = request.folder("a CLIP text encoder")?;
+        let config = ClipConfig::from_json(&folder.config_path(), &folder.config)?;
+        let prompts = prompt_tokens::prompts(
+            &folder.dir,
+            request.extras.encoder.as_ref(),
+            config.positions,
+            PAD,
+        )?;
+        ClipText::new(request.index, config, prompts, request.batch)
+    }
+}

@@ -1,0 +1,69 @@
+//! How a T5 encoder's folder is recognised and opened.
+
+use super::{T5Config, T5Encoder};
+use crate::families::config_json::ConfigJson;
+use crate::families::inputs::WorkloadKind;
+use crate::families::prompt_tokens;
+use crate::families::registry::{Open, Request, StepUnit};
+use crate::families::FamilyError;
+
+/// Tokens a prompt is padded to when the run names no length: diffusers'
+/// `FluxPipeline` default (`max_sequence_length`, Flux dev's).
+pub const DEFAULT_PROMPT_LENGTH: usize = 512;
+
+/// T5's pad token when `tokenizer_config.json` names none.
+const PAD: &str = "<pad>";
+
+impl T5Config {
+    pub fn from_json(
+        path: &std::path::Path,
+        config: &serde_json::Value,
+    ) -> Result<Self, FamilyError> {
+        let json = ConfigJson::new(path, config)?;
+        // v1.1 (T5-XXL of Flux, FLAN-T5, umT5's layers): the gated tanh GELU.
+        json.require_text("feed_forward_proj", &["gated-gelu"])?;
+        json.require_text("dense_act_fn", &["gelu_new", "gelu_pytorch_tanh"])?;
+        if json.flag("is_decoder", false) {
+            return Err(json.bad("`is_decoder` is true; stagehand computes T5's encoder".into()));
+        }
+        let model = json.count("d_model", Some(512))?;
+        Ok(Self {
+            vocab: json.count("vocab_size", Some(32128))?,
+            model,
+            head_dim: json.count("d_kv", Some(64))?,
+            feed_forward: json.count("d_ff", Some(2048))?,
+            layers: json.count("num_layers", Some(6))?,
+            heads: json.count("num_heads", Some(8))?,
+            buckets: json.count("relative_attention_num_buckets", Some(32))?,
+            max_distance: json.count("relative_attention_max_distance", Some(128))?,
+            eps: json.float("layer_norm_epsilon", 1e-6)? as f32,
+        })
+    }
+}
+
+impl Open for T5Encoder {
+    const NAME: &'static str = "t5";
+    const KIND: WorkloadKind = WorkloadKind::TextEncoder;
+    const STEP: StepUnit = StepUnit::Batch;
+    const MODEL_TYPES: &'static [&'static str] = &["t5"];
+    const ARCHITECTURES: &'static [&'static str] = &["T5EncoderModel"];
+
+    /// The encoder over the run's prompts (or the built-in one), each cut and padded
+    /// to the run's prompt length (512 by default) by the pipeline's T5 tokenizer.
+    fn open(request: &Request<'_>) -> Result<Self, FamilyError> {
+        let folder = request.folder("a T5 encoder")?;
+        let config = T5Config::from_json(&folder.config_path(), &folder.config)?;
+        let length = request
+            .extras
+            .prompt_length
+            .unwrap_or(DEFAULT_PROMPT_LENGTH);
+        if length == 0 {
+            return Err(FamilyError::Model(
+                "--max-sequence-length 0: a prompt needs at least one token".into(),
+            ));
+        }
+        let prompts =
+            prompt_tokens::prompts(&folder.dir, request.extras.encoder.as_ref(), length, PAD)?;
+        T5Encoder::new(request.index, config, prompts, length, request.batch)
+    }
+}

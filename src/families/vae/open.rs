@@ -1,0 +1,53 @@
+//! How a VAE folder is recognised and opened.
+
+use super::{LatentInput, VaeConfig, VaeDecoder};
+use crate::families::flux::gaussian;
+use crate::families::inputs::WorkloadKind;
+use crate::families::registry::{Found, Open, Request, StepUnit};
+use crate::families::FamilyError;
+
+/// diffusers' class of the VAE (`_class_name` of `vae/config.json`).
+pub const CLASS_NAME: &str = "AutoencoderKL";
+
+/// What a run without a pipeline's latent decodes: seeded noise of this many latent
+/// positions a side (a 64² image for an 8× VAE), 128² (1024²) when only headers are
+/// read, to describe a real decode.
+const DEFAULT_LATENT_SIDE: usize = 8;
+const DESCRIBED_LATENT_SIDE: usize = 128;
+
+impl Open for VaeDecoder {
+    const NAME: &'static str = "vae";
+    const KIND: WorkloadKind = WorkloadKind::Autoencoder;
+    const STEP: StepUnit = StepUnit::Batch;
+
+    fn recognises(found: &Found<'_>) -> bool {
+        found.folder.is_some_and(|folder| {
+            folder
+                .config
+                .get("_class_name")
+                .and_then(|name| name.as_str())
+                == Some(CLASS_NAME)
+        })
+    }
+
+    /// The decoder over the run's latents, or one seeded latent.
+    fn open(request: &Request<'_>) -> Result<Self, FamilyError> {
+        let folder = request.folder("a VAE")?;
+        let config = VaeConfig::from_json(&folder.config_path(), &folder.config)?;
+        let input = match &request.extras.latent {
+            Some(input) => input.clone(),
+            None => {
+                let side = match request.extras.headers_only {
+                    true => DESCRIBED_LATENT_SIDE,
+                    false => DEFAULT_LATENT_SIDE,
+                };
+                LatentInput {
+                    latents: vec![gaussian(config.latent_channels * side * side, 0)],
+                    height: side,
+                    width: side,
+                }
+            }
+        };
+        VaeDecoder::new(request.index, config, input)
+    }
+}

@@ -1,0 +1,304 @@
+//! From a prompt to an image: a Flux pipeline's four models — CLIP and T5 for the
+//! prompt, the transformer for the denoising steps, the VAE for the pixels — run one
+//! after another under the same budgets, each streamed and checked as any run is.
+//!
+//! The stages share the settings' VRAM budget and pin ceiling by turns: each opens
+//! its model, runs under the whole budget, and gives back every byte before the next
+//! opens, so the pipeline's peak is its largest stage's, never their sum. T5 streams
+//! through once and is gone before the transformer's first step; the VAE decodes
+//! last. (Keeping some models loaded between images in one shared budget is
+//! `serve`'s broker, not this.)
+//!
+//! What diffusers' `FluxPipeline` computes, in the same order: CLIP's pooled vector
+//! of the prompt padded to 77 tokens, T5's states of the prompt padded to
+//! `max_sequence_length`, the transformer's steps from the starting noise (given, or
+//! seeded), the latent un-scaled and decoded, the pixels rounded.
+
+mod folder;
+mod image;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+pub use folder::FluxParts;
+pub use image::Picture;
+
+use crate::families::flux::{CondInput, Conditioning, SampleInput, Start};
+use crate::families::vae::LatentInput;
+use crate::families::{EncoderInput, Extras, Model, WorkloadKind};
+use crate::run::{
+    budgets_for, execute, fitting_depth, prepare_with, BudgetAsk, Outcome, Prepared, RunError,
+    RunPlan,
+};
+use crate::settings::{Settings, Verify};
+
+/// What went wrong making an image.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PipelineError {
+    /// The folder is not a pipeline stagehand computes, or is malformed.
+    #[error("{}: {problem}", path.display())]
+    Layout { path: PathBuf, problem: String },
+    /// A model the pipeline needs is not there.
+    #[error("the pipeline's {part} is missing: expected {}", expected.display())]
+    MissingPart { part: String, expected: PathBuf },
+    /// A request the pipeline cannot compute (a size, a step count).
+    #[error("{0}")]
+    BadRequest(String),
+    /// A stage's run failed (its budgets released, as every failed run's are).
+    #[error("{stage}: {source}")]
+    Stage {
+        stage: &'static str,
+        #[source]
+        source: RunError,
+    },
+    #[error("{0}")]
+    Failed(String),
+    /// The image could not be written.
+    #[error("{}: {reason}", path.display())]
+    Output { path: PathBuf, reason: String },
+}
+
+/// What to make.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ImageRequest {
+    pub prompt: String,
+    pub width: usize,
+    pub height: usize,
+    pub steps: usize,
+    /// Distilled guidance (dev); `None`: 3.5 on dev, none on schnell.
+    pub guidance: Option<f32>,
+    /// Seed of each image's starting noise (image `i` takes `seed + i`).
+    pub seed: u64,
+    /// Images of the prompt.
+    pub count: usize,
+    /// T5's prompt length (diffusers' `max_sequence_length`).
+    pub max_sequence_length: usize,
+    /// The starting noise of every image, unpacked `[16, height/8, width/8]`, instead
+    /// of seeded noise (diffusers' `latents`).
+    pub latents: Option<Vec<f32>>,
+}
+
+/// One stage's run.
+pub struct Stage {
+    /// "clip", "t5", "transformer", "vae".
+    pub name: &'static str,
+    pub model: PathBuf,
+    pub seconds: f64,
+    pub outcome: Outcome,
+}
+
+/// What a pipeline made.
+pub struct Generated {
+    pub pictures: Vec<Picture>,
+    /// Each image's final latent, unpacked (before the VAE).
+    pub latents: Vec<Vec<f32>>,
+    pub stages: Vec<Stage>,
+}
+
+/// Told as each stage starts and steps: (stage, step done, steps).
+pub type Progress = Arc<dyn Fn(&'static str, u64, u64) + Send + Sync>;
+
+/// How the stages run: the settings, the metrics observer, progress.
+pub struct PipelineRun<'a> {
+    pub settings: &'a Settings,
+    pub observer: Arc<dyn stagehand_actors::Observer>,
+    pub progress: Progress,
+}
+
+impl PipelineRun<'_> {
+    /// Opens one stage's model with `extras`, runs `steps` steps under the settings'
+    /// budgets, and gives back its outcome (every budget released at its end).
+    fn stage(
+        &self,
+        name: &'static str,
+        model: &std::path::Path,
+        extras: &Extras,
+        batch: usize,
+        steps: impl Fn(&Prepared) -> u64,
+    ) -> Result<(Prepared, Stage), PipelineError> {
+        let failed = |source| PipelineError::Stage {
+            stage: name,
+            source,
+        };
+        let started = Instant::now();
+        let prepared = prepare_with(
+            model,
+            WorkloadKind::Auto,
+            batch,
+            self.settings,
+            false,
+            extras,
+        )
+        .map_err(failed)?;
+        let steps = steps(&prepared);
+        let ask = BudgetAsk::steps(steps);
+        let budgets = budgets_for(&prepared, self.settings, ask);
+        let settings = Settings {
+            prefetch_depth: fitting_depth(&prepared, self.settings, budgets, ask),
+            verify: self.settings.verify.or(Some(Verify::First)),
+            ..self.settings.clone()
+        };
+        let progress = Arc::clone(&self.progress);
+        progress(name, 0, steps);
+        let plan = RunPlan {
+            keep_outputs: true,
+            observer: Arc::clone(&self.observer),
+            stop: crate::signals::stop_flag(),
+            on_step: Box::new(move |step, _| progress(name, step + 1, steps)),
+            ..RunPlan::new(&settings, budgets, steps)
+        };
+        let outcome = execute(&prepared, plan).map_err(failed)?;
+        let stage = Stage {
+            name,
+            model: model.to_path_buf(),
+            seconds: started.elapsed().as_secs_f64(),
+            outcome,
+        };
+        Ok((prepared, stage))
+    }
+}
+
+/// The outputs of a stage's steps, in step order.
+fn outputs(stage: &Stage) -> Vec<&Vec<f32>> {
+    stage.outcome.report.outputs.values().collect()
+}
+
+/// Makes `request.count` images of `request.prompt` with the pipeline `parts`.
+pub fn generate(
+    parts: &FluxParts,
+    request: &ImageRequest,
+    run: &PipelineRun<'_>,
+) -> Result<Generated, PipelineError> {
+    check(request)?;
+    let prompt = Some(EncoderInput::Texts(vec![request.prompt.clone()]));
+    let mut stages = Vec::with_capacity(4);
+    let text = Extras {
+        encoder: prompt.clone(),
+        ..Extras::default()
+    };
+    let (prepared, clip) = run.stage("clip", &parts.clip, &text, 1, |_| 1)?;
+    let pooled = clip_pooled(&prepared, &clip)?;
+    stages.push(clip);
+    let t5_extras = Extras {
+        prompt_length: Some(request.max_sequence_length),
+        ..text
+    };
+    let (_, t5) = run.stage("t5", &parts.t5, &t5_extras, 1, |_| 1)?;
+    let context = outputs(&t5)[0].clone();
+    stages.push(t5);
+    let cond = Conditioning {
+        tokens: request.max_sequence_length,
+        context,
+        pooled,
+    };
+    let latents = denoise(parts, request, run, cond, &mut stages)?;
+    let (height, width) = (request.height / 8, request.width / 8);
+    let vae_extras = Extras {
+        latent: Some(LatentInput {
+            latents: latents.clone(),
+            height,
+            width,
+        }),
+        ..Extras::default()
+    };
+    let count = latents.len() as u64;
+    let (_, vae) = run.stage("vae", &parts.vae, &vae_extras, 1, |_| count)?;
+    let pictures = outputs(&vae)
+        .into_iter()
+        .map(|planar| Picture::from_decoded(planar, request.height, request.width))
+        .collect::<Result<_, _>>()?;
+    stages.push(vae);
+    Ok(Generated {
+        pictures,
+        latents,
+        stages,
+    })
+}
+
+/// The transformer's steps for each image; each image's final latent, unpacked.
+fn denoise(
+    parts: &FluxParts,
+    request: &ImageRequest,
+    run: &PipelineRun<'_>,
+    cond: Conditioning,
+    stages: &mut Vec<Stage>,
+) -> Result<Vec<Vec<f32>>, PipelineError> {
+    let mut latents = Vec::with_capacity(request.count);
+    for image in 0..request.count {
+        let start = match &request.latents {
+            Some(noise) => Start::Latent(noise.clone()),
+            None => Start::Seed(request.seed + image as u64),
+        };
+        let extras = Extras {
+            diffusion: Some(SampleInput {
+                cond: CondInput::Given(cond.clone()),
+                width: request.width,
+                height: request.height,
+                steps: request.steps,
+                guidance: request.guidance,
+                start,
+            }),
+            ..Extras::default()
+        };
+        let steps_of = |prepared: &Prepared| match &prepared.workload.model {
+            Model::Flux(flux) => flux.steps_per_sample() as u64,
+            _ => 0,
+        };
+        let (prepared, stage) =
+            run.stage("transformer", &parts.transformer, &extras, 1, steps_of)?;
+        let Model::Flux(flux) = &prepared.workload.model else {
+            return Err(PipelineError::Layout {
+                path: parts.transformer.clone(),
+                problem: "is not a Flux transformer".into(),
+            });
+        };
+        let Some(packed) = outputs(&stage).last().map(|packed| flux.unpack(packed)) else {
+            return Err(PipelineError::Failed(
+                "the transformer computed no step".into(),
+            ));
+        };
+        latents.push(packed);
+        stages.push(stage);
+    }
+    Ok(latents)
+}
+
+/// CLIP's pooled vector: the first `hidden` values of its output.
+fn clip_pooled(prepared: &Prepared, clip: &Stage) -> Result<Vec<f32>, PipelineError> {
+    let Model::Clip(encoder) = &prepared.workload.model else {
+        return Err(PipelineError::Layout {
+            path: clip.model.clone(),
+            problem: "is not a CLIP text encoder (model_type clip_text_model)".into(),
+        });
+    };
+    let hidden = encoder.config.hidden;
+    match outputs(clip).first() {
+        Some(values) if values.len() == encoder.output_values() => Ok(values[..hidden].to_vec()),
+        _ => Err(PipelineError::Failed(
+            "CLIP computed no pooled vector".into(),
+        )),
+    }
+}
+
+fn check(request: &ImageRequest) -> Result<(), PipelineError> {
+    let bad = |message: String| Err(PipelineError::BadRequest(message));
+    if request.prompt.trim().is_empty() {
+        return bad("the prompt is empty; say what the image shows".into());
+    }
+    if request.width == 0
+        || request.height == 0
+        || request.width % 16 != 0
+        || request.height % 16 != 0
+    {
+        return bad(format!(
+            "{}×{}: width and height must be positive multiples of 16",
+            request.width, request.height
+        ));
+    }
+    if request.steps == 0 || request.count == 0 || request.max_sequence_length == 0 {
+        return bad("steps, the image count and the sequence length must be at least 1".into());
+    }
+    Ok(())
+}
