@@ -9,10 +9,12 @@
 
 use std::path::{Path, PathBuf};
 
+use bytesize::ByteSize;
 use stagehand::families::flux::read_tensors;
 use stagehand::families::prompt_tokens::PromptTokenizer;
 use stagehand::families::vae::LatentInput;
 use stagehand::pipeline::{generate, FluxParts, ImageRequest, PipelineRun};
+use stagehand::run::driver::Model;
 use stagehand::run::{
     execute, prepare_with, Budgets, Extras, Outcome, Prepared, RunPlan, WorkloadKind,
 };
@@ -71,9 +73,9 @@ fn prepare(model: &Path, extras: &Extras) -> Prepared {
     .expect("opens")
 }
 
-/// Runs `steps` streamed under a budget a block short of the model's (the text
-/// encoders' token table is most of them), each step checked against the
-/// fully-resident pass.
+/// Runs `steps` streamed under a budget a block short of the model's and its
+/// activations (the text encoders' token table is most of them), each step checked
+/// against the fully-resident pass.
 fn streamed(prepared: &Prepared, steps: u64) -> Outcome {
     let layout = prepared.facts().layout();
     let smallest = layout
@@ -82,7 +84,7 @@ fn streamed(prepared: &Prepared, steps: u64) -> Outcome {
         .map(|block| block.bytes)
         .min()
         .unwrap_or(0);
-    let vram = layout.total_bytes() - smallest;
+    let vram = layout.total_bytes() - smallest + prepared.activation_bytes(steps);
     let settings = Settings::default();
     let plan = RunPlan {
         prefetch_depth: 1,
@@ -207,6 +209,7 @@ fn the_vae_decodes_as_diffusers_decodes_streamed() {
             latents: vec![latent],
             height: 8,
             width: 6,
+            tile: None,
         }),
         ..Extras::default()
     };
@@ -232,6 +235,7 @@ fn a_prompt_becomes_diffusers_image() {
         count: 1,
         max_sequence_length: MAX_SEQUENCE_LENGTH,
         latents: Some(expected("noise")),
+        vae_tile: None,
     };
     let settings = Settings::default();
     let run = PipelineRun {
@@ -268,4 +272,72 @@ fn a_prompt_becomes_diffusers_image() {
         .map(|(&ours, &theirs)| (f32::from(ours) - theirs).abs())
         .fold(0f32, f32::max);
     assert!(worst <= 1.0, "a pixel is {worst} levels off");
+}
+
+#[test]
+fn a_tiled_decode_blends_as_diffusers_tiled_decode() {
+    // Proves decoding in tiles of 4 latent positions (32 pixels) overlapping by a
+    // quarter, each tile a step, blended and cropped, gives diffusers'
+    // `tiled_decode` of the same 12 × 10 latent.
+    let extras = Extras {
+        latent: Some(LatentInput {
+            latents: vec![expected("tiled_latent")],
+            height: 12,
+            width: 10,
+            tile: Some(4),
+        }),
+        ..Extras::default()
+    };
+    let prepared = prepare(&pipeline().join("vae"), &extras);
+    let Model::Vae(vae) = &prepared.workload.model else {
+        panic!("opened as a VAE");
+    };
+    assert_eq!(vae.steps_per_image(), 16, "tiles start every 3 positions");
+    let outcome = streamed(&prepared, 16);
+    let tiles: Vec<&[f32]> = outcome.report.outputs.values().map(Vec::as_slice).collect();
+    let image = vae.assemble(&tiles);
+    let error = relative_difference(&image, &expected("tiled_image"));
+    assert!(error < IMAGE_TOLERANCE, "tiled image off by {error}");
+}
+
+#[test]
+fn a_budget_too_small_for_a_whole_decode_decodes_in_tiles() {
+    // Proves the pipeline tiles the VAE when its activations do not fit beside the
+    // weights' ring, keeps every stage's peak within the budget, and still makes the
+    // image (close to the whole decode's: tiles blend, they are not the same bits).
+    let budget = 4 << 20;
+    let settings = Settings {
+        vram_budget: Some(ByteSize::b(budget)),
+        ..Settings::default()
+    };
+    let run = PipelineRun {
+        settings: &settings,
+        observer: stagehand::run::no_observer(),
+        progress: std::sync::Arc::new(|_, _, _| {}),
+    };
+    let request = ImageRequest {
+        prompt: PROMPT.to_string(),
+        width: 128,
+        height: 128,
+        steps: 1,
+        guidance: None,
+        seed: 3,
+        count: 1,
+        max_sequence_length: MAX_SEQUENCE_LENGTH,
+        latents: None,
+        vae_tile: None,
+    };
+    let parts = FluxParts::open(&pipeline()).expect("a Flux pipeline");
+    let generated = generate(&parts, &request, &run).expect("makes an image");
+    let vae = generated.stages.last().expect("a VAE stage");
+    assert!(vae.outcome.report.steps > 1, "decoded in tiles");
+    for stage in &generated.stages {
+        let peak = stage.outcome.report.stats.vram.peak_used_bytes;
+        assert!(
+            peak <= budget,
+            "{} peaked at {peak} of {budget}",
+            stage.name
+        );
+    }
+    assert_eq!(generated.pictures[0].pixels.len(), 128 * 128 * 3);
 }

@@ -45,6 +45,7 @@ mod demo_model;
 mod embed;
 mod generate;
 mod hardware_arg;
+mod image;
 mod inspect;
 mod logging;
 mod machine_load;
@@ -109,6 +110,8 @@ pub enum Command {
     Generate(generate::GenerateArgs),
     /// Samples a Flux diffusion transformer's denoising steps from a conditioning file.
     Sample(sample::SampleArgs),
+    /// A prompt to a PNG through a Flux pipeline folder (text encoders, transformer, VAE).
+    Image(image::ImageArgs),
     /// Show a safetensors checkpoint's files, tensors and block split.
     Inspect(inspect::InspectArgs),
     /// Print the effective settings and which layer set each one.
@@ -169,6 +172,7 @@ pub fn main() -> ExitCode {
         Some(Command::Embed(args)) => embed::execute(args),
         Some(Command::Generate(args)) => generate::execute(args),
         Some(Command::Sample(args)) => sample::execute(args),
+        Some(Command::Image(args)) => image::execute(args),
         Some(Command::Inspect(args)) => inspect::execute(args),
         Some(Command::Config(args)) => config_cmd::execute(args),
         Some(Command::DemoModel(args)) => demo_model::execute(args),

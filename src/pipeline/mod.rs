@@ -53,6 +53,12 @@ pub enum PipelineError {
         #[source]
         source: RunError,
     },
+    /// The budget leaves a stage too little room, even at its smallest.
+    #[error("the VRAM budget is too small for the {stage} stage even in its smallest tiles: give --vram-budget {} or more", stagehand_actors::Bytes(*least_bytes))]
+    BudgetTooSmall {
+        stage: &'static str,
+        least_bytes: u64,
+    },
     #[error("{0}")]
     Failed(String),
     /// The image could not be written.
@@ -78,6 +84,9 @@ pub struct ImageRequest {
     /// The starting noise of every image, unpacked `[16, height/8, width/8]`, instead
     /// of seeded noise (diffusers' `latents`).
     pub latents: Option<Vec<f32>>,
+    /// Decode in tiles of this many latent positions a side; `None`: whole when the
+    /// budget leaves room for it, else the largest tile that fits.
+    pub vae_tile: Option<usize>,
 }
 
 /// One stage's run.
@@ -194,21 +203,7 @@ pub fn generate(
         pooled,
     };
     let latents = denoise(parts, request, run, cond, &mut stages)?;
-    let (height, width) = (request.height / 8, request.width / 8);
-    let vae_extras = Extras {
-        latent: Some(LatentInput {
-            latents: latents.clone(),
-            height,
-            width,
-        }),
-        ..Extras::default()
-    };
-    let count = latents.len() as u64;
-    let (_, vae) = run.stage("vae", &parts.vae, &vae_extras, 1, |_| count)?;
-    let pictures = outputs(&vae)
-        .into_iter()
-        .map(|planar| Picture::from_decoded(planar, request.height, request.width))
-        .collect::<Result<_, _>>()?;
+    let (pictures, vae) = decode(parts, request, run, &latents)?;
     stages.push(vae);
     Ok(Generated {
         pictures,
@@ -264,6 +259,101 @@ fn denoise(
     }
     Ok(latents)
 }
+
+/// The VAE's stage: every latent decoded (in tiles when the budget leaves too little
+/// room for a whole decode's activations, or when the request says so) and rounded.
+fn decode(
+    parts: &FluxParts,
+    request: &ImageRequest,
+    run: &PipelineRun<'_>,
+    latents: &[Vec<f32>],
+) -> Result<(Vec<Picture>, Stage), PipelineError> {
+    let input = |tile: Option<usize>| Extras {
+        latent: Some(LatentInput {
+            latents: latents.to_vec(),
+            height: request.height / 8,
+            width: request.width / 8,
+            tile,
+        }),
+        ..Extras::default()
+    };
+    let steps = |prepared: &Prepared| match &prepared.workload.model {
+        Model::Vae(vae) => (vae.images() * vae.steps_per_image()) as u64,
+        _ => 0,
+    };
+    let tile = match request.vae_tile {
+        Some(tile) => Some(tile),
+        None => {
+            let prepared = prepare_with(
+                &parts.vae,
+                WorkloadKind::Auto,
+                1,
+                run.settings,
+                false,
+                &input(None),
+            )
+            .map_err(|source| PipelineError::Stage {
+                stage: "vae",
+                source,
+            })?;
+            automatic_tile(&prepared, run.settings)?
+        }
+    };
+    let (prepared, stage) = run.stage("vae", &parts.vae, &input(tile), 1, steps)?;
+    let Model::Vae(vae) = &prepared.workload.model else {
+        return Err(PipelineError::Layout {
+            path: parts.vae.clone(),
+            problem: "is not an AutoencoderKL".into(),
+        });
+    };
+    let outputs: Vec<&[f32]> = outputs(&stage).into_iter().map(Vec::as_slice).collect();
+    let pictures = outputs
+        .chunks(vae.steps_per_image().max(1))
+        .map(|tiles| Picture::from_decoded(&vae.assemble(tiles), request.height, request.width))
+        .collect::<Result<_, _>>()?;
+    Ok((pictures, stage))
+}
+
+/// The tile a decode takes under the settings' budget: none when a whole decode's
+/// working set fits beside a ring of its largest block, else the largest of the
+/// VAE's own tile (diffusers' `sample_size / 8`) halved until its working set fits.
+fn automatic_tile(
+    prepared: &Prepared,
+    settings: &Settings,
+) -> Result<Option<usize>, PipelineError> {
+    let Model::Vae(vae) = &prepared.workload.model else {
+        return Ok(None);
+    };
+    let budgets = budgets_for(prepared, settings, BudgetAsk::steps(1));
+    let ring = 2 * prepared.facts().layout().largest_block_bytes();
+    let room = budgets.vram_budget_bytes.saturating_sub(ring);
+    if vae.working_set_bytes() <= room {
+        return Ok(None);
+    }
+    let (height, width) = (vae.tiling.height, vae.tiling.width);
+    let mut tile = (vae.config.sample_size / vae.config.scale_factor()).min(height.max(width));
+    while tile >= MIN_TILE {
+        if crate::families::vae::working_set_bytes(&vae.config, tile, tile) <= room {
+            tracing::info!(
+                "vae: a whole {}×{} decode needs {} of activations beside the weights' ring, more than the budget leaves ({}); decoding in tiles of {tile}² latent positions",
+                width * vae.config.scale_factor(),
+                height * vae.config.scale_factor(),
+                stagehand_actors::Bytes(vae.working_set_bytes()),
+                stagehand_actors::Bytes(room)
+            );
+            return Ok(Some(tile));
+        }
+        tile /= 2;
+    }
+    let least = crate::families::vae::working_set_bytes(&vae.config, MIN_TILE, MIN_TILE) + ring;
+    Err(PipelineError::BudgetTooSmall {
+        stage: "vae",
+        least_bytes: least,
+    })
+}
+
+/// The smallest tile an automatic tiling takes (latent positions a side).
+const MIN_TILE: usize = 8;
 
 /// CLIP's pooled vector: the first `hidden` values of its output.
 fn clip_pooled(prepared: &Prepared, clip: &Stage) -> Result<Vec<f32>, PipelineError> {

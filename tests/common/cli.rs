@@ -31,6 +31,7 @@ pub const TABLES: &[(&str, &str)] = &[
     ("embed", "tests/cli_embed.rs"),
     ("generate", "tests/cli_generate.rs"),
     ("sample", "tests/cli_sample.rs"),
+    ("image", "tests/cli_image.rs"),
     ("serve", "tests/cli_serve.rs"),
     ("inspect", "tests/cli_inspect.rs"),
     ("config", "tests/cli_config.rs"),

@@ -13,16 +13,21 @@
 //! 3×3 convolution; then GroupNorm, SiLU and a 3×3 convolution out to RGB.
 //!
 //! Blocks: the input convolution with the middle block, each up block, the output.
-//! A step decodes one latent; its output is the image `[channels, height, width]`
-//! in the decoder's range (about −1 … 1), as diffusers' `vae.decode` returns it.
+//! A step decodes one tile of a latent (the whole latent untiled, see [`Tiling`]);
+//! its output is the tile's image `[channels, height, width]` in the decoder's range
+//! (about −1 … 1), as diffusers' `vae.decode` returns it, and
+//! [`VaeDecoder::assemble`] blends a latent's tiles into its image. The step's
+//! working set is reserved through the activation path before its first block.
 
 mod config;
 mod open;
+mod tiles;
 mod weights;
 
 use stagehand_actors::{BlockId, ModelLayout};
 
 pub use config::VaeConfig;
+pub use tiles::{working_set_bytes, Tile, Tiling};
 use weights::{Conv, Decoder, Pair, Resnet, SelfAttention};
 
 use super::blocks::{Blocks, Held};
@@ -41,6 +46,9 @@ pub struct LatentInput {
     pub latents: Vec<Vec<f32>>,
     pub height: usize,
     pub width: usize,
+    /// Decode in tiles of this many latent positions a side ([`Tiling`]); `None`:
+    /// whole.
+    pub tile: Option<usize>,
 }
 
 /// A VAE decoder over its latents.
@@ -49,10 +57,13 @@ pub struct VaeDecoder {
     placement: Placement,
     decoder: Decoder,
     input: LatentInput,
+    pub tiling: Tiling,
 }
 
-/// The decoder keeps no state between steps: every tensor is sized by its stage.
-pub struct VaeState;
+/// Whether the step's working set is reserved; every tensor is sized by its stage.
+pub struct VaeState {
+    reserved: bool,
+}
 
 impl VaeDecoder {
     fn new(index: &ModelIndex, config: VaeConfig, input: LatentInput) -> Result<Self, FamilyError> {
@@ -70,12 +81,35 @@ impl VaeDecoder {
             )));
         }
         let (placement, decoder) = weights::place_decoder(index, &config)?;
+        let tiling = Tiling::new(input.height, input.width, input.tile, config.scale_factor());
         Ok(Self {
             config,
             placement,
             decoder,
             input,
+            tiling,
         })
+    }
+
+    /// Bytes a step holds live: its largest tile's decode.
+    pub fn working_set_bytes(&self) -> u64 {
+        let (rows, cols) = self.tiling.largest();
+        working_set_bytes(&self.config, rows, cols)
+    }
+
+    /// Steps a latent takes: one per tile.
+    pub fn steps_per_image(&self) -> usize {
+        self.tiling.tiles.len()
+    }
+
+    /// Latents to decode.
+    pub fn images(&self) -> usize {
+        self.input.latents.len()
+    }
+
+    /// The image `[channels, height, width]` of one latent's steps' outputs.
+    pub fn assemble(&self, tiles: &[&[f32]]) -> Vec<f32> {
+        self.tiling.assemble(tiles, self.config.image_channels)
     }
 
     /// The decoded image's size in pixels.
@@ -87,19 +121,28 @@ impl VaeDecoder {
         }
     }
 
-    /// The latent of step `step`, un-scaled, channels-last.
-    fn channels_last(&self, step: u64) -> Vec<f32> {
-        let latent = &self.input.latents[step as usize % self.input.latents.len()];
+    /// The latent tile of step `step`, un-scaled, channels-last, and its size.
+    fn channels_last(&self, step: u64) -> (Vec<f32>, Image) {
+        let tiles = self.tiling.tiles.len() as u64;
+        let latent = &self.input.latents[(step / tiles) as usize % self.input.latents.len()];
+        let tile = self.tiling.tiles[(step % tiles) as usize];
         let channels = self.config.latent_channels;
-        let pixels = self.input.height * self.input.width;
+        let (height, width) = (self.input.height, self.input.width);
         let (scaling, shift) = (self.config.scaling, self.config.shift);
-        let mut values = vec![0.0; latent.len()];
-        for (channel, plane) in latent.chunks_exact(pixels).enumerate() {
-            for (pixel, &value) in plane.iter().enumerate() {
-                values[pixel * channels + channel] = value / scaling + shift;
+        let mut values = vec![0.0; tile.rows * tile.cols * channels];
+        for (channel, plane) in latent.chunks_exact(height * width).enumerate() {
+            for y in 0..tile.rows {
+                let row = &plane[(tile.row + y) * width + tile.col..][..tile.cols];
+                for (x, &value) in row.iter().enumerate() {
+                    values[(y * tile.cols + x) * channels + channel] = value / scaling + shift;
+                }
             }
         }
-        values
+        let image = Image {
+            height: tile.rows,
+            width: tile.cols,
+        };
+        (values, image)
     }
 
     /// The decoder from the latent `z` (channels-last, un-scaled) to the image.
@@ -107,12 +150,8 @@ impl VaeDecoder {
         &self,
         compute: &C,
         blocks: &mut B,
-        z: &[f32],
+        (z, mut image): (&[f32], Image),
     ) -> Result<C::Tensor, FamilyError> {
-        let mut image = Image {
-            height: self.input.height,
-            width: self.input.width,
-        };
         let mut x = compute.tensor(image.pixels(), self.config.latent_channels)?;
         compute.write(&mut x, z)?;
         let stages = Stages {
@@ -303,12 +342,17 @@ impl Facts for VaeDecoder {
     }
 
     fn reference_key(&self, step: u64) -> u64 {
-        step % self.input.latents.len() as u64
+        step % (self.input.latents.len() * self.tiling.tiles.len()) as u64
     }
 
-    /// Latent positions of a step.
+    /// Latent positions of a step (its largest tile).
     fn tokens_per_step(&self) -> u64 {
-        (self.input.height * self.input.width) as u64
+        let (rows, cols) = self.tiling.largest();
+        (rows * cols) as u64
+    }
+
+    fn activation_bytes(&self, _steps: u64) -> u64 {
+        self.working_set_bytes()
     }
 }
 
@@ -317,18 +361,22 @@ impl Family for VaeDecoder {
 
     fn start<C: Compute>(&self, compute: &C) -> Result<VaeState, FamilyError> {
         compute.pipeline()?;
-        Ok(VaeState)
+        Ok(VaeState { reserved: false })
     }
 
     fn step<C: Compute, B: Blocks<C>>(
         &self,
         compute: &C,
-        _state: &mut VaeState,
+        state: &mut VaeState,
         blocks: &mut B,
         step: u64,
     ) -> Result<StepOutput, FamilyError> {
-        let z = self.channels_last(step);
-        let image = self.decode(compute, blocks, &z)?;
+        if !state.reserved {
+            blocks.reserve_activations(self.working_set_bytes())?;
+            state.reserved = true;
+        }
+        let (z, tile) = self.channels_last(step);
+        let image = self.decode(compute, blocks, (&z, tile))?;
         let values = compute.read(&image)?;
         let (pixels, channels) = compute.dims(&image);
         let mut planar = vec![0.0; values.len()];

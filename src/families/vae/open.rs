@@ -45,6 +45,7 @@ impl Open for VaeDecoder {
                     latents: vec![gaussian(config.latent_channels * side * side, 0)],
                     height: side,
                     width: side,
+                    tile: None,
                 }
             }
         };

@@ -1,0 +1,322 @@
+//! `stagehand image`: a prompt to a PNG through a Flux pipeline folder — CLIP and T5
+//! for the prompt, the transformer's denoising steps, the VAE — each model streamed
+//! under the same budgets in turn and checked as every run is. The PNG carries the
+//! prompt, seed, steps, guidance and model in text chunks; the summary gives each
+//! stage's time, bytes over each link, peaks and budget.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+
+use super::{CommandResult, Failure};
+use stagehand::families::flux::read_tensors;
+use stagehand::pipeline::{
+    generate, FluxParts, Generated, ImageRequest, PipelineError, PipelineRun, Stage,
+};
+use stagehand::run::summary::Summary;
+use stagehand::settings::{self, SettingsArgs};
+
+#[derive(Debug, clap::Args)]
+pub struct ImageArgs {
+    /// A diffusers Flux pipeline folder (model_index.json, text_encoder/,
+    /// text_encoder_2/, tokenizer/, tokenizer_2/, transformer/, vae/).
+    #[arg(long, value_name = "DIR")]
+    pub model: PathBuf,
+    /// What the image shows.
+    #[arg(long)]
+    pub prompt: String,
+    /// Width in pixels (a multiple of 16).
+    #[arg(long, default_value_t = 1024)]
+    pub width: usize,
+    /// Height in pixels (a multiple of 16).
+    #[arg(long, default_value_t = 1024)]
+    pub height: usize,
+    /// Denoising steps (diffusers' default for dev: 28; schnell: 4).
+    #[arg(long, default_value_t = 28)]
+    pub steps: usize,
+    /// Distilled guidance (dev only; default 3.5).
+    #[arg(long)]
+    pub guidance: Option<f32>,
+    /// Seed of the starting noise; image i of a batch takes seed + i.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Images of the prompt.
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
+    /// T5's prompt length in tokens, padded to it (diffusers' `max_sequence_length`).
+    #[arg(long, default_value_t = 512)]
+    pub max_sequence_length: usize,
+    /// Start from this noise (safetensors `latent` [1, 16, H/8, W/8], as diffusers'
+    /// `latents` unpacked) instead of seeded noise.
+    #[arg(long, value_name = "FILE")]
+    pub latents: Option<PathBuf>,
+    /// Decode in tiles of this many latent positions a side (8 pixels each), blended
+    /// over a quarter tile as diffusers' tiled decode; default: whole when the VRAM
+    /// budget leaves room for its activations, else the largest tile that fits.
+    #[arg(long, value_name = "POSITIONS")]
+    pub vae_tile: Option<usize>,
+    /// The PNG to write (`NAME-1.png`, `NAME-2.png`, … for a batch).
+    #[arg(long, value_name = "FILE.png")]
+    pub out: PathBuf,
+    /// Print the result and each stage's summary as JSON at the end.
+    #[arg(long)]
+    pub json: bool,
+    /// No progress output.
+    #[arg(long)]
+    pub quiet: bool,
+    #[command(flatten)]
+    pub settings: SettingsArgs,
+}
+
+#[derive(Debug, Serialize)]
+struct StageOutput {
+    stage: &'static str,
+    model: String,
+    seconds: f64,
+    summary: Summary,
+}
+
+#[derive(Debug, Serialize)]
+struct ImageOutput {
+    images: Vec<String>,
+    width: usize,
+    height: usize,
+    seconds: f64,
+    stages: Vec<StageOutput>,
+}
+
+fn bad(message: String) -> Failure {
+    Failure::bad_input(anyhow::anyhow!(message))
+}
+
+fn pipeline_failure(error: PipelineError) -> Failure {
+    match error {
+        PipelineError::Stage { .. } | PipelineError::Failed(_) | PipelineError::Output { .. } => {
+            Failure::run_failed(anyhow::anyhow!(error))
+        }
+        _ => Failure::bad_input(anyhow::anyhow!(error)),
+    }
+}
+
+/// The starting noise of `--latents`, checked against the size.
+fn latents_of(args: &ImageArgs) -> Result<Option<Vec<f32>>, Failure> {
+    let Some(path) = &args.latents else {
+        return Ok(None);
+    };
+    let tensors = read_tensors(path).map_err(|error| bad(error.to_string()))?;
+    let Some((_, shape, values)) = tensors.into_iter().find(|(name, ..)| name == "latent") else {
+        return Err(bad(format!("{}: no tensor `latent`", path.display())));
+    };
+    let (height, width) = (args.height / 8, args.width / 8);
+    if values.len() != 16 * height * width {
+        return Err(bad(format!(
+            "{}: `latent` is {shape:?}; a {}×{} image starts from [1, 16, {height}, {width}]",
+            path.display(),
+            args.width,
+            args.height
+        )));
+    }
+    Ok(Some(values))
+}
+
+/// Where image `index` of `count` goes.
+fn out_path(out: &Path, index: usize, count: usize) -> PathBuf {
+    if count == 1 {
+        return out.to_path_buf();
+    }
+    let stem = out
+        .file_stem()
+        .and_then(|stem| stem.to_str())
+        .unwrap_or("image");
+    out.with_file_name(format!("{stem}-{}.png", index + 1))
+}
+
+fn check_out(out: &Path) -> Result<(), Failure> {
+    let folder = out.parent().filter(|dir| !dir.as_os_str().is_empty());
+    if folder.is_some_and(|dir| !dir.is_dir()) || out.is_dir() {
+        return Err(bad(format!(
+            "--out {}: not a file in an existing folder; create the folder or pick another path",
+            out.display()
+        )));
+    }
+    Ok(())
+}
+
+/// A progress bar that names the stage it counts.
+fn progress(quiet: bool) -> (ProgressBar, stagehand::pipeline::Progress) {
+    let bar = if quiet {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(1)
+    };
+    bar.set_style(
+        ProgressStyle::with_template("{msg:>12} [{bar:30}] {pos}/{len}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let shown = bar.clone();
+    let report = Arc::new(move |stage: &'static str, done: u64, steps: u64| {
+        if done == 0 {
+            shown.set_message(stage);
+            shown.set_length(steps);
+            shown.set_position(0);
+        } else {
+            shown.set_position(done);
+        }
+    });
+    (bar, report)
+}
+
+pub fn execute(args: ImageArgs) -> CommandResult {
+    let loaded = settings::load(&args.settings).map_err(Failure::bad_input)?;
+    let settings = loaded.settings;
+    super::run::init_logging(&settings.log);
+    match settings.device {
+        settings::DeviceKind::Sim => {
+            return Err(bad(
+                "device `sim` runs in virtual time: use `stagehand simulate --model PATH --hardware NAME`".into(),
+            ))
+        }
+        settings::DeviceKind::Cuda => {
+            return Err(bad(
+                "--device cuda: image runs on the CPU backend for now (the CUDA adapter has no convolution or text-encoder kernels yet); pass --device cpu or auto".into(),
+            ))
+        }
+        settings::DeviceKind::Auto | settings::DeviceKind::Cpu => {}
+    }
+    check_out(&args.out)?;
+    if args.batch == 0 {
+        return Err(bad("--batch 0 makes no image; give at least 1".into()));
+    }
+    if args.vae_tile == Some(0) {
+        return Err(bad(
+            "--vae-tile 0: a tile is at least one latent position (8 pixels) a side; leave it out to tile only when the budget needs it".into(),
+        ));
+    }
+    let parts = FluxParts::open(&args.model).map_err(pipeline_failure)?;
+    let request = ImageRequest {
+        prompt: args.prompt.clone(),
+        width: args.width,
+        height: args.height,
+        steps: args.steps,
+        guidance: args.guidance,
+        seed: args.seed,
+        count: args.batch,
+        max_sequence_length: args.max_sequence_length,
+        latents: latents_of(&args)?,
+        vae_tile: args.vae_tile,
+    };
+    let observer = match settings.metrics_addr {
+        Some(addr) => Arc::new(stagehand::telemetry::install(addr).map_err(Failure::bad_input)?)
+            as Arc<dyn stagehand_actors::Observer>,
+        None => stagehand::run::no_observer(),
+    };
+    let (bar, report) = progress(args.quiet || args.json);
+    let started = std::time::Instant::now();
+    let run = PipelineRun {
+        settings: &settings,
+        observer,
+        progress: report,
+    };
+    let generated = generate(&parts, &request, &run);
+    bar.finish_and_clear();
+    let generated = generated.map_err(pipeline_failure)?;
+    let written = write_images(&args, &generated)?;
+    print_result(&args, &generated, &written, started.elapsed().as_secs_f64())
+}
+
+/// Writes every picture with the request's settings in its text chunks.
+fn write_images(args: &ImageArgs, generated: &Generated) -> Result<Vec<PathBuf>, Failure> {
+    let count = generated.pictures.len();
+    let mut written = Vec::with_capacity(count);
+    for (index, picture) in generated.pictures.iter().enumerate() {
+        let path = out_path(&args.out, index, count);
+        let seed = match &args.latents {
+            Some(file) => format!("latents from {}", file.display()),
+            None => (args.seed + index as u64).to_string(),
+        };
+        let text = [
+            ("prompt", args.prompt.clone()),
+            ("seed", seed),
+            ("steps", args.steps.to_string()),
+            (
+                "guidance",
+                args.guidance.map_or("default".into(), |g| g.to_string()),
+            ),
+            ("size", format!("{}x{}", args.width, args.height)),
+            ("max_sequence_length", args.max_sequence_length.to_string()),
+            ("model", args.model.display().to_string()),
+            (
+                "software",
+                format!("stagehand {}", env!("CARGO_PKG_VERSION")),
+            ),
+        ]
+        .map(|(keyword, value)| (keyword.to_string(), value));
+        picture.write_png(&path, &text).map_err(pipeline_failure)?;
+        written.push(path);
+    }
+    Ok(written)
+}
+
+fn stage_line(stage: &Stage) -> String {
+    let summary = Summary::new(&stage.outcome);
+    format!(
+        "  {:<12} {:>8.2} s  {} steps, {:.1} ms/step; weights {} ({} streamed a step); peak VRAM {} of {}, pinned {} of {}",
+        stage.name,
+        stage.seconds,
+        summary.steps,
+        summary.steady_step_seconds * 1e3,
+        stagehand_actors::Bytes(summary.model_bytes),
+        stagehand_actors::Bytes(summary.streamed_bytes_per_step_planned),
+        stagehand_actors::Bytes(summary.peak_vram_bytes),
+        stagehand_actors::Bytes(summary.vram_budget_bytes),
+        stagehand_actors::Bytes(summary.peak_pinned_bytes),
+        stagehand_actors::Bytes(summary.pin_ceiling_bytes),
+    )
+}
+
+fn print_result(
+    args: &ImageArgs,
+    generated: &Generated,
+    written: &[PathBuf],
+    seconds: f64,
+) -> CommandResult {
+    if args.json {
+        let output = ImageOutput {
+            images: written
+                .iter()
+                .map(|path| path.display().to_string())
+                .collect(),
+            width: args.width,
+            height: args.height,
+            seconds,
+            stages: generated
+                .stages
+                .iter()
+                .map(|stage| StageOutput {
+                    stage: stage.name,
+                    model: stage.model.display().to_string(),
+                    seconds: stage.seconds,
+                    summary: Summary::new(&stage.outcome),
+                })
+                .collect(),
+        };
+        let json = serde_json::to_string_pretty(&output).map_err(Failure::run_failed)?;
+        println!("{json}");
+        return Ok(());
+    }
+    for path in written {
+        println!("{}", path.display());
+    }
+    if !args.quiet {
+        eprintln!(
+            "image: {}×{} in {seconds:.2} s, {} steps, every stage checked against its resident pass",
+            args.width, args.height, args.steps
+        );
+        for stage in &generated.stages {
+            eprintln!("{}", stage_line(stage));
+        }
+    }
+    Ok(())
+}
