@@ -146,7 +146,14 @@ impl PipelineRun<'_> {
         let budgets = budgets_for(&prepared, self.settings, ask);
         let settings = Settings {
             prefetch_depth: fitting_depth(&prepared, self.settings, budgets, ask),
-            verify: self.settings.verify.or(Some(Verify::First)),
+            // The cheap check where people work: every block against the file as it
+            // lands, and the first step recomputed from resident blocks — unless the
+            // first step is the whole stage (an encoder's, the VAE's), which that
+            // would compute twice.
+            verify: self.settings.verify.or(Some(match steps {
+                0 | 1 => Verify::Weights,
+                _ => Verify::First,
+            })),
             ..self.settings.clone()
         };
         let progress = Arc::clone(&self.progress);

@@ -3,7 +3,7 @@
 //! pool size. The work is small beside the products around it (one pass over the
 //! activations each).
 
-use super::{CpuCompute, CpuTensor};
+use super::{elementwise, CpuCompute, CpuTensor};
 use crate::compute::diffusion::{self, Diffusion};
 use crate::compute::{shapes, ComputeError};
 
@@ -59,19 +59,12 @@ impl Diffusion for CpuCompute {
     }
 
     fn silu(&self, x: &mut CpuTensor) -> Result<(), ComputeError> {
-        for value in &mut x.data {
-            *value /= 1.0 + (-*value).exp();
-        }
+        elementwise::silu(&self.pool, &mut x.data);
         Ok(())
     }
 
     fn gelu_tanh(&self, x: &mut CpuTensor) -> Result<(), ComputeError> {
-        const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-        for value in &mut x.data {
-            let v = *value;
-            let inner = SQRT_2_OVER_PI * (v + 0.044_715 * v * v * v);
-            *value = 0.5 * v * (1.0 + inner.tanh());
-        }
+        elementwise::gelu_tanh_all(&self.pool, &mut x.data);
         Ok(())
     }
 

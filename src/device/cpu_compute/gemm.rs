@@ -287,7 +287,7 @@ pub(super) fn widen(dtype: DType, stored: &[u8], out: &mut [f32]) {
 /// # Safety
 /// Every row `destination + r·stride .. + bias.len()`, `r < rows`, is writable and
 /// written by no other thread meanwhile.
-unsafe fn add_to_rows(bias: &[f32], destination: *mut f32, rows: usize, stride: usize) {
+pub(super) unsafe fn add_to_rows(bias: &[f32], destination: *mut f32, rows: usize, stride: usize) {
     match Isa::detect() {
         // SAFETY: the lanes were chosen by `Isa::detect`; rows are the caller's contract.
         #[cfg(target_arch = "x86_64")]

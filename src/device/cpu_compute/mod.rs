@@ -21,6 +21,7 @@
 mod amx;
 mod attention;
 mod checksum;
+mod convolution;
 mod diffusion;
 mod elementwise;
 mod gemm;
@@ -77,6 +78,13 @@ pub struct CpuCompute {
     /// The cores this process may run on: a pool spanning them all shares one with
     /// the copy thread (see `checksum`).
     cores: usize,
+}
+
+/// The activation buffers this compute's thread kept for reuse go with it.
+impl Drop for CpuCompute {
+    fn drop(&mut self) {
+        spare::release();
+    }
 }
 
 impl Default for CpuCompute {

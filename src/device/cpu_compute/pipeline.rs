@@ -1,19 +1,14 @@
-//! The CPU's pipeline kernels ([`Pipeline`]): a convolution is its im2col rows in
-//! bands times the weight through this adapter's own products, so it has their
-//! dtypes and their speed; the rest are loops whose every output element is computed
-//! by one thread in one fixed order, so the bits do not depend on the pool's size.
+//! The CPU's pipeline kernels ([`Pipeline`]): the convolution is [`convolution`]'s;
+//! the rest are loops whose every output element is computed by one thread in one
+//! fixed order, so the bits do not depend on the pool's size.
 
 use std::sync::Mutex;
 
-use super::elementwise::exp;
+use super::elementwise::{self, exp};
 use super::pool::{share, SharedOut};
-use super::{products, spare, vector, CpuCompute, CpuTensor};
+use super::{convolution, vector, CpuCompute, CpuTensor};
 use crate::compute::pipeline::{self, BiasedAttention, Conv2d, GroupNorm, Image, Pipeline};
 use crate::compute::{ComputeError, Weight};
-
-/// The most im2col values one band of a convolution holds (16 MiB of f32): bands of
-/// a few hundred pixels, many rows for the product, little memory beside the image.
-const BAND_VALUES: usize = 1 << 22;
 
 /// Pixels whose group-norm sums one task takes: the partial sums are per chunk and
 /// added in chunk order, so the bits do not depend on the thread count.
@@ -23,26 +18,13 @@ impl Pipeline for CpuCompute {
     type Tensor = CpuTensor;
 
     fn quick_gelu(&self, x: &mut CpuTensor) -> Result<(), ComputeError> {
-        self.pool.split(&mut x.data, 1, &|part, _| {
-            for value in part {
-                let v = *value;
-                *value = v * (1.0 / (1.0 + exp(-1.702 * v)));
-            }
-        });
+        elementwise::quick_gelu(&self.pool, &mut x.data);
         Ok(())
     }
 
     fn gelu_tanh_mul(&self, gate: &mut CpuTensor, up: &CpuTensor) -> Result<(), ComputeError> {
         crate::compute::shapes::same("gelu_tanh_mul", gate.dims(), up.dims())?;
-        const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-        let up = &up.data;
-        self.pool.split(&mut gate.data, 1, &|part, first| {
-            for (value, &linear) in part.iter_mut().zip(&up[first..]) {
-                let v = *value;
-                let inner = SQRT_2_OVER_PI * (v + 0.044_715 * v * v * v);
-                *value = 0.5 * v * (1.0 + inner.tanh()) * linear;
-            }
-        });
+        elementwise::gelu_tanh_mul(&self.pool, &mut gate.data, &up.data);
         Ok(())
     }
 
@@ -128,36 +110,7 @@ impl Pipeline for CpuCompute {
         shape: &Conv2d,
         y: &mut CpuTensor,
     ) -> Result<(), ComputeError> {
-        let channels = pipeline::conv2d(x.dims(), (weight.rows(), weight.cols()), shape, y.dims())?;
-        if shape.kernel == 1 && shape.stride == 1 && shape.padding == [0; 4] {
-            return products::linear(self, x, weight, bias, y);
-        }
-        let columns = weight.cols();
-        let output = shape.output();
-        let band_pixels = (BAND_VALUES / columns).max(1);
-        let out_channels = weight.rows();
-        let mut first = 0;
-        while first < output.pixels() {
-            let pixels = band_pixels.min(output.pixels() - first);
-            let mut band = CpuTensor {
-                data: spare::allocate(pixels, columns)?,
-                rows: pixels,
-                cols: columns,
-            };
-            self.pool.split(&mut band.data, columns, &|part, start| {
-                let pixel = first + start / columns;
-                im2col(&x.data, channels, shape, output, pixel, part);
-            });
-            let mut band_out = CpuTensor {
-                data: spare::allocate(pixels, out_channels)?,
-                rows: pixels,
-                cols: out_channels,
-            };
-            products::linear(self, &band, weight, bias, &mut band_out)?;
-            y.data[first * out_channels..][..pixels * out_channels].copy_from_slice(&band_out.data);
-            first += pixels;
-        }
-        Ok(())
+        convolution::conv2d(self, x, weight, bias, shape, y)
     }
 
     fn group_norm(
@@ -286,51 +239,5 @@ impl CpuCompute {
             inverses.push((1.0 / (variance + f64::from(eps)).sqrt()) as f32);
         }
         (means, inverses)
-    }
-}
-
-/// Fills `part` (whole im2col rows from output pixel `pixel` on) with the inputs each
-/// output pixel's kernel covers: column `c·k² + ky·k + kx` is channel `c` at tap
-/// `(ky, kx)`, the order of the weight's `[out, in, kh, kw]`; outside the image, 0.
-fn im2col(
-    image: &[f32],
-    channels: usize,
-    shape: &Conv2d,
-    output: Image,
-    pixel: usize,
-    part: &mut [f32],
-) {
-    let kernel = shape.kernel;
-    let taps = kernel * kernel;
-    let columns = channels * taps;
-    let (top, left) = (shape.padding[0], shape.padding[2]);
-    let input = shape.input;
-    for (offset, row) in part.chunks_exact_mut(columns).enumerate() {
-        let at = pixel + offset;
-        let (out_y, out_x) = (at / output.width, at % output.width);
-        for ky in 0..kernel {
-            let in_y = (out_y * shape.stride + ky)
-                .checked_sub(top)
-                .filter(|&y| y < input.height);
-            for kx in 0..kernel {
-                let tap = ky * kernel + kx;
-                let in_x = (out_x * shape.stride + kx)
-                    .checked_sub(left)
-                    .filter(|&x| x < input.width);
-                match (in_y, in_x) {
-                    (Some(y), Some(x)) => {
-                        let source = &image[(y * input.width + x) * channels..][..channels];
-                        for (channel, &value) in source.iter().enumerate() {
-                            row[channel * taps + tap] = value;
-                        }
-                    }
-                    _ => {
-                        for channel in 0..channels {
-                            row[channel * taps + tap] = 0.0;
-                        }
-                    }
-                }
-            }
-        }
     }
 }

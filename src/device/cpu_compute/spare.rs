@@ -16,8 +16,10 @@ use crate::compute::{shapes, ComputeError};
 const SPARE_BUFFERS: usize = 16;
 
 /// Bytes kept per thread, at most (a 1B decoder's largest activation of a 265-token
-/// prefill is 8.7 MB).
-const SPARE_BYTES_MAX: usize = 96 << 20;
+/// prefill is 8.7 MB; a VAE decode's at 256² is 64 MiB, at 1024² 1 GiB). The buffers
+/// were live activations once; the compute that made them frees them when it is
+/// dropped ([`release`]).
+const SPARE_BYTES_MAX: usize = 512 << 20;
 
 thread_local! {
     static SPARE: RefCell<Vec<Vec<f32>>> = const { RefCell::new(Vec::new()) };
@@ -76,6 +78,11 @@ pub(super) fn give(buffer: Vec<f32>) {
             spare.push(buffer);
         }
     });
+}
+
+/// Frees every buffer kept on this thread (a compute is done with them).
+pub(super) fn release() {
+    let _ = SPARE.try_with(|spare| spare.borrow_mut().clear());
 }
 
 #[cfg(test)]

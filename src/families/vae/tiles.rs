@@ -15,9 +15,6 @@ use super::VaeConfig;
 /// diffusers' `tile_overlap_factor`.
 const OVERLAP: f64 = 0.25;
 
-/// The most values of one convolution's im2col band (the CPU adapter's 16 MiB).
-const BAND_VALUES: u64 = 1 << 22;
-
 /// One tile: latent rows `row .. row + rows`, columns `col .. col + cols`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Tile {
@@ -216,13 +213,13 @@ fn blend_cols(
 /// Bytes a decode of a `rows × cols` latent holds live at its largest stage: per
 /// resolution, a ResNet block's input, two tensors of its width and the widened
 /// residual (or the upsampling's input, its doubled copy and the convolution's
-/// output), the mid-block attention's input and q, k, v, context; each beside the
-/// im2col band of its widest 3×3 convolution and that band's product.
+/// output), the mid-block attention's input and q, k, v, context. (A convolution's
+/// im2col bands and widened weight are the adapter's scratch, as a product's cast
+/// buffer is, not the family's tensors.)
 pub fn working_set_bytes(config: &VaeConfig, rows: usize, cols: usize) -> u64 {
     let top = *config.channels.last().unwrap_or(&config.latent_channels) as u64;
     let mut pixels = (rows * cols) as u64;
-    let mut peak = pixels * (config.latent_channels as u64 + top)
-        + band(pixels, config.latent_channels as u64, top);
+    let mut peak = pixels * (config.latent_channels as u64 + top);
     if config.mid_attention {
         peak = peak.max(6 * pixels * top);
     }
@@ -231,24 +228,17 @@ pub fn working_set_bytes(config: &VaeConfig, rows: usize, cols: usize) -> u64 {
     for (number, &out) in config.channels.iter().rev().enumerate() {
         let out = out as u64;
         let widest = previous.max(out);
-        peak = peak.max(pixels * (previous + 2 * widest + out) + band(pixels, widest, out));
+        peak = peak.max(pixels * (previous + 2 * widest + out));
         if number + 1 < levels {
-            peak = peak.max(pixels * out + 2 * (4 * pixels) * out + band(4 * pixels, out, out));
+            peak = peak.max(pixels * out + 2 * (4 * pixels) * out);
             pixels *= 4;
         }
         previous = out;
     }
     let bottom = config.channels[0] as u64;
     let image = config.image_channels as u64;
-    peak = peak.max(pixels * (2 * bottom + image) + band(pixels, bottom, image));
+    peak = peak.max(pixels * (2 * bottom + image));
     4 * peak
-}
-
-/// Values of a 3×3 convolution's im2col band over `pixels` and its product.
-fn band(pixels: u64, input: u64, output: u64) -> u64 {
-    let columns = 9 * input.max(1);
-    let band_pixels = pixels.min(BAND_VALUES / columns).max(1);
-    band_pixels * (columns + output)
 }
 
 #[cfg(test)]
