@@ -11,6 +11,10 @@ use common::cli::{fixtures, row, settings_rows, unopened_device_rows, Expect, Ro
 const OK: &str = "fits: yes";
 
 fn rows() -> Vec<Row> {
+    let pipeline = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/pipeline/flux-tiny")
+        .display()
+        .to_string();
     let fixtures = fixtures();
     let missing = fixtures.path("none.toml");
     let folder = fixtures.folder("empty");
@@ -24,6 +28,15 @@ fn rows() -> Vec<Row> {
         ),
         row(&["--model", &fixtures.llama()], Expect::Ok("tokens/s")),
         row(&["--model", &fixtures.bert()], Expect::Ok(OK)),
+        // A diffusers Flux pipeline folder: every stage in turn, and the image's time.
+        row(
+            &["--model", &pipeline, "--image-steps", "4"],
+            Expect::Ok("prompt to image"),
+        ),
+        row(
+            &["--model", &pipeline, "--image-steps", "0"],
+            Expect::Bad("--image-steps 0"),
+        ),
         row(&["--model", "nope"], Expect::Bad("unknown model `nope`")),
         row(&["--model", &missing], Expect::Bad("none.toml")),
         row(&["--model", &folder], Expect::Bad("empty")),

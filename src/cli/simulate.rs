@@ -22,6 +22,7 @@ use stagehand::telemetry::TraceRecorder;
 
 mod mix;
 mod model_arg;
+mod pipeline;
 mod text;
 
 use model_arg::{load_model, load_model_named};
@@ -59,6 +60,10 @@ pub struct SimulateArgs {
     /// Tokens per step, for a checkpoint (a description TOML says its own).
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub tokens_per_step: u64,
+    /// For a pipeline folder (`--model` a diffusers Flux pipeline): the image's
+    /// denoising steps.
+    #[arg(long, default_value_t = 28, value_name = "N")]
+    pub image_steps: u64,
     /// Skip the naive and LRU baselines.
     #[arg(long)]
     pub no_baselines: bool,
@@ -82,8 +87,25 @@ pub fn execute(args: SimulateArgs) -> CommandResult {
         depth_source,
         auto_prefetch_depth,
     } = load_settings(&args)?;
-    let model = load_model(&args, settings.block_pattern.as_deref())?;
     let hardware = load_hardware(&args, &settings)?;
+    if pipeline::is_pipeline(&args.model) {
+        let options = SimulateOptions {
+            steps: args.steps,
+            settings: FitSettings::from_settings(&settings),
+            faults: FaultPlan::default(),
+            trace: None,
+            max_reads_in_flight: settings.reader_threads as usize,
+            baselines: false,
+            auto_prefetch_depth,
+        };
+        return pipeline::execute(
+            &args,
+            &hardware,
+            &options,
+            settings.block_pattern.as_deref(),
+        );
+    }
+    let model = load_model(&args, settings.block_pattern.as_deref())?;
     if let Some(with) = &args.with {
         let other = load_model_named(with, &args, settings.block_pattern.as_deref())?;
         return mix::execute(&args, [&model, &other], &hardware, &settings);

@@ -4,7 +4,7 @@ use super::{ClipConfig, ClipText};
 use crate::families::config_json::ConfigJson;
 use crate::families::inputs::WorkloadKind;
 use crate::families::prompt_tokens;
-use crate::families::registry::{Open, Request, StepUnit};
+use crate::families::registry::{Found, Open, Request, StepUnit};
 use crate::families::FamilyError;
 
 /// CLIP's pad token when `tokenizer_config.json` names none (FLUX.1's pads with it).
@@ -46,6 +46,16 @@ impl Open for ClipText {
     const NAME: &'static str = "clip";
     const KIND: WorkloadKind = WorkloadKind::TextEncoder;
     const STEP: StepUnit = StepUnit::Batch;
+
+    /// A described step encodes one prompt (the built-in one, padded to the model's
+    /// length): what a pipeline asks of it per image.
+    fn described_step(
+        _: &Found<'_>,
+        _: u64,
+        _: &mut crate::families::Extras,
+    ) -> Result<Option<usize>, FamilyError> {
+        Ok(Some(1))
+    }
     const MODEL_TYPES: &'static [&'static str] = &["clip_text_model", "clip"];
     const ARCHITECTURES: &'static [&'static str] = &["CLIPTextModel"];
 

@@ -4,7 +4,7 @@ use super::{T5Config, T5Encoder};
 use crate::families::config_json::ConfigJson;
 use crate::families::inputs::WorkloadKind;
 use crate::families::prompt_tokens;
-use crate::families::registry::{Open, Request, StepUnit};
+use crate::families::registry::{Found, Open, Request, StepUnit};
 use crate::families::FamilyError;
 
 /// Tokens a prompt is padded to when the run names no length: diffusers'
@@ -45,6 +45,16 @@ impl Open for T5Encoder {
     const NAME: &'static str = "t5";
     const KIND: WorkloadKind = WorkloadKind::TextEncoder;
     const STEP: StepUnit = StepUnit::Batch;
+
+    /// A described step encodes one prompt (the built-in one, padded to the model's
+    /// length): what a pipeline asks of it per image.
+    fn described_step(
+        _: &Found<'_>,
+        _: u64,
+        _: &mut crate::families::Extras,
+    ) -> Result<Option<usize>, FamilyError> {
+        Ok(Some(1))
+    }
     const MODEL_TYPES: &'static [&'static str] = &["t5"];
     const ARCHITECTURES: &'static [&'static str] = &["T5EncoderModel"];
 

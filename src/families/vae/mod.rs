@@ -354,6 +354,20 @@ impl Facts for VaeDecoder {
     fn activation_bytes(&self, _steps: u64) -> u64 {
         self.working_set_bytes()
     }
+
+    /// The decode's working set, reserved before its first block (every block's
+    /// stage runs inside it).
+    fn activations(&self) -> Option<super::Activations> {
+        let bytes = self.working_set_bytes();
+        Some(super::Activations {
+            reserved_bytes: bytes,
+            peaks: vec![super::BlockKindPeak {
+                kind: "decode".into(),
+                blocks: self.placement.layout.len() as u64,
+                bytes,
+            }],
+        })
+    }
 }
 
 impl Family for VaeDecoder {

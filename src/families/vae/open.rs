@@ -20,6 +20,16 @@ impl Open for VaeDecoder {
     const KIND: WorkloadKind = WorkloadKind::Autoencoder;
     const STEP: StepUnit = StepUnit::Batch;
 
+    /// A described step decodes one 1024² image (the latent `open` makes when only
+    /// headers are read), whole.
+    fn described_step(
+        _: &Found<'_>,
+        _: u64,
+        _: &mut crate::families::Extras,
+    ) -> Result<Option<usize>, FamilyError> {
+        Ok(Some(1))
+    }
+
     fn recognises(found: &Found<'_>) -> bool {
         found.folder.is_some_and(|folder| {
             folder
