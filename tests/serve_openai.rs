@@ -57,8 +57,29 @@ fn the_openai_client_gets_the_same_from_two_models_sharing_one_budget_and_a_lora
     client_checks(&["--config", &config, "--api-key", "test-key"], 10);
 }
 
+#[test]
+fn the_openai_client_generates_images_from_a_served_flux_pipeline() {
+    // Proves `images.generate` of the official client against a served pipeline
+    // folder: n base64 PNGs of the size asked, the same bytes for the same seed, and
+    // the 400s of a url response, a size or n above its limit, a text endpoint.
+    let pipeline =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pipeline/flux-tiny");
+    let pipeline = pipeline.display().to_string();
+    client_script_checks(
+        "tests/serve_openai_images.py",
+        &["--model", &pipeline, "--api-key", "test-key"],
+        2,
+    );
+}
+
 /// Runs `tests/serve_openai.py` against `stagehand serve ARGS`; `checks` of them pass.
 fn client_checks(args: &[&str], checks: usize) {
+    client_script_checks("tests/serve_openai.py", args, checks);
+}
+
+/// Runs the client script `script` against `stagehand serve ARGS`; `checks` of its
+/// checks pass.
+fn client_script_checks(script: &str, args: &[&str], checks: usize) {
     let Some(python) = client_python() else {
         eprintln!(
             "SKIPPED: the openai client is not installed (run scripts/install-openai.sh, or set STAGEHAND_OPENAI_PYTHON); CI sets it and fails without it"
@@ -66,7 +87,7 @@ fn client_checks(args: &[&str], checks: usize) {
         return;
     };
     let server = Server::start(args);
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/serve_openai.py");
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(script);
     let output = output_within_deadline(
         std::process::Command::new(&python)
             .arg(&script)

@@ -3,7 +3,6 @@
 //! NumPy rounds), and written as a PNG with its settings in text chunks, as ComfyUI
 //! embeds its own.
 
-use std::io::BufWriter;
 use std::path::Path;
 
 use super::PipelineError;
@@ -51,28 +50,31 @@ impl Picture {
         })
     }
 
-    /// Writes the picture as an 8-bit RGB PNG at `path` with `text` as `tEXt` chunks
-    /// (keyword, value), through a file renamed into place once complete.
+    /// The picture as an 8-bit RGB PNG with `text` as `tEXt` chunks (keyword, value).
+    pub fn png_bytes(&self, text: &[(String, String)]) -> Result<Vec<u8>, png::EncodingError> {
+        let mut bytes = Vec::new();
+        let mut encoder = png::Encoder::new(&mut bytes, self.width as u32, self.height as u32);
+        encoder.set_color(png::ColorType::Rgb);
+        encoder.set_depth(png::BitDepth::Eight);
+        for (keyword, value) in text {
+            encoder.add_text_chunk(keyword.clone(), value.clone())?;
+        }
+        let mut writer = encoder.write_header()?;
+        writer.write_image_data(&self.pixels)?;
+        writer.finish()?;
+        Ok(bytes)
+    }
+
+    /// Writes [`Picture::png_bytes`] at `path`, through a file renamed into place once
+    /// complete.
     pub fn write_png(&self, path: &Path, text: &[(String, String)]) -> Result<(), PipelineError> {
         let failed = |error: &dyn std::fmt::Display| PipelineError::Output {
             path: path.to_path_buf(),
             reason: error.to_string(),
         };
+        let bytes = self.png_bytes(text).map_err(|error| failed(&error))?;
         let partial = path.with_extension("png.partial");
-        let file = std::fs::File::create(&partial).map_err(|error| failed(&error))?;
-        let result = (|| {
-            let mut encoder =
-                png::Encoder::new(BufWriter::new(file), self.width as u32, self.height as u32);
-            encoder.set_color(png::ColorType::Rgb);
-            encoder.set_depth(png::BitDepth::Eight);
-            for (keyword, value) in text {
-                encoder.add_text_chunk(keyword.clone(), value.clone())?;
-            }
-            let mut writer = encoder.write_header()?;
-            writer.write_image_data(&self.pixels)?;
-            writer.finish()
-        })();
-        if let Err(error) = result {
+        if let Err(error) = std::fs::write(&partial, bytes) {
             let _ = std::fs::remove_file(&partial);
             return Err(failed(&error));
         }

@@ -101,6 +101,12 @@ pub struct Limits {
     pub max_tokens: u64,
     /// Most inputs in one embeddings request (400 above).
     pub max_inputs: usize,
+    /// Most images one images request asks (`n`, 400 above).
+    pub max_images: usize,
+    /// Largest image, in pixels (`size`, 400 above).
+    pub max_image_pixels: usize,
+    /// Most denoising steps an images request asks (`num_inference_steps`, 400 above).
+    pub max_image_steps: usize,
 }
 
 impl Default for Limits {
@@ -113,6 +119,9 @@ impl Default for Limits {
             max_prompt_tokens: 2048,
             max_tokens: 256,
             max_inputs: 256,
+            max_images: 4,
+            max_image_pixels: 2048 * 2048,
+            max_image_steps: 100,
         }
     }
 }
@@ -123,7 +132,8 @@ impl Default for Limits {
 pub struct ModelConfig {
     /// The name clients ask for (`"model": NAME`).
     pub name: String,
-    /// The Hugging Face folder (an encoder or a decoder).
+    /// The Hugging Face folder (an encoder or a decoder), or a diffusers Flux pipeline
+    /// folder (an image model: `/v1/images/generations`).
     pub folder: PathBuf,
     /// LoRA adapters attached for the model's whole life (`FILE` or `FILE:STRENGTH`).
     #[serde(default)]
@@ -260,6 +270,9 @@ impl ServeConfig {
             ("limits.max_prompt_tokens", limits.max_prompt_tokens as f64),
             ("limits.max_tokens", limits.max_tokens as f64),
             ("limits.max_inputs", limits.max_inputs as f64),
+            ("limits.max_images", limits.max_images as f64),
+            ("limits.max_image_pixels", limits.max_image_pixels as f64),
+            ("limits.max_image_steps", limits.max_image_steps as f64),
         ];
         if let Some((key, _)) = positive
             .iter()

@@ -35,6 +35,7 @@ pub fn router(app: Arc<AppState>) -> Router {
         .route("/v1/embeddings", post(embeddings))
         .route("/v1/completions", post(super::generation::completions))
         .route("/v1/chat/completions", post(super::generation::chat))
+        .route("/v1/images/generations", post(super::images::generations))
         .route("/admin/models", post(super::admin::load_model))
         .route("/admin/models/{name}", delete(super::admin::unload_model))
         .route_layer(middleware::from_fn_with_state(Arc::clone(&app), authorize));

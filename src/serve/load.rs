@@ -53,6 +53,14 @@ pub(super) fn load(
     let name = &model.name;
     let bad = |problem: String| ServeError::BadInput(format!("models.{name}: {problem}"));
     let settings = model_settings(model, config, base).map_err(bad)?;
+    if crate::pipeline::FluxParts::is_pipeline(&model.folder) {
+        if shared.is_some() {
+            return Err(bad(
+                "an image pipeline beside a shared [budget] is not served yet (its stages run under their own budgets, one after another): give the model its own vram_budget and pin_ceiling and remove [budget]".into(),
+            ));
+        }
+        return load_images(model, config, settings, telemetry);
+    }
     let prepared = open(model, &settings).map_err(bad)?;
     let kind = prepared.facts().kind();
     if kind != WorkloadKind::Encoder && kind != WorkloadKind::Decoder {
@@ -116,9 +124,6 @@ pub(super) fn load(
         stagehand_actors::Bytes(info.budgets.vram_budget_bytes),
         stagehand_actors::Bytes(info.budgets.pin_ceiling_bytes)
     );
-    let created = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |elapsed| elapsed.as_secs());
     let served = ServedModel {
         name: name.clone(),
         info,
@@ -130,7 +135,71 @@ pub(super) fn load(
         stop_tokens,
         adapters: model.adapters.keys().cloned().collect(),
         series,
-        created,
+        created: now_seconds(),
+        images: None,
+    };
+    Ok((served, worker))
+}
+
+fn now_seconds() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_secs())
+}
+
+/// An image model: its pipeline's parts checked, its thread started.
+fn load_images(
+    model: &ModelConfig,
+    config: &ServeConfig,
+    settings: settings::Settings,
+    telemetry: &ServeTelemetry,
+) -> Result<(ServedModel, Worker), ServeError> {
+    let name = &model.name;
+    let bad = |problem: String| ServeError::BadInput(format!("models.{name}: {problem}"));
+    if !model.lora.is_empty() || !model.adapters.is_empty() {
+        return Err(bad(
+            "LoRA adapters on an image pipeline are not served yet; remove lora and adapters"
+                .into(),
+        ));
+    }
+    let parts =
+        crate::pipeline::FluxParts::open(&model.folder).map_err(|error| bad(error.to_string()))?;
+    let series = telemetry
+        .model(name)
+        .ok_or_else(|| ServeError::Failed(format!("no series for {name}")))?;
+    let observer = telemetry
+        .observer(name)
+        .ok_or_else(|| ServeError::Failed(format!("no pipeline series for {name}")))?
+        as Arc<dyn stagehand_actors::Observer>;
+    let queue_depth = model.queue_depth.unwrap_or(config.limits.queue_depth);
+    let (images, queue) = flume::bounded(queue_depth);
+    let info = super::images::info(&parts, &settings);
+    let worker_parts = parts.clone();
+    let worker = std::thread::Builder::new()
+        .name(format!("serve-{name}"))
+        .spawn(move || super::images::serve_images(worker_parts, settings, observer, queue))
+        .map_err(|error| {
+            ServeError::Failed(format!("cannot start the thread of {name}: {error}"))
+        })?;
+    tracing::info!(
+        "serve: {name} loaded (a Flux pipeline: CLIP, T5, transformer, VAE, {} in all, each streamed in turn)",
+        stagehand_actors::Bytes(info.model_bytes)
+    );
+    // Text jobs are refused before they reach this queue (the model makes images).
+    let (jobs, _) = flume::bounded(1);
+    let served = ServedModel {
+        name: name.clone(),
+        info,
+        jobs,
+        queue_depth,
+        max_tokens: 0,
+        tokenizer: None,
+        chat: None,
+        stop_tokens: Vec::new(),
+        adapters: Vec::new(),
+        series,
+        created: now_seconds(),
+        images: Some(images),
     };
     Ok((served, worker))
 }

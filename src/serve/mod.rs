@@ -16,6 +16,7 @@ mod config;
 mod errors;
 mod generation;
 mod handlers;
+mod images;
 mod load;
 mod openai;
 mod state;

@@ -32,6 +32,8 @@ pub struct ServedModel {
     pub series: Arc<ModelSeries>,
     /// Seconds since the epoch when it was loaded (`created` of `/v1/models`).
     pub created: u64,
+    /// An image model's queue (its folder a pipeline); its `jobs` then take nothing.
+    pub images: Option<flume::Sender<super::images::ImageJob>>,
 }
 
 impl ServedModel {
@@ -48,8 +50,43 @@ impl ServedModel {
 
     /// Queues `job`; a full queue is a 429, a stopped model a 503.
     pub fn submit(&self, job: Job) -> Result<(), ApiError> {
+        if self.images.is_some() {
+            return Err(ApiError::bad_request(
+                "model",
+                format!("`{}` makes images: POST /v1/images/generations", self.name),
+            ));
+        }
         let outcome = self.jobs.try_send(job);
         self.series.queue_depth.set(self.jobs.len() as f64);
+        match outcome {
+            Ok(()) => Ok(()),
+            Err(flume::TrySendError::Full(_)) => {
+                Err(ApiError::queue_full(&self.name, self.queue_depth))
+            }
+            Err(flume::TrySendError::Disconnected(_)) => Err(ApiError::unavailable(format!(
+                "the model `{}` has stopped",
+                self.name
+            ))),
+        }
+    }
+}
+
+impl ServedModel {
+    /// Queues an image job; a model that makes no images is a 400, a full queue a
+    /// 429, a stopped model a 503.
+    pub fn submit_image(&self, job: super::images::ImageJob) -> Result<(), ApiError> {
+        let Some(images) = &self.images else {
+            return Err(ApiError::bad_request(
+                "model",
+                format!(
+                    "`{}` makes no images ({}); name a Flux pipeline model",
+                    self.name,
+                    self.info.kind.with_article()
+                ),
+            ));
+        };
+        let outcome = images.try_send(job);
+        self.series.queue_depth.set(images.len() as f64);
         match outcome {
             Ok(()) => Ok(()),
             Err(flume::TrySendError::Full(_)) => {

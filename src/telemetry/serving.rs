@@ -13,7 +13,7 @@ use super::observer::PrometheusObserver;
 use super::TelemetryError;
 
 /// The endpoints a request is counted under (the `endpoint` label).
-pub const SERVE_ENDPOINTS: [&str; 3] = ["embeddings", "completions", "chat_completions"];
+pub const SERVE_ENDPOINTS: [&str; 4] = ["embeddings", "completions", "chat_completions", "images"];
 
 /// One model's series.
 pub struct ModelSeries {
