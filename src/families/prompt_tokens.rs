@@ -107,6 +107,58 @@ impl PromptTokenizer {
     }
 }
 
+/// A text encoder's prompts, `batch` a step: which a step encodes, which were cut.
+pub struct PromptBatches {
+    prompts: Vec<PromptIds>,
+    batch: usize,
+    truncated: Vec<usize>,
+}
+
+impl PromptBatches {
+    pub fn new(prompts: Vec<PromptIds>, batch: usize) -> Result<Self, FamilyError> {
+        if prompts.is_empty() {
+            return Err(FamilyError::Model("no prompt to encode".into()));
+        }
+        let truncated = (prompts.iter().enumerate())
+            .filter(|(_, prompt)| prompt.truncated)
+            .map(|(position, _)| position)
+            .collect();
+        Ok(Self {
+            prompts,
+            batch: batch.max(1),
+            truncated,
+        })
+    }
+
+    /// The first token id at or above `vocab`, if any prompt has one.
+    pub fn outside(&self, vocab: usize) -> Option<u32> {
+        (self.prompts.iter().flat_map(|prompt| &prompt.ids))
+            .find(|&&id| id as usize >= vocab)
+            .copied()
+    }
+
+    /// Steps that encode every prompt once.
+    fn batches(&self) -> u64 {
+        self.prompts.len().div_ceil(self.batch) as u64
+    }
+
+    /// The prompts step `step` encodes (steps cycle through the batches).
+    pub fn of_step(&self, step: u64) -> &[PromptIds] {
+        let first = (step % self.batches()) as usize * self.batch;
+        &self.prompts[first..(first + self.batch).min(self.prompts.len())]
+    }
+
+    /// Steps with the same key encode the same prompts.
+    pub fn reference_key(&self, step: u64) -> u64 {
+        step % self.batches()
+    }
+
+    /// The prompts cut short, by position.
+    pub fn truncated(&self) -> &[usize] {
+        &self.truncated
+    }
+}
+
 /// The prompts a text encoder in `dir` encodes: `input`'s texts tokenized (or its
 /// ids, each `length` long), or the built-in prompt.
 pub fn prompts(

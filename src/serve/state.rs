@@ -56,8 +56,13 @@ impl ServedModel {
                 format!("`{}` makes images: POST /v1/images/generations", self.name),
             ));
         }
-        let outcome = self.jobs.try_send(job);
-        self.series.queue_depth.set(self.jobs.len() as f64);
+        self.offer(&self.jobs, job)
+    }
+
+    /// Puts `job` on `queue`: a full queue is a 429, a stopped model a 503.
+    fn offer<T>(&self, queue: &flume::Sender<T>, job: T) -> Result<(), ApiError> {
+        let outcome = queue.try_send(job);
+        self.series.queue_depth.set(queue.len() as f64);
         match outcome {
             Ok(()) => Ok(()),
             Err(flume::TrySendError::Full(_)) => {
@@ -85,18 +90,7 @@ impl ServedModel {
                 ),
             ));
         };
-        let outcome = images.try_send(job);
-        self.series.queue_depth.set(images.len() as f64);
-        match outcome {
-            Ok(()) => Ok(()),
-            Err(flume::TrySendError::Full(_)) => {
-                Err(ApiError::queue_full(&self.name, self.queue_depth))
-            }
-            Err(flume::TrySendError::Disconnected(_)) => Err(ApiError::unavailable(format!(
-                "the model `{}` has stopped",
-                self.name
-            ))),
-        }
+        self.offer(images, job)
     }
 }
 

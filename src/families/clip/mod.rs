@@ -21,7 +21,7 @@ use super::blocks::{Blocks, Held};
 use super::family::{Facts, Family, StepOutput};
 use super::inputs::WorkloadKind;
 use super::placement::Placement;
-use super::prompt_tokens::PromptIds;
+use super::prompt_tokens::{PromptBatches, PromptIds};
 use super::walk::{self, Tensors};
 use super::FamilyError;
 use crate::compute::{Attention, Compute, Mask, TensorSlot};
@@ -141,10 +141,7 @@ pub struct ClipText {
     pub config: ClipConfig,
     placement: Placement,
     slots: Slots,
-    /// The prompts, `batch` a step.
-    prompts: Vec<PromptIds>,
-    batch: usize,
-    truncated: Vec<usize>,
+    prompts: PromptBatches,
 }
 
 /// A step's activations.
@@ -171,14 +168,8 @@ impl ClipText {
         prompts: Vec<PromptIds>,
         batch: usize,
     ) -> Result<Self, FamilyError> {
-        if prompts.is_empty() {
-            return Err(FamilyError::Model("no prompt to encode".into()));
-        }
-        if let Some(id) = prompts
-            .iter()
-            .flat_map(|prompt| &prompt.ids)
-            .find(|&&id| id as usize >= config.vocab)
-        {
+        let prompts = PromptBatches::new(prompts, batch)?;
+        if let Some(id) = prompts.outside(config.vocab) {
             return Err(FamilyError::Model(format!(
                 "token id {id} is outside the text encoder's vocabulary of {}",
                 config.vocab
@@ -199,27 +190,15 @@ impl ClipText {
             }
             .slots()
         })?;
-        let truncated = (prompts.iter().enumerate())
-            .filter(|(_, prompt)| prompt.truncated)
-            .map(|(position, _)| position)
-            .collect();
         Ok(Self {
             slots,
             placement,
             config,
             prompts,
-            batch: batch.max(1),
-            truncated,
         })
     }
 
     /// The prompts of step `step`'s batch.
-    fn batch_of(&self, step: u64) -> &[PromptIds] {
-        let batches = self.prompts.len().div_ceil(self.batch) as u64;
-        let first = (step % batches) as usize * self.batch;
-        &self.prompts[first..(first + self.batch).min(self.prompts.len())]
-    }
-
     /// Where prompt `ids` is pooled: the end-of-text token (see the module docs).
     fn pooled_position(&self, ids: &[u32]) -> usize {
         if self.config.eos_token_id == 2 {
@@ -347,15 +326,15 @@ impl Facts for ClipText {
     }
 
     fn truncated_inputs(&self) -> &[usize] {
-        &self.truncated
+        self.prompts.truncated()
     }
 
     fn reference_key(&self, step: u64) -> u64 {
-        step % self.prompts.len().div_ceil(self.batch) as u64
+        self.prompts.reference_key(step)
     }
 
     fn tokens_per_step(&self) -> u64 {
-        (self.batch_of(0).len() * self.config.positions) as u64
+        (self.prompts.of_step(0).len() * self.config.positions) as u64
     }
 }
 
@@ -377,7 +356,7 @@ impl Family for ClipText {
         blocks: &mut B,
         step: u64,
     ) -> Result<StepOutput, FamilyError> {
-        let prompts = self.batch_of(step);
+        let prompts = self.prompts.of_step(step);
         let sequences = prompts.len();
         let positions = self.config.positions;
         let rows = sequences * positions;

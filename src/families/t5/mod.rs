@@ -23,7 +23,7 @@ use super::blocks::{Blocks, Held};
 use super::family::{Facts, Family, StepOutput};
 use super::inputs::WorkloadKind;
 use super::placement::Placement;
-use super::prompt_tokens::PromptIds;
+use super::prompt_tokens::{PromptBatches, PromptIds};
 use super::walk::{self, Tensors};
 use super::FamilyError;
 use crate::compute::pipeline::BiasedAttention;
@@ -134,11 +134,9 @@ pub struct T5Encoder {
     pub config: T5Config,
     placement: Placement,
     slots: Slots,
-    prompts: Vec<PromptIds>,
+    prompts: PromptBatches,
     /// Every prompt's tokens.
     length: usize,
-    batch: usize,
-    truncated: Vec<usize>,
     /// Each (query, key) pair's bucket, row-major.
     buckets: Vec<u32>,
 }
@@ -188,12 +186,8 @@ impl T5Encoder {
         length: usize,
         batch: usize,
     ) -> Result<Self, FamilyError> {
-        if prompts.is_empty() {
-            return Err(FamilyError::Model("no prompt to encode".into()));
-        }
-        if let Some(id) =
-            (prompts.iter().flat_map(|prompt| &prompt.ids)).find(|&&id| id as usize >= config.vocab)
-        {
+        let prompts = PromptBatches::new(prompts, batch)?;
+        if let Some(id) = prompts.outside(config.vocab) {
             return Err(FamilyError::Model(format!(
                 "token id {id} is outside the text encoder's vocabulary of {}",
                 config.vocab
@@ -216,26 +210,14 @@ impl T5Encoder {
                 bucket(key - query, config.buckets, config.max_distance)
             })
             .collect();
-        let truncated = (prompts.iter().enumerate())
-            .filter(|(_, prompt)| prompt.truncated)
-            .map(|(position, _)| position)
-            .collect();
         Ok(Self {
             slots,
             placement,
             config,
             prompts,
             length,
-            batch: batch.max(1),
-            truncated,
             buckets,
         })
-    }
-
-    fn batch_of(&self, step: u64) -> &[PromptIds] {
-        let batches = self.prompts.len().div_ceil(self.batch) as u64;
-        let first = (step % batches) as usize * self.batch;
-        &self.prompts[first..(first + self.batch).min(self.prompts.len())]
     }
 
     /// Tokens of every prompt.
@@ -346,15 +328,15 @@ impl Facts for T5Encoder {
     }
 
     fn truncated_inputs(&self) -> &[usize] {
-        &self.truncated
+        self.prompts.truncated()
     }
 
     fn reference_key(&self, step: u64) -> u64 {
-        step % self.prompts.len().div_ceil(self.batch) as u64
+        self.prompts.reference_key(step)
     }
 
     fn tokens_per_step(&self) -> u64 {
-        (self.batch_of(0).len() * self.length) as u64
+        (self.prompts.of_step(0).len() * self.length) as u64
     }
 }
 
@@ -376,7 +358,7 @@ impl Family for T5Encoder {
         blocks: &mut B,
         step: u64,
     ) -> Result<StepOutput, FamilyError> {
-        let prompts = self.batch_of(step);
+        let prompts = self.prompts.of_step(step);
         let sequences = prompts.len();
         let rows = sequences * self.length;
         if state.tensors.is_none() || state.sequences != sequences {
