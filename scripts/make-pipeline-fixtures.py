@@ -28,14 +28,18 @@ expected.safetensors holds (all F32; ids and pixel levels as whole numbers), for
 - tiled_image: the VAE's tiled decode of a larger latent (tiled_latent), with
   tile_sample_min_size 32 and overlap 0.25 (diffusers' enable_tiling).
 
+expected-encoder.safetensors: the VAE's encoder on a seeded image (see
+encoder_fixture; `--encoder-only` writes it alone from the saved VAE).
+
 Run with the venv that has torch, transformers and diffusers:
-    /work/pyvenv/bin/python scripts/make-pipeline-fixtures.py
+    /work/pyvenv/bin/python scripts/make-pipeline-fixtures.py [--encoder-only]
 The tests only read the files.
 """
 
 import json
 import os
 import shutil
+import sys
 
 import numpy as np
 import torch
@@ -327,5 +331,21 @@ def main():
     print("wrote", OUT, "clip vocab", clip_vocab, "t5 ids", expected["t5_ids"].tolist())
 
 
+def encoder_fixture():
+    """expected-encoder.safetensors: the VAE's encoder on a seeded 64 x 48 image in
+    [-1, 1] (`image` [1, 3, 64, 48]) and its latent distribution's mode, scaled as
+    FluxImg2ImgPipeline scales it: (mode - shift_factor) * scaling_factor (`latent`).
+    Reads the saved VAE, so it runs alone too (`--encoder-only`)."""
+    vae = AutoencoderKL.from_pretrained(os.path.join(OUT, "flux-tiny", "vae")).float().eval()
+    torch.manual_seed(8)
+    image = torch.rand(1, 3, HEIGHT, WIDTH) * 2 - 1
+    with torch.no_grad():
+        mode = vae.encode(image).latent_dist.mode()
+    latent = (mode - vae.config.shift_factor) * vae.config.scaling_factor
+    save_file({"image": image.contiguous(), "latent": latent.contiguous()}, os.path.join(OUT, "expected-encoder.safetensors"))
+
+
 if __name__ == "__main__":
-    main()
+    if "--encoder-only" not in sys.argv:
+        main()
+    encoder_fixture()

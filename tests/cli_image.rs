@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use common::cli::{fixtures, row, settings_rows, Expect, Row, Table};
 use stagehand::families::flux::write_latent;
+use stagehand::pipeline::Picture;
 
 fn pipeline() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pipeline/flux-tiny")
@@ -48,6 +49,17 @@ fn rows() -> Vec<Row> {
     let misshapen = fixtures.path("image/misshapen.safetensors");
     write_latent(Path::new(&misshapen), &vec![0.5; 16 * 4 * 4], 16, 4, 4).unwrap();
     let missing = fixtures.path("none.safetensors");
+    let png = |name: &str, height: usize, width: usize| {
+        let path = fixtures.path(&format!("image/{name}.png"));
+        let planar: Vec<f32> = (0..3 * height * width)
+            .map(|i| (i % 7) as f32 / 3.5 - 1.0)
+            .collect();
+        let picture = Picture::from_decoded(&planar, height, width).unwrap();
+        picture.write_png(Path::new(&path), &[]).unwrap();
+        path
+    };
+    let init = png("init", 64, 48);
+    let small = png("small", 32, 32);
     let ok = ".png";
     let mut rows = vec![
         row(&[], Expect::Ok("out.png")),
@@ -72,6 +84,22 @@ fn rows() -> Vec<Row> {
         ),
         row(&["--latents", &noise], Expect::Ok(ok)),
         row(&["--vae-tile", "4"], Expect::Ok(ok)),
+        row(&["--init-image", &init, "--steps", "4"], Expect::Ok(ok)),
+        row(
+            &["--init-image", &init, "--strength", "0.3", "--steps", "4"],
+            Expect::Ok(ok),
+        ),
+        row(
+            &["--init-image", &init, "--strength", "1.5"],
+            Expect::Bad("strength 1.5"),
+        ),
+        row(&["--strength", "0.5"], Expect::Bad("--init-image")),
+        row(&["--init-image", &small], Expect::Bad("resize it")),
+        row(&["--init-image", &noise], Expect::Bad("not a PNG")),
+        row(
+            &["--init-image", &init, "--latents", &noise],
+            Expect::Bad("both say"),
+        ),
         row(&["--vae-tile", "0"], Expect::Bad("--vae-tile")),
         row(&["--latents", &misshapen], Expect::Bad("[1, 16, 8, 6]")),
         row(&["--latents", &missing], Expect::Bad("none.safetensors")),

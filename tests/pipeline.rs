@@ -236,6 +236,7 @@ fn a_prompt_becomes_diffusers_image() {
         max_sequence_length: MAX_SEQUENCE_LENGTH,
         latents: Some(expected("noise")),
         vae_tile: None,
+        init: None,
     };
     let settings = Settings::default();
     let run = PipelineRun {
@@ -326,6 +327,7 @@ fn a_budget_too_small_for_a_whole_decode_decodes_in_tiles() {
         max_sequence_length: MAX_SEQUENCE_LENGTH,
         latents: None,
         vae_tile: None,
+        init: None,
     };
     let parts = FluxParts::open(&pipeline()).expect("a Flux pipeline");
     let generated = generate(&parts, &request, &run).expect("makes an image");
@@ -340,4 +342,72 @@ fn a_budget_too_small_for_a_whole_decode_decodes_in_tiles() {
         );
     }
     assert_eq!(generated.pictures[0].pixels.len(), 256 * 256 * 3);
+}
+
+#[test]
+fn the_vae_encoder_gives_diffusers_latent_and_an_image_starts_from_it() {
+    // Proves the VAE's encoder (stride-2 downsampling padded bottom and right, the
+    // mid block, the distribution's mode, scaled) gives what AutoencoderKL.encode
+    // gives, streamed bit-exactly, and that a pipeline starts image-to-image from it.
+    let encoder = |name: &str| -> Vec<f32> {
+        read_tensors(&fixtures().join("expected-encoder.safetensors"))
+            .expect("reads")
+            .into_iter()
+            .find(|(found, ..)| found == name)
+            .expect("a tensor")
+            .2
+    };
+    let image = encoder("image");
+    let extras = Extras {
+        image: Some(stagehand::families::vae::ImageInput {
+            images: vec![image.clone()],
+            height: 64,
+            width: 48,
+        }),
+        ..Extras::default()
+    };
+    let prepared = prepare_with(
+        &pipeline().join("vae"),
+        WorkloadKind::ImageEncoder,
+        1,
+        &Settings::default(),
+        false,
+        &extras,
+    )
+    .expect("opens the encoder");
+    assert_eq!(prepared.family.name, "vae-encoder");
+    let latent = first_output(&streamed(&prepared, 1));
+    let error = relative_difference(&latent, &encoder("latent"));
+    assert!(error < IMAGE_TOLERANCE, "latent off by {error}");
+    let settings = Settings::default();
+    let run = PipelineRun {
+        settings: &settings,
+        observer: stagehand::run::no_observer(),
+        progress: std::sync::Arc::new(|_, _, _| {}),
+    };
+    let request = ImageRequest {
+        prompt: PROMPT.to_string(),
+        width: 48,
+        height: 64,
+        steps: 4,
+        guidance: None,
+        seed: 1,
+        count: 1,
+        max_sequence_length: MAX_SEQUENCE_LENGTH,
+        latents: None,
+        vae_tile: None,
+        init: Some(stagehand::pipeline::InitImage {
+            pixels: image,
+            strength: 0.5,
+        }),
+    };
+    let parts = FluxParts::open(&pipeline()).expect("a Flux pipeline");
+    let generated = generate(&parts, &request, &run).expect("makes an image");
+    let names: Vec<&str> = generated.stages.iter().map(|stage| stage.name).collect();
+    assert_eq!(names, ["clip", "t5", "vae-encoder", "transformer", "vae"]);
+    let transformer = &generated.stages[3];
+    assert_eq!(
+        transformer.outcome.report.steps, 2,
+        "strength 0.5 of 4 steps runs the last 2"
+    );
 }

@@ -13,7 +13,7 @@ use serde::Serialize;
 use super::{CommandResult, Failure};
 use stagehand::families::flux::read_tensors;
 use stagehand::pipeline::{
-    generate, FluxParts, Generated, ImageRequest, PipelineError, PipelineRun, Stage,
+    generate, FluxParts, Generated, ImageRequest, InitImage, PipelineError, PipelineRun, Stage,
 };
 use stagehand::run::summary::Summary;
 use stagehand::settings::{self, SettingsArgs};
@@ -57,6 +57,14 @@ pub struct ImageArgs {
     /// budget leaves room for its activations, else the largest tile that fits.
     #[arg(long, value_name = "POSITIONS")]
     pub vae_tile: Option<usize>,
+    /// Image-to-image: start from this PNG (of --width × --height) noised to
+    /// --strength, encoded by the pipeline's VAE.
+    #[arg(long, value_name = "FILE.png")]
+    pub init_image: Option<PathBuf>,
+    /// With --init-image: the share (0, 1] of the schedule run from the noised image
+    /// (1 ignores it; diffusers' default 0.6).
+    #[arg(long, requires = "init_image", default_value_t = 0.6)]
+    pub strength: f64,
     /// The PNG to write (`NAME-1.png`, `NAME-2.png`, … for a batch).
     #[arg(long, value_name = "FILE.png")]
     pub out: PathBuf,
@@ -119,6 +127,52 @@ fn latents_of(args: &ImageArgs) -> Result<Option<Vec<f32>>, Failure> {
         )));
     }
     Ok(Some(values))
+}
+
+/// The image of `--init-image`: an 8-bit PNG of the size asked (RGB, RGBA or grey),
+/// as `[3, height, width]` in [−1, 1].
+fn init_of(args: &ImageArgs) -> Result<Option<InitImage>, Failure> {
+    let Some(path) = &args.init_image else {
+        return Ok(None);
+    };
+    let fail = |problem: String| bad(format!("--init-image {}: {problem}", path.display()));
+    let file = std::fs::File::open(path).map_err(|error| fail(error.to_string()))?;
+    let mut decoder = png::Decoder::new(std::io::BufReader::new(file));
+    decoder.set_transformations(png::Transformations::EXPAND | png::Transformations::STRIP_16);
+    let mut reader = decoder
+        .read_info()
+        .map_err(|error| fail(format!("is not a PNG ({error})")))?;
+    let size = reader
+        .output_buffer_size()
+        .ok_or_else(|| fail("is too large".into()))?;
+    let mut bytes = vec![0; size];
+    let frame = reader
+        .next_frame(&mut bytes)
+        .map_err(|error| fail(format!("cannot be decoded ({error})")))?;
+    let (width, height) = (frame.width as usize, frame.height as usize);
+    if (width, height) != (args.width, args.height) {
+        return Err(fail(format!(
+            "is {width}×{height}; resize it to --width {} --height {} (or give its size)",
+            args.width, args.height
+        )));
+    }
+    let channels = frame.color_type.samples();
+    let pixels = width * height;
+    let mut planar = vec![0.0f32; 3 * pixels];
+    for (pixel, sample) in bytes[..pixels * channels]
+        .chunks_exact(channels)
+        .enumerate()
+    {
+        for channel in 0..3 {
+            // Grey (and grey with alpha) is the same value in every channel.
+            let value = sample[if channels < 3 { 0 } else { channel }];
+            planar[channel * pixels + pixel] = f32::from(value) / 127.5 - 1.0;
+        }
+    }
+    Ok(Some(InitImage {
+        pixels: planar,
+        strength: args.strength,
+    }))
 }
 
 /// Where image `index` of `count` goes.
@@ -206,6 +260,7 @@ pub fn execute(args: ImageArgs) -> CommandResult {
         max_sequence_length: args.max_sequence_length,
         latents: latents_of(&args)?,
         vae_tile: args.vae_tile,
+        init: init_of(&args)?,
     };
     let observer = match settings.metrics_addr {
         Some(addr) => Arc::new(stagehand::telemetry::install(addr).map_err(Failure::bad_input)?)

@@ -30,6 +30,9 @@ pub enum WorkloadKind {
     TextEncoder,
     /// A pipeline's image autoencoder (the VAE): a latent decoded to pixels.
     Autoencoder,
+    /// The same autoencoder's encoder: an image to the latent image-to-image starts
+    /// from.
+    ImageEncoder,
 }
 
 impl WorkloadKind {
@@ -50,6 +53,7 @@ impl WorkloadKind {
             WorkloadKind::Diffusion => "a diffusion transformer",
             WorkloadKind::TextEncoder => "a text encoder",
             WorkloadKind::Autoencoder => "an image autoencoder",
+            WorkloadKind::ImageEncoder => "an image encoder",
         }
     }
 }
@@ -75,6 +79,8 @@ pub struct Extras {
     pub prompt_length: Option<usize>,
     /// What an image autoencoder decodes; `None`: a seeded latent of a small image.
     pub latent: Option<super::vae::LatentInput>,
+    /// What an image encoder encodes; `None`: a seeded 64² image.
+    pub image: Option<super::vae::ImageInput>,
 }
 
 /// The expert cache's knobs (generated MoE and the MoE decoders).

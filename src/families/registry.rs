@@ -218,7 +218,13 @@ pub fn find(kind: WorkloadKind, found: &Found<'_>) -> Result<&'static Entry, Fam
             return Ok(entry);
         }
     }
-    let Some(entry) = REGISTRY.iter().find(|entry| entry.recognises(found)) else {
+    // A folder two families recognise (a VAE: its decoder, and its encoder asked for
+    // by kind) opens as the one of the kind asked, else the first.
+    let asked = REGISTRY
+        .iter()
+        .find(|entry| entry.kind == kind && entry.recognises(found));
+    let Some(entry) = asked.or_else(|| REGISTRY.iter().find(|entry| entry.recognises(found)))
+    else {
         return Err(FamilyError::Model(format!(
             "{}: model_type {} is not a family stagehand computes yet (supported: {}); pass --workload stream-verify to stream and check its bytes without computing",
             config_or_path(found),
@@ -309,5 +315,6 @@ families! {
     Clip => super::clip::ClipText,
     T5 => super::t5::T5Encoder,
     Vae => super::vae::VaeDecoder,
+    VaeEncoder => super::vae::VaeEncoder,
     StreamVerify => super::stream_verify::StreamVerify,
 }

@@ -25,7 +25,7 @@ pub use folder::FluxParts;
 pub use image::Picture;
 
 use crate::families::flux::{CondInput, Conditioning, SampleInput, Start};
-use crate::families::vae::LatentInput;
+use crate::families::vae::{ImageInput, LatentInput};
 use crate::families::{EncoderInput, Extras, Model, WorkloadKind};
 use crate::run::{
     budgets_for, execute, fitting_depth, prepare_with, BudgetAsk, Outcome, Prepared, RunError,
@@ -87,6 +87,17 @@ pub struct ImageRequest {
     /// Decode in tiles of this many latent positions a side; `None`: whole when the
     /// budget leaves room for it, else the largest tile that fits.
     pub vae_tile: Option<usize>,
+    /// Image-to-image: the image to start from and how much of the schedule to run.
+    pub init: Option<InitImage>,
+}
+
+/// The image image-to-image starts from: `[3, height, width]` in [−1, 1], the
+/// request's size, and the strength (0, 1]: the share of the schedule run from it
+/// noised (1 ignores the image, as diffusers' `FluxImg2ImgPipeline`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct InitImage {
+    pub pixels: Vec<f32>,
+    pub strength: f64,
 }
 
 /// One stage's run.
@@ -121,7 +132,7 @@ impl PipelineRun<'_> {
     /// budgets, and gives back its outcome (every budget released at its end).
     fn stage(
         &self,
-        name: &'static str,
+        (name, kind): (&'static str, WorkloadKind),
         model: &std::path::Path,
         extras: &Extras,
         batch: usize,
@@ -132,15 +143,8 @@ impl PipelineRun<'_> {
             source,
         };
         let started = Instant::now();
-        let prepared = prepare_with(
-            model,
-            WorkloadKind::Auto,
-            batch,
-            self.settings,
-            false,
-            extras,
-        )
-        .map_err(failed)?;
+        let prepared =
+            prepare_with(model, kind, batch, self.settings, false, extras).map_err(failed)?;
         let steps = steps(&prepared);
         let ask = BudgetAsk::steps(steps);
         let budgets = budgets_for(&prepared, self.settings, ask);
@@ -194,14 +198,14 @@ pub fn generate(
         encoder: prompt.clone(),
         ..Extras::default()
     };
-    let (prepared, clip) = run.stage("clip", &parts.clip, &text, 1, |_| 1)?;
+    let (prepared, clip) = run.stage(("clip", WorkloadKind::Auto), &parts.clip, &text, 1, |_| 1)?;
     let pooled = clip_pooled(&prepared, &clip)?;
     stages.push(clip);
     let t5_extras = Extras {
         prompt_length: Some(request.max_sequence_length),
         ..text
     };
-    let (_, t5) = run.stage("t5", &parts.t5, &t5_extras, 1, |_| 1)?;
+    let (_, t5) = run.stage(("t5", WorkloadKind::Auto), &parts.t5, &t5_extras, 1, |_| 1)?;
     let context = outputs(&t5)[0].clone();
     stages.push(t5);
     let cond = Conditioning {
@@ -209,7 +213,11 @@ pub fn generate(
         context,
         pooled,
     };
-    let latents = denoise(parts, request, run, cond, &mut stages)?;
+    let encoded = match &request.init {
+        Some(init) => Some(encode(parts, request, run, init, &mut stages)?),
+        None => None,
+    };
+    let latents = denoise(parts, request, run, (cond, encoded), &mut stages)?;
     let (pictures, vae) = decode(parts, request, run, &latents)?;
     stages.push(vae);
     Ok(Generated {
@@ -224,14 +232,20 @@ fn denoise(
     parts: &FluxParts,
     request: &ImageRequest,
     run: &PipelineRun<'_>,
-    cond: Conditioning,
+    (cond, encoded): (Conditioning, Option<Vec<f32>>),
     stages: &mut Vec<Stage>,
 ) -> Result<Vec<Vec<f32>>, PipelineError> {
     let mut latents = Vec::with_capacity(request.count);
     for image in 0..request.count {
-        let start = match &request.latents {
-            Some(noise) => Start::Latent(noise.clone()),
-            None => Start::Seed(request.seed + image as u64),
+        let seed = request.seed + image as u64;
+        let start = match (&encoded, &request.init, &request.latents) {
+            (Some(latent), Some(init), _) => Start::Image {
+                latent: latent.clone(),
+                strength: init.strength,
+                seed,
+            },
+            (_, _, Some(noise)) => Start::Latent(noise.clone()),
+            _ => Start::Seed(seed),
         };
         let extras = Extras {
             diffusion: Some(SampleInput {
@@ -248,8 +262,13 @@ fn denoise(
             Model::Flux(flux) => flux.steps_per_sample() as u64,
             _ => 0,
         };
-        let (prepared, stage) =
-            run.stage("transformer", &parts.transformer, &extras, 1, steps_of)?;
+        let (prepared, stage) = run.stage(
+            ("transformer", WorkloadKind::Auto),
+            &parts.transformer,
+            &extras,
+            1,
+            steps_of,
+        )?;
         let Model::Flux(flux) = &prepared.workload.model else {
             return Err(PipelineError::Layout {
                 path: parts.transformer.clone(),
@@ -265,6 +284,29 @@ fn denoise(
         stages.push(stage);
     }
     Ok(latents)
+}
+
+/// The VAE encoder's stage: the image image-to-image starts from, to its latent.
+fn encode(
+    parts: &FluxParts,
+    request: &ImageRequest,
+    run: &PipelineRun<'_>,
+    init: &InitImage,
+    stages: &mut Vec<Stage>,
+) -> Result<Vec<f32>, PipelineError> {
+    let extras = Extras {
+        image: Some(ImageInput {
+            images: vec![init.pixels.clone()],
+            height: request.height,
+            width: request.width,
+        }),
+        ..Extras::default()
+    };
+    let kind = ("vae-encoder", WorkloadKind::ImageEncoder);
+    let (_, stage) = run.stage(kind, &parts.vae, &extras, 1, |_| 1)?;
+    let latent = outputs(&stage).first().map(|latent| latent.to_vec());
+    stages.push(stage);
+    latent.ok_or_else(|| PipelineError::Failed("the VAE encoder computed no latent".into()))
 }
 
 /// The VAE's stage: every latent decoded (in tiles when the budget leaves too little
@@ -306,7 +348,13 @@ fn decode(
             automatic_tile(&prepared, run.settings)?
         }
     };
-    let (prepared, stage) = run.stage("vae", &parts.vae, &input(tile), 1, steps)?;
+    let (prepared, stage) = run.stage(
+        ("vae", WorkloadKind::Autoencoder),
+        &parts.vae,
+        &input(tile),
+        1,
+        steps,
+    )?;
     let Model::Vae(vae) = &prepared.workload.model else {
         return Err(PipelineError::Layout {
             path: parts.vae.clone(),
@@ -396,6 +444,26 @@ fn check(request: &ImageRequest) -> Result<(), PipelineError> {
     }
     if request.steps == 0 || request.count == 0 || request.max_sequence_length == 0 {
         return bad("steps, the image count and the sequence length must be at least 1".into());
+    }
+    if let Some(init) = &request.init {
+        if request.latents.is_some() {
+            return bad("a starting latent and an image to start from both say where the first latent comes from; give one".into());
+        }
+        if !(init.strength > 0.0 && init.strength <= 1.0) {
+            return bad(format!(
+                "strength {}: give a value in (0, 1] (1 starts from pure noise)",
+                init.strength
+            ));
+        }
+        if init.pixels.len() != 3 * request.width * request.height {
+            return bad(format!(
+                "the image to start from has {} values; a {}×{} RGB image has {}",
+                init.pixels.len(),
+                request.width,
+                request.height,
+                3 * request.width * request.height
+            ));
+        }
     }
     Ok(())
 }

@@ -200,6 +200,7 @@ fn image_request(request: &ImagesRequest, limits: &Limits) -> Result<ImageReques
         max_sequence_length: length,
         latents: None,
         vae_tile: None,
+        init: None,
     })
 }
 

@@ -85,36 +85,8 @@ pub(super) fn conv2d(
             // SAFETY: band `band` owns output rows `first .. first + count`, and each
             // band is run by exactly one thread; `y` outlives the job.
             let rows = unsafe { destination.pointer().add(first * out) };
-            for &(start, length) in &slices {
-                let panel = &panels[start * out..(start + length) * out];
-                let slice = &buffer[start * count..(start + length) * count];
-                // SAFETY: `rows` is `[count, out]` with row stride `out` (read
-                // transposed as dst `[out, count]`); the panel is `[out, length]` and
-                // the slice `[count, length]`, both contiguous; dst aliases neither.
-                unsafe {
-                    gemm_f32::gemm::f32::get_gemm_fn()(
-                        out,
-                        count,
-                        length,
-                        rows,
-                        out as isize,
-                        1,
-                        start > 0,
-                        panel.as_ptr(),
-                        1,
-                        length as isize,
-                        slice.as_ptr(),
-                        length as isize,
-                        1,
-                        1.0,
-                        scale,
-                        false,
-                        false,
-                        false,
-                        gemm_common::Parallelism::None,
-                    );
-                }
-            }
+            // SAFETY: as above; the band's rows are this thread's.
+            unsafe { band_product(rows, (out, count, scale), &slices, panels, buffer) };
             if let Some(bias) = bias {
                 // SAFETY: this band's rows, written by this thread only.
                 unsafe { add_to_rows(bias, rows, count, out) };
@@ -122,6 +94,50 @@ pub(super) fn conv2d(
         }
     });
     Ok(())
+}
+
+/// `rows ← Σ over slices of band·panelᵀ·scale`: the band's im2col slices
+/// (`[count, length]` each, slice-major) against the weight's slice panels.
+///
+/// # Safety
+/// `rows` is the band's `[count, out]` output with row stride `out`, written by this
+/// thread only; the panels are `[out, length]` and the band's slices `[count, length]`.
+unsafe fn band_product(
+    rows: *mut f32,
+    (out, count, scale): (usize, usize, f32),
+    slices: &[(usize, usize)],
+    panels: &[f32],
+    band: &[f32],
+) {
+    for &(start, length) in slices {
+        let panel = &panels[start * out..(start + length) * out];
+        let slice = &band[start * count..(start + length) * count];
+        // SAFETY: the caller's contract: dst `[out, count]` read transposed from the
+        // rows, the panel and the slice contiguous; dst aliases neither.
+        unsafe {
+            gemm_f32::gemm::f32::get_gemm_fn()(
+                out,
+                count,
+                length,
+                rows,
+                out as isize,
+                1,
+                start > 0,
+                panel.as_ptr(),
+                1,
+                length as isize,
+                slice.as_ptr(),
+                length as isize,
+                1,
+                1.0,
+                scale,
+                false,
+                false,
+                false,
+                gemm_common::Parallelism::None,
+            );
+        }
+    }
 }
 
 /// The weight `[out, inner]` widened to f32 into `panels`, slice-major: slice

@@ -80,13 +80,6 @@ pub struct CpuCompute {
     cores: usize,
 }
 
-/// The activation buffers this compute's thread kept for reuse go with it.
-impl Drop for CpuCompute {
-    fn drop(&mut self) {
-        spare::release();
-    }
-}
-
 impl Default for CpuCompute {
     fn default() -> Self {
         Self::new()

@@ -80,8 +80,15 @@ pub(super) fn give(buffer: Vec<f32>) {
     });
 }
 
+/// The activation buffers a compute's thread kept for reuse go with it.
+impl Drop for super::CpuCompute {
+    fn drop(&mut self) {
+        release();
+    }
+}
+
 /// Frees every buffer kept on this thread (a compute is done with them).
-pub(super) fn release() {
+fn release() {
     let _ = SPARE.try_with(|spare| spare.borrow_mut().clear());
 }
 

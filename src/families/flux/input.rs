@@ -28,6 +28,13 @@ pub enum Start {
     /// The starting noise itself, unpacked (`[channels, height / 8, width / 8]`):
     /// diffusers' `latents` argument, given by a pipeline.
     Latent(Vec<f32>),
+    /// Image-to-image from an encoded image's latent (unpacked, scaled as the VAE's
+    /// encoder gives it), noised to `strength` with `seed`'s noise.
+    Image {
+        latent: Vec<f32>,
+        strength: f64,
+        seed: u64,
+    },
     /// A latent file: the starting noise itself, or with `strength` the image to
     /// start from (noised with `seed`).
     Init {

@@ -125,6 +125,24 @@ fn plan_of(request: &Request<'_>, config: &FluxConfig) -> Result<Plan, FamilyErr
             }
             (Some(latent.clone()), None, 0)
         }
+        Start::Image {
+            latent,
+            strength,
+            seed,
+        } => {
+            let expected = channels * (input.height / 8) * (input.width / 8);
+            if latent.len() != expected {
+                return Err(FamilyError::Model(format!(
+                    "the encoded image has {} values; a {}×{} image's latent is [{channels}, {}, {}]",
+                    latent.len(),
+                    input.width,
+                    input.height,
+                    input.height / 8,
+                    input.width / 8
+                )));
+            }
+            (Some(latent.clone()), Some(*strength), *seed)
+        }
         Start::Init {
             path,
             strength,

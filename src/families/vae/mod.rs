@@ -20,6 +20,7 @@
 //! working set is reserved through the activation path before its first block.
 
 mod config;
+mod encoder;
 mod open;
 mod tiles;
 mod weights;
@@ -27,6 +28,7 @@ mod weights;
 use stagehand_actors::{BlockId, ModelLayout};
 
 pub use config::VaeConfig;
+pub use encoder::{ImageInput, VaeEncoder};
 pub use tiles::{working_set_bytes, Tile, Tiling};
 use weights::{Conv, Decoder, Pair, Resnet, SelfAttention};
 
@@ -209,13 +211,14 @@ impl VaeDecoder {
     }
 }
 
-/// The decoder's stages over one held block.
+/// The decoder's and the encoder's stages over one held block.
 struct Stages<'c, C: Compute> {
     compute: &'c C,
     groups: usize,
 }
 
 impl<C: Compute> Stages<'_, C> {
+    /// A convolution that keeps the size.
     fn conv(
         &self,
         held: &Held<C::Block>,
@@ -223,9 +226,21 @@ impl<C: Compute> Stages<'_, C> {
         x: &C::Tensor,
         image: Image,
     ) -> Result<C::Tensor, FamilyError> {
+        self.conv_shaped(held, conv, x, Conv2d::same(image, conv.kernel))
+    }
+
+    /// A convolution of any geometry (the encoder's downsampling).
+    fn conv_shaped(
+        &self,
+        held: &Held<C::Block>,
+        conv: &Conv,
+        x: &C::Tensor,
+        shape: Conv2d,
+    ) -> Result<C::Tensor, FamilyError> {
         let view = held.view(self.compute);
-        let mut y = self.compute.tensor(image.pixels(), conv.weight.rows)?;
-        let shape = Conv2d::same(image, conv.kernel);
+        let mut y = self
+            .compute
+            .tensor(shape.output().pixels(), conv.weight.rows)?;
         self.compute.pipeline()?.conv2d(
             x,
             &view.weight(&conv.weight)?,

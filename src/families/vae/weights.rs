@@ -1,7 +1,8 @@
-//! Where the VAE decoder's weights are, by diffusers' names (`decoder.up_blocks.N.
-//! resnets.M.conv1`), checked against the config and placed as blocks: the latent's
-//! input convolution with the middle block, one block per up block, and the output
-//! norm and convolution.
+//! Where the VAE's weights are, by diffusers' names (`decoder.up_blocks.N.resnets.M.
+//! conv1`), checked against the config and placed as blocks. The decoder: the
+//! latent's input convolution with the middle block, one block per up block, and the
+//! output norm and convolution. The encoder: one block per down block (the first with
+//! the image's input convolution), then the middle block with the output.
 //! One walk over the decoder's structure lays the blocks out and gives the slots
 //! ([`crate::families::walk`]).
 
@@ -175,6 +176,89 @@ impl Walk<'_> {
             conv_out: self.conv("decoder.conv_out", config.image_channels, bottom, 3)?,
         })
     }
+}
+
+#[derive(Debug, Clone)]
+pub struct DownBlock {
+    pub resnets: Vec<Resnet>,
+    /// A 3×3 convolution at stride 2 padded bottom and right (every down block but
+    /// the last).
+    pub downsample: Option<Conv>,
+}
+
+/// The encoder's weights, placed.
+#[derive(Debug, Clone)]
+pub struct Encoder {
+    pub conv_in: Conv,
+    pub down: Vec<DownBlock>,
+    pub mid: [Resnet; 2],
+    pub mid_attention: Option<SelfAttention>,
+    pub norm_out: Pair,
+    /// To the latent distribution's mean and log-variance (`2 × latent` channels).
+    pub conv_out: Conv,
+    pub quant: Option<Conv>,
+}
+
+impl Walk<'_> {
+    fn encoder(&mut self) -> Result<Encoder, FamilyError> {
+        let config = self.config;
+        let latent = config.latent_channels;
+        let mut previous = config.channels[0];
+        let mut down = Vec::with_capacity(config.channels.len());
+        let mut conv_in = None;
+        for (number, &out) in config.channels.iter().enumerate() {
+            let stem = format!("encoder.down_blocks.{number}");
+            self.source.block(&stem);
+            if number == 0 {
+                conv_in = Some(self.conv("encoder.conv_in", previous, config.image_channels, 3)?);
+            }
+            let resnets = (0..config.layers_per_block)
+                .map(|layer| {
+                    let input = if layer == 0 { previous } else { out };
+                    self.resnet(&format!("{stem}.resnets.{layer}"), input, out)
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let downsample = match number + 1 < config.channels.len() {
+                true => Some(self.conv(&format!("{stem}.downsamplers.0.conv"), out, out, 3)?),
+                false => None,
+            };
+            down.push(DownBlock {
+                resnets,
+                downsample,
+            });
+            previous = out;
+        }
+        let top = previous;
+        self.source.block("encoder.mid_block");
+        let mid = [
+            self.resnet("encoder.mid_block.resnets.0", top, top)?,
+            self.resnet("encoder.mid_block.resnets.1", top, top)?,
+        ];
+        let mid_attention = match config.mid_attention {
+            true => Some(self.attention("encoder.mid_block.attentions.0", top)?),
+            false => None,
+        };
+        Ok(Encoder {
+            conv_in: conv_in.ok_or_else(|| FamilyError::Model("a VAE without blocks".into()))?,
+            down,
+            mid,
+            mid_attention,
+            norm_out: self.pair("encoder.conv_norm_out", top, None)?,
+            conv_out: self.conv("encoder.conv_out", 2 * latent, top, 3)?,
+            quant: match config.quant_conv {
+                true => Some(self.conv("quant_conv", 2 * latent, 2 * latent, 1)?),
+                false => None,
+            },
+        })
+    }
+}
+
+/// The encoder's blocks and every weight's slot.
+pub fn place_encoder(
+    index: &ModelIndex,
+    config: &VaeConfig,
+) -> Result<(Placement, Encoder), FamilyError> {
+    walk::place(index, |source| Walk { source, config }.encoder())
 }
 
 /// The decoder's blocks and every weight's slot.
