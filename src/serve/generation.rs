@@ -109,6 +109,7 @@ pub(super) async fn chat(
 /// The served decoder `name` names, with its adapter (an encoder is refused by name).
 fn generator(app: &AppState, name: &str) -> Result<(Arc<ServedModel>, Option<String>), ApiError> {
     let (model, adapter) = app.model(name)?;
+    model.refuse_images()?;
     if model.is_encoder() {
         return Err(ApiError::bad_request(
             "model",

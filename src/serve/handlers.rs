@@ -194,6 +194,7 @@ async fn embed(
         }
     };
     let (model, adapter) = app.model(&request.model)?;
+    model.refuse_images()?;
     if !model.is_encoder() {
         return Err(ApiError::bad_request(
             "model",

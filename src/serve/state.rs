@@ -48,14 +48,20 @@ impl ServedModel {
         self.info.kind == WorkloadKind::Encoder
     }
 
-    /// Queues `job`; a full queue is a 429, a stopped model a 503.
-    pub fn submit(&self, job: Job) -> Result<(), ApiError> {
+    /// A 400 for a text endpoint when this model makes images.
+    pub fn refuse_images(&self) -> Result<(), ApiError> {
         if self.images.is_some() {
             return Err(ApiError::bad_request(
                 "model",
                 format!("`{}` makes images: POST /v1/images/generations", self.name),
             ));
         }
+        Ok(())
+    }
+
+    /// Queues `job`; a full queue is a 429, a stopped model a 503.
+    pub fn submit(&self, job: Job) -> Result<(), ApiError> {
+        self.refuse_images()?;
         self.offer(&self.jobs, job)
     }
 
