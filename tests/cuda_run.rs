@@ -64,6 +64,7 @@ fn plan(settings: &Settings, model_bytes: u64, steps: u64, is_demo: bool) -> Run
         keep_outputs: false,
         on_token: None,
         measure_links: false,
+        shared: None,
     }
 }
 

@@ -201,6 +201,7 @@ fn run_folder(model: &Path, share: f64, steps: u64) -> Outcome {
             keep_outputs: true,
             on_token: None,
             measure_links: false,
+            shared: None,
         },
     )
     .unwrap()

@@ -173,6 +173,7 @@ fn a_model_changed_after_its_reference_was_computed_fails_before_any_step() {
         keep_outputs: false,
         on_token: None,
         measure_links: false,
+        shared: None,
     };
     let Err(error) = execute(&prepared, plan) else {
         panic!("a changed model must not run");

@@ -108,6 +108,7 @@ fn every_long_phase_stops_at_its_next_unit_of_work_once_a_stop_is_requested() {
         keep_outputs: false,
         on_token: None,
         measure_links: false,
+        shared: None,
     };
     let outcome = execute(&prepared, plan).expect("a stopped run still reports");
     assert_eq!(outcome.report.steps, 0);

@@ -74,6 +74,7 @@ fn a_long_moe_run_stays_in_budget_matches_the_reference_and_releases_everything(
                 keep_outputs: false,
                 on_token: None,
                 measure_links: false,
+                shared: None,
             },
         )
         .unwrap_or_else(|error| panic!("{policy:?}: {error}"));

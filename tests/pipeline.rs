@@ -243,6 +243,7 @@ fn a_prompt_becomes_diffusers_image() {
         settings: &settings,
         observer: stagehand::run::no_observer(),
         progress: std::sync::Arc::new(|_, _, _| {}),
+        shared: None,
     };
     let parts = FluxParts::open(&pipeline()).expect("a Flux pipeline");
     let generated = generate(&parts, &request, &run).expect("makes an image");
@@ -315,6 +316,7 @@ fn a_budget_too_small_for_a_whole_decode_decodes_in_tiles() {
         settings: &settings,
         observer: stagehand::run::no_observer(),
         progress: std::sync::Arc::new(|_, _, _| {}),
+        shared: None,
     };
     let request = ImageRequest {
         prompt: PROMPT.to_string(),
@@ -384,6 +386,7 @@ fn the_vae_encoder_gives_diffusers_latent_and_an_image_starts_from_it() {
         settings: &settings,
         observer: stagehand::run::no_observer(),
         progress: std::sync::Arc::new(|_, _, _| {}),
+        shared: None,
     };
     let request = ImageRequest {
         prompt: PROMPT.to_string(),

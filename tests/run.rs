@@ -201,6 +201,7 @@ fn plan_for(settings: &Settings, steps: u64) -> RunPlan<'_> {
         keep_outputs: false,
         on_token: None,
         measure_links: false,
+        shared: None,
     }
 }
 

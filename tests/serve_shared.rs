@@ -62,6 +62,60 @@ fn an_embedder_and_a_decoder_share_one_budget_in_turn() {
     }
 }
 
+#[test]
+fn an_image_pipeline_and_an_embedder_share_one_budget() {
+    // Proves an image model inside a shared [budget]: each pipeline stage joins the
+    // budget as `flux:STAGE` while it runs (the embedder giving way) and leaves it,
+    // both endpoints answer in turn with the same answers, and after SIGTERM both
+    // models hold nothing.
+    let dir = tempfile::tempdir().unwrap();
+    let (bert, _) = models(dir.path());
+    let pipeline =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pipeline/flux-tiny");
+    let text = format!(
+        "[budget]\nvram_budget = \"6MiB\"\npin_ceiling = \"64MiB\"\n\n\
+         [[models]]\nname = \"bert\"\nfolder = \"{}\"\n\n\
+         [[models]]\nname = \"flux\"\nfolder = \"{}\"\n",
+        bert.display(),
+        pipeline.display()
+    );
+    let config = dir.path().join("images.toml");
+    std::fs::write(&config, text).unwrap();
+    let server = Server::start(&["--config", &config.display().to_string()]);
+    let embed = || {
+        let body = json!({"model": "bert", "input": ["one text"], "encoding_format": "float"});
+        let reply = server.post("/v1/embeddings", &body);
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        reply.json()["data"].clone()
+    };
+    let image = || {
+        let body = json!({
+            "model": "flux", "prompt": "a red fox", "size": "48x64",
+            "num_inference_steps": 2, "max_sequence_length": 16, "seed": 4
+        });
+        let reply = server.post("/v1/images/generations", &body);
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        reply.json()["data"][0]["b64_json"].clone()
+    };
+    let first_embedding = embed();
+    let first_image = image();
+    assert_eq!(embed(), first_embedding, "the embedder's answer changed");
+    assert_eq!(
+        image(),
+        first_image,
+        "the same image request gave other bytes"
+    );
+    let stopped = server.stop();
+    assert_eq!(stopped.status.code(), Some(0), "{}", stopped.stderr);
+    let said = format!("{}\n{}", stopped.stdout.join("\n"), stopped.stderr);
+    for model in ["bert", "flux"] {
+        assert!(
+            said.contains(&format!("{model} stopped; vram 0 B and pinned 0 B")),
+            "{said}"
+        );
+    }
+}
+
 /// `stagehand serve --config FILE` with `text` as the file, expected to exit 2 with a
 /// line containing `needle`.
 fn refused_config(dir: &std::path::Path, text: &str, needle: &str) {

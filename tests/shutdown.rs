@@ -52,6 +52,7 @@ fn run(fail_after_reads: Option<u64>) -> bool {
             keep_outputs: false,
             on_token: None,
             measure_links: false,
+            shared: None,
         },
     )
     .is_ok()

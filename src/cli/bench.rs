@@ -163,6 +163,7 @@ impl Bench<'_> {
                 keep_outputs: false,
                 on_token: None,
                 measure_links: true,
+                shared: None,
                 settings,
                 budgets,
                 prefetch_depth: depth,

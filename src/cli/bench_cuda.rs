@@ -151,6 +151,7 @@ impl Bench<'_> {
                 keep_outputs: false,
                 on_token: None,
                 measure_links: true,
+                shared: None,
             },
             CudaRunOptions {
                 device: Some(self.device.clone()),

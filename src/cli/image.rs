@@ -273,6 +273,7 @@ pub fn execute(args: ImageArgs) -> CommandResult {
         settings: &settings,
         observer,
         progress: report,
+        shared: None,
     };
     let generated = generate(&parts, &request, &run);
     bar.finish_and_clear();

@@ -222,6 +222,7 @@ pub(super) fn run_prepared(
         keep_outputs: launch.keep_outputs,
         on_token: launch.on_token,
         measure_links: false,
+        shared: None,
     };
     let outcome = if launch.use_cuda {
         stagehand::run::execute_cuda(prepared, plan)

@@ -27,6 +27,7 @@ pub use image::Picture;
 use crate::families::flux::{CondInput, Conditioning, SampleInput, Start};
 use crate::families::vae::{ImageInput, LatentInput};
 use crate::families::{EncoderInput, Extras, Model, WorkloadKind};
+use crate::run::loaded::{shared_budgets, SharedMember};
 use crate::run::{
     budgets_for, execute, fitting_depth, prepare_with, BudgetAsk, Outcome, Prepared, RunError,
     RunPlan,
@@ -125,6 +126,10 @@ pub struct PipelineRun<'a> {
     pub settings: &'a Settings,
     pub observer: Arc<dyn stagehand_actors::Observer>,
     pub progress: Progress,
+    /// Run each stage inside this shared budget (serve's `[budget]`, beside other
+    /// models) as the member `NAME:STAGE`, ranked first while it runs and gone when it
+    /// ends; `None`: each stage under the settings' budgets.
+    pub shared: Option<(stagehand_actors::SharedBudget, String)>,
 }
 
 impl PipelineRun<'_> {
@@ -147,9 +152,24 @@ impl PipelineRun<'_> {
             prepare_with(model, kind, batch, self.settings, false, extras).map_err(failed)?;
         let steps = steps(&prepared);
         let ask = BudgetAsk::steps(steps);
-        let budgets = budgets_for(&prepared, self.settings, ask);
+        let (budgets, depth, member) = match &self.shared {
+            Some((pool, owner)) => {
+                let member = SharedMember {
+                    pool: pool.clone(),
+                    name: format!("{owner}:{name}"),
+                };
+                let (budgets, depth) =
+                    shared_budgets(&prepared, self.settings, ask, &member).map_err(failed)?;
+                (budgets, depth, Some(member))
+            }
+            None => {
+                let budgets = budgets_for(&prepared, self.settings, ask);
+                let depth = fitting_depth(&prepared, self.settings, budgets, ask);
+                (budgets, depth, None)
+            }
+        };
         let settings = Settings {
-            prefetch_depth: fitting_depth(&prepared, self.settings, budgets, ask),
+            prefetch_depth: depth,
             // The cheap check where people work: every block against the file as it
             // lands, and the first step recomputed from resident blocks — unless the
             // first step is the whole stage (an encoder's, the VAE's), which that
@@ -167,6 +187,7 @@ impl PipelineRun<'_> {
             observer: Arc::clone(&self.observer),
             stop: crate::signals::stop_flag(),
             on_step: Box::new(move |step, _| progress(name, step + 1, steps)),
+            shared: member,
             ..RunPlan::new(&settings, budgets, steps)
         };
         let outcome = execute(&prepared, plan).map_err(failed)?;
@@ -345,7 +366,7 @@ fn decode(
                 stage: "vae",
                 source,
             })?;
-            automatic_tile(&prepared, run.settings)?
+            automatic_tile(&prepared, run)?
         }
     };
     let (prepared, stage) = run.stage(
@@ -374,12 +395,19 @@ fn decode(
 /// VAE's own tile (diffusers' `sample_size / 8`) halved until its working set fits.
 fn automatic_tile(
     prepared: &Prepared,
-    settings: &Settings,
+    run: &PipelineRun<'_>,
 ) -> Result<Option<usize>, PipelineError> {
     let Model::Vae(vae) = &prepared.workload.model else {
         return Ok(None);
     };
-    let budgets = budgets_for(prepared, settings, BudgetAsk::steps(1));
+    // In a shared budget the VAE may have all of it, the others giving way.
+    let budgets = match &run.shared {
+        Some((pool, _)) => crate::run::Budgets {
+            vram_budget_bytes: pool.total().vram_bytes,
+            pin_ceiling_bytes: pool.total().pin_bytes,
+        },
+        None => budgets_for(prepared, run.settings, BudgetAsk::steps(1)),
+    };
     let ring = 2 * prepared.facts().layout().largest_block_bytes();
     let room = budgets.vram_budget_bytes.saturating_sub(ring);
     if vae.working_set_bytes() <= room {

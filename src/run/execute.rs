@@ -24,9 +24,10 @@ use super::{failed_run, open_model_storage, session_config, Outcome, Prepared, R
 /// A run on the CPU backend: "VRAM" is host memory with a hard capacity.
 pub fn execute(prepared: &Prepared, plan: RunPlan<'_>) -> Result<Outcome, RunError> {
     let layout = prepared.workload.layout();
-    let capacity = plan
-        .budgets
-        .vram_budget_bytes
+    // In a shared budget the arena is the whole of it; the lease bounds what is used.
+    let arena = plan.shared.as_ref().map(|member| member.capacity_bytes());
+    let capacity = arena
+        .unwrap_or(plan.budgets.vram_budget_bytes)
         .max(layout.largest_block_bytes());
     let device: Arc<dyn Device> =
         Arc::new(CpuDevice::new(capacity).map_err(|error| RunError::Failed(error.to_string()))?);
@@ -81,16 +82,36 @@ pub fn execute_on<C: Compute>(
     };
     let files =
         BlockReader::open(&prepared.index).map_err(|error| RunError::Failed(error.to_string()))?;
-    let session = Session::start_with_experts(
-        config,
-        experts,
-        layout.clone(),
-        workload.order(),
-        device.clone(),
-        storage.clone(),
-        Arc::clone(&observer),
-    )
-    .map_err(|error| RunError::BadInput(error.to_string()))?;
+    // Declared before the session, so dropped after it: the lease goes back only once
+    // the session has released every byte.
+    let _leave = super::loaded::LeaveOnDrop(plan.shared.clone());
+    let started = match &plan.shared {
+        Some(member) => Session::start_shared(
+            config,
+            experts,
+            member.capacity_bytes(),
+            layout.clone(),
+            workload.order(),
+            device.clone(),
+            storage.clone(),
+            Arc::clone(&observer),
+        ),
+        None => Session::start_with_experts(
+            config,
+            experts,
+            layout.clone(),
+            workload.order(),
+            device.clone(),
+            storage.clone(),
+            Arc::clone(&observer),
+        ),
+    };
+    let session = started.map_err(|error| RunError::BadInput(error.to_string()))?;
+    if let Some(member) = &plan.shared {
+        let attached = member.pool.attach(&member.name, session.budget_handle());
+        attached.map_err(|error| RunError::Failed(error.to_string()))?;
+        member.begin_use();
+    }
     let report = drive_traced(
         session,
         compute,

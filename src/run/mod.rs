@@ -160,6 +160,11 @@ pub struct RunPlan<'a> {
     /// on a device without one always times them): for `validate` and `bench`, which
     /// compare a run with its own links.
     pub measure_links: bool,
+    /// Run inside a shared budget (serve's `[budget]`): the session's arena is the
+    /// whole shared VRAM budget, its lease the plan's budgets (from
+    /// [`loaded::shared_budgets`]); it is ranked first while it runs and leaves the
+    /// budget when it ends.
+    pub shared: Option<loaded::SharedMember>,
 }
 
 impl<'a> RunPlan<'a> {
@@ -179,6 +184,7 @@ impl<'a> RunPlan<'a> {
             keep_outputs: false,
             on_token: None,
             measure_links: false,
+            shared: None,
         }
     }
 }

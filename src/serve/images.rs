@@ -4,6 +4,8 @@
 //! queue (429 when full) and runs [`crate::pipeline::generate`] — CLIP, T5, the
 //! transformer, the VAE, each streamed and checked under the model's budgets and
 //! every byte given back after it — then answers PNG bytes, base64 in the body.
+//! Beside a shared `[budget]` each stage runs as a member of it (`NAME:STAGE`):
+//! ranked first while it runs, the idle models giving way, gone when it ends.
 //!
 //! The body: `prompt`, `n`, `size` (`"WIDTHxHEIGHT"`), `response_format`
 //! (`"b64_json"`; `"url"` is refused by name: the server keeps no files); stagehand's
@@ -23,7 +25,7 @@ use axum::Json;
 use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::json;
-use stagehand_actors::StatsSnapshot;
+use stagehand_actors::{SharedBudget, StatsSnapshot};
 
 use crate::pipeline::{generate, FluxParts, ImageRequest, PipelineError, PipelineRun};
 use crate::run::loaded::{Cancel, CancelOnDrop, LoadedInfo};
@@ -228,12 +230,13 @@ pub(super) fn serve_images(
     parts: FluxParts,
     settings: Settings,
     observer: Arc<dyn stagehand_actors::Observer>,
-    jobs: flume::Receiver<ImageJob>,
+    (jobs, shared): (flume::Receiver<ImageJob>, Option<(SharedBudget, String)>),
 ) -> Result<StatsSnapshot, RunError> {
     let run = PipelineRun {
         settings: &settings,
         observer,
         progress: Arc::new(|_, _, _| {}),
+        shared,
     };
     for job in jobs.iter() {
         if job.cancel.is_cancelled() {

@@ -54,12 +54,8 @@ pub(super) fn load(
     let bad = |problem: String| ServeError::BadInput(format!("models.{name}: {problem}"));
     let settings = model_settings(model, config, base).map_err(bad)?;
     if crate::pipeline::FluxParts::is_pipeline(&model.folder) {
-        if shared.is_some() {
-            return Err(bad(
-                "an image pipeline beside a shared [budget] is not served yet (its stages run under their own budgets, one after another): give the model its own vram_budget and pin_ceiling and remove [budget]".into(),
-            ));
-        }
-        return load_images(model, config, settings, telemetry);
+        let shared = shared.map(|pool| (pool.clone(), name.clone()));
+        return load_images(model, config, (settings, shared), telemetry);
     }
     let prepared = open(model, &settings).map_err(bad)?;
     let kind = prepared.facts().kind();
@@ -151,7 +147,7 @@ fn now_seconds() -> u64 {
 fn load_images(
     model: &ModelConfig,
     config: &ServeConfig,
-    settings: settings::Settings,
+    (settings, shared): (settings::Settings, Option<(SharedBudget, String)>),
     telemetry: &ServeTelemetry,
 ) -> Result<(ServedModel, Worker), ServeError> {
     let name = &model.name;
@@ -177,7 +173,9 @@ fn load_images(
     let worker_parts = parts.clone();
     let worker = std::thread::Builder::new()
         .name(format!("serve-{name}"))
-        .spawn(move || super::images::serve_images(worker_parts, settings, observer, queue))
+        .spawn(move || {
+            super::images::serve_images(worker_parts, settings, observer, (queue, shared))
+        })
         .map_err(|error| {
             ServeError::Failed(format!("cannot start the thread of {name}: {error}"))
         })?;

@@ -53,5 +53,6 @@ pub fn decoder_plan(
         keep_outputs: false,
         on_token: None,
         measure_links: false,
+        shared: None,
     }
 }

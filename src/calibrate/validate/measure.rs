@@ -85,6 +85,7 @@ fn run_real(
         keep_outputs: false,
         on_token: None,
         measure_links: true,
+        shared: None,
     };
     let outcome = if case.cuda {
         crate::run::execute_cuda(prepared, plan)

@@ -38,8 +38,8 @@ use super::{
     NamedLora, Prepared, RunError, RunPlan,
 };
 
-use shared::LeaveOnDrop;
-pub use shared::{open_shared_budget, pool_ask, SharedMember};
+pub(crate) use shared::LeaveOnDrop;
+pub use shared::{open_shared_budget, pool_ask, shared_budgets, SharedMember};
 
 pub use jobs::{
     BatchLimits, Cancel, CancelOnDrop, EmbedJob, Embedded, FinishReason, Finished, GenerateJob,
@@ -404,29 +404,4 @@ fn start_session(
         model_bytes: layout.total_bytes(),
     };
     Ok((session, info, compute))
-}
-
-/// A model's budgets in a shared budget: the lease the broker grants it (others give
-/// way first), at the deepest prefetch the whole budget fits.
-fn shared_budgets(
-    prepared: &Prepared,
-    settings: &Settings,
-    ask: BudgetAsk,
-    member: &SharedMember,
-) -> Result<(Budgets, u32), RunError> {
-    let whole = member.pool_total();
-    let whole = Budgets {
-        vram_budget_bytes: whole.vram_bytes,
-        pin_ceiling_bytes: whole.pin_bytes,
-    };
-    let depth = fitting_depth(prepared, settings, whole, ask);
-    let lease = member
-        .pool
-        .join(&member.name, pool_ask(prepared, settings, depth, ask))
-        .map_err(|error| RunError::BadInput(error.to_string()))?;
-    let budgets = Budgets {
-        vram_budget_bytes: lease.vram_bytes,
-        pin_ceiling_bytes: lease.pin_bytes,
-    };
-    Ok((budgets, depth))
 }

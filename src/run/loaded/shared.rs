@@ -13,7 +13,9 @@
 
 use stagehand_actors::{Lease, PoolAsk, SharedBudget};
 
-use crate::run::{lora_pack_bytes, lora_region_bytes, BudgetAsk, Prepared, RunError};
+use crate::run::{
+    fitting_depth, lora_pack_bytes, lora_region_bytes, BudgetAsk, Budgets, Prepared, RunError,
+};
 use crate::settings::Settings;
 use stagehand_actors::arena_bytes;
 
@@ -52,7 +54,7 @@ impl SharedMember {
 
 /// Leaves the shared budget when dropped (a model's session has finished, or never
 /// started): its lease is free for the others. Leaving twice is harmless.
-pub(super) struct LeaveOnDrop(pub Option<SharedMember>);
+pub(crate) struct LeaveOnDrop(pub Option<SharedMember>);
 
 impl Drop for LeaveOnDrop {
     fn drop(&mut self) {
@@ -101,4 +103,30 @@ pub fn pool_ask(prepared: &Prepared, settings: &Settings, depth: u32, ask: Budge
             pin_bytes: layout.total_bytes() + staging + lora_pinned,
         },
     }
+}
+
+/// The budgets and prefetch depth of `prepared` in `member`'s shared budget: the
+/// depth that fits the whole of it, then the lease the broker gives the model's ask
+/// (its floor and want) — joining the budget under `member`'s name.
+pub fn shared_budgets(
+    prepared: &Prepared,
+    settings: &Settings,
+    ask: BudgetAsk,
+    member: &SharedMember,
+) -> Result<(Budgets, u32), RunError> {
+    let whole = member.pool_total();
+    let whole = Budgets {
+        vram_budget_bytes: whole.vram_bytes,
+        pin_ceiling_bytes: whole.pin_bytes,
+    };
+    let depth = fitting_depth(prepared, settings, whole, ask);
+    let lease = member
+        .pool
+        .join(&member.name, pool_ask(prepared, settings, depth, ask))
+        .map_err(|error| RunError::BadInput(error.to_string()))?;
+    let budgets = Budgets {
+        vram_budget_bytes: lease.vram_bytes,
+        pin_ceiling_bytes: lease.pin_bytes,
+    };
+    Ok((budgets, depth))
 }
