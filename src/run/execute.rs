@@ -37,6 +37,40 @@ pub fn execute(prepared: &Prepared, plan: RunPlan<'_>) -> Result<Outcome, RunErr
     execute_on(prepared, plan, device, &compute)
 }
 
+/// The run's session: in a shared budget, on the whole shared arena, attached to the
+/// broker and ranked first; else on its own budgets.
+fn start_session(
+    shared: Option<&super::loaded::SharedMember>,
+    (config, experts): (SessionConfig, Option<ExpertConfig>),
+    (layout, order): (ModelLayout, Vec<stagehand_actors::BlockId>),
+    device: Arc<dyn Device>,
+    storage: Arc<dyn stagehand_actors::Storage>,
+    observer: Arc<dyn Observer>,
+) -> Result<Session, RunError> {
+    let started = match shared {
+        Some(member) => Session::start_shared(
+            config,
+            experts,
+            member.capacity_bytes(),
+            layout,
+            order,
+            device,
+            storage,
+            observer,
+        ),
+        None => {
+            Session::start_with_experts(config, experts, layout, order, device, storage, observer)
+        }
+    };
+    let session = started.map_err(|error| RunError::BadInput(error.to_string()))?;
+    if let Some(member) = shared {
+        let attached = member.pool.attach(&member.name, session.budget_handle());
+        attached.map_err(|error| RunError::Failed(error.to_string()))?;
+        member.begin_use();
+    }
+    Ok(session)
+}
+
 /// What a run of `prepared` under a VRAM budget of `vram_budget_bytes` streams.
 pub(super) fn streaming(prepared: &Prepared, vram_budget_bytes: u64) -> Streaming {
     if vram_budget_bytes < prepared.workload.layout().total_bytes() {
@@ -85,33 +119,14 @@ pub fn execute_on<C: Compute>(
     // Declared before the session, so dropped after it: the lease goes back only once
     // the session has released every byte.
     let _leave = super::loaded::LeaveOnDrop(plan.shared.clone());
-    let started = match &plan.shared {
-        Some(member) => Session::start_shared(
-            config,
-            experts,
-            member.capacity_bytes(),
-            layout.clone(),
-            workload.order(),
-            device.clone(),
-            storage.clone(),
-            Arc::clone(&observer),
-        ),
-        None => Session::start_with_experts(
-            config,
-            experts,
-            layout.clone(),
-            workload.order(),
-            device.clone(),
-            storage.clone(),
-            Arc::clone(&observer),
-        ),
-    };
-    let session = started.map_err(|error| RunError::BadInput(error.to_string()))?;
-    if let Some(member) = &plan.shared {
-        let attached = member.pool.attach(&member.name, session.budget_handle());
-        attached.map_err(|error| RunError::Failed(error.to_string()))?;
-        member.begin_use();
-    }
+    let session = start_session(
+        plan.shared.as_ref(),
+        (config, experts),
+        (layout.clone(), workload.order()),
+        device.clone(),
+        storage.clone(),
+        Arc::clone(&observer),
+    )?;
     let report = drive_traced(
         session,
         compute,
