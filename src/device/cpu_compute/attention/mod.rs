@@ -14,10 +14,14 @@
 //! a row's bits do not depend on the other rows of its block, on which thread runs it,
 //! on how many threads there are, or on the instruction set. The softmax's `exp` is
 //! the vectorisable one of [`super::elementwise`].
+//!
+//! Heads of 256 values and more under a padding mask (a VAE's mid-block attention)
+//! take `wide` instead: query blocks over the threads, each two `gemm` products.
 
 mod block;
 #[cfg(test)]
 mod tests;
+mod wide;
 
 use crate::compute::{Attention, CachedAttention, Mask};
 
@@ -70,6 +74,9 @@ pub(super) fn attention(
     shape: &Attention<'_>,
     out: &mut [f32],
 ) {
+    if wide::takes(shape) {
+        return wide::attention(pool, scratch, (q, k, v), shape, out);
+    }
     let visible = |sequence: usize, query: usize| match shape.mask {
         Mask::Padding(lengths) => lengths[sequence].min(shape.sequence_length),
         Mask::Causal => query + 1,
