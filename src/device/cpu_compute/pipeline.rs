@@ -5,8 +5,8 @@
 use std::sync::Mutex;
 
 use super::elementwise::{self, exp};
-use super::pool::{share, SharedOut};
-use super::{convolution, vector, CpuCompute, CpuTensor};
+use super::pool::share;
+use super::{attention, convolution, vector, CpuCompute, CpuTensor};
 use crate::compute::pipeline::{self, BiasedAttention, Conv2d, GroupNorm, Image, Pipeline};
 use crate::compute::{ComputeError, Weight};
 
@@ -43,62 +43,14 @@ impl Pipeline for CpuCompute {
             shape,
         )?;
         let BiasedAttention { heads, length } = shape;
-        let width = q.cols;
-        let tasks = sequences * heads;
-        let output = SharedOut::new(&mut out.data);
-        let threads = self.pool.threads().min(tasks).max(1);
-        self.pool.run(&|index| {
-            if index >= threads {
-                return;
-            }
-            let (first, end) = share(tasks, threads, index, 1);
-            let mut keys = vec![0.0f32; head_dim * length];
-            let mut scores = vec![0.0f32; length];
-            for task in first..end {
-                let (sequence, head) = (task / heads, task % heads);
-                let rows = sequence * length;
-                let column = head * head_dim;
-                // Kᵀ of this head: the score loop then runs along contiguous keys.
-                for j in 0..length {
-                    let row = &k.data[(rows + j) * width + column..][..head_dim];
-                    for (d, &value) in row.iter().enumerate() {
-                        keys[d * length + j] = value;
-                    }
-                }
-                for i in 0..length {
-                    let query = &q.data[(rows + i) * width + column..][..head_dim];
-                    let offsets = &bias.data[i * length * heads..][..length * heads];
-                    for (score, offset) in scores.iter_mut().zip(offsets.chunks_exact(heads)) {
-                        *score = offset[head];
-                    }
-                    for (d, &qd) in query.iter().enumerate() {
-                        let key_row = &keys[d * length..][..length];
-                        for (score, &key) in scores.iter_mut().zip(key_row) {
-                            *score += qd * key;
-                        }
-                    }
-                    let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
-                    let mut sum = 0.0f32;
-                    for score in scores.iter_mut() {
-                        *score = exp(*score - max);
-                        sum += *score;
-                    }
-                    let start = (rows + i) * width + column;
-                    // SAFETY: task (sequence, head) alone writes the head's columns of
-                    // its sequence's rows; `out` outlives the job.
-                    let row = unsafe { output.range(start, head_dim) };
-                    row.fill(0.0);
-                    for (j, &weight) in scores.iter().enumerate() {
-                        let value = &v.data[(rows + j) * width + column..][..head_dim];
-                        for (o, &x) in row.iter_mut().zip(value) {
-                            *o += weight * x;
-                        }
-                    }
-                    let inverse = 1.0 / sum;
-                    row.iter_mut().for_each(|o| *o *= inverse);
-                }
-            }
-        });
+        attention::biased(
+            &self.pool,
+            &self.scratch,
+            (&q.data, &k.data, &v.data),
+            &bias.data,
+            (sequences, length, heads, head_dim),
+            &mut out.data,
+        );
         Ok(())
     }
 

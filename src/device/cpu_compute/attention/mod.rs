@@ -23,6 +23,8 @@ mod block;
 mod tests;
 mod wide;
 
+pub(super) use wide::biased;
+
 use crate::compute::{Attention, CachedAttention, Mask};
 
 use block::{run_block, Keys, QueryRow, Rows};

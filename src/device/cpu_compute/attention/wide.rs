@@ -36,7 +36,62 @@ pub(super) fn attention(
     let Mask::Padding(lengths) = shape.mask else {
         return;
     };
-    let (length, dim) = (shape.sequence_length, shape.head_dim);
+    let heads = Blocked {
+        sequences: shape.sequences,
+        length: shape.sequence_length,
+        heads: shape.heads,
+        dim: shape.head_dim,
+        scale: shape.scale,
+        keys: &|sequence| lengths[sequence].min(shape.sequence_length),
+        bias: None,
+    };
+    run(pool, scratch, (q, k, v), &heads, out);
+}
+
+/// T5's attention (`Pipeline::attention_biased`) on the same blocked path: every key
+/// visible, no scaling, each score offset by `bias[(i·length + j)·heads + head]`.
+pub(in super::super) fn biased(
+    pool: &Pool,
+    scratch: &[std::sync::Mutex<Vec<f32>>],
+    (q, k, v): (&[f32], &[f32], &[f32]),
+    bias: &[f32],
+    (sequences, length, heads, dim): (usize, usize, usize, usize),
+    out: &mut [f32],
+) {
+    let blocked = Blocked {
+        sequences,
+        length,
+        heads,
+        dim,
+        scale: 1.0,
+        keys: &|_| length,
+        bias: Some(bias),
+    };
+    run(pool, scratch, (q, k, v), &blocked, out);
+}
+
+/// An attention as this path runs it.
+struct Blocked<'a> {
+    sequences: usize,
+    length: usize,
+    heads: usize,
+    dim: usize,
+    scale: f32,
+    /// The keys sequence `s` sees.
+    keys: &'a (dyn Fn(usize) -> usize + Sync),
+    /// T5's `[length·length, heads]` offsets, the same for every sequence.
+    bias: Option<&'a [f32]>,
+}
+
+/// Splits the (sequence, head, query block) tasks over the threads, in index order.
+fn run(
+    pool: &Pool,
+    scratch: &[std::sync::Mutex<Vec<f32>>],
+    (q, k, v): (&[f32], &[f32], &[f32]),
+    shape: &Blocked<'_>,
+    out: &mut [f32],
+) {
+    let (length, dim) = (shape.length, shape.dim);
     let width = shape.heads * dim;
     let blocks_per_head = length.div_ceil(QUERY_BLOCK);
     let tasks = shape.sequences * shape.heads * blocks_per_head;
@@ -54,7 +109,7 @@ pub(super) fn attention(
             let block = task % blocks_per_head;
             let head = (task / blocks_per_head) % shape.heads;
             let sequence = task / (blocks_per_head * shape.heads);
-            let keys = lengths[sequence].min(length);
+            let keys = (shape.keys)(sequence).min(length);
             let queries = QUERY_BLOCK.min(length - block * QUERY_BLOCK);
             let row = sequence * length + block * QUERY_BLOCK;
             let column = head * dim;
@@ -67,6 +122,13 @@ pub(super) fn attention(
                 v: &v[base..],
                 width,
             };
+            let bias = shape.bias.map(|bias| Offsets {
+                bias,
+                first_query: block * QUERY_BLOCK,
+                length,
+                heads: shape.heads,
+                head,
+            });
             // SAFETY: task (sequence, head, block) alone writes the head's columns of
             // the block's rows; `out` outlives the job.
             let out_rows = unsafe { output.pointer().add(row * width + column) };
@@ -74,13 +136,22 @@ pub(super) fn attention(
                 block_attention(
                     &operands,
                     (queries, keys, dim),
-                    shape.scale,
+                    (shape.scale, bias),
                     &mut scores,
                     out_rows,
                 )
             };
         }
     });
+}
+
+/// A block's slice of T5's offsets.
+struct Offsets<'a> {
+    bias: &'a [f32],
+    first_query: usize,
+    length: usize,
+    heads: usize,
+    head: usize,
 }
 
 /// One block's operands: its queries' rows, the sequence's keys and values, all with
@@ -100,7 +171,7 @@ struct Operands<'a> {
 unsafe fn block_attention(
     operands: &Operands<'_>,
     (queries, keys, dim): (usize, usize, usize),
-    scale: f32,
+    (scale, bias): (f32, Option<Offsets<'_>>),
     scores: &mut [f32],
     out: *mut f32,
 ) {
@@ -137,6 +208,15 @@ unsafe fn block_attention(
             false,
             gemm_common::Parallelism::None,
         );
+    }
+    if let Some(offsets) = bias {
+        for (query, row) in scores.chunks_exact_mut(keys).enumerate() {
+            let at = (offsets.first_query + query) * offsets.length * offsets.heads;
+            let line = &offsets.bias[at..at + keys * offsets.heads];
+            for (score, pair) in row.iter_mut().zip(line.chunks_exact(offsets.heads)) {
+                *score += pair[offsets.head];
+            }
+        }
     }
     let mut sums = Vec::with_capacity(queries);
     for row in scores.chunks_exact_mut(keys) {
@@ -184,6 +264,71 @@ unsafe fn block_attention(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn t5s_biased_attention_matches_f64_across_query_blocks() {
+        // Proves the biased path (two sequences of 200 rows: two query blocks each, 2
+        // heads of 8, every score offset by its head's bias, no scaling) against f64,
+        // with the same bits on 1 and 2 threads.
+        let (sequences, length, heads, dim) = (2, 200, 2, 8);
+        let width = heads * dim;
+        let values = |count: usize, seed: u32| -> Vec<f32> {
+            (0..count)
+                .map(|i| {
+                    ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8) as f32
+                        / (1 << 24) as f32
+                        - 0.5
+                })
+                .collect()
+        };
+        let rows = sequences * length * width;
+        let (q, k, v) = (values(rows, 4), values(rows, 5), values(rows, 6));
+        let bias = values(length * length * heads, 7);
+        let run = |threads: usize| {
+            let pool = Pool::new(threads);
+            let scratch: Vec<_> = (0..threads).map(|_| std::sync::Mutex::default()).collect();
+            let mut out = vec![0.0f32; rows];
+            biased(
+                &pool,
+                &scratch,
+                (&q, &k, &v),
+                &bias,
+                (sequences, length, heads, dim),
+                &mut out,
+            );
+            out
+        };
+        let one = run(1);
+        assert_eq!(one, run(2), "the bits do not depend on the threads");
+        for (sequence, query, head) in [(0, 0, 0), (0, 199, 1), (1, 128, 0), (1, 150, 1)] {
+            let row = |i: usize| sequence * length + i;
+            let scores: Vec<f64> = (0..length)
+                .map(|j| {
+                    let dot: f64 = (0..dim)
+                        .map(|d| {
+                            f64::from(q[row(query) * width + head * dim + d])
+                                * f64::from(k[row(j) * width + head * dim + d])
+                        })
+                        .sum();
+                    dot + f64::from(bias[(query * length + j) * heads + head])
+                })
+                .collect();
+            let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+            let total: f64 = weights.iter().sum();
+            for d in 0..dim {
+                let expected: f64 = (0..length)
+                    .map(|j| weights[j] * f64::from(v[row(j) * width + head * dim + d]))
+                    .sum::<f64>()
+                    / total;
+                let got = f64::from(one[row(query) * width + head * dim + d]);
+                assert!(
+                    (got - expected).abs() < 1e-5,
+                    "{sequence} {query} {head} {d}: {got} vs {expected}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn wide_heads_match_an_f64_softmax_attention_on_any_thread_count() {
