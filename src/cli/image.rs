@@ -187,7 +187,8 @@ fn out_path(out: &Path, index: usize, count: usize) -> PathBuf {
     out.with_file_name(format!("{stem}-{}.png", index + 1))
 }
 
-fn check_out(out: &Path) -> Result<(), Failure> {
+/// `--out` names a file in an existing folder (`sample` and `image` write one).
+pub(super) fn check_out(out: &Path) -> Result<(), Failure> {
     let folder = out.parent().filter(|dir| !dir.as_os_str().is_empty());
     if folder.is_some_and(|dir| !dir.is_dir()) || out.is_dir() {
         return Err(bad(format!(

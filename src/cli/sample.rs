@@ -124,13 +124,7 @@ pub fn execute(args: SampleArgs) -> CommandResult {
         diffusion: Some(input_of(&args)?),
         ..Extras::default()
     };
-    let folder = args.out.parent().filter(|dir| !dir.as_os_str().is_empty());
-    if folder.is_some_and(|dir| !dir.is_dir()) || args.out.is_dir() {
-        return Err(bad(format!(
-            "--out {}: not a file in an existing folder; create the folder or pick another path",
-            args.out.display()
-        )));
-    }
+    super::image::check_out(&args.out)?;
     let prepared = prepare_with(
         &args.model,
         WorkloadKind::Diffusion,

@@ -244,7 +244,7 @@ impl Pipeline for Recorder {
         shape: BiasedAttention,
         _out: &mut Shape,
     ) -> Result<(), ComputeError> {
-        self.push_kernel(Kernel::Attention {
+        self.push(Kernel::Attention {
             score_dims: q.values() * shape.length as u64,
             queries: q.rows as u64 * shape.heads as u64,
         });
@@ -265,7 +265,7 @@ impl Pipeline for Recorder {
             shape,
             (y.rows, y.cols),
         )?;
-        self.push_kernel(Kernel::Linear {
+        self.push(Kernel::Linear {
             rows: y.rows as u64,
             inner: weight.cols() as u64,
             outer: weight.rows() as u64,

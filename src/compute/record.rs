@@ -64,11 +64,7 @@ impl Recorder {
         self.kernels.borrow().get(from..).unwrap_or(&[]).to_vec()
     }
 
-    pub(super) fn push_kernel(&self, kernel: Kernel) {
-        self.push(kernel);
-    }
-
-    fn push(&self, kernel: Kernel) {
+    pub(super) fn push(&self, kernel: Kernel) {
         self.kernels.borrow_mut().push(kernel);
     }
 

@@ -100,11 +100,6 @@ impl PromptTokenizer {
             truncated: !encoding.get_overflowing().is_empty(),
         })
     }
-
-    /// The id of `token`, if the vocabulary has it.
-    pub fn token_id(&self, token: &str) -> Option<u32> {
-        self.tokenizer.token_to_id(token)
-    }
 }
 
 /// A text encoder's prompts, `batch` a step: which a step encodes, which were cut.

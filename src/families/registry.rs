@@ -31,6 +31,11 @@ impl Found<'_> {
     pub fn architecture(&self) -> Option<String> {
         self.folder.and_then(ModelFolder::architecture)
     }
+
+    /// diffusers' `_class_name` of `config.json` (`FluxTransformer2DModel`).
+    pub fn class_name(&self) -> Option<&str> {
+        self.folder?.config.get("_class_name")?.as_str()
+    }
 }
 
 /// What a family opens a checkpoint with.

@@ -16,6 +16,7 @@
 
 mod folder;
 mod image;
+mod vae;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -25,7 +26,6 @@ pub use folder::FluxParts;
 pub use image::Picture;
 
 use crate::families::flux::{CondInput, Conditioning, SampleInput, Start};
-use crate::families::vae::{ImageInput, LatentInput};
 use crate::families::{EncoderInput, Extras, Model, WorkloadKind};
 use crate::run::loaded::{shared_budgets, SharedMember};
 use crate::run::{
@@ -143,14 +143,41 @@ impl PipelineRun<'_> {
         batch: usize,
         steps: impl Fn(&Prepared) -> u64,
     ) -> Result<(Prepared, Stage), PipelineError> {
+        let started = Instant::now();
+        let prepared = self.open((name, kind), model, extras, batch)?;
+        let stage = self.run_opened((name, started), model, &prepared, steps(&prepared))?;
+        Ok((prepared, stage))
+    }
+
+    /// Opens one stage's model as `run` opens it.
+    fn open(
+        &self,
+        (name, kind): (&'static str, WorkloadKind),
+        model: &std::path::Path,
+        extras: &Extras,
+        batch: usize,
+    ) -> Result<Prepared, PipelineError> {
+        prepare_with(model, kind, batch, self.settings, false, extras).map_err(|source| {
+            PipelineError::Stage {
+                stage: name,
+                source,
+            }
+        })
+    }
+
+    /// Runs `steps` steps of a stage's opened model (timed from `started`) under the
+    /// settings' budgets, or as a member of the shared budget.
+    fn run_opened(
+        &self,
+        (name, started): (&'static str, Instant),
+        model: &std::path::Path,
+        prepared: &Prepared,
+        steps: u64,
+    ) -> Result<Stage, PipelineError> {
         let failed = |source| PipelineError::Stage {
             stage: name,
             source,
         };
-        let started = Instant::now();
-        let prepared =
-            prepare_with(model, kind, batch, self.settings, false, extras).map_err(failed)?;
-        let steps = steps(&prepared);
         let ask = BudgetAsk::steps(steps);
         let (budgets, depth, member) = match &self.shared {
             Some((pool, owner)) => {
@@ -159,12 +186,12 @@ impl PipelineRun<'_> {
                     name: format!("{owner}:{name}"),
                 };
                 let (budgets, depth) =
-                    shared_budgets(&prepared, self.settings, ask, &member).map_err(failed)?;
+                    shared_budgets(prepared, self.settings, ask, &member).map_err(failed)?;
                 (budgets, depth, Some(member))
             }
             None => {
-                let budgets = budgets_for(&prepared, self.settings, ask);
-                let depth = fitting_depth(&prepared, self.settings, budgets, ask);
+                let budgets = budgets_for(prepared, self.settings, ask);
+                let depth = fitting_depth(prepared, self.settings, budgets, ask);
                 (budgets, depth, None)
             }
         };
@@ -190,14 +217,13 @@ impl PipelineRun<'_> {
             shared: member,
             ..RunPlan::new(&settings, budgets, steps)
         };
-        let outcome = execute(&prepared, plan).map_err(failed)?;
-        let stage = Stage {
+        let outcome = execute(prepared, plan).map_err(failed)?;
+        Ok(Stage {
             name,
             model: model.to_path_buf(),
             seconds: started.elapsed().as_secs_f64(),
             outcome,
-        };
-        Ok((prepared, stage))
+        })
     }
 }
 
@@ -235,11 +261,11 @@ pub fn generate(
         pooled,
     };
     let encoded = match &request.init {
-        Some(init) => Some(encode(parts, request, run, init, &mut stages)?),
+        Some(init) => Some(vae::encode(parts, request, run, init, &mut stages)?),
         None => None,
     };
     let latents = denoise(parts, request, run, (cond, encoded), &mut stages)?;
-    let (pictures, vae) = decode(parts, request, run, &latents)?;
+    let (pictures, vae) = vae::decode(parts, request, run, &latents)?;
     stages.push(vae);
     Ok(Generated {
         pictures,
@@ -306,137 +332,6 @@ fn denoise(
     }
     Ok(latents)
 }
-
-/// The VAE encoder's stage: the image image-to-image starts from, to its latent.
-fn encode(
-    parts: &FluxParts,
-    request: &ImageRequest,
-    run: &PipelineRun<'_>,
-    init: &InitImage,
-    stages: &mut Vec<Stage>,
-) -> Result<Vec<f32>, PipelineError> {
-    let extras = Extras {
-        image: Some(ImageInput {
-            images: vec![init.pixels.clone()],
-            height: request.height,
-            width: request.width,
-        }),
-        ..Extras::default()
-    };
-    let kind = ("vae-encoder", WorkloadKind::ImageEncoder);
-    let (_, stage) = run.stage(kind, &parts.vae, &extras, 1, |_| 1)?;
-    let latent = outputs(&stage).first().map(|latent| latent.to_vec());
-    stages.push(stage);
-    latent.ok_or_else(|| PipelineError::Failed("the VAE encoder computed no latent".into()))
-}
-
-/// The VAE's stage: every latent decoded (in tiles when the budget leaves too little
-/// room for a whole decode's activations, or when the request says so) and rounded.
-fn decode(
-    parts: &FluxParts,
-    request: &ImageRequest,
-    run: &PipelineRun<'_>,
-    latents: &[Vec<f32>],
-) -> Result<(Vec<Picture>, Stage), PipelineError> {
-    let input = |tile: Option<usize>| Extras {
-        latent: Some(LatentInput {
-            latents: latents.to_vec(),
-            height: request.height / 8,
-            width: request.width / 8,
-            tile,
-        }),
-        ..Extras::default()
-    };
-    let steps = |prepared: &Prepared| match &prepared.workload.model {
-        Model::Vae(vae) => (vae.images() * vae.steps_per_image()) as u64,
-        _ => 0,
-    };
-    let tile = match request.vae_tile {
-        Some(tile) => Some(tile),
-        None => {
-            let prepared = prepare_with(
-                &parts.vae,
-                WorkloadKind::Auto,
-                1,
-                run.settings,
-                false,
-                &input(None),
-            )
-            .map_err(|source| PipelineError::Stage {
-                stage: "vae",
-                source,
-            })?;
-            automatic_tile(&prepared, run)?
-        }
-    };
-    let (prepared, stage) = run.stage(
-        ("vae", WorkloadKind::Autoencoder),
-        &parts.vae,
-        &input(tile),
-        1,
-        steps,
-    )?;
-    let Model::Vae(vae) = &prepared.workload.model else {
-        return Err(PipelineError::Layout {
-            path: parts.vae.clone(),
-            problem: "is not an AutoencoderKL".into(),
-        });
-    };
-    let outputs: Vec<&[f32]> = outputs(&stage).into_iter().map(Vec::as_slice).collect();
-    let pictures = outputs
-        .chunks(vae.steps_per_image().max(1))
-        .map(|tiles| Picture::from_decoded(&vae.assemble(tiles), request.height, request.width))
-        .collect::<Result<_, _>>()?;
-    Ok((pictures, stage))
-}
-
-/// The tile a decode takes under the settings' budget: none when a whole decode's
-/// working set fits beside a ring of its largest block, else the largest of the
-/// VAE's own tile (diffusers' `sample_size / 8`) halved until its working set fits.
-fn automatic_tile(
-    prepared: &Prepared,
-    run: &PipelineRun<'_>,
-) -> Result<Option<usize>, PipelineError> {
-    let Model::Vae(vae) = &prepared.workload.model else {
-        return Ok(None);
-    };
-    // In a shared budget the VAE may have all of it, the others giving way.
-    let budgets = match &run.shared {
-        Some((pool, _)) => crate::run::Budgets {
-            vram_budget_bytes: pool.total().vram_bytes,
-            pin_ceiling_bytes: pool.total().pin_bytes,
-        },
-        None => budgets_for(prepared, run.settings, BudgetAsk::steps(1)),
-    };
-    let ring = 2 * prepared.facts().layout().largest_block_bytes();
-    let room = budgets.vram_budget_bytes.saturating_sub(ring);
-    if vae.working_set_bytes() <= room {
-        return Ok(None);
-    }
-    let (height, width) = (vae.tiling.height, vae.tiling.width);
-    let mut tile = (vae.config.sample_size / vae.config.scale_factor()).min(height.max(width));
-    while tile >= MIN_TILE {
-        if crate::families::vae::working_set_bytes(&vae.config, tile, tile) <= room {
-            tracing::info!(
-                "vae: a whole {}×{} decode needs {} of activations beside the weights' ring, more than the budget leaves ({}); decoding in tiles of {tile}² latent positions",
-                width * vae.config.scale_factor(),
-                height * vae.config.scale_factor(),
-                stagehand_actors::Bytes(vae.working_set_bytes()),
-                stagehand_actors::Bytes(room)
-            );
-            return Ok(Some(tile));
-        }
-        tile /= 2;
-    }
-    let least = crate::families::vae::working_set_bytes(&vae.config, MIN_TILE, MIN_TILE) + ring;
-    Err(PipelineError::BudgetTooSmall {
-        stage: "vae",
-        least_bytes: least,
-    })
-}
-
-/// The smallest tile an automatic tiling takes (latent positions a side).
-const MIN_TILE: usize = 8;
 
 /// CLIP's pooled vector: the first `hidden` values of its output.
 fn clip_pooled(prepared: &Prepared, clip: &Stage) -> Result<Vec<f32>, PipelineError> {

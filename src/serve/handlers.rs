@@ -219,27 +219,30 @@ async fn embed(
         reply,
         cancel,
     }))?;
-    let answer = tokio::time::timeout(app.timeout(), replied.recv_async()).await;
-    let embedded = match answer {
-        Err(_) => return Err(ApiError::timeout(app.limits.request_timeout_seconds)),
-        Ok(Err(_)) => {
-            return Err(ApiError::failed(format!(
-                "the model `{}` stopped",
-                model.name
-            )))
-        }
-        Ok(Ok(Err(RunError::BadInput(message)))) => {
-            return Err(ApiError::bad_request("input", message))
-        }
-        Ok(Ok(Err(RunError::Failed(message)))) => return Err(ApiError::failed(message)),
-        Ok(Ok(Ok(embedded))) => embedded,
-    };
+    let embedded = await_answer(app, &model.name, replied, "input").await?;
     guard.disarm();
     model
         .series
         .prompt_tokens
         .increment(embedded.prompt_tokens as u64);
     Ok(Json(embeddings_body(&request.model, &embedded, base64)).into_response())
+}
+
+/// A queued job's one answer: a timeout is a 504, a stopped model a 500, the
+/// caller's mistake a 400 naming `param`, a failure a 500.
+pub(super) async fn await_answer<T>(
+    app: &AppState,
+    model: &str,
+    replied: flume::Receiver<Result<T, RunError>>,
+    param: &str,
+) -> Result<T, ApiError> {
+    match tokio::time::timeout(app.timeout(), replied.recv_async()).await {
+        Err(_) => Err(ApiError::timeout(app.limits.request_timeout_seconds)),
+        Ok(Err(_)) => Err(ApiError::failed(format!("the model `{model}` stopped"))),
+        Ok(Ok(Err(RunError::BadInput(message)))) => Err(ApiError::bad_request(param, message)),
+        Ok(Ok(Err(RunError::Failed(message)))) => Err(ApiError::failed(message)),
+        Ok(Ok(Ok(answer))) => Ok(answer),
+    }
 }
 
 /// The request's input as texts or token-id lists, within the limits.

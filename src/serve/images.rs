@@ -34,7 +34,7 @@ use crate::settings::Settings;
 
 use super::config::Limits;
 use super::errors::ApiError;
-use super::handlers::{finish, model_field, parse};
+use super::handlers::{await_answer, finish, model_field, parse};
 use super::state::AppState;
 
 /// One image request to an image model's thread.
@@ -101,21 +101,7 @@ async fn images(
         reply,
         cancel,
     })?;
-    let answer = tokio::time::timeout(app.timeout(), replied.recv_async()).await;
-    let files = match answer {
-        Err(_) => return Err(ApiError::timeout(app.limits.request_timeout_seconds)),
-        Ok(Err(_)) => {
-            return Err(ApiError::failed(format!(
-                "the model `{}` stopped",
-                model.name
-            )))
-        }
-        Ok(Ok(Err(RunError::BadInput(message)))) => {
-            return Err(ApiError::bad_request("prompt", message))
-        }
-        Ok(Ok(Err(RunError::Failed(message)))) => return Err(ApiError::failed(message)),
-        Ok(Ok(Ok(files))) => files,
-    };
+    let files = await_answer(app, &model.name, replied, "prompt").await?;
     guard.disarm();
     let created = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

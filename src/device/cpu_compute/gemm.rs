@@ -244,7 +244,7 @@ fn in_place<'w>(product: &Gemm<'w>, column: usize, columns: usize) -> Option<&'w
 }
 
 /// `value` rounded to the nearest bf16 (ties to even), as an f32.
-fn to_bf16(value: f32) -> f32 {
+pub(super) fn to_bf16(value: f32) -> f32 {
     half::bf16::from_f32(value).to_f32()
 }
 

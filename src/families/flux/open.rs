@@ -42,13 +42,7 @@ impl Open for Flux {
 
     fn recognises(found: &Found<'_>) -> bool {
         match found.folder {
-            Some(folder) => {
-                folder
-                    .config
-                    .get("_class_name")
-                    .and_then(|name| name.as_str())
-                    == Some(CLASS_NAME)
-            }
+            Some(_) => found.class_name() == Some(CLASS_NAME),
             None => Names::detect(found.index).is_some(),
         }
     }

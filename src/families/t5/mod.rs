@@ -220,11 +220,6 @@ impl T5Encoder {
         })
     }
 
-    /// Tokens of every prompt.
-    pub fn prompt_length(&self) -> usize {
-        self.length
-    }
-
     fn tensors<C: Compute>(&self, compute: &C, rows: usize) -> Result<Activations<C>, FamilyError> {
         let (model, inner, ff) = (
             self.config.model,

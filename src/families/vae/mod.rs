@@ -114,15 +114,6 @@ impl VaeDecoder {
         self.tiling.assemble(tiles, self.config.image_channels)
     }
 
-    /// The decoded image's size in pixels.
-    pub fn image(&self) -> Image {
-        let scale = self.config.scale_factor();
-        Image {
-            height: self.input.height * scale,
-            width: self.input.width * scale,
-        }
-    }
-
     /// The latent tile of step `step`, un-scaled, channels-last, and its size.
     fn channels_last(&self, step: u64) -> (Vec<f32>, Image) {
         let tiles = self.tiling.tiles.len() as u64;

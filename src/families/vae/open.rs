@@ -31,13 +31,7 @@ impl Open for VaeDecoder {
     }
 
     fn recognises(found: &Found<'_>) -> bool {
-        found.folder.is_some_and(|folder| {
-            folder
-                .config
-                .get("_class_name")
-                .and_then(|name| name.as_str())
-                == Some(CLASS_NAME)
-        })
+        found.class_name() == Some(CLASS_NAME)
     }
 
     /// The decoder over the run's latents, or one seeded latent.

@@ -1,0 +1,126 @@
+//! The pipeline's VAE stages: the encoder of image-to-image, and the decoder, opened
+//! in tiles when the budget leaves too little room for a whole decode.
+
+use std::time::Instant;
+
+use super::{
+    outputs, FluxParts, ImageRequest, InitImage, Picture, PipelineError, PipelineRun, Stage,
+};
+use crate::families::vae::{working_set_bytes, ImageInput, LatentInput};
+use crate::families::{Extras, Model, WorkloadKind};
+use crate::run::{budgets_for, BudgetAsk, Prepared};
+
+/// The VAE encoder's stage: the image image-to-image starts from, to its latent.
+pub(super) fn encode(
+    parts: &FluxParts,
+    request: &ImageRequest,
+    run: &PipelineRun<'_>,
+    init: &InitImage,
+    stages: &mut Vec<Stage>,
+) -> Result<Vec<f32>, PipelineError> {
+    let extras = Extras {
+        image: Some(ImageInput {
+            images: vec![init.pixels.clone()],
+            height: request.height,
+            width: request.width,
+        }),
+        ..Extras::default()
+    };
+    let kind = ("vae-encoder", WorkloadKind::ImageEncoder);
+    let (_, stage) = run.stage(kind, &parts.vae, &extras, 1, |_| 1)?;
+    let latent = outputs(&stage).first().map(|latent| latent.to_vec());
+    stages.push(stage);
+    latent.ok_or_else(|| PipelineError::Failed("the VAE encoder computed no latent".into()))
+}
+
+/// The VAE's stage: every latent decoded (in tiles when the budget leaves too little
+/// room for a whole decode's activations, or when the request says so) and rounded.
+pub(super) fn decode(
+    parts: &FluxParts,
+    request: &ImageRequest,
+    run: &PipelineRun<'_>,
+    latents: &[Vec<f32>],
+) -> Result<(Vec<Picture>, Stage), PipelineError> {
+    let input = |tile: Option<usize>| Extras {
+        latent: Some(LatentInput {
+            latents: latents.to_vec(),
+            height: request.height / 8,
+            width: request.width / 8,
+            tile,
+        }),
+        ..Extras::default()
+    };
+    let started = Instant::now();
+    let kind = ("vae", WorkloadKind::Autoencoder);
+    let opened = run.open(kind, &parts.vae, &input(request.vae_tile), 1)?;
+    // Opened again only when the budget asks for tiles the request did not name.
+    let prepared = match request.vae_tile {
+        Some(_) => opened,
+        None => match automatic_tile(&opened, run)? {
+            Some(tile) => run.open(kind, &parts.vae, &input(Some(tile)), 1)?,
+            None => opened,
+        },
+    };
+    let Model::Vae(vae) = &prepared.workload.model else {
+        return Err(PipelineError::Layout {
+            path: parts.vae.clone(),
+            problem: "is not an AutoencoderKL".into(),
+        });
+    };
+    let steps = (vae.images() * vae.steps_per_image()) as u64;
+    let stage = run.run_opened(("vae", started), &parts.vae, &prepared, steps)?;
+    let outputs: Vec<&[f32]> = outputs(&stage).into_iter().map(Vec::as_slice).collect();
+    let pictures = outputs
+        .chunks(vae.steps_per_image().max(1))
+        .map(|tiles| Picture::from_decoded(&vae.assemble(tiles), request.height, request.width))
+        .collect::<Result<_, _>>()?;
+    Ok((pictures, stage))
+}
+
+/// The tile a decode takes under the settings' budget: none when a whole decode's
+/// working set fits beside a ring of its largest block, else the largest of the
+/// VAE's own tile (diffusers' `sample_size / 8`) halved until its working set fits.
+fn automatic_tile(
+    prepared: &Prepared,
+    run: &PipelineRun<'_>,
+) -> Result<Option<usize>, PipelineError> {
+    let Model::Vae(vae) = &prepared.workload.model else {
+        return Ok(None);
+    };
+    // In a shared budget the VAE may have all of it, the others giving way.
+    let budgets = match &run.shared {
+        Some((pool, _)) => crate::run::Budgets {
+            vram_budget_bytes: pool.total().vram_bytes,
+            pin_ceiling_bytes: pool.total().pin_bytes,
+        },
+        None => budgets_for(prepared, run.settings, BudgetAsk::steps(1)),
+    };
+    let ring = 2 * prepared.facts().layout().largest_block_bytes();
+    let room = budgets.vram_budget_bytes.saturating_sub(ring);
+    if vae.working_set_bytes() <= room {
+        return Ok(None);
+    }
+    let (height, width) = (vae.tiling.height, vae.tiling.width);
+    let mut tile = (vae.config.sample_size / vae.config.scale_factor()).min(height.max(width));
+    while tile >= MIN_TILE {
+        if working_set_bytes(&vae.config, tile, tile) <= room {
+            tracing::info!(
+                "vae: a whole {}×{} decode needs {} of activations beside the weights' ring, more than the budget leaves ({}); decoding in tiles of {tile}² latent positions",
+                width * vae.config.scale_factor(),
+                height * vae.config.scale_factor(),
+                stagehand_actors::Bytes(vae.working_set_bytes()),
+                stagehand_actors::Bytes(room)
+            );
+            return Ok(Some(tile));
+        }
+        tile /= 2;
+    }
+    let least = working_set_bytes(&vae.config, MIN_TILE, MIN_TILE) + ring;
+    Err(PipelineError::BudgetTooSmall {
+        stage: "vae",
+        least_bytes: least,
+    })
+}
+
+/// The smallest tile an automatic tiling takes (latent positions a side).
+const MIN_TILE: usize = 8;
