@@ -65,10 +65,20 @@ pub(crate) fn text_layer(
 
 /// `STAGEHAND_*` variables that are not settings: the opt-in switch of the GPU test
 /// suite and the python with the `openai` client that CI names for the serve test
-/// (`.ci/run`), both set around test binaries that in turn start `stagehand`. Every
+/// (`.ci/run`), both set around test binaries that in turn start `stagehand`, and
+/// the CPU path a test run forces ([`CPU_PATH_ENV`]). Every
 /// other `STAGEHAND_*` variable must be a setting, so a typo is reported instead of
 /// ignored.
-pub const NOT_SETTINGS_ENV: &[&str] = &["STAGEHAND_GPU_TESTS", "STAGEHAND_OPENAI_PYTHON"];
+pub const NOT_SETTINGS_ENV: &[&str] = &[
+    "STAGEHAND_GPU_TESTS",
+    "STAGEHAND_OPENAI_PYTHON",
+    CPU_PATH_ENV,
+];
+
+/// Caps the CPU backend's lanes below what the CPU has (`portable` or `avx2`), so one
+/// machine runs the kernels' lower paths: for tests and diagnosis, not a deployment
+/// setting (it changes no result's meaning, only which instructions compute it).
+pub const CPU_PATH_ENV: &str = "STAGEHAND_CPU_PATH";
 
 /// `STAGEHAND_*` variables from `env` (name → value). Values are taken verbatim from
 /// `env`, not as the config crate guessed their type, so "1e3" stays "1e3".

@@ -15,7 +15,7 @@ mod validate;
 pub use args::SettingsArgs;
 pub use error::SettingsError;
 pub use keys::{display_value, parse_metrics_addr, KEYS};
-pub use layers::NOT_SETTINGS_ENV;
+pub use layers::{CPU_PATH_ENV, NOT_SETTINGS_ENV};
 pub use load::{
     find_default_file, load, load_layers, load_with, LoadOptions, Loaded, DEFAULT_FILE,
 };

@@ -199,10 +199,54 @@ pub(super) enum Isa {
     Portable,
 }
 
+/// [`crate::settings::CPU_PATH_ENV`] caps the lanes below what the CPU has:
+/// `portable` or `avx2` (`avx512`: what the CPU has), so one machine runs the kernels'
+/// lower paths, as an AVX2 desktop or an older CPU would. It also turns AMX tiles off.
+/// The `gemm` crate's own microkernels are chosen by that crate, not by this.
+const CPU_PATH_VARIABLE: &str = crate::settings::CPU_PATH_ENV;
+
 impl Isa {
     pub(super) fn detect() -> Isa {
         static CHOSEN: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
         *CHOSEN.get_or_init(|| {
+            let asked = std::env::var(CPU_PATH_VARIABLE).ok();
+            Self::capped(Self::of_this_cpu(), asked.as_deref())
+        })
+    }
+
+    /// `detected`, capped by `asked` ([`CPU_PATH_VARIABLE`]'s value); a value the CPU
+    /// cannot run, or an unknown one, is said and ignored.
+    fn capped(detected: Isa, asked: Option<&str>) -> Isa {
+        let Some(asked) = asked else {
+            return detected;
+        };
+        let wanted = match asked.trim().to_ascii_lowercase().as_str() {
+            "portable" => Isa::Portable,
+            "avx2" => Isa::Avx2,
+            "avx512" => Isa::Avx512,
+            other => {
+                tracing::warn!(
+                    "{CPU_PATH_VARIABLE}={other}: not one of portable, avx2, avx512; using {detected:?}"
+                );
+                return detected;
+            }
+        };
+        let rank = |isa: Isa| match isa {
+            Isa::Portable => 0,
+            Isa::Avx2 => 1,
+            Isa::Avx512 => 2,
+        };
+        if rank(wanted) > rank(detected) {
+            tracing::warn!(
+                "{CPU_PATH_VARIABLE}={asked}: this CPU runs at most {detected:?}; using it"
+            );
+            return detected;
+        }
+        wanted
+    }
+
+    fn of_this_cpu() -> Isa {
+        {
             #[cfg(target_arch = "x86_64")]
             {
                 use std::arch::is_x86_feature_detected as has;
@@ -219,7 +263,7 @@ impl Isa {
                 }
             }
             Isa::Portable
-        })
+        }
     }
 }
 
@@ -227,6 +271,18 @@ impl Isa {
 mod tests {
     use super::*;
     use crate::compute::DType;
+
+    #[test]
+    fn the_cpu_path_variable_caps_the_lanes_and_never_raises_them() {
+        // Proves STAGEHAND_CPU_PATH forces a lower path, cannot ask for one the CPU
+        // lacks, and an unknown value leaves the detected one.
+        assert_eq!(Isa::capped(Isa::Avx512, None), Isa::Avx512);
+        assert_eq!(Isa::capped(Isa::Avx512, Some("avx2")), Isa::Avx2);
+        assert_eq!(Isa::capped(Isa::Avx512, Some("Portable")), Isa::Portable);
+        assert_eq!(Isa::capped(Isa::Avx2, Some("avx512")), Isa::Avx2);
+        assert_eq!(Isa::capped(Isa::Portable, Some("avx2")), Isa::Portable);
+        assert_eq!(Isa::capped(Isa::Avx2, Some("sse9")), Isa::Avx2);
+    }
 
     fn widened<L: Lanes, F: Format>(bytes: &[u8]) -> [f32; 16] {
         let mut out = [0f32; 16];

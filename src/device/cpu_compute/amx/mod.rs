@@ -48,7 +48,8 @@ const ROW_PADDING: usize = 32;
 /// Whether this process may run AMX bf16 tiles (asked of the CPU and the kernel once).
 pub(super) fn available() -> bool {
     static AVAILABLE: OnceLock<bool> = OnceLock::new();
-    *AVAILABLE.get_or_init(detect)
+    // A lower path forced for tests has no tiles either.
+    *AVAILABLE.get_or_init(|| super::simd::Isa::detect() == super::simd::Isa::Avx512 && detect())
 }
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
