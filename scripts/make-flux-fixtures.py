@@ -84,7 +84,7 @@ def original_state(model):
     for suffix in ("weight", "bias"):
         scale, shift = sd.pop(f"norm_out.linear.{suffix}").chunk(2, dim=0)
         out[f"final_layer.adaLN_modulation.1.{suffix}"] = torch.cat([shift, scale], dim=0)
-    for n in range(CONFIG["num_layers"]):
+    for n in range(model.config.num_layers):
         b, o = f"transformer_blocks.{n}", f"double_blocks.{n}"
         for suffix in ("weight", "bias"):
             out[f"{o}.img_attn.qkv.{suffix}"] = torch.cat([sd.pop(f"{b}.attn.to_{x}.{suffix}") for x in "qkv"])
@@ -109,7 +109,7 @@ def original_state(model):
             ("attn.norm_added_k", "txt_attn.norm.key_norm"),
         ]:
             take(f"{o}.{dst}.scale", f"{b}.{src}.weight")
-    for n in range(CONFIG["num_single_layers"]):
+    for n in range(model.config.num_single_layers):
         b, o = f"single_transformer_blocks.{n}", f"single_blocks.{n}"
         for suffix in ("weight", "bias"):
             out[f"{o}.linear1.{suffix}"] = torch.cat(

@@ -31,6 +31,17 @@ expected.safetensors holds (all F32; ids and pixel levels as whole numbers), for
 expected-encoder.safetensors: the VAE's encoder on a seeded image (see
 encoder_fixture; `--encoder-only` writes it alone from the saved VAE).
 
+comfy/: the same weights (bf16, which holds them exactly) in the layouts ComfyUI users
+have (see comfy_layouts): flux1-tiny.safetensors (the transformer in Black Forest Labs'
+names), clip_l.safetensors, t5xxl.safetensors, ae.safetensors (the autoencoder in its
+original LDM names), t5xxl_fp8_e4m3fn_scaled.safetensors (ComfyUI's scaled FP8: E4M3
+linear weights with a `scale_weight` each and the `scaled_fp8` marker), and
+flux-tiny-all-in-one.safetensors (all four under ComfyUI's checkpoint prefixes). Each
+layout but the transformer's is read back by diffusers' single-file loader or
+transformers and checked equal to the pipeline's weights. comfy/expected-fp8.safetensors: T5's states with the FP8 weights
+(dequantised, computed by transformers). The transformer's head is 16 wide, not Flux's
+128, so its files say how its rope splits a head (`stagehand.flux.axes_dims_rope`).
+
 Run with the venv that has torch, transformers and diffusers:
     /work/pyvenv/bin/python scripts/make-pipeline-fixtures.py [--encoder-only]
 The tests only read the files.
@@ -148,10 +159,11 @@ def components(clip_vocab):
         CLIPTextModel(
             CLIPTextConfig(
                 vocab_size=clip_vocab,
-                hidden_size=32,
-                intermediate_size=40,
-                num_hidden_layers=3,
-                num_attention_heads=4,
+                # 64-wide heads, as every CLIP has: a file without its config is read so.
+                hidden_size=128,
+                intermediate_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=2,
                 max_position_embeddings=77,
                 hidden_act="quick_gelu",
                 projection_dim=32,
@@ -192,7 +204,7 @@ def components(clip_vocab):
             attention_head_dim=16,
             num_attention_heads=2,
             joint_attention_dim=32,
-            pooled_projection_dim=32,
+            pooled_projection_dim=128,
             guidance_embeds=True,
             axes_dims_rope=[4, 6, 6],
         ),
@@ -204,11 +216,12 @@ def components(clip_vocab):
             out_channels=3,
             down_block_types=["DownEncoderBlock2D"] * 4,
             up_block_types=["UpDecoderBlock2D"] * 4,
-            block_out_channels=[8, 16, 32, 32],
-            layers_per_block=2,
+            # 32 groups, as every AutoencoderKL has: a file without its config is read so.
+            block_out_channels=[32, 32, 32, 32],
+            layers_per_block=1,
             act_fn="silu",
             latent_channels=16,
-            norm_num_groups=4,
+            norm_num_groups=32,
             sample_size=64,
             scaling_factor=0.3611,
             shift_factor=0.1159,
@@ -345,7 +358,163 @@ def encoder_fixture():
     save_file({"image": image.contiguous(), "latent": latent.contiguous()}, os.path.join(OUT, "expected-encoder.safetensors"))
 
 
+def flux_fixtures():
+    """scripts/make-flux-fixtures.py as a module (its original_state)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "make-flux-fixtures.py")
+    spec = importlib.util.spec_from_file_location("make_flux_fixtures", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def ldm_vae_state(vae):
+    """The AutoencoderKL's weights in the original (LDM) names of Flux's ae.safetensors:
+    the inverse of diffusers' convert_ldm_vae_checkpoint (the decoder's up levels
+    reversed, the mid attention's projections as 1x1 convolutions)."""
+    sd = {k: v.detach().clone() for k, v in vae.state_dict().items()}
+    levels = len(vae.config.block_out_channels)
+    out = {}
+    attention = {"group_norm": "norm", "to_q": "q", "to_k": "k", "to_v": "v", "to_out.0": "proj_out"}
+    for name, value in sd.items():
+        coder, rest = name.split(".", 1)
+        if coder not in ("encoder", "decoder"):
+            out[name] = value
+            continue
+        rest = rest.replace("conv_norm_out", "norm_out").replace("conv_shortcut", "nin_shortcut")
+        parts = rest.split(".")
+        if parts[0] in ("down_blocks", "up_blocks"):
+            index = int(parts[1])
+            level = "down" if parts[0] == "down_blocks" else "up"
+            if level == "up":
+                index = levels - 1 - index
+            if parts[2] == "resnets":
+                rest = f"{level}.{index}.block.{parts[3]}." + ".".join(parts[4:])
+            else:  # downsamplers.0.conv / upsamplers.0.conv
+                sampler = "downsample" if level == "down" else "upsample"
+                rest = f"{level}.{index}.{sampler}." + ".".join(parts[4:])
+        elif parts[0] == "mid_block" and parts[1] == "resnets":
+            rest = f"mid.block_{int(parts[2]) + 1}." + ".".join(parts[3:])
+        elif parts[0] == "mid_block" and parts[1] == "attentions":
+            layer = ".".join(parts[3:-1])
+            rest = f"mid.attn_1.{attention[layer]}.{parts[-1]}"
+            if layer != "group_norm" and value.ndim == 2:
+                value = value[:, :, None, None]
+        out[f"{coder}.{rest}"] = value
+    return out
+
+
+def bf16(state, prefix=""):
+    return {prefix + k: v.to(torch.bfloat16).contiguous() for k, v in state.items()}
+
+
+def scaled_fp8(state):
+    """ComfyUI's scaled FP8 of T5 (t5xxl_fp8_e4m3fn_scaled): every linear weight of the
+    blocks as E4M3 with a per-tensor `scale_weight` (amax / 448), the rest bf16, and the
+    `scaled_fp8` marker. Returns the file's tensors and the weights they stand for."""
+    out, dequantised = {}, {}
+    for name, value in state.items():
+        if name.startswith("encoder.block.") and name.endswith(".weight") and value.ndim == 2 and "relative" not in name:
+            scale = value.abs().max().float() / 448.0
+            stored = (value / scale).to(torch.float8_e4m3fn)
+            out[name] = stored
+            out[name[: -len("weight")] + "scale_weight"] = scale.reshape(()).float()
+            dequantised[name] = stored.float() * scale
+        else:
+            out[name] = value.to(torch.bfloat16).contiguous()
+            dequantised[name] = value.to(torch.bfloat16).float()
+    out["scaled_fp8"] = torch.empty(0, dtype=torch.float8_e4m3fn)
+    return out, dequantised
+
+
+def comfy_layouts():
+    """comfy/: the pipeline's weights in ComfyUI's layouts, each read back by diffusers'
+    own single-file loaders (or transformers') and checked equal, and T5's states with
+    its scaled FP8 weights."""
+    folder = os.path.join(OUT, "flux-tiny")
+    comfy = os.path.join(OUT, "comfy")
+    os.makedirs(comfy, exist_ok=True)
+    transformer = FluxTransformer2DModel.from_pretrained(os.path.join(folder, "transformer")).float().eval()
+    clip = CLIPTextModel.from_pretrained(os.path.join(folder, "text_encoder")).float().eval()
+    t5 = T5EncoderModel.from_pretrained(os.path.join(folder, "text_encoder_2")).float().eval()
+    vae = AutoencoderKL.from_pretrained(os.path.join(folder, "vae")).float().eval()
+    axes = {"stagehand.flux.axes_dims_rope": json.dumps(list(transformer.config.axes_dims_rope))}
+    flux_state = flux_fixtures().original_state(transformer)
+    from safetensors.torch import load_file
+
+    # The text encoders' files as ComfyUI's: transformers' checkpoint names, CLIP's
+    # under `text_model.` as the published CLIP-L (openai/clip-vit-large-patch14) has them.
+    clip_saved = load_file(os.path.join(folder, "text_encoder", "model.safetensors"))
+    clip_state = {k if k.startswith("text_model.") else "text_model." + k: v for k, v in clip_saved.items()}
+    t5_state = load_file(os.path.join(folder, "text_encoder_2", "model.safetensors"))
+    vae_state = ldm_vae_state(vae)
+    files = {
+        "flux1-tiny.safetensors": (bf16(flux_state), axes),
+        "clip_l.safetensors": (bf16(clip_state), None),
+        "t5xxl.safetensors": (bf16(t5_state), None),
+        "ae.safetensors": (bf16(vae_state), None),
+    }
+    all_in_one = {}
+    for state, prefix in [
+        (flux_state, "model.diffusion_model."),
+        (clip_state, "text_encoders.clip_l.transformer."),
+        (t5_state, "text_encoders.t5xxl.transformer."),
+        (vae_state, "vae."),
+    ]:
+        all_in_one.update(bf16(state, prefix))
+    files["flux-tiny-all-in-one.safetensors"] = (all_in_one, axes)
+    fp8, dequantised = scaled_fp8(t5_state)
+    files["t5xxl_fp8_e4m3fn_scaled.safetensors"] = (fp8, None)
+    for name, (tensors, metadata) in files.items():
+        save_file(tensors, os.path.join(comfy, name), metadata=metadata)
+
+    # diffusers' single-file loaders read these layouts back as the pipeline's weights.
+    def same(model, reference, what):
+        got, want = model.state_dict(), reference.state_dict()
+        assert got.keys() == want.keys(), what
+        for key in want:
+            assert torch.equal(got[key].float(), want[key].float()), f"{what}: {key}"
+
+    # (diffusers' Flux converter is hard-wired to Flux's width, 3072, so it cannot read
+    # this transformer back; its names are make-flux-fixtures.py's original_state, which
+    # tests/flux_reference.rs checks against diffusers' outputs.)
+    for name in ("ae.safetensors", "flux-tiny-all-in-one.safetensors"):
+        loaded = AutoencoderKL.from_single_file(
+            os.path.join(comfy, name), config=folder, subfolder="vae", torch_dtype=torch.float32
+        )
+        same(loaded, vae, name)
+    # transformers' from_pretrained reads the text encoders' files (as the weights of a
+    # folder with the encoder's config) as the pipeline's encoders.
+    import tempfile
+
+    for name, model, prefix, part in [
+        ("clip_l.safetensors", clip, "", "text_encoder"),
+        ("t5xxl.safetensors", t5, "", "text_encoder_2"),
+        ("flux-tiny-all-in-one.safetensors", clip, "text_encoders.clip_l.transformer.", "text_encoder"),
+        ("flux-tiny-all-in-one.safetensors", t5, "text_encoders.t5xxl.transformer.", "text_encoder_2"),
+    ]:
+        tensors = {k[len(prefix):]: v.float() for k, v in load_file(os.path.join(comfy, name)).items() if k.startswith(prefix)}
+        with tempfile.TemporaryDirectory() as temporary:
+            shutil.copy(os.path.join(folder, part, "config.json"), temporary)
+            save_file(tensors, os.path.join(temporary, "model.safetensors"))
+            loaded = type(model).from_pretrained(temporary).float().eval()
+        same(loaded, model, f"{name} ({prefix or 'whole'})")
+
+    # T5 with its FP8 weights, as ComfyUI computes them (widened, times their scale).
+    t5_fp8 = T5EncoderModel(t5.config).float().eval()
+    t5_fp8.load_state_dict({k: v for k, v in dequantised.items()}, strict=False)
+    t5_fp8.tie_weights()
+    expected = load_file(os.path.join(OUT, "expected.safetensors"))
+    t5_ids = expected["t5_ids"].to(torch.long)[None]
+    with torch.no_grad():
+        states = t5_fp8(t5_ids)[0]
+    save_file({"t5_states": states.contiguous()}, os.path.join(comfy, "expected-fp8.safetensors"))
+    print("wrote", comfy)
+
+
 if __name__ == "__main__":
     if "--encoder-only" not in sys.argv:
         main()
     encoder_fixture()
+    comfy_layouts()

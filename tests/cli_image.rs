@@ -41,6 +41,23 @@ fn without_vae() -> String {
     copy.display().to_string()
 }
 
+/// A file of the ComfyUI layouts of the same weights.
+fn comfy(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/pipeline/comfy")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+/// The pipeline's tokenizer folder `tokenizer{suffix}`.
+fn tokenizer(suffix: &str) -> String {
+    pipeline()
+        .join(format!("tokenizer{suffix}"))
+        .display()
+        .to_string()
+}
+
 fn rows() -> Vec<Row> {
     let fixtures = fixtures();
     fixtures.folder("image");
@@ -115,6 +132,60 @@ fn rows() -> Vec<Row> {
             Expect::Bad("model_index.json"),
         ),
         row(&["--model", &missing], Expect::Bad("model_index.json")),
+        // ComfyUI's files: a part of the folder replaced, the separate files, the
+        // all-in-one checkpoint; a part or a tokenizer missing, named by its flag.
+        row(&["--clip", &comfy("clip_l.safetensors")], Expect::Ok(ok)),
+        row(
+            &["--t5", &comfy("t5xxl_fp8_e4m3fn_scaled.safetensors")],
+            Expect::Ok(ok),
+        ),
+        row(&["--vae", &comfy("ae.safetensors")], Expect::Ok(ok)),
+        row(&["--vae", &missing], Expect::Bad("none.safetensors")),
+        row(
+            &[
+                "--model",
+                &comfy("flux1-tiny.safetensors"),
+                "--clip",
+                &comfy("clip_l.safetensors"),
+                "--t5",
+                &comfy("t5xxl.safetensors"),
+                "--vae",
+                &comfy("ae.safetensors"),
+                "--clip-tokenizer",
+                &tokenizer(""),
+                "--t5-tokenizer",
+                &tokenizer("_2"),
+            ],
+            Expect::Ok(ok),
+        ),
+        row(
+            &["--model", &comfy("flux1-tiny.safetensors")],
+            Expect::Bad("give --clip"),
+        ),
+        row(
+            &[
+                "--model",
+                &comfy("flux-tiny-all-in-one.safetensors"),
+                "--clip-tokenizer",
+                &tokenizer(""),
+                "--t5-tokenizer",
+                &tokenizer("_2"),
+            ],
+            Expect::Ok(ok),
+        ),
+        row(
+            &[
+                "--model",
+                &comfy("flux-tiny-all-in-one.safetensors"),
+                "--t5-tokenizer",
+                &tokenizer("_2"),
+            ],
+            Expect::Bad("give --clip-tokenizer"),
+        ),
+        row(
+            &["--clip-tokenizer", &fixtures.folder("image/empty")],
+            Expect::Bad("no tokenizer"),
+        ),
         row(&["--prompt", "x"], Expect::Bad("--model")).bare(),
         row(&["--help"], Expect::Ok("Usage: stagehand image")),
         row(&["--unknown-flag"], Expect::Bad("--unknown-flag")),

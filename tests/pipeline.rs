@@ -21,6 +21,9 @@ use stagehand::run::{
 use stagehand::settings::Settings;
 use stagehand::EncoderInput;
 
+#[path = "pipeline/layouts.rs"]
+mod layouts;
+
 /// Largest difference allowed relative to the reference's largest magnitude: f32 on
 /// both sides in other summation orders.
 const TEXT_TOLERANCE: f32 = 1e-5;
@@ -111,6 +114,16 @@ fn streamed(prepared: &Prepared, steps: u64) -> Outcome {
         "some block streams"
     );
     outcome
+}
+
+/// A pipeline's stages under `settings`, unobserved and quiet.
+fn pipeline_run(settings: &Settings) -> PipelineRun<'_> {
+    PipelineRun {
+        settings,
+        observer: stagehand::run::no_observer(),
+        progress: std::sync::Arc::new(|_, _, _| {}),
+        shared: None,
+    }
 }
 
 fn first_output(outcome: &Outcome) -> Vec<f32> {
@@ -239,12 +252,7 @@ fn a_prompt_becomes_diffusers_image() {
         init: None,
     };
     let settings = Settings::default();
-    let run = PipelineRun {
-        settings: &settings,
-        observer: stagehand::run::no_observer(),
-        progress: std::sync::Arc::new(|_, _, _| {}),
-        shared: None,
-    };
+    let run = pipeline_run(&settings);
     let parts = FluxParts::open(&pipeline()).expect("a Flux pipeline");
     let generated = generate(&parts, &request, &run).expect("makes an image");
     let names: Vec<&str> = generated.stages.iter().map(|stage| stage.name).collect();
@@ -312,12 +320,7 @@ fn a_budget_too_small_for_a_whole_decode_decodes_in_tiles() {
         vram_budget: Some(ByteSize::b(budget)),
         ..Settings::default()
     };
-    let run = PipelineRun {
-        settings: &settings,
-        observer: stagehand::run::no_observer(),
-        progress: std::sync::Arc::new(|_, _, _| {}),
-        shared: None,
-    };
+    let run = pipeline_run(&settings);
     let request = ImageRequest {
         prompt: PROMPT.to_string(),
         width: 256,
@@ -382,12 +385,7 @@ fn the_vae_encoder_gives_diffusers_latent_and_an_image_starts_from_it() {
     let error = relative_difference(&latent, &encoder("latent"));
     assert!(error < IMAGE_TOLERANCE, "latent off by {error}");
     let settings = Settings::default();
-    let run = PipelineRun {
-        settings: &settings,
-        observer: stagehand::run::no_observer(),
-        progress: std::sync::Arc::new(|_, _, _| {}),
-        shared: None,
-    };
+    let run = pipeline_run(&settings);
     let request = ImageRequest {
         prompt: PROMPT.to_string(),
         width: 48,

@@ -13,7 +13,8 @@ use serde::Serialize;
 use super::{CommandResult, Failure};
 use stagehand::families::flux::read_tensors;
 use stagehand::pipeline::{
-    generate, FluxParts, Generated, ImageRequest, InitImage, PipelineError, PipelineRun, Stage,
+    generate, FluxParts, Generated, ImageRequest, InitImage, PartFiles, PipelineError, PipelineRun,
+    Stage,
 };
 use stagehand::run::summary::Summary;
 use stagehand::settings::{self, SettingsArgs};
@@ -21,9 +22,30 @@ use stagehand::settings::{self, SettingsArgs};
 #[derive(Debug, clap::Args)]
 pub struct ImageArgs {
     /// A diffusers Flux pipeline folder (model_index.json, text_encoder/,
-    /// text_encoder_2/, tokenizer/, tokenizer_2/, transformer/, vae/).
-    #[arg(long, value_name = "DIR")]
+    /// text_encoder_2/, tokenizer/, tokenizer_2/, transformer/, vae/), a ComfyUI
+    /// all-in-one checkpoint, or the transformer's file (flux1-dev.safetensors) with
+    /// the other parts given by --clip, --t5 and --vae.
+    #[arg(long, value_name = "PATH")]
     pub model: PathBuf,
+    /// CLIP-L's file in place of the pipeline's (ComfyUI's clip_l.safetensors).
+    #[arg(long, value_name = "FILE")]
+    pub clip: Option<PathBuf>,
+    /// T5-XXL's file in place of the pipeline's (t5xxl_fp16.safetensors or
+    /// t5xxl_fp8_e4m3fn_scaled.safetensors).
+    #[arg(long, value_name = "FILE")]
+    pub t5: Option<PathBuf>,
+    /// The autoencoder's file in place of the pipeline's (ComfyUI's ae.safetensors,
+    /// in its original names, or diffusers').
+    #[arg(long, value_name = "FILE")]
+    pub vae: Option<PathBuf>,
+    /// CLIP's tokenizer folder, for CLIP given as a file (vocab.json + merges.txt or
+    /// tokenizer.json; ComfyUI's comfy/sd1_tokenizer).
+    #[arg(long, value_name = "DIR")]
+    pub clip_tokenizer: Option<PathBuf>,
+    /// T5's tokenizer folder, for T5 given as a file (tokenizer.json; ComfyUI's
+    /// comfy/text_encoders/t5_tokenizer).
+    #[arg(long, value_name = "DIR")]
+    pub t5_tokenizer: Option<PathBuf>,
     /// What the image shows.
     #[arg(long)]
     pub prompt: String,
@@ -101,6 +123,11 @@ fn bad(message: String) -> Failure {
 
 fn pipeline_failure(error: PipelineError) -> Failure {
     match error {
+        // A stage that could not open what it was given: the user's input.
+        PipelineError::Stage {
+            source: stagehand::run::RunError::BadInput(_),
+            ..
+        } => Failure::bad_input(anyhow::anyhow!(error)),
         PipelineError::Stage { .. } | PipelineError::Failed(_) | PipelineError::Output { .. } => {
             Failure::run_failed(anyhow::anyhow!(error))
         }
@@ -249,7 +276,14 @@ pub fn execute(args: ImageArgs) -> CommandResult {
             "--vae-tile 0: a tile is at least one latent position (8 pixels) a side; leave it out to tile only when the budget needs it".into(),
         ));
     }
-    let parts = FluxParts::open(&args.model).map_err(pipeline_failure)?;
+    let files = PartFiles {
+        clip: args.clip.clone(),
+        t5: args.t5.clone(),
+        vae: args.vae.clone(),
+        clip_tokenizer: args.clip_tokenizer.clone(),
+        t5_tokenizer: args.t5_tokenizer.clone(),
+    };
+    let parts = FluxParts::locate(&args.model, &files).map_err(pipeline_failure)?;
     let request = ImageRequest {
         prompt: args.prompt.clone(),
         width: args.width,
@@ -353,7 +387,7 @@ fn print_result(
                 .iter()
                 .map(|stage| StageOutput {
                     stage: stage.name,
-                    model: stage.model.display().to_string(),
+                    model: stage.model.path.display().to_string(),
                     seconds: stage.seconds,
                     summary: Summary::new(&stage.outcome),
                 })

@@ -81,6 +81,13 @@ pub struct Extras {
     pub latent: Option<super::vae::LatentInput>,
     /// What an image encoder encodes; `None`: a seeded 64² image.
     pub image: Option<super::vae::ImageInput>,
+    /// The model is this part of the checkpoint (a model of an all-in-one file, an
+    /// autoencoder in its original names), not the whole file or folder; its family
+    /// reads its config from the tensors' shapes.
+    pub part: Option<crate::model::CheckpointPart>,
+    /// Where a text encoder given as a bare file finds its tokenizer (a folder with
+    /// `tokenizer.json`, or CLIP's `vocab.json` + `merges.txt`).
+    pub tokenizer: Option<std::path::PathBuf>,
 }
 
 /// The expert cache's knobs (generated MoE and the MoE decoders).

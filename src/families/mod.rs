@@ -37,6 +37,7 @@ pub mod placement;
 pub mod prompt_tokens;
 pub mod record;
 pub mod registry;
+mod shapes;
 pub mod stream_verify;
 pub mod t5;
 pub mod vae;

@@ -190,6 +190,25 @@ pub fn prompts(
     texts.iter().map(|text| tokenizer.encode(text)).collect()
 }
 
+/// Where the text encoder `request` opens looks for its tokenizer: the folder the
+/// run names, else its own folder (and its pipeline's tokenizer folder).
+pub fn tokenizer_home(request: &super::registry::Request<'_>) -> Result<PathBuf, FamilyError> {
+    if let Some(dir) = &request.extras.tokenizer {
+        return Ok(dir.clone());
+    }
+    if let Some(folder) = request.folder {
+        return Ok(folder.dir.clone());
+    }
+    // Token ids need no tokenizer.
+    if let Some(EncoderInput::TokenIds(_)) = request.extras.encoder {
+        return Ok(PathBuf::new());
+    }
+    Err(FamilyError::Model(format!(
+        "{}: a text encoder given as a file (no config.json beside it) needs the folder of its tokenizer (tokenizer.json, or CLIP's vocab.json + merges.txt: ComfyUI keeps them in comfy/sd1_tokenizer and comfy/text_encoders/t5_tokenizer, a diffusers pipeline in tokenizer/ and tokenizer_2/)",
+        request.path.display()
+    )))
+}
+
 /// Where a text encoder's tokenizer may be: its own folder, then its pipeline's
 /// tokenizer folder of the same number.
 fn tokenizer_dirs(dir: &Path) -> Vec<PathBuf> {

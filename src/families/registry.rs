@@ -105,6 +105,9 @@ pub trait Open: Family + Sized {
     /// Whether this family computes the checkpoint: by default a folder whose
     /// `model_type` (or else first architecture) is one of its own.
     fn recognises(found: &Found<'_>) -> bool {
+        if found.folder.is_none() {
+            return Self::recognises_bare(found.index);
+        }
         if let Some(model_type) = found.model_type() {
             return Self::MODEL_TYPES.contains(&model_type.as_str());
         }
@@ -113,6 +116,13 @@ pub trait Open: Family + Sized {
                 .iter()
                 .any(|prefix| architecture.starts_with(prefix))
         })
+    }
+
+    /// Whether this family computes a checkpoint that came without a `config.json`,
+    /// by its tensors' names (ComfyUI's separate files, a part of an all-in-one
+    /// checkpoint); by default none.
+    fn recognises_bare(_index: &ModelIndex) -> bool {
+        false
     }
 
     /// Values of one activation row of the checkpoint, when a batch's activations

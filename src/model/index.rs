@@ -10,6 +10,7 @@ use stagehand_actors::{BlockLayout, Extent, FileId, ModelLayout};
 use super::blocks::{self, BlockMatcher};
 use super::error::IndexError;
 use super::header::{self, ShardHeader};
+use super::part::CheckpointPart;
 use super::source;
 
 /// Most shard files one model may have (the largest public checkpoints have a few hundred).
@@ -78,6 +79,25 @@ impl ModelIndex {
     /// `block_pattern` overrides the built-in layer prefixes; its first capture group is
     /// the block key.
     pub fn open(path: &Path, block_pattern: Option<&str>) -> Result<ModelIndex, IndexError> {
+        Self::open_selected(path, block_pattern, None)
+    }
+
+    /// Indexes one model of a checkpoint that holds others too or names it otherwise
+    /// ([`CheckpointPart`]): only its tensors, under the names its family reads, at
+    /// their places in the files.
+    pub fn open_part(
+        path: &Path,
+        block_pattern: Option<&str>,
+        part: &CheckpointPart,
+    ) -> Result<ModelIndex, IndexError> {
+        Self::open_selected(path, block_pattern, Some(part))
+    }
+
+    fn open_selected(
+        path: &Path,
+        block_pattern: Option<&str>,
+        part: Option<&CheckpointPart>,
+    ) -> Result<ModelIndex, IndexError> {
         let matcher = BlockMatcher::new(block_pattern)?;
         let sources = source::resolve(path)?;
         if sources.shards.len() > MAX_SHARD_FILES {
@@ -89,13 +109,29 @@ impl ModelIndex {
                 ),
             });
         }
-        let headers = sources
+        let mut headers = sources
             .shards
             .iter()
             .map(|shard| header::read_shard(shard))
             .collect::<Result<Vec<_>, _>>()?;
         if let Some((index_path, expected)) = &sources.index {
             check_against_index(index_path, expected, &headers)?;
+        }
+        if let Some(part) = part {
+            for header in &mut headers {
+                header.tensors = part.select(std::mem::take(&mut header.tensors));
+                // A whole file's checksum says nothing of a part of it.
+                header.metadata.remove(super::DATA_CHECKSUM_KEY);
+            }
+            if headers.iter().all(|header| header.tensors.is_empty()) {
+                return Err(IndexError::Model {
+                    path: path.to_path_buf(),
+                    problem: format!(
+                        "holds no tensor under `{}`; is this the checkpoint that holds that model?",
+                        part.prefix
+                    ),
+                });
+            }
         }
         build(path, headers, &matcher)
     }

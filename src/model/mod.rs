@@ -13,6 +13,7 @@ pub mod generated;
 mod header;
 mod index;
 mod known_checksums;
+mod part;
 mod reader;
 mod source;
 
@@ -26,5 +27,6 @@ pub use folder::{read_json, FolderError, ModelFolder};
 pub use header::MAX_HEADER_BYTES;
 pub use index::{BlockInfo, ModelIndex, ShardFile, TensorInfo};
 pub use known_checksums::KnownChecksums;
+pub use part::{CheckpointPart, PartNames};
 pub use reader::{BlockReadError, BlockReader};
 pub use source::{parse_index, ParsedIndex};

@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
+use crate::model::CheckpointPart;
+
 use super::PipelineError;
 
 /// The pipeline classes computed here, by `model_index.json` `_class_name`.
@@ -15,18 +17,58 @@ const FLUX_PIPELINES: &[&str] = &["FluxPipeline", "FluxImg2ImgPipeline"];
 /// Where each model of a Flux pipeline is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FluxParts {
+    /// What the user named: the pipeline folder, the all-in-one checkpoint or the
+    /// transformer's file.
     pub dir: PathBuf,
     /// CLIP's text encoder: the pooled vector.
-    pub clip: PathBuf,
+    pub clip: PipelinePart,
     /// T5's encoder: the per-token states.
-    pub t5: PathBuf,
-    pub transformer: PathBuf,
-    pub vae: PathBuf,
+    pub t5: PipelinePart,
+    pub transformer: PipelinePart,
+    pub vae: PipelinePart,
+}
+
+/// One model of a pipeline: where it is and how to read it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PipelinePart {
+    /// Its folder (diffusers' layout) or file.
+    pub path: PathBuf,
+    /// The tensors of `path` that are this model, where the file holds others too.
+    pub part: Option<CheckpointPart>,
+    /// A text encoder's tokenizer folder, where it is not beside the encoder.
+    pub tokenizer: Option<PathBuf>,
+}
+
+impl PipelinePart {
+    /// A whole folder or file.
+    pub fn whole(path: PathBuf) -> Self {
+        Self {
+            path,
+            part: None,
+            tokenizer: None,
+        }
+    }
+
+    /// The bytes of its weights: the part's tensors, or the folder's or file's
+    /// checkpoints (0 where they cannot be read).
+    pub fn bytes(&self) -> u64 {
+        let index = match &self.part {
+            Some(part) => crate::model::ModelIndex::open_part(&self.path, None, part),
+            None => {
+                let checkpoint = crate::model::ModelFolder::find(&self.path)
+                    .ok()
+                    .flatten()
+                    .map_or_else(|| self.path.clone(), |folder| folder.checkpoint);
+                crate::model::ModelIndex::open(&checkpoint, None)
+            }
+        };
+        index.map_or(0, |index| index.total_bytes())
+    }
 }
 
 impl FluxParts {
     /// The parts of the pipeline folder `dir`.
-    pub fn open(dir: &Path) -> Result<Self, PipelineError> {
+    pub fn folder(dir: &Path) -> Result<Self, PipelineError> {
         let index_path = dir.join("model_index.json");
         let text = std::fs::read_to_string(&index_path).map_err(|error| {
             PipelineError::Layout {
@@ -53,7 +95,7 @@ impl FluxParts {
                 ),
             });
         }
-        let part = |name: &str| -> Result<PathBuf, PipelineError> {
+        let part = |name: &str| -> Result<PipelinePart, PipelineError> {
             let listed = index
                 .get(name)
                 .and_then(Value::as_array)
@@ -65,7 +107,7 @@ impl FluxParts {
                     expected: path.join("config.json"),
                 });
             }
-            Ok(path)
+            Ok(PipelinePart::whole(path))
         };
         Ok(Self {
             dir: dir.to_path_buf(),
@@ -76,8 +118,8 @@ impl FluxParts {
         })
     }
 
-    /// Whether `dir` is a pipeline folder (it has `model_index.json`).
-    pub fn is_pipeline(dir: &Path) -> bool {
-        dir.join("model_index.json").is_file()
+    /// The parts of the pipeline `path` ([`FluxParts::locate`] with no file given).
+    pub fn open(path: &Path) -> Result<Self, PipelineError> {
+        Self::locate(path, &super::PartFiles::default())
     }
 }

@@ -14,6 +14,7 @@
 //! `max_sequence_length`, the transformer's steps from the starting noise (given, or
 //! seeded), the latent un-scaled and decoded, the pixels rounded.
 
+mod files;
 mod folder;
 mod image;
 mod vae;
@@ -22,7 +23,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-pub use folder::FluxParts;
+pub use files::PartFiles;
+pub use folder::{FluxParts, PipelinePart};
 pub use image::Picture;
 
 use crate::families::flux::{CondInput, Conditioning, SampleInput, Start};
@@ -44,6 +46,14 @@ pub enum PipelineError {
     /// A model the pipeline needs is not there.
     #[error("the pipeline's {part} is missing: expected {}", expected.display())]
     MissingPart { part: String, expected: PathBuf },
+    /// A model given as files lacks a part no file holds.
+    #[error("the pipeline's {part} is missing: {} does not hold it; give {flag} ({example})", model.display())]
+    MissingFile {
+        part: &'static str,
+        model: PathBuf,
+        flag: &'static str,
+        example: &'static str,
+    },
     /// A request the pipeline cannot compute (a size, a step count).
     #[error("{0}")]
     BadRequest(String),
@@ -105,7 +115,7 @@ pub struct InitImage {
 pub struct Stage {
     /// "clip", "t5", "transformer", "vae".
     pub name: &'static str,
-    pub model: PathBuf,
+    pub model: PipelinePart,
     pub seconds: f64,
     pub outcome: Outcome,
 }
@@ -138,7 +148,7 @@ impl PipelineRun<'_> {
     fn stage(
         &self,
         (name, kind): (&'static str, WorkloadKind),
-        model: &std::path::Path,
+        model: &PipelinePart,
         extras: &Extras,
         batch: usize,
         steps: impl Fn(&Prepared) -> u64,
@@ -149,15 +159,21 @@ impl PipelineRun<'_> {
         Ok((prepared, stage))
     }
 
-    /// Opens one stage's model as `run` opens it.
+    /// Opens one stage's model as `run` opens it (the part of its file that is the
+    /// model, with its tokenizer).
     fn open(
         &self,
         (name, kind): (&'static str, WorkloadKind),
-        model: &std::path::Path,
+        model: &PipelinePart,
         extras: &Extras,
         batch: usize,
     ) -> Result<Prepared, PipelineError> {
-        prepare_with(model, kind, batch, self.settings, false, extras).map_err(|source| {
+        let extras = Extras {
+            part: model.part.clone(),
+            tokenizer: model.tokenizer.clone(),
+            ..extras.clone()
+        };
+        prepare_with(&model.path, kind, batch, self.settings, false, &extras).map_err(|source| {
             PipelineError::Stage {
                 stage: name,
                 source,
@@ -170,7 +186,7 @@ impl PipelineRun<'_> {
     fn run_opened(
         &self,
         (name, started): (&'static str, Instant),
-        model: &std::path::Path,
+        model: &PipelinePart,
         prepared: &Prepared,
         steps: u64,
     ) -> Result<Stage, PipelineError> {
@@ -220,7 +236,7 @@ impl PipelineRun<'_> {
         let outcome = execute(prepared, plan).map_err(failed)?;
         Ok(Stage {
             name,
-            model: model.to_path_buf(),
+            model: model.clone(),
             seconds: started.elapsed().as_secs_f64(),
             outcome,
         })
@@ -318,7 +334,7 @@ fn denoise(
         )?;
         let Model::Flux(flux) = &prepared.workload.model else {
             return Err(PipelineError::Layout {
-                path: parts.transformer.clone(),
+                path: parts.transformer.path.clone(),
                 problem: "is not a Flux transformer".into(),
             });
         };
@@ -337,7 +353,7 @@ fn denoise(
 fn clip_pooled(prepared: &Prepared, clip: &Stage) -> Result<Vec<f32>, PipelineError> {
     let Model::Clip(encoder) = &prepared.workload.model else {
         return Err(PipelineError::Layout {
-            path: clip.model.clone(),
+            path: clip.model.path.clone(),
             problem: "is not a CLIP text encoder (model_type clip_text_model)".into(),
         });
     };

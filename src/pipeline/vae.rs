@@ -63,7 +63,7 @@ pub(super) fn decode(
     };
     let Model::Vae(vae) = &prepared.workload.model else {
         return Err(PipelineError::Layout {
-            path: parts.vae.clone(),
+            path: parts.vae.path.clone(),
             problem: "is not an AutoencoderKL".into(),
         });
     };

@@ -9,7 +9,7 @@ use crate::families::bert::EmbeddingPlacement;
 use crate::families::lora_set::LoraSet;
 use crate::families::{Entry, Extras, Facts, FamilyError, Found, Request, WorkloadKind};
 use crate::lora::LoraSpec;
-use crate::model::{ModelFolder, ModelIndex};
+use crate::model::{CheckpointPart, ModelFolder, ModelIndex};
 use crate::settings::Settings;
 
 use super::driver::{LoraPhase, Workload};
@@ -108,12 +108,29 @@ pub fn prepare_with(
     extras: &Extras,
 ) -> Result<Prepared, RunError> {
     let bad = |error: &dyn std::fmt::Display| RunError::BadInput(error.to_string());
-    let folder = ModelFolder::find(model).map_err(|error| bad(&error))?;
+    // A part of a checkpoint is read by its tensors alone: a config.json beside the
+    // file is the config of something else.
+    let folder = match extras.part {
+        Some(_) => None,
+        None => ModelFolder::find(model).map_err(|error| bad(&error))?,
+    };
     let checkpoint = folder
         .as_ref()
         .map_or(model, |folder| folder.checkpoint.as_path());
-    let index = ModelIndex::open(checkpoint, settings.block_pattern.as_deref())
-        .map_err(|error| bad(&error))?;
+    let pattern = settings.block_pattern.as_deref();
+    let index = match &extras.part {
+        Some(part) => ModelIndex::open_part(checkpoint, pattern, part),
+        None => ModelIndex::open(checkpoint, pattern),
+    }
+    .map_err(|error| bad(&error))?;
+    // A bare checkpoint in names its family reads otherwise (the Flux autoencoder's
+    // original ones), read as that family names them.
+    let index = match (&folder, CheckpointPart::implied(&index)) {
+        (None, Some(part)) if extras.part.is_none() => {
+            ModelIndex::open_part(checkpoint, pattern, &part).map_err(|error| bad(&error))?
+        }
+        _ => index,
+    };
     if index.blocks.is_empty() {
         return Err(RunError::BadInput(format!(
             "{}: the model has no tensors to stream",

@@ -13,7 +13,6 @@
 //! `max_sequence_length`. Each has a limit (`limits.max_images`,
 //! `limits.max_image_pixels`, `limits.max_image_steps`) answered with a 400 naming it.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -263,21 +262,6 @@ fn pngs(
 
 /// What `/v1/models` and the logs say of an image model: the bytes of its parts.
 pub(super) fn info(parts: &FluxParts, settings: &Settings) -> LoadedInfo {
-    let bytes = |path: &PathBuf| -> u64 {
-        std::fs::read_dir(path).map_or(0, |entries| {
-            entries
-                .filter_map(Result::ok)
-                .filter(|entry| {
-                    entry
-                        .path()
-                        .extension()
-                        .is_some_and(|ext| ext == "safetensors")
-                })
-                .filter_map(|entry| entry.metadata().ok())
-                .map(|metadata| metadata.len())
-                .sum()
-        })
-    };
     LoadedInfo {
         kind: crate::families::WorkloadKind::Diffusion,
         budgets: crate::run::Budgets {
@@ -286,7 +270,7 @@ pub(super) fn info(parts: &FluxParts, settings: &Settings) -> LoadedInfo {
         },
         model_bytes: [&parts.clip, &parts.t5, &parts.transformer, &parts.vae]
             .into_iter()
-            .map(bytes)
+            .map(crate::pipeline::PipelinePart::bytes)
             .sum(),
     }
 }

@@ -35,7 +35,8 @@ pub(super) fn load_model_named(
             "--tokens-per-step 0: a step processes at least 1 token"
         )));
     }
-    if let Some(prepared) = prepare_family(path, args.tokens_per_step, pattern)? {
+    if let Some(prepared) = prepare_family(path, args.tokens_per_step, pattern, &Extras::default())?
+    {
         return ModelDescription::from_prepared(&prepared, args.tokens_per_step)
             .map_err(Failure::bad_input);
     }
@@ -44,22 +45,64 @@ pub(super) fn load_model_named(
         .map_err(Failure::bad_input)
 }
 
+/// One model of a pipeline (a folder, a file, or a part of an all-in-one file),
+/// described from its family as [`load_model_named`] describes a folder.
+pub(super) fn load_part(
+    model: &stagehand::pipeline::PipelinePart,
+    args: &SimulateArgs,
+    pattern: Option<&str>,
+) -> Result<ModelDescription, Failure> {
+    let given = Extras {
+        part: model.part.clone(),
+        tokenizer: model.tokenizer.clone(),
+        ..Extras::default()
+    };
+    match prepare_family(&model.path, args.tokens_per_step, pattern, &given)? {
+        Some(prepared) => ModelDescription::from_prepared(&prepared, args.tokens_per_step)
+            .map_err(Failure::bad_input),
+        None => Err(Failure::bad_input(anyhow::anyhow!(
+            "{}: not a model of a family stagehand computes",
+            model.path.display()
+        ))),
+    }
+}
+
 /// A folder of a family stagehand computes, prepared as `run` prepares it (headers
 /// only): its own blocks, the kernels it calls, what it reserves. `None` for other
-/// folders and bare checkpoints (described from their checkpoint).
+/// folders and bare checkpoints (described from their checkpoint). `given`: the
+/// part of the file that is the model, and its tokenizer.
 fn prepare_family(
     path: &Path,
     tokens_per_step: u64,
     pattern: Option<&str>,
+    given: &Extras,
 ) -> Result<Option<stagehand::run::Prepared>, Failure> {
     // A bare checkpoint may still be a family's (a Flux file in the original or
     // ComfyUI layout); any other is described from its checkpoint.
-    let folder = stagehand::model::ModelFolder::find(path).ok().flatten();
+    let folder = match given.part {
+        Some(_) => None,
+        None => stagehand::model::ModelFolder::find(path).ok().flatten(),
+    };
     let checkpoint = folder
         .as_ref()
         .map_or(path, |folder| folder.checkpoint.as_path());
-    let Ok(index) = ModelIndex::open(checkpoint, pattern) else {
+    let index = match &given.part {
+        Some(part) => ModelIndex::open_part(checkpoint, pattern, part),
+        None => ModelIndex::open(checkpoint, pattern),
+    };
+    let Ok(index) = index else {
         return Ok(None);
+    };
+    let index = match (
+        &folder,
+        &given.part,
+        stagehand::model::CheckpointPart::implied(&index),
+    ) {
+        (None, None, Some(part)) => match ModelIndex::open_part(checkpoint, pattern, &part) {
+            Ok(index) => index,
+            Err(_) => return Ok(None),
+        },
+        _ => index,
     };
     let found = stagehand::families::Found {
         index: &index,
@@ -70,7 +113,7 @@ fn prepare_family(
     };
     let mut extras = Extras {
         headers_only: true,
-        ..Extras::default()
+        ..given.clone()
     };
     let described = entry
         .described_step(&found, tokens_per_step, &mut extras)

@@ -11,7 +11,7 @@ use std::path::Path;
 use serde::Serialize;
 
 use super::super::{CommandResult, Failure};
-use super::model_arg::load_model_named;
+use super::model_arg::load_part;
 use super::SimulateArgs;
 use stagehand::pipeline::FluxParts;
 use stagehand::sim::HardwareProfile;
@@ -98,8 +98,9 @@ pub(super) fn execute(
         ("vae", &parts.vae, 1),
     ];
     let mut predictions = Vec::with_capacity(stages.len());
-    for (stage, path, steps) in stages {
-        let model = load_model_named(&path.display().to_string(), args, pattern)?;
+    for (stage, part, steps) in stages {
+        let model = load_part(part, args, pattern)?;
+        let path = part.path.as_path();
         let simulation = simulate(&model, hardware, options).map_err(|error| match error {
             SimRunError::Setup(_) | SimRunError::Plan { .. } => {
                 Failure::bad_input(anyhow::anyhow!("{stage}: {error}"))

@@ -43,6 +43,20 @@ pub struct ClipConfig {
     pub quick_gelu: bool,
 }
 
+/// Where a CLIP text encoder's checkpoint keeps its layers: under `text_model.` as the
+/// published CLIP-L and ComfyUI's `clip_l.safetensors` have them, or at the top as
+/// transformers 5 saves a `CLIPTextModel`.
+pub(crate) const PREFIXES: [&str; 2] = ["text_model.", ""];
+
+/// The prefix of a CLIP text encoder's tensors in `index`, if it is one.
+pub(crate) fn prefix_of(index: &crate::model::ModelIndex) -> Option<&'static str> {
+    PREFIXES.into_iter().find(|prefix| {
+        index
+            .tensor(&format!("{prefix}embeddings.token_embedding.weight"))
+            .is_some()
+    })
+}
+
 #[derive(Debug, Clone, Copy)]
 struct Linear {
     weight: TensorSlot,
@@ -175,13 +189,7 @@ impl ClipText {
                 config.vocab
             )));
         }
-        let prefix = ["", "text_model."]
-            .into_iter()
-            .find(|prefix| {
-                let name = format!("{prefix}embeddings.token_embedding.weight");
-                index.tensor(&name).is_some()
-            })
-            .unwrap_or("");
+        let prefix = prefix_of(index).unwrap_or("");
         let (placement, slots) = walk::place(index, |tensors| {
             Walk {
                 tensors,

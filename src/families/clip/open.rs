@@ -1,10 +1,11 @@
 //! How a CLIP text encoder's folder is recognised and opened.
 
-use super::{ClipConfig, ClipText};
+use super::{prefix_of, ClipConfig, ClipText, PREFIXES};
 use crate::families::config_json::ConfigJson;
 use crate::families::inputs::WorkloadKind;
 use crate::families::prompt_tokens;
 use crate::families::registry::{Found, Open, Request, StepUnit};
+use crate::families::shapes::Shapes;
 use crate::families::FamilyError;
 
 /// CLIP's pad token when `tokenizer_config.json` names none (FLUX.1's pads with it).
@@ -42,6 +43,41 @@ impl ClipConfig {
     }
 }
 
+/// Every CLIP's head width (L: 768 = 12 × 64, G: 1280 = 20 × 64, B: 512 = 8 × 64):
+/// the heads of a checkpoint without its config.
+const HEAD_WIDTH: usize = 64;
+
+impl ClipConfig {
+    /// The config of a checkpoint without one, from its shapes: CLIP-L's as Flux
+    /// uses it (quick GELU, the legacy end-of-text rule) at the file's sizes.
+    pub fn infer(index: &crate::model::ModelIndex) -> Result<Self, FamilyError> {
+        let shapes = Shapes::new(index, "a CLIP text encoder");
+        let prefix = prefix_of(index).unwrap_or(PREFIXES[0]);
+        let (vocab, hidden) =
+            shapes.matrix(&format!("{prefix}embeddings.token_embedding.weight"))?;
+        if hidden % HEAD_WIDTH != 0 {
+            return Err(shapes.bad(format!(
+                "a width of {hidden} is not a whole number of CLIP's {HEAD_WIDTH}-wide heads; give the encoder's folder with its config.json"
+            )));
+        }
+        Ok(Self {
+            vocab,
+            hidden,
+            intermediate: shapes
+                .matrix(&format!("{prefix}encoder.layers.0.mlp.fc1.weight"))?
+                .0,
+            layers: shapes.count(&format!("{prefix}encoder.layers.")),
+            heads: hidden / HEAD_WIDTH,
+            positions: shapes
+                .matrix(&format!("{prefix}embeddings.position_embedding.weight"))?
+                .0,
+            eps: 1e-5,
+            eos_token_id: 2,
+            quick_gelu: true,
+        })
+    }
+}
+
 impl Open for ClipText {
     const NAME: &'static str = "clip";
     const KIND: WorkloadKind = WorkloadKind::TextEncoder;
@@ -59,13 +95,20 @@ impl Open for ClipText {
     const MODEL_TYPES: &'static [&'static str] = &["clip_text_model", "clip"];
     const ARCHITECTURES: &'static [&'static str] = &["CLIPTextModel"];
 
+    /// A checkpoint without a config.json in transformers' names (ComfyUI's `clip_l.safetensors`).
+    fn recognises_bare(index: &crate::model::ModelIndex) -> bool {
+        prefix_of(index).is_some()
+    }
+
     /// The encoder over the run's prompts (or the built-in one), each cut and padded
     /// to the model's positions by the pipeline's CLIP tokenizer.
     fn open(request: &Request<'_>) -> Result<Self, FamilyError> {
-        let folder = request.folder("a CLIP text encoder")?;
-        let config = ClipConfig::from_json(&folder.config_path(), &folder.config)?;
+        let config = match request.folder {
+            Some(folder) => ClipConfig::from_json(&folder.config_path(), &folder.config)?,
+            None => ClipConfig::infer(request.index)?,
+        };
         let prompts = prompt_tokens::prompts(
-            &folder.dir,
+            &prompt_tokens::tokenizer_home(request)?,
             request.extras.encoder.as_ref(),
             config.positions,
             PAD,

@@ -5,6 +5,7 @@ use crate::families::config_json::ConfigJson;
 use crate::families::inputs::WorkloadKind;
 use crate::families::prompt_tokens;
 use crate::families::registry::{Found, Open, Request, StepUnit};
+use crate::families::shapes::Shapes;
 use crate::families::FamilyError;
 
 /// Tokens a prompt is padded to when the run names no length: diffusers'
@@ -41,6 +42,50 @@ impl T5Config {
     }
 }
 
+/// The first block's relative position bias, `[buckets, heads]`, in transformers'
+/// names (ComfyUI's `t5xxl_fp16.safetensors` too).
+const POSITION_BIAS: &str = "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight";
+
+impl T5Config {
+    /// The config of a checkpoint without one, from its shapes: T5 v1.1 (the gated
+    /// tanh GELU, buckets reaching 128 positions) at the file's sizes. The heads are
+    /// the position bias table's columns.
+    pub fn infer(index: &crate::model::ModelIndex) -> Result<Self, FamilyError> {
+        let shapes = Shapes::new(index, "a T5 encoder");
+        let embedding = ["shared.weight", "encoder.embed_tokens.weight"]
+            .into_iter()
+            .find(|name| shapes.has(name))
+            .unwrap_or("shared.weight");
+        let (vocab, model) = shapes.matrix(embedding)?;
+        let (buckets, heads) = shapes.matrix(POSITION_BIAS)?;
+        let inner = shapes
+            .matrix("encoder.block.0.layer.0.SelfAttention.q.weight")?
+            .0;
+        let feed_forward = "encoder.block.0.layer.1.DenseReluDense";
+        if !shapes.has(&format!("{feed_forward}.wi_0.weight")) {
+            return Err(shapes.bad(
+                "its feed-forward is not gated (no `wi_0`): T5 v1.0, which stagehand does not compute (Flux's T5-XXL is v1.1)".into(),
+            ));
+        }
+        if heads == 0 || inner % heads != 0 {
+            return Err(shapes.bad(format!(
+                "{inner} query rows are not a whole number of the position bias's {heads} heads"
+            )));
+        }
+        Ok(Self {
+            vocab,
+            model,
+            head_dim: inner / heads,
+            feed_forward: shapes.matrix(&format!("{feed_forward}.wi_0.weight"))?.0,
+            layers: shapes.count("encoder.block."),
+            heads,
+            buckets,
+            max_distance: 128,
+            eps: 1e-6,
+        })
+    }
+}
+
 impl Open for T5Encoder {
     const NAME: &'static str = "t5";
     const KIND: WorkloadKind = WorkloadKind::TextEncoder;
@@ -58,11 +103,18 @@ impl Open for T5Encoder {
     const MODEL_TYPES: &'static [&'static str] = &["t5"];
     const ARCHITECTURES: &'static [&'static str] = &["T5EncoderModel"];
 
+    /// A checkpoint without a config.json in transformers' names (ComfyUI's `t5xxl_fp16.safetensors`).
+    fn recognises_bare(index: &crate::model::ModelIndex) -> bool {
+        index.tensor(POSITION_BIAS).is_some()
+    }
+
     /// The encoder over the run's prompts (or the built-in one), each cut and padded
     /// to the run's prompt length (512 by default) by the pipeline's T5 tokenizer.
     fn open(request: &Request<'_>) -> Result<Self, FamilyError> {
-        let folder = request.folder("a T5 encoder")?;
-        let config = T5Config::from_json(&folder.config_path(), &folder.config)?;
+        let config = match request.folder {
+            Some(folder) => T5Config::from_json(&folder.config_path(), &folder.config)?,
+            None => T5Config::infer(request.index)?,
+        };
         let length = request
             .extras
             .prompt_length
@@ -72,8 +124,12 @@ impl Open for T5Encoder {
                 "--max-sequence-length 0: a prompt needs at least one token".into(),
             ));
         }
-        let prompts =
-            prompt_tokens::prompts(&folder.dir, request.extras.encoder.as_ref(), length, PAD)?;
+        let prompts = prompt_tokens::prompts(
+            &prompt_tokens::tokenizer_home(request)?,
+            request.extras.encoder.as_ref(),
+            length,
+            PAD,
+        )?;
         T5Encoder::new(request.index, config, prompts, length, request.batch)
     }
 }

@@ -6,6 +6,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::families::config_json::ConfigJson;
+use crate::families::shapes::Shapes;
 use crate::families::FamilyError;
 
 /// Every `config.json` key of `AutoencoderKL` stagehand reads or knows changes
@@ -110,6 +111,77 @@ impl VaeConfig {
             post_quant_conv: json.flag("use_post_quant_conv", true),
             quant_conv: json.flag("use_quant_conv", true),
             sample_size: json.count("sample_size", Some(32 * (1 << (channels.len() - 1))))?,
+            channels,
+        })
+    }
+}
+
+/// GroupNorm's groups in every published AutoencoderKL (SD, SDXL, SD3, Flux): what a
+/// checkpoint without its config is read with.
+const GROUPS: usize = 32;
+
+impl VaeConfig {
+    /// The config of a checkpoint without one (ComfyUI's `ae.safetensors`, read in
+    /// diffusers' names), from its shapes: the decoder's when it has one, else the
+    /// encoder's. The latent's scaling is Flux's for 16 channels (0.3611, shift
+    /// 0.1159: a 16-channel VAE in a Flux pipeline is Flux's) and Stable Diffusion's
+    /// for 4 (0.18215).
+    pub fn infer(index: &crate::model::ModelIndex) -> Result<Self, FamilyError> {
+        let shapes = Shapes::new(index, "an AutoencoderKL");
+        let decoder = shapes.has("decoder.conv_in.weight");
+        let (coder, blocks, resnets_less) = match decoder {
+            true => ("decoder", "up_blocks", 1),
+            false => ("encoder", "down_blocks", 0),
+        };
+        let levels = shapes.count(&format!("{coder}.{blocks}."));
+        if levels == 0 {
+            return Err(shapes.bad(format!("it has no `{coder}.{blocks}.N` tensors")));
+        }
+        // Full resolution first: the decoder's up blocks run the other way.
+        let channels = (0..levels)
+            .map(|level| {
+                let block = if decoder { levels - 1 - level } else { level };
+                shapes
+                    .matrix(&format!("{coder}.{blocks}.{block}.resnets.0.conv2.weight"))
+                    .map(|(rows, _)| rows)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if let Some(width) = channels.iter().find(|&&width| width % GROUPS != 0) {
+            return Err(shapes.bad(format!(
+                "a block of {width} channels is not a multiple of the {GROUPS} groups every AutoencoderKL norms in; give the VAE's folder with its config.json"
+            )));
+        }
+        let resnets = shapes.count(&format!("{coder}.{blocks}.0.resnets."));
+        let (latent_channels, image_channels) = match decoder {
+            true => (
+                shapes.matrix("decoder.conv_in.weight")?.1,
+                shapes.matrix("decoder.conv_out.weight")?.0,
+            ),
+            false => (
+                shapes.matrix("encoder.conv_out.weight")?.0 / 2,
+                shapes.matrix("encoder.conv_in.weight")?.1,
+            ),
+        };
+        let (scaling, shift, sample_size) = match latent_channels {
+            16 => (0.3611, 0.1159, 1024),
+            4 => (0.18215, 0.0, 512),
+            other => {
+                return Err(shapes.bad(format!(
+                    "a latent of {other} channels is neither Flux's 16 nor Stable Diffusion's 4, so its scaling is unknown; give the VAE's folder with its config.json"
+                )))
+            }
+        };
+        Ok(Self {
+            image_channels,
+            latent_channels,
+            layers_per_block: resnets.saturating_sub(resnets_less),
+            groups: GROUPS,
+            mid_attention: shapes.has(&format!("{coder}.mid_block.attentions.0.to_q.weight")),
+            scaling,
+            shift,
+            post_quant_conv: shapes.has("post_quant_conv.weight"),
+            quant_conv: shapes.has("quant_conv.weight"),
+            sample_size,
             channels,
         })
     }

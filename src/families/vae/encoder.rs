@@ -198,8 +198,7 @@ impl Open for VaeEncoder {
     /// The encoder over the run's images (an image-to-image pipeline's), or one
     /// seeded image of 64².
     fn open(request: &Request<'_>) -> Result<Self, FamilyError> {
-        let folder = request.folder("a VAE")?;
-        let config = VaeConfig::from_json(&folder.config_path(), &folder.config)?;
+        let config = VaeConfig::of(request)?;
         let input = request.extras.image.clone().unwrap_or_else(|| ImageInput {
             images: vec![crate::families::flux::gaussian(3 * 64 * 64, 0)],
             height: 64,

@@ -30,14 +30,26 @@ impl Open for VaeDecoder {
         Ok(Some(1))
     }
 
+    /// diffusers' VAE folder, or a checkpoint without a config in diffusers' names
+    /// (ComfyUI's `ae.safetensors` is read renamed: [`crate::model::PartNames`]).
     fn recognises(found: &Found<'_>) -> bool {
-        found.class_name() == Some(CLASS_NAME)
+        match found.folder {
+            Some(_) => found.class_name() == Some(CLASS_NAME),
+            None => ["decoder.up_blocks.0.", "encoder.down_blocks.0."]
+                .iter()
+                .any(|prefix| {
+                    found
+                        .index
+                        .tensors
+                        .iter()
+                        .any(|tensor| tensor.name.starts_with(prefix))
+                }),
+        }
     }
 
     /// The decoder over the run's latents, or one seeded latent.
     fn open(request: &Request<'_>) -> Result<Self, FamilyError> {
-        let folder = request.folder("a VAE")?;
-        let config = VaeConfig::from_json(&folder.config_path(), &folder.config)?;
+        let config = VaeConfig::of(request)?;
         let input = match &request.extras.latent {
             Some(input) => input.clone(),
             None => {
@@ -54,5 +66,15 @@ impl Open for VaeDecoder {
             }
         };
         VaeDecoder::new(request.index, config, input)
+    }
+}
+
+impl VaeConfig {
+    /// The config of the VAE `request` opens: its folder's, or read from its shapes.
+    pub fn of(request: &Request<'_>) -> Result<Self, FamilyError> {
+        match request.folder {
+            Some(folder) => Self::from_json(&folder.config_path(), &folder.config),
+            None => Self::infer(request.index),
+        }
     }
 }
