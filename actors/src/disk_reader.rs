@@ -4,7 +4,7 @@
 //! work off this thread; this actor only queues requests beyond the bound and turns
 //! completions into `ReadDone` messages. Its queue is bounded by the protocol: every
 //! read carries one of the pin manager's buffers, so no more reads than buffers can be
-//! outstanding; the bound is given at start and asserted.
+//! outstanding; the bound is given at start and held (past it the session stops).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -90,12 +90,13 @@ impl Handler<ReadBlock> for DiskReader {
         }
         let outstanding = self.in_flight + self.queued.len() + 1;
         if outstanding > self.max_outstanding {
-            // More reads than buffers: the pin manager lent a buffer twice.
-            tracing::error!(
+            // More reads than buffers: the pin manager lent a buffer twice. The queue
+            // does not grow past its bound; the session stops instead.
+            crate::mailbox::queue_over_bound(&format!(
                 "{outstanding} reads outstanding, over the bound of {} (one per pinned buffer)",
                 self.max_outstanding
-            );
-            debug_assert!(false, "disk reader queue over its bound");
+            ));
+            return;
         }
         self.queued.push_back(request);
     }

@@ -7,9 +7,10 @@
 //! the pin manager has at most `blocks + staging_buffers` of them; the disk reader runs
 //! at most `max_reads_in_flight` reads and queues the rest (one per buffer at most).
 //! Each mailbox's capacity is set from those figures at start (`session::prepare`),
-//! and every send checks it (`mailbox`): between actors a full mailbox is a broken
-//! protocol (a debug assertion), from the compute thread it is back-pressure (the
-//! thread waits for room), and a speculative hint is dropped.
+//! and every send checks it (`mailbox`), in release builds too: between actors a full
+//! mailbox is a broken protocol (the actor system stops rather than grow the queue),
+//! from the compute thread it is back-pressure (the thread waits for room), and a
+//! speculative hint is dropped.
 
 use actix::prelude::*;
 

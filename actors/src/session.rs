@@ -65,7 +65,7 @@ mod local;
 mod prepare;
 mod shared;
 
-use self::core::{queue_when_room, try_queue, Core, Queued, MAX_MISS_ATTEMPTS};
+use self::core::{Core, MAX_MISS_ATTEMPTS};
 pub use config::{ExpertConfig, SessionConfig, SessionPlan};
 pub use local::LocalSession;
 use prepare::Prepared;
@@ -420,7 +420,10 @@ impl Session {
     }
 
     /// Queues `message`, blocking this thread while the mailbox is full
-    /// (back-pressure: a compute thread ahead of the actors waits for them).
+    /// (back-pressure: a compute thread ahead of the actors waits for them, and the
+    /// mailbox never holds more than its bound). A closed mailbox (the actors
+    /// stopped) drops it: the wait for the answer then reports `Stopped`. The stop
+    /// flag ends the wait with [`SessionError::Interrupted`].
     fn send<A, M>(&self, to: &Addr<A>, message: M) -> Result<(), SessionError>
     where
         A: Actor + Handler<M>,
@@ -428,10 +431,8 @@ impl Session {
         M: Message + Send + 'static,
         M::Result: Send,
     {
-        match try_queue(to, message) {
-            Queued::Done => Ok(()),
-            Queued::Full(message) => self.wait(queue_when_room(to, message)),
-        }
+        crate::mailbox::send_blocking_when_room(to, message, self.stop.as_deref())
+            .map_err(|_| SessionError::Interrupted)
     }
 
     /// Runs `future` on this thread until it completes or the stop flag is set.

@@ -10,7 +10,7 @@ use stagehand::settings::SettingsArgs;
 
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
-    /// The serve config (TOML: bind, api_key, settings, [limits], [[models]]).
+    /// The serve config (TOML: bind, api_key, [admin], settings, [limits], [[models]]).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Serve this folder too, named after it; repeatable (no config needed).

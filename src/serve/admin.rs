@@ -2,16 +2,19 @@
 //! serving (issue 24: "a model can be loaded and unloaded while others run"):
 //!
 //! - `POST /admin/models` with a `[[models]]` table of the config as JSON (`name`,
-//!   `folder` — absolute, or relative to the server's working directory — and the
-//!   same optional keys) loads it exactly as at start: its own budgets, or its share of
-//!   the `[budget]` the others share; 201 with its `/v1/models` entry once it takes
+//!   `folder` — absolute, or relative to the server's working directory, and under
+//!   one of `admin.model_roots` once resolved (403 otherwise) — and the same optional
+//!   keys, their LoRA files under the roots too) loads it exactly as at start: its
+//!   own budgets, or its share of the `[budget]` the others share; 201 with its `/v1/models` entry once it takes
 //!   requests, 409 for a name already served, 400 for a config that is wrong.
 //! - `DELETE /admin/models/{name}` stops new requests for it at once (404), lets those
 //!   in flight finish, then drains its session: 200 once every byte of its budgets is
 //!   back, with the VRAM and pinned bytes it still held (0).
 //!
-//! Both sit behind the API key, one at a time. A model's Prometheus series stay
-//! registered after it is unloaded (counters keep their totals if it comes back).
+//! Both exist only when the config has an `[admin]` table (404 otherwise), sit behind
+//! its key (not the API key: see `access`), and run one at a time. A model's
+//! Prometheus series stay registered after it is unloaded (counters keep their totals
+//! if it comes back).
 
 use std::sync::{Arc, Mutex};
 
@@ -24,6 +27,7 @@ use axum::Json;
 use serde_json::json;
 use stagehand_actors::SharedBudget;
 
+use super::access::AccessError;
 use super::config::{validate_model, ModelConfig, ServeConfig};
 use super::errors::ApiError;
 use super::handlers::{model_entry, parse};
@@ -73,6 +77,7 @@ async fn load(
 ) -> Result<Response, ApiError> {
     refuse_while_draining(app)?;
     let model: ModelConfig = parse(body, app.limits.max_body_bytes)?;
+    let model = confine(app, model)?;
     let _busy = app.loader.busy.lock().await;
     validate_model(&model).map_err(|message| ApiError::bad_request("folder", message))?;
     app.loader
@@ -168,6 +173,18 @@ async fn unload(app: &Arc<AppState>, name: String) -> Result<Response, ApiError>
         "pinned_bytes_after": stats.pinned.used_bytes,
     }))
     .into_response())
+}
+
+/// `model` with its folder and LoRA files under the model roots, by their canonical
+/// paths: a path outside is a 403 naming the field, one that does not exist a 400.
+fn confine(app: &AppState, model: ModelConfig) -> Result<ModelConfig, ApiError> {
+    let Some(admin) = &app.admin else {
+        return Err(ApiError::admin_off());
+    };
+    admin.confine_model(model).map_err(|error| match &error {
+        AccessError::OutsideRoots { key, .. } => ApiError::forbidden(key, error.to_string()),
+        AccessError::Missing { key, .. } => ApiError::bad_request(key, error.to_string()),
+    })
 }
 
 fn refuse_while_draining(app: &AppState) -> Result<(), ApiError> {

@@ -18,6 +18,9 @@ pub struct ServeConfig {
     /// Clients must send `Authorization: Bearer KEY` when set.
     #[serde(default)]
     pub api_key: Option<String>,
+    /// The admin endpoints (`/admin/models`): off without this table.
+    #[serde(default)]
+    pub admin: Option<AdminConfig>,
     /// A settings file (as `--config` of the other commands) every model starts from.
     #[serde(default)]
     pub settings: Option<PathBuf>,
@@ -29,6 +32,52 @@ pub struct ServeConfig {
     pub budget: Option<SharedBudgetConfig>,
     #[serde(default)]
     pub models: Vec<ModelConfig>,
+}
+
+/// `[admin]`: who may load and unload models while the server runs, and from where.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    /// The admin endpoints take `Authorization: Bearer KEY` with this key, never the
+    /// `api_key`.
+    pub key: String,
+    /// The folders loads may come from: a model's folder and its LoRA files must lie
+    /// under one of them once `..` and symlinks are resolved. Relative paths are
+    /// relative to the config file.
+    pub model_roots: Vec<PathBuf>,
+}
+
+impl AdminConfig {
+    /// Checks what the types cannot; each message names the key.
+    fn validate(&self, api_key: Option<&str>) -> Result<(), String> {
+        if self.key.is_empty() {
+            return Err(
+                "admin.key is empty: set a key, or remove the [admin] table to keep the admin endpoints off"
+                    .into(),
+            );
+        }
+        if api_key.is_some_and(|api_key| {
+            super::access::keys_match(api_key.as_bytes(), self.key.as_bytes())
+        }) {
+            return Err(
+                "admin.key is the api_key: give the admin endpoints a key of their own, so a client cannot load models"
+                    .into(),
+            );
+        }
+        if self.model_roots.is_empty() {
+            return Err(
+                "admin.model_roots is empty: name the folders the admin endpoints may load models from"
+                    .into(),
+            );
+        }
+        if let Some(root) = self.model_roots.iter().find(|root| !root.is_dir()) {
+            return Err(format!(
+                "admin.model_roots: {} is not a folder",
+                root.display()
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// `[budget]`: the budgets the models share.
@@ -71,6 +120,7 @@ impl Default for ServeConfig {
         Self {
             bind: default_bind(),
             api_key: None,
+            admin: None,
             settings: None,
             limits: Limits::default(),
             budget: None,
@@ -218,6 +268,11 @@ impl ServeConfig {
             }
         };
         config.settings = config.settings.as_deref().map(relative);
+        if let Some(admin) = &mut config.admin {
+            for root in &mut admin.model_roots {
+                *root = relative(root);
+            }
+        }
         for model in &mut config.models {
             model.folder = relative(&model.folder);
             let specs = model.lora.iter_mut().chain(model.adapters.values_mut());
@@ -285,6 +340,9 @@ impl ServeConfig {
         }
         if self.api_key.as_deref() == Some("") {
             return Err("api_key is empty: remove it to serve without a key".into());
+        }
+        if let Some(admin) = &self.admin {
+            admin.validate(self.api_key.as_deref())?;
         }
         if let Some(budget) = &self.budget {
             budget.bytes()?;

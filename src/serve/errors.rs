@@ -54,6 +54,36 @@ impl ApiError {
         }
     }
 
+    /// 401 on an admin route: the admin key is separate from the API key.
+    pub fn unauthorized_admin() -> Self {
+        Self {
+            code: Some("invalid_api_key"),
+            ..Self::new(
+                StatusCode::UNAUTHORIZED,
+                "authentication_error",
+                "missing or wrong admin key: the admin endpoints take `Authorization: Bearer KEY` with the server's admin.key (not its api_key)",
+            )
+        }
+    }
+
+    /// 404 on an admin route of a server whose operator has not turned them on.
+    pub fn admin_off() -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "the admin endpoints are off on this server: its config has no [admin] table (key, model_roots)",
+        )
+    }
+
+    /// 403: the request names something the server's operator has not allowed;
+    /// `param` names the field.
+    pub fn forbidden(param: &str, message: impl Into<String>) -> Self {
+        Self {
+            param: Some(param.to_string()),
+            ..Self::new(StatusCode::FORBIDDEN, "permission_error", message)
+        }
+    }
+
     pub fn model_not_found(model: &str, served: &[String]) -> Self {
         Self {
             code: Some("model_not_found"),

@@ -302,7 +302,7 @@ async fn run(
 ) -> Result<Response, ApiError> {
     let ticket = app.admit(&generation.model)?;
     let cancel = Cancel::new();
-    let (events, received) = flume::unbounded();
+    let (events, received) = flume::bounded(event_capacity(generation.max_tokens));
     generation.model.submit(Job::Generate(GenerateJob {
         prompt: generation.prompt.clone(),
         adapter: generation.adapter.clone(),
@@ -333,6 +333,19 @@ async fn run(
     guard.disarm();
     drop(ticket);
     Ok(Json(answer).into_response())
+}
+
+/// Room for every event one job can send: at most `max_tokens` tokens, then how it
+/// ended — a `Finished`, a `Refused`, or a `Failed` followed by its `Finished`.
+/// `max_tokens` is at most the model's `max_tokens` (the server's `limits.max_tokens`
+/// or lower: checked in `generation`), so the channel is bounded by the limits; and
+/// as the job can never fill it, the model's thread, which decodes every sequence of
+/// the batch, never waits on one slow client.
+fn event_capacity(max_tokens: u64) -> usize {
+    const ENDING_EVENTS: usize = 2;
+    usize::try_from(max_tokens)
+        .unwrap_or(usize::MAX)
+        .saturating_add(ENDING_EVENTS)
 }
 
 /// A queued job's events and its deadline.
@@ -446,4 +459,34 @@ pub(super) fn object(endpoint: Endpoint, chunk: bool) -> &'static str {
 
 pub(super) fn label(endpoint: Endpoint) -> &'static str {
     endpoint.label()
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::run::loaded::{FinishReason, Finished, TokenEvent};
+
+    #[test]
+    fn a_jobs_event_channel_is_bounded_and_holds_its_longest_answer() {
+        // Proves the channel no longer grows without bound (a flood past the capacity
+        // is refused) and that a job's most events — every token, a failure and its
+        // end — fit without the model's thread ever waiting.
+        let max_tokens = 16;
+        let (events, received) = flume::bounded(super::event_capacity(max_tokens));
+        assert_eq!(events.capacity(), Some(max_tokens as usize + 2));
+        for token in 0..max_tokens as u32 {
+            assert!(events.try_send(TokenEvent::Token(token)).is_ok());
+        }
+        assert!(events
+            .try_send(TokenEvent::Failed("no room".into()))
+            .is_ok());
+        let finished = TokenEvent::Finished(Finished {
+            reason: FinishReason::Cancelled,
+            prompt_tokens: 1,
+            generated_tokens: max_tokens as usize,
+        });
+        assert!(events.try_send(finished).is_ok(), "the longest answer fits");
+        let flood = (0..1000).filter(|_| events.try_send(TokenEvent::Token(0)).is_ok());
+        assert_eq!(flood.count(), 0, "nothing past the bound");
+        assert_eq!(received.len(), max_tokens as usize + 2);
+    }
 }

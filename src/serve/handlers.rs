@@ -13,7 +13,7 @@ use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
+use axum::routing::{any, delete, get, post};
 use axum::{Json, Router};
 use base64::Engine as _;
 use serde::de::DeserializeOwned;
@@ -27,7 +27,9 @@ use super::errors::ApiError;
 use super::openai::{EmbeddingsRequest, TextInput};
 use super::state::AppState;
 
-/// Every route of the server over `app`.
+/// Every route of the server over `app`. The admin routes exist only when the
+/// config has an `[admin]` table, behind its own key; without it they answer 404
+/// saying how to turn them on.
 pub fn router(app: Arc<AppState>) -> Router {
     let limit = app.limits.max_body_bytes;
     let api = Router::new()
@@ -36,32 +38,70 @@ pub fn router(app: Arc<AppState>) -> Router {
         .route("/v1/completions", post(super::generation::completions))
         .route("/v1/chat/completions", post(super::generation::chat))
         .route("/v1/images/generations", post(super::images::generations))
-        .route("/admin/models", post(super::admin::load_model))
-        .route("/admin/models/{name}", delete(super::admin::unload_model))
         .route_layer(middleware::from_fn_with_state(Arc::clone(&app), authorize));
+    let admin = if app.admin.is_some() {
+        Router::new()
+            .route("/admin/models", post(super::admin::load_model))
+            .route("/admin/models/{name}", delete(super::admin::unload_model))
+            .route_layer(middleware::from_fn_with_state(
+                Arc::clone(&app),
+                authorize_admin,
+            ))
+    } else {
+        Router::new()
+            .route("/admin/models", any(admin_off))
+            .route("/admin/models/{name}", any(admin_off))
+    };
     Router::new()
         .route("/health", get(health))
         .route("/ready", get(ready))
         .route("/metrics", get(metrics))
         .merge(api)
+        .merge(admin)
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(limit))
         .with_state(app)
 }
 
-/// `Authorization: Bearer KEY` when the server has a key.
+/// The key of `Authorization: Bearer KEY`, if the request has one.
+fn bearer(request: &Request) -> Option<&str> {
+    request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "))
+}
+
+/// `Authorization: Bearer KEY` when the server has a key (compared in constant time).
 async fn authorize(State(app): State<Arc<AppState>>, request: Request, next: Next) -> Response {
     if let Some(key) = &app.api_key {
-        let given = request
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.strip_prefix("Bearer "));
-        if given != Some(key.as_str()) {
+        let given = bearer(&request).unwrap_or("");
+        if !super::access::keys_match(given.as_bytes(), key.as_bytes()) {
             return ApiError::unauthorized().into_response();
         }
     }
     next.run(request).await
+}
+
+/// `Authorization: Bearer ADMIN_KEY` on the admin routes (never the API key).
+async fn authorize_admin(
+    State(app): State<Arc<AppState>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let allowed = app.admin.as_ref().is_some_and(|admin| {
+        let given = bearer(&request).unwrap_or("");
+        admin.key_matches(given)
+    });
+    if !allowed {
+        return ApiError::unauthorized_admin().into_response();
+    }
+    next.run(request).await
+}
+
+/// The admin routes of a server without an `[admin]` table.
+async fn admin_off() -> Response {
+    ApiError::admin_off().into_response()
 }
 
 async fn not_found(request: Request) -> Response {

@@ -10,6 +10,7 @@
 //! every model's session drains and releases both budgets, and [`serve`] returns the
 //! final counters of each (the command exits 0).
 
+mod access;
 mod admin;
 mod chat;
 mod config;
@@ -34,8 +35,9 @@ use stagehand_actors::StatsSnapshot;
 use crate::settings::SettingsArgs;
 use crate::telemetry::serving::ServeTelemetry;
 
+pub use access::{keys_match, AccessError};
 pub use chat::{ChatTemplate, TemplateMessage};
-pub use config::{Limits, ModelConfig, ServeConfig};
+pub use config::{AdminConfig, Limits, ModelConfig, ServeConfig};
 pub use errors::ApiError;
 
 use state::AppState;
@@ -70,6 +72,12 @@ pub fn serve(options: ServeOptions) -> Result<ServeReport, ServeError> {
     let config = options.config;
     config.validate().map_err(ServeError::BadInput)?;
     let addr = config.bind_addr().map_err(ServeError::BadInput)?;
+    let admin = config
+        .admin
+        .as_ref()
+        .map(access::AdminAccess::new)
+        .transpose()
+        .map_err(ServeError::BadInput)?;
     let names: Vec<String> = config
         .models
         .iter()
@@ -112,6 +120,7 @@ pub fn serve(options: ServeOptions) -> Result<ServeReport, ServeError> {
             busy: Default::default(),
         },
         api_key: config.api_key.clone(),
+        admin,
         limits: config.limits,
         telemetry,
         draining: Default::default(),

@@ -107,6 +107,8 @@ pub struct AppState {
     /// What loading a model at run time needs, and every model's thread.
     pub loader: Loader,
     pub api_key: Option<String>,
+    /// The admin endpoints' key and model roots; `None`: those endpoints are off.
+    pub admin: Option<super::access::AdminAccess>,
     pub limits: Limits,
     pub telemetry: ServeTelemetry,
     /// Set by SIGTERM: new requests get 503 while in-flight ones finish.

@@ -132,29 +132,10 @@ impl Core {
     }
 }
 
-/// Where a full mailbox leaves a message from the compute side: queued now, or
-/// handed back to be sent once there is room (back-pressure).
-pub(super) enum Queued<M> {
-    Done,
-    Full(M),
-}
-
-/// Queues `message` if the mailbox has room. A closed mailbox (the actors stopped)
-/// drops it: the wait for the answer then reports `Stopped`.
-pub(super) fn try_queue<A, M>(to: &Addr<A>, message: M) -> Queued<M>
-where
-    A: Actor + Handler<M>,
-    A::Context: ToEnvelope<A, M>,
-    M: Message + Send + 'static,
-    M::Result: Send,
-{
-    match to.try_send(message) {
-        Ok(()) | Err(SendError::Closed(_)) => Queued::Done,
-        Err(SendError::Full(message)) => Queued::Full(message),
-    }
-}
-
-/// Sends `message`, waiting (without blocking a runtime) until the mailbox has room.
+/// Sends `message` from the compute side, waiting (without blocking a runtime) until
+/// the mailbox has room: back-pressure, the mailbox never past its bound. A closed
+/// mailbox (the actors stopped) drops it: the wait for the answer then reports
+/// `Stopped`.
 pub(super) async fn queue_when_room<A, M>(to: &Addr<A>, message: M)
 where
     A: Actor + Handler<M>,
@@ -162,11 +143,7 @@ where
     M: Message + Send + 'static,
     M::Result: Send,
 {
-    if let Queued::Full(message) = try_queue(to, message) {
-        // `send` parks this sender until the actor has taken a message; its answer
-        // (the handler's `()`) is not needed.
-        let _ = to.send(message).await;
-    }
+    let _ = crate::mailbox::send_when_room(to, message).await;
 }
 
 /// A miss is retried if the block was evicted again before the compute thread got it

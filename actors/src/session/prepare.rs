@@ -356,7 +356,7 @@ where
 
 /// Mailbox capacities from the protocol's bounds (see `messages`): the most messages
 /// each actor can have queued at once, with room to spare. A send over one of these is
-/// a broken protocol and trips an assertion (`mailbox::post`).
+/// a broken protocol: it is not queued, and the actor system stops (`mailbox::post`).
 ///
 /// Every disk read, copy and completion carries one pinned buffer, and there are at
 /// most `blocks + staging_buffers` of those (a cache buffer per block, the ring); so

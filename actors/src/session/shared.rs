@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 
-use super::{block_on, ExpertConfig, Session, SessionConfig};
+use super::{ExpertConfig, Session, SessionConfig};
 use crate::device::Device;
 use crate::error::SessionError;
 use crate::layout::{BlockId, ModelLayout};
@@ -30,9 +30,7 @@ impl BudgetHandle {
     pub fn resize(&self, lease: Lease) -> Result<Lease, SessionError> {
         let (reply, receiver) = flume::bounded(1);
         let message = Resize { lease, reply };
-        if let Err(SendError::Full(message)) = self.allocator.try_send(message) {
-            let _ = block_on(self.allocator.send(message), None);
-        }
+        let _ = crate::mailbox::send_blocking_when_room(&self.allocator, message, None);
         receiver.recv().map_err(|_| SessionError::Stopped)?
     }
 }

@@ -103,7 +103,7 @@ fn warn_truncated(tokens: &[Tokens], sentence: &SentenceFolder, max_positions: u
         Some(length) if length.tokens <= max_positions => {
             format!("{} tokens ({})", length.tokens, length.source)
         }
-        _ => format!("the tokenizer's length, at most the model's {max_positions} positions"),
+        _ => format!("the model's {max_positions} positions (max_position_embeddings)"),
     };
     let texts = if cut.len() == 1 { "text" } else { "texts" };
     tracing::warn!(

@@ -12,7 +12,10 @@
 //!   truncated; the folders on the Hub say 256 for MiniLM where its `tokenizer.json`
 //!   says 128) and `do_lower_case`. sentence-transformers 5 keeps the length as
 //!   `model_max_length` in `tokenizer_config.json` instead, which is read when
-//!   `max_seq_length` is absent.
+//!   `max_seq_length` is absent. With neither, sentence-transformers cuts at
+//!   `max_position_embeddings` (its default is the smaller of that and the
+//!   tokenizer's length, which transformers leaves unlimited without the file), never
+//!   at the `tokenizer.json`'s own truncation.
 
 use std::path::Path;
 
@@ -88,7 +91,8 @@ pub struct MaxLength {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SentenceFolder {
     pub head: SentenceHead,
-    /// `None`: the tokenizer.json's own truncation (capped at the model's positions).
+    /// `None`: the model's positions (`max_position_embeddings`), sentence-transformers'
+    /// default — not the tokenizer.json's own truncation.
     pub max_length: Option<MaxLength>,
     pub lower_case: bool,
 }

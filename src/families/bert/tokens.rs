@@ -42,8 +42,9 @@ pub struct Tokens {
 pub struct TextLimits {
     /// Tokens the model's positions take.
     pub max_positions: usize,
-    /// Where to truncate (sentence-transformers' `max_seq_length`); `None`: where the
-    /// tokenizer.json truncates. Never past `max_positions`.
+    /// Where to truncate (sentence-transformers' `max_seq_length`, or the tokenizer's
+    /// `model_max_length`); `None`: at `max_positions`, as sentence-transformers does
+    /// for a folder that sets neither. Never past `max_positions`.
     pub max_length: Option<usize>,
     /// Lower-case every text first (sentence-transformers' `do_lower_case`).
     pub lower_case: bool,
@@ -61,25 +62,18 @@ pub fn tokenize(
             "is not a tokenizer Hugging Face's tokenizers can read ({error})"
         ))
     })?;
-    let max_positions = limits.max_positions;
-    let truncation = match (limits.max_length, tokenizer.get_truncation()) {
-        (Some(length), Some(params)) => TruncationParams {
-            max_length: length.min(max_positions),
-            ..params.clone()
-        },
-        (Some(length), None) => TruncationParams {
-            max_length: length.min(max_positions),
-            ..TruncationParams::default()
-        },
-        (None, Some(params)) if params.max_length <= max_positions => params.clone(),
-        (None, Some(params)) => TruncationParams {
-            max_length: max_positions,
-            ..params.clone()
-        },
-        (None, None) => TruncationParams {
-            max_length: max_positions,
-            ..TruncationParams::default()
-        },
+    // Where sentence-transformers cuts: the folder's length, else the model's
+    // positions, never past them. A tokenizer.json's own `max_length` (MiniLM's and
+    // `demo-model`'s say 128) is not where it cuts: it passes its `max_seq_length` to
+    // every call, and that defaults to min(max_position_embeddings, the tokenizer's
+    // `model_max_length`), the latter read into `max_length` where a folder sets it.
+    let max_length = limits
+        .max_length
+        .unwrap_or(limits.max_positions)
+        .min(limits.max_positions);
+    let truncation = TruncationParams {
+        max_length,
+        ..tokenizer.get_truncation().cloned().unwrap_or_default()
     };
     tokenizer
         .with_truncation(Some(truncation))
