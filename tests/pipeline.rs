@@ -19,6 +19,7 @@ use stagehand::run::{
     execute, prepare_with, Budgets, Extras, Outcome, Prepared, RunPlan, WorkloadKind,
 };
 use stagehand::settings::Settings;
+use stagehand::telemetry::{exposition, PrometheusObserver};
 use stagehand::EncoderInput;
 
 #[path = "pipeline/layouts.rs"]
@@ -123,6 +124,7 @@ fn pipeline_run(settings: &Settings) -> PipelineRun<'_> {
         observer: stagehand::run::no_observer(),
         progress: std::sync::Arc::new(|_, _, _| {}),
         shared: None,
+        stages: None,
     }
 }
 
@@ -252,11 +254,17 @@ fn a_prompt_becomes_diffusers_image() {
         init: None,
     };
     let settings = Settings::default();
-    let run = pipeline_run(&settings);
+    let metrics = std::sync::Arc::new(PrometheusObserver::in_process().expect("a recorder"));
+    let run = PipelineRun {
+        observer: metrics.clone(),
+        stages: Some(metrics.clone()),
+        ..pipeline_run(&settings)
+    };
     let parts = FluxParts::open(&pipeline()).expect("a Flux pipeline");
     let generated = generate(&parts, &request, &run).expect("makes an image");
     let names: Vec<&str> = generated.stages.iter().map(|stage| stage.name).collect();
     assert_eq!(names, ["clip", "t5", "transformer", "vae"]);
+    stage_series_count_every_stage(&metrics.render(), &generated);
     // The default check: every stage's blocks against the file as they land; the
     // transformer's first step (of three) recomputed from resident blocks too, while
     // a one-step stage is not computed twice.
@@ -282,6 +290,33 @@ fn a_prompt_becomes_diffusers_image() {
         .map(|(&ours, &theirs)| (f32::from(ours) - theirs).abs())
         .fold(0f32, f32::max);
     assert!(worst <= 1.0, "a pixel is {worst} levels off");
+}
+
+/// Each stage's series: one run timed, its bytes over the links (every stage read its
+/// weights from disk), its peaks within the budgets it ran under; one image.
+fn stage_series_count_every_stage(exposition: &str, generated: &stagehand::pipeline::Generated) {
+    let samples = exposition::parse(exposition).expect("an exposition");
+    let value = |name: &str, labels: &[(&str, &str)]| exposition::sum(&samples, name, labels);
+    for stage in &generated.stages {
+        let at = [("stage", stage.name)];
+        let runs = value("stagehand_pipeline_stage_duration_seconds_count", &at);
+        assert_eq!(runs, 1.0, "{}: one run timed", stage.name);
+        let read = value("stagehand_pipeline_stage_transferred_bytes_total", &at);
+        let figures = stage.figures();
+        assert_eq!(read as u64, figures.transferred_bytes.iter().sum::<u64>());
+        assert!(read > 0.0, "{} moved its weights", stage.name);
+        for tier in ["vram", "pinned"] {
+            let at = [("stage", stage.name), ("tier", tier)];
+            let peak = value("stagehand_pipeline_stage_peak_bytes", &at);
+            let budget = value("stagehand_pipeline_stage_budget_bytes", &at);
+            assert!(
+                peak > 0.0 && peak <= budget,
+                "{} {tier}: peak {peak} of {budget}",
+                stage.name
+            );
+        }
+    }
+    assert_eq!(value("stagehand_pipeline_images_total", &[]), 1.0);
 }
 
 #[test]

@@ -297,9 +297,15 @@ pub fn execute(args: ImageArgs) -> CommandResult {
         vae_tile: args.vae_tile,
         init: init_of(&args)?,
     };
-    let observer = match settings.metrics_addr {
-        Some(addr) => Arc::new(stagehand::telemetry::install(addr).map_err(Failure::bad_input)?)
-            as Arc<dyn stagehand_actors::Observer>,
+    // One observer for every stage's run, its stage series telling them apart.
+    let metrics = match settings.metrics_addr {
+        Some(addr) => Some(Arc::new(
+            stagehand::telemetry::install(addr).map_err(Failure::bad_input)?,
+        )),
+        None => None,
+    };
+    let observer = match &metrics {
+        Some(metrics) => Arc::clone(metrics) as Arc<dyn stagehand_actors::Observer>,
         None => stagehand::run::no_observer(),
     };
     let (bar, report) = progress(args.quiet || args.json);
@@ -309,6 +315,7 @@ pub fn execute(args: ImageArgs) -> CommandResult {
         observer,
         progress: report,
         shared: None,
+        stages: metrics.map(|metrics| metrics as Arc<dyn stagehand::telemetry::StageObserver>),
     };
     let generated = generate(&parts, &request, &run);
     bar.finish_and_clear();

@@ -35,6 +35,8 @@ use crate::run::{
     RunPlan,
 };
 use crate::settings::{Settings, Verify};
+use crate::telemetry::{StageFigures, StageObserver};
+use stagehand_actors::Link;
 
 /// What went wrong making an image.
 #[derive(Debug, thiserror::Error)]
@@ -120,6 +122,27 @@ pub struct Stage {
     pub outcome: Outcome,
 }
 
+impl Stage {
+    /// The stage's figures as its metrics count them.
+    pub fn figures(&self) -> StageFigures {
+        let report = &self.outcome.report;
+        let budgets = [
+            self.outcome.budgets.vram_budget_bytes,
+            self.outcome.budgets.pin_ceiling_bytes,
+        ];
+        StageFigures {
+            stage: self.name,
+            seconds: self.seconds,
+            transferred_bytes: Link::ALL.map(|link| report.stats.link(link).model_bytes),
+            peak_bytes: [
+                report.stats.vram.peak_used_bytes,
+                report.stats.pinned.peak_used_bytes,
+            ],
+            budget_bytes: budgets,
+        }
+    }
+}
+
 /// What a pipeline made.
 pub struct Generated {
     pub pictures: Vec<Picture>,
@@ -140,6 +163,9 @@ pub struct PipelineRun<'a> {
     /// models) as the member `NAME:STAGE`, ranked first while it runs and gone when it
     /// ends; `None`: each stage under the settings' budgets.
     pub shared: Option<(stagehand_actors::SharedBudget, String)>,
+    /// Told of each stage's figures (time, bytes per link, peaks against budgets) and
+    /// of the images made: the pipeline's Prometheus series.
+    pub stages: Option<Arc<dyn StageObserver>>,
 }
 
 impl PipelineRun<'_> {
@@ -234,12 +260,16 @@ impl PipelineRun<'_> {
             ..RunPlan::new(&settings, budgets, steps)
         };
         let outcome = execute(prepared, plan).map_err(failed)?;
-        Ok(Stage {
+        let stage = Stage {
             name,
             model: model.clone(),
             seconds: started.elapsed().as_secs_f64(),
             outcome,
-        })
+        };
+        if let Some(observer) = &self.stages {
+            observer.stage_done(&stage.figures());
+        }
+        Ok(stage)
     }
 }
 
@@ -283,6 +313,9 @@ pub fn generate(
     let latents = denoise(parts, request, run, (cond, encoded), &mut stages)?;
     let (pictures, vae) = vae::decode(parts, request, run, &latents)?;
     stages.push(vae);
+    if let Some(observer) = &run.stages {
+        observer.images_made(pictures.len() as u64);
+    }
     Ok(Generated {
         pictures,
         latents,

@@ -214,14 +214,15 @@ fn parse_size(size: &str) -> Result<(usize, usize), ApiError> {
 pub(super) fn serve_images(
     parts: FluxParts,
     settings: Settings,
-    observer: Arc<dyn stagehand_actors::Observer>,
+    observer: Arc<crate::telemetry::PrometheusObserver>,
     (jobs, shared): (flume::Receiver<ImageJob>, Option<(SharedBudget, String)>),
 ) -> Result<StatsSnapshot, RunError> {
     let run = PipelineRun {
         settings: &settings,
-        observer,
+        observer: Arc::clone(&observer) as Arc<dyn stagehand_actors::Observer>,
         progress: Arc::new(|_, _, _| {}),
         shared,
+        stages: Some(observer),
     };
     for job in jobs.iter() {
         if job.cancel.is_cancelled() {

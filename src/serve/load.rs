@@ -165,8 +165,7 @@ fn load_images(
         .ok_or_else(|| ServeError::Failed(format!("no series for {name}")))?;
     let observer = telemetry
         .observer(name)
-        .ok_or_else(|| ServeError::Failed(format!("no pipeline series for {name}")))?
-        as Arc<dyn stagehand_actors::Observer>;
+        .ok_or_else(|| ServeError::Failed(format!("no pipeline series for {name}")))?;
     let queue_depth = model.queue_depth.unwrap_or(config.limits.queue_depth);
     let (images, queue) = flume::bounded(queue_depth);
     let info = super::images::info(&parts, &settings);

@@ -9,7 +9,7 @@
 
 use metrics::{KeyName, Recorder, SharedString, Unit};
 
-use super::serving_catalog;
+use super::{pipeline_catalog, serving_catalog};
 
 /// The Prometheus type of a metric.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -307,6 +307,11 @@ pub const CATALOG: &[MetricSpec] = &[
     serving_catalog::BATCH_SIZE,
     serving_catalog::TOKENS,
     serving_catalog::ADAPTER_SWITCHES,
+    pipeline_catalog::STAGE_DURATION,
+    pipeline_catalog::STAGE_TRANSFERRED_BYTES,
+    pipeline_catalog::STAGE_PEAK_BYTES,
+    pipeline_catalog::STAGE_BUDGET_BYTES,
+    pipeline_catalog::IMAGES,
 ];
 
 /// Looks a metric up by its declared name.

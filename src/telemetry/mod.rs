@@ -15,10 +15,12 @@
 pub mod catalog;
 pub mod exposition;
 mod observer;
+pub mod pipeline_catalog;
 pub mod promql;
 mod server;
 pub mod serving;
 mod serving_catalog;
+mod stage_series;
 pub mod trace;
 mod trace_observer;
 
@@ -27,6 +29,7 @@ use std::net::SocketAddr;
 pub use catalog::{describe_all, MetricKind, MetricSpec, CATALOG};
 pub use observer::PrometheusObserver;
 pub use server::install;
+pub use stage_series::{StageFigures, StageObserver};
 pub use trace::{Lane, TraceError, TraceRecorder, TraceSlice};
 pub use trace_observer::TraceObserver;
 

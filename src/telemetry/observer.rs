@@ -13,6 +13,7 @@ use stagehand_actors::{
 
 use super::catalog::{self, describe_all};
 use super::server::MetricsServer;
+use super::stage_series::{StageFigures, StageObserver, StageSeries};
 use super::TelemetryError;
 
 const TIER_COUNT: usize = Tier::ALL.len();
@@ -65,7 +66,7 @@ struct TierGauges {
 }
 
 /// Registers handles against one recorder; the metadata only names where they came from.
-struct Registrar<'a> {
+pub(super) struct Registrar<'a> {
     recorder: &'a dyn Recorder,
     /// A `model` label on every series (a server with several models), if any.
     model: Option<&'a str>,
@@ -86,19 +87,31 @@ impl Registrar<'_> {
         Key::from_parts(name, labels)
     }
 
-    fn counter(&self, name: &'static str, labels: &[(&'static str, &'static str)]) -> Counter {
+    pub(super) fn counter(
+        &self,
+        name: &'static str,
+        labels: &[(&'static str, &'static str)],
+    ) -> Counter {
         debug_assert!(catalog::find(name).is_some(), "{name} is not declared");
         self.recorder
             .register_counter(&self.key(name, labels), &METADATA)
     }
 
-    fn gauge(&self, name: &'static str, labels: &[(&'static str, &'static str)]) -> Gauge {
+    pub(super) fn gauge(
+        &self,
+        name: &'static str,
+        labels: &[(&'static str, &'static str)],
+    ) -> Gauge {
         debug_assert!(catalog::find(name).is_some(), "{name} is not declared");
         self.recorder
             .register_gauge(&self.key(name, labels), &METADATA)
     }
 
-    fn histogram(&self, name: &'static str, labels: &[(&'static str, &'static str)]) -> Histogram {
+    pub(super) fn histogram(
+        &self,
+        name: &'static str,
+        labels: &[(&'static str, &'static str)],
+    ) -> Histogram {
         debug_assert!(catalog::find(name).is_some(), "{name} is not declared");
         self.recorder
             .register_histogram(&self.key(name, labels), &METADATA)
@@ -130,6 +143,7 @@ pub struct PrometheusObserver {
     /// Hit, late, miss.
     expert_acquires: [Counter; 3],
     errors: [Counter; ERROR_COUNT],
+    stages: StageSeries,
     handle: PrometheusHandle,
     /// Kept only so the listener lives exactly as long as the observer.
     _server: Option<MetricsServer>,
@@ -215,6 +229,7 @@ impl PrometheusObserver {
                 registrar.counter(catalog::EXPERT_ACQUIRES, &[("outcome", outcome)])
             }),
             errors,
+            stages: StageSeries::register(&registrar),
             handle,
             _server: server,
         }
@@ -316,5 +331,15 @@ impl std::fmt::Debug for PrometheusObserver {
             .debug_struct("PrometheusObserver")
             .field("listen_addr", &self.listen_addr())
             .finish_non_exhaustive()
+    }
+}
+
+impl StageObserver for PrometheusObserver {
+    fn stage_done(&self, figures: &StageFigures) {
+        self.stages.record(figures);
+    }
+
+    fn images_made(&self, count: u64) {
+        self.stages.images(count);
     }
 }
