@@ -66,18 +66,29 @@ fn an_embedder_and_a_decoder_share_one_budget_in_turn() {
 fn an_image_pipeline_and_an_embedder_share_one_budget() {
     // Proves an image model inside a shared [budget]: each pipeline stage joins the
     // budget as `flux:STAGE` while it runs (the embedder giving way) and leaves it,
-    // both endpoints answer in turn with the same answers, and after SIGTERM both
-    // models hold nothing.
+    // both endpoints answer in turn with the same answers, the same weights served
+    // from ComfyUI's files ([models.parts]) make the same picture, and after SIGTERM
+    // every model holds nothing.
     let dir = tempfile::tempdir().unwrap();
     let (bert, _) = models(dir.path());
-    let pipeline =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pipeline/flux-tiny");
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pipeline");
+    let (pipeline, comfy) = (fixtures.join("flux-tiny"), fixtures.join("comfy"));
+    // The same weights as ComfyUI's separate files: [models.parts].
     let text = format!(
         "[budget]\nvram_budget = \"6MiB\"\npin_ceiling = \"64MiB\"\n\n\
          [[models]]\nname = \"bert\"\nfolder = \"{}\"\n\n\
-         [[models]]\nname = \"flux\"\nfolder = \"{}\"\n",
+         [[models]]\nname = \"flux\"\nfolder = \"{}\"\n\n\
+         [[models]]\nname = \"flux-files\"\nfolder = \"{}\"\n\
+         [models.parts]\nclip = \"{}\"\nt5 = \"{}\"\nvae = \"{}\"\n\
+         clip_tokenizer = \"{}\"\nt5_tokenizer = \"{}\"\n",
         bert.display(),
-        pipeline.display()
+        pipeline.display(),
+        comfy.join("flux1-tiny.safetensors").display(),
+        comfy.join("clip_l.safetensors").display(),
+        comfy.join("t5xxl.safetensors").display(),
+        comfy.join("ae.safetensors").display(),
+        pipeline.join("tokenizer").display(),
+        pipeline.join("tokenizer_2").display(),
     );
     let config = dir.path().join("images.toml");
     std::fs::write(&config, text).unwrap();
@@ -88,15 +99,16 @@ fn an_image_pipeline_and_an_embedder_share_one_budget() {
         assert_eq!(reply.status, 200, "{}", reply.text());
         reply.json()["data"].clone()
     };
-    let image = || {
+    let image_of = |model: &str| {
         let body = json!({
-            "model": "flux", "prompt": "a red fox", "size": "48x64",
+            "model": model, "prompt": "a red fox", "size": "48x64",
             "num_inference_steps": 2, "max_sequence_length": 16, "seed": 4
         });
         let reply = server.post("/v1/images/generations", &body);
         assert_eq!(reply.status, 200, "{}", reply.text());
         reply.json()["data"][0]["b64_json"].clone()
     };
+    let image = || image_of("flux");
     let first_embedding = embed();
     let first_image = image();
     assert_eq!(embed(), first_embedding, "the embedder's answer changed");
@@ -105,15 +117,35 @@ fn an_image_pipeline_and_an_embedder_share_one_budget() {
         first_image,
         "the same image request gave other bytes"
     );
+    assert_eq!(
+        pixels(&image_of("flux-files")),
+        pixels(&first_image),
+        "ComfyUI's files of the same weights made another picture"
+    );
     let stopped = server.stop();
     assert_eq!(stopped.status.code(), Some(0), "{}", stopped.stderr);
     let said = format!("{}\n{}", stopped.stdout.join("\n"), stopped.stderr);
-    for model in ["bert", "flux"] {
+    for model in ["bert", "flux", "flux-files"] {
         assert!(
             said.contains(&format!("{model} stopped; vram 0 B and pinned 0 B")),
             "{said}"
         );
     }
+}
+
+/// The RGB bytes of a base64 PNG (its text chunks, which name the model, left out).
+fn pixels(b64: &serde_json::Value) -> Vec<u8> {
+    use base64::Engine;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(b64.as_str().expect("b64_json"))
+        .expect("base64");
+    let mut reader = png::Decoder::new(std::io::Cursor::new(bytes))
+        .read_info()
+        .expect("a PNG");
+    let mut pixels = vec![0; reader.output_buffer_size().expect("a size")];
+    let frame = reader.next_frame(&mut pixels).expect("a frame");
+    pixels.truncate(frame.buffer_size());
+    pixels
 }
 
 /// `stagehand serve --config FILE` with `text` as the file, expected to exit 2 with a

@@ -17,7 +17,7 @@ use stagehand::lora::LoraDtype;
 
 #[derive(Debug, clap::Args)]
 pub struct FluxArgs {
-    /// `--arch flux`: the shapes (tiny, tiny-schnell, small; full-depth: Flux's 19 + 38 blocks at width 256; full-depth-wide: the same at width 1024 with Flux's head size, 2.4 GiB in BF16).
+    /// `--arch flux`: the shapes (tiny, tiny-schnell, small; full-depth: Flux's 19 + 38 blocks at width 256; full-depth-wide: the same at width 1024 with Flux's head size, 2.4 GiB in BF16; dev: FLUX.1-dev's own shape, 22.2 GiB in BF16, 11.1 GiB in FP8).
     #[arg(long, value_enum, default_value = "tiny")]
     pub flux_preset: FluxPreset,
     /// `--arch flux`: how the checkpoint names its tensors.

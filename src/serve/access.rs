@@ -121,6 +121,13 @@ impl AdminAccess {
         for (name, spec) in &mut model.adapters {
             *spec = self.confine_lora(&format!("adapters.{name}"), spec)?;
         }
+        if let Some(parts) = &mut model.parts {
+            for (key, path) in parts.paths_mut() {
+                if let Some(given) = path.as_deref() {
+                    *path = Some(self.confine(key, given)?);
+                }
+            }
+        }
         Ok(model)
     }
 

@@ -210,6 +210,47 @@ pub struct ModelConfig {
     /// Lowers the server's `queue_depth` for this model.
     #[serde(default)]
     pub queue_depth: Option<usize>,
+    /// An image model from ComfyUI's files: `folder` names the transformer's file (or
+    /// an all-in-one checkpoint) and this table the other parts, as `stagehand image`'s
+    /// flags of the same names.
+    #[serde(default)]
+    pub parts: Option<PartsConfig>,
+}
+
+/// `[models.parts]`: the files of an image pipeline's parts and the tokenizer folders
+/// of text encoders given as files (see `stagehand image --help`).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PartsConfig {
+    pub clip: Option<PathBuf>,
+    pub t5: Option<PathBuf>,
+    pub vae: Option<PathBuf>,
+    pub clip_tokenizer: Option<PathBuf>,
+    pub t5_tokenizer: Option<PathBuf>,
+}
+
+impl PartsConfig {
+    /// Every path of the table, with its key (`parts.clip`).
+    pub fn paths_mut(&mut self) -> [(&'static str, &mut Option<PathBuf>); 5] {
+        [
+            ("parts.clip", &mut self.clip),
+            ("parts.t5", &mut self.t5),
+            ("parts.vae", &mut self.vae),
+            ("parts.clip_tokenizer", &mut self.clip_tokenizer),
+            ("parts.t5_tokenizer", &mut self.t5_tokenizer),
+        ]
+    }
+
+    /// The pipeline's [`crate::pipeline::PartFiles`].
+    pub fn files(&self) -> crate::pipeline::PartFiles {
+        crate::pipeline::PartFiles {
+            clip: self.clip.clone(),
+            t5: self.t5.clone(),
+            vae: self.vae.clone(),
+            clip_tokenizer: self.clip_tokenizer.clone(),
+            t5_tokenizer: self.t5_tokenizer.clone(),
+        }
+    }
 }
 
 fn default_sequences() -> usize {
@@ -237,6 +278,7 @@ impl ModelConfig {
             max_batch_tokens: default_batch_tokens(),
             max_tokens: None,
             queue_depth: None,
+            parts: None,
         }
     }
 }
@@ -278,6 +320,11 @@ impl ServeConfig {
             let specs = model.lora.iter_mut().chain(model.adapters.values_mut());
             for spec in specs {
                 *spec = relative_spec(spec, &relative);
+            }
+            if let Some(parts) = &mut model.parts {
+                for (_, path) in parts.paths_mut() {
+                    *path = path.as_deref().map(relative);
+                }
             }
         }
         Ok(config)
@@ -368,9 +415,13 @@ pub(super) fn validate_model(model: &ModelConfig) -> Result<(), String> {
             "models: name \"{name}\" must be non-empty, without spaces"
         ));
     }
-    if !model.folder.is_dir() {
+    // A file only as an image pipeline's (ComfyUI's all-in-one checkpoint, or the
+    // transformer's file beside [models.parts]).
+    let pipeline_file = model.folder.is_file()
+        && (model.parts.is_some() || crate::pipeline::FluxParts::is_pipeline(&model.folder));
+    if !model.folder.is_dir() && !pipeline_file {
         return Err(format!(
-            "models.{name}.folder: {} is not a folder",
+            "models.{name}.folder: {} is not a folder (a file only as an image pipeline's: ComfyUI's all-in-one checkpoint, or the transformer's file with [models.parts])",
             model.folder.display()
         ));
     }

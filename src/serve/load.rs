@@ -53,7 +53,7 @@ pub(super) fn load(
     let name = &model.name;
     let bad = |problem: String| ServeError::BadInput(format!("models.{name}: {problem}"));
     let settings = model_settings(model, config, base).map_err(bad)?;
-    if crate::pipeline::FluxParts::is_pipeline(&model.folder) {
+    if model.parts.is_some() || crate::pipeline::FluxParts::is_pipeline(&model.folder) {
         let shared = shared.map(|pool| (pool.clone(), name.clone()));
         return load_images(model, config, (settings, shared), telemetry);
     }
@@ -158,8 +158,13 @@ fn load_images(
                 .into(),
         ));
     }
-    let parts =
-        crate::pipeline::FluxParts::open(&model.folder).map_err(|error| bad(error.to_string()))?;
+    let files = model
+        .parts
+        .as_ref()
+        .map(super::config::PartsConfig::files)
+        .unwrap_or_default();
+    let parts = crate::pipeline::FluxParts::locate(&model.folder, &files)
+        .map_err(|error| bad(error.to_string()))?;
     let series = telemetry
         .model(name)
         .ok_or_else(|| ServeError::Failed(format!("no series for {name}")))?;
