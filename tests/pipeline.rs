@@ -218,6 +218,12 @@ fn both_tokenizers_give_the_ids_flux_pipeline_gave() {
 fn the_vae_decodes_as_diffusers_decodes_streamed() {
     // Proves the VAE family (un-scaling by 0.3611 and 0.1159, ResNet blocks, the mid
     // attention, nearest upsampling, GroupNorm) gives AutoencoderKL.decode's image.
+    decodes_as_diffusers(&pipeline().join("vae"));
+}
+
+/// The VAE at `model` decodes the fixture's latent into diffusers' image, streamed
+/// bit-exactly.
+fn decodes_as_diffusers(model: &Path) {
     let latent = expected("vae_latent");
     let extras = Extras {
         latent: Some(LatentInput {
@@ -228,7 +234,7 @@ fn the_vae_decodes_as_diffusers_decodes_streamed() {
         }),
         ..Extras::default()
     };
-    let prepared = prepare(&pipeline().join("vae"), &extras);
+    let prepared = prepare(model, &extras);
     assert_eq!(prepared.family.name, "vae");
     let output = first_output(&streamed(&prepared, 1));
     let error = relative_difference(&output, &expected("vae_image"));

@@ -72,15 +72,15 @@ impl MetricSpec {
     }
 }
 
-const LINK_FROM: LabelSpec = LabelSpec {
+pub(super) const LINK_FROM: LabelSpec = LabelSpec {
     name: "from",
     values: &["disk", "pinned"],
 };
-const LINK_TO: LabelSpec = LabelSpec {
+pub(super) const LINK_TO: LabelSpec = LabelSpec {
     name: "to",
     values: &["pinned", "vram"],
 };
-const TIER: LabelSpec = LabelSpec {
+pub(super) const TIER: LabelSpec = LabelSpec {
     name: "tier",
     values: &["vram", "pinned"],
 };

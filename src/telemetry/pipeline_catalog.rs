@@ -2,7 +2,7 @@
 //! rest): each stage of a prompt-to-image job — one model's run — by `stage`, with the
 //! `model` label of the served pipeline in `serve`.
 
-use super::catalog::{LabelSpec, MetricKind, MetricSpec};
+use super::catalog::{LabelSpec, MetricKind, MetricSpec, LINK_FROM, LINK_TO, TIER};
 
 /// A pipeline's stages, in the order they run.
 pub const STAGES: [&str; 5] = ["clip", "t5", "vae-encoder", "transformer", "vae"];
@@ -10,18 +10,6 @@ pub const STAGES: [&str; 5] = ["clip", "t5", "vae-encoder", "transformer", "vae"
 const STAGE: LabelSpec = LabelSpec {
     name: "stage",
     values: &STAGES,
-};
-const LINK_FROM: LabelSpec = LabelSpec {
-    name: "from",
-    values: &["disk", "pinned"],
-};
-const LINK_TO: LabelSpec = LabelSpec {
-    name: "to",
-    values: &["pinned", "vram"],
-};
-const TIER: LabelSpec = LabelSpec {
-    name: "tier",
-    values: &["vram", "pinned"],
 };
 /// A text encoder of a tiny pipeline takes milliseconds; T5-XXL streamed, or a
 /// 12-billion-parameter transformer's 28 steps, takes minutes.

@@ -6,7 +6,6 @@
 
 use std::path::PathBuf;
 
-use stagehand::families::vae::LatentInput;
 use stagehand::pipeline::{generate, FluxParts, ImageRequest, PartFiles, PipelineError};
 use stagehand::run::{Extras, WorkloadKind};
 use stagehand::EncoderInput;
@@ -92,20 +91,7 @@ fn the_autoencoder_in_its_original_names_decodes_as_diffusers() {
     // Proves ae.safetensors (LDM names: `decoder.up.3.block.0`, the mid attention as
     // 1×1 convolutions), given alone with no config, is read as diffusers'
     // AutoencoderKL and decodes diffusers' image, streamed bit-exactly.
-    let extras = Extras {
-        latent: Some(LatentInput {
-            latents: vec![expected("vae_latent")],
-            height: 8,
-            width: 6,
-            tile: None,
-        }),
-        ..Extras::default()
-    };
-    let prepared = prepare(&comfy("ae.safetensors"), &extras);
-    assert_eq!(prepared.family.name, "vae");
-    let output = first_output(&streamed(&prepared, 1));
-    let error = relative_difference(&output, &expected("vae_image"));
-    assert!(error < IMAGE_TOLERANCE, "image off by {error}");
+    super::decodes_as_diffusers(&comfy("ae.safetensors"));
 }
 
 #[test]
