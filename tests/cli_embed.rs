@@ -65,6 +65,11 @@ fn rows() -> Vec<Row> {
         row(&["--embeddings", "gpu", "a"], Expect::Bad("'gpu'")),
         row(&["--json", "a"], Expect::Ok("\"texts\"")),
         row(&["--quiet", "a"], Expect::Ok(OK)),
+        // --fast-disk is a switch: the text after it is a text, not its value.
+        row(
+            &["--fast-disk", "A man is eating food."],
+            Expect::Ok("A man is eating food."),
+        ),
         row(&["--help"], Expect::Ok("Usage: stagehand embed")),
         row(&["--model", &missing, "a"], Expect::Bad("none.txt")),
         row(&["--model", &folder, "a"], Expect::Bad("empty")),

@@ -237,6 +237,7 @@ pub fn execute(args: RunArgs) -> CommandResult {
     let loaded = settings::load(&args.settings).map_err(Failure::bad_input)?;
     let settings = loaded.settings;
     init_logging(&settings.log);
+    super::logging::log_setting_notes(&loaded.provenance);
     if let Some(path) = &settings.trace {
         stagehand::telemetry::TraceRecorder::check_writable(path).map_err(Failure::bad_input)?;
     }

@@ -118,6 +118,7 @@ pub fn execute(args: SampleArgs) -> CommandResult {
     let loaded = settings::load(&args.settings).map_err(Failure::bad_input)?;
     let settings = loaded.settings;
     super::run::init_logging(&settings.log);
+    super::logging::log_setting_notes(&loaded.provenance);
     let use_cuda = use_cuda(settings.device)?;
     let extras = Extras {
         loras: args.lora.clone(),

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use super::args::SettingsArgs;
 use super::error::SettingsError;
-use super::keys::{apply, known_key, value_text};
+use super::keys::{apply, decimal_size_note, known_key, value_text};
 use super::layers::{env_layer, file_layer, text_layer, unknown_key_hint, Entry};
 use super::provenance::{Provenance, Source};
 use super::validate::clamp;
@@ -108,6 +108,7 @@ fn merge(layers: Vec<Vec<Entry>>) -> Result<Loaded, SettingsError> {
             });
         };
         let text = value_text(&value);
+        let note = decimal_size_note(known, &value);
         apply(&mut settings, known, value).map_err(|reason| SettingsError::BadValue {
             key: key.clone(),
             value: text,
@@ -115,6 +116,9 @@ fn merge(layers: Vec<Vec<Entry>>) -> Result<Loaded, SettingsError> {
             reason,
         })?;
         provenance.set(known, source);
+        if let Some(note) = note {
+            provenance.note(known, note);
+        }
     }
 
     for (key, note) in clamp(&mut settings) {
