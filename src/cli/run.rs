@@ -1,7 +1,10 @@
 //! `stagehand run`: the main job. With no arguments it writes the demo model to the
 //! cache directory if needed, streams it for several steps under a VRAM budget of 40 %
 //! of its size and a pin ceiling of 50 %, checks every step's output equals the
-//! fully-resident reference bit for bit, and prints the summary.
+//! fully-resident reference bit for bit, and prints the summary. The summary is what
+//! `run` is for, so it is its result and goes to stdout (as text, or `--json`); the
+//! commands that compute something for the user (`embed`, `generate`, `sample`) print
+//! that on stdout and their summary on stderr.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -301,7 +304,7 @@ pub fn execute(args: RunArgs) -> CommandResult {
         let text = serde_json::to_string_pretty(&summary).map_err(Failure::run_failed)?;
         println!("{text}");
     } else {
-        print!("{}", summary.render());
+        print!("{}", summary.render("run"));
     }
     Ok(())
 }
