@@ -422,6 +422,30 @@ fn metrics_addr_with_host_is_kept() {
 }
 
 #[test]
+fn the_defaults_are_built_in_not_read_from_the_source_tree() {
+    // Proves a binary run outside the checkout takes every default from what it was
+    // built with (all sources `default`, the values `Settings::default()`), not from
+    // the config/default.toml of the tree it was built in, and that the compiled-in
+    // text is that file.
+    let elsewhere = tempfile::tempdir().expect("tempdir");
+    let output = stagehand()
+        .args(["config", "--json"])
+        .current_dir(elsewhere.path())
+        .output()
+        .expect("the binary starts");
+    assert!(output.status.success(), "{output:?}");
+    let report: serde_json::Value =
+        serde_json::from_slice(&output.stdout).expect("config --json prints JSON");
+    for (key, origin) in report["sources"].as_object().expect("sources") {
+        assert_eq!(origin["layer"], "default", "{key}: {origin}");
+    }
+    let built_in = serde_json::to_value(Settings::default()).expect("settings serialize");
+    assert_eq!(report["settings"], built_in);
+    let shipped = std::fs::read_to_string(shipped_default_file()).expect("the shipped file");
+    assert_eq!(stagehand::settings::BUILT_IN_DEFAULTS_TOML, shipped);
+}
+
+#[test]
 fn missing_config_file_is_an_error() {
     // Proves `--config` pointing nowhere fails naming the path.
     let error = load(

@@ -43,6 +43,10 @@ impl PolicyArg {
     }
 }
 
+/// `run`'s steps and batch when not given (what `config --model` describes).
+pub(super) const DEFAULT_STEPS: u64 = 6;
+pub(super) const DEFAULT_BATCH: usize = 64;
+
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
     /// Model to run: a linear-stack model from `demo-model`, or any safetensors
@@ -53,10 +57,10 @@ pub struct RunArgs {
     #[arg(long, value_enum, default_value = "auto")]
     pub workload: WorkloadKind,
     /// Steps to run; 0 runs until Ctrl-C.
-    #[arg(long, default_value_t = 6)]
+    #[arg(long, default_value_t = DEFAULT_STEPS)]
     pub steps: u64,
     /// Rows per forward pass of the linear-stack workload (compute grows with it).
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = DEFAULT_BATCH)]
     pub batch: usize,
     #[arg(long, value_enum, default_value = "planned")]
     pub policy: PolicyArg,

@@ -89,11 +89,14 @@ pub fn display_value(settings: &Settings, key: &str) -> String {
         "device" => format!("{:?}", settings.device).to_ascii_lowercase(),
         "vram_budget" => size_or(
             settings.vram_budget,
-            "auto (device total - reserve_vram - vram_headroom)",
+            "auto (CPU: 40 % of the model, raised to what its plan needs; CUDA: device total - reserve_vram - vram_headroom; `config --model M` computes it)",
         ),
         "reserve_vram" => size(settings.reserve_vram),
         "vram_headroom" => size(settings.vram_headroom),
-        "pin_ceiling" => size_or(settings.pin_ceiling, "auto (free RAM - ram_floor)"),
+        "pin_ceiling" => size_or(
+            settings.pin_ceiling,
+            "auto (free RAM - ram_floor; half a demo model; `config --model M` computes it)",
+        ),
         "ram_floor" => size(settings.ram_floor),
         "fast_disk" => settings.fast_disk.to_string(),
         "prefetch_depth" => settings.prefetch_depth.to_string(),

@@ -13,9 +13,9 @@ use super::keys::KEYS;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "layer", content = "name", rename_all = "snake_case")]
 pub enum Source {
-    /// Built into the binary.
+    /// Built into the binary (the shipped `config/default.toml`, compiled in).
     Default,
-    /// The shipped `config/default.toml`.
+    /// A `config/default.toml` in the working directory, over the built-in defaults.
     DefaultFile(PathBuf),
     /// The file given with `--config`.
     ConfigFile(PathBuf),
