@@ -6,6 +6,7 @@
 mod common;
 
 use common::cli::{device_rows, fixtures, row, settings_rows, Expect, Row, Table};
+use common::process::output_within_deadline;
 
 const OK: &str = "values, norm";
 
@@ -47,9 +48,12 @@ fn rows() -> Vec<Row> {
         row(&["--batch", "1", "a", "b"], Expect::Ok("[2]")),
         row(&["--batch", "0", "a"], Expect::Bad("--batch")),
         row(&["--batch", "-2", "a"], Expect::Bad("--batch")),
-        row(&["--lora", &lora, "a"], Expect::Ok("LoRA")),
-        row(&["--lora", &format!("{lora}:0.5"), "a"], Expect::Ok("LoRA")),
-        row(&["--lora", &lora_folder, "a"], Expect::Ok("LoRA")),
+        row(&["--lora", &lora, "a"], Expect::Summary("LoRA")),
+        row(
+            &["--lora", &format!("{lora}:0.5"), "a"],
+            Expect::Summary("LoRA"),
+        ),
+        row(&["--lora", &lora_folder, "a"], Expect::Summary("LoRA")),
         row(
             &["--lora", &folder, "a"],
             Expect::Bad("adapter_config.json"),
@@ -65,6 +69,19 @@ fn rows() -> Vec<Row> {
         row(&["--embeddings", "gpu", "a"], Expect::Bad("'gpu'")),
         row(&["--json", "a"], Expect::Ok("\"texts\"")),
         row(&["--quiet", "a"], Expect::Ok(OK)),
+        row(&["--quiet", "a"], Expect::Without("stagehand embed:")),
+        // The summary, on stderr, is headed by the command; one batch is one step,
+        // which gives no steady figure.
+        row(
+            &["a"],
+            Expect::Summary("stagehand embed: bert encoder, 1 step"),
+        ),
+        row(&["a"], Expect::Summary("no steady figure")),
+        // --fast-disk is a switch: the text after it is a text, not its value.
+        row(
+            &["--fast-disk", "A man is eating food."],
+            Expect::Ok("A man is eating food."),
+        ),
         row(&["--help"], Expect::Ok("Usage: stagehand embed")),
         row(&["--model", &missing, "a"], Expect::Bad("none.txt")),
         row(&["--model", &folder, "a"], Expect::Bad("empty")),
@@ -91,4 +108,50 @@ fn every_documented_embed_flag_runs_through_the_binary() {
         .default(&["--log", "warn"])
         .rows(rows())
         .run();
+}
+
+#[test]
+fn stdout_holds_the_results_and_only_them() {
+    // Proves embed's stdout is its results alone (with --quiet: the embeddings and the
+    // similarity table, byte for byte the lines of a plain run's stdout), the summary
+    // goes to stderr headed `stagehand embed:`, and --quiet leaves the summary out.
+    let embed = |extra: &[&str]| {
+        let mut command = common::stagehand();
+        command
+            .args(["embed", "--model", &fixtures().bert()])
+            .args(["--device", "cpu", "--log", "warn"])
+            .args(extra)
+            .args(["A man is eating food.", "A man is riding a horse."]);
+        let output = output_within_deadline(&mut command);
+        assert!(output.status.success(), "{output:?}");
+        (
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let (stdout, stderr) = embed(&[]);
+    let (quiet_stdout, quiet_stderr) = embed(&["--quiet"]);
+    assert_eq!(stdout, quiet_stdout, "--quiet changes no result");
+    assert!(quiet_stderr.trim().is_empty(), "{quiet_stderr}");
+    assert!(
+        stderr.starts_with("stagehand embed: bert encoder"),
+        "{stderr}"
+    );
+    // Two texts: a header and a values line each, the similarity title, its column
+    // numbers and one row per text.
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 2 * 2 + 2 + 2, "{stdout}");
+    assert!(
+        lines[0].starts_with("[1] A man is eating food."),
+        "{stdout}"
+    );
+    assert!(lines[1].contains("values, norm"), "{stdout}");
+    assert!(
+        lines[2].starts_with("[2] A man is riding a horse."),
+        "{stdout}"
+    );
+    assert_eq!(lines[4], "cosine similarity:", "{stdout}");
+    for summary_word in ["stagehand", "vram", "step time", "peak", "efficiency"] {
+        assert!(!stdout.contains(summary_word), "{summary_word}: {stdout}");
+    }
 }

@@ -110,6 +110,10 @@ fn rows(subcommand: &str) -> Vec<Row> {
         row(&["--model", &folder], Expect::Bad("empty")),
         row(&["--model", &not_safetensors], Expect::Bad("notes.txt")),
         row(&["--steps", "3"], Expect::Ok("3 steps")),
+        row(&["--steps", "3"], Expect::Ok("(median of 2 steps)")),
+        // One step is cold: it gives no steady figure, nor a "median" of itself.
+        row(&["--steps", "1"], Expect::Ok("no steady figure")),
+        row(&["--steps", "2"], Expect::Ok("(the second step)")),
         // 0 runs until Ctrl-C: SIGTERM stops it at the next step.
         row(&["--steps", "0", "--log", "info"], Expect::Runs("ran in")),
         row(&["--steps", "-1"], Expect::Bad("--steps")),

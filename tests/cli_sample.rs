@@ -164,6 +164,9 @@ fn rows() -> Vec<Row> {
         row(&["--lora", &missing], Expect::Bad("none.safetensors")),
         row(&["--json"], Expect::Ok("\"sigmas\"")),
         row(&["--quiet"], Expect::Ok(ok)),
+        row(&["--quiet"], Expect::Without("stagehand sample:")),
+        // The summary, on stderr, is headed by the command.
+        row(&[], Expect::Summary("stagehand sample: ")),
         row(&["--model", &mismatched], Expect::Bad("num_layers")),
         row(
             &["--model", &fixtures.bert()],

@@ -161,6 +161,91 @@ fn flags_parse_sizes_bools_and_addresses() {
 }
 
 #[test]
+fn fast_disk_is_a_pair_of_switches_over_the_file() {
+    // Proves --fast-disk takes no value (the next word stays a positional), --no-fast-disk
+    // overrides a file's `fast_disk = true` and is named as the source, the last switch
+    // given wins, and with neither the file's value stands.
+    #[derive(Parser)]
+    struct WithText {
+        #[command(flatten)]
+        settings: SettingsArgs,
+        texts: Vec<String>,
+    }
+    let parsed = WithText::try_parse_from(["test", "--fast-disk", "A man is eating food."])
+        .expect("a switch leaves the next word alone");
+    assert_eq!(parsed.texts, ["A man is eating food."]);
+    assert_eq!(parsed.settings.fast_disk_switch(), Some(true));
+    assert!(Flags::try_parse_from(["test", "--fast-disk=false"]).is_err());
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write_config(dir.path(), "fast_disk = true\n");
+    let with_file = |switches: &[&str]| {
+        let mut args = flags(switches);
+        args.config = Some(config.clone());
+        load(&args, None, BTreeMap::new()).expect("settings load")
+    };
+    let file_only = with_file(&[]);
+    assert!(file_only.settings.fast_disk);
+    assert_eq!(
+        source_of(&file_only, "fast_disk"),
+        Source::ConfigFile(config.clone())
+    );
+    let undone = with_file(&["--no-fast-disk"]);
+    assert!(!undone.settings.fast_disk);
+    assert_eq!(
+        source_of(&undone, "fast_disk"),
+        Source::Flag("--no-fast-disk".to_string())
+    );
+    assert!(
+        with_file(&["--no-fast-disk", "--fast-disk"])
+            .settings
+            .fast_disk
+    );
+    assert!(
+        !with_file(&["--fast-disk", "--no-fast-disk"])
+            .settings
+            .fast_disk
+    );
+}
+
+#[test]
+fn sizes_without_a_unit_are_refused_and_decimal_ones_noted() {
+    // Proves `vram_budget = 2` in a file, STAGEHAND_PIN_CEILING=2 and --vram-budget 2 are
+    // refused asking for a unit (not taken as 2 bytes), and a decimal size is taken
+    // with a note showing it in binary units.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write_config(dir.path(), "vram_budget = 2\n");
+    let args = SettingsArgs {
+        config: Some(config),
+        ..SettingsArgs::default()
+    };
+    let refusals = [
+        load(&args, None, BTreeMap::new()),
+        load(
+            &SettingsArgs::default(),
+            None,
+            env(&[("STAGEHAND_PIN_CEILING", "2")]),
+        ),
+        load(&flags(&["--vram-budget", "2"]), None, BTreeMap::new()),
+    ];
+    for refused in refusals {
+        let message = refused.expect_err("a bare number is refused").to_string();
+        assert!(
+            message.contains("a size needs a unit, e.g. 2GiB"),
+            "{message}"
+        );
+    }
+    let decimal = load(&flags(&["--vram-budget", "2GB"]), None, BTreeMap::new())
+        .expect("a decimal size loads");
+    assert_eq!(
+        decimal.settings.vram_budget,
+        Some(ByteSize::b(2_000_000_000))
+    );
+    let notes: Vec<(&str, &str)> = decimal.provenance.notes().collect();
+    assert_eq!(notes, [("vram_budget", "2GB = 1.86 GiB")]);
+}
+
+#[test]
 fn empty_value_unsets_an_optional_setting() {
     // Proves a higher layer can return an optional size to "derive it".
     let dir = tempfile::tempdir().expect("temp dir");
@@ -334,6 +419,30 @@ fn metrics_addr_with_host_is_kept() {
     .expect_err("hostname")
     .to_string();
     assert!(error.contains("HOST:PORT"), "{error}");
+}
+
+#[test]
+fn the_defaults_are_built_in_not_read_from_the_source_tree() {
+    // Proves a binary run outside the checkout takes every default from what it was
+    // built with (all sources `default`, the values `Settings::default()`), not from
+    // the config/default.toml of the tree it was built in, and that the compiled-in
+    // text is that file.
+    let elsewhere = tempfile::tempdir().expect("tempdir");
+    let output = stagehand()
+        .args(["config", "--json"])
+        .current_dir(elsewhere.path())
+        .output()
+        .expect("the binary starts");
+    assert!(output.status.success(), "{output:?}");
+    let report: serde_json::Value =
+        serde_json::from_slice(&output.stdout).expect("config --json prints JSON");
+    for (key, origin) in report["sources"].as_object().expect("sources") {
+        assert_eq!(origin["layer"], "default", "{key}: {origin}");
+    }
+    let built_in = serde_json::to_value(Settings::default()).expect("settings serialize");
+    assert_eq!(report["settings"], built_in);
+    let shipped = std::fs::read_to_string(shipped_default_file()).expect("the shipped file");
+    assert_eq!(stagehand::settings::BUILT_IN_DEFAULTS_TOML, shipped);
 }
 
 #[test]

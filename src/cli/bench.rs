@@ -264,6 +264,7 @@ pub fn execute(args: BenchArgs) -> CommandResult {
     let loaded = settings::load(&args.settings).map_err(Failure::bad_input)?;
     let settings = loaded.settings;
     super::run::init_logging(&settings.log);
+    super::logging::log_setting_notes(&loaded.provenance);
     let use_cuda = super::run::use_cuda(settings.device)?;
     if use_cuda && args.model.is_none() {
         #[cfg(feature = "cuda")]

@@ -64,6 +64,7 @@ pub fn execute(args: BenchLoraArgs) -> CommandResult {
     let loaded = settings::load(&args.settings).map_err(Failure::bad_input)?;
     let settings = loaded.settings;
     super::run::init_logging(&settings.log);
+    super::logging::log_setting_notes(&loaded.provenance);
     // The LoRA bench runs the CPU backend: `sim` and `cuda` are refused, not ignored.
     let device = settings.device;
     if !matches!(

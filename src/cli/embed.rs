@@ -2,6 +2,9 @@
 //! same budgets, flags, metrics, trace and summary as `run`. Each batch of texts is one
 //! step, verified bit for bit against the fully-resident pass; with two or more texts
 //! it prints their cosine similarities.
+//!
+//! The results (the embeddings and the similarity table, or `--json`) go to stdout;
+//! the run summary goes to stderr, and `--quiet` leaves it out.
 
 use std::path::PathBuf;
 
@@ -48,7 +51,7 @@ pub struct EmbedArgs {
     /// Print embeddings, similarities and the run summary as JSON.
     #[arg(long)]
     pub json: bool,
-    /// No progress bar.
+    /// No progress bar and no run summary (the results are still printed).
     #[arg(long)]
     pub quiet: bool,
     #[command(flatten)]
@@ -74,6 +77,7 @@ pub fn execute(args: EmbedArgs) -> CommandResult {
     let loaded = settings::load(&args.settings).map_err(Failure::bad_input)?;
     let settings = loaded.settings;
     super::run::init_logging(&settings.log);
+    super::logging::log_setting_notes(&loaded.provenance);
     let use_cuda = use_cuda(settings.device)?;
     if args.batch == 0 {
         return Err(Failure::bad_input(anyhow::anyhow!(
@@ -134,7 +138,9 @@ pub fn execute(args: EmbedArgs) -> CommandResult {
         return Ok(());
     }
     print!("{}", render(&texts, &similarity));
-    print!("{}", summary.render());
+    if !args.quiet {
+        eprint!("{}", summary.render("embed"));
+    }
     Ok(())
 }
 

@@ -3,6 +3,10 @@
 //! prefilled as one step, then each step decodes one token, printed as it comes; after
 //! the last token every step's logits are checked bit for bit against the
 //! fully-resident run.
+//!
+//! The text (the prompt, then each token as it comes; or `--json`) goes to stdout; the
+//! rates and the run summary go to stderr, and `--quiet` leaves them and the prompt's
+//! echo out, so stdout holds the generated text alone.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -63,7 +67,7 @@ pub struct GenerateArgs {
     /// Print the tokens, text and run summary as JSON at the end.
     #[arg(long)]
     pub json: bool,
-    /// No progress output.
+    /// No prompt echo, rates or run summary: stdout holds the generated text alone.
     #[arg(long)]
     pub quiet: bool,
     #[command(flatten)]
@@ -98,6 +102,7 @@ pub fn execute(args: GenerateArgs) -> CommandResult {
     let loaded = settings::load(&args.settings).map_err(Failure::bad_input)?;
     let settings = loaded.settings;
     super::run::init_logging(&settings.log);
+    super::logging::log_setting_notes(&loaded.provenance);
     let use_cuda = use_cuda(settings.device)?;
     let extras = extras_of(&args)?;
     let prepared = prepare_with(
@@ -149,56 +154,72 @@ pub fn execute(args: GenerateArgs) -> CommandResult {
     if streaming {
         println!();
     }
-    print_result(&outcome, prompt_tokens, tokenizer, args.json)
+    if args.json {
+        return print_json(&outcome, prompt_tokens, tokenizer);
+    }
+    if !args.quiet {
+        eprint!("{}", diagnostics(&outcome, prompt_tokens));
+    }
+    Ok(())
 }
 
-/// The tokens as JSON, or the rates and the run summary as text (the tokens were
-/// printed as they came).
-fn print_result(
+/// The tokens, text, rates and summary as JSON on stdout.
+fn print_json(
     outcome: &Outcome,
     prompt_tokens: usize,
     tokenizer: Option<tokenizers::Tokenizer>,
-    as_json: bool,
 ) -> CommandResult {
     let summary = Summary::new(outcome);
     let (prefill, decode) = token_rates(outcome, prompt_tokens);
     let text = TextPrinter::new(tokenizer).text(&outcome.report.tokens);
-    if as_json {
-        let generated = Generated {
-            prompt_tokens,
-            tokens: &outcome.report.tokens,
-            text,
-            prefill_tokens_per_second: prefill,
-            time_to_first_token_seconds: summary.first_step_seconds,
-            cold_read_seconds: summary.first_step_wait_seconds,
-            prefill_compute_seconds: summary.first_step_compute_seconds,
-            decode_tokens_per_second: decode,
-            summary: &summary,
-        };
-        let json = serde_json::to_string_pretty(&generated).map_err(Failure::run_failed)?;
-        println!("{json}");
-        return Ok(());
-    }
-    println!(
-        "generate: {} prompt tokens prefilled at {prefill:.1} tokens/s (compute alone), {} tokens decoded at {decode:.2} tokens/s (steady, median)",
+    let generated = Generated {
         prompt_tokens,
-        outcome.report.tokens.len().saturating_sub(1)
+        tokens: &outcome.report.tokens,
+        text,
+        prefill_tokens_per_second: prefill,
+        time_to_first_token_seconds: summary.first_step_seconds,
+        cold_read_seconds: summary.first_step_wait_seconds,
+        prefill_compute_seconds: summary.first_step_compute_seconds,
+        decode_tokens_per_second: decode,
+        summary: &summary,
+    };
+    let json = serde_json::to_string_pretty(&generated).map_err(Failure::run_failed)?;
+    println!("{json}");
+    Ok(())
+}
+
+/// The rates, the time to first token and the run summary, for stderr. The decode
+/// rate is a median only over two decode steps or more.
+fn diagnostics(outcome: &Outcome, prompt_tokens: usize) -> String {
+    let summary = Summary::new(outcome);
+    let (prefill, decode) = token_rates(outcome, prompt_tokens);
+    let decoded = outcome.report.tokens.len().saturating_sub(1);
+    let decode_steps = outcome.report.steps.saturating_sub(1);
+    let decoding = match decode_steps {
+        0 => "no token decoded (the prefill gave the only one)".to_string(),
+        1 => format!("{decoded} tokens decoded at {decode:.2} tokens/s (one decode step)"),
+        steps => format!(
+            "{decoded} tokens decoded at {decode:.2} tokens/s (steady: median of {steps} decode steps)"
+        ),
+    };
+    let mut out = format!(
+        "generate: {prompt_tokens} prompt tokens prefilled at {prefill:.1} tokens/s (compute alone), {decoding}\n"
     );
-    println!(
-        "  first token after {:.1} ms: {:.1} ms waiting for the cold reads, {:.1} ms of prefill compute",
+    out.push_str(&format!(
+        "  first token after {:.1} ms: {:.1} ms waiting for the cold reads, {:.1} ms of prefill compute\n",
         summary.first_step_seconds * 1e3,
         summary.first_step_wait_seconds * 1e3,
         summary.first_step_compute_seconds * 1e3
-    );
+    ));
     if summary.device.starts_with("cpu") && summary.first_step_read_bytes > 0 {
         // The CPU backend's loads run on the cores the prefill computes on.
-        println!(
-            "  (the prefill shared this machine's cores with the cold reads of {}: a loaded model's prefill — `stagehand serve` — computes alone)",
+        out.push_str(&format!(
+            "  (the prefill shared this machine's cores with the cold reads of {}: a loaded model's prefill — `stagehand serve` — computes alone)\n",
             bytesize::ByteSize::b(summary.first_step_read_bytes).display().iec()
-        );
+        ));
     }
-    print!("{}", summary.render());
-    Ok(())
+    out.push_str(&summary.render("generate"));
+    out
 }
 
 /// What the run computes from: the prompt (text or ids), sampling, the MoE knobs and

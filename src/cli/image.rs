@@ -254,6 +254,7 @@ pub fn execute(args: ImageArgs) -> CommandResult {
     let loaded = settings::load(&args.settings).map_err(Failure::bad_input)?;
     let settings = loaded.settings;
     super::run::init_logging(&settings.log);
+    super::logging::log_setting_notes(&loaded.provenance);
     match settings.device {
         settings::DeviceKind::Sim => {
             return Err(bad(

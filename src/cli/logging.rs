@@ -30,3 +30,12 @@ pub fn init_logging(filter: &str) {
         .with_target(false)
         .try_init();
 }
+
+/// Logs, once at `info`, what loading did to the settings the user wrote: a decimal
+/// size shown in binary units ("vram_budget: 2GB = 1.86 GiB"), a value raised to its
+/// minimum. Called right after [`init_logging`].
+pub fn log_setting_notes(provenance: &stagehand::settings::Provenance) {
+    for (key, note) in provenance.notes() {
+        tracing::info!("{key}: {note}");
+    }
+}

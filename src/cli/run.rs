@@ -1,7 +1,10 @@
 //! `stagehand run`: the main job. With no arguments it writes the demo model to the
 //! cache directory if needed, streams it for several steps under a VRAM budget of 40 %
 //! of its size and a pin ceiling of 50 %, checks every step's output equals the
-//! fully-resident reference bit for bit, and prints the summary.
+//! fully-resident reference bit for bit, and prints the summary. The summary is what
+//! `run` is for, so it is its result and goes to stdout (as text, or `--json`); the
+//! commands that compute something for the user (`embed`, `generate`, `sample`) print
+//! that on stdout and their summary on stderr.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -40,6 +43,10 @@ impl PolicyArg {
     }
 }
 
+/// `run`'s steps and batch when not given (what `config --model` describes).
+pub(super) const DEFAULT_STEPS: u64 = 6;
+pub(super) const DEFAULT_BATCH: usize = 64;
+
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
     /// Model to run: a linear-stack model from `demo-model`, or any safetensors
@@ -50,10 +57,10 @@ pub struct RunArgs {
     #[arg(long, value_enum, default_value = "auto")]
     pub workload: WorkloadKind,
     /// Steps to run; 0 runs until Ctrl-C.
-    #[arg(long, default_value_t = 6)]
+    #[arg(long, default_value_t = DEFAULT_STEPS)]
     pub steps: u64,
     /// Rows per forward pass of the linear-stack workload (compute grows with it).
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = DEFAULT_BATCH)]
     pub batch: usize,
     #[arg(long, value_enum, default_value = "planned")]
     pub policy: PolicyArg,
@@ -237,6 +244,7 @@ pub fn execute(args: RunArgs) -> CommandResult {
     let loaded = settings::load(&args.settings).map_err(Failure::bad_input)?;
     let settings = loaded.settings;
     init_logging(&settings.log);
+    super::logging::log_setting_notes(&loaded.provenance);
     if let Some(path) = &settings.trace {
         stagehand::telemetry::TraceRecorder::check_writable(path).map_err(Failure::bad_input)?;
     }
@@ -300,7 +308,7 @@ pub fn execute(args: RunArgs) -> CommandResult {
         let text = serde_json::to_string_pretty(&summary).map_err(Failure::run_failed)?;
         println!("{text}");
     } else {
-        print!("{}", summary.render());
+        print!("{}", summary.render("run"));
     }
     Ok(())
 }

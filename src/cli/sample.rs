@@ -58,7 +58,7 @@ pub struct SampleArgs {
     /// Print the result and the run summary as JSON at the end.
     #[arg(long)]
     pub json: bool,
-    /// No progress output.
+    /// No progress output and no run summary (the line naming the written latent stays).
     #[arg(long)]
     pub quiet: bool,
     #[command(flatten)]
@@ -118,6 +118,7 @@ pub fn execute(args: SampleArgs) -> CommandResult {
     let loaded = settings::load(&args.settings).map_err(Failure::bad_input)?;
     let settings = loaded.settings;
     super::run::init_logging(&settings.log);
+    super::logging::log_setting_notes(&loaded.provenance);
     let use_cuda = use_cuda(settings.device)?;
     let extras = Extras {
         loras: args.lora.clone(),
@@ -207,17 +208,29 @@ fn print_result(
         return Ok(());
     }
     println!(
-        "sample: wrote {} (latent [1, {channels}, {height}, {width}]) after {steps} denoising steps, {:.1} ms per step (steady, median)",
+        "sample: wrote {} (latent [1, {channels}, {height}, {width}]) after {steps} denoising steps",
         args.out.display(),
-        seconds_per_step * 1e3
     );
+    if args.quiet {
+        return Ok(());
+    }
+    if outcome.report.steps >= 2 {
+        eprintln!(
+            "  {:.1} ms per denoising step (steady: {})",
+            seconds_per_step * 1e3,
+            match outcome.report.steps - 1 {
+                1 => "the second step".to_string(),
+                later => format!("median of {later} steps"),
+            }
+        );
+    }
     let activations = flux.activations();
-    println!(
+    eprintln!(
         "  activations: {} per denoising step (every tensor of the step over {} tokens, allocated once), reserved through the activation path before the first block; working set per block (computed from the shapes each kind holds live): {}",
         stagehand_actors::Bytes(activations.reserved_bytes),
         flux.image_tokens() + flux.text_tokens(),
         activations.describe_peaks()
     );
-    print!("{}", summary.render());
+    eprint!("{}", summary.render("sample"));
     Ok(())
 }

@@ -6,6 +6,7 @@ mod budget;
 #[cfg(feature = "cuda")]
 mod cuda;
 pub mod driver;
+mod effective;
 mod execute;
 pub mod loaded;
 pub mod memory;
@@ -44,6 +45,7 @@ pub use budget::{
 };
 #[cfg(feature = "cuda")]
 pub use cuda::{execute_cuda_with, CudaOutcome, CudaRunOptions, VramFigures};
+pub use effective::{effective_run, EffectiveValue};
 pub use execute::{execute, execute_cuda, execute_on, peak_rss_bytes};
 pub use prepare::{parse_token_ids, prepare, prepare_with, texts_from_file, NamedLora, Prepared};
 

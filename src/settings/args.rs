@@ -1,6 +1,9 @@
 //! The deployment flags every subcommand shares (`#[command(flatten)]` them).
 //!
 //! Every flag is optional: an absent flag leaves the value of the lower layers alone.
+//! A boolean setting is a pair of plain switches (`--fast-disk`, `--no-fast-disk`; the
+//! last one given wins), never a flag with an optional value: such a flag would take the
+//! next word (`--fast-disk "a text"`) as its value.
 //! Values stay text here and are parsed with the same code as the file and environment
 //! layers, so "2GiB" means the same everywhere and errors name the flag.
 
@@ -39,8 +42,12 @@ pub struct SettingsArgs {
     #[cfg_attr(feature = "cli", arg(long, value_name = "SIZE"))]
     pub ram_floor: Option<String>,
     /// Stream from disk every step through a pinned staging ring (O_DIRECT).
-    #[cfg_attr(feature = "cli", arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true"))]
-    pub fast_disk: Option<bool>,
+    #[cfg_attr(feature = "cli", arg(long, overrides_with = "no_fast_disk"))]
+    pub fast_disk: bool,
+    /// Cache streamed blocks in pinned RAM (the default); overrides `fast_disk = true`
+    /// in a file or the environment.
+    #[cfg_attr(feature = "cli", arg(long, overrides_with = "fast_disk"))]
+    pub no_fast_disk: bool,
     /// Streamed blocks loaded ahead of compute (0..=64; 0 = load each when needed).
     /// `simulate` also takes `auto`: it tries 0..=4 and uses the fastest.
     #[cfg_attr(feature = "cli", arg(long, value_name = "N"))]
@@ -93,7 +100,7 @@ impl SettingsArgs {
             ("vram_headroom", text(&self.vram_headroom)),
             ("pin_ceiling", text(&self.pin_ceiling)),
             ("ram_floor", text(&self.ram_floor)),
-            ("fast_disk", self.fast_disk.map(Value::from)),
+            ("fast_disk", self.fast_disk_switch().map(Value::from)),
             ("prefetch_depth", text(&self.prefetch_depth)),
             ("metrics_addr", text(&self.metrics_addr)),
             ("trace", text(&self.trace)),
@@ -110,9 +117,35 @@ impl SettingsArgs {
         candidates
             .into_iter()
             .filter_map(|(key, value)| {
-                let flag = format!("--{}", key.replace('_', "-"));
-                value.map(|value| (key.to_string(), value, Source::Flag(flag)))
+                let value = value?;
+                let source = Source::Flag(self.flag_of(key));
+                Some((key.to_string(), value, source))
             })
             .collect()
+    }
+
+    /// The flag that set `key`: its kebab-case name, or `--no-fast-disk`.
+    fn flag_of(&self, key: &str) -> String {
+        if key == "fast_disk" && self.fast_disk_switch() == Some(false) {
+            return "--no-fast-disk".to_string();
+        }
+        format!("--{}", key.replace('_', "-"))
+    }
+
+    /// `fast_disk` as the switches set it: `None` when neither was given, so the file
+    /// and environment layers keep their value.
+    pub fn fast_disk_switch(&self) -> Option<bool> {
+        match (self.fast_disk, self.no_fast_disk) {
+            (true, _) => Some(true),
+            (false, true) => Some(false),
+            (false, false) => None,
+        }
+    }
+
+    /// Sets `fast_disk` as the switch `--fast-disk` (true) or `--no-fast-disk` (false)
+    /// would: for callers that build the flags in code.
+    pub fn set_fast_disk(&mut self, fast_disk: bool) {
+        self.fast_disk = fast_disk;
+        self.no_fast_disk = !fast_disk;
     }
 }

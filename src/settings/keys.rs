@@ -89,11 +89,14 @@ pub fn display_value(settings: &Settings, key: &str) -> String {
         "device" => format!("{:?}", settings.device).to_ascii_lowercase(),
         "vram_budget" => size_or(
             settings.vram_budget,
-            "auto (device total - reserve_vram - vram_headroom)",
+            "auto (CPU: 40 % of the model, raised to what its plan needs; CUDA: device total - reserve_vram - vram_headroom; `config --model M` computes it)",
         ),
         "reserve_vram" => size(settings.reserve_vram),
         "vram_headroom" => size(settings.vram_headroom),
-        "pin_ceiling" => size_or(settings.pin_ceiling, "auto (free RAM - ram_floor)"),
+        "pin_ceiling" => size_or(
+            settings.pin_ceiling,
+            "auto (free RAM - ram_floor; half a demo model; `config --model M` computes it)",
+        ),
         "ram_floor" => size(settings.ram_floor),
         "fast_disk" => settings.fast_disk.to_string(),
         "prefetch_depth" => settings.prefetch_depth.to_string(),
@@ -168,15 +171,69 @@ fn parse_device(value: &Value) -> Result<DeviceKind, String> {
     }
 }
 
-/// Sizes are strings with a unit ("2GiB", "512 MiB") or a plain number of bytes.
+/// The keys whose values are sizes.
+const SIZE_KEYS: &[&str] = &[
+    "vram_budget",
+    "reserve_vram",
+    "vram_headroom",
+    "pin_ceiling",
+    "ram_floor",
+    "staging_buffer_size",
+    "read_request_size",
+];
+
+/// Sizes are strings with a unit ("2GiB", "512 MiB", "2GB"). A bare number is refused
+/// rather than taken as bytes: `vram_budget = 2` meant 2 GiB, not 2 bytes.
 pub(crate) fn parse_size(value: &Value) -> Result<ByteSize, String> {
     const HINT: &str = "expected a size such as \"2GiB\" or \"512 MiB\" (GB/MB are decimal)";
-    match &value.kind {
-        ValueKind::String(text) => ByteSize::from_str(text.trim()).map_err(|_| HINT.to_string()),
-        ValueKind::I64(bytes) if *bytes >= 0 => Ok(ByteSize::b(*bytes as u64)),
-        ValueKind::U64(bytes) => Ok(ByteSize::b(*bytes)),
-        _ => Err(HINT.to_string()),
+    let text = match &value.kind {
+        ValueKind::String(text) => text.trim(),
+        ValueKind::I64(number) if *number < 0 => return Err(HINT.to_string()),
+        ValueKind::I64(_) | ValueKind::U64(_) | ValueKind::Float(_) => {
+            return Err(needs_unit(&value_text(value)))
+        }
+        _ => return Err(HINT.to_string()),
+    };
+    let (number, unit) = split_size(text);
+    if number.is_empty() {
+        return Err(HINT.to_string());
     }
+    if unit.is_empty() {
+        return Err(needs_unit(number));
+    }
+    ByteSize::from_str(text).map_err(|_| HINT.to_string())
+}
+
+fn needs_unit(number: &str) -> String {
+    format!("a size needs a unit, e.g. {number}GiB or {number}MiB ({number}B for bytes)")
+}
+
+/// A size's number and its unit, both trimmed: ("2", "GB") for "2 GB".
+fn split_size(text: &str) -> (&str, &str) {
+    let unit_start = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(unit_start);
+    (number.trim(), unit.trim())
+}
+
+/// For a size written with a decimal unit (GB, MB, KB, G, M, K, TB, …), the value
+/// converted to binary units ("2GB = 1.86 GiB"): budgets are shown in GiB, and a user
+/// who wrote 2GB should see once what it became. `None` for other keys and units.
+pub(crate) fn decimal_size_note(key: &str, value: &Value) -> Option<String> {
+    if !SIZE_KEYS.contains(&key) {
+        return None;
+    }
+    let ValueKind::String(text) = &value.kind else {
+        return None;
+    };
+    let unit = split_size(text.trim()).1.to_ascii_lowercase();
+    let binary = unit.is_empty() || unit == "b" || unit.ends_with("ib") || unit.ends_with('i');
+    if binary {
+        return None;
+    }
+    let size = parse_size(value).ok()?;
+    Some(format!("{} = {}", text.trim(), Bytes(size.as_u64())))
 }
 
 fn parse_bool(value: &Value) -> Result<bool, String> {
@@ -251,12 +308,44 @@ mod tests {
     }
 
     #[test]
-    fn sizes_parse_units_and_plain_bytes() {
-        // Proves "2GiB", "512 MiB" and integers parse, and garbage is refused.
+    fn sizes_need_a_unit() {
+        // Proves "2GiB", "512 MiB", "4096B" and decimal "2GB" parse, and a bare number
+        // (TOML integer or text) is refused asking for a unit, not taken as bytes.
         assert_eq!(parse_size(&Value::from("2GiB")), Ok(ByteSize::gib(2)));
         assert_eq!(parse_size(&Value::from("512 MiB")), Ok(ByteSize::mib(512)));
-        assert_eq!(parse_size(&Value::from(4096i64)), Ok(ByteSize::b(4096)));
+        assert_eq!(parse_size(&Value::from("4096B")), Ok(ByteSize::b(4096)));
+        assert_eq!(
+            parse_size(&Value::from("2GB")),
+            Ok(ByteSize::b(2_000_000_000))
+        );
+        for bare in [Value::from(2i64), Value::from("2"), Value::from(" 2 ")] {
+            let refused = parse_size(&bare).expect_err("a bare number is refused");
+            assert!(
+                refused.contains("a size needs a unit, e.g. 2GiB"),
+                "{refused}"
+            );
+        }
         assert!(parse_size(&Value::from("lots")).is_err());
         assert!(parse_size(&Value::from(-1i64)).is_err());
+    }
+
+    #[test]
+    fn decimal_sizes_are_shown_converted() {
+        // Proves a decimal unit gets a note with its binary value, and a binary unit,
+        // plain bytes or a key that is no size get none.
+        assert_eq!(
+            decimal_size_note("vram_budget", &Value::from("2GB")).as_deref(),
+            Some("2GB = 1.86 GiB")
+        );
+        assert_eq!(
+            decimal_size_note("pin_ceiling", &Value::from("500 M")).as_deref(),
+            Some("500 M = 476.84 MiB")
+        );
+        assert_eq!(decimal_size_note("vram_budget", &Value::from("2GiB")), None);
+        assert_eq!(
+            decimal_size_note("vram_budget", &Value::from("4096B")),
+            None
+        );
+        assert_eq!(decimal_size_note("log", &Value::from("2GB")), None);
     }
 }

@@ -1,4 +1,5 @@
-//! Merging the layers: built-in defaults < `config/default.toml` < `--config FILE` <
+//! Merging the layers: built-in defaults (the shipped `config/default.toml`, compiled
+//! in) < `config/default.toml` in the working directory < `--config FILE` <
 //! `STAGEHAND_*` environment < flags, then validation.
 
 use std::collections::BTreeMap;
@@ -6,14 +7,21 @@ use std::path::{Path, PathBuf};
 
 use super::args::SettingsArgs;
 use super::error::SettingsError;
-use super::keys::{apply, known_key, value_text};
+use super::keys::{apply, decimal_size_note, known_key, value_text};
 use super::layers::{env_layer, file_layer, text_layer, unknown_key_hint, Entry};
 use super::provenance::{Provenance, Source};
 use super::validate::clamp;
 use super::Settings;
 
-/// Where the shipped defaults live, relative to the working directory or the crate.
+/// Where the shipped defaults are documented, relative to the working directory: a
+/// file there is read as an override of the built-in defaults.
 pub const DEFAULT_FILE: &str = "config/default.toml";
+
+/// The shipped defaults, compiled into the binary: an installed `stagehand` behaves
+/// the same wherever it runs and whatever happened to the tree it was built from.
+/// The file documents every key; `Settings::default()` holds the same values (a test
+/// keeps them equal).
+pub const BUILT_IN_DEFAULTS_TOML: &str = include_str!("../../config/default.toml");
 
 /// The effective settings and, per key, the layer that set them.
 #[derive(Debug, Clone, PartialEq)]
@@ -33,7 +41,8 @@ pub struct LoadOptions {
 }
 
 impl LoadOptions {
-    /// The real process: `config/default.toml` if found, and the process environment.
+    /// The real process: `config/default.toml` under the working directory if there
+    /// is one, and the process environment.
     pub fn from_process() -> Self {
         let env = std::env::vars_os()
             .filter_map(|(name, value)| {
@@ -52,16 +61,12 @@ impl LoadOptions {
     }
 }
 
-/// `config/default.toml` under the working directory, else under the crate source
-/// (so `cargo run` and the tests find it from anywhere in the checkout).
+/// `config/default.toml` under the working directory, if there is one. Never the
+/// tree the binary was built from: the built-in defaults are compiled in
+/// ([`BUILT_IN_DEFAULTS_TOML`]).
 pub fn find_default_file() -> Option<PathBuf> {
-    let candidates = [
-        std::env::current_dir()
-            .ok()
-            .map(|dir| dir.join(DEFAULT_FILE)),
-        Some(Path::new(env!("CARGO_MANIFEST_DIR")).join(DEFAULT_FILE)),
-    ];
-    candidates.into_iter().flatten().find(|path| path.is_file())
+    let path = std::env::current_dir().ok()?.join(DEFAULT_FILE);
+    path.is_file().then_some(path)
 }
 
 /// Loads the settings the way every subcommand does.
@@ -70,7 +75,12 @@ pub fn load(args: &SettingsArgs) -> Result<Loaded, SettingsError> {
 }
 
 pub fn load_with(args: &SettingsArgs, options: &LoadOptions) -> Result<Loaded, SettingsError> {
-    let mut layers: Vec<Vec<Entry>> = Vec::with_capacity(4);
+    let mut layers: Vec<Vec<Entry>> = Vec::with_capacity(5);
+    layers.push(text_layer(
+        Path::new(DEFAULT_FILE),
+        BUILT_IN_DEFAULTS_TOML,
+        Source::Default,
+    )?);
     if let Some(path) = &options.default_file {
         if path.is_file() {
             layers.push(file_layer(path, Source::DefaultFile(path.clone()))?);
@@ -108,6 +118,7 @@ fn merge(layers: Vec<Vec<Entry>>) -> Result<Loaded, SettingsError> {
             });
         };
         let text = value_text(&value);
+        let note = decimal_size_note(known, &value);
         apply(&mut settings, known, value).map_err(|reason| SettingsError::BadValue {
             key: key.clone(),
             value: text,
@@ -115,6 +126,9 @@ fn merge(layers: Vec<Vec<Entry>>) -> Result<Loaded, SettingsError> {
             reason,
         })?;
         provenance.set(known, source);
+        if let Some(note) = note {
+            provenance.note(known, note);
+        }
     }
 
     for (key, note) in clamp(&mut settings) {

@@ -1,4 +1,5 @@
-//! Deployment settings, layered: built-in defaults < `config/default.toml` <
+//! Deployment settings, layered: built-in defaults (`config/default.toml`, compiled
+//! in) < `config/default.toml` in the working directory <
 //! `--config FILE` < `STAGEHAND_*` environment < command-line flags.
 //!
 //! This struct is the contract every subcommand reads; the loading, validation and
@@ -17,7 +18,8 @@ pub use error::SettingsError;
 pub use keys::{display_value, parse_metrics_addr, KEYS};
 pub use layers::{CPU_PATH_ENV, NOT_SETTINGS_ENV};
 pub use load::{
-    find_default_file, load, load_layers, load_with, LoadOptions, Loaded, DEFAULT_FILE,
+    find_default_file, load, load_layers, load_with, LoadOptions, Loaded, BUILT_IN_DEFAULTS_TOML,
+    DEFAULT_FILE,
 };
 pub use provenance::{Origin, Provenance, Source};
 pub use validate::{check_block_pattern, is_log_filter, IO_ALIGN_BYTES, MIN_RAM_FLOOR};

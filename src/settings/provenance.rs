@@ -13,9 +13,9 @@ use super::keys::KEYS;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "layer", content = "name", rename_all = "snake_case")]
 pub enum Source {
-    /// Built into the binary.
+    /// Built into the binary (the shipped `config/default.toml`, compiled in).
     Default,
-    /// The shipped `config/default.toml`.
+    /// A `config/default.toml` in the working directory, over the built-in defaults.
     DefaultFile(PathBuf),
     /// The file given with `--config`.
     ConfigFile(PathBuf),
@@ -42,7 +42,8 @@ impl fmt::Display for Source {
 pub struct Origin {
     #[serde(flatten)]
     pub source: Source,
-    /// Set when validation changed the value (e.g. `ram_floor` raised to its minimum).
+    /// Set when validation changed the value (e.g. `ram_floor` raised to its minimum),
+    /// or to show a decimal size in binary units ("2GB = 1.86 GiB").
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
 }
@@ -86,6 +87,13 @@ impl Provenance {
     }
 
     /// Every key with its origin, in the order of the `Settings` fields.
+    /// The keys with a note (a value raised to its minimum, a decimal size
+    /// converted), as (key, note): what a command logs once at start.
+    pub fn notes(&self) -> impl Iterator<Item = (&'static str, &str)> {
+        self.iter()
+            .filter_map(|(key, origin)| origin.note.as_deref().map(|note| (key, note)))
+    }
+
     pub fn iter(&self) -> impl Iterator<Item = (&'static str, &Origin)> {
         KEYS.iter()
             .filter_map(|&key| self.origins.get(key).map(|origin| (key, origin)))

@@ -380,7 +380,7 @@ fn settings_args(table: &toml::Table) -> Result<(SettingsArgs, bool), String> {
                 let flag = value.as_bool().ok_or_else(|| {
                     format!("[settings] fast_disk = {value}: give true or false")
                 })?;
-                args.fast_disk = Some(flag);
+                args.set_fast_disk(flag);
                 continue;
             }
             other => {

@@ -18,7 +18,10 @@ use std::time::Instant;
 
 // The tables import everything from here; other test binaries use none of it.
 #[allow(unused_imports)]
-pub use super::cli_rows::{device_rows, fixtures, settings_rows, unopened_device_rows, Fixtures};
+pub use super::cli_rows::{
+    device_rows, device_rows_expecting, fixtures, settings_rows, settings_rows_expecting,
+    unopened_device_rows, Fixtures,
+};
 use super::process::{output_within_deadline, send_signal, wait_or_kill, HANG};
 use super::stagehand;
 
@@ -47,18 +50,25 @@ pub const TABLES: &[(&str, &str)] = &[
 ];
 
 /// What a row expects.
+#[derive(Clone, Copy)]
 pub enum Expect {
     /// Exit 0, and a line of stdout containing this.
     Ok(&'static str),
+    /// Exit 0, and a line of stderr containing this: the run summary and the other
+    /// diagnostics, which never share stdout with a command's results.
+    Summary(&'static str),
     /// Exit 2, the first line of stderr containing this, and (unless clap's usage
     /// error, which adds its usage lines) that line alone.
     Bad(&'static str),
-    /// Exit 0 with this on a line of stdout, or exit 2 with it on stderr's one line
-    /// (`--device cuda`: 0 on a GPU machine, 2 here).
+    /// Exit 0 with this on a line of stdout or stderr (a summary's), or exit 2 with it
+    /// on stderr's one line (`--device cuda`: 0 on a GPU machine, 2 here).
     OkOrBad(&'static str),
     /// This exit status and a line of stdout or stderr containing this (`simulate`'s
     /// 3 for a model that does not fit, 1 for a run that failed).
     Exit(i32, &'static str),
+    /// Exit 0, and no line of stdout or stderr containing this (`run --quiet`: no
+    /// summary).
+    Without(&'static str),
     /// Keeps running (a server, `run --steps 0`) until a line of stderr contains this;
     /// then SIGTERM stops it, and it exits 143 saying so, with no panic.
     Runs(&'static str),
@@ -272,11 +282,34 @@ pub fn check(row: &Row, output: &Output) -> Result<(), String> {
             Ok(())
         }
     };
+    let summary = |needle: &str| -> Result<(), String> {
+        if code != Some(0) {
+            Err(format!("expected exit 0: {}", shown()))
+        } else if !stderr.lines().any(|line| line.contains(needle)) {
+            Err(format!(
+                "expected a line of stderr with {needle:?}: {}",
+                shown()
+            ))
+        } else {
+            Ok(())
+        }
+    };
     match row.expect {
         Expect::Ok(needle) => ok(needle),
+        Expect::Summary(needle) => summary(needle),
+        Expect::Without(needle) => {
+            let mut lines = stdout.lines().chain(stderr.lines());
+            if code != Some(0) {
+                Err(format!("expected exit 0: {}", shown()))
+            } else if lines.any(|line| line.contains(needle)) {
+                Err(format!("expected no line with {needle:?}: {}", shown()))
+            } else {
+                Ok(())
+            }
+        }
         Expect::Bad(needle) => bad(needle),
         Expect::OkOrBad(needle) if code == Some(2) => bad(needle),
-        Expect::OkOrBad(needle) => ok(needle),
+        Expect::OkOrBad(needle) => ok(needle).or_else(|_| summary(needle)),
         Expect::Runs(needle) => {
             let drained = code == Some(0);
             let stopped = code == Some(143) && stderr.contains("stopped by SIGTERM");

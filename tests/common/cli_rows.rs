@@ -170,75 +170,94 @@ impl Fixtures {
 /// to `--compute-dtype`, less `--device`, whose rows each table writes for its own outcomes),
 /// good values expecting `ok` on stdout and bad ones exit 2 naming the key.
 pub fn settings_rows(ok: &'static str) -> Vec<Row> {
+    settings_rows_expecting(Expect::Ok(ok))
+}
+
+/// [`settings_rows`] whose good values expect `ok` (e.g. [`Expect::Summary`]: a line
+/// of the summary on stderr).
+pub fn settings_rows_expecting(ok: Expect) -> Vec<Row> {
     let fixtures = fixtures();
+    let decimal = fixtures.file("settings/decimal.toml", "vram_budget = \"20MB\"\n");
+    let bare = fixtures.file("settings/bare.toml", "vram_budget = 2\n");
     let config = fixtures.file("settings/c.toml", "prefetch_depth = 1\n");
     let unknown_key = fixtures.file("settings/unknown.toml", "vram_budgte = \"1GiB\"\n");
     let trace = fixtures.path("settings/trace.json");
     let missing = fixtures.path("settings/none.toml");
     let folder = fixtures.folder("settings/folder");
     vec![
-        row(&["--config", &config], Expect::Ok(ok)),
+        row(&["--config", &config], ok),
         row(&["--config", &missing], Expect::Bad("none.toml")),
         row(&["--config", &folder], Expect::Bad("folder")),
         row(&["--config", &unknown_key], Expect::Bad("vram_budgte")),
-        row(&["--vram-budget", "64MiB"], Expect::Ok(ok)),
+        // A decimal unit is taken (and logged converted); a bare number is refused.
+        row(&["--config", &decimal], ok),
+        row(
+            &["--config", &bare],
+            Expect::Bad("a size needs a unit, e.g. 2GiB"),
+        ),
+        row(&["--vram-budget", "64MiB"], ok),
+        row(&["--vram-budget", "64MB"], ok),
+        row(
+            &["--vram-budget", "2"],
+            Expect::Bad("a size needs a unit, e.g. 2GiB"),
+        ),
         row(&["--vram-budget", "lots"], Expect::Bad("vram_budget")),
-        row(&["--reserve-vram", "0MiB"], Expect::Ok(ok)),
+        row(&["--reserve-vram", "0MiB"], ok),
         row(&["--reserve-vram", "-1"], Expect::Bad("reserve_vram")),
-        row(&["--vram-headroom", "1GiB"], Expect::Ok(ok)),
+        row(&["--vram-headroom", "1GiB"], ok),
         row(&["--vram-headroom", "x"], Expect::Bad("vram_headroom")),
-        row(&["--pin-ceiling", "64MiB"], Expect::Ok(ok)),
+        row(&["--pin-ceiling", "64MiB"], ok),
         row(&["--pin-ceiling", "0"], Expect::Bad("pin_ceiling")),
-        row(&["--ram-floor", "2GiB"], Expect::Ok(ok)),
+        row(&["--ram-floor", "2GiB"], ok),
         row(&["--ram-floor", "lots"], Expect::Bad("ram_floor")),
-        row(&["--fast-disk"], Expect::Ok(ok)),
-        row(&["--fast-disk", "false"], Expect::Ok(ok)),
-        row(&["--fast-disk", "maybe"], Expect::Bad("'maybe'")),
-        row(&["--prefetch-depth", "1"], Expect::Ok(ok)),
+        // Plain switches: the word after one is never its value.
+        row(&["--fast-disk"], ok),
+        row(&["--no-fast-disk"], ok),
+        row(&["--fast-disk", "--no-fast-disk"], ok),
+        row(&["--fast-disk=true"], Expect::Bad("--fast-disk")),
+        row(&["--no-fast-disk=true"], Expect::Bad("--no-fast-disk")),
+        row(&["--prefetch-depth", "1"], ok),
         row(&["--prefetch-depth", "65"], Expect::Bad("prefetch_depth")),
         row(&["--prefetch-depth", "-1"], Expect::Bad("prefetch_depth")),
-        row(&["--metrics-addr", "127.0.0.1:0"], Expect::Ok(ok)),
+        row(&["--metrics-addr", "127.0.0.1:0"], ok),
         row(&["--metrics-addr", "nowhere:x"], Expect::Bad("metrics")),
-        row(&["--trace", &trace], Expect::Ok(ok)),
+        row(&["--trace", &trace], ok),
         row(&["--trace", &folder], Expect::Bad("is a folder")),
         row(
             &["--trace", &format!("{missing}/t.json")],
             Expect::Bad("does not exist"),
         ),
-        row(&["--log", "warn"], Expect::Ok(ok)),
+        row(&["--log", "warn"], ok),
         row(&["--log", "[[["], Expect::Bad("not a log filter")),
         // The number after `layer.`, `layers.` or `blocks.`: every fixture's layers.
-        row(
-            &["--block-pattern", r"(?:layers?|blocks)\.(\d+)\."],
-            Expect::Ok(ok),
-        ),
+        row(&["--block-pattern", r"(?:layers?|blocks)\.(\d+)\."], ok),
         row(&["--block-pattern", "("], Expect::Bad("not a valid regex")),
-        row(&["--staging-buffers", "2"], Expect::Ok(ok)),
+        row(&["--staging-buffers", "2"], ok),
         row(&["--staging-buffers", "1"], Expect::Bad("staging_buffers")),
-        row(&["--staging-buffer-size", "4MiB"], Expect::Ok(ok)),
+        row(&["--staging-buffer-size", "4MiB"], ok),
         row(
-            &["--staging-buffer-size", "1000"],
+            &["--staging-buffer-size", "4MB"],
             Expect::Bad("multiple of 4 KiB"),
         ),
-        row(&["--read-request-size", "1MiB"], Expect::Ok(ok)),
+        row(&["--read-request-size", "1MiB"], ok),
         row(
             &["--read-request-size", "3KiB"],
             Expect::Bad("read_request_size"),
         ),
-        row(&["--reader-threads", "2"], Expect::Ok(ok)),
+        row(&["--reader-threads", "2"], ok),
         row(&["--reader-threads", "0"], Expect::Bad("reader_threads")),
-        row(&["--compute-threads", "1"], Expect::Ok(ok)),
+        row(&["--compute-threads", "1"], ok),
         row(&["--compute-threads", "0"], Expect::Bad("compute_threads")),
-        row(&["--verify", "full"], Expect::Ok(ok)),
-        row(&["--verify", "first"], Expect::Ok(ok)),
-        row(&["--verify", "weights"], Expect::Ok(ok)),
-        row(&["--verify", "off"], Expect::Ok(ok)),
+        row(&["--verify", "full"], ok),
+        row(&["--verify", "first"], ok),
+        row(&["--verify", "weights"], ok),
+        row(&["--verify", "off"], ok),
         row(
             &["--verify", "sometimes"],
             Expect::Bad("full, first, weights, off"),
         ),
-        row(&["--compute-dtype", "f32"], Expect::Ok(ok)),
-        row(&["--compute-dtype", "bf16"], Expect::Ok(ok)),
+        row(&["--compute-dtype", "f32"], ok),
+        row(&["--compute-dtype", "bf16"], ok),
         row(&["--compute-dtype", "fp64"], Expect::Bad("f32, bf16")),
     ]
 }
@@ -247,9 +266,14 @@ pub fn settings_rows(ok: &'static str) -> Vec<Row> {
 /// `simulate`, `cuda` runs on a GPU machine and exits 2 naming CUDA elsewhere, and an
 /// unknown kind is refused.
 pub fn device_rows(ok: &'static str) -> Vec<Row> {
+    device_rows_expecting(Expect::Ok(ok))
+}
+
+/// [`device_rows`] whose runs expect `ok` (e.g. [`Expect::Summary`]).
+pub fn device_rows_expecting(ok: Expect) -> Vec<Row> {
     vec![
-        row(&["--device", "cpu"], Expect::Ok(ok)),
-        row(&["--device", "auto"], Expect::Ok(ok)),
+        row(&["--device", "cpu"], ok),
+        row(&["--device", "auto"], ok),
         row(&["--device", "sim"], Expect::Bad("simulate")),
         row(&["--device", "cuda"], Expect::OkOrBad("cuda")),
         row(&["--device", "tpu"], Expect::Bad("tpu")),

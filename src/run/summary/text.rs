@@ -1,13 +1,15 @@
-//! The run summary as text: what a user reads after `stagehand run`.
+//! The run summary as text: what a user reads (on stderr) after `stagehand run`,
+//! `embed`, `generate` or `sample`.
 
 use stagehand_actors::Bytes;
 
 use super::Summary;
 
 impl Summary {
-    pub fn render(&self) -> String {
+    /// The summary of a run of `command` (`run`, `embed`, …), which its heading names.
+    pub fn render(&self, command: &str) -> String {
         let mut out = String::new();
-        self.write_heading(&mut out);
+        self.write_heading(&mut out, command);
         self.write_times(&mut out);
         self.write_traffic(&mut out);
         self.write_residency(&mut out);
@@ -39,7 +41,7 @@ impl Summary {
     }
 
     /// What ran where, how it was checked, and the budgets.
-    fn write_heading(&self, out: &mut String) {
+    fn write_heading(&self, out: &mut String, command: &str) {
         let reference = if self.lora_adapters.is_empty() {
             "the fully-resident reference"
         } else {
@@ -47,7 +49,7 @@ impl Summary {
         };
         if self.workload == "stream-verify" {
             line(out, format!(
-                "stagehand run: stream-verify, {} on {} ({} reads): checked bytes only — every block's checksum on the device equals the file's in {} steps; nothing was computed",
+                "stagehand {command}: stream-verify, {} on {} ({} reads): checked bytes only — every block's checksum on the device equals the file's in {} steps; nothing was computed",
                 counted(self.steps, "step", "steps"),
                 self.device,
                 self.storage,
@@ -57,7 +59,7 @@ impl Summary {
             line(
                 out,
                 format!(
-                    "stagehand run: {}, {} on {}{} ({} reads), {}",
+                    "stagehand {command}: {}, {} on {}{} ({} reads), {}",
                     self.workload,
                     counted(self.steps, "step", "steps"),
                     self.device,
@@ -82,18 +84,24 @@ impl Summary {
         );
     }
 
-    /// The step times against the physical bound.
+    /// What the steady figures are taken from: `None` for a run of one (cold) step,
+    /// which has none; the second step alone for two; the median of the rest for more.
+    fn steady_of(&self) -> Option<String> {
+        match self.steps.saturating_sub(1) {
+            0 => None,
+            1 => Some("the second step".to_string()),
+            later => Some(format!("median of {later} steps")),
+        }
+    }
+
+    /// The step times against the physical bound. A run of one step has no steady
+    /// figure, so neither an efficiency nor a share of the roofline.
     fn write_times(&self, out: &mut String) {
-        line(
-            out,
-            format!(
-                "  step time: first {} ({} compute, {} waiting for the cold reads)  steady {} (median)  compute {}",
-                ms(self.first_step_seconds),
-                ms(self.first_step_compute_seconds),
-                ms(self.first_step_wait_seconds),
-                ms(self.steady_step_seconds),
-                ms(self.steady_compute_seconds)
-            ),
+        let first = format!(
+            "first {} ({} compute, {} waiting for the cold reads)",
+            ms(self.first_step_seconds),
+            ms(self.first_step_compute_seconds),
+            ms(self.first_step_wait_seconds),
         );
         let roofline = if self.roofline_flops_per_second > 0.0 {
             format!(
@@ -104,15 +112,39 @@ impl Summary {
         } else {
             String::new()
         };
-        line(out, format!(
-            "  physical bound {} (limited by {}{roofline}; copy {}, reads {})  efficiency {:.2} (bound/actual){}",
+        let bound = format!(
+            "  physical bound {} (limited by {}{roofline}; copy {}, reads {})",
             ms(self.bound_seconds),
             self.bound_limited_by,
             rate(self.copy_bytes_per_second),
             rate(self.read_bytes_per_second),
-            self.efficiency,
-            self.above_bound_reason()
-        ));
+        );
+        let Some(steady_of) = self.steady_of() else {
+            line(
+                out,
+                format!(
+                    "  step time: one step, {first}; no steady figure (it needs two steps or more)"
+                ),
+            );
+            line(out, bound);
+            return;
+        };
+        line(
+            out,
+            format!(
+                "  step time: {first}  steady {} ({steady_of})  compute {}",
+                ms(self.steady_step_seconds),
+                ms(self.steady_compute_seconds)
+            ),
+        );
+        line(
+            out,
+            format!(
+                "{bound}  efficiency {:.2} (bound/actual){}",
+                self.efficiency,
+                self.above_bound_reason()
+            ),
+        );
         if self.roofline_flops_per_second > 0.0 {
             line(out, format!(
                 "  compute at {:.0} % of the roofline (its floor under this step's kernels {}, measured compute {})",
@@ -140,11 +172,17 @@ impl Summary {
         }
     }
 
-    /// The bytes a steady step moved, beside the plan's.
+    /// The bytes a steady step moved, beside the plan's (a run of one step: that
+    /// step's).
     fn write_traffic(&self, out: &mut String) {
+        let per_step = if self.steps < 2 {
+            "in its one step"
+        } else {
+            "per steady step"
+        };
         if self.fast_disk {
             line(out, format!(
-                "  per steady step: pinned→vram {}  disk→vram {} (fast disk; plan {} to vram, {} from disk)",
+                "  {per_step}: pinned→vram {}  disk→vram {} (fast disk; plan {} to vram, {} from disk)",
                 bytes(self.pinned_to_vram_bytes_per_step as u64),
                 bytes(self.disk_to_vram_bytes_per_step as u64),
                 bytes(self.streamed_bytes_per_step_planned),
@@ -154,7 +192,7 @@ impl Summary {
             // The plan covers the dense blocks in step order; experts load as the router
             // picks them, through the expert cache, and no plan predicts those bytes.
             line(out, format!(
-                "  per steady step: pinned→vram {} (dense blocks planned {}, the rest experts as routed)  disk→pinned {} (dense blocks planned {})",
+                "  {per_step}: pinned→vram {} (dense blocks planned {}, the rest experts as routed)  disk→pinned {} (dense blocks planned {})",
                 bytes(self.pinned_to_vram_bytes_per_step as u64),
                 bytes(self.streamed_bytes_per_step_planned),
                 bytes(self.disk_to_pinned_bytes_per_step as u64),
@@ -164,7 +202,7 @@ impl Summary {
             line(
                 out,
                 format!(
-                    "  per steady step: pinned→vram {} (plan {})  disk→pinned {} (plan {})",
+                    "  {per_step}: pinned→vram {} (plan {})  disk→pinned {} (plan {})",
                     bytes(self.pinned_to_vram_bytes_per_step as u64),
                     bytes(self.streamed_bytes_per_step_planned),
                     bytes(self.disk_to_pinned_bytes_per_step as u64),
