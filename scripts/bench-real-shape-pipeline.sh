@@ -43,7 +43,7 @@ gib = 1 << 30
 print(f"image in {result['seconds']:.1f} s")
 for stage in result["stages"]:
     s = stage["summary"]
-    streamed = s["model_bytes"] - s["resident_bytes"]
+    streamed = max(0, s["model_bytes"] - s["resident_bytes"])
     print(
         f"{stage['stage']:<12} {stage['seconds']:8.1f} s  weights {s['model_bytes'] / gib:6.2f} GiB "
         f"(streamed {streamed / gib:5.2f} GiB a step)  peak VRAM {s['peak_vram_bytes'] / gib:5.2f} "
