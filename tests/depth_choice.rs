@@ -26,7 +26,7 @@ fn generate(model: &std::path::Path, budget: u64, depth: Option<u32>) -> std::pr
         .arg("--model")
         .arg(model)
         .args(["--prompt", "hi", "--max-tokens", "3", "--vram-budget"])
-        .arg(budget.to_string());
+        .arg(format!("{budget}B"));
     if let Some(depth) = depth {
         command.args(["--prefetch-depth", &depth.to_string()]);
     }
