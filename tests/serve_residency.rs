@@ -155,35 +155,51 @@ fn residency_counts_the_queue_and_the_requests_in_flight() {
     });
 }
 
-#[test]
-fn the_default_budget_reports_the_decoder_streamed() {
-    // Proves the state follows the plan: under the default VRAM budget (40 % of the
-    // model) the decoder streams part of itself each step and says so, in the JSON
-    // and on /metrics, where under a roomy budget it is resident; and it answers.
-    let dir = tempfile::tempdir().unwrap();
-    let (_, llama) = models_without_eos(dir.path());
-    let llama = llama.display().to_string();
-    let whole = {
-        let server = Server::start(&["--model", llama.as_str(), "--vram-budget", ROOMY]);
-        let report = residency(&server);
-        let entry = model(&report, "llama");
-        assert_eq!(entry["state"], "resident", "{entry}");
-        entry["model_bytes"].as_u64().unwrap()
-    };
-    let server = Server::start(&["--model", llama.as_str()]);
+/// The decoder's residency entry and its state gauges under `budget`, and whether a
+/// completion is answered.
+fn under_budget(llama: &str, budget: &str) -> (Value, [f64; 2]) {
+    let server = Server::start(&["--model", llama, "--vram-budget", budget]);
     let report = residency(&server);
-    let entry = model(&report, "llama");
-    let streamed = entry["streamed_bytes_per_step"].as_u64().unwrap();
-    assert_eq!(entry["model_bytes"], whole);
-    assert_eq!(entry["state"], "streamed", "{entry}");
-    assert!(streamed > 0 && streamed < whole, "{entry}");
-    assert_eq!(state_gauge(&server, "llama", "streamed"), 1.0);
-    assert_eq!(state_gauge(&server, "llama", "resident"), 0.0);
+    let entry = model(&report, "llama").clone();
+    let state = entry["state"].as_str().unwrap().to_string();
+    let gauges = [
+        state_gauge(&server, "llama", &state),
+        ["resident", "streamed", "cold"]
+            .iter()
+            .map(|other| state_gauge(&server, "llama", other))
+            .sum(),
+    ];
     let reply = server.post(
         "/v1/completions",
         &json!({"model": "llama", "prompt": "hi", "max_tokens": 2}),
     );
-    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(reply.status, 200, "under {budget}: {}", reply.text());
+    (entry, gauges)
+}
+
+#[test]
+fn the_state_follows_the_budget_resident_streamed_cold() {
+    // Proves the state follows the plan: in a roomy budget the decoder is resident;
+    // in two thirds of its size it keeps some blocks and streams the rest (fewer
+    // bytes than the model); in a third it keeps none (it streams all of it). Each
+    // time /metrics shows 1 for that state alone, and the model still answers.
+    let dir = tempfile::tempdir().unwrap();
+    let (_, llama) = models_without_eos(dir.path());
+    let llama = llama.display().to_string();
+    let (roomy, gauges) = under_budget(&llama, ROOMY);
+    assert_eq!(roomy["state"], "resident", "{roomy}");
+    assert_eq!(roomy["streamed_bytes_per_step"], 0);
+    assert_eq!(gauges, [1.0, 1.0]);
+    let whole = roomy["model_bytes"].as_u64().unwrap();
+    let (part, gauges) = under_budget(&llama, &format!("{}B", whole * 2 / 3));
+    let streamed = part["streamed_bytes_per_step"].as_u64().unwrap();
+    assert_eq!(part["state"], "streamed", "{part}");
+    assert!(streamed > 0 && streamed < whole, "{part}");
+    assert_eq!(gauges, [1.0, 1.0]);
+    let (none, gauges) = under_budget(&llama, &format!("{}B", whole / 3));
+    assert_eq!(none["state"], "cold", "{none}");
+    assert_eq!(none["streamed_bytes_per_step"], whole);
+    assert_eq!(gauges, [1.0, 1.0]);
 }
 
 #[test]
