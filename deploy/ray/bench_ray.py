@@ -89,6 +89,31 @@ def measure(serve, build_app, config: dict, bodies, clients: int, port: int, exp
     }
 
 
+def direct(folders, workdir: Path, bodies, clients: int) -> dict:
+    """The same load straight to one `stagehand serve` holding both models: what Ray's
+    proxy and the ingress add."""
+    from stagehand_ray.process import ServeProcess
+
+    config = layout_config(folders, workdir, split=False)
+    process = ServeProcess(BINARY, {"limits": config["serve"]["limits"], "models": config["model_sets"][0]},
+                           workdir)
+    process.start(START_S)
+    try:
+        for path, body in bodies[:4]:
+            http(process.url + path, body)
+        load_before = os.getloadavg()[0]
+        started = time.monotonic()
+        with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+            statuses = list(pool.map(lambda pb: http(process.url + pb[0], pb[1], 300)[0], bodies))
+        seconds = time.monotonic() - started
+        load_after = os.getloadavg()[0]
+    finally:
+        process.stop(30)
+    return {"replicas": "direct", "ok": statuses.count(200), "requests": len(bodies), "seconds": seconds,
+            "per_second": len(bodies) / seconds, "first_try_share": 1.0, "states": {},
+            "load": (load_before, load_after)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=200)
@@ -108,7 +133,8 @@ def main() -> int:
              runtime_env={"env_vars": {"PYTHONPATH": str(HERE)}})
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": args.port})
-        results = []
+        results = [direct(folders, work / "direct", bodies, args.clients)]
+        print(json.dumps(results[0]), flush=True)
         for split, expected in ((False, 1), (True, 2), (False, 1), (True, 2)):
             config = layout_config(folders, work / f"state-{len(results)}", split)
             result = measure(serve, build_app, config, bodies, args.clients, args.port, expected)
