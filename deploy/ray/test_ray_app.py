@@ -11,12 +11,15 @@ Proves, in order:
    /metrics counts every request for its model and none for the other's, and the
    ingress found the model on its first try for >= 95 % of them;
 3. a full queue's 429 reaches the client with its Retry-After;
-4. killing a replica's process mid-load loses no request: each is answered 200 or
-   503 with Retry-After, never dropped; its failing /ready makes Ray replace the
-   replica, and the model answers again from the new one;
+4. killing a replica's process mid-load loses no request: each is answered 200 (asked
+   again until the replacement holds the model) or 503 with Retry-After, never
+   dropped; its failing /ready makes Ray replace the replica, and the model answers
+   again from the new one;
 5. removing the application drains every replica: each process exits 0 with both
    budgets at zero;
-6. with autoscaling on ongoing requests, queue pressure scales 1 replica to 2.
+6. with autoscaling on ongoing requests, queue pressure scales 1 replica to 2;
+7. SIGTERM of `python -m stagehand_ray` lets a stream in flight finish (`data:
+   [DONE]`), drains every replica (exit 0, budgets zero) and exits 0.
 
 Usage: DEPLOY_STAGEHAND_BIN=target/release/stagehand python deploy/ray/test_ray_app.py
 (not STAGEHAND_*: serve reads every STAGEHAND_ variable as a setting and refuses
@@ -30,6 +33,7 @@ import concurrent.futures
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -319,6 +323,42 @@ def scales_under_queue_pressure(serve, build_app, folders, state_dir: Path, port
     check(statuses.count(200) == 8, f"the 8 long requests answered {statuses}")
 
 
+def sigterm_of_the_launcher_drains(folders, work: Path) -> None:
+    print("7. SIGTERM of `python -m stagehand_ray`: the stream in flight ends, every replica drains", flush=True)
+    import yaml
+
+    state_dir = work / "launched"
+    config = app_config(folders, state_dir)
+    path = work / "launched.yaml"
+    path.write_text(yaml.safe_dump(config))
+    port = int(os.environ.get("DEPLOY_RAY_PORT", "18642")) + 1
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "stagehand_ray", str(path), "--port", str(port), "--num-cpus", "4"],
+        cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = ""
+        deadline = time.monotonic() + START_S
+        while "listening on" not in line and time.monotonic() < deadline and launcher.poll() is None:
+            line = launcher.stdout.readline()
+        check("listening on" in line, f"the launcher serves: {line.strip()}")
+        body = {"model": "llama", "prompt": "s", "max_tokens": 300, "stream": True}
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions",
+                                         data=json.dumps(body).encode(),
+                                         headers={"content-type": "application/json"})
+        stream = urllib.request.urlopen(request, timeout=REQUEST_S)
+        stream.readline()  # the generation has begun
+        launcher.send_signal(signal.SIGTERM)
+        rest = stream.read().decode()
+        check(rest.rstrip().endswith("data: [DONE]"), "the stream in flight ran to data: [DONE]")
+        code = launcher.wait(120)
+        check(code == 0, f"the launcher exited {code}")
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    drained(state_dir, skip=set())
+
+
 def main() -> int:
     if not Path(BINARY).is_file():
         print(f"no stagehand binary at {BINARY}: run `cargo build --release` first", file=sys.stderr)
@@ -357,7 +397,9 @@ def main() -> int:
         drained(scaled_dir, skip=set())
     finally:
         ray.shutdown()
+    sigterm_of_the_launcher_drains(folders, work)
     print(f"all checks passed in {time.monotonic() - started:.1f} s")
+    shutil.rmtree(work, ignore_errors=True)  # kept when a check fails, for its logs
     return 0
 
 

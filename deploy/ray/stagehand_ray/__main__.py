@@ -26,15 +26,20 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     config = load_config(args.config)
     stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
     ray.init(address=args.address, num_cpus=args.num_cpus, include_dashboard=False,
              log_to_driver=False)
+    # After ray.init: Ray's core worker installs its own SIGTERM handler (it aborts).
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
     serve.start(http_options={"host": args.host, "port": args.port})
     serve.run(build_app({"config": config}), name="stagehand", route_prefix="/")
     print(f"stagehand on ray: listening on http://{args.host}:{args.port}", flush=True)
     stop.wait()
     print("stagehand on ray: draining every replica", flush=True)
+    # The application first, with the HTTP proxy still up: Ray waits for each
+    # replica's requests (streams included) before its __del__ drains the process.
+    # serve.shutdown() alone stops the proxy at once, cutting streams in flight.
+    serve.delete("stagehand")
     serve.shutdown()
     ray.shutdown()
     print("stagehand on ray: stopped", flush=True)

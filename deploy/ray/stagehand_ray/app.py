@@ -13,7 +13,8 @@ resident, with Ray Serve's own model multiplexing.
 - Ray's router falls back, for a model no replica has registered, to the replicas
   with the fewest models, then to any (power of two choices on queue length: the
   least loaded). A replica asked for a model it does not serve answers "not here",
-  and the ingress asks again (counted: `GET /ingress/stats`).
+  and the ingress asks again (counted: `GET /ingress/stats`), for up to
+  `retry_seconds` (30), then answers 503 with Retry-After.
 - `check_health` fails when the process has exited or `/ready` is not 200: Ray
   replaces the replica (a new process with the same model set).
 - Autoscaling is Ray's, on ongoing requests per replica: a replica's ongoing
@@ -32,6 +33,7 @@ import json
 import logging
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, AsyncIterator, Optional
 
@@ -105,22 +107,35 @@ class StagehandReplica:
     def __init__(self) -> None:
         self.process: Optional[ServeProcess] = None
         self.session: Optional[aiohttp.ClientSession] = None
+        self.model_set: Optional[int] = None
         self.static: set[str] = set()
         self.catalog: dict[str, dict] = {}
         self.admin_key: Optional[str] = None
         self.config: dict = {}
         self.state_dir: Optional[Path] = None
+        self.get_model = None
+        self.switching = asyncio.Lock()
         self.tag = serve.get_replica_context().replica_tag
 
     async def reconfigure(self, config: dict, rank) -> None:
-        """Starts the process with this replica's model set (once: a changed model
-        set takes a redeploy, which replaces the replicas)."""
-        if self.process is not None:
-            return
-        self.config = config
+        """Starts the process with the model set of this replica's rank. Ray may give
+        a replica another rank later (a replacement started before the replica it
+        replaces released its rank is renumbered to keep ranks contiguous): then the
+        process drains and a new one starts with the set of the new rank."""
         sets = config["model_sets"]
         index = rank.rank % len(sets)
-        models = list(sets[index])
+        async with self.switching:
+            if self.process is not None and index == self.model_set:
+                return
+            if self.process is not None:
+                logger.info("rank %d: model set %s becomes %d", rank.rank, self.model_set, index)
+                await self._stop(f"drain-{self.tag}-set{self.model_set}.json")
+            self.config = config
+            await self._start(index, rank.rank)
+
+    async def _start(self, index: int, rank: int) -> None:
+        config = self.config
+        models = list(config["model_sets"][index])
         serve_config = dict(config.get("serve", {}))
         serve_config["models"] = models
         self.catalog = {model["name"]: model for model in config.get("catalog", [])}
@@ -132,20 +147,42 @@ class StagehandReplica:
         self.state_dir = Path(state_dir) if state_dir else None
         workdir = (self.state_dir or Path(tempfile.mkdtemp(prefix="stagehand-ray-"))) / self.tag
         self.loop = asyncio.get_running_loop()
-        self.process = ServeProcess(config["binary"], serve_config, workdir, log=config.get("log", "warn"))
-        await asyncio.to_thread(self.process.start, float(config.get("start_timeout_s", 600)))
-        self.session = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
-        )
+        process = ServeProcess(config["binary"], serve_config, workdir, log=config.get("log", "warn"))
+        process.spawn()  # on the replica's own loop thread (see spawn)
+        await asyncio.to_thread(process.wait_listening, float(config.get("start_timeout_s", 600)))
+        if self.session is None:
+            self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=5))
+        self.process, self.model_set = process, index
         self.static = {model["name"] for model in models}
-        self._write_state({"rank": rank.rank, "model_set": index, "addr": self.process.addr,
-                           "pid": self.process.pid, "models": sorted(self.static)})
+        # A multiplexer of its own for this model set: what it registers with Ray's
+        # router replaces what the last one registered.
+        async def load(model_id: str) -> ServedHere:
+            # A plain function: the multiplexer keeps its cache on the function.
+            return await self._load_model(model_id)
+
+        self.get_model = serve.multiplexed(
+            max_num_models_per_replica=int(config.get("max_models_per_replica", 16))
+        )(load)
+        self._write_state({"rank": rank, "model_set": index, "addr": process.addr,
+                           "pid": process.pid, "models": sorted(self.static)})
         # Register every served model with Ray's multiplexer, resident ones last.
         residency = await self.residency()
         ordered = sorted(residency["models"], key=lambda m: STATES_LAST_RESIDENT.get(m["state"], 0))
         for model in ordered:
             await self.get_model(model["id"])
-        logger.info("stagehand serve at %s holds %s", self.process.addr, sorted(self.static))
+        logger.info("stagehand serve at %s holds %s", process.addr, sorted(self.static))
+
+    async def _stop(self, report_name: str) -> None:
+        """Drains the process (SIGTERM) and writes its report as `report_name`."""
+        process, self.process = self.process, None
+        self.static = set()
+        if process is None:
+            return
+        drain_s = float(self.config.get("serve", {}).get("limits", {}).get("drain_seconds", 30))
+        report = await asyncio.to_thread(process.stop, drain_s + 15)
+        if self.state_dir is not None:
+            (self.state_dir / report_name).write_text(json.dumps(report.to_json()))
+        logger.info("stagehand serve stopped: %s", report.to_json())
 
     def _write_state(self, state: dict) -> None:
         if self.state_dir is None:
@@ -153,11 +190,11 @@ class StagehandReplica:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         (self.state_dir / f"replica-{self.tag}.json").write_text(json.dumps(state))
 
-    @serve.multiplexed(max_num_models_per_replica=16)
-    async def get_model(self, model_id: str) -> ServedHere:
+    async def _load_model(self, model_id: str) -> ServedHere:
+        """What the multiplexer calls for a model it does not have yet."""
         if model_id in self.static:
             return ServedHere(self, model_id, on_demand=False)
-        if model_id not in self.catalog:
+        if model_id not in self.catalog or self.process is None:
             raise ModelNotHere(model_id)
         async with self.session.post(
             f"{self.process.url}/admin/models",
@@ -169,28 +206,34 @@ class StagehandReplica:
         return ServedHere(self, model_id, on_demand=True)
 
     async def unload(self, model_id: str) -> None:
-        if self.session is None or not self.process.alive():
+        process = self.process
+        if self.session is None or process is None or not process.alive():
             return
         async with self.session.delete(
-            f"{self.process.url}/admin/models/{model_id}",
+            f"{process.url}/admin/models/{model_id}",
             headers={"authorization": f"Bearer {self.admin_key}"},
         ) as reply:
             await reply.read()
 
     async def _here(self) -> bool:
-        """Whether the request's model is served here (loading it from the catalog)."""
+        """Whether the request's model is served here now (loading it from the
+        catalog); false while the process starts or switches model sets."""
+        model_id = serve.get_multiplexed_model_id()
+        if self.get_model is None or self.process is None:
+            return False
         try:
-            await self.get_model(serve.get_multiplexed_model_id())
-            return True
+            await self.get_model(model_id)
         except ModelNotHere:
             return False
+        return model_id in self.static or model_id in self.catalog
 
     async def forward(self, path: str, body: bytes, headers: dict) -> tuple[int, dict, bytes]:
         """One request to the process: its status, passed headers and body."""
-        if not await self._here():
+        process = self.process
+        if not await self._here() or process is not self.process:
             return 404, {NOT_HERE: "1", "content-type": "application/json"}, b"{}"
         try:
-            async with self.session.post(f"{self.process.url}{path}", data=body, headers=headers) as reply:
+            async with self.session.post(f"{process.url}{path}", data=body, headers=headers) as reply:
                 content = await reply.read()
                 return reply.status, passed(reply.headers), content
         except aiohttp.ClientError as error:
@@ -200,11 +243,12 @@ class StagehandReplica:
     async def stream(self, path: str, body: bytes, headers: dict) -> AsyncIterator[Any]:
         """A streamed request: first `(status, headers)`, then the body's chunks as
         the process writes them (server-sent events pass through unchanged)."""
-        if not await self._here():
+        process = self.process
+        if not await self._here() or process is not self.process:
             yield 404, {NOT_HERE: "1", "content-type": "application/json"}
             return
         try:
-            reply = await self.session.post(f"{self.process.url}{path}", data=body, headers=headers)
+            reply = await self.session.post(f"{process.url}{path}", data=body, headers=headers)
         except aiohttp.ClientError as error:
             status, head, content = not_taken(error)
             yield status, head
@@ -222,12 +266,13 @@ class StagehandReplica:
     async def check_health(self) -> None:
         """Raising makes Ray replace this replica: the process exited, or /ready is
         not 200."""
-        if self.process is None:
-            return
-        if not self.process.alive():
-            raise ServeFailed(f"stagehand serve exited:\n{self.process.stderr_tail()}")
+        process = self.process
+        if process is None:
+            return  # starting, or switching model sets
+        if not process.alive():
+            raise ServeFailed(f"stagehand serve exited:\n{process.stderr_tail()}")
         try:
-            async with self.session.get(f"{self.process.url}/ready") as reply:
+            async with self.session.get(f"{process.url}/ready") as reply:
                 if reply.status != 200:
                     raise ServeFailed(f"/ready answered {reply.status}")
         except aiohttp.ClientError as error:
@@ -235,15 +280,10 @@ class StagehandReplica:
 
     async def __del__(self) -> None:
         """Ray's graceful shutdown: the process drains (SIGTERM) and reports."""
-        if self.process is None:
-            return
-        drain_s = float(self.config.get("serve", {}).get("limits", {}).get("drain_seconds", 30))
-        report = await asyncio.to_thread(self.process.stop, drain_s + 15)
+        await self._stop(f"drain-{self.tag}.json")
         if self.session is not None:
             await self.session.close()
-        if self.state_dir is not None:
-            (self.state_dir / f"drain-{self.tag}.json").write_text(json.dumps(report.to_json()))
-        logger.info("stagehand serve stopped: %s", report.to_json())
+            self.session = None
 
 
 def passed(headers) -> dict:
@@ -261,10 +301,12 @@ class OpenAIIngress:
     """The OpenAI-compatible front: routes each request by its `model` to a replica
     that holds it, passes the answer on (status, `Retry-After`, SSE chunks)."""
 
-    def __init__(self, replicas: DeploymentHandle, models: list[str], attempts: int = 20) -> None:
+    def __init__(self, replicas: DeploymentHandle, models: list[str], retry_seconds: float = 30.0) -> None:
         self.replicas = replicas
         self.models = sorted(set(models))
-        self.attempts = attempts
+        # How long a request not taken (its replica's process gone, or the model not
+        # there) is asked again: long enough for Ray to replace a replica.
+        self.retry_seconds = retry_seconds
         self.stats = {"requests": 0, "first_attempt_here": 0, "asked_again": 0, "unavailable": 0}
 
     async def __call__(self, request: Request) -> Response:
@@ -306,8 +348,16 @@ class OpenAIIngress:
             self.stats["asked_again"] += 1
         return min(0.05 * (attempt + 1), 0.5)
 
+    def _attempts(self):
+        """0, 1, 2, ... while the retry time lasts."""
+        deadline = time.monotonic() + self.retry_seconds
+        attempt = 0
+        while attempt == 0 or time.monotonic() < deadline:
+            yield attempt
+            attempt += 1
+
     async def _forward(self, handle, path: str, body: bytes, headers: dict) -> Response:
-        for attempt in range(self.attempts):
+        for attempt in self._attempts():
             try:
                 status, head, content = await handle.forward.remote(path, body, headers)
             except RayActorError:
@@ -327,7 +377,7 @@ class OpenAIIngress:
 
     async def _stream(self, handle, path: str, body: bytes, headers: dict) -> Response:
         streaming = handle.options(stream=True)
-        for attempt in range(self.attempts):
+        for attempt in self._attempts():
             chunks = streaming.stream.remote(path, body, headers)
             try:
                 status, head = await chunks.__anext__()
@@ -398,4 +448,6 @@ def build_app(args: dict):
         options["num_replicas"] = int(config.get("num_replicas", len(config["model_sets"])))
     replicas = StagehandReplica.options(**options).bind()
     names = [model["name"] for model in itertools.chain(*config["model_sets"], config.get("catalog", []))]
-    return OpenAIIngress.bind(replicas, names)
+    # The ingress holds each request (a stream to its end) as long as the replicas do.
+    ingress = OpenAIIngress.options(graceful_shutdown_timeout_s=drain_s + 30)
+    return ingress.bind(replicas, names, float(config.get("retry_seconds", 30)))

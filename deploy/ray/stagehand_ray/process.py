@@ -9,9 +9,9 @@ replica (`app.py`) is a thin shell around it."""
 from __future__ import annotations
 
 import collections
-import ctypes
 import os
 import re
+import shutil
 import signal
 import subprocess
 import threading
@@ -57,15 +57,16 @@ class DrainReport:
         }
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM it (a drain) if its supervisor dies, so a
-    replica killed outright leaves no orphan holding a GPU."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        PR_SET_PDEATHSIG = 1
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass  # not Linux: the supervisor's __del__ still stops it
+def _with_parent_death_signal(command: list[str]) -> list[str]:
+    """`command` under util-linux's `setpriv --pdeathsig TERM` where it exists: the
+    process gets SIGTERM (a drain) if its supervisor dies, so a replica killed
+    outright leaves no orphan holding a GPU. Not a `preexec_fn`: Python code between
+    fork and exec in a process with Ray's gRPC threads can crash the child before it
+    runs (seen: SIGABRT/SIGALRM in the forked child)."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        return command  # without it, the supervisor's __del__ still stops the process
+    return [setpriv, "--pdeathsig", "TERM", "--", *command]
 
 
 class ServeProcess:
@@ -110,20 +111,33 @@ class ServeProcess:
     def start(self, timeout_s: float = 600.0) -> str:
         """Writes the config, starts the process and waits for its address (every
         model loaded). A failure names the exit code and stderr's last lines."""
+        self.spawn()
+        return self.wait_listening(timeout_s)
+
+    def spawn(self) -> None:
+        """Writes the config and starts the process. Call it on a thread that lives as
+        long as the supervisor: the child's parent-death signal follows the thread
+        that spawned it, not the process."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         config = dict(self.config)
         config["bind"] = "127.0.0.1:0"
         path = self.workdir / "serve.toml"
         path.write_text(toml.dumps(config))
+        command = [self.binary, "serve", "--config", str(path), "--log", self.log]
         self._child = subprocess.Popen(
-            [self.binary, "serve", "--config", str(path), "--log", self.log],
+            _with_parent_death_signal(command),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
             env=self.env,
-            preexec_fn=_die_with_parent,
         )
+
+    def wait_listening(self, timeout_s: float) -> str:
+        """Waits for the line that gives the address (printed once every model is
+        loaded); may run on any thread."""
+        if self._child is None:
+            raise ServeFailed("stagehand serve was not started")
         first: list[str] = []
         reader = threading.Thread(
             target=lambda: first.append(self._child.stdout.readline()), daemon=True
