@@ -1,7 +1,7 @@
 //! The routes: `/v1/models`, `/v1/embeddings`, the generation endpoints (in
 //! [`super::generation`]), loading and unloading models (`/admin/models`, in
-//! [`super::admin`]), `/metrics`, `/health`, `/ready`; the API-key check; the
-//! body limit; errors in OpenAI's shape for every failure, 404s included.
+//! [`super::admin`]), `/metrics`, `/residency` (in [`super::residency`]), `/health`,
+//! `/ready`; the API-key check; the body limit; errors in OpenAI's shape for every failure, 404s included.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -56,6 +56,7 @@ pub fn router(app: Arc<AppState>) -> Router {
         .route("/health", get(health))
         .route("/ready", get(ready))
         .route("/metrics", get(metrics))
+        .route("/residency", get(super::residency::residency))
         .merge(api)
         .merge(admin)
         .fallback(not_found)
@@ -124,6 +125,9 @@ async fn ready(State(app): State<Arc<AppState>>) -> Response {
 }
 
 async fn metrics(State(app): State<Arc<AppState>>) -> Response {
+    // The gauges a router reads (queue depth, residency state) are set from the
+    // models' own figures at each scrape, not only when a request arrives.
+    super::residency::report(&app);
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         app.telemetry.render(),

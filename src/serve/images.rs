@@ -214,15 +214,18 @@ fn parse_size(size: &str) -> Result<(usize, usize), ApiError> {
 pub(super) fn serve_images(
     parts: FluxParts,
     settings: Settings,
-    observer: Arc<crate::telemetry::PrometheusObserver>,
+    (observer, stages): (
+        Arc<dyn stagehand_actors::Observer>,
+        Arc<crate::telemetry::PrometheusObserver>,
+    ),
     (jobs, shared): (flume::Receiver<ImageJob>, Option<(SharedBudget, String)>),
 ) -> Result<StatsSnapshot, RunError> {
     let run = PipelineRun {
         settings: &settings,
-        observer: Arc::clone(&observer) as Arc<dyn stagehand_actors::Observer>,
+        observer,
         progress: Arc::new(|_, _, _| {}),
         shared,
-        stages: Some(observer),
+        stages: Some(stages),
     };
     for job in jobs.iter() {
         if job.cancel.is_cancelled() {

@@ -23,6 +23,7 @@ use crate::telemetry::serving::{ModelSeries, ServeTelemetry};
 
 use super::chat::ChatTemplate;
 use super::config::{ModelConfig, ServeConfig};
+use super::residency::ResidencyProbe;
 use super::state::ServedModel;
 use super::ServeError;
 
@@ -86,10 +87,8 @@ pub(super) fn load(
     };
     let (jobs, queue) = flume::bounded(queue_depth);
     let (ready, loaded) = flume::bounded(1);
-    let observer = telemetry
-        .observer(name)
-        .ok_or_else(|| ServeError::Failed(format!("no pipeline series for {name}")))?
-        as Arc<dyn stagehand_actors::Observer>;
+    let residency = ResidencyProbe::new();
+    let observer = observer(telemetry, name, &residency)?;
     let batches = Box::new(SeriesBatches(Arc::clone(&series)));
     let shared = shared.map(|pool| SharedMember {
         pool: pool.clone(),
@@ -113,6 +112,7 @@ pub(super) fn load(
             ServeError::Failed(format!("cannot start the thread of {name}: {error}"))
         })?;
     let (info, worker) = await_ready(&loaded, worker).map_err(bad)?;
+    residency.set_model_bytes(info.model_bytes);
     tracing::info!(
         "serve: {name} loaded ({}, {} streamed under a VRAM budget of {} and a pin ceiling of {})",
         kind.with_article(),
@@ -133,8 +133,26 @@ pub(super) fn load(
         series,
         created: now_seconds(),
         images: None,
+        residency,
+        in_flight: Default::default(),
     };
     Ok((served, worker))
+}
+
+/// The model's pipeline observer (its Prometheus series) with its residency probe
+/// beside it: the session tells both the same events.
+fn observer(
+    telemetry: &ServeTelemetry,
+    name: &str,
+    residency: &Arc<ResidencyProbe>,
+) -> Result<Arc<dyn stagehand_actors::Observer>, ServeError> {
+    let series = telemetry
+        .observer(name)
+        .ok_or_else(|| ServeError::Failed(format!("no pipeline series for {name}")))?;
+    Ok(Arc::new(stagehand_actors::Tee(
+        series,
+        Arc::clone(residency),
+    )))
 }
 
 fn now_seconds() -> u64 {
@@ -168,17 +186,20 @@ fn load_images(
     let series = telemetry
         .model(name)
         .ok_or_else(|| ServeError::Failed(format!("no series for {name}")))?;
-    let observer = telemetry
+    let info = super::images::info(&parts, &settings);
+    let residency = ResidencyProbe::new();
+    residency.set_model_bytes(info.model_bytes);
+    let observer = observer(telemetry, name, &residency)?;
+    let stages = telemetry
         .observer(name)
         .ok_or_else(|| ServeError::Failed(format!("no pipeline series for {name}")))?;
     let queue_depth = model.queue_depth.unwrap_or(config.limits.queue_depth);
     let (images, queue) = flume::bounded(queue_depth);
-    let info = super::images::info(&parts, &settings);
     let worker_parts = parts.clone();
     let worker = std::thread::Builder::new()
         .name(format!("serve-{name}"))
         .spawn(move || {
-            super::images::serve_images(worker_parts, settings, observer, (queue, shared))
+            super::images::serve_images(worker_parts, settings, (observer, stages), (queue, shared))
         })
         .map_err(|error| {
             ServeError::Failed(format!("cannot start the thread of {name}: {error}"))
@@ -202,6 +223,8 @@ fn load_images(
         series,
         created: now_seconds(),
         images: Some(images),
+        residency,
+        in_flight: Default::default(),
     };
     Ok((served, worker))
 }

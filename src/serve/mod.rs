@@ -20,6 +20,7 @@ mod handlers;
 mod images;
 mod load;
 mod openai;
+mod residency;
 mod state;
 mod stop_text;
 mod streaming;
@@ -39,6 +40,7 @@ pub use access::{keys_match, AccessError};
 pub use chat::{ChatTemplate, TemplateMessage};
 pub use config::{AdminConfig, Limits, ModelConfig, ServeConfig};
 pub use errors::ApiError;
+pub use residency::{ModelResidency, ModelState, ResidencyReport};
 
 use state::AppState;
 

@@ -14,6 +14,7 @@ use super::admin::Loader;
 use super::chat::ChatTemplate;
 use super::config::Limits;
 use super::errors::ApiError;
+use super::residency::ResidencyProbe;
 
 /// One model as the handlers see it.
 pub struct ServedModel {
@@ -34,6 +35,10 @@ pub struct ServedModel {
     pub created: u64,
     /// An image model's queue (its folder a pipeline); its `jobs` then take nothing.
     pub images: Option<flume::Sender<super::images::ImageJob>>,
+    /// Its plan and occupancy as its session reports them (`GET /residency`).
+    pub residency: Arc<ResidencyProbe>,
+    /// Requests admitted for it and not yet answered.
+    pub in_flight: AtomicUsize,
 }
 
 impl ServedModel {
@@ -42,6 +47,14 @@ impl ServedModel {
     pub fn ids(&self) -> Vec<String> {
         let adapters = self.adapters.iter().map(|a| format!("{}:{a}", self.name));
         std::iter::once(self.name.clone()).chain(adapters).collect()
+    }
+
+    /// Requests waiting in its queue now (text or image jobs).
+    pub fn queued(&self) -> usize {
+        match &self.images {
+            Some(images) => images.len(),
+            None => self.jobs.len(),
+        }
     }
 
     pub fn is_encoder(&self) -> bool {
@@ -151,6 +164,8 @@ impl AppState {
             ));
         }
         self.in_flight.fetch_add(1, Ordering::SeqCst);
+        model.in_flight.fetch_add(1, Ordering::SeqCst);
+        model.residency.requested();
         model.series.in_flight.increment(1.0);
         Ok(Ticket {
             app: Arc::clone(self),
@@ -172,6 +187,7 @@ pub struct Ticket {
 impl Drop for Ticket {
     fn drop(&mut self) {
         self.app.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.model.in_flight.fetch_sub(1, Ordering::SeqCst);
         self.model.series.in_flight.decrement(1.0);
     }
 }

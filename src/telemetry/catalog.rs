@@ -142,7 +142,8 @@ pub const EXPERT_ACQUIRES: &str = "stagehand_expert_acquires_total";
 pub const ERRORS: &str = "stagehand_errors_total";
 pub use super::serving_catalog::{
     SERVE_ADAPTER_SWITCHES, SERVE_BATCH_SIZE, SERVE_IN_FLIGHT, SERVE_QUEUE_DEPTH, SERVE_REQUESTS,
-    SERVE_REQUEST_DURATION, SERVE_TIME_TO_FIRST_TOKEN, SERVE_TOKENS,
+    SERVE_REQUEST_DURATION, SERVE_RESIDENCY, SERVE_RESIDENCY_STATES, SERVE_TIME_TO_FIRST_TOKEN,
+    SERVE_TOKENS,
 };
 
 /// Every metric stagehand exports.
@@ -307,6 +308,7 @@ pub const CATALOG: &[MetricSpec] = &[
     serving_catalog::BATCH_SIZE,
     serving_catalog::TOKENS,
     serving_catalog::ADAPTER_SWITCHES,
+    serving_catalog::RESIDENCY,
     pipeline_catalog::STAGE_DURATION,
     pipeline_catalog::STAGE_TRANSFERRED_BYTES,
     pipeline_catalog::STAGE_PEAK_BYTES,

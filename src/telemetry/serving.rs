@@ -27,6 +27,8 @@ pub struct ModelSeries {
     pub prompt_tokens: Counter,
     pub generated_tokens: Counter,
     pub adapter_switches: Counter,
+    /// One gauge per residency state, in the catalog's order of the `state` label.
+    states: Vec<Gauge>,
 }
 
 impl ModelSeries {
@@ -40,6 +42,14 @@ impl ModelSeries {
             counter.increment(1);
         }
         self.durations[at].record(seconds);
+    }
+
+    /// Sets the residency gauge of `state` to 1 and the others to 0.
+    pub fn set_state(&self, state: &str) {
+        let states = catalog::SERVE_RESIDENCY_STATES.values;
+        for (value, gauge) in states.iter().zip(&self.states) {
+            gauge.set(if *value == state { 1.0 } else { 0.0 });
+        }
     }
 }
 
@@ -192,5 +202,10 @@ fn series(recorder: &PrometheusRecorder, model: &str) -> ModelSeries {
         prompt_tokens: counter(catalog::SERVE_TOKENS, with(&[("kind", "prompt")])),
         generated_tokens: counter(catalog::SERVE_TOKENS, with(&[("kind", "generated")])),
         adapter_switches: counter(catalog::SERVE_ADAPTER_SWITCHES, with(&[])),
+        states: catalog::SERVE_RESIDENCY_STATES
+            .values
+            .iter()
+            .map(|state| gauge(catalog::SERVE_RESIDENCY, with(&[("state", state)])))
+            .collect(),
     }
 }

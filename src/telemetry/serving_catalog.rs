@@ -27,6 +27,11 @@ const SERVE_OUTCOME: LabelSpec = LabelSpec {
         "failed",
     ],
 };
+/// Where a served model's weights are (`stagehand::serve::ModelState`).
+pub const SERVE_RESIDENCY_STATES: LabelSpec = LabelSpec {
+    name: "state",
+    values: &["resident", "streamed", "cold"],
+};
 const SERVE_TOKEN_KIND: LabelSpec = LabelSpec {
     name: "kind",
     values: &["prompt", "generated"],
@@ -46,6 +51,7 @@ pub const SERVE_IN_FLIGHT: &str = "stagehand_serve_in_flight_requests";
 pub const SERVE_BATCH_SIZE: &str = "stagehand_serve_batch_size_sequences";
 pub const SERVE_TOKENS: &str = "stagehand_serve_tokens_total";
 pub const SERVE_ADAPTER_SWITCHES: &str = "stagehand_serve_adapter_switches_total";
+pub const SERVE_RESIDENCY: &str = "stagehand_serve_residency_models";
 
 pub(super) const REQUESTS: MetricSpec = MetricSpec {
     name: SERVE_REQUESTS,
@@ -119,5 +125,14 @@ pub(super) const ADAPTER_SWITCHES: MetricSpec = MetricSpec {
     unit: "switches",
     labels: &[SERVED_MODEL],
     description: "`stagehand serve`: times a model attached another LoRA adapter between steps (requests naming `MODEL:ADAPTER`); each reloads the resident blocks the last one was baked into.",
+    buckets: &[],
+};
+
+pub(super) const RESIDENCY: MetricSpec = MetricSpec {
+    name: SERVE_RESIDENCY,
+    kind: MetricKind::Gauge,
+    unit: "models",
+    labels: &[SERVED_MODEL, SERVE_RESIDENCY_STATES],
+    description: "`stagehand serve`: 1 for the state a model is in, 0 for the others (resident: its plan keeps every weight block in VRAM; streamed: some blocks stream in each step; cold: none stays). Summed by state, the models in each; `GET /residency` has the same with the bytes. Set at each scrape.",
     buckets: &[],
 };
