@@ -37,29 +37,6 @@ fn generated_tokens(server: &Server) -> f64 {
     )
 }
 
-/// A streamed generation of `tokens` tokens whose first chunk has arrived.
-fn streaming(server: &Server, tokens: u64) -> std::net::TcpStream {
-    let body = json!({"model": "llama", "prompt": "hi", "max_tokens": tokens, "stream": true});
-    let mut stream = server.send(
-        "POST",
-        "/v1/completions",
-        &[],
-        Some(body.to_string().as_bytes()),
-    );
-    let mut seen = Vec::new();
-    let mut buffer = [0u8; 256];
-    while !String::from_utf8_lossy(&seen).contains("data: {") {
-        let read = stream.read(&mut buffer).expect("the stream answers");
-        assert!(
-            read > 0,
-            "the stream ended early: {}",
-            String::from_utf8_lossy(&seen)
-        );
-        seen.extend_from_slice(&buffer[..read]);
-    }
-    stream
-}
-
 #[test]
 fn a_client_that_hangs_up_cancels_its_sequence_and_frees_its_place() {
     // Proves a disconnect stops the generation at its next step: the next request,
@@ -67,7 +44,7 @@ fn a_client_that_hangs_up_cancels_its_sequence_and_frees_its_place() {
     // the 4000 tokens asked were generated.
     let dir = tempfile::tempdir().unwrap();
     let server = start(dir.path(), &[]);
-    let stream = streaming(&server, 4000);
+    let stream = server.streaming(4000);
     drop(stream);
     let next = server.post(
         "/v1/completions",
@@ -92,7 +69,7 @@ fn a_full_queue_answers_429_with_retry_after() {
     // Proves the bound: one sequence running, one request queued, the next refused.
     let dir = tempfile::tempdir().unwrap();
     let server = start(dir.path(), &["--queue-depth", "1"]);
-    let running = streaming(&server, 4000);
+    let running = server.streaming(4000);
     let queued_body = json!({"model": "llama", "prompt": "hi", "max_tokens": 2}).to_string();
     let mut queued = server.send("POST", "/v1/completions", &[], Some(queued_body.as_bytes()));
     serve_support::eventually("the second request is queued", || {

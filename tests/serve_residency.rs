@@ -62,25 +62,6 @@ fn state_gauge(server: &Server, model: &str, state: &str) -> f64 {
     )
 }
 
-/// Starts a streamed generation of `tokens` tokens and returns once it has begun.
-fn streaming(server: &Server, tokens: u64) -> std::net::TcpStream {
-    let body = json!({"model": "llama", "prompt": "hi", "max_tokens": tokens, "stream": true});
-    let mut stream = server.send(
-        "POST",
-        "/v1/completions",
-        &[],
-        Some(body.to_string().as_bytes()),
-    );
-    let mut seen = Vec::new();
-    let mut buffer = [0u8; 256];
-    while !String::from_utf8_lossy(&seen).contains("data: {") {
-        let read = stream.read(&mut buffer).expect("the stream answers");
-        assert!(read > 0, "the stream ended early");
-        seen.extend_from_slice(&buffer[..read]);
-    }
-    stream
-}
-
 #[test]
 fn residency_names_each_models_state_queue_and_shares() {
     // Proves the report lists every served model with its kind, state, queue bound
@@ -127,7 +108,7 @@ fn residency_counts_the_queue_and_the_requests_in_flight() {
     // metrics page, read at the scrape), none on the encoder; both go back to 0.
     let dir = tempfile::tempdir().unwrap();
     let server = start(dir.path(), &[]);
-    let running = streaming(&server, 4000);
+    let running = server.streaming(4000);
     let queued_body = json!({"model": "llama", "prompt": "hi", "max_tokens": 2}).to_string();
     let mut queued = server.send("POST", "/v1/completions", &[], Some(queued_body.as_bytes()));
     eventually("the second request is queued", || {
@@ -208,7 +189,7 @@ fn residency_says_draining_after_sigterm_while_a_request_finishes() {
     // endpoint: after SIGTERM, with a request still running, `draining` is true.
     let dir = tempfile::tempdir().unwrap();
     let server = start(dir.path(), &["--drain-seconds", "30"]);
-    let running = streaming(&server, 4000);
+    let running = server.streaming(4000);
     server.signal(libc::SIGTERM);
     eventually("the server drains", || {
         residency(&server)["draining"] == true

@@ -52,16 +52,14 @@ impl PipelinePart {
     /// The bytes of its weights: the part's tensors, or the folder's or file's
     /// checkpoints (0 where they cannot be read).
     pub fn bytes(&self) -> u64 {
-        let index = match &self.part {
-            Some(part) => crate::model::ModelIndex::open_part(&self.path, None, part),
-            None => {
-                let checkpoint = crate::model::ModelFolder::find(&self.path)
-                    .ok()
-                    .flatten()
-                    .map_or_else(|| self.path.clone(), |folder| folder.checkpoint);
-                crate::model::ModelIndex::open(&checkpoint, None)
-            }
+        let folder = match self.part {
+            Some(_) => None,
+            None => crate::model::ModelFolder::find(&self.path).ok().flatten(),
         };
+        let checkpoint = folder
+            .as_ref()
+            .map_or(self.path.as_path(), |folder| folder.checkpoint.as_path());
+        let index = crate::run::open_index(checkpoint, None, self.part.as_ref(), folder.is_none());
         index.map_or(0, |index| index.total_bytes())
     }
 }

@@ -47,7 +47,9 @@ pub use budget::{
 pub use cuda::{execute_cuda_with, CudaOutcome, CudaRunOptions, VramFigures};
 pub use effective::{effective_run, EffectiveValue};
 pub use execute::{execute, execute_cuda, execute_on, peak_rss_bytes};
-pub use prepare::{parse_token_ids, prepare, prepare_with, texts_from_file, NamedLora, Prepared};
+pub use prepare::{
+    open_index, parse_token_ids, prepare, prepare_with, texts_from_file, NamedLora, Prepared,
+};
 
 /// Why a run could not be set up (exit 2) or failed (exit 1).
 #[derive(Debug, thiserror::Error)]

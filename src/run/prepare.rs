@@ -118,19 +118,8 @@ pub fn prepare_with(
         .as_ref()
         .map_or(model, |folder| folder.checkpoint.as_path());
     let pattern = settings.block_pattern.as_deref();
-    let index = match &extras.part {
-        Some(part) => ModelIndex::open_part(checkpoint, pattern, part),
-        None => ModelIndex::open(checkpoint, pattern),
-    }
-    .map_err(|error| bad(&error))?;
-    // A bare checkpoint in names its family reads otherwise (the Flux autoencoder's
-    // original ones), read as that family names them.
-    let index = match (&folder, CheckpointPart::implied(&index)) {
-        (None, Some(part)) if extras.part.is_none() => {
-            ModelIndex::open_part(checkpoint, pattern, &part).map_err(|error| bad(&error))?
-        }
-        _ => index,
-    };
+    let index = open_index(checkpoint, pattern, extras.part.as_ref(), folder.is_none())
+        .map_err(|error| bad(&error))?;
     if index.blocks.is_empty() {
         return Err(RunError::BadInput(format!(
             "{}: the model has no tensors to stream",
@@ -178,6 +167,25 @@ pub fn prepare_with(
         truncated_texts,
         adapters: Vec::new(),
     })
+}
+
+/// The index of the model a run opens: `part` of the checkpoint when one is named;
+/// else the whole checkpoint — and a bare one (no folder) in names its family reads
+/// otherwise (the Flux autoencoder's original ones) read as that family names them.
+pub fn open_index(
+    checkpoint: &Path,
+    pattern: Option<&str>,
+    part: Option<&CheckpointPart>,
+    bare: bool,
+) -> Result<ModelIndex, crate::model::IndexError> {
+    if let Some(part) = part {
+        return ModelIndex::open_part(checkpoint, pattern, part);
+    }
+    let index = ModelIndex::open(checkpoint, pattern)?;
+    match CheckpointPart::implied(&index) {
+        Some(implied) if bare => ModelIndex::open_part(checkpoint, pattern, &implied),
+        _ => Ok(index),
+    }
 }
 
 /// A family that could not open its checkpoint: the user's input (exit 2), unless the

@@ -154,6 +154,32 @@ impl Server {
         stream
     }
 
+    /// Starts a streamed completion of `tokens` tokens of the served `llama` and
+    /// returns the connection once its first chunk has arrived.
+    pub fn streaming(&self, tokens: u64) -> TcpStream {
+        let body = serde_json::json!({
+            "model": "llama", "prompt": "hi", "max_tokens": tokens, "stream": true
+        });
+        let mut stream = self.send(
+            "POST",
+            "/v1/completions",
+            &[],
+            Some(body.to_string().as_bytes()),
+        );
+        let mut seen = Vec::new();
+        let mut buffer = [0u8; 256];
+        while !String::from_utf8_lossy(&seen).contains("data: {") {
+            let read = stream.read(&mut buffer).expect("the stream answers");
+            assert!(
+                read > 0,
+                "the stream ended early: {}",
+                String::from_utf8_lossy(&seen)
+            );
+            seen.extend_from_slice(&buffer[..read]);
+        }
+        stream
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.as_ref().map_or(0, Child::id)
     }

@@ -86,23 +86,10 @@ fn prepare_family(
     let checkpoint = folder
         .as_ref()
         .map_or(path, |folder| folder.checkpoint.as_path());
-    let index = match &given.part {
-        Some(part) => ModelIndex::open_part(checkpoint, pattern, part),
-        None => ModelIndex::open(checkpoint, pattern),
-    };
-    let Ok(index) = index else {
+    let bare = folder.is_none();
+    let Ok(index) = stagehand::run::open_index(checkpoint, pattern, given.part.as_ref(), bare)
+    else {
         return Ok(None);
-    };
-    let index = match (
-        &folder,
-        &given.part,
-        stagehand::model::CheckpointPart::implied(&index),
-    ) {
-        (None, None, Some(part)) => match ModelIndex::open_part(checkpoint, pattern, &part) {
-            Ok(index) => index,
-            Err(_) => return Ok(None),
-        },
-        _ => index,
     };
     let found = stagehand::families::Found {
         index: &index,
