@@ -28,10 +28,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .to_vec();
     }
     let settings = Settings::default();
-    let extras = Extras {
-        encoder: Some(EncoderInput::Texts(texts.clone())),
-        ..Extras::default()
-    };
+    let extras = Extras::default().with(EncoderInput::Texts(texts.clone()));
     let model = stagehand::prepare_with(
         &folder,
         WorkloadKind::Encoder,

@@ -37,14 +37,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .next()
         .unwrap_or_else(|| "Weights stream from disk".to_string());
     let settings = Settings::default();
-    let extras = Extras {
-        decoder: Some(DecoderInput {
-            prompt: PromptInput::Text(prompt.clone()),
-            sampling: Sampling::default(),
-            hint: ExpertHint::NextLayer,
-        }),
-        ..Extras::default()
-    };
+    let extras = Extras::default().with(DecoderInput {
+        prompt: PromptInput::Text(prompt.clone()),
+        sampling: Sampling::default(),
+        hint: ExpertHint::NextLayer,
+    });
     let model =
         stagehand::prepare_with(&folder, WorkloadKind::Decoder, 1, &settings, false, &extras)?;
     // The prefill and NEW_TOKENS decode steps; the first decode step's token is the

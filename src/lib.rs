@@ -17,10 +17,7 @@
 //!
 //! # fn main() -> Result<(), stagehand::RunError> {
 //! let settings = Settings::default();
-//! let extras = Extras {
-//!     encoder: Some(EncoderInput::Texts(vec!["A man is eating food.".into()])),
-//!     ..Extras::default()
-//! };
+//! let extras = Extras::default().with(EncoderInput::Texts(vec!["A man is eating food.".into()]));
 //! let folder = Path::new("models/all-MiniLM-L6-v2");
 //! let model = stagehand::prepare_with(folder, WorkloadKind::Encoder, 32, &settings, false, &extras)?;
 //! let budgets = stagehand::budgets_for(&model, &settings, BudgetAsk::steps(1));

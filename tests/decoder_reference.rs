@@ -78,14 +78,11 @@ struct Run {
 
 fn run(folder: &Path, prompt: &[u32], steps: u64) -> Run {
     let settings = Settings::default();
-    let extras = Extras {
-        decoder: Some(DecoderInput {
-            prompt: PromptInput::TokenIds(prompt.to_vec()),
-            sampling: Sampling::default(),
-            hint: ExpertHint::NextLayer,
-        }),
-        ..Extras::default()
-    };
+    let extras = Extras::default().with(DecoderInput {
+        prompt: PromptInput::TokenIds(prompt.to_vec()),
+        sampling: Sampling::default(),
+        hint: ExpertHint::NextLayer,
+    });
     let prepared =
         prepare_with(folder, WorkloadKind::Decoder, 1, &settings, false, &extras).unwrap();
     // The planner's least budget at prefetch depth 1 (two ring slots: these models

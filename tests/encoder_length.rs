@@ -18,10 +18,7 @@ fn text_of(words: usize) -> String {
 
 /// The tokens of the one step embedding `text` from `folder`, and whether it was cut.
 fn tokens_used(folder: &Path, text: &str) -> (u64, bool) {
-    let extras = Extras {
-        encoder: Some(EncoderInput::Texts(vec![text.to_string()])),
-        ..Extras::default()
-    };
+    let extras = Extras::default().with(EncoderInput::Texts(vec![text.to_string()]));
     let prepared = prepare_with(
         folder,
         WorkloadKind::Encoder,

@@ -64,10 +64,7 @@ struct Embedded {
 
 fn prepare(folder: &Path, texts: &[String], batch: usize, extras: Extras) -> Prepared {
     let settings = Settings::default();
-    let extras = Extras {
-        encoder: Some(EncoderInput::Texts(texts.to_vec())),
-        ..extras
-    };
+    let extras = extras.with(EncoderInput::Texts(texts.to_vec()));
     prepare_with(
         folder,
         WorkloadKind::Encoder,

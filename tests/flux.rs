@@ -227,10 +227,7 @@ fn comfy_quant_fp8_computes_as_scaled_fp8_and_other_formats_are_refused_by_name(
     let scaled = last_latent(&sample(&model, input(&cond, 2), 0.4));
     assert_eq!(last_latent(&sample(&quant, input(&cond, 2), 0.4)), scaled);
     let refused = |path: &Path, format: &str| {
-        let extras = Extras {
-            diffusion: Some(input(&cond, 1)),
-            ..Extras::default()
-        };
+        let extras = Extras::default().with(input(&cond, 1));
         let settings = stagehand::settings::Settings::default();
         let Err(RunError::BadInput(message)) =
             prepare_with(path, WorkloadKind::Auto, 1, &settings, false, &extras)

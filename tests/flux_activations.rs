@@ -33,17 +33,14 @@ fn model(dir: &Path, tokens: usize) -> (PathBuf, PathBuf) {
 }
 
 fn prepared(model: &Path, cond: &Path, width: usize, height: usize) -> Prepared {
-    let extras = Extras {
-        diffusion: Some(SampleInput {
-            cond: cond.to_path_buf().into(),
-            width,
-            height,
-            steps: 1,
-            guidance: None,
-            start: Start::Seed(0),
-        }),
-        ..Extras::default()
-    };
+    let extras = Extras::default().with(SampleInput {
+        cond: cond.to_path_buf().into(),
+        width,
+        height,
+        steps: 1,
+        guidance: None,
+        start: Start::Seed(0),
+    });
     let kind = WorkloadKind::Diffusion;
     prepare_with(model, kind, 1, &Settings::default(), false, &extras).unwrap()
 }

@@ -232,10 +232,10 @@ fn a_module_naming_no_weight_of_either_layout_is_refused_by_name() {
 fn refusal(model: &Path, cond: &Path, lora: &Path, module: &str, layout: Layout) -> String {
     let spec = LoraSpec::parse(&lora.display().to_string()).unwrap();
     let extras = stagehand::run::Extras {
-        diffusion: Some(input(cond, 1)),
         loras: vec![spec],
         ..stagehand::run::Extras::default()
-    };
+    }
+    .with(input(cond, 1));
     let settings = stagehand::settings::Settings::default();
     let kind = stagehand::run::WorkloadKind::Auto;
     match stagehand::run::prepare_with(model, kind, 1, &settings, false, &extras) {

@@ -213,10 +213,7 @@ fn integer_variants_stagehand_does_not_compute_are_refused_by_name() {
     let (int8, cond) = generated(dir.path(), FluxPreset::Small, Layout::Original, DType::I8);
     let (awq, _) = generated(dir.path(), FluxPreset::Small, Layout::Original, DType::U4);
     let refused = |path: &Path, expected: &str| {
-        let extras = stagehand::run::Extras {
-            diffusion: Some(input(&cond, 1)),
-            ..stagehand::run::Extras::default()
-        };
+        let extras = stagehand::run::Extras::default().with(input(&cond, 1));
         let settings = stagehand::settings::Settings::default();
         let kind = stagehand::run::WorkloadKind::Auto;
         match stagehand::run::prepare_with(path, kind, 1, &settings, false, &extras) {
@@ -275,10 +272,10 @@ fn a_lora_on_integer_weights_is_refused_by_name() {
     for dtype in [DType::I8, DType::U4] {
         let (model, cond) = generated(dir.path(), FluxPreset::Small, Layout::Original, dtype);
         let extras = stagehand::run::Extras {
-            diffusion: Some(input(&cond, 1)),
             loras: vec![spec.clone()],
             ..stagehand::run::Extras::default()
-        };
+        }
+        .with(input(&cond, 1));
         let settings = stagehand::settings::Settings::default();
         let kind = stagehand::run::WorkloadKind::Auto;
         match stagehand::run::prepare_with(&model, kind, 1, &settings, false, &extras) {

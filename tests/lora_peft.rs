@@ -44,17 +44,17 @@ fn a_peft_folder_on_a_decoder_gives_the_adapted_models_tokens_and_logits() {
     let tokens = ids(&reference["tokens"]);
     let settings = Settings::default();
     let extras = Extras {
-        decoder: Some(DecoderInput {
-            prompt: PromptInput::TokenIds(prompt),
-            sampling: Sampling::default(),
-            hint: ExpertHint::NextLayer,
-        }),
         loras: vec![LoraSpec {
             path: adapter.clone(),
             strength: 1.0,
         }],
         ..Extras::default()
-    };
+    }
+    .with(DecoderInput {
+        prompt: PromptInput::TokenIds(prompt),
+        sampling: Sampling::default(),
+        hint: ExpertHint::NextLayer,
+    });
     let model = repo("tests/fixtures/decoders/llama3");
     let prepared =
         prepare_with(&model, WorkloadKind::Decoder, 1, &settings, false, &extras).unwrap();

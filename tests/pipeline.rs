@@ -13,6 +13,7 @@ use bytesize::ByteSize;
 use stagehand::families::flux::read_tensors;
 use stagehand::families::prompt_tokens::PromptTokenizer;
 use stagehand::families::vae::LatentInput;
+use stagehand::families::PromptLength;
 use stagehand::pipeline::{generate, FluxParts, ImageRequest, PipelineRun};
 use stagehand::run::driver::Model;
 use stagehand::run::{
@@ -58,11 +59,9 @@ fn relative_difference(a: &[f32], b: &[f32]) -> f32 {
 }
 
 fn prompt_extras() -> Extras {
-    Extras {
-        encoder: Some(EncoderInput::Texts(vec![PROMPT.to_string()])),
-        prompt_length: Some(MAX_SEQUENCE_LENGTH),
-        ..Extras::default()
-    }
+    Extras::default()
+        .with(EncoderInput::Texts(vec![PROMPT.to_string()]))
+        .with(PromptLength(MAX_SEQUENCE_LENGTH))
 }
 
 fn prepare(model: &Path, extras: &Extras) -> Prepared {
@@ -225,15 +224,12 @@ fn the_vae_decodes_as_diffusers_decodes_streamed() {
 /// bit-exactly.
 fn decodes_as_diffusers(model: &Path) {
     let latent = expected("vae_latent");
-    let extras = Extras {
-        latent: Some(LatentInput {
-            latents: vec![latent],
-            height: 8,
-            width: 6,
-            tile: None,
-        }),
-        ..Extras::default()
-    };
+    let extras = Extras::default().with(LatentInput {
+        latents: vec![latent],
+        height: 8,
+        width: 6,
+        tile: None,
+    });
     let prepared = prepare(model, &extras);
     assert_eq!(prepared.family.name, "vae");
     let output = first_output(&streamed(&prepared, 1));
@@ -330,15 +326,12 @@ fn a_tiled_decode_blends_as_diffusers_tiled_decode() {
     // Proves decoding in tiles of 4 latent positions (32 pixels) overlapping by a
     // quarter, each tile a step, blended and cropped, gives diffusers'
     // `tiled_decode` of the same 12 × 10 latent.
-    let extras = Extras {
-        latent: Some(LatentInput {
-            latents: vec![expected("tiled_latent")],
-            height: 12,
-            width: 10,
-            tile: Some(4),
-        }),
-        ..Extras::default()
-    };
+    let extras = Extras::default().with(LatentInput {
+        latents: vec![expected("tiled_latent")],
+        height: 12,
+        width: 10,
+        tile: Some(4),
+    });
     let prepared = prepare(&pipeline().join("vae"), &extras);
     let Model::Vae(vae) = &prepared.workload.model else {
         panic!("opened as a VAE");
@@ -404,14 +397,11 @@ fn the_vae_encoder_gives_diffusers_latent_and_an_image_starts_from_it() {
             .2
     };
     let image = encoder("image");
-    let extras = Extras {
-        image: Some(stagehand::families::vae::ImageInput {
-            images: vec![image.clone()],
-            height: 64,
-            width: 48,
-        }),
-        ..Extras::default()
-    };
+    let extras = Extras::default().with(stagehand::families::vae::ImageInput {
+        images: vec![image.clone()],
+        height: 64,
+        width: 48,
+    });
     let prepared = prepare_with(
         &pipeline().join("vae"),
         WorkloadKind::ImageEncoder,

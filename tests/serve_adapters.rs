@@ -31,14 +31,14 @@ fn prepared(folder: &Path, own: Option<&Path>, adapters: &[(&str, &Path)]) -> Pr
     };
     let extras = Extras {
         loras: own.map(spec).into_iter().collect(),
-        decoder: Some(DecoderInput {
-            prompt: PromptInput::TokenIds(vec![0]),
-            sampling: Sampling::default(),
-            hint: ExpertHint::NextLayer,
-        }),
-        encoder: Some(EncoderInput::TokenIds(vec![vec![0]])),
         ..Extras::default()
-    };
+    }
+    .with(DecoderInput {
+        prompt: PromptInput::TokenIds(vec![0]),
+        sampling: Sampling::default(),
+        hint: ExpertHint::NextLayer,
+    })
+    .with(EncoderInput::TokenIds(vec![vec![0]]));
     let mut prepared = prepare_with(
         folder,
         WorkloadKind::Auto,

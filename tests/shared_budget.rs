@@ -69,15 +69,13 @@ impl Observer for ModelObserver {
 }
 
 fn prepared(folder: &Path) -> Prepared {
-    let extras = Extras {
-        decoder: Some(DecoderInput {
+    let extras = Extras::default()
+        .with(DecoderInput {
             prompt: PromptInput::TokenIds(vec![0]),
             sampling: Sampling::default(),
             hint: ExpertHint::NextLayer,
-        }),
-        encoder: Some(EncoderInput::TokenIds(vec![vec![0]])),
-        ..Extras::default()
-    };
+        })
+        .with(EncoderInput::TokenIds(vec![vec![0]]));
     prepare_with(
         folder,
         WorkloadKind::Auto,

@@ -253,13 +253,13 @@ fn expert_rows(bench: &Bench<'_>, budgets: Budgets) -> Result<Vec<ExpertRow>, Fa
                     policy,
                     ..MoeOptions::default()
                 },
-                decoder: Some(DecoderInput {
-                    prompt: PromptInput::Text(BUILT_IN_PROMPT.to_string()),
-                    sampling: Sampling::default(),
-                    hint,
-                }),
                 ..Extras::default()
-            };
+            }
+            .with(DecoderInput {
+                prompt: PromptInput::Text(BUILT_IN_PROMPT.to_string()),
+                sampling: Sampling::default(),
+                hint,
+            });
             bench.run_with(1, budgets, depth, ResidencyPolicy::Planned, &extras)
         };
         let plain = run(ExpertHint::None)?;

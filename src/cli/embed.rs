@@ -87,10 +87,10 @@ pub fn execute(args: EmbedArgs) -> CommandResult {
     let (input, labels) = input(&args)?;
     let extras = Extras {
         loras: args.lora.clone(),
-        encoder: Some(input),
-        embeddings: args.embeddings,
         ..Extras::default()
-    };
+    }
+    .with(input)
+    .with(args.embeddings);
     let prepared = prepare_with(
         &args.model,
         WorkloadKind::Encoder,

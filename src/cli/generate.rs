@@ -249,16 +249,16 @@ fn extras_of(args: &GenerateArgs) -> Result<Extras, Failure> {
             hint: args.moe_hint,
             slots: args.expert_slots,
         },
-        decoder: Some(DecoderInput {
-            prompt,
-            sampling,
-            hint: match args.moe_hint {
-                HintMode::None => ExpertHint::None,
-                HintMode::NextLayer => ExpertHint::NextLayer,
-            },
-        }),
         ..Extras::default()
-    })
+    }
+    .with(DecoderInput {
+        prompt,
+        sampling,
+        hint: match args.moe_hint {
+            HintMode::None => ExpertHint::None,
+            HintMode::NextLayer => ExpertHint::NextLayer,
+        },
+    }))
 }
 
 /// Prefill rate (prompt tokens over the first step's compute: the cold reads it waited

@@ -17,12 +17,10 @@ use super::{CommandResult, Failure};
 use stagehand::families::bert::EmbeddingPlacement;
 use stagehand::families::moe::HintMode;
 use stagehand::lora::LoraSpec;
-use stagehand::model::demo::DemoSpec;
-use stagehand::model::demo_moe::MoeSpec;
 use stagehand::run::summary::Summary;
 use stagehand::run::{
-    default_cache_dir, ensure_demo_model, ensure_moe_model, no_observer, prepare_with, Extras,
-    MoeOptions, RunError, RunPlan, WorkloadKind,
+    default_cache_dir, no_observer, prepare_with, Extras, MoeOptions, RunError, RunPlan,
+    WorkloadKind,
 };
 use stagehand::settings::{self, DeviceKind, SettingsArgs};
 
@@ -240,6 +238,15 @@ pub(super) fn run_prepared(
     outcome.map_err(run_error)
 }
 
+/// The generated demo model the run's workload takes without `--model`, written into
+/// the cache once.
+fn demo_model(args: &RunArgs) -> Result<PathBuf, Failure> {
+    let cache = args.cache_dir.clone().unwrap_or_else(default_cache_dir);
+    let write = stagehand::families::demo_writer(args.workload)
+        .ok_or_else(|| Failure::run_failed(anyhow::anyhow!("no family writes a demo model")))?;
+    write(&cache).map_err(|error| run_error(stagehand::run::cache_error(error)))
+}
+
 pub fn execute(args: RunArgs) -> CommandResult {
     let loaded = settings::load(&args.settings).map_err(Failure::bad_input)?;
     let settings = loaded.settings;
@@ -255,20 +262,7 @@ pub fn execute(args: RunArgs) -> CommandResult {
     });
     let (model, is_demo) = match &args.model {
         Some(path) => (path.clone(), false),
-        None if args.workload == WorkloadKind::Moe => {
-            let cache = args.cache_dir.clone().unwrap_or_else(default_cache_dir);
-            (
-                ensure_moe_model(&cache, &MoeSpec::default()).map_err(run_error)?,
-                true,
-            )
-        }
-        None => {
-            let cache = args.cache_dir.clone().unwrap_or_else(default_cache_dir);
-            (
-                ensure_demo_model(&cache, &DemoSpec::default()).map_err(run_error)?,
-                true,
-            )
-        }
+        None => (demo_model(&args)?, true),
     };
     drop(preparing);
     let extras = Extras {
@@ -278,9 +272,9 @@ pub fn execute(args: RunArgs) -> CommandResult {
             hint: args.moe_hint,
             slots: args.expert_slots,
         },
-        embeddings: args.embeddings,
         ..Extras::default()
-    };
+    }
+    .with(args.embeddings);
     let prepared = prepare_with(
         &model,
         args.workload,

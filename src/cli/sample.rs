@@ -122,9 +122,9 @@ pub fn execute(args: SampleArgs) -> CommandResult {
     let use_cuda = use_cuda(settings.device)?;
     let extras = Extras {
         loras: args.lora.clone(),
-        diffusion: Some(input_of(&args)?),
         ..Extras::default()
-    };
+    }
+    .with(input_of(&args)?);
     super::image::check_out(&args.out)?;
     let prepared = prepare_with(
         &args.model,

@@ -13,7 +13,12 @@
 //!   against the file after they have crossed the tiers. Nothing is computed.
 //!
 //! What every family answers is [`Facts`] and [`Family`] ([`family`]); how it is found
-//! and opened, [`Open`] ([`registry`]). Beside them, what families share: the block
+//! and opened, what `serve` answers with it ([`Endpoints`]) and, for a generated
+//! family, the demo a run takes without a model, [`Open`] ([`registry`]). A family's
+//! inputs are types of its own folder, carried by type in [`Extras::with`] (the texts
+//! several encoders share are [`EncoderInput`]). Adding a family is its folder, its
+//! `mod` line here and one line of the registry's `families!` list; the run, serve,
+//! bench, validate and the simulator ask the registry, never match on the kind. Beside them, what families share: the block
 //! source they are written against ([`blocks`]), LoRA sets ([`lora_set`]), tensor
 //! placement in blocks ([`placement`]), host embedding tables, the KV cache's pages.
 
@@ -46,13 +51,13 @@ mod walk;
 pub use activations::{Activations, BlockKindPeak};
 pub use family::{Decoded, ExpertNeeds, ExpertStep, Facts, Family, StepOutput};
 pub use inputs::{
-    DecoderInput, EncoderInput, Extras, MoeOptions, PromptInput, WorkloadKind, BUILT_IN_PROMPT,
-    BUILT_IN_SENTENCES,
+    EncoderInput, Extras, Inputs, MoeOptions, PromptLength, WorkloadKind, BUILT_IN_SENTENCES,
 };
 pub use kv_cache::KvCache;
+pub use llama::{DecoderInput, PromptInput, BUILT_IN_PROMPT};
 pub use registry::{
-    find, generated, supported_model_types, Entry, Found, Model, Open, Request, StepUnit, Visit,
-    REGISTRY,
+    demo_writer, find, generated, supported_model_types, DemoWriter, Endpoints, Entry, Found,
+    Model, Open, Request, StepUnit, Visit, REGISTRY,
 };
 
 #[derive(Debug, thiserror::Error)]

@@ -200,7 +200,7 @@ pub fn tokenizer_home(request: &super::registry::Request<'_>) -> Result<PathBuf,
         return Ok(folder.dir.clone());
     }
     // Token ids need no tokenizer.
-    if let Some(EncoderInput::TokenIds(_)) = request.extras.encoder {
+    if let Some(EncoderInput::TokenIds(_)) = request.extras.input() {
         return Ok(PathBuf::new());
     }
     Err(FamilyError::Model(format!(

@@ -88,6 +88,25 @@ impl StepUnit {
     }
 }
 
+/// What `serve` answers with a family's models: the endpoints their requests come
+/// through. A family declares it; the server asks the registry, never the kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoints {
+    /// Not served (the pipeline's parts, the diffusion transformer alone, the
+    /// generated models).
+    None,
+    /// `/v1/embeddings`: a batch of texts a step.
+    Embeddings,
+    /// `/v1/completions` and, with the folder's chat template, `/v1/chat/completions`:
+    /// a token a step for every sequence decoded together.
+    Completions,
+}
+
+/// Writes a family's generated demo model into a cache folder (once; later calls find
+/// it) and returns its path: what `stagehand run --workload KIND` runs without
+/// `--model`.
+pub type DemoWriter = fn(&Path) -> Result<std::path::PathBuf, crate::model::cache::CacheError>;
+
 /// How a family is found and opened: the registry's side of a family.
 pub trait Open: Family + Sized {
     /// The family's name (`llama`, `bert`).
@@ -96,6 +115,11 @@ pub trait Open: Family + Sized {
     const KIND: WorkloadKind;
     /// What one of its steps computes, for bench, validate and simulate.
     const STEP: StepUnit;
+    /// The endpoints `serve` answers with its models.
+    const ENDPOINTS: Endpoints = Endpoints::None;
+    /// A generated family's demo model, written on first use (`None`: the family
+    /// computes folders people bring).
+    const DEMO: Option<DemoWriter> = None;
     /// The `config.json` `model_type`s it computes.
     const MODEL_TYPES: &'static [&'static str] = &[];
     /// Prefixes of `config.json` `architectures` it computes, for configs without a
@@ -168,6 +192,8 @@ pub struct Entry {
     pub name: &'static str,
     pub kind: WorkloadKind,
     pub step: StepUnit,
+    pub endpoints: Endpoints,
+    pub demo: Option<DemoWriter>,
     pub model_types: &'static [&'static str],
     recognises: fn(&Found<'_>) -> bool,
     row_values: fn(&Found<'_>) -> Option<u64>,
@@ -212,6 +238,14 @@ pub fn generated(kind: WorkloadKind) -> Option<&'static Entry> {
     REGISTRY
         .iter()
         .find(|entry| entry.kind == kind && entry.model_types.is_empty())
+}
+
+/// The demo model a run of `kind` takes when it names none: the generated family of
+/// that kind's own, else the first generated family's (stream-verify checks the
+/// linear-stack demo's bytes; a kind that computes folders is refused by `find`).
+pub fn demo_writer(kind: WorkloadKind) -> Option<DemoWriter> {
+    let own = generated(kind).and_then(|entry| entry.demo);
+    own.or_else(|| REGISTRY.iter().find_map(|entry| entry.demo))
 }
 
 /// The `model_type`s of every family, for messages.
@@ -310,6 +344,8 @@ macro_rules! families {
                 name: <$family as Open>::NAME,
                 kind: <$family as Open>::KIND,
                 step: <$family as Open>::STEP,
+                endpoints: <$family as Open>::ENDPOINTS,
+                demo: <$family as Open>::DEMO,
                 model_types: <$family as Open>::MODEL_TYPES,
                 recognises: <$family as Open>::recognises,
                 row_values: <$family as Open>::activation_row_values,
@@ -332,4 +368,35 @@ families! {
     Vae => super::vae::VaeDecoder,
     VaeEncoder => super::vae::VaeEncoder,
     StreamVerify => super::stream_verify::StreamVerify,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn families_declare_their_endpoints_and_generated_ones_their_demo() {
+        // Proves what serve and `run` ask the registry: the encoder answers
+        // embeddings, the decoder completions, the pipeline parts nothing; a run of
+        // the MoE kind without a model gets the MoE demo, and a kind with no demo of
+        // its own the linear-stack one.
+        let endpoints = |name: &str| {
+            let entry = REGISTRY.iter().find(|entry| entry.name == name);
+            entry.map(|entry| entry.endpoints)
+        };
+        assert_eq!(endpoints("bert"), Some(Endpoints::Embeddings));
+        assert_eq!(endpoints("llama"), Some(Endpoints::Completions));
+        for part in ["clip", "t5", "vae", "flux"] {
+            assert_eq!(endpoints(part), Some(Endpoints::None), "{part}");
+        }
+        let moe = generated(WorkloadKind::Moe).and_then(|entry| entry.demo);
+        let linear = generated(WorkloadKind::LinearStack).and_then(|entry| entry.demo);
+        assert!(moe.is_some() && linear.is_some());
+        let same = |a: Option<DemoWriter>, b: Option<DemoWriter>| {
+            a.map(|f| f as usize) == b.map(|f| f as usize)
+        };
+        assert!(same(demo_writer(WorkloadKind::Moe), moe));
+        assert!(same(demo_writer(WorkloadKind::StreamVerify), linear));
+        assert!(same(demo_writer(WorkloadKind::Auto), linear));
+    }
 }

@@ -28,7 +28,7 @@ pub use folder::{FluxParts, PipelinePart};
 pub use image::Picture;
 
 use crate::families::flux::{CondInput, Conditioning, SampleInput, Start};
-use crate::families::{EncoderInput, Extras, Model, WorkloadKind};
+use crate::families::{EncoderInput, Extras, Model, PromptLength, WorkloadKind};
 use crate::run::loaded::{shared_budgets, SharedMember};
 use crate::run::{
     budgets_for, execute, fitting_depth, prepare_with, BudgetAsk, Outcome, Prepared, RunError,
@@ -285,19 +285,13 @@ pub fn generate(
     run: &PipelineRun<'_>,
 ) -> Result<Generated, PipelineError> {
     check(request)?;
-    let prompt = Some(EncoderInput::Texts(vec![request.prompt.clone()]));
+    let prompt = EncoderInput::Texts(vec![request.prompt.clone()]);
     let mut stages = Vec::with_capacity(4);
-    let text = Extras {
-        encoder: prompt.clone(),
-        ..Extras::default()
-    };
+    let text = Extras::default().with(prompt);
     let (prepared, clip) = run.stage(("clip", WorkloadKind::Auto), &parts.clip, &text, 1, |_| 1)?;
     let pooled = clip_pooled(&prepared, &clip)?;
     stages.push(clip);
-    let t5_extras = Extras {
-        prompt_length: Some(request.max_sequence_length),
-        ..text
-    };
+    let t5_extras = text.with(PromptLength(request.max_sequence_length));
     let (_, t5) = run.stage(("t5", WorkloadKind::Auto), &parts.t5, &t5_extras, 1, |_| 1)?;
     let context = outputs(&t5)[0].clone();
     stages.push(t5);
@@ -343,17 +337,14 @@ fn denoise(
             (_, _, Some(noise)) => Start::Latent(noise.clone()),
             _ => Start::Seed(seed),
         };
-        let extras = Extras {
-            diffusion: Some(SampleInput {
-                cond: CondInput::Given(cond.clone()),
-                width: request.width,
-                height: request.height,
-                steps: request.steps,
-                guidance: request.guidance,
-                start,
-            }),
-            ..Extras::default()
-        };
+        let extras = Extras::default().with(SampleInput {
+            cond: CondInput::Given(cond.clone()),
+            width: request.width,
+            height: request.height,
+            steps: request.steps,
+            guidance: request.guidance,
+            start,
+        });
         let steps_of = |prepared: &Prepared| match &prepared.workload.model {
             Model::Flux(flux) => flux.steps_per_sample() as u64,
             _ => 0,

@@ -18,14 +18,11 @@ pub(super) fn encode(
     init: &InitImage,
     stages: &mut Vec<Stage>,
 ) -> Result<Vec<f32>, PipelineError> {
-    let extras = Extras {
-        image: Some(ImageInput {
-            images: vec![init.pixels.clone()],
-            height: request.height,
-            width: request.width,
-        }),
-        ..Extras::default()
-    };
+    let extras = Extras::default().with(ImageInput {
+        images: vec![init.pixels.clone()],
+        height: request.height,
+        width: request.width,
+    });
     let kind = ("vae-encoder", WorkloadKind::ImageEncoder);
     let (_, stage) = run.stage(kind, &parts.vae, &extras, 1, |_| 1)?;
     let latent = outputs(&stage).first().map(|latent| latent.to_vec());
@@ -41,14 +38,13 @@ pub(super) fn decode(
     run: &PipelineRun<'_>,
     latents: &[Vec<f32>],
 ) -> Result<(Vec<Picture>, Stage), PipelineError> {
-    let input = |tile: Option<usize>| Extras {
-        latent: Some(LatentInput {
+    let input = |tile: Option<usize>| {
+        Extras::default().with(LatentInput {
             latents: latents.to_vec(),
             height: request.height / 8,
             width: request.width / 8,
             tile,
-        }),
-        ..Extras::default()
+        })
     };
     let started = Instant::now();
     let kind = ("vae", WorkloadKind::Autoencoder);

@@ -72,7 +72,8 @@ pub fn ensure_demo_model(cache_dir: &Path, spec: &DemoSpec) -> Result<PathBuf, R
     crate::model::cache::ensure_demo_model(cache_dir, spec).map_err(cache_error)
 }
 
-fn cache_error(error: crate::model::cache::CacheError) -> RunError {
+/// A cache error as the run reports it: a cache folder the user named is bad input.
+pub fn cache_error(error: crate::model::cache::CacheError) -> RunError {
     match error {
         crate::model::cache::CacheError::Folder { .. } => RunError::BadInput(error.to_string()),
         _ => RunError::Failed(error.to_string()),

@@ -110,7 +110,7 @@ pub(super) async fn chat(
 fn generator(app: &AppState, name: &str) -> Result<(Arc<ServedModel>, Option<String>), ApiError> {
     let (model, adapter) = app.model(name)?;
     model.refuse_images()?;
-    if model.is_encoder() {
+    if model.serves_embeddings() {
         return Err(ApiError::bad_request(
             "model",
             format!(

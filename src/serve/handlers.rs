@@ -239,7 +239,7 @@ async fn embed(
     };
     let (model, adapter) = app.model(&request.model)?;
     model.refuse_images()?;
-    if !model.is_encoder() {
+    if !model.serves_embeddings() {
         return Err(ApiError::bad_request(
             "model",
             format!(

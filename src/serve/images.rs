@@ -268,6 +268,7 @@ fn pngs(
 pub(super) fn info(parts: &FluxParts, settings: &Settings) -> LoadedInfo {
     LoadedInfo {
         kind: crate::families::WorkloadKind::Diffusion,
+        endpoints: crate::families::Endpoints::None,
         budgets: crate::run::Budgets {
             vram_budget_bytes: settings.vram_budget.map_or(0, |size| size.as_u64()),
             pin_ceiling_bytes: settings.pin_ceiling.map_or(0, |size| size.as_u64()),

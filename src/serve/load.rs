@@ -11,7 +11,7 @@ use stagehand_actors::{SharedBudget, StatsSnapshot};
 
 use crate::families::llama::ExpertHint;
 use crate::families::llama::Sampling;
-use crate::families::{DecoderInput, EncoderInput, Extras, PromptInput, WorkloadKind};
+use crate::families::{DecoderInput, EncoderInput, Endpoints, Extras, PromptInput, WorkloadKind};
 use crate::lora::LoraSpec;
 use crate::model::ModelFolder;
 use crate::run::loaded::{
@@ -60,9 +60,10 @@ pub(super) fn load(
     }
     let prepared = open(model, &settings).map_err(bad)?;
     let kind = prepared.facts().kind();
-    if kind != WorkloadKind::Encoder && kind != WorkloadKind::Decoder {
+    let endpoints = prepared.family.endpoints;
+    if endpoints == Endpoints::None {
         return Err(bad(format!(
-            "{} is {}; serve takes encoders (embeddings) and decoders (completions, chat)",
+            "{} is {}; serve takes encoders (embeddings), decoders (completions, chat) and Flux pipelines (images)",
             model.folder.display(),
             kind.with_article()
         )));
@@ -71,7 +72,7 @@ pub(super) fn load(
         tokenizer,
         chat,
         stop_tokens,
-    } = text_side(prepared.folder.as_ref(), kind).map_err(bad)?;
+    } = text_side(prepared.folder.as_ref(), endpoints).map_err(bad)?;
     let series = telemetry
         .model(name)
         .ok_or_else(|| ServeError::Failed(format!("no series for {name}")))?;
@@ -238,7 +239,7 @@ struct TextSide {
     stop_tokens: Vec<u32>,
 }
 
-fn text_side(folder: Option<&ModelFolder>, kind: WorkloadKind) -> Result<TextSide, String> {
+fn text_side(folder: Option<&ModelFolder>, endpoints: Endpoints) -> Result<TextSide, String> {
     let Some(folder) = folder else {
         return Ok(TextSide {
             tokenizer: None,
@@ -252,9 +253,9 @@ fn text_side(folder: Option<&ModelFolder>, kind: WorkloadKind) -> Result<TextSid
         .map(tokenizers::Tokenizer::from_file)
         .transpose()
         .map_err(|error| format!("tokenizer.json: {error}"))?;
-    let chat = match kind {
-        WorkloadKind::Decoder => ChatTemplate::from_folder(&folder.dir)?,
-        _ => None,
+    let chat = match endpoints {
+        Endpoints::Completions => ChatTemplate::from_folder(&folder.dir)?,
+        Endpoints::Embeddings | Endpoints::None => None,
     };
     Ok(TextSide {
         tokenizer,
@@ -424,14 +425,14 @@ fn extras(model: &ModelConfig) -> Result<Extras, String> {
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Extras {
         loras,
-        decoder: Some(DecoderInput {
-            prompt: PromptInput::TokenIds(vec![0]),
-            sampling: Sampling::default(),
-            hint: ExpertHint::NextLayer,
-        }),
-        encoder: Some(EncoderInput::TokenIds(vec![vec![0]])),
         ..Extras::default()
+    }
+    .with(DecoderInput {
+        prompt: PromptInput::TokenIds(vec![0]),
+        sampling: Sampling::default(),
+        hint: ExpertHint::NextLayer,
     })
+    .with(EncoderInput::TokenIds(vec![vec![0]])))
 }
 
 /// `eos_token_id` of `config.json`: one id or a list.

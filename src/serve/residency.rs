@@ -185,7 +185,7 @@ fn snapshot(model: &ServedModel) -> ModelResidency {
     let last = probe.last_request_ms.load(Ordering::Relaxed);
     let kind = if model.images.is_some() {
         "image"
-    } else if model.is_encoder() {
+    } else if model.serves_embeddings() {
         "encoder"
     } else {
         "decoder"

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use crate::families::WorkloadKind;
+use crate::families::Endpoints;
 use crate::run::loaded::{Job, LoadedInfo};
 use crate::telemetry::serving::{ModelSeries, ServeTelemetry};
 
@@ -57,8 +57,9 @@ impl ServedModel {
         }
     }
 
-    pub fn is_encoder(&self) -> bool {
-        self.info.kind == WorkloadKind::Encoder
+    /// Whether it answers `/v1/embeddings` (else completions, or images).
+    pub fn serves_embeddings(&self) -> bool {
+        self.info.endpoints == Endpoints::Embeddings
     }
 
     /// A 400 for a text endpoint when this model makes images.

@@ -52,10 +52,10 @@ pub fn input(cond: &Path, steps: usize) -> SampleInput {
 
 pub fn prepare(model: &Path, input: SampleInput, loras: Vec<LoraSpec>) -> Prepared {
     let extras = Extras {
-        diffusion: Some(input),
         loras,
         ..Extras::default()
-    };
+    }
+    .with(input);
     prepare_with(
         model,
         WorkloadKind::Auto,

@@ -6,6 +6,7 @@
 
 use std::path::PathBuf;
 
+use stagehand::families::PromptLength;
 use stagehand::pipeline::{generate, FluxParts, ImageRequest, PartFiles, PipelineError};
 use stagehand::run::{Extras, WorkloadKind};
 use stagehand::EncoderInput;
@@ -100,11 +101,11 @@ fn t5_in_comfyuis_scaled_fp8_gives_the_states_of_its_weights() {
     // `scaled_fp8` marker) opens without a config and gives what transformers'
     // T5EncoderModel computes from the same weights widened and scaled.
     let extras = Extras {
-        encoder: Some(EncoderInput::Texts(vec![PROMPT.to_string()])),
-        prompt_length: Some(MAX_SEQUENCE_LENGTH),
         tokenizer: Some(pipeline().join("tokenizer_2")),
         ..Extras::default()
-    };
+    }
+    .with(EncoderInput::Texts(vec![PROMPT.to_string()]))
+    .with(PromptLength(MAX_SEQUENCE_LENGTH));
     let prepared = prepare(&comfy("t5xxl_fp8_e4m3fn_scaled.safetensors"), &extras);
     assert_eq!(prepared.family.name, "t5");
     let output = first_output(&streamed(&prepared, 1));
@@ -164,10 +165,10 @@ fn a_part_no_file_holds_is_refused_naming_the_flag_that_gives_it() {
         &stagehand::settings::Settings::default(),
         false,
         &Extras {
-            encoder: Some(EncoderInput::Texts(vec![PROMPT.to_string()])),
             tokenizer: parts.clip.tokenizer.clone(),
             ..Extras::default()
-        },
+        }
+        .with(EncoderInput::Texts(vec![PROMPT.to_string()])),
     )
     .expect("CLIP from its file");
     let pooled = expected("clip_pooled");

@@ -125,14 +125,11 @@ fn settings_of(case: &Case) -> Settings {
 }
 
 fn prepare(case: &Case, settings: &Settings) -> Result<Prepared, String> {
-    let (kind, is_demo) = match case.model {
-        CaseModel::LinearStack { .. } => (WorkloadKind::LinearStack, true),
-        CaseModel::Decoder { .. } => (WorkloadKind::Decoder, false),
-        CaseModel::Encoder { .. } => (WorkloadKind::Encoder, false),
-    };
+    // The case's model is its own family's (a generated one for linear-stack).
+    let is_demo = matches!(case.model, CaseModel::LinearStack { .. });
     crate::run::prepare_with(
         case.model.path(),
-        kind,
+        WorkloadKind::Auto,
         case.batch,
         settings,
         is_demo,

@@ -7,7 +7,7 @@ use super::{Encoder, TextLimits, Tokens};
 use crate::compute::TensorSlot;
 use crate::families::family::Facts;
 use crate::families::inputs::{EncoderInput, Extras, WorkloadKind, BUILT_IN_SENTENCES};
-use crate::families::registry::{Found, Open, Request, StepUnit};
+use crate::families::registry::{Endpoints, Found, Open, Request, StepUnit};
 use crate::families::FamilyError;
 use crate::model::ModelIndex;
 
@@ -19,13 +19,16 @@ impl Open for Encoder {
     const NAME: &'static str = "bert";
     const KIND: WorkloadKind = WorkloadKind::Encoder;
     const STEP: StepUnit = StepUnit::Batch;
+    const ENDPOINTS: Endpoints = Endpoints::Embeddings;
     const MODEL_TYPES: &'static [&'static str] = &["bert", "roberta", "xlm-roberta"];
     const ARCHITECTURES: &'static [&'static str] = &["Bert", "Roberta", "XLMRoberta"];
 
     /// A measured step embeds `batch` of the built-in sentences.
     fn measured_input(batch: usize, extras: &mut Extras) {
         let texts = BUILT_IN_SENTENCES.iter().cycle().take(batch);
-        extras.encoder = Some(EncoderInput::Texts(texts.map(|s| s.to_string()).collect()));
+        extras
+            .inputs
+            .insert(EncoderInput::Texts(texts.map(|s| s.to_string()).collect()));
     }
 
     /// A described step of `tokens_per_step` tokens: sequences of the model's
@@ -57,7 +60,7 @@ impl Open for Encoder {
                 vec![0; length as usize]
             })
             .collect();
-        extras.encoder = Some(EncoderInput::TokenIds(ids));
+        extras.inputs.insert(EncoderInput::TokenIds(ids));
         Ok(Some(sequences as usize))
     }
 
@@ -67,9 +70,13 @@ impl Open for Encoder {
         let folder = request.folder("an encoder")?;
         let config = super::bert_config(&folder.config_path(), &folder.config)?;
         let sentence = sentence::read(&folder.dir, config.hidden)?;
-        let input = request.extras.encoder.clone().unwrap_or_else(|| {
-            EncoderInput::Texts(BUILT_IN_SENTENCES.iter().map(|s| s.to_string()).collect())
-        });
+        let input = request
+            .extras
+            .input::<EncoderInput>()
+            .cloned()
+            .unwrap_or_else(|| {
+                EncoderInput::Texts(BUILT_IN_SENTENCES.iter().map(|s| s.to_string()).collect())
+            });
         let limits = TextLimits {
             max_positions: config.usable_positions(),
             max_length: sentence.max_length.as_ref().map(|length| length.tokens),
@@ -83,7 +90,7 @@ impl Open for Encoder {
             sentence.head,
             &tokens,
             request.batch,
-            request.extras.embeddings,
+            request.extras.input().copied().unwrap_or_default(),
         )?;
         encoder.limits = limits;
         Ok(encoder)

@@ -109,7 +109,7 @@ impl Open for ClipText {
         };
         let prompts = prompt_tokens::prompts(
             &prompt_tokens::tokenizer_home(request)?,
-            request.extras.encoder.as_ref(),
+            request.extras.input(),
             config.positions,
             PAD,
         )?;

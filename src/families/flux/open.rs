@@ -3,7 +3,7 @@
 use stagehand_actors::ModelLayout;
 
 use super::config::FluxConfig;
-use super::input::{read_latent, Conditioning, Start};
+use super::input::{read_latent, Conditioning, SampleInput, Start};
 use super::names::Names;
 use super::{Flux, Plan};
 use crate::compute::TensorSlot;
@@ -85,7 +85,7 @@ fn check_counts(index: &ModelIndex, names: &Names, config: &FluxConfig) -> Resul
 
 fn plan_of(request: &Request<'_>, config: &FluxConfig) -> Result<Plan, FamilyError> {
     let (context_dim, pooled_dim) = (config.context_dim, config.pooled_dim);
-    let Some(input) = &request.extras.diffusion else {
+    let Some(input) = request.extras.input::<SampleInput>() else {
         let (tokens, size) = match request.extras.headers_only {
             true => (DESCRIBED_TEXT_TOKENS, DESCRIBED_SIZE),
             false => (DEFAULT_TEXT_TOKENS, DEFAULT_SIZE),

@@ -8,7 +8,7 @@ use crate::compute::{Compute, DType, TensorSlot};
 use crate::families::blocks::Blocks;
 use crate::families::family::{Facts, Family, StepOutput};
 use crate::families::inputs::WorkloadKind;
-use crate::families::registry::{Found, Open, Request, StepUnit};
+use crate::families::registry::{DemoWriter, Found, Open, Request, StepUnit};
 use crate::families::FamilyError;
 use crate::model::demo::DemoSpec;
 use crate::model::ModelIndex;
@@ -149,6 +149,8 @@ impl Open for LinearStack {
     const NAME: &'static str = "linear-stack";
     const KIND: WorkloadKind = WorkloadKind::LinearStack;
     const STEP: StepUnit = StepUnit::Batch;
+    const DEMO: Option<DemoWriter> =
+        Some(|cache_dir| crate::model::cache::ensure_demo_model(cache_dir, &DemoSpec::default()));
 
     fn recognises(found: &Found<'_>) -> bool {
         DemoSpec::from_metadata(&found.index.metadata).is_some()

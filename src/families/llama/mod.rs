@@ -25,6 +25,7 @@ mod batch;
 mod config;
 mod demo;
 mod experts;
+mod input;
 mod keys;
 mod layer;
 mod open;
@@ -42,6 +43,7 @@ pub use demo::{
     write_decoder_folder, DecoderArch, DecoderDemo, DecoderPreset, DecoderShape, MoeShape,
 };
 pub use experts::{route, ExpertHint};
+pub use input::{DecoderInput, PromptInput, BUILT_IN_PROMPT};
 pub use keys::NO_MATH;
 pub use rope::{Rope, RopeKind};
 pub use sampling::{argmax, Sampling};

@@ -5,11 +5,12 @@ use std::path::Path;
 use stagehand_actors::{arena_bytes, BlockId, ModelLayout};
 
 use super::{Decoder, DecoderConfig, ExpertHint, Sampling, DECODER_FAMILIES, KV_PAGE_TOKENS};
+use super::{DecoderInput, PromptInput, BUILT_IN_PROMPT};
 use crate::compute::TensorSlot;
 use crate::families::family::{ExpertNeeds, Facts};
-use crate::families::inputs::{DecoderInput, PromptInput, WorkloadKind, BUILT_IN_PROMPT};
+use crate::families::inputs::WorkloadKind;
 use crate::families::kv_cache::KvCache;
-use crate::families::registry::{Found, Open, Request, StepUnit};
+use crate::families::registry::{Endpoints, Found, Open, Request, StepUnit};
 use crate::families::FamilyError;
 use crate::model::ModelIndex;
 
@@ -17,6 +18,7 @@ impl Open for Decoder {
     const NAME: &'static str = "llama";
     const KIND: WorkloadKind = WorkloadKind::Decoder;
     const STEP: StepUnit = StepUnit::Token;
+    const ENDPOINTS: Endpoints = Endpoints::Completions;
     const MODEL_TYPES: &'static [&'static str] = DECODER_FAMILIES;
 
     /// A described step decodes one token of each sequence, from the built-in prompt;
@@ -36,11 +38,14 @@ impl Open for Decoder {
         let model_type = folder.model_type().unwrap_or_default();
         let config = DecoderConfig::from_json(&folder.config_path(), &model_type, &folder.config)?;
         let extras = request.extras;
-        let input = extras.decoder.clone().unwrap_or(DecoderInput {
-            prompt: PromptInput::Text(BUILT_IN_PROMPT.to_string()),
-            sampling: Sampling::default(),
-            hint: ExpertHint::NextLayer,
-        });
+        let input = extras
+            .input::<DecoderInput>()
+            .cloned()
+            .unwrap_or(DecoderInput {
+                prompt: PromptInput::Text(BUILT_IN_PROMPT.to_string()),
+                sampling: Sampling::default(),
+                hint: ExpertHint::NextLayer,
+            });
         let prompt = match &input.prompt {
             PromptInput::TokenIds(ids) => ids.clone(),
             PromptInput::Text(text) => {

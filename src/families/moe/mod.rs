@@ -13,7 +13,7 @@ use crate::families::blocks::Blocks;
 use crate::families::family::{ExpertNeeds, Facts, Family, StepOutput};
 use crate::families::inputs::WorkloadKind;
 use crate::families::linear_stack::input_batch;
-use crate::families::registry::{Found, Open, Request, StepUnit};
+use crate::families::registry::{DemoWriter, Found, Open, Request, StepUnit};
 use crate::families::FamilyError;
 use crate::model::demo_moe::MoeSpec;
 
@@ -132,6 +132,8 @@ impl Open for MoeRun {
     const NAME: &'static str = "moe";
     const KIND: WorkloadKind = WorkloadKind::Moe;
     const STEP: StepUnit = StepUnit::Batch;
+    const DEMO: Option<DemoWriter> =
+        Some(|cache_dir| crate::model::cache::ensure_moe_model(cache_dir, &MoeSpec::default()));
 
     fn recognises(found: &Found<'_>) -> bool {
         MoeSpec::from_metadata(&found.index.metadata).is_some()

@@ -2,7 +2,7 @@
 
 use super::{T5Config, T5Encoder};
 use crate::families::config_json::ConfigJson;
-use crate::families::inputs::WorkloadKind;
+use crate::families::inputs::{PromptLength, WorkloadKind};
 use crate::families::prompt_tokens;
 use crate::families::registry::{Found, Open, Request, StepUnit};
 use crate::families::shapes::Shapes;
@@ -117,8 +117,8 @@ impl Open for T5Encoder {
         };
         let length = request
             .extras
-            .prompt_length
-            .unwrap_or(DEFAULT_PROMPT_LENGTH);
+            .input::<PromptLength>()
+            .map_or(DEFAULT_PROMPT_LENGTH, |length| length.0);
         if length == 0 {
             return Err(FamilyError::Model(
                 "--max-sequence-length 0: a prompt needs at least one token".into(),
@@ -126,7 +126,7 @@ impl Open for T5Encoder {
         }
         let prompts = prompt_tokens::prompts(
             &prompt_tokens::tokenizer_home(request)?,
-            request.extras.encoder.as_ref(),
+            request.extras.input(),
             length,
             PAD,
         )?;

@@ -199,11 +199,15 @@ impl Open for VaeEncoder {
     /// seeded image of 64².
     fn open(request: &Request<'_>) -> Result<Self, FamilyError> {
         let config = VaeConfig::of(request)?;
-        let input = request.extras.image.clone().unwrap_or_else(|| ImageInput {
-            images: vec![crate::families::flux::gaussian(3 * 64 * 64, 0)],
-            height: 64,
-            width: 64,
-        });
+        let input = request
+            .extras
+            .input::<ImageInput>()
+            .cloned()
+            .unwrap_or_else(|| ImageInput {
+                images: vec![crate::families::flux::gaussian(3 * 64 * 64, 0)],
+                height: 64,
+                width: 64,
+            });
         let scale = config.scale_factor();
         let fits = input.height > 0
             && input.width > 0

@@ -50,7 +50,7 @@ impl Open for VaeDecoder {
     /// The decoder over the run's latents, or one seeded latent.
     fn open(request: &Request<'_>) -> Result<Self, FamilyError> {
         let config = VaeConfig::of(request)?;
-        let input = match &request.extras.latent {
+        let input = match request.extras.input::<LatentInput>() {
             Some(input) => input.clone(),
             None => {
                 let side = match request.extras.headers_only {

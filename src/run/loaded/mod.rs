@@ -29,7 +29,7 @@ use crate::device::{CpuCompute, CpuDevice};
 use crate::families::blocks::Streamed;
 use crate::families::landing::LandingCheck;
 use crate::families::lora_set::LoraSet;
-use crate::families::{FamilyError, Model, WorkloadKind};
+use crate::families::{Endpoints, FamilyError, Model, WorkloadKind};
 use crate::model::{BlockReader, KnownChecksums};
 use crate::settings::Settings;
 
@@ -50,6 +50,8 @@ pub use jobs::{
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LoadedInfo {
     pub kind: WorkloadKind,
+    /// What the server answers with it (its family's declaration).
+    pub endpoints: Endpoints,
     pub budgets: Budgets,
     /// Bytes the session streams (the layout's).
     pub model_bytes: u64,
@@ -205,15 +207,12 @@ pub fn loaded_budgets(prepared: &Prepared, settings: &Settings, limits: BatchLim
 /// full batch at the longest length, each in whole pages (as one sequence of that
 /// many tokens).
 fn ask_steps(prepared: &Prepared, limits: BatchLimits) -> u64 {
-    let facts = prepared.facts();
-    match facts.kind() {
-        WorkloadKind::Decoder => {
-            let page = facts.kv_cache().map_or(1, |kv| kv.page_tokens.max(1));
-            let per_sequence = limits.max_sequence_tokens.div_ceil(page) * page;
-            per_sequence * limits.max_sequences.max(1) as u64
-        }
-        _ => 1,
-    }
+    let Some(kv) = prepared.facts().kv_cache() else {
+        return 1;
+    };
+    let page = kv.page_tokens.max(1);
+    let per_sequence = limits.max_sequence_tokens.div_ceil(page) * page;
+    per_sequence * limits.max_sequences.max(1) as u64
 }
 
 /// Runs `prepared` kept loaded: starts its session, runs one warm-up step, calls
@@ -400,6 +399,7 @@ fn start_session(
     };
     let info = LoadedInfo {
         kind: prepared.facts().kind(),
+        endpoints: prepared.family.endpoints,
         budgets,
         model_bytes: layout.total_bytes(),
     };
