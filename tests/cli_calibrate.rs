@@ -67,6 +67,7 @@ fn rows() -> Vec<Row> {
 #[test]
 fn every_documented_calibrate_flag_runs_through_the_binary() {
     Table::new("calibrate", file!())
+        .sequential()
         .default(&["--quick"])
         .default(&["--json"])
         .default(&["--measure", "copy"])

@@ -364,6 +364,7 @@ fn rows() -> Vec<Row> {
 #[test]
 fn every_documented_demo_model_flag_runs_through_the_binary() {
     Table::new("demo-model", file!())
+        .sequential()
         .default(&["--out", &fixtures().path("out/linear")])
         .default(&["--blocks", "2"])
         .default(&["--layers-per-block", "1"])

@@ -15,6 +15,7 @@ fn rows() -> Vec<Row> {
         .join("tests/fixtures/pipeline/flux-tiny")
         .display()
         .to_string();
+    let comfy = |name: &str| format!("{pipeline}/../comfy/{name}");
     let fixtures = fixtures();
     let missing = fixtures.path("none.toml");
     let folder = fixtures.folder("empty");
@@ -36,6 +37,34 @@ fn rows() -> Vec<Row> {
         row(
             &["--model", &pipeline, "--image-steps", "0"],
             Expect::Bad("--image-steps 0"),
+        ),
+        // ComfyUI's files: the all-in-one checkpoint, and the transformer's file with
+        // --clip, --t5 and --vae beside it; no tokenizer needed to describe them.
+        row(
+            &["--model", &comfy("flux-tiny-all-in-one.safetensors")],
+            Expect::Ok("prompt to image"),
+        ),
+        row(
+            &[
+                "--model",
+                &comfy("flux1-tiny.safetensors"),
+                "--clip",
+                &comfy("clip_l.safetensors"),
+                "--t5",
+                &comfy("t5xxl_fp8_e4m3fn_scaled.safetensors"),
+                "--vae",
+                &comfy("ae.safetensors"),
+            ],
+            Expect::Ok("prompt to image"),
+        ),
+        row(
+            &[
+                "--model",
+                &comfy("flux1-tiny.safetensors"),
+                "--vae",
+                &comfy("ae.safetensors"),
+            ],
+            Expect::Bad("--clip"),
         ),
         row(&["--model", "nope"], Expect::Bad("unknown model `nope`")),
         row(&["--model", &missing], Expect::Bad("none.toml")),

@@ -72,6 +72,7 @@ fn rows() -> Vec<Row> {
 #[test]
 fn every_documented_validate_flag_runs_through_the_binary() {
     Table::new("validate", file!())
+        .sequential()
         .default(&["--quick"])
         .default(&["--hardware", "rtx4090"])
         .default(&["--repeats", "1"])

@@ -283,6 +283,7 @@ pub fn execute(args: ImageArgs) -> CommandResult {
         vae: args.vae.clone(),
         clip_tokenizer: args.clip_tokenizer.clone(),
         t5_tokenizer: args.t5_tokenizer.clone(),
+        weights_only: false,
     };
     let parts = FluxParts::locate(&args.model, &files).map_err(pipeline_failure)?;
     let request = ImageRequest {

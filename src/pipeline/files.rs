@@ -25,6 +25,9 @@ pub struct PartFiles {
     pub clip_tokenizer: Option<PathBuf>,
     /// T5's tokenizer: `tokenizer.json` (ComfyUI's `comfy/text_encoders/t5_tokenizer`).
     pub t5_tokenizer: Option<PathBuf>,
+    /// Only the weights are read (`simulate` describes the parts from their headers):
+    /// a text encoder given as a file needs no tokenizer.
+    pub weights_only: bool,
 }
 
 /// The prefixes of ComfyUI's all-in-one Flux checkpoints.
@@ -153,8 +156,18 @@ impl FluxParts {
         };
         Ok(Self {
             dir: model.to_path_buf(),
-            clip: tokenized(clip, files.clip_tokenizer.as_ref(), &CLIP_TOKENIZER, model)?,
-            t5: tokenized(t5, files.t5_tokenizer.as_ref(), &T5_TOKENIZER, model)?,
+            clip: tokenized(
+                clip,
+                (files.clip_tokenizer.as_ref(), files),
+                &CLIP_TOKENIZER,
+                model,
+            )?,
+            t5: tokenized(
+                t5,
+                (files.t5_tokenizer.as_ref(), files),
+                &T5_TOKENIZER,
+                model,
+            )?,
             transformer,
             vae,
         })
@@ -228,16 +241,19 @@ fn text_part(
     }
 }
 
-/// A text encoder from a file, with its tokenizer's folder (which a file lacks).
+/// A text encoder from a file, with its tokenizer's folder (which a file lacks;
+/// refused without one unless only the weights are read).
 fn tokenized(
     part: PipelinePart,
-    tokenizer: Option<&PathBuf>,
+    (tokenizer, files): (Option<&PathBuf>, &PartFiles),
     missing: &Missing,
     model: &Path,
 ) -> Result<PipelinePart, PipelineError> {
-    let tokenizer = tokenizer.ok_or_else(|| missing.error(model))?;
+    if tokenizer.is_none() && !files.weights_only {
+        return Err(missing.error(model));
+    }
     Ok(PipelinePart {
-        tokenizer: Some(tokenizer.clone()),
+        tokenizer: tokenizer.cloned(),
         ..part
     })
 }

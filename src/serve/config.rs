@@ -249,6 +249,7 @@ impl PartsConfig {
             vae: self.vae.clone(),
             clip_tokenizer: self.clip_tokenizer.clone(),
             t5_tokenizer: self.t5_tokenizer.clone(),
+            weights_only: false,
         }
     }
 }

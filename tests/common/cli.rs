@@ -11,7 +11,6 @@
 //! [`TABLES`]; `tests/cli_coverage.rs` fails for a subcommand `stagehand --help`
 //! lists that has no table.
 
-use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Output, Stdio};
 use std::time::Instant;
@@ -48,6 +47,9 @@ pub const TABLES: &[(&str, &str)] = &[
     ("bench help", "tests/cli_help.rs"),
     ("help", "tests/cli_help.rs"),
 ];
+
+/// Rows a table runs at once at most: each is a process that may use every core.
+const MAX_ROWS_AT_ONCE: usize = 4;
 
 /// What a row expects.
 #[derive(Clone, Copy)]
@@ -111,6 +113,11 @@ pub struct Table {
     /// small and fast without saying it each time. They count as tried.
     pub defaults: Vec<Vec<String>>,
     pub rows: Vec<Row>,
+    /// Whether rows run one at a time: for a table whose rows write one file or
+    /// folder that another row reads or writes (demo-model's `--out`, calibrate's
+    /// profile). Other tables run their rows side by side, as users run commands:
+    /// each row is its own process with its own output.
+    pub sequential: bool,
 }
 
 impl Table {
@@ -120,7 +127,14 @@ impl Table {
             file,
             defaults: Vec::new(),
             rows: Vec::new(),
+            sequential: false,
         }
+    }
+
+    /// Runs the rows one at a time (see [`Table::sequential`]).
+    pub fn sequential(mut self) -> Self {
+        self.sequential = true;
+        self
     }
 
     /// Adds `flag` (and its value, if any) to the defaults.
@@ -155,38 +169,63 @@ impl Table {
             untried.join(", "),
             self.file
         );
-        let mut failures = String::new();
-        for row in &self.rows {
-            // Shown when the test fails, so a row that hangs is named.
-            eprintln!(
-                "stagehand {} {}",
-                self.subcommand,
-                self.arguments(row).join(" ")
-            );
-            let started = std::time::Instant::now();
-            let output = match row.expect {
-                Expect::Runs(needle) => stop_once_running(&mut self.command(row), needle),
-                _ => output_within_deadline(&mut self.command(row)),
-            };
-            eprintln!(
-                "  exit {:?} after {:.1} s",
-                output.status.code(),
-                started.elapsed().as_secs_f64()
-            );
-            if let Err(failure) = check(row, &output) {
-                let _ = writeln!(
-                    failures,
-                    "stagehand {} {}\n  {failure}\n",
-                    self.subcommand,
-                    self.arguments(row).join(" ")
-                );
-            }
-        }
+        let failures: String = self.run_rows().concat();
         assert!(
             failures.is_empty(),
             "rows of {} that failed:\n\n{failures}",
             self.file
         );
+    }
+
+    /// Runs every row, side by side on as many threads as the machine has cores (at
+    /// most [`MAX_ROWS_AT_ONCE`]) unless the table is sequential; returns each row's
+    /// failure (empty when it did what it expects), in row order.
+    fn run_rows(&self) -> Vec<String> {
+        let workers = match self.sequential {
+            true => 1,
+            false => std::thread::available_parallelism()
+                .map_or(1, |cores| cores.get())
+                .min(MAX_ROWS_AT_ONCE),
+        };
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let results = std::sync::Mutex::new(vec![String::new(); self.rows.len()]);
+        std::thread::scope(|scope| {
+            for _ in 0..workers {
+                scope.spawn(|| loop {
+                    let index = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(row) = self.rows.get(index) else {
+                        break;
+                    };
+                    let failure = self.run_row(row);
+                    results.lock().expect("no row thread panics")[index] = failure;
+                });
+            }
+        });
+        results.into_inner().expect("no row thread panics")
+    }
+
+    /// Runs one row: its failure, or an empty string when it did what it expects.
+    fn run_row(&self, row: &Row) -> String {
+        let shown = format!(
+            "stagehand {} {}",
+            self.subcommand,
+            self.arguments(row).join(" ")
+        );
+        let started = std::time::Instant::now();
+        let output = match row.expect {
+            Expect::Runs(needle) => stop_once_running(&mut self.command(row), needle),
+            _ => output_within_deadline(&mut self.command(row)),
+        };
+        // Shown when the test fails, so a slow or hanging row is named.
+        eprintln!(
+            "{shown}\n  exit {:?} after {:.1} s",
+            output.status.code(),
+            started.elapsed().as_secs_f64()
+        );
+        match check(row, &output) {
+            Ok(()) => String::new(),
+            Err(failure) => format!("{shown}\n  {failure}\n\n"),
+        }
     }
 
     /// The documented long flags no row (nor a default) names.

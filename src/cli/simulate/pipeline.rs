@@ -13,7 +13,7 @@ use serde::Serialize;
 use super::super::{CommandResult, Failure};
 use super::model_arg::load_part;
 use super::SimulateArgs;
-use stagehand::pipeline::FluxParts;
+use stagehand::pipeline::{FluxParts, PartFiles};
 use stagehand::sim::HardwareProfile;
 use stagehand::simulate::{simulate, SimRunError, SimulateOptions, Simulation};
 
@@ -45,9 +45,23 @@ struct PipelinePrediction {
     stages: Vec<StagePrediction>,
 }
 
-/// Whether `model` names a pipeline folder.
-pub(super) fn is_pipeline(model: &str) -> bool {
-    FluxParts::is_pipeline(Path::new(model))
+/// Whether the run simulates a pipeline: `--model` a pipeline folder or all-in-one
+/// checkpoint, or a part given beside it (ComfyUI's separate files).
+pub(super) fn is_pipeline(args: &SimulateArgs) -> bool {
+    let parts_given = args.clip.is_some() || args.t5.is_some() || args.vae.is_some();
+    parts_given || FluxParts::is_pipeline(Path::new(&args.model))
+}
+
+/// The files of the pipeline's parts the run names, read for their weights only (a
+/// simulation describes the text encoders from their headers: no tokenizer needed).
+fn part_files(args: &SimulateArgs) -> PartFiles {
+    PartFiles {
+        clip: args.clip.clone(),
+        t5: args.t5.clone(),
+        vae: args.vae.clone(),
+        weights_only: true,
+        ..PartFiles::default()
+    }
 }
 
 fn prediction(
@@ -85,7 +99,8 @@ pub(super) fn execute(
     options: &SimulateOptions,
     pattern: Option<&str>,
 ) -> CommandResult {
-    let parts = FluxParts::open(Path::new(&args.model)).map_err(Failure::bad_input)?;
+    let parts =
+        FluxParts::locate(Path::new(&args.model), &part_files(args)).map_err(Failure::bad_input)?;
     if args.image_steps == 0 {
         return Err(Failure::bad_input(anyhow::anyhow!(
             "--image-steps 0: an image takes at least one denoising step"

@@ -2,7 +2,7 @@
 
 use super::{prefix_of, ClipConfig, ClipText, PREFIXES};
 use crate::families::config_json::ConfigJson;
-use crate::families::inputs::WorkloadKind;
+use crate::families::inputs::{EncoderInput, WorkloadKind};
 use crate::families::prompt_tokens;
 use crate::families::registry::{Found, Open, Request, StepUnit};
 use crate::families::shapes::Shapes;
@@ -85,11 +85,21 @@ impl Open for ClipText {
 
     /// A described step encodes one prompt (the built-in one, padded to the model's
     /// length): what a pipeline asks of it per image.
+    /// A described step encodes one prompt of the model's positions; the ids do not
+    /// change the work, so they are made up (no tokenizer needed to describe it).
     fn described_step(
-        _: &Found<'_>,
+        found: &Found<'_>,
         _: u64,
-        _: &mut crate::families::Extras,
+        extras: &mut crate::families::Extras,
     ) -> Result<Option<usize>, FamilyError> {
+        if extras.input::<EncoderInput>().is_none() {
+            let config = match found.folder {
+                Some(folder) => ClipConfig::from_json(&folder.config_path(), &folder.config)?,
+                None => ClipConfig::infer(found.index)?,
+            };
+            let ids = vec![vec![0; config.positions]];
+            extras.inputs.insert(EncoderInput::TokenIds(ids));
+        }
         Ok(Some(1))
     }
     const MODEL_TYPES: &'static [&'static str] = &["clip_text_model", "clip"];

@@ -2,7 +2,7 @@
 
 use super::{T5Config, T5Encoder};
 use crate::families::config_json::ConfigJson;
-use crate::families::inputs::{PromptLength, WorkloadKind};
+use crate::families::inputs::{EncoderInput, PromptLength, WorkloadKind};
 use crate::families::prompt_tokens;
 use crate::families::registry::{Found, Open, Request, StepUnit};
 use crate::families::shapes::Shapes;
@@ -93,11 +93,21 @@ impl Open for T5Encoder {
 
     /// A described step encodes one prompt (the built-in one, padded to the model's
     /// length): what a pipeline asks of it per image.
+    /// A described step encodes one prompt of the run's length (512 by default); the
+    /// ids do not change the work, so they are made up (no tokenizer needed).
     fn described_step(
         _: &Found<'_>,
         _: u64,
-        _: &mut crate::families::Extras,
+        extras: &mut crate::families::Extras,
     ) -> Result<Option<usize>, FamilyError> {
+        if extras.input::<EncoderInput>().is_none() {
+            let length = extras
+                .input::<PromptLength>()
+                .map_or(DEFAULT_PROMPT_LENGTH, |length| length.0);
+            extras
+                .inputs
+                .insert(EncoderInput::TokenIds(vec![vec![0; length]]));
+        }
         Ok(Some(1))
     }
     const MODEL_TYPES: &'static [&'static str] = &["t5"];
