@@ -43,7 +43,7 @@ pub mod t5;
 pub mod vae;
 mod walk;
 
-pub use activations::{Activations, BlockKindPeak};
+pub use activations::{Activations, BlockKindPeak, DescribedReserve, DescribedWorkload};
 pub use family::{Decoded, ExpertNeeds, ExpertStep, Facts, Family, StepOutput};
 pub use inputs::{
     DecoderInput, EncoderInput, Extras, MoeOptions, PromptInput, WorkloadKind, BUILT_IN_PROMPT,
@@ -51,8 +51,8 @@ pub use inputs::{
 };
 pub use kv_cache::KvCache;
 pub use registry::{
-    find, generated, supported_model_types, Entry, Found, Model, Open, Request, StepUnit, Visit,
-    REGISTRY,
+    find, generated, named, supported_model_types, Entry, Found, Model, Open, Request, StepUnit,
+    Visit, REGISTRY,
 };
 
 #[derive(Debug, thiserror::Error)]
