@@ -192,9 +192,12 @@ fn every_flag_the_documentation_shows_exists_where_it_says() {
 }
 
 /// The word after `stagehand` when it is neither a subcommand nor a flag nor a
-/// placeholder (`stagehand simualte`), if the words are a `stagehand` command line.
+/// placeholder (`stagehand simualte`), if the words are a `stagehand` command line:
+/// two words, or a line with flags (a line of output such as `stagehand vs naive
+/// (…): 1.32× faster` is neither).
 fn unknown_subcommand(words: &[&str], subcommands: &[String]) -> Option<String> {
-    if words.first() != Some(&"stagehand") {
+    let command_line = words.len() == 2 || words.iter().any(|word| word.starts_with("--"));
+    if words.first() != Some(&"stagehand") || !command_line {
         return None;
     }
     let next = words.get(1)?;

@@ -118,3 +118,61 @@ fn a_model_that_fits_but_is_unusably_slow_says_so() {
     assert!(warning.contains("below 1 token/s"), "{warning}");
     assert!(warning.contains("limited by the disk"), "{warning}");
 }
+
+#[test]
+fn the_fit_of_flux_dev_on_a_4090_counts_its_activations_and_states_the_margin() {
+    // Issue 40, friction 5: the shipped flux1-dev description carried no activations,
+    // so an RTX 4090 read 22.17 of 23.75 GiB used while a 1024² step reserves 1.44 GiB
+    // more. The verdict counts them and states the margin that is really left.
+    let (code, stdout, _) = simulate(&["--model", "flux1-dev", "--hardware", "rtx4090"]);
+    assert_eq!(code, Some(0), "{stdout}");
+    assert!(
+        stdout.contains(
+            "fits: yes, 23.60 GiB of 23.75 GiB VRAM (weights 22.17 GiB resident, activations 1.44 GiB counted), margin 149.44 MiB"
+        ),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("at 1024×1024 with 512 text tokens by the flux family's own code"),
+        "{stdout}"
+    );
+    let (_, stdout, _) = simulate(&["--model", "flux1-dev", "--hardware", "rtx4090", "--json"]);
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let fit = &report["fit"];
+    let activation_bytes = fit["activation_bytes"].as_u64().unwrap();
+    assert_eq!(
+        Some(activation_bytes),
+        report["activations"]["reserved_bytes"].as_u64()
+    );
+    assert_eq!(
+        fit["vram_used_bytes"].as_u64().unwrap(),
+        fit["model_bytes"].as_u64().unwrap() + activation_bytes
+    );
+    assert_eq!(
+        fit["vram_margin_bytes"].as_u64().unwrap(),
+        fit["vram_budget_bytes"].as_u64().unwrap() - fit["vram_used_bytes"].as_u64().unwrap()
+    );
+}
+
+#[test]
+fn a_description_without_activations_says_they_are_not_counted() {
+    // A model description of one's own with no [activations]: the verdict says the fit
+    // is the weights' alone rather than leaving them out in silence.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mine.toml");
+    std::fs::write(
+        &path,
+        "dtype = \"bf16\"\ntokens_per_step = 1\nblock_count = 4\nbytes_per_block = 1048576\nflops_per_token_per_block = 1e6\n",
+    )
+    .unwrap();
+    let (code, stdout, _) = simulate(&["--model", path.to_str().unwrap(), "--hardware", "rtx4090"]);
+    assert_eq!(code, Some(0), "{stdout}");
+    assert!(
+        stdout.contains("activations: none counted (the description states none)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("activations not counted), margin"),
+        "{stdout}"
+    );
+}
