@@ -20,6 +20,9 @@ if [ -z "${STAGEHAND_BIN:-}" ]; then
     STAGEHAND_BIN=target/release/stagehand
 fi
 BIN=$(realpath "$STAGEHAND_BIN")
+# Every other STAGEHAND_* variable is a setting, and an unknown one is refused: the
+# binary must not see this script's own.
+unset STAGEHAND_BIN
 scripts/fetch-minilm.sh >/dev/null
 
 # A fresh cache (the cache directory is $XDG_CACHE_HOME/stagehand) and a scratch
@@ -113,8 +116,8 @@ else
     eval "${REQUEST//8080/$PORT}" >"$WORK/stdout" 2>"$WORK/stderr" || fail "serve: the README's request failed"
     python3 -c 'import json, sys; reply = json.load(open(sys.argv[1])); assert len(reply["data"][0]["embedding"]) == 384' \
         "$WORK/stdout" || fail "serve: the reply is not an embedding of 384 values: $(head -c 200 "$WORK/stdout")"
-    kill -TERM "$SERVER_PID"
-    wait "$SERVER_PID" || fail "serve: did not exit 0 after SIGTERM"
+    kill -TERM "$SERVER_PID" 2>/dev/null || true
+    wait "$SERVER_PID" || fail "serve: did not exit 0 after SIGTERM: $(tail -1 "$WORK/serve.stderr")"
     SERVER_PID=
     cp "$WORK/serve.stdout" "$WORK/stdout"
     results_only serve "listening on http://127.0.0.1:$PORT"

@@ -153,6 +153,8 @@ fn every_flag_the_documentation_shows_exists_where_it_says() {
     let mut wrong = BTreeSet::new();
     for (page, text) in documentation() {
         for span in code_of(&text) {
+            // A shell prompt's `$ ` is not part of the command.
+            let span = span.strip_prefix("$ ").unwrap_or(&span).to_string();
             let words: Vec<&str> = span.split_whitespace().collect();
             if words.first().is_some_and(|first| other_program(first)) {
                 continue;

@@ -24,7 +24,8 @@ fn simulate(args: &[&str]) -> (Option<i32>, String, String) {
 #[test]
 fn a_model_that_does_not_fit_exits_3_with_the_value_that_would_work() {
     // Llama-3-70B's largest block (1.96 GiB) alone exceeds 1 GiB: no depth fits, so the
-    // refusal names the least budget that works, the one at prefetch depth 0.
+    // refusal names the least budget that works, the one at prefetch depth 0 (one slot
+    // and the KV cache's first 2.54 GiB at its 4096-token context).
     let (code, stdout, stderr) = simulate(&[
         "--model",
         "llama3-70b",
@@ -36,10 +37,10 @@ fn a_model_that_does_not_fit_exits_3_with_the_value_that_would_work() {
     assert_eq!(code, Some(3), "{stdout}{stderr}");
     assert!(stdout.contains("fits: NO"), "{stdout}");
     assert!(
-        stdout.contains("set --vram-budget 1.96GiB or more with --prefetch-depth 0"),
+        stdout.contains("set --vram-budget 4.50GiB or more with --prefetch-depth 0"),
         "{stdout}"
     );
-    assert!(stdout.contains("5.87 GiB at prefetch_depth 2"), "{stdout}");
+    assert!(stdout.contains("8.41 GiB at prefetch_depth 2"), "{stdout}");
     assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
     assert!(
         stderr.starts_with("does not fit: llama3-70b on rtx3060-12gb"),
@@ -72,13 +73,14 @@ fn a_smaller_depth_is_suggested_only_when_it_fits() {
         "--hardware",
         "rtx3060-12gb",
         "--vram-budget",
-        "5GiB",
+        "7GiB",
         "--prefetch-depth",
         "2",
     ]);
     assert_eq!(code, Some(3));
+    // Depth 2 needs 3 slots of 1.96 GiB and the KV cache's 2.54 GiB; depth 1 fits in 7.
     assert!(
-        stdout.contains("set --vram-budget 5.88GiB or more, or --prefetch-depth 1"),
+        stdout.contains("set --vram-budget 8.42GiB or more, or --prefetch-depth 1"),
         "{stdout}"
     );
 }

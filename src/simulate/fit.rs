@@ -275,6 +275,7 @@ impl VramFit {
                 needed_bytes: plan_minimum(model, depth) + kv_start_bytes,
                 fits_at_depth,
                 least_bytes: plan_minimum(model, 0) + kv_start_bytes,
+                activation_bytes: kv_start_bytes,
             });
         }
         let resident_bytes = model_bytes.min(plan_budget_bytes.saturating_sub(ring_bytes));
