@@ -31,7 +31,7 @@ type Reserve = (Option<KvCache>, Option<Activations>, String);
 impl ActivationsFile {
     pub(super) fn reserve(self) -> Result<Reserve, String> {
         match (self.family.clone(), self.reserved_bytes) {
-            (Some(family), None) => self.from_family(&family),
+            (Some(family), None) => self.computed_by(&family),
             (None, Some(reserved_bytes)) => {
                 let formula = self.formula.ok_or(
                     "activations: `formula` is needed beside `reserved_bytes` (how the number was computed)",
@@ -46,7 +46,7 @@ impl ActivationsFile {
         }
     }
 
-    fn from_family(self, family: &str) -> Result<Reserve, String> {
+    fn computed_by(self, family: &str) -> Result<Reserve, String> {
         let entry = crate::families::named(family).ok_or_else(|| {
             format!("activations: `family = \"{family}\"` is not a family stagehand computes")
         })?;
