@@ -159,7 +159,7 @@ mod tests {
             ),
             (
                 "[activations]\nfamily = \"llama\"\n[activations.config]\nmodel_type = \"llama\"\n",
-                "num_hidden_layers",
+                "`hidden_size` is missing",
             ),
             ("[activations]\nreserved_bytes = 4\n", "formula"),
             (
