@@ -66,7 +66,7 @@
 //!
 //! # The layers
 //!
-//! The modules below are the library's parts, bottom up (README "Architecture"; a
+//! The modules below are the library's parts, bottom up (docs/architecture.md "Architecture"; a
 //! test keeps each importing only its own layer and below): [`os`] and [`signals`];
 //! the compute port ([`compute`]), the model index ([`model`]) and [`settings`]; the
 //! adapters ([`device`], [`storage`], [`telemetry`], the simulated device [`sim`]);

@@ -1,9 +1,11 @@
 //! The CLI tables cover the command line as documented: every subcommand `stagehand
 //! --help` lists (at any depth) has a table (tests/common/cli.rs `TABLES`), every table
-//! listed is still a subcommand, and every flag README.md (and docs/simulator.md) documents exists — in the
-//! `--help` of the subcommand its example names (`stagehand SUB ... --flag`), or of
-//! some subcommand for flags the prose mentions alone. A flag a `--help` documents is
-//! then tried by that subcommand's table (each table checks its own).
+//! listed is still a subcommand, and every command README.md and the pages of docs/
+//! show names a subcommand that exists and flags it documents — in the `--help` of
+//! the subcommand its example names (`stagehand SUB ... --flag`), or of some
+//! subcommand for flags the prose mentions alone. A flag a `--help` documents is then
+//! tried by that subcommand's table (each table checks its own), so every command a
+//! page shows is run, flag by flag, by the CLI tables.
 
 mod common;
 
@@ -55,7 +57,7 @@ fn every_subcommand_has_a_table_and_every_table_a_subcommand() {
     }
 }
 
-/// Code spans (`...`) and code-block lines of README.md.
+/// Code spans (`...`) and code-block lines of a Markdown page.
 fn code_of(readme: &str) -> Vec<String> {
     let mut code = Vec::new();
     let mut fenced = false;
@@ -90,7 +92,7 @@ fn named_subcommand(example: &str, subcommands: &[String]) -> Option<String> {
     Some(named)
 }
 
-/// Other programs' flags the README mentions (cargo's, in the test instructions).
+/// Other programs' flags the pages mention (cargo's, in the test instructions).
 const NOT_STAGEHAND: &[&str] = &[
     "--release",
     "--workspace",
@@ -102,15 +104,42 @@ const NOT_STAGEHAND: &[&str] = &[
     "--no-default-features",
 ];
 
-#[test]
-fn every_flag_the_readme_documents_exists_where_it_says() {
+/// README.md and every page of docs/, by path, so a new page is checked too.
+fn documentation() -> Vec<(String, String)> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    // The simulator's guide documents `simulate`, `calibrate` and `validate` flags too.
-    let readme = ["README.md", "docs/simulator.md"]
-        .iter()
-        .map(|name| std::fs::read_to_string(root.join(name)).expect("the documentation"))
-        .collect::<Vec<_>>()
-        .join("\n");
+    let mut pages = vec!["README.md".to_string()];
+    let mut docs: Vec<String> = std::fs::read_dir(root.join("docs"))
+        .expect("docs/")
+        .filter_map(|entry| entry.ok())
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.ends_with(".md"))
+        .map(|name| format!("docs/{name}"))
+        .collect();
+    docs.sort();
+    pages.extend(docs);
+    pages
+        .into_iter()
+        .map(|page| {
+            let text = std::fs::read_to_string(root.join(&page)).expect("a documentation page");
+            (page, text)
+        })
+        .collect()
+}
+
+/// Other programs' command lines (cargo, scripts, the deployment's shell, Python,
+/// kubectl, curl) carry their own flags.
+fn other_program(first: &str) -> bool {
+    first.starts_with("cargo")
+        || first.starts_with("scripts/")
+        || first.contains('=')
+        || [
+            "cd", "python", "pip", "kubectl", "docker", "curl", "$", "OUT",
+        ]
+        .contains(&first)
+}
+
+#[test]
+fn every_flag_the_documentation_shows_exists_where_it_says() {
     let subcommands = every_subcommand();
     let defined: Vec<(String, Vec<String>)> = subcommands
         .iter()
@@ -122,42 +151,77 @@ fn every_flag_the_readme_documents_exists_where_it_says() {
             .any(|(name, flags)| name == subcommand && flags.contains(flag))
     };
     let mut wrong = BTreeSet::new();
-    for span in code_of(&readme) {
-        let words: Vec<&str> = span.split_whitespace().collect();
-        // Other programs' command lines (cargo, scripts, the deployment's shell, Python
-        // and kubectl) carry their own flags.
-        let other_program = |first: &&str| {
-            first.starts_with("cargo")
-                || first.starts_with("scripts/")
-                || ["cd", "python", "pip", "kubectl", "docker"].contains(first)
-        };
-        if words.first().is_some_and(other_program) {
-            continue;
-        }
-        for flag in flags_in(&span) {
-            if NOT_STAGEHAND.contains(&flag.as_str()) {
+    for (page, text) in documentation() {
+        for span in code_of(&text) {
+            // A shell prompt's `$ ` is not part of the command.
+            let span = span.strip_prefix("$ ").unwrap_or(&span).to_string();
+            let words: Vec<&str> = span.split_whitespace().collect();
+            if words.first().is_some_and(|first| other_program(first)) {
                 continue;
             }
-            match named_subcommand(&span, &subcommands) {
-                // `stagehand run --lora ...`: run's own flag (plain `stagehand` is run's flags too).
-                Some(subcommand) if !defines(&subcommand, &flag) => {
-                    wrong.insert(format!(
-                        "README.md's `{span}` uses {flag}, which `stagehand {subcommand} --help` does not document"
-                    ));
+            if let Some(unknown) = unknown_subcommand(&words, &subcommands) {
+                wrong.insert(format!(
+                    "{page}'s `{span}` runs `stagehand {unknown}`, which `stagehand --help` does not list"
+                ));
+            }
+            for flag in flags_in(&span) {
+                if NOT_STAGEHAND.contains(&flag.as_str()) {
+                    continue;
                 }
-                Some(_) => {}
-                None if !defined.iter().any(|(_, flags)| flags.contains(&flag)) => {
-                    wrong.insert(format!(
-                        "README.md mentions {flag} (in `{span}`), which no subcommand's --help documents"
-                    ));
+                match named_subcommand(&span, &subcommands) {
+                    // `stagehand run --lora ...`: run's own flag (plain `stagehand` is run's flags too).
+                    Some(subcommand) if !defines(&subcommand, &flag) => {
+                        wrong.insert(format!(
+                            "{page}'s `{span}` uses {flag}, which `stagehand {subcommand} --help` does not document"
+                        ));
+                    }
+                    Some(_) => {}
+                    None if !defined.iter().any(|(_, flags)| flags.contains(&flag)) => {
+                        wrong.insert(format!(
+                            "{page} mentions {flag} (in `{span}`), which no subcommand's --help documents"
+                        ));
+                    }
+                    None => {}
                 }
-                None => {}
             }
         }
     }
     assert!(
         wrong.is_empty(),
-        "fix README.md, or the flag, then add its rows to the subcommand's table:\n{}",
+        "fix the page, or the flag, then add its rows to the subcommand's table:\n{}",
         wrong.into_iter().collect::<Vec<_>>().join("\n")
     );
+}
+
+/// The word after `stagehand` when it is neither a subcommand nor a flag nor a
+/// placeholder (`stagehand simualte`), if the words are a `stagehand` command line:
+/// two words, or a line with flags (a line of output such as `stagehand vs naive
+/// (…): 1.32× faster` is neither).
+fn unknown_subcommand(words: &[&str], subcommands: &[String]) -> Option<String> {
+    let command_line = words.len() == 2 || words.iter().any(|word| word.starts_with("--"));
+    if words.first() != Some(&"stagehand") || !command_line {
+        return None;
+    }
+    let next = words.get(1)?;
+    let plain_word = next.chars().all(|c| c.is_ascii_lowercase() || c == '-');
+    if next.starts_with('-') || !plain_word || subcommands.iter().any(|name| name == next) {
+        return None;
+    }
+    Some(next.to_string())
+}
+
+#[test]
+fn a_page_that_shows_a_flag_that_does_not_exist_fails() {
+    // Proves the check above reads docs/ pages as it reads README.md: a made-up flag
+    // and a made-up subcommand in a page's command are both found.
+    let subcommands = every_subcommand();
+    let page = "Run it:\n\n    stagehand simulate --model flux1-dev --no-such-flag\n\nor `stagehand simualte`.\n";
+    let spans = code_of(page);
+    let shown: Vec<String> = spans.iter().flat_map(|span| flags_in(span)).collect();
+    assert!(shown.contains(&"--no-such-flag".to_string()), "{shown:?}");
+    assert!(!documented_flags("simulate").contains(&"--no-such-flag".to_string()));
+    let typo = spans.iter().find_map(|span| {
+        unknown_subcommand(&span.split_whitespace().collect::<Vec<_>>(), &subcommands)
+    });
+    assert_eq!(typo.as_deref(), Some("simualte"));
 }

@@ -47,7 +47,7 @@ fn the_required_scenarios_report_their_verdicts() {
     let simulation = report.simulation().unwrap();
     assert!(!simulation.fits && simulation.stagehand.is_none());
     assert!(
-        simulation.failure_messages[0].contains("vram_budget 5 GiB is 892.05 MiB short"),
+        simulation.failure_messages[0].contains("vram_budget 5 GiB is 3.41 GiB short"),
         "{:?}",
         simulation.failure_messages
     );

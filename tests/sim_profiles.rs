@@ -317,30 +317,32 @@ fn close(actual: f64, expected: f64) -> bool {
 fn worked_example_flux_on_an_rtx3060_is_compute_bound() {
     // FLUX.1-dev (23,802,816,640 bytes; largest block a double block of 679,662,592)
     // on the RTX 3060 12 GB box (PCIe 4.0, 32 GiB RAM, NVMe gen4), default settings:
-    //   vram_budget = 12 GiB − 256 MiB reserve = 12,616,466,432
+    //   vram_budget = 12 GiB − 256 MiB reserve = 12,616,466,432, of which a 1024² step's
+    //     activations take 1,541,857,284 (the Flux family's list): 11,074,609,148 plan
     //   ring = 679,662,592 × (depth 2 + 1) = 2,038,987,776
-    //   resident = 12,616,466,432 − 2,038,987,776 = 10,577,478,656
-    //   pcie bytes/step = 23,802,816,640 − 10,577,478,656 = 13,225,337,984
-    //     → 13,225,337,984 / 25 GB/s = 0.529 s
+    //   resident = 11,074,609,148 − 2,038,987,776 = 9,035,621,372
+    //   pcie bytes/step = 23,802,816,640 − 9,035,621,372 = 14,767,195,268
+    //     → 14,767,195,268 / 25 GB/s = 0.591 s
     //   pin ceiling = 32 GiB − 2 GiB floor = 32,212,254,720; staging = 3 × 679,662,592;
     //     the remaining 30.2 GB cache every streamed byte: nothing from disk.
     //   compute: 25.5 TFLOPS × 0.55 = 14.025 TFLOP/s sustained; a double or single
     //     block is 283,115,520 × 4608 = 1.3046 TFLOP → 93.0 ms (its weight reads at
     //     360 GB/s take ≤ 1.9 ms); 57 blocks + head (1.04 ms) + tail (0.12 ms) = 5.303 s.
-    //   bound = max(5.303, 0.529, 0) = 5.303 s: compute-bound, PCIe is 10 % of it.
+    //   bound = max(5.303, 0.591, 0) = 5.303 s: compute-bound, PCIe is 11 % of it.
     let model = ModelDescription::load("flux1-dev").unwrap();
     let hardware = HardwareProfile::load("rtx3060-12gb").unwrap();
     let check = FitCheck::new(&model, &hardware, &FitSettings::default());
     assert!(check.fits, "{:?}", check.failures);
     assert_eq!(check.vram_budget_bytes, 12_616_466_432);
     assert_eq!(check.ring_bytes, 2_038_987_776);
-    assert_eq!(check.resident_bytes, 10_577_478_656);
-    assert_eq!(check.pcie_bytes_per_step, 13_225_337_984);
+    assert_eq!(check.activation_bytes, 1_541_857_284);
+    assert_eq!(check.resident_bytes, 9_035_621_372);
+    assert_eq!(check.pcie_bytes_per_step, 14_767_195_268);
     assert_eq!(check.pin_ceiling_bytes, 32_212_254_720);
     assert_eq!(check.staging_bytes, 2_038_987_776);
     assert_eq!(check.disk_bytes_per_step, 0);
     assert!(
-        close(check.pcie_seconds, 0.529_013_519_36),
+        close(check.pcie_seconds, 0.590_687_810_72),
         "{}",
         check.pcie_seconds
     );
@@ -359,18 +361,20 @@ fn worked_example_flux_on_an_rtx3060_is_compute_bound() {
 fn worked_example_llama70b_on_a_12gb_card_with_an_hdd_streams_from_disk() {
     // Llama-3-70B (141,107,412,992 bytes; largest block the lm_head tail, 2,101,362,688)
     // on the RTX 3060 box with 32 GiB RAM and an HDD, default settings:
-    //   vram_budget = 12,616,466,432. The plan keeps the 2.1 GB embedding and lm_head
-    //   resident (too large to stream) and sizes the ring for a layer:
+    //   vram_budget = 12,616,466,432, of which the KV cache's first pages take
+    //   4160 tokens × 640 KiB = 2,726,297,600 (4096-token context): 9,890,168,832 plan.
+    //   The plan keeps the 2.1 GB embedding and lm_head resident (too large to
+    //   stream) and sizes the ring for a layer:
     //   ring = 3 × 1,711,308,800 = 5,133,926,400
-    //   resident = 12,616,466,432 − 5,133,926,400 = 7,482,540,032
-    //   pcie bytes/step = 133,624,872,960 → 5.345 s at 25 GB/s
+    //   resident = 9,890,168,832 − 5,133,926,400 = 4,756,242,432
+    //   pcie bytes/step = 136,351,170,560 → 5.454 s at 25 GB/s
     //   pin ceiling 32,212,254,720 − staging 3 × 1,711,308,800 (whole-block buffers
     //   hold the largest streamed block) = 27,078,328,320 cached
-    //   disk bytes/step = 133,624,872,960 − 27,078,328,320 = 106,546,544,640
-    //     → 532.73 s at 0.2 GB/s
+    //   disk bytes/step = 136,351,170,560 − 27,078,328,320 = 109,272,842,240
+    //     → 546.36 s at 0.2 GB/s
     //   compute (decode, 1 token): each layer reads 1.71 GB at 360 GB/s = 4.75 ms
     //     (its 1.85 GFLOP take 0.13 ms) → 0.392 s for the model
-    //   bound = 532.7 s per token, disk-bound. Every budget holds, so it "fits":
+    //   bound = 546.4 s per token, disk-bound. Every budget holds, so it "fits":
     //   it runs, at ~9 minutes a token. Cold: 141 GB / 0.2 GB/s = 705.5 s.
     let model = ModelDescription::load("llama3-70b").unwrap();
     let hardware = HardwareProfile::load("rtx3060-12gb")
@@ -381,26 +385,28 @@ fn worked_example_llama70b_on_a_12gb_card_with_an_hdd_streams_from_disk() {
     let check = FitCheck::new(&model, &hardware, &FitSettings::default());
     assert!(check.fits, "{:?}", check.failures);
     assert_eq!(check.ring_bytes, 5_133_926_400);
-    assert_eq!(check.resident_bytes, 7_482_540_032);
-    assert_eq!(check.pcie_bytes_per_step, 133_624_872_960);
+    assert_eq!(check.activation_bytes, 2_726_297_600);
+    assert_eq!(check.resident_bytes, 4_756_242_432);
+    assert_eq!(check.pcie_bytes_per_step, 136_351_170_560);
     assert_eq!(check.pinned_cache_bytes, 27_078_328_320);
-    assert_eq!(check.disk_bytes_per_step, 106_546_544_640);
-    assert!(close(check.pcie_seconds, 5.344_994_918_4));
-    assert!(close(check.disk_seconds, 532.732_723_2));
+    assert_eq!(check.disk_bytes_per_step, 109_272_842_240);
+    assert!(close(check.pcie_seconds, 5.454_046_822_4));
+    assert!(close(check.disk_seconds, 546.364_211_2));
     assert!(
         close(check.compute_seconds, 0.391_965_036),
         "{}",
         check.compute_seconds
     );
     assert_eq!(check.bottleneck, Bottleneck::Disk);
-    assert!(close(check.bound_seconds, 532.732_723_2));
+    assert!(close(check.bound_seconds, 546.364_211_2));
     assert!(close(check.cold_bound_seconds, 705.537_064_96));
 }
 
 #[test]
 fn worked_example_llama70b_under_tight_budgets_does_not_fit_and_says_why() {
     // Same model, --vram-budget 5GiB --pin-ceiling 4GiB:
-    //   ring 6,304,088,064 > 5 GiB (5,368,709,120): 935,378,944 bytes short
+    //   ring 6,304,088,064 + the KV cache's first pages 2,726,297,600 > 5 GiB
+    //   (5,368,709,120): 3,661,676,544 bytes short; depth 0 (one slot) fits
     //   staging 6,304,088,064 > 4 GiB (4,294,967,296): 2,009,120,768 bytes short
     let model = ModelDescription::load("llama3-70b").unwrap();
     let hardware = HardwareProfile::load("rtx3060-12gb").unwrap();
@@ -418,11 +424,15 @@ fn worked_example_llama70b_under_tight_budgets_does_not_fit_and_says_why() {
         .collect();
     assert_eq!(
         failures,
-        [("vram_budget", 935_378_944), ("pin_ceiling", 2_009_120_768)]
+        [
+            ("vram_budget", 3_661_676_544),
+            ("pin_ceiling", 2_009_120_768)
+        ]
     );
     assert_eq!(
         check.failures[0].to_string(),
-        "vram_budget 5 GiB is 892.05 MiB short of the streaming ring: largest block 1.96 GiB × \
-         (prefetch_depth 2 + 1) = 5.87 GiB; set --vram-budget 5.88GiB or more, or --prefetch-depth 1"
+        "vram_budget 5 GiB is 3.41 GiB short of the streaming ring: largest block 1.96 GiB × \
+         (prefetch_depth 2 + 1) + activations 2.54 GiB = 8.41 GiB; set --vram-budget 8.42GiB or more, \
+         or --prefetch-depth 0"
     );
 }

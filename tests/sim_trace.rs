@@ -184,7 +184,7 @@ fn simulate_says_what_does_not_fit_and_refuses_bad_input() {
     let text = String::from_utf8_lossy(&output.stdout);
     assert!(
         text.contains("fits: NO")
-            && text.contains("vram_budget 5 GiB is 892.05 MiB short")
+            && text.contains("vram_budget 5 GiB is 3.41 GiB short")
             && text.contains("pin_ceiling 4 GiB is 1.87 GiB short"),
         "{text}"
     );

@@ -1,4 +1,4 @@
-//! The shape of the code, checked from its own text (README "Architecture"): the
+//! The shape of the code, checked from its own text (docs/architecture.md, "Architecture"): the
 //! modules of `src/` form layers that import only downwards, with no circle between
 //! them, and library files and functions stay short enough to read.
 //!
@@ -234,7 +234,7 @@ fn every_module_of_src_has_a_layer() {
         .collect();
     assert!(
         unplaced.is_empty(),
-        "modules with no layer in tests/structure.rs LAYERS (add them, and to README \"Architecture\"): {unplaced:?}"
+        "modules with no layer in tests/structure.rs LAYERS (add them, and to docs/architecture.md \"Architecture\"): {unplaced:?}"
     );
 }
 

@@ -1,6 +1,6 @@
 //! `stagehand inspect PATH [--json]`: a checkpoint's files, tensors and block split.
 //!
-//! The `--json` output is a stable interface for scripts (documented in README.md):
+//! The `--json` output is a stable interface for scripts (documented in docs/models.md):
 //! fields may be added, never renamed or removed, without bumping `schema`.
 
 use std::collections::BTreeMap;
@@ -21,7 +21,7 @@ pub struct InspectArgs {
     /// A .safetensors file, a folder of shards, or a *.safetensors.index.json.
     #[arg(value_name = "PATH")]
     pub path: PathBuf,
-    /// Print machine-readable JSON (schema in README.md) instead of tables.
+    /// Print machine-readable JSON (schema in docs/models.md) instead of tables.
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]

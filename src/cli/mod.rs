@@ -81,7 +81,7 @@ impl Failure {
 
 pub type CommandResult = Result<(), Failure>;
 
-/// `stagehand simulate`'s exit status when the model does not fit (README, "Exit codes").
+/// `stagehand simulate`'s exit status when the model does not fit (docs/commands.md, "Exit codes").
 pub const EXIT_DOES_NOT_FIT: u8 = 3;
 
 #[derive(Debug, Parser)]
@@ -164,7 +164,7 @@ pub fn main() -> ExitCode {
             return ExitCode::from(u8::try_from(error.exit_code()).unwrap_or(2));
         }
     };
-    // A server stopped by SIGINT/SIGTERM drains and exits 0 (README "Serving").
+    // A server stopped by SIGINT/SIGTERM drains and exits 0 (docs/serving.md).
     let drains_on_signal = is_serve(&cli.command);
     let result = match cli.command {
         None => run::execute(cli.run),

@@ -1,6 +1,6 @@
 //! `stagehand serve`: the models of a serve config (or `--model DIR`) kept loaded
 //! behind an OpenAI-compatible HTTP API until SIGINT/SIGTERM, which drains and exits 0
-//! with every budget released (README "Serving").
+//! with every budget released (docs/serving.md).
 
 use std::path::PathBuf;
 

@@ -43,3 +43,32 @@ impl Activations {
         peaks.join(", ")
     }
 }
+
+/// The workload a model description states its activations at (`[activations]` of a
+/// `config/models/*.toml`): each family reads the sizes its step depends on and
+/// refuses a missing one by name.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DescribedWorkload {
+    /// An image's pixels (diffusion transformers).
+    pub width: Option<u64>,
+    pub height: Option<u64>,
+    /// The text encoder's tokens a step attends to (diffusion transformers).
+    pub text_tokens: Option<u64>,
+    /// The tokens a decoder's KV cache holds at the described step.
+    pub context_tokens: Option<u64>,
+}
+
+/// What a described step reserves beside the weights, from a family's own code: a
+/// decoder's KV cache, or a step's activation tensors.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DescribedReserve {
+    pub kv_cache: Option<super::KvCache>,
+    pub activations: Option<Activations>,
+}
+
+impl DescribedWorkload {
+    /// `key`'s value, or an error naming it for `family`.
+    pub fn needs(value: Option<u64>, key: &str, family: &str) -> Result<u64, String> {
+        value.ok_or_else(|| format!("`{key}` is needed: the {family} family's step depends on it"))
+    }
+}

@@ -48,7 +48,7 @@ pub mod t5;
 pub mod vae;
 mod walk;
 
-pub use activations::{Activations, BlockKindPeak};
+pub use activations::{Activations, BlockKindPeak, DescribedReserve, DescribedWorkload};
 pub use family::{Decoded, ExpertNeeds, ExpertStep, Facts, Family, StepOutput};
 pub use inputs::{
     EncoderInput, Extras, Inputs, MoeOptions, PromptLength, WorkloadKind, BUILT_IN_SENTENCES,
@@ -56,8 +56,8 @@ pub use inputs::{
 pub use kv_cache::KvCache;
 pub use llama::{DecoderInput, PromptInput, BUILT_IN_PROMPT};
 pub use registry::{
-    demo_writer, find, generated, supported_model_types, DemoWriter, Endpoints, Entry, Found,
-    Model, Open, Request, StepUnit, Visit, REGISTRY,
+    demo_writer, find, generated, named, supported_model_types, DemoWriter, Endpoints, Entry,
+    Found, Model, Open, Request, StepUnit, Visit, REGISTRY,
 };
 
 #[derive(Debug, thiserror::Error)]

@@ -9,6 +9,7 @@
 
 use std::path::Path;
 
+use super::activations::{DescribedReserve, DescribedWorkload};
 use super::family::{Facts, Family};
 use super::inputs::{Extras, WorkloadKind};
 use super::FamilyError;
@@ -176,6 +177,18 @@ pub trait Open: Family + Sized {
         Ok(None)
     }
 
+    /// What a step of a model with this `config.json` reserves beside the weights at
+    /// `workload`, from the config alone (a shipped model description states its
+    /// activations so, computed by the code `simulate --model` uses on a checkpoint);
+    /// `None`: the family reserves nothing it could compute without the weights.
+    fn described_reserve(
+        config: &serde_json::Value,
+        workload: &DescribedWorkload,
+    ) -> Result<Option<DescribedReserve>, FamilyError> {
+        let _ = (config, workload);
+        Ok(None)
+    }
+
     /// The family over the checkpoint, with the run's inputs. Errors are the user's:
     /// a missing tensor, a shape or config that disagrees, a prompt out of range.
     fn open(request: &Request<'_>) -> Result<Self, FamilyError>;
@@ -199,6 +212,7 @@ pub struct Entry {
     row_values: fn(&Found<'_>) -> Option<u64>,
     measured_input: fn(usize, &mut Extras),
     described_step: fn(&Found<'_>, u64, &mut Extras) -> Result<Option<usize>, FamilyError>,
+    described_reserve: ReserveFn,
     open: fn(&Request<'_>) -> Result<Model, FamilyError>,
 }
 
@@ -227,9 +241,27 @@ impl Entry {
         (self.described_step)(found, tokens_per_step, extras)
     }
 
+    /// See [`Open::described_reserve`].
+    pub fn described_reserve(
+        &self,
+        config: &serde_json::Value,
+        workload: &DescribedWorkload,
+    ) -> Result<Option<DescribedReserve>, FamilyError> {
+        (self.described_reserve)(config, workload)
+    }
+
     pub fn open(&self, request: &Request<'_>) -> Result<Model, FamilyError> {
         (self.open)(request)
     }
+}
+
+/// [`Open::described_reserve`] of a registry line.
+type ReserveFn =
+    fn(&serde_json::Value, &DescribedWorkload) -> Result<Option<DescribedReserve>, FamilyError>;
+
+/// The registry's line of the family called `name` (`flux`, `llama`).
+pub fn named(name: &str) -> Option<&'static Entry> {
+    REGISTRY.iter().find(|entry| entry.name == name)
 }
 
 /// The registry's line of the family of `kind` that no folder declares
@@ -351,6 +383,7 @@ macro_rules! families {
                 row_values: <$family as Open>::activation_row_values,
                 measured_input: <$family as Open>::measured_input,
                 described_step: <$family as Open>::described_step,
+                described_reserve: <$family as Open>::described_reserve,
                 open: |request| Ok(Model::$variant(Box::new(<$family as Open>::open(request)?))),
             },)*
         ];

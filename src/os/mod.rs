@@ -1,6 +1,6 @@
 //! What the operating system tells and does for every layer above: opening input files
 //! so nothing can hang the process, page-cache advice, and how much host memory is free.
-//! The lowest layer of `src/` (README "Architecture"): it imports nothing of stagehand.
+//! The lowest layer of `src/` (docs/architecture.md "Architecture"): it imports nothing of stagehand.
 
 mod files;
 mod memory;

@@ -1,4 +1,4 @@
-//! The one budget policy (README "Budgets that work out of the box"), used by `run`,
+//! The one budget policy (docs/configuration.md, "Budgets that work out of the box"), used by `run`,
 //! `embed`, `generate`, `bench`, `validate` and the CUDA backend alike:
 //!
 //! 1. **Configured or a share of the model** ([`resolve_budgets`]): `vram_budget` as

@@ -103,6 +103,15 @@ pub struct FitCheck {
     /// 0 when the whole model stays resident.
     pub ring_bytes: u64,
     pub resident_bytes: u64,
+    /// What the fit counts beside the weights: a decoder's first KV pages, a step's
+    /// activation tensors (0: the description states none).
+    pub activation_bytes: u64,
+    /// VRAM the plan takes under the budget: resident weights, the ring, activations.
+    pub vram_used_bytes: u64,
+    /// The budget less what the plan takes.
+    pub vram_margin_bytes: u64,
+    /// The least budget this model runs under at this depth, activations counted.
+    pub vram_least_bytes: u64,
     pub pcie_bytes_per_step: u64,
     pub pin_ceiling_bytes: u64,
     pub staging_bytes: u64,
@@ -177,6 +186,11 @@ impl FitCheck {
             vram_budget_bytes: vram.budget_bytes,
             ring_bytes: vram.ring_bytes,
             resident_bytes: vram.resident_bytes,
+            activation_bytes: vram.activation_bytes,
+            vram_used_bytes: vram.used_bytes(),
+            vram_margin_bytes: vram.budget_bytes.saturating_sub(vram.used_bytes()),
+            vram_least_bytes: plan_minimum(model, settings.prefetch_depth).min(model_bytes)
+                + vram.activation_bytes,
             pcie_bytes_per_step: vram.pcie_bytes_per_step,
             pin_ceiling_bytes: pinned.ceiling_bytes,
             staging_bytes: pinned.staging_bytes,
@@ -199,10 +213,15 @@ struct VramFit {
     slot_bytes: u64,
     ring_bytes: u64,
     resident_bytes: u64,
+    activation_bytes: u64,
     pcie_bytes_per_step: u64,
 }
 
 impl VramFit {
+    fn used_bytes(&self) -> u64 {
+        self.resident_bytes + self.ring_bytes + self.activation_bytes
+    }
+
     fn new(
         model: &ModelDescription,
         hardware: &HardwareProfile,
@@ -256,6 +275,7 @@ impl VramFit {
                 needed_bytes: plan_minimum(model, depth) + kv_start_bytes,
                 fits_at_depth,
                 least_bytes: plan_minimum(model, 0) + kv_start_bytes,
+                activation_bytes: kv_start_bytes,
             });
         }
         let resident_bytes = model_bytes.min(plan_budget_bytes.saturating_sub(ring_bytes));
@@ -264,6 +284,7 @@ impl VramFit {
             slot_bytes,
             ring_bytes,
             resident_bytes,
+            activation_bytes: kv_start_bytes,
             pcie_bytes_per_step: model_bytes - resident_bytes,
         }
     }

@@ -70,6 +70,8 @@ impl ModelDescription {
                 ..kv
             }),
             activations: facts.activations(),
+            reserve_basis: (facts.kv_cache().is_some() || facts.activations().is_some())
+                .then(|| format!("computed by the {} family's own code", prepared.family.name)),
         }
         .checked()
     }

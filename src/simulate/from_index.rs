@@ -79,6 +79,7 @@ impl ModelDescription {
             output: None,
             kv_cache: None,
             activations: None,
+            reserve_basis: None,
         };
         description.checked()
     }

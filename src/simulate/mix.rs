@@ -1,4 +1,4 @@
-//! Two models used in turn under one shared budget (README "Serving", "Several
+//! Two models used in turn under one shared budget (docs/serving.md, "Several
 //! models, one budget"): the steady state the shared budget's broker settles in,
 //! predicted with the broker's own ledger ([`PoolState`]) and the simulator's run of
 //! each model in the lease it holds while it is the one in use.

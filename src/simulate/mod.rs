@@ -3,6 +3,7 @@
 //! two baselines, with the prefetch depth it recommends.
 
 mod depth;
+mod described_reserve;
 mod fit;
 mod from_folder;
 mod from_index;

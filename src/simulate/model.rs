@@ -9,6 +9,7 @@
 use serde::{Deserialize, Serialize};
 use stagehand_actors::{BlockLayout, Extent, FileId, ModelLayout};
 
+use super::described_reserve::ActivationsFile;
 use super::output::StepOutput;
 use crate::families::{Activations, KvCache};
 use crate::sim::SimError;
@@ -58,12 +59,15 @@ pub struct ModelDescription {
     /// What a step produces (`[output]`), for figures in the model's unit.
     pub output: Option<StepOutput>,
     /// A decoder's KV cache, reserved beside the weights as the run grows it (a
-    /// description made from a decoder folder; never in a description file).
+    /// description made from a decoder folder, or a description's `[activations]`).
     pub kv_cache: Option<KvCache>,
     /// The activation tensors a step reserves beside the weights, and each kind of
-    /// block's working set, from the family's own shapes (a Flux checkpoint; never in a
-    /// description file).
+    /// block's working set, from the family's own shapes (a Flux checkpoint, or a
+    /// description's `[activations]`).
     pub activations: Option<Activations>,
+    /// Where the reserve beside the weights (`kv_cache`, `activations`) comes from, in
+    /// words, for the fit verdict; `None`: the description gives none.
+    pub reserve_basis: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -114,6 +118,7 @@ struct ModelFile {
     tail: Option<BlockDesc>,
     experts: Option<ExpertDesc>,
     output: Option<StepOutput>,
+    activations: Option<ActivationsFile>,
 }
 
 /// `count` equal blocks named `name.0`, `name.1`, ...
@@ -156,6 +161,13 @@ impl ModelDescription {
         blocks.extend(file.head);
         blocks.extend(body);
         blocks.extend(file.tail);
+        let (kv_cache, activations, reserve_basis) = match file.activations {
+            Some(reserve) => {
+                let (kv_cache, activations, basis) = reserve.reserve().map_err(error)?;
+                (kv_cache, activations, Some(basis))
+            }
+            None => (None, None, None),
+        };
         let description = Self {
             name: file.name.unwrap_or_else(|| default_name.to_string()),
             source: source.to_string(),
@@ -164,8 +176,9 @@ impl ModelDescription {
             blocks,
             experts: file.experts,
             output: file.output,
-            kv_cache: None,
-            activations: None,
+            kv_cache,
+            activations,
+            reserve_basis,
         };
         description.checked()
     }

@@ -85,6 +85,9 @@ pub struct Simulation {
     /// The activation tensors a step reserves and each kind of block's working set,
     /// when the description carries them (a Flux checkpoint).
     pub activations: Option<crate::families::Activations>,
+    /// Where the reserve beside the weights comes from, in words; `None`: the
+    /// description states none, so the fit counts none.
+    pub reserve_basis: Option<String>,
 }
 
 /// What the simulation says to put in the config: the chosen depth, and how it
@@ -247,6 +250,7 @@ pub fn simulate(
         stagehand_rate: None,
         warnings: Vec::new(),
         activations: model.activations.clone(),
+        reserve_basis: model.reserve_basis.clone(),
     };
     if !simulation.fits {
         return Ok(simulation);

@@ -89,15 +89,61 @@ fn write_setup(out: &mut impl Write, simulation: &Simulation) -> std::io::Result
         Bytes(fit.staging_bytes),
         Bytes(fit.pinned_cache_bytes)
     )?;
-    if let Some(activations) = &simulation.activations {
-        writeln!(
+    let basis = simulation
+        .reserve_basis
+        .as_deref()
+        .unwrap_or("the description states none");
+    match &simulation.activations {
+        Some(activations) if !activations.peaks.is_empty() => writeln!(
             out,
-            "activations: {} reserved beside the weights (every tensor of a step); working set per block: {}",
+            "activations: {} reserved beside the weights (every tensor of a step; {basis}); working set per block: {}",
             Bytes(activations.reserved_bytes),
             activations.describe_peaks()
-        )?;
+        )?,
+        Some(activations) => writeln!(
+            out,
+            "activations: {} reserved beside the weights ({basis})",
+            Bytes(activations.reserved_bytes)
+        )?,
+        None if fit.activation_bytes > 0 => writeln!(
+            out,
+            "activations: the KV cache's first pages, {} at the start, growing a page at a time ({basis})",
+            Bytes(fit.activation_bytes)
+        )?,
+        None => writeln!(
+            out,
+            "activations: none counted ({basis}); the fit below is the weights' alone"
+        )?,
     }
     Ok(())
+}
+
+/// The verdict: what the plan takes of the budget, activations counted, and the margin.
+fn verdict(simulation: &Simulation) -> String {
+    let fit = &simulation.fit;
+    let activations = match fit.activation_bytes {
+        0 => "activations not counted".to_string(),
+        bytes => format!("activations {} counted", Bytes(bytes)),
+    };
+    let used = format!(
+        "{} of {} VRAM",
+        Bytes(fit.vram_used_bytes),
+        Bytes(fit.vram_budget_bytes)
+    );
+    if fit.ring_bytes == 0 {
+        return format!(
+            "fits: yes, {used} (weights {} resident, {activations}), margin {}",
+            Bytes(fit.resident_bytes),
+            Bytes(fit.vram_margin_bytes)
+        );
+    }
+    format!(
+        "fits: yes, streaming: {used} (weights {} resident, ring {}, {activations}); runs down to a budget of {}, margin {}",
+        Bytes(fit.resident_bytes),
+        Bytes(fit.ring_bytes),
+        Bytes(fit.vram_least_bytes),
+        Bytes(fit.vram_budget_bytes.saturating_sub(fit.vram_least_bytes))
+    )
 }
 
 /// The bytes a step moves and the bound they set.
@@ -105,7 +151,8 @@ fn write_bound(out: &mut impl Write, simulation: &Simulation) -> std::io::Result
     let fit = &simulation.fit;
     writeln!(
         out,
-        "fits: yes; per step {} over PCIe, {} from disk",
+        "{}; per step {} over PCIe, {} from disk",
+        verdict(simulation),
         Bytes(fit.pcie_bytes_per_step),
         Bytes(fit.disk_bytes_per_step)
     )?;

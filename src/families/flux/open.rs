@@ -1,16 +1,19 @@
 //! How a Flux checkpoint is recognised and opened, and what the run asks of it.
 
+use std::path::Path;
+
 use stagehand_actors::ModelLayout;
 
 use super::config::FluxConfig;
 use super::input::{read_latent, Conditioning, SampleInput, Start};
 use super::names::Names;
+use super::working_set::activations_at;
 use super::{Flux, Plan};
 use crate::compute::TensorSlot;
 use crate::families::family::Facts;
 use crate::families::inputs::WorkloadKind;
 use crate::families::registry::{Found, Open, Request, StepUnit};
-use crate::families::FamilyError;
+use crate::families::{DescribedReserve, DescribedWorkload, FamilyError};
 use crate::model::ModelIndex;
 
 /// diffusers' class of the Flux transformer (`_class_name` of `transformer/config.json`).
@@ -38,6 +41,33 @@ impl Open for Flux {
         _: &mut crate::families::Extras,
     ) -> Result<Option<usize>, FamilyError> {
         Ok(Some(1))
+    }
+
+    /// The activation tensors of a step at `width` × `height` with `text_tokens` T5
+    /// tokens, for diffusers' `transformer/config.json`: the list a run allocates.
+    fn described_reserve(
+        config: &serde_json::Value,
+        workload: &DescribedWorkload,
+    ) -> Result<Option<DescribedReserve>, FamilyError> {
+        let config = FluxConfig::from_json(Path::new("[activations] config"), config)?;
+        let need = |value, key| DescribedWorkload::needs(value, key, "flux");
+        let width = need(workload.width, "width").map_err(FamilyError::Model)?;
+        let height = need(workload.height, "height").map_err(FamilyError::Model)?;
+        let text_tokens = need(workload.text_tokens, "text_tokens").map_err(FamilyError::Model)?;
+        if width % 16 != 0 || height % 16 != 0 || width == 0 || height == 0 {
+            return Err(FamilyError::Model(format!(
+                "a {width}×{height} image: Flux takes sizes that are multiples of 16"
+            )));
+        }
+        let image_tokens = (width / 16) * (height / 16);
+        Ok(Some(DescribedReserve {
+            kv_cache: None,
+            activations: Some(activations_at(
+                &config,
+                text_tokens as usize,
+                image_tokens as usize,
+            )),
+        }))
     }
 
     fn recognises(found: &Found<'_>) -> bool {

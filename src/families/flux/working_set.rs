@@ -144,10 +144,12 @@ pub fn shapes(flux: &Flux) -> Vec<(usize, usize)> {
 
 /// What a step reserves, and each kind of block's working set.
 pub fn activations(flux: &Flux) -> Activations {
-    activations_of(&flux.config, flux.text_tokens(), flux.image_tokens())
+    activations_at(&flux.config, flux.text_tokens(), flux.image_tokens())
 }
 
-fn activations_of(config: &FluxConfig, text: usize, image: usize) -> Activations {
+/// What a step of a model of `config` over `text` and `image` tokens reserves, and
+/// each kind of block's working set (a description's step, without the weights).
+pub fn activations_at(config: &FluxConfig, text: usize, image: usize) -> Activations {
     let tensors = tensors(config, text, image);
     let blocks = |kind: Kind| match kind {
         Kind::Double => config.double_blocks as u64,
@@ -216,7 +218,7 @@ mod tests {
             + f32s(rows, hidden + mlp);
         let last =
             every + f32s(rows, hidden) + 2 * f32s(image, hidden) + 2 * vector + f32s(image, 64);
-        let activations = activations_of(&config, text as usize, image as usize);
+        let activations = activations_at(&config, text as usize, image as usize);
         let peaks: Vec<(&str, u64, u64)> = activations
             .peaks
             .iter()

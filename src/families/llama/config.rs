@@ -275,6 +275,11 @@ impl DecoderConfig {
         self.kv_heads * self.head_dim
     }
 
+    /// KV-cache bytes per token: keys and values of every layer, held in f32.
+    pub fn kv_bytes_per_token(&self) -> u64 {
+        (2 * self.kv_dim() * 4 * self.layers) as u64
+    }
+
     pub fn q_dim(&self) -> usize {
         self.heads * self.head_dim
     }

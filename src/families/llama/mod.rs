@@ -185,7 +185,7 @@ impl Decoder {
 
     /// KV-cache bytes per token (keys and values of every layer, f32).
     pub fn kv_bytes_per_token(&self) -> u64 {
-        (2 * self.config.kv_dim() * 4 * self.config.layers) as u64
+        self.config.kv_bytes_per_token()
     }
 
     /// The expert cache's slot size (one expert's bytes), for MoE models.

@@ -31,6 +31,37 @@ impl Open for Decoder {
         Ok(Some(1))
     }
 
+    /// The KV cache of one sequence at `context_tokens` tokens, for a `config.json`
+    /// (its `model_type` picks the variant): the pages a run reserves.
+    fn described_reserve(
+        config: &serde_json::Value,
+        workload: &crate::families::DescribedWorkload,
+    ) -> Result<Option<crate::families::DescribedReserve>, FamilyError> {
+        let path = Path::new("[activations] config");
+        let model_type = config
+            .get("model_type")
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or_default();
+        let config = DecoderConfig::from_json(path, model_type, config)?;
+        let context_tokens = crate::families::DescribedWorkload::needs(
+            workload.context_tokens,
+            "context_tokens",
+            "llama",
+        )
+        .map_err(FamilyError::Model)?;
+        if let Some(refusal) = config.refuse_sequence(context_tokens as usize + 1) {
+            return Err(FamilyError::Model(format!("context_tokens: {refusal}")));
+        }
+        Ok(Some(crate::families::DescribedReserve {
+            kv_cache: Some(KvCache {
+                bytes_per_token: config.kv_bytes_per_token(),
+                prompt_tokens: context_tokens,
+                page_tokens: KV_PAGE_TOKENS as u64,
+            }),
+            activations: None,
+        }))
+    }
+
     /// The decoder over a folder, for the prompt the run gives (or the built-in one),
     /// tokenized by the folder's `tokenizer.json`, or for token ids.
     fn open(request: &Request<'_>) -> Result<Self, FamilyError> {

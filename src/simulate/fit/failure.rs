@@ -27,6 +27,9 @@ pub enum FitFailure {
         fits_at_depth: Option<u32>,
         /// The least budget at the depth that needs least (prefetch depth 0: one slot).
         least_bytes: u64,
+        /// What the budget must hold beside the weights (a decoder's first KV pages, a
+        /// step's activation tensors), counted in the figures above.
+        activation_bytes: u64,
     },
     /// `pin_ceiling` asks for more than the host can spare above the RAM floor.
     PinCeilingAboveHost {
@@ -105,11 +108,15 @@ impl std::fmt::Display for FitFailure {
                 Bytes(available_bytes),
                 Bytes(available_bytes).flag_value_at_most()
             ),
-            FitFailure::VramBelowRing { budget_bytes, ring_bytes, largest_block_bytes, prefetch_depth, needed_bytes, fits_at_depth, least_bytes } => {
+            FitFailure::VramBelowRing { budget_bytes, ring_bytes, largest_block_bytes, prefetch_depth, needed_bytes, fits_at_depth, least_bytes, activation_bytes } => {
+                let activations = match activation_bytes {
+                    0 => String::new(),
+                    bytes => format!(" + activations {}", Bytes(bytes)),
+                };
                 if needed_bytes == ring_bytes {
                     write!(
                         f,
-                        "vram_budget {} is {short} short of the streaming ring: largest block {} × (prefetch_depth {prefetch_depth} + 1) = {}",
+                        "vram_budget {} is {short} short of the streaming ring: largest block {} × (prefetch_depth {prefetch_depth} + 1){activations} = {}",
                         Bytes(budget_bytes),
                         Bytes(largest_block_bytes),
                         Bytes(ring_bytes)
@@ -117,7 +124,7 @@ impl std::fmt::Display for FitFailure {
                 } else {
                     write!(
                         f,
-                        "vram_budget {} is {short} short of the {} this model needs at prefetch_depth {prefetch_depth} (blocks too large to stream kept resident, plus a ring of {} slots)",
+                        "vram_budget {} is {short} short of the {} this model needs at prefetch_depth {prefetch_depth} (blocks too large to stream kept resident, plus a ring of {} slots{activations})",
                         Bytes(budget_bytes),
                         Bytes(needed_bytes),
                         prefetch_depth + 1
