@@ -19,6 +19,40 @@ use stagehand::pipeline::{
 use stagehand::run::summary::Summary;
 use stagehand::settings::{self, SettingsArgs};
 
+/// The files of a Flux pipeline's parts given one by one (ComfyUI's separate files),
+/// for `image` and `simulate`.
+#[derive(Debug, clap::Args)]
+pub struct PartArgs {
+    /// CLIP-L's file, beside the transformer's file or in place of the pipeline's
+    /// (ComfyUI's clip_l.safetensors).
+    #[arg(long, value_name = "FILE")]
+    pub clip: Option<PathBuf>,
+    /// T5-XXL's file (t5xxl_fp16.safetensors or t5xxl_fp8_e4m3fn_scaled.safetensors).
+    #[arg(long, value_name = "FILE")]
+    pub t5: Option<PathBuf>,
+    /// The autoencoder's file (ComfyUI's ae.safetensors, in its original names, or
+    /// diffusers').
+    #[arg(long, value_name = "FILE")]
+    pub vae: Option<PathBuf>,
+}
+
+impl PartArgs {
+    /// Whether any part was given as a file.
+    pub fn any(&self) -> bool {
+        self.clip.is_some() || self.t5.is_some() || self.vae.is_some()
+    }
+
+    /// The parts' files, their tokenizers not given.
+    pub fn files(&self) -> PartFiles {
+        PartFiles {
+            clip: self.clip.clone(),
+            t5: self.t5.clone(),
+            vae: self.vae.clone(),
+            ..PartFiles::default()
+        }
+    }
+}
+
 #[derive(Debug, clap::Args)]
 pub struct ImageArgs {
     /// A diffusers Flux pipeline folder (model_index.json, text_encoder/,
@@ -27,17 +61,8 @@ pub struct ImageArgs {
     /// the other parts given by --clip, --t5 and --vae.
     #[arg(long, value_name = "PATH")]
     pub model: PathBuf,
-    /// CLIP-L's file in place of the pipeline's (ComfyUI's clip_l.safetensors).
-    #[arg(long, value_name = "FILE")]
-    pub clip: Option<PathBuf>,
-    /// T5-XXL's file in place of the pipeline's (t5xxl_fp16.safetensors or
-    /// t5xxl_fp8_e4m3fn_scaled.safetensors).
-    #[arg(long, value_name = "FILE")]
-    pub t5: Option<PathBuf>,
-    /// The autoencoder's file in place of the pipeline's (ComfyUI's ae.safetensors,
-    /// in its original names, or diffusers').
-    #[arg(long, value_name = "FILE")]
-    pub vae: Option<PathBuf>,
+    #[command(flatten)]
+    pub parts: PartArgs,
     /// CLIP's tokenizer folder, for CLIP given as a file (vocab.json + merges.txt or
     /// tokenizer.json; ComfyUI's comfy/sd1_tokenizer).
     #[arg(long, value_name = "DIR")]
@@ -278,12 +303,9 @@ pub fn execute(args: ImageArgs) -> CommandResult {
         ));
     }
     let files = PartFiles {
-        clip: args.clip.clone(),
-        t5: args.t5.clone(),
-        vae: args.vae.clone(),
         clip_tokenizer: args.clip_tokenizer.clone(),
         t5_tokenizer: args.t5_tokenizer.clone(),
-        weights_only: false,
+        ..args.parts.files()
     };
     let parts = FluxParts::locate(&args.model, &files).map_err(pipeline_failure)?;
     let request = ImageRequest {

@@ -7,7 +7,7 @@
 //! which depth to put in the config.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use bytesize::ByteSize;
@@ -60,16 +60,9 @@ pub struct SimulateArgs {
     /// Tokens per step, for a checkpoint (a description TOML says its own).
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub tokens_per_step: u64,
-    /// For a Flux pipeline given as the transformer's file (ComfyUI's separate
-    /// files), or to replace a pipeline's own: CLIP-L's file (clip_l.safetensors).
-    #[arg(long, value_name = "FILE")]
-    pub clip: Option<PathBuf>,
-    /// With --clip: T5-XXL's file (t5xxl_fp16.safetensors or its FP8).
-    #[arg(long, value_name = "FILE")]
-    pub t5: Option<PathBuf>,
-    /// With --clip: the autoencoder's file (ae.safetensors).
-    #[arg(long, value_name = "FILE")]
-    pub vae: Option<PathBuf>,
+    /// A Flux pipeline's parts as files (`--model` the transformer's file).
+    #[command(flatten)]
+    pub parts: super::image::PartArgs,
     /// For a pipeline folder (`--model` a diffusers Flux pipeline): the image's
     /// denoising steps.
     #[arg(long, default_value_t = 28, value_name = "N")]

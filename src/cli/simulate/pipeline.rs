@@ -48,19 +48,15 @@ struct PipelinePrediction {
 /// Whether the run simulates a pipeline: `--model` a pipeline folder or all-in-one
 /// checkpoint, or a part given beside it (ComfyUI's separate files).
 pub(super) fn is_pipeline(args: &SimulateArgs) -> bool {
-    let parts_given = args.clip.is_some() || args.t5.is_some() || args.vae.is_some();
-    parts_given || FluxParts::is_pipeline(Path::new(&args.model))
+    args.parts.any() || FluxParts::is_pipeline(Path::new(&args.model))
 }
 
 /// The files of the pipeline's parts the run names, read for their weights only (a
 /// simulation describes the text encoders from their headers: no tokenizer needed).
 fn part_files(args: &SimulateArgs) -> PartFiles {
     PartFiles {
-        clip: args.clip.clone(),
-        t5: args.t5.clone(),
-        vae: args.vae.clone(),
         weights_only: true,
-        ..PartFiles::default()
+        ..args.parts.files()
     }
 }
 
