@@ -101,7 +101,24 @@ fn measure_roofline() -> CommandResult {
     let cache_dir = stagehand::run::default_cache_dir();
     eprintln!("calibrate: measuring the roofline (memory bandwidth, product peaks, copy rate)");
     let roofline = Roofline::measure();
-    match roofline.store(&cache_dir) {
+    // An unoptimised build measures its own slow loops: its figures are never cached.
+    if cfg!(debug_assertions) {
+        eprintln!(
+            "calibrate: roofline {} (an unoptimised build: not cached)",
+            roofline.provenance(unix_now())
+        );
+    } else {
+        store_roofline(&roofline, &cache_dir);
+    }
+    let text = serde_json::to_string_pretty(&roofline).map_err(Failure::run_failed)?;
+    println!("{text}");
+    Ok(())
+}
+
+/// Caches `roofline` for the next run, saying where (or why not).
+fn store_roofline(roofline: &stagehand::run::roofline::Roofline, cache_dir: &std::path::Path) {
+    use stagehand::run::roofline::unix_now;
+    match roofline.store(cache_dir) {
         Ok(()) => eprintln!(
             "calibrate: roofline {}; cached in {}",
             roofline.provenance(unix_now()),
@@ -112,9 +129,6 @@ fn measure_roofline() -> CommandResult {
             cache_dir.display()
         ),
     }
-    let text = serde_json::to_string_pretty(&roofline).map_err(Failure::run_failed)?;
-    println!("{text}");
-    Ok(())
 }
 
 /// What is refused before anything is measured (a calibration takes seconds to
