@@ -59,6 +59,9 @@ fn rows() -> Vec<Row> {
         row(&["--device", "sim"], Expect::Bad("simulate")),
         row(&["--device", "cuda"], Expect::OkOrBad("CUDA")),
         row(&["--device", "tpu"], Expect::Bad("tpu")),
+        // The roofline alone (this unoptimised build caches nothing).
+        row(&["--roofline"], Expect::Ok("memory_bytes_per_second")).bare(),
+        row(&["--roofline", "--quick"], Expect::Bad("--quick")).bare(),
     ];
     rows.extend(settings_rows(OK));
     rows

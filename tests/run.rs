@@ -236,7 +236,10 @@ fn a_run_takes_the_machines_copy_rate_and_a_measuring_one_times_its_own() {
             ..plan_for(&settings, 2)
         };
         let outcome = execute(&prepared, plan).expect("runs");
-        let roofline = outcome.roofline.expect("the CPU backend has a roofline");
+        let roofline = outcome
+            .roofline
+            .expect("the CPU backend has a roofline")
+            .roofline;
         assert!(roofline.copy_bytes_per_second > 0.0);
         (
             outcome.rates.copy_bytes_per_second,

@@ -36,6 +36,11 @@ pub struct CalibrateArgs {
     /// Print every figure as JSON instead of the profile.
     #[arg(long)]
     pub json: bool,
+    /// Measure only the roofline a run's bound comes from on the CPU backend (memory
+    /// bandwidth, product peaks, copy rate; each the best of 5 rounds, ~6 s), replace
+    /// the cached one and print it as JSON.
+    #[arg(long, conflicts_with_all = ["out", "dir", "file", "measure", "quick"])]
+    pub roofline: bool,
     #[command(flatten)]
     pub settings: SettingsArgs,
 }
@@ -44,6 +49,9 @@ pub fn execute(args: CalibrateArgs) -> CommandResult {
     let loaded = settings::load(&args.settings).map_err(Failure::bad_input)?;
     let settings = loaded.settings;
     check_arguments(&args, &settings)?;
+    if args.roofline {
+        return measure_roofline();
+    }
     let dir = args
         .dir
         .clone()
@@ -85,6 +93,42 @@ pub fn execute(args: CalibrateArgs) -> CommandResult {
         return write_profile(&args, &calibration, false);
     }
     write_profile(&args, &calibration, true)
+}
+
+/// `--roofline`: a fresh measurement, cached for the next run and printed.
+fn measure_roofline() -> CommandResult {
+    use stagehand::run::roofline::{unix_now, Roofline};
+    let cache_dir = stagehand::run::default_cache_dir();
+    eprintln!("calibrate: measuring the roofline (memory bandwidth, product peaks, copy rate)");
+    let roofline = Roofline::measure();
+    // An unoptimised build measures its own slow loops: its figures are never cached.
+    if cfg!(debug_assertions) {
+        eprintln!(
+            "calibrate: roofline {} (an unoptimised build: not cached)",
+            roofline.provenance(unix_now())
+        );
+    } else {
+        store_roofline(&roofline, &cache_dir);
+    }
+    let text = serde_json::to_string_pretty(&roofline).map_err(Failure::run_failed)?;
+    println!("{text}");
+    Ok(())
+}
+
+/// Caches `roofline` for the next run, saying where (or why not).
+fn store_roofline(roofline: &stagehand::run::roofline::Roofline, cache_dir: &std::path::Path) {
+    use stagehand::run::roofline::unix_now;
+    match roofline.store(cache_dir) {
+        Ok(()) => eprintln!(
+            "calibrate: roofline {}; cached in {}",
+            roofline.provenance(unix_now()),
+            cache_dir.display()
+        ),
+        Err(error) => eprintln!(
+            "calibrate: roofline not cached in {} ({error}); runs measure their own",
+            cache_dir.display()
+        ),
+    }
 }
 
 /// What is refused before anything is measured (a calibration takes seconds to

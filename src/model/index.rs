@@ -299,6 +299,16 @@ fn check_names_unique(path: &Path, headers: &[ShardHeader]) -> Result<usize, Ind
     for (file, header) in headers.iter().enumerate() {
         for tensor in &header.tensors {
             if let Some(&other) = seen.get(tensor.name.as_str()) {
+                // A folder's files, listed rather than named by an index: one of them
+                // is not the model's (a stray file beside it).
+                if path.is_dir() {
+                    return Err(IndexError::NotOneModel {
+                        dir: path.to_path_buf(),
+                        tensor: tensor.name.clone(),
+                        first: headers[other].path.clone(),
+                        second: header.path.clone(),
+                    });
+                }
                 return Err(IndexError::Tensor {
                     path: header.path.clone(),
                     tensor: tensor.name.clone(),

@@ -9,6 +9,7 @@ pub mod demo;
 pub mod demo_moe;
 mod error;
 pub mod folder;
+mod folder_kind;
 pub mod generated;
 mod header;
 mod index;
@@ -22,7 +23,7 @@ pub use checksum::{
     checksum_text, verify_data_checksum, ChecksumError, DataChecksum, GeneratedWriter,
     DATA_CHECKSUM_KEY, PENDING_CHECKSUM,
 };
-pub use error::IndexError;
+pub use error::{FolderPart, IndexError};
 pub use folder::{read_json, FolderError, ModelFolder};
 pub use header::MAX_HEADER_BYTES;
 pub use index::{BlockInfo, ModelIndex, ShardFile, TensorInfo};

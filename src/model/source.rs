@@ -48,6 +48,9 @@ fn is_index_name(path: &Path) -> bool {
 
 /// A folder: its index if it has exactly one, else every `*.safetensors` in it.
 fn resolve_directory(dir: &Path) -> Result<Sources, IndexError> {
+    if let Some(pipeline) = super::folder_kind::pipeline_error(dir) {
+        return Err(pipeline);
+    }
     let listing = std::fs::read_dir(dir).map_err(|error| IndexError::io(dir, &error))?;
     let mut indexes = Vec::new();
     let mut shards = Vec::new();
@@ -66,11 +69,16 @@ fn resolve_directory(dir: &Path) -> Result<Sources, IndexError> {
     }
     indexes.sort();
     shards.sort();
+    if indexes.is_empty() {
+        shards = without_strays(dir, shards);
+    }
     match indexes.as_slice() {
         [index] => resolve_index(index),
-        [] if shards.is_empty() => Err(IndexError::EmptyDirectory {
-            path: dir.to_path_buf(),
-        }),
+        [] if shards.is_empty() => Err(super::folder_kind::parent_error(dir).unwrap_or(
+            IndexError::EmptyDirectory {
+                path: dir.to_path_buf(),
+            },
+        )),
         [] => Ok(Sources {
             shards,
             index: None,
@@ -89,6 +97,40 @@ fn resolve_directory(dir: &Path) -> Result<Sources, IndexError> {
             ),
         }),
     }
+}
+
+/// The names Hugging Face libraries save a one-file model under (transformers',
+/// diffusers').
+const SINGLE_WEIGHTS_NAMES: &[&str] = &["model.safetensors", "diffusion_pytorch_model.safetensors"];
+
+/// A folder's shards: where one of them is the model's own one-file weights (under a
+/// name [`SINGLE_WEIGHTS_NAMES`] lists), that file alone — the others beside it are
+/// not the model's (a latent, an adapter, an earlier download), named in a warning
+/// rather than read as more of the model.
+fn without_strays(dir: &Path, shards: Vec<PathBuf>) -> Vec<PathBuf> {
+    let is_weights = |path: &PathBuf| {
+        path.file_name()
+            .and_then(|name| name.to_str())
+            .is_some_and(|name| SINGLE_WEIGHTS_NAMES.contains(&name))
+    };
+    let Some(weights) = shards.iter().find(|path| is_weights(path)).cloned() else {
+        return shards;
+    };
+    let strays: Vec<String> = shards
+        .iter()
+        .filter(|path| **path != weights)
+        .filter_map(|path| path.file_name())
+        .map(|name| name.to_string_lossy().into_owned())
+        .collect();
+    if !strays.is_empty() {
+        tracing::warn!(
+            "{}: left out {} beside the model's weights {}: not part of the model (move it out of the folder to silence this)",
+            dir.display(),
+            strays.join(", "),
+            weights.file_name().map(|name| name.to_string_lossy()).unwrap_or_default()
+        );
+    }
+    vec![weights]
 }
 
 fn resolve_index(index_path: &Path) -> Result<Sources, IndexError> {

@@ -6,15 +6,13 @@ use std::path::Path;
 use std::sync::Arc;
 
 use stagehand_actors::{
-    arena_bytes, BlockId, Device, ExpertConfig, Link, ModelLayout, Observer, Session,
-    SessionConfig, Storage,
+    arena_bytes, Device, ExpertConfig, ModelLayout, Observer, Session, SessionConfig,
 };
 
 use crate::compute::Compute;
 use crate::device::{CpuCompute, CpuDevice};
 use crate::families::ExpertNeeds;
 use crate::model::BlockReader;
-use crate::run::bound::{measure_rates, measure_read_rate, LinkRates, StepBound};
 use crate::run::driver::{drive_traced, DriverOptions, RunReport};
 use crate::settings::Streaming;
 use crate::telemetry::TraceObserver;
@@ -114,6 +112,10 @@ pub fn execute_on<C: Compute>(
         Some(trace) => Arc::new(stagehand_actors::Tee(plan.observer, Arc::clone(trace))),
         None => plan.observer,
     };
+    // The roofline is taken before the session starts, and the peak resident set
+    // counted from after it: a measurement's buffers are not the run's (`peak_rss`).
+    let roofline = (compute.memory_space() == stagehand_actors::MemorySpace::Host)
+        .then(|| super::peak_rss::roofline_before_run(&super::default_cache_dir()));
     let files =
         BlockReader::open(&prepared.index).map_err(|error| RunError::Failed(error.to_string()))?;
     // Declared before the session, so dropped after it: the lease goes back only once
@@ -151,90 +153,40 @@ pub fn execute_on<C: Compute>(
     if let (Some(path), Some(trace)) = (&settings.trace, &trace) {
         write_trace(path, trace)?;
     }
-    let roofline = (compute.memory_space() == stagehand_actors::MemorySpace::Host)
-        .then(|| super::roofline::Roofline::of_this_machine(&super::default_cache_dir()))
-        .map(|roofline| roofline.for_compute_dtype(settings.compute_dtype));
-    let links = Links {
+    let links = super::physical::Links {
         device: &device,
         storage: &storage,
         layout: &layout,
         measure: plan.measure_links,
     };
-    let (rates, bound) = physical_bound(prepared, &report, roofline, links)?;
+    let peak_rss_bytes_left = roofline
+        .as_ref()
+        .map_or(0, |taken| taken.peak_rss_bytes_left);
+    let obtained = roofline.map(|taken| taken.obtained);
+    let bounded = super::physical::physical_bound(
+        prepared,
+        &report,
+        obtained.as_ref(),
+        settings.compute_dtype,
+        links,
+    )?;
     Ok(Outcome {
         streamed_bytes_per_step_after_kv: streamed_after_kv(&report, &layout),
         staging_ring_bytes: super::memory::staging_ring_bytes(settings).unwrap_or(0),
         report,
-        rates,
-        bound,
+        rates: bounded.rates,
+        bound: bounded.bound,
         budgets: plan.budgets,
         model_bytes: layout.total_bytes(),
         device: device.name(),
         storage: storage.name(),
         workload: prepared.describe(),
         host_bytes: prepared.facts().host_table_bytes(),
-        peak_rss_bytes: peak_rss_bytes(),
-        roofline,
+        peak_rss_bytes: super::peak_rss::peak_rss_bytes(),
+        roofline_measurement_rss_bytes: peak_rss_bytes_left,
+        roofline: bounded.roofline,
         compute_dtype: settings.compute_dtype,
     })
-}
-
-/// What a run's link rates are timed on: its device, its files and their blocks.
-struct Links<'a> {
-    device: &'a Arc<dyn Device>,
-    storage: &'a Arc<dyn Storage>,
-    layout: &'a ModelLayout,
-    /// [`RunPlan::measure_links`].
-    measure: bool,
-}
-
-/// The run's link rates and its physical bound. On the CPU backend (`roofline` known)
-/// the compute's share is the machine's roofline under the step's own kernels and the
-/// copies' is its copy rate (unless the plan times its own); a device without one keeps
-/// its measured compute and times its copies now. A run whose kernels beat the cached
-/// roofline, or whose steps copied faster than its copy rate, shows it was measured on
-/// a busier machine: the next run measures it again.
-fn physical_bound(
-    prepared: &Prepared,
-    report: &RunReport,
-    roofline: Option<super::roofline::Roofline>,
-    links: Links<'_>,
-) -> Result<(LinkRates, StepBound), RunError> {
-    let Links {
-        device,
-        storage,
-        layout,
-        measure,
-    } = links;
-    let cached_copy_rate =
-        (roofline.filter(|_| !measure)).map(|roofline| roofline.copy_bytes_per_second);
-    let read_from_disk = |index: usize| !report.plan.pins.is_cached(BlockId(index as u32));
-    let rates = match cached_copy_rate {
-        Some(copy_bytes_per_second) => measure_read_rate(device, storage, layout, read_from_disk)
-            .map(|read_bytes_per_second| LinkRates {
-                copy_bytes_per_second,
-                read_bytes_per_second,
-            }),
-        None => measure_rates(device, storage, layout, read_from_disk),
-    }
-    .map_err(RunError::Failed)?;
-    let streamed = report.plan.vram.streamed_bytes_per_step as f64;
-    let disk = report.plan.pins.disk_bytes_per_step as f64;
-    let compute_floor =
-        roofline.map(|roofline| roofline.floor(&super::roofline::steady_work(prepared)));
-    let bound = match compute_floor {
-        Some(floor) => StepBound::on_roofline(floor, streamed, disk, rates),
-        None => StepBound::new(report.steady_compute_seconds(), streamed, disk, rates),
-    };
-    let copied_bytes_per_second =
-        report.steady_bytes_per_step(Link::PinnedToVram) / report.steady_step_seconds().max(1e-9);
-    let beaten = compute_floor
-        .is_some_and(|floor| floor.seconds > report.steady_compute_seconds() * 1.05)
-        || cached_copy_rate.is_some_and(|rate| copied_bytes_per_second > rate * 1.05);
-    if beaten {
-        super::roofline::Roofline::forget_cached(&super::default_cache_dir());
-    }
-    Ok((rates, bound))
 }
 
 /// The session's configuration, and the expert cache's for an MoE model.
@@ -298,14 +250,6 @@ fn streamed_after_kv(report: &RunReport, layout: &ModelLayout) -> u64 {
         .map(|block| block.bytes)
         .sum();
     report.plan.vram.streamed_bytes_per_step + gave_way
-}
-
-/// The process's peak resident set (`VmHWM`), if the kernel reports it.
-pub fn peak_rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|line| line.starts_with("VmHWM:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
 }
 
 /// A run the family cannot compute correctly for this many steps is refused before it

@@ -10,6 +10,8 @@ mod effective;
 mod execute;
 pub mod loaded;
 pub mod memory;
+mod peak_rss;
+mod physical;
 mod prepare;
 mod recorded;
 mod reference;
@@ -46,7 +48,9 @@ pub use budget::{
 #[cfg(feature = "cuda")]
 pub use cuda::{execute_cuda_with, CudaOutcome, CudaRunOptions, VramFigures};
 pub use effective::{effective_run, EffectiveValue};
-pub use execute::{execute, execute_cuda, execute_on, peak_rss_bytes};
+pub use execute::{execute, execute_cuda, execute_on};
+pub use peak_rss::{peak_rss_bytes, reset_peak_rss, resident_bytes};
+pub use physical::RooflineUsed;
 pub use prepare::{
     open_index, parse_token_ids, prepare, prepare_with, texts_from_file, NamedLora, Prepared,
 };
@@ -247,8 +251,12 @@ pub struct Outcome {
     /// The `--fast-disk` staging ring, pinned whole beside the pin ceiling (0 without
     /// fast disk, where staging sits inside the ceiling).
     pub staging_ring_bytes: u64,
-    /// The machine's roofline the bound's compute share came from (the CPU backend).
-    pub roofline: Option<roofline::Roofline>,
+    /// Bytes a roofline measured at the run's start added to the peak resident set
+    /// that could not be reset away (counted beside the budgets; usually 0).
+    pub roofline_measurement_rss_bytes: u64,
+    /// The machine's roofline the bound's compute share came from (the CPU backend),
+    /// and what the run raised in it.
+    pub roofline: Option<RooflineUsed>,
     /// The precision of the many-rows products (`compute_dtype`).
     pub compute_dtype: crate::compute::ComputeDtype,
 }

@@ -54,8 +54,19 @@ pub struct Summary {
     pub roofline_memory_bytes_per_second: f64,
     pub roofline_flops_per_second: f64,
     /// The compute floor over the measured compute: how close the kernels run to the
-    /// machine (1: at its roofline).
+    /// machine (1: at its roofline); never above 1 — a step that beat the roofline
+    /// raised it (`roofline_raised_by`).
     pub compute_share_of_roofline: f64,
+    /// Where the roofline came from: "measured 2025-06-01 12:03 UTC (4 min ago; best
+    /// of 5 rounds of 0.25 s on …)"; empty where none was used.
+    pub roofline_source: String,
+    /// The floor under the roofline as taken over this step's measured compute, where
+    /// the step computed faster than it allowed and the roofline was raised to what the
+    /// step reached.
+    pub roofline_raised_by: Option<f64>,
+    /// The steps' copy rate over the cached one, where they copied faster and it was
+    /// raised.
+    pub copy_rate_raised_by: Option<f64>,
     pub efficiency: f64,
     pub copy_bytes_per_second: f64,
     pub read_bytes_per_second: f64,
@@ -107,10 +118,15 @@ pub struct Summary {
     /// Model bytes kept in host memory outside the tiers (an encoder's word table,
     /// of which only the gathered rows go to the device).
     pub host_model_bytes: u64,
-    /// The process's peak resident set, and what the budgets allow it:
-    /// (VRAM budget + peak pinned + host model bytes) × 1.1 + 64 MiB.
+    /// The process's peak resident set from the run's start (after a roofline
+    /// measurement, whose buffers are not the run's), and what the budgets allow it:
+    /// (VRAM budget + peak pinned + host model bytes) × 1.1 + 64 MiB, plus
+    /// `roofline_measurement_rss_bytes`.
     pub peak_rss_bytes: Option<u64>,
     pub rss_limit_bytes: u64,
+    /// Bytes a roofline measurement at the start added to the peak that the system
+    /// could not reset away (0 on Linux).
+    pub roofline_measurement_rss_bytes: u64,
     /// Decoders: the KV cache at the end, the growths that made resident blocks give
     /// way, how many gave way, and the streamed bytes per step planned after them.
     pub kv_bytes: u64,
@@ -144,6 +160,7 @@ impl Summary {
         let first_compute = report.compute_seconds.first().copied().unwrap_or(0.0);
         let accounted =
             outcome.budgets.vram_budget_bytes + stats.pinned.peak_used_bytes + outcome.host_bytes;
+        let roofline = outcome.roofline.as_ref();
         Self {
             workload: outcome.workload,
             device: outcome.device.clone(),
@@ -172,16 +189,18 @@ impl Summary {
             bound_seconds: bound,
             bound_limited_by: outcome.bound.limited_by(),
             compute_floor_seconds: outcome.bound.compute_seconds,
-            roofline_memory_bytes_per_second: outcome
-                .roofline
-                .map_or(0.0, |roofline| roofline.memory_bytes_per_second),
-            roofline_flops_per_second: outcome
-                .roofline
-                .map_or(0.0, |roofline| roofline.flops_per_second),
+            roofline_memory_bytes_per_second: roofline
+                .map_or(0.0, |used| used.roofline.memory_bytes_per_second),
+            roofline_flops_per_second: roofline.map_or(0.0, |used| used.roofline.flops_per_second),
             compute_share_of_roofline: share(
                 outcome.bound.compute_seconds,
                 report.steady_compute_seconds(),
             ),
+            roofline_source: roofline.map_or_else(String::new, |used| {
+                used.roofline.provenance(crate::run::roofline::unix_now())
+            }),
+            roofline_raised_by: roofline.and_then(|used| used.compute_raised_by),
+            copy_rate_raised_by: roofline.and_then(|used| used.copy_raised_by),
             efficiency: share(bound, steady),
             copy_bytes_per_second: outcome.rates.copy_bytes_per_second,
             read_bytes_per_second: outcome.rates.read_bytes_per_second,
@@ -219,7 +238,10 @@ impl Summary {
             vram_model_bytes_after_first_step: report.after_first_step.vram.model_bytes,
             host_model_bytes: outcome.host_bytes,
             peak_rss_bytes: outcome.peak_rss_bytes,
-            rss_limit_bytes: (accounted as f64 * RSS_SLACK) as u64 + RSS_MARGIN_BYTES,
+            rss_limit_bytes: (accounted as f64 * RSS_SLACK) as u64
+                + RSS_MARGIN_BYTES
+                + outcome.roofline_measurement_rss_bytes,
+            roofline_measurement_rss_bytes: outcome.roofline_measurement_rss_bytes,
             kv_bytes: report.kv_bytes,
             kv_growths_with_evictions: report
                 .kv_growth

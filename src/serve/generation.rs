@@ -329,10 +329,13 @@ async fn run(
         ));
     }
     let mut guard = CancelOnDrop::new(tokens.cancel.clone());
-    let answer = collect(&generation, tokens).await?;
+    let (answer, usage) = collect(&generation, tokens).await?;
     guard.disarm();
     drop(ticket);
-    Ok(Json(answer).into_response())
+    let mut response = Json(answer).into_response();
+    super::access_log::RequestFacts::of(&mut response)
+        .set_tokens(usage.prompt_tokens, usage.completion_tokens);
+    Ok(response)
 }
 
 /// Room for every event one job can send: at most `max_tokens` tokens, then how it
@@ -412,7 +415,7 @@ impl Tokens {
 }
 
 /// The whole answer of a generation that is not streamed.
-async fn collect(generation: &Generation, tokens: Tokens) -> Result<Value, ApiError> {
+async fn collect(generation: &Generation, tokens: Tokens) -> Result<(Value, Usage), ApiError> {
     let model = &generation.model;
     model
         .series
@@ -428,7 +431,7 @@ async fn collect(generation: &Generation, tokens: Tokens) -> Result<Value, ApiEr
         }
     };
     let usage = Usage::new(generation.prompt.len(), generated);
-    Ok(answer_body(generation, text.text(), reason, usage))
+    Ok((answer_body(generation, text.text(), reason, usage), usage))
 }
 
 fn answer_body(generation: &Generation, text: &str, reason: FinishReason, usage: Usage) -> Value {

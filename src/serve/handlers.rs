@@ -23,6 +23,7 @@ use crate::families::EncoderInput;
 use crate::run::loaded::{Cancel, CancelOnDrop, EmbedJob, Embedded, Job};
 use crate::run::RunError;
 
+use super::access_log::RequestFacts;
 use super::errors::ApiError;
 use super::openai::{EmbeddingsRequest, TextInput};
 use super::state::AppState;
@@ -61,6 +62,7 @@ pub fn router(app: Arc<AppState>) -> Router {
         .merge(admin)
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(limit))
+        .layer(middleware::from_fn(super::access_log::log_requests))
         .with_state(app)
 }
 
@@ -189,10 +191,14 @@ pub(super) fn finish(
     if let Some(series) = series {
         series.request(endpoint, outcome, started.elapsed().as_secs_f64());
     }
-    match result {
+    let mut response = match result {
         Ok(response) => response,
         Err(error) => error.into_response(),
+    };
+    if let Some(model) = model {
+        RequestFacts::of(&mut response).set_model(model);
     }
+    response
 }
 
 /// The `model` field of a JSON body, for counting a request that failed to parse.
@@ -269,7 +275,9 @@ async fn embed(
         .series
         .prompt_tokens
         .increment(embedded.prompt_tokens as u64);
-    Ok(Json(embeddings_body(&request.model, &embedded, base64)).into_response())
+    let mut response = Json(embeddings_body(&request.model, &embedded, base64)).into_response();
+    RequestFacts::of(&mut response).set_tokens(embedded.prompt_tokens, 0);
+    Ok(response)
 }
 
 /// A queued job's one answer: a timeout is a 504, a stopped model a 500, the

@@ -11,6 +11,7 @@
 //! final counters of each (the command exits 0).
 
 mod access;
+mod access_log;
 mod admin;
 mod chat;
 mod config;
@@ -173,11 +174,14 @@ async fn listen(
     let router = handlers::router(Arc::clone(&app));
     let mut shutdown = drained_seen.clone();
     let server = tokio::spawn(
-        axum::serve(listener, router)
-            .with_graceful_shutdown(async move {
-                let _ = shutdown.wait_for(|done| *done).await;
-            })
-            .into_future(),
+        axum::serve(
+            listener,
+            router.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(async move {
+            let _ = shutdown.wait_for(|done| *done).await;
+        })
+        .into_future(),
     );
     drain_on_stop(&app).await;
     let _ = drained.send(true);

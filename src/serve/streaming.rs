@@ -13,6 +13,7 @@ use serde_json::{json, Value};
 
 use crate::run::loaded::{CancelOnDrop, FinishReason};
 
+use super::access_log::RequestFacts;
 use super::generation::{label, object, Endpoint, Generation, Next, Tokens};
 use super::openai::Usage;
 use super::state::{AppState, Ticket};
@@ -26,9 +27,12 @@ pub(super) fn respond(
     ticket: Ticket,
 ) -> Response {
     let (events, stream) = flume::bounded::<Result<Event, Infallible>>(64);
+    // The access log's line is written when the stream ends: the task counts into it.
+    let facts = Arc::new(RequestFacts::default());
+    let counted = Arc::clone(&facts);
     tokio::spawn(async move {
         let guard = CancelOnDrop::new(tokens.cancel.clone());
-        let outcome = write_events(&generation, &tokens, &events).await;
+        let outcome = write_events(&generation, &tokens, &events, &counted).await;
         let series = &generation.model.series;
         series.request(
             label(generation.endpoint),
@@ -43,9 +47,11 @@ pub(super) fn respond(
         drop(ticket);
         drop(app);
     });
-    Sse::new(stream.into_stream())
+    let mut response = Sse::new(stream.into_stream())
         .keep_alive(KeepAlive::default())
-        .into_response()
+        .into_response();
+    response.extensions_mut().insert(facts);
+    response
 }
 
 /// Writes every event of the generation; returns the request's outcome label.
@@ -53,6 +59,7 @@ async fn write_events(
     generation: &Generation,
     tokens: &Tokens,
     events: &flume::Sender<Result<Event, Infallible>>,
+    facts: &RequestFacts,
 ) -> &'static str {
     let model = &generation.model;
     model
@@ -74,7 +81,9 @@ async fn write_events(
     let mut text = StopText::new(model.tokenizer.clone(), generation.stops.clone());
     let mut generated = 0;
     let reason = loop {
-        match tokens.next(&mut text, &mut generated, model).await {
+        let next = tokens.next(&mut text, &mut generated, model).await;
+        facts.set_tokens(generation.prompt.len(), generated);
+        match next {
             Next::Failed(error) => {
                 let _ = send(error.body()).await;
                 let _ = events.send_async(Ok(Event::default().data("[DONE]"))).await;

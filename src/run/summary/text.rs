@@ -127,6 +127,7 @@ impl Summary {
                 ),
             );
             line(out, bound);
+            self.write_roofline_source(out);
             return;
         };
         line(
@@ -145,14 +146,39 @@ impl Summary {
                 self.above_bound_reason()
             ),
         );
-        if self.roofline_flops_per_second > 0.0 {
-            line(out, format!(
-                "  compute at {:.0} % of the roofline (its floor under this step's kernels {}, measured compute {})",
-                self.compute_share_of_roofline * 100.0,
-                ms(self.compute_floor_seconds),
-                ms(self.steady_compute_seconds)
-            ));
+        self.write_roofline(out);
+    }
+
+    /// The compute against the roofline, and where the roofline came from. A step that
+    /// beat it raised it (`roofline_raised_by`): the share is then 100 %, and a note
+    /// says by how much the roofline was too low.
+    fn write_roofline(&self, out: &mut String) {
+        if self.roofline_flops_per_second <= 0.0 {
+            return;
         }
+        let raised = self.roofline_raised_by.map_or_else(String::new, |factor| {
+            format!(
+                " — this step computed {factor:.2}× faster than the roofline allowed, so it was measured too low: raised to what this step reached"
+            )
+        });
+        line(out, format!(
+            "  compute at {:.0} % of the roofline (its floor under this step's kernels {}, measured compute {}){raised}",
+            self.compute_share_of_roofline.min(1.0) * 100.0,
+            ms(self.compute_floor_seconds),
+            ms(self.steady_compute_seconds)
+        ));
+        self.write_roofline_source(out);
+    }
+
+    /// Which measurement the roofline is, and when it was taken (and raised).
+    fn write_roofline_source(&self, out: &mut String) {
+        if self.roofline_source.is_empty() {
+            return;
+        }
+        let copy = self.copy_rate_raised_by.map_or_else(String::new, |factor| {
+            format!("; the steps copied {factor:.2}× faster than its copy rate, raised to theirs")
+        });
+        line(out, format!("  roofline {}{copy}", self.roofline_source));
     }
 
     /// Why an efficiency above 1 is possible, said beside it: a step faster than its
@@ -164,9 +190,6 @@ impl Summary {
         match self.bound_limited_by {
             "copy to VRAM" | "disk reads" => {
                 " — above 1: the link rate measured after the run was slower than the run's own transfers (the page cache served its reads, or the link was busy when measured)"
-            }
-            _ if self.roofline_flops_per_second > 0.0 => {
-                " — above 1: the kernels ran faster than the cached roofline allows, so it was measured on a busier machine; the next run measures it again"
             }
             _ => " — above 1: the measured compute the bound uses was slower than this step's",
         }
@@ -329,10 +352,15 @@ impl Summary {
         }
         if let Some(peak) = self.peak_rss_bytes {
             line(out, format!(
-                "  peak RSS {} ({} the {} the budgets account for: (vram budget + peak pinned + host) × 1.1 + 64 MiB)",
+                "  peak RSS {} ({} the {} the budgets account for: (vram budget + peak pinned + host) × 1.1 + 64 MiB{})",
                 bytes(peak),
                 if peak <= self.rss_limit_bytes { "within" } else { "ABOVE" },
-                bytes(self.rss_limit_bytes)
+                bytes(self.rss_limit_bytes),
+                if self.roofline_measurement_rss_bytes > 0 {
+                    format!(" + {} the roofline measurement held", bytes(self.roofline_measurement_rss_bytes))
+                } else {
+                    String::new()
+                }
             ));
         }
         line(
