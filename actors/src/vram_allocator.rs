@@ -38,6 +38,9 @@ pub struct VramAllocator {
     /// Per block: the step that uses the load in flight (its bytes count for it).
     load_steps: Vec<u64>,
     waiters: Vec<Vec<Waiter>>,
+    /// Blocks that had waiters when last looked at (some may have been answered since):
+    /// what the progress check walks, instead of every block.
+    waiting: Vec<BlockId>,
     /// LoRA regions that did not fit while loads were in flight (a block being
     /// loaded cannot be evicted yet); retried as each load ends.
     pending_lora: Vec<ReserveLora>,
@@ -77,6 +80,7 @@ impl VramAllocator {
             load_offsets: vec![0; blocks],
             load_steps: vec![0; blocks],
             waiters: (0..blocks).map(|_| Vec::new()).collect(),
+            waiting: Vec::new(),
             pending_lora: Vec::new(),
             draining: None,
             lora_drained: false,
@@ -304,6 +308,9 @@ impl Handler<Demand> for VramAllocator {
             }
             BlockState::Failed => self.table.finish_evict(block),
             _ => {}
+        }
+        if self.waiters[block.index()].is_empty() {
+            self.waiting.push(block);
         }
         self.waiters[block.index()].push(reply);
         self.state.demanded_at(position);

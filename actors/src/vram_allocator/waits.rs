@@ -3,7 +3,6 @@
 
 use super::VramAllocator;
 use crate::error::SessionError;
-use crate::layout::BlockId;
 use crate::observer::ErrorKind;
 use crate::residency::BlockState;
 
@@ -12,19 +11,21 @@ impl VramAllocator {
     /// place, while no load is in flight (none will land and free or take a slot) and
     /// no LoRA region waits, can never be placed — the compute thread, waiting,
     /// releases nothing; a shared budget that may still grow is left to the pool. Its
-    /// waiters get [`SessionError::NoPlace`], naming what holds
-    /// the room and a budget that has it.
+    /// waiters get [`SessionError::NoPlace`], naming what holds the room and a budget
+    /// that has it.
     pub(super) fn answer_the_stuck(&mut self) {
+        let waiters = &self.waiters;
+        self.waiting
+            .retain(|block| !waiters[block.index()].is_empty());
         // A shared budget below its arena may yet be handed room by the pool.
         let may_grow = self.state.capacity_bytes() > self.state.budget_bytes();
         if self.state.loads_in_flight() > 0 || !self.pending_lora.is_empty() || may_grow {
             return;
         }
-        for index in 0..self.waiters.len() {
-            if self.waiters[index].is_empty() {
+        for block in std::mem::take(&mut self.waiting) {
+            if self.waiters[block.index()].is_empty() {
                 continue;
             }
-            let block = BlockId(index as u32);
             if self.table.state(block) == BlockState::Ready {
                 self.notify(block, Ok(()));
                 continue;
