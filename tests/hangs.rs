@@ -198,3 +198,49 @@ fn a_lora_run_at_a_budget_just_above_the_model_finishes() {
         );
     }
 }
+
+#[test]
+fn a_four_block_lora_run_at_the_automatic_budget_or_65_to_71_kib_finishes() {
+    // Proves the 4-block, 64-wide linear stack with the demo adapter computes its
+    // steps at the automatic budget and at every budget of 65..=71 KiB (each of
+    // which hung in the first step before the adapter's regions had room planned
+    // beside the blocks): a run ends verified, under the watchdog.
+    use stagehand::lora::{write_demo_lora, DemoLora};
+    use stagehand::model::demo::{write_linear_stack, DemoSpec};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let spec = DemoSpec {
+        blocks: 4,
+        layers_per_block: 1,
+        dim: 64,
+        seed: 7,
+    };
+    let model = write_linear_stack(&dir.path().join("linear"), &spec).expect("model");
+    let lora = dir.path().join("lora.safetensors");
+    write_demo_lora(&lora, &spec, &DemoLora::default()).expect("adapter");
+    let budgets: Vec<Option<String>> = std::iter::once(None)
+        .chain((65..=71).map(|kib| Some(format!("{kib}KiB"))))
+        .collect();
+    for budget in budgets {
+        let mut command = stagehand();
+        command.args([
+            "run",
+            "--device",
+            "cpu",
+            "--model",
+            &model.to_string_lossy(),
+            "--lora",
+            &lora.to_string_lossy(),
+            "--steps",
+            "3",
+            "--quiet",
+        ]);
+        if let Some(budget) = &budget {
+            command.args(["--vram-budget", budget]);
+        }
+        let output = output_within_deadline(&mut command);
+        let what = budget.as_deref().unwrap_or("the automatic budget");
+        assert_verified(&output, what);
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(stdout.contains("linear-stack, 3 steps"), "{what}: {stdout}");
+    }
+}

@@ -143,16 +143,12 @@ fn opening_a_missing_or_resized_file_names_it() {
 
 #[test]
 fn dropping_the_storage_under_a_pending_read_completes_it_without_hanging() {
-    // Proves: a read of 768 requests, more than the queue holds, still resolves when
-    // the storage is dropped before it is polled — and never as a wrong success. The
-    // requests left waiting for room are cut short and the read fails, handing its
-    // buffer back; but the two reader threads drain the queue while the read is being
-    // submitted, and on a loaded machine (a test suite on two cores) they can take all
-    // 768 before the drop, and then the read has every byte: that success must hold
-    // exactly the file's bytes. (It was asserted to fail always, and failed one run of
-    // a full suite.)
+    // Proves: a read whose requests did not all fit the queue still resolves (with its
+    // buffer) when the storage is dropped before it is polled — as a failure, never a
+    // success: `read` queues at most a queue's worth (256 of these 768), the rest wait
+    // for the future, which finds the storage gone.
     let dir = disk_dir();
-    let (file, contents) = many_requests_file(dir.path());
+    let (file, _contents) = many_requests_file(dir.path());
     let storage = PreadStorage::open(std::slice::from_ref(&file), &tiny_requests()).expect("open");
     let buffer = HostBuffer::allocate(3 << 20).expect("buffer");
     let pending = storage.read(vec![extent(0, 0, 3 << 20)], buffer, 0);
@@ -162,10 +158,7 @@ fn dropping_the_storage_under_a_pending_read_completes_it_without_hanging() {
         tokio::time::timeout(std::time::Duration::from_secs(10), pending).await
     });
     match outcome.expect("read hung after the storage was dropped") {
-        Ok(buffer) => assert!(
-            buffer.as_slice() == Some(contents.as_slice()),
-            "a read that reports success after the storage closed must hold the file's bytes"
-        ),
+        Ok(_) => panic!("a read cut short by closing the storage must not report success"),
         Err((_, buffer)) => assert_eq!(buffer.len(), 3 << 20),
     }
 }

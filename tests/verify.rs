@@ -16,16 +16,17 @@ use stagehand::model::{KnownChecksums, ModelIndex};
 use stagehand::run::{execute_on, Budgets, Outcome, RunError, RunPlan, WorkloadKind};
 use stagehand::settings::{Settings, Verify};
 
-/// The CPU device, but from the `corrupt_from`-th copy to the device on (0: none)
-/// every copy lands with its first byte flipped: a bus or a driver that damages
-/// blocks on their way. Every copy from then on, not one: which block the N-th copy
-/// carries depends on the prefetch timing, and one damaged copy can be a read-ahead
-/// that gives way before any step uses it, so no check (rightly) sees it — the test
-/// then failed (seen once in six full-suite runs, 2026-12-02).
+/// The CPU device, but the `corrupt_copy`-th copy of a model block to the device (0:
+/// none) lands with its first byte flipped: a bus or a driver that damaged a block on
+/// its way. Copies smaller than a block (LoRA packs) are not counted. Which block the
+/// N-th copy carries may differ between runs (reads finish in any order), but every
+/// copy is used by a step that runs — none is made for a step that never comes, none
+/// gives way unused — so each check that looks at that step sees it.
 struct Corrupting {
     inner: CpuDevice,
     copies: AtomicU64,
-    corrupt_from: u64,
+    corrupt_copy: u64,
+    block_bytes: u64,
 }
 
 impl Device for Corrupting {
@@ -63,8 +64,8 @@ impl Device for Corrupting {
         let copy = self
             .inner
             .copy_to_device(source, source_offset, bytes, destination);
-        let copy_number = self.copies.fetch_add(1, Ordering::SeqCst) + 1;
-        let corrupt = self.corrupt_from > 0 && copy_number >= self.corrupt_from;
+        let corrupt = bytes >= self.block_bytes
+            && self.copies.fetch_add(1, Ordering::SeqCst) + 1 == self.corrupt_copy;
         Box::pin(async move {
             let done = copy.await;
             if corrupt && done.is_ok() && bytes > 0 {
@@ -79,8 +80,8 @@ impl Device for Corrupting {
 }
 
 /// Four steps of the small demo model under VRAM for 3 of its 8 blocks, so blocks
-/// land every step, checked as `verify` says; from the 10th copy on every copy lands
-/// corrupted when `corrupt` is set.
+/// land every step, checked as `verify` says; the 10th block copy lands corrupted
+/// when `corrupt` is set.
 fn run(verify: Verify, corrupt: bool) -> Result<Outcome, RunError> {
     run_with(verify, corrupt, false)
 }
@@ -133,7 +134,15 @@ fn run_on(
     let device = Corrupting {
         inner: CpuDevice::new(budgets.vram_budget_bytes).expect("device"),
         copies: AtomicU64::new(0),
-        corrupt_from: if corrupt { 10 } else { 0 },
+        corrupt_copy: if corrupt { 10 } else { 0 },
+        block_bytes: prepared
+            .facts()
+            .layout()
+            .blocks
+            .iter()
+            .map(|block| block.bytes)
+            .min()
+            .unwrap_or(1),
     };
     execute_on(
         &prepared,
@@ -145,6 +154,8 @@ fn run_on(
 
 #[test]
 fn each_mode_checks_what_it_says() {
+    // Proves what each mode checks: full every step, first one step then landings,
+    // weights every landing, off nothing.
     let full = run(Verify::Full, false).expect("full");
     assert_eq!(full.report.verified_steps, 4);
     assert_eq!(full.report.landings_checked, 0);
@@ -168,6 +179,8 @@ fn each_mode_checks_what_it_says() {
 
 #[test]
 fn a_block_damaged_on_its_way_fails_the_weights_check_and_nothing_else_misses_it() {
+    // Proves one damaged copy (the 10th block copy, whichever block it carries) fails
+    // the weights, first and full checks alike, and only `off` runs on regardless.
     for verify in [Verify::Weights, Verify::First, Verify::Full] {
         let failed = run(verify, true).err();
         let message = failed.map(|error| error.to_string()).unwrap_or_default();

@@ -54,6 +54,22 @@ impl FreeList {
         Some(offset)
     }
 
+    /// As [`FreeList::allocate`], but the highest range that fits, taken from its top
+    /// (last fit): what stays for a long time beside blocks (LoRA regions) sits at the
+    /// area's end, so it never splits the room blocks still to load are placed in.
+    pub fn allocate_last(&mut self, bytes: u64) -> Option<u64> {
+        let bytes = align_up(bytes.max(1));
+        let index = self.free.iter().rposition(|&(_, length)| length >= bytes)?;
+        let (offset, length) = self.free[index];
+        if length == bytes {
+            self.free.remove(index);
+        } else {
+            self.free[index] = (offset, length - bytes);
+        }
+        self.used_bytes += bytes;
+        Some(offset + length - bytes)
+    }
+
     /// Extends the area by `bytes` at its end (room the budget gained after the plan).
     pub fn grow(&mut self, bytes: u64) {
         if bytes == 0 {
@@ -127,6 +143,20 @@ mod tests {
         list.free(0, 2 * SLOT_ALIGN);
         assert_eq!(list.used_bytes(), 0);
         assert_eq!(list.allocate(4 * SLOT_ALIGN), Some(0));
+    }
+
+    #[test]
+    fn last_fit_takes_the_top_and_leaves_the_bottom_whole() {
+        // Proves a region taken last-fit sits at the area's end: first-fit blocks
+        // after it still find one unbroken range below it.
+        let mut list = FreeList::new(8 * SLOT_ALIGN);
+        assert_eq!(list.allocate(SLOT_ALIGN), Some(0));
+        assert_eq!(list.allocate_last(2 * SLOT_ALIGN), Some(6 * SLOT_ALIGN));
+        assert_eq!(list.allocate(5 * SLOT_ALIGN), Some(SLOT_ALIGN));
+        assert!(list.allocate(1).is_none());
+        list.free(6 * SLOT_ALIGN, 2 * SLOT_ALIGN);
+        assert_eq!(list.allocate_last(SLOT_ALIGN), Some(7 * SLOT_ALIGN));
+        assert_eq!(list.used_bytes(), 7 * SLOT_ALIGN);
     }
 
     #[test]

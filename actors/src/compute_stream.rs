@@ -9,8 +9,8 @@ use actix::prelude::*;
 use crate::mailbox::Post;
 
 use crate::messages::{
-    Demand, Drain, Miss, ReleaseActivations, ReleaseStreamed, Released, ReserveActivations,
-    Shutdown, StepDone, SyncPoint,
+    Demand, Drain, LastStep, Miss, ReleaseActivations, ReleaseStreamed, Released,
+    ReserveActivations, Shutdown, StepDone, SyncPoint,
 };
 use crate::observer::Observer;
 use crate::pin_manager::PinManager;
@@ -81,6 +81,14 @@ impl Handler<StepDone> for ComputeStream {
         self.observer.acquires(done.batch);
         self.observer.step(done.step_seconds);
         self.pins.post(SyncPoint { cursor: 0 });
+    }
+}
+
+impl Handler<LastStep> for ComputeStream {
+    type Result = ();
+
+    fn handle(&mut self, message: LastStep, _ctx: &mut Self::Context) {
+        self.allocator.post(message);
     }
 }
 

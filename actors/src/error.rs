@@ -56,6 +56,20 @@ pub enum SessionError {
         /// Misses sent for it before giving up.
         attempts: u32,
     },
+    /// The compute thread waits for a block that has no place in VRAM, and nothing in
+    /// flight will make one (no load is landing; the compute thread, waiting, releases
+    /// nothing): answered at once instead of waiting forever.
+    #[error("{block} ({}) has no place in VRAM and nothing in flight will make one: {reason}; set --vram-budget {} or more", Bytes(*bytes), needed.flag_value_at_least())]
+    NoPlace {
+        /// The block waited for.
+        block: BlockId,
+        /// Its size.
+        bytes: u64,
+        /// What holds the room it needs, and what else would help.
+        reason: String,
+        /// A budget with room for it beside everything placed now.
+        needed: Bytes,
+    },
     /// The request cannot be served any more: the actors are draining or gone (the
     /// session is finishing, or their thread ended), or the LoRA adapter waited on
     /// was detached meanwhile.

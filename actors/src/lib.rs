@@ -41,7 +41,7 @@ pub use arena::{align_up as arena_bytes, SLOT_ALIGN};
 pub use expert_cache::{replay, replay_optimal, CacheFigures, ExpertPolicy, SkewedRouting};
 pub use plan::{PinPlan, PlanError, ResidencyPolicy, Staging, StepOrder, VramPlan};
 pub use residency::{BlockHandle, ResidencyTable};
-pub use stats::{LinkSnapshot, Stats, StatsSnapshot, TierSnapshot, STEP_HISTORY};
+pub use stats::{LinkSnapshot, Stats, StatsSnapshot, StepLoad, TierSnapshot, STEP_HISTORY};
 
 mod compute_stream;
 mod disk_reader;

@@ -186,6 +186,20 @@ impl LoraOffloader {
             BlockState::Loading => {}
             _ => match self.state.start_load(slot, block) {
                 Some(load) => self.start_copy(load, ctx),
+                // Every slot is held or loading: a landing copy frees one. With none in
+                // flight, only the compute thread could, and it waits here: answered.
+                None if self.state.copies_in_flight() == 0 => {
+                    self.observer.error(ErrorKind::Budget);
+                    let problem = format!(
+                        "no pack slot is free for {block}: the compute thread holds every one of its packs in VRAM; release a pack before acquiring the next"
+                    );
+                    for waiter in self.waiters.remove(&(slot, block)).unwrap_or_default() {
+                        let _ = waiter.send(Err(SessionError::Lora {
+                            name: format!("#{}", slot.index()),
+                            problem: problem.clone(),
+                        }));
+                    }
+                }
                 None => self.pending.push_back((slot, block)),
             },
         }

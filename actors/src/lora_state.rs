@@ -291,6 +291,15 @@ impl LoraState {
         self.adapters.get(slot.index())?.as_ref()
     }
 
+    /// Pack copies in flight, every adapter together: what may still free a slot.
+    pub fn copies_in_flight(&self) -> usize {
+        self.adapters
+            .iter()
+            .flatten()
+            .map(|adapter| adapter.in_flight)
+            .sum()
+    }
+
     /// Starts a copy of `block`'s pack of `slot` into a free slot, or into the slot
     /// loaded longest ago that nobody holds. `None` when there is no such pack, it is
     /// already there or on its way, or every slot is held or loading.

@@ -25,7 +25,8 @@ pub type Reply<T> = flume::Sender<T>;
 
 // Compute thread → ComputeStream.
 
-/// The compute thread needs `block` (at `position` of the order) and it is not ready.
+/// The compute thread needs `block` (at `position`, counted from the session's start
+/// across steps) and it is not ready.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Miss {
@@ -40,6 +41,15 @@ pub struct Miss {
 pub struct ReleaseStreamed {
     pub block: BlockId,
     pub position: usize,
+}
+
+/// The step under way (or about to begin) is the run's last: no load starts for a
+/// position at or past `end` (counted as [`Miss::position`]), so nothing is copied
+/// for a step that never comes. A demand past it (the run went on after all) lifts it.
+#[derive(Message, Debug, Clone, Copy)]
+#[rtype(result = "()")]
+pub struct LastStep {
+    pub end: usize,
 }
 
 /// End of a step, with the hits and misses batched since the last one.

@@ -215,6 +215,10 @@ pub trait Observer: Send + Sync + 'static {
     /// The same transfer, with the block it carried (for traces). Called right after
     /// `transfer`; `seconds` ended now.
     fn block_transfer(&self, _link: Link, _block: BlockId, _bytes: u64, _seconds: f64) {}
+    /// A block's `bytes` of the model landed in VRAM over `link` for `step` (counted
+    /// from the session's start): the step that uses them, whenever the copy ran — a
+    /// prefetch during step 3 for step 4 counts for step 4. Called after `transfer`.
+    fn step_load(&self, _link: Link, _step: u64, _bytes: u64) {}
     /// A tier's occupancy after it changed (a load, an eviction, a reservation).
     fn tier_usage(&self, _tier: Tier, _usage: TierUsage) {}
     /// `blocks` left `tier` at once: evicted for room, given way to activations or
@@ -255,6 +259,10 @@ impl<A: Observer, B: Observer> Observer for Tee<A, B> {
     fn transfer(&self, link: Link, owner: Owner, bytes: u64, seconds: f64) {
         self.0.transfer(link, owner, bytes, seconds);
         self.1.transfer(link, owner, bytes, seconds);
+    }
+    fn step_load(&self, link: Link, step: u64, bytes: u64) {
+        self.0.step_load(link, step, bytes);
+        self.1.step_load(link, step, bytes);
     }
     fn block_transfer(&self, link: Link, block: BlockId, bytes: u64, seconds: f64) {
         self.0.block_transfer(link, block, bytes, seconds);
@@ -321,6 +329,9 @@ impl<T: Observer + ?Sized> Observer for std::sync::Arc<T> {
     }
     fn block_transfer(&self, link: Link, block: BlockId, bytes: u64, seconds: f64) {
         (**self).block_transfer(link, block, bytes, seconds)
+    }
+    fn step_load(&self, link: Link, step: u64, bytes: u64) {
+        (**self).step_load(link, step, bytes)
     }
     fn tier_usage(&self, tier: Tier, usage: TierUsage) {
         (**self).tier_usage(tier, usage)

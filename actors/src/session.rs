@@ -382,6 +382,15 @@ impl Session {
         let _ = self.send(&self.core.stream, message);
     }
 
+    /// Says the step under way — or the next, when called between steps — is the
+    /// last: the allocator prefetches nothing past its end, so no block is copied for
+    /// a step that never comes. A later acquire past that end lifts it (the blocks are
+    /// then loaded as they are asked for).
+    pub fn last_step(&mut self) {
+        let message = self.core.last_step();
+        let _ = self.send(&self.core.stream, message);
+    }
+
     /// Reserves VRAM for activations, evicting weights if needed (activations win).
     /// Returns the resident blocks that gave way: they stream from now on.
     pub fn reserve_activations(&mut self, bytes: u64) -> Result<Vec<BlockId>, SessionError> {

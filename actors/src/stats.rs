@@ -48,6 +48,35 @@ pub struct Stats {
     errors: AtomicU64,
     steps: AtomicU64,
     step_history: Mutex<StepHistory>,
+    step_loads: Mutex<StepLoads>,
+}
+
+/// Model bytes landed in VRAM per step that uses them, for the last [`STEP_HISTORY`]
+/// steps: `(step, [pinned → VRAM, disk → VRAM])`, by step; never grows past that.
+#[derive(Default)]
+struct StepLoads(VecDeque<(u64, [u64; 2])>);
+
+impl StepLoads {
+    fn add(&mut self, step: u64, link: usize, bytes: u64) {
+        let index = match self.0.binary_search_by_key(&step, |(known, _)| *known) {
+            Ok(index) => index,
+            Err(index) => {
+                if self.0.len() == STEP_HISTORY {
+                    if index == 0 {
+                        // Older than every step kept: too old to keep.
+                        return;
+                    }
+                    self.0.pop_front();
+                    self.0.insert(index - 1, (step, [0; 2]));
+                    index - 1
+                } else {
+                    self.0.insert(index, (step, [0; 2]));
+                    index
+                }
+            }
+        };
+        self.0[index].1[link] += bytes;
+    }
 }
 
 /// Step times the stats keep: the most recent ones. A session that runs for days
@@ -98,6 +127,17 @@ impl Observer for Stats {
         counters
             .busy_nanos
             .fetch_add((seconds * 1e9) as u64, Ordering::Relaxed);
+    }
+
+    fn step_load(&self, link: Link, step: u64, bytes: u64) {
+        let index = match link {
+            Link::PinnedToVram => 0,
+            Link::DiskToVram => 1,
+            Link::DiskToPinned => return,
+        };
+        if let Ok(mut loads) = self.step_loads.lock() {
+            loads.add(step, index, bytes);
+        }
     }
 
     fn tier_usage(&self, tier: Tier, usage: TierUsage) {
@@ -228,9 +268,37 @@ pub struct StatsSnapshot {
     pub steps: u64,
     /// The last [`STEP_HISTORY`] of them (all of them in a shorter run), oldest first.
     pub step_seconds: Vec<f64>,
+    /// Model bytes that landed in VRAM for each step (counted from the session's
+    /// start) that used them, whenever the copy ran: the last [`STEP_HISTORY`] steps
+    /// that loaded anything, by step. A step that loaded nothing is absent.
+    pub step_loads: Vec<StepLoad>,
+}
+
+/// The model bytes one step needed copied to VRAM (see [`StatsSnapshot::step_loads`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct StepLoad {
+    /// The step, counted from the session's start.
+    pub step: u64,
+    /// Bytes copied from pinned buffers ([`Link::PinnedToVram`]).
+    pub pinned_to_vram: u64,
+    /// Bytes streamed from disk through the staging ring ([`Link::DiskToVram`]).
+    pub disk_to_vram: u64,
 }
 
 impl StatsSnapshot {
+    /// Model bytes `link` carried to VRAM for `step` (0 for a step that loaded
+    /// nothing, or one older than the history keeps, and for disk → pinned).
+    pub fn step_bytes(&self, link: Link, step: u64) -> u64 {
+        self.step_loads
+            .iter()
+            .find(|load| load.step == step)
+            .map_or(0, |load| match link {
+                Link::PinnedToVram => load.pinned_to_vram,
+                Link::DiskToVram => load.disk_to_vram,
+                Link::DiskToPinned => 0,
+            })
+    }
+
     /// The figures of one link, by its enum rather than its field.
     pub fn link(&self, link: Link) -> &LinkSnapshot {
         match link {
@@ -301,6 +369,21 @@ impl Stats {
                 .lock()
                 .map(|history| history.0.iter().copied().collect())
                 .unwrap_or_default(),
+            step_loads: self
+                .step_loads
+                .lock()
+                .map(|loads| {
+                    loads
+                        .0
+                        .iter()
+                        .map(|&(step, [pinned_to_vram, disk_to_vram])| StepLoad {
+                            step,
+                            pinned_to_vram,
+                            disk_to_vram,
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
         }
     }
 }
@@ -308,6 +391,31 @@ impl Stats {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn step_loads_add_up_per_step_in_any_order_and_keep_the_last_steps_only() {
+        // Proves bytes landing for a step count for it whatever order they land in,
+        // each link apart, and the record keeps the latest STEP_HISTORY steps.
+        let stats = Stats::default();
+        stats.step_load(Link::PinnedToVram, 2, 10);
+        stats.step_load(Link::PinnedToVram, 1, 5);
+        stats.step_load(Link::DiskToVram, 2, 7);
+        stats.step_load(Link::PinnedToVram, 2, 1);
+        stats.step_load(Link::DiskToPinned, 2, 100);
+        let snapshot = stats.snapshot();
+        assert_eq!(snapshot.step_bytes(Link::PinnedToVram, 1), 5);
+        assert_eq!(snapshot.step_bytes(Link::PinnedToVram, 2), 11);
+        assert_eq!(snapshot.step_bytes(Link::DiskToVram, 2), 7);
+        assert_eq!(snapshot.step_bytes(Link::DiskToPinned, 2), 0);
+        for step in 0..STEP_HISTORY as u64 + 10 {
+            stats.step_load(Link::PinnedToVram, step, 1);
+        }
+        stats.step_load(Link::PinnedToVram, 0, 1);
+        let snapshot = stats.snapshot();
+        assert_eq!(snapshot.step_loads.len(), STEP_HISTORY);
+        assert_eq!(snapshot.step_loads[0].step, 10);
+        assert_eq!(snapshot.step_bytes(Link::PinnedToVram, 0), 0);
+    }
 
     #[test]
     fn the_step_history_keeps_the_last_steps_only() {

@@ -35,7 +35,12 @@ pub struct VramAllocator {
     observer: Arc<dyn Observer>,
     /// Per block: the arena offset of the load in flight.
     load_offsets: Vec<u64>,
+    /// Per block: the step that uses the load in flight (its bytes count for it).
+    load_steps: Vec<u64>,
     waiters: Vec<Vec<Waiter>>,
+    /// Blocks that had waiters when last looked at (some may have been answered since):
+    /// what the progress check walks, instead of every block.
+    waiting: Vec<BlockId>,
     /// LoRA regions that did not fit while loads were in flight (a block being
     /// loaded cannot be evicted yet); retried as each load ends.
     pending_lora: Vec<ReserveLora>,
@@ -73,7 +78,9 @@ impl VramAllocator {
             lora: peers.lora,
             observer,
             load_offsets: vec![0; blocks],
+            load_steps: vec![0; blocks],
             waiters: (0..blocks).map(|_| Vec::new()).collect(),
+            waiting: Vec::new(),
             pending_lora: Vec::new(),
             draining: None,
             lora_drained: false,
@@ -109,6 +116,7 @@ impl VramAllocator {
         let lora_attached = self.state.lora_bytes() > 0;
         for load in &decisions.loads {
             self.load_offsets[load.block.index()] = load.offset;
+            self.load_steps[load.block.index()] = load.step;
             self.pins.post(EnsurePinned {
                 block: load.block,
                 destination: base.offset(load.offset),
@@ -149,6 +157,7 @@ impl VramAllocator {
         }
         let decisions = self.state.schedule(demand);
         self.apply(decisions);
+        self.answer_the_stuck();
     }
 
     fn notify(&mut self, block: BlockId, result: Result<(), SessionError>) {
@@ -176,6 +185,8 @@ impl VramAllocator {
                     .transfer(Link::PinnedToVram, Owner::Model, bytes, seconds);
                 self.observer
                     .block_transfer(Link::PinnedToVram, block, bytes, seconds);
+                self.observer
+                    .step_load(Link::PinnedToVram, self.load_steps[block.index()], bytes);
                 self.publish(block);
                 buffer
             }
@@ -266,6 +277,7 @@ impl VramAllocator {
 
 mod lora_regions;
 mod resize;
+mod waits;
 
 impl Actor for VramAllocator {
     type Context = Context<Self>;
@@ -297,8 +309,11 @@ impl Handler<Demand> for VramAllocator {
             BlockState::Failed => self.table.finish_evict(block),
             _ => {}
         }
+        if self.waiters[block.index()].is_empty() {
+            self.waiting.push(block);
+        }
         self.waiters[block.index()].push(reply);
-        self.state.advance(position);
+        self.state.demanded_at(position);
         self.schedule(Some(block));
     }
 }
@@ -347,6 +362,14 @@ impl Handler<Streamed> for VramAllocator {
     type Result = ();
 
     fn handle(&mut self, message: Streamed, _ctx: &mut Self::Context) {
+        if self.draining.is_none() {
+            let block = message.block;
+            self.observer.step_load(
+                Link::DiskToVram,
+                self.load_steps[block.index()],
+                self.table.block_bytes(block),
+            );
+        }
         self.publish(message.block);
         self.retry_lora();
         self.schedule(None);
@@ -364,6 +387,14 @@ impl Handler<PinFailed> for VramAllocator {
         self.retry_lora();
         self.report_usage();
         self.try_finish_drain();
+    }
+}
+
+impl Handler<crate::messages::LastStep> for VramAllocator {
+    type Result = ();
+
+    fn handle(&mut self, message: crate::messages::LastStep, _ctx: &mut Self::Context) {
+        self.state.last_step(message.end);
     }
 }
 

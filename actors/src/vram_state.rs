@@ -40,6 +40,9 @@ pub struct Load {
     pub offset: u64,
     pub bytes: u64,
     pub speculative: bool,
+    /// The step (pass over the order, from the session's start) that uses the block:
+    /// its bytes count for that step, whenever the copy lands.
+    pub step: u64,
 }
 
 /// What one scheduling pass decided.
@@ -96,7 +99,12 @@ pub struct VramState {
     /// Blocks whose load was started and not finished.
     loading: Vec<bool>,
     loads_in_flight: usize,
+    /// The next position the compute thread needs, counted from the session's start
+    /// (position / order length is the step).
     cursor: usize,
+    /// No load starts for a position at or past this one (the run's last step ends
+    /// there); a demand past it lifts it.
+    end: Option<usize>,
     use_clock: u64,
     last_declined: Option<BlockId>,
     peak_used_bytes: u64,
@@ -146,6 +154,7 @@ impl VramState {
             loading: vec![false; block_count],
             loads_in_flight: 0,
             cursor: 0,
+            end: None,
             use_clock: 0,
             last_declined: None,
             peak_used_bytes: 0,
@@ -237,30 +246,6 @@ impl VramState {
         self.peak_used_bytes = self.peak_used_bytes.max(used);
     }
 
-    /// The compute thread needs `position` of the order next. Distances to next use are
-    /// measured from here, so the block at the cursor (distance 0) is the one needed
-    /// soonest and is never a victim for a speculative load.
-    pub fn advance(&mut self, position: usize) {
-        self.cursor = position % self.order.len();
-    }
-
-    /// The compute thread released the streamed block at `position`: it needs the next
-    /// position next.
-    pub fn released(&mut self, block: BlockId, position: usize) {
-        if let Some(Placement::Expert { .. }) = self.placement[block.index()] {
-            // An expert's use is counted once, at its release; the cursor stays put.
-            if let Some(area) = self.experts.as_mut() {
-                area.cache.touch(block.0);
-            }
-            return;
-        }
-        self.advance(position + 1);
-        self.use_clock += 1;
-        if let Some(Placement::Ring { slot }) = self.placement[block.index()] {
-            self.ring[slot].last_use = self.use_clock;
-        }
-    }
-
     /// Decides which loads to start: `demand` first (the compute thread waits on it),
     /// then up to `depth` not-yet-ready blocks ahead of the cursor.
     pub fn schedule(&mut self, demand: Option<BlockId>) -> Decisions {
@@ -290,7 +275,7 @@ impl VramState {
             ResidencyPolicy::Lru => (self.depth as usize + 1).min(self.order.len()),
         };
         for step in 0..window {
-            if ahead >= self.depth {
+            if ahead >= self.depth || self.end.is_some_and(|end| self.cursor + step >= end) {
                 break;
             }
             let block = self.order.at(self.cursor + step);
@@ -318,7 +303,10 @@ impl VramState {
         if self.read_ahead_blocks == 0 {
             return Vec::new();
         }
-        (0..self.order.len())
+        let left = self
+            .end
+            .map_or(self.order.len(), |end| end.saturating_sub(self.cursor));
+        (0..self.order.len().min(left))
             .map(|step| self.order.at(self.cursor + step))
             .filter(|&block| {
                 !self.plan.is_resident(block)
@@ -373,11 +361,13 @@ impl VramState {
         self.loading[block.index()] = true;
         self.loads_in_flight += 1;
         self.table.mark_loading(block);
+        let step = self.step_of_next_use(block);
         decisions.loads.push(Load {
             block,
             offset,
             bytes,
             speculative,
+            step,
         });
         true
     }
@@ -465,6 +455,7 @@ impl VramState {
     }
 }
 
+mod cursor;
 mod experts;
 mod reservations;
 mod resize;

@@ -23,6 +23,8 @@ struct Harness {
     state: VramState,
     table: Arc<ResidencyTable>,
     in_flight: Vec<Load>,
+    /// Every load started, in order.
+    started: Vec<Load>,
     loaded_bytes: u64,
     declined: u64,
 }
@@ -38,6 +40,7 @@ impl Harness {
             state,
             table,
             in_flight: Vec::new(),
+            started: Vec::new(),
             loaded_bytes: 0,
             declined: 0,
         }
@@ -45,6 +48,7 @@ impl Harness {
 
     fn apply(&mut self, decisions: Decisions) {
         self.declined += u64::from(decisions.declined);
+        self.started.extend(decisions.loads.iter().copied());
         self.in_flight.extend(decisions.loads);
     }
 
@@ -72,13 +76,19 @@ impl Harness {
 
     /// One step in order; between blocks one copy completes (transfers overlap compute).
     fn run_step(&mut self) {
-        for position in 0..self.state.order().len() {
+        self.run_step_from(0);
+    }
+
+    /// [`Harness::run_step`] with positions counted from `first` (the step's start,
+    /// counted from the session's start).
+    fn run_step_from(&mut self, first: usize) {
+        for position in first..first + self.state.order().len() {
             let block = self.state.order().at(position);
             let handle = loop {
                 if let Some(handle) = self.table.try_acquire(block) {
                     break handle;
                 }
-                self.state.advance(position);
+                self.state.demanded_at(position);
                 let decisions = self.state.schedule(Some(block));
                 self.apply(decisions);
                 assert!(
@@ -259,4 +269,38 @@ fn a_lora_region_with_no_ring_to_stream_through_is_refused_not_waited_for() {
         "{error}"
     );
     harness.run_step();
+}
+
+#[test]
+fn loads_count_for_the_step_that_uses_them_and_none_starts_past_the_last_step() {
+    // Proves a load started during step 0 for a block of step 1 is step 1's, each
+    // step's blocks are loaded once for it, and once step 2 is said to be the last no
+    // load starts for step 3 (without it, step 2 prefetches step 3's first blocks).
+    let mut harness = Harness::new(&[1024; 8], 3072, 2, ResidencyPolicy::Planned);
+    harness.run_step_from(0);
+    harness.run_step_from(8);
+    let for_step = |harness: &Harness, step: u64| {
+        let mut blocks: Vec<u32> = harness
+            .started
+            .iter()
+            .filter(|load| load.step == step)
+            .map(|load| load.block.0)
+            .collect();
+        blocks.sort_unstable();
+        blocks
+    };
+    assert_eq!(for_step(&harness, 0), (0..8).collect::<Vec<_>>());
+    assert_eq!(for_step(&harness, 1), (0..8).collect::<Vec<_>>());
+    assert!(
+        !for_step(&harness, 2).is_empty(),
+        "without a last step, step 1 prefetches step 2's first blocks"
+    );
+    harness.state.last_step(24);
+    harness.run_step_from(16);
+    while harness.complete_one() {}
+    assert_eq!(for_step(&harness, 2), (0..8).collect::<Vec<_>>());
+    assert_eq!(for_step(&harness, 3), Vec::<u32>::new());
+    // A demand past the end lifts it: the run went on after all.
+    harness.run_step_from(24);
+    assert_eq!(for_step(&harness, 3), (0..8).collect::<Vec<_>>());
 }

@@ -292,6 +292,10 @@ fn run_steps<'a, C: Compute, F: Family>(
             blocks.switch_lora(compute, set, phase.unwrap_or(usize::MAX))?;
             phase_now = phase;
         }
+        if step + 1 == options.steps {
+            // Nothing is prefetched for a step that never comes.
+            blocks.session().last_step();
+        }
         blocks.begin_step();
         let started = Instant::now();
         let output = match family.step(compute, &mut state, &mut blocks, step) {

@@ -120,11 +120,23 @@ impl RunReport {
         self.stats.pinned_to_vram.lora_bytes.saturating_sub(first) as f64 / later_steps
     }
 
-    /// Bytes per steady-state step over a link, from the counters' growth after step 1.
+    /// Bytes per steady-state step over a link. Into VRAM, each load counts for the
+    /// step that uses it (a prefetch for step 2 that lands during step 1 is step 2's):
+    /// the mean of the steps after the first. Elsewhere (and where the steps used the
+    /// order more than once each), the counters' growth after step 1.
     pub fn steady_bytes_per_step(&self, link: Link) -> f64 {
         let later_steps = self.steps.saturating_sub(1);
         if later_steps == 0 {
             return self.stats.link(link).model_bytes as f64;
+        }
+        let loads = &self.stats.step_loads;
+        let one_pass_a_step = loads.last().is_some_and(|last| last.step < self.steps)
+            && self.steps <= stagehand_actors::STEP_HISTORY as u64;
+        if link != Link::DiskToPinned && one_pass_a_step {
+            let steady: u64 = (1..self.steps)
+                .map(|step| self.stats.step_bytes(link, step))
+                .sum();
+            return steady as f64 / later_steps as f64;
         }
         let grown =
             self.stats.link(link).model_bytes - self.after_first_step.link(link).model_bytes;

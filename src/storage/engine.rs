@@ -2,9 +2,9 @@
 //! worker pool, and return a future that completes through a oneshot.
 //!
 //! `read` never blocks the calling (actor runtime) thread: requests that fit the bounded
-//! queue are queued at once so the disk starts working before the future is polled; the
-//! rest are queued by the future with `send_async`, which waits for room without
-//! blocking a thread.
+//! queue (at most [`QUEUE_BOUND_JOBS`] of them) are queued at once so the disk starts
+//! working before the future is polled; the rest are queued by the future with
+//! `send_async`, which waits for room without blocking a thread.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -117,10 +117,14 @@ impl ReadEngine {
                 Err(failure) => return ready(Err(failure)),
             };
 
+        // At most a queue's worth is queued here, whatever the workers drain meanwhile:
+        // the rest always waits for the future, so a read of more requests than the
+        // queue holds never completes without being polled (dropping the storage
+        // before then fails it, on a loaded machine or an idle one alike).
         let mut waiting: Vec<Job> = Vec::new();
-        for chunk in chunks {
+        for (index, chunk) in chunks.into_iter().enumerate() {
             let job = make_job(Arc::clone(&self.shared), Arc::clone(&op), chunk);
-            if !waiting.is_empty() {
+            if !waiting.is_empty() || index >= QUEUE_BOUND_JOBS {
                 waiting.push(job);
             } else if let Err(job) = self.pool.try_submit(job) {
                 waiting.push(job);

@@ -13,7 +13,7 @@ use crate::compute_stream::ComputeStream;
 use crate::error::SessionError;
 use crate::layout::BlockId;
 use crate::lora_offloader::LoraOffloader;
-use crate::messages::{Miss, ReleaseStreamed, StepDone};
+use crate::messages::{LastStep, Miss, ReleaseStreamed, StepDone};
 use crate::observer::AcquireBatch;
 use crate::plan::StepOrder;
 use crate::residency::{BlockHandle, ResidencyTable};
@@ -34,6 +34,8 @@ pub(super) struct Core {
     pub lora: Addr<LoraOffloader>,
     pub allocator: Addr<VramAllocator>,
     pub order: StepOrder,
+    /// The next position the compute thread uses, counted from the session's start
+    /// (not wrapped at the end of a step): position / order length is the step.
     pub position: usize,
     pub batch: AcquireBatch,
     pub step_started: Instant,
@@ -71,7 +73,7 @@ impl Core {
                 self.position += distance;
             }
         }
-        self.position = (self.position + 1) % self.order.len();
+        self.position += 1;
     }
 
     fn current_position(&self, block: BlockId) -> usize {
@@ -79,7 +81,16 @@ impl Core {
             .order
             .distance_to_next_use(self.position, block)
             .unwrap_or(0);
-        (self.position + distance) % self.order.len()
+        self.position + distance
+    }
+
+    /// The message that ends prefetching at the end of the step under way (or about
+    /// to begin, when the last one ended): no load starts for a later step.
+    pub fn last_step(&self) -> LastStep {
+        let len = self.order.len();
+        LastStep {
+            end: (self.position / len + 1) * len,
+        }
     }
 
     pub fn check_block(&self, block: BlockId) -> Result<(), SessionError> {
@@ -112,7 +123,7 @@ impl Core {
         if !streamed || left != 0 {
             return None;
         }
-        let position = (self.position + self.order.len() - 1) % self.order.len();
+        let position = self.position.saturating_sub(1);
         Some(ReleaseStreamed { block, position })
     }
 

@@ -102,6 +102,13 @@ impl LocalSession {
         queue_when_room(&self.core.stream, message).await;
     }
 
+    /// As [`super::Session::last_step`]: nothing is prefetched past the end of the step
+    /// under way (or the next, between steps).
+    pub async fn last_step(&mut self) {
+        let message = self.core.last_step();
+        queue_when_room(&self.core.stream, message).await;
+    }
+
     /// Reserves VRAM for activations, evicting weights if needed (activations win).
     /// Returns the resident blocks that gave way: they stream from now on.
     pub async fn reserve_activations(&mut self, bytes: u64) -> Result<Vec<BlockId>, SessionError> {

@@ -79,7 +79,8 @@ impl VramState {
         }
         loop {
             if self.used_bytes() + aligned <= self.budget_bytes {
-                if let Some(offset) = self.resident_area.allocate(aligned) {
+                // At the area's end: blocks placed after it still find one range.
+                if let Some(offset) = self.resident_area.allocate_last(aligned) {
                     self.lora_bytes += aligned;
                     self.lora_regions.push((offset, aligned));
                     self.record_peak();

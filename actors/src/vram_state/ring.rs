@@ -2,8 +2,9 @@
 //! its slot up — the one needed furthest ahead (planned) or used longest ago (LRU),
 //! never one needed sooner than the block that wants it (exhaustion prediction).
 
+use crate::arena::align_up;
 use crate::layout::BlockId;
-use crate::plan::ResidencyPolicy;
+use crate::plan::{Bytes, ResidencyPolicy};
 use crate::residency::BlockState;
 
 use super::{Decisions, Placement, VramState};
@@ -35,6 +36,44 @@ impl VramState {
         self.placement[evicted.index()] = None;
         decisions.evicted += 1;
         Some(Placement::Ring { slot })
+    }
+
+    /// Why a block the compute thread waits for found no place (called when nothing
+    /// is in flight, so nothing will free one), and a budget with room for it.
+    pub fn no_place(&self, block: BlockId) -> (String, Bytes) {
+        let bytes = align_up(self.block_bytes[block.index()]);
+        let slot = self.slot_bytes();
+        let held_slots = self
+            .ring
+            .iter()
+            .filter(|slot| slot.block.is_some_and(|held| self.table.holders(held) > 0))
+            .count();
+        let resident = self.plan.is_resident(block);
+        let reason = if !resident && !self.ring.is_empty() && held_slots == self.ring.len() {
+            format!(
+                "every one of the {} ring slots holds a block the compute thread holds; release one before acquiring the next, or raise --prefetch-depth",
+                self.ring.len()
+            )
+        } else if self.ring.is_empty() || bytes > slot {
+            let room = self.budget_bytes.saturating_sub(
+                self.resident_base() + self.activation_bytes + self.resident_area.used_bytes(),
+            );
+            format!(
+                "it is planned resident and the resident area has {} left beside {} of placed blocks and LoRA regions and {} of activations, and {}",
+                Bytes(room),
+                Bytes(self.resident_area.used_bytes()),
+                Bytes(self.activation_bytes),
+                if self.ring.is_empty() {
+                    "there is no streaming ring to fall back on".to_string()
+                } else {
+                    format!("it is larger than a ring slot ({})", Bytes(slot))
+                }
+            )
+        } else {
+            "no ring slot could be freed for it".to_string()
+        };
+        let needed = self.used_bytes() + bytes + self.ring_area_bytes.min(bytes);
+        (reason, Bytes(needed.max(self.budget_bytes + bytes)))
     }
 
     /// A ring slot whose block is ready, unheld and — for the planned policy — needed
