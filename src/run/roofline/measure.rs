@@ -173,11 +173,21 @@ fn streaming_sum(values: &[f32]) -> f32 {
     lanes.iter().flatten().sum::<f32>() + rest.iter().sum::<f32>()
 }
 
+/// The product the peak rate is measured with: 256 rows by a 1024 × 1024 weight; a
+/// sixteenth of it in an unoptimised build (the tests'), whose own bf16 kernels run
+/// uninlined and whose figures are only indicative: the full product there took
+/// seconds of every test run that printed a summary.
+const PRODUCT_SHAPE: (usize, usize, usize) = if cfg!(debug_assertions) {
+    (64, 512, 512)
+} else {
+    (256, 1024, 1024)
+};
+
 /// The CPU compute adapter's product of 256 rows by a 1024 × 1024 weight in
 /// `compute_dtype` on every core (the widest product a step runs on this backend), in
 /// FLOP/s; 0 where the adapter cannot run it.
 pub(super) fn product_peak(compute_dtype: ComputeDtype, rounds: Rounds) -> f64 {
-    let (rows, inner, outer) = (256, 1024, 1024);
+    let (rows, inner, outer) = PRODUCT_SHAPE;
     let cores = std::thread::available_parallelism().map_or(1, |count| count.get());
     let compute = crate::device::CpuCompute::with_threads(cores).with_compute_dtype(compute_dtype);
     let weights: Vec<f32> = (0..inner * outer)
