@@ -19,7 +19,7 @@
 //!   ~200 MiB of copies after its last step (~45 ms a run on a 2-vCPU VM); `validate`
 //!   and `bench` still time their own runs' copies (`RunPlan::measure_links`).
 //!
-//! Each figure is the best of several timed rounds ([`measure`]), so two measurements
+//! Each figure is the best of several timed rounds (`measure.rs`), so two measurements
 //! on an idle machine agree (`scripts/roofline-repeat.sh` checks it). A kernel's floor
 //! is the larger of its bytes over the bandwidth and its FLOPs over the peak; a step's
 //! compute floor is the sum over its kernels (the family's own steady step, recorded
