@@ -120,16 +120,7 @@ mod tests {
     use crate::compute::DType;
 
     fn roofline() -> Roofline {
-        Roofline {
-            memory_bytes_per_second: 20e9,
-            flops_per_second: 100e9,
-            bf16_flops_per_second: 400e9,
-            copy_bytes_per_second: 10e9,
-            measured_at_unix: 0,
-            machine: super::super::Machine::default(),
-            rounds: super::super::Rounds::OPTIMISED,
-            raised: None,
-        }
+        super::super::test_roofline()
     }
 
     fn work(rows: &[u64]) -> Work {
