@@ -91,10 +91,14 @@ fn resident_bake_is_exact_and_streamed_low_rank_is_within_tolerance() {
         } else {
             assert!(report.plan.vram.streamed_bytes_per_step > 0);
             assert_eq!(report.tolerance_steps, 3, "streamed blocks: low-rank");
-            // Factors ride with their blocks: each step re-sends the packs of the
-            // blocks that stream (the planned ones, and any resident block the LoRA
-            // region displaced), and never more than the adapters hold.
-            assert!(resent_per_step >= streamed_pack_bytes, "{resent_per_step}");
+            // Factors ride with their blocks: every one of the 3 steps sends the packs
+            // of the blocks that stream (the planned ones, and any resident block the
+            // LoRA region displaced), and a later step never more than the adapters
+            // hold. (The window after step 1 misses what step 1 prefetched for step 2,
+            // so the per-step floor is checked on the whole run.)
+            let sent = report.stats.pinned_to_vram.lora_bytes;
+            assert!(sent >= 3 * streamed_pack_bytes, "{sent}");
+            assert!(sent > lora_bytes, "re-sent after the first step: {sent}");
             assert!(resent_per_step <= lora_bytes, "{resent_per_step}");
         }
     }

@@ -150,6 +150,17 @@ fn share(part: f64, whole: f64) -> f64 {
 const RSS_SLACK: f64 = 1.1;
 const RSS_MARGIN_BYTES: u64 = 64 << 20;
 
+/// The peak RSS a run may reach: what its budgets account for (the VRAM budget, the
+/// pinned peak, host-held weights) with slack, plus the roofline measurement's own.
+fn rss_limit_bytes(outcome: &Outcome) -> u64 {
+    let accounted = outcome.budgets.vram_budget_bytes
+        + outcome.report.stats.pinned.peak_used_bytes
+        + outcome.host_bytes;
+    (accounted as f64 * RSS_SLACK) as u64
+        + RSS_MARGIN_BYTES
+        + outcome.roofline_measurement_rss_bytes
+}
+
 impl Summary {
     pub fn new(outcome: &Outcome) -> Self {
         let report = &outcome.report;
@@ -158,9 +169,11 @@ impl Summary {
         let bound = outcome.bound.seconds();
         let first_step = report.step_seconds.first().copied().unwrap_or(0.0);
         let first_compute = report.compute_seconds.first().copied().unwrap_or(0.0);
-        let accounted =
-            outcome.budgets.vram_budget_bytes + stats.pinned.peak_used_bytes + outcome.host_bytes;
         let roofline = outcome.roofline.as_ref();
+        // A KV growth that had to evict counts once; its evicted blocks count each.
+        let kv_evictions = report.kv_growth.iter().map(|(_, _, blocks)| blocks.len());
+        let kv_growths_with_evictions = kv_evictions.clone().filter(|&n| n > 0).count() as u64;
+        let kv_evicted_blocks = kv_evictions.sum::<usize>() as u64;
         Self {
             workload: outcome.workload,
             device: outcome.device.clone(),
@@ -238,21 +251,11 @@ impl Summary {
             vram_model_bytes_after_first_step: report.after_first_step.vram.model_bytes,
             host_model_bytes: outcome.host_bytes,
             peak_rss_bytes: outcome.peak_rss_bytes,
-            rss_limit_bytes: (accounted as f64 * RSS_SLACK) as u64
-                + RSS_MARGIN_BYTES
-                + outcome.roofline_measurement_rss_bytes,
+            rss_limit_bytes: rss_limit_bytes(outcome),
             roofline_measurement_rss_bytes: outcome.roofline_measurement_rss_bytes,
             kv_bytes: report.kv_bytes,
-            kv_growths_with_evictions: report
-                .kv_growth
-                .iter()
-                .filter(|(_, _, blocks)| !blocks.is_empty())
-                .count() as u64,
-            kv_evicted_blocks: report
-                .kv_growth
-                .iter()
-                .map(|(_, _, blocks)| blocks.len() as u64)
-                .sum(),
+            kv_growths_with_evictions,
+            kv_evicted_blocks,
             streamed_bytes_per_step_after_kv: outcome.streamed_bytes_per_step_after_kv,
             tokens: report.tokens.clone(),
         }
