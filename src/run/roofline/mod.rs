@@ -48,6 +48,13 @@ pub use raise::Raise;
 pub const CACHED_ROOFLINE_FILE: &str = "roofline-local.json";
 /// A cached measurement older than this is taken again.
 const MAX_AGE_SECONDS: u64 = 7 * 24 * 3600;
+/// An unoptimised build's own measurement, kept beside the cache for the processes of
+/// the same build that follow (a test table runs the debug binary hundreds of times):
+/// never read by an optimised build, whose [`Roofline::cached`] asks for its rounds.
+pub const UNOPTIMISED_ROOFLINE_FILE: &str = "roofline-unoptimised.json";
+/// An unoptimised build's kept measurement older than this (a rebuilt binary's loops
+/// may run at another speed) is taken again.
+const MAX_UNOPTIMISED_AGE_SECONDS: u64 = 3600;
 
 /// This machine's roofline on the CPU backend.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -106,15 +113,9 @@ impl Roofline {
             };
         }
         // An unoptimised build (the tests') measures its own slow loops, not the
-        // machine: its figures serve that process only, never cached on disk.
+        // machine: its figures serve that build only, kept in a file of their own.
         if cfg!(debug_assertions) {
-            static MEASURED: std::sync::OnceLock<Roofline> = std::sync::OnceLock::new();
-            let measured_now = MEASURED.get().is_none();
-            return Obtained {
-                roofline: MEASURED.get_or_init(Roofline::measure).clone(),
-                from_cache: false,
-                measured_now,
-            };
+            return Roofline::unoptimised(cache_dir);
         }
         let measured = Roofline::measure();
         measured.store_noting_failure(cache_dir);
@@ -123,6 +124,42 @@ impl Roofline {
             from_cache: false,
             measured_now: true,
         }
+    }
+
+    /// An unoptimised build's roofline: this process's, else one an earlier process of
+    /// such a build kept in `cache_dir` within the hour, else one measured now and kept.
+    fn unoptimised(cache_dir: &Path) -> Obtained {
+        static MEASURED: std::sync::OnceLock<Roofline> = std::sync::OnceLock::new();
+        if let Some(roofline) = MEASURED
+            .get()
+            .cloned()
+            .or_else(|| Roofline::kept_unoptimised(cache_dir))
+        {
+            return Obtained {
+                roofline,
+                from_cache: false,
+                measured_now: false,
+            };
+        }
+        let measured = MEASURED.get_or_init(Roofline::measure).clone();
+        if let Err(error) = measured.store_as(cache_dir, UNOPTIMISED_ROOFLINE_FILE) {
+            tracing::debug!("the unoptimised roofline was not kept: {error}");
+        }
+        Obtained {
+            roofline: measured,
+            from_cache: false,
+            measured_now: true,
+        }
+    }
+
+    /// The unoptimised build's roofline kept in `cache_dir`, if it was taken on this
+    /// machine within [`MAX_UNOPTIMISED_AGE_SECONDS`].
+    pub fn kept_unoptimised(cache_dir: &Path) -> Option<Roofline> {
+        let text = std::fs::read_to_string(cache_dir.join(UNOPTIMISED_ROOFLINE_FILE)).ok()?;
+        let kept = serde_json::from_str::<Roofline>(&text).ok()?;
+        let recent = unix_now().saturating_sub(kept.measured_at_unix) < MAX_UNOPTIMISED_AGE_SECONDS;
+        let positive = kept.memory_bytes_per_second > 0.0 && kept.flops_per_second > 0.0;
+        (recent && positive && kept.machine == Machine::this_one()).then_some(kept)
     }
 
     /// The roofline cached in `cache_dir`, if it was taken on this machine (host, CPU
@@ -143,9 +180,18 @@ impl Roofline {
 
     /// Writes this roofline as the cached one in `cache_dir`.
     pub fn store(&self, cache_dir: &Path) -> std::io::Result<()> {
+        self.store_as(cache_dir, CACHED_ROOFLINE_FILE)
+    }
+
+    /// Writes this roofline to `cache_dir/name`, whole: through a file of this
+    /// process's own that is renamed over it, so a run of the same build reading it
+    /// side by side never sees half a file.
+    fn store_as(&self, cache_dir: &Path, name: &str) -> std::io::Result<()> {
         std::fs::create_dir_all(cache_dir)?;
         let text = serde_json::to_string_pretty(self).map_err(std::io::Error::other)?;
-        std::fs::write(cache_dir.join(CACHED_ROOFLINE_FILE), text)
+        let partial = cache_dir.join(format!("{name}.{}.partial", std::process::id()));
+        std::fs::write(&partial, text)?;
+        std::fs::rename(&partial, cache_dir.join(name))
     }
 
     /// [`Roofline::store`], where a cache that cannot be written is only noted: the
@@ -293,121 +339,4 @@ fn test_roofline() -> Roofline {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::compute::DType;
-
-    fn roofline() -> Roofline {
-        test_roofline()
-    }
-
-    fn linear(rows: u64, dtype: DType) -> Kernel {
-        Kernel::Linear {
-            rows,
-            inner: 2048,
-            outer: 8192,
-            dtype,
-        }
-    }
-
-    #[test]
-    fn a_decode_product_is_floored_by_its_weight_bytes_and_a_batch_by_its_flops() {
-        let roofline = roofline();
-        // One row: 2 FLOPs per weight; a bf16 weight is 2 bytes: memory-bound.
-        let (seconds, memory) = roofline.kernel_floor(&linear(1, DType::Bf16));
-        assert!(memory);
-        assert!((seconds - 2048.0 * 8192.0 * 2.0 / 20e9).abs() < 1e-12);
-        // FP8 weights read half the bytes of bf16: half the floor.
-        let (fp8, _) = roofline.kernel_floor(&linear(1, DType::F8E4M3));
-        assert!((fp8 * 2.0 - seconds).abs() < 1e-12);
-        // 512 rows: 1024 FLOPs per 2-byte weight: FLOP-bound.
-        let (seconds, memory) = roofline.kernel_floor(&linear(512, DType::Bf16));
-        assert!(!memory);
-        assert!((seconds - 2.0 * 512.0 * 2048.0 * 8192.0 / 100e9).abs() < 1e-9);
-    }
-
-    #[test]
-    fn a_step_floor_sums_its_kernels_and_says_what_sets_it() {
-        let work = Work {
-            kernels: vec![linear(1, DType::Bf16), linear(1, DType::Bf16)],
-        };
-        let floor = roofline().floor(&work);
-        assert_eq!(floor.limited_by(), "memory bandwidth");
-        assert!(
-            (floor.seconds - 2.0 * roofline().kernel_floor(&linear(1, DType::Bf16)).0).abs()
-                < 1e-12
-        );
-        let batch = Work {
-            kernels: vec![linear(512, DType::F32)],
-        };
-        assert_eq!(roofline().floor(&batch).limited_by(), "FLOP/s");
-    }
-
-    #[test]
-    fn a_measurement_is_positive_and_cached_only_by_an_optimised_build() {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let measured = Roofline::of_this_machine(dir.path()).roofline;
-        assert!(measured.memory_bytes_per_second > 0.0 && measured.flops_per_second > 0.0);
-        assert!(measured.bf16_flops_per_second > 0.0);
-        let cached = dir.path().join(CACHED_ROOFLINE_FILE).exists();
-        assert_eq!(cached, !cfg!(debug_assertions));
-    }
-
-    #[test]
-    fn a_cache_from_another_cpu_a_quick_measurement_or_last_month_is_measured_again() {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let this_machine = Roofline {
-            machine: Machine::this_one(),
-            measured_at_unix: unix_now(),
-            ..roofline()
-        };
-        this_machine.store(dir.path()).expect("stored");
-        assert_eq!(Roofline::cached(dir.path()), Some(this_machine.clone()));
-        let others = [
-            Roofline {
-                machine: Machine {
-                    cpu_model: "another CPU".to_string(),
-                    ..Machine::this_one()
-                },
-                ..this_machine.clone()
-            },
-            Roofline {
-                machine: Machine {
-                    cpu_flags: "avx512f".to_string(),
-                    ..Machine::this_one()
-                },
-                ..this_machine.clone()
-            },
-            Roofline {
-                rounds: Rounds::UNOPTIMISED,
-                ..this_machine.clone()
-            },
-            Roofline {
-                measured_at_unix: this_machine.measured_at_unix - MAX_AGE_SECONDS - 1,
-                ..this_machine.clone()
-            },
-        ];
-        for other in others {
-            other.store(dir.path()).expect("stored");
-            assert_eq!(Roofline::cached(dir.path()), None, "{other:?}");
-        }
-    }
-
-    #[test]
-    fn the_provenance_says_when_how_and_where_it_was_measured() {
-        let measured = Roofline {
-            measured_at_unix: 951_831_900,
-            machine: Machine {
-                host: 1,
-                cpu_model: "AMD EPYC".to_string(),
-                cpu_flags: "avx2 fma".to_string(),
-                cores: 2,
-            },
-            ..roofline()
-        };
-        assert_eq!(
-            measured.provenance(951_831_900 + 240),
-            "measured 2000-02-29 13:45 UTC (4 min ago; best of 5 rounds of 0.25 s on AMD EPYC, 2 cores, avx2 fma)"
-        );
-    }
-}
+mod tests;
