@@ -16,6 +16,10 @@ pub struct Machine {
     pub cpu_flags: String,
     /// The cores the measurement ran on.
     pub cores: usize,
+    /// The CPU adapter's kernel path (`avx512`, `avx2`, `portable`…): a lower path
+    /// forced for tests reaches less than the CPU, and is measured apart.
+    #[serde(default)]
+    pub kernel_path: String,
 }
 
 /// Flags (x86 `flags`, Arm `Features`) that change what the kernels can reach.
@@ -56,17 +60,23 @@ impl Machine {
             },
             cpu_flags: flags.join(" "),
             cores: std::thread::available_parallelism().map_or(1, |count| count.get()),
+            kernel_path: crate::device::cpu_compute::kernel_path().to_string(),
         }
     }
 
-    /// "AMD EPYC, 2 cores, avx avx2 fma".
+    /// "AMD EPYC, 2 cores, avx avx2 fma, avx2 kernels".
     pub fn describe(&self) -> String {
         let flags = if self.cpu_flags.is_empty() {
             String::new()
         } else {
             format!(", {}", self.cpu_flags)
         };
-        format!("{}, {} cores{flags}", self.cpu_model, self.cores)
+        let path = if self.kernel_path.is_empty() {
+            String::new()
+        } else {
+            format!(", {} kernels", self.kernel_path)
+        };
+        format!("{}, {} cores{flags}{path}", self.cpu_model, self.cores)
     }
 }
 
@@ -139,5 +149,13 @@ mod tests {
         assert!(!machine.cpu_model.is_empty());
         assert_eq!(machine, Machine::this_one(), "the same machine twice");
         assert!(machine.describe().contains(&machine.cpu_model));
+        // The kernel path is the CPU adapter's, so a forced lower path is told apart.
+        assert_eq!(
+            machine.kernel_path,
+            crate::device::cpu_compute::kernel_path()
+        );
+        assert!(machine
+            .describe()
+            .ends_with(&format!("{} kernels", machine.kernel_path)));
     }
 }

@@ -258,7 +258,7 @@ impl Roofline {
     }
 
     /// Where the figures came from, in a user's words: "measured 2025-06-01 12:03 UTC
-    /// (4 min ago; best of 5 rounds of 0.25 s on AMD EPYC, 2 cores, avx avx2 fma)",
+    /// (4 min ago; best of 5 rounds of 0.25 s on AMD EPYC, 2 cores, avx avx2 fma, avx2 kernels)",
     /// and the last raise.
     pub fn provenance(&self, now_unix: u64) -> String {
         let mut text = format!(

@@ -105,7 +105,7 @@ fn an_unoptimised_measurement_is_kept_apart_and_never_taken_for_the_cache() {
 }
 
 #[test]
-fn a_cache_from_another_cpu_a_quick_measurement_or_last_month_is_measured_again() {
+fn a_cache_from_another_cpu_or_kernel_path_a_quick_measurement_or_last_month_is_measured_again() {
     let dir = tempfile::tempdir().expect("temp dir");
     let this_machine = Roofline {
         machine: Machine::this_one(),
@@ -125,6 +125,13 @@ fn a_cache_from_another_cpu_a_quick_measurement_or_last_month_is_measured_again(
         Roofline {
             machine: Machine {
                 cpu_flags: "avx512f".to_string(),
+                ..Machine::this_one()
+            },
+            ..this_machine.clone()
+        },
+        Roofline {
+            machine: Machine {
+                kernel_path: "portable".to_string(),
                 ..Machine::this_one()
             },
             ..this_machine.clone()
@@ -153,11 +160,12 @@ fn the_provenance_says_when_how_and_where_it_was_measured() {
             cpu_model: "AMD EPYC".to_string(),
             cpu_flags: "avx2 fma".to_string(),
             cores: 2,
+            kernel_path: "avx2".to_string(),
         },
         ..roofline()
     };
     assert_eq!(
         measured.provenance(951_831_900 + 240),
-        "measured 2000-02-29 13:45 UTC (4 min ago; best of 5 rounds of 0.25 s on AMD EPYC, 2 cores, avx2 fma)"
+        "measured 2000-02-29 13:45 UTC (4 min ago; best of 5 rounds of 0.25 s on AMD EPYC, 2 cores, avx2 fma, avx2 kernels)"
     );
 }
