@@ -396,6 +396,7 @@ families! {
     Bert => super::bert::Encoder,
     Llama => super::llama::Decoder,
     Flux => super::flux::Flux,
+    Wan => super::wan::Wan,
     Clip => super::clip::ClipText,
     T5 => super::t5::T5Encoder,
     Vae => super::vae::VaeDecoder,
