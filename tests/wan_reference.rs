@@ -134,3 +134,78 @@ fn wan_velocity_matches_diffusers_streamed_and_resident() {
         }
     }
 }
+
+/// The error `prepare_with` gives for `input` on the t2v fixture.
+fn refusal(input: WanInput) -> String {
+    let model = fixtures().join("t2v/transformer");
+    let extras = Extras::default().with(input);
+    match prepare_with(
+        &model,
+        WorkloadKind::Auto,
+        1,
+        &Settings::default(),
+        false,
+        &extras,
+    ) {
+        Ok(_) => panic!("opened"),
+        Err(error) => error.to_string(),
+    }
+}
+
+#[test]
+fn inputs_that_do_not_fit_the_model_are_refused_by_name() {
+    // Proves a latent of other channels, a size the patch does not divide and text
+    // states of another width are refused before anything runs, each naming what is
+    // wrong.
+    let good = input("t2v", "");
+    let fewer_channels = WanInput {
+        latent: good.latent[..good.latent.len() / 2].to_vec(),
+        ..good.clone()
+    };
+    assert!(refusal(fewer_channels).contains("in_channels"));
+    let odd = WanInput {
+        height: 7,
+        latent: vec![0.0; 16 * 3 * 7 * 6],
+        ..good.clone()
+    };
+    assert!(refusal(odd).contains("multiple of the patch"));
+    let wider_text = WanInput {
+        context: vec![0.0; 25],
+        ..good
+    };
+    assert!(refusal(wider_text).contains("text_dim"));
+}
+
+#[test]
+fn a_wan_folder_is_described_as_a_real_step_from_its_headers() {
+    // Proves what `simulate --model` asks of a WAN folder: opened headers only as a
+    // diffusion transformer (not as Flux, the other family of that kind), its step is
+    // 81 frames of 480 × 832 (21 × 30 × 52 = 32 760 video tokens) with 512 text
+    // tokens, and its activations come per kind of block.
+    let model = fixtures().join("t2v/transformer");
+    let extras = Extras {
+        headers_only: true,
+        ..Extras::default()
+    };
+    let prepared = prepare_with(
+        &model,
+        WorkloadKind::Diffusion,
+        1,
+        &Settings::default(),
+        false,
+        &extras,
+    )
+    .expect("opens");
+    let facts = prepared.facts();
+    assert_eq!(facts.describe(), "wan transformer");
+    assert_eq!(facts.tokens_per_step(), 32_760);
+    assert_eq!(facts.layout().blocks.len(), 4, "head, 2 blocks, output");
+    let activations = facts.activations().expect("activations");
+    let kinds: Vec<&str> = activations
+        .peaks
+        .iter()
+        .map(|peak| peak.kind.as_str())
+        .collect();
+    assert_eq!(kinds, ["embedders", "transformer block", "output layer"]);
+    assert_eq!(activations.peaks[1].blocks, 2);
+}
