@@ -19,6 +19,7 @@
 //! first block and the output layer the last, as Flux places its own.
 
 mod config;
+mod demo;
 mod embed;
 mod input;
 mod layers;
@@ -28,6 +29,7 @@ mod weights;
 mod working_set;
 
 pub use config::{WanConfig, QK_NORM};
+pub use demo::{WanDemo, WanPreset};
 pub use embed::Grid;
 pub use input::WanInput;
 pub use open::CLASS_NAME;
