@@ -55,10 +55,10 @@ impl Open for Wan {
         let height = need(workload.height, "height").map_err(FamilyError::Model)?;
         let text = need(workload.text_tokens, "text_tokens").map_err(FamilyError::Model)?;
         let [pt, ph, pw] = config.patch.map(|patch| patch as u64);
-        let tokens = latent_frames(81).div_ceil(pt) * (height / 8 / ph) * (width / 8 / pw);
-        if tokens == 0 {
+        let tokens = latent_frames(81) / pt * (height / 8 / ph) * (width / 8 / pw);
+        if tokens == 0 || width % (8 * pw) != 0 || height % (8 * ph) != 0 {
             return Err(FamilyError::Model(format!(
-                "a {width}×{height} video has no patches of {:?} in its latent",
+                "a {width}×{height} video: WAN takes sizes that are positive multiples of 8 (the VAE) × the patch {:?}",
                 config.patch
             )));
         }

@@ -112,3 +112,59 @@ pub fn activations_at(config: &WanConfig, tokens: usize, text: usize) -> Activat
         peaks,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::families::wan::WanPreset;
+
+    #[test]
+    fn each_kind_holds_the_tensors_it_uses_at_a14b_sizes() {
+        // Proves the working sets of a Wan 2.2 A14B expert at 81 frames of 480 × 832
+        // (32 760 video tokens) with 512 umT5 tokens, summed by hand from what each
+        // kind of block reads and writes, and that the step reserves every tensor once.
+        let config = WanPreset::A14b.config();
+        let (tokens, text) = (32_760u64, 512u64);
+        let (dim, ffn) = (5120u64, 13_824u64);
+        let f32s = |rows: u64, cols: u64| rows * cols * 4;
+        let vector = f32s(1, dim);
+        let text_states = 3 * f32s(text, dim);
+        let embedders = f32s(tokens, 64)
+            + f32s(text, 4096)
+            + f32s(1, 256)
+            + 2 * vector
+            + 6 * vector
+            + text_states
+            + f32s(tokens, dim);
+        let block = 6 * vector
+            + text_states
+            + 6 * vector
+            + 7 * f32s(tokens, dim)
+            + f32s(tokens, ffn)
+            + f32s(tokens, 128);
+        let output = vector + 6 * vector + 2 * f32s(tokens, dim) + f32s(tokens, 64);
+        let activations = activations_at(&config, tokens as usize, text as usize);
+        let peaks: Vec<(&str, u64, u64)> = activations
+            .peaks
+            .iter()
+            .map(|peak| (peak.kind.as_str(), peak.blocks, peak.bytes))
+            .collect();
+        assert_eq!(
+            peaks,
+            [
+                ("embedders", 1, embedders),
+                ("transformer block", 40, block),
+                ("output layer", 1, output)
+            ]
+        );
+        let reserved = f32s(tokens, 64) * 2
+            + f32s(text, 4096)
+            + f32s(1, 256)
+            + 14 * vector
+            + text_states
+            + 7 * f32s(tokens, dim)
+            + f32s(tokens, ffn)
+            + f32s(tokens, 128);
+        assert_eq!(activations.reserved_bytes, reserved);
+    }
+}
