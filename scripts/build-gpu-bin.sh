@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 OUT_DIR=gpu-bin
 # By default every GPU test target that exists (one may be parked as *.rs.pending).
 DEFAULT_TARGETS=""
-for candidate in cuda cuda_run cuda_flux; do
+for candidate in cuda cuda_run cuda_flux cuda_wan; do
     if [ -f "tests/$candidate.rs" ]; then DEFAULT_TARGETS="$DEFAULT_TARGETS $candidate"; fi
 done
 TARGETS=${GPU_TEST_TARGETS:-$DEFAULT_TARGETS}

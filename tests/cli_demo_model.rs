@@ -355,6 +355,27 @@ fn rows() -> Vec<Row> {
             ],
             Expect::Ok("kohya rank 8 Bf16 LoRA"),
         ),
+        row(
+            &["--arch", "wan", "--out", &out("wan")],
+            Expect::Ok("WAN Tiny: 2 blocks of 32"),
+        ),
+        row(
+            &[
+                "--arch",
+                "wan",
+                "--wan-preset",
+                "small",
+                "--dtype",
+                "bf16",
+                "--out",
+                &out("wan"),
+            ],
+            Expect::Ok("WAN Small: 4 blocks of 128, 4 heads of 32"),
+        ),
+        row(
+            &["--arch", "wan", "--dtype", "fp8", "--out", &out("wan")],
+            Expect::Bad("for --arch wan"),
+        ),
         row(&["--help"], Expect::Ok("Usage: stagehand demo-model")),
         row(&["--unknown-flag"], Expect::Bad("--unknown-flag")),
     ]);

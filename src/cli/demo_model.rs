@@ -11,6 +11,7 @@ use super::{CommandResult, Failure};
 use stagehand::compute::DType;
 use stagehand::families::bert::{write_bert_folder, write_bert_lora, BertDemo, BertPreset};
 use stagehand::families::llama::{write_decoder_folder, DecoderArch, DecoderDemo, DecoderPreset};
+use stagehand::families::wan::{WanDemo, WanPreset};
 use stagehand::lora::{write_demo_lora, DemoLora, LoraDtype};
 use stagehand::model::demo::{write_linear_stack, DemoError, DemoSpec};
 
@@ -35,6 +36,8 @@ pub enum Arch {
     Qwen2Moe,
     /// A Flux.1 diffusion transformer (`--flux-preset`, `--layout`; `--cond-out` writes a conditioning file).
     Flux,
+    /// A WAN 2.2 video transformer as diffusers writes it (`--wan-preset`).
+    Wan,
 }
 
 /// Storage dtype of a generated folder's weights.
@@ -105,6 +108,9 @@ pub struct DemoModelArgs {
     pub lora_dtype: LoraDtype,
     #[command(flatten)]
     pub flux: super::demo_flux::FluxArgs,
+    /// `--arch wan`: the shapes (tiny, small; a14b: one Wan 2.2 T2V-A14B expert, 26.6 GiB in BF16; i2v-a14b: the I2V expert, 36 channels in; ti2v5b: TI2V-5B).
+    #[arg(long, value_enum, default_value = "tiny")]
+    pub wan_preset: WanPreset,
 }
 
 /// Seeds an adapter apart from its model's weights (same `--seed`, other values).
@@ -137,6 +143,7 @@ pub fn execute(args: DemoModelArgs) -> CommandResult {
                 lora,
             );
         }
+        Arch::Wan => return write_wan(&args),
         Arch::LinearStack => {}
     }
     let spec = DemoSpec {
@@ -313,6 +320,42 @@ fn write_decoder(args: &DemoModelArgs, arch: DecoderArch) -> CommandResult {
                 if moe.shared_intermediate.is_some() { " + a shared expert" } else { "" }
             ))
             .unwrap_or_default(),
+        demo.dtype,
+        Bytes(demo.weight_bytes()),
+        args.seed,
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// `--arch wan`: a generated WAN transformer folder (`transformer/`).
+fn write_wan(args: &DemoModelArgs) -> CommandResult {
+    if args.dtype == DTypeArg::Fp8 {
+        return Err(Failure::bad_input(anyhow::anyhow!(
+            "--dtype fp8 is for decoders and flux; use f32, f16 or bf16 for --arch wan"
+        )));
+    }
+    let demo = WanDemo {
+        preset: args.wan_preset,
+        dtype: args.dtype.dtype(),
+        seed: args.seed,
+    };
+    let started = Instant::now();
+    let path = demo
+        .write(&args.out)
+        .map_err(|error| Failure::run_failed(anyhow::anyhow!("{}: {error}", args.out.display())))?;
+    let config = args.wan_preset.config();
+    println!(
+        "wrote {} (WAN {:?}: {} blocks of {}, {} heads of {}, FFN {}, {} → {} latent channels, {} weights = {}, seed {}) in {:.2} s",
+        path.display(),
+        args.wan_preset,
+        config.layers,
+        config.dim(),
+        config.heads,
+        config.head_dim,
+        config.ffn_dim,
+        config.in_channels,
+        config.out_channels,
         demo.dtype,
         Bytes(demo.weight_bytes()),
         args.seed,

@@ -47,6 +47,7 @@ pub mod stream_verify;
 pub mod t5;
 pub mod vae;
 mod walk;
+pub mod wan;
 
 pub use activations::{Activations, BlockKindPeak, DescribedReserve, DescribedWorkload};
 pub use family::{Decoded, ExpertNeeds, ExpertStep, Facts, Family, StepOutput};

@@ -293,9 +293,14 @@ pub fn supported_model_types() -> Vec<&'static str> {
 /// another kind is refused by name.
 pub fn find(kind: WorkloadKind, found: &Found<'_>) -> Result<&'static Entry, FamilyError> {
     // Kinds no folder declares (linear-stack, moe, stream-verify) are taken at the
-    // user's word; their `open` checks the checkpoint.
+    // user's word; their `open` checks the checkpoint. A family of the kind that
+    // recognises the checkpoint comes first: two families of one kind that declare
+    // no model_type (Flux and WAN, found by `_class_name`) are told apart so.
     if kind != WorkloadKind::Auto {
-        if let Some(entry) = generated(kind) {
+        let recognised = REGISTRY
+            .iter()
+            .find(|entry| entry.kind == kind && entry.recognises(found));
+        if let Some(entry) = recognised.or_else(|| generated(kind)) {
             return Ok(entry);
         }
     }
@@ -396,6 +401,7 @@ families! {
     Bert => super::bert::Encoder,
     Llama => super::llama::Decoder,
     Flux => super::flux::Flux,
+    Wan => super::wan::Wan,
     Clip => super::clip::ClipText,
     T5 => super::t5::T5Encoder,
     Vae => super::vae::VaeDecoder,

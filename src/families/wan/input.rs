@@ -1,0 +1,104 @@
+//! What a WAN transformer computes on: a latent video, the timestep and the text
+//! encoder's states — the arguments of diffusers' `WanTransformer3DModel.forward`
+//! (`hidden_states` `[1, C, F, H, W]`, `timestep`, `encoder_hidden_states`
+//! `[1, L, text_dim]`). A run that names none computes a seeded one.
+
+use crate::families::flux::gaussian;
+use crate::families::FamilyError;
+
+use super::config::WanConfig;
+use super::embed::Grid;
+
+/// One velocity to compute, given by the caller (a pipeline, a test).
+#[derive(Debug, Clone, PartialEq)]
+pub struct WanInput {
+    /// `[channels, frames, height, width]` values, and those sizes.
+    pub latent: Vec<f32>,
+    pub frames: usize,
+    pub height: usize,
+    pub width: usize,
+    /// The scheduler's timestep, 0–1000 (diffusers passes it unscaled).
+    pub timestep: f32,
+    /// `[tokens, text_dim]` text states.
+    pub context: Vec<f32>,
+}
+
+impl WanInput {
+    /// A seeded input of `frames × height × width` latent pixels and `tokens` text
+    /// tokens at timestep 500: what a run computes without one.
+    pub fn seeded(config: &WanConfig, [frames, height, width]: [usize; 3], tokens: usize) -> Self {
+        let values = config.in_channels * frames * height * width;
+        Self {
+            latent: gaussian(values, 7),
+            frames,
+            height,
+            width,
+            timestep: 500.0,
+            context: gaussian(tokens * config.text_dim, 11),
+        }
+    }
+
+    /// The patch grid of this input for `config`, checked: the latent has the
+    /// model's channels, each size divides by the patch, no axis outgrows the rope.
+    pub fn grid(&self, config: &WanConfig) -> Result<Grid, FamilyError> {
+        let grid = Grid {
+            channels: config.in_channels,
+            frames: self.frames,
+            height: self.height,
+            width: self.width,
+            patch: config.patch,
+        };
+        let sizes = [self.frames, self.height, self.width];
+        let expected = config.in_channels * sizes.iter().product::<usize>();
+        if self.latent.len() != expected {
+            return Err(FamilyError::Model(format!(
+                "the latent has {} values; [{}, {}, {}, {}] (the model's in_channels, frames, height, width) has {expected}",
+                self.latent.len(),
+                config.in_channels,
+                self.frames,
+                self.height,
+                self.width
+            )));
+        }
+        let fits = sizes
+            .iter()
+            .zip(config.patch)
+            .all(|(&size, patch)| size > 0 && size % patch == 0);
+        if !fits {
+            return Err(FamilyError::Model(format!(
+                "a latent of {} frames, {} × {}: each must be a positive multiple of the patch {:?}",
+                self.frames, self.height, self.width, config.patch
+            )));
+        }
+        if let Some(patches) = grid
+            .patches()
+            .into_iter()
+            .find(|&patches| patches > config.rope_max_seq_len)
+        {
+            return Err(FamilyError::Model(format!(
+                "{patches} patches along one axis: the rope has {} positions (rope_max_seq_len)",
+                config.rope_max_seq_len
+            )));
+        }
+        if !self.timestep.is_finite() {
+            return Err(FamilyError::Model(format!(
+                "timestep {} is not a number",
+                self.timestep
+            )));
+        }
+        Ok(grid)
+    }
+
+    /// Text tokens, checked against the model's `text_dim`.
+    pub fn text_tokens(&self, config: &WanConfig) -> Result<usize, FamilyError> {
+        let tokens = self.context.len() / config.text_dim;
+        if tokens == 0 || tokens * config.text_dim != self.context.len() {
+            return Err(FamilyError::Model(format!(
+                "the text states have {} values; whole rows of text_dim {} are expected (at least one)",
+                self.context.len(),
+                config.text_dim
+            )));
+        }
+        Ok(tokens)
+    }
+}

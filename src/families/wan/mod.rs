@@ -1,0 +1,90 @@
+//! WAN 2.x video diffusion transformers (`WanTransformer3DModel` as diffusers writes
+//! it: Wan 2.2 T2V-A14B's experts, I2V-A14B's, TI2V-5B), written once against the
+//! compute port.
+//!
+//! One step computes the transformer's velocity for the input latent at its
+//! timestep (the sampler that walks a schedule, classifier-free guidance and the
+//! expert hand-over belong to the video pipeline). The pass: the latent cut into
+//! 1×2×2 patches through `patch_embedding` (a Conv3d whose kernel equals its stride,
+//! so a product over flattened patches); the umT5 states through the text embedder
+//! (Linear, GELU-tanh, Linear); the timestep's 256 sinusoidal frequencies through
+//! the time embedder (Linear, SiLU, Linear) and `time_proj` to six modulation
+//! vectors. Each block: LayerNorm without affine modulated by
+//! `scale_shift_table + time`, self-attention with RMS norm on q and k across all
+//! heads and the three-axis rope (frames, rows, columns) on interleaved pairs, gated;
+//! an affine LayerNorm and cross-attention to the text states (q/k RMS-normed, no
+//! rope); the modulated GELU-tanh feed-forward, gated. Then the output norm
+//! modulated by `scale_shift_table + temb`, `proj_out` and the patches put back.
+//! Every transformer block is a block the session streams; the embedders are the
+//! first block and the output layer the last, as Flux places its own.
+
+mod config;
+mod demo;
+mod embed;
+mod input;
+mod layers;
+mod open;
+mod step;
+mod weights;
+mod working_set;
+
+pub use config::{WanConfig, QK_NORM};
+pub use demo::{WanDemo, WanPreset};
+pub use embed::Grid;
+pub use input::WanInput;
+pub use open::CLASS_NAME;
+pub use working_set::activations_at;
+
+use self::weights::WanWeights;
+use crate::families::FamilyError;
+use crate::model::ModelIndex;
+
+/// A WAN transformer with the input it computes the velocity of.
+pub struct Wan {
+    pub config: WanConfig,
+    weights: WanWeights,
+    input: WanInput,
+    pub grid: Grid,
+    /// Video tokens, text tokens.
+    pub tokens: usize,
+    pub text: usize,
+    /// The latent's patches and the rope table, over `max(tokens, text)` rows.
+    patches: Vec<f32>,
+    table: Vec<f32>,
+}
+
+impl Wan {
+    pub fn new(
+        index: &ModelIndex,
+        config: WanConfig,
+        input: WanInput,
+    ) -> Result<Self, FamilyError> {
+        let weights = WanWeights::place(index, &config)?;
+        let grid = input.grid(&config)?;
+        let text = input.text_tokens(&config)?;
+        let tokens = grid.tokens();
+        let rows = tokens.max(text);
+        let patches = grid.patchify(&input.latent, rows);
+        let table = grid.rope_table(config.rope_axes(), rows);
+        Ok(Self {
+            config,
+            weights,
+            input,
+            grid,
+            tokens,
+            text,
+            patches,
+            table,
+        })
+    }
+
+    /// Bytes of every activation tensor of a step, reserved before its first block.
+    pub fn working_set_bytes(&self) -> u64 {
+        self.activations().reserved_bytes
+    }
+
+    /// What a step reserves, and the working set of each kind of block.
+    pub fn activations(&self) -> crate::families::Activations {
+        activations_at(&self.config, self.tokens, self.text)
+    }
+}

@@ -1,0 +1,130 @@
+//! How a WAN transformer folder is recognised and opened, and what the run asks of it.
+
+use std::path::Path;
+
+use stagehand_actors::ModelLayout;
+
+use super::config::WanConfig;
+use super::input::WanInput;
+use super::working_set::activations_at;
+use super::Wan;
+use crate::families::family::Facts;
+use crate::families::inputs::WorkloadKind;
+use crate::families::registry::{Found, Open, Request, StepUnit};
+use crate::families::{DescribedReserve, DescribedWorkload, Extras, FamilyError};
+use crate::model::ModelIndex;
+
+/// diffusers' class of the WAN transformer (`_class_name` of `transformer/config.json`).
+pub const CLASS_NAME: &str = "WanTransformer3DModel";
+
+/// What a run without a [`WanInput`] computes: a seeded latent of this many frames,
+/// rows and columns with this many text tokens; when only headers are read (to
+/// describe a real step), 81 frames of 480 × 832 (the VAE's 4× in time, 8× in
+/// space) with umT5's 512 tokens.
+const DEFAULT_LATENT: [usize; 3] = [2, 16, 16];
+const DEFAULT_TEXT_TOKENS: usize = 16;
+const DESCRIBED_LATENT: [usize; 3] = [21, 60, 104];
+const DESCRIBED_TEXT_TOKENS: usize = 512;
+
+/// Latent frames of `frames` video frames (WAN's VAE keeps the first frame and
+/// folds every 4 after it into one).
+fn latent_frames(frames: u64) -> u64 {
+    frames.saturating_sub(1) / 4 + 1
+}
+
+impl Open for Wan {
+    const NAME: &'static str = "wan";
+    const KIND: WorkloadKind = WorkloadKind::Diffusion;
+    const STEP: StepUnit = StepUnit::Denoise;
+
+    /// A described step is one velocity of 81 frames at 480 × 832 with 512 text
+    /// tokens (the input `open` makes when only headers are read).
+    fn described_step(_: &Found<'_>, _: u64, _: &mut Extras) -> Result<Option<usize>, FamilyError> {
+        Ok(Some(1))
+    }
+
+    /// The activation tensors of a step at `width` × `height` (81 frames) with
+    /// `text_tokens` umT5 tokens, for diffusers' `transformer/config.json`.
+    fn described_reserve(
+        config: &serde_json::Value,
+        workload: &DescribedWorkload,
+    ) -> Result<Option<DescribedReserve>, FamilyError> {
+        let config = WanConfig::from_json(Path::new("[activations] config"), config)?;
+        let need = |value, key| DescribedWorkload::needs(value, key, "wan");
+        let width = need(workload.width, "width").map_err(FamilyError::Model)?;
+        let height = need(workload.height, "height").map_err(FamilyError::Model)?;
+        let text = need(workload.text_tokens, "text_tokens").map_err(FamilyError::Model)?;
+        let [pt, ph, pw] = config.patch.map(|patch| patch as u64);
+        let tokens = latent_frames(81) / pt * (height / 8 / ph) * (width / 8 / pw);
+        if tokens == 0 || width % (8 * pw) != 0 || height % (8 * ph) != 0 {
+            return Err(FamilyError::Model(format!(
+                "a {width}×{height} video: WAN takes sizes that are positive multiples of 8 (the VAE) × the patch {:?}",
+                config.patch
+            )));
+        }
+        Ok(Some(DescribedReserve {
+            kv_cache: None,
+            activations: Some(activations_at(&config, tokens as usize, text as usize)),
+        }))
+    }
+
+    fn recognises(found: &Found<'_>) -> bool {
+        found.folder.is_some() && found.class_name() == Some(CLASS_NAME)
+    }
+
+    fn open(request: &Request<'_>) -> Result<Self, FamilyError> {
+        let folder = request.folder("a WAN transformer")?;
+        let config = WanConfig::from_json(&folder.config_path(), &folder.config)?;
+        check_layers(request.index, &config)?;
+        let input = match request.extras.input::<WanInput>() {
+            Some(input) => input.clone(),
+            None if request.extras.headers_only => {
+                WanInput::seeded(&config, DESCRIBED_LATENT, DESCRIBED_TEXT_TOKENS)
+            }
+            None => WanInput::seeded(&config, DEFAULT_LATENT, DEFAULT_TEXT_TOKENS),
+        };
+        Wan::new(request.index, config, input)
+    }
+}
+
+/// The checkpoint's blocks against `num_layers`: a block past the config's last is
+/// a file and a config of different models.
+fn check_layers(index: &ModelIndex, config: &WanConfig) -> Result<(), FamilyError> {
+    let beyond = format!("blocks.{}.", config.layers);
+    if let Some(tensor) = index.tensors.iter().find(|t| t.name.starts_with(&beyond)) {
+        return Err(FamilyError::Model(format!(
+            "{}: tensor `{}` lies past the config's num_layers {}; the file and the config are of different models",
+            index.path.display(),
+            tensor.name,
+            config.layers
+        )));
+    }
+    Ok(())
+}
+
+impl Facts for Wan {
+    fn kind(&self) -> WorkloadKind {
+        WorkloadKind::Diffusion
+    }
+
+    fn describe(&self) -> &'static str {
+        "wan transformer"
+    }
+
+    fn layout(&self) -> &ModelLayout {
+        &self.weights.placement.layout
+    }
+
+    fn activation_bytes(&self, _steps: u64) -> u64 {
+        self.working_set_bytes()
+    }
+
+    fn activations(&self) -> Option<crate::families::Activations> {
+        Some(Wan::activations(self))
+    }
+
+    /// Video and text token rows through every block.
+    fn tokens_per_step(&self) -> u64 {
+        self.tokens.max(self.text) as u64
+    }
+}

@@ -1,0 +1,283 @@
+//! A WAN step: the velocity of the input latent at its timestep, over the blocks in
+//! order — embedders, transformer blocks, output layer.
+
+use stagehand_actors::BlockId;
+
+use super::embed::timestep_embedding;
+use super::layers::{allocator, Ctx};
+use super::weights::AttentionWeights;
+use super::{working_set, Wan};
+use crate::compute::Compute;
+use crate::families::blocks::{Blocks, Held};
+use crate::families::family::{Family, StepOutput};
+use crate::families::FamilyError;
+
+/// The activations of a step, allocated once per run (see `working_set`).
+pub struct Acts<C: Compute> {
+    patches: C::Tensor,
+    context: C::Tensor,
+    frequencies: C::Tensor,
+    /// The time embedding (the output layer's modulation adds it), and its SiLU.
+    temb: C::Tensor,
+    temb_silu: C::Tensor,
+    /// `time_proj(silu(temb))` as six `[1, dim]` vectors.
+    time: Vec<C::Tensor>,
+    /// The projected text states every cross-attention reads, and two of its size.
+    text: C::Tensor,
+    text_a: C::Tensor,
+    text_b: C::Tensor,
+    mods: Vec<C::Tensor>,
+    x: C::Tensor,
+    normed: C::Tensor,
+    q: C::Tensor,
+    k: C::Tensor,
+    v: C::Tensor,
+    attn: C::Tensor,
+    proj: C::Tensor,
+    hidden: C::Tensor,
+    out: C::Tensor,
+    table: C::Tensor,
+}
+
+impl<C: Compute> Acts<C> {
+    fn new(compute: &C, wan: &Wan) -> Result<Self, FamilyError> {
+        let mut next = allocator(
+            compute,
+            working_set::shapes(&wan.config, wan.tokens, wan.text),
+        )?;
+        // Fields in the list's order: a struct literal evaluates in the order written.
+        let mut acts = Self {
+            patches: next()?,
+            context: next()?,
+            frequencies: next()?,
+            temb: next()?,
+            temb_silu: next()?,
+            time: (0..6).map(|_| next()).collect::<Result<_, _>>()?,
+            text: next()?,
+            text_a: next()?,
+            text_b: next()?,
+            mods: (0..6).map(|_| next()).collect::<Result<_, _>>()?,
+            x: next()?,
+            normed: next()?,
+            q: next()?,
+            k: next()?,
+            v: next()?,
+            attn: next()?,
+            proj: next()?,
+            hidden: next()?,
+            out: next()?,
+            table: next()?,
+        };
+        compute.write(&mut acts.patches, &wan.patches)?;
+        compute.write(&mut acts.context, &wan.input.context)?;
+        compute.write(&mut acts.table, &wan.table)?;
+        Ok(acts)
+    }
+}
+
+/// Runs `work` on block `id`, held, and gives the block back whether or not the work
+/// failed.
+fn with_block<C: Compute, B: Blocks<C>, T>(
+    compute: &C,
+    blocks: &mut B,
+    id: BlockId,
+    work: impl FnOnce(&Held<C::Block>) -> Result<T, FamilyError>,
+) -> Result<T, FamilyError> {
+    let held = blocks.acquire(compute, id)?;
+    let outcome = work(&held);
+    blocks.release(compute, held)?;
+    outcome
+}
+
+impl Wan {
+    fn ctx<'a, C: Compute>(&'a self, compute: &'a C) -> Result<Ctx<'a, C>, FamilyError> {
+        Ok(Ctx {
+            compute,
+            kernels: compute.diffusion()?,
+            weights: &self.weights,
+            config: &self.config,
+        })
+    }
+
+    /// The embedders: patches into the hidden width, the text states through the
+    /// text embedder, the time embedding and its six modulation vectors.
+    fn head<C: Compute, B: Blocks<C>>(
+        &self,
+        cx: &Ctx<'_, C>,
+        acts: &mut Acts<C>,
+        blocks: &mut B,
+    ) -> Result<(), FamilyError> {
+        let (compute, head) = (cx.compute, &self.weights.head);
+        with_block(compute, blocks, BlockId(0), |held| {
+            cx.linear(held, &head.patch_embedding, 0, &acts.patches, &mut acts.x)?;
+            cx.linear(held, &head.text_1, 0, &acts.context, &mut acts.text_a)?;
+            cx.kernels.gelu_tanh(&mut acts.text_a)?;
+            cx.linear(held, &head.text_2, 0, &acts.text_a, &mut acts.text)?;
+            let frequencies = timestep_embedding(self.input.timestep, self.config.freq_dim);
+            compute.write(&mut acts.frequencies, &frequencies)?;
+            cx.linear(
+                held,
+                &head.time_1,
+                0,
+                &acts.frequencies,
+                &mut acts.temb_silu,
+            )?;
+            cx.kernels.silu(&mut acts.temb_silu)?;
+            cx.linear(held, &head.time_2, 0, &acts.temb_silu, &mut acts.temb)?;
+            compute.copy(&acts.temb, &mut acts.temb_silu)?;
+            cx.kernels.silu(&mut acts.temb_silu)?;
+            let dim = self.config.dim();
+            for (chunk, vector) in acts.time.iter_mut().enumerate() {
+                cx.linear(held, &head.time_proj, chunk * dim, &acts.temb_silu, vector)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// One transformer block: modulated self-attention with rope, cross-attention to
+    /// the text, modulated GELU-tanh feed-forward.
+    fn block<C: Compute, B: Blocks<C>>(
+        &self,
+        cx: &Ctx<'_, C>,
+        acts: &mut Acts<C>,
+        blocks: &mut B,
+        block: usize,
+    ) -> Result<(), FamilyError> {
+        let (compute, weights) = (cx.compute, &self.weights.blocks[block]);
+        let eps = self.config.eps;
+        with_block(compute, blocks, BlockId(1 + block as u32), |held| {
+            let time: Vec<&C::Tensor> = acts.time.iter().collect();
+            cx.modulation(held, weights.scale_shift_table, &time, &mut acts.mods)?;
+            let mods = &acts.mods;
+            cx.kernels
+                .adaptive_norm(&acts.x, &mods[0], &mods[1], eps, &mut acts.normed)?;
+            self.self_attention(cx, held, &weights.attn1, acts)?;
+            cx.kernels
+                .add_gated(&mut acts.x, &acts.proj, &acts.mods[2])?;
+            match weights.norm2 {
+                Some((weight, bias)) => {
+                    let view = held.view(compute);
+                    let gamma = view.weight(&self.weights.slot(weight)?)?;
+                    let beta = view.weight(&self.weights.slot(bias)?)?;
+                    compute.layer_norm(&acts.x, &gamma, &beta, eps, &mut acts.normed)?;
+                }
+                None => compute.copy(&acts.x, &mut acts.normed)?,
+            }
+            self.cross_attention(cx, held, &weights.attn2, acts)?;
+            compute.add(&mut acts.x, &acts.proj)?;
+            let mods = &acts.mods;
+            cx.kernels
+                .adaptive_norm(&acts.x, &mods[3], &mods[4], eps, &mut acts.normed)?;
+            cx.linear(held, &weights.ffn_in, 0, &acts.normed, &mut acts.hidden)?;
+            cx.kernels.gelu_tanh(&mut acts.hidden)?;
+            cx.linear(held, &weights.ffn_out, 0, &acts.hidden, &mut acts.proj)?;
+            cx.kernels
+                .add_gated(&mut acts.x, &acts.proj, &acts.mods[5])?;
+            Ok(())
+        })
+    }
+
+    /// `proj ← to_out(attention(q, k, v))` over the video tokens, q and k normed
+    /// across heads and roped (q before k, in place).
+    fn self_attention<C: Compute>(
+        &self,
+        cx: &Ctx<'_, C>,
+        held: &Held<C::Block>,
+        weights: &AttentionWeights,
+        acts: &mut Acts<C>,
+    ) -> Result<(), FamilyError> {
+        let heads = self.config.heads;
+        cx.linear(held, &weights.to_q, 0, &acts.normed, &mut acts.attn)?;
+        cx.rms(held, weights.norm_q, &acts.attn, &mut acts.q)?;
+        cx.kernels.rope_pairs(&mut acts.q, heads, &acts.table)?;
+        cx.linear(held, &weights.to_k, 0, &acts.normed, &mut acts.attn)?;
+        cx.rms(held, weights.norm_k, &acts.attn, &mut acts.k)?;
+        cx.kernels.rope_pairs(&mut acts.k, heads, &acts.table)?;
+        cx.linear(held, &weights.to_v, 0, &acts.normed, &mut acts.v)?;
+        cx.attention(&acts.q, &acts.k, &acts.v, self.tokens, &mut acts.attn)?;
+        cx.linear(held, &weights.to_out, 0, &acts.attn, &mut acts.proj)
+    }
+
+    /// `proj ← to_out(attention(q, k, v))` with q from the video tokens and k, v from
+    /// the text states, written into the first rows of self-attention's k and v (the
+    /// rows after them masked).
+    fn cross_attention<C: Compute>(
+        &self,
+        cx: &Ctx<'_, C>,
+        held: &Held<C::Block>,
+        weights: &AttentionWeights,
+        acts: &mut Acts<C>,
+    ) -> Result<(), FamilyError> {
+        let compute = cx.compute;
+        cx.linear(held, &weights.to_q, 0, &acts.normed, &mut acts.attn)?;
+        cx.rms(held, weights.norm_q, &acts.attn, &mut acts.q)?;
+        cx.linear(held, &weights.to_k, 0, &acts.text, &mut acts.text_a)?;
+        cx.rms(held, weights.norm_k, &acts.text_a, &mut acts.text_b)?;
+        compute.write_rows(&mut acts.k, 0, &acts.text_b)?;
+        cx.linear(held, &weights.to_v, 0, &acts.text, &mut acts.text_a)?;
+        compute.write_rows(&mut acts.v, 0, &acts.text_a)?;
+        cx.attention(&acts.q, &acts.k, &acts.v, self.text, &mut acts.attn)?;
+        cx.linear(held, &weights.to_out, 0, &acts.attn, &mut acts.proj)
+    }
+
+    /// The output norm modulated by `scale_shift_table + temb`, then `proj_out`.
+    fn output<C: Compute, B: Blocks<C>>(
+        &self,
+        cx: &Ctx<'_, C>,
+        acts: &mut Acts<C>,
+        blocks: &mut B,
+    ) -> Result<(), FamilyError> {
+        let (compute, weights) = (cx.compute, &self.weights.output);
+        let id = BlockId(1 + self.config.layers as u32);
+        with_block(compute, blocks, id, |held| {
+            let mods = &mut acts.mods[..2];
+            cx.modulation(
+                held,
+                weights.scale_shift_table,
+                &[&acts.temb, &acts.temb],
+                mods,
+            )?;
+            let eps = self.config.eps;
+            cx.kernels
+                .adaptive_norm(&acts.x, &mods[0], &mods[1], eps, &mut acts.normed)?;
+            cx.linear(held, &weights.proj_out, 0, &acts.normed, &mut acts.out)
+        })
+    }
+}
+
+impl Family for Wan {
+    type State<C: Compute> = Option<Acts<C>>;
+
+    fn start<C: Compute>(&self, compute: &C) -> Result<Option<Acts<C>>, FamilyError> {
+        // Refused here, before any block moves, on an adapter without the kernels.
+        compute.diffusion()?;
+        Ok(None)
+    }
+
+    fn step<C: Compute, B: Blocks<C>>(
+        &self,
+        compute: &C,
+        state: &mut Option<Acts<C>>,
+        blocks: &mut B,
+        _step: u64,
+    ) -> Result<StepOutput, FamilyError> {
+        let cx = self.ctx(compute)?;
+        if state.is_none() {
+            blocks.reserve_activations(self.working_set_bytes())?;
+            *state = Some(Acts::new(compute, self)?);
+        }
+        let Some(acts) = state.as_mut() else {
+            return Err(FamilyError::Model("activations were not allocated".into()));
+        };
+        self.head(&cx, acts, blocks)?;
+        for block in 0..self.config.layers {
+            self.block(&cx, acts, blocks, block)?;
+        }
+        self.output(&cx, acts, blocks)?;
+        let rows = compute.read(&acts.out)?;
+        Ok(StepOutput {
+            output: Some(self.grid.unpatchify(&rows, self.config.out_channels)),
+            ..StepOutput::default()
+        })
+    }
+}
