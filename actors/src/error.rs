@@ -31,6 +31,10 @@ pub enum SessionError {
         block: BlockId,
         /// The storage adapter's error, in its words.
         reason: String,
+        /// The file, when it is no longer the one indexed
+        /// ([`StorageError::FileChanged`](crate::StorageError::FileChanged)): its bytes
+        /// cannot be trusted, and a retry will not help.
+        changed_file: Option<String>,
     },
     /// The host-to-device copy of a block (or of its LoRA pack) failed.
     #[error("copying {block} to the device failed: {reason}")]
@@ -105,4 +109,35 @@ pub enum SessionError {
         /// What was wrong and what to do, as a sentence fragment.
         problem: String,
     },
+}
+
+/// Why a disk read failed, as the disk reader hands it to the pin manager.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ReadFault {
+    /// The storage adapter's error, in its words.
+    pub reason: String,
+    /// The file, when it changed since it was indexed.
+    pub changed_file: Option<String>,
+}
+
+impl ReadFault {
+    /// The storage adapter's error.
+    pub fn of(error: &crate::StorageError) -> Self {
+        Self {
+            reason: error.to_string(),
+            changed_file: match error {
+                crate::StorageError::FileChanged { path, .. } => Some(path.clone()),
+                _ => None,
+            },
+        }
+    }
+
+    /// The session's error for `block`'s failed read.
+    pub fn into_error(self, block: BlockId) -> SessionError {
+        SessionError::ReadFailed {
+            block,
+            reason: self.reason,
+            changed_file: self.changed_file,
+        }
+    }
 }

@@ -177,7 +177,10 @@ fn is_fatal(error: &FamilyError) -> bool {
             | stagehand_actors::SessionError::LoraPinCeiling { .. }
             | stagehand_actors::SessionError::TooManyAdapters { .. },
         ) => false,
-        FamilyError::Session(_) | FamilyError::Io { .. } | FamilyError::Corrupt { .. } => true,
+        FamilyError::Session(_)
+        | FamilyError::Io { .. }
+        | FamilyError::Changed { .. }
+        | FamilyError::Corrupt { .. } => true,
         _ => false,
     }
 }
@@ -233,8 +236,12 @@ pub fn serve_jobs(
     let (mut session, info, compute) = match started {
         Ok(started) => started,
         Err(error) => {
+            // The loader reads the kind from the ready reply; the thread's own result
+            // says it in words.
+            let message = error.to_string();
             if let Some(ready) = ready.take() {
-                ready(Err(RunError::BadInput(error.to_string())));
+                ready(Err(error));
+                return Err(RunError::BadInput(message));
             }
             return Err(error);
         }
@@ -330,8 +337,9 @@ fn start_session(
     options: &LoadedOptions<'_>,
 ) -> Result<(Session, LoadedInfo, CpuCompute), RunError> {
     if options.settings.device == crate::settings::DeviceKind::Cuda {
-        return Err(RunError::BadInput(
-            "serve runs on the CPU backend for now; set device = \"cpu\" (or auto)".to_string(),
+        return Err(RunError::setting(
+            "device",
+            "serve runs on the CPU backend for now; set device = \"cpu\" (or auto)",
         ));
     }
     let settings = options.settings;
@@ -394,7 +402,11 @@ fn start_session(
             if let Some(member) = shared {
                 let _ = member.pool.leave(&member.name);
             }
-            return Err(RunError::BadInput(error.to_string()));
+            return Err(RunError::from_session(
+                error,
+                true,
+                budgets.vram_budget_bytes,
+            ));
         }
     };
     let info = LoadedInfo {

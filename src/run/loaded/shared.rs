@@ -67,8 +67,13 @@ impl Drop for LeaveOnDrop {
 /// Opens a budget of `vram_bytes` of VRAM and `pin_bytes` of pinned RAM to share.
 pub fn open_shared_budget(vram_bytes: u64, pin_bytes: u64) -> Result<SharedBudget, RunError> {
     if vram_bytes == 0 || pin_bytes == 0 {
-        return Err(RunError::BadInput(
-            "budget.vram_budget and budget.pin_ceiling must be above 0".to_string(),
+        return Err(RunError::setting(
+            if vram_bytes == 0 {
+                "budget.vram_budget"
+            } else {
+                "budget.pin_ceiling"
+            },
+            "budget.vram_budget and budget.pin_ceiling must be above 0",
         ));
     }
     SharedBudget::start(Lease {
