@@ -306,17 +306,16 @@ pub fn find(kind: WorkloadKind, found: &Found<'_>) -> Result<&'static Entry, Fam
         .find(|entry| entry.kind == kind && entry.recognises(found));
     let Some(entry) = asked.or_else(|| REGISTRY.iter().find(|entry| entry.recognises(found)))
     else {
-        let found_type = found
-            .model_type()
-            .map_or("(none)".to_string(), |kind| format!("\"{kind}\""));
+        let model_type = found.model_type();
         return Err(FamilyError::Unsupported {
             path: config_or_path(found),
             message: format!(
-                "{}: model_type {found_type} is not a family stagehand computes yet (supported: {}); pass --workload stream-verify to stream and check its bytes without computing",
+                "{}: model_type {} is not a family stagehand computes yet (supported: {}); pass --workload stream-verify to stream and check its bytes without computing",
                 config_or_path(found).display(),
+                model_type.as_ref().map_or("(none)".to_string(), |kind| format!("\"{kind}\"")),
                 supported_model_types().join(", ")
             ),
-            found: found_type,
+            found: model_type.unwrap_or_default(),
         });
     };
     if kind == WorkloadKind::Auto || entry.kind == kind {

@@ -284,7 +284,7 @@ impl RunError {
                 budget: given,
                 needed,
                 ..
-            }) => budget(Budget::Vram, given, needed, error),
+            }) => vram_refusal(error, given, needed, vram_budget_bytes),
             SessionError::Plan(PlanError::PinCeilingTooSmall {
                 ceiling, needed, ..
             }) => budget(Budget::PinCeiling, ceiling, needed, error),
@@ -320,6 +320,39 @@ impl RunError {
             _ if setup => RunError::BadInput(message),
             _ => RunError::Failed(message),
         }
+    }
+}
+
+/// A VRAM budget below the plan's minimum. The plan checks what is left after the
+/// set-asides (a decoder's first KV pages, LoRA regions, an expert cache): the flag's
+/// value needs them on top, and the message says so where there are any.
+fn vram_refusal(
+    error: SessionError,
+    given: Bytes,
+    needed: Bytes,
+    vram_budget_bytes: u64,
+) -> RunError {
+    let whole = vram_budget_bytes.max(given.0);
+    let set_aside = whole - given.0;
+    let least = least_at_flag(Bytes(needed.0 + set_aside));
+    let message = if set_aside == 0 {
+        error.to_string()
+    } else {
+        format!(
+            "vram_budget {} is below the {} this model needs at minimum ({} set aside for activations, LoRA regions or experts before the weights are planned + {} for the weights): set --vram-budget {} or more",
+            Bytes(whole),
+            Bytes(needed.0 + set_aside),
+            Bytes(set_aside),
+            needed,
+            Bytes(least).flag_value_at_least(),
+        )
+    };
+    RunError::BudgetTooSmall {
+        budget: Budget::Vram,
+        given_bytes: whole,
+        least_bytes: least,
+        message,
+        source: Some(Box::new(error)),
     }
 }
 
