@@ -39,6 +39,18 @@ fn tiny_bert(dir: &Path) -> PathBuf {
     write_bert_folder(dir, &demo).expect("bert folder")
 }
 
+/// A generated tiny Llama folder (f32 weights).
+fn tiny_decoder(dir: &Path) -> PathBuf {
+    let demo = DecoderDemo {
+        arch: DecoderArch::Llama,
+        preset: DecoderPreset::Tiny,
+        dtype: DType::F32,
+        seed: 3,
+        shard_bytes: 1 << 30,
+    };
+    write_decoder_folder(dir, &demo).expect("decoder folder")
+}
+
 fn settings() -> Settings {
     Settings {
         device: stagehand::settings::DeviceKind::Cpu,
@@ -158,14 +170,7 @@ fn a_decoders_least_vram_budget_counts_its_kv_reserve() {
     // Proves the least figure is the whole flag's value where the run sets room aside
     // (a decoder's first KV pages) before it plans the weights in the rest.
     let dir = tempfile::tempdir().unwrap();
-    let demo = DecoderDemo {
-        arch: DecoderArch::Llama,
-        preset: DecoderPreset::Tiny,
-        dtype: DType::F32,
-        seed: 3,
-        shard_bytes: 1 << 30,
-    };
-    let folder = write_decoder_folder(dir.path(), &demo).expect("decoder folder");
+    let folder = tiny_decoder(dir.path());
     let settings = settings();
     let prepared = prepare(&folder, WorkloadKind::Auto, 1, &settings, false).unwrap();
     let budgets = Budgets {
@@ -232,6 +237,25 @@ fn an_unknown_model_type_is_an_unsupported_model_naming_it() {
     };
     assert_eq!(found, "mamba");
     assert_eq!(path, config_path);
+}
+
+#[test]
+fn a_quantization_no_family_computes_is_an_unsupported_model_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let folder = tiny_decoder(dir.path());
+    let config_path = folder.join("config.json");
+    let config = std::fs::read_to_string(&config_path).unwrap();
+    let mut config: serde_json::Value = serde_json::from_str(&config).unwrap();
+    config["quantization_config"] = serde_json::json!({"quant_method": "gptq", "bits": 4});
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    let error = prepare(&folder, WorkloadKind::Auto, 1, &settings(), false)
+        .err()
+        .expect("refused");
+    assert_eq!(error.exit_code(), 2);
+    let RunError::UnsupportedModel { found, message, .. } = error else {
+        panic!("expected an unsupported model, got {error:?}");
+    };
+    assert_eq!(found, "gptq", "{message}");
 }
 
 #[test]

@@ -246,8 +246,11 @@ pub fn serve_jobs(
             return Err(error);
         }
     };
-    let files = BlockReader::open(&prepared.index)
-        .map_err(|error| RunError::Failed(format!("cannot read the model's files: {error}")))?;
+    let files = BlockReader::open(&prepared.index).map_err(|error| RunError::Io {
+        path: error.path.clone(),
+        message: format!("cannot read the model's files: {error}"),
+        source: Some(Box::new(error)),
+    })?;
     let layout = prepared.facts().layout().clone();
     let outcome = (|| {
         let mut blocks = Streamed::new(&mut session, &compute, None)?;
@@ -359,7 +362,10 @@ fn start_session(
     let capacity = arena
         .unwrap_or(budgets.vram_budget_bytes)
         .max(layout.largest_block_bytes());
-    let device = CpuDevice::new(capacity).map_err(|error| RunError::Failed(error.to_string()))?;
+    let device = CpuDevice::new(capacity).map_err(|error| RunError::Device {
+        message: error.to_string(),
+        source: Some(Box::new(error)),
+    })?;
     let streaming = super::execute::streaming(prepared, budgets.vram_budget_bytes);
     let compute = CpuCompute::with_threads(settings.compute_threads_for(streaming))
         .with_compute_dtype(settings.compute_dtype);

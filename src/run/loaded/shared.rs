@@ -128,10 +128,38 @@ pub fn shared_budgets(
     let lease = member
         .pool
         .join(&member.name, pool_ask(prepared, settings, depth, ask))
-        .map_err(|error| RunError::BadInput(error.to_string()))?;
+        .map_err(pool_error)?;
     let budgets = Budgets {
         vram_budget_bytes: lease.vram_bytes,
         pin_ceiling_bytes: lease.pin_bytes,
     };
     Ok((budgets, depth))
+}
+
+/// A model the shared budget refused: one that does not fit beside the others names
+/// the budget to raise and the least it needs.
+fn pool_error(error: stagehand_actors::PoolError) -> RunError {
+    let stagehand_actors::PoolError::DoesNotFit { total, needed, .. } = &error else {
+        return RunError::BadInput(error.to_string());
+    };
+    let (budget, given_bytes, least_bytes) = if needed.vram_bytes > total.vram_bytes {
+        (
+            crate::run::Budget::Vram,
+            total.vram_bytes,
+            needed.vram_bytes,
+        )
+    } else {
+        (
+            crate::run::Budget::PinCeiling,
+            total.pin_bytes,
+            needed.pin_bytes,
+        )
+    };
+    RunError::BudgetTooSmall {
+        budget,
+        given_bytes,
+        least_bytes,
+        message: error.to_string(),
+        source: Some(Box::new(error)),
+    }
 }
