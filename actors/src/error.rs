@@ -31,10 +31,12 @@ pub enum SessionError {
         block: BlockId,
         /// The storage adapter's error, in its words.
         reason: String,
-        /// The file, when it is no longer the one indexed
+        /// The file the read was of, when the adapter named it.
+        file: Option<String>,
+        /// The file is no longer the one indexed
         /// ([`StorageError::FileChanged`](crate::StorageError::FileChanged)): its bytes
         /// cannot be trusted, and a retry will not help.
-        changed_file: Option<String>,
+        file_changed: bool,
     },
     /// The host-to-device copy of a block (or of its LoRA pack) failed.
     #[error("copying {block} to the device failed: {reason}")]
@@ -116,8 +118,10 @@ pub enum SessionError {
 pub struct ReadFault {
     /// The storage adapter's error, in its words.
     pub reason: String,
-    /// The file, when it changed since it was indexed.
-    pub changed_file: Option<String>,
+    /// The file the read was of, when the adapter named it.
+    pub file: Option<String>,
+    /// The file changed since it was indexed.
+    pub file_changed: bool,
 }
 
 impl ReadFault {
@@ -125,10 +129,12 @@ impl ReadFault {
     pub fn of(error: &crate::StorageError) -> Self {
         Self {
             reason: error.to_string(),
-            changed_file: match error {
-                crate::StorageError::FileChanged { path, .. } => Some(path.clone()),
+            file: match error {
+                crate::StorageError::Io { path, .. }
+                | crate::StorageError::FileChanged { path, .. } => Some(path.clone()),
                 _ => None,
             },
+            file_changed: matches!(error, crate::StorageError::FileChanged { .. }),
         }
     }
 
@@ -137,7 +143,8 @@ impl ReadFault {
         SessionError::ReadFailed {
             block,
             reason: self.reason,
-            changed_file: self.changed_file,
+            file: self.file,
+            file_changed: self.file_changed,
         }
     }
 }

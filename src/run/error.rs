@@ -304,13 +304,26 @@ impl RunError {
             SessionError::Plan(PlanError::Zero { what }) => RunError::setting(what, message),
             SessionError::Interrupted => RunError::Cancelled { message },
             SessionError::ReadFailed {
-                changed_file: Some(ref path),
+                file: Some(ref path),
+                file_changed,
                 ..
-            } => RunError::CheckpointChanged {
-                path: PathBuf::from(path),
-                message,
-                source: Some(Box::new(error)),
-            },
+            } => {
+                let path = PathBuf::from(path);
+                let source = Some(Box::new(error) as Cause);
+                if file_changed {
+                    RunError::CheckpointChanged {
+                        path,
+                        message,
+                        source,
+                    }
+                } else {
+                    RunError::Io {
+                        path,
+                        message,
+                        source,
+                    }
+                }
+            }
             SessionError::Device(_)
             | SessionError::CopyFailed { .. }
             | SessionError::PinFailed(_) => RunError::Device {
