@@ -64,6 +64,33 @@
 //! `examples/` has both, runnable: `cargo run --example embed`, `--example
 //! generate`, `--example block_prefetch`.
 //!
+//! # Errors
+//!
+//! A run's [`RunError`] is a kind to match on, not a sentence to parse: a budget too
+//! small names the budget and the least value that works, a corrupt or changed
+//! checkpoint, an unsupported model, a missing file, a refused setting, a missing CPU
+//! or GPU capability, a device failure, a cancelled run each have their own kind, with
+//! the cause behind it as [`std::error::Error::source`]. Its `Display` is the one line
+//! the CLI prints, and [`RunError::exit_code`] the CLI's exit status.
+//!
+//! ```no_run
+//! use stagehand::{Budget, Budgets, RunError, RunPlan, Settings, WorkloadKind};
+//!
+//! # fn main() -> Result<(), RunError> {
+//! let settings = Settings::default();
+//! let model = stagehand::prepare(std::path::Path::new("model"), WorkloadKind::Auto, 1, &settings, false)?;
+//! let mut budgets = Budgets { vram_budget_bytes: 1 << 20, pin_ceiling_bytes: 1 << 30 };
+//! let outcome = match stagehand::execute(&model, RunPlan::new(&settings, budgets, 1)) {
+//!     Err(RunError::BudgetTooSmall { budget: Budget::Vram, least_bytes, .. }) => {
+//!         budgets.vram_budget_bytes = least_bytes;
+//!         stagehand::execute(&model, RunPlan::new(&settings, budgets, 1))?
+//!     }
+//!     other => other?,
+//! };
+//! # let _ = outcome;
+//! # Ok(()) }
+//! ```
+//!
 //! # The layers
 //!
 //! The modules below are the library's parts, bottom up (docs/architecture.md "Architecture"; a
@@ -140,7 +167,7 @@ pub use families::{DecoderInput, EncoderInput, Extras, PromptInput, WorkloadKind
 /// What a run measured: step times, bytes per link, verification.
 pub use run::report::RunReport;
 /// Runs on the CPU backend ([`execute`]) or a CUDA device ([`execute_cuda`]).
-pub use run::{block_session, execute, execute_cuda, Outcome, RunError, RunPlan};
+pub use run::{block_session, execute, execute_cuda, Budget, Outcome, RunError, RunPlan};
 /// The budgets a run uses, and the one policy that chooses them.
 pub use run::{budgets_for, BudgetAsk, Budgets};
 /// A model opened for runs: [`prepare`] / [`prepare_with`].

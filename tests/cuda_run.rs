@@ -166,12 +166,17 @@ fn without_a_gpu_the_cuda_run_is_bad_input_naming_device_cpu() {
     let prepared = prepare(&model, WorkloadKind::Auto, 2, &settings, true).unwrap();
     for attempt in 0..2 {
         match execute_cuda(&prepared, plan(&settings, spec.total_bytes(), 2, true)) {
-            Err(RunError::BadInput(message)) => {
+            Err(RunError::MissingCapability {
+                capability,
+                message,
+                ..
+            }) => {
                 println!("attempt {attempt}: {message}");
+                assert_eq!(capability, "cuda");
                 assert!(message.contains("--device cpu"), "{message}");
                 assert!(message.contains("--device cuda"), "{message}");
             }
-            Err(RunError::Failed(message)) => panic!("expected bad input, got failure: {message}"),
+            Err(other) => panic!("expected a missing capability, got: {other:?}"),
             Ok(_) => panic!("a CUDA run succeeded on a machine without a CUDA device"),
         }
     }
@@ -361,10 +366,11 @@ fn gpu_a_budget_larger_than_the_device_is_bad_input() {
     };
     let prepared = prepare(&model, WorkloadKind::LinearStack, 2, &settings, true).unwrap();
     match execute_cuda(&prepared, plan(&settings, spec.total_bytes(), 2, true)) {
-        Err(RunError::BadInput(message)) => {
+        Err(RunError::BadSetting { key, message }) => {
+            assert_eq!(key, "vram_budget");
             assert!(message.contains("--vram-budget"), "{message}")
         }
-        Err(RunError::Failed(message)) => panic!("expected bad input: {message}"),
+        Err(other) => panic!("expected a refused setting: {other:?}"),
         Ok(_) => panic!("a 64 TiB budget was accepted"),
     }
 }

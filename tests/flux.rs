@@ -226,11 +226,12 @@ fn comfy_quant_fp8_computes_as_scaled_fp8_and_other_formats_are_refused_by_name(
     let refused = |path: &Path, format: &str| {
         let extras = Extras::default().with(input(&cond, 1));
         let settings = stagehand::settings::Settings::default();
-        let Err(RunError::BadInput(message)) =
+        let Err(RunError::UnsupportedModel { found, message, .. }) =
             prepare_with(path, WorkloadKind::Auto, 1, &settings, false, &extras)
         else {
-            panic!("{format} was not refused");
+            panic!("{format} was not refused as unsupported");
         };
+        assert_eq!(found, format);
         assert!(
             message.contains(format) && message.contains("does not implement"),
             "{message}"

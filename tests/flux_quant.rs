@@ -215,7 +215,8 @@ fn integer_variants_stagehand_does_not_compute_are_refused_by_name() {
         let settings = stagehand::settings::Settings::default();
         let kind = stagehand::run::WorkloadKind::Auto;
         match stagehand::run::prepare_with(path, kind, 1, &settings, false, &extras) {
-            Err(stagehand::run::RunError::BadInput(message)) => {
+            Err(error) if error.is_bad_input() => {
+                let message = error.to_string();
                 assert!(message.contains(expected), "{message}");
                 assert!(!message.contains('\n'), "{message}");
             }

@@ -272,9 +272,11 @@ fn assert_truncation_fails_cleanly(settings: &Settings, pin_ceiling_bytes: u64) 
         }
     });
     let error = execute(&prepared, plan).err().expect("the run must fail");
-    let RunError::Failed(message) = error else {
-        panic!("expected a run failure, got {error:?}");
+    assert_eq!(error.exit_code(), 1, "{error}");
+    let RunError::CheckpointChanged { path, message, .. } = error else {
+        panic!("expected a checkpoint that changed, got {error:?}");
     };
+    assert_eq!(path, model, "{message}");
     assert!(message.contains("changed"), "{message}");
     assert!(message.contains("every budget was released"), "{message}");
 }

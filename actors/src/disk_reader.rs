@@ -14,6 +14,7 @@ use actix::prelude::*;
 use crate::mailbox::Post;
 use tokio::time::Instant;
 
+use crate::error::ReadFault;
 use crate::messages::{ForgetCached, ReadBlock, ReadDone};
 use crate::storage::Storage;
 
@@ -58,7 +59,7 @@ impl DiskReader {
                 let seconds = started.elapsed().as_secs_f64();
                 let (buffer, error) = match result {
                     Ok(buffer) => (buffer, None),
-                    Err((error, buffer)) => (buffer, Some(error.to_string())),
+                    Err((error, buffer)) => (buffer, Some(ReadFault::of(&error))),
                 };
                 reply_to.post(ReadDone {
                     block,

@@ -31,6 +31,12 @@ pub enum SessionError {
         block: BlockId,
         /// The storage adapter's error, in its words.
         reason: String,
+        /// The file the read was of, when the adapter named it.
+        file: Option<String>,
+        /// The file is no longer the one indexed
+        /// ([`StorageError::FileChanged`](crate::StorageError::FileChanged)): its bytes
+        /// cannot be trusted, and a retry will not help.
+        file_changed: bool,
     },
     /// The host-to-device copy of a block (or of its LoRA pack) failed.
     #[error("copying {block} to the device failed: {reason}")]
@@ -105,4 +111,40 @@ pub enum SessionError {
         /// What was wrong and what to do, as a sentence fragment.
         problem: String,
     },
+}
+
+/// Why a disk read failed, as the disk reader hands it to the pin manager.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ReadFault {
+    /// The storage adapter's error, in its words.
+    pub reason: String,
+    /// The file the read was of, when the adapter named it.
+    pub file: Option<String>,
+    /// The file changed since it was indexed.
+    pub file_changed: bool,
+}
+
+impl ReadFault {
+    /// The storage adapter's error.
+    pub fn of(error: &crate::StorageError) -> Self {
+        Self {
+            reason: error.to_string(),
+            file: match error {
+                crate::StorageError::Io { path, .. }
+                | crate::StorageError::FileChanged { path, .. } => Some(path.clone()),
+                _ => None,
+            },
+            file_changed: matches!(error, crate::StorageError::FileChanged { .. }),
+        }
+    }
+
+    /// The session's error for `block`'s failed read.
+    pub fn into_error(self, block: BlockId) -> SessionError {
+        SessionError::ReadFailed {
+            block,
+            reason: self.reason,
+            file: self.file,
+            file_changed: self.file_changed,
+        }
+    }
 }

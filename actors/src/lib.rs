@@ -57,7 +57,7 @@ mod session;
 mod shared_budget;
 mod vram_allocator;
 
-pub use error::SessionError;
+pub use error::{ReadFault, SessionError};
 pub use lora_offloader::{LoraAttach, LoraPack};
 pub use lora_state::{AdapterSummary, LoraSlot, LoraUsage, MAX_ADAPTERS};
 pub use pool_state::{Lease, MemberSnapshot, PoolAsk, PoolError, PoolState};

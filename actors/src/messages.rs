@@ -188,7 +188,7 @@ pub struct ReadDone {
     pub buffer: HostBuffer,
     pub bytes: u64,
     pub seconds: f64,
-    pub error: Option<String>,
+    pub error: Option<crate::error::ReadFault>,
 }
 
 // LoraOffloader ↔ VramAllocator and PinManager, and the compute thread → VramAllocator.

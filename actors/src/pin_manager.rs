@@ -10,7 +10,7 @@ use crate::mailbox::Post;
 
 use crate::device::Device;
 use crate::disk_reader::DiskReader;
-use crate::error::SessionError;
+use crate::error::ReadFault;
 use crate::layout::{coalesce_extents, BlockId, Extent};
 use crate::messages::{
     Drain, EnsurePinned, ForgetCached, PinFailed, Pinned, ReadAhead, ReadBlock, ReadDone, Reply,
@@ -125,7 +125,7 @@ impl PinManager {
         buffer: crate::HostBuffer,
         bytes: u64,
         seconds: f64,
-        error: Option<String>,
+        error: Option<ReadFault>,
         ctx: &mut Context<Self>,
     ) {
         if error.is_none() {
@@ -139,10 +139,9 @@ impl PinManager {
         match self.state.ahead_done(block, buffer, error.is_none()) {
             AheadDone::Wanted(action) => self.act(action, ctx),
             AheadDone::Failed(action) => {
-                let reason = error.unwrap_or_default();
                 self.allocator.post(PinFailed {
                     block,
-                    error: SessionError::ReadFailed { block, reason },
+                    error: error.unwrap_or_default().into_error(block),
                 });
                 if let Some(action) = action {
                     self.act(action, ctx);
@@ -282,14 +281,10 @@ impl Handler<ReadDone> for PinManager {
         if let BufferHome::Chunk { offset, stream } = home {
             match error {
                 None => self.copy_chunk(block, stream, offset, buffer, bytes, seconds, ctx),
-                Some(reason) => {
+                Some(fault) => {
                     self.observer.error(ErrorKind::Read);
                     self.give_back(block, buffer, home, false, ctx);
-                    self.chunk_done(
-                        stream,
-                        bytes,
-                        Some(SessionError::ReadFailed { block, reason }),
-                    );
+                    self.chunk_done(stream, bytes, Some(fault.into_error(block)));
                     self.pump(ctx);
                     self.try_finish_drain();
                 }
@@ -305,11 +300,11 @@ impl Handler<ReadDone> for PinManager {
         if let Some(action) = self.state.next_read_ahead() {
             self.act(action, ctx);
         }
-        if let Some(reason) = error {
+        if let Some(fault) = error {
             self.observer.error(ErrorKind::Read);
             self.allocator.post(PinFailed {
                 block,
-                error: SessionError::ReadFailed { block, reason },
+                error: fault.into_error(block),
             });
             self.give_back(block, buffer, home, false, ctx);
             self.try_finish_drain();

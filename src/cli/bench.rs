@@ -88,10 +88,7 @@ pub(super) struct Configuration {
 }
 
 pub(super) fn run_error(error: RunError) -> Failure {
-    match error {
-        RunError::BadInput(message) => Failure::bad_input(anyhow::anyhow!(message)),
-        RunError::Failed(message) => Failure::run_failed(anyhow::anyhow!(message)),
-    }
+    Failure::from_run(error)
 }
 
 pub(super) struct Bench<'a> {

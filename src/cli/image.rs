@@ -147,16 +147,16 @@ fn bad(message: String) -> Failure {
 }
 
 fn pipeline_failure(error: PipelineError) -> Failure {
-    match error {
+    // The line names the stage and says its run's error in words: the chain of
+    // causes behind it is not printed again.
+    let message = anyhow::anyhow!(error.to_string());
+    match &error {
         // A stage that could not open what it was given: the user's input.
-        PipelineError::Stage {
-            source: stagehand::run::RunError::BadInput(_),
-            ..
-        } => Failure::bad_input(anyhow::anyhow!(error)),
+        PipelineError::Stage { source, .. } if source.is_bad_input() => Failure::bad_input(message),
         PipelineError::Stage { .. } | PipelineError::Failed(_) | PipelineError::Output { .. } => {
-            Failure::run_failed(anyhow::anyhow!(error))
+            Failure::run_failed(message)
         }
-        _ => Failure::bad_input(anyhow::anyhow!(error)),
+        _ => Failure::bad_input(message),
     }
 }
 

@@ -77,6 +77,18 @@ impl Failure {
     pub fn run_failed(error: impl Into<anyhow::Error>) -> Self {
         Failure::RunFailed(error.into())
     }
+
+    /// A run's error at the CLI's edge: its one line, and the exit status its kind
+    /// says (2 for bad input, 1 for a failed run). The line already says the cause in
+    /// words, so the cause's own chain is not printed after it.
+    pub fn from_run(error: stagehand::run::RunError) -> Self {
+        let message = anyhow::anyhow!(error.to_string());
+        if error.is_bad_input() {
+            Failure::BadInput(message)
+        } else {
+            Failure::RunFailed(message)
+        }
+    }
 }
 
 pub type CommandResult = Result<(), Failure>;

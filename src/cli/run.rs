@@ -115,10 +115,7 @@ pub(super) fn parse_lora_arg(text: &str) -> Result<LoraSpec, String> {
 }
 
 pub(super) fn run_error(error: RunError) -> Failure {
-    match error {
-        RunError::BadInput(message) => Failure::bad_input(anyhow::anyhow!(message)),
-        RunError::Failed(message) => Failure::run_failed(anyhow::anyhow!(message)),
-    }
+    Failure::from_run(error)
 }
 
 /// Which backend runs: `cuda` as asked, `auto` → CUDA when a device is present (said

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use super::{CommandResult, Failure};
-use stagehand::serve::{serve, ModelConfig, ServeConfig, ServeError, ServeOptions};
+use stagehand::serve::{serve, ModelConfig, ServeConfig, ServeOptions};
 use stagehand::settings::SettingsArgs;
 
 #[derive(Debug, clap::Args)]
@@ -80,9 +80,14 @@ pub fn execute(args: ServeArgs) -> CommandResult {
             println!("stagehand serve: listening on http://{addr}");
         }),
     })
-    .map_err(|error| match error {
-        ServeError::BadInput(message) => Failure::bad_input(anyhow::anyhow!(message)),
-        ServeError::Failed(message) => Failure::run_failed(anyhow::anyhow!(message)),
+    .map_err(|error| {
+        // The kind decides the exit status; the user reads its one line.
+        let message = anyhow::anyhow!(error.to_string());
+        if error.is_bad_input() {
+            Failure::bad_input(message)
+        } else {
+            Failure::run_failed(message)
+        }
     })?;
     for (name, stats) in &report.models {
         println!(

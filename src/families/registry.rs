@@ -311,14 +311,17 @@ pub fn find(kind: WorkloadKind, found: &Found<'_>) -> Result<&'static Entry, Fam
         .find(|entry| entry.kind == kind && entry.recognises(found));
     let Some(entry) = asked.or_else(|| REGISTRY.iter().find(|entry| entry.recognises(found)))
     else {
-        return Err(FamilyError::Model(format!(
-            "{}: model_type {} is not a family stagehand computes yet (supported: {}); pass --workload stream-verify to stream and check its bytes without computing",
-            config_or_path(found),
-            found
-                .model_type()
-                .map_or("(none)".to_string(), |kind| format!("\"{kind}\"")),
-            supported_model_types().join(", ")
-        )));
+        let model_type = found.model_type();
+        return Err(FamilyError::Unsupported {
+            path: config_or_path(found),
+            message: format!(
+                "{}: model_type {} is not a family stagehand computes yet (supported: {}); pass --workload stream-verify to stream and check its bytes without computing",
+                config_or_path(found).display(),
+                model_type.as_ref().map_or("(none)".to_string(), |kind| format!("\"{kind}\"")),
+                supported_model_types().join(", ")
+            ),
+            found: model_type.unwrap_or_default(),
+        });
     };
     if kind == WorkloadKind::Auto || entry.kind == kind {
         return Ok(entry);
@@ -329,19 +332,22 @@ pub fn find(kind: WorkloadKind, found: &Found<'_>) -> Result<&'static Entry, Fam
             found.index.path.display()
         )));
     }
-    Err(FamilyError::Model(format!(
-        "{}: this is {} model, not {}; use the command for its family (`embed` for encoders, `generate` for decoders)",
-        config_or_path(found),
-        entry.kind.with_article(),
-        kind.with_article()
-    )))
+    Err(FamilyError::Unsupported {
+        path: config_or_path(found),
+        found: entry.kind.with_article().to_string(),
+        message: format!(
+            "{}: this is {} model, not {}; use the command for its family (`embed` for encoders, `generate` for decoders)",
+            config_or_path(found).display(),
+            entry.kind.with_article(),
+            kind.with_article()
+        ),
+    })
 }
 
-fn config_or_path(found: &Found<'_>) -> String {
-    found.folder.map_or_else(
-        || found.index.path.display().to_string(),
-        |folder| folder.config_path().display().to_string(),
-    )
+fn config_or_path(found: &Found<'_>) -> std::path::PathBuf {
+    found
+        .folder
+        .map_or_else(|| found.index.path.clone(), |folder| folder.config_path())
 }
 
 /// Lists the families: `Variant => family type`, one line each.

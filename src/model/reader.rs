@@ -25,6 +25,8 @@ pub struct BlockReadError {
     pub reason: String,
     /// The read was not tried: a stop was requested (a signal).
     pub interrupted: bool,
+    /// The file is no longer the one indexed (its stamp differs, or it ends early).
+    pub changed: bool,
 }
 
 /// The model's files, opened once, and reads of whole blocks from them.
@@ -61,6 +63,7 @@ impl<'a> BlockReader<'a> {
                         path: shard.path.clone(),
                         reason: error.to_string(),
                         interrupted: false,
+                        changed: false,
                     })
             })
             .collect::<Result<Vec<File>, _>>()?;
@@ -95,6 +98,7 @@ impl<'a> BlockReader<'a> {
             path: shard.path.clone(),
             reason,
             interrupted: false,
+            changed: true,
         };
         let now = self.files[file]
             .metadata()
@@ -120,6 +124,7 @@ impl<'a> BlockReader<'a> {
                 path: self.index.files[file].path.clone(),
                 reason: interrupted.to_string(),
                 interrupted: true,
+                changed: false,
             })?;
             self.check_unchanged(file)?;
             self.files[file]
@@ -128,6 +133,8 @@ impl<'a> BlockReader<'a> {
                     path: self.index.files[file].path.clone(),
                     reason: error.to_string(),
                     interrupted: false,
+                    // The index saw these bytes: a file that ends before them changed.
+                    changed: error.kind() == std::io::ErrorKind::UnexpectedEof,
                 })?;
             at += length;
         }
@@ -224,6 +231,7 @@ impl<'a> BlockReader<'a> {
                     self.index.blocks[block].name
                 ),
                 interrupted: false,
+                changed: false,
             })?;
         bytes.resize(length as usize, 0);
         self.read_once(&self.index.blocks[block].extents, &mut bytes)?;

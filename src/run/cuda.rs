@@ -131,7 +131,7 @@ struct StepSamples {
 }
 
 /// `crate::run::execute` on the GPU. Without a usable CUDA device this is a
-/// `RunError::BadInput` that names `--device cpu`.
+/// [`RunError::MissingCapability`] that names `--device cpu`.
 pub fn execute_cuda(prepared: &Prepared, plan: RunPlan<'_>) -> Result<Outcome, RunError> {
     let run = execute_cuda_with(prepared, plan, CudaRunOptions::default())?;
     let vram = &run.vram;
@@ -155,13 +155,19 @@ pub fn execute_cuda(prepared: &Prepared, plan: RunPlan<'_>) -> Result<Outcome, R
 }
 
 /// Setup failures the user can fix (no device, missing toolkit libraries, budgets that
-/// do not fit) are bad input; the rest are run failures.
+/// do not fit) are bad input; the rest are device failures.
 fn cuda_error(error: CudaError) -> RunError {
     match error {
-        CudaError::LibraryMissing { .. } | CudaError::NoDevice(_) | CudaError::Budget(_) => {
-            RunError::BadInput(format!("--device cuda: {error}"))
-        }
-        other => RunError::Failed(format!("cuda: {other}")),
+        CudaError::LibraryMissing { .. } | CudaError::NoDevice(_) => RunError::MissingCapability {
+            capability: "cuda".to_string(),
+            message: format!("--device cuda: {error}"),
+            source: Some(Box::new(error)),
+        },
+        CudaError::Budget(_) => RunError::setting("vram_budget", format!("--device cuda: {error}")),
+        other => RunError::Device {
+            message: format!("cuda: {other}"),
+            source: Some(Box::new(other)),
+        },
     }
 }
 
@@ -199,7 +205,11 @@ fn weight_budget(
         // The budget met the plan's minimum until it was cut to whole driver pages:
         // name the figure that survives the cut, not the minimum that does not.
         let paged_minimum = Bytes(minimum_bytes.next_multiple_of(DRIVER_PAGE_BYTES));
-        return Err(RunError::BadInput(format!(
+        return Err(RunError::budget(
+            super::Budget::Vram,
+            asked_bytes,
+            paged_minimum.0,
+            format!(
             "vram_budget {}: on CUDA the weight arena is whole {} driver pages, so it holds {}, below the {} this model needs at prefetch depth {}: set --vram-budget {} or more",
             Bytes(asked_bytes),
             Bytes(DRIVER_PAGE_BYTES),
@@ -207,7 +217,8 @@ fn weight_budget(
             Bytes(minimum_bytes),
             plan.prefetch_depth,
             paged_minimum.flag_value_at_least(),
-        )));
+        ),
+        ));
     }
     Ok(budget)
 }
@@ -227,20 +238,24 @@ pub fn execute_cuda_with(
     options: CudaRunOptions,
 ) -> Result<CudaOutcome, RunError> {
     if plan.settings.compute_dtype != ComputeDtype::F32 {
-        return Err(RunError::BadInput(format!(
-            "compute_dtype = \"{}\" is implemented on the CPU backend only; on --device cuda \
-             set compute_dtype = \"f32\" (cuBLAS multiplies the widened f32 weights)",
-            plan.settings.compute_dtype.name()
-        )));
+        return Err(RunError::capability(
+            "compute_dtype",
+            format!(
+                "compute_dtype = \"{}\" is implemented on the CPU backend only; on --device cuda \
+                 set compute_dtype = \"f32\" (cuBLAS multiplies the widened f32 weights)",
+                plan.settings.compute_dtype.name()
+            ),
+        ));
     }
     let device = match &options.device {
         Some(device) => device.clone(),
         None => CudaDevice::open(0).map(Arc::new).map_err(cuda_error)?,
     };
     let compute = CudaCompute::new(&device).map_err(cuda_error)?;
-    compute
-        .warm_up()
-        .map_err(|error| RunError::Failed(format!("cuda: warming up the compute: {error}")))?;
+    compute.warm_up().map_err(|error| RunError::Device {
+        message: format!("cuda: warming up the compute: {error}"),
+        source: Some(Box::new(error)),
+    })?;
     let baseline = device.memory().map_err(cuda_error)?;
     // Everything but the compute adapter's own buffers, which are counted per step.
     let baseline_used_bytes =
@@ -266,9 +281,10 @@ pub fn execute_cuda_with(
     drop(compute);
     let samples = std::mem::take(&mut *samples.lock().unwrap_or_else(|poison| poison.into_inner()));
     if let Some(error) = &samples.error {
-        return Err(RunError::Failed(format!(
-            "cuda: sampling the run's device figures: {error}"
-        )));
+        return Err(RunError::Device {
+            message: format!("cuda: sampling the run's device figures: {error}"),
+            source: None,
+        });
     }
 
     let link = match options.link {
@@ -464,9 +480,11 @@ mod tests {
             "the driver sees no GPU; run with --device cpu".to_string(),
         ));
         assert!(
-            matches!(&missing, RunError::BadInput(message) if message.contains("--device cpu") && message.contains("--device cuda"))
+            matches!(&missing, RunError::MissingCapability { capability, message, .. } if capability == "cuda" && message.contains("--device cpu") && message.contains("--device cuda"))
         );
+        assert_eq!(missing.exit_code(), 2);
         let failed = cuda_error(CudaError::InvalidArgument("bad".to_string()));
-        assert!(matches!(failed, RunError::Failed(_)));
+        assert!(matches!(failed, RunError::Device { .. }));
+        assert_eq!(failed.exit_code(), 1);
     }
 }

@@ -11,7 +11,7 @@ use stagehand_actors::{
 
 use crate::compute::Compute;
 use crate::device::{CpuCompute, CpuDevice};
-use crate::families::ExpertNeeds;
+use crate::families::{ExpertNeeds, FamilyError};
 use crate::model::BlockReader;
 use crate::run::driver::{drive_traced, DriverOptions, RunReport};
 use crate::settings::Streaming;
@@ -28,7 +28,10 @@ pub fn execute(prepared: &Prepared, plan: RunPlan<'_>) -> Result<Outcome, RunErr
         .unwrap_or(plan.budgets.vram_budget_bytes)
         .max(layout.largest_block_bytes());
     let device: Arc<dyn Device> =
-        Arc::new(CpuDevice::new(capacity).map_err(|error| RunError::Failed(error.to_string()))?);
+        Arc::new(CpuDevice::new(capacity).map_err(|error| RunError::Device {
+            message: error.to_string(),
+            source: Some(Box::new(error)),
+        })?);
     let streaming = streaming(prepared, plan.budgets.vram_budget_bytes);
     let compute = CpuCompute::with_threads(plan.settings.compute_threads_for(streaming))
         .with_compute_dtype(plan.settings.compute_dtype);
@@ -45,6 +48,7 @@ fn start_session(
     storage: Arc<dyn stagehand_actors::Storage>,
     observer: Arc<dyn Observer>,
 ) -> Result<Session, RunError> {
+    let vram_budget_bytes = config.vram_budget_bytes;
     let started = match shared {
         Some(member) => Session::start_shared(
             config,
@@ -60,7 +64,8 @@ fn start_session(
             Session::start_with_experts(config, experts, layout, order, device, storage, observer)
         }
     };
-    let session = started.map_err(|error| RunError::BadInput(error.to_string()))?;
+    let session =
+        started.map_err(|error| RunError::from_session(error, true, vram_budget_bytes))?;
     if let Some(member) = shared {
         let attached = member.pool.attach(&member.name, session.budget_handle());
         attached.map_err(|error| RunError::Failed(error.to_string()))?;
@@ -87,8 +92,9 @@ pub use super::cuda::execute_cuda;
 /// Without the `cuda` feature there is no CUDA backend to run on.
 #[cfg(not(feature = "cuda"))]
 pub fn execute_cuda(_prepared: &Prepared, _plan: RunPlan<'_>) -> Result<Outcome, RunError> {
-    Err(RunError::BadInput(
-        "this stagehand was built without CUDA (--no-default-features); use --device cpu or rebuild with the default features".to_string(),
+    Err(RunError::capability(
+        "cuda",
+        "this stagehand was built without CUDA (--no-default-features); use --device cpu or rebuild with the default features",
     ))
 }
 
@@ -116,8 +122,8 @@ pub fn execute_on<C: Compute>(
     // counted from after it: a measurement's buffers are not the run's (`peak_rss`).
     let roofline = (compute.memory_space() == stagehand_actors::MemorySpace::Host)
         .then(|| super::peak_rss::roofline_before_run(&super::default_cache_dir()));
-    let files =
-        BlockReader::open(&prepared.index).map_err(|error| RunError::Failed(error.to_string()))?;
+    let files = BlockReader::open(&prepared.index)
+        .map_err(|error| RunError::from(FamilyError::from(error)))?;
     // Declared before the session, so dropped after it: the lease goes back only once
     // the session has released every byte.
     let _leave = super::loaded::LeaveOnDrop(plan.shared.clone());
@@ -232,7 +238,11 @@ fn write_trace(path: &Path, trace: &TraceObserver) -> Result<(), RunError> {
     trace
         .recorder()
         .write_chrome_trace(path)
-        .map_err(|error| RunError::Failed(error.to_string()))?;
+        .map_err(|error| RunError::Io {
+            path: path.to_path_buf(),
+            message: error.to_string(),
+            source: Some(Box::new(error)),
+        })?;
     tracing::info!(
         "wrote the Chrome trace to {} (open it in https://ui.perfetto.dev)",
         path.display()
@@ -256,7 +266,7 @@ fn streamed_after_kv(report: &RunReport, layout: &ModelLayout) -> u64 {
 /// starts (a decoder's sequence past its positions or its sliding window).
 fn refuse_steps(prepared: &Prepared, steps: u64) -> Result<(), RunError> {
     match prepared.facts().refuse_steps(steps) {
-        Some(refusal) => Err(RunError::BadInput(refusal)),
+        Some(refusal) => Err(RunError::setting("steps", refusal)),
         None => Ok(()),
     }
 }
@@ -288,7 +298,12 @@ fn expert_config(
     // The dense blocks need the ring, or all of them resident when that is less.
     let dense_needed = ring.min(all_dense);
     if slots < minimum || slots * expert_bytes + dense_needed > budget {
-        return Err(RunError::BadInput(format!(
+        let least_bytes = minimum * expert_bytes + dense_needed + kv_bytes;
+        return Err(RunError::budget(
+            super::Budget::Vram,
+            config.vram_budget_bytes,
+            least_bytes,
+            format!(
             "vram_budget {} is too small for this MoE model: it needs {} expert slots (2 × top-k) of {} plus a ring of {} dense blocks of {} (and {} of KV cache); raise --vram-budget to at least {}",
             stagehand_actors::Bytes(config.vram_budget_bytes),
             minimum,
@@ -296,8 +311,9 @@ fn expert_config(
             config.prefetch_depth + 1,
             stagehand_actors::Bytes(dense_bytes),
             stagehand_actors::Bytes(kv_bytes),
-            stagehand_actors::Bytes(minimum * expert_bytes + dense_needed + kv_bytes)
-        )));
+            stagehand_actors::Bytes(least_bytes)
+            ),
+        ));
     }
     Ok(ExpertConfig {
         slots: slots as u32,

@@ -30,16 +30,22 @@ pub fn check_fits(
     hint: &str,
 ) -> Result<(), RunError> {
     let Some(bytes) = bytes else {
-        return Err(RunError::BadInput(format!(
-            "{what} is larger than this machine can address; {hint}"
-        )));
+        return Err(RunError::NotEnoughMemory {
+            needed_bytes: None,
+            spare_bytes,
+            message: format!("{what} is larger than this machine can address; {hint}"),
+        });
     };
     match spare_bytes {
-        Some(spare) if bytes > spare => Err(RunError::BadInput(format!(
-            "{what} needs {} but this machine can spare {} (MemAvailable less ram_floor); {hint}",
-            ByteSize::b(bytes).display().iec(),
-            ByteSize::b(spare).display().iec(),
-        ))),
+        Some(spare) if bytes > spare => Err(RunError::NotEnoughMemory {
+            needed_bytes: Some(bytes),
+            spare_bytes: Some(spare),
+            message: format!(
+                "{what} needs {} but this machine can spare {} (MemAvailable less ram_floor); {hint}",
+                ByteSize::b(bytes).display().iec(),
+                ByteSize::b(spare).display().iec(),
+            ),
+        }),
         _ => Ok(()),
     }
 }

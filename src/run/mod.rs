@@ -7,6 +7,7 @@ mod budget;
 mod cuda;
 pub mod driver;
 mod effective;
+mod error;
 mod execute;
 pub mod loaded;
 pub mod memory;
@@ -55,14 +56,7 @@ pub use prepare::{
     open_index, parse_token_ids, prepare, prepare_with, texts_from_file, NamedLora, Prepared,
 };
 
-/// Why a run could not be set up (exit 2) or failed (exit 1).
-#[derive(Debug, thiserror::Error)]
-pub enum RunError {
-    #[error("{0}")]
-    BadInput(String),
-    #[error("{0}")]
-    Failed(String),
-}
+pub use error::{Budget, Cause, RunError};
 
 /// The MoE demo model in the cache directory, written if missing, different or
 /// corrupt (see [`crate::model::cache`]).
@@ -76,11 +70,19 @@ pub fn ensure_demo_model(cache_dir: &Path, spec: &DemoSpec) -> Result<PathBuf, R
     crate::model::cache::ensure_demo_model(cache_dir, spec).map_err(cache_error)
 }
 
-/// A cache error as the run reports it: a cache folder the user named is bad input.
+/// A cache error as the run reports it: a cache folder the user named is bad input,
+/// a stop request cancels, a failed write is an I/O failure.
 pub fn cache_error(error: crate::model::cache::CacheError) -> RunError {
+    use crate::model::cache::CacheError;
+    let message = error.to_string();
     match error {
-        crate::model::cache::CacheError::Folder { .. } => RunError::BadInput(error.to_string()),
-        _ => RunError::Failed(error.to_string()),
+        CacheError::Folder { .. } => RunError::setting("cache_dir", message),
+        CacheError::Write { ref path, .. } => RunError::Io {
+            path: path.clone(),
+            message,
+            source: Some(Box::new(error)),
+        },
+        CacheError::Interrupted(_) => RunError::Cancelled { message },
     }
 }
 
@@ -112,13 +114,29 @@ pub fn open_model_storage(
         .collect();
     // A file rewritten or replaced since it was indexed (while its reference was
     // computed, say) is caught here, before any step runs.
-    index
-        .check_unchanged()
-        .map_err(|error| RunError::Failed(error.to_string()))?;
+    index.check_unchanged().map_err(RunError::from_index)?;
     let mut options = StorageOptions::from_settings(settings);
     options.fail_after_reads = fail_after_reads;
-    open_storage(&files, &options, settings.fast_disk)
-        .map_err(|error| RunError::BadInput(error.to_string()))
+    open_storage(&files, &options, settings.fast_disk).map_err(storage_error)
+}
+
+/// A model file the storage adapter could not open, by kind.
+fn storage_error(error: stagehand_actors::StorageError) -> RunError {
+    use stagehand_actors::StorageError;
+    let message = error.to_string();
+    match error {
+        StorageError::Io { ref path, .. } => RunError::Unreadable {
+            path: PathBuf::from(path),
+            message,
+            source: Some(Box::new(error)),
+        },
+        StorageError::FileChanged { ref path, .. } => RunError::CheckpointChanged {
+            path: PathBuf::from(path),
+            message,
+            source: Some(Box::new(error)),
+        },
+        _ => RunError::BadInput(message),
+    }
 }
 
 /// The session's budgets and ring from the settings, for any device.
@@ -210,8 +228,10 @@ pub fn block_session(
     let layout = index.layout();
     let storage = open_model_storage(index, settings, None)?;
     let capacity = budgets.vram_budget_bytes.max(layout.largest_block_bytes());
-    let device = crate::device::CpuDevice::new(capacity)
-        .map_err(|error| RunError::Failed(error.to_string()))?;
+    let device = crate::device::CpuDevice::new(capacity).map_err(|error| RunError::Device {
+        message: error.to_string(),
+        source: Some(Box::new(error)),
+    })?;
     let config = session_config(
         settings,
         budgets,
@@ -226,7 +246,7 @@ pub fn block_session(
         storage,
         no_observer(),
     )
-    .map_err(|error| RunError::BadInput(error.to_string()))
+    .map_err(|error| RunError::from_session(error, true, budgets.vram_budget_bytes))
 }
 
 /// What a run produced: its report, the rates and the bound.
@@ -263,19 +283,13 @@ pub struct Outcome {
 
 /// An observer that records nothing, for runs without metrics.
 /// A run that failed, saying whether every budget came back (it must).
-pub fn failed_run(
-    error: impl std::fmt::Display,
-    stats: &stagehand_actors::StatsSnapshot,
-) -> RunError {
+pub fn failed_run(error: FamilyError, stats: &stagehand_actors::StatsSnapshot) -> RunError {
     let released = stats.vram.used_bytes == 0 && stats.pinned.used_bytes == 0;
-    RunError::Failed(format!(
-        "{error}{}",
-        if released {
-            " (every budget was released)"
-        } else {
-            " (budgets NOT fully released)"
-        }
-    ))
+    RunError::from_family(error, false, stats.vram.budget_bytes).with_suffix(if released {
+        " (every budget was released)"
+    } else {
+        " (budgets NOT fully released)"
+    })
 }
 
 pub fn no_observer() -> Arc<dyn Observer> {
@@ -283,7 +297,8 @@ pub fn no_observer() -> Arc<dyn Observer> {
 }
 
 impl From<FamilyError> for RunError {
+    /// A family's error during a run, by kind.
     fn from(error: FamilyError) -> Self {
-        RunError::Failed(error.to_string())
+        RunError::from_family(error, false, 0)
     }
 }

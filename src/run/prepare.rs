@@ -48,9 +48,10 @@ impl Prepared {
     pub fn add_adapter(&mut self, name: &str, specs: &[LoraSpec]) -> Result<(), RunError> {
         let facts = self.facts();
         if !facts.takes_lora() {
-            return Err(RunError::BadInput(format!(
-                "adapter {name}: this model takes no LoRA (serve applies adapters to BERT encoders and Llama-family decoders)"
-            )));
+            return Err(RunError::setting(
+                "adapters",
+                format!("adapter {name}: this model takes no LoRA (serve applies adapters to BERT encoders and Llama-family decoders)"),
+            ));
         }
         let place = |tensor: usize| facts.place(&self.index, tensor);
         let aliases = facts.lora_aliases();
@@ -107,19 +108,18 @@ pub fn prepare_with(
     is_demo: bool,
     extras: &Extras,
 ) -> Result<Prepared, RunError> {
-    let bad = |error: &dyn std::fmt::Display| RunError::BadInput(error.to_string());
     // A part of a checkpoint is read by its tensors alone: a config.json beside the
     // file is the config of something else.
     let folder = match extras.part {
         Some(_) => None,
-        None => ModelFolder::find(model).map_err(|error| bad(&error))?,
+        None => ModelFolder::find(model).map_err(folder_error)?,
     };
     let checkpoint = folder
         .as_ref()
         .map_or(model, |folder| folder.checkpoint.as_path());
     let pattern = settings.block_pattern.as_deref();
     let index = open_index(checkpoint, pattern, extras.part.as_ref(), folder.is_none())
-        .map_err(|error| bad(&error))?;
+        .map_err(RunError::from_index)?;
     if index.blocks.is_empty() {
         return Err(RunError::BadInput(format!(
             "{}: the model has no tensors to stream",
@@ -131,7 +131,7 @@ pub fn prepare_with(
         index: &index,
         folder: folder.as_ref(),
     };
-    let entry = crate::families::find(kind, &found).map_err(|error| bad(&error))?;
+    let entry = crate::families::find(kind, &found).map_err(open_error)?;
     // The activations a batch needs, checked before they are allocated.
     if let Some(width) = entry.activation_row_values(&found) {
         super::memory::check_batch(batch, width, settings)?;
@@ -146,8 +146,9 @@ pub fn prepare_with(
     let opened = entry.open(&request).map_err(open_error)?;
     let facts = opened.facts();
     if !extras.loras.is_empty() && !facts.takes_lora() {
-        return Err(RunError::BadInput(
-            "--lora applies to models stagehand computes with dense layers (the demo linear stack, BERT encoders, Llama-family decoders); drop --lora for this model".to_string(),
+        return Err(RunError::setting(
+            "lora",
+            "--lora applies to models stagehand computes with dense layers (the demo linear stack, BERT encoders, Llama-family decoders); drop --lora for this model",
         ));
     }
     let lora = lora_phase(&index, &extras.loras, facts)?;
@@ -188,13 +189,24 @@ pub fn open_index(
     }
 }
 
-/// A family that could not open its checkpoint: the user's input (exit 2), unless the
-/// files themselves could not be read (exit 1).
+/// A family that could not open its checkpoint, by kind: the user's input (exit 2),
+/// unless the files themselves could not be read (exit 1).
 fn open_error(error: FamilyError) -> RunError {
-    match error {
-        FamilyError::Io { .. } => RunError::Failed(error.to_string()),
-        _ => RunError::BadInput(error.to_string()),
+    RunError::from_family(error, true, 0)
+}
+
+/// A model folder that cannot be read as one: its `config.json` missing a key or not
+/// JSON is the folder's fault (bad input), a folder that is not there is missing.
+fn folder_error(error: crate::model::FolderError) -> RunError {
+    let message = error.to_string();
+    if !error.path.exists() {
+        return RunError::MissingFile {
+            path: error.path.clone(),
+            message,
+            source: Some(Box::new(error)),
+        };
     }
+    RunError::BadInput(message)
 }
 
 /// One LoRA phase from step 0 with `specs` placed where the family puts each target
@@ -216,8 +228,24 @@ fn lora_phase(
 
 /// Texts read from `--file`: one per line, blank lines skipped.
 pub fn texts_from_file(path: &Path) -> Result<Vec<String>, RunError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|error| RunError::BadInput(format!("{}: {error}", path.display())))?;
+    let text = std::fs::read_to_string(path).map_err(|error| {
+        let message = format!("{}: {error}", path.display());
+        let path = path.to_path_buf();
+        let source = Some(Box::new(error) as super::Cause);
+        if path.exists() {
+            RunError::Unreadable {
+                path,
+                message,
+                source,
+            }
+        } else {
+            RunError::MissingFile {
+                path,
+                message,
+                source,
+            }
+        }
+    })?;
     Ok(text
         .lines()
         .map(str::trim)

@@ -33,7 +33,6 @@ use super::errors::ApiError;
 use super::handlers::{model_entry, parse};
 use super::load::{self, Worker};
 use super::state::AppState;
-use super::ServeError;
 use crate::settings::SettingsArgs;
 
 /// What loading a model at run time needs, and every model's thread.
@@ -104,9 +103,12 @@ async fn load(
     })
     .await
     .map_err(|_| ApiError::failed("loading the model panicked"))?;
-    let (served, worker) = loaded.map_err(|error| match error {
-        ServeError::BadInput(message) => ApiError::bad_request("folder", message),
-        ServeError::Failed(message) => ApiError::failed(message),
+    let (served, worker) = loaded.map_err(|error| {
+        if error.is_bad_input() {
+            ApiError::bad_request("folder", error.to_string())
+        } else {
+            ApiError::failed(error.to_string())
+        }
     })?;
     let served = Arc::new(served);
     let entry = model_entry(&served.name, &served);

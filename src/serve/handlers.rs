@@ -291,8 +291,10 @@ pub(super) async fn await_answer<T>(
     match tokio::time::timeout(app.timeout(), replied.recv_async()).await {
         Err(_) => Err(ApiError::timeout(app.limits.request_timeout_seconds)),
         Ok(Err(_)) => Err(ApiError::failed(format!("the model `{model}` stopped"))),
-        Ok(Ok(Err(RunError::BadInput(message)))) => Err(ApiError::bad_request(param, message)),
-        Ok(Ok(Err(RunError::Failed(message)))) => Err(ApiError::failed(message)),
+        Ok(Ok(Err(error))) if error.is_bad_input() => {
+            Err(ApiError::bad_request(param, error.to_string()))
+        }
+        Ok(Ok(Err(error))) => Err(ApiError::failed(error.to_string())),
         Ok(Ok(Ok(answer))) => Ok(answer),
     }
 }

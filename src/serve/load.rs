@@ -52,13 +52,13 @@ pub(super) fn load(
     shared: Option<&SharedBudget>,
 ) -> Result<(ServedModel, Worker), ServeError> {
     let name = &model.name;
-    let bad = |problem: String| ServeError::BadInput(format!("models.{name}: {problem}"));
+    let bad = |problem| ServeError::model_entry(name, problem);
     let settings = model_settings(model, config, base).map_err(bad)?;
     if model.parts.is_some() || crate::pipeline::FluxParts::is_pipeline(&model.folder) {
         let shared = shared.map(|pool| (pool.clone(), name.clone()));
         return load_images(model, config, (settings, shared), telemetry);
     }
-    let prepared = open(model, &settings).map_err(bad)?;
+    let prepared = open(model, &settings)?;
     let kind = prepared.facts().kind();
     let endpoints = prepared.family.endpoints;
     if endpoints == Endpoints::None {
@@ -112,7 +112,7 @@ pub(super) fn load(
         .map_err(|error| {
             ServeError::Failed(format!("cannot start the thread of {name}: {error}"))
         })?;
-    let (info, worker) = await_ready(&loaded, worker).map_err(bad)?;
+    let (info, worker) = await_ready(&loaded, worker, name)?;
     residency.set_model_bytes(info.model_bytes);
     tracing::info!(
         "serve: {name} loaded ({}, {} streamed under a VRAM budget of {} and a pin ceiling of {})",
@@ -170,7 +170,7 @@ fn load_images(
     telemetry: &ServeTelemetry,
 ) -> Result<(ServedModel, Worker), ServeError> {
     let name = &model.name;
-    let bad = |problem: String| ServeError::BadInput(format!("models.{name}: {problem}"));
+    let bad = |problem| ServeError::model_entry(name, problem);
     if !model.lora.is_empty() || !model.adapters.is_empty() {
         return Err(bad(
             "LoRA adapters on an image pipeline are not served yet; remove lora and adapters"
@@ -269,18 +269,20 @@ fn text_side(folder: Option<&ModelFolder>, endpoints: Endpoints) -> Result<TextS
 fn await_ready(
     loaded: &flume::Receiver<Result<LoadedInfo, RunError>>,
     worker: Worker,
-) -> Result<(LoadedInfo, Worker), String> {
+    name: &str,
+) -> Result<(LoadedInfo, Worker), ServeError> {
+    let failed = |source| ServeError::model(name, source);
     match loaded.recv() {
         Ok(Ok(info)) => Ok((info, worker)),
         Ok(Err(error)) => {
             let _ = join(worker);
-            Err(error.to_string())
+            Err(failed(error))
         }
-        Err(_) => Err(join(worker)
-            .err()
-            .map_or("stopped while loading".to_string(), |error| {
-                error.to_string()
-            })),
+        Err(_) => Err(match join(worker) {
+            Err(ServeError::Run(error)) => failed(error),
+            Err(other) => failed(RunError::BadInput(other.to_string())),
+            Ok(_) => failed(RunError::BadInput("stopped while loading".to_string())),
+        }),
     }
 }
 
@@ -288,8 +290,7 @@ fn await_ready(
 pub(super) fn join(worker: Worker) -> Result<StatsSnapshot, ServeError> {
     match worker.join() {
         Ok(Ok(stats)) => Ok(stats),
-        Ok(Err(RunError::BadInput(message))) => Err(ServeError::BadInput(message)),
-        Ok(Err(RunError::Failed(message))) => Err(ServeError::Failed(message)),
+        Ok(Err(error)) => Err(ServeError::Run(error)),
         Err(_) => Err(ServeError::Failed("a model's thread panicked".into())),
     }
 }
@@ -303,7 +304,9 @@ pub(super) fn shared_budget(
     let Some(budget) = &config.budget else {
         return Ok(None);
     };
-    let (vram, pin) = budget.bytes().map_err(ServeError::BadInput)?;
+    let (vram, pin) = budget
+        .bytes()
+        .map_err(|problem| ServeError::setting("budget", problem))?;
     let pin = match pin {
         Some(pin) => pin,
         None => {
@@ -320,7 +323,7 @@ pub(super) fn shared_budget(
     };
     crate::run::loaded::open_shared_budget(vram, pin)
         .map(Some)
-        .map_err(|error| ServeError::BadInput(error.to_string()))
+        .map_err(ServeError::Run)
 }
 
 /// The server's settings (file and flags) with the model's own budgets over them.
@@ -378,8 +381,9 @@ fn configured_settings(
 fn open(
     model: &ModelConfig,
     settings: &settings::Settings,
-) -> Result<crate::run::Prepared, String> {
-    let extras = extras(model)?;
+) -> Result<crate::run::Prepared, ServeError> {
+    let bad = |problem| ServeError::model_entry(&model.name, problem);
+    let extras = extras(model).map_err(bad)?;
     let mut prepared = prepare_with(
         &model.folder,
         WorkloadKind::Auto,
@@ -388,8 +392,8 @@ fn open(
         false,
         &extras,
     )
-    .map_err(|error| error.to_string())?;
-    add_adapters(&mut prepared, model, &extras.loras)?;
+    .map_err(|source| ServeError::model(&model.name, source))?;
+    add_adapters(&mut prepared, model, &extras.loras).map_err(bad)?;
     Ok(prepared)
 }
 

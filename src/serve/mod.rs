@@ -34,6 +34,7 @@ use std::time::Duration;
 
 use stagehand_actors::StatsSnapshot;
 
+use crate::run::RunError;
 use crate::settings::SettingsArgs;
 use crate::telemetry::serving::ServeTelemetry;
 
@@ -46,12 +47,84 @@ pub use residency::{ModelResidency, ModelState, ResidencyReport};
 use state::AppState;
 
 /// Why the server could not start (exit 2) or failed (exit 1).
+///
+/// Match on the kind: [`Run`](Self::Run) (a model could not be opened or its thread
+/// failed: the run's own kind inside), [`Model`](Self::Model) (a model of the config
+/// could not be loaded: its run's kind inside), [`BadSetting`](Self::BadSetting) (a key of the
+/// server's config), [`Bind`](Self::Bind) (the address to listen on);
+/// [`BadInput`](Self::BadInput) and [`Failed`](Self::Failed) are anything else, in
+/// words. New kinds may be added, so a `match` needs a `_` arm.
+#[non_exhaustive]
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
+    /// A model could not be opened or its run failed.
+    #[error(transparent)]
+    Run(#[from] RunError),
+    /// Model `name` of the config could not be opened or loaded: its run's error,
+    /// by kind. Bad input (exit 2, an admin load's 400) whatever the kind.
+    #[error("models.{name}: {source}")]
+    Model {
+        name: String,
+        #[source]
+        source: RunError,
+    },
+    /// A setting of the server's config is refused: `key` names it (`models.NAME`,
+    /// `budget`).
+    #[error("{message}")]
+    BadSetting { key: String, message: String },
+    /// The server could not listen on `addr`.
+    #[error("{message}")]
+    Bind {
+        addr: SocketAddr,
+        message: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Any other input the operator must change, in words.
     #[error("{0}")]
     BadInput(String),
+    /// Any other failure, in words.
     #[error("{0}")]
     Failed(String),
+}
+
+impl ServeError {
+    /// Model `name`'s entry in the config is refused: `problem` says why.
+    pub(crate) fn model_entry(name: &str, problem: String) -> Self {
+        ServeError::BadSetting {
+            key: format!("models.{name}"),
+            message: format!("models.{name}: {problem}"),
+        }
+    }
+
+    /// Model `name` could not be opened or loaded.
+    pub(crate) fn model(name: &str, source: RunError) -> Self {
+        ServeError::Model {
+            name: name.to_string(),
+            source,
+        }
+    }
+
+    /// Setting `key` is refused: `message` says why.
+    pub(crate) fn setting(key: &str, message: String) -> Self {
+        ServeError::BadSetting {
+            key: key.to_string(),
+            message,
+        }
+    }
+
+    /// Whether the operator can fix this by changing the config or flags: the CLI's
+    /// exit 2 (else 1).
+    pub fn is_bad_input(&self) -> bool {
+        match self {
+            ServeError::Run(error) => error.is_bad_input(),
+            ServeError::Model { .. }
+            | ServeError::BadSetting { .. }
+            | ServeError::Bind { .. }
+            | ServeError::BadInput(_) => true,
+            ServeError::Failed(_) => false,
+        }
+    }
 }
 
 /// What [`serve`] runs: the config and the settings flags every model starts from.
@@ -161,11 +234,15 @@ async fn listen(
     addr: SocketAddr,
     on_listening: Box<dyn FnOnce(SocketAddr) + Send>,
 ) -> Result<(), ServeError> {
-    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|error| {
-        ServeError::BadInput(format!(
-            "cannot listen on {addr}: {error}; choose a free HOST:PORT with --bind (or bind in the config)"
-        ))
-    })?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Bind {
+            addr,
+            message: format!(
+                "cannot listen on {addr}: {source}; choose a free HOST:PORT with --bind (or bind in the config)"
+            ),
+            source,
+        })?;
     let bound = listener
         .local_addr()
         .map_err(|error| ServeError::Failed(error.to_string()))?;

@@ -59,6 +59,15 @@ fn bad(index: &ModelIndex, message: String) -> FamilyError {
     FamilyError::Model(format!("{}: {message}", index.path.display()))
 }
 
+/// A quantization `format` stagehand does not compute.
+fn unsupported(index: &ModelIndex, format: &str, message: String) -> FamilyError {
+    FamilyError::Unsupported {
+        path: index.path.clone(),
+        found: format.to_string(),
+        message: format!("{}: {message}", index.path.display()),
+    }
+}
+
 /// Every layer's declared format, checked: implemented, and its weight of the dtype
 /// the format stores. `headers_only`: the `comfy_quant` tensors' bytes are not read
 /// (a description), only the header's metadata.
@@ -93,8 +102,9 @@ pub fn check(index: &ModelIndex, headers_only: bool) -> Result<(), FamilyError> 
         })?;
         let Some((_, dtype)) = IMPLEMENTED.iter().find(|(name, _)| *name == format) else {
             let known: Vec<&str> = IMPLEMENTED.iter().map(|(name, _)| *name).collect();
-            return Err(bad(
+            return Err(unsupported(
                 index,
+                format,
                 format!(
                     "layer `{layer}` is quantized as `{format}`, a format stagehand does not implement (it computes {}); dequantize the checkpoint or use one of those",
                     known.join(", ")
@@ -141,8 +151,9 @@ fn check_variant(
     let params = value.get("params").unwrap_or(&Value::Null);
     let key = |name: &str| value.get(name).or_else(|| params.get(name));
     if format == "int8_tensorwise" && key("convrot").and_then(Value::as_bool) == Some(true) {
-        return Err(bad(
+        return Err(unsupported(
             index,
+            "int8_tensorwise with convrot",
             format!("layer `{layer}` is quantized as `int8_tensorwise` with `convrot` (a Hadamard rotation of its inputs), a variant stagehand does not implement; use a plain int8_tensorwise checkpoint"),
         ));
     }

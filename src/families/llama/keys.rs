@@ -83,6 +83,20 @@ impl<'a> Keys<'a> {
         FamilyError::Model(format!("{}: `{key}` {problem}", self.path.display()))
     }
 
+    /// Key `key` asks for `found`, which no family computes: "`key` problem".
+    pub fn unsupported(
+        &self,
+        key: &str,
+        found: impl Into<String>,
+        problem: impl std::fmt::Display,
+    ) -> FamilyError {
+        FamilyError::Unsupported {
+            path: self.path.to_path_buf(),
+            found: found.into(),
+            message: format!("{}: `{key}` {problem}", self.path.display()),
+        }
+    }
+
     /// The key's value; `None` when it is missing or null (transformers' "unset").
     pub fn get(&self, key: &str) -> Option<&'a Value> {
         self.config.get(key).filter(|value| !value.is_null())
@@ -223,16 +237,18 @@ pub fn check_quantization(keys: &Keys<'_>) -> Result<(), FamilyError> {
             .get("weight_block_size")
             .filter(|value| !value.is_null())
         {
-            return Err(keys.bad(
+            return Err(keys.unsupported(
                 "quantization_config.weight_block_size",
+                "block-wise FP8",
                 format!(
                     "is {block}: block-wise FP8 (`weight_scale_inv` per {block} tile) is not implemented; stagehand computes FP8 weights with one per-tensor `weight_scale`"
                 ),
             ));
         }
     }
-    Err(keys.bad(
+    Err(keys.unsupported(
         "quantization_config.quant_method",
+        method,
         format!(
             "is \"{method}\": stagehand does not implement this quantization; it computes F32, F16 and BF16 weights, and FP8 ones with a per-tensor `weight_scale` tensor (no quantization_config)"
         ),

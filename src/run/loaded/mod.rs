@@ -177,7 +177,10 @@ fn is_fatal(error: &FamilyError) -> bool {
             | stagehand_actors::SessionError::LoraPinCeiling { .. }
             | stagehand_actors::SessionError::TooManyAdapters { .. },
         ) => false,
-        FamilyError::Session(_) | FamilyError::Io { .. } | FamilyError::Corrupt { .. } => true,
+        FamilyError::Session(_)
+        | FamilyError::Io { .. }
+        | FamilyError::Changed { .. }
+        | FamilyError::Corrupt { .. } => true,
         _ => false,
     }
 }
@@ -233,14 +236,21 @@ pub fn serve_jobs(
     let (mut session, info, compute) = match started {
         Ok(started) => started,
         Err(error) => {
+            // The loader reads the kind from the ready reply; the thread's own result
+            // says it in words.
+            let message = error.to_string();
             if let Some(ready) = ready.take() {
-                ready(Err(RunError::BadInput(error.to_string())));
+                ready(Err(error));
+                return Err(RunError::BadInput(message));
             }
             return Err(error);
         }
     };
-    let files = BlockReader::open(&prepared.index)
-        .map_err(|error| RunError::Failed(format!("cannot read the model's files: {error}")))?;
+    let files = BlockReader::open(&prepared.index).map_err(|error| RunError::Io {
+        path: error.path.clone(),
+        message: format!("cannot read the model's files: {error}"),
+        source: Some(Box::new(error)),
+    })?;
     let layout = prepared.facts().layout().clone();
     let outcome = (|| {
         let mut blocks = Streamed::new(&mut session, &compute, None)?;
@@ -330,8 +340,9 @@ fn start_session(
     options: &LoadedOptions<'_>,
 ) -> Result<(Session, LoadedInfo, CpuCompute), RunError> {
     if options.settings.device == crate::settings::DeviceKind::Cuda {
-        return Err(RunError::BadInput(
-            "serve runs on the CPU backend for now; set device = \"cpu\" (or auto)".to_string(),
+        return Err(RunError::setting(
+            "device",
+            "serve runs on the CPU backend for now; set device = \"cpu\" (or auto)",
         ));
     }
     let settings = options.settings;
@@ -351,7 +362,10 @@ fn start_session(
     let capacity = arena
         .unwrap_or(budgets.vram_budget_bytes)
         .max(layout.largest_block_bytes());
-    let device = CpuDevice::new(capacity).map_err(|error| RunError::Failed(error.to_string()))?;
+    let device = CpuDevice::new(capacity).map_err(|error| RunError::Device {
+        message: error.to_string(),
+        source: Some(Box::new(error)),
+    })?;
     let streaming = super::execute::streaming(prepared, budgets.vram_budget_bytes);
     let compute = CpuCompute::with_threads(settings.compute_threads_for(streaming))
         .with_compute_dtype(settings.compute_dtype);
@@ -394,7 +408,11 @@ fn start_session(
             if let Some(member) = shared {
                 let _ = member.pool.leave(&member.name);
             }
-            return Err(RunError::BadInput(error.to_string()));
+            return Err(RunError::from_session(
+                error,
+                true,
+                budgets.vram_budget_bytes,
+            ));
         }
     };
     let info = LoadedInfo {

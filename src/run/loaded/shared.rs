@@ -67,8 +67,13 @@ impl Drop for LeaveOnDrop {
 /// Opens a budget of `vram_bytes` of VRAM and `pin_bytes` of pinned RAM to share.
 pub fn open_shared_budget(vram_bytes: u64, pin_bytes: u64) -> Result<SharedBudget, RunError> {
     if vram_bytes == 0 || pin_bytes == 0 {
-        return Err(RunError::BadInput(
-            "budget.vram_budget and budget.pin_ceiling must be above 0".to_string(),
+        return Err(RunError::setting(
+            if vram_bytes == 0 {
+                "budget.vram_budget"
+            } else {
+                "budget.pin_ceiling"
+            },
+            "budget.vram_budget and budget.pin_ceiling must be above 0",
         ));
     }
     SharedBudget::start(Lease {
@@ -123,10 +128,38 @@ pub fn shared_budgets(
     let lease = member
         .pool
         .join(&member.name, pool_ask(prepared, settings, depth, ask))
-        .map_err(|error| RunError::BadInput(error.to_string()))?;
+        .map_err(pool_error)?;
     let budgets = Budgets {
         vram_budget_bytes: lease.vram_bytes,
         pin_ceiling_bytes: lease.pin_bytes,
     };
     Ok((budgets, depth))
+}
+
+/// A model the shared budget refused: one that does not fit beside the others names
+/// the budget to raise and the least it needs.
+fn pool_error(error: stagehand_actors::PoolError) -> RunError {
+    let stagehand_actors::PoolError::DoesNotFit { total, needed, .. } = &error else {
+        return RunError::BadInput(error.to_string());
+    };
+    let (budget, given_bytes, least_bytes) = if needed.vram_bytes > total.vram_bytes {
+        (
+            crate::run::Budget::Vram,
+            total.vram_bytes,
+            needed.vram_bytes,
+        )
+    } else {
+        (
+            crate::run::Budget::PinCeiling,
+            total.pin_bytes,
+            needed.pin_bytes,
+        )
+    };
+    RunError::BudgetTooSmall {
+        budget,
+        given_bytes,
+        least_bytes,
+        message: error.to_string(),
+        source: Some(Box::new(error)),
+    }
 }
