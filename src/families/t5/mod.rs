@@ -12,6 +12,10 @@
 //! logarithmic up to `relative_attention_max_distance`), gathered from the first
 //! block's `relative_attention_bias` table and shared by every block.
 //!
+//! umT5 (`UMT5EncoderModel`, `model_type: umt5`, WAN's text encoder) is the same
+//! encoder with its own `relative_attention_bias` table in every block, each
+//! gathered over the same buckets when its block runs.
+//!
 //! Blocks: the token table, one per T5 block, and the final norm. FP8 checkpoints
 //! with per-tensor scales (`t5xxl_fp8_e4m3fn_scaled`) compute on their stored bytes.
 
@@ -43,6 +47,8 @@ pub struct T5Config {
     pub buckets: usize,
     pub max_distance: usize,
     pub eps: f32,
+    /// umT5: every block has its own position bias table (T5: only the first).
+    pub bias_per_layer: bool,
 }
 
 impl T5Config {
@@ -62,19 +68,19 @@ struct LayerSlots {
     wi_0: TensorSlot,
     wi_1: TensorSlot,
     wo: TensorSlot,
+    /// `[buckets, heads]`: in the first block, and in every block of umT5.
+    position_bias: Option<TensorSlot>,
 }
 
 /// Where every weight is.
 struct Slots {
     shared: TensorSlot,
-    /// `[buckets, heads]`, in the first block.
-    position_bias: TensorSlot,
     layers: Vec<LayerSlots>,
     final_norm: TensorSlot,
 }
 
 /// The encoder's structure, by transformers' names: the token table, a block per T5
-/// block (the first with the position bias table), the final norm.
+/// block (the first with the position bias table, every one in umT5), the final norm.
 struct Walk<'w> {
     tensors: &'w mut dyn Tensors,
     config: &'w T5Config,
@@ -88,8 +94,9 @@ impl Walk<'_> {
         self.tensors.block(&at);
         let attention = format!("{at}.layer.0.SelfAttention");
         let feed_forward = format!("{at}.layer.1.DenseReluDense");
+        let has_bias = layer == 0 || config.bias_per_layer;
         let mut weight = |name: String, shape: &[usize]| self.tensors.tensor(&name, shape);
-        Ok(LayerSlots {
+        let slots = LayerSlots {
             attention_norm: weight(format!("{at}.layer.0.layer_norm.weight"), &[model])?,
             q: weight(format!("{attention}.q.weight"), &[inner, model])?,
             k: weight(format!("{attention}.k.weight"), &[inner, model])?,
@@ -99,6 +106,17 @@ impl Walk<'_> {
             wi_0: weight(format!("{feed_forward}.wi_0.weight"), &[ff, model])?,
             wi_1: weight(format!("{feed_forward}.wi_1.weight"), &[ff, model])?,
             wo: weight(format!("{feed_forward}.wo.weight"), &[model, ff])?,
+            position_bias: None,
+        };
+        let bias = format!("{attention}.relative_attention_bias.weight");
+        let position_bias = if has_bias {
+            Some(weight(bias, &[config.buckets, config.heads])?)
+        } else {
+            None
+        };
+        Ok(LayerSlots {
+            position_bias,
+            ..slots
         })
     }
 
@@ -106,21 +124,17 @@ impl Walk<'_> {
         let config = self.config;
         self.tensors.block("shared");
         let shared = self.tensors.tensor(shared, &[config.vocab, config.model])?;
-        let mut layers = Vec::with_capacity(config.layers);
-        let mut position_bias = None;
-        for layer in 0..config.layers {
-            layers.push(self.layer(layer)?);
-            if layer == 0 {
-                let name = "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight";
-                position_bias = Some(self.tensors.tensor(name, &[config.buckets, config.heads])?);
-            }
+        if config.layers == 0 {
+            return Err(FamilyError::Model(
+                "a T5 encoder needs at least one block".into(),
+            ));
         }
-        let position_bias = position_bias
-            .ok_or_else(|| FamilyError::Model("a T5 encoder needs at least one block".into()))?;
+        let layers = (0..config.layers)
+            .map(|layer| self.layer(layer))
+            .collect::<Result<Vec<_>, _>>()?;
         self.tensors.block("final_layer_norm");
         Ok(Slots {
             shared,
-            position_bias,
             layers,
             final_norm: self
                 .tensors
@@ -253,16 +267,13 @@ impl T5Encoder {
         let outcome = (|| {
             let pipeline = compute.pipeline()?;
             let view = held.view(compute);
-            if layer == 0 {
+            // T5's first block fills the bias every block uses; umT5's each its own.
+            if let Some(position_bias) = &slots.position_bias {
                 compute.write(
                     &mut t.bias,
                     &vec![0.0; self.length * self.length * self.config.heads],
                 )?;
-                compute.gather_add(
-                    &view.weight(&self.slots.position_bias)?,
-                    &self.buckets,
-                    &mut t.bias,
-                )?;
+                compute.gather_add(&view.weight(position_bias)?, &self.buckets, &mut t.bias)?;
             }
             compute.rms_norm(
                 &t.x,
@@ -315,7 +326,11 @@ impl Facts for T5Encoder {
     }
 
     fn describe(&self) -> &'static str {
-        "t5 encoder"
+        if self.config.bias_per_layer {
+            "umt5 encoder"
+        } else {
+            "t5 encoder"
+        }
     }
 
     fn layout(&self) -> &ModelLayout {

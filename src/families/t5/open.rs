@@ -21,35 +21,47 @@ impl T5Config {
         config: &serde_json::Value,
     ) -> Result<Self, FamilyError> {
         let json = ConfigJson::new(path, config)?;
+        let umt5 = json.text("model_type", "t5") == "umt5";
+        // Where the config leaves a size out, transformers' defaults of its class.
+        let defaults = if umt5 { UMT5_DEFAULTS } else { T5_DEFAULTS };
         // v1.1 (T5-XXL of Flux, FLAN-T5, umT5's layers): the gated tanh GELU.
         json.require_text("feed_forward_proj", &["gated-gelu"])?;
         json.require_text("dense_act_fn", &["gelu_new", "gelu_pytorch_tanh"])?;
         if json.flag("is_decoder", false) {
             return Err(json.bad("`is_decoder` is true; stagehand computes T5's encoder".into()));
         }
-        let model = json.count("d_model", Some(512))?;
+        let [vocab, feed_forward, layers, heads] = defaults;
         Ok(Self {
-            vocab: json.count("vocab_size", Some(32128))?,
-            model,
+            vocab: json.count("vocab_size", Some(vocab))?,
+            model: json.count("d_model", Some(512))?,
             head_dim: json.count("d_kv", Some(64))?,
-            feed_forward: json.count("d_ff", Some(2048))?,
-            layers: json.count("num_layers", Some(6))?,
-            heads: json.count("num_heads", Some(8))?,
+            feed_forward: json.count("d_ff", Some(feed_forward))?,
+            layers: json.count("num_layers", Some(layers))?,
+            heads: json.count("num_heads", Some(heads))?,
             buckets: json.count("relative_attention_num_buckets", Some(32))?,
             max_distance: json.count("relative_attention_max_distance", Some(128))?,
             eps: json.float("layer_norm_epsilon", 1e-6)? as f32,
+            bias_per_layer: umt5,
         })
     }
 }
+
+/// `T5Config`'s and `UMT5Config`'s defaults of vocab_size, d_ff, num_layers, num_heads.
+const T5_DEFAULTS: [usize; 4] = [32128, 2048, 6, 8];
+const UMT5_DEFAULTS: [usize; 4] = [250112, 1024, 8, 6];
 
 /// The first block's relative position bias, `[buckets, heads]`, in transformers'
 /// names (ComfyUI's `t5xxl_fp16.safetensors` too).
 const POSITION_BIAS: &str = "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight";
 
+/// The second block's, which only umT5 has (ComfyUI's `umt5_xxl_fp16.safetensors`).
+const SECOND_POSITION_BIAS: &str =
+    "encoder.block.1.layer.0.SelfAttention.relative_attention_bias.weight";
+
 impl T5Config {
     /// The config of a checkpoint without one, from its shapes: T5 v1.1 (the gated
     /// tanh GELU, buckets reaching 128 positions) at the file's sizes. The heads are
-    /// the position bias table's columns.
+    /// the position bias table's columns; a second block with its own table is umT5.
     pub fn infer(index: &crate::model::ModelIndex) -> Result<Self, FamilyError> {
         let shapes = Shapes::new(index, "a T5 encoder");
         let embedding = ["shared.weight", "encoder.embed_tokens.weight"]
@@ -82,6 +94,7 @@ impl T5Config {
             buckets,
             max_distance: 128,
             eps: 1e-6,
+            bias_per_layer: shapes.has(SECOND_POSITION_BIAS),
         })
     }
 }
@@ -110,8 +123,8 @@ impl Open for T5Encoder {
         }
         Ok(Some(1))
     }
-    const MODEL_TYPES: &'static [&'static str] = &["t5"];
-    const ARCHITECTURES: &'static [&'static str] = &["T5EncoderModel"];
+    const MODEL_TYPES: &'static [&'static str] = &["t5", "umt5"];
+    const ARCHITECTURES: &'static [&'static str] = &["T5EncoderModel", "UMT5EncoderModel"];
 
     /// A checkpoint without a config.json in transformers' names (ComfyUI's `t5xxl_fp16.safetensors`).
     fn recognises_bare(index: &crate::model::ModelIndex) -> bool {
@@ -141,5 +154,36 @@ impl Open for T5Encoder {
             PAD,
         )?;
         T5Encoder::new(request.index, config, prompts, length, request.batch)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::T5Config;
+    use serde_json::json;
+    use std::path::Path;
+
+    #[test]
+    fn a_umt5_config_has_a_bias_per_block_and_umt5s_defaults() {
+        // Proves `model_type: umt5` turns on the per-block position bias and fills
+        // missing sizes from UMT5Config (vocab 250 112, 6 heads), T5's config neither.
+        let path = Path::new("config.json");
+        let umt5 = T5Config::from_json(path, &json!({"model_type": "umt5"})).expect("umt5");
+        assert!(umt5.bias_per_layer);
+        assert_eq!((umt5.vocab, umt5.heads, umt5.layers), (250112, 6, 8));
+        let t5 = T5Config::from_json(path, &json!({"model_type": "t5"})).expect("t5");
+        assert!(!t5.bias_per_layer);
+        assert_eq!((t5.vocab, t5.heads), (32128, 8));
+    }
+
+    #[test]
+    fn a_umt5_config_with_another_feed_forward_is_refused_by_name() {
+        // Proves a umt5 config whose feed-forward is not the gated tanh GELU is refused
+        // naming the key, not computed wrong.
+        let config = json!({"model_type": "umt5", "feed_forward_proj": "relu"});
+        let error = T5Config::from_json(Path::new("config.json"), &config)
+            .expect_err("refused")
+            .to_string();
+        assert!(error.contains("feed_forward_proj"), "{error}");
     }
 }
