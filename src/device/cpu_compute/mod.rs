@@ -41,19 +41,8 @@ mod spare;
 mod tensor;
 
 pub use block::CpuBlock;
+pub use simd::kernel_path;
 pub use tensor::CpuTensor;
-
-/// The kernel path this process's products take: `avx512` (`avx512+amx` where bf16
-/// products run on AMX tiles), `avx2` or `portable` — the widest this CPU has, capped
-/// by [`crate::settings::CPU_PATH_ENV`].
-pub fn kernel_path() -> &'static str {
-    match (simd::Isa::detect(), amx::available()) {
-        (simd::Isa::Avx512, true) => "avx512+amx",
-        (simd::Isa::Avx512, false) => "avx512",
-        (simd::Isa::Avx2, _) => "avx2",
-        (simd::Isa::Portable, _) => "portable",
-    }
-}
 
 use std::cell::RefCell;
 use std::sync::Mutex;

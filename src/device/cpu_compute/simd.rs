@@ -205,6 +205,18 @@ pub(super) enum Isa {
 /// The `gemm` crate's own microkernels are chosen by that crate, not by this.
 const CPU_PATH_VARIABLE: &str = crate::settings::CPU_PATH_ENV;
 
+/// The kernel path this process's products take: `avx512` (`avx512+amx` where bf16
+/// products run on AMX tiles), `avx2` or `portable` — the widest this CPU has, capped
+/// by [`crate::settings::CPU_PATH_ENV`].
+pub fn kernel_path() -> &'static str {
+    match (Isa::detect(), super::amx::available()) {
+        (Isa::Avx512, true) => "avx512+amx",
+        (Isa::Avx512, false) => "avx512",
+        (Isa::Avx2, _) => "avx2",
+        (Isa::Portable, _) => "portable",
+    }
+}
+
 impl Isa {
     pub(super) fn detect() -> Isa {
         static CHOSEN: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
