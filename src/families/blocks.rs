@@ -181,6 +181,22 @@ pub trait Blocks<C: Compute> {
     fn reserve_activations(&mut self, _bytes: u64) -> Result<Vec<BlockId>, FamilyError> {
         Ok(Vec::new())
     }
+    /// Runs `work` on block `id`, held (with the LoRA set attached now), and gives the
+    /// block back whether or not the work failed.
+    fn with_held<T>(
+        &mut self,
+        compute: &C,
+        id: BlockId,
+        work: impl FnOnce(&Held<C::Block>, Option<&LoraSet>) -> Result<T, FamilyError>,
+    ) -> Result<T, FamilyError>
+    where
+        Self: Sized,
+    {
+        let held = self.acquire(compute, id)?;
+        let outcome = work(&held, self.lora());
+        self.release(compute, held)?;
+        outcome
+    }
 }
 
 /// Blocks streamed through a session, with the compute thread's bookkeeping: holds

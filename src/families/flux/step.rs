@@ -9,9 +9,8 @@ use super::layers::{allocator, Ctx, StreamActs, EPS};
 use super::working_set;
 use super::Flux;
 use crate::compute::Compute;
-use crate::families::blocks::{Blocks, Held};
+use crate::families::blocks::Blocks;
 use crate::families::family::{Family, StepOutput};
-use crate::families::lora_set::LoraSet;
 use crate::families::FamilyError;
 
 /// The activations of a step, allocated once per run.
@@ -83,20 +82,6 @@ impl<C: Compute> Acts<C> {
     }
 }
 
-/// Runs `work` on block `id`, held (with the LoRA set attached now), and gives the
-/// block back whether or not the work failed.
-fn with_block<C: Compute, B: Blocks<C>, T>(
-    compute: &C,
-    blocks: &mut B,
-    id: BlockId,
-    work: impl FnOnce(&Held<C::Block>, Option<&LoraSet>) -> Result<T, FamilyError>,
-) -> Result<T, FamilyError> {
-    let held = blocks.acquire(compute, id)?;
-    let outcome = work(&held, blocks.lora());
-    blocks.release(compute, held)?;
-    outcome
-}
-
 impl Flux {
     fn ctx<'a, C: Compute>(&'a self, compute: &'a C) -> Result<Ctx<'a, C>, FamilyError> {
         Ok(Ctx {
@@ -116,7 +101,7 @@ impl Flux {
         sigma: f32,
     ) -> Result<(), FamilyError> {
         let (compute, weights) = (cx.compute, &self.weights.head);
-        with_block(compute, blocks, BlockId(0), |held, lora| {
+        blocks.with_held(compute, BlockId(0), |held, lora| {
             let scratch = &mut acts.scratch;
             cx.linear(
                 held,
@@ -186,7 +171,7 @@ impl Flux {
     ) -> Result<(), FamilyError> {
         let (compute, weights) = (cx.compute, &self.weights.double[block]);
         let text = self.text_tokens();
-        with_block(compute, blocks, BlockId(1 + block as u32), |held, lora| {
+        blocks.with_held(compute, BlockId(1 + block as u32), |held, lora| {
             let Acts {
                 img,
                 txt,
@@ -227,7 +212,7 @@ impl Flux {
         let (compute, weights) = (cx.compute, &self.weights.single[block]);
         let hidden = self.config.hidden();
         let id = 1 + self.config.double_blocks + block;
-        with_block(compute, blocks, BlockId(id as u32), |held, lora| {
+        blocks.with_held(compute, BlockId(id as u32), |held, lora| {
             let Acts {
                 img,
                 q,
@@ -297,7 +282,7 @@ impl Flux {
     ) -> Result<(), FamilyError> {
         let (compute, weights) = (cx.compute, &self.weights.last);
         let id = 1 + self.config.double_blocks + self.config.single_blocks;
-        with_block(compute, blocks, BlockId(id as u32), |held, lora| {
+        blocks.with_held(compute, BlockId(id as u32), |held, lora| {
             let Acts {
                 img,
                 joint,

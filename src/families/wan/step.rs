@@ -75,20 +75,6 @@ impl<C: Compute> Acts<C> {
     }
 }
 
-/// Runs `work` on block `id`, held, and gives the block back whether or not the work
-/// failed.
-fn with_block<C: Compute, B: Blocks<C>, T>(
-    compute: &C,
-    blocks: &mut B,
-    id: BlockId,
-    work: impl FnOnce(&Held<C::Block>) -> Result<T, FamilyError>,
-) -> Result<T, FamilyError> {
-    let held = blocks.acquire(compute, id)?;
-    let outcome = work(&held);
-    blocks.release(compute, held)?;
-    outcome
-}
-
 impl Wan {
     fn ctx<'a, C: Compute>(&'a self, compute: &'a C) -> Result<Ctx<'a, C>, FamilyError> {
         Ok(Ctx {
@@ -108,7 +94,7 @@ impl Wan {
         blocks: &mut B,
     ) -> Result<(), FamilyError> {
         let (compute, head) = (cx.compute, &self.weights.head);
-        with_block(compute, blocks, BlockId(0), |held| {
+        blocks.with_held(compute, BlockId(0), |held, _| {
             cx.linear(held, &head.patch_embedding, 0, &acts.patches, &mut acts.x)?;
             cx.linear(held, &head.text_1, 0, &acts.context, &mut acts.text_a)?;
             cx.kernels.gelu_tanh(&mut acts.text_a)?;
@@ -145,7 +131,7 @@ impl Wan {
     ) -> Result<(), FamilyError> {
         let (compute, weights) = (cx.compute, &self.weights.blocks[block]);
         let eps = self.config.eps;
-        with_block(compute, blocks, BlockId(1 + block as u32), |held| {
+        blocks.with_held(compute, BlockId(1 + block as u32), |held, _| {
             let time: Vec<&C::Tensor> = acts.time.iter().collect();
             cx.modulation(held, weights.scale_shift_table, &time, &mut acts.mods)?;
             let mods = &acts.mods;
@@ -229,7 +215,7 @@ impl Wan {
     ) -> Result<(), FamilyError> {
         let (compute, weights) = (cx.compute, &self.weights.output);
         let id = BlockId(1 + self.config.layers as u32);
-        with_block(compute, blocks, id, |held| {
+        blocks.with_held(compute, id, |held, _| {
             let mods = &mut acts.mods[..2];
             cx.modulation(
                 held,
