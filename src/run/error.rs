@@ -14,6 +14,8 @@ use std::path::PathBuf;
 
 use stagehand_actors::{Bytes, PlanError, SessionError};
 
+use super::refusal::{least_at_flag, vram_refusal};
+
 /// The cause of a run error, when it is an error of its own: the model index's
 /// [`crate::model::IndexError`], the actors' [`SessionError`], an [`std::io::Error`],
 /// a CUDA error. Downcast it to look inside.
@@ -278,13 +280,15 @@ impl RunError {
             SessionError::Plan(PlanError::VramBudgetTooSmall {
                 budget: given,
                 needed,
+                fits_at_depth,
                 ..
             })
             | SessionError::Plan(PlanError::VramBudgetTooSmallForLargeBlocks {
                 budget: given,
                 needed,
+                fits_at_depth,
                 ..
-            }) => vram_refusal(error, given, needed, vram_budget_bytes),
+            }) => vram_refusal(error, given, needed, fits_at_depth, vram_budget_bytes),
             SessionError::Plan(PlanError::PinCeilingTooSmall {
                 ceiling, needed, ..
             }) => budget(Budget::PinCeiling, ceiling, needed, error),
@@ -334,49 +338,6 @@ impl RunError {
             _ => RunError::Failed(message),
         }
     }
-}
-
-/// A VRAM budget below the plan's minimum. The plan checks what is left after the
-/// set-asides (a decoder's first KV pages, LoRA regions, an expert cache): the flag's
-/// value needs them on top, and the message says so where there are any.
-fn vram_refusal(
-    error: SessionError,
-    given: Bytes,
-    needed: Bytes,
-    vram_budget_bytes: u64,
-) -> RunError {
-    let whole = vram_budget_bytes.max(given.0);
-    let set_aside = whole - given.0;
-    let least = least_at_flag(Bytes(needed.0 + set_aside));
-    let message = if set_aside == 0 {
-        error.to_string()
-    } else {
-        format!(
-            "vram_budget {} is below the {} this model needs at minimum ({} set aside for activations, LoRA regions or experts before the weights are planned + {} for the weights): set --vram-budget {} or more",
-            Bytes(whole),
-            Bytes(needed.0 + set_aside),
-            Bytes(set_aside),
-            needed,
-            Bytes(least).flag_value_at_least(),
-        )
-    };
-    RunError::BudgetTooSmall {
-        budget: Budget::Vram,
-        given_bytes: whole,
-        least_bytes: least,
-        message,
-        source: Some(Box::new(error)),
-    }
-}
-
-/// The value `--vram-budget`/`--pin-ceiling` states for "at least `bytes`", in bytes:
-/// a message says `set --vram-budget 1.5MiB or more`, and the field holds what that
-/// flag value parses to, so a retry with it passes.
-fn least_at_flag(bytes: Bytes) -> u64 {
-    bytes
-        .flag_value_at_least()
-        .parse::<bytesize::ByteSize>()
-        .map_or(bytes.0, |size| size.as_u64().max(bytes.0))
 }
 
 impl RunError {

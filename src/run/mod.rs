@@ -16,6 +16,7 @@ mod physical;
 mod prepare;
 mod recorded;
 mod reference;
+mod refusal;
 pub mod report;
 pub mod roofline;
 pub mod summary;
