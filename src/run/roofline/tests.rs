@@ -131,7 +131,11 @@ fn a_cache_from_another_cpu_or_kernel_path_a_quick_measurement_or_last_month_is_
         },
         Roofline {
             machine: Machine {
-                kernel_path: "portable".to_string(),
+                // Another path than this process's (a forced one included).
+                kernel_path: match crate::device::cpu_compute::kernel_path() {
+                    "portable" => "avx2".to_string(),
+                    _ => "portable".to_string(),
+                },
                 ..Machine::this_one()
             },
             ..this_machine.clone()
