@@ -72,3 +72,38 @@ impl DescribedWorkload {
         value.ok_or_else(|| format!("`{key}` is needed: the {family} family's step depends on it"))
     }
 }
+
+/// Tensors of `shapes`, handed out in order by the function returned: how a state
+/// struct is allocated from the same list of shapes its size is predicted from.
+pub fn allocator<C: crate::compute::Compute>(
+    compute: &C,
+    shapes: Vec<(usize, usize)>,
+) -> Result<impl FnMut() -> Result<C::Tensor, super::FamilyError>, super::FamilyError> {
+    let mut tensors = shapes
+        .into_iter()
+        .map(|(rows, cols)| compute.tensor(rows, cols))
+        .collect::<Result<Vec<_>, _>>()?
+        .into_iter();
+    Ok(move || {
+        tensors.next().ok_or_else(|| {
+            super::FamilyError::Model("activation shapes and tensors disagree".into())
+        })
+    })
+}
+
+/// `[cos(t·f_i) …, sin(t·f_i) …]` with `f_i = exp(−ln(10000)·i/half)` over `dim`
+/// frequencies, in f32 as diffusers' `get_timestep_embedding(flip_sin_to_cos=True,
+/// downscale_freq_shift=0)` computes it: the diffusion transformers' time input.
+pub fn sinusoidal_embedding(t: f32, dim: usize) -> Vec<f32> {
+    let half = dim / 2;
+    let log_period = -(10_000f64.ln() as f32);
+    let arguments: Vec<f32> = (0..half)
+        .map(|i| {
+            let exponent = log_period * i as f32 / half as f32;
+            t * exponent.exp()
+        })
+        .collect();
+    let mut out: Vec<f32> = arguments.iter().map(|a| a.cos()).collect();
+    out.extend(arguments.iter().map(|a| a.sin()));
+    out
+}

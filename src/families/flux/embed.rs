@@ -11,18 +11,7 @@ pub const TIME_FREQUENCIES: usize = 256;
 /// diffusers' `get_timestep_embedding(flip_sin_to_cos=True)` and the original
 /// `timestep_embedding(time_factor=1000)` compute it.
 pub fn timestep_embedding(t: f32) -> Vec<f32> {
-    let half = TIME_FREQUENCIES / 2;
-    let t = t * 1000.0;
-    let log_period = -(10_000f64.ln() as f32);
-    let arguments: Vec<f32> = (0..half)
-        .map(|i| {
-            let exponent = log_period * i as f32 / half as f32;
-            t * exponent.exp()
-        })
-        .collect();
-    let mut out: Vec<f32> = arguments.iter().map(|a| a.cos()).collect();
-    out.extend(arguments.iter().map(|a| a.sin()));
-    out
+    crate::families::activations::sinusoidal_embedding(t * 1000.0, TIME_FREQUENCIES)
 }
 
 /// The rope table of `rows` token ids (`ids[r]` = (index, row, column)): per row,

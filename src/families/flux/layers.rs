@@ -160,24 +160,6 @@ pub struct StreamActs<C: Compute> {
     pub mods: Vec<C::Tensor>,
 }
 
-/// Tensors of `shapes`, handed out in order by the function returned: how a state
-/// struct is allocated from the same list of shapes its size is predicted from.
-pub fn allocator<C: Compute>(
-    compute: &C,
-    shapes: Vec<(usize, usize)>,
-) -> Result<impl FnMut() -> Result<C::Tensor, FamilyError>, FamilyError> {
-    let mut tensors = shapes
-        .into_iter()
-        .map(|(rows, cols)| compute.tensor(rows, cols))
-        .collect::<Result<Vec<_>, _>>()?
-        .into_iter();
-    Ok(move || {
-        tensors
-            .next()
-            .ok_or_else(|| FamilyError::Model("activation shapes and tensors disagree".into()))
-    })
-}
-
 impl<C: Compute> StreamActs<C> {
     /// The stream's tensors from `next`, in field order (the shapes are
     /// `working_set::stream`'s).

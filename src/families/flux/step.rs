@@ -5,10 +5,11 @@
 use stagehand_actors::BlockId;
 
 use super::embed::timestep_embedding;
-use super::layers::{allocator, Ctx, StreamActs, EPS};
+use super::layers::{Ctx, StreamActs, EPS};
 use super::working_set;
 use super::Flux;
 use crate::compute::Compute;
+use crate::families::activations::allocator;
 use crate::families::blocks::Blocks;
 use crate::families::family::{Family, StepOutput};
 use crate::families::FamilyError;

@@ -129,17 +129,7 @@ impl Grid {
 /// frequencies, in f32 as diffusers' `Timesteps(flip_sin_to_cos=True,
 /// downscale_freq_shift=0)` computes it (WAN takes the timestep unscaled, 0–1000).
 pub fn timestep_embedding(t: f32, dim: usize) -> Vec<f32> {
-    let half = dim / 2;
-    let log_period = -(10_000f64.ln() as f32);
-    let arguments: Vec<f32> = (0..half)
-        .map(|i| {
-            let exponent = log_period * i as f32 / half as f32;
-            t * exponent.exp()
-        })
-        .collect();
-    let mut out: Vec<f32> = arguments.iter().map(|a| a.cos()).collect();
-    out.extend(arguments.iter().map(|a| a.sin()));
-    out
+    crate::families::activations::sinusoidal_embedding(t, dim)
 }
 
 #[cfg(test)]

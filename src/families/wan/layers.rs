@@ -100,21 +100,3 @@ impl<C: Compute> Ctx<'_, C> {
         Ok(())
     }
 }
-
-/// Tensors of `shapes`, handed out in order by the function returned: the state is
-/// allocated from the same list its size is predicted from.
-pub fn allocator<C: Compute>(
-    compute: &C,
-    shapes: Vec<(usize, usize)>,
-) -> Result<impl FnMut() -> Result<C::Tensor, FamilyError>, FamilyError> {
-    let mut tensors = shapes
-        .into_iter()
-        .map(|(rows, cols)| compute.tensor(rows, cols))
-        .collect::<Result<Vec<_>, _>>()?
-        .into_iter();
-    Ok(move || {
-        tensors
-            .next()
-            .ok_or_else(|| FamilyError::Model("activation shapes and tensors disagree".into()))
-    })
-}

@@ -4,10 +4,11 @@
 use stagehand_actors::BlockId;
 
 use super::embed::timestep_embedding;
-use super::layers::{allocator, Ctx};
+use super::layers::Ctx;
 use super::weights::AttentionWeights;
 use super::{working_set, Wan};
 use crate::compute::Compute;
+use crate::families::activations::allocator;
 use crate::families::blocks::{Blocks, Held};
 use crate::families::family::{Family, StepOutput};
 use crate::families::FamilyError;
