@@ -17,6 +17,7 @@
 mod files;
 mod folder;
 mod image;
+pub mod scheduler;
 mod vae;
 
 use std::path::PathBuf;
