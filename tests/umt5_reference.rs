@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use stagehand::families::flux::read_tensors;
 use stagehand::families::prompt_tokens::PromptTokenizer;
-use stagehand::families::PromptLength;
+use stagehand::families::{PaddingMasked, PromptLength};
 use stagehand::run::{
     execute, prepare_with, Budgets, Extras, Outcome, Prepared, RunPlan, WorkloadKind,
 };
@@ -50,7 +50,11 @@ fn prepare() -> Prepared {
 }
 
 fn prepare_folder(folder: &Path) -> Prepared {
-    let extras = Extras::default()
+    prepare_with_extras(folder, Extras::default())
+}
+
+fn prepare_with_extras(folder: &Path, extras: Extras) -> Prepared {
+    let extras = extras
         .with(EncoderInput::Texts(vec![PROMPT.to_string()]))
         .with(PromptLength(MAX_SEQUENCE_LENGTH));
     prepare_with(
@@ -184,4 +188,48 @@ fn the_same_weights_read_as_t5_miss_transformers_states() {
     let states = output(&run(&prepared, budget));
     let error = relative_difference(&states, &expected("states"));
     assert!(error > 1e-2, "shared bias only {error} off");
+}
+
+#[test]
+fn with_the_padding_masked_umt5_gives_wanpipelines_states() {
+    // Proves the key mask WanPipeline passes (the tokenizer's attention mask): the
+    // prompt's rows equal UMT5EncoderModel's with that mask, the padded rows are zero
+    // (as WanPipeline zeroes them), and streamed equals resident bit for bit.
+    let folder = fixtures().join("text_encoder");
+    let prepared = prepare_with_extras(&folder, Extras::default().with(PaddingMasked));
+    let tokens = PromptTokenizer::for_encoder(&folder, MAX_SEQUENCE_LENGTH, "<pad>")
+        .expect("umT5 tokenizer")
+        .encode(PROMPT)
+        .expect("encodes")
+        .tokens;
+    assert!(
+        tokens > 1 && tokens < MAX_SEQUENCE_LENGTH,
+        "{tokens} prompt tokens"
+    );
+    let layout = prepared.facts().layout();
+    let activations = prepared.activation_bytes(1);
+    let resident = output(&run(&prepared, layout.total_bytes() + activations));
+    let width = resident.len() / MAX_SEQUENCE_LENGTH;
+    let masked = expected("states_masked");
+    let error = relative_difference(&resident[..tokens * width], &masked[..tokens * width]);
+    eprintln!("umT5 masked states: largest difference {error:e} of the largest magnitude");
+    assert!(error < TEXT_TOLERANCE, "masked states off by {error}");
+    assert!(
+        resident[tokens * width..].iter().all(|&value| value == 0.0),
+        "padding zeroed"
+    );
+    // The mask changes the prompt's rows: the unmasked states are not these.
+    let unmasked = relative_difference(
+        &resident[..tokens * width],
+        &expected("states")[..tokens * width],
+    );
+    assert!(unmasked > 1e-3, "the mask changed nothing ({unmasked})");
+
+    let smallest = layout.blocks.iter().map(|block| block.bytes).min();
+    let budget = layout.total_bytes() - smallest.unwrap_or(0) + activations;
+    let streamed = output(&run(&prepared, budget));
+    assert!(streamed
+        .iter()
+        .zip(&resident)
+        .all(|(a, b)| a.to_bits() == b.to_bits()));
 }

@@ -65,11 +65,16 @@ impl Conv2d {
     }
 }
 
-/// T5's attention: its heads and the length of each sequence.
+/// T5's attention: its heads, the length of each sequence and the keys each
+/// sequence's queries see.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BiasedAttention {
+pub struct BiasedAttention<'a> {
     pub heads: usize,
     pub length: usize,
+    /// The first `keys[s]` keys of sequence `s` are attended to, the rest are padding
+    /// (a tokenizer's attention mask, as WanPipeline passes it to umT5); empty: every
+    /// key (FluxPipeline passes no mask to T5).
+    pub keys: &'a [usize],
 }
 
 /// A group norm's groups and epsilon, and whether SiLU follows it (the VAE's
@@ -102,7 +107,7 @@ pub trait Pipeline {
         k: &Self::Tensor,
         v: &Self::Tensor,
         bias: &Self::Tensor,
-        shape: BiasedAttention,
+        shape: BiasedAttention<'_>,
         out: &mut Self::Tensor,
     ) -> Result<(), ComputeError>;
 
@@ -147,9 +152,16 @@ fn fail(what: &str, detail: String) -> ComputeError {
 pub fn attention_biased(
     (q, k, v, out): (Dims, Dims, Dims, Dims),
     bias: Dims,
-    shape: BiasedAttention,
+    shape: BiasedAttention<'_>,
 ) -> Result<(usize, usize), ComputeError> {
-    let BiasedAttention { heads, length } = shape;
+    let BiasedAttention {
+        heads,
+        length,
+        keys,
+    } = shape;
+    let sequences = q.0 / length.max(1);
+    let bad_keys = !keys.is_empty()
+        && (keys.len() != sequences || keys.iter().any(|&keys| keys == 0 || keys > length));
     let bad = heads == 0
         || length == 0
         || q != k
@@ -157,12 +169,13 @@ pub fn attention_biased(
         || q != out
         || q.1 % heads != 0
         || bias != (length * length, heads)
-        || q.0 % length != 0;
+        || q.0 % length != 0
+        || bad_keys;
     if bad {
         return Err(fail(
             "attention_biased",
             format!(
-                "q {q:?}, k {k:?}, v {v:?}, out {out:?} as {heads} heads of sequences of {length} with a bias of {bias:?}"
+                "q {q:?}, k {k:?}, v {v:?}, out {out:?} as {heads} heads of sequences of {length} with a bias of {bias:?} and keys {keys:?} (each 1 to the length, one a sequence, or none)"
             ),
         ));
     }
@@ -241,7 +254,7 @@ impl Pipeline for Recorder {
         _k: &Shape,
         _v: &Shape,
         _bias: &Shape,
-        shape: BiasedAttention,
+        shape: BiasedAttention<'_>,
         _out: &mut Shape,
     ) -> Result<(), ComputeError> {
         self.push(Kernel::Attention {

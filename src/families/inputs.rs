@@ -155,6 +155,13 @@ impl std::fmt::Debug for Inputs {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PromptLength(pub usize);
 
+/// A text encoder neither attends to its prompts' padding nor keeps it: the
+/// tokenizer's attention mask masks the padded keys and the padded rows of the states
+/// are zero, as WanPipeline encodes with umT5. Without it, T5 attends to the padding
+/// as FluxPipeline's does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PaddingMasked;
+
 /// The expert cache's knobs (generated MoE and the MoE decoders).
 #[derive(Debug, Clone, Copy)]
 pub struct MoeOptions {

@@ -52,7 +52,8 @@ pub mod wan;
 pub use activations::{Activations, BlockKindPeak, DescribedReserve, DescribedWorkload};
 pub use family::{Decoded, ExpertNeeds, ExpertStep, Facts, Family, StepOutput};
 pub use inputs::{
-    EncoderInput, Extras, Inputs, MoeOptions, PromptLength, WorkloadKind, BUILT_IN_SENTENCES,
+    EncoderInput, Extras, Inputs, MoeOptions, PaddingMasked, PromptLength, WorkloadKind,
+    BUILT_IN_SENTENCES,
 };
 pub use kv_cache::KvCache;
 pub use llama::{DecoderInput, PromptInput, BUILT_IN_PROMPT};

@@ -31,6 +31,8 @@ pub struct PromptTokenizer {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PromptIds {
     pub ids: Vec<u32>,
+    /// The prompt's own tokens, before the padding (its attention mask's ones).
+    pub tokens: usize,
     /// The prompt was longer than `length` and was cut.
     pub truncated: bool,
 }
@@ -95,8 +97,14 @@ impl PromptTokenizer {
                 self.source.display()
             ))
         })?;
+        let tokens = encoding
+            .get_attention_mask()
+            .iter()
+            .filter(|&&kept| kept == 1)
+            .count();
         Ok(PromptIds {
             ids: encoding.get_ids().to_vec(),
+            tokens: tokens.max(1),
             truncated: !encoding.get_overflowing().is_empty(),
         })
     }
@@ -173,8 +181,10 @@ pub fn prompts(
                             ids.len()
                         )));
                     }
+                    // Given ids carry no mask: every one is the prompt's.
                     Ok(PromptIds {
                         ids: ids.clone(),
+                        tokens: length,
                         truncated: false,
                     })
                 })

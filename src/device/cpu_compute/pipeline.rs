@@ -34,7 +34,7 @@ impl Pipeline for CpuCompute {
         k: &CpuTensor,
         v: &CpuTensor,
         bias: &CpuTensor,
-        shape: BiasedAttention,
+        shape: BiasedAttention<'_>,
         out: &mut CpuTensor,
     ) -> Result<(), ComputeError> {
         let (sequences, head_dim) = pipeline::attention_biased(
@@ -42,12 +42,16 @@ impl Pipeline for CpuCompute {
             bias.dims(),
             shape,
         )?;
-        let BiasedAttention { heads, length } = shape;
+        let BiasedAttention {
+            heads,
+            length,
+            keys,
+        } = shape;
         attention::biased(
             &self.pool,
             &self.scratch,
             (&q.data, &k.data, &v.data),
-            &bias.data,
+            (&bias.data, keys),
             (sequences, length, heads, head_dim),
             &mut out.data,
         );

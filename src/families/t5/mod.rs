@@ -3,7 +3,9 @@
 //!
 //! One step encodes a batch of prompts, each cut and padded to the run's prompt
 //! length (`max_sequence_length`, 512 for Flux dev) as diffusers pads them, with no
-//! attention mask (diffusers passes none: the padding is attended to). The token
+//! attention mask (FluxPipeline passes none: the padding is attended to), or, asked
+//! for with [`PaddingMasked`](crate::families::PaddingMasked), as WanPipeline encodes
+//! with umT5: the padded keys masked and the padded rows of the states zero. The token
 //! embeddings (`shared`); per block, an RMS norm (no mean, no bias) before
 //! self-attention with no score scaling and a learned position bias, and before the
 //! gated feed-forward `wo(gelu_tanh(wi_0·x) · wi_1·x)`, each added to the residual;
@@ -151,6 +153,8 @@ pub struct T5Encoder {
     prompts: PromptBatches,
     /// Every prompt's tokens.
     length: usize,
+    /// The padding is masked and zeroed ([`crate::families::PaddingMasked`]).
+    masked: bool,
     /// Each (query, key) pair's bucket, row-major.
     buckets: Vec<u32>,
 }
@@ -197,7 +201,7 @@ impl T5Encoder {
         index: &ModelIndex,
         config: T5Config,
         prompts: Vec<PromptIds>,
-        length: usize,
+        (length, masked): (usize, bool),
         batch: usize,
     ) -> Result<Self, FamilyError> {
         let prompts = PromptBatches::new(prompts, batch)?;
@@ -230,6 +234,7 @@ impl T5Encoder {
             config,
             prompts,
             length,
+            masked,
             buckets,
         })
     }
@@ -257,7 +262,7 @@ impl T5Encoder {
     fn layer<C: Compute, B: Blocks<C>>(
         &self,
         compute: &C,
-        layer: usize,
+        (layer, keys): (usize, &[usize]),
         t: &mut Activations<C>,
         blocks: &mut B,
     ) -> Result<(), FamilyError> {
@@ -287,6 +292,7 @@ impl T5Encoder {
             let shape = BiasedAttention {
                 heads: self.config.heads,
                 length: self.length,
+                keys,
             };
             pipeline.attention_biased(&t.q, &t.k, &t.v, &t.bias, shape, &mut t.context)?;
             linear(compute, &held, &slots.o, &t.context, &mut t.out)?;
@@ -394,8 +400,15 @@ impl Family for T5Encoder {
         })();
         blocks.release(compute, held)?;
         outcome?;
+        let keys: Vec<usize> = match self.masked {
+            true => prompts
+                .iter()
+                .map(|prompt| prompt.tokens.min(self.length))
+                .collect(),
+            false => Vec::new(),
+        };
         for layer in 0..self.config.layers {
-            self.layer(compute, layer, t, blocks)?;
+            self.layer(compute, (layer, &keys), t, blocks)?;
         }
         let held = blocks.acquire(compute, BlockId(self.config.layers as u32 + 1))?;
         let outcome = (|| {
@@ -410,8 +423,15 @@ impl Family for T5Encoder {
         })();
         blocks.release(compute, held)?;
         outcome?;
+        let mut states = compute.read(&t.normed)?;
+        let model = self.config.model;
+        for (sequence, &tokens) in keys.iter().enumerate() {
+            let padding =
+                (sequence * self.length + tokens) * model..(sequence + 1) * self.length * model;
+            states[padding].fill(0.0);
+        }
         Ok(StepOutput {
-            output: Some(compute.read(&t.normed)?),
+            output: Some(states),
             ..StepOutput::default()
         })
     }

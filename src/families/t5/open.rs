@@ -2,7 +2,7 @@
 
 use super::{T5Config, T5Encoder};
 use crate::families::config_json::ConfigJson;
-use crate::families::inputs::{EncoderInput, PromptLength, WorkloadKind};
+use crate::families::inputs::{EncoderInput, PaddingMasked, PromptLength, WorkloadKind};
 use crate::families::prompt_tokens;
 use crate::families::registry::{Found, Open, Request, StepUnit};
 use crate::families::shapes::Shapes;
@@ -153,7 +153,14 @@ impl Open for T5Encoder {
             length,
             PAD,
         )?;
-        T5Encoder::new(request.index, config, prompts, length, request.batch)
+        let masked = request.extras.input::<PaddingMasked>().is_some();
+        T5Encoder::new(
+            request.index,
+            config,
+            prompts,
+            (length, masked),
+            request.batch,
+        )
     }
 }
 

@@ -48,13 +48,14 @@ pub(super) fn attention(
     run(pool, scratch, (q, k, v), &heads, out);
 }
 
-/// T5's attention (`Pipeline::attention_biased`) on the same blocked path: every key
-/// visible, no scaling, each score offset by `bias[(i·length + j)·heads + head]`.
+/// T5's attention (`Pipeline::attention_biased`) on the same blocked path: the first
+/// `keys[s]` keys of sequence `s` visible (every key when `keys` is empty), no
+/// scaling, each score offset by `bias[(i·length + j)·heads + head]`.
 pub(in super::super) fn biased(
     pool: &Pool,
     scratch: &[std::sync::Mutex<Vec<f32>>],
     (q, k, v): (&[f32], &[f32], &[f32]),
-    bias: &[f32],
+    (bias, keys): (&[f32], &[usize]),
     (sequences, length, heads, dim): (usize, usize, usize, usize),
     out: &mut [f32],
 ) {
@@ -64,7 +65,7 @@ pub(in super::super) fn biased(
         heads,
         dim,
         scale: 1.0,
-        keys: &|_| length,
+        keys: &|sequence| keys.get(sequence).copied().unwrap_or(length),
         bias: Some(bias),
     };
     run(pool, scratch, (q, k, v), &blocked, out);
@@ -269,7 +270,8 @@ mod tests {
     fn t5s_biased_attention_matches_f64_across_query_blocks() {
         // Proves the biased path (two sequences of 200 rows: two query blocks each, 2
         // heads of 8, every score offset by its head's bias, no scaling) against f64,
-        // with the same bits on 1 and 2 threads.
+        // with the same bits on 1 and 2 threads; and with a key mask (the second
+        // sequence's last 70 keys padding), every query attends to its visible keys only.
         let (sequences, length, heads, dim) = (2, 200, 2, 8);
         let width = heads * dim;
         let values = |count: usize, seed: u32| -> Vec<f32> {
@@ -284,7 +286,7 @@ mod tests {
         let rows = sequences * length * width;
         let (q, k, v) = (values(rows, 4), values(rows, 5), values(rows, 6));
         let bias = values(length * length * heads, 7);
-        let run = |threads: usize| {
+        let run = |threads: usize, keys: &[usize]| {
             let pool = Pool::new(threads);
             let scratch: Vec<_> = (0..threads).map(|_| std::sync::Mutex::default()).collect();
             let mut out = vec![0.0f32; rows];
@@ -292,17 +294,33 @@ mod tests {
                 &pool,
                 &scratch,
                 (&q, &k, &v),
-                &bias,
+                (&bias, keys),
                 (sequences, length, heads, dim),
                 &mut out,
             );
             out
         };
-        let one = run(1);
-        assert_eq!(one, run(2), "the bits do not depend on the threads");
+        for keys in [&[][..], &[200, 130][..]] {
+            let one = run(1, keys);
+            assert_eq!(one, run(2, keys), "the bits do not depend on the threads");
+            check_biased(&one, (&q, &k, &v), &bias, keys, (length, heads, dim));
+        }
+    }
+
+    /// Checks sampled rows of a biased attention's output against f64.
+    fn check_biased(
+        out: &[f32],
+        (q, k, v): (&[f32], &[f32], &[f32]),
+        bias: &[f32],
+        keys: &[usize],
+        (length, heads, dim): (usize, usize, usize),
+    ) {
+        let width = heads * dim;
+        let one = out;
         for (sequence, query, head) in [(0, 0, 0), (0, 199, 1), (1, 128, 0), (1, 150, 1)] {
+            let visible = keys.get(sequence).copied().unwrap_or(length);
             let row = |i: usize| sequence * length + i;
-            let scores: Vec<f64> = (0..length)
+            let scores: Vec<f64> = (0..visible)
                 .map(|j| {
                     let dot: f64 = (0..dim)
                         .map(|d| {
@@ -317,7 +335,7 @@ mod tests {
             let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
             let total: f64 = weights.iter().sum();
             for d in 0..dim {
-                let expected: f64 = (0..length)
+                let expected: f64 = (0..visible)
                     .map(|j| weights[j] * f64::from(v[row(j) * width + head * dim + d]))
                     .sum::<f64>()
                     / total;
