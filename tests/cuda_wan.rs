@@ -45,6 +45,7 @@ fn input(variant: &str) -> WanInput {
         width: shape[4],
         timestep: expected(variant, "timestep").1[0],
         context: expected(variant, "encoder_hidden_states").1,
+        guidance: None,
     }
 }
 

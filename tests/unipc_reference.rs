@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
-use stagehand::pipeline::scheduler::{read_unipc, UniPc};
+use stagehand::families::wan::scheduler::{read_unipc, UniPc};
 
 fn fixture(case: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -51,6 +51,7 @@ fn input(variant: &str, suffix: &str) -> WanInput {
         width: shape[4],
         timestep: timestep[0],
         context,
+        guidance: None,
     }
 }
 

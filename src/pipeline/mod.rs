@@ -17,7 +17,6 @@
 mod files;
 mod folder;
 mod image;
-pub mod scheduler;
 mod vae;
 
 use std::path::PathBuf;

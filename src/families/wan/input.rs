@@ -21,6 +21,17 @@ pub struct WanInput {
     pub timestep: f32,
     /// `[tokens, text_dim]` text states.
     pub context: Vec<f32>,
+    /// Classifier-free guidance: the velocity is `u + scale·(c − u)` of the prompt's
+    /// (`context`) and the negative prompt's; `None`: the prompt's alone.
+    pub guidance: Option<Guidance>,
+}
+
+/// The negative prompt's states (`[tokens, text_dim]`, as many tokens as the
+/// prompt's) and the guidance scale (diffusers' `guidance_scale`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Guidance {
+    pub negative: Vec<f32>,
+    pub scale: f32,
 }
 
 impl WanInput {
@@ -35,6 +46,19 @@ impl WanInput {
             width,
             timestep: 500.0,
             context: gaussian(tokens * config.text_dim, 11),
+            guidance: None,
+        }
+    }
+
+    /// The same, guided by a seeded negative prompt at WanPipeline's default scale
+    /// (5.0): what a described step computes.
+    pub fn seeded_guided(config: &WanConfig, latent: [usize; 3], tokens: usize) -> Self {
+        Self {
+            guidance: Some(Guidance {
+                negative: gaussian(tokens * config.text_dim, 13),
+                scale: 5.0,
+            }),
+            ..Self::seeded(config, latent, tokens)
         }
     }
 
@@ -89,7 +113,8 @@ impl WanInput {
         Ok(grid)
     }
 
-    /// Text tokens, checked against the model's `text_dim`.
+    /// Text tokens, checked against the model's `text_dim` (the negative prompt's as
+    /// many as the prompt's).
     pub fn text_tokens(&self, config: &WanConfig) -> Result<usize, FamilyError> {
         let tokens = self.context.len() / config.text_dim;
         if tokens == 0 || tokens * config.text_dim != self.context.len() {
@@ -98,6 +123,16 @@ impl WanInput {
                 self.context.len(),
                 config.text_dim
             )));
+        }
+        if let Some(guidance) = &self.guidance {
+            if guidance.negative.len() != self.context.len() || !guidance.scale.is_finite() {
+                return Err(FamilyError::Model(format!(
+                    "the negative prompt's states have {} values, the prompt's {}: both are padded to the same length (--max-sequence-length); the guidance scale is {}",
+                    guidance.negative.len(),
+                    self.context.len(),
+                    guidance.scale
+                )));
+            }
         }
         Ok(tokens)
     }

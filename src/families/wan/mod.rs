@@ -3,8 +3,12 @@
 //! compute port.
 //!
 //! One step computes the transformer's velocity for the input latent at its
-//! timestep (the sampler that walks a schedule, classifier-free guidance and the
-//! expert hand-over belong to the video pipeline). The pass: the latent cut into
+//! timestep, or, given a [`WanSample`], takes one denoising step of a schedule (the
+//! UniPC solver of `scheduler`) from the latent the step before left. With
+//! classifier-free guidance the prompt's and the negative prompt's passes run block
+//! by block under one acquire of each block, so every streamed weight serves both
+//! (diffusers runs them as two whole passes). The expert hand-over belongs to the
+//! video pipeline. The pass: the latent cut into
 //! 1×2×2 patches through `patch_embedding` (a Conv3d whose kernel equals its stride,
 //! so a product over flattened patches); the umT5 states through the text embedder
 //! (Linear, GELU-tanh, Linear); the timestep's 256 sinusoidal frequencies through
@@ -24,6 +28,8 @@ mod embed;
 mod input;
 mod layers;
 mod open;
+mod sample;
+pub mod scheduler;
 mod step;
 mod weights;
 mod working_set;
@@ -31,8 +37,9 @@ mod working_set;
 pub use config::{WanConfig, QK_NORM};
 pub use demo::{WanDemo, WanPreset};
 pub use embed::Grid;
-pub use input::WanInput;
+pub use input::{Guidance, WanInput};
 pub use open::CLASS_NAME;
+pub use sample::{guided, high_noise_steps, WanSample};
 pub use working_set::activations_at;
 
 use self::weights::WanWeights;
@@ -44,6 +51,8 @@ pub struct Wan {
     pub config: WanConfig,
     weights: WanWeights,
     input: WanInput,
+    /// Sampling: the schedule's share this run takes.
+    sample: Option<WanSample>,
     pub grid: Grid,
     /// Video tokens, text tokens.
     pub tokens: usize,
@@ -58,6 +67,7 @@ impl Wan {
         index: &ModelIndex,
         config: WanConfig,
         input: WanInput,
+        sample: Option<WanSample>,
     ) -> Result<Self, FamilyError> {
         let weights = WanWeights::place(index, &config)?;
         let grid = input.grid(&config)?;
@@ -70,6 +80,7 @@ impl Wan {
             config,
             weights,
             input,
+            sample,
             grid,
             tokens,
             text,
@@ -85,6 +96,21 @@ impl Wan {
 
     /// What a step reserves, and the working set of each kind of block.
     pub fn activations(&self) -> crate::families::Activations {
-        activations_at(&self.config, self.tokens, self.text)
+        activations_at(&self.config, self.tokens, self.text, self.guided())
+    }
+
+    /// The step runs the negative prompt's pass too.
+    pub fn guided(&self) -> bool {
+        self.input.guidance.is_some()
+    }
+
+    /// The run samples (a [`WanSample`]) rather than computing one velocity.
+    pub fn sampling(&self) -> bool {
+        self.sample.is_some()
+    }
+
+    /// Steps of one sample: the schedule's share a sampling run takes, else 1.
+    pub fn steps_per_sample(&self) -> usize {
+        self.sample.as_ref().map_or(1, |sample| sample.steps)
     }
 }

@@ -6,6 +6,7 @@ use stagehand_actors::ModelLayout;
 
 use super::config::WanConfig;
 use super::input::WanInput;
+use super::sample::WanSample;
 use super::working_set::activations_at;
 use super::Wan;
 use crate::families::family::Facts;
@@ -37,8 +38,9 @@ impl Open for Wan {
     const KIND: WorkloadKind = WorkloadKind::Diffusion;
     const STEP: StepUnit = StepUnit::Denoise;
 
-    /// A described step is one velocity of 81 frames at 480 × 832 with 512 text
-    /// tokens (the input `open` makes when only headers are read).
+    /// A described step is one guided velocity (the prompt's and the negative
+    /// prompt's passes, as WanPipeline samples) of 81 frames at 480 × 832 with 512 text
+    /// tokens.
     fn described_step(_: &Found<'_>, _: u64, _: &mut Extras) -> Result<Option<usize>, FamilyError> {
         Ok(Some(1))
     }
@@ -64,7 +66,12 @@ impl Open for Wan {
         }
         Ok(Some(DescribedReserve {
             kv_cache: None,
-            activations: Some(activations_at(&config, tokens as usize, text as usize)),
+            activations: Some(activations_at(
+                &config,
+                tokens as usize,
+                text as usize,
+                true,
+            )),
         }))
     }
 
@@ -76,14 +83,26 @@ impl Open for Wan {
         let folder = request.folder("a WAN transformer")?;
         let config = WanConfig::from_json(&folder.config_path(), &folder.config)?;
         check_layers(request.index, &config)?;
+        if let Some(sample) = request.extras.input::<WanSample>() {
+            let Some(&first) = sample.solver.timesteps().get(sample.solver.steps_taken()) else {
+                return Err(FamilyError::Model(
+                    "the sampling's schedule has no step left".into(),
+                ));
+            };
+            let input = WanInput {
+                timestep: first as f32,
+                ..sample.input.clone()
+            };
+            return Wan::new(request.index, config, input, Some(sample.clone()));
+        }
         let input = match request.extras.input::<WanInput>() {
             Some(input) => input.clone(),
             None if request.extras.headers_only => {
-                WanInput::seeded(&config, DESCRIBED_LATENT, DESCRIBED_TEXT_TOKENS)
+                WanInput::seeded_guided(&config, DESCRIBED_LATENT, DESCRIBED_TEXT_TOKENS)
             }
             None => WanInput::seeded(&config, DEFAULT_LATENT, DEFAULT_TEXT_TOKENS),
         };
-        Wan::new(request.index, config, input)
+        Wan::new(request.index, config, input, None)
     }
 }
 
@@ -126,5 +145,15 @@ impl Facts for Wan {
     /// Video and text token rows through every block.
     fn tokens_per_step(&self) -> u64 {
         self.tokens.max(self.text) as u64
+    }
+
+    /// Every step of a sampling is its own (one velocity: all steps the same).
+    fn reference_key(&self, step: u64) -> u64 {
+        step % self.steps_per_sample() as u64
+    }
+
+    /// A sampling's step continues from the latent of the one before.
+    fn reference_is_sequential(&self) -> bool {
+        self.sampling()
     }
 }

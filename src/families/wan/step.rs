@@ -1,10 +1,12 @@
 //! A WAN step: the velocity of the input latent at its timestep, over the blocks in
-//! order — embedders, transformer blocks, output layer.
+//! order — embedders, transformer blocks, output layer — the negative prompt's pass
+//! beside the prompt's under each block when guided; when sampling, the solver's step.
 
 use stagehand_actors::BlockId;
 
 use super::embed::timestep_embedding;
 use super::layers::Ctx;
+use super::sample::{guided, Sampler};
 use super::weights::AttentionWeights;
 use super::{working_set, Wan};
 use crate::compute::Compute;
@@ -38,14 +40,28 @@ pub struct Acts<C: Compute> {
     hidden: C::Tensor,
     out: C::Tensor,
     table: C::Tensor,
+    /// The negative prompt's pass, when guided.
+    negative: Option<Negative<C>>,
+}
+
+/// What the negative prompt's pass keeps apart from the prompt's: its residual
+/// stream, its projected text and its text states.
+pub struct Negative<C: Compute> {
+    x: C::Tensor,
+    text: C::Tensor,
+    context: C::Tensor,
+}
+
+/// A run's state: the activations, and the sampler's latent and solver.
+pub struct WanState<C: Compute> {
+    acts: Option<Acts<C>>,
+    sampler: Option<Sampler>,
 }
 
 impl<C: Compute> Acts<C> {
     fn new(compute: &C, wan: &Wan) -> Result<Self, FamilyError> {
-        let mut next = allocator(
-            compute,
-            working_set::shapes(&wan.config, wan.tokens, wan.text),
-        )?;
+        let shapes = working_set::shapes(&wan.config, wan.tokens, wan.text, wan.guided());
+        let mut next = allocator(compute, shapes)?;
         // Fields in the list's order: a struct literal evaluates in the order written.
         let mut acts = Self {
             patches: next()?,
@@ -68,11 +84,46 @@ impl<C: Compute> Acts<C> {
             hidden: next()?,
             out: next()?,
             table: next()?,
+            negative: None,
         };
+        if let Some(guidance) = &wan.input.guidance {
+            let mut negative = Negative {
+                x: next()?,
+                text: next()?,
+                context: next()?,
+            };
+            compute.write(&mut negative.context, &guidance.negative)?;
+            acts.negative = Some(negative);
+        }
         compute.write(&mut acts.patches, &wan.patches)?;
         compute.write(&mut acts.context, &wan.input.context)?;
         compute.write(&mut acts.table, &wan.table)?;
         Ok(acts)
+    }
+
+    /// Swaps the prompt's pass for the negative prompt's (and back): the step runs
+    /// the same code on either.
+    fn swap_pass(&mut self) {
+        if let Some(negative) = &mut self.negative {
+            std::mem::swap(&mut self.x, &mut negative.x);
+            std::mem::swap(&mut self.text, &mut negative.text);
+            std::mem::swap(&mut self.context, &mut negative.context);
+        }
+    }
+
+    /// Runs `pass` on the prompt's tensors, then on the negative prompt's.
+    fn each_pass(
+        &mut self,
+        mut pass: impl FnMut(&mut Self) -> Result<(), FamilyError>,
+    ) -> Result<(), FamilyError> {
+        pass(self)?;
+        if self.negative.is_some() {
+            self.swap_pass();
+            let outcome = pass(self);
+            self.swap_pass();
+            outcome?;
+        }
+        Ok(())
     }
 }
 
@@ -91,16 +142,18 @@ impl Wan {
     fn head<C: Compute, B: Blocks<C>>(
         &self,
         cx: &Ctx<'_, C>,
-        acts: &mut Acts<C>,
+        (acts, timestep): (&mut Acts<C>, f32),
         blocks: &mut B,
     ) -> Result<(), FamilyError> {
         let (compute, head) = (cx.compute, &self.weights.head);
         blocks.with_held(compute, BlockId(0), |held, _| {
-            cx.linear(held, &head.patch_embedding, 0, &acts.patches, &mut acts.x)?;
-            cx.linear(held, &head.text_1, 0, &acts.context, &mut acts.text_a)?;
-            cx.kernels.gelu_tanh(&mut acts.text_a)?;
-            cx.linear(held, &head.text_2, 0, &acts.text_a, &mut acts.text)?;
-            let frequencies = timestep_embedding(self.input.timestep, self.config.freq_dim);
+            acts.each_pass(|acts| {
+                cx.linear(held, &head.patch_embedding, 0, &acts.patches, &mut acts.x)?;
+                cx.linear(held, &head.text_1, 0, &acts.context, &mut acts.text_a)?;
+                cx.kernels.gelu_tanh(&mut acts.text_a)?;
+                cx.linear(held, &head.text_2, 0, &acts.text_a, &mut acts.text)
+            })?;
+            let frequencies = timestep_embedding(timestep, self.config.freq_dim);
             compute.write(&mut acts.frequencies, &frequencies)?;
             cx.linear(
                 held,
@@ -130,38 +183,50 @@ impl Wan {
         blocks: &mut B,
         block: usize,
     ) -> Result<(), FamilyError> {
+        let id = BlockId(1 + block as u32);
+        blocks.with_held(cx.compute, id, |held, _| {
+            acts.each_pass(|acts| self.block_pass(cx, held, block, acts))
+        })
+    }
+
+    /// One pass (the prompt's or the negative prompt's) through a held block.
+    fn block_pass<C: Compute>(
+        &self,
+        cx: &Ctx<'_, C>,
+        held: &Held<C::Block>,
+        block: usize,
+        acts: &mut Acts<C>,
+    ) -> Result<(), FamilyError> {
         let (compute, weights) = (cx.compute, &self.weights.blocks[block]);
         let eps = self.config.eps;
-        blocks.with_held(compute, BlockId(1 + block as u32), |held, _| {
-            let time: Vec<&C::Tensor> = acts.time.iter().collect();
-            cx.modulation(held, weights.scale_shift_table, &time, &mut acts.mods)?;
-            let mods = &acts.mods;
-            cx.kernels
-                .adaptive_norm(&acts.x, &mods[0], &mods[1], eps, &mut acts.normed)?;
-            self.self_attention(cx, held, &weights.attn1, acts)?;
-            cx.kernels
-                .add_gated(&mut acts.x, &acts.proj, &acts.mods[2])?;
-            match weights.norm2 {
-                Some((weight, bias)) => {
-                    let view = held.view(compute);
-                    let gamma = view.weight(&self.weights.slot(weight)?)?;
-                    let beta = view.weight(&self.weights.slot(bias)?)?;
-                    compute.layer_norm(&acts.x, &gamma, &beta, eps, &mut acts.normed)?;
-                }
-                None => compute.copy(&acts.x, &mut acts.normed)?,
+        let time: Vec<&C::Tensor> = acts.time.iter().collect();
+        cx.modulation(held, weights.scale_shift_table, &time, &mut acts.mods)?;
+        let mods = &acts.mods;
+        cx.kernels
+            .adaptive_norm(&acts.x, &mods[0], &mods[1], eps, &mut acts.normed)?;
+        self.self_attention(cx, held, &weights.attn1, acts)?;
+        cx.kernels
+            .add_gated(&mut acts.x, &acts.proj, &acts.mods[2])?;
+        match weights.norm2 {
+            Some((weight, bias)) => {
+                let view = held.view(compute);
+                let gamma = view.weight(&self.weights.slot(weight)?)?;
+                let beta = view.weight(&self.weights.slot(bias)?)?;
+                compute.layer_norm(&acts.x, &gamma, &beta, eps, &mut acts.normed)?;
             }
-            self.cross_attention(cx, held, &weights.attn2, acts)?;
-            compute.add(&mut acts.x, &acts.proj)?;
-            let mods = &acts.mods;
-            cx.kernels
-                .adaptive_norm(&acts.x, &mods[3], &mods[4], eps, &mut acts.normed)?;
-            cx.linear(held, &weights.ffn_in, 0, &acts.normed, &mut acts.hidden)?;
-            cx.kernels.gelu_tanh(&mut acts.hidden)?;
-            cx.linear(held, &weights.ffn_out, 0, &acts.hidden, &mut acts.proj)?;
-            cx.kernels
-                .add_gated(&mut acts.x, &acts.proj, &acts.mods[5])?;
-            Ok(())
-        })
+            None => compute.copy(&acts.x, &mut acts.normed)?,
+        }
+        self.cross_attention(cx, held, &weights.attn2, acts)?;
+        compute.add(&mut acts.x, &acts.proj)?;
+        let mods = &acts.mods;
+        cx.kernels
+            .adaptive_norm(&acts.x, &mods[3], &mods[4], eps, &mut acts.normed)?;
+        cx.linear(held, &weights.ffn_in, 0, &acts.normed, &mut acts.hidden)?;
+        cx.kernels.gelu_tanh(&mut acts.hidden)?;
+        cx.linear(held, &weights.ffn_out, 0, &acts.hidden, &mut acts.proj)?;
+        cx.kernels
+            .add_gated(&mut acts.x, &acts.proj, &acts.mods[5])?;
+        Ok(())
     }
 
     /// `proj ← to_out(attention(q, k, v))` over the video tokens, q and k normed
@@ -207,63 +272,116 @@ impl Wan {
         cx.linear(held, &weights.to_out, 0, &acts.attn, &mut acts.proj)
     }
 
-    /// The output norm modulated by `scale_shift_table + temb`, then `proj_out`.
+    /// The output norm modulated by `scale_shift_table + temb`, then `proj_out`: the
+    /// velocity of each pass (the prompt's, then the negative prompt's), unpatched.
     fn output<C: Compute, B: Blocks<C>>(
         &self,
         cx: &Ctx<'_, C>,
         acts: &mut Acts<C>,
         blocks: &mut B,
-    ) -> Result<(), FamilyError> {
+    ) -> Result<Vec<Vec<f32>>, FamilyError> {
         let (compute, weights) = (cx.compute, &self.weights.output);
         let id = BlockId(1 + self.config.layers as u32);
+        let mut velocities = Vec::with_capacity(2);
         blocks.with_held(compute, id, |held, _| {
-            let mods = &mut acts.mods[..2];
-            cx.modulation(
-                held,
-                weights.scale_shift_table,
-                &[&acts.temb, &acts.temb],
-                mods,
-            )?;
-            let eps = self.config.eps;
-            cx.kernels
-                .adaptive_norm(&acts.x, &mods[0], &mods[1], eps, &mut acts.normed)?;
-            cx.linear(held, &weights.proj_out, 0, &acts.normed, &mut acts.out)
-        })
+            acts.each_pass(|acts| {
+                let mods = &mut acts.mods[..2];
+                cx.modulation(
+                    held,
+                    weights.scale_shift_table,
+                    &[&acts.temb, &acts.temb],
+                    mods,
+                )?;
+                let eps = self.config.eps;
+                cx.kernels
+                    .adaptive_norm(&acts.x, &mods[0], &mods[1], eps, &mut acts.normed)?;
+                cx.linear(held, &weights.proj_out, 0, &acts.normed, &mut acts.out)?;
+                let rows = compute.read(&acts.out)?;
+                velocities.push(self.grid.unpatchify(&rows, self.config.out_channels));
+                Ok(())
+            })
+        })?;
+        Ok(velocities)
+    }
+
+    /// The velocity of the latent in `acts.patches` at `timestep`, guided when the
+    /// input says so.
+    fn velocity<C: Compute, B: Blocks<C>>(
+        &self,
+        cx: &Ctx<'_, C>,
+        (acts, timestep): (&mut Acts<C>, f32),
+        blocks: &mut B,
+    ) -> Result<Vec<f32>, FamilyError> {
+        self.head(cx, (acts, timestep), blocks)?;
+        for block in 0..self.config.layers {
+            self.block(cx, acts, blocks, block)?;
+        }
+        let velocities = self.output(cx, acts, blocks)?;
+        match (&self.input.guidance, velocities.as_slice()) {
+            (Some(guidance), [conditional, unconditional]) => {
+                Ok(guided(conditional, unconditional, guidance.scale))
+            }
+            (None, [velocity]) => Ok(velocity.clone()),
+            _ => Err(FamilyError::Model("a pass computed no velocity".into())),
+        }
     }
 }
 
 impl Family for Wan {
-    type State<C: Compute> = Option<Acts<C>>;
+    type State<C: Compute> = WanState<C>;
 
-    fn start<C: Compute>(&self, compute: &C) -> Result<Option<Acts<C>>, FamilyError> {
+    fn start<C: Compute>(&self, compute: &C) -> Result<WanState<C>, FamilyError> {
         // Refused here, before any block moves, on an adapter without the kernels.
         compute.diffusion()?;
-        Ok(None)
+        Ok(WanState {
+            acts: None,
+            sampler: None,
+        })
     }
 
+    /// One velocity; when sampling, the next denoising step of the share (its output
+    /// the step's guided velocity, the latent moved on by the solver).
     fn step<C: Compute, B: Blocks<C>>(
         &self,
         compute: &C,
-        state: &mut Option<Acts<C>>,
+        state: &mut WanState<C>,
         blocks: &mut B,
         _step: u64,
     ) -> Result<StepOutput, FamilyError> {
         let cx = self.ctx(compute)?;
-        if state.is_none() {
+        if state.acts.is_none() {
             blocks.reserve_activations(self.working_set_bytes())?;
-            *state = Some(Acts::new(compute, self)?);
+            state.acts = Some(Acts::new(compute, self)?);
         }
-        let Some(acts) = state.as_mut() else {
+        let Some(acts) = state.acts.as_mut() else {
             return Err(FamilyError::Model("activations were not allocated".into()));
         };
-        self.head(&cx, acts, blocks)?;
-        for block in 0..self.config.layers {
-            self.block(&cx, acts, blocks, block)?;
-        }
-        self.output(&cx, acts, blocks)?;
-        let rows = compute.read(&acts.out)?;
+        let Some(sample) = &self.sample else {
+            let velocity = self.velocity(&cx, (acts, self.input.timestep), blocks)?;
+            return Ok(StepOutput {
+                output: Some(velocity),
+                ..StepOutput::default()
+            });
+        };
+        let sampler = match &mut state.sampler {
+            Some(sampler) if !sampler.done(sample.steps) => sampler,
+            slot => slot.insert(Sampler::new(sample)),
+        };
+        let Some(timestep) = sampler.timestep() else {
+            return Err(FamilyError::Model("the schedule has no step left".into()));
+        };
+        let rows = self.tokens.max(self.text);
+        compute.write(
+            &mut acts.patches,
+            &self.grid.patchify(&sampler.latent, rows),
+        )?;
+        let velocity = self.velocity(&cx, (acts, timestep), blocks)?;
+        sampler
+            .solver
+            .step(&velocity, &mut sampler.latent)
+            .map_err(FamilyError::Model)?;
         Ok(StepOutput {
-            output: Some(self.grid.unpatchify(&rows, self.config.out_channels)),
+            output: Some(velocity),
             ..StepOutput::default()
         })
     }

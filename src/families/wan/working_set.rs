@@ -9,6 +9,11 @@
 //! Self-attention's q, k, v are reused by cross-attention once self-attention is
 //! done (the text's k and v are written into the first rows of k and v), and rope
 //! is applied in place, q before k, so neither adds a tensor.
+//!
+//! A guided step (classifier-free guidance) runs the prompt's and the negative
+//! prompt's passes block by block under one acquire of each block, so it keeps a
+//! second residual stream, projected text and text states; the scratch tensors serve
+//! both passes.
 
 use crate::families::{Activations, BlockKindPeak};
 
@@ -50,9 +55,9 @@ fn tensor(rows: usize, cols: usize, live: &'static [Kind]) -> Tensor {
     Tensor { rows, cols, live }
 }
 
-/// Every tensor of a step over `tokens` video tokens and `text` text tokens, in
-/// `step::Acts`' field order.
-fn tensors(config: &WanConfig, tokens: usize, text: usize) -> Vec<Tensor> {
+/// Every tensor of a step over `tokens` video tokens and `text` text tokens (and the
+/// negative prompt's pass when `guided`), in `step::Acts`' field order.
+fn tensors(config: &WanConfig, tokens: usize, text: usize, guided: bool) -> Vec<Tensor> {
     let (dim, rows) = (config.dim(), tokens.max(text));
     let mut tensors = vec![
         tensor(rows, config.patch_in(), &[Embedders]), // patches
@@ -76,21 +81,29 @@ fn tensors(config: &WanConfig, tokens: usize, text: usize) -> Vec<Tensor> {
         tensor(rows, config.patch_out(), &[Output]), // out
         tensor(rows, config.head_dim, &[Block]),     // table
     ]);
+    if guided {
+        tensors.extend([
+            tensor(rows, dim, EVERY),                    // the negative pass's x
+            tensor(text, dim, &[Embedders, Block]),      // its text
+            tensor(text, config.text_dim, &[Embedders]), // its context
+        ]);
+    }
     tensors
 }
 
 /// The shapes of every tensor of a step, in allocation order.
-pub fn shapes(config: &WanConfig, tokens: usize, text: usize) -> Vec<(usize, usize)> {
-    tensors(config, tokens, text)
+pub fn shapes(config: &WanConfig, tokens: usize, text: usize, guided: bool) -> Vec<(usize, usize)> {
+    tensors(config, tokens, text, guided)
         .iter()
         .map(|tensor| (tensor.rows, tensor.cols))
         .collect()
 }
 
 /// What a step of a model of `config` over `tokens` video and `text` text tokens
-/// reserves, and each kind of block's working set.
-pub fn activations_at(config: &WanConfig, tokens: usize, text: usize) -> Activations {
-    let tensors = tensors(config, tokens, text);
+/// (`guided`: with the negative prompt's pass) reserves, and each kind of block's
+/// working set.
+pub fn activations_at(config: &WanConfig, tokens: usize, text: usize, guided: bool) -> Activations {
+    let tensors = tensors(config, tokens, text, guided);
     let bytes = |tensor: &Tensor| (tensor.rows * tensor.cols * 4) as u64;
     let peaks = Kind::ALL
         .into_iter()
@@ -143,7 +156,7 @@ mod tests {
             + f32s(tokens, ffn)
             + f32s(tokens, 128);
         let output = vector + 6 * vector + 2 * f32s(tokens, dim) + f32s(tokens, 64);
-        let activations = activations_at(&config, tokens as usize, text as usize);
+        let activations = activations_at(&config, tokens as usize, text as usize, false);
         let peaks: Vec<(&str, u64, u64)> = activations
             .peaks
             .iter()
@@ -166,5 +179,13 @@ mod tests {
             + f32s(tokens, ffn)
             + f32s(tokens, 128);
         assert_eq!(activations.reserved_bytes, reserved);
+        // Guidance adds the negative pass's residual stream, projected text and states.
+        let guided = activations_at(&config, tokens as usize, text as usize, true);
+        let extra = f32s(tokens, dim) + f32s(text, dim) + f32s(text, 4096);
+        assert_eq!(guided.reserved_bytes, reserved + extra);
+        assert_eq!(
+            guided.peaks[1].bytes,
+            block + f32s(tokens, dim) + f32s(text, dim)
+        );
     }
 }

@@ -6,13 +6,19 @@
 
 mod unipc;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
 
 pub use unipc::{FinalSigma, UniPc, UniPcConfig, Variant};
 
-use super::PipelineError;
+/// A `scheduler_config.json` that is not one computed here, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}: {problem}", path.display())]
+pub struct SchedulerConfigError {
+    pub path: PathBuf,
+    pub problem: String,
+}
 
 /// The keys of diffusers 0.42's `UniPCMultistepScheduler` config that leave the flow
 /// schedule's math alone (the beta schedule is not used with flow sigmas).
@@ -58,8 +64,8 @@ const READ_KEYS: &[&str] = &[
 ];
 
 /// The UniPC solver `scheduler_config.json` at `path` configures.
-pub fn read_unipc(path: &Path) -> Result<UniPcConfig, PipelineError> {
-    let layout = |problem: String| PipelineError::Layout {
+pub fn read_unipc(path: &Path) -> Result<UniPcConfig, SchedulerConfigError> {
+    let layout = |problem: String| SchedulerConfigError {
         path: path.to_path_buf(),
         problem,
     };
@@ -76,6 +82,15 @@ pub fn read_unipc(path: &Path) -> Result<UniPcConfig, PipelineError> {
             "_class_name is \"{class}\"; stagehand samples video with UniPCMultistepScheduler (flow sigmas), as the published Wan 2.2 folders configure it"
         )));
     }
+    check_keys(&config, &layout)?;
+    solver_config(&config, &layout)
+}
+
+/// Every key known, and none set to math not computed here.
+fn check_keys(
+    config: &Map<String, Value>,
+    layout: &dyn Fn(String) -> SchedulerConfigError,
+) -> Result<(), SchedulerConfigError> {
     for key in config.keys() {
         let known = INERT_KEYS.contains(&key.as_str())
             || READ_KEYS.contains(&key.as_str())
@@ -92,6 +107,14 @@ pub fn read_unipc(path: &Path) -> Result<UniPcConfig, PipelineError> {
             )));
         }
     }
+    Ok(())
+}
+
+/// The solver the (checked) keys configure.
+fn solver_config(
+    config: &Map<String, Value>,
+    layout: &dyn Fn(String) -> SchedulerConfigError,
+) -> Result<UniPcConfig, SchedulerConfigError> {
     let flag =
         |key: &str, default: bool| config.get(key).and_then(Value::as_bool).unwrap_or(default);
     let text_of = |key: &str, default: &'static str| -> String {
