@@ -18,6 +18,7 @@ mod files;
 mod folder;
 mod image;
 mod vae;
+mod video;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -26,6 +27,7 @@ use std::time::Instant;
 pub use files::PartFiles;
 pub use folder::{FluxParts, PipelinePart};
 pub use image::Picture;
+pub use video::{generate_video, Video, VideoRequest, WanParts};
 
 use crate::families::flux::{CondInput, Conditioning, SampleInput, Start};
 use crate::families::{EncoderInput, Extras, Model, PromptLength, WorkloadKind};

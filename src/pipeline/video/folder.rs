@@ -1,0 +1,124 @@
+//! A Wan pipeline's parts on disk: the diffusers folder `save_pretrained` writes for
+//! `WanPipeline` (`model_index.json` naming `text_encoder/` umT5, `tokenizer/`,
+//! `transformer/`, optionally `transformer_2/` with `boundary_ratio` — Wan 2.2 A14B's
+//! two experts — `vae/` and `scheduler/`), each part refused by name when missing.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use super::super::{PipelineError, PipelinePart};
+
+/// The pipeline classes computed here, by `model_index.json` `_class_name`.
+const WAN_PIPELINES: &[&str] = &["WanPipeline"];
+
+/// Where each model of a Wan pipeline is.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WanParts {
+    pub dir: PathBuf,
+    /// umT5, with its tokenizer folder.
+    pub text_encoder: PipelinePart,
+    /// The (high-noise, with two experts) transformer.
+    pub transformer: PipelinePart,
+    /// The low-noise expert, taking the steps below the boundary.
+    pub transformer_2: Option<PipelinePart>,
+    pub vae: PipelinePart,
+    /// `scheduler/scheduler_config.json`.
+    pub scheduler: PathBuf,
+    /// The share of the training timesteps above which the first expert denoises.
+    pub boundary_ratio: Option<f64>,
+    /// The transformer's latent channels (`in_channels`: the noise it starts from).
+    pub latent_channels: usize,
+}
+
+impl WanParts {
+    /// The parts of the pipeline folder `dir`.
+    pub fn folder(dir: &Path) -> Result<Self, PipelineError> {
+        let layout = |path: &Path, problem: String| PipelineError::Layout {
+            path: path.to_path_buf(),
+            problem,
+        };
+        let index_path = dir.join("model_index.json");
+        let text = std::fs::read_to_string(&index_path).map_err(|error| {
+            layout(dir, format!("no model_index.json ({error}); give a diffusers Wan pipeline folder (the one `save_pretrained` writes, holding transformer/, vae/, text_encoder/ …)"))
+        })?;
+        let index: Value = serde_json::from_str(&text)
+            .map_err(|error| layout(&index_path, format!("is not JSON ({error})")))?;
+        let class = index.get("_class_name").and_then(Value::as_str).unwrap_or("(none)");
+        if !WAN_PIPELINES.contains(&class) {
+            return Err(layout(&index_path, format!(
+                "_class_name is \"{class}\"; stagehand makes videos with {} (image-to-video is not computed yet)",
+                WAN_PIPELINES.join(" and ")
+            )));
+        }
+        if index.get("expand_timesteps").and_then(Value::as_bool) == Some(true) {
+            return Err(layout(&index_path, "\"expand_timesteps\": true (TI2V-5B's timestep per latent frame) is not computed yet".into()));
+        }
+        let listed = |name: &str| {
+            index.get(name).and_then(Value::as_array).is_some_and(|pair| pair.iter().all(|entry| !entry.is_null()))
+        };
+        let part = |name: &str| -> Result<PipelinePart, PipelineError> {
+            let path = dir.join(name);
+            if !listed(name) || !path.join("config.json").is_file() {
+                return Err(PipelineError::MissingPart {
+                    part: name.to_string(),
+                    expected: path.join("config.json"),
+                });
+            }
+            Ok(PipelinePart::whole(path))
+        };
+        let boundary_ratio = match index.get("boundary_ratio") {
+            None | Some(Value::Null) => None,
+            Some(value) => match value.as_f64() {
+                Some(ratio) if (0.0..=1.0).contains(&ratio) => Some(ratio),
+                _ => return Err(layout(&index_path, format!("\"boundary_ratio\": {value} is not a number in [0, 1]"))),
+            },
+        };
+        let transformer_2 = match listed("transformer_2") {
+            true => Some(part("transformer_2")?),
+            false => None,
+        };
+        if boundary_ratio.is_some() != transformer_2.is_some() {
+            return Err(layout(&index_path, "\"boundary_ratio\" and transformer_2 come together (two experts) or not at all".into()));
+        }
+        let scheduler = dir.join("scheduler").join("scheduler_config.json");
+        if !scheduler.is_file() {
+            return Err(PipelineError::MissingPart { part: "scheduler".into(), expected: scheduler });
+        }
+        let transformer = part("transformer")?;
+        let latent_channels = in_channels(&transformer.path)?;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            text_encoder: PipelinePart {
+                tokenizer: Some(dir.join("tokenizer")),
+                ..part("text_encoder")?
+            },
+            transformer,
+            transformer_2,
+            vae: part("vae")?,
+            scheduler,
+            boundary_ratio,
+            latent_channels,
+        })
+    }
+}
+
+/// `in_channels` of a transformer folder's config.json.
+fn in_channels(folder: &Path) -> Result<usize, PipelineError> {
+    let path = folder.join("config.json");
+    let text = std::fs::read_to_string(&path).map_err(|error| PipelineError::Layout {
+        path: path.clone(),
+        problem: format!("cannot be read ({error})"),
+    })?;
+    let config: Value = serde_json::from_str(&text).map_err(|error| PipelineError::Layout {
+        path: path.clone(),
+        problem: format!("is not JSON ({error})"),
+    })?;
+    match config.get("in_channels").and_then(Value::as_u64) {
+        Some(channels) if channels > 0 => Ok(channels as usize),
+        _ => Err(PipelineError::Layout {
+            path,
+            problem: "has no positive \"in_channels\"".into(),
+        }),
+    }
+}

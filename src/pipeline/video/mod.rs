@@ -1,0 +1,256 @@
+//! From a prompt to a video: a Wan pipeline's models — umT5 for the prompt and the
+//! negative prompt, the transformer (or Wan 2.2 A14B's two experts) for the
+//! denoising steps, the WAN VAE for the frames — run one after another under the same
+//! budgets, each streamed and checked as any run is.
+//!
+//! What diffusers' `WanPipeline` computes, in the same order: the prompts' umT5
+//! states (padded to `max_sequence_length`, the padding masked and zeroed), the
+//! starting noise (given, or seeded), the UniPC steps of the folder's scheduler with
+//! classifier-free guidance when the guidance is above 1 (the prompt's and the
+//! negative prompt's passes under one acquire of each block), the high-noise expert
+//! for the timesteps at or above `boundary_ratio × 1000` and the low-noise expert
+//! (with `guidance_2`) for the rest, then the latent un-normalised and decoded chunk by
+//! chunk. At the switch the first expert's run has given back every byte of its
+//! budgets before the second opens, so the step's peak is one expert's, never both.
+
+mod folder;
+
+pub use folder::WanParts;
+
+use super::{outputs, Picture, PipelineError, PipelineRun, Stage};
+use crate::families::flux::gaussian;
+use crate::families::wan::scheduler::{read_unipc, UniPc};
+use crate::families::wan::{high_noise_steps, Guidance, WanInput, WanSample};
+use crate::families::wan_vae::VideoLatentInput;
+use crate::families::{EncoderInput, Extras, Model, PaddingMasked, PromptLength, WorkloadKind};
+
+/// What to make.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VideoRequest {
+    pub prompt: String,
+    /// What the video should not show (WanPipeline's default: empty).
+    pub negative_prompt: String,
+    pub width: usize,
+    pub height: usize,
+    /// Frames: 4k + 1 (the VAE keeps the first and folds every 4 after it).
+    pub frames: usize,
+    pub steps: usize,
+    /// Classifier-free guidance (WanPipeline's default 5.0; at most 1: none).
+    pub guidance: f32,
+    /// The low-noise expert's guidance; `None`: `guidance`.
+    pub guidance_2: Option<f32>,
+    pub seed: u64,
+    /// The starting noise `[channels, latent frames, height/8, width/8]` instead of
+    /// seeded noise (diffusers' `latents`).
+    pub latents: Option<Vec<f32>>,
+    pub max_sequence_length: usize,
+}
+
+impl VideoRequest {
+    /// Latent frames, rows and columns.
+    pub fn latent_size(&self) -> [usize; 3] {
+        [(self.frames - 1) / 4 + 1, self.height / 8, self.width / 8]
+    }
+}
+
+/// What a pipeline made.
+pub struct Video {
+    /// Each frame, in order.
+    pub frames: Vec<Picture>,
+    /// The final latent (before the VAE).
+    pub latent: Vec<f32>,
+    pub stages: Vec<Stage>,
+}
+
+/// Makes the video `request` asks for with the pipeline `parts`.
+pub fn generate_video(
+    parts: &WanParts,
+    request: &VideoRequest,
+    run: &PipelineRun<'_>,
+) -> Result<Video, PipelineError> {
+    check(request, parts)?;
+    let config = read_unipc(&parts.scheduler).map_err(|error| PipelineError::Layout {
+        path: error.path,
+        problem: error.problem,
+    })?;
+    let train_timesteps = config.train_timesteps;
+    let solver = UniPc::new(config, request.steps);
+    let mut stages = Vec::with_capacity(4);
+    let (context, negative) = encode(parts, request, run, &mut stages)?;
+    let [frames, height, width] = request.latent_size();
+    let latent = match &request.latents {
+        Some(noise) => noise.clone(),
+        None => gaussian(parts.latent_channels * frames * height * width, request.seed),
+    };
+    let high = match (&parts.transformer_2, parts.boundary_ratio) {
+        (Some(_), Some(ratio)) => high_noise_steps(solver.timesteps(), ratio, train_timesteps),
+        _ => request.steps,
+    };
+    let experts = [
+        ("transformer", &parts.transformer, high, request.guidance),
+        (
+            "transformer_2",
+            parts.transformer_2.as_ref().unwrap_or(&parts.transformer),
+            request.steps - high,
+            request.guidance_2.unwrap_or(request.guidance),
+        ),
+    ];
+    let (mut latent, mut solver) = (latent, solver);
+    for (name, part, steps, scale) in experts {
+        if steps == 0 {
+            continue;
+        }
+        let share = WanSample {
+            input: WanInput {
+                latent,
+                frames,
+                height,
+                width,
+                timestep: 0.0,
+                context: context.clone(),
+                guidance: negative.clone().map(|negative| Guidance { negative, scale }),
+            },
+            solver,
+            steps,
+        };
+        let extras = Extras::default().with(share.clone());
+        let kind = (name, WorkloadKind::Auto);
+        let (_, stage) = run.stage(kind, part, &extras, 1, |_| steps as u64)?;
+        (latent, solver) = share
+            .replay(outputs(&stage).into_iter().map(Vec::as_slice))
+            .map_err(|problem| PipelineError::Failed(format!("{name}: {problem}")))?;
+        stages.push(stage);
+    }
+    let (pictures, vae) = decode(parts, request, run, &latent)?;
+    stages.push(vae);
+    Ok(Video {
+        frames: pictures,
+        latent,
+        stages,
+    })
+}
+
+/// umT5's states of the prompt and, when guided, of the negative prompt: one step
+/// of a batch of both, each `[max_sequence_length, dim]` with its padding zeroed.
+fn encode(
+    parts: &WanParts,
+    request: &VideoRequest,
+    run: &PipelineRun<'_>,
+    stages: &mut Vec<Stage>,
+) -> Result<(Vec<f32>, Option<Vec<f32>>), PipelineError> {
+    let guided = request.guidance > 1.0;
+    let mut texts = vec![clean(&request.prompt)];
+    if guided {
+        texts.push(clean(&request.negative_prompt));
+    }
+    let batch = texts.len();
+    let extras = Extras::default()
+        .with(EncoderInput::Texts(texts))
+        .with(PromptLength(request.max_sequence_length))
+        .with(PaddingMasked);
+    let kind = ("umt5", WorkloadKind::Auto);
+    let (_, stage) = run.stage(kind, &parts.text_encoder, &extras, batch, |_| 1)?;
+    let states = outputs(&stage).first().map(|states| states.to_vec());
+    stages.push(stage);
+    let Some(states) = states.filter(|states| states.len() % batch == 0 && !states.is_empty()) else {
+        return Err(PipelineError::Failed("umT5 computed no states".into()));
+    };
+    let each = states.len() / batch;
+    let negative = guided.then(|| states[each..].to_vec());
+    Ok((states[..each].to_vec(), negative))
+}
+
+/// WanPipeline's `prompt_clean` without ftfy: runs of whitespace made one space, the
+/// ends trimmed.
+fn clean(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// The VAE's stage: the latent decoded chunk by chunk, the frames rounded.
+fn decode(
+    parts: &WanParts,
+    request: &VideoRequest,
+    run: &PipelineRun<'_>,
+    latent: &[f32],
+) -> Result<(Vec<Picture>, Stage), PipelineError> {
+    let [frames, height, width] = request.latent_size();
+    let extras = Extras::default().with(VideoLatentInput {
+        latents: vec![latent.to_vec()],
+        frames,
+        height,
+        width,
+    });
+    let steps_of = |prepared: &crate::run::Prepared| match &prepared.workload.model {
+        Model::WanVae(vae) => vae.steps_per_video() as u64,
+        _ => 0,
+    };
+    let kind = ("vae", WorkloadKind::Auto);
+    let (prepared, stage) = run.stage(kind, &parts.vae, &extras, 1, steps_of)?;
+    let Model::WanVae(vae) = &prepared.workload.model else {
+        return Err(PipelineError::Layout {
+            path: parts.vae.path.clone(),
+            problem: "is not an AutoencoderKLWan".into(),
+        });
+    };
+    let chunks: Vec<&[f32]> = outputs(&stage).into_iter().map(Vec::as_slice).collect();
+    let video = vae.assemble(&chunks);
+    let plane = request.height * request.width;
+    let count = video.len() / (3 * plane).max(1);
+    if count != request.frames || video.len() != 3 * plane * count {
+        return Err(PipelineError::Failed(format!(
+            "the VAE gave {} values; {} frames of {}×{} RGB are {}",
+            video.len(),
+            request.frames,
+            request.width,
+            request.height,
+            3 * plane * request.frames
+        )));
+    }
+    // [3, frames, H, W] → each frame's [3, H, W].
+    let pictures = (0..count)
+        .map(|frame| {
+            let planar: Vec<f32> = (0..3)
+                .flat_map(|channel| {
+                    let at = (channel * count + frame) * plane;
+                    video[at..at + plane].iter().copied()
+                })
+                .collect();
+            Picture::from_decoded(&planar, request.height, request.width)
+        })
+        .collect::<Result<_, _>>()?;
+    Ok((pictures, stage))
+}
+
+fn check(request: &VideoRequest, parts: &WanParts) -> Result<(), PipelineError> {
+    let bad = |message: String| Err(PipelineError::BadRequest(message));
+    if request.prompt.trim().is_empty() {
+        return bad("the prompt is empty; say what the video shows".into());
+    }
+    let (width, height) = (request.width, request.height);
+    if width == 0 || height == 0 || width % 16 != 0 || height % 16 != 0 {
+        return bad(format!("{width}×{height}: width and height must be positive multiples of 16 (the VAE's 8 × the transformer's patch of 2)"));
+    }
+    if request.frames == 0 || request.frames % 4 != 1 {
+        let lower = (request.frames.max(1) - 1) / 4 * 4 + 1;
+        return bad(format!("--frames {}: WAN makes 4k + 1 frames (the VAE keeps the first and folds every 4 after it); give {lower} or {}", request.frames, lower + 4));
+    }
+    if request.steps == 0 || request.max_sequence_length == 0 {
+        return bad("steps and the sequence length must be at least 1".into());
+    }
+    let scales = [Some(request.guidance), request.guidance_2];
+    if scales.iter().flatten().any(|scale| !scale.is_finite()) {
+        return bad("the guidance scales must be numbers".into());
+    }
+    if let Some(noise) = &request.latents {
+        let [frames, h, w] = request.latent_size();
+        let expected = parts.latent_channels * frames * h * w;
+        if noise.len() != expected {
+            return bad(format!(
+                "the starting latent has {} values; [{}, {frames}, {h}, {w}] has {expected}",
+                noise.len(),
+                parts.latent_channels
+            ));
+        }
+    }
+    Ok(())
+}
