@@ -22,6 +22,9 @@ use stagehand::settings::Settings;
 /// f32 on both sides in other summation orders.
 const TOLERANCE: f32 = 1e-4;
 
+/// The pin ceiling of a run that keeps the whole model in pinned RAM.
+const PINNED: u64 = 64 << 20;
+
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/wan_vae")
 }
@@ -78,14 +81,14 @@ impl Observer for LastUsage {
 /// resident pass, observed by `usage`.
 fn run(
     prepared: &Prepared,
-    (vram, steps): (u64, u64),
+    (vram, pinned, steps): (u64, u64, u64),
     usage: Arc<LastUsage>,
     fail_after_reads: Option<u64>,
 ) -> Result<Outcome, RunError> {
     let settings = Settings::default();
     let budgets = Budgets {
         vram_budget_bytes: vram,
-        pin_ceiling_bytes: 64 << 20,
+        pin_ceiling_bytes: pinned,
     };
     let plan = RunPlan {
         prefetch_depth: 1,
@@ -120,14 +123,14 @@ fn wan_vae_frames_match_diffusers_streamed_and_resident() {
     let usage = Arc::new(LastUsage::default());
     let streamed = run(
         &prepared,
-        (budget(&prepared, streamed_weights), steps),
+        (budget(&prepared, streamed_weights), PINNED, steps),
         usage.clone(),
         None,
     )
     .expect("streams");
     let resident = run(
         &prepared,
-        (budget(&prepared, 2 * total), steps),
+        (budget(&prepared, 2 * total), PINNED, steps),
         usage,
         None,
     )
@@ -195,7 +198,7 @@ fn a_failed_decode_is_a_clear_error_and_leaves_nothing_held() {
     let largest = layout.largest_block_bytes();
     let usage = Arc::new(LastUsage::default());
     let too_small = 2 * largest + prepared.activation_bytes(1) / 2;
-    let error = run(&prepared, (too_small, steps), usage.clone(), None)
+    let error = run(&prepared, (too_small, PINNED, steps), usage.clone(), None)
         .err()
         .expect("a budget below the working set fails");
     eprintln!("too small: {error}");
@@ -209,7 +212,7 @@ fn a_failed_decode_is_a_clear_error_and_leaves_nothing_held() {
     let streamed = budget(&prepared, 2 * largest + largest / 2);
     let error = run(
         &prepared,
-        (streamed, steps),
+        (streamed, 4 * largest, steps),
         usage.clone(),
         Some(layout.len() as u64 + 2),
     )

@@ -23,6 +23,8 @@ mod cache;
 mod config;
 mod layers;
 mod open;
+#[cfg(test)]
+mod tests;
 mod weights;
 mod working_set;
 
