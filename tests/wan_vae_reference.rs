@@ -3,8 +3,8 @@
 //! [1, 16, 3, 4, 4] and the video diffusers decodes from it after WanPipeline's
 //! un-normalisation (`scripts/make-wan-vae-fixtures.py`). stagehand's frames agree
 //! with diffusers' within the stated tolerance, streamed under a budget below the
-//! model and fully resident alike, bit for bit; a decode that fails is a clear error
-//! and leaves nothing held.
+//! model and fully resident alike, bit for bit; a decode that cannot run is a clear
+//! error and holds nothing.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -83,7 +83,6 @@ fn run(
     prepared: &Prepared,
     (vram, pinned, steps): (u64, u64, u64),
     usage: Arc<LastUsage>,
-    fail_after_reads: Option<u64>,
 ) -> Result<Outcome, RunError> {
     let settings = Settings::default();
     let budgets = Budgets {
@@ -94,7 +93,6 @@ fn run(
         prefetch_depth: 1,
         keep_outputs: true,
         observer: usage,
-        fail_after_reads,
         ..RunPlan::new(&settings, budgets, steps)
     };
     execute(prepared, plan)
@@ -125,14 +123,12 @@ fn wan_vae_frames_match_diffusers_streamed_and_resident() {
         &prepared,
         (budget(&prepared, streamed_weights), PINNED, steps),
         usage.clone(),
-        None,
     )
     .expect("streams");
     let resident = run(
         &prepared,
         (budget(&prepared, 2 * total), PINNED, steps),
         usage,
-        None,
     )
     .expect("runs resident");
     assert!(
@@ -181,11 +177,11 @@ fn assemble(chunks: &[&[f32]], channels: usize) -> Vec<f32> {
 }
 
 #[test]
-fn a_failed_decode_is_a_clear_error_and_leaves_nothing_held() {
-    // Proves a latent of the wrong shape is refused by name before anything runs, a
-    // budget below the decode's working set is refused, and a decode whose reads
-    // fail in its second latent frame ends in an error with every byte of both tiers
-    // given back.
+fn a_wrong_latent_or_a_budget_below_the_working_set_is_refused_clearly() {
+    // Proves a latent of the wrong shape is refused by name when it opens, and a VRAM
+    // budget below the decode's working set (its feature cache included) before the
+    // run starts, holding nothing. (A chunk failing mid-decode gives back its blocks
+    // and its feature cache: the family's unit test over a recording compute.)
     let mut wrong = latent_input();
     wrong.height = 5;
     let refusal = prepare(wrong).err().expect("refused").to_string();
@@ -198,27 +194,14 @@ fn a_failed_decode_is_a_clear_error_and_leaves_nothing_held() {
     let largest = layout.largest_block_bytes();
     let usage = Arc::new(LastUsage::default());
     let too_small = 2 * largest + prepared.activation_bytes(1) / 2;
-    let error = run(&prepared, (too_small, PINNED, steps), usage.clone(), None)
+    let error = run(&prepared, (too_small, PINNED, steps), usage.clone())
         .err()
         .expect("a budget below the working set fails");
     eprintln!("too small: {error}");
-    assert_eq!(usage.vram.load(Ordering::SeqCst), 0, "VRAM left held");
-    assert_eq!(
-        usage.pinned.load(Ordering::SeqCst),
-        0,
-        "pinned RAM left held"
+    assert!(
+        matches!(error, RunError::BudgetTooSmall { .. }),
+        "{error:?}"
     );
-
-    let streamed = budget(&prepared, 2 * largest + largest / 2);
-    let error = run(
-        &prepared,
-        (streamed, 4 * largest, steps),
-        usage.clone(),
-        Some(layout.len() as u64 + 2),
-    )
-    .err()
-    .expect("a read fault fails the decode");
-    eprintln!("read fault: {error}");
     assert_eq!(usage.vram.load(Ordering::SeqCst), 0, "VRAM left held");
     assert_eq!(
         usage.pinned.load(Ordering::SeqCst),
