@@ -9,6 +9,7 @@
 //! - [`flux`]: Flux.1 diffusion transformers (original, ComfyUI and diffusers layouts).
 //! - [`clip`], [`t5`]: the text encoders of a prompt-to-image pipeline.
 //! - [`vae`]: the image autoencoder that turns a latent into pixels.
+//! - [`wan_vae`]: the WAN video autoencoder that turns a latent video into frames.
 //! - [`stream_verify`]: any safetensors checkpoint; every block's bytes are checked
 //!   against the file after they have crossed the tiers. Nothing is computed.
 //!
@@ -48,6 +49,7 @@ pub mod t5;
 pub mod vae;
 mod walk;
 pub mod wan;
+pub mod wan_vae;
 
 pub use activations::{Activations, BlockKindPeak, DescribedReserve, DescribedWorkload};
 pub use family::{Decoded, ExpertNeeds, ExpertStep, Facts, Family, StepOutput};

@@ -412,6 +412,7 @@ families! {
     T5 => super::t5::T5Encoder,
     Vae => super::vae::VaeDecoder,
     VaeEncoder => super::vae::VaeEncoder,
+    WanVae => super::wan_vae::WanVaeDecoder,
     StreamVerify => super::stream_verify::StreamVerify,
 }
 

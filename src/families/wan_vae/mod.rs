@@ -1,0 +1,325 @@
+//! The WAN video autoencoder's decoder (diffusers' `AutoencoderKLWan`, Wan 2.1's
+//! 16-channel VAE, which the Wan 2.2 A14B text- and image-to-video pipelines decode
+//! with): a denoised latent video `[16, frames, height, width]` into RGB frames
+//! `[3, 1 + 4·(frames − 1), 8·height, 8·width]` in −1 … 1. Written once against the
+//! compute port, on channels-last frames.
+//!
+//! As `AutoencoderKLWan._decode` after `WanPipeline`'s un-normalisation: the latent
+//! is `z / (1 / latents_std) + latents_mean` per channel, `post_quant_conv`
+//! (1×1×1), then the decoder one latent frame at a time — a *chunk* — through causal
+//! 3-D convolutions that continue from the chunks before through a feature cache
+//! ([`cache`]): the input convolution, the middle block (ResNet, per-frame attention,
+//! ResNet), the up blocks (ResNet blocks and an upsampling that doubles the frames
+//! past the first chunk, where `upsample3d`), RMS norm, SiLU and the output
+//! convolution, clamped to [−1, 1].
+//!
+//! Blocks: `post_quant_conv` with the input convolution and the middle block, each
+//! up block, the output. A step decodes one chunk of one video (the block order
+//! repeats per chunk) and outputs its frames `[3, frames of the chunk, H, W]`;
+//! [`WanVaeDecoder::assemble`] joins a video's chunks. The steps of a video carry
+//! its feature cache, so the reference replays them in order.
+
+mod cache;
+mod config;
+mod layers;
+mod open;
+#[cfg(test)]
+mod tests;
+mod weights;
+mod working_set;
+
+use stagehand_actors::{BlockId, ModelLayout};
+
+pub use config::WanVaeConfig;
+pub use open::CLASS_NAME;
+pub use working_set::working_set_bytes;
+
+use cache::FeatureCache;
+use layers::Layers;
+use weights::Decoder;
+
+use super::blocks::Blocks;
+use super::family::{Facts, Family, StepOutput};
+use super::inputs::WorkloadKind;
+use super::placement::Placement;
+use super::FamilyError;
+use crate::compute::pipeline::Image;
+use crate::compute::Compute;
+use crate::model::ModelIndex;
+
+/// Latent videos to decode: each `[channels, frames, height, width]`, as a Wan
+/// pipeline's transformer leaves them (normalised; the decoder un-normalises them).
+#[derive(Debug, Clone, PartialEq)]
+pub struct VideoLatentInput {
+    pub latents: Vec<Vec<f32>>,
+    pub frames: usize,
+    pub height: usize,
+    pub width: usize,
+}
+
+/// A WAN VAE decoder over its latent videos.
+pub struct WanVaeDecoder {
+    pub config: WanVaeConfig,
+    placement: Placement,
+    decoder: Decoder,
+    input: VideoLatentInput,
+}
+
+/// What a run carries from step to step: whether the working set is reserved, and
+/// the decode under way (its feature cache), dropped when its video ends or a
+/// chunk fails.
+pub struct WanVaeState<C: Compute> {
+    reserved: bool,
+    decode: Option<FeatureCache<C::Tensor>>,
+}
+
+impl WanVaeDecoder {
+    fn new(
+        index: &ModelIndex,
+        config: WanVaeConfig,
+        input: VideoLatentInput,
+    ) -> Result<Self, FamilyError> {
+        let VideoLatentInput {
+            frames,
+            height,
+            width,
+            ..
+        } = input;
+        let expected = config.z_dim * frames * height * width;
+        if input.latents.is_empty() || expected == 0 {
+            return Err(FamilyError::Model(format!(
+                "no latent video to decode ({} latents of {frames} frames, {height} × {width})",
+                input.latents.len()
+            )));
+        }
+        if let Some(latent) = input.latents.iter().find(|latent| latent.len() != expected) {
+            return Err(FamilyError::Model(format!(
+                "a latent video of {} values is not [{}, {frames}, {height}, {width}] (z_dim, frames, height, width)",
+                latent.len(),
+                config.z_dim,
+            )));
+        }
+        let (placement, decoder) = weights::place_decoder(index, &config)?;
+        Ok(Self {
+            config,
+            placement,
+            decoder,
+            input,
+        })
+    }
+
+    /// Bytes a step holds live, its feature cache included.
+    pub fn working_set_bytes(&self) -> u64 {
+        working_set_bytes(&self.config, self.input.height, self.input.width)
+    }
+
+    /// Steps a video takes: one per latent frame.
+    pub fn steps_per_video(&self) -> usize {
+        self.input.frames
+    }
+
+    /// Latent videos to decode.
+    pub fn videos(&self) -> usize {
+        self.input.latents.len()
+    }
+
+    /// The video `[channels, frames, height, width]` of one latent's steps' outputs
+    /// (each `[channels, frames of the chunk, height, width]`), in step order.
+    pub fn assemble(&self, chunks: &[&[f32]]) -> Vec<f32> {
+        let channels = self.config.out_channels;
+        let mut video = vec![Vec::new(); channels];
+        for chunk in chunks {
+            let plane = chunk.len() / channels.max(1);
+            for (channel, values) in chunk.chunks_exact(plane.max(1)).enumerate() {
+                video[channel].extend_from_slice(values);
+            }
+        }
+        video.concat()
+    }
+
+    /// Latent frame `frame` of video `video`, un-normalised as WanPipeline does,
+    /// channels-last.
+    fn channels_last(&self, video: usize, frame: usize) -> Vec<f32> {
+        let latent = &self.input.latents[video];
+        let (frames, channels) = (self.input.frames, self.config.z_dim);
+        let pixels = self.input.height * self.input.width;
+        let mut values = vec![0.0; pixels * channels];
+        for channel in 0..channels {
+            let plane = &latent[(channel * frames + frame) * pixels..][..pixels];
+            // `latents / (1 / std) + mean`, in the pipeline's own f32 steps.
+            let inverse = 1.0 / self.config.latents_std[channel];
+            let mean = self.config.latents_mean[channel];
+            for (pixel, &value) in plane.iter().enumerate() {
+                values[pixel * channels + channel] = value / inverse + mean;
+            }
+        }
+        values
+    }
+
+    /// One chunk through the decoder: its frames `[pixels, out]` of the output's
+    /// size, unclamped.
+    fn decode_chunk<C: Compute, B: Blocks<C>>(
+        &self,
+        compute: &C,
+        blocks: &mut B,
+        (z, cache): (&[f32], &mut FeatureCache<C::Tensor>),
+    ) -> Result<Vec<C::Tensor>, FamilyError> {
+        let layers = Layers { compute };
+        let decoder = &self.decoder;
+        let mut image = Image {
+            height: self.input.height,
+            width: self.input.width,
+        };
+        let mut latent = compute.tensor(image.pixels(), self.config.z_dim)?;
+        compute.write(&mut latent, z)?;
+        let mut x = blocks.with_held(compute, BlockId(0), |held, _| {
+            let x = layers.conv_frames(held, &decoder.post_quant, &[latent], image)?;
+            let x = layers.causal_conv(held, &decoder.conv_in, x, (cache, image))?;
+            let x = layers.resnet(held, &decoder.mid[0], x, (cache, image))?;
+            let x = layers.attention(held, &decoder.attention, x, image)?;
+            layers.resnet(held, &decoder.mid[1], x, (cache, image))
+        })?;
+        for (number, up) in decoder.up.iter().enumerate() {
+            let block = BlockId(number as u32 + 1);
+            x = blocks.with_held(compute, block, |held, _| {
+                let mut x = x;
+                for resnet in &up.resnets {
+                    x = layers.resnet(held, resnet, x, (cache, image))?;
+                }
+                match &up.upsample {
+                    Some(upsample) => layers.upsample(held, upsample, x, (cache, image)),
+                    None => Ok(x),
+                }
+            })?;
+            if up.upsample.is_some() {
+                image = Image {
+                    height: image.height * 2,
+                    width: image.width * 2,
+                };
+            }
+        }
+        let last = BlockId(decoder.up.len() as u32 + 1);
+        let frames = blocks.with_held(compute, last, |held, _| {
+            let x = layers.norm(&decoder.norm_out, held, &x, true)?;
+            layers.causal_conv(held, &decoder.conv_out, x, (cache, image))
+        })?;
+        cache.end_chunk()?;
+        Ok(frames)
+    }
+}
+
+impl Facts for WanVaeDecoder {
+    fn kind(&self) -> WorkloadKind {
+        WorkloadKind::Autoencoder
+    }
+
+    fn describe(&self) -> &'static str {
+        "wan vae decoder"
+    }
+
+    fn layout(&self) -> &ModelLayout {
+        &self.placement.layout
+    }
+
+    /// Every step is its own: a chunk continues the ones before it.
+    fn reference_key(&self, step: u64) -> u64 {
+        step % (self.input.latents.len() * self.input.frames) as u64
+    }
+
+    fn reference_is_sequential(&self) -> bool {
+        true
+    }
+
+    /// Latent positions of a step (one latent frame).
+    fn tokens_per_step(&self) -> u64 {
+        (self.input.height * self.input.width) as u64
+    }
+
+    fn activation_bytes(&self, _steps: u64) -> u64 {
+        self.working_set_bytes()
+    }
+
+    /// The decode's working set with its feature cache, reserved before its first
+    /// block (every block's stage runs inside it).
+    fn activations(&self) -> Option<super::Activations> {
+        let bytes = self.working_set_bytes();
+        Some(super::Activations {
+            reserved_bytes: bytes,
+            peaks: vec![super::BlockKindPeak {
+                kind: "decode".into(),
+                blocks: self.placement.layout.len() as u64,
+                bytes,
+            }],
+        })
+    }
+}
+
+impl Family for WanVaeDecoder {
+    type State<C: Compute> = WanVaeState<C>;
+
+    fn start<C: Compute>(&self, compute: &C) -> Result<WanVaeState<C>, FamilyError> {
+        compute.pipeline()?;
+        compute.diffusion()?;
+        Ok(WanVaeState {
+            reserved: false,
+            decode: None,
+        })
+    }
+
+    fn step<C: Compute, B: Blocks<C>>(
+        &self,
+        compute: &C,
+        state: &mut WanVaeState<C>,
+        blocks: &mut B,
+        step: u64,
+    ) -> Result<StepOutput, FamilyError> {
+        if !state.reserved {
+            blocks.reserve_activations(self.working_set_bytes())?;
+            state.reserved = true;
+        }
+        let frames = self.input.frames;
+        let step = step as usize % (self.input.latents.len() * frames);
+        let (video, chunk) = (step / frames, step % frames);
+        if chunk == 0 {
+            let convolutions = working_set::causal_convolutions(&self.config);
+            state.decode = Some(FeatureCache::new(convolutions));
+        }
+        // A chunk past the first continues its video's decode; a failed chunk left
+        // none (its cache went with it).
+        let mut cache = state.decode.take().ok_or_else(|| {
+            FamilyError::Model(format!(
+                "latent frame {chunk} of video {video} has no decode to continue: its earlier frames were not decoded"
+            ))
+        })?;
+        let z = self.channels_last(video, chunk);
+        let decoded = self.decode_chunk(compute, blocks, (&z, &mut cache))?;
+        if chunk + 1 < frames {
+            state.decode = Some(cache);
+        }
+        let mut planar = Vec::new();
+        for frame in &decoded {
+            planar.push(compute.read(frame)?);
+        }
+        Ok(StepOutput {
+            output: Some(planar_frames(&planar, self.config.out_channels)),
+            ..StepOutput::default()
+        })
+    }
+}
+
+/// Channels-last frames (each `[pixels, channels]`) as `[channels, frames, pixels]`,
+/// clamped to [−1, 1] as `AutoencoderKLWan` clamps its output.
+fn planar_frames(frames: &[Vec<f32>], channels: usize) -> Vec<f32> {
+    let pixels = frames
+        .first()
+        .map_or(0, |frame| frame.len() / channels.max(1));
+    let mut planar = vec![0.0; channels * frames.len() * pixels];
+    for (index, frame) in frames.iter().enumerate() {
+        for (pixel, row) in frame.chunks_exact(channels).enumerate() {
+            for (channel, &value) in row.iter().enumerate() {
+                planar[(channel * frames.len() + index) * pixels + pixel] = value.clamp(-1.0, 1.0);
+            }
+        }
+    }
+    planar
+}

@@ -1,0 +1,222 @@
+//! Where the WAN VAE decoder's weights are, by diffusers' names
+//! (`decoder.up_blocks.N.resnets.M.conv1`, `decoder.up_blocks.N.upsamplers.0.
+//! time_conv`), checked against the config and placed as blocks: `post_quant_conv`
+//! with the input convolution and the middle block, one block per up block, and the
+//! output norm and convolution. One walk lays the blocks out and gives the slots
+//! ([`crate::families::walk`]).
+
+use crate::compute::TensorSlot;
+use crate::families::placement::Placement;
+use crate::families::walk::{self, Tensors};
+use crate::families::FamilyError;
+use crate::model::ModelIndex;
+
+use super::config::WanVaeConfig;
+
+/// A causal 3-D convolution (`WanCausalConv3d`), or a 2-D one (`frames` 1): its
+/// weight as the `[out, in·frames·kernel²]` matrix it is in the file, its bias.
+#[derive(Debug, Clone, Copy)]
+pub struct Conv {
+    pub weight: TensorSlot,
+    pub bias: TensorSlot,
+    pub input: usize,
+    /// Temporal taps (3, or 1 for the 1×1×1 ones) and the square spatial kernel.
+    pub frames: usize,
+    pub kernel: usize,
+}
+
+/// `WanResidualBlock`: RMS norms (their `gamma`), SiLU, causal 3×3×3 convolutions,
+/// and a 1×1×1 convolution of the residual when the channels change.
+#[derive(Debug, Clone, Copy)]
+pub struct Resnet {
+    pub norm1: TensorSlot,
+    pub conv1: Conv,
+    pub norm2: TensorSlot,
+    pub conv2: Conv,
+    pub shortcut: Option<Conv>,
+}
+
+/// `WanAttentionBlock`: one head over each frame's pixels.
+#[derive(Debug, Clone, Copy)]
+pub struct Attention {
+    pub norm: TensorSlot,
+    /// `to_qkv` as the 1×1 convolution it is: q, k, v are its rows in thirds.
+    pub qkv: TensorSlot,
+    pub qkv_bias: TensorSlot,
+    pub proj: TensorSlot,
+    pub proj_bias: TensorSlot,
+    pub channels: usize,
+}
+
+/// `WanResample`'s upsampling: nearest ×2 and a 3×3 convolution that halves the
+/// channels, after (`upsample3d`) a causal 3×1×1 `time_conv` to twice the channels,
+/// read as two frames.
+#[derive(Debug, Clone, Copy)]
+pub struct Upsample {
+    pub conv: Conv,
+    pub time_conv: Option<Conv>,
+}
+
+#[derive(Debug, Clone)]
+pub struct UpBlock {
+    pub resnets: Vec<Resnet>,
+    pub upsample: Option<Upsample>,
+}
+
+/// The decoder's weights, placed.
+#[derive(Debug, Clone)]
+pub struct Decoder {
+    pub post_quant: Conv,
+    pub conv_in: Conv,
+    pub mid: [Resnet; 2],
+    pub attention: Attention,
+    pub up: Vec<UpBlock>,
+    pub norm_out: TensorSlot,
+    pub conv_out: Conv,
+}
+
+struct Walk<'s> {
+    source: &'s mut dyn Tensors,
+    config: &'s WanVaeConfig,
+}
+
+impl Walk<'_> {
+    /// A convolution `[out, input, frames, kernel, kernel]` (no `frames` axis when
+    /// `frames` is 0: a 2-D one, used as 1 frame).
+    fn conv(
+        &mut self,
+        stem: &str,
+        [out, input, frames, kernel]: [usize; 4],
+    ) -> Result<Conv, FamilyError> {
+        let shape: Vec<usize> = match frames {
+            0 => vec![out, input, kernel, kernel],
+            _ => vec![out, input, frames, kernel, kernel],
+        };
+        Ok(Conv {
+            weight: self.source.tensor(&format!("{stem}.weight"), &shape)?,
+            bias: self.source.tensor(&format!("{stem}.bias"), &[out])?,
+            input,
+            frames: frames.max(1),
+            kernel,
+        })
+    }
+
+    /// An RMS norm's `gamma` (`[channels, 1, 1, 1]`, or `[channels, 1, 1]` over
+    /// images), as the `[1, channels]` vector it scales by.
+    fn gamma(
+        &mut self,
+        stem: &str,
+        channels: usize,
+        axes: usize,
+    ) -> Result<TensorSlot, FamilyError> {
+        let mut shape = vec![1; axes + 1];
+        shape[0] = channels;
+        let slot = self.source.tensor(&format!("{stem}.gamma"), &shape)?;
+        Ok(TensorSlot {
+            rows: 1,
+            cols: channels,
+            ..slot
+        })
+    }
+
+    fn resnet(&mut self, stem: &str, input: usize, out: usize) -> Result<Resnet, FamilyError> {
+        Ok(Resnet {
+            norm1: self.gamma(&format!("{stem}.norm1"), input, 3)?,
+            conv1: self.conv(&format!("{stem}.conv1"), [out, input, 3, 3])?,
+            norm2: self.gamma(&format!("{stem}.norm2"), out, 3)?,
+            conv2: self.conv(&format!("{stem}.conv2"), [out, out, 3, 3])?,
+            shortcut: match input != out {
+                true => Some(self.conv(&format!("{stem}.conv_shortcut"), [out, input, 1, 1])?),
+                false => None,
+            },
+        })
+    }
+
+    fn attention(&mut self, stem: &str, channels: usize) -> Result<Attention, FamilyError> {
+        let qkv = self.conv(&format!("{stem}.to_qkv"), [3 * channels, channels, 0, 1])?;
+        let proj = self.conv(&format!("{stem}.proj"), [channels, channels, 0, 1])?;
+        Ok(Attention {
+            norm: self.gamma(&format!("{stem}.norm"), channels, 2)?,
+            qkv: qkv.weight,
+            qkv_bias: qkv.bias,
+            proj: proj.weight,
+            proj_bias: proj.bias,
+            channels,
+        })
+    }
+
+    fn upsample(
+        &mut self,
+        stem: &str,
+        channels: usize,
+        temporal: bool,
+    ) -> Result<Upsample, FamilyError> {
+        let half = channels / 2;
+        Ok(Upsample {
+            conv: self.conv(&format!("{stem}.resample.1"), [half, channels, 0, 3])?,
+            time_conv: match temporal {
+                true => {
+                    Some(self.conv(&format!("{stem}.time_conv"), [2 * channels, channels, 3, 1])?)
+                }
+                false => None,
+            },
+        })
+    }
+
+    fn decoder(&mut self) -> Result<Decoder, FamilyError> {
+        let config = self.config;
+        let (latent, dims) = (config.z_dim, config.dims());
+        let top = dims[0];
+        self.source.block("decoder.mid_block");
+        let post_quant = self.conv("post_quant_conv", [latent, latent, 1, 1])?;
+        let conv_in = self.conv("decoder.conv_in", [top, latent, 3, 3])?;
+        let mid = [
+            self.resnet("decoder.mid_block.resnets.0", top, top)?,
+            self.resnet("decoder.mid_block.resnets.1", top, top)?,
+        ];
+        let attention = self.attention("decoder.mid_block.attentions.0", top)?;
+        let mut up = Vec::with_capacity(dims.len() - 1);
+        let levels = dims.len() - 1;
+        for number in 0..levels {
+            let stem = format!("decoder.up_blocks.{number}");
+            self.source.block(&stem);
+            // Every upsampling halves the channels, so a block after one takes half.
+            let (mut input, out) = match number {
+                0 => (dims[0], dims[1]),
+                _ => (dims[number] / 2, dims[number + 1]),
+            };
+            let mut resnets = Vec::with_capacity(config.num_res_blocks + 1);
+            for layer in 0..=config.num_res_blocks {
+                resnets.push(self.resnet(&format!("{stem}.resnets.{layer}"), input, out)?);
+                input = out;
+            }
+            let upsample = match number + 1 < levels {
+                true => {
+                    let temporal = config.temporal_upsample[number];
+                    Some(self.upsample(&format!("{stem}.upsamplers.0"), out, temporal)?)
+                }
+                false => None,
+            };
+            up.push(UpBlock { resnets, upsample });
+        }
+        self.source.block("decoder.conv_out");
+        let bottom = dims[levels];
+        Ok(Decoder {
+            post_quant,
+            conv_in,
+            mid,
+            attention,
+            up,
+            norm_out: self.gamma("decoder.norm_out", bottom, 3)?,
+            conv_out: self.conv("decoder.conv_out", [config.out_channels, bottom, 3, 3])?,
+        })
+    }
+}
+
+/// The decoder's blocks and every weight's slot.
+pub fn place_decoder(
+    index: &ModelIndex,
+    config: &WanVaeConfig,
+) -> Result<(Placement, Decoder), FamilyError> {
+    walk::place(index, |source| Walk { source, config }.decoder())
+}

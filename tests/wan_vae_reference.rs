@@ -1,0 +1,211 @@
+//! The WAN VAE decoder against diffusers: `tests/fixtures/wan_vae` holds a tiny
+//! AutoencoderKLWan of Wan 2.1's structure (seeded, bf16 weights), a latent video
+//! [1, 16, 3, 4, 4] and the video diffusers decodes from it after WanPipeline's
+//! un-normalisation (`scripts/make-wan-vae-fixtures.py`). stagehand's frames agree
+//! with diffusers' within the stated tolerance, streamed under a budget below the
+//! model and fully resident alike, bit for bit; a decode that cannot run is a clear
+//! error and holds nothing.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use stagehand::actors::{Observer, Tier, TierUsage};
+use stagehand::families::flux::read_tensors;
+use stagehand::families::wan_vae::VideoLatentInput;
+use stagehand::run::{
+    execute, prepare_with, Budgets, Extras, Outcome, Prepared, RunError, RunPlan, WorkloadKind,
+};
+use stagehand::settings::Settings;
+
+/// Largest absolute difference allowed from diffusers' frames (values in −1 … 1):
+/// f32 on both sides in other summation orders.
+const TOLERANCE: f32 = 1e-4;
+
+/// The pin ceiling of a run that keeps the whole model in pinned RAM.
+const PINNED: u64 = 64 << 20;
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/wan_vae")
+}
+
+/// The tensor `name` of expected.safetensors, with its shape.
+fn expected(name: &str) -> (Vec<usize>, Vec<f32>) {
+    let (_, shape, values) = read_tensors(&fixtures().join("expected.safetensors"))
+        .expect("reads")
+        .into_iter()
+        .find(|(found, ..)| found == name)
+        .unwrap_or_else(|| panic!("expected.safetensors has no {name}"));
+    (shape, values)
+}
+
+fn latent_input() -> VideoLatentInput {
+    let (shape, latent) = expected("latent");
+    VideoLatentInput {
+        latents: vec![latent],
+        frames: shape[2],
+        height: shape[3],
+        width: shape[4],
+    }
+}
+
+fn prepare(input: VideoLatentInput) -> Result<Prepared, RunError> {
+    prepare_with(
+        &fixtures().join("vae"),
+        WorkloadKind::Auto,
+        1,
+        &Settings::default(),
+        false,
+        &Extras::default().with(input),
+    )
+}
+
+/// The bytes each tier last reported in use.
+#[derive(Default)]
+struct LastUsage {
+    vram: AtomicU64,
+    pinned: AtomicU64,
+}
+
+impl Observer for LastUsage {
+    fn tier_usage(&self, tier: Tier, usage: TierUsage) {
+        let used = usage.used_bytes();
+        match tier {
+            Tier::Vram => self.vram.store(used, Ordering::SeqCst),
+            Tier::Pinned => self.pinned.store(used, Ordering::SeqCst),
+        }
+    }
+}
+
+/// Runs `steps` of `prepared` under `vram` bytes, each step checked against the
+/// resident pass, observed by `usage`.
+fn run(
+    prepared: &Prepared,
+    (vram, pinned, steps): (u64, u64, u64),
+    usage: Arc<LastUsage>,
+) -> Result<Outcome, RunError> {
+    let settings = Settings::default();
+    let budgets = Budgets {
+        vram_budget_bytes: vram,
+        pin_ceiling_bytes: pinned,
+    };
+    let plan = RunPlan {
+        prefetch_depth: 1,
+        keep_outputs: true,
+        observer: usage,
+        ..RunPlan::new(&settings, budgets, steps)
+    };
+    execute(prepared, plan)
+}
+
+/// VRAM for `weights_bytes` of weights beside the decode's working set.
+fn budget(prepared: &Prepared, weights_bytes: u64) -> u64 {
+    weights_bytes + prepared.activation_bytes(1)
+}
+
+#[test]
+fn wan_vae_frames_match_diffusers_streamed_and_resident() {
+    // Proves the decoder (un-normalisation, causal 3-D convolutions continued through
+    // the feature cache chunk by chunk, RMS norms, the per-frame attention, the
+    // temporal and spatial upsamplings, the clamp) gives AutoencoderKLWan's video,
+    // and that a run streamed under half the model gives the resident run's bits.
+    let input = latent_input();
+    let steps = input.frames as u64;
+    let prepared = prepare(input).expect("opens");
+    assert_eq!(prepared.family.name, "wan-vae");
+    let layout = prepared.facts().layout();
+    assert_eq!(layout.blocks.len(), 6, "middle, 4 up blocks, output");
+    let total = layout.total_bytes();
+    let largest = layout.largest_block_bytes();
+    let streamed_weights = (total / 2).max(2 * largest + largest / 2);
+    let usage = Arc::new(LastUsage::default());
+    let streamed = run(
+        &prepared,
+        (budget(&prepared, streamed_weights), PINNED, steps),
+        usage.clone(),
+    )
+    .expect("streams");
+    let resident = run(
+        &prepared,
+        (budget(&prepared, 2 * total), PINNED, steps),
+        usage,
+    )
+    .expect("runs resident");
+    assert!(
+        streamed.report.plan.vram.resident.iter().any(|r| !r),
+        "nothing streamed"
+    );
+    assert!(
+        resident.report.plan.vram.resident.iter().all(|r| *r),
+        "the resident run streams"
+    );
+    for outcome in [&streamed, &resident] {
+        assert_eq!(outcome.report.verified_steps, steps, "unverified");
+        assert_eq!(outcome.report.tolerance_steps, 0, "tolerance used");
+    }
+    assert_eq!(
+        streamed.report.outputs, resident.report.outputs,
+        "streamed differs from resident"
+    );
+    let chunks: Vec<&[f32]> = streamed
+        .report
+        .outputs
+        .values()
+        .map(Vec::as_slice)
+        .collect();
+    let (shape, video) = expected("video");
+    let frames: Vec<f32> = assemble(&chunks, shape[1]);
+    assert_eq!(frames.len(), video.len(), "[3, 9, 32, 32]");
+    let absolute = frames
+        .iter()
+        .zip(&video)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    eprintln!("wan vae: frames {absolute:e} max abs from diffusers'");
+    assert!(absolute < TOLERANCE, "frames differ by {absolute}");
+}
+
+/// `[channels, frames, pixels]` of chunks each `[channels, chunk frames, pixels]`.
+fn assemble(chunks: &[&[f32]], channels: usize) -> Vec<f32> {
+    let mut planes = vec![Vec::new(); channels];
+    for chunk in chunks {
+        let plane = chunk.len() / channels;
+        for (channel, values) in chunk.chunks_exact(plane).enumerate() {
+            planes[channel].extend_from_slice(values);
+        }
+    }
+    planes.concat()
+}
+
+#[test]
+fn a_wrong_latent_or_a_budget_below_the_working_set_is_refused_clearly() {
+    // Proves a latent of the wrong shape is refused by name when it opens, and a VRAM
+    // budget below the decode's working set (its feature cache included) before the
+    // run starts, holding nothing. (A chunk failing mid-decode gives back its blocks
+    // and its feature cache: the family's unit test over a recording compute.)
+    let mut wrong = latent_input();
+    wrong.height = 5;
+    let refusal = prepare(wrong).err().expect("refused").to_string();
+    assert!(refusal.contains("is not [16, 3, 5, 4]"), "{refusal}");
+
+    let input = latent_input();
+    let steps = input.frames as u64;
+    let prepared = prepare(input).expect("opens");
+    let layout = prepared.facts().layout();
+    let largest = layout.largest_block_bytes();
+    let usage = Arc::new(LastUsage::default());
+    let too_small = 2 * largest + prepared.activation_bytes(1) / 2;
+    let error = run(&prepared, (too_small, PINNED, steps), usage.clone())
+        .err()
+        .expect("a budget below the working set fails");
+    eprintln!("too small: {error}");
+    assert!(
+        matches!(error, RunError::BudgetTooSmall { .. }),
+        "{error:?}"
+    );
+    assert_eq!(usage.vram.load(Ordering::SeqCst), 0, "VRAM left held");
+    assert_eq!(
+        usage.pinned.load(Ordering::SeqCst),
+        0,
+        "pinned RAM left held"
+    );
+}
