@@ -44,7 +44,10 @@ impl WanParts {
         })?;
         let index: Value = serde_json::from_str(&text)
             .map_err(|error| layout(&index_path, format!("is not JSON ({error})")))?;
-        let class = index.get("_class_name").and_then(Value::as_str).unwrap_or("(none)");
+        let class = index
+            .get("_class_name")
+            .and_then(Value::as_str)
+            .unwrap_or("(none)");
         if !WAN_PIPELINES.contains(&class) {
             return Err(layout(&index_path, format!(
                 "_class_name is \"{class}\"; stagehand makes videos with {} (image-to-video is not computed yet)",
@@ -55,7 +58,10 @@ impl WanParts {
             return Err(layout(&index_path, "\"expand_timesteps\": true (TI2V-5B's timestep per latent frame) is not computed yet".into()));
         }
         let listed = |name: &str| {
-            index.get(name).and_then(Value::as_array).is_some_and(|pair| pair.iter().all(|entry| !entry.is_null()))
+            index
+                .get(name)
+                .and_then(Value::as_array)
+                .is_some_and(|pair| pair.iter().all(|entry| !entry.is_null()))
         };
         let part = |name: &str| -> Result<PipelinePart, PipelineError> {
             let path = dir.join(name);
@@ -71,7 +77,12 @@ impl WanParts {
             None | Some(Value::Null) => None,
             Some(value) => match value.as_f64() {
                 Some(ratio) if (0.0..=1.0).contains(&ratio) => Some(ratio),
-                _ => return Err(layout(&index_path, format!("\"boundary_ratio\": {value} is not a number in [0, 1]"))),
+                _ => {
+                    return Err(layout(
+                        &index_path,
+                        format!("\"boundary_ratio\": {value} is not a number in [0, 1]"),
+                    ))
+                }
             },
         };
         let transformer_2 = match listed("transformer_2") {
@@ -79,11 +90,18 @@ impl WanParts {
             false => None,
         };
         if boundary_ratio.is_some() != transformer_2.is_some() {
-            return Err(layout(&index_path, "\"boundary_ratio\" and transformer_2 come together (two experts) or not at all".into()));
+            return Err(layout(
+                &index_path,
+                "\"boundary_ratio\" and transformer_2 come together (two experts) or not at all"
+                    .into(),
+            ));
         }
         let scheduler = dir.join("scheduler").join("scheduler_config.json");
         if !scheduler.is_file() {
-            return Err(PipelineError::MissingPart { part: "scheduler".into(), expected: scheduler });
+            return Err(PipelineError::MissingPart {
+                part: "scheduler".into(),
+                expected: scheduler,
+            });
         }
         let transformer = part("transformer")?;
         let latent_channels = in_channels(&transformer.path)?;

@@ -80,7 +80,10 @@ pub fn generate_video(
     let [frames, height, width] = request.latent_size();
     let latent = match &request.latents {
         Some(noise) => noise.clone(),
-        None => gaussian(parts.latent_channels * frames * height * width, request.seed),
+        None => gaussian(
+            parts.latent_channels * frames * height * width,
+            request.seed,
+        ),
     };
     let high = match (&parts.transformer_2, parts.boundary_ratio) {
         (Some(_), Some(ratio)) => high_noise_steps(solver.timesteps(), ratio, train_timesteps),
@@ -108,7 +111,9 @@ pub fn generate_video(
                 width,
                 timestep: 0.0,
                 context: context.clone(),
-                guidance: negative.clone().map(|negative| Guidance { negative, scale }),
+                guidance: negative
+                    .clone()
+                    .map(|negative| Guidance { negative, scale }),
             },
             solver,
             steps,
@@ -152,7 +157,8 @@ fn encode(
     let (_, stage) = run.stage(kind, &parts.text_encoder, &extras, batch, |_| 1)?;
     let states = outputs(&stage).first().map(|states| states.to_vec());
     stages.push(stage);
-    let Some(states) = states.filter(|states| states.len() % batch == 0 && !states.is_empty()) else {
+    let Some(states) = states.filter(|states| states.len() % batch == 0 && !states.is_empty())
+    else {
         return Err(PipelineError::Failed("umT5 computed no states".into()));
     };
     let each = states.len() / batch;

@@ -1,0 +1,181 @@
+//! A prompt to a video against diffusers' WanPipeline: a tiny Wan 2.2 A14B-shaped
+//! pipeline (umT5, two experts with boundary_ratio 0.875, the WAN VAE; folder
+//! assembled from tests/fixtures/wan_pipeline, umt5 and wan_vae as
+//! scripts/make-wan-pipeline-fixtures.py assembles it) makes the same video from the
+//! same starting latent: 4 UniPC steps with guidance 4.0 then 2.5, each stage streamed
+//! under a budget below its model.
+
+use std::path::{Path, PathBuf};
+
+use stagehand::families::flux::read_tensors;
+use stagehand::pipeline::{generate_video, PipelineError, PipelineRun, VideoRequest, WanParts};
+use stagehand::settings::Settings;
+
+/// Relative to the largest magnitude: f32 on both sides through umT5, 4 guided steps
+/// of two experts and the VAE, in other summation orders.
+const TOLERANCE: f32 = 1e-4;
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+fn expected(name: &str) -> Vec<f32> {
+    read_tensors(&fixtures().join("wan_pipeline/expected.safetensors"))
+        .expect("reads")
+        .into_iter()
+        .find(|(found, ..)| found == name)
+        .unwrap_or_else(|| panic!("no {name}"))
+        .2
+}
+
+fn copy_folder(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("a folder");
+    for entry in std::fs::read_dir(from).expect("reads the folder") {
+        let entry = entry.expect("an entry");
+        let target = to.join(entry.file_name());
+        if entry.path().is_dir() {
+            copy_folder(&entry.path(), &target);
+        } else if entry.file_name() != "expected.safetensors" {
+            std::fs::copy(entry.path(), target).expect("copies");
+        }
+    }
+}
+
+/// The pipeline folder, assembled in `dir`.
+fn assemble(dir: &Path) -> PathBuf {
+    let folder = dir.join("wan");
+    copy_folder(&fixtures().join("wan_pipeline"), &folder);
+    copy_folder(
+        &fixtures().join("umt5/text_encoder"),
+        &folder.join("text_encoder"),
+    );
+    copy_folder(
+        &fixtures().join("umt5/tokenizer"),
+        &folder.join("tokenizer"),
+    );
+    copy_folder(&fixtures().join("wan_vae/vae"), &folder.join("vae"));
+    folder
+}
+
+fn request() -> VideoRequest {
+    VideoRequest {
+        prompt: "a red fox runs through the snow at sunset".into(),
+        negative_prompt: "blurry, static".into(),
+        width: 48,
+        height: 64,
+        frames: 9,
+        steps: 4,
+        guidance: 4.0,
+        guidance_2: Some(2.5),
+        seed: 0,
+        latents: Some(expected("latent")),
+        max_sequence_length: 512,
+    }
+}
+
+fn run(settings: &Settings) -> PipelineRun<'_> {
+    PipelineRun {
+        settings,
+        observer: stagehand::run::no_observer(),
+        progress: std::sync::Arc::new(|_, _, _| {}),
+        shared: None,
+        stages: None,
+    }
+}
+
+fn relative(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+    a.iter().zip(b).fold(0f32, |m, (a, b)| m.max((a - b).abs())) / scale
+}
+
+#[test]
+fn a_prompt_becomes_wanpipelines_video() {
+    // Proves the whole pipeline: the stages in WanPipeline's order, the experts split
+    // at the boundary (2 steps each), the final latent and every frame's values as
+    // diffusers' (1.9e-6 measured), the 8-bit pixels within one level, the experts'
+    // first steps checked against their resident pass, every stage within its budget.
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let parts = WanParts::folder(&assemble(dir.path())).expect("a Wan pipeline");
+    assert_eq!(parts.boundary_ratio, Some(0.875));
+    let settings = Settings::default();
+    let video = generate_video(&parts, &request(), &run(&settings)).expect("makes a video");
+    let names: Vec<&str> = video.stages.iter().map(|stage| stage.name).collect();
+    assert_eq!(names, ["umt5", "transformer", "transformer_2", "vae"]);
+    let steps: Vec<u64> = video
+        .stages
+        .iter()
+        .map(|stage| stage.outcome.report.steps)
+        .collect();
+    assert_eq!(
+        steps[1..3],
+        [2, 2],
+        "two steps at or above timestep 875, two below"
+    );
+    let latent_error = relative(&video.latent, &expected("final"));
+    assert_eq!(video.frames.len(), 9);
+    let values: Vec<f32> = video
+        .frames
+        .iter()
+        .flat_map(|frame| frame.values.iter().copied())
+        .collect();
+    let frames = expected("frames");
+    let frame_error = relative(&values, &frames);
+    eprintln!("wan pipeline: final latent {latent_error:e}, frames {frame_error:e} of the largest magnitude from WanPipeline's");
+    assert!(latent_error < TOLERANCE, "latent off by {latent_error}");
+    assert!(frame_error < TOLERANCE, "frames off by {frame_error}");
+    let pixels: Vec<u8> = video
+        .frames
+        .iter()
+        .flat_map(|frame| frame.pixels.iter().copied())
+        .collect();
+    let levels = pixels
+        .iter()
+        .zip(&frames)
+        .map(|(&got, &want)| (f32::from(got) - (want * 255.0).round()).abs())
+        .fold(0f32, f32::max);
+    assert!(levels <= 1.0, "a pixel {levels} levels off");
+    for stage in &video.stages {
+        let report = &stage.outcome.report;
+        // The experts' first step is recomputed from resident blocks (the pipeline's
+        // cheap check); every stage stays within its budget.
+        if report.steps > 1 {
+            assert!(report.verified_steps >= 1, "{}: unchecked", stage.name);
+        }
+        let budget = stage.outcome.budgets.vram_budget_bytes;
+        assert!(
+            report.stats.vram.peak_used_bytes <= budget,
+            "{}: over its budget",
+            stage.name
+        );
+    }
+}
+
+#[test]
+fn what_the_pipeline_cannot_make_is_refused_by_name() {
+    // Proves a frame count that is not 4k + 1, a latent of the wrong size and a
+    // folder without its scheduler are refused before any model opens, saying what to give.
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let folder = assemble(dir.path());
+    let parts = WanParts::folder(&folder).expect("a Wan pipeline");
+    let settings = Settings::default();
+    let frames = VideoRequest {
+        frames: 10,
+        ..request()
+    };
+    let error = generate_video(&parts, &frames, &run(&settings))
+        .err()
+        .expect("refused");
+    assert!(error.to_string().contains("give 9 or 13"), "{error}");
+    let latent = VideoRequest {
+        latents: Some(vec![0.0; 5]),
+        ..request()
+    };
+    let error = generate_video(&parts, &latent, &run(&settings))
+        .err()
+        .expect("refused");
+    assert!(matches!(error, PipelineError::BadRequest(_)), "{error}");
+    std::fs::remove_dir_all(folder.join("scheduler")).expect("removes");
+    let error = WanParts::folder(&folder).expect_err("no scheduler");
+    assert!(error.to_string().contains("scheduler"), "{error}");
+}
