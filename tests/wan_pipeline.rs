@@ -5,6 +5,8 @@
 //! same starting latent: 4 UniPC steps with guidance 4.0 then 2.5, each stage streamed
 //! under a budget below its model.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
 use stagehand::families::flux::read_tensors;
@@ -178,4 +180,145 @@ fn what_the_pipeline_cannot_make_is_refused_by_name() {
     std::fs::remove_dir_all(folder.join("scheduler")).expect("removes");
     let error = WanParts::folder(&folder).expect_err("no scheduler");
     assert!(error.to_string().contains("scheduler"), "{error}");
+}
+
+/// The duration (µs) and the frames of an MP4's one video track, decoded by
+/// OpenH264 as RGB bytes.
+fn decode_mp4(path: &Path) -> (u32, Vec<Vec<u8>>) {
+    let file = std::fs::File::open(path).expect("the MP4");
+    let size = file.metadata().expect("metadata").len();
+    let mut reader =
+        mp4::Mp4Reader::read_header(std::io::BufReader::new(file), size).expect("an MP4");
+    let track = reader.tracks().values().next().expect("a track");
+    let (track_id, count) = (track.track_id(), track.sample_count());
+    let duration_us = track.duration().as_micros() as u32;
+    let mut decoder = openh264::decoder::Decoder::new().expect("a decoder");
+    let track = reader.tracks().get(&track_id).expect("the track");
+    let (sps, pps) = {
+        let avc = &track
+            .trak
+            .mdia
+            .minf
+            .stbl
+            .stsd
+            .avc1
+            .as_ref()
+            .expect("avc1")
+            .avcc;
+        (
+            avc.sequence_parameter_sets[0].bytes.clone(),
+            avc.picture_parameter_sets[0].bytes.clone(),
+        )
+    };
+    let annex_b = |nals: &mut Vec<u8>, nal: &[u8]| {
+        nals.extend_from_slice(&[0, 0, 0, 1]);
+        nals.extend_from_slice(nal);
+    };
+    let mut frames = Vec::new();
+    for id in 1..=count {
+        let sample = reader
+            .read_sample(track_id, id)
+            .expect("reads")
+            .expect("a sample");
+        let mut nals = Vec::new();
+        if id == 1 {
+            annex_b(&mut nals, &sps);
+            annex_b(&mut nals, &pps);
+        }
+        let mut at = 0;
+        while at + 4 <= sample.bytes.len() {
+            let length =
+                u32::from_be_bytes(sample.bytes[at..at + 4].try_into().expect("4 bytes")) as usize;
+            annex_b(&mut nals, &sample.bytes[at + 4..at + 4 + length]);
+            at += 4 + length;
+        }
+        if let Some(yuv) = decoder.decode(&nals).expect("decodes") {
+            let mut rgb = vec![0u8; 48 * 64 * 3];
+            yuv.write_rgb8(&mut rgb);
+            frames.push(rgb);
+        }
+    }
+    (duration_us, frames)
+}
+
+#[test]
+fn stagehand_video_writes_the_frames_and_an_mp4_that_decodes_to_them() {
+    // Proves `stagehand video` end to end on the tiny pipeline: the PNG frames are
+    // WanPipeline's pixels within one level, and the H.264 MP4 (9 samples at 16 fps)
+    // decodes with OpenH264 to pictures close to them (lossy: a PSNR above 28 dB on
+    // these noise-like frames of a random model, H.264's worst case; 31 measured).
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let folder = assemble(dir.path());
+    // The fixture's `latent` tensor is diffusers' starting noise.
+    let latents = fixtures().join("wan_pipeline/expected.safetensors");
+    let (out, frames_dir) = (dir.path().join("fox.mp4"), dir.path().join("frames"));
+    let request = request();
+    let output = common::stagehand()
+        .args(["video", "--model"])
+        .arg(&folder)
+        .args([
+            "--prompt",
+            &request.prompt,
+            "--negative-prompt",
+            &request.negative_prompt,
+        ])
+        .args([
+            "--frames", "9", "--width", "48", "--height", "64", "--steps", "4",
+        ])
+        .args(["--guidance", "4", "--guidance-2", "2.5", "--latents"])
+        .arg(&latents)
+        .arg("--frames-dir")
+        .arg(&frames_dir)
+        .arg("--out")
+        .arg(&out)
+        .args(["--json", "--device", "cpu"])
+        .output()
+        .expect("runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "stagehand video failed: {stderr}");
+    let summary: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    assert_eq!(summary["frames"], 9);
+    let stages: Vec<&str> = summary["stages"]
+        .as_array()
+        .expect("stages")
+        .iter()
+        .filter_map(|s| s["stage"].as_str())
+        .collect();
+    assert_eq!(stages, ["umt5", "transformer", "transformer_2", "vae"]);
+    let expected_frames = expected("frames");
+    let plane = 48 * 64 * 3;
+    let mut pngs = Vec::new();
+    for index in 0..9 {
+        let file =
+            std::fs::File::open(frames_dir.join(format!("{index:03}.png"))).expect("a frame");
+        let mut reader = png::Decoder::new(std::io::BufReader::new(file))
+            .read_info()
+            .expect("a PNG");
+        let mut pixels = vec![0; reader.output_buffer_size().expect("a size")];
+        reader.next_frame(&mut pixels).expect("decodes");
+        let want = &expected_frames[index * plane..(index + 1) * plane];
+        let worst = pixels
+            .iter()
+            .zip(want)
+            .map(|(&got, &want)| (f32::from(got) - (want * 255.0).round()).abs())
+            .fold(0f32, f32::max);
+        assert!(worst <= 1.0, "frame {index}: a pixel {worst} levels off");
+        pngs.push(pixels);
+    }
+    let (duration_us, decoded) = decode_mp4(&out);
+    assert_eq!(decoded.len(), 9, "every frame decodes");
+    assert_eq!(duration_us, 562_500, "9 frames at 16 fps");
+    let mut least = f64::INFINITY;
+    for (index, (mp4, png)) in decoded.iter().zip(&pngs).enumerate() {
+        let mse = mp4
+            .iter()
+            .zip(png)
+            .map(|(&a, &b)| (f64::from(a) - f64::from(b)).powi(2))
+            .sum::<f64>()
+            / plane as f64;
+        let psnr = 10.0 * (255.0f64.powi(2) / mse.max(1e-9)).log10();
+        assert!(psnr > 28.0, "frame {index}: PSNR {psnr:.1} dB");
+        least = least.min(psnr);
+    }
+    eprintln!("stagehand video: the MP4's frames decode within {least:.1} dB PSNR of the PNGs");
 }

@@ -126,11 +126,22 @@ pub struct ImageArgs {
 }
 
 #[derive(Debug, Serialize)]
-struct StageOutput {
+pub(super) struct StageOutput {
     stage: &'static str,
     model: String,
     seconds: f64,
     summary: Summary,
+}
+
+impl StageOutput {
+    pub(super) fn of(stage: &Stage) -> Self {
+        Self {
+            stage: stage.name,
+            model: stage.model.path.display().to_string(),
+            seconds: stage.seconds,
+            summary: Summary::new(&stage.outcome),
+        }
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -142,11 +153,11 @@ struct ImageOutput {
     stages: Vec<StageOutput>,
 }
 
-fn bad(message: String) -> Failure {
+pub(super) fn bad(message: String) -> Failure {
     Failure::bad_input(anyhow::anyhow!(message))
 }
 
-fn pipeline_failure(error: PipelineError) -> Failure {
+pub(super) fn pipeline_failure(error: PipelineError) -> Failure {
     // The line names the stage and says its run's error in words: the chain of
     // causes behind it is not printed again.
     let message = anyhow::anyhow!(error.to_string());
@@ -252,7 +263,7 @@ pub(super) fn check_out(out: &Path) -> Result<(), Failure> {
 }
 
 /// A progress bar that names the stage it counts.
-fn progress(quiet: bool) -> (ProgressBar, stagehand::pipeline::Progress) {
+pub(super) fn progress(quiet: bool) -> (ProgressBar, stagehand::pipeline::Progress) {
     let bar = if quiet {
         ProgressBar::hidden()
     } else {
@@ -275,24 +286,42 @@ fn progress(quiet: bool) -> (ProgressBar, stagehand::pipeline::Progress) {
     (bar, report)
 }
 
-pub fn execute(args: ImageArgs) -> CommandResult {
-    let loaded = settings::load(&args.settings).map_err(Failure::bad_input)?;
+/// The settings of a pipeline command (`image`, `video`), logging started, the
+/// devices a pipeline does not run on refused.
+pub(super) fn pipeline_settings(
+    args: &SettingsArgs,
+    command: &str,
+) -> Result<settings::Settings, Failure> {
+    let loaded = settings::load(args).map_err(Failure::bad_input)?;
     let settings = loaded.settings;
     super::run::init_logging(&settings.log);
     super::logging::log_setting_notes(&loaded.provenance);
     match settings.device {
-        settings::DeviceKind::Sim => {
-            return Err(bad(
-                "device `sim` runs in virtual time: use `stagehand simulate --model PATH --hardware NAME`".into(),
-            ))
-        }
-        settings::DeviceKind::Cuda => {
-            return Err(bad(
-                "--device cuda: image runs on the CPU backend for now (the CUDA adapter has no convolution or text-encoder kernels yet); pass --device cpu or auto".into(),
-            ))
-        }
-        settings::DeviceKind::Auto | settings::DeviceKind::Cpu => {}
+        settings::DeviceKind::Sim => Err(bad(
+            "device `sim` runs in virtual time: use `stagehand simulate --model PATH --hardware NAME`".into(),
+        )),
+        settings::DeviceKind::Cuda => Err(bad(format!(
+            "--device cuda: {command} runs on the CPU backend for now (the CUDA adapter has no convolution or text-encoder kernels yet); pass --device cpu or auto"
+        ))),
+        settings::DeviceKind::Auto | settings::DeviceKind::Cpu => Ok(settings),
     }
+}
+
+/// The Prometheus observer of `--metrics-addr` (every stage's runs and its stage
+/// series), or none.
+pub(super) fn pipeline_metrics(
+    settings: &settings::Settings,
+) -> Result<Option<Arc<stagehand::telemetry::PrometheusObserver>>, Failure> {
+    match settings.metrics_addr {
+        Some(addr) => Ok(Some(Arc::new(
+            stagehand::telemetry::install(addr).map_err(Failure::bad_input)?,
+        ))),
+        None => Ok(None),
+    }
+}
+
+pub fn execute(args: ImageArgs) -> CommandResult {
+    let settings = pipeline_settings(&args.settings, "image")?;
     check_out(&args.out)?;
     if args.batch == 0 {
         return Err(bad("--batch 0 makes no image; give at least 1".into()));
@@ -322,12 +351,7 @@ pub fn execute(args: ImageArgs) -> CommandResult {
         init: init_of(&args)?,
     };
     // One observer for every stage's run, its stage series telling them apart.
-    let metrics = match settings.metrics_addr {
-        Some(addr) => Some(Arc::new(
-            stagehand::telemetry::install(addr).map_err(Failure::bad_input)?,
-        )),
-        None => None,
-    };
+    let metrics = pipeline_metrics(&settings)?;
     let observer = match &metrics {
         Some(metrics) => Arc::clone(metrics) as Arc<dyn stagehand_actors::Observer>,
         None => stagehand::run::no_observer(),
@@ -381,7 +405,7 @@ fn write_images(args: &ImageArgs, generated: &Generated) -> Result<Vec<PathBuf>,
     Ok(written)
 }
 
-fn stage_line(stage: &Stage) -> String {
+pub(super) fn stage_line(stage: &Stage) -> String {
     let summary = Summary::new(&stage.outcome);
     format!(
         "  {:<12} {:>8.2} s  {} steps, {:.1} ms/step; weights {} ({} streamed a step); peak VRAM {} of {}, pinned {} of {}",
@@ -413,16 +437,7 @@ fn print_result(
             width: args.width,
             height: args.height,
             seconds,
-            stages: generated
-                .stages
-                .iter()
-                .map(|stage| StageOutput {
-                    stage: stage.name,
-                    model: stage.model.path.display().to_string(),
-                    seconds: stage.seconds,
-                    summary: Summary::new(&stage.outcome),
-                })
-                .collect(),
+            stages: generated.stages.iter().map(StageOutput::of).collect(),
         };
         let json = serde_json::to_string_pretty(&output).map_err(Failure::run_failed)?;
         println!("{json}");

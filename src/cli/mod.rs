@@ -49,6 +49,7 @@ mod image;
 mod inspect;
 mod logging;
 mod machine_load;
+mod mp4;
 mod progress;
 mod run;
 mod sample;
@@ -57,6 +58,7 @@ mod serve;
 mod simulate;
 mod validate;
 mod validate_checks;
+mod video;
 
 /// Why a command failed, which decides the exit status.
 #[derive(Debug)]
@@ -124,6 +126,8 @@ pub enum Command {
     Sample(sample::SampleArgs),
     /// A prompt to a PNG through a Flux pipeline folder (text encoders, transformer, VAE).
     Image(image::ImageArgs),
+    /// A prompt to an MP4 through a Wan pipeline folder (umT5, the transformer or two experts, the WAN VAE).
+    Video(video::VideoArgs),
     /// Show a safetensors checkpoint's files, tensors and block split.
     Inspect(inspect::InspectArgs),
     /// Print the effective settings and which layer set each one.
@@ -185,6 +189,7 @@ pub fn main() -> ExitCode {
         Some(Command::Generate(args)) => generate::execute(args),
         Some(Command::Sample(args)) => sample::execute(args),
         Some(Command::Image(args)) => image::execute(args),
+        Some(Command::Video(args)) => video::execute(args),
         Some(Command::Inspect(args)) => inspect::execute(args),
         Some(Command::Config(args)) => config_cmd::execute(args),
         Some(Command::DemoModel(args)) => demo_model::execute(args),

@@ -1,0 +1,211 @@
+//! `stagehand video`: a prompt to a video through a diffusers Wan pipeline folder —
+//! umT5 for the prompt and the negative prompt, the transformer (or Wan 2.2 A14B's two
+//! experts, handed over at the boundary), the WAN VAE — each model streamed under the
+//! same budgets in turn and checked as every run is. Writes the frames as PNGs
+//! (`--frames-dir`) and the video as an H.264 MP4 (`--out FILE.mp4`); the summary
+//! gives each stage's time, bytes over each link, peaks and budget.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use super::image::{
+    bad, check_out, pipeline_failure, pipeline_metrics, pipeline_settings, progress, stage_line,
+    StageOutput,
+};
+use super::{CommandResult, Failure};
+use stagehand::families::flux::read_tensors;
+use stagehand::pipeline::{generate_video, PipelineRun, Video, VideoRequest, WanParts};
+use stagehand::settings::SettingsArgs;
+
+#[derive(Debug, clap::Args)]
+pub struct VideoArgs {
+    /// A diffusers Wan pipeline folder (model_index.json, text_encoder/, tokenizer/,
+    /// transformer/ and, for Wan 2.2 A14B, transformer_2/, vae/, scheduler/).
+    #[arg(long, value_name = "DIR")]
+    pub model: PathBuf,
+    /// What the video shows.
+    #[arg(long)]
+    pub prompt: String,
+    /// What it should not show (classifier-free guidance's other prompt).
+    #[arg(long, default_value = "")]
+    pub negative_prompt: String,
+    /// Frames: 4k + 1 (Wan 2.2's default 81, five seconds at 16 fps).
+    #[arg(long, default_value_t = 81)]
+    pub frames: usize,
+    /// Width in pixels (a multiple of 16).
+    #[arg(long, default_value_t = 832)]
+    pub width: usize,
+    /// Height in pixels (a multiple of 16).
+    #[arg(long, default_value_t = 480)]
+    pub height: usize,
+    /// Denoising steps (WanPipeline's default: 50).
+    #[arg(long, default_value_t = 50)]
+    pub steps: usize,
+    /// Classifier-free guidance (WanPipeline's default 5.0; 1 or less: none, one pass a step).
+    #[arg(long, default_value_t = 5.0)]
+    pub guidance: f32,
+    /// The low-noise expert's guidance (default: --guidance).
+    #[arg(long)]
+    pub guidance_2: Option<f32>,
+    /// Seed of the starting noise.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Start from this noise (safetensors `latent` [1, 16, (frames−1)/4+1, H/8, W/8],
+    /// diffusers' `latents`) instead of seeded noise.
+    #[arg(long, value_name = "FILE")]
+    pub latents: Option<PathBuf>,
+    /// umT5's prompt length in tokens, padded to it (diffusers' `max_sequence_length`).
+    #[arg(long, default_value_t = 512)]
+    pub max_sequence_length: usize,
+    /// Also write each frame as DIR/NNN.png (the folder is created).
+    #[arg(long, value_name = "DIR")]
+    pub frames_dir: Option<PathBuf>,
+    /// Frames per second of the MP4 (Wan's 16).
+    #[arg(long, default_value_t = 16)]
+    pub fps: u32,
+    /// The MP4 to write.
+    #[arg(long, value_name = "FILE.mp4")]
+    pub out: PathBuf,
+    /// Print the result and each stage's summary as JSON at the end.
+    #[arg(long)]
+    pub json: bool,
+    /// No progress output.
+    #[arg(long)]
+    pub quiet: bool,
+    #[command(flatten)]
+    pub settings: SettingsArgs,
+}
+
+#[derive(Debug, Serialize)]
+struct VideoOutput {
+    video: String,
+    frames: usize,
+    frames_dir: Option<String>,
+    width: usize,
+    height: usize,
+    seconds: f64,
+    stages: Vec<StageOutput>,
+}
+
+/// The starting noise of `--latents`: the tensor `latent`, its size checked by the
+/// pipeline against the request's.
+fn latents_of(args: &VideoArgs) -> Result<Option<Vec<f32>>, Failure> {
+    let Some(path) = &args.latents else {
+        return Ok(None);
+    };
+    let tensors = read_tensors(path).map_err(|error| bad(error.to_string()))?;
+    match tensors.into_iter().find(|(name, ..)| name == "latent") {
+        Some((_, _, values)) => Ok(Some(values)),
+        None => Err(bad(format!("{}: no tensor `latent`", path.display()))),
+    }
+}
+
+pub fn execute(args: VideoArgs) -> CommandResult {
+    let settings = pipeline_settings(&args.settings, "video")?;
+    check_out(&args.out)?;
+    if args.out.extension().and_then(|ext| ext.to_str()) != Some("mp4") {
+        return Err(bad(format!(
+            "--out {}: the video is written as H.264 in MP4; name a .mp4 file",
+            args.out.display()
+        )));
+    }
+    if args.fps == 0 {
+        return Err(bad("--fps 0: give the frames per second (Wan's 16)".into()));
+    }
+    let parts = WanParts::folder(&args.model).map_err(pipeline_failure)?;
+    let request = VideoRequest {
+        prompt: args.prompt.clone(),
+        negative_prompt: args.negative_prompt.clone(),
+        width: args.width,
+        height: args.height,
+        frames: args.frames,
+        steps: args.steps,
+        guidance: args.guidance,
+        guidance_2: args.guidance_2,
+        seed: args.seed,
+        latents: latents_of(&args)?,
+        max_sequence_length: args.max_sequence_length,
+    };
+    let metrics = pipeline_metrics(&settings)?;
+    let observer = match &metrics {
+        Some(metrics) => Arc::clone(metrics) as Arc<dyn stagehand_actors::Observer>,
+        None => stagehand::run::no_observer(),
+    };
+    let (bar, report) = progress(args.quiet || args.json);
+    let started = std::time::Instant::now();
+    let run = PipelineRun {
+        settings: &settings,
+        observer,
+        progress: report,
+        shared: None,
+        stages: metrics.map(|metrics| metrics as Arc<dyn stagehand::telemetry::StageObserver>),
+    };
+    let video = generate_video(&parts, &request, &run);
+    bar.finish_and_clear();
+    let video = video.map_err(pipeline_failure)?;
+    write_outputs(&args, &video)?;
+    print_result(&args, &video, started.elapsed().as_secs_f64())
+}
+
+/// The frames as PNGs (when asked) and the MP4.
+fn write_outputs(args: &VideoArgs, video: &Video) -> Result<(), Failure> {
+    if let Some(dir) = &args.frames_dir {
+        std::fs::create_dir_all(dir).map_err(|error| {
+            bad(format!(
+                "--frames-dir {}: cannot be created ({error})",
+                dir.display()
+            ))
+        })?;
+        let text = [
+            ("prompt", args.prompt.clone()),
+            ("seed", args.seed.to_string()),
+            ("model", args.model.display().to_string()),
+            (
+                "software",
+                format!("stagehand {}", env!("CARGO_PKG_VERSION")),
+            ),
+        ]
+        .map(|(keyword, value)| (keyword.to_string(), value));
+        for (index, frame) in video.frames.iter().enumerate() {
+            let path = dir.join(format!("{index:03}.png"));
+            frame.write_png(&path, &text).map_err(pipeline_failure)?;
+        }
+    }
+    super::mp4::write(&args.out, &video.frames, args.fps).map_err(Failure::run_failed)
+}
+
+fn print_result(args: &VideoArgs, video: &Video, seconds: f64) -> CommandResult {
+    if args.json {
+        let output = VideoOutput {
+            video: args.out.display().to_string(),
+            frames: video.frames.len(),
+            frames_dir: args
+                .frames_dir
+                .as_ref()
+                .map(|dir| dir.display().to_string()),
+            width: args.width,
+            height: args.height,
+            seconds,
+            stages: video.stages.iter().map(StageOutput::of).collect(),
+        };
+        let json = serde_json::to_string_pretty(&output).map_err(Failure::run_failed)?;
+        println!("{json}");
+        return Ok(());
+    }
+    println!("{}", args.out.display());
+    if !args.quiet {
+        eprintln!(
+            "video: {} frames of {}×{} in {seconds:.2} s, {} steps, every stage checked against its resident pass",
+            video.frames.len(),
+            args.width,
+            args.height,
+            args.steps
+        );
+        for stage in &video.stages {
+            eprintln!("{}", stage_line(stage));
+        }
+    }
+    Ok(())
+}
