@@ -4,9 +4,8 @@ experts with boundary_ratio 0.875) and the video diffusers' WanPipeline makes wi
 
 The folder holds what is new: model_index.json, transformer/ and transformer_2/ (two
 seeded WanTransformer3DModels with umT5's width 32 as text_dim, weights of bf16
-values stored BF16) and scheduler/ (Wan 2.2's UniPC config). The text encoder and
-its tokenizer are tests/fixtures/umt5's, the VAE tests/fixtures/wan_vae's: the test
-assembles the folder as this script does before running diffusers on it.
+values stored BF16) and scheduler/ (Wan 2.2's UniPC config); text_encoder/,
+tokenizer/ and vae/ are links to tests/fixtures/umt5's and tests/fixtures/wan_vae's.
 
 expected.safetensors: the starting latent [1, 16, 3, 8, 6], the final latent
 (output_type="latent") and the frames (output_type="np": [9, 64, 48, 3] in [0, 1])
@@ -21,7 +20,6 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 
 import torch
 from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
@@ -54,12 +52,7 @@ def load(cls, folder):
     return model.float().eval()
 
 
-def assemble(folder):
-    """The pipeline folder the test builds: the fixture plus umT5's and the VAE's."""
-    shutil.copytree(OUT, folder, dirs_exist_ok=True, ignore=shutil.ignore_patterns("expected.safetensors"))
-    shutil.copytree(os.path.join(FIXTURES, "umt5", "text_encoder"), os.path.join(folder, "text_encoder"))
-    shutil.copytree(os.path.join(FIXTURES, "umt5", "tokenizer"), os.path.join(folder, "tokenizer"))
-    shutil.copytree(os.path.join(FIXTURES, "wan_vae", "vae"), os.path.join(folder, "vae"))
+LINKS = {"text_encoder": "../umt5/text_encoder", "tokenizer": "../umt5/tokenizer", "vae": "../wan_vae/vae"}
 
 
 def main():
@@ -88,31 +81,32 @@ def main():
     with open(os.path.join(OUT, "model_index.json"), "w") as f:
         json.dump(index, f, indent=2)
 
-    with tempfile.TemporaryDirectory() as folder:
-        assemble(folder)
-        pipe = WanPipeline(
-            tokenizer=AutoTokenizer.from_pretrained(os.path.join(folder, "tokenizer")),
-            text_encoder=UMT5EncoderModel.from_pretrained(os.path.join(folder, "text_encoder")).float().eval(),
-            vae=load(AutoencoderKLWan, os.path.join(folder, "vae")),
-            transformer=load(WanTransformer3DModel, os.path.join(folder, "transformer")),
-            transformer_2=load(WanTransformer3DModel, os.path.join(folder, "transformer_2")),
-            scheduler=UniPCMultistepScheduler.from_pretrained(os.path.join(folder, "scheduler")),
-            boundary_ratio=0.875,
-        )
-        latent = torch.randn(1, 16, 3, 8, 6, generator=torch.Generator().manual_seed(5))
-        common = dict(
-            prompt=PROMPT,
-            negative_prompt=NEGATIVE,
-            height=64,
-            width=48,
-            num_frames=9,
-            num_inference_steps=4,
-            guidance_scale=4.0,
-            guidance_scale_2=2.5,
-        )
-        with torch.no_grad():
-            final = pipe(**common, latents=latent.clone(), output_type="latent").frames
-            frames = pipe(**common, latents=latent.clone(), output_type="np").frames
+    for name, target in LINKS.items():
+        os.symlink(target, os.path.join(OUT, name))
+    folder = OUT
+    pipe = WanPipeline(
+        tokenizer=AutoTokenizer.from_pretrained(os.path.join(folder, "tokenizer")),
+        text_encoder=UMT5EncoderModel.from_pretrained(os.path.join(folder, "text_encoder")).float().eval(),
+        vae=load(AutoencoderKLWan, os.path.join(folder, "vae")),
+        transformer=load(WanTransformer3DModel, os.path.join(folder, "transformer")),
+        transformer_2=load(WanTransformer3DModel, os.path.join(folder, "transformer_2")),
+        scheduler=UniPCMultistepScheduler.from_pretrained(os.path.join(folder, "scheduler")),
+        boundary_ratio=0.875,
+    )
+    latent = torch.randn(1, 16, 3, 8, 6, generator=torch.Generator().manual_seed(5))
+    common = dict(
+        prompt=PROMPT,
+        negative_prompt=NEGATIVE,
+        height=64,
+        width=48,
+        num_frames=9,
+        num_inference_steps=4,
+        guidance_scale=4.0,
+        guidance_scale_2=2.5,
+    )
+    with torch.no_grad():
+        final = pipe(**common, latents=latent.clone(), output_type="latent").frames
+        frames = pipe(**common, latents=latent.clone(), output_type="np").frames
     frames = torch.from_numpy(frames[0]).float()
     save_file(
         {"latent": latent.contiguous(), "final": final.float().contiguous(), "frames": frames.contiguous()},

@@ -1,7 +1,7 @@
 //! A prompt to a video against diffusers' WanPipeline: a tiny Wan 2.2 A14B-shaped
-//! pipeline (umT5, two experts with boundary_ratio 0.875, the WAN VAE; folder
-//! assembled from tests/fixtures/wan_pipeline, umt5 and wan_vae as
-//! scripts/make-wan-pipeline-fixtures.py assembles it) makes the same video from the
+//! pipeline (tests/fixtures/wan_pipeline: umT5 and the WAN VAE linked from the umt5
+//! and wan_vae fixtures, two experts with boundary_ratio 0.875;
+//! scripts/make-wan-pipeline-fixtures.py) makes the same video from the
 //! same starting latent: 4 UniPC steps with guidance 4.0 then 2.5, each stage streamed
 //! under a budget below its model.
 
@@ -43,19 +43,11 @@ fn copy_folder(from: &Path, to: &Path) {
     }
 }
 
-/// The pipeline folder, assembled in `dir`.
+/// A copy of the pipeline folder in `dir` (its umT5, tokenizer and VAE are links to
+/// the umt5 and wan_vae fixtures; the copy holds their files).
 fn assemble(dir: &Path) -> PathBuf {
     let folder = dir.join("wan");
     copy_folder(&fixtures().join("wan_pipeline"), &folder);
-    copy_folder(
-        &fixtures().join("umt5/text_encoder"),
-        &folder.join("text_encoder"),
-    );
-    copy_folder(
-        &fixtures().join("umt5/tokenizer"),
-        &folder.join("tokenizer"),
-    );
-    copy_folder(&fixtures().join("wan_vae/vae"), &folder.join("vae"));
     folder
 }
 

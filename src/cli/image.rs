@@ -408,7 +408,7 @@ fn write_images(args: &ImageArgs, generated: &Generated) -> Result<Vec<PathBuf>,
 pub(super) fn stage_line(stage: &Stage) -> String {
     let summary = Summary::new(&stage.outcome);
     format!(
-        "  {:<12} {:>8.2} s  {} steps, {:.1} ms/step; weights {} ({} streamed a step); peak VRAM {} of {}, pinned {} of {}",
+        "  {:<13} {:>8.2} s  {} steps, {:.1} ms/step; weights {} ({} streamed a step); peak VRAM {} of {}, pinned {} of {}",
         stage.name,
         stage.seconds,
         summary.steps,
