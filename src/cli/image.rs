@@ -263,7 +263,7 @@ pub(super) fn check_out(out: &Path) -> Result<(), Failure> {
 }
 
 /// A progress bar that names the stage it counts.
-pub(super) fn progress(quiet: bool) -> (ProgressBar, stagehand::pipeline::Progress) {
+fn progress(quiet: bool) -> (ProgressBar, stagehand::pipeline::Progress) {
     let bar = if quiet {
         ProgressBar::hidden()
     } else {
@@ -309,7 +309,7 @@ pub(super) fn pipeline_settings(
 
 /// The Prometheus observer of `--metrics-addr` (every stage's runs and its stage
 /// series), or none.
-pub(super) fn pipeline_metrics(
+fn pipeline_metrics(
     settings: &settings::Settings,
 ) -> Result<Option<Arc<stagehand::telemetry::PrometheusObserver>>, Failure> {
     match settings.metrics_addr {
@@ -318,6 +318,31 @@ pub(super) fn pipeline_metrics(
         ))),
         None => Ok(None),
     }
+}
+
+/// Runs `make` with the pipeline's run: one observer for every stage (its stage
+/// series telling them apart, on `--metrics-addr`), a progress bar naming the stage.
+pub(super) fn with_pipeline_run<T>(
+    settings: &settings::Settings,
+    quiet: bool,
+    make: impl FnOnce(&PipelineRun<'_>) -> Result<T, PipelineError>,
+) -> Result<T, Failure> {
+    let metrics = pipeline_metrics(settings)?;
+    let observer = match &metrics {
+        Some(metrics) => Arc::clone(metrics) as Arc<dyn stagehand_actors::Observer>,
+        None => stagehand::run::no_observer(),
+    };
+    let (bar, report) = progress(quiet);
+    let run = PipelineRun {
+        settings,
+        observer,
+        progress: report,
+        shared: None,
+        stages: metrics.map(|metrics| metrics as Arc<dyn stagehand::telemetry::StageObserver>),
+    };
+    let made = make(&run);
+    bar.finish_and_clear();
+    made.map_err(pipeline_failure)
 }
 
 pub fn execute(args: ImageArgs) -> CommandResult {
@@ -350,24 +375,9 @@ pub fn execute(args: ImageArgs) -> CommandResult {
         vae_tile: args.vae_tile,
         init: init_of(&args)?,
     };
-    // One observer for every stage's run, its stage series telling them apart.
-    let metrics = pipeline_metrics(&settings)?;
-    let observer = match &metrics {
-        Some(metrics) => Arc::clone(metrics) as Arc<dyn stagehand_actors::Observer>,
-        None => stagehand::run::no_observer(),
-    };
-    let (bar, report) = progress(args.quiet || args.json);
     let started = std::time::Instant::now();
-    let run = PipelineRun {
-        settings: &settings,
-        observer,
-        progress: report,
-        shared: None,
-        stages: metrics.map(|metrics| metrics as Arc<dyn stagehand::telemetry::StageObserver>),
-    };
-    let generated = generate(&parts, &request, &run);
-    bar.finish_and_clear();
-    let generated = generated.map_err(pipeline_failure)?;
+    let quiet = args.quiet || args.json;
+    let generated = with_pipeline_run(&settings, quiet, |run| generate(&parts, &request, run))?;
     let written = write_images(&args, &generated)?;
     print_result(&args, &generated, &written, started.elapsed().as_secs_f64())
 }

@@ -6,17 +6,15 @@
 //! gives each stage's time, bytes over each link, peaks and budget.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use serde::Serialize;
 
 use super::image::{
-    bad, check_out, pipeline_failure, pipeline_metrics, pipeline_settings, progress, stage_line,
-    StageOutput,
+    bad, check_out, pipeline_failure, pipeline_settings, stage_line, with_pipeline_run, StageOutput,
 };
 use super::{CommandResult, Failure};
 use stagehand::families::flux::read_tensors;
-use stagehand::pipeline::{generate_video, PipelineRun, Video, VideoRequest, WanParts};
+use stagehand::pipeline::{generate_video, Video, VideoRequest, WanParts};
 use stagehand::settings::SettingsArgs;
 
 #[derive(Debug, clap::Args)]
@@ -128,23 +126,11 @@ pub fn execute(args: VideoArgs) -> CommandResult {
         latents: latents_of(&args)?,
         max_sequence_length: args.max_sequence_length,
     };
-    let metrics = pipeline_metrics(&settings)?;
-    let observer = match &metrics {
-        Some(metrics) => Arc::clone(metrics) as Arc<dyn stagehand_actors::Observer>,
-        None => stagehand::run::no_observer(),
-    };
-    let (bar, report) = progress(args.quiet || args.json);
     let started = std::time::Instant::now();
-    let run = PipelineRun {
-        settings: &settings,
-        observer,
-        progress: report,
-        shared: None,
-        stages: metrics.map(|metrics| metrics as Arc<dyn stagehand::telemetry::StageObserver>),
-    };
-    let video = generate_video(&parts, &request, &run);
-    bar.finish_and_clear();
-    let video = video.map_err(pipeline_failure)?;
+    let quiet = args.quiet || args.json;
+    let video = with_pipeline_run(&settings, quiet, |run| {
+        generate_video(&parts, &request, run)
+    })?;
     write_outputs(&args, &video)?;
     print_result(&args, &video, started.elapsed().as_secs_f64())
 }
