@@ -18,6 +18,12 @@ Beside it, expected.safetensors holds:
 
 Run with the venv that has torch and diffusers: /work/pyvenv/bin/python
 scripts/make-wan-vae-fixtures.py. The tests only read the files.
+
+`--wan21 DIR` writes the same files for Wan 2.1's full-width VAE instead (diffusers'
+defaults: base_dim 96, dim_mult [1, 2, 4, 4], two ResNet blocks a level; 243 MB in
+BF16) with a latent [1, 16, 2, 8, 8] (5 frames of 64 x 64), for a check by hand:
+STAGEHAND_WAN_VAE_FIXTURE=DIR cargo test --test wan_vae_reference (about 2.5 minutes
+on two cores).
 """
 
 import copy
@@ -41,9 +47,9 @@ CONFIG = dict(
 SEED = 11
 
 
-def seeded_model():
+def seeded_model(config):
     torch.manual_seed(SEED)
-    model = AutoencoderKLWan(**CONFIG).float().eval()
+    model = AutoencoderKLWan(**config).float().eval()
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             if name.endswith("gamma"):
@@ -61,11 +67,13 @@ def seeded_model():
 
 
 def main():
-    model = seeded_model()
-    copy.deepcopy(model).to(torch.bfloat16).save_pretrained(os.path.join(OUT, "vae"), safe_serialization=True)
+    full = len(sys.argv) == 3 and sys.argv[1] == "--wan21"
+    out, config, shape = (sys.argv[2], {}, (2, 8, 8)) if full else (OUT, CONFIG, (3, 4, 4))
+    model = seeded_model(config)
+    copy.deepcopy(model).to(torch.bfloat16).save_pretrained(os.path.join(out, "vae"), safe_serialization=True)
     torch.manual_seed(100 + SEED)
-    latent = torch.randn(1, CONFIG["z_dim"], 3, 4, 4)
-    z_dim = CONFIG["z_dim"]
+    z_dim = model.config.z_dim
+    latent = torch.randn(1, z_dim, *shape)
     # WanPipeline's un-normalisation, as it writes it.
     latents_mean = torch.tensor(model.config.latents_mean).view(1, z_dim, 1, 1, 1)
     latents_std = 1.0 / torch.tensor(model.config.latents_std).view(1, z_dim, 1, 1, 1)
@@ -75,7 +83,7 @@ def main():
     print(f"video {tuple(video.shape)} mean |v| {video.abs().mean().item():.4f}, {clamped:.1%} at the clamp")
     save_file(
         {"latent": latent.contiguous(), "video": video.contiguous()},
-        os.path.join(OUT, "expected.safetensors"),
+        os.path.join(out, "expected.safetensors"),
     )
     return 0
 
