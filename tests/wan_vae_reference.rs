@@ -216,3 +216,30 @@ fn a_wrong_latent_or_a_budget_below_the_working_set_is_refused_clearly() {
         "pinned RAM left held"
     );
 }
+
+#[test]
+fn a_wan_vae_folder_is_described_as_a_real_decode_from_its_headers() {
+    // Proves what `simulate --model` asks of a WAN VAE folder: opened headers only
+    // as the WAN VAE (not the Flux one, the other autoencoder), a step is one latent
+    // frame of a 480 × 832 video (60 × 104 latent positions), and its working set,
+    // feature cache included, is reserved as activations.
+    let extras = Extras {
+        headers_only: true,
+        ..Extras::default()
+    };
+    let prepared = prepare_with(
+        &fixtures().join("vae"),
+        WorkloadKind::Autoencoder,
+        1,
+        &Settings::default(),
+        false,
+        &extras,
+    )
+    .expect("opens");
+    let facts = prepared.facts();
+    assert_eq!(facts.describe(), "wan vae decoder");
+    assert_eq!(facts.tokens_per_step(), 60 * 104);
+    let activations = facts.activations().expect("activations");
+    assert!(activations.reserved_bytes > 0);
+    assert_eq!(activations.reserved_bytes, prepared.activation_bytes(1));
+}

@@ -12,6 +12,8 @@
 //! on the CPU backend where a tensor is host memory; on CUDA it is a round trip per
 //! frame (a device gather or a conv3d kernel is the follow-up).
 
+use stagehand_actors::MemorySpace;
+
 use crate::compute::pipeline::{Conv2d, Image};
 use crate::compute::{Attention as AttentionShape, Compute, Mask, TensorSlot};
 use crate::families::blocks::Held;
@@ -84,6 +86,9 @@ impl<C: Compute> Layers<'_, C> {
         frames: Vec<C::Tensor>,
         channels: usize,
     ) -> Result<Vec<C::Tensor>, FamilyError> {
+        if self.compute.memory_space() == MemorySpace::Opaque {
+            return self.windows_unvalued(cached, frames, channels);
+        }
         let values = cached
             .iter()
             .chain(&frames)
@@ -108,6 +113,26 @@ impl<C: Compute> Layers<'_, C> {
             }
             let mut tensor = self.compute.tensor(pixels, 3 * channels)?;
             self.compute.write(&mut tensor, &interleaved)?;
+            stacked.push(tensor);
+        }
+        advance(cached, frames);
+        Ok(stacked)
+    }
+
+    /// The stacked inputs of a compute whose tensors hold no values (the simulator's
+    /// recording): the same tensors, written as the moves they are, without a
+    /// host copy of frames that are not there.
+    fn windows_unvalued(
+        &self,
+        cached: &mut Vec<C::Tensor>,
+        frames: Vec<C::Tensor>,
+        channels: usize,
+    ) -> Result<Vec<C::Tensor>, FamilyError> {
+        let pixels = frames.first().map_or(0, |frame| self.compute.dims(frame).0);
+        let mut stacked = Vec::with_capacity(frames.len());
+        for _ in &frames {
+            let mut tensor = self.compute.tensor(pixels, 3 * channels)?;
+            self.compute.write(&mut tensor, &[])?;
             stacked.push(tensor);
         }
         advance(cached, frames);
