@@ -8,13 +8,17 @@ frames; no attention outside the middle block) but narrow: base_dim 8, dim_mult
 rounded to bf16 values and computed in f32; saved with save_pretrained as BF16
 (tests/fixtures/wan_vae/vae/).
 
-Beside it, expected.safetensors holds:
+Beside it, expected.safetensors holds (the decoder's, then the encoder's):
 
 - latent [1, 16, 3, 4, 4]: what a Wan pipeline's transformer leaves (normalised);
 - video [1, 3, 9, 32, 32]: what the pipeline decodes from it, exactly as
   WanPipeline does: `latents / (1 / latents_std) + latents_mean`, then
   `vae.decode(...).sample` (AutoencoderKLWan._decode: frame by frame with the
-  feature cache, clamped to [-1, 1]).
+  feature cache, clamped to [-1, 1]);
+- encoder_video [1, 3, 5, 32, 32] in [-1, 1] and encoder_latent [1, 16, 2, 4, 4]: what
+  WanImageToVideoPipeline conditions on, `(vae.encode(video).latent_dist.mode() -
+  latents_mean) * (1 / latents_std)` (AutoencoderKLWan._encode: the first frame, then
+  4 frames a chunk, with the feature cache).
 
 Run with the venv that has torch and diffusers: /work/pyvenv/bin/python
 scripts/make-wan-vae-fixtures.py. The tests only read the files.
@@ -81,8 +85,21 @@ def main():
         video = model.decode(latent / latents_std + latents_mean, return_dict=False)[0]
     clamped = (video.abs() >= 1.0).float().mean().item()
     print(f"video {tuple(video.shape)} mean |v| {video.abs().mean().item():.4f}, {clamped:.1%} at the clamp")
+    # The encoder, as WanImageToVideoPipeline conditions on it: the mode of the
+    # latent distribution, normalised.
+    torch.manual_seed(200 + SEED)
+    clip = torch.rand(1, 3, 5, 8 * shape[1], 8 * shape[2]) * 2 - 1
+    with torch.no_grad():
+        mode = model.encode(clip).latent_dist.mode()
+    encoded = (mode - latents_mean) * latents_std
+    print(f"encoded {tuple(encoded.shape)} mean |z| {encoded.abs().mean().item():.4f}")
     save_file(
-        {"latent": latent.contiguous(), "video": video.contiguous()},
+        {
+            "latent": latent.contiguous(),
+            "video": video.contiguous(),
+            "encoder_video": clip.contiguous(),
+            "encoder_latent": encoded.contiguous(),
+        },
         os.path.join(out, "expected.safetensors"),
     )
     return 0

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use stagehand::actors::{Observer, Tier, TierUsage};
 use stagehand::families::flux::read_tensors;
-use stagehand::families::wan_vae::VideoLatentInput;
+use stagehand::families::wan_vae::{VideoInput, VideoLatentInput};
 use stagehand::run::{
     execute, prepare_with, Budgets, Extras, Outcome, Prepared, RunError, RunPlan, WorkloadKind,
 };
@@ -242,4 +242,71 @@ fn a_wan_vae_folder_is_described_as_a_real_decode_from_its_headers() {
     let activations = facts.activations().expect("activations");
     assert!(activations.reserved_bytes > 0);
     assert_eq!(activations.reserved_bytes, prepared.activation_bytes(1));
+}
+
+#[test]
+fn wan_vae_encoder_matches_diffusers_streamed_and_resident() {
+    // Proves the encoder (the first frame alone then 4 frames a chunk, the causal
+    // convolutions continued through the feature cache, the stride-2 spatial and
+    // temporal downsamplings, quant_conv's mean, the pipeline's normalisation) gives
+    // the latent WanImageToVideoPipeline conditions on, streamed = resident.
+    let (shape, video) = expected("encoder_video");
+    let input = VideoInput {
+        videos: vec![video],
+        frames: shape[2],
+        height: shape[3],
+        width: shape[4],
+    };
+    let prepared = prepare_with(
+        &fixtures().join("vae"),
+        WorkloadKind::ImageEncoder,
+        1,
+        &Settings::default(),
+        false,
+        &Extras::default().with(input),
+    )
+    .expect("opens");
+    assert_eq!(prepared.family.name, "wan-vae-encoder");
+    let steps = 1 + (shape[2] as u64 - 1) / 4;
+    let layout = prepared.facts().layout();
+    let (total, largest) = (layout.total_bytes(), layout.largest_block_bytes());
+    let usage = Arc::new(LastUsage::default());
+    let streamed_weights = (total / 2).max(2 * largest + largest / 2);
+    let streamed = run(
+        &prepared,
+        (budget(&prepared, streamed_weights), steps),
+        usage.clone(),
+    )
+    .expect("streams");
+    let resident = run(&prepared, (budget(&prepared, 2 * total), steps), usage).expect("runs");
+    for outcome in [&streamed, &resident] {
+        assert_eq!(outcome.report.verified_steps, steps, "unverified");
+    }
+    assert_eq!(streamed.report.outputs, resident.report.outputs);
+    // Each step is one latent frame [16, h, w]; the expected latent is [16, f, h, w].
+    let chunks: Vec<&[f32]> = streamed
+        .report
+        .outputs
+        .values()
+        .map(Vec::as_slice)
+        .collect();
+    let latent = assemble(&chunks, 16);
+    let (_, expected_latent) = expected("encoder_latent");
+    let absolute = latent
+        .iter()
+        .zip(&expected_latent)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    let scale = expected_latent.iter().fold(0f32, |m, v| m.max(v.abs()));
+    eprintln!("wan vae encoder: latent {absolute:e} max abs from diffusers' (largest {scale})");
+    assert_eq!(latent.len(), expected_latent.len());
+    assert!(
+        absolute < TOLERANCE * scale.max(1.0),
+        "latent differs by {absolute}"
+    );
+    let blocks: Vec<u64> = layout.blocks.iter().map(|block| block.bytes).collect();
+    let plan = &streamed.report.plan.vram.resident;
+    assert!(
+        plan.iter().any(|resident| !resident),
+        "nothing streamed: blocks {blocks:?}, resident {plan:?}"
+    );
 }

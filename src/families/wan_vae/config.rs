@@ -40,6 +40,8 @@ const KNOWN_KEYS: &[&str] = &[
 pub struct WanVaeConfig {
     /// The decoder's base width (`decoder_base_dim`, else `base_dim`): 96 in Wan 2.1.
     pub base_dim: usize,
+    /// The encoder's (`base_dim`).
+    pub encoder_base_dim: usize,
     pub z_dim: usize,
     /// Width multipliers, full resolution first (Wan 2.1: 1, 2, 4, 4).
     pub dim_mult: Vec<usize>,
@@ -102,6 +104,7 @@ impl WanVaeConfig {
         let temporal = flags(&json, config, "temperal_downsample", dim_mult.len() - 1)?;
         let parsed = Self {
             base_dim: json.count("decoder_base_dim", Some(base_dim))?,
+            encoder_base_dim: base_dim,
             z_dim,
             num_res_blocks: json.count("num_res_blocks", Some(2))?,
             temporal_upsample: temporal.into_iter().rev().collect(),

@@ -21,8 +21,10 @@
 
 mod cache;
 mod config;
+mod encoder;
 mod layers;
 mod open;
+mod stack;
 #[cfg(test)]
 mod tests;
 mod weights;
@@ -31,6 +33,7 @@ mod working_set;
 use stagehand_actors::{BlockId, ModelLayout};
 
 pub use config::WanVaeConfig;
+pub use encoder::{VideoInput, WanVaeEncoder};
 pub use open::CLASS_NAME;
 pub use working_set::working_set_bytes;
 
