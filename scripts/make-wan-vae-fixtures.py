@@ -26,7 +26,7 @@ scripts/make-wan-vae-fixtures.py. The tests only read the files.
 `--wan21 DIR` writes the same files for Wan 2.1's full-width VAE instead (diffusers'
 defaults: base_dim 96, dim_mult [1, 2, 4, 4], two ResNet blocks a level; 243 MB in
 BF16) with a latent [1, 16, 2, 8, 8] (5 frames of 64 x 64), for a check by hand:
-STAGEHAND_WAN_VAE_FIXTURE=DIR cargo test --test wan_vae_reference (about 2.5 minutes
+STAGEHAND_WAN_VAE_FIXTURE=DIR cargo test --test wan_vae_reference (about 6 minutes
 on two cores).
 """
 
