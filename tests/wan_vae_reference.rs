@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use stagehand::actors::{Observer, Tier, TierUsage};
 use stagehand::families::flux::read_tensors;
-use stagehand::families::wan_vae::VideoLatentInput;
+use stagehand::families::wan_vae::{VideoInput, VideoLatentInput};
 use stagehand::run::{
     execute, prepare_with, Budgets, Extras, Outcome, Prepared, RunError, RunPlan, WorkloadKind,
 };
@@ -22,11 +22,13 @@ use stagehand::settings::Settings;
 /// f32 on both sides in other summation orders.
 const TOLERANCE: f32 = 1e-4;
 
-/// The pin ceiling of a run that keeps the whole model in pinned RAM.
-const PINNED: u64 = 64 << 20;
-
+/// The fixture folder; `STAGEHAND_WAN_VAE_FIXTURE` names another one of the same
+/// files (`make-wan-vae-fixtures.py --wan21 DIR` writes Wan 2.1's full-width VAE).
 fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/wan_vae")
+    match std::env::var_os("STAGEHAND_WAN_VAE_FIXTURE") {
+        Some(folder) => PathBuf::from(folder),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/wan_vae"),
+    }
 }
 
 /// The tensor `name` of expected.safetensors, with its shape.
@@ -81,13 +83,13 @@ impl Observer for LastUsage {
 /// resident pass, observed by `usage`.
 fn run(
     prepared: &Prepared,
-    (vram, pinned, steps): (u64, u64, u64),
+    (vram, steps): (u64, u64),
     usage: Arc<LastUsage>,
 ) -> Result<Outcome, RunError> {
     let settings = Settings::default();
     let budgets = Budgets {
         vram_budget_bytes: vram,
-        pin_ceiling_bytes: pinned,
+        pin_ceiling_bytes: pinned_bytes(prepared),
     };
     let plan = RunPlan {
         prefetch_depth: 1,
@@ -96,6 +98,12 @@ fn run(
         ..RunPlan::new(&settings, budgets, steps)
     };
     execute(prepared, plan)
+}
+
+/// A pin ceiling that keeps the model in pinned RAM, and its staging ring.
+fn pinned_bytes(prepared: &Prepared) -> u64 {
+    let layout = prepared.facts().layout();
+    (layout.total_bytes() + 4 * layout.largest_block_bytes()).max(64 << 20)
 }
 
 /// VRAM for `weights_bytes` of weights beside the decode's working set.
@@ -114,23 +122,18 @@ fn wan_vae_frames_match_diffusers_streamed_and_resident() {
     let prepared = prepare(input).expect("opens");
     assert_eq!(prepared.family.name, "wan-vae");
     let layout = prepared.facts().layout();
-    assert_eq!(layout.blocks.len(), 6, "middle, 4 up blocks, output");
     let total = layout.total_bytes();
     let largest = layout.largest_block_bytes();
     let streamed_weights = (total / 2).max(2 * largest + largest / 2);
     let usage = Arc::new(LastUsage::default());
     let streamed = run(
         &prepared,
-        (budget(&prepared, streamed_weights), PINNED, steps),
+        (budget(&prepared, streamed_weights), steps),
         usage.clone(),
     )
     .expect("streams");
-    let resident = run(
-        &prepared,
-        (budget(&prepared, 2 * total), PINNED, steps),
-        usage,
-    )
-    .expect("runs resident");
+    let resident =
+        run(&prepared, (budget(&prepared, 2 * total), steps), usage).expect("runs resident");
     assert!(
         streamed.report.plan.vram.resident.iter().any(|r| !r),
         "nothing streamed"
@@ -155,7 +158,7 @@ fn wan_vae_frames_match_diffusers_streamed_and_resident() {
         .collect();
     let (shape, video) = expected("video");
     let frames: Vec<f32> = assemble(&chunks, shape[1]);
-    assert_eq!(frames.len(), video.len(), "[3, 9, 32, 32]");
+    assert_eq!(frames.len(), video.len(), "{shape:?}");
     let absolute = frames
         .iter()
         .zip(&video)
@@ -183,9 +186,13 @@ fn a_wrong_latent_or_a_budget_below_the_working_set_is_refused_clearly() {
     // run starts, holding nothing. (A chunk failing mid-decode gives back its blocks
     // and its feature cache: the family's unit test over a recording compute.)
     let mut wrong = latent_input();
-    wrong.height = 5;
+    wrong.height += 1;
+    let named = format!(
+        "is not [16, {}, {}, {}]",
+        wrong.frames, wrong.height, wrong.width
+    );
     let refusal = prepare(wrong).err().expect("refused").to_string();
-    assert!(refusal.contains("is not [16, 3, 5, 4]"), "{refusal}");
+    assert!(refusal.contains(&named), "{refusal}");
 
     let input = latent_input();
     let steps = input.frames as u64;
@@ -194,7 +201,7 @@ fn a_wrong_latent_or_a_budget_below_the_working_set_is_refused_clearly() {
     let largest = layout.largest_block_bytes();
     let usage = Arc::new(LastUsage::default());
     let too_small = 2 * largest + prepared.activation_bytes(1) / 2;
-    let error = run(&prepared, (too_small, PINNED, steps), usage.clone())
+    let error = run(&prepared, (too_small, steps), usage.clone())
         .err()
         .expect("a budget below the working set fails");
     eprintln!("too small: {error}");
@@ -207,5 +214,99 @@ fn a_wrong_latent_or_a_budget_below_the_working_set_is_refused_clearly() {
         usage.pinned.load(Ordering::SeqCst),
         0,
         "pinned RAM left held"
+    );
+}
+
+#[test]
+fn a_wan_vae_folder_is_described_as_a_real_decode_from_its_headers() {
+    // Proves what `simulate --model` asks of a WAN VAE folder: opened headers only
+    // as the WAN VAE (not the Flux one, the other autoencoder), a step is one latent
+    // frame of a 480 × 832 video (60 × 104 latent positions), and its working set,
+    // feature cache included, is reserved as activations.
+    let extras = Extras {
+        headers_only: true,
+        ..Extras::default()
+    };
+    let prepared = prepare_with(
+        &fixtures().join("vae"),
+        WorkloadKind::Autoencoder,
+        1,
+        &Settings::default(),
+        false,
+        &extras,
+    )
+    .expect("opens");
+    let facts = prepared.facts();
+    assert_eq!(facts.describe(), "wan vae decoder");
+    assert_eq!(facts.tokens_per_step(), 60 * 104);
+    let activations = facts.activations().expect("activations");
+    assert!(activations.reserved_bytes > 0);
+    assert_eq!(activations.reserved_bytes, prepared.activation_bytes(1));
+}
+
+#[test]
+fn wan_vae_encoder_matches_diffusers_streamed_and_resident() {
+    // Proves the encoder (the first frame alone then 4 frames a chunk, the causal
+    // convolutions continued through the feature cache, the stride-2 spatial and
+    // temporal downsamplings, quant_conv's mean, the pipeline's normalisation) gives
+    // the latent WanImageToVideoPipeline conditions on, streamed = resident.
+    let (shape, video) = expected("encoder_video");
+    let input = VideoInput {
+        videos: vec![video],
+        frames: shape[2],
+        height: shape[3],
+        width: shape[4],
+    };
+    let prepared = prepare_with(
+        &fixtures().join("vae"),
+        WorkloadKind::ImageEncoder,
+        1,
+        &Settings::default(),
+        false,
+        &Extras::default().with(input),
+    )
+    .expect("opens");
+    assert_eq!(prepared.family.name, "wan-vae-encoder");
+    let steps = 1 + (shape[2] as u64 - 1) / 4;
+    let layout = prepared.facts().layout();
+    let (total, largest) = (layout.total_bytes(), layout.largest_block_bytes());
+    let usage = Arc::new(LastUsage::default());
+    let streamed_weights = (total / 2).max(2 * largest + largest / 2);
+    let streamed = run(
+        &prepared,
+        (budget(&prepared, streamed_weights), steps),
+        usage.clone(),
+    )
+    .expect("streams");
+    let resident = run(&prepared, (budget(&prepared, 2 * total), steps), usage).expect("runs");
+    for outcome in [&streamed, &resident] {
+        assert_eq!(outcome.report.verified_steps, steps, "unverified");
+    }
+    assert_eq!(streamed.report.outputs, resident.report.outputs);
+    // Each step is one latent frame [16, h, w]; the expected latent is [16, f, h, w].
+    let chunks: Vec<&[f32]> = streamed
+        .report
+        .outputs
+        .values()
+        .map(Vec::as_slice)
+        .collect();
+    let latent = assemble(&chunks, 16);
+    let (_, expected_latent) = expected("encoder_latent");
+    let absolute = latent
+        .iter()
+        .zip(&expected_latent)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    let scale = expected_latent.iter().fold(0f32, |m, v| m.max(v.abs()));
+    eprintln!("wan vae encoder: latent {absolute:e} max abs from diffusers' (largest {scale})");
+    assert_eq!(latent.len(), expected_latent.len());
+    assert!(
+        absolute < TOLERANCE * scale.max(1.0),
+        "latent differs by {absolute}"
+    );
+    let blocks: Vec<u64> = layout.blocks.iter().map(|block| block.bytes).collect();
+    let plan = &streamed.report.plan.vram.resident;
+    assert!(
+        plan.iter().any(|resident| !resident),
+        "nothing streamed: blocks {blocks:?}, resident {plan:?}"
     );
 }

@@ -413,6 +413,7 @@ families! {
     Vae => super::vae::VaeDecoder,
     VaeEncoder => super::vae::VaeEncoder,
     WanVae => super::wan_vae::WanVaeDecoder,
+    WanVaeEncoder => super::wan_vae::WanVaeEncoder,
     StreamVerify => super::stream_verify::StreamVerify,
 }
 

@@ -40,6 +40,8 @@ const KNOWN_KEYS: &[&str] = &[
 pub struct WanVaeConfig {
     /// The decoder's base width (`decoder_base_dim`, else `base_dim`): 96 in Wan 2.1.
     pub base_dim: usize,
+    /// The encoder's (`base_dim`).
+    pub encoder_base_dim: usize,
     pub z_dim: usize,
     /// Width multipliers, full resolution first (Wan 2.1: 1, 2, 4, 4).
     pub dim_mult: Vec<usize>,
@@ -86,7 +88,7 @@ impl WanVaeConfig {
                 "key `{key}` is not one AutoencoderKLWan reads; remove it or fix its name"
             )));
         }
-        refuse_wan22(&json, config)?;
+        refuse_wan22(path, &json, config)?;
         if config
             .get("attn_scales")
             .and_then(Value::as_array)
@@ -102,6 +104,7 @@ impl WanVaeConfig {
         let temporal = flags(&json, config, "temperal_downsample", dim_mult.len() - 1)?;
         let parsed = Self {
             base_dim: json.count("decoder_base_dim", Some(base_dim))?,
+            encoder_base_dim: base_dim,
             z_dim,
             num_res_blocks: json.count("num_res_blocks", Some(2))?,
             temporal_upsample: temporal.into_iter().rev().collect(),
@@ -136,16 +139,22 @@ impl WanVaeConfig {
     }
 }
 
-/// Wan 2.2's 48-channel VAE (residual up blocks, 2 × 2 patches): another decoder.
-fn refuse_wan22(json: &ConfigJson<'_>, config: &Value) -> Result<(), FamilyError> {
+/// Wan 2.2's 48-channel VAE (residual up blocks, 2 × 2 patches): another decoder,
+/// refused as a model stagehand does not compute (a caller can match on it).
+fn refuse_wan22(path: &Path, json: &ConfigJson<'_>, config: &Value) -> Result<(), FamilyError> {
     let residual = json.flag("is_residual", false);
     let patched = config
         .get("patch_size")
         .is_some_and(|value| !value.is_null());
     if residual || patched {
-        return Err(json.bad(
-            "this is Wan 2.2's 48-channel VAE (`is_residual: true` / `patch_size` set, used by Wan2.2-TI2V-5B): stagehand computes Wan 2.1's 16-channel AutoencoderKLWan (the Wan 2.2 A14B pipelines' VAE) only".into(),
-        ));
+        return Err(FamilyError::Unsupported {
+            path: path.to_path_buf(),
+            found: "Wan 2.2's 48-channel VAE".into(),
+            message: format!(
+                "{}: this is Wan 2.2's 48-channel VAE (`is_residual: true` / `patch_size` set, used by Wan2.2-TI2V-5B): stagehand computes Wan 2.1's 16-channel AutoencoderKLWan (the Wan 2.2 A14B pipelines' VAE) only",
+                path.display()
+            ),
+        });
     }
     if json.flag("clip_output", true) {
         return Ok(());
@@ -232,7 +241,10 @@ mod tests {
         let mut wan22 = wan21();
         wan22["is_residual"] = json!(true);
         wan22["patch_size"] = json!(2);
-        assert!(refuse(wan22).contains("Wan 2.2's 48-channel VAE"));
+        let refusal = WanVaeConfig::from_json(Path::new("vae/config.json"), &wan22);
+        assert!(matches!(refusal, Err(FamilyError::Unsupported { .. })));
+        let message = refusal.err().map(|error| error.to_string());
+        assert!(message.is_some_and(|message| message.contains("Wan 2.2's 48-channel VAE")));
         let mut misspelt = wan21();
         misspelt["temporal_downsample"] = json!([false, true, true]);
         assert!(refuse(misspelt).contains("`temporal_downsample`"));

@@ -18,7 +18,8 @@ use crate::families::blocks::Held;
 use crate::families::FamilyError;
 
 use super::cache::{advance, FeatureCache, CACHE_FRAMES};
-use super::weights::{Attention, Conv, Resnet, Upsample};
+use super::stack::stack_windows;
+use super::weights::{Attention, Conv, Downsample, Resnet, Upsample};
 
 /// F.normalize's floor on the norm (1e-12), as an epsilon under the mean square of
 /// `channels` values: `x / max(‖x‖, 1e-12) · √C = x / max(rms, 1e-12 / √C)`.
@@ -84,32 +85,9 @@ impl<C: Compute> Layers<'_, C> {
         frames: Vec<C::Tensor>,
         channels: usize,
     ) -> Result<Vec<C::Tensor>, FamilyError> {
-        let values = cached
-            .iter()
-            .chain(&frames)
-            .map(|frame| self.compute.read(frame))
-            .collect::<Result<Vec<_>, _>>()?;
-        let pixels = values.first().map_or(0, |frame| frame.len() / channels);
-        let zeros = vec![0.0; pixels * channels];
         let padding = CACHE_FRAMES - cached.len().min(CACHE_FRAMES);
-        let stream: Vec<&[f32]> = std::iter::repeat_n(zeros.as_slice(), padding)
-            .chain(values.iter().map(Vec::as_slice))
-            .collect();
-        let mut stacked = Vec::with_capacity(frames.len());
-        let mut interleaved = vec![0.0; pixels * channels * 3];
-        for window in stream.windows(3) {
-            for (pixel, row) in interleaved.chunks_exact_mut(3 * channels).enumerate() {
-                for (tap, frame) in window.iter().enumerate() {
-                    let source = &frame[pixel * channels..][..channels];
-                    for (channel, &value) in source.iter().enumerate() {
-                        row[channel * 3 + tap] = value;
-                    }
-                }
-            }
-            let mut tensor = self.compute.tensor(pixels, 3 * channels)?;
-            self.compute.write(&mut tensor, &interleaved)?;
-            stacked.push(tensor);
-        }
+        let sources: Vec<&C::Tensor> = cached.iter().chain(&frames).collect();
+        let stacked = stack_windows(self.compute, &sources, (padding, channels, 1))?;
         advance(cached, frames);
         Ok(stacked)
     }
@@ -283,5 +261,58 @@ impl<C: Compute> Layers<'_, C> {
                 self.conv2d(held, (&conv.weight, &conv.bias), &y, (wide, conv.kernel))
             })
             .collect()
+    }
+}
+
+impl<C: Compute> Layers<'_, C> {
+    /// `WanResample` downsampling: each frame zero-padded right and bottom and
+    /// convolved 3×3 at stride 2; then (`downsample3d`) past the first chunk the
+    /// `time_conv` at stride 2 over the last frame of the chunk before and this
+    /// chunk's frames (the first chunk's frame only enters the cache).
+    pub fn downsample(
+        &self,
+        held: &Held<C::Block>,
+        downsample: &Downsample,
+        x: Vec<C::Tensor>,
+        (cache, image): (&mut FeatureCache<C::Tensor>, Image),
+    ) -> Result<(Vec<C::Tensor>, Image), FamilyError> {
+        let shape = Conv2d {
+            input: image,
+            kernel: 3,
+            stride: 2,
+            padding: [0, 1, 0, 1],
+        };
+        let view = held.view(self.compute);
+        let conv = &downsample.conv;
+        let (weight, bias) = (view.weight(&conv.weight)?, view.weight(&conv.bias)?);
+        let mut frames = Vec::with_capacity(x.len());
+        for frame in &x {
+            let mut y = self
+                .compute
+                .tensor(shape.output().pixels(), conv.weight.rows)?;
+            (self.compute.pipeline()?).conv2d(frame, &weight, Some(&bias), &shape, &mut y)?;
+            frames.push(y);
+        }
+        let small = shape.output();
+        let Some(time_conv) = &downsample.time_conv else {
+            return Ok((frames, small));
+        };
+        let first = cache.first_chunk();
+        let cached = cache.next_entry()?;
+        let last = match frames.last() {
+            Some(last) => last,
+            None => return Ok((frames, small)),
+        };
+        let (rows, cols) = self.compute.dims(last);
+        let mut kept = self.compute.tensor(rows, cols)?;
+        self.compute.copy(last, &mut kept)?;
+        if first {
+            *cached = vec![kept];
+            return Ok((frames, small));
+        }
+        let sources: Vec<&C::Tensor> = cached.iter().chain(&frames).collect();
+        let stacked = stack_windows(self.compute, &sources, (0, time_conv.input, 2))?;
+        *cached = vec![kept];
+        Ok((self.conv_frames(held, time_conv, &stacked, small)?, small))
     }
 }

@@ -17,12 +17,15 @@
 //! up block, the output. A step decodes one chunk of one video (the block order
 //! repeats per chunk) and outputs its frames `[3, frames of the chunk, H, W]`;
 //! [`WanVaeDecoder::assemble`] joins a video's chunks. The steps of a video carry
-//! its feature cache, so the reference replays them in order.
+//! its feature cache, so the reference replays them in order. The encoder, a video
+//! to the latent an image-to-video pipeline conditions on, is [`WanVaeEncoder`].
 
 mod cache;
 mod config;
+mod encoder;
 mod layers;
 mod open;
+mod stack;
 #[cfg(test)]
 mod tests;
 mod weights;
@@ -31,6 +34,7 @@ mod working_set;
 use stagehand_actors::{BlockId, ModelLayout};
 
 pub use config::WanVaeConfig;
+pub use encoder::{VideoInput, WanVaeEncoder};
 pub use open::CLASS_NAME;
 pub use working_set::working_set_bytes;
 

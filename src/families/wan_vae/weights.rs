@@ -213,6 +213,120 @@ impl Walk<'_> {
     }
 }
 
+/// `WanResample` downsampling: zero padding right and bottom, a 3×3 convolution at
+/// stride 2, then (`downsample3d`) a causal 3×1×1 `time_conv` at stride 2.
+#[derive(Debug, Clone, Copy)]
+pub struct Downsample {
+    pub conv: Conv,
+    pub time_conv: Option<Conv>,
+}
+
+/// One resolution of the encoder: its ResNet blocks and, but the last, a
+/// downsampling.
+#[derive(Debug, Clone)]
+pub struct DownLevel {
+    pub resnets: Vec<Resnet>,
+    pub downsample: Option<Downsample>,
+}
+
+/// The encoder's weights, placed.
+#[derive(Debug, Clone)]
+pub struct Encoder {
+    pub conv_in: Conv,
+    pub levels: Vec<DownLevel>,
+    pub mid: [Resnet; 2],
+    pub attention: Attention,
+    pub norm_out: TensorSlot,
+    pub conv_out: Conv,
+    /// `quant_conv`'s rows of the latent distribution's mean (its first `z_dim`).
+    pub quant_mean: Conv,
+}
+
+impl Walk<'_> {
+    /// The encoder: `encoder.down_blocks` is one flat list (each level's ResNet
+    /// blocks, then its resample), placed one block per level; then the middle
+    /// block; then the output norm, convolution and `quant_conv`.
+    fn encoder(&mut self) -> Result<Encoder, FamilyError> {
+        let config = self.config;
+        let dims: Vec<usize> = std::iter::once(1)
+            .chain(config.dim_mult.iter().copied())
+            .map(|mult| config.encoder_base_dim * mult)
+            .collect();
+        let levels = dims.len() - 1;
+        let mut conv_in = None;
+        let mut down = Vec::with_capacity(levels);
+        let mut module = 0;
+        for level in 0..levels {
+            self.source.block(&format!("encoder.down_blocks.{module}"));
+            if level == 0 {
+                conv_in = Some(self.conv("encoder.conv_in", [dims[0], 3, 3, 3])?);
+            }
+            let (mut input, out) = (dims[level], dims[level + 1]);
+            let mut resnets = Vec::with_capacity(config.num_res_blocks);
+            for _ in 0..config.num_res_blocks {
+                let stem = format!("encoder.down_blocks.{module}");
+                resnets.push(self.resnet(&stem, input, out)?);
+                (input, module) = (out, module + 1);
+            }
+            let downsample = match level + 1 < levels {
+                true => {
+                    let stem = format!("encoder.down_blocks.{module}");
+                    module += 1;
+                    let temporal = config.temporal_upsample[levels - 2 - level];
+                    Some(Downsample {
+                        conv: self.conv(&format!("{stem}.resample.1"), [out, out, 0, 3])?,
+                        time_conv: match temporal {
+                            true => {
+                                Some(self.conv(&format!("{stem}.time_conv"), [out, out, 3, 1])?)
+                            }
+                            false => None,
+                        },
+                    })
+                }
+                false => None,
+            };
+            down.push(DownLevel {
+                resnets,
+                downsample,
+            });
+        }
+        let top = dims[levels];
+        let (latent, moments) = (config.z_dim, 2 * config.z_dim);
+        self.source.block("encoder.mid_block");
+        let mid = [
+            self.resnet("encoder.mid_block.resnets.0", top, top)?,
+            self.resnet("encoder.mid_block.resnets.1", top, top)?,
+        ];
+        let attention = self.attention("encoder.mid_block.attentions.0", top)?;
+        self.source.block("encoder.conv_out");
+        let norm_out = self.gamma("encoder.norm_out", top, 3)?;
+        let conv_out = self.conv("encoder.conv_out", [moments, top, 3, 3])?;
+        let quant = self.conv("quant_conv", [moments, moments, 1, 1])?;
+        Ok(Encoder {
+            conv_in: conv_in
+                .ok_or_else(|| FamilyError::Model("a WAN VAE encoder without levels".into()))?,
+            levels: down,
+            mid,
+            attention,
+            norm_out,
+            conv_out,
+            quant_mean: Conv {
+                weight: quant.weight.sub_rows(0, latent),
+                bias: quant.bias.sub_vector(0, latent),
+                ..quant
+            },
+        })
+    }
+}
+
+/// The encoder's blocks and every weight's slot.
+pub fn place_encoder(
+    index: &ModelIndex,
+    config: &WanVaeConfig,
+) -> Result<(Placement, Encoder), FamilyError> {
+    walk::place(index, |source| Walk { source, config }.encoder())
+}
+
 /// The decoder's blocks and every weight's slot.
 pub fn place_decoder(
     index: &ModelIndex,

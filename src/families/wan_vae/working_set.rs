@@ -103,3 +103,30 @@ pub fn working_set_bytes(config: &WanVaeConfig, height: usize, width: usize) -> 
     peak = peak.max(last.frames * last.pixels * (5 * last.out + out));
     4 * peak + cache_bytes(config, height * width)
 }
+
+/// Bytes an encode of `height × width` frames holds live, bounded from above: per
+/// level, the feature cache (two frames of each causal convolution's input, one of
+/// a `time_conv`'s) beside the largest level's chunk of four frames, eight tensors
+/// of its widest channels each (input, norm, residual, stacked windows of three,
+/// output).
+pub fn encoder_working_set_bytes(config: &WanVaeConfig, height: usize, width: usize) -> u64 {
+    let dims: Vec<u64> = std::iter::once(1)
+        .chain(config.dim_mult.iter().copied())
+        .map(|mult| (config.encoder_base_dim * mult) as u64)
+        .collect();
+    let convolutions = 2 * config.num_res_blocks as u64 + 1;
+    let (mut pixels, mut frames) = ((height * width) as u64, 4u64);
+    let (mut cache, mut peak) = (0u64, 0u64);
+    for level in 0..dims.len() - 1 {
+        let widest = dims[level].max(dims[level + 1]);
+        cache += CACHE_FRAMES as u64 * pixels * widest * convolutions;
+        peak = peak.max(8 * frames * pixels * widest);
+        if level + 2 < dims.len() {
+            pixels /= 4;
+            frames = frames.div_ceil(2);
+        }
+    }
+    let top = dims[dims.len() - 1];
+    cache += CACHE_FRAMES as u64 * pixels * top * 5;
+    4 * (cache + peak)
+}
