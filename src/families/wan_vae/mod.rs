@@ -8,7 +8,7 @@
 //! is `z / (1 / latents_std) + latents_mean` per channel, `post_quant_conv`
 //! (1×1×1), then the decoder one latent frame at a time — a *chunk* — through causal
 //! 3-D convolutions that continue from the chunks before through a feature cache
-//! ([`cache`]): the input convolution, the middle block (ResNet, per-frame attention,
+//! (`cache.rs`): the input convolution, the middle block (ResNet, per-frame attention,
 //! ResNet), the up blocks (ResNet blocks and an upsampling that doubles the frames
 //! past the first chunk, where `upsample3d`), RMS norm, SiLU and the output
 //! convolution, clamped to [−1, 1].
