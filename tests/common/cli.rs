@@ -34,6 +34,7 @@ pub const TABLES: &[(&str, &str)] = &[
     ("generate", "tests/cli_generate.rs"),
     ("sample", "tests/cli_sample.rs"),
     ("image", "tests/cli_image.rs"),
+    ("video", "tests/cli_video.rs"),
     ("serve", "tests/cli_serve.rs"),
     ("inspect", "tests/cli_inspect.rs"),
     ("config", "tests/cli_config.rs"),

@@ -1,0 +1,121 @@
+//! `stagehand video` as users call it: every flag its `--help` documents tried through
+//! the built binary on the tiny Wan pipeline of `tests/fixtures/wan_pipeline` (one
+//! frame of 48 × 64, one step, a 16-token prompt, no guidance by default, so a row is
+//! quick), each row checking the exit status and one line of output; bad inputs (a
+//! frame count that is not 4k + 1, a size not a multiple of 16, an empty prompt, a
+//! starting latent of the wrong size, an output that is not an MP4, a folder that is
+//! not a Wan pipeline) exit 2 with one line naming the problem.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::cli::{fixtures, row, settings_rows, Expect, Row, Table};
+use stagehand::families::flux::write_latent;
+
+fn pipeline() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/wan_pipeline")
+}
+
+fn rows() -> Vec<Row> {
+    let fixtures = fixtures();
+    fixtures.folder("video");
+    // One latent frame of 8 × 6 positions, 16 channels.
+    let noise = fixtures.path("video/noise.safetensors");
+    write_latent(Path::new(&noise), &vec![0.5; 16 * 8 * 6], 16, 8, 6).unwrap();
+    let misshapen = fixtures.path("video/misshapen.safetensors");
+    write_latent(Path::new(&misshapen), &vec![0.5; 16 * 4 * 4], 16, 4, 4).unwrap();
+    let missing = fixtures.path("none.safetensors");
+    let frames_dir = fixtures.path("video/frames");
+    let ok = ".mp4";
+    let mut rows = vec![
+        row(&[], Expect::Ok("out.mp4")),
+        row(&["--prompt", "a lighthouse at sunset"], Expect::Ok(ok)),
+        row(&["--prompt", " "], Expect::Bad("prompt is empty")),
+        row(
+            &["--negative-prompt", "blurry", "--guidance", "4"],
+            Expect::Ok(ok),
+        ),
+        row(
+            &["--guidance", "4", "--guidance-2", "2.5", "--steps", "4"],
+            Expect::Ok(ok),
+        ),
+        row(&["--guidance", "x"], Expect::Bad("--guidance")),
+        row(&["--frames", "5"], Expect::Ok(ok)),
+        row(&["--frames", "4"], Expect::Bad("give 1 or 5")),
+        row(&["--steps", "2"], Expect::Ok(ok)),
+        row(&["--steps", "0"], Expect::Bad("steps")),
+        row(&["--width", "32"], Expect::Ok(ok)),
+        row(&["--width", "40"], Expect::Bad("multiples of 16")),
+        row(&["--height", "32"], Expect::Ok(ok)),
+        row(&["--height", "0"], Expect::Bad("multiples of 16")),
+        row(&["--seed", "3"], Expect::Ok(ok)),
+        row(&["--seed", "-3"], Expect::Bad("--seed")),
+        row(&["--max-sequence-length", "8"], Expect::Ok(ok)),
+        row(
+            &["--max-sequence-length", "0"],
+            Expect::Bad("sequence length"),
+        ),
+        row(&["--latents", &noise], Expect::Ok(ok)),
+        row(&["--latents", &misshapen], Expect::Bad("[16, 1, 8, 6]")),
+        row(&["--latents", &missing], Expect::Bad("none.safetensors")),
+        row(&["--frames-dir", &frames_dir], Expect::Ok(ok)),
+        row(&["--fps", "24"], Expect::Ok(ok)),
+        row(&["--fps", "0"], Expect::Bad("--fps 0")),
+        row(
+            &["--out", &fixtures.path("video/out.gif")],
+            Expect::Bad("name a .mp4 file"),
+        ),
+        row(
+            &["--out", &format!("{missing}/video.mp4")],
+            Expect::Bad("--out"),
+        ),
+        row(&["--json"], Expect::Ok("\"stages\"")),
+        row(&["--quiet"], Expect::Ok(ok)),
+        row(
+            &["--model", &fixtures.bert()],
+            Expect::Bad("model_index.json"),
+        ),
+        row(
+            &[
+                "--model",
+                &Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("tests/fixtures/pipeline/flux-tiny")
+                    .display()
+                    .to_string(),
+            ],
+            Expect::Bad("WanPipeline"),
+        ),
+        row(&["--model", &missing], Expect::Bad("model_index.json")),
+        row(&["--prompt", "x"], Expect::Bad("--model")).bare(),
+        row(&["--help"], Expect::Ok("Usage: stagehand video")),
+        row(&["--unknown-flag"], Expect::Bad("--unknown-flag")),
+        row(&["--device", "cpu"], Expect::Ok(ok)),
+        row(&["--device", "auto"], Expect::Ok(ok)),
+        row(&["--device", "sim"], Expect::Bad("simulate")),
+        row(&["--device", "cuda"], Expect::Bad("cuda")),
+        row(&["--device", "tpu"], Expect::Bad("tpu")),
+    ];
+    rows.extend(settings_rows(ok));
+    rows
+}
+
+#[test]
+fn every_documented_video_flag_runs_through_the_binary() {
+    let fixtures = fixtures();
+    fixtures.folder("video");
+    Table::new("video", file!())
+        .default(&["--model", &pipeline().display().to_string()])
+        .default(&["--prompt", "a red fox in the snow"])
+        .default(&["--frames", "1"])
+        .default(&["--width", "48"])
+        .default(&["--height", "64"])
+        .default(&["--steps", "1"])
+        .default(&["--guidance", "1"])
+        .default(&["--max-sequence-length", "16"])
+        .default(&["--out", &fixtures.path("video/out.mp4")])
+        .default(&["--device", "cpu"])
+        .default(&["--log", "warn"])
+        .rows(rows())
+        .run();
+}
