@@ -28,6 +28,19 @@ pub struct BlockKindPeak {
 }
 
 impl Activations {
+    /// One working set for the whole step, reserved before its first block and live
+    /// through all `blocks` of it (a VAE's decode: every block's stage runs inside it).
+    pub fn whole_step(kind: &str, blocks: u64, bytes: u64) -> Self {
+        Self {
+            reserved_bytes: bytes,
+            peaks: vec![BlockKindPeak {
+                kind: kind.to_string(),
+                blocks,
+                bytes,
+            }],
+        }
+    }
+
     /// The largest working set of any kind of block.
     pub fn peak_bytes(&self) -> u64 {
         self.peaks.iter().map(|peak| peak.bytes).max().unwrap_or(0)

@@ -364,15 +364,12 @@ impl Facts for VaeDecoder {
     /// The decode's working set, reserved before its first block (every block's
     /// stage runs inside it).
     fn activations(&self) -> Option<super::Activations> {
-        let bytes = self.working_set_bytes();
-        Some(super::Activations {
-            reserved_bytes: bytes,
-            peaks: vec![super::BlockKindPeak {
-                kind: "decode".into(),
-                blocks: self.placement.layout.len() as u64,
-                bytes,
-            }],
-        })
+        let blocks = self.placement.layout.len() as u64;
+        Some(super::Activations::whole_step(
+            "decode",
+            blocks,
+            self.working_set_bytes(),
+        ))
     }
 }
 

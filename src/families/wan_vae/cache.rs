@@ -9,6 +9,8 @@
 //! after its last or when a chunk fails (it is owned by the family's state, which
 //! never keeps one across a failure), so nothing of a failed decode stays held.
 
+use crate::compute::Compute;
+use crate::families::blocks::Blocks;
 use crate::families::FamilyError;
 
 /// A causal convolution's temporal padding in diffusers (`CACHE_T`): frames of its
@@ -73,6 +75,67 @@ impl<T> FeatureCache<T> {
         }
         self.next += 1;
         Ok(&mut self.entries[at])
+    }
+}
+
+/// What a WAN VAE run (decoder or encoder) carries from step to step: whether its
+/// working set is reserved, and the feature cache of the video under way — made at
+/// its first chunk, kept while its chunks succeed, dropped after its last or as soon
+/// as one fails (a chunk takes it out and only a chunk that succeeded puts it back).
+pub struct ChunkState<T> {
+    reserved: bool,
+    pub(super) cache: Option<FeatureCache<T>>,
+}
+
+impl<T> ChunkState<T> {
+    pub fn new() -> Self {
+        Self {
+            reserved: false,
+            cache: None,
+        }
+    }
+
+    /// Reserves the run's working set through the activation path, once.
+    pub fn reserve_once<C: Compute<Tensor = T>, B: Blocks<C>>(
+        &mut self,
+        blocks: &mut B,
+        bytes: u64,
+    ) -> Result<(), FamilyError> {
+        if !self.reserved {
+            blocks.reserve_activations(bytes)?;
+            self.reserved = true;
+        }
+        Ok(())
+    }
+
+    /// The cache chunk `chunk` continues: a new one of `convolutions` at a video's
+    /// first chunk, else the one the chunk before left (`missing` says why there is
+    /// none: that chunk failed, or never ran).
+    pub fn take(
+        &mut self,
+        chunk: usize,
+        convolutions: usize,
+        missing: impl FnOnce() -> String,
+    ) -> Result<FeatureCache<T>, FamilyError> {
+        if chunk == 0 {
+            self.cache = Some(FeatureCache::new(convolutions));
+        }
+        self.cache
+            .take()
+            .ok_or_else(|| FamilyError::Model(missing()))
+    }
+
+    /// Puts a chunk's cache back for the next, unless it was the video's last.
+    pub fn keep(&mut self, cache: FeatureCache<T>, last: bool) {
+        if !last {
+            self.cache = Some(cache);
+        }
+    }
+}
+
+impl<T> Default for ChunkState<T> {
+    fn default() -> Self {
+        Self::new()
     }
 }
 

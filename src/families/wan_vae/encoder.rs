@@ -15,7 +15,7 @@
 
 use stagehand_actors::{BlockId, ModelLayout};
 
-use super::cache::FeatureCache;
+use super::cache::{ChunkState, FeatureCache};
 use super::layers::Layers;
 use super::weights::{self, Encoder};
 use super::WanVaeConfig;
@@ -44,13 +44,6 @@ pub struct WanVaeEncoder {
     placement: Placement,
     encoder: Encoder,
     input: VideoInput,
-}
-
-/// The encode under way (its feature cache), dropped when its video ends or a
-/// chunk fails.
-pub struct EncoderState<C: Compute> {
-    reserved: bool,
-    encode: Option<FeatureCache<C::Tensor>>,
 }
 
 impl WanVaeEncoder {
@@ -192,38 +185,27 @@ impl Facts for WanVaeEncoder {
 }
 
 impl Family for WanVaeEncoder {
-    type State<C: Compute> = EncoderState<C>;
+    type State<C: Compute> = ChunkState<C::Tensor>;
 
-    fn start<C: Compute>(&self, compute: &C) -> Result<EncoderState<C>, FamilyError> {
+    fn start<C: Compute>(&self, compute: &C) -> Result<ChunkState<C::Tensor>, FamilyError> {
         compute.pipeline()?;
         compute.diffusion()?;
-        Ok(EncoderState {
-            reserved: false,
-            encode: None,
-        })
+        Ok(ChunkState::new())
     }
 
     fn step<C: Compute, B: Blocks<C>>(
         &self,
         compute: &C,
-        state: &mut EncoderState<C>,
+        state: &mut ChunkState<C::Tensor>,
         blocks: &mut B,
         step: u64,
     ) -> Result<StepOutput, FamilyError> {
-        if !state.reserved {
-            blocks.reserve_activations(self.working_set_bytes())?;
-            state.reserved = true;
-        }
+        state.reserve_once(blocks, self.working_set_bytes())?;
         let chunks = self.latent_frames();
         let step = step as usize % (self.input.videos.len() * chunks);
         let (video, chunk) = (step / chunks, step % chunks);
-        if chunk == 0 {
-            state.encode = Some(FeatureCache::new(self.causal_convolutions()));
-        }
-        let mut cache = state.encode.take().ok_or_else(|| {
-            FamilyError::Model(format!(
-                "chunk {chunk} of video {video} has no encode to continue: its earlier frames were not encoded"
-            ))
+        let mut cache = state.take(chunk, self.causal_convolutions(), || {
+            format!("chunk {chunk} of video {video} has no encode to continue: its earlier frames were not encoded")
         })?;
         let frames = match chunk {
             0 => (0, 1),
@@ -231,9 +213,7 @@ impl Family for WanVaeEncoder {
         };
         let x = self.frames(compute, video, frames)?;
         let mean = self.encode_chunk(compute, blocks, (x, &mut cache))?;
-        if chunk + 1 < chunks {
-            state.encode = Some(cache);
-        }
+        state.keep(cache, chunk + 1 == chunks);
         let values = compute.read(&mean)?;
         let latent = self.config.z_dim;
         let pixels = values.len() / latent.max(1);

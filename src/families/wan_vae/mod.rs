@@ -38,7 +38,7 @@ pub use encoder::{VideoInput, WanVaeEncoder};
 pub use open::CLASS_NAME;
 pub use working_set::working_set_bytes;
 
-use cache::FeatureCache;
+use cache::{ChunkState, FeatureCache};
 use layers::Layers;
 use weights::Decoder;
 
@@ -67,14 +67,6 @@ pub struct WanVaeDecoder {
     placement: Placement,
     decoder: Decoder,
     input: VideoLatentInput,
-}
-
-/// What a run carries from step to step: whether the working set is reserved, and
-/// the decode under way (its feature cache), dropped when its video ends or a
-/// chunk fails.
-pub struct WanVaeState<C: Compute> {
-    reserved: bool,
-    decode: Option<FeatureCache<C::Tensor>>,
 }
 
 impl WanVaeDecoder {
@@ -246,60 +238,42 @@ impl Facts for WanVaeDecoder {
     /// The decode's working set with its feature cache, reserved before its first
     /// block (every block's stage runs inside it).
     fn activations(&self) -> Option<super::Activations> {
-        let bytes = self.working_set_bytes();
-        Some(super::Activations {
-            reserved_bytes: bytes,
-            peaks: vec![super::BlockKindPeak {
-                kind: "decode".into(),
-                blocks: self.placement.layout.len() as u64,
-                bytes,
-            }],
-        })
+        let blocks = self.placement.layout.len() as u64;
+        Some(super::Activations::whole_step(
+            "decode",
+            blocks,
+            self.working_set_bytes(),
+        ))
     }
 }
 
 impl Family for WanVaeDecoder {
-    type State<C: Compute> = WanVaeState<C>;
+    type State<C: Compute> = ChunkState<C::Tensor>;
 
-    fn start<C: Compute>(&self, compute: &C) -> Result<WanVaeState<C>, FamilyError> {
+    fn start<C: Compute>(&self, compute: &C) -> Result<ChunkState<C::Tensor>, FamilyError> {
         compute.pipeline()?;
         compute.diffusion()?;
-        Ok(WanVaeState {
-            reserved: false,
-            decode: None,
-        })
+        Ok(ChunkState::new())
     }
 
     fn step<C: Compute, B: Blocks<C>>(
         &self,
         compute: &C,
-        state: &mut WanVaeState<C>,
+        state: &mut ChunkState<C::Tensor>,
         blocks: &mut B,
         step: u64,
     ) -> Result<StepOutput, FamilyError> {
-        if !state.reserved {
-            blocks.reserve_activations(self.working_set_bytes())?;
-            state.reserved = true;
-        }
+        state.reserve_once(blocks, self.working_set_bytes())?;
         let frames = self.input.frames;
         let step = step as usize % (self.input.latents.len() * frames);
         let (video, chunk) = (step / frames, step % frames);
-        if chunk == 0 {
-            let convolutions = working_set::causal_convolutions(&self.config);
-            state.decode = Some(FeatureCache::new(convolutions));
-        }
-        // A chunk past the first continues its video's decode; a failed chunk left
-        // none (its cache went with it).
-        let mut cache = state.decode.take().ok_or_else(|| {
-            FamilyError::Model(format!(
-                "latent frame {chunk} of video {video} has no decode to continue: its earlier frames were not decoded"
-            ))
+        let convolutions = working_set::causal_convolutions(&self.config);
+        let mut cache = state.take(chunk, convolutions, || {
+            format!("latent frame {chunk} of video {video} has no decode to continue: its earlier frames were not decoded")
         })?;
         let z = self.channels_last(video, chunk);
         let decoded = self.decode_chunk(compute, blocks, (&z, &mut cache))?;
-        if chunk + 1 < frames {
-            state.decode = Some(cache);
-        }
+        state.keep(cache, chunk + 1 == frames);
         let mut planar = Vec::new();
         for frame in &decoded {
             planar.push(compute.read(frame)?);

@@ -87,14 +87,14 @@ fn a_failed_chunk_gives_back_its_blocks_and_drops_the_decode() {
         .step(&compute, &mut state, &mut blocks, 0)
         .expect("chunk 0");
     assert_eq!(first.output.map(|frames| frames.len()), Some(3 * 32 * 32));
-    assert!(state.decode.is_some(), "the video's decode goes on");
+    assert!(state.cache.is_some(), "the video's decode goes on");
 
     blocks.acquires_left = 3;
     let failed = decoder.step(&compute, &mut state, &mut blocks, 1);
     assert!(failed.is_err(), "the injected read fails the chunk");
     assert_eq!(blocks.held, 0, "a block left held");
     assert!(
-        state.decode.is_none(),
+        state.cache.is_none(),
         "the failed decode's cache outlived it"
     );
 
@@ -115,6 +115,6 @@ fn a_failed_chunk_gives_back_its_blocks_and_drops_the_decode() {
             Some(3 * frames * 32 * 32)
         );
     }
-    assert!(state.decode.is_none(), "a finished video keeps its cache");
+    assert!(state.cache.is_none(), "a finished video keeps its cache");
     assert_eq!(blocks.held, 0);
 }
