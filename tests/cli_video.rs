@@ -4,7 +4,9 @@
 //! quick), each row checking the exit status and one line of output; bad inputs (a
 //! frame count that is not 4k + 1, a size not a multiple of 16, an empty prompt, a
 //! starting latent of the wrong size, an output that is not an MP4, a folder that is
-//! not a Wan pipeline) exit 2 with one line naming the problem.
+//! not a Wan pipeline, an image a pipeline cannot take) exit 2 with one line naming
+//! the problem. `--image`/`--last-image` run on the image-to-video pipeline of
+//! `tests/fixtures/wan_i2v_pipeline`.
 
 mod common;
 
@@ -28,8 +30,36 @@ fn rows() -> Vec<Row> {
     let missing = fixtures.path("none.safetensors");
     let frames_dir = fixtures.path("video/frames");
     let ok = ".mp4";
+    let i2v = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/wan_i2v_pipeline");
+    let (first, last) = (i2v.join("first.png"), i2v.join("last.png"));
+    let [i2v, first, last] = [i2v, first, last].map(|path| path.display().to_string());
     let mut rows = vec![
         row(&[], Expect::Ok("out.mp4")),
+        row(&["--model", &i2v, "--image", &first], Expect::Ok(ok)),
+        row(
+            &[
+                "--model",
+                &i2v,
+                "--image",
+                &first,
+                "--last-image",
+                &last,
+                "--frames",
+                "5",
+            ],
+            Expect::Ok(ok),
+        ),
+        row(&["--model", &i2v], Expect::Bad("give the first frame")),
+        row(&["--image", &first], Expect::Bad("WanImageToVideoPipeline")),
+        row(
+            &["--model", &i2v, "--image", &first, "--width", "32"],
+            Expect::Bad("resize it"),
+        ),
+        row(
+            &["--model", &i2v, "--image", &missing],
+            Expect::Bad("none.safetensors"),
+        ),
+        row(&["--last-image", &last], Expect::Bad("--image")),
         row(&["--prompt", "a lighthouse at sunset"], Expect::Ok(ok)),
         row(&["--prompt", " "], Expect::Bad("prompt is empty")),
         row(

@@ -46,6 +46,7 @@ fn input(variant: &str) -> WanInput {
         timestep: expected(variant, "timestep").1[0],
         context: expected(variant, "encoder_hidden_states").1,
         guidance: None,
+        condition: None,
     }
 }
 

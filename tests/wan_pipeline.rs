@@ -64,6 +64,8 @@ fn request() -> VideoRequest {
         seed: 0,
         latents: Some(expected("latent")),
         max_sequence_length: 512,
+        image: None,
+        last_image: None,
     }
 }
 

@@ -52,6 +52,7 @@ fn input(variant: &str, suffix: &str) -> WanInput {
         timestep: timestep[0],
         context,
         guidance: None,
+        condition: None,
     }
 }
 

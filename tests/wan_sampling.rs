@@ -53,6 +53,7 @@ fn sample(latent: Vec<f32>, solver: UniPc, (steps, scale): (usize, f32)) -> WanS
                 negative: tensor("negative"),
                 scale,
             }),
+            condition: None,
         },
         solver,
         steps,

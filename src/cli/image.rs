@@ -192,46 +192,12 @@ fn latents_of(args: &ImageArgs) -> Result<Option<Vec<f32>>, Failure> {
     Ok(Some(values))
 }
 
-/// The image of `--init-image`: an 8-bit PNG of the size asked (RGB, RGBA or grey),
-/// as `[3, height, width]` in [−1, 1].
+/// The image of `--init-image`: an 8-bit PNG of the size asked.
 fn init_of(args: &ImageArgs) -> Result<Option<InitImage>, Failure> {
     let Some(path) = &args.init_image else {
         return Ok(None);
     };
-    let fail = |problem: String| bad(format!("--init-image {}: {problem}", path.display()));
-    let file = std::fs::File::open(path).map_err(|error| fail(error.to_string()))?;
-    let mut decoder = png::Decoder::new(std::io::BufReader::new(file));
-    decoder.set_transformations(png::Transformations::EXPAND | png::Transformations::STRIP_16);
-    let mut reader = decoder
-        .read_info()
-        .map_err(|error| fail(format!("is not a PNG ({error})")))?;
-    let size = reader
-        .output_buffer_size()
-        .ok_or_else(|| fail("is too large".into()))?;
-    let mut bytes = vec![0; size];
-    let frame = reader
-        .next_frame(&mut bytes)
-        .map_err(|error| fail(format!("cannot be decoded ({error})")))?;
-    let (width, height) = (frame.width as usize, frame.height as usize);
-    if (width, height) != (args.width, args.height) {
-        return Err(fail(format!(
-            "is {width}×{height}; resize it to --width {} --height {} (or give its size)",
-            args.width, args.height
-        )));
-    }
-    let channels = frame.color_type.samples();
-    let pixels = width * height;
-    let mut planar = vec![0.0f32; 3 * pixels];
-    for (pixel, sample) in bytes[..pixels * channels]
-        .chunks_exact(channels)
-        .enumerate()
-    {
-        for channel in 0..3 {
-            // Grey (and grey with alpha) is the same value in every channel.
-            let value = sample[if channels < 3 { 0 } else { channel }];
-            planar[channel * pixels + pixel] = f32::from(value) / 127.5 - 1.0;
-        }
-    }
+    let planar = read_rgb("--init-image", path, [args.width, args.height])?;
     Ok(Some(InitImage {
         pixels: planar,
         strength: args.strength,
@@ -466,4 +432,50 @@ fn print_result(
         }
     }
     Ok(())
+}
+
+/// The PNG at `path` (`flag` names it in errors): 8-bit RGB, RGBA or grey of exactly
+/// `[width, height]` (resizing changes the picture: it is the user's choice, made
+/// before), as `[3, height, width]` in [−1, 1] with diffusers' own arithmetic
+/// (`2 · (v / 255) − 1`, VaeImageProcessor's).
+pub(super) fn read_rgb(
+    flag: &str,
+    path: &std::path::Path,
+    [width, height]: [usize; 2],
+) -> Result<Vec<f32>, Failure> {
+    let fail = |problem: String| bad(format!("{flag} {}: {problem}", path.display()));
+    let file = std::fs::File::open(path).map_err(|error| fail(error.to_string()))?;
+    let mut decoder = png::Decoder::new(std::io::BufReader::new(file));
+    decoder.set_transformations(png::Transformations::EXPAND | png::Transformations::STRIP_16);
+    let mut reader = decoder
+        .read_info()
+        .map_err(|error| fail(format!("is not a PNG ({error})")))?;
+    let size = reader
+        .output_buffer_size()
+        .ok_or_else(|| fail("is too large".into()))?;
+    let mut bytes = vec![0; size];
+    let frame = reader
+        .next_frame(&mut bytes)
+        .map_err(|error| fail(format!("cannot be decoded ({error})")))?;
+    let found = (frame.width as usize, frame.height as usize);
+    if found != (width, height) {
+        return Err(fail(format!(
+            "is {}×{}; resize it to --width {width} --height {height} (or give its size)",
+            found.0, found.1
+        )));
+    }
+    let channels = frame.color_type.samples();
+    let pixels = width * height;
+    let mut planar = vec![0.0f32; 3 * pixels];
+    for (pixel, sample) in bytes[..pixels * channels]
+        .chunks_exact(channels)
+        .enumerate()
+    {
+        for channel in 0..3 {
+            // Grey (and grey with alpha) is the same value in every channel.
+            let value = sample[if channels < 3 { 0 } else { channel }];
+            planar[channel * pixels + pixel] = 2.0 * (f32::from(value) / 255.0) - 1.0;
+        }
+    }
+    Ok(planar)
 }

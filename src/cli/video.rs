@@ -10,7 +10,8 @@ use std::path::PathBuf;
 use serde::Serialize;
 
 use super::image::{
-    bad, check_out, pipeline_failure, pipeline_settings, stage_line, with_pipeline_run, StageOutput,
+    bad, check_out, pipeline_failure, pipeline_settings, read_rgb, stage_line, with_pipeline_run,
+    StageOutput,
 };
 use super::{CommandResult, Failure};
 use stagehand::families::flux::read_tensors;
@@ -54,6 +55,13 @@ pub struct VideoArgs {
     /// diffusers' `latents`) instead of seeded noise.
     #[arg(long, value_name = "FILE")]
     pub latents: Option<PathBuf>,
+    /// The first frame, for an image-to-video pipeline (Wan 2.2 I2V-A14B): a PNG of
+    /// --width × --height.
+    #[arg(long, value_name = "FILE.png")]
+    pub image: Option<PathBuf>,
+    /// The last frame too (with --image): the video goes from one to the other.
+    #[arg(long, value_name = "FILE.png", requires = "image")]
+    pub last_image: Option<PathBuf>,
     /// umT5's prompt length in tokens, padded to it (diffusers' `max_sequence_length`).
     #[arg(long, default_value_t = 512)]
     pub max_sequence_length: usize,
@@ -100,6 +108,17 @@ fn latents_of(args: &VideoArgs) -> Result<Option<Vec<f32>>, Failure> {
     }
 }
 
+/// The PNG of `--image` or `--last-image`, at the video's size.
+fn image_of(
+    flag: &str,
+    path: &Option<PathBuf>,
+    args: &VideoArgs,
+) -> Result<Option<Vec<f32>>, Failure> {
+    (path.as_ref())
+        .map(|path| read_rgb(flag, path, [args.width, args.height]))
+        .transpose()
+}
+
 pub fn execute(args: VideoArgs) -> CommandResult {
     let settings = pipeline_settings(&args.settings, "video")?;
     check_out(&args.out)?;
@@ -125,6 +144,8 @@ pub fn execute(args: VideoArgs) -> CommandResult {
         seed: args.seed,
         latents: latents_of(&args)?,
         max_sequence_length: args.max_sequence_length,
+        image: image_of("--image", &args.image, &args)?,
+        last_image: image_of("--last-image", &args.last_image, &args)?,
     };
     let started = std::time::Instant::now();
     let quiet = args.quiet || args.json;

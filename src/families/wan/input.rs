@@ -2,6 +2,11 @@
 //! encoder's states — the arguments of diffusers' `WanTransformer3DModel.forward`
 //! (`hidden_states` `[1, C, F, H, W]`, `timestep`, `encoder_hidden_states`
 //! `[1, L, text_dim]`). A run that names none computes a seeded one.
+//!
+//! An image-to-video transformer (Wan 2.2 I2V-A14B: `in_channels` 36, `out_channels`
+//! 16) takes the noise and, after it on the channel axis, the image's condition —
+//! WanImageToVideoPipeline's `torch.cat([latents, condition], dim=1)` — so a sampling
+//! moves only the noise's channels and the condition rides along unchanged.
 
 use crate::families::flux::gaussian;
 use crate::families::FamilyError;
@@ -24,6 +29,10 @@ pub struct WanInput {
     /// Classifier-free guidance: the velocity is `u + scale·(c − u)` of the prompt's
     /// (`context`) and the negative prompt's; `None`: the prompt's alone.
     pub guidance: Option<Guidance>,
+    /// `[in_channels − channels of latent, frames, height, width]` values put after
+    /// the latent's channels (an image-to-video pipeline's mask and encoded image);
+    /// `None`: the latent is the model's whole input.
+    pub condition: Option<Vec<f32>>,
 }
 
 /// The negative prompt's states (`[tokens, text_dim]`, as many tokens as the
@@ -47,6 +56,7 @@ impl WanInput {
             timestep: 500.0,
             context: gaussian(tokens * config.text_dim, 11),
             guidance: None,
+            condition: None,
         }
     }
 
@@ -73,15 +83,25 @@ impl WanInput {
             patch: config.patch,
         };
         let sizes = [self.frames, self.height, self.width];
-        let expected = config.in_channels * sizes.iter().product::<usize>();
-        if self.latent.len() != expected {
+        let plane: usize = sizes.iter().product();
+        let condition = self.condition.as_ref().map_or(0, Vec::len);
+        if self.latent.len() + condition != config.in_channels * plane {
             return Err(FamilyError::Model(format!(
-                "the latent has {} values; [{}, {}, {}, {}] (the model's in_channels, frames, height, width) has {expected}",
+                "the latent has {} values and the condition {condition}; [{}, {}, {}, {}] (the model's in_channels, frames, height, width) has {}",
                 self.latent.len(),
                 config.in_channels,
                 self.frames,
                 self.height,
-                self.width
+                self.width,
+                config.in_channels * plane
+            )));
+        }
+        if condition > 0 && self.latent.len() != config.out_channels * plane {
+            return Err(FamilyError::Model(format!(
+                "the noise has {} values; with a condition it has the model's out_channels {} ({} values)",
+                self.latent.len(),
+                config.out_channels,
+                config.out_channels * plane
             )));
         }
         let fits = sizes
@@ -111,6 +131,15 @@ impl WanInput {
             )));
         }
         Ok(grid)
+    }
+
+    /// The model's input for `latent` (this input's noise, or a sampling's later
+    /// one): the latent's channels, then the condition's.
+    pub fn joined<'a>(&self, latent: &'a [f32]) -> std::borrow::Cow<'a, [f32]> {
+        match &self.condition {
+            None => std::borrow::Cow::Borrowed(latent),
+            Some(condition) => std::borrow::Cow::Owned([latent, condition].concat()),
+        }
     }
 
     /// Text tokens, checked against the model's `text_dim` (the negative prompt's as

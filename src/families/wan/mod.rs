@@ -74,7 +74,7 @@ impl Wan {
         let text = input.text_tokens(&config)?;
         let tokens = grid.tokens();
         let rows = tokens.max(text);
-        let patches = grid.patchify(&input.latent, rows);
+        let patches = grid.patchify(&input.joined(&input.latent), rows);
         let table = grid.rope_table(config.rope_axes(), rows);
         Ok(Self {
             config,

@@ -89,6 +89,14 @@ impl Open for Wan {
                     "the sampling's schedule has no step left".into(),
                 ));
             };
+            if config.in_channels != config.out_channels && sample.input.condition.is_none() {
+                return Err(FamilyError::Model(format!(
+                    "this transformer takes {} channels and gives {}: it samples from an image (image-to-video), whose condition fills the other {}; give --image",
+                    config.in_channels,
+                    config.out_channels,
+                    config.in_channels.saturating_sub(config.out_channels)
+                )));
+            }
             let input = WanInput {
                 timestep: first as f32,
                 ..sample.input.clone()

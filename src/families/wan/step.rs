@@ -373,7 +373,7 @@ impl Family for Wan {
         let rows = self.tokens.max(self.text);
         compute.write(
             &mut acts.patches,
-            &self.grid.patchify(&sampler.latent, rows),
+            &(self.grid).patchify(&self.input.joined(&sampler.latent), rows),
         )?;
         let velocity = self.velocity(&cx, (acts, timestep), blocks)?;
         sampler

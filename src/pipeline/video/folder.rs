@@ -1,7 +1,10 @@
 //! A Wan pipeline's parts on disk: the diffusers folder `save_pretrained` writes for
 //! `WanPipeline` (`model_index.json` naming `text_encoder/` umT5, `tokenizer/`,
 //! `transformer/`, optionally `transformer_2/` with `boundary_ratio` — Wan 2.2 A14B's
-//! two experts — `vae/` and `scheduler/`), each part refused by name when missing.
+//! two experts — `vae/` and `scheduler/`), each part refused by name when missing;
+//! or the one it writes for `WanImageToVideoPipeline` (Wan 2.2 I2V-A14B: the same
+//! parts, the transformers taking the image's condition beside the noise, no image
+//! encoder).
 
 use std::path::{Path, PathBuf};
 
@@ -10,7 +13,7 @@ use serde_json::Value;
 use super::super::{PipelineError, PipelinePart};
 
 /// The pipeline classes computed here, by `model_index.json` `_class_name`.
-const WAN_PIPELINES: &[&str] = &["WanPipeline"];
+const WAN_PIPELINES: &[&str] = &["WanPipeline", "WanImageToVideoPipeline"];
 
 /// Where each model of a Wan pipeline is.
 #[derive(Debug, Clone, PartialEq)]
@@ -27,8 +30,11 @@ pub struct WanParts {
     pub scheduler: PathBuf,
     /// The share of the training timesteps above which the first expert denoises.
     pub boundary_ratio: Option<f64>,
-    /// The transformer's latent channels (`in_channels`: the noise it starts from).
+    /// The noise's channels (the transformer's `out_channels`).
     pub latent_channels: usize,
+    /// An image-to-video pipeline: the transformer's other `in_channels` are the
+    /// image's condition (4 of mask, the rest the encoded frames).
+    pub image_to_video: bool,
 }
 
 impl WanParts {
@@ -39,24 +45,8 @@ impl WanParts {
             problem,
         };
         let index_path = dir.join("model_index.json");
-        let text = std::fs::read_to_string(&index_path).map_err(|error| {
-            layout(dir, format!("no model_index.json ({error}); give a diffusers Wan pipeline folder (the one `save_pretrained` writes, holding transformer/, vae/, text_encoder/ …)"))
-        })?;
-        let index: Value = serde_json::from_str(&text)
-            .map_err(|error| layout(&index_path, format!("is not JSON ({error})")))?;
-        let class = index
-            .get("_class_name")
-            .and_then(Value::as_str)
-            .unwrap_or("(none)");
-        if !WAN_PIPELINES.contains(&class) {
-            return Err(layout(&index_path, format!(
-                "_class_name is \"{class}\"; stagehand makes videos with {} (image-to-video is not computed yet)",
-                WAN_PIPELINES.join(" and ")
-            )));
-        }
-        if index.get("expand_timesteps").and_then(Value::as_bool) == Some(true) {
-            return Err(layout(&index_path, "\"expand_timesteps\": true (TI2V-5B's timestep per latent frame) is not computed yet".into()));
-        }
+        let (index, class) = read_index(dir, &index_path)?;
+        let image_to_video = class == "WanImageToVideoPipeline";
         let listed = |name: &str| {
             index
                 .get(name)
@@ -104,7 +94,7 @@ impl WanParts {
             });
         }
         let transformer = part("transformer")?;
-        let latent_channels = in_channels(&transformer.path)?;
+        let latent_channels = noise_channels(&transformer.path, &class)?;
         Ok(Self {
             dir: dir.to_path_buf(),
             text_encoder: PipelinePart {
@@ -117,12 +107,79 @@ impl WanParts {
             scheduler,
             boundary_ratio,
             latent_channels,
+            image_to_video,
         })
     }
 }
 
-/// `in_channels` of a transformer folder's config.json.
-fn in_channels(folder: &Path) -> Result<usize, PipelineError> {
+/// `model_index.json` of `dir` and its `_class_name`, refused unless a Wan pipeline
+/// computed here.
+fn read_index(dir: &Path, index_path: &Path) -> Result<(Value, String), PipelineError> {
+    let layout = |path: &Path, problem: String| PipelineError::Layout {
+        path: path.to_path_buf(),
+        problem,
+    };
+    let text = std::fs::read_to_string(index_path).map_err(|error| {
+        layout(dir, format!("no model_index.json ({error}); give a diffusers Wan pipeline folder (the one `save_pretrained` writes, holding transformer/, vae/, text_encoder/ …)"))
+    })?;
+    let index: Value = serde_json::from_str(&text)
+        .map_err(|error| layout(index_path, format!("is not JSON ({error})")))?;
+    let class = index
+        .get("_class_name")
+        .and_then(Value::as_str)
+        .unwrap_or("(none)")
+        .to_string();
+    if !WAN_PIPELINES.contains(&class.as_str()) {
+        return Err(layout(
+            index_path,
+            format!(
+                "_class_name is \"{class}\"; stagehand makes videos with {}",
+                WAN_PIPELINES.join(" and ")
+            ),
+        ));
+    }
+    let image_encoder = index.get("image_encoder").and_then(Value::as_array);
+    if image_encoder.is_some_and(|pair| pair.iter().any(|entry| !entry.is_null())) {
+        return Err(layout(index_path, "names an image_encoder: Wan 2.1's CLIP image conditioning (image_embeds, the transformer's image_dim) is not computed; Wan 2.2 I2V-A14B needs none".into()));
+    }
+    if index.get("expand_timesteps").and_then(Value::as_bool) == Some(true) {
+        return Err(layout(
+            index_path,
+            "\"expand_timesteps\": true (TI2V-5B's timestep per latent frame) is not computed yet"
+                .into(),
+        ));
+    }
+    Ok((index, class))
+}
+
+/// The noise's channels of a `class` pipeline's transformer folder: all its
+/// `in_channels` for text-to-video; for image-to-video the rest are the condition (a
+/// mask of 4 and the VAE's latent), so there are more than 4 of them.
+fn noise_channels(transformer: &Path, class: &str) -> Result<usize, PipelineError> {
+    let [in_channels, out_channels] = channels(transformer)?;
+    let condition = in_channels.saturating_sub(out_channels);
+    let (fits, takes) = match class == "WanImageToVideoPipeline" {
+        true => (
+            condition > 4,
+            "the noise and the image's condition (Wan 2.2 I2V: 36 = 16 + 4 + 16)",
+        ),
+        false => (
+            condition == 0,
+            "as many channels as it gives (text-to-video)",
+        ),
+    };
+    if !fits {
+        return Err(PipelineError::Layout {
+            path: transformer.join("config.json"),
+            problem: format!("in_channels {in_channels}, out_channels {out_channels}: a {class} transformer takes {takes}"),
+        });
+    }
+    Ok(out_channels)
+}
+
+/// `in_channels` and `out_channels` (diffusers: `out_channels or in_channels`) of a
+/// transformer folder's config.json.
+fn channels(folder: &Path) -> Result<[usize; 2], PipelineError> {
     let path = folder.join("config.json");
     let text = std::fs::read_to_string(&path).map_err(|error| PipelineError::Layout {
         path: path.clone(),
@@ -132,9 +189,10 @@ fn in_channels(folder: &Path) -> Result<usize, PipelineError> {
         path: path.clone(),
         problem: format!("is not JSON ({error})"),
     })?;
-    match config.get("in_channels").and_then(Value::as_u64) {
-        Some(channels) if channels > 0 => Ok(channels as usize),
-        _ => Err(PipelineError::Layout {
+    let count = |key: &str| config.get(key).and_then(Value::as_u64).filter(|&n| n > 0);
+    match count("in_channels") {
+        Some(input) => Ok([input, count("out_channels").unwrap_or(input)].map(|n| n as usize)),
+        None => Err(PipelineError::Layout {
             path,
             problem: "has no positive \"in_channels\"".into(),
         }),

@@ -12,7 +12,13 @@
 //! (with `guidance_2`) for the rest, then the latent un-normalised and decoded chunk by
 //! chunk. At the switch the first expert's run has given back every byte of its
 //! budgets before the second opens, so the step's peak is one expert's, never both.
+//!
+//! From an image (`WanImageToVideoPipeline`, Wan 2.2 I2V-A14B), before the steps: the
+//! video of the image then black frames (and the last image last, when given) goes
+//! through the VAE's encoder, and its latent behind a mask of the given frames is the
+//! condition every step's transformer input carries after the noise.
 
+mod condition;
 mod folder;
 
 pub use folder::WanParts;
@@ -44,6 +50,11 @@ pub struct VideoRequest {
     /// seeded noise (diffusers' `latents`).
     pub latents: Option<Vec<f32>>,
     pub max_sequence_length: usize,
+    /// The first frame, `[3, height, width]` in [−1, 1]: an image-to-video
+    /// pipeline's `image` (required there, refused elsewhere).
+    pub image: Option<Vec<f32>>,
+    /// The last frame the same way (diffusers' `last_image`), with `image`.
+    pub last_image: Option<Vec<f32>>,
 }
 
 impl VideoRequest {
@@ -77,6 +88,7 @@ pub fn generate_video(
     let solver = UniPc::new(config, request.steps);
     let mut stages = Vec::with_capacity(4);
     let (context, negative) = encode(parts, request, run, &mut stages)?;
+    let condition = condition::encode(parts, request, run, &mut stages)?;
     let [frames, height, width] = request.latent_size();
     let latent = match &request.latents {
         Some(noise) => noise.clone(),
@@ -114,6 +126,7 @@ pub fn generate_video(
                 guidance: negative
                     .clone()
                     .map(|negative| Guidance { negative, scale }),
+                condition: condition.clone(),
             },
             solver,
             steps,
@@ -247,6 +260,7 @@ fn check(request: &VideoRequest, parts: &WanParts) -> Result<(), PipelineError> 
     if scales.iter().flatten().any(|scale| !scale.is_finite()) {
         return bad("the guidance scales must be numbers".into());
     }
+    condition::check(request, parts)?;
     if let Some(noise) = &request.latents {
         let [frames, h, w] = request.latent_size();
         let expected = parts.latent_channels * frames * h * w;
