@@ -68,7 +68,7 @@ fn rows() -> Vec<Row> {
         ),
         row(
             &["--guidance", "4", "--guidance-2", "2.5", "--steps", "4"],
-            Expect::Ok(ok),
+            Expect::Summary("hand-over"),
         ),
         row(&["--guidance", "x"], Expect::Bad("--guidance")),
         row(&["--frames", "5"], Expect::Ok(ok)),

@@ -131,6 +131,12 @@ fn a_prompt_becomes_wanpipelines_video() {
         .map(|(&got, &want)| (f32::from(got) - (want * 255.0).round()).abs())
         .fold(0f32, f32::max);
     assert!(levels <= 1.0, "a pixel {levels} levels off");
+    // The switch is measured: the second expert's first step moved its blocks, and
+    // the first expert's steps computed.
+    let hand_over = video.hand_over.as_ref().expect("two experts: a hand-over");
+    eprintln!("wan pipeline: {hand_over:?}");
+    assert!(hand_over.first_step_bytes.iter().sum::<u64>() > 0);
+    assert!(hand_over.step_compute_seconds > 0.0 && hand_over.stall_seconds() >= 0.0);
     for stage in &video.stages {
         let report = &stage.outcome.report;
         // The experts' first step is recomputed from resident blocks (the pipeline's
@@ -272,6 +278,7 @@ fn stagehand_video_writes_the_frames_and_an_mp4_that_decodes_to_them() {
     assert!(output.status.success(), "stagehand video failed: {stderr}");
     let summary: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
     assert_eq!(summary["frames"], 9);
+    assert!(summary["hand_over"]["stall_seconds"].is_f64(), "{summary}");
     let stages: Vec<&str> = summary["stages"]
         .as_array()
         .expect("stages")

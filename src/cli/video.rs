@@ -15,7 +15,7 @@ use super::image::{
 };
 use super::{CommandResult, Failure};
 use stagehand::families::flux::read_tensors;
-use stagehand::pipeline::{generate_video, Video, VideoRequest, WanParts};
+use stagehand::pipeline::{generate_video, HandOver, Video, VideoRequest, WanParts};
 use stagehand::settings::SettingsArgs;
 
 #[derive(Debug, clap::Args)]
@@ -93,6 +93,48 @@ struct VideoOutput {
     height: usize,
     seconds: f64,
     stages: Vec<StageOutput>,
+    /// The switch between the two experts, when both took steps.
+    hand_over: Option<HandOverOutput>,
+}
+
+#[derive(Debug, Serialize)]
+struct HandOverOutput {
+    stall_seconds: f64,
+    close_seconds: f64,
+    open_stall_seconds: f64,
+    step_compute_seconds: f64,
+    /// The second expert's first step: bytes per link.
+    first_step_disk_to_pinned_bytes: u64,
+    first_step_pinned_to_vram_bytes: u64,
+    first_step_disk_to_vram_bytes: u64,
+}
+
+impl HandOverOutput {
+    fn of(hand_over: &HandOver) -> Self {
+        let [disk_to_pinned, pinned_to_vram, disk_to_vram] = hand_over.first_step_bytes;
+        Self {
+            stall_seconds: hand_over.stall_seconds(),
+            close_seconds: hand_over.close_seconds,
+            open_stall_seconds: hand_over.open_stall_seconds,
+            step_compute_seconds: hand_over.step_compute_seconds,
+            first_step_disk_to_pinned_bytes: disk_to_pinned,
+            first_step_pinned_to_vram_bytes: pinned_to_vram,
+            first_step_disk_to_vram_bytes: disk_to_vram,
+        }
+    }
+}
+
+/// The summary's line on the switch between the experts.
+fn hand_over_line(hand_over: &HandOver) -> String {
+    let [disk_to_pinned, pinned_to_vram, disk_to_vram] =
+        hand_over.first_step_bytes.map(stagehand_actors::Bytes);
+    format!(
+        "  hand-over     {:>8.2} s  not computing between the experts (closing the first, its first step's check included, {:.2} s; opening the second and its first blocks' waits {:.2} s) beside {:.2} s of compute a step; the second's first step read {disk_to_pinned} + {disk_to_vram} from disk, copied {pinned_to_vram} from pinned RAM",
+        hand_over.stall_seconds(),
+        hand_over.close_seconds,
+        hand_over.open_stall_seconds,
+        hand_over.step_compute_seconds,
+    )
 }
 
 /// The starting noise of `--latents`: the tensor `latent`, its size checked by the
@@ -196,6 +238,7 @@ fn print_result(args: &VideoArgs, video: &Video, seconds: f64) -> CommandResult 
             height: args.height,
             seconds,
             stages: video.stages.iter().map(StageOutput::of).collect(),
+            hand_over: video.hand_over.as_ref().map(HandOverOutput::of),
         };
         let json = serde_json::to_string_pretty(&output).map_err(Failure::run_failed)?;
         println!("{json}");
@@ -212,6 +255,11 @@ fn print_result(args: &VideoArgs, video: &Video, seconds: f64) -> CommandResult 
         );
         for stage in &video.stages {
             eprintln!("{}", stage_line(stage));
+            if let Some(hand_over) =
+                (video.hand_over.as_ref()).filter(|_| stage.name == "transformer_2")
+            {
+                eprintln!("{}", hand_over_line(hand_over));
+            }
         }
     }
     Ok(())

@@ -27,7 +27,7 @@ use std::time::Instant;
 pub use files::PartFiles;
 pub use folder::{FluxParts, PipelinePart};
 pub use image::Picture;
-pub use video::{generate_video, Video, VideoRequest, WanParts};
+pub use video::{generate_video, HandOver, Video, VideoRequest, WanParts};
 
 use crate::families::flux::{CondInput, Conditioning, SampleInput, Start};
 use crate::families::{EncoderInput, Extras, Model, PromptLength, WorkloadKind};

@@ -20,8 +20,10 @@
 
 mod condition;
 mod folder;
+mod hand_over;
 
 pub use folder::WanParts;
+pub use hand_over::HandOver;
 
 use super::{outputs, Picture, PipelineError, PipelineRun, Stage};
 use crate::families::flux::gaussian;
@@ -71,6 +73,8 @@ pub struct Video {
     /// The final latent (before the VAE).
     pub latent: Vec<f32>,
     pub stages: Vec<Stage>,
+    /// The switch between two experts, when both took steps.
+    pub hand_over: Option<HandOver>,
 }
 
 /// Makes the video `request` asks for with the pipeline `parts`.
@@ -111,6 +115,8 @@ pub fn generate_video(
         ),
     ];
     let (mut latent, mut solver) = (latent, solver);
+    let clock = hand_over::SwitchClock::default();
+    let timed = clock.timed(run, ["transformer", "transformer_2"]);
     for (name, part, steps, scale) in experts {
         if steps == 0 {
             continue;
@@ -133,15 +139,25 @@ pub fn generate_video(
         };
         let extras = Extras::default().with(share.clone());
         let kind = (name, WorkloadKind::Auto);
-        let (_, stage) = run.stage(kind, part, &extras, 1, |_| steps as u64)?;
+        let (_, stage) = timed.stage(kind, part, &extras, 1, |_| steps as u64)?;
+        if name == "transformer" {
+            clock.first_closed();
+        }
         (latent, solver) = share
             .replay(outputs(&stage).into_iter().map(Vec::as_slice))
             .map_err(|problem| PipelineError::Failed(format!("{name}: {problem}")))?;
         stages.push(stage);
     }
     let (pictures, vae) = decode(parts, request, run, &latent)?;
+    let hand_over = match stages.iter().position(|stage| stage.name == "transformer") {
+        Some(at) => (stages.get(at + 1))
+            .filter(|next| next.name == "transformer_2")
+            .and_then(|next| clock.hand_over(&stages[at], next)),
+        None => None,
+    };
     stages.push(vae);
     Ok(Video {
+        hand_over,
         frames: pictures,
         latent,
         stages,

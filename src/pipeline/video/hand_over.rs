@@ -1,0 +1,111 @@
+//! The switch between Wan 2.2 A14B's two experts, measured: from the high-noise
+//! expert's last step to the low-noise expert's first, what the time went to and what
+//! the first step of the second expert moved. Today each expert's run gives back every
+//! byte before the next opens (the step's peak is one expert's), so the switch costs
+//! the first run's close (its first step's check against the resident pass included),
+//! the second's open and its first blocks' waits; the figure says whether that stall
+//! is small beside one step's compute, the yardstick issue 41 sets.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+use stagehand_actors::Link;
+
+use super::super::{PipelineRun, Progress, Stage};
+
+/// The switch, as measured.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HandOver {
+    /// From the first expert's last step done to its run closed: its session shut
+    /// down, and its first step checked against the resident pass.
+    pub close_seconds: f64,
+    /// From there to the second expert's first step done, less that step's compute:
+    /// the second expert opened, its session started, its first blocks waited for.
+    pub open_stall_seconds: f64,
+    /// The second expert's first step's compute.
+    pub first_compute_seconds: f64,
+    /// Bytes the second expert's first step moved over each link ([`Link::ALL`]'s
+    /// order: disk → pinned, pinned → VRAM, disk → VRAM).
+    pub first_step_bytes: [u64; 3],
+    /// The first expert's compute per step (its mean): the yardstick.
+    pub step_compute_seconds: f64,
+}
+
+impl HandOver {
+    /// The time the switch spent not computing.
+    pub fn stall_seconds(&self) -> f64 {
+        self.close_seconds + self.open_stall_seconds
+    }
+}
+
+/// When each expert's steps ended and when the first expert's run closed.
+#[derive(Clone, Default)]
+pub(super) struct SwitchClock {
+    marks: Arc<Mutex<Marks>>,
+}
+
+#[derive(Default)]
+struct Marks {
+    first_last_step: Option<Instant>,
+    first_closed: Option<Instant>,
+    second_first_step: Option<Instant>,
+}
+
+impl SwitchClock {
+    /// `run`, its progress also marking the experts' steps (`first` and `second`
+    /// name their stages).
+    pub(super) fn timed<'a>(
+        &self,
+        run: &PipelineRun<'a>,
+        [first, second]: [&'static str; 2],
+    ) -> PipelineRun<'a> {
+        let (marks, inner) = (Arc::clone(&self.marks), Arc::clone(&run.progress));
+        let progress: Progress = Arc::new(move |stage, done, steps| {
+            let now = Instant::now();
+            let mut marks = marks.lock().unwrap_or_else(PoisonError::into_inner);
+            if stage == first && done == steps && done > 0 {
+                marks.first_last_step = Some(now);
+            }
+            if stage == second && done == 1 {
+                marks.second_first_step = Some(now);
+            }
+            drop(marks);
+            inner(stage, done, steps);
+        });
+        PipelineRun {
+            settings: run.settings,
+            observer: Arc::clone(&run.observer),
+            progress,
+            shared: run.shared.clone(),
+            stages: run.stages.clone(),
+        }
+    }
+
+    /// The first expert's run has closed.
+    pub(super) fn first_closed(&self) {
+        let mut marks = self.marks.lock().unwrap_or_else(PoisonError::into_inner);
+        marks.first_closed = Some(Instant::now());
+    }
+
+    /// The switch between the two experts' stages, when both ran.
+    pub(super) fn hand_over(&self, first: &Stage, second: &Stage) -> Option<HandOver> {
+        let marks = self.marks.lock().unwrap_or_else(PoisonError::into_inner);
+        let (last, closed, next) = (
+            marks.first_last_step?,
+            marks.first_closed?,
+            marks.second_first_step?,
+        );
+        let report = &second.outcome.report;
+        let first_compute_seconds = *report.compute_seconds.first()?;
+        let computed = &first.outcome.report.compute_seconds;
+        let step_compute_seconds = computed.iter().sum::<f64>() / computed.len().max(1) as f64;
+        let opened = next.saturating_duration_since(closed).as_secs_f64();
+        Some(HandOver {
+            close_seconds: closed.saturating_duration_since(last).as_secs_f64(),
+            open_stall_seconds: (opened - first_compute_seconds).max(0.0),
+            first_compute_seconds,
+            first_step_bytes: Link::ALL.map(|link| report.after_first_step.link(link).model_bytes),
+            step_compute_seconds,
+        })
+    }
+}
