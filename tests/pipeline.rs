@@ -118,13 +118,7 @@ fn streamed(prepared: &Prepared, steps: u64) -> Outcome {
 
 /// A pipeline's stages under `settings`, unobserved and quiet.
 fn pipeline_run(settings: &Settings) -> PipelineRun<'_> {
-    PipelineRun {
-        settings,
-        observer: stagehand::run::no_observer(),
-        progress: std::sync::Arc::new(|_, _, _| {}),
-        shared: None,
-        stages: None,
-    }
+    PipelineRun::quiet(settings)
 }
 
 fn first_output(outcome: &Outcome) -> Vec<f32> {

@@ -5,11 +5,15 @@
 //! video from the same image and starting latent: 3 UniPC steps with guidance 3.5
 //! then 2.0 — and the same with a last image.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
 use stagehand::families::flux::read_tensors;
 use stagehand::pipeline::{generate_video, PipelineError, PipelineRun, VideoRequest, WanParts};
 use stagehand::settings::Settings;
+
+use common::reference::relative_difference;
 
 /// Relative to the largest magnitude: f32 on both sides through the VAE's encoder,
 /// umT5, 3 guided steps of two experts and the VAE's decoder.
@@ -65,22 +69,6 @@ fn request() -> VideoRequest {
     }
 }
 
-fn run(settings: &Settings) -> PipelineRun<'_> {
-    PipelineRun {
-        settings,
-        observer: stagehand::run::no_observer(),
-        progress: std::sync::Arc::new(|_, _, _| {}),
-        shared: None,
-        stages: None,
-    }
-}
-
-fn relative(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
-    a.iter().zip(b).fold(0f32, |m, (a, b)| m.max((a - b).abs())) / scale
-}
-
 #[test]
 fn an_image_becomes_wanimagetovideopipelines_video() {
     // Proves image-to-video end to end: the image encoded by the VAE before the
@@ -95,7 +83,8 @@ fn an_image_becomes_wanimagetovideopipelines_video() {
         (16, Some(0.9))
     );
     let settings = Settings::default();
-    let video = generate_video(&parts, &request(), &run(&settings)).expect("makes a video");
+    let video =
+        generate_video(&parts, &request(), &PipelineRun::quiet(&settings)).expect("makes a video");
     let names: Vec<&str> = video.stages.iter().map(|stage| stage.name).collect();
     assert_eq!(
         names,
@@ -109,12 +98,12 @@ fn an_image_becomes_wanimagetovideopipelines_video() {
         [3, 2, 1],
         "3 latent frames encoded; 2 + 1 steps"
     );
-    let latent_error = relative(&video.latent, &expected("final"));
+    let latent_error = relative_difference(&video.latent, &expected("final"));
     let values: Vec<f32> = (video.frames.iter())
         .flat_map(|frame| frame.values.iter().copied())
         .collect();
     let frames = expected("frames");
-    let frame_error = relative(&values, &frames);
+    let frame_error = relative_difference(&values, &frames);
     eprintln!("wan i2v pipeline: final latent {latent_error:e}, frames {frame_error:e} of the largest magnitude from WanImageToVideoPipeline's");
     assert!(latent_error < TOLERANCE, "latent off by {latent_error}");
     assert!(frame_error < TOLERANCE, "frames off by {frame_error}");
@@ -147,11 +136,12 @@ fn a_first_and_a_last_image_give_diffusers_interpolation() {
         ..request()
     };
     let settings = Settings::default();
-    let video = generate_video(&parts, &request, &run(&settings)).expect("makes a video");
-    let error = relative(&video.latent, &expected("final_last"));
+    let video =
+        generate_video(&parts, &request, &PipelineRun::quiet(&settings)).expect("makes a video");
+    let error = relative_difference(&video.latent, &expected("final_last"));
     eprintln!("wan i2v pipeline with a last image: final latent {error:e}");
     assert!(error < TOLERANCE, "latent off by {error}");
-    let first_only = relative(&video.latent, &expected("final"));
+    let first_only = relative_difference(&video.latent, &expected("final"));
     assert!(
         first_only > 100.0 * TOLERANCE,
         "the last image changed nothing"
@@ -168,7 +158,7 @@ fn images_the_pipeline_cannot_take_are_refused_by_name() {
     let refused = |parts: &WanParts, request: VideoRequest| match generate_video(
         parts,
         &request,
-        &run(&settings),
+        &PipelineRun::quiet(&settings),
     ) {
         Err(PipelineError::BadRequest(message)) => message,
         other => panic!("not refused as a bad request: {:?}", other.err()),

@@ -13,6 +13,8 @@ use stagehand::families::flux::read_tensors;
 use stagehand::pipeline::{generate_video, PipelineError, PipelineRun, VideoRequest, WanParts};
 use stagehand::settings::Settings;
 
+use common::reference::relative_difference;
+
 /// Relative to the largest magnitude: f32 on both sides through umT5, 4 guided steps
 /// of two experts and the VAE, in other summation orders.
 const TOLERANCE: f32 = 1e-4;
@@ -69,22 +71,6 @@ fn request() -> VideoRequest {
     }
 }
 
-fn run(settings: &Settings) -> PipelineRun<'_> {
-    PipelineRun {
-        settings,
-        observer: stagehand::run::no_observer(),
-        progress: std::sync::Arc::new(|_, _, _| {}),
-        shared: None,
-        stages: None,
-    }
-}
-
-fn relative(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
-    a.iter().zip(b).fold(0f32, |m, (a, b)| m.max((a - b).abs())) / scale
-}
-
 #[test]
 fn a_prompt_becomes_wanpipelines_video() {
     // Proves the whole pipeline: the stages in WanPipeline's order, the experts split
@@ -95,7 +81,8 @@ fn a_prompt_becomes_wanpipelines_video() {
     let parts = WanParts::folder(&assemble(dir.path())).expect("a Wan pipeline");
     assert_eq!(parts.boundary_ratio, Some(0.875));
     let settings = Settings::default();
-    let video = generate_video(&parts, &request(), &run(&settings)).expect("makes a video");
+    let video =
+        generate_video(&parts, &request(), &PipelineRun::quiet(&settings)).expect("makes a video");
     let names: Vec<&str> = video.stages.iter().map(|stage| stage.name).collect();
     assert_eq!(names, ["umt5", "transformer", "transformer_2", "vae"]);
     let steps: Vec<u64> = video
@@ -108,7 +95,7 @@ fn a_prompt_becomes_wanpipelines_video() {
         [2, 2],
         "two steps at or above timestep 875, two below"
     );
-    let latent_error = relative(&video.latent, &expected("final"));
+    let latent_error = relative_difference(&video.latent, &expected("final"));
     assert_eq!(video.frames.len(), 9);
     let values: Vec<f32> = video
         .frames
@@ -116,7 +103,7 @@ fn a_prompt_becomes_wanpipelines_video() {
         .flat_map(|frame| frame.values.iter().copied())
         .collect();
     let frames = expected("frames");
-    let frame_error = relative(&values, &frames);
+    let frame_error = relative_difference(&values, &frames);
     eprintln!("wan pipeline: final latent {latent_error:e}, frames {frame_error:e} of the largest magnitude from WanPipeline's");
     assert!(latent_error < TOLERANCE, "latent off by {latent_error}");
     assert!(frame_error < TOLERANCE, "frames off by {frame_error}");
@@ -165,7 +152,7 @@ fn what_the_pipeline_cannot_make_is_refused_by_name() {
         frames: 10,
         ..request()
     };
-    let error = generate_video(&parts, &frames, &run(&settings))
+    let error = generate_video(&parts, &frames, &PipelineRun::quiet(&settings))
         .err()
         .expect("refused");
     assert!(error.to_string().contains("give 9 or 13"), "{error}");
@@ -173,7 +160,7 @@ fn what_the_pipeline_cannot_make_is_refused_by_name() {
         latents: Some(vec![0.0; 5]),
         ..request()
     };
-    let error = generate_video(&parts, &latent, &run(&settings))
+    let error = generate_video(&parts, &latent, &PipelineRun::quiet(&settings))
         .err()
         .expect("refused");
     assert!(matches!(error, PipelineError::BadRequest(_)), "{error}");

@@ -170,6 +170,20 @@ pub struct PipelineRun<'a> {
     pub stages: Option<Arc<dyn StageObserver>>,
 }
 
+impl<'a> PipelineRun<'a> {
+    /// Stages under `settings`, unobserved and without progress: an embedder's or a
+    /// test's run.
+    pub fn quiet(settings: &'a Settings) -> Self {
+        Self {
+            settings,
+            observer: crate::run::no_observer(),
+            progress: Arc::new(|_, _, _| {}),
+            shared: None,
+            stages: None,
+        }
+    }
+}
+
 impl PipelineRun<'_> {
     /// Opens one stage's model with `extras`, runs `steps` steps under the settings'
     /// budgets, and gives back its outcome (every budget released at its end).

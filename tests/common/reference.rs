@@ -57,3 +57,12 @@ pub fn largest_difference(ours: &[Vec<f32>], theirs: &[Vec<f32>]) -> f32 {
         })
         .fold(0.0f32, f32::max)
 }
+
+/// The largest absolute difference between `ours` and `theirs`, relative to the
+/// largest magnitude of `theirs`.
+pub fn relative_difference(ours: &[f32], theirs: &[f32]) -> f32 {
+    assert_eq!(ours.len(), theirs.len(), "lengths");
+    let scale = theirs.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-12);
+    let largest = ours.iter().zip(theirs).map(|(a, b)| (a - b).abs());
+    largest.fold(0f32, f32::max) / scale
+}
