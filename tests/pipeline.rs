@@ -122,6 +122,7 @@ fn pipeline_run(settings: &Settings) -> PipelineRun<'_> {
         settings,
         observer: stagehand::run::no_observer(),
         progress: std::sync::Arc::new(|_, _, _| {}),
+        stop: stagehand::signals::stop_flag(),
         shared: None,
         stages: None,
     }

@@ -72,6 +72,7 @@ fn run(settings: &Settings) -> PipelineRun<'_> {
         settings,
         observer: stagehand::run::no_observer(),
         progress: std::sync::Arc::new(|_, _, _| {}),
+        stop: stagehand::signals::stop_flag(),
         shared: None,
         stages: None,
     }

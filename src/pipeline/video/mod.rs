@@ -14,8 +14,12 @@
 //! budgets before the second opens, so the step's peak is one expert's, never both.
 
 mod folder;
+#[cfg(feature = "mp4")]
+mod mp4;
 
 pub use folder::WanParts;
+#[cfg(feature = "mp4")]
+pub use mp4::{mp4_bytes, write_mp4, Mp4Error};
 
 use super::{outputs, Picture, PipelineError, PipelineRun, Stage};
 use crate::families::flux::gaussian;
