@@ -170,7 +170,8 @@ fn bad_video_requests_are_400s_naming_the_field_and_a_refused_job_fails() {
 fn deleting_a_running_video_stops_its_pipeline_at_the_next_step() {
     // Proves DELETE reaches a job its model's thread has started: the pipeline stops
     // inside its denoising steps (its VAE never runs: the stage series count one VAE,
-    // the next job's) and the thread takes the next job.
+    // the next job's), the thread takes the next job, and every byte the stopped
+    // stage held is back (the model holds no VRAM and no pinned RAM after both).
     let server = Server::start(&["--model", &pipeline()]);
     let long = server.post("/v1/videos", &small("a long video", 30)).json();
     let id = long["id"].as_str().expect("an id").to_string();
@@ -194,6 +195,14 @@ fn deleting_a_running_video_stops_its_pipeline_at_the_next_step() {
         &[("model", MODEL), ("stage", "vae")],
     );
     assert_eq!(vae_runs, 1.0, "the deleted job's VAE ran");
+    let residency = server.get("/residency").json();
+    let model = &residency["models"][0];
+    assert_eq!(model["kind"], "video", "{residency}");
+    assert_eq!(
+        (&model["vram_bytes"], &model["pinned_bytes"]),
+        (&json!(0), &json!(0)),
+        "{residency}"
+    );
     let stopped = server.stop();
     assert_eq!(stopped.status.code(), Some(0), "{}", stopped.stderr);
 }
