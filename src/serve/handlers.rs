@@ -261,7 +261,7 @@ async fn embed(
         }
     };
     let (model, adapter) = app.model(&request.model)?;
-    model.refuse_images()?;
+    model.refuse_pipelines()?;
     if !model.serves_embeddings() {
         return Err(ApiError::bad_request(
             "model",

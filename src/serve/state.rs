@@ -66,7 +66,7 @@ impl ServedModel {
     }
 
     /// A 400 for a text endpoint when this model makes images or videos.
-    pub fn refuse_images(&self) -> Result<(), ApiError> {
+    pub fn refuse_pipelines(&self) -> Result<(), ApiError> {
         if self.images.is_some() {
             return Err(ApiError::bad_request(
                 "model",
@@ -84,7 +84,7 @@ impl ServedModel {
 
     /// Queues `job`; a full queue is a 429, a stopped model a 503.
     pub fn submit(&self, job: Job) -> Result<(), ApiError> {
-        self.refuse_images()?;
+        self.refuse_pipelines()?;
         self.offer(&self.jobs, job)
     }
 
@@ -111,7 +111,7 @@ impl ServedModel {
     pub fn submit_image(&self, job: super::images::ImageJob) -> Result<(), ApiError> {
         let Some(images) = &self.images else {
             if self.videos.is_some() {
-                self.refuse_images()?;
+                self.refuse_pipelines()?;
             }
             return Err(ApiError::bad_request(
                 "model",
