@@ -2,10 +2,10 @@
 //! `tests/fixtures/wan_pipeline`, through HTTP against the built binary: a job is
 //! queued at once, polled to `completed` with its progress, its MP4 downloaded,
 //! listed and deleted; a job queued behind another has no content yet (409) and a
-//! DELETE cancels it (404 after), and a DELETE of a running job stops its pipeline at
-//! the next step; bad input is a 400 naming the field; an unknown id
-//! a 404; a job the pipeline refuses ends `failed` with its error. Each video is
-//! 5 frames of 48 × 64, one or a few steps, a 16-token prompt.
+//! DELETE cancels it (404 after); a DELETE of a running job stops its pipeline at the
+//! next step; bad input is a 400 naming the field, an unknown id a 404; a job the
+//! pipeline refuses ends `failed` with its error; a full job table is a 429. Each
+//! video is 5 frames of 48 × 64, one or a few steps, a 16-token prompt.
 #![cfg(feature = "serve")]
 
 mod common;
@@ -203,6 +203,44 @@ fn deleting_a_running_video_stops_its_pipeline_at_the_next_step() {
         (&json!(0), &json!(0)),
         "{residency}"
     );
+    let stopped = server.stop();
+    assert_eq!(stopped.status.code(), Some(0), "{}", stopped.stderr);
+}
+
+#[test]
+fn a_full_job_table_is_a_429_and_a_video_model_runs_in_a_shared_budget() {
+    // Proves the table's bound over HTTP (limits.max_video_jobs = 1: a second job
+    // while the first runs is a 429 naming the limit; once the first has finished a
+    // new job drops it, its id then 404) with the video model's stages joining a
+    // shared [budget], and a clean exit after.
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("videos.toml");
+    let text = format!(
+        "[limits]\nmax_video_jobs = 1\n\n\
+         [budget]\nvram_budget = \"64MiB\"\npin_ceiling = \"64MiB\"\n\n\
+         [[models]]\nname = \"{MODEL}\"\nfolder = \"{}\"\n",
+        pipeline()
+    );
+    std::fs::write(&config, text).unwrap();
+    let server = Server::start(&["--config", &config.display().to_string()]);
+    let first = server.post("/v1/videos", &small("a longer video", 8));
+    assert_eq!(first.status, 200, "{}", first.text());
+    let first_id = first.json()["id"].as_str().expect("an id").to_string();
+    let refused = server.post("/v1/videos", &small("one too many", 1));
+    refused.assert_error(429, "limits.max_video_jobs");
+    assert!(
+        refused.header("retry-after").is_some(),
+        "{:?}",
+        refused.headers
+    );
+    assert_eq!(finished(&server, &first_id)["status"], "completed");
+    let second = server.post("/v1/videos", &small("now there is room", 1));
+    assert_eq!(second.status, 200, "{}", second.text());
+    server
+        .get(&format!("/v1/videos/{first_id}"))
+        .assert_error(404, "limits.max_video_jobs");
+    let second_id = second.json()["id"].as_str().expect("an id").to_string();
+    assert_eq!(finished(&server, &second_id)["status"], "completed");
     let stopped = server.stop();
     assert_eq!(stopped.status.code(), Some(0), "{}", stopped.stderr);
 }
