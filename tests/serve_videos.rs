@@ -108,9 +108,13 @@ fn a_video_job_is_queued_polled_downloaded_listed_cancelled_and_deleted() {
 #[test]
 fn bad_video_requests_are_400s_naming_the_field_and_a_refused_job_fails() {
     // Proves the refusals a client can act on: each names its field or limit; an
-    // unknown id is a 404; the official clients' form body is read as JSON is; a
-    // prompt the pipeline refuses ends the job `failed` with the reason.
-    let server = Server::start(&["--model", &pipeline()]);
+    // unknown id is a 404; an image model asked for a video (and the video model for
+    // an image or an embedding) is a 400 naming the endpoint to use; the official
+    // clients' form body is read as JSON is; a prompt the pipeline refuses ends the
+    // job `failed` with the reason.
+    let flux = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pipeline/flux-tiny");
+    let flux = flux.display().to_string();
+    let server = Server::start(&["--model", &pipeline(), "--model", &flux]);
     let with = |key: &str, value: Value| {
         let mut body = small("a fox", 1);
         body[key] = value;
@@ -146,6 +150,16 @@ fn bad_video_requests_are_400s_naming_the_field_and_a_refused_job_fails() {
     server
         .post("/v1/embeddings", &embed)
         .assert_error(400, "makes videos");
+    let image = json!({"model": MODEL, "prompt": "x"});
+    server
+        .post("/v1/images/generations", &image)
+        .assert_error(400, "POST /v1/videos");
+    with("model", json!("flux-tiny")).assert_error(400, "makes no videos");
+    assert_eq!(
+        server.get("/v1/videos").json()["data"],
+        json!([]),
+        "a refused request left a job"
+    );
 
     let form = "--b\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nwan_pipeline\r\n--b\r\nContent-Disposition: form-data; name=\"prompt\"\r\n\r\n \r\n--b\r\nContent-Disposition: form-data; name=\"size\"\r\n\r\n48x64\r\n--b\r\nContent-Disposition: form-data; name=\"num_frames\"\r\n\r\n1\r\n--b\r\nContent-Disposition: form-data; name=\"num_inference_steps\"\r\n\r\n1\r\n--b--\r\n";
     let headers = [("Content-Type", "multipart/form-data; boundary=b")];

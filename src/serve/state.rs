@@ -128,17 +128,21 @@ impl ServedModel {
     /// Queues a video job; a model that makes no videos is a 400, a full queue a
     /// 429, a stopped model a 503.
     pub fn submit_video(&self, job: super::video_model::VideoJob) -> Result<(), ApiError> {
-        let Some(videos) = &self.videos else {
-            return Err(ApiError::bad_request(
+        self.offer(self.video_queue()?, job)
+    }
+
+    /// The video queue; a model that makes no videos is a 400.
+    pub fn video_queue(&self) -> Result<&flume::Sender<super::video_model::VideoJob>, ApiError> {
+        self.videos.as_ref().ok_or_else(|| {
+            ApiError::bad_request(
                 "model",
                 format!(
                     "`{}` makes no videos ({}); name a Wan pipeline model",
                     self.name,
                     self.info.kind.with_article()
                 ),
-            ));
-        };
-        self.offer(videos, job)
+            )
+        })
     }
 }
 

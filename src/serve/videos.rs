@@ -69,6 +69,7 @@ async fn create_job(
     let body = parse_body(content_type, &bytes)?;
     *model_named = Some(body.model.clone());
     let (model, _) = app.model(&body.model)?;
+    model.video_queue()?;
     let asked = asked_video(&body, &app.limits)?;
     let ticket = app.admit(&model)?;
     let id = new_id();
