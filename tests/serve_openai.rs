@@ -1,6 +1,7 @@
 //! The official `openai` Python client (PyPI) against a running `stagehand serve` on
 //! generated models: models list, embeddings, completions, chat, streaming and error
-//! shapes, as `tests/serve_openai.py` checks them.
+//! shapes, as `tests/serve_openai.py` checks them; images and videos from the tiny
+//! pipelines (`tests/serve_openai_images.py`, `tests/serve_openai_videos.py`).
 //!
 //! The client comes from `scripts/install-openai.sh` (`.ci/run` runs it and sets
 //! `STAGEHAND_OPENAI_PYTHON`, so in CI a missing client fails this test). Locally,
@@ -69,6 +70,20 @@ fn the_openai_client_generates_images_from_a_served_flux_pipeline() {
         "tests/serve_openai_images.py",
         &["--model", &pipeline, "--api-key", "test-key"],
         2,
+    );
+}
+
+#[test]
+fn the_openai_client_makes_videos_from_a_served_wan_pipeline() {
+    // Proves `videos.create` (multipart, as the client sends it), `poll`,
+    // `create_and_poll`, `download_content`, `list` and `delete` of the official
+    // client against a served Wan pipeline folder, and the 400s it raises.
+    let pipeline = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/wan_pipeline");
+    let pipeline = pipeline.display().to_string();
+    client_script_checks(
+        "tests/serve_openai_videos.py",
+        &["--model", &pipeline, "--api-key", "test-key"],
+        3,
     );
 }
 

@@ -303,6 +303,7 @@ pub(super) fn with_pipeline_run<T>(
         settings,
         observer,
         progress: report,
+        stop: stagehand::signals::stop_flag(),
         shared: None,
         stages: metrics.map(|metrics| metrics as Arc<dyn stagehand::telemetry::StageObserver>),
     };

@@ -49,7 +49,6 @@ mod image;
 mod inspect;
 mod logging;
 mod machine_load;
-mod mp4;
 mod progress;
 mod run;
 mod sample;

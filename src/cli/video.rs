@@ -15,7 +15,7 @@ use super::image::{
 };
 use super::{CommandResult, Failure};
 use stagehand::families::flux::read_tensors;
-use stagehand::pipeline::{generate_video, HandOver, Video, VideoRequest, WanParts};
+use stagehand::pipeline::{generate_video, write_mp4, HandOver, Video, VideoRequest, WanParts};
 use stagehand::settings::SettingsArgs;
 
 #[derive(Debug, clap::Args)]
@@ -222,7 +222,7 @@ fn write_outputs(args: &VideoArgs, video: &Video) -> Result<(), Failure> {
             frame.write_png(&path, &text).map_err(pipeline_failure)?;
         }
     }
-    super::mp4::write(&args.out, &video.frames, args.fps).map_err(Failure::run_failed)
+    write_mp4(&args.out, &video.frames, args.fps).map_err(Failure::run_failed)
 }
 
 fn print_result(args: &VideoArgs, video: &Video, seconds: f64) -> CommandResult {

@@ -21,6 +21,7 @@ mod vae;
 mod video;
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -28,6 +29,8 @@ pub use files::PartFiles;
 pub use folder::{FluxParts, PipelinePart};
 pub use image::Picture;
 pub use video::{generate_video, HandOver, Video, VideoRequest, WanParts};
+#[cfg(feature = "mp4")]
+pub use video::{mp4_bytes, write_mp4, Mp4Error};
 
 use crate::families::flux::{CondInput, Conditioning, SampleInput, Start};
 use crate::families::{EncoderInput, Extras, Model, PromptLength, WorkloadKind};
@@ -161,6 +164,11 @@ pub struct PipelineRun<'a> {
     pub settings: &'a Settings,
     pub observer: Arc<dyn stagehand_actors::Observer>,
     pub progress: Progress,
+    /// Set to stop the pipeline at its next step: that stage fails as
+    /// [`RunError::Cancelled`] with every budget given back, and no later stage runs.
+    /// A command passes the process's stop flag ([`crate::signals::stop_flag`]);
+    /// `serve` a job's own (a deleted video).
+    pub stop: Arc<AtomicBool>,
     /// Run each stage inside this shared budget (serve's `[budget]`, beside other
     /// models) as the member `NAME:STAGE`, ranked first while it runs and gone when it
     /// ends; `None`: each stage under the settings' budgets.
@@ -171,13 +179,14 @@ pub struct PipelineRun<'a> {
 }
 
 impl<'a> PipelineRun<'a> {
-    /// Stages under `settings`, unobserved and without progress: an embedder's or a
-    /// test's run.
+    /// Stages under `settings`, unobserved and without progress, stopped by the
+    /// process's stop flag: an embedder's or a test's run.
     pub fn quiet(settings: &'a Settings) -> Self {
         Self {
             settings,
             observer: crate::run::no_observer(),
             progress: Arc::new(|_, _, _| {}),
+            stop: crate::signals::stop_flag(),
             shared: None,
             stages: None,
         }
@@ -270,12 +279,18 @@ impl PipelineRun<'_> {
         let plan = RunPlan {
             keep_outputs: true,
             observer: Arc::clone(&self.observer),
-            stop: crate::signals::stop_flag(),
+            stop: Arc::clone(&self.stop),
             on_step: Box::new(move |step, _| progress(name, step + 1, steps)),
             shared: member,
             ..RunPlan::new(&settings, budgets, steps)
         };
         let outcome = execute(prepared, plan).map_err(failed)?;
+        // A stopped run ends early with the steps it made; the pipeline goes no further.
+        if self.stop.load(Ordering::SeqCst) {
+            return Err(failed(RunError::Cancelled {
+                message: "stopped before its last step".into(),
+            }));
+        }
         let stage = Stage {
             name,
             model: model.clone(),

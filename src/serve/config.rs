@@ -157,6 +157,18 @@ pub struct Limits {
     pub max_image_pixels: usize,
     /// Most denoising steps an images request asks (`num_inference_steps`, 400 above).
     pub max_image_steps: usize,
+    /// Most frames one video asks (`seconds` or `num_frames`, 400 above).
+    pub max_video_frames: usize,
+    /// Largest video frame, in pixels (`size`, 400 above).
+    pub max_video_pixels: usize,
+    /// Most denoising steps a video asks (`num_inference_steps`, 400 above).
+    pub max_video_steps: usize,
+    /// Video jobs the server keeps (queued, running and finished together): a new one
+    /// drops the oldest finished one; with none finished to drop, 429.
+    pub max_video_jobs: usize,
+    /// Bytes of finished MP4s the server keeps: past it the oldest finished jobs are
+    /// dropped (their ids then 404).
+    pub max_video_bytes: usize,
 }
 
 impl Default for Limits {
@@ -172,6 +184,12 @@ impl Default for Limits {
             max_images: 4,
             max_image_pixels: 2048 * 2048,
             max_image_steps: 100,
+            // Wan 2.2's 81 frames (five seconds at 16 fps) and half again.
+            max_video_frames: 121,
+            max_video_pixels: 1280 * 720,
+            max_video_steps: 100,
+            max_video_jobs: 64,
+            max_video_bytes: 256 << 20,
         }
     }
 }
@@ -182,8 +200,9 @@ impl Default for Limits {
 pub struct ModelConfig {
     /// The name clients ask for (`"model": NAME`).
     pub name: String,
-    /// The Hugging Face folder (an encoder or a decoder), or a diffusers Flux pipeline
-    /// folder (an image model: `/v1/images/generations`).
+    /// The Hugging Face folder (an encoder or a decoder), a diffusers Flux pipeline
+    /// folder (an image model: `/v1/images/generations`) or a diffusers Wan pipeline
+    /// folder (a video model: `/v1/videos`).
     pub folder: PathBuf,
     /// LoRA adapters attached for the model's whole life (`FILE` or `FILE:STRENGTH`).
     #[serde(default)]
@@ -376,6 +395,11 @@ impl ServeConfig {
             ("limits.max_images", limits.max_images as f64),
             ("limits.max_image_pixels", limits.max_image_pixels as f64),
             ("limits.max_image_steps", limits.max_image_steps as f64),
+            ("limits.max_video_frames", limits.max_video_frames as f64),
+            ("limits.max_video_pixels", limits.max_video_pixels as f64),
+            ("limits.max_video_steps", limits.max_video_steps as f64),
+            ("limits.max_video_jobs", limits.max_video_jobs as f64),
+            ("limits.max_video_bytes", limits.max_video_bytes as f64),
         ];
         if let Some((key, _)) = positive
             .iter()

@@ -99,6 +99,40 @@ impl ApiError {
         }
     }
 
+    /// 404: no video job of that id (never made, deleted, or dropped by the bounds).
+    pub fn video_not_found(id: &str) -> Self {
+        Self {
+            code: Some("video_not_found"),
+            param: Some("video_id".into()),
+            ..Self::new(
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                format!("no video `{id}`: it was never made, was deleted, or was dropped as the server keeps at most limits.max_video_jobs jobs and limits.max_video_bytes of MP4s (oldest finished first)"),
+            )
+        }
+    }
+
+    /// 409: the video has no content (yet): `code` says why.
+    pub fn no_video_content(code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            code: Some(code),
+            ..Self::conflict(message)
+        }
+    }
+
+    /// 429: the video job table is full of unfinished jobs.
+    pub fn video_jobs_full(jobs: usize) -> Self {
+        Self {
+            code: Some("rate_limit_exceeded"),
+            retry_after_seconds: Some(5),
+            ..Self::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_error",
+                format!("the server holds {jobs} unfinished video jobs (limits.max_video_jobs); retry when one has finished, or DELETE one"),
+            )
+        }
+    }
+
     pub fn not_found(path: &str) -> Self {
         Self::new(
             StatusCode::NOT_FOUND,

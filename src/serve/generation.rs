@@ -109,7 +109,7 @@ pub(super) async fn chat(
 /// The served decoder `name` names, with its adapter (an encoder is refused by name).
 fn generator(app: &AppState, name: &str) -> Result<(Arc<ServedModel>, Option<String>), ApiError> {
     let (model, adapter) = app.model(name)?;
-    model.refuse_images()?;
+    model.refuse_pipelines()?;
     if model.serves_embeddings() {
         return Err(ApiError::bad_request(
             "model",

@@ -1,5 +1,5 @@
 //! The routes: `/v1/models`, `/v1/embeddings`, the generation endpoints (in
-//! [`super::generation`]), loading and unloading models (`/admin/models`, in
+//! [`super::generation`]), images and videos (in `images` and `videos`), loading and unloading models (`/admin/models`, in
 //! [`super::admin`]), `/metrics`, `/residency` (in [`super::residency`]), `/health`,
 //! `/ready`; the API-key check; the body limit; errors in OpenAI's shape for every failure, 404s included.
 
@@ -39,6 +39,15 @@ pub fn router(app: Arc<AppState>) -> Router {
         .route("/v1/completions", post(super::generation::completions))
         .route("/v1/chat/completions", post(super::generation::chat))
         .route("/v1/images/generations", post(super::images::generations))
+        .route(
+            "/v1/videos",
+            post(super::videos::create).get(super::videos::list),
+        )
+        .route(
+            "/v1/videos/{id}",
+            get(super::videos::retrieve).delete(super::videos::delete),
+        )
+        .route("/v1/videos/{id}/content", get(super::videos::content))
         .route_layer(middleware::from_fn_with_state(Arc::clone(&app), authorize));
     let admin = if app.admin.is_some() {
         Router::new()
@@ -156,15 +165,23 @@ pub(super) fn parse<T: DeserializeOwned>(
     body: Result<Bytes, BytesRejection>,
     limit: usize,
 ) -> Result<T, ApiError> {
-    let bytes = body.map_err(|rejection| {
+    let bytes = body_bytes(body, limit)?;
+    serde_json::from_slice(&bytes).map_err(|error| {
+        ApiError::invalid_body(format!("the body is not a valid request: {error}"))
+    })
+}
+
+/// The body's bytes, or a 413 (above `limit`) or 400.
+pub(super) fn body_bytes(
+    body: Result<Bytes, BytesRejection>,
+    limit: usize,
+) -> Result<Bytes, ApiError> {
+    body.map_err(|rejection| {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::too_large(limit)
         } else {
             ApiError::invalid_body(rejection.body_text())
         }
-    })?;
-    serde_json::from_slice(&bytes).map_err(|error| {
-        ApiError::invalid_body(format!("the body is not a valid request: {error}"))
     })
 }
 
@@ -244,7 +261,7 @@ async fn embed(
         }
     };
     let (model, adapter) = app.model(&request.model)?;
-    model.refuse_images()?;
+    model.refuse_pipelines()?;
     if !model.serves_embeddings() {
         return Err(ApiError::bad_request(
             "model",

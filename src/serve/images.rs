@@ -192,7 +192,7 @@ fn image_request(request: &ImagesRequest, limits: &Limits) -> Result<ImageReques
 }
 
 /// `"WIDTHxHEIGHT"`, each a positive multiple of 16.
-fn parse_size(size: &str) -> Result<(usize, usize), ApiError> {
+pub(super) fn parse_size(size: &str) -> Result<(usize, usize), ApiError> {
     let bad = || {
         ApiError::bad_request(
             "size",
@@ -224,6 +224,7 @@ pub(super) fn serve_images(
         settings: &settings,
         observer,
         progress: Arc::new(|_, _, _| {}),
+        stop: crate::signals::stop_flag(),
         shared,
         stages: Some(stages),
     };

@@ -54,16 +54,19 @@ pub(super) fn load(
     let name = &model.name;
     let bad = |problem| ServeError::model_entry(name, problem);
     let settings = model_settings(model, config, base).map_err(bad)?;
+    let member = || shared.map(|pool| (pool.clone(), name.clone()));
+    if super::video_model::is_wan_pipeline(&model.folder) {
+        return super::video_model::load_videos(model, config, (settings, member()), telemetry);
+    }
     if model.parts.is_some() || crate::pipeline::FluxParts::is_pipeline(&model.folder) {
-        let shared = shared.map(|pool| (pool.clone(), name.clone()));
-        return load_images(model, config, (settings, shared), telemetry);
+        return load_images(model, config, (settings, member()), telemetry);
     }
     let prepared = open(model, &settings)?;
     let kind = prepared.facts().kind();
     let endpoints = prepared.family.endpoints;
     if endpoints == Endpoints::None {
         return Err(bad(format!(
-            "{} is {}; serve takes encoders (embeddings), decoders (completions, chat) and Flux pipelines (images)",
+            "{} is {}; serve takes encoders (embeddings), decoders (completions, chat), Flux pipelines (images) and Wan pipelines (videos)",
             model.folder.display(),
             kind.with_article()
         )));
@@ -134,6 +137,7 @@ pub(super) fn load(
         series,
         created: now_seconds(),
         images: None,
+        videos: None,
         residency,
         in_flight: Default::default(),
     };
@@ -142,7 +146,7 @@ pub(super) fn load(
 
 /// The model's pipeline observer (its Prometheus series) with its residency probe
 /// beside it: the session tells both the same events.
-fn observer(
+pub(super) fn observer(
     telemetry: &ServeTelemetry,
     name: &str,
     residency: &Arc<ResidencyProbe>,
@@ -156,7 +160,7 @@ fn observer(
     )))
 }
 
-fn now_seconds() -> u64 {
+pub(super) fn now_seconds() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |elapsed| elapsed.as_secs())
@@ -224,6 +228,7 @@ fn load_images(
         series,
         created: now_seconds(),
         images: Some(images),
+        videos: None,
         residency,
         in_flight: Default::default(),
     };

@@ -16,6 +16,7 @@ mod admin;
 mod chat;
 mod config;
 mod errors;
+mod form;
 mod generation;
 mod handlers;
 mod images;
@@ -25,6 +26,10 @@ mod residency;
 mod state;
 mod stop_text;
 mod streaming;
+mod video_jobs;
+mod video_model;
+mod video_request;
+mod videos;
 
 use std::future::IntoFuture;
 use std::net::SocketAddr;
@@ -198,6 +203,10 @@ pub fn serve(options: ServeOptions) -> Result<ServeReport, ServeError> {
         api_key: config.api_key.clone(),
         admin,
         limits: config.limits,
+        videos: std::sync::Mutex::new(video_jobs::VideoJobs::new(
+            config.limits.max_video_jobs,
+            config.limits.max_video_bytes,
+        )),
         telemetry,
         draining: Default::default(),
         in_flight: Default::default(),

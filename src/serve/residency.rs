@@ -144,7 +144,7 @@ fn now_ms() -> u64 {
 #[derive(Debug, Clone, Serialize)]
 pub struct ModelResidency {
     pub id: String,
-    /// `encoder`, `decoder` or `image`.
+    /// `encoder`, `decoder`, `image` or `video`.
     pub kind: &'static str,
     pub state: ModelState,
     /// Requests waiting in its bounded queue now, and the bound (429 past it).
@@ -185,6 +185,8 @@ fn snapshot(model: &ServedModel) -> ModelResidency {
     let last = probe.last_request_ms.load(Ordering::Relaxed);
     let kind = if model.images.is_some() {
         "image"
+    } else if model.videos.is_some() {
+        "video"
     } else if model.serves_embeddings() {
         "encoder"
     } else {

@@ -35,6 +35,8 @@ pub struct ServedModel {
     pub created: u64,
     /// An image model's queue (its folder a pipeline); its `jobs` then take nothing.
     pub images: Option<flume::Sender<super::images::ImageJob>>,
+    /// A video model's queue (its folder a Wan pipeline); its `jobs` then take nothing.
+    pub videos: Option<flume::Sender<super::video_model::VideoJob>>,
     /// Its plan and occupancy as its session reports them (`GET /residency`).
     pub residency: Arc<ResidencyProbe>,
     /// Requests admitted for it and not yet answered.
@@ -49,11 +51,12 @@ impl ServedModel {
         std::iter::once(self.name.clone()).chain(adapters).collect()
     }
 
-    /// Requests waiting in its queue now (text or image jobs).
+    /// Requests waiting in its queue now (text, image or video jobs).
     pub fn queued(&self) -> usize {
-        match &self.images {
-            Some(images) => images.len(),
-            None => self.jobs.len(),
+        match (&self.images, &self.videos) {
+            (Some(images), _) => images.len(),
+            (None, Some(videos)) => videos.len(),
+            (None, None) => self.jobs.len(),
         }
     }
 
@@ -62,12 +65,18 @@ impl ServedModel {
         self.info.endpoints == Endpoints::Embeddings
     }
 
-    /// A 400 for a text endpoint when this model makes images.
-    pub fn refuse_images(&self) -> Result<(), ApiError> {
+    /// A 400 for a text endpoint when this model makes images or videos.
+    pub fn refuse_pipelines(&self) -> Result<(), ApiError> {
         if self.images.is_some() {
             return Err(ApiError::bad_request(
                 "model",
                 format!("`{}` makes images: POST /v1/images/generations", self.name),
+            ));
+        }
+        if self.videos.is_some() {
+            return Err(ApiError::bad_request(
+                "model",
+                format!("`{}` makes videos: POST /v1/videos", self.name),
             ));
         }
         Ok(())
@@ -75,7 +84,7 @@ impl ServedModel {
 
     /// Queues `job`; a full queue is a 429, a stopped model a 503.
     pub fn submit(&self, job: Job) -> Result<(), ApiError> {
-        self.refuse_images()?;
+        self.refuse_pipelines()?;
         self.offer(&self.jobs, job)
     }
 
@@ -101,6 +110,9 @@ impl ServedModel {
     /// 429, a stopped model a 503.
     pub fn submit_image(&self, job: super::images::ImageJob) -> Result<(), ApiError> {
         let Some(images) = &self.images else {
+            if self.videos.is_some() {
+                self.refuse_pipelines()?;
+            }
             return Err(ApiError::bad_request(
                 "model",
                 format!(
@@ -111,6 +123,26 @@ impl ServedModel {
             ));
         };
         self.offer(images, job)
+    }
+
+    /// Queues a video job; a model that makes no videos is a 400, a full queue a
+    /// 429, a stopped model a 503.
+    pub fn submit_video(&self, job: super::video_model::VideoJob) -> Result<(), ApiError> {
+        self.offer(self.video_queue()?, job)
+    }
+
+    /// The video queue; a model that makes no videos is a 400.
+    pub fn video_queue(&self) -> Result<&flume::Sender<super::video_model::VideoJob>, ApiError> {
+        self.videos.as_ref().ok_or_else(|| {
+            ApiError::bad_request(
+                "model",
+                format!(
+                    "`{}` makes no videos ({}); name a Wan pipeline model",
+                    self.name,
+                    self.info.kind.with_article()
+                ),
+            )
+        })
     }
 }
 
@@ -124,6 +156,9 @@ pub struct AppState {
     /// The admin endpoints' key and model roots; `None`: those endpoints are off.
     pub admin: Option<super::access::AdminAccess>,
     pub limits: Limits,
+    /// The video jobs (`/v1/videos`), bounded by `limits.max_video_jobs` and
+    /// `limits.max_video_bytes`; locked only for a short synchronous look.
+    pub videos: std::sync::Mutex<super::video_jobs::VideoJobs>,
     pub telemetry: ServeTelemetry,
     /// Set by SIGTERM: new requests get 503 while in-flight ones finish.
     pub draining: AtomicBool,

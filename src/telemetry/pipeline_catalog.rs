@@ -1,11 +1,21 @@
 //! The catalog's entries for pipelines (listed in [`super::catalog::CATALOG`] with the
-//! rest): each stage of a prompt-to-image job — one model's run — by `stage`, with the
-//! `model` label of the served pipeline in `serve`.
+//! rest): each stage of a prompt-to-image or prompt-to-video job — one model's run —
+//! by `stage`, with the `model` label of the served pipeline in `serve`.
 
 use super::catalog::{LabelSpec, MetricKind, MetricSpec, LINK_FROM, LINK_TO, TIER};
 
-/// A pipeline's stages, in the order they run.
-pub const STAGES: [&str; 5] = ["clip", "t5", "vae-encoder", "transformer", "vae"];
+/// A pipeline's stages, in the order they run: Flux's (clip, t5, vae-encoder,
+/// transformer, vae) and Wan's (umt5, transformer, transformer_2 — Wan 2.2 A14B's
+/// low-noise expert — vae).
+pub const STAGES: [&str; 7] = [
+    "clip",
+    "t5",
+    "umt5",
+    "vae-encoder",
+    "transformer",
+    "transformer_2",
+    "vae",
+];
 
 const STAGE: LabelSpec = LabelSpec {
     name: "stage",
@@ -29,7 +39,7 @@ pub(super) const STAGE_DURATION: MetricSpec = MetricSpec {
     kind: MetricKind::Histogram,
     unit: "seconds",
     labels: &[STAGE],
-    description: "A pipeline's stage from its model's open to its last byte given back (clip, t5, vae-encoder, transformer, vae).",
+    description: "A pipeline's stage from its model's open to its last byte given back (clip, t5, umt5, vae-encoder, transformer, transformer_2, vae).",
     buckets: STAGE_BUCKETS_SECONDS,
 };
 

@@ -13,7 +13,13 @@ use super::observer::PrometheusObserver;
 use super::TelemetryError;
 
 /// The endpoints a request is counted under (the `endpoint` label).
-pub const SERVE_ENDPOINTS: [&str; 4] = ["embeddings", "completions", "chat_completions", "images"];
+pub const SERVE_ENDPOINTS: [&str; 5] = [
+    "embeddings",
+    "completions",
+    "chat_completions",
+    "images",
+    "videos",
+];
 
 /// One model's series.
 pub struct ModelSeries {

@@ -11,7 +11,13 @@ const SERVED_MODEL: LabelSpec = LabelSpec {
 };
 const SERVE_ENDPOINT: LabelSpec = LabelSpec {
     name: "endpoint",
-    values: &["embeddings", "completions", "chat_completions"],
+    values: &[
+        "embeddings",
+        "completions",
+        "chat_completions",
+        "images",
+        "videos",
+    ],
 };
 const SERVE_OUTCOME: LabelSpec = LabelSpec {
     name: "outcome",

@@ -76,6 +76,7 @@ impl SwitchClock {
             settings: run.settings,
             observer: Arc::clone(&run.observer),
             progress,
+            stop: Arc::clone(&run.stop),
             shared: run.shared.clone(),
             stages: run.stages.clone(),
         }

@@ -21,9 +21,13 @@
 mod condition;
 mod folder;
 mod hand_over;
+#[cfg(feature = "mp4")]
+mod mp4;
 
 pub use folder::WanParts;
 pub use hand_over::HandOver;
+#[cfg(feature = "mp4")]
+pub use mp4::{mp4_bytes, write_mp4, Mp4Error};
 
 use super::{outputs, Picture, PipelineError, PipelineRun, Stage};
 use crate::families::flux::gaussian;

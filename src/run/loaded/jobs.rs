@@ -110,6 +110,11 @@ impl Cancel {
     pub fn is_cancelled(&self) -> bool {
         self.0.load(Ordering::SeqCst)
     }
+
+    /// The flag itself, for a run that takes a stop flag (a pipeline's stages).
+    pub fn flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.0)
+    }
 }
 
 /// Sets the flag when dropped unless disarmed: a request handler holds one, so a
