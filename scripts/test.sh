@@ -29,10 +29,35 @@ if [ "${STAGEHAND_GPU_TESTS:-}" = 1 ]; then
 fi
 
 log=$(mktemp "${TMPDIR:-/tmp}/stagehand-test.XXXXXX")
-trap 'rm -f "$log"' EXIT
+starts=$(mktemp "${TMPDIR:-/tmp}/stagehand-test-starts.XXXXXX")
+trap 'rm -f "$log" "$starts"' EXIT
+
+# Passes cargo's lines on unchanged, and notes when each test binary started: cargo
+# prints "Running unittests src/lib.rs (...)", "Running tests/x.rs (...)" or
+# "Doc-tests crate" before it runs one, so a binary took from its line to the next
+# one's (the last, to the end of the output).
+note_binary_starts() {
+    local line
+    while IFS= read -r line || [ -n "$line" ]; do
+        printf '%s\n' "$line"
+        if [[ $line =~ ^\ *(Running|Doc-tests)\ (.*)$ ]]; then
+            local kind=${BASH_REMATCH[1]} what=${BASH_REMATCH[2]}
+            if [ "$kind" = Doc-tests ]; then
+                what="Doc-tests $what"
+            elif [[ $what =~ ^(unittests .*)\ \(.*/([^/]*)-[0-9a-f]+\)$ ]]; then
+                # The two crates' unit tests share "unittests src/lib.rs": name the crate.
+                what="${BASH_REMATCH[1]} [${BASH_REMATCH[2]}]"
+            else
+                what=${what% (*)}
+            fi
+            printf '%s %s\n' "$EPOCHREALTIME" "$what" >>"$starts"
+        fi
+    done
+    printf '%s (end)\n' "$EPOCHREALTIME" >>"$starts"
+}
 
 # stdout and stderr both go to the terminal as usual, and to the log for the total.
-cargo test --workspace --no-fail-fast "${args[@]}" 2>&1 | tee "$log"
+cargo test --workspace --no-fail-fast "${args[@]}" 2>&1 | note_binary_starts | tee "$log"
 status=${PIPESTATUS[0]}
 
 # "test result: ok. 12 passed; 0 failed; 3 ignored; 0 measured; 0 filtered out; ..."
@@ -62,6 +87,20 @@ if [ "$results" -lt "$binaries" ]; then
 fi
 if [ "$status" -ne 0 ] && [ "$failed" -eq 0 ] && [ "$results" -ge "$binaries" ]; then
     line="$line; cargo exited $status (a build error? see above)"
+fi
+# Where the time went: the slowest test binaries, so every CI log shows it.
+slowest=$(awk '
+    NR > 1 { seconds[NR - 1] = $1 - start; total += $1 - start }
+    { start = $1; $1 = ""; sub(/^ /, ""); name[NR] = $0 }
+    END {
+        for (i = 1; i < NR; i++) printf "%.1f %s\n", seconds[i], name[i]
+        printf "total %.0f\n", total
+    }
+' "$starts")
+if [ "$binaries" -gt 0 ]; then
+    echo
+    echo "test.sh: the slowest test binaries (seconds; $(sed -n 's/^total //p' <<<"$slowest") s for all $binaries):"
+    grep -v '^total ' <<<"$slowest" | sort -rn | head -n 8 | awk '{ printf "%8.1f  ", $1; $1 = ""; sub(/^ /, ""); print }'
 fi
 echo
 echo "test.sh: $line"

@@ -69,29 +69,48 @@ fn one_update_in_either_naming_gives_the_same_latents_on_every_layout() {
     let onetrainer = dir.path().join("onetrainer.safetensors");
     to_onetrainer(&adapters[1].1, &onetrainer);
     adapters.push(("OneTrainer".into(), onetrainer));
+    let models = models(dir.path());
     let plain = {
-        let (_, model, cond) = &models(dir.path())[0];
+        let (_, model, cond) = &models[0];
         last_latent(&support::sample(model, input(cond, STEPS), 0.5))
     };
+    let cases: Vec<_> = models
+        .iter()
+        .flat_map(|model| adapters.iter().map(move |adapter| (model, adapter)))
+        .collect();
+    // The nine cases are independent runs (a small step computes on one thread): they
+    // run side by side, and their latents are compared in case order below.
+    let outcomes: Vec<(String, Outcome, Outcome)> = std::thread::scope(|scope| {
+        let running: Vec<_> = cases
+            .iter()
+            .map(|((layout, model, cond), (naming, lora))| {
+                scope.spawn(move || {
+                    let case = format!("{naming} adapter on the {} layout", layout.describe());
+                    let (streamed, resident) = streamed_and_resident(model, cond, lora);
+                    (case, streamed, resident)
+                })
+            })
+            .collect();
+        running
+            .into_iter()
+            .map(|case| case.join().expect("a case ran"))
+            .collect()
+    });
     let mut streamed_latents = Vec::new();
     let mut resident_latents = Vec::new();
-    for (layout, model, cond) in models(dir.path()) {
-        for (naming, lora) in &adapters {
-            let case = format!("{naming} adapter on the {} layout", layout.describe());
-            let (streamed, resident) = streamed_and_resident(&model, &cond, lora);
-            assert_eq!(streamed.report.verified_steps, STEPS as u64, "{case}");
-            assert!(
-                streamed.report.tolerance_steps > 0,
-                "{case}: no streamed block applied low-rank"
-            );
-            assert_eq!(resident.report.verified_steps, STEPS as u64, "{case}");
-            streamed_latents.push((
-                case.clone(),
-                streamed.report.plan.vram.resident.clone(),
-                last_latent(&streamed),
-            ));
-            resident_latents.push((case, last_latent(&resident)));
-        }
+    for (case, streamed, resident) in outcomes {
+        assert_eq!(streamed.report.verified_steps, STEPS as u64, "{case}");
+        assert!(
+            streamed.report.tolerance_steps > 0,
+            "{case}: no streamed block applied low-rank"
+        );
+        assert_eq!(resident.report.verified_steps, STEPS as u64, "{case}");
+        streamed_latents.push((
+            case.clone(),
+            streamed.report.plan.vram.resident.clone(),
+            last_latent(&streamed),
+        ));
+        resident_latents.push((case, last_latent(&resident)));
     }
     let (first_case, first) = &resident_latents[0];
     assert_ne!(first, &plain, "{first_case}: the LoRA changed nothing");
