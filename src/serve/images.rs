@@ -27,7 +27,7 @@ use serde_json::json;
 use stagehand_actors::{SharedBudget, StatsSnapshot};
 
 use crate::pipeline::{generate, FluxParts, ImageRequest, PipelineError, PipelineRun};
-use crate::run::loaded::{Cancel, CancelOnDrop, LoadedInfo};
+use crate::run::loaded::{Cancel, CancelOnDrop};
 use crate::run::RunError;
 use crate::settings::Settings;
 
@@ -263,20 +263,4 @@ fn pngs(
                 .map_err(|error| RunError::Failed(error.to_string()))
         })
         .collect()
-}
-
-/// What `/v1/models` and the logs say of an image model: the bytes of its parts.
-pub(super) fn info(parts: &FluxParts, settings: &Settings) -> LoadedInfo {
-    LoadedInfo {
-        kind: crate::families::WorkloadKind::Diffusion,
-        endpoints: crate::families::Endpoints::None,
-        budgets: crate::run::Budgets {
-            vram_budget_bytes: settings.vram_budget.map_or(0, |size| size.as_u64()),
-            pin_ceiling_bytes: settings.pin_ceiling.map_or(0, |size| size.as_u64()),
-        },
-        model_bytes: [&parts.clip, &parts.t5, &parts.transformer, &parts.vae]
-            .into_iter()
-            .map(crate::pipeline::PipelinePart::bytes)
-            .sum(),
-    }
 }

@@ -55,11 +55,11 @@ pub(super) fn load(
     let bad = |problem| ServeError::model_entry(name, problem);
     let settings = model_settings(model, config, base).map_err(bad)?;
     let member = || shared.map(|pool| (pool.clone(), name.clone()));
-    if super::video_model::is_wan_pipeline(&model.folder) {
+    if crate::pipeline::WanParts::is_pipeline(&model.folder) {
         return super::video_model::load_videos(model, config, (settings, member()), telemetry);
     }
     if model.parts.is_some() || crate::pipeline::FluxParts::is_pipeline(&model.folder) {
-        return load_images(model, config, (settings, member()), telemetry);
+        return super::pipeline_model::load_images(model, config, (settings, member()), telemetry);
     }
     let prepared = open(model, &settings)?;
     let kind = prepared.facts().kind();
@@ -164,75 +164,6 @@ pub(super) fn now_seconds() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |elapsed| elapsed.as_secs())
-}
-
-/// An image model: its pipeline's parts checked, its thread started.
-fn load_images(
-    model: &ModelConfig,
-    config: &ServeConfig,
-    (settings, shared): (settings::Settings, Option<(SharedBudget, String)>),
-    telemetry: &ServeTelemetry,
-) -> Result<(ServedModel, Worker), ServeError> {
-    let name = &model.name;
-    let bad = |problem| ServeError::model_entry(name, problem);
-    if !model.lora.is_empty() || !model.adapters.is_empty() {
-        return Err(bad(
-            "LoRA adapters on an image pipeline are not served yet; remove lora and adapters"
-                .into(),
-        ));
-    }
-    let files = model
-        .parts
-        .as_ref()
-        .map(super::config::PartsConfig::files)
-        .unwrap_or_default();
-    let parts = crate::pipeline::FluxParts::locate(&model.folder, &files)
-        .map_err(|error| bad(error.to_string()))?;
-    let series = telemetry
-        .model(name)
-        .ok_or_else(|| ServeError::Failed(format!("no series for {name}")))?;
-    let info = super::images::info(&parts, &settings);
-    let residency = ResidencyProbe::new();
-    residency.set_model_bytes(info.model_bytes);
-    let observer = observer(telemetry, name, &residency)?;
-    let stages = telemetry
-        .observer(name)
-        .ok_or_else(|| ServeError::Failed(format!("no pipeline series for {name}")))?;
-    let queue_depth = model.queue_depth.unwrap_or(config.limits.queue_depth);
-    let (images, queue) = flume::bounded(queue_depth);
-    let worker_parts = parts.clone();
-    let worker = std::thread::Builder::new()
-        .name(format!("serve-{name}"))
-        .spawn(move || {
-            super::images::serve_images(worker_parts, settings, (observer, stages), (queue, shared))
-        })
-        .map_err(|error| {
-            ServeError::Failed(format!("cannot start the thread of {name}: {error}"))
-        })?;
-    tracing::info!(
-        "serve: {name} loaded (a Flux pipeline: CLIP, T5, transformer, VAE, {} in all, each streamed in turn)",
-        stagehand_actors::Bytes(info.model_bytes)
-    );
-    // Text jobs are refused before they reach this queue (the model makes images).
-    let (jobs, _) = flume::bounded(1);
-    let served = ServedModel {
-        name: name.clone(),
-        info,
-        jobs,
-        queue_depth,
-        max_tokens: 0,
-        tokenizer: None,
-        chat: None,
-        stop_tokens: Vec::new(),
-        adapters: Vec::new(),
-        series,
-        created: now_seconds(),
-        images: Some(images),
-        videos: None,
-        residency,
-        in_flight: Default::default(),
-    };
-    Ok((served, worker))
 }
 
 /// What the handlers need of a folder to turn text into tokens and back.

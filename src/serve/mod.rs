@@ -22,6 +22,7 @@ mod handlers;
 mod images;
 mod load;
 mod openai;
+mod pipeline_model;
 mod residency;
 mod state;
 mod stop_text;

@@ -9,23 +9,21 @@
 //! A job's progress (0–100) follows the pipeline's steps: umT5 the first 5, the
 //! denoising steps of both experts the next 85, the VAE's chunks the last 10.
 
-use std::path::Path;
 use std::sync::Arc;
 
-use serde_json::Value;
 use stagehand_actors::{SharedBudget, StatsSnapshot};
 
 use crate::pipeline::{
     generate_video, mp4_bytes, PipelineError, PipelineRun, VideoRequest, WanParts,
 };
-use crate::run::loaded::{Cancel, LoadedInfo};
+use crate::run::loaded::Cancel;
 use crate::run::RunError;
 use crate::settings::Settings;
 use crate::telemetry::serving::ServeTelemetry;
 
 use super::config::{ModelConfig, ServeConfig};
-use super::load::{observer, Worker};
-use super::residency::ResidencyProbe;
+use super::load::Worker;
+use super::pipeline_model::{pipeline_info, pipeline_serving};
 use super::state::ServedModel;
 use super::video_jobs::JobProgress;
 use super::ServeError;
@@ -43,20 +41,6 @@ pub struct VideoJob {
     pub cancel: Cancel,
 }
 
-/// Whether `folder` is a diffusers Wan pipeline (`model_index.json` names a `Wan…`
-/// class): served as a video model, its other faults then refused by name.
-pub(super) fn is_wan_pipeline(folder: &Path) -> bool {
-    let Ok(text) = std::fs::read_to_string(folder.join("model_index.json")) else {
-        return false;
-    };
-    serde_json::from_str::<Value>(&text).is_ok_and(|index| {
-        index
-            .get("_class_name")
-            .and_then(Value::as_str)
-            .is_some_and(|class| class.starts_with("Wan"))
-    })
-}
-
 /// A video model: its pipeline's parts found, its thread started.
 pub(super) fn load_videos(
     model: &ModelConfig,
@@ -72,55 +56,31 @@ pub(super) fn load_videos(
         ));
     }
     let parts = WanParts::folder(&model.folder).map_err(|error| bad(error.to_string()))?;
-    let series = telemetry
-        .model(name)
-        .ok_or_else(|| ServeError::Failed(format!("no series for {name}")))?;
-    let info = info(&parts, &settings);
-    let residency = ResidencyProbe::new();
-    residency.set_model_bytes(info.model_bytes);
-    let observer = observer(telemetry, name, &residency)?;
-    let stages = telemetry
-        .observer(name)
-        .ok_or_else(|| ServeError::Failed(format!("no pipeline series for {name}")))?;
+    let models = [Some(&parts.text_encoder), Some(&parts.transformer)];
+    let models = models
+        .into_iter()
+        .chain([parts.transformer_2.as_ref(), Some(&parts.vae)]);
+    let info = pipeline_info(models.flatten(), &settings);
+    let model_bytes = info.model_bytes;
     let queue_depth = model.queue_depth.unwrap_or(config.limits.queue_depth);
+    let serving = pipeline_serving(telemetry, name, info, queue_depth)?;
     let (videos, queue) = flume::bounded(queue_depth);
     let worker_parts = parts.clone();
+    let channels = (serving.observer, serving.stages);
     let worker = std::thread::Builder::new()
         .name(format!("serve-{name}"))
-        .spawn(move || {
-            serve_videos(
-                &worker_parts,
-                &settings,
-                (observer, stages),
-                (queue, shared),
-            )
-        })
+        .spawn(move || serve_videos(&worker_parts, &settings, channels, (queue, shared)))
         .map_err(|error| {
             ServeError::Failed(format!("cannot start the thread of {name}: {error}"))
         })?;
     tracing::info!(
         "serve: {name} loaded (a Wan pipeline: umT5, {} transformer(s), VAE, {} in all, each streamed in turn)",
         1 + usize::from(parts.transformer_2.is_some()),
-        stagehand_actors::Bytes(info.model_bytes)
+        stagehand_actors::Bytes(model_bytes)
     );
-    // Text jobs are refused before they reach this queue (the model makes videos).
-    let (jobs, _) = flume::bounded(1);
     let served = ServedModel {
-        name: name.clone(),
-        info,
-        jobs,
-        queue_depth,
-        max_tokens: 0,
-        tokenizer: None,
-        chat: None,
-        stop_tokens: Vec::new(),
-        adapters: Vec::new(),
-        series,
-        created: super::load::now_seconds(),
-        images: None,
         videos: Some(videos),
-        residency,
-        in_flight: Default::default(),
+        ..serving.model
     };
     Ok((served, worker))
 }
@@ -181,29 +141,6 @@ fn percent(stage: &str, (done, of): (u64, u64), steps: u64) -> u8 {
         _ => 0.0,
     };
     value as u8
-}
-
-/// What `/v1/models` and the logs say of a video model: the bytes of its parts.
-fn info(parts: &WanParts, settings: &Settings) -> LoadedInfo {
-    let models = [
-        Some(&parts.text_encoder),
-        Some(&parts.transformer),
-        parts.transformer_2.as_ref(),
-        Some(&parts.vae),
-    ];
-    LoadedInfo {
-        kind: crate::families::WorkloadKind::Diffusion,
-        endpoints: crate::families::Endpoints::None,
-        budgets: crate::run::Budgets {
-            vram_budget_bytes: settings.vram_budget.map_or(0, |size| size.as_u64()),
-            pin_ceiling_bytes: settings.pin_ceiling.map_or(0, |size| size.as_u64()),
-        },
-        model_bytes: models
-            .into_iter()
-            .flatten()
-            .map(crate::pipeline::PipelinePart::bytes)
-            .sum(),
-    }
 }
 
 #[cfg(test)]

@@ -38,6 +38,18 @@ pub struct WanParts {
 }
 
 impl WanParts {
+    /// Whether `dir` is a diffusers Wan pipeline (`model_index.json` names a `Wan…`
+    /// class): a folder to open as one, its other faults then refused by name.
+    pub fn is_pipeline(dir: &Path) -> bool {
+        let Ok(text) = std::fs::read_to_string(dir.join("model_index.json")) else {
+            return false;
+        };
+        serde_json::from_str::<Value>(&text).is_ok_and(|index| {
+            (index.get("_class_name").and_then(Value::as_str))
+                .is_some_and(|class| class.starts_with("Wan"))
+        })
+    }
+
     /// The parts of the pipeline folder `dir`.
     pub fn folder(dir: &Path) -> Result<Self, PipelineError> {
         let layout = |path: &Path, problem: String| PipelineError::Layout {
