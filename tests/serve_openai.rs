@@ -75,15 +75,24 @@ fn the_openai_client_generates_images_from_a_served_flux_pipeline() {
 
 #[test]
 fn the_openai_client_makes_videos_from_a_served_wan_pipeline() {
-    // Proves `videos.create` (multipart, as the client sends it), `poll`,
+    // Proves `videos.create` (multipart, as the client sends it, with an
+    // `input_reference` file for the image-to-video model), `poll`,
     // `create_and_poll`, `download_content`, `list` and `delete` of the official
     // client against a served Wan pipeline folder, and the 400s it raises.
-    let pipeline = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/wan_pipeline");
-    let pipeline = pipeline.display().to_string();
+    let fixtures = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let pipeline = fixtures.join("wan_pipeline").display().to_string();
+    let i2v = fixtures.join("wan_i2v_pipeline").display().to_string();
     client_script_checks(
         "tests/serve_openai_videos.py",
-        &["--model", &pipeline, "--api-key", "test-key"],
-        3,
+        &[
+            "--model",
+            &pipeline,
+            "--model",
+            &i2v,
+            "--api-key",
+            "test-key",
+        ],
+        4,
     );
 }
 

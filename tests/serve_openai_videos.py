@@ -1,12 +1,14 @@
 """The official `openai` client's videos API against a running `stagehand serve`.
 
 Run by tests/serve_openai.rs as `python tests/serve_openai_videos.py BASE_URL API_KEY`:
-the server serves `wan_pipeline`, the tiny Wan 2.2 pipeline of tests/fixtures. The
-client sends `videos.create` as multipart/form-data (its fields as text, the
-extensions through `extra_body`). Every check asserts; the last line says how many
-passed.
+the server serves `wan_pipeline` and `wan_i2v_pipeline`, the tiny Wan 2.2 text- and
+image-to-video pipelines of tests/fixtures. The client sends `videos.create` as
+multipart/form-data (its fields as text, the extensions through `extra_body`, the
+image as the `input_reference` file part). Every check asserts; the last line says
+how many passed.
 """
 
+import pathlib
 import sys
 
 import openai
@@ -15,6 +17,8 @@ base_url, api_key = sys.argv[1], sys.argv[2]
 client = openai.OpenAI(base_url=f"{base_url}/v1", api_key=api_key, max_retries=0, timeout=300)
 checks = []
 MODEL = "wan_pipeline"
+I2V_MODEL = "wan_i2v_pipeline"
+FIRST = pathlib.Path(__file__).parent / "fixtures" / "wan_i2v_pipeline" / "first.png"
 SMALL = {"num_inference_steps": 1, "max_sequence_length": 16, "guidance_scale": 1, "seed": 3}
 
 
@@ -62,16 +66,31 @@ def _():
         raise AssertionError("a deleted video was found")
 
 
-@check("a size or length past its limit and an image reference are 400s naming them")
+@check("videos.create_and_poll with input_reference=open(PNG) makes the image-to-video model's MP4")
 def _():
-    for kwargs, needle in [
-        ({"size": "50x50"}, "multiples of 16"),
-        ({"size": "4096x4096"}, "max_video_pixels"),
-        ({"seconds": "60"}, "max_video_frames"),
-        ({"input_reference": ("first.png", b"\x89PNG", "image/png")}, "image-to-video"),
+    with open(FIRST, "rb") as image:
+        done = client.videos.create_and_poll(
+            model=I2V_MODEL, prompt="the fox turns its head", input_reference=image,
+            seconds="0.25", size="48x64", extra_body=SMALL, poll_interval_ms=50,
+        )
+    assert done.status == "completed" and done.size == "48x64", done
+    assert client.videos.download_content(done.id).read()[4:8] == b"ftyp"
+
+
+@check("a size or length past its limit and a wrong or missing image are 400s naming them")
+def _():
+    png = FIRST.read_bytes()
+    for model, kwargs, needle in [
+        (MODEL, {"size": "50x50"}, "multiples of 16"),
+        (MODEL, {"size": "4096x4096"}, "max_video_pixels"),
+        (MODEL, {"seconds": "60"}, "max_video_frames"),
+        (MODEL, {"size": "48x64", "input_reference": FIRST}, "takes no input_reference"),
+        (I2V_MODEL, {"size": "48x64"}, "the image is required"),
+        (I2V_MODEL, {"size": "64x64", "input_reference": png}, "input_reference is 48x64"),
+        (I2V_MODEL, {"size": "48x64", "input_reference": ("a.jpg", b"\xff\xd8", "image/jpeg")}, "is not a PNG"),
     ]:
         try:
-            client.videos.create(model=MODEL, prompt="x", extra_body=SMALL, **kwargs)
+            client.videos.create(model=model, prompt="x", extra_body=SMALL, **kwargs)
         except openai.BadRequestError as error:
             assert needle in str(error), (needle, str(error))
         else:

@@ -4,8 +4,11 @@
 //! listed and deleted; a job queued behind another has no content yet (409) and a
 //! DELETE cancels it (404 after); a DELETE of a running job stops its pipeline at the
 //! next step; bad input is a 400 naming the field, an unknown id a 404; a job the
-//! pipeline refuses ends `failed` with its error; a full job table is a 429. Each
-//! video is 5 frames of 48 × 64, one or a few steps, a 16-token prompt.
+//! pipeline refuses ends `failed` with its error; a full job table is a 429. The tiny
+//! Wan 2.2 image-to-video pipeline of `tests/fixtures/wan_i2v_pipeline` makes its
+//! video from the PNG a client sends as the `input_reference` file part, the same MP4
+//! as the pipeline in-process; the image's refusals name it. Each video is 5 frames of
+//! 48 × 64, one or a few steps, a 16-token prompt.
 #![cfg(feature = "serve")]
 
 mod common;
@@ -17,12 +20,17 @@ use serde_json::{json, Value};
 use serve_support::{eventually, metric, Reply, Server};
 
 const MODEL: &str = "wan_pipeline";
+/// The image-to-video fixture, served under its folder's name.
+const I2V_MODEL: &str = "wan_i2v_pipeline";
+
+fn fixture(name: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
 
 fn pipeline() -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/wan_pipeline")
-        .display()
-        .to_string()
+    fixture("wan_pipeline").display().to_string()
 }
 
 /// A small video request: `steps` steps of 5 frames, no guidance.
@@ -127,7 +135,11 @@ fn bad_video_requests_are_400s_naming_the_field_and_a_refused_job_fails() {
         ("seconds", json!("60"), "limits.max_video_frames"),
         ("num_inference_steps", json!(0), "limits.max_video_steps"),
         ("fps", json!(0), "fps = 0"),
-        ("input_reference", json!("x"), "image-to-video"),
+        (
+            "input_reference",
+            json!("x"),
+            "send a PNG of the video's size",
+        ),
     ];
     for (key, value, needle) in cases {
         let reply = with(key, value);
@@ -255,6 +267,193 @@ fn a_full_job_table_is_a_429_and_a_video_model_runs_in_a_shared_budget() {
         .assert_error(404, "limits.max_video_jobs");
     let second_id = second.json()["id"].as_str().expect("an id").to_string();
     assert_eq!(finished(&server, &second_id)["status"], "completed");
+    let stopped = server.stop();
+    assert_eq!(stopped.status.code(), Some(0), "{}", stopped.stderr);
+}
+
+/// A `multipart/form-data` body of boundary `b`, as httpx writes the openai client's:
+/// text `fields`, then the file part `(name, content type, bytes)` when given.
+fn form(fields: &[(&str, &str)], file: Option<(&str, &str, &[u8])>) -> Vec<u8> {
+    let mut body = Vec::new();
+    for (name, value) in fields {
+        let part =
+            format!("--b\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\n{value}\r\n");
+        body.extend_from_slice(part.as_bytes());
+    }
+    if let Some((name, content_type, bytes)) = file {
+        let head = format!("--b\r\nContent-Disposition: form-data; name=\"{name}\"; filename=\"first.png\"\r\nContent-Type: {content_type}\r\n\r\n");
+        body.extend_from_slice(head.as_bytes());
+        body.extend_from_slice(bytes);
+        body.extend_from_slice(b"\r\n");
+    }
+    body.extend_from_slice(b"--b--\r\n");
+    body
+}
+
+fn post_form(server: &Server, body: &[u8]) -> Reply {
+    let headers = [("Content-Type", "multipart/form-data; boundary=b")];
+    server.request("POST", "/v1/videos", &headers, Some(body))
+}
+
+/// The small video's fields for `model`, as a form sends them.
+fn small_fields(model: &str) -> Vec<(&str, &str)> {
+    vec![
+        ("model", model),
+        ("prompt", "the fox turns its head"),
+        ("size", "48x64"),
+        ("seconds", "0.25"),
+        ("num_inference_steps", "2"),
+        ("max_sequence_length", "16"),
+        ("guidance_scale", "1"),
+        ("seed", "3"),
+    ]
+}
+
+/// An 8-bit RGB PNG of `width` × `height`, black.
+fn black_png(width: u32, height: u32) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    let mut encoder = png::Encoder::new(&mut bytes, width, height);
+    encoder.set_color(png::ColorType::Rgb);
+    encoder.set_depth(png::BitDepth::Eight);
+    let mut writer = encoder.write_header().expect("a header");
+    let pixels = vec![0; (3 * width * height) as usize];
+    writer.write_image_data(&pixels).expect("the pixels");
+    writer.finish().expect("written");
+    bytes
+}
+
+#[test]
+fn an_image_to_video_model_makes_the_pipelines_video_of_the_image_sent() {
+    // Proves issue 41's image-to-video over HTTP: the fixture's first.png sent as the
+    // input_reference file part (as the openai client sends it) makes a job that
+    // completes, and its MP4 is byte for byte the one the pipeline makes in-process
+    // from the same image and request; the same request with another image makes
+    // another video.
+    let folder = fixture(I2V_MODEL);
+    let server = Server::start(&["--model", &folder.display().to_string()]);
+    let first = std::fs::read(folder.join("first.png")).expect("first.png");
+    let fields = small_fields(I2V_MODEL);
+    let created = post_form(
+        &server,
+        &form(&fields, Some(("input_reference", "image/png", &first))),
+    );
+    assert_eq!(created.status, 200, "{}", created.text());
+    let id = created.json()["id"].as_str().expect("an id").to_string();
+    let last = std::fs::read(folder.join("last.png")).expect("last.png");
+    let other = post_form(
+        &server,
+        &form(&fields, Some(("input_reference", "image/png", &last))),
+    );
+    assert_eq!(other.status, 200, "{}", other.text());
+    let other_id = other.json()["id"].as_str().expect("an id").to_string();
+    let done = finished(&server, &id);
+    assert_eq!(done["status"], "completed", "{done}");
+    let mp4 = server.get(&format!("/v1/videos/{id}/content"));
+    assert_eq!(mp4.status, 200, "{}", mp4.text());
+    assert_eq!(&mp4.body[4..8], b"ftyp", "an MP4 starts with its ftyp box");
+    assert_eq!(finished(&server, &other_id)["status"], "completed");
+    let other_mp4 = server.get(&format!("/v1/videos/{other_id}/content"));
+    assert_ne!(mp4.body, other_mp4.body, "the image changed nothing");
+    let stopped = server.stop();
+    assert_eq!(stopped.status.code(), Some(0), "{}", stopped.stderr);
+
+    let parts = stagehand::pipeline::WanParts::folder(&folder).expect("a Wan I2V pipeline");
+    let image = stagehand::pipeline::png_rgb(std::io::Cursor::new(&first), [48, 64]);
+    let request = stagehand::pipeline::VideoRequest {
+        prompt: "the fox turns its head".into(),
+        negative_prompt: String::new(),
+        width: 48,
+        height: 64,
+        frames: 5,
+        steps: 2,
+        guidance: 1.0,
+        guidance_2: None,
+        seed: 3,
+        latents: None,
+        max_sequence_length: 16,
+        image: Some(image.expect("first.png reads")),
+        last_image: None,
+    };
+    let settings = stagehand::settings::Settings::default();
+    let run = stagehand::pipeline::PipelineRun::quiet(&settings);
+    let video = stagehand::pipeline::generate_video(&parts, &request, &run).expect("a video");
+    let expected = stagehand::pipeline::mp4_bytes(&video.frames, 16).expect("an MP4");
+    assert!(mp4.body == expected, "the served MP4 is not the pipeline's");
+}
+
+#[test]
+fn an_image_the_model_cannot_take_is_refused_naming_input_reference() {
+    // Proves the image's refusals before any job is queued: an image-to-video model
+    // without its image, a text-to-video model given one, an image of another size
+    // (both sizes named), a file that is not a PNG, a file part of another name, and
+    // an image past limits.max_input_reference_bytes (413) in a body the route takes
+    // although it is past limits.max_body_bytes, and a body past the route's limit.
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("videos.toml");
+    let text = format!(
+        "[limits]\nmax_body_bytes = 4096\nmax_input_reference_bytes = 6000\n\n\
+         [[models]]\nname = \"{I2V_MODEL}\"\nfolder = \"{}\"\n\n\
+         [[models]]\nname = \"{MODEL}\"\nfolder = \"{}\"\n",
+        fixture(I2V_MODEL).display(),
+        pipeline()
+    );
+    std::fs::write(&config, text).unwrap();
+    let server = Server::start(&["--config", &config.display().to_string()]);
+    let i2v = small_fields(I2V_MODEL);
+    let t2v = small_fields(MODEL);
+    let fitting = black_png(48, 64);
+    let refused = |fields: &[(&str, &str)], file: Option<(&str, &str, &[u8])>, status, needle| {
+        let reply = post_form(&server, &form(fields, file));
+        let body = reply.assert_error(status, needle);
+        assert_eq!(body["error"]["param"], "input_reference", "{body}");
+    };
+    refused(&i2v, None, 400, "the image is required");
+    let png = ("input_reference", "image/png", &fitting[..]);
+    refused(&t2v, Some(png), 400, "takes no input_reference");
+    let small = black_png(16, 16);
+    let wrong = ("input_reference", "image/png", &small[..]);
+    refused(
+        &i2v,
+        Some(wrong),
+        400,
+        "is 16x16, the video's size is 48x64",
+    );
+    let gif = (
+        "input_reference",
+        "image/gif",
+        &b"GIF89a\x01\x00\x01\x00"[..],
+    );
+    refused(&i2v, Some(gif), 400, "first.png, image/gif) is not a PNG");
+    let first = std::fs::read(fixture(I2V_MODEL).join("first.png")).expect("first.png");
+    // Past the image's limit, and with the fields within the route's body limit
+    // (4096 + 8000: the image's allowance as base64) though past max_body_bytes.
+    assert!((6000..11_000).contains(&first.len()), "{}", first.len());
+    let large = ("input_reference", "image/png", &first[..]);
+    refused(
+        &i2v,
+        Some(large),
+        413,
+        "limits.max_input_reference_bytes = 6000",
+    );
+    let past = vec![0; 12_100];
+    let whole = post_form(
+        &server,
+        &form(&i2v, Some(("input_reference", "image/png", &past))),
+    );
+    whole.assert_error(
+        413,
+        "for a video request, 12096 bytes (limits.max_body_bytes = 4096",
+    );
+    let reply = post_form(
+        &server,
+        &form(&i2v, Some(("image", "image/png", &fitting[..]))),
+    );
+    reply.assert_error(400, "only as input_reference");
+    assert_eq!(
+        server.get("/v1/videos").json()["data"],
+        json!([]),
+        "a refused request left a job"
+    );
     let stopped = server.stop();
     assert_eq!(stopped.status.code(), Some(0), "{}", stopped.stderr);
 }

@@ -10,7 +10,9 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use stagehand::families::flux::read_tensors;
-use stagehand::pipeline::{generate_video, PipelineError, PipelineRun, VideoRequest, WanParts};
+use stagehand::pipeline::{
+    generate_video, png_rgb, PipelineError, PipelineRun, VideoRequest, WanParts,
+};
 use stagehand::settings::Settings;
 
 use common::reference::relative_difference;
@@ -33,22 +35,10 @@ fn expected(name: &str) -> Vec<f32> {
 }
 
 /// The fixture's PNG `name` as `[3, 64, 48]` in [−1, 1], as VaeImageProcessor
-/// normalises it.
+/// normalises it (the reader `--image` and the server's `input_reference` use).
 fn image(name: &str) -> Vec<f32> {
     let file = std::fs::File::open(folder().join(name)).expect("the image");
-    let mut reader = png::Decoder::new(std::io::BufReader::new(file))
-        .read_info()
-        .expect("a PNG");
-    let mut rgb = vec![0; reader.output_buffer_size().expect("a size")];
-    reader.next_frame(&mut rgb).expect("decodes");
-    let pixels = rgb.len() / 3;
-    let mut planar = vec![0.0; rgb.len()];
-    for (pixel, sample) in rgb.chunks_exact(3).enumerate() {
-        for channel in 0..3 {
-            planar[channel * pixels + pixel] = 2.0 * (f32::from(sample[channel]) / 255.0) - 1.0;
-        }
-    }
-    planar
+    png_rgb(std::io::BufReader::new(file), [48, 64]).expect("a 48×64 PNG")
 }
 
 fn request() -> VideoRequest {

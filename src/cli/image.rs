@@ -13,8 +13,8 @@ use serde::Serialize;
 use super::{CommandResult, Failure};
 use stagehand::families::flux::read_tensors;
 use stagehand::pipeline::{
-    generate, FluxParts, Generated, ImageRequest, InitImage, PartFiles, PipelineError, PipelineRun,
-    Stage,
+    generate, png_rgb, FluxParts, Generated, ImageRequest, InitImage, PartFiles, PipelineError,
+    PipelineRun, PngInputError, Stage,
 };
 use stagehand::run::summary::Summary;
 use stagehand::settings::{self, SettingsArgs};
@@ -435,10 +435,9 @@ fn print_result(
     Ok(())
 }
 
-/// The PNG at `path` (`flag` names it in errors): 8-bit RGB, RGBA or grey of exactly
-/// `[width, height]` (resizing changes the picture: it is the user's choice, made
-/// before), as `[3, height, width]` in [−1, 1] with diffusers' own arithmetic
-/// (`2 · (v / 255) − 1`, VaeImageProcessor's).
+/// The PNG at `path` (`flag` names it in errors) as [`stagehand::pipeline::png_rgb`]
+/// reads it: 8-bit RGB, RGBA or grey of exactly `[width, height]`, as `[3, height,
+/// width]` in [−1, 1].
 pub(super) fn read_rgb(
     flag: &str,
     path: &std::path::Path,
@@ -446,37 +445,11 @@ pub(super) fn read_rgb(
 ) -> Result<Vec<f32>, Failure> {
     let fail = |problem: String| bad(format!("{flag} {}: {problem}", path.display()));
     let file = std::fs::File::open(path).map_err(|error| fail(error.to_string()))?;
-    let mut decoder = png::Decoder::new(std::io::BufReader::new(file));
-    decoder.set_transformations(png::Transformations::EXPAND | png::Transformations::STRIP_16);
-    let mut reader = decoder
-        .read_info()
-        .map_err(|error| fail(format!("is not a PNG ({error})")))?;
-    let size = reader
-        .output_buffer_size()
-        .ok_or_else(|| fail("is too large".into()))?;
-    let mut bytes = vec![0; size];
-    let frame = reader
-        .next_frame(&mut bytes)
-        .map_err(|error| fail(format!("cannot be decoded ({error})")))?;
-    let found = (frame.width as usize, frame.height as usize);
-    if found != (width, height) {
-        return Err(fail(format!(
+    png_rgb(std::io::BufReader::new(file), [width, height]).map_err(|error| match error {
+        PngInputError::WrongSize { found, .. } => fail(format!(
             "is {}×{}; resize it to --width {width} --height {height} (or give its size)",
-            found.0, found.1
-        )));
-    }
-    let channels = frame.color_type.samples();
-    let pixels = width * height;
-    let mut planar = vec![0.0f32; 3 * pixels];
-    for (pixel, sample) in bytes[..pixels * channels]
-        .chunks_exact(channels)
-        .enumerate()
-    {
-        for channel in 0..3 {
-            // Grey (and grey with alpha) is the same value in every channel.
-            let value = sample[if channels < 3 { 0 } else { channel }];
-            planar[channel * pixels + pixel] = 2.0 * (f32::from(value) / 255.0) - 1.0;
-        }
-    }
-    Ok(planar)
+            found[0], found[1]
+        )),
+        other => fail(other.to_string()),
+    })
 }

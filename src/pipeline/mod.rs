@@ -17,6 +17,7 @@
 mod files;
 mod folder;
 mod image;
+mod png_input;
 mod vae;
 mod video;
 
@@ -28,6 +29,7 @@ use std::time::Instant;
 pub use files::PartFiles;
 pub use folder::{FluxParts, PipelinePart};
 pub use image::Picture;
+pub use png_input::{png_rgb, PngInputError, PNG_SIGNATURE};
 pub use video::{generate_video, HandOver, Video, VideoRequest, WanParts};
 #[cfg(feature = "mp4")]
 pub use video::{mp4_bytes, write_mp4, Mp4Error};

@@ -169,6 +169,10 @@ pub struct Limits {
     /// Bytes of finished MP4s the server keeps: past it the oldest finished jobs are
     /// dropped (their ids then 404).
     pub max_video_bytes: usize,
+    /// Largest `input_reference` (an image-to-video's first frame, a PNG) a video
+    /// request sends (413 above); `POST /v1/videos` takes a body this much larger
+    /// (as base64, a third more) than `max_body_bytes`.
+    pub max_input_reference_bytes: usize,
 }
 
 impl Default for Limits {
@@ -190,6 +194,8 @@ impl Default for Limits {
             max_video_steps: 100,
             max_video_jobs: 64,
             max_video_bytes: 256 << 20,
+            // A 1280×720 RGB frame is 2.7 MB raw: any PNG of the largest frame fits.
+            max_input_reference_bytes: 8 << 20,
         }
     }
 }
@@ -400,6 +406,10 @@ impl ServeConfig {
             ("limits.max_video_steps", limits.max_video_steps as f64),
             ("limits.max_video_jobs", limits.max_video_jobs as f64),
             ("limits.max_video_bytes", limits.max_video_bytes as f64),
+            (
+                "limits.max_input_reference_bytes",
+                limits.max_input_reference_bytes as f64,
+            ),
         ];
         if let Some((key, _)) = positive
             .iter()

@@ -149,6 +149,18 @@ impl ApiError {
         )
     }
 
+    /// 413: one field of the body is larger than its limit; `param` names the field.
+    pub fn field_too_large(param: &str, message: impl Into<String>) -> Self {
+        Self {
+            param: Some(param.to_string()),
+            ..Self::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "invalid_request_error",
+                message,
+            )
+        }
+    }
+
     /// 429: the model's queue is full.
     pub fn queue_full(model: &str, depth: usize) -> Self {
         Self {

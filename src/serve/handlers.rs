@@ -41,7 +41,12 @@ pub fn router(app: Arc<AppState>) -> Router {
         .route("/v1/images/generations", post(super::images::generations))
         .route(
             "/v1/videos",
-            post(super::videos::create).get(super::videos::list),
+            post(super::videos::create)
+                // Room for the image of an image-to-video request.
+                .layer(DefaultBodyLimit::max(super::video_reference::body_limit(
+                    &app.limits,
+                )))
+                .get(super::videos::list),
         )
         .route(
             "/v1/videos/{id}",

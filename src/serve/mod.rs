@@ -29,6 +29,7 @@ mod stop_text;
 mod streaming;
 mod video_jobs;
 mod video_model;
+mod video_reference;
 mod video_request;
 mod videos;
 

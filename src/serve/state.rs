@@ -36,7 +36,7 @@ pub struct ServedModel {
     /// An image model's queue (its folder a pipeline); its `jobs` then take nothing.
     pub images: Option<flume::Sender<super::images::ImageJob>>,
     /// A video model's queue (its folder a Wan pipeline); its `jobs` then take nothing.
-    pub videos: Option<flume::Sender<super::video_model::VideoJob>>,
+    pub videos: Option<super::video_model::VideoQueue>,
     /// Its plan and occupancy as its session reports them (`GET /residency`).
     pub residency: Arc<ResidencyProbe>,
     /// Requests admitted for it and not yet answered.
@@ -55,7 +55,7 @@ impl ServedModel {
     pub fn queued(&self) -> usize {
         match (&self.images, &self.videos) {
             (Some(images), _) => images.len(),
-            (None, Some(videos)) => videos.len(),
+            (None, Some(videos)) => videos.jobs.len(),
             (None, None) => self.jobs.len(),
         }
     }
@@ -128,11 +128,11 @@ impl ServedModel {
     /// Queues a video job; a model that makes no videos is a 400, a full queue a
     /// 429, a stopped model a 503.
     pub fn submit_video(&self, job: super::video_model::VideoJob) -> Result<(), ApiError> {
-        self.offer(self.video_queue()?, job)
+        self.offer(&self.video_queue()?.jobs, job)
     }
 
     /// The video queue; a model that makes no videos is a 400.
-    pub fn video_queue(&self) -> Result<&flume::Sender<super::video_model::VideoJob>, ApiError> {
+    pub fn video_queue(&self) -> Result<&super::video_model::VideoQueue, ApiError> {
         self.videos.as_ref().ok_or_else(|| {
             ApiError::bad_request(
                 "model",

@@ -6,6 +6,11 @@
 //! H.264 MP4 and sends it back. Beside a shared `[budget]` each stage runs as a member
 //! of it (`NAME:STAGE`), as an image model's do.
 //!
+//! An image-to-video folder (`WanImageToVideoPipeline`) takes each job's first frame
+//! (`input_reference`) and encodes it with the VAE before the steps; its queue says so,
+//! so a request without the image (or with one, for a text-to-video folder) is a 400
+//! before it is queued.
+//!
 //! A job's progress (0–100) follows the pipeline's steps: umT5 the first 5, the
 //! denoising steps of both experts the next 85, the VAE's chunks the last 10.
 
@@ -22,6 +27,7 @@ use crate::settings::Settings;
 use crate::telemetry::serving::ServeTelemetry;
 
 use super::config::{ModelConfig, ServeConfig};
+use super::errors::ApiError;
 use super::load::Worker;
 use super::pipeline_model::{pipeline_info, pipeline_serving};
 use super::state::ServedModel;
@@ -39,6 +45,33 @@ pub struct VideoJob {
     /// Set by `DELETE /v1/videos/{id}` or the server stopping: a queued job is
     /// skipped, a running one stops at its next step (its stage's budgets given back).
     pub cancel: Cancel,
+}
+
+/// A video model's queue, and what its pipeline starts from.
+pub struct VideoQueue {
+    pub jobs: flume::Sender<VideoJob>,
+    /// An image-to-video pipeline (`WanImageToVideoPipeline`): every job needs its
+    /// first frame; a text-to-video one takes none.
+    pub from_image: bool,
+}
+
+impl VideoQueue {
+    /// A 400 naming `input_reference` when the request's image (`given`) does not
+    /// fit the pipeline of `model`, before the job is queued: the pipeline would
+    /// refuse it too, but as a failed job minutes later, in the CLI's words.
+    pub fn check_image(&self, model: &str, given: bool) -> Result<(), ApiError> {
+        match (self.from_image, given) {
+            (true, false) => Err(ApiError::bad_request(
+                "input_reference",
+                format!("`{model}` makes a video from an image (WanImageToVideoPipeline): the image is required; send its first frame as input_reference, a PNG of the video's size (a file part of a multipart/form-data body)"),
+            )),
+            (false, true) => Err(ApiError::bad_request(
+                "input_reference",
+                format!("`{model}` makes videos from text (WanPipeline) and takes no input_reference: leave it out, or name an image-to-video model (a WanImageToVideoPipeline folder)"),
+            )),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// A video model: its pipeline's parts found, its thread started.
@@ -74,12 +107,16 @@ pub(super) fn load_videos(
             ServeError::Failed(format!("cannot start the thread of {name}: {error}"))
         })?;
     tracing::info!(
-        "serve: {name} loaded (a Wan pipeline: umT5, {} transformer(s), VAE, {} in all, each streamed in turn)",
+        "serve: {name} loaded (a Wan {} pipeline: umT5, {} transformer(s), VAE, {} in all, each streamed in turn)",
+        if parts.image_to_video { "image-to-video" } else { "text-to-video" },
         1 + usize::from(parts.transformer_2.is_some()),
         stagehand_actors::Bytes(model_bytes)
     );
     let served = ServedModel {
-        videos: Some(videos),
+        videos: Some(VideoQueue {
+            jobs: videos,
+            from_image: parts.image_to_video,
+        }),
         ..serving.model
     };
     Ok((served, worker))

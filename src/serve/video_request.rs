@@ -1,5 +1,5 @@
 //! The body of `POST /v1/videos`: OpenAI's fields (`model`, `prompt`, `seconds`,
-//! `size`; `input_reference` refused by name, image-to-video is not served yet) and
+//! `size`, `input_reference`: the first frame, see [`super::video_reference`]) and
 //! stagehand's documented extensions (`negative_prompt`, `num_frames`,
 //! `num_inference_steps`, `guidance_scale`, `guidance_scale_2`, `seed`,
 //! `max_sequence_length`, `fps`), as JSON or as the `multipart/form-data` the official
@@ -14,10 +14,13 @@
 use serde::de::{DeserializeOwned, Error as _};
 use serde::{Deserialize, Deserializer};
 
+use axum::body::Bytes;
+
 use crate::pipeline::VideoRequest;
 
 use super::config::Limits;
 use super::errors::ApiError;
+use super::video_reference::Reference;
 
 /// WanPipeline's defaults for what a request leaves out.
 const DEFAULT_SIZE: (usize, usize) = (832, 480);
@@ -41,9 +44,13 @@ pub struct VideosBody {
     seconds: Option<f64>,
     #[serde(default)]
     size: Option<String>,
-    /// Image-to-video's first frame: refused by name.
+    /// Image-to-video's first frame as JSON carries it (a data URL); read into
+    /// `reference` by [`parse_body`].
     #[serde(default)]
     input_reference: Option<serde_json::Value>,
+    /// The first frame, from the form's file part or JSON's data URL.
+    #[serde(skip)]
+    pub reference: Option<Reference>,
     #[serde(default)]
     negative_prompt: Option<String>,
     #[serde(default, deserialize_with = "lenient")]
@@ -92,28 +99,47 @@ pub struct AskedVideo {
     pub seconds: String,
 }
 
-/// Parses a body of `content_type`: JSON, or `multipart/form-data` (text fields only).
-pub fn parse_body(content_type: Option<&str>, bytes: &[u8]) -> Result<VideosBody, ApiError> {
+/// Parses a body of `content_type`: JSON, or `multipart/form-data` (text fields and
+/// the file part `input_reference`), its image checked against `limits` (not yet
+/// decoded: its size is checked against the request's in [`asked_video`]).
+pub fn parse_body(
+    content_type: Option<&str>,
+    bytes: &Bytes,
+    limits: &Limits,
+) -> Result<VideosBody, ApiError> {
     let invalid = |error: serde_json::Error| {
         ApiError::invalid_body(format!("the body is not a valid video request: {error}"))
     };
-    match content_type.and_then(super::form::boundary) {
+    let (mut body, file): (VideosBody, _) = match content_type.and_then(super::form::boundary) {
         Some(boundary) => {
-            let fields = super::form::fields(bytes, &boundary)?;
-            serde_json::from_value(serde_json::Value::Object(fields)).map_err(invalid)
+            let form = super::form::parse(bytes, &boundary)?;
+            // One file at most: `form::parse` refuses a name given twice, and
+            // `from_file` any name but input_reference.
+            let mut file = None;
+            for part in &form.files {
+                file = Some(Reference::from_file(part, bytes, limits)?);
+            }
+            let fields = serde_json::Value::Object(form.fields);
+            (serde_json::from_value(fields).map_err(invalid)?, file)
         }
-        None => serde_json::from_slice(bytes).map_err(invalid),
-    }
+        None => (serde_json::from_slice(bytes).map_err(invalid)?, None),
+    };
+    body.reference = match (file, &body.input_reference) {
+        (Some(file), None) => Some(file),
+        (None, Some(value)) => Some(Reference::from_json(value, limits)?),
+        (None, None) => None,
+        (Some(_), Some(_)) => {
+            return Err(ApiError::bad_request(
+                "input_reference",
+                "input_reference is given twice",
+            ))
+        }
+    };
+    Ok(body)
 }
 
 /// The request within the server's limits.
 pub fn asked_video(body: &VideosBody, limits: &Limits) -> Result<AskedVideo, ApiError> {
-    if body.input_reference.is_some() {
-        return Err(ApiError::bad_request(
-            "input_reference",
-            "input_reference (image-to-video) is not served yet; leave it out for text-to-video",
-        ));
-    }
     let fps = body.fps.unwrap_or(DEFAULT_FPS);
     if fps == 0 || fps > MOST_FPS {
         return Err(ApiError::bad_request(
@@ -166,8 +192,11 @@ pub fn asked_video(body: &VideosBody, limits: &Limits) -> Result<AskedVideo, Api
         steps,
         max_sequence_length: length,
     };
+    let image = (body.reference.as_ref())
+        .map(|reference| reference.pixels([width, height]))
+        .transpose()?;
     Ok(AskedVideo {
-        request: video_request(body, shape),
+        request: video_request(body, shape, image),
         fps,
         size: format!("{width}x{height}"),
         seconds: seconds_of(frames, fps),
@@ -184,7 +213,7 @@ struct Shape {
 }
 
 /// The one place the server builds a [`VideoRequest`].
-fn video_request(body: &VideosBody, shape: Shape) -> VideoRequest {
+fn video_request(body: &VideosBody, shape: Shape, image: Option<Vec<f32>>) -> VideoRequest {
     VideoRequest {
         prompt: body.prompt.clone(),
         negative_prompt: body.negative_prompt.clone().unwrap_or_default(),
@@ -197,8 +226,8 @@ fn video_request(body: &VideosBody, shape: Shape) -> VideoRequest {
         seed: body.seed.unwrap_or(0),
         latents: None,
         max_sequence_length: shape.max_sequence_length,
-        // `input_reference` (the first frame) is refused by name in the body's parse.
-        image: None,
+        image,
+        // OpenAI's Videos API has no last frame.
         last_image: None,
     }
 }
@@ -328,8 +357,10 @@ mod tests {
         assert!(message.contains("limits.max_video_pixels"), "{message}");
         let (param, _) = refused(base("num_inference_steps", 1000.into()));
         assert_eq!(param, "num_inference_steps");
-        let (param, _) = refused(base("input_reference", "image".into()));
-        assert_eq!(param, "input_reference");
+        let json = serde_json::to_vec(&base("input_reference", "first.png".into()));
+        let error =
+            parse_body(None, &Bytes::from(json.expect("JSON")), &limits).expect_err("refused");
+        assert_eq!(error.param.as_deref(), Some("input_reference"));
         let unknown = serde_json::json!({"model": "wan", "prompt": "x", "quality": "hd"});
         assert!(serde_json::from_value::<VideosBody>(unknown)
             .expect_err("refused")

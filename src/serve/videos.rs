@@ -8,6 +8,9 @@
 //! `DELETE /v1/videos/{id}` cancels one (skipped if queued, stopped at its next step
 //! if running) and frees its MP4.
 //!
+//! An image-to-video model takes the first frame as `input_reference`, OpenAI's file
+//! part (see [`super::video_reference`]); the route takes a body that much larger.
+//!
 //! The jobs live in one bounded table of the server's (see [`super::video_jobs`]);
 //! each job waits in its model's bounded queue (429 when full), counts as a request in
 //! flight until it finishes (so SIGTERM's drain gives the jobs queued and running
@@ -32,10 +35,11 @@ use crate::run::loaded::{Cancel, CancelOnDrop};
 use crate::run::RunError;
 
 use super::errors::ApiError;
-use super::handlers::{body_bytes, finish};
+use super::handlers::finish;
 use super::state::{AppState, Ticket};
 use super::video_jobs::{JobError, NewJob, NoContent, VideoJobs};
 use super::video_model::VideoJob;
+use super::video_reference;
 use super::video_request::{asked_video, parse_body};
 
 /// How often the official clients' `poll` asks (`openai-poll-after-ms`).
@@ -65,11 +69,15 @@ async fn create_job(
     body: Result<Bytes, BytesRejection>,
     model_named: &mut Option<String>,
 ) -> Result<Response, ApiError> {
-    let bytes = body_bytes(body, app.limits.max_body_bytes)?;
-    let body = parse_body(content_type, &bytes)?;
+    let bytes = body.map_err(|rejection| match rejection.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => video_reference::body_too_large(&app.limits),
+        _ => ApiError::invalid_body(rejection.body_text()),
+    })?;
+    let body = parse_body(content_type, &bytes, &app.limits)?;
     *model_named = Some(body.model.clone());
     let (model, _) = app.model(&body.model)?;
-    model.video_queue()?;
+    let queue = model.video_queue()?;
+    queue.check_image(&model.name, body.reference.is_some())?;
     let asked = asked_video(&body, &app.limits)?;
     let ticket = app.admit(&model)?;
     let id = new_id();
