@@ -5,7 +5,7 @@
 //! whole stage (an encoder's, the VAE's), which that would compute twice. A run does
 //! that recompute after its last step. For most stages that is where it belongs; for
 //! Wan 2.2's high-noise expert it put a whole resident step between its last step and
-//! the low-noise expert's first (24.75 s of a 26.5 s switch at 480 × 832 on two cores).
+//! the low-noise expert's first (24.75 s of a 26.5 s switch at 160 × 96 on two cores).
 //! So a stage may defer its first step's check ([`PipelineRun::stage_deferred`]): its
 //! run checks the weights as they land and keeps its outputs, and the pipeline checks
 //! the first step when nothing waits on it (the video pipeline: after sampling, before
@@ -72,12 +72,11 @@ impl PipelineRun<'_> {
     ) -> Result<(Stage, Option<FirstStepCheck>), PipelineError> {
         let started = Instant::now();
         let prepared = self.open((name, kind), model, extras, 1)?;
-        let deferred = self.verify_for(steps) == Verify::First && prepared.workload.lora.is_empty();
-        let verify = if deferred {
-            Verify::Weights
-        } else {
-            self.verify_for(steps)
-        };
+        let verify = self.verify_for(steps);
+        // A LoRA run's first step may take the low-rank path, checked within a
+        // tolerance as it runs; `verify_first_step` checks bit for bit.
+        let deferred = verify == Verify::First && prepared.workload.lora.is_empty();
+        let verify = if deferred { Verify::Weights } else { verify };
         let stage = self.run_opened((name, started), model, &prepared, (steps, verify))?;
         Ok((stage, deferred.then_some(FirstStepCheck { prepared })))
     }

@@ -4,7 +4,7 @@
 //! A run checks its first step after its last one (the reference never competes with
 //! the measured steps), which puts a whole resident step between that run and the
 //! next. Between Wan 2.2's two experts that was most of the switch (24.75 s of 26.5 s
-//! at 480 × 832 on two cores). A pipeline can instead run the stage with
+//! at 160 × 96 on two cores). A pipeline can instead run the stage with
 //! `verify = weights` (every block still checked against the file as it lands), its
 //! outputs kept, and hand the outcome here later — when no session holds a budget and
 //! nothing waits on it. The check is the run's own: the same family's first step

@@ -160,7 +160,7 @@ fn sample(
     stages: &mut Vec<Stage>,
 ) -> Result<(Vec<f32>, Option<HandOver>), PipelineError> {
     let Sampling {
-        input,
+        mut input,
         negative,
         solver,
         high,
@@ -174,7 +174,6 @@ fn sample(
             request.guidance_2.unwrap_or(request.guidance),
         ),
     ];
-    let mut input = input;
     let (mut latent, mut solver) = (std::mem::take(&mut input.latent), solver);
     let clock = hand_over::SwitchClock::default();
     let timed = clock.timed(run, ["transformer", "transformer_2"]);
