@@ -10,8 +10,12 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use stagehand::families::flux::read_tensors;
+use stagehand::families::FamilyError;
 use stagehand::pipeline::{generate_video, PipelineError, PipelineRun, VideoRequest, WanParts};
-use stagehand::settings::Settings;
+use stagehand::run::{
+    budgets_for, execute, prepare, verify_first_step, BudgetAsk, RunPlan, WorkloadKind,
+};
+use stagehand::settings::{Settings, Verify};
 
 use common::reference::relative_difference;
 
@@ -124,12 +128,34 @@ fn a_prompt_becomes_wanpipelines_video() {
     eprintln!("wan pipeline: {hand_over:?}");
     assert!(hand_over.first_step_bytes.iter().sum::<u64>() > 0);
     assert!(hand_over.step_compute_seconds > 0.0 && hand_over.stall_seconds() >= 0.0);
+    // The second expert's first step moved what its plan says: every block read from
+    // the disk once (the plan caches every streamed block pinned: nothing is read
+    // again), every block copied to VRAM once, and beyond that only the next step's
+    // first blocks, prefetched into the ring.
+    let second = &video.stages[2].outcome;
+    let [disk_to_pinned, pinned_to_vram, disk_to_vram] = hand_over.first_step_bytes;
+    let plan = &second.report.plan;
+    assert_eq!(plan.pins.disk_bytes_per_step, 0, "{plan:?}");
+    assert_eq!(disk_to_pinned + disk_to_vram, second.model_bytes);
+    let to_vram = pinned_to_vram + disk_to_vram;
+    assert!(to_vram >= second.model_bytes, "{to_vram} to VRAM");
+    assert!(
+        to_vram - second.model_bytes <= plan.vram.ring_bytes(),
+        "{to_vram} to VRAM: more than the model and a ring ({plan:?})"
+    );
+    // The experts' first steps were checked after sampling, not at the end of the
+    // first expert's run (between the experts).
+    assert!(
+        hand_over.first_step_checks_seconds.is_some(),
+        "no deferred check"
+    );
     for stage in &video.stages {
         let report = &stage.outcome.report;
         // The experts' first step is recomputed from resident blocks (the pipeline's
-        // cheap check); every stage stays within its budget.
+        // cheap check), once each; every stage stays within its budget.
         if report.steps > 1 {
-            assert!(report.verified_steps >= 1, "{}: unchecked", stage.name);
+            assert_eq!(report.verified_steps, 1, "{}: unchecked", stage.name);
+            assert_eq!(report.verify, Verify::First, "{}", stage.name);
         }
         let budget = stage.outcome.budgets.vram_budget_bytes;
         assert!(
@@ -138,6 +164,41 @@ fn a_prompt_becomes_wanpipelines_video() {
             stage.name
         );
     }
+}
+
+#[test]
+fn the_deferred_first_step_check_catches_a_changed_output() {
+    // Proves the check the pipeline makes after sampling still checks: an expert run
+    // that checked only its weights and kept its outputs passes `verify_first_step`
+    // as computed (then counted verified, `first`), and fails it by kind, naming step
+    // 0 and the value, once one bit of that step's output is changed.
+    let model = fixtures().join("wan_pipeline/transformer");
+    let settings = Settings {
+        verify: Some(Verify::Weights),
+        ..Settings::default()
+    };
+    let prepared = prepare(&model, WorkloadKind::Auto, 1, &settings, false).expect("opens");
+    let budgets = budgets_for(&prepared, &settings, BudgetAsk::steps(2));
+    let plan = RunPlan {
+        keep_outputs: true,
+        ..RunPlan::new(&settings, budgets, 2)
+    };
+    let mut outcome = execute(&prepared, plan).expect("runs");
+    assert_eq!(outcome.report.verified_steps, 0, "checked by the run");
+    let mut changed = outcome.report.clone();
+    verify_first_step(&prepared, &settings, &mut outcome).expect("the first step matches");
+    assert_eq!(outcome.report.verified_steps, 1);
+    assert_eq!(outcome.report.verify, Verify::First);
+    let first = changed.outputs.values_mut().next().expect("a kept output");
+    first[3] = f32::from_bits(first[3].to_bits() ^ 1);
+    outcome.report = changed;
+    match verify_first_step(&prepared, &settings, &mut outcome) {
+        Err(FamilyError::Mismatch {
+            step: 0, index: 3, ..
+        }) => {}
+        other => panic!("a changed bit passed the check: {other:?}"),
+    }
+    assert_eq!(outcome.report.verified_steps, 0, "counted though it failed");
 }
 
 #[test]

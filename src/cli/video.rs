@@ -103,6 +103,8 @@ struct HandOverOutput {
     close_seconds: f64,
     open_stall_seconds: f64,
     step_compute_seconds: f64,
+    /// Both experts' first-step checks, after sampling (off the switch).
+    first_step_checks_seconds: Option<f64>,
     /// The second expert's first step: bytes per link.
     first_step_disk_to_pinned_bytes: u64,
     first_step_pinned_to_vram_bytes: u64,
@@ -117,6 +119,7 @@ impl HandOverOutput {
             close_seconds: hand_over.close_seconds,
             open_stall_seconds: hand_over.open_stall_seconds,
             step_compute_seconds: hand_over.step_compute_seconds,
+            first_step_checks_seconds: hand_over.first_step_checks_seconds,
             first_step_disk_to_pinned_bytes: disk_to_pinned,
             first_step_pinned_to_vram_bytes: pinned_to_vram,
             first_step_disk_to_vram_bytes: disk_to_vram,
@@ -128,8 +131,14 @@ impl HandOverOutput {
 fn hand_over_line(hand_over: &HandOver) -> String {
     let [disk_to_pinned, pinned_to_vram, disk_to_vram] =
         hand_over.first_step_bytes.map(stagehand_actors::Bytes);
+    let checks = match hand_over.first_step_checks_seconds {
+        Some(seconds) => {
+            format!("; the experts' first-step checks ran after sampling, {seconds:.2} s")
+        }
+        None => String::new(),
+    };
     format!(
-        "  hand-over     {:>8.2} s  not computing between the experts (closing the first, its first step's check included, {:.2} s; opening the second and its first blocks' waits {:.2} s) beside {:.2} s of compute a step; the second's first step read {disk_to_pinned} + {disk_to_vram} from disk, copied {pinned_to_vram} from pinned RAM",
+        "  hand-over     {:>8.2} s  not computing between the experts (closing the first {:.2} s; opening the second and its first blocks' waits {:.2} s) beside {:.2} s of compute a step; the second's first step read {disk_to_pinned} + {disk_to_vram} from disk, copied {pinned_to_vram} from pinned RAM{checks}",
         hand_over.stall_seconds(),
         hand_over.close_seconds,
         hand_over.open_stall_seconds,

@@ -14,6 +14,7 @@
 //! `max_sequence_length`, the transformer's steps from the starting noise (given, or
 //! seeded), the latent un-scaled and decoded, the pixels rounded.
 
+mod check;
 mod files;
 mod folder;
 mod image;
@@ -208,7 +209,9 @@ impl PipelineRun<'_> {
     ) -> Result<(Prepared, Stage), PipelineError> {
         let started = Instant::now();
         let prepared = self.open((name, kind), model, extras, batch)?;
-        let stage = self.run_opened((name, started), model, &prepared, steps(&prepared))?;
+        let steps = steps(&prepared);
+        let checked = (steps, self.verify_for(steps));
+        let stage = self.run_opened((name, started), model, &prepared, checked)?;
         Ok((prepared, stage))
     }
 
@@ -235,13 +238,14 @@ impl PipelineRun<'_> {
     }
 
     /// Runs `steps` steps of a stage's opened model (timed from `started`) under the
-    /// settings' budgets, or as a member of the shared budget.
+    /// settings' budgets, or as a member of the shared budget, checked as `verify`
+    /// says ([`PipelineRun::verify_for`], or a deferred first step's `weights`).
     fn run_opened(
         &self,
         (name, started): (&'static str, Instant),
         model: &PipelinePart,
         prepared: &Prepared,
-        steps: u64,
+        (steps, verify): (u64, Verify),
     ) -> Result<Stage, PipelineError> {
         let failed = |source| PipelineError::Stage {
             stage: name,
@@ -266,14 +270,7 @@ impl PipelineRun<'_> {
         };
         let settings = Settings {
             prefetch_depth: depth,
-            // The cheap check where people work: every block against the file as it
-            // lands, and the first step recomputed from resident blocks — unless the
-            // first step is the whole stage (an encoder's, the VAE's), which that
-            // would compute twice.
-            verify: self.settings.verify.or(Some(match steps {
-                0 | 1 => Verify::Weights,
-                _ => Verify::First,
-            })),
+            verify: Some(verify),
             ..self.settings.clone()
         };
         let progress = Arc::clone(&self.progress);

@@ -64,7 +64,8 @@ pub(super) fn decode(
         });
     };
     let steps = (vae.images() * vae.steps_per_image()) as u64;
-    let stage = run.run_opened(("vae", started), &parts.vae, &prepared, steps)?;
+    let checked = (steps, run.verify_for(steps));
+    let stage = run.run_opened(("vae", started), &parts.vae, &prepared, checked)?;
     let outputs: Vec<&[f32]> = outputs(&stage).into_iter().map(Vec::as_slice).collect();
     let pictures = outputs
         .chunks(vae.steps_per_image().max(1))

@@ -14,10 +14,12 @@ use crate::device::{CpuCompute, CpuDevice};
 use crate::families::{ExpertNeeds, FamilyError};
 use crate::model::BlockReader;
 use crate::run::driver::{drive_traced, DriverOptions, RunReport};
-use crate::settings::Streaming;
+use crate::settings::{Settings, Streaming};
 use crate::telemetry::TraceObserver;
 
-use super::{failed_run, open_model_storage, session_config, Outcome, Prepared, RunError, RunPlan};
+use super::{
+    failed_run, open_model_storage, session_config, Budgets, Outcome, Prepared, RunError, RunPlan,
+};
 
 /// A run on the CPU backend: "VRAM" is host memory with a hard capacity.
 pub fn execute(prepared: &Prepared, plan: RunPlan<'_>) -> Result<Outcome, RunError> {
@@ -32,10 +34,21 @@ pub fn execute(prepared: &Prepared, plan: RunPlan<'_>) -> Result<Outcome, RunErr
             message: error.to_string(),
             source: Some(Box::new(error)),
         })?);
-    let streaming = streaming(prepared, plan.budgets.vram_budget_bytes);
-    let compute = CpuCompute::with_threads(plan.settings.compute_threads_for(streaming))
-        .with_compute_dtype(plan.settings.compute_dtype);
+    let compute = cpu_compute(prepared, plan.settings, plan.budgets);
     execute_on(prepared, plan, device, &compute)
+}
+
+/// The CPU compute a run of `prepared` under `budgets` computes with: its threads
+/// leave a core to the copies when it streams. A check made after the run
+/// (`first_step`) builds the same one, so it compares the same kernels.
+pub(super) fn cpu_compute(
+    prepared: &Prepared,
+    settings: &Settings,
+    budgets: Budgets,
+) -> CpuCompute {
+    let streaming = streaming(prepared, budgets.vram_budget_bytes);
+    CpuCompute::with_threads(settings.compute_threads_for(streaming))
+        .with_compute_dtype(settings.compute_dtype)
 }
 
 /// The run's session: in a shared budget, on the whole shared arena, attached to the

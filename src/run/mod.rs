@@ -9,6 +9,7 @@ pub mod driver;
 mod effective;
 mod error;
 mod execute;
+mod first_step;
 pub mod loaded;
 pub mod memory;
 mod peak_rss;
@@ -51,6 +52,7 @@ pub use budget::{
 pub use cuda::{execute_cuda_with, CudaOutcome, CudaRunOptions, VramFigures};
 pub use effective::{effective_run, EffectiveValue};
 pub use execute::{execute, execute_cuda, execute_on};
+pub use first_step::verify_first_step;
 pub use peak_rss::{peak_rss_bytes, reset_peak_rss, resident_bytes};
 pub use physical::RooflineUsed;
 pub use prepare::{

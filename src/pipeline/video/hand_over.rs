@@ -2,9 +2,11 @@
 //! expert's last step to the low-noise expert's first, what the time went to and what
 //! the first step of the second expert moved. Today each expert's run gives back every
 //! byte before the next opens (the step's peak is one expert's), so the switch costs
-//! the first run's close (its first step's check against the resident pass included),
-//! the second's open and its first blocks' waits; the figure says whether that stall
-//! is small beside one step's compute, the yardstick issue 41 sets.
+//! the first run's close (its session shut down), the second's open and its first
+//! blocks' waits; the figure says whether that stall is small beside one step's
+//! compute, the yardstick issue 41 sets. The experts' first-step checks are not part
+//! of it: the pipeline makes them after sampling (`super::super::check`), and their
+//! time is given apart.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
@@ -17,7 +19,8 @@ use super::super::{PipelineRun, Progress, Stage};
 #[derive(Debug, Clone, PartialEq)]
 pub struct HandOver {
     /// From the first expert's last step done to its run closed: its session shut
-    /// down, and its first step checked against the resident pass.
+    /// down (with `verify = full` set, every step's check too; the default check of
+    /// the first step is deferred, see `first_step_checks_seconds`).
     pub close_seconds: f64,
     /// From there to the second expert's first step done, less that step's compute:
     /// the second expert opened, its session started, its first blocks waited for.
@@ -29,6 +32,10 @@ pub struct HandOver {
     pub first_step_bytes: [u64; 3],
     /// The first expert's compute per step (its mean): the yardstick.
     pub step_compute_seconds: f64,
+    /// Both experts' first steps checked against their resident passes after
+    /// sampling, off the switch; `None` when no check was deferred (`verify` set to
+    /// something other than `first`). Not part of [`HandOver::stall_seconds`].
+    pub first_step_checks_seconds: Option<f64>,
 }
 
 impl HandOver {
@@ -88,8 +95,14 @@ impl SwitchClock {
         marks.first_closed = Some(Instant::now());
     }
 
-    /// The switch between the two experts' stages, when both ran.
-    pub(super) fn hand_over(&self, first: &Stage, second: &Stage) -> Option<HandOver> {
+    /// The switch between the two experts' stages, when both ran; their deferred
+    /// first-step checks took `checks_seconds`.
+    pub(super) fn hand_over(
+        &self,
+        first: &Stage,
+        second: &Stage,
+        checks_seconds: Option<f64>,
+    ) -> Option<HandOver> {
         let marks = self.marks.lock().unwrap_or_else(PoisonError::into_inner);
         let (last, closed, next) = (
             marks.first_last_step?,
@@ -107,6 +120,7 @@ impl SwitchClock {
             first_compute_seconds,
             first_step_bytes: Link::ALL.map(|link| report.after_first_step.link(link).model_bytes),
             step_compute_seconds,
+            first_step_checks_seconds: checks_seconds,
         })
     }
 }

@@ -11,7 +11,9 @@
 //! for the timesteps at or above `boundary_ratio × 1000` and the low-noise expert
 //! (with `guidance_2`) for the rest, then the latent un-normalised and decoded chunk by
 //! chunk. At the switch the first expert's run has given back every byte of its
-//! budgets before the second opens, so the step's peak is one expert's, never both.
+//! budgets before the second opens, so the step's peak is one expert's, never both;
+//! each expert's first step is checked against its resident pass after both sampled,
+//! not at the switch (`check`).
 //!
 //! From an image (`WanImageToVideoPipeline`, Wan 2.2 I2V-A14B), before the steps: the
 //! video of the image then black frames (and the last image last, when given) goes
@@ -28,6 +30,8 @@ pub use folder::WanParts;
 pub use hand_over::HandOver;
 #[cfg(feature = "mp4")]
 pub use mp4::{mp4_bytes, write_mp4, Mp4Error};
+
+use std::time::Instant;
 
 use super::{outputs, Picture, PipelineError, PipelineRun, Stage};
 use crate::families::flux::gaussian;
@@ -109,6 +113,58 @@ pub fn generate_video(
         (Some(_), Some(ratio)) => high_noise_steps(solver.timesteps(), ratio, train_timesteps),
         _ => request.steps,
     };
+    let input = WanInput {
+        latent,
+        frames,
+        height,
+        width,
+        timestep: 0.0,
+        context,
+        guidance: None,
+        condition,
+    };
+    let sampling = Sampling {
+        input,
+        negative,
+        solver,
+        high,
+    };
+    let (latent, hand_over) = sample(parts, request, run, sampling, &mut stages)?;
+    let (pictures, vae) = decode(parts, request, run, &latent)?;
+    stages.push(vae);
+    Ok(Video {
+        hand_over,
+        frames: pictures,
+        latent,
+        stages,
+    })
+}
+
+/// What the experts sample from: the first step's input (its guidance set per
+/// expert), the negative prompt's states when guided, the solver, and the steps the
+/// high-noise expert takes.
+struct Sampling {
+    input: WanInput,
+    negative: Option<Vec<f32>>,
+    solver: UniPc,
+    high: usize,
+}
+
+/// The experts' steps: the high-noise expert's, then the low-noise expert's from the
+/// latent and the solver's state it left; the final latent and the switch measured.
+fn sample(
+    parts: &WanParts,
+    request: &VideoRequest,
+    run: &PipelineRun<'_>,
+    sampling: Sampling,
+    stages: &mut Vec<Stage>,
+) -> Result<(Vec<f32>, Option<HandOver>), PipelineError> {
+    let Sampling {
+        mut input,
+        negative,
+        solver,
+        high,
+    } = sampling;
     let experts = [
         ("transformer", &parts.transformer, high, request.guidance),
         (
@@ -118,54 +174,54 @@ pub fn generate_video(
             request.guidance_2.unwrap_or(request.guidance),
         ),
     ];
-    let (mut latent, mut solver) = (latent, solver);
+    let (mut latent, mut solver) = (std::mem::take(&mut input.latent), solver);
     let clock = hand_over::SwitchClock::default();
     let timed = clock.timed(run, ["transformer", "transformer_2"]);
+    let mut deferred = Vec::with_capacity(experts.len());
     for (name, part, steps, scale) in experts {
         if steps == 0 {
             continue;
         }
+        let guidance = (negative.clone()).map(|negative| Guidance { negative, scale });
         let share = WanSample {
             input: WanInput {
                 latent,
-                frames,
-                height,
-                width,
-                timestep: 0.0,
-                context: context.clone(),
-                guidance: negative
-                    .clone()
-                    .map(|negative| Guidance { negative, scale }),
-                condition: condition.clone(),
+                guidance,
+                ..input.clone()
             },
             solver,
             steps,
         };
         let extras = Extras::default().with(share.clone());
         let kind = (name, WorkloadKind::Auto);
-        let (_, stage) = timed.stage(kind, part, &extras, 1, |_| steps as u64)?;
+        let (stage, check) = timed.stage_deferred(kind, part, &extras, steps as u64)?;
         if name == "transformer" {
             clock.first_closed();
         }
         (latent, solver) = share
             .replay(outputs(&stage).into_iter().map(Vec::as_slice))
             .map_err(|problem| PipelineError::Failed(format!("{name}: {problem}")))?;
+        deferred.extend(check.map(|check| (stages.len(), check)));
         stages.push(stage);
     }
-    let (pictures, vae) = decode(parts, request, run, &latent)?;
-    let hand_over = match stages.iter().position(|stage| stage.name == "transformer") {
-        Some(at) => (stages.get(at + 1))
-            .filter(|next| next.name == "transformer_2")
-            .and_then(|next| clock.hand_over(&stages[at], next)),
-        None => None,
-    };
-    stages.push(vae);
-    Ok(Video {
-        hand_over,
-        frames: pictures,
-        latent,
-        stages,
-    })
+    // Each expert's first step is checked here, after both sampled, not at the end of
+    // its run: there the high-noise expert's check sat between its last step and the
+    // low-noise expert's first (a whole resident step: most of the switch). Here no
+    // session holds a byte, and the latent is checked before the VAE decodes it.
+    let checked = Instant::now();
+    let checks = deferred.len();
+    for (at, check) in deferred {
+        check.check(run, &mut stages[at])?;
+    }
+    let checks_seconds = (checks > 0).then(|| checked.elapsed().as_secs_f64());
+    let at = stages.iter().position(|stage| stage.name == "transformer");
+    let hand_over = at.and_then(|at| {
+        let next = stages
+            .get(at + 1)
+            .filter(|next| next.name == "transformer_2")?;
+        clock.hand_over(&stages[at], next, checks_seconds)
+    });
+    Ok((latent, hand_over))
 }
 
 /// umT5's states of the prompt and, when guided, of the negative prompt: one step
