@@ -148,4 +148,20 @@ mod tests {
         assert!(long.check().is_err());
         assert!(WanTile::square(1).check().is_ok());
     }
+
+    #[test]
+    fn tiles_are_blended_before_the_clamp() {
+        // Proves the order tiled_decode keeps: the tiles' unclamped values blend, then
+        // the video is clamped. One row of 4 positions in tiles of 3 every 1 (seams of
+        // 2): clamping first would give the third pixel 0, blending first gives 1.
+        let tile = WanTile {
+            height: 1,
+            width: 3,
+            stride_height: 1,
+            stride_width: 1,
+        };
+        let tiling = WanTiling::new(1, 4, Some(tile), 1);
+        let tiles = vec![vec![3.0; 3], vec![-1.0; 3], vec![-1.0; 2], vec![-1.0]];
+        assert_eq!(tiling.assemble(tiles, (1, 1)), [1.0, 1.0, 1.0, -1.0]);
+    }
 }
