@@ -92,6 +92,9 @@ fn rows() -> Vec<Row> {
         row(&["--frames-dir", &frames_dir], Expect::Ok(ok)),
         row(&["--fps", "24"], Expect::Ok(ok)),
         row(&["--fps", "0"], Expect::Bad("--fps 0")),
+        // 6 × 8 latent positions in tiles of 4 every 3: 2 × 3 tiles.
+        row(&["--vae-tile", "4"], Expect::Ok(ok)),
+        row(&["--vae-tile", "0"], Expect::Bad("--vae-tile")),
         row(
             &["--out", &fixtures.path("video/out.gif")],
             Expect::Bad("name a .mp4 file"),

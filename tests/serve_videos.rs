@@ -373,6 +373,7 @@ fn an_image_to_video_model_makes_the_pipelines_video_of_the_image_sent() {
         max_sequence_length: 16,
         image: Some(image.expect("first.png reads")),
         last_image: None,
+        vae_tile: None,
     };
     let settings = stagehand::settings::Settings::default();
     let run = stagehand::pipeline::PipelineRun::quiet(&settings);

@@ -56,6 +56,7 @@ fn request() -> VideoRequest {
         max_sequence_length: 512,
         image: Some(image("first.png")),
         last_image: None,
+        vae_tile: None,
     }
 }
 

@@ -72,6 +72,7 @@ fn request() -> VideoRequest {
         max_sequence_length: 512,
         image: None,
         last_image: None,
+        vae_tile: None,
     }
 }
 

@@ -18,6 +18,9 @@ use stagehand::run::{
 };
 use stagehand::settings::Settings;
 
+#[path = "wan_vae_reference/tiled.rs"]
+mod tiled;
+
 /// Largest absolute difference allowed from diffusers' frames (values in −1 … 1):
 /// f32 on both sides in other summation orders.
 const TOLERANCE: f32 = 1e-4;
@@ -48,6 +51,7 @@ fn latent_input() -> VideoLatentInput {
         frames: shape[2],
         height: shape[3],
         width: shape[4],
+        tile: None,
     }
 }
 
@@ -62,18 +66,22 @@ fn prepare(input: VideoLatentInput) -> Result<Prepared, RunError> {
     )
 }
 
-/// The bytes each tier last reported in use.
+/// The bytes each tier last reported in use, and the most VRAM ever reported.
 #[derive(Default)]
 struct LastUsage {
     vram: AtomicU64,
     pinned: AtomicU64,
+    peak_vram: AtomicU64,
 }
 
 impl Observer for LastUsage {
     fn tier_usage(&self, tier: Tier, usage: TierUsage) {
         let used = usage.used_bytes();
         match tier {
-            Tier::Vram => self.vram.store(used, Ordering::SeqCst),
+            Tier::Vram => {
+                self.vram.store(used, Ordering::SeqCst);
+                self.peak_vram.fetch_max(used, Ordering::SeqCst);
+            }
             Tier::Pinned => self.pinned.store(used, Ordering::SeqCst),
         }
     }

@@ -15,6 +15,7 @@ use super::image::{
 };
 use super::{CommandResult, Failure};
 use stagehand::families::flux::read_tensors;
+use stagehand::families::wan_vae::WanTile;
 use stagehand::pipeline::{generate_video, write_mp4, HandOver, Video, VideoRequest, WanParts};
 use stagehand::settings::SettingsArgs;
 
@@ -65,6 +66,12 @@ pub struct VideoArgs {
     /// umT5's prompt length in tokens, padded to it (diffusers' `max_sequence_length`).
     #[arg(long, default_value_t = 512)]
     pub max_sequence_length: usize,
+    /// Decode in tiles of this many latent positions a side (8 pixels each), every
+    /// 3/4 of a tile, blended as diffusers' tiled decode (its default: 32); default:
+    /// the whole frame when the VRAM budget leaves room for its activations, else the
+    /// largest tile that fits.
+    #[arg(long, value_name = "POSITIONS")]
+    pub vae_tile: Option<usize>,
     /// Also write each frame as DIR/NNN.png (the folder is created).
     #[arg(long, value_name = "DIR")]
     pub frames_dir: Option<PathBuf>,
@@ -182,6 +189,11 @@ pub fn execute(args: VideoArgs) -> CommandResult {
     if args.fps == 0 {
         return Err(bad("--fps 0: give the frames per second (Wan's 16)".into()));
     }
+    if args.vae_tile == Some(0) {
+        return Err(bad(
+            "--vae-tile 0: a tile is at least one latent position (8 pixels) a side; leave it out to tile only when the budget needs it".into(),
+        ));
+    }
     let parts = WanParts::folder(&args.model).map_err(pipeline_failure)?;
     let request = VideoRequest {
         prompt: args.prompt.clone(),
@@ -197,6 +209,7 @@ pub fn execute(args: VideoArgs) -> CommandResult {
         max_sequence_length: args.max_sequence_length,
         image: image_of("--image", &args.image, &args)?,
         last_image: image_of("--last-image", &args.last_image, &args)?,
+        vae_tile: args.vae_tile.map(WanTile::square),
     };
     let started = std::time::Instant::now();
     let quiet = args.quiet || args.json;

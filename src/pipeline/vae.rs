@@ -84,16 +84,8 @@ fn automatic_tile(
     let Model::Vae(vae) = &prepared.workload.model else {
         return Ok(None);
     };
-    // In a shared budget the VAE may have all of it, the others giving way.
-    let budgets = match &run.shared {
-        Some((pool, _)) => crate::run::Budgets {
-            vram_budget_bytes: pool.total().vram_bytes,
-            pin_ceiling_bytes: pool.total().pin_bytes,
-        },
-        None => budgets_for(prepared, run.settings, BudgetAsk::steps(1)),
-    };
-    let ring = 2 * prepared.facts().layout().largest_block_bytes();
-    let room = budgets.vram_budget_bytes.saturating_sub(ring);
+    let ring = ring_bytes(prepared);
+    let room = vram_budget_bytes(prepared, run).saturating_sub(ring);
     if vae.working_set_bytes() <= room {
         return Ok(None);
     }
@@ -117,6 +109,21 @@ fn automatic_tile(
         stage: "vae",
         least_bytes: least,
     })
+}
+
+/// The VRAM budget a decode runs under: the settings' for it, or all of a shared
+/// budget (in a shared budget the VAE may have all of it, the others giving way).
+pub(super) fn vram_budget_bytes(prepared: &Prepared, run: &PipelineRun<'_>) -> u64 {
+    match &run.shared {
+        Some((pool, _)) => pool.total().vram_bytes,
+        None => budgets_for(prepared, run.settings, BudgetAsk::steps(1)).vram_budget_bytes,
+    }
+}
+
+/// The weights' ring a streamed decode keeps beside its activations: two of its
+/// largest block.
+pub(super) fn ring_bytes(prepared: &Prepared) -> u64 {
+    2 * prepared.facts().layout().largest_block_bytes()
 }
 
 /// The smallest tile an automatic tiling takes (latent positions a side).

@@ -229,6 +229,8 @@ fn video_request(body: &VideosBody, shape: Shape, image: Option<Vec<f32>>) -> Vi
         image,
         // OpenAI's Videos API has no last frame.
         last_image: None,
+        // Tiled only when the server's budget needs it.
+        vae_tile: None,
     }
 }
 

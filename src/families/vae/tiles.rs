@@ -11,18 +11,11 @@
 //! through the activation path before the first block.
 
 use super::VaeConfig;
+pub use crate::families::tiling::Tile;
+use crate::families::tiling::{blend_and_crop, Grid, Seams};
 
 /// diffusers' `tile_overlap_factor`.
 const OVERLAP: f64 = 0.25;
-
-/// One tile: latent rows `row .. row + rows`, columns `col .. col + cols`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Tile {
-    pub row: usize,
-    pub col: usize,
-    pub rows: usize,
-    pub cols: usize,
-}
 
 /// How a latent of `height × width` positions is cut.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,39 +36,17 @@ impl Tiling {
     /// at least the latent's size: one tile).
     pub fn new(height: usize, width: usize, tile: Option<usize>, scale: usize) -> Self {
         let tile = tile.filter(|&tile| tile > 0 && (height > tile || width > tile));
-        let Some(side) = tile else {
-            return Self {
-                tile: None,
-                tiles: vec![Tile {
-                    row: 0,
-                    col: 0,
-                    rows: height,
-                    cols: width,
-                }],
-                columns: 1,
-                height,
-                width,
-                scale,
-            };
+        let grid = match tile {
+            Some(side) => {
+                let stride = ((side as f64 * (1.0 - OVERLAP)) as usize).max(1);
+                Grid::new(height, width, (side, side), (stride, stride))
+            }
+            None => Grid::whole(height, width),
         };
-        let stride = ((side as f64 * (1.0 - OVERLAP)) as usize).max(1);
-        let starts = |size: usize| (0..size).step_by(stride).collect::<Vec<_>>();
-        let (rows, cols) = (starts(height), starts(width));
-        let tiles = rows
-            .iter()
-            .flat_map(|&row| {
-                cols.iter().map(move |&col| Tile {
-                    row,
-                    col,
-                    rows: side.min(height - row),
-                    cols: side.min(width - col),
-                })
-            })
-            .collect();
         Self {
-            tile: Some(side),
-            tiles,
-            columns: cols.len(),
+            tile,
+            tiles: grid.tiles,
+            columns: grid.columns,
             height,
             width,
             scale,
@@ -94,119 +65,27 @@ impl Tiling {
     /// width·scale]`.
     pub fn assemble(&self, decoded: &[&[f32]], channels: usize) -> Vec<f32> {
         let scale = self.scale;
-        let (height, width) = (self.height * scale, self.width * scale);
         let Some(side) = self.tile else {
             return decoded
                 .first()
                 .map(|image| image.to_vec())
                 .unwrap_or_default();
         };
+        // `AutoencoderKL`'s seams: a quarter of the tile's pixels blended, the rest
+        // kept (which is the stride only when the side divides by 4).
         let sample = side * scale;
         let blend = (sample as f64 * OVERLAP) as usize;
-        let limit = sample - blend;
-        let mut tiles: Vec<Vec<f32>> = decoded.iter().map(|tile| tile.to_vec()).collect();
-        let size = |index: usize| {
-            (
-                self.tiles[index].rows * scale,
-                self.tiles[index].cols * scale,
-            )
+        let seams = Seams {
+            blend: (blend, blend),
+            keep: (sample - blend, sample - blend),
         };
-        for index in 0..tiles.len() {
-            let (row, column) = (index / self.columns, index % self.columns);
-            if row > 0 {
-                let above = index - self.columns;
-                blend_rows(
-                    &mut tiles,
-                    above,
-                    index,
-                    size(above),
-                    size(index),
-                    blend,
-                    channels,
-                );
-            }
-            if column > 0 {
-                blend_cols(
-                    &mut tiles,
-                    index - 1,
-                    index,
-                    size(index - 1),
-                    size(index),
-                    blend,
-                    channels,
-                );
-            }
-        }
-        let mut image = vec![0.0; channels * height * width];
-        for (index, tile) in tiles.iter().enumerate() {
-            let (tile_height, tile_width) = size(index);
-            let (row, column) = (index / self.columns, index % self.columns);
-            let (top, left) = (row * limit, column * limit);
-            for channel in 0..channels {
-                for y in 0..tile_height.min(limit) {
-                    for x in 0..tile_width.min(limit) {
-                        let (to_y, to_x) = (top + y, left + x);
-                        if to_y < height && to_x < width {
-                            image[(channel * height + to_y) * width + to_x] =
-                                tile[(channel * tile_height + y) * tile_width + x];
-                        }
-                    }
-                }
-            }
-        }
-        image
-    }
-}
-
-/// diffusers' `blend_v`: the first rows of tile `to` fade in from the last rows of
-/// tile `from` (the blended values of `from`, as its loop leaves them).
-fn blend_rows(
-    tiles: &mut [Vec<f32>],
-    from: usize,
-    to: usize,
-    (from_height, from_width): (usize, usize),
-    (to_height, to_width): (usize, usize),
-    blend: usize,
-    channels: usize,
-) {
-    let extent = blend.min(from_height).min(to_height);
-    let width = from_width.min(to_width);
-    for channel in 0..channels {
-        for y in 0..extent {
-            let weight = y as f32 / extent as f32;
-            for x in 0..width {
-                let above = tiles[from]
-                    [(channel * from_height + from_height - extent + y) * from_width + x];
-                let value = &mut tiles[to][(channel * to_height + y) * to_width + x];
-                *value = above * (1.0 - weight) + *value * weight;
-            }
-        }
-    }
-}
-
-/// diffusers' `blend_h`: the first columns of tile `to` fade in from the last
-/// columns of tile `from`.
-fn blend_cols(
-    tiles: &mut [Vec<f32>],
-    from: usize,
-    to: usize,
-    (from_height, from_width): (usize, usize),
-    (to_height, to_width): (usize, usize),
-    blend: usize,
-    channels: usize,
-) {
-    let extent = blend.min(from_width).min(to_width);
-    let height = from_height.min(to_height);
-    for channel in 0..channels {
-        for y in 0..height {
-            for x in 0..extent {
-                let weight = x as f32 / extent as f32;
-                let left =
-                    tiles[from][(channel * from_height + y) * from_width + from_width - extent + x];
-                let value = &mut tiles[to][(channel * to_height + y) * to_width + x];
-                *value = left * (1.0 - weight) + *value * weight;
-            }
-        }
+        let grid = Grid {
+            tiles: self.tiles.clone(),
+            columns: self.columns,
+        };
+        let tiles = decoded.iter().map(|tile| tile.to_vec()).collect();
+        let size = (self.height * scale, self.width * scale);
+        blend_and_crop(&grid, tiles, (scale, channels), seams, size)
     }
 }
 

@@ -16,7 +16,9 @@
 //! Blocks: `post_quant_conv` with the input convolution and the middle block, each
 //! up block, the output. A step decodes one chunk of one video (the block order
 //! repeats per chunk) and outputs its frames `[3, frames of the chunk, H, W]`;
-//! [`WanVaeDecoder::assemble`] joins a video's chunks. The steps of a video carry
+//! [`WanVaeDecoder::assemble`] joins a video's chunks. Decoded in tiles of space
+//! ([`WanTiling`], diffusers' `tiled_decode`), a step is one chunk of one tile, the
+//! tiles one after another each over every frame, and `assemble` blends them. The steps of a video carry
 //! its feature cache, so the reference replays them in order. The encoder, a video
 //! to the latent an image-to-video pipeline conditions on, is [`WanVaeEncoder`].
 
@@ -28,6 +30,7 @@ mod open;
 mod stack;
 #[cfg(test)]
 mod tests;
+mod tiles;
 mod weights;
 mod working_set;
 
@@ -36,6 +39,7 @@ use stagehand_actors::{BlockId, ModelLayout};
 pub use config::WanVaeConfig;
 pub use encoder::{VideoInput, WanVaeEncoder};
 pub use open::CLASS_NAME;
+pub use tiles::{WanTile, WanTiling};
 pub use working_set::working_set_bytes;
 
 use cache::{ChunkState, FeatureCache};
@@ -59,6 +63,8 @@ pub struct VideoLatentInput {
     pub frames: usize,
     pub height: usize,
     pub width: usize,
+    /// Decode in tiles of space ([`WanTiling`]); `None`: the whole frame at once.
+    pub tile: Option<WanTile>,
 }
 
 /// A WAN VAE decoder over its latent videos.
@@ -67,6 +73,7 @@ pub struct WanVaeDecoder {
     placement: Placement,
     decoder: Decoder,
     input: VideoLatentInput,
+    pub tiling: WanTiling,
 }
 
 impl WanVaeDecoder {
@@ -79,6 +86,7 @@ impl WanVaeDecoder {
             frames,
             height,
             width,
+            tile,
             ..
         } = input;
         let expected = config.z_dim * frames * height * width;
@@ -95,23 +103,39 @@ impl WanVaeDecoder {
                 config.z_dim,
             )));
         }
+        if let Some(tile) = &tile {
+            tile.check()?;
+        }
         let (placement, decoder) = weights::place_decoder(index, &config)?;
+        let tiling = WanTiling::new(height, width, tile, config.spatial_scale());
         Ok(Self {
             config,
             placement,
             decoder,
             input,
+            tiling,
         })
     }
 
-    /// Bytes a step holds live, its feature cache included.
+    /// Bytes a step holds live, its feature cache included: its largest tile's.
     pub fn working_set_bytes(&self) -> u64 {
+        let (rows, cols) = self.tiling.grid.largest();
+        working_set_bytes(&self.config, rows, cols)
+    }
+
+    /// Bytes a decode of the whole frame would hold live, tiled or not.
+    pub fn whole_frame_bytes(&self) -> u64 {
         working_set_bytes(&self.config, self.input.height, self.input.width)
     }
 
-    /// Steps a video takes: one per latent frame.
+    /// Steps a video takes: one per latent frame of each tile.
     pub fn steps_per_video(&self) -> usize {
-        self.input.frames
+        self.input.frames * self.tiling.count()
+    }
+
+    /// Latent frames, rows and columns of each video.
+    pub fn latent_size(&self) -> [usize; 3] {
+        [self.input.frames, self.input.height, self.input.width]
     }
 
     /// Latent videos to decode.
@@ -120,36 +144,44 @@ impl WanVaeDecoder {
     }
 
     /// The video `[channels, frames, height, width]` of one latent's steps' outputs
-    /// (each `[channels, frames of the chunk, height, width]`), in step order.
+    /// (each `[channels, frames of the chunk, height, width]` of a tile), in step
+    /// order: each tile's chunks joined, then the tiles blended.
     pub fn assemble(&self, chunks: &[&[f32]]) -> Vec<f32> {
         let channels = self.config.out_channels;
-        let mut video = vec![Vec::new(); channels];
-        for chunk in chunks {
-            let plane = chunk.len() / channels.max(1);
-            for (channel, values) in chunk.chunks_exact(plane.max(1)).enumerate() {
-                video[channel].extend_from_slice(values);
-            }
-        }
-        video.concat()
+        let per_tile = self.input.frames.max(1);
+        let tiles = chunks
+            .chunks(per_tile)
+            .map(|chunks| join_chunks(chunks, channels))
+            .collect();
+        let frames = self.config.video_frames(self.input.frames);
+        self.tiling.assemble(tiles, (channels, frames))
     }
 
-    /// Latent frame `frame` of video `video`, un-normalised as WanPipeline does,
-    /// channels-last.
-    fn channels_last(&self, video: usize, frame: usize) -> Vec<f32> {
+    /// Latent frame `frame` of tile `tile` of video `video`, un-normalised as
+    /// WanPipeline does, channels-last, and the tile's size.
+    fn channels_last(&self, video: usize, tile: usize, frame: usize) -> (Vec<f32>, Image) {
         let latent = &self.input.latents[video];
+        let tile = self.tiling.grid.tiles[tile];
         let (frames, channels) = (self.input.frames, self.config.z_dim);
-        let pixels = self.input.height * self.input.width;
-        let mut values = vec![0.0; pixels * channels];
+        let (pixels, width) = (self.input.height * self.input.width, self.input.width);
+        let mut values = vec![0.0; tile.rows * tile.cols * channels];
         for channel in 0..channels {
             let plane = &latent[(channel * frames + frame) * pixels..][..pixels];
             // `latents / (1 / std) + mean`, in the pipeline's own f32 steps.
             let inverse = 1.0 / self.config.latents_std[channel];
             let mean = self.config.latents_mean[channel];
-            for (pixel, &value) in plane.iter().enumerate() {
-                values[pixel * channels + channel] = value / inverse + mean;
+            for y in 0..tile.rows {
+                let row = &plane[(tile.row + y) * width + tile.col..][..tile.cols];
+                for (x, &value) in row.iter().enumerate() {
+                    values[(y * tile.cols + x) * channels + channel] = value / inverse + mean;
+                }
             }
         }
-        values
+        let image = Image {
+            height: tile.rows,
+            width: tile.cols,
+        };
+        (values, image)
     }
 
     /// One chunk through the decoder: its frames `[pixels, out]` of the output's
@@ -158,14 +190,10 @@ impl WanVaeDecoder {
         &self,
         compute: &C,
         blocks: &mut B,
-        (z, cache): (&[f32], &mut FeatureCache<C::Tensor>),
+        (z, mut image, cache): (&[f32], Image, &mut FeatureCache<C::Tensor>),
     ) -> Result<Vec<C::Tensor>, FamilyError> {
         let layers = Layers { compute };
         let decoder = &self.decoder;
-        let mut image = Image {
-            height: self.input.height,
-            width: self.input.width,
-        };
         let mut latent = compute.tensor(image.pixels(), self.config.z_dim)?;
         compute.write(&mut latent, z)?;
         let mut x = blocks.with_held(compute, BlockId(0), |held, _| {
@@ -219,16 +247,17 @@ impl Facts for WanVaeDecoder {
 
     /// Every step is its own: a chunk continues the ones before it.
     fn reference_key(&self, step: u64) -> u64 {
-        step % (self.input.latents.len() * self.input.frames) as u64
+        step % (self.input.latents.len() * self.steps_per_video()) as u64
     }
 
     fn reference_is_sequential(&self) -> bool {
         true
     }
 
-    /// Latent positions of a step (one latent frame).
+    /// Latent positions of a step (one latent frame of its largest tile).
     fn tokens_per_step(&self) -> u64 {
-        (self.input.height * self.input.width) as u64
+        let (rows, cols) = self.tiling.grid.largest();
+        (rows * cols) as u64
     }
 
     fn activation_bytes(&self, _steps: u64) -> u64 {
@@ -264,30 +293,51 @@ impl Family for WanVaeDecoder {
         step: u64,
     ) -> Result<StepOutput, FamilyError> {
         state.reserve_once(blocks, self.working_set_bytes())?;
-        let frames = self.input.frames;
-        let step = step as usize % (self.input.latents.len() * frames);
-        let (video, chunk) = (step / frames, step % frames);
+        let (frames, tiles) = (self.input.frames, self.tiling.count());
+        let step = step as usize % (self.input.latents.len() * frames * tiles);
+        let (video, tile, chunk) = (
+            step / (frames * tiles),
+            step / frames % tiles,
+            step % frames,
+        );
         let convolutions = working_set::causal_convolutions(&self.config);
+        // A tile's decode has a cache of its own (diffusers' `clear_cache` per
+        // tile), made at its first chunk and dropped after its last.
         let mut cache = state.take(chunk, convolutions, || {
-            format!("latent frame {chunk} of video {video} has no decode to continue: its earlier frames were not decoded")
+            format!("latent frame {chunk} of tile {tile} of video {video} has no decode to continue: its earlier frames were not decoded")
         })?;
-        let z = self.channels_last(video, chunk);
-        let decoded = self.decode_chunk(compute, blocks, (&z, &mut cache))?;
+        let (z, image) = self.channels_last(video, tile, chunk);
+        let decoded = self.decode_chunk(compute, blocks, (&z, image, &mut cache))?;
         state.keep(cache, chunk + 1 == frames);
         let mut planar = Vec::new();
         for frame in &decoded {
             planar.push(compute.read(frame)?);
         }
+        // Tiles are blended before the clamp, as `tiled_decode` blends them.
+        let clamp = self.tiling.tile.is_none();
         Ok(StepOutput {
-            output: Some(planar_frames(&planar, self.config.out_channels)),
+            output: Some(planar_frames(&planar, self.config.out_channels, clamp)),
             ..StepOutput::default()
         })
     }
 }
 
+/// `[channels, frames, pixels]` of chunks each `[channels, chunk frames, pixels]`.
+fn join_chunks(chunks: &[&[f32]], channels: usize) -> Vec<f32> {
+    let mut video = vec![Vec::new(); channels];
+    for chunk in chunks {
+        let plane = chunk.len() / channels.max(1);
+        for (channel, values) in chunk.chunks_exact(plane.max(1)).enumerate() {
+            video[channel].extend_from_slice(values);
+        }
+    }
+    video.concat()
+}
+
 /// Channels-last frames (each `[pixels, channels]`) as `[channels, frames, pixels]`,
-/// clamped to [−1, 1] as `AutoencoderKLWan` clamps its output.
-fn planar_frames(frames: &[Vec<f32>], channels: usize) -> Vec<f32> {
+/// clamped to [−1, 1] as `AutoencoderKLWan` clamps its output when `clamp` (a tile
+/// is clamped after the blend).
+fn planar_frames(frames: &[Vec<f32>], channels: usize, clamp: bool) -> Vec<f32> {
     let pixels = frames
         .first()
         .map_or(0, |frame| frame.len() / channels.max(1));
@@ -295,7 +345,10 @@ fn planar_frames(frames: &[Vec<f32>], channels: usize) -> Vec<f32> {
     for (index, frame) in frames.iter().enumerate() {
         for (pixel, row) in frame.chunks_exact(channels).enumerate() {
             for (channel, &value) in row.iter().enumerate() {
-                planar[(channel * frames.len() + index) * pixels + pixel] = value.clamp(-1.0, 1.0);
+                planar[(channel * frames.len() + index) * pixels + pixel] = match clamp {
+                    true => value.clamp(-1.0, 1.0),
+                    false => value,
+                };
             }
         }
     }

@@ -51,6 +51,7 @@ impl Open for WanVaeDecoder {
                     frames,
                     height,
                     width,
+                    tile: None,
                 }
             }
         };

@@ -65,6 +65,7 @@ fn decoder() -> WanVaeDecoder {
         frames: 3,
         height: 4,
         width: 4,
+        tile: None,
     };
     WanVaeDecoder::new(&index, config, input).expect("opens")
 }

@@ -21,11 +21,13 @@
 //! condition every step's transformer input carries after the noise.
 
 mod condition;
+mod decode;
 mod folder;
 mod hand_over;
 #[cfg(feature = "mp4")]
 mod mp4;
 
+pub use decode::choose_vae_tile;
 pub use folder::WanParts;
 pub use hand_over::HandOver;
 #[cfg(feature = "mp4")]
@@ -37,8 +39,9 @@ use super::{outputs, Picture, PipelineError, PipelineRun, Stage};
 use crate::families::flux::gaussian;
 use crate::families::wan::scheduler::{read_unipc, UniPc};
 use crate::families::wan::{high_noise_steps, Guidance, WanInput, WanSample};
-use crate::families::wan_vae::VideoLatentInput;
-use crate::families::{EncoderInput, Extras, Model, PaddingMasked, PromptLength, WorkloadKind};
+use crate::families::wan_vae::WanTile;
+use crate::families::{EncoderInput, Extras, PaddingMasked, PromptLength, WorkloadKind};
+use decode::decode;
 
 /// What to make.
 #[derive(Debug, Clone, PartialEq)]
@@ -65,6 +68,9 @@ pub struct VideoRequest {
     pub image: Option<Vec<f32>>,
     /// The last frame the same way (diffusers' `last_image`), with `image`.
     pub last_image: Option<Vec<f32>>,
+    /// Decode in tiles of space (diffusers' `enable_tiling`); `None`: the whole frame
+    /// when the budget leaves room for it, else the largest tile that fits.
+    pub vae_tile: Option<WanTile>,
 }
 
 impl VideoRequest {
@@ -259,61 +265,6 @@ fn encode(
 /// ends trimmed.
 fn clean(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
-/// The VAE's stage: the latent decoded chunk by chunk, the frames rounded.
-fn decode(
-    parts: &WanParts,
-    request: &VideoRequest,
-    run: &PipelineRun<'_>,
-    latent: &[f32],
-) -> Result<(Vec<Picture>, Stage), PipelineError> {
-    let [frames, height, width] = request.latent_size();
-    let extras = Extras::default().with(VideoLatentInput {
-        latents: vec![latent.to_vec()],
-        frames,
-        height,
-        width,
-    });
-    let steps_of = |prepared: &crate::run::Prepared| match &prepared.workload.model {
-        Model::WanVae(vae) => vae.steps_per_video() as u64,
-        _ => 0,
-    };
-    let kind = ("vae", WorkloadKind::Auto);
-    let (prepared, stage) = run.stage(kind, &parts.vae, &extras, 1, steps_of)?;
-    let Model::WanVae(vae) = &prepared.workload.model else {
-        return Err(PipelineError::Layout {
-            path: parts.vae.path.clone(),
-            problem: "is not an AutoencoderKLWan".into(),
-        });
-    };
-    let chunks: Vec<&[f32]> = outputs(&stage).into_iter().map(Vec::as_slice).collect();
-    let video = vae.assemble(&chunks);
-    let plane = request.height * request.width;
-    let count = video.len() / (3 * plane).max(1);
-    if count != request.frames || video.len() != 3 * plane * count {
-        return Err(PipelineError::Failed(format!(
-            "the VAE gave {} values; {} frames of {}×{} RGB are {}",
-            video.len(),
-            request.frames,
-            request.width,
-            request.height,
-            3 * plane * request.frames
-        )));
-    }
-    // [3, frames, H, W] → each frame's [3, H, W].
-    let pictures = (0..count)
-        .map(|frame| {
-            let planar: Vec<f32> = (0..3)
-                .flat_map(|channel| {
-                    let at = (channel * count + frame) * plane;
-                    video[at..at + plane].iter().copied()
-                })
-                .collect();
-            Picture::from_decoded(&planar, request.height, request.width)
-        })
-        .collect::<Result<_, _>>()?;
-    Ok((pictures, stage))
 }
 
 fn check(request: &VideoRequest, parts: &WanParts) -> Result<(), PipelineError> {
