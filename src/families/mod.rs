@@ -46,6 +46,7 @@ pub mod registry;
 mod shapes;
 pub mod stream_verify;
 pub mod t5;
+pub mod tokenizer_json;
 pub mod vae;
 mod walk;
 pub mod wan;
