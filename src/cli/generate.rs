@@ -125,7 +125,7 @@ pub fn execute(args: GenerateArgs) -> CommandResult {
         .folder
         .as_ref()
         .and_then(|folder| folder.tokenizer.as_ref())
-        .and_then(|path| tokenizers::Tokenizer::from_file(path).ok());
+        .and_then(|path| stagehand::families::tokenizer_json::read(path).ok());
     let streaming = !args.json;
     if streaming && !args.quiet {
         // The prompt as given: its text, or the text of its ids.

@@ -47,6 +47,7 @@ mod shapes;
 pub mod stream_verify;
 pub mod t5;
 pub mod tiling;
+pub mod tokenizer_json;
 pub mod vae;
 mod walk;
 pub mod wan;

@@ -235,7 +235,7 @@ fn tokenizer_dirs(dir: &Path) -> Vec<PathBuf> {
 fn read_tokenizer(folder: &Path) -> Option<Result<Tokenizer, FamilyError>> {
     let json = folder.join("tokenizer.json");
     if json.is_file() {
-        return Some(Tokenizer::from_file(&json).map_err(|error| {
+        return Some(super::tokenizer_json::read(&json).map_err(|error| {
             FamilyError::Model(format!(
                 "{}: is not a tokenizer Hugging Face's tokenizers can read ({error})",
                 json.display()

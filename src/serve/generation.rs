@@ -188,7 +188,7 @@ fn chat_prompt(
 }
 
 /// A message's text: the string, or its text parts joined.
-fn content_text(content: Option<&Content>) -> String {
+pub(super) fn content_text(content: Option<&Content>) -> String {
     match content {
         None => String::new(),
         Some(Content::Text(text)) => text.clone(),

@@ -46,7 +46,7 @@ pub struct ImageJob {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct ImagesRequest {
+pub(super) struct ImagesRequest {
     model: String,
     prompt: String,
     #[serde(default)]
@@ -114,7 +114,10 @@ async fn images(
 }
 
 /// The request as the pipeline takes it, within the server's limits.
-fn image_request(request: &ImagesRequest, limits: &Limits) -> Result<ImageRequest, ApiError> {
+pub(super) fn image_request(
+    request: &ImagesRequest,
+    limits: &Limits,
+) -> Result<ImageRequest, ApiError> {
     match request.response_format.as_deref() {
         None | Some("b64_json") => {}
         Some("url") => {
@@ -144,12 +147,12 @@ fn image_request(request: &ImagesRequest, limits: &Limits) -> Result<ImageReques
         None | Some("auto") => (DEFAULT_SIZE, DEFAULT_SIZE),
         Some(size) => parse_size(size)?,
     };
-    if width * height > limits.max_image_pixels {
+    if !pixels_within((width, height), limits.max_image_pixels) {
         return Err(ApiError::bad_request(
             "size",
             format!(
                 "size {width}x{height} is {} pixels, above limits.max_image_pixels = {}",
-                width * height,
+                width as u128 * height as u128,
                 limits.max_image_pixels
             ),
         ));
@@ -208,6 +211,15 @@ pub(super) fn parse_size(size: &str) -> Result<(usize, usize), ApiError> {
     Ok((width, height))
 }
 
+/// Whether a picture of `width` × `height` has at most `most` pixels; a product
+/// past `usize` (a size such as `"4294967296x4294967296"`) is above any limit, not
+/// wrapped around to a small one.
+pub(super) fn pixels_within((width, height): (usize, usize), most: usize) -> bool {
+    width
+        .checked_mul(height)
+        .is_some_and(|pixels| pixels <= most)
+}
+
 /// An image model's thread: answers jobs until the queue closes. Each image runs the
 /// whole pipeline, every stage's budgets given back at its end, so the thread ends
 /// holding nothing.
@@ -263,4 +275,22 @@ fn pngs(
                 .map_err(|error| RunError::Failed(error.to_string()))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_size_whose_pixels_overflow_is_refused_not_wrapped() {
+        // Proves the regression found writing the fuzz target serve_json_bodies: 2^32 x 2^32
+        // pixels overflowed usize (a panic with overflow checks, a product of 0 that
+        // passed the limit without them); it is above any limit, a 400 naming size.
+        let body = br#"{"model":"flux","prompt":"x","size":"4294967296x4294967296"}"#;
+        let request: ImagesRequest = serde_json::from_slice(body).expect("a body");
+        let error = image_request(&request, &Limits::default()).expect_err("refused");
+        assert_eq!(error.param.as_deref(), Some("size"));
+        assert!(pixels_within((1024, 1024), 1024 * 1024));
+        assert!(!pixels_within((usize::MAX, 2), usize::MAX));
+    }
 }

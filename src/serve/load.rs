@@ -186,7 +186,7 @@ fn text_side(folder: Option<&ModelFolder>, endpoints: Endpoints) -> Result<TextS
     let tokenizer = folder
         .tokenizer
         .as_ref()
-        .map(tokenizers::Tokenizer::from_file)
+        .map(|path| crate::families::tokenizer_json::read(path))
         .transpose()
         .map_err(|error| format!("tokenizer.json: {error}"))?;
     let chat = match endpoints {

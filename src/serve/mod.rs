@@ -17,6 +17,8 @@ mod chat;
 mod config;
 mod errors;
 mod form;
+#[doc(hidden)]
+pub mod fuzzing;
 mod generation;
 mod handlers;
 mod images;

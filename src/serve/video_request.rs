@@ -152,12 +152,12 @@ pub fn asked_video(body: &VideosBody, limits: &Limits) -> Result<AskedVideo, Api
         None => DEFAULT_SIZE,
         Some(size) => super::images::parse_size(size)?,
     };
-    if width * height > limits.max_video_pixels {
+    if !super::images::pixels_within((width, height), limits.max_video_pixels) {
         return Err(ApiError::bad_request(
             "size",
             format!(
                 "size {width}x{height} is {} pixels a frame, above limits.max_video_pixels = {}",
-                width * height,
+                width as u128 * height as u128,
                 limits.max_video_pixels
             ),
         ));
@@ -258,9 +258,11 @@ fn frames_of(body: &VideosBody, fps: u32, limits: &Limits) -> Result<usize, ApiE
         (Some(frames), None) => {
             if frames % 4 != 1 {
                 let lower = frames.saturating_sub(1) / 4 * 4 + 1;
+                // Saturating: `lower + 4` overflowed for num_frames ≥ 2^64 − 3.
+                let higher = lower.saturating_add(4);
                 return Err(ApiError::bad_request(
                     "num_frames",
-                    format!("num_frames = {frames}: Wan makes 4k + 1 frames (the VAE keeps the first and folds every 4 after it); give {lower} or {}", lower + 4),
+                    format!("num_frames = {frames}: Wan makes 4k + 1 frames (the VAE keeps the first and folds every 4 after it); give {lower} or {higher}"),
                 ));
             }
             frames
@@ -368,5 +370,31 @@ mod tests {
             .expect_err("refused")
             .to_string()
             .contains("quality"));
+    }
+
+    #[test]
+    fn a_size_or_frame_count_that_overflows_is_refused_not_wrapped() {
+        // Proves the regressions found writing the fuzz target serve_video_body: 2^32
+        // x 2^32 pixels overflowed usize (a panic with overflow checks, a product of 0
+        // that passed the limit without them), now above any limit, a 400 naming size;
+        // and num_frames near 2^64, whose suggested 4k + 1 overflowed, a 400 naming it.
+        let body = br#"{"model":"wan","prompt":"x","size":"4294967296x4294967296"}"#;
+        let parsed = parse_body(None, &Bytes::from_static(body), &Limits::default());
+        let error = asked_video(&parsed.expect("a body"), &Limits::default());
+        let error = error.expect_err("refused");
+        assert_eq!(error.param.as_deref(), Some("size"));
+        assert!(
+            error.message.contains("18446744073709551616 pixels"),
+            "{}",
+            error.message
+        );
+        // And num_frames = 2^64 − 1, whose suggested 4k + 1 overflowed.
+        let body = br#"{"model":"wan","prompt":"x","num_frames":18446744073709551615}"#;
+        let parsed = parse_body(None, &Bytes::from_static(body), &Limits::default());
+        let error = asked_video(&parsed.expect("a body"), &Limits::default());
+        assert_eq!(
+            error.expect_err("refused").param.as_deref(),
+            Some("num_frames")
+        );
     }
 }

@@ -9,7 +9,7 @@
 
 use std::path::Path;
 
-use tokenizers::{Tokenizer, TruncationParams};
+use tokenizers::TruncationParams;
 
 use crate::families::FamilyError;
 
@@ -57,7 +57,7 @@ pub fn tokenize(
     limits: TextLimits,
 ) -> Result<Vec<Tokens>, FamilyError> {
     let fail = |problem: String| FamilyError::Model(format!("{}: {problem}", path.display()));
-    let mut tokenizer = Tokenizer::from_file(path).map_err(|error| {
+    let mut tokenizer = crate::families::tokenizer_json::read(path).map_err(|error| {
         fail(format!(
             "is not a tokenizer Hugging Face's tokenizers can read ({error})"
         ))

@@ -114,7 +114,7 @@ impl Open for Decoder {
 /// A prompt's token ids, as the folder's tokenizer makes them (special tokens such as
 /// a beginning-of-text marker included, as the file configures).
 fn encode_prompt(path: &Path, text: &str) -> Result<Vec<u32>, String> {
-    let tokenizer = tokenizers::Tokenizer::from_file(path).map_err(|error| {
+    let tokenizer = crate::families::tokenizer_json::read(path).map_err(|error| {
         format!(
             "{}: is not a tokenizer Hugging Face's tokenizers can read ({error})",
             path.display()
