@@ -108,6 +108,40 @@ fn run(
     execute(prepared, plan)
 }
 
+/// `steps` of `prepared` twice, streamed under half the model (at least two and a
+/// half blocks) and fully resident, every step of both checked against the resident
+/// pass and their outputs equal bit for bit (`what` names the case); the streamed run.
+fn streamed_equal_to_resident(prepared: &Prepared, steps: u64, what: &str) -> Outcome {
+    let layout = prepared.facts().layout();
+    let (total, largest) = (layout.total_bytes(), layout.largest_block_bytes());
+    let streamed_weights = (total / 2).max(2 * largest + largest / 2);
+    let usage = Arc::new(LastUsage::default());
+    let streamed = run(
+        prepared,
+        (budget(prepared, streamed_weights), steps),
+        usage.clone(),
+    )
+    .expect("streams");
+    let resident = run(prepared, (budget(prepared, 2 * total), steps), usage).expect("runs");
+    assert!(
+        streamed.report.plan.vram.resident.iter().any(|r| !r),
+        "{what}: nothing streamed"
+    );
+    assert!(
+        resident.report.plan.vram.resident.iter().all(|r| *r),
+        "{what}: the resident run streams"
+    );
+    for outcome in [&streamed, &resident] {
+        assert_eq!(outcome.report.verified_steps, steps, "{what}: unverified");
+        assert_eq!(outcome.report.tolerance_steps, 0, "{what}: tolerance used");
+    }
+    assert_eq!(
+        streamed.report.outputs, resident.report.outputs,
+        "{what}: streamed differs from resident"
+    );
+    streamed
+}
+
 /// A pin ceiling that keeps the model in pinned RAM, and its staging ring.
 fn pinned_bytes(prepared: &Prepared) -> u64 {
     let layout = prepared.facts().layout();
@@ -129,35 +163,7 @@ fn wan_vae_frames_match_diffusers_streamed_and_resident() {
     let steps = input.frames as u64;
     let prepared = prepare(input).expect("opens");
     assert_eq!(prepared.family.name, "wan-vae");
-    let layout = prepared.facts().layout();
-    let total = layout.total_bytes();
-    let largest = layout.largest_block_bytes();
-    let streamed_weights = (total / 2).max(2 * largest + largest / 2);
-    let usage = Arc::new(LastUsage::default());
-    let streamed = run(
-        &prepared,
-        (budget(&prepared, streamed_weights), steps),
-        usage.clone(),
-    )
-    .expect("streams");
-    let resident =
-        run(&prepared, (budget(&prepared, 2 * total), steps), usage).expect("runs resident");
-    assert!(
-        streamed.report.plan.vram.resident.iter().any(|r| !r),
-        "nothing streamed"
-    );
-    assert!(
-        resident.report.plan.vram.resident.iter().all(|r| *r),
-        "the resident run streams"
-    );
-    for outcome in [&streamed, &resident] {
-        assert_eq!(outcome.report.verified_steps, steps, "unverified");
-        assert_eq!(outcome.report.tolerance_steps, 0, "tolerance used");
-    }
-    assert_eq!(
-        streamed.report.outputs, resident.report.outputs,
-        "streamed differs from resident"
-    );
+    let streamed = streamed_equal_to_resident(&prepared, steps, "decoder");
     let chunks: Vec<&[f32]> = streamed
         .report
         .outputs
@@ -276,21 +282,7 @@ fn wan_vae_encoder_matches_diffusers_streamed_and_resident() {
     .expect("opens");
     assert_eq!(prepared.family.name, "wan-vae-encoder");
     let steps = 1 + (shape[2] as u64 - 1) / 4;
-    let layout = prepared.facts().layout();
-    let (total, largest) = (layout.total_bytes(), layout.largest_block_bytes());
-    let usage = Arc::new(LastUsage::default());
-    let streamed_weights = (total / 2).max(2 * largest + largest / 2);
-    let streamed = run(
-        &prepared,
-        (budget(&prepared, streamed_weights), steps),
-        usage.clone(),
-    )
-    .expect("streams");
-    let resident = run(&prepared, (budget(&prepared, 2 * total), steps), usage).expect("runs");
-    for outcome in [&streamed, &resident] {
-        assert_eq!(outcome.report.verified_steps, steps, "unverified");
-    }
-    assert_eq!(streamed.report.outputs, resident.report.outputs);
+    let streamed = streamed_equal_to_resident(&prepared, steps, "encoder");
     // Each step is one latent frame [16, h, w]; the expected latent is [16, f, h, w].
     let chunks: Vec<&[f32]> = streamed
         .report
@@ -310,11 +302,5 @@ fn wan_vae_encoder_matches_diffusers_streamed_and_resident() {
     assert!(
         absolute < TOLERANCE * scale.max(1.0),
         "latent differs by {absolute}"
-    );
-    let blocks: Vec<u64> = layout.blocks.iter().map(|block| block.bytes).collect();
-    let plan = &streamed.report.plan.vram.resident;
-    assert!(
-        plan.iter().any(|resident| !resident),
-        "nothing streamed: blocks {blocks:?}, resident {plan:?}"
     );
 }

@@ -78,25 +78,7 @@ fn wan_vae_tiled_decode_matches_diffusers_streamed_and_resident() {
         let prepared = prepare(tiled_input(Some(tile))).expect("opens");
         let steps = steps(tile);
         assert!(steps >= 2 * 2 * 2, "{name}: fewer than 2 × 2 tiles");
-        let layout = prepared.facts().layout();
-        let (total, largest) = (layout.total_bytes(), layout.largest_block_bytes());
-        let streamed_weights = (total / 2).max(2 * largest + largest / 2);
-        let usage = Arc::new(LastUsage::default());
-        let streamed = run(
-            &prepared,
-            (budget(&prepared, streamed_weights), steps),
-            usage.clone(),
-        )
-        .expect("streams");
-        let resident = run(&prepared, (budget(&prepared, 2 * total), steps), usage).expect("runs");
-        assert!(streamed.report.plan.vram.resident.iter().any(|r| !r));
-        for outcome in [&streamed, &resident] {
-            assert_eq!(outcome.report.verified_steps, steps, "{name}: unverified");
-        }
-        assert_eq!(
-            streamed.report.outputs, resident.report.outputs,
-            "{name}: streamed differs from resident"
-        );
+        let streamed = streamed_equal_to_resident(&prepared, steps, name);
         let absolute = difference(&prepared, &streamed, name);
         eprintln!("wan vae tiled ({name}): {absolute:e} max abs from diffusers' tiled_decode");
         assert!(absolute < TOLERANCE, "{name}: differs by {absolute}");
