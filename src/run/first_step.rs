@@ -11,7 +11,6 @@
 //! over blocks read from the files ([`Workload::reference`](super::driver::Workload::reference)), on a compute built as
 //! the run's was, compared bit for bit.
 
-use crate::families::linear_stack::first_difference;
 use crate::families::{Family, FamilyError, Visit};
 use crate::settings::{Settings, Verify};
 
@@ -41,21 +40,7 @@ pub fn verify_first_step(
     };
     let compute = super::execute::cpu_compute(prepared, settings, outcome.budgets);
     let expected = workload.reference(&compute, &prepared.index, 0)?;
-    if got.len() != expected.len() {
-        return Err(FamilyError::Model(format!(
-            "output mismatch at step 0: {} values, the fully-resident reference {}",
-            got.len(),
-            expected.len()
-        )));
-    }
-    if let Some((index, got, expected)) = first_difference(got, &expected) {
-        return Err(FamilyError::Mismatch {
-            step: 0,
-            index,
-            got,
-            expected,
-        });
-    }
+    super::recorded::compare(0, got, &expected, false)?;
     outcome.report.verified_steps += 1;
     outcome.report.verify = Verify::First;
     Ok(())

@@ -140,6 +140,17 @@ fn check<C: Compute, F: Family>(
     low_rank: bool,
 ) -> Result<(), FamilyError> {
     let expected = reference.expected(compute, step)?;
+    compare(step, got, expected, low_rank)
+}
+
+/// A step's output against its reference: bit for bit, or within the LoRA tolerance
+/// when a block took the low-rank path (a length that differs is a mismatch too).
+pub(super) fn compare(
+    step: u64,
+    got: &[f32],
+    expected: &[f32],
+    low_rank: bool,
+) -> Result<(), FamilyError> {
     let difference = if low_rank {
         first_difference_within(got, expected, LORA_TOLERANCE)
     } else {
