@@ -90,25 +90,56 @@ fn automatic_tile(
         return Ok(None);
     }
     let (height, width) = (vae.tiling.height, vae.tiling.width);
-    let mut tile = (vae.config.sample_size / vae.config.scale_factor()).min(height.max(width));
-    while tile >= MIN_TILE {
-        if working_set_bytes(&vae.config, tile, tile) <= room {
-            tracing::info!(
-                "vae: a whole {}×{} decode needs {} of activations beside the weights' ring, more than the budget leaves ({}); decoding in tiles of {tile}² latent positions",
-                width * vae.config.scale_factor(),
-                height * vae.config.scale_factor(),
-                stagehand_actors::Bytes(vae.working_set_bytes()),
-                stagehand_actors::Bytes(room)
-            );
-            return Ok(Some(tile));
-        }
-        tile /= 2;
+    let largest = (vae.config.sample_size / vae.config.scale_factor()).min(height.max(width));
+    let whole = TiledDecode {
+        pixels: [width, height].map(|side| side * vae.config.scale_factor()),
+        whole_bytes: vae.working_set_bytes(),
+        room_bytes: room,
+    };
+    let fits = |tile: usize| Some(working_set_bytes(&vae.config, tile, tile));
+    if let Some(tile) = whole.largest_tile([largest, MIN_TILE], fits) {
+        return Ok(Some(tile));
     }
     let least = working_set_bytes(&vae.config, MIN_TILE, MIN_TILE) + ring;
     Err(PipelineError::BudgetTooSmall {
         stage: "vae",
         least_bytes: least,
     })
+}
+
+/// A decode too large for its room, about to be tiled: the whole frame's pixels
+/// (`[width, height]`), its working set and the room beside the weights' ring.
+pub(super) struct TiledDecode {
+    pub(super) pixels: [usize; 2],
+    pub(super) whole_bytes: u64,
+    pub(super) room_bytes: u64,
+}
+
+impl TiledDecode {
+    /// The largest tile side from `largest` halved down to `least` (latent positions)
+    /// whose working set (`tile_bytes`; `None` when that side is no tiling at all)
+    /// fits the room, said in one line; `None` when not even `least` fits.
+    pub(super) fn largest_tile(
+        &self,
+        [largest, least]: [usize; 2],
+        tile_bytes: impl Fn(usize) -> Option<u64>,
+    ) -> Option<usize> {
+        let mut side = largest;
+        while side >= least {
+            if tile_bytes(side).is_some_and(|bytes| bytes <= self.room_bytes) {
+                tracing::info!(
+                    "vae: a whole {}×{} decode needs {} of activations beside the weights' ring, more than the budget leaves ({}); decoding in tiles of {side}² latent positions",
+                    self.pixels[0],
+                    self.pixels[1],
+                    stagehand_actors::Bytes(self.whole_bytes),
+                    stagehand_actors::Bytes(self.room_bytes)
+                );
+                return Some(side);
+            }
+            side /= 2;
+        }
+        None
+    }
 }
 
 /// The VRAM budget a decode runs under: the settings' for it, or all of a shared

@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use super::super::vae::{ring_bytes, vram_budget_bytes};
+use super::super::vae::{ring_bytes, vram_budget_bytes, TiledDecode};
 use super::{outputs, Picture, PipelineError, PipelineRun, Stage, VideoRequest, WanParts};
 use crate::families::wan_vae::{working_set_bytes, VideoLatentInput, WanTile, WanTiling};
 use crate::families::{Extras, Model, WorkloadKind};
@@ -100,29 +100,20 @@ pub fn choose_vae_tile(
     }
     let [_, height, width] = vae.latent_size();
     let scale = vae.config.spatial_scale();
-    let tiled_bytes = |side: usize| {
+    // A tile as large as the latent is the whole frame, which does not fit.
+    let tile_bytes = |side: usize| {
         let tiling = WanTiling::new(height, width, Some(WanTile::square(side)), scale);
         let (rows, cols) = tiling.grid.largest();
-        (
-            tiling.tile.is_some(),
-            working_set_bytes(&vae.config, rows, cols),
-        )
+        (tiling.tile.is_some()).then(|| working_set_bytes(&vae.config, rows, cols))
     };
-    let mut side = WanTile::DIFFUSERS.height;
-    while side >= MIN_TILE {
-        // A tile as large as the latent is the whole frame, which does not fit.
-        let (tiled, bytes) = tiled_bytes(side);
-        if tiled && bytes <= room {
-            tracing::info!(
-                "vae: a whole {}×{} decode needs {} of activations beside the weights' ring, more than the budget leaves ({}); decoding in tiles of {side}² latent positions",
-                width * scale,
-                height * scale,
-                stagehand_actors::Bytes(vae.whole_frame_bytes()),
-                stagehand_actors::Bytes(room)
-            );
-            return Ok(Some(WanTile::square(side)));
-        }
-        side /= 2;
+    let whole = TiledDecode {
+        pixels: [width * scale, height * scale],
+        whole_bytes: vae.whole_frame_bytes(),
+        room_bytes: room,
+    };
+    let sides = [WanTile::DIFFUSERS.height, MIN_TILE];
+    if let Some(side) = whole.largest_tile(sides, tile_bytes) {
+        return Ok(Some(WanTile::square(side)));
     }
     Err(PipelineError::BudgetTooSmall {
         stage: "vae",
