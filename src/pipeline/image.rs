@@ -4,6 +4,7 @@
 //! embeds its own.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::PipelineError;
 
@@ -73,7 +74,12 @@ impl Picture {
             reason: error.to_string(),
         };
         let bytes = self.png_bytes(text).map_err(|error| failed(&error))?;
-        let partial = path.with_extension("png.partial");
+        // A name of this write's own: two runs writing the same path at once (the CLI
+        // tables' rows do) each rename a whole file of theirs, the last one stays.
+        // With a shared name one's rename took the other's file and the other failed.
+        static WRITES: AtomicU64 = AtomicU64::new(0);
+        let write = WRITES.fetch_add(1, Ordering::Relaxed);
+        let partial = path.with_extension(format!("png.partial-{}-{write}", std::process::id()));
         if let Err(error) = std::fs::write(&partial, bytes) {
             let _ = std::fs::remove_file(&partial);
             return Err(failed(&error));
