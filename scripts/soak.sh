@@ -5,6 +5,7 @@
 #
 #   scripts/soak.sh 60m          # the 60-minute soak (also: 3600, 3600s, 1h)
 #   scripts/soak.sh 5m           # a short validation
+#   scripts/soak.sh serve 30m    # the server alone, under its mixed load
 #
 # What runs, all at once, until DURATION is up:
 #   lora  `stagehand run --steps 0 --lora ADAPTER` on a 16 MiB demo model streamed
@@ -13,13 +14,19 @@
 #         metrics served;
 #   cycle a loop of short runs, each attaching an adapter, streaming 20 steps and
 #         detaching it on the way out (every one must exit 0);
-#   serve `stagehand serve` with a tiny BERT embedder and a tiny Llama decoder, under
-#         steady load: two clients posting /v1/embeddings (in turn on `bert` and on
-#         its adapter, `bert:style`: a LoRA switch every request) and
-#         /v1/completions back to back (every request must answer 200);
-#   curl  the three metrics endpoints scraped every second (every scrape must succeed).
-# At the end both long runs get SIGINT and must exit 130 with every budget released;
-# the server gets SIGTERM and must drain, exit 0 and say each model holds 0 B.
+#   serve `stagehand serve` with a tiny BERT embedder, a tiny Llama decoder and the
+#         tiny Flux pipeline, under steady mixed load, one client each, back to back:
+#         /v1/embeddings (in turn on `bert` and on its adapter, `bert:style`: a LoRA
+#         switch every request), /v1/completions, /v1/chat/completions,
+#         /v1/images/generations (a 64x64 image, 2 steps: one image job after
+#         another), and an admin cycle (load a second decoder with
+#         POST /admin/models, complete on it, unload it with DELETE, which must say
+#         0 B of either budget is left);
+#   curl  the metrics endpoints scraped every second (every scrape must succeed).
+# Every request is counted by its answer: 2xx, 4xx, 5xx (none of the last two may
+# happen) or no answer. At the end both long runs get SIGINT and must exit 130 with
+# every budget released; the server gets SIGTERM and must drain, exit 0 and say each
+# model holds 0 B. `serve` first runs the server, its clients and its scrape only.
 #
 # Environment (not STAGEHAND_*: those are settings): SOAK_BIN (default: build
 # target/release/stagehand),
@@ -38,6 +45,11 @@ usage() {
   exit 2
 }
 
+serve_only=no
+if [ "${1:-}" = serve ]; then
+  serve_only=yes
+  shift
+fi
 duration="${1:-}"
 [ -n "$duration" ] || usage
 case "$duration" in
@@ -71,8 +83,13 @@ adapter="$models/adapter.safetensors"
 "$bin" demo-model --arch bert --out "$models/bert" --lora-out "$models/bert-adapter" \
   --lora-rank 4 >>"$dir/demo-model.log" 2>&1
 "$bin" demo-model --arch llama --out "$models/llama" >>"$dir/demo-model.log" 2>&1
+cp -r "$root/tests/fixtures/pipeline/flux-tiny" "$models/flux"
 cat >"$dir/serve.toml" <<TOML
 bind = "127.0.0.1:$serve_port"
+
+[admin]
+key = "soak-admin-key"
+model_roots = ["$models"]
 
 [[models]]
 name = "bert"
@@ -82,7 +99,12 @@ adapters = { style = "$models/bert-adapter/adapter_model.safetensors" }
 [[models]]
 name = "llama"
 folder = "$models/llama"
+
+[[models]]
+name = "flux"
+folder = "$models/flux"
 TOML
+served_models=3
 
 pids=()
 cleanup() {
@@ -90,77 +112,132 @@ cleanup() {
 }
 trap cleanup EXIT
 
-"$bin" run --device cpu --quiet --steps 0 --model "$model" --lora "$adapter" \
-  --pin-ceiling 8MiB --metrics-addr "127.0.0.1:$port" >"$dir/lora.out" 2>"$dir/lora.err" &
-lora_pid=$!
-pids+=("$lora_pid")
-"$bin" run --device cpu --quiet --steps 0 --workload moe --cache-dir "$dir/cache" \
-  --metrics-addr "127.0.0.1:$moe_port" >"$dir/moe.out" 2>"$dir/moe.err" &
-moe_pid=$!
-pids+=("$moe_pid")
+# The long runs (not in `serve` mode): each serves its metrics.
+long_runs=()
+lora_pid="" moe_pid=""
+if [ "$serve_only" = no ]; then
+  "$bin" run --device cpu --quiet --steps 0 --model "$model" --lora "$adapter" \
+    --pin-ceiling 8MiB --metrics-addr "127.0.0.1:$port" >"$dir/lora.out" 2>"$dir/lora.err" &
+  lora_pid=$!
+  "$bin" run --device cpu --quiet --steps 0 --workload moe --cache-dir "$dir/cache" \
+    --metrics-addr "127.0.0.1:$moe_port" >"$dir/moe.out" 2>"$dir/moe.err" &
+  moe_pid=$!
+  pids+=("$lora_pid" "$moe_pid")
+  long_runs=(lora moe)
+fi
 "$bin" serve --config "$dir/serve.toml" >"$dir/serve.out" 2>"$dir/serve.err" &
 serve_pid=$!
 pids+=("$serve_pid")
+processes=("${long_runs[@]}" serve)
+metrics_ports=("$serve_port")
+[ "$serve_only" = yes ] || metrics_ports+=("$port" "$moe_port")
 
-# The clock starts once both runs serve metrics (they have prepared and started) and
+# The clock starts once the runs serve metrics (they have prepared and started) and
 # the server has loaded its models.
 for _ in $(seq 1 240); do
-  if curl -sf --max-time 2 "http://127.0.0.1:$port/metrics" -o /dev/null &&
-    curl -sf --max-time 2 "http://127.0.0.1:$moe_port/metrics" -o /dev/null &&
-    curl -sf --max-time 2 "http://127.0.0.1:$serve_port/ready" -o /dev/null; then
+  up=yes
+  for p in "${metrics_ports[@]}"; do
+    curl -sf --max-time 2 "http://127.0.0.1:$p/metrics" -o /dev/null || up=no
+  done
+  if [ "$up" = yes ] && curl -sf --max-time 2 "http://127.0.0.1:$serve_port/ready" -o /dev/null; then
     break
   fi
   sleep 0.5
 done
 
-# Two clients of the server, back to back: embeddings and completions.
-for kind in embeddings completions; do
+# One request to the server: METHOD PATH [BODY] [AUTH]; prints its HTTP status
+# (000: no answer).
+request() {
+  local args=(-s --max-time 120 -o /dev/null -w '%{http_code}' -X "$1")
+  [ -n "${3:-}" ] && args+=(-H 'Content-Type: application/json' -d "$3")
+  [ -n "${4:-}" ] && args+=(-H "Authorization: Bearer $4")
+  curl "${args[@]}" "http://127.0.0.1:$serve_port$2" 2>>"$dir/requests.err" || true
+}
+
+# Counts an answer of client NAME: ok, 4xx, 5xx, none; `$dir/NAME.count` holds them.
+declare -A tally
+count() { # name status wanted
+  case "$2" in
+    "$3") tally[ok]=$((tally[ok] + 1)) ;;
+    4??) tally[c4]=$((tally[c4] + 1)); echo "$(date +%T) $1: $2" >>"$dir/requests.err" ;;
+    5??) tally[c5]=$((tally[c5] + 1)); echo "$(date +%T) $1: $2" >>"$dir/requests.err" ;;
+    *) tally[none]=$((tally[none] + 1)); echo "$(date +%T) $1: $2" >>"$dir/requests.err" ;;
+  esac
+  echo "${tally[ok]} ${tally[c4]} ${tally[c5]} ${tally[none]}" >"$dir/$1.count"
+}
+
+# One client per kind of request, each back to back.
+clients=(embeddings completions chat images admin)
+for kind in "${clients[@]}"; do
   (
-    ok=0 failed=0
+    tally=([ok]=0 [c4]=0 [c5]=0 [none]=0)
     turn=0
     while :; do
-      # The embedder's requests alternate between the base and its adapter (a
-      # LoRA switch every request).
-      if [ "$kind" = embeddings ]; then
-        model=bert
-        if [ $((turn % 2)) = 1 ]; then model=bert:style; fi
-        body='{"model": "'$model'", "input": ["a soak of the server", "steady load, all day"]}'
-      else
-        body='{"model": "llama", "prompt": "The soak", "max_tokens": 8}'
-      fi
+      case "$kind" in
+        embeddings)
+          # The embedder alternates between the base and its adapter (a LoRA switch
+          # every request).
+          name=bert
+          if [ $((turn % 2)) = 1 ]; then name=bert:style; fi
+          count "$kind" "$(request POST /v1/embeddings \
+            '{"model": "'$name'", "input": ["a soak of the server", "steady load, all day"]}')" 200 ;;
+        completions)
+          count "$kind" "$(request POST /v1/completions \
+            '{"model": "llama", "prompt": "The soak", "max_tokens": 8}')" 200 ;;
+        chat)
+          count "$kind" "$(request POST /v1/chat/completions \
+            '{"model": "llama", "messages": [{"role": "user", "content": "How long is a soak?"}], "max_tokens": 8}')" 200 ;;
+        images)
+          count "$kind" "$(request POST /v1/images/generations \
+            '{"model": "flux", "prompt": "a red fox in the snow", "size": "64x64", "num_inference_steps": 2, "max_sequence_length": 32, "seed": '$turn'}')" 200 ;;
+        admin)
+          # A whole cycle counts as one answer: loaded (201), used (200), unloaded
+          # (200) with nothing of either budget left.
+          status=$(request POST /admin/models \
+            '{"name": "llama2", "folder": "'"$models/llama"'"}' soak-admin-key)
+          if [ "$status" = 201 ]; then
+            status=$(request POST /v1/completions \
+              '{"model": "llama2", "prompt": "Loaded", "max_tokens": 4}')
+            unloaded=$(curl -s --max-time 120 -X DELETE -H "Authorization: Bearer soak-admin-key" \
+              "http://127.0.0.1:$serve_port/admin/models/llama2" 2>>"$dir/requests.err" || true)
+            if [ "$status" = 200 ]; then
+              case "$unloaded" in
+                *'"vram_bytes_after":0'*'"pinned_bytes_after":0'* | \
+                  *'"pinned_bytes_after":0'*'"vram_bytes_after":0'*) status=200 ;;
+                *) status="unload: $unloaded" ;;
+              esac
+            fi
+          fi
+          count "$kind" "$status" 200 ;;
+      esac
       turn=$((turn + 1))
-      if curl -sf --max-time 60 -H 'Content-Type: application/json' -d "$body" \
-        "http://127.0.0.1:$serve_port/v1/$kind" -o /dev/null 2>>"$dir/requests.err"; then
-        ok=$((ok + 1))
-      else
-        failed=$((failed + 1))
-      fi
-      echo "$ok $failed" >"$dir/$kind.count"
     done
   ) &
   pids+=("$!")
 done
 
-# Short runs that attach and detach an adapter, back to back.
-(
-  runs=0 failures=0
-  while :; do
-    if "$bin" run --device cpu --quiet --steps 20 --model "$model" --lora "$adapter:0.5" \
-      --pin-ceiling 8MiB >/dev/null 2>>"$dir/cycle.err"; then
-      runs=$((runs + 1))
-    else
-      failures=$((failures + 1))
-    fi
-    echo "$runs $failures" >"$dir/cycle.count"
-  done
-) &
-pids+=("$!")
+# Short runs that attach and detach an adapter, back to back (not in `serve` mode).
+if [ "$serve_only" = no ]; then
+  (
+    runs=0 failures=0
+    while :; do
+      if "$bin" run --device cpu --quiet --steps 20 --model "$model" --lora "$adapter:0.5" \
+        --pin-ceiling 8MiB >/dev/null 2>>"$dir/cycle.err"; then
+        runs=$((runs + 1))
+      else
+        failures=$((failures + 1))
+      fi
+      echo "$runs $failures" >"$dir/cycle.count"
+    done
+  ) &
+  pids+=("$!")
+fi
 
-# Scrapes every second; counts successes and failures per endpoint.
+# Scrapes every second; counts successes and failures.
 (
   ok=0 failed=0
   while :; do
-    for p in "$port" "$moe_port" "$serve_port"; do
+    for p in "${metrics_ports[@]}"; do
       if curl -sf --max-time 5 "http://127.0.0.1:$p/metrics" -o /dev/null; then
         ok=$((ok + 1))
       else
@@ -192,6 +269,9 @@ sample() { # name pid port elapsed
   echo "$4,$1,$rss,$threads,$fds,${pinned:-},${steps:-}" >>"$dir/samples.csv"
 }
 
+port_of() { case "$1" in lora) echo "$port" ;; moe) echo "$moe_port" ;; serve) echo "$serve_port" ;; esac; }
+pid_of() { case "$1" in lora) echo "$lora_pid" ;; moe) echo "$moe_pid" ;; serve) echo "$serve_pid" ;; esac; }
+
 echo "elapsed_seconds,process,rss_kib,threads,open_files,pinned_bytes,steps" >"$dir/samples.csv"
 echo "soak: $seconds s, sampling every $sample_seconds s into $dir/samples.csv"
 started=$(date +%s)
@@ -201,15 +281,15 @@ while :; do
   now=$(date +%s)
   elapsed=$((now - started))
   if [ "$now" -ge "$next" ]; then
-    sample lora "$lora_pid" "$port" "$elapsed"
-    sample moe "$moe_pid" "$moe_port" "$elapsed"
-    sample serve "$serve_pid" "$serve_port" "$elapsed"
+    for name in "${processes[@]}"; do
+      sample "$name" "$(pid_of "$name")" "$(port_of "$name")" "$elapsed"
+    done
     next=$((next + sample_seconds))
   fi
   [ "$elapsed" -ge "$seconds" ] && break
-  for pid in "$lora_pid" "$moe_pid" "$serve_pid"; do
-    if ! kill -0 "$pid" 2>/dev/null; then
-      echo "soak: a long run ended early (see $dir)" >&2
+  for name in "${processes[@]}"; do
+    if ! kill -0 "$(pid_of "$name")" 2>/dev/null; then
+      echo "soak: $name ended early (see $dir)" >&2
       ended_early=yes
       break 2
     fi
@@ -217,14 +297,15 @@ while :; do
   sleep 1
 done
 
-# Stop the helpers, then the long runs with SIGINT: each must exit 130, released;
+# Stop the clients, then the long runs with SIGINT: each must exit 130, released;
 # then the server with SIGTERM: it drains, exits 0, and each model holds nothing.
-for pid in "${pids[@]:3}"; do kill "$pid" 2>/dev/null || true; done
+for pid in "${pids[@]}"; do
+  case " $lora_pid $moe_pid $serve_pid " in *" $pid "*) ;; *) kill "$pid" 2>/dev/null || true ;; esac
+done
 endings=""
 endings_ok=yes
-for name in lora moe; do
-  pid_var="${name}_pid"
-  pid=${!pid_var}
+for name in "${long_runs[@]}"; do
+  pid=$(pid_of "$name")
   kill -INT "$pid" 2>/dev/null || true
   status=0
   wait "$pid" || status=$?
@@ -235,68 +316,25 @@ done
 kill -TERM "$serve_pid" 2>/dev/null || true
 status=0
 wait "$serve_pid" || status=$?
-released=$(grep -c "vram 0 B and pinned 0 B still held" "$dir/serve.out" || true)
-{ [ "$status" -eq 0 ] && [ "$released" -eq 2 ]; } || endings_ok=no
-endings+="| serve | $status (0 expected) | $([ "$released" -eq 2 ] && echo "yes (both models)" || echo NO) |"$'\n'
+# Every model stopped says what it still held: the served ones, and an admin load
+# that was in flight at the signal.
+stopped=$(grep -c " stopped; vram " "$dir/serve.out" || true)
+released=$(grep -c " stopped; vram 0 B and pinned 0 B still held" "$dir/serve.out" || true)
+{ [ "$status" -eq 0 ] && [ "$released" -ge "$served_models" ] && [ "$released" -eq "$stopped" ]; } ||
+  endings_ok=no
+endings+="| serve | $status (0 expected) | $([ "$released" -eq "$stopped" ] && echo "yes" || echo "NO"): $released of $stopped models stopped at 0 B |"$'\n'
 trap - EXIT
 
-read -r cycle_runs cycle_failures <"$dir/cycle.count" 2>/dev/null || { cycle_runs=0; cycle_failures=0; }
-read -r scrapes_ok scrapes_failed <"$dir/scrape.count" 2>/dev/null || { scrapes_ok=0; scrapes_failed=0; }
-read -r embeddings_ok embeddings_failed <"$dir/embeddings.count" 2>/dev/null || { embeddings_ok=0; embeddings_failed=0; }
-read -r completions_ok completions_failed <"$dir/completions.count" 2>/dev/null || { completions_ok=0; completions_failed=0; }
-requests_failed=$((embeddings_failed + completions_failed))
+counts() { # file → its line, or zeros
+  if [ -s "$1" ]; then cat "$1"; else echo "0 0 0 0"; fi
+}
+read -r cycle_runs cycle_failures _ <<<"$(counts "$dir/cycle.count")"
+read -r scrapes_ok scrapes_failed _ <<<"$(counts "$dir/scrape.count")"
+requests_line="" requests_failed=0
+for kind in "${clients[@]}"; do
+  read -r ok c4 c5 none <<<"$(counts "$dir/$kind.count")"
+  requests_failed=$((requests_failed + c4 + c5 + none))
+  requests_line+="| $kind | $ok | $c4 | $c5 | $none |"$'\n'
+done
 
-report="$dir/report.md"
-{
-  echo "### Soak: $seconds s on $(nproc) cores, $(date -u +%Y-%m-%dT%H:%MZ)"
-  echo
-  echo "Samples every $sample_seconds s (RSS and pinned in MiB); CSV: \`$dir/samples.csv\`."
-  echo
-  awk -F, 'NR > 1 {
-      key = $1
-      if (!(key in seen)) { order[++n] = key; seen[key] = 1 }
-      row[key] = row[key] sprintf("| %s | %s | %.1f | %s | %s | %s | %s |\n", $1, $2, $3 / 1024, $4, $5,
-        ($6 == "" ? "–" : sprintf("%.1f", $6 / 1048576)), ($7 == "" ? "–" : $7))
-    }
-    END {
-      print "| elapsed s | process | RSS MiB | threads | open files | pinned MiB | steps |"
-      print "|---|---|---|---|---|---|---|"
-      for (i = 1; i <= n; i++) printf "%s", row[order[i]]
-    }' "$dir/samples.csv"
-  echo
-  echo "Short attach/detach runs: $cycle_runs passed, $cycle_failures failed. Metrics scrapes: $scrapes_ok answered, $scrapes_failed failed. Server requests: $embeddings_ok embeddings and $completions_ok completions answered 200, $requests_failed failed."
-  echo
-  echo "| long run | exit status | budgets released |"
-  echo "|---|---|---|"
-  printf "%s" "$endings"
-  echo
-  awk -F, -v runs_failed="$((cycle_failures + requests_failed))" -v scrapes_failed="$scrapes_failed" \
-    -v endings_ok="$endings_ok" -v ended_early="$ended_early" '
-    NR > 1 && $3 != "" { n[$2]++; rss[$2, n[$2]] = $3; thr[$2, n[$2]] = $4; fd[$2, n[$2]] = $5; pin[$2, n[$2]] = $6 }
-    END {
-      verdict = "FLAT"
-      for (p in n) {
-        warm = int(n[p] / 5); if (warm < 1) warm = 1
-        if (n[p] <= warm) { printf "- %s: too few samples (%d) for a verdict\n", p, n[p]; verdict = "UNDECIDED"; continue }
-        low = rss[p, warm + 1]; tmin = thr[p, warm + 1]; tmax = tmin; fmin = fd[p, warm + 1]; fmax = fmin
-        pfirst = pin[p, warm + 1]; pmax = pfirst
-        for (i = warm + 1; i <= n[p]; i++) {
-          if (rss[p, i] < low) low = rss[p, i]
-          if (thr[p, i] < tmin) tmin = thr[p, i]; if (thr[p, i] > tmax) tmax = thr[p, i]
-          if (fd[p, i] < fmin) fmin = fd[p, i]; if (fd[p, i] > fmax) fmax = fd[p, i]
-          if (pin[p, i] != "" && pin[p, i] > pmax) pmax = pin[p, i]
-        }
-        growth = rss[p, n[p]] - low
-        allowed = low * 0.02; if (allowed < 2048) allowed = 2048
-        flat = (growth <= allowed) && (tmax == tmin) && (fmax - fmin <= 2)
-        printf "- %s: RSS %+d KiB after warm-up (allowed %d), threads %d..%d, open files %d..%d, pinned peak %.1f MiB (first %.1f): %s\n",
-          p, growth, allowed, tmin, tmax, fmin, fmax, pmax / 1048576, pfirst / 1048576, flat ? "flat" : "NOT FLAT"
-        if (!flat) verdict = "NOT FLAT"
-      }
-      if (ended_early == "yes") verdict = "FAILED: a long run ended before the soak did"
-      else if (endings_ok != "yes") verdict = verdict ", but a long run or the server did not stop cleanly"
-      if (runs_failed > 0 || scrapes_failed > 0) verdict = verdict " (with failed runs, requests or scrapes)"
-      printf "\n**Verdict: %s.**\n", verdict
-    }' "$dir/samples.csv"
-} >"$report"
-cat "$report"
+. "$root/scripts/soak-report.sh"

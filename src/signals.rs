@@ -17,6 +17,9 @@ use std::sync::{Arc, OnceLock};
 static SIGNAL: AtomicI32 = AtomicI32::new(0);
 /// Set by the first signal; shared with every session and driver of this process.
 static STOP: OnceLock<Arc<AtomicBool>> = OnceLock::new();
+/// Set by a server once it serves: the first signal asks for a drain and leaves
+/// [`STOP`] down (see [`drain_on_first_signal`]).
+static DRAINS: AtomicBool = AtomicBool::new(false);
 
 /// A phase gave up because a stop was requested.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -38,11 +41,31 @@ extern "C" fn on_signal(signal: libc::c_int) {
         // without running destructors, which is what "at once" means.
         unsafe { libc::_exit(128 + signal) };
     }
+    stop_work_unless_draining();
+}
+
+/// The first signal's effect on the work: the stop flag is raised, unless a server
+/// drains (then the work in flight must finish, and nothing it polls may see a stop).
+fn stop_work_unless_draining() {
+    if DRAINS.load(Ordering::SeqCst) {
+        return;
+    }
     // `install` initialised the flag before the handler existed, so `get` is a plain
     // atomic load here: no allocation, no lock.
     if let Some(flag) = STOP.get() {
         flag.store(true, Ordering::SeqCst);
     }
+}
+
+/// For a server, once it serves: from now on the first SIGINT or SIGTERM only asks
+/// for a drain ([`received`] names it) and leaves the stop flag down, so the requests
+/// in flight — a block read checking its checksum, an image's session waiting for a
+/// copy — are never interrupted by it; the server refuses new work, waits for those
+/// in flight and stops its models itself. A second signal still exits at once.
+/// (Lowering the flag after it was raised, as [`take_stop_request`] does, leaves a
+/// window in which the work in flight sees it: an image job failed with a 500 so.)
+pub fn drain_on_first_signal() {
+    DRAINS.store(true, Ordering::SeqCst);
 }
 
 /// Installs the handler for SIGINT and SIGTERM. Call once, first thing in `main`.
@@ -97,7 +120,8 @@ pub fn take_stop_request() -> bool {
 /// For tests, which cannot send themselves a signal without stopping their runner.
 pub fn request_stop(signal: i32) {
     let _ = SIGNAL.compare_exchange(0, signal, Ordering::SeqCst, Ordering::SeqCst);
-    stop().store(true, Ordering::SeqCst);
+    stop();
+    stop_work_unless_draining();
 }
 
 /// The exit status for a process stopped by `signal`: 128 + its number.

@@ -232,18 +232,21 @@ pub(super) fn serve_images(
     ),
     (jobs, shared): (flume::Receiver<ImageJob>, Option<(SharedBudget, String)>),
 ) -> Result<StatsSnapshot, RunError> {
-    let run = PipelineRun {
-        settings: &settings,
-        observer,
-        progress: Arc::new(|_, _, _| {}),
-        stop: crate::signals::stop_flag(),
-        shared,
-        stages: Some(stages),
-    };
     for job in jobs.iter() {
         if job.cancel.is_cancelled() {
             continue;
         }
+        // The job's own flag, as a video's: raised when its request goes away (the
+        // client left, or the drain's time ran out), never by the server's first
+        // signal, whose drain lets the job finish.
+        let run = PipelineRun {
+            settings: &settings,
+            observer: Arc::clone(&observer),
+            progress: Arc::new(|_, _, _| {}),
+            stop: job.cancel.flag(),
+            shared: shared.clone(),
+            stages: Some(Arc::clone(&stages) as Arc<dyn crate::telemetry::StageObserver>),
+        };
         let answer = generate(&parts, &job.request, &run)
             .map_err(|error| match error {
                 PipelineError::BadRequest(message) => RunError::BadInput(message),

@@ -260,6 +260,7 @@ async fn listen(
         .local_addr()
         .map_err(|error| ServeError::Failed(error.to_string()))?;
     on_listening(bound);
+    crate::signals::drain_on_first_signal();
     let (drained, drained_seen) = tokio::sync::watch::channel(false);
     let router = handlers::router(Arc::clone(&app));
     let mut shutdown = drained_seen.clone();
@@ -287,11 +288,14 @@ async fn listen(
 /// Waits for the process's stop request, then refuses new requests and waits for
 /// those in flight, at most `limits.drain_seconds`.
 async fn drain_on_stop(app: &AppState) {
-    // The flag is lowered as soon as it is seen: the requests being drained must not
-    // be interrupted by it (a block read for its checksum polls it).
-    while !crate::signals::take_stop_request() {
+    // Serving, a signal leaves the work's stop flag down (`drain_on_first_signal`):
+    // the requests being drained must not be interrupted by it (a block read for its
+    // checksum polls it). One that came before, while the models loaded, raised it:
+    // it is lowered here for the same reason.
+    while crate::signals::received().is_none() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    crate::signals::take_stop_request();
     app.draining.store(true, Ordering::SeqCst);
     tracing::info!(
         "stop requested: draining {} request(s) in flight for at most {} s",
