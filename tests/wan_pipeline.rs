@@ -8,12 +8,16 @@
 mod common;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use stagehand::actors::{Observer, Tier, TierUsage};
 
 use stagehand::families::flux::read_tensors;
 use stagehand::families::FamilyError;
 use stagehand::pipeline::{generate_video, PipelineError, PipelineRun, VideoRequest, WanParts};
 use stagehand::run::{
-    budgets_for, execute, prepare, verify_first_step, BudgetAsk, RunPlan, WorkloadKind,
+    budgets_for, execute, prepare, verify_first_step, BudgetAsk, RunError, RunPlan, WorkloadKind,
 };
 use stagehand::settings::{Settings, Verify};
 
@@ -371,4 +375,74 @@ fn stagehand_video_writes_the_frames_and_an_mp4_that_decodes_to_them() {
         least = least.min(psnr);
     }
     eprintln!("stagehand video: the MP4's frames decode within {least:.1} dB PSNR of the PNGs");
+}
+
+/// The bytes each tier last reported in use.
+#[derive(Default)]
+struct LastUsage {
+    vram: AtomicU64,
+    pinned: AtomicU64,
+}
+
+impl Observer for LastUsage {
+    fn tier_usage(&self, tier: Tier, usage: TierUsage) {
+        let last = match tier {
+            Tier::Vram => &self.vram,
+            Tier::Pinned => &self.pinned,
+        };
+        last.store(usage.used_bytes(), Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn a_video_stopped_at_the_hand_over_gives_back_every_byte() {
+    // Proves a stop at the switch between the experts — as the first expert's last
+    // step ends, as the second opens, after the second's first step — ends the
+    // pipeline Cancelled in the stage it reached, every budget of both experts given
+    // back (the last usage either tier reported is 0 B), and no later stage run.
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let parts = WanParts::folder(&assemble(dir.path())).expect("a Wan pipeline");
+    let settings = Settings::default();
+    let moments = [
+        ("transformer", 2, "transformer"),
+        ("transformer_2", 0, "transformer_2"),
+        ("transformer_2", 1, "transformer_2"),
+    ];
+    for (at, done, cancelled_in) in moments {
+        let usage = Arc::new(LastUsage::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let raise = Arc::clone(&stop);
+        let ran = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let stages = Arc::clone(&ran);
+        let run = PipelineRun {
+            observer: usage.clone(),
+            progress: Arc::new(move |stage, step, _| {
+                stages.lock().expect("not poisoned").push(stage);
+                if (stage, step) == (at, done) {
+                    raise.store(true, Ordering::SeqCst);
+                }
+            }),
+            stop,
+            ..PipelineRun::quiet(&settings)
+        };
+        let what = format!("stopped at {at} step {done}");
+        let Err(error) = generate_video(&parts, &request(), &run) else {
+            panic!("{what}: the video was made");
+        };
+        match &error {
+            PipelineError::Stage {
+                stage,
+                source: RunError::Cancelled { .. },
+            } => assert_eq!(*stage, cancelled_in, "{what}"),
+            other => panic!("{what}: not cancelled: {other}"),
+        }
+        let ran = ran.lock().expect("not poisoned");
+        assert!(!ran.contains(&"vae"), "{what}: the VAE ran: {ran:?}");
+        assert_eq!(usage.vram.load(Ordering::SeqCst), 0, "{what}: VRAM held");
+        assert_eq!(
+            usage.pinned.load(Ordering::SeqCst),
+            0,
+            "{what}: pinned held"
+        );
+    }
 }
