@@ -5,33 +5,15 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use common::threads::{is_ours, settled_threads};
-use stagehand::actors::{
-    BlockId, Observer, ResidencyPolicy, Session, SessionConfig, SessionError, Tier, TierUsage,
-};
+use common::usage::LastUsage;
+use stagehand::actors::{BlockId, Observer, ResidencyPolicy, Session, SessionConfig, SessionError};
 use stagehand::device::CpuDevice;
 use stagehand::model::ModelIndex;
 use stagehand::storage::{open_storage, StorageFile, StorageOptions};
-
-/// The bytes each tier last reported in use.
-#[derive(Default)]
-struct LastUsage {
-    vram: AtomicU64,
-    pinned: AtomicU64,
-}
-
-impl Observer for LastUsage {
-    fn tier_usage(&self, tier: Tier, usage: TierUsage) {
-        let used = usage.used_bytes();
-        match tier {
-            Tier::Vram => self.vram.store(used, Ordering::SeqCst),
-            Tier::Pinned => self.pinned.store(used, Ordering::SeqCst),
-        }
-    }
-}
 
 /// A session over the small demo model that streams: VRAM for 3 of its 8 blocks.
 fn start(index: &ModelIndex, observer: Arc<LastUsage>) -> Session {

@@ -8,10 +8,8 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-
-use stagehand::actors::{Observer, Tier, TierUsage};
 
 use stagehand::families::flux::read_tensors;
 use stagehand::families::FamilyError;
@@ -22,6 +20,7 @@ use stagehand::run::{
 use stagehand::settings::{Settings, Verify};
 
 use common::reference::relative_difference;
+use common::usage::LastUsage;
 
 /// Relative to the largest magnitude: f32 on both sides through umT5, 4 guided steps
 /// of two experts and the VAE, in other summation orders.
@@ -375,23 +374,6 @@ fn stagehand_video_writes_the_frames_and_an_mp4_that_decodes_to_them() {
         least = least.min(psnr);
     }
     eprintln!("stagehand video: the MP4's frames decode within {least:.1} dB PSNR of the PNGs");
-}
-
-/// The bytes each tier last reported in use.
-#[derive(Default)]
-struct LastUsage {
-    vram: AtomicU64,
-    pinned: AtomicU64,
-}
-
-impl Observer for LastUsage {
-    fn tier_usage(&self, tier: Tier, usage: TierUsage) {
-        let last = match tier {
-            Tier::Vram => &self.vram,
-            Tier::Pinned => &self.pinned,
-        };
-        last.store(usage.used_bytes(), Ordering::SeqCst);
-    }
 }
 
 #[test]

@@ -16,6 +16,7 @@ pub mod replay;
 pub mod sim;
 pub mod storage;
 pub mod threads;
+pub mod usage;
 
 use std::collections::HashMap;
 use std::fs::File;
