@@ -84,7 +84,7 @@ impl Open for Wan {
         let config = WanConfig::from_json(&folder.config_path(), &folder.config)?;
         check_layers(request.index, &config)?;
         if let Some(sample) = request.extras.input::<WanSample>() {
-            let Some(&first) = sample.solver.timesteps().get(sample.solver.steps_taken()) else {
+            let Some(first) = sample.solver.timestep(sample.solver.steps_taken()) else {
                 return Err(FamilyError::Model(
                     "the sampling's schedule has no step left".into(),
                 ));
@@ -98,7 +98,7 @@ impl Open for Wan {
                 )));
             }
             let input = WanInput {
-                timestep: first as f32,
+                timestep: first,
                 ..sample.input.clone()
             };
             return Wan::new(request.index, config, input, Some(sample.clone()));
