@@ -23,12 +23,14 @@
 
 mod condition;
 mod decode;
+mod files;
 mod folder;
 mod hand_over;
 #[cfg(feature = "mp4")]
 mod mp4;
 
 pub use decode::choose_vae_tile;
+pub use files::VideoFiles;
 pub use folder::WanParts;
 pub use hand_over::HandOver;
 #[cfg(feature = "mp4")]

@@ -135,8 +135,11 @@ fn read_config(path: &Path) -> Result<(Map<String, Value>, Layout), SchedulerCon
         path: owned.clone(),
         problem,
     });
-    let text = std::fs::read_to_string(path)
-        .map_err(|error| layout(format!("cannot be read ({error})")))?;
+    let text = std::fs::read_to_string(path).map_err(|error| {
+        layout(format!(
+            "cannot be read ({error}); give a scheduler's scheduler_config.json"
+        ))
+    })?;
     let config: Map<String, Value> = serde_json::from_str(&text)
         .map_err(|error| layout(format!("is not a JSON object ({error})")))?;
     Ok((config, layout))
