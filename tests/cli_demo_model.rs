@@ -376,6 +376,21 @@ fn rows() -> Vec<Row> {
             &["--arch", "wan", "--dtype", "fp8", "--out", &out("wan")],
             Expect::Bad("for --arch wan"),
         ),
+        row(
+            &[
+                "--arch",
+                "umt5",
+                "--umt5-preset",
+                "tiny",
+                "--out",
+                &out("umt5"),
+            ],
+            Expect::Ok("umT5 Tiny: 2 blocks of 32, 4 heads of 8, FFN 64, 384 tokens"),
+        ),
+        row(
+            &["--arch", "umt5", "--dtype", "fp8", "--out", &out("umt5")],
+            Expect::Bad("f32, f16 or bf16"),
+        ),
         row(&["--help"], Expect::Ok("Usage: stagehand demo-model")),
         row(&["--unknown-flag"], Expect::Bad("--unknown-flag")),
     ]);

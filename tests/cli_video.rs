@@ -129,8 +129,60 @@ fn rows() -> Vec<Row> {
         row(&["--device", "cuda"], Expect::Bad("cuda")),
         row(&["--device", "tpu"], Expect::Bad("tpu")),
     ];
+    rows.extend(file_rows(fixtures));
     rows.extend(settings_rows(ok));
     rows
+}
+
+/// The parts as ComfyUI's files (`tests/fixtures/wan_comfy`), each flag alone on the
+/// pipeline folder too.
+fn file_rows(fixtures: &common::cli_rows::Fixtures) -> Vec<Row> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let text = |path: PathBuf| path.display().to_string();
+    let high = text(root.join("wan_comfy/wan2.2_t2v_high_noise_tiny.safetensors"));
+    let low = text(root.join("wan_comfy/wan2.2_t2v_low_noise_tiny.safetensors"));
+    // umT5 as a file with no config.json beside it, as ComfyUI keeps it.
+    let umt5 = fixtures.path("video/umt5_xxl_tiny.safetensors");
+    std::fs::copy(pipeline().join("text_encoder/model.safetensors"), &umt5).unwrap();
+    let tokenizer = text(pipeline().join("tokenizer"));
+    let vae = text(pipeline().join("vae"));
+    let scheduler = text(pipeline().join("scheduler/scheduler_config.json"));
+    let euler = text(root.join("euler/wan-t2v/scheduler_config.json"));
+    let vae_file = text(pipeline().join("vae/diffusion_pytorch_model.safetensors"));
+    let every_part = [
+        "--model",
+        &high,
+        "--model-2",
+        &low,
+        "--umt5",
+        &umt5,
+        "--umt5-tokenizer",
+        &tokenizer,
+        "--vae",
+        &vae,
+        "--scheduler",
+        &scheduler,
+    ];
+    vec![
+        row(&every_part, Expect::Ok(".mp4")),
+        row(&["--model", &high], Expect::Bad("--umt5")),
+        row(&["--model-2", &low], Expect::Ok(".mp4")),
+        row(
+            &["--umt5", &umt5, "--umt5-tokenizer", &tokenizer],
+            Expect::Ok(".mp4"),
+        ),
+        row(
+            &["--umt5-tokenizer", &fixtures.path("none")],
+            Expect::Bad("does not exist"),
+        ),
+        row(&["--vae", &vae], Expect::Ok(".mp4")),
+        row(
+            &["--vae", &vae_file],
+            Expect::Bad("wan_2.1_vae.safetensors"),
+        ),
+        row(&["--scheduler", &euler], Expect::Ok(".mp4")),
+        row(&["--scheduler", &vae], Expect::Bad("scheduler_config")),
+    ]
 }
 
 #[test]

@@ -4,12 +4,13 @@
 //! expert and as two (the same weights on both sides of `boundary_ratio` 0.875, the
 //! guidance changing from 4.0 to 2.5 at the switch): the final latent agrees with
 //! WanPipeline's (`scripts/make-wan-sampling-fixtures.py`), and a streamed run gives
-//! the resident run's bits.
+//! the resident run's bits. The same with flow-matching Euler (shift 5) from the same
+//! latent and states (`scripts/make-wan-euler-fixtures.py`).
 
 use std::path::{Path, PathBuf};
 
 use stagehand::families::flux::read_tensors;
-use stagehand::families::wan::scheduler::{read_unipc, UniPc};
+use stagehand::families::wan::scheduler::{read_solver, read_unipc, Solver, UniPc};
 use stagehand::families::wan::{high_noise_steps, Guidance, WanInput, WanSample};
 use stagehand::run::{execute, prepare_with, Budgets, Extras, Outcome, RunPlan, WorkloadKind};
 use stagehand::settings::Settings;
@@ -24,12 +25,17 @@ fn fixtures() -> PathBuf {
 }
 
 fn tensor(name: &str) -> Vec<f32> {
-    let path = fixtures().join("wan/t2v/sampling.safetensors");
+    tensor_of("sampling", name)
+}
+
+/// `name` of tests/fixtures/wan/t2v/`file`.safetensors.
+fn tensor_of(file: &str, name: &str) -> Vec<f32> {
+    let path = fixtures().join(format!("wan/t2v/{file}.safetensors"));
     read_tensors(&path)
         .expect("reads")
         .into_iter()
         .find(|(found, ..)| found == name)
-        .unwrap_or_else(|| panic!("sampling.safetensors has no {name}"))
+        .unwrap_or_else(|| panic!("{file}.safetensors has no {name}"))
         .2
 }
 
@@ -40,7 +46,7 @@ fn solver() -> UniPc {
 }
 
 /// The share `steps` from `latent` and `solver`, guided at `scale`.
-fn sample(latent: Vec<f32>, solver: UniPc, (steps, scale): (usize, f32)) -> WanSample {
+fn sample(latent: Vec<f32>, solver: impl Into<Solver>, (steps, scale): (usize, f32)) -> WanSample {
     WanSample {
         input: WanInput {
             latent,
@@ -55,14 +61,14 @@ fn sample(latent: Vec<f32>, solver: UniPc, (steps, scale): (usize, f32)) -> WanS
             }),
             condition: None,
         },
-        solver,
+        solver: solver.into(),
         steps,
     }
 }
 
 /// Runs the share under `weights_bytes` for weights (plus its activations); returns
 /// the outcome and the latent and solver after it.
-fn run(share: &WanSample, weights_bytes: Option<u64>) -> (Outcome, Vec<f32>, UniPc) {
+fn run(share: &WanSample, weights_bytes: Option<u64>) -> (Outcome, Vec<f32>, Solver) {
     let model = fixtures().join("wan/t2v/transformer");
     let extras = Extras::default().with(share.clone());
     let settings = Settings::default();
@@ -97,8 +103,14 @@ fn guided_sampling_matches_wanpipeline_streamed_as_resident() {
     // end at WanPipeline's latent, and a run streamed under half the model gives the
     // resident run's velocities bit for bit, every step checked.
     let share = sample(tensor("latent"), solver(), (STEPS, 4.0));
-    let (resident, latent, _) = run(&share, None);
-    let error = relative(&latent, &tensor("guided_final"));
+    streamed_as_resident(&share, &tensor("guided_final"));
+}
+
+/// Runs `share` resident and streamed under half the model: the final latent is
+/// `expected` within the tolerance, and the streamed run gives the resident bits.
+fn streamed_as_resident(share: &WanSample, expected: &[f32]) {
+    let (resident, latent, _) = run(share, None);
+    let error = relative(&latent, expected);
     eprintln!(
         "guided sampling: final latent {error:e} of its largest magnitude from WanPipeline's"
     );
@@ -118,7 +130,7 @@ fn guided_sampling_matches_wanpipeline_streamed_as_resident() {
         let layout = prepared.facts().layout();
         (layout.total_bytes() / 2).max(3 * layout.largest_block_bytes())
     };
-    let (streamed, streamed_latent, _) = run(&share, Some(layout_bytes));
+    let (streamed, streamed_latent, _) = run(share, Some(layout_bytes));
     assert!(
         streamed.report.plan.vram.resident.iter().any(|held| !held),
         "some block streams"
@@ -141,7 +153,15 @@ fn two_experts_hand_the_solver_over_at_the_boundary() {
     // one the rest at 2.5 from the latent and solver the first left, and the final
     // latent is WanPipeline's with transformer_2 and boundary_ratio 0.875.
     let solver = solver();
-    let high = high_noise_steps(solver.timesteps(), 0.875, 1000);
+    let high = high_noise_steps(
+        &solver
+            .timesteps()
+            .iter()
+            .map(|&t| t as f32)
+            .collect::<Vec<_>>(),
+        0.875,
+        1000,
+    );
     assert_eq!((solver.timesteps(), high), (&[999, 900, 750, 500][..], 2));
     let (_, latent, solver) = run(&sample(tensor("latent"), solver, (high, 4.0)), None);
     let (_, latent, solver) = run(&sample(latent, solver, (STEPS - high, 2.5)), None);
@@ -151,4 +171,78 @@ fn two_experts_hand_the_solver_over_at_the_boundary() {
     assert!(error < TOLERANCE, "final latent off by {error}");
     // One expert at one scale throughout is not that latent: the switch mattered.
     assert!(relative(&tensor("guided_final"), &tensor("experts_final")) > 1e-3);
+}
+
+fn euler() -> Solver {
+    let path = fixtures().join("euler/wan-t2v/scheduler_config.json");
+    read_solver(&path)
+        .expect("the scheduler config reads")
+        .solver(STEPS)
+}
+
+#[test]
+fn flow_matching_euler_matches_wanpipeline_streamed_as_resident() {
+    // Proves FlowMatchEulerDiscreteScheduler (shift 5, diffusers' twice-shifted
+    // schedule) samples four guided steps to WanPipeline's latent, streamed = resident.
+    let solver = euler();
+    assert_eq!(solver.timesteps(), tensor_of("euler", "timesteps"));
+    let Solver::Euler(euler) = &solver else {
+        panic!("the config names FlowMatchEulerDiscreteScheduler")
+    };
+    assert_eq!(euler.sigmas(), tensor_of("euler", "sigmas"));
+    let share = sample(tensor("latent"), solver, (STEPS, 4.0));
+    streamed_as_resident(&share, &tensor_of("euler", "guided_final"));
+}
+
+#[test]
+fn flow_matching_euler_hands_over_between_experts() {
+    // Proves the Euler sampler's hand-over: the high-noise expert takes the timesteps
+    // at or above 875 at guidance 4.0, the low-noise one the rest at 2.5, ending at
+    // WanPipeline's latent with transformer_2 and boundary_ratio 0.875.
+    let solver = euler();
+    let high = high_noise_steps(&solver.timesteps(), 0.875, 1000);
+    let expected_high = tensor_of("euler", "timesteps")
+        .iter()
+        .filter(|&&t| t >= 875.0)
+        .count();
+    assert_eq!(high, expected_high);
+    assert!(
+        0 < high && high < STEPS,
+        "the boundary falls inside the run"
+    );
+    let (_, latent, solver) = run(&sample(tensor("latent"), solver, (high, 4.0)), None);
+    let (_, latent, solver) = run(&sample(latent, solver, (STEPS - high, 2.5)), None);
+    assert_eq!(solver.steps_taken(), STEPS);
+    let error = relative(&latent, &tensor_of("euler", "experts_final"));
+    eprintln!(
+        "Euler, two experts: final latent {error:e} of its largest magnitude from WanPipeline's"
+    );
+    assert!(error < TOLERANCE, "final latent off by {error}");
+}
+
+#[test]
+fn euler_options_that_change_the_math_are_refused_by_name() {
+    // Proves a FlowMatchEulerDiscreteScheduler option not computed here (dynamic
+    // shifting, stochastic sampling, inverted or Karras sigmas, a terminal shift, an
+    // unknown key) is refused with the key that says so, never run as plain Euler.
+    let path = fixtures().join("euler/wan-t2v/scheduler_config.json");
+    let base: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(path).expect("config")).expect("JSON");
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let cases = [
+        ("use_dynamic_shifting", serde_json::Value::Bool(true)),
+        ("stochastic_sampling", serde_json::Value::Bool(true)),
+        ("invert_sigmas", serde_json::Value::Bool(true)),
+        ("use_karras_sigmas", serde_json::Value::Bool(true)),
+        ("shift_terminal", serde_json::Value::from(0.1)),
+        ("a_new_knob", serde_json::Value::from(1)),
+    ];
+    for (key, value) in cases {
+        let mut config = base.clone();
+        config.insert(key.to_string(), value);
+        let path = dir.path().join("scheduler_config.json");
+        std::fs::write(&path, serde_json::to_string(&config).expect("JSON")).expect("write");
+        let error = read_solver(&path).expect_err("refused").to_string();
+        assert!(error.contains(key), "{key}: {error}");
+    }
 }

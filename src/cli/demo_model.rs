@@ -11,6 +11,7 @@ use super::{CommandResult, Failure};
 use stagehand::compute::DType;
 use stagehand::families::bert::{write_bert_folder, write_bert_lora, BertDemo, BertPreset};
 use stagehand::families::llama::{write_decoder_folder, DecoderArch, DecoderDemo, DecoderPreset};
+use stagehand::families::t5::{Umt5Demo, Umt5Preset};
 use stagehand::families::wan::{WanDemo, WanPreset};
 use stagehand::lora::{write_demo_lora, DemoLora, LoraDtype};
 use stagehand::model::demo::{write_linear_stack, DemoError, DemoSpec};
@@ -38,6 +39,8 @@ pub enum Arch {
     Flux,
     /// A WAN 2.2 video transformer as diffusers writes it (`--wan-preset`).
     Wan,
+    /// A umT5 text encoder folder as transformers writes it (`--umt5-preset`; no tokenizer).
+    Umt5,
 }
 
 /// Storage dtype of a generated folder's weights.
@@ -111,6 +114,9 @@ pub struct DemoModelArgs {
     /// `--arch wan`: the shapes (tiny, small; a14b: one Wan 2.2 T2V-A14B expert, 26.6 GiB in BF16; i2v-a14b: the I2V expert, 36 channels in; ti2v5b: TI2V-5B).
     #[arg(long, value_enum, default_value = "tiny")]
     pub wan_preset: WanPreset,
+    /// `--arch umt5`: the shapes (tiny; xxl: umT5-XXL's encoder, Wan 2.2's text encoder, 10.6 GiB in BF16).
+    #[arg(long, value_enum, default_value = "tiny")]
+    pub umt5_preset: Umt5Preset,
 }
 
 /// Seeds an adapter apart from its model's weights (same `--seed`, other values).
@@ -144,6 +150,7 @@ pub fn execute(args: DemoModelArgs) -> CommandResult {
             );
         }
         Arch::Wan => return write_wan(&args),
+        Arch::Umt5 => return write_umt5(&args),
         Arch::LinearStack => {}
     }
     let spec = DemoSpec {
@@ -356,6 +363,42 @@ fn write_wan(args: &DemoModelArgs) -> CommandResult {
         config.ffn_dim,
         config.in_channels,
         config.out_channels,
+        demo.dtype,
+        Bytes(demo.weight_bytes()),
+        args.seed,
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// `--arch umt5`: a umT5 encoder folder (`text_encoder/`).
+fn write_umt5(args: &DemoModelArgs) -> CommandResult {
+    if !matches!(args.dtype, DTypeArg::F32 | DTypeArg::F16 | DTypeArg::Bf16) {
+        return Err(Failure::bad_input(anyhow::anyhow!(
+            "--dtype {:?}: a umT5 demo is written in f32, f16 or bf16",
+            args.dtype
+        )));
+    }
+    let demo = Umt5Demo {
+        preset: args.umt5_preset,
+        dtype: args.dtype.dtype(),
+        seed: args.seed,
+    };
+    let started = Instant::now();
+    let path = demo
+        .write(&args.out)
+        .map_err(|error| Failure::run_failed(anyhow::anyhow!("{}: {error}", args.out.display())))?;
+    let config = args.umt5_preset.config();
+    println!(
+        "wrote {} (umT5 {:?}: {} blocks of {}, {} heads of {}, FFN {}, {} tokens, {} weights = {}, seed {}) in {:.2} s",
+        path.display(),
+        args.umt5_preset,
+        config.layers,
+        config.model,
+        config.heads,
+        config.head_dim,
+        config.feed_forward,
+        config.vocab,
         demo.dtype,
         Bytes(demo.weight_bytes()),
         args.seed,

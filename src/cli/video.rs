@@ -16,15 +16,38 @@ use super::image::{
 use super::{CommandResult, Failure};
 use stagehand::families::flux::read_tensors;
 use stagehand::families::wan_vae::WanTile;
-use stagehand::pipeline::{generate_video, write_mp4, HandOver, Video, VideoRequest, WanParts};
+use stagehand::pipeline::{
+    generate_video, write_mp4, HandOver, Video, VideoFiles, VideoRequest, WanParts,
+};
 use stagehand::settings::SettingsArgs;
 
 #[derive(Debug, clap::Args)]
 pub struct VideoArgs {
     /// A diffusers Wan pipeline folder (model_index.json, text_encoder/, tokenizer/,
-    /// transformer/ and, for Wan 2.2 A14B, transformer_2/, vae/, scheduler/).
-    #[arg(long, value_name = "DIR")]
+    /// transformer/ and, for Wan 2.2 A14B, transformer_2/, vae/, scheduler/), or the
+    /// transformer's file (ComfyUI's diffusion_models/wan2.2_t2v_high_noise_14B_fp16.safetensors,
+    /// Wan-AI's names) with the other parts given by --model-2, --umt5,
+    /// --umt5-tokenizer, --vae and --scheduler.
+    #[arg(long, value_name = "PATH")]
     pub model: PathBuf,
+    /// The low-noise expert's file (Wan 2.2 A14B's transformer_2; ComfyUI's
+    /// wan2.2_t2v_low_noise_14B_fp16.safetensors): the experts switch at timestep 875
+    /// (900 for image-to-video), as the published pipelines do.
+    #[arg(long, value_name = "FILE")]
+    pub model_2: Option<PathBuf>,
+    /// umT5's encoder file (ComfyUI's text_encoders/umt5_xxl_fp16.safetensors) or folder.
+    #[arg(long, value_name = "PATH")]
+    pub umt5: Option<PathBuf>,
+    /// umT5's tokenizer folder (tokenizer.json), for umT5 given as a file.
+    #[arg(long, value_name = "DIR")]
+    pub umt5_tokenizer: Option<PathBuf>,
+    /// The WAN VAE's diffusers folder (AutoencoderKLWan: config.json and weights).
+    #[arg(long, value_name = "DIR")]
+    pub vae: Option<PathBuf>,
+    /// The sampler's scheduler_config.json (UniPCMultistepScheduler or
+    /// FlowMatchEulerDiscreteScheduler), for a model given as files.
+    #[arg(long, value_name = "FILE")]
+    pub scheduler: Option<PathBuf>,
     /// What the video shows.
     #[arg(long)]
     pub prompt: String,
@@ -194,7 +217,14 @@ pub fn execute(args: VideoArgs) -> CommandResult {
             "--vae-tile 0: a tile is at least one latent position (8 pixels) a side; leave it out to tile only when the budget needs it".into(),
         ));
     }
-    let parts = WanParts::folder(&args.model).map_err(pipeline_failure)?;
+    let files = VideoFiles {
+        model_2: args.model_2.clone(),
+        umt5: args.umt5.clone(),
+        umt5_tokenizer: args.umt5_tokenizer.clone(),
+        vae: args.vae.clone(),
+        scheduler: args.scheduler.clone(),
+    };
+    let parts = WanParts::locate(&args.model, &files).map_err(pipeline_failure)?;
     let request = VideoRequest {
         prompt: args.prompt.clone(),
         negative_prompt: args.negative_prompt.clone(),

@@ -17,6 +17,7 @@ mod known_checksums;
 mod part;
 mod reader;
 mod source;
+mod wan_names;
 
 pub use crate::os::{create_regular, open_regular, read_regular, FileStamp};
 pub use checksum::{

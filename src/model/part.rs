@@ -11,6 +11,10 @@
 //! the file — no byte is copied, so a part streams and checks as a whole file does.
 
 use super::header::HeaderTensor;
+use super::wan_names::{is_original_wan, wan_to_diffusers};
+
+/// ComfyUI's prefix of a diffusion model in its files.
+const COMFY_PREFIX: &str = "model.diffusion_model.";
 
 /// Which tensors of a checkpoint are one model, under which names.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -28,6 +32,9 @@ pub enum PartNames {
     AsIs,
     /// An autoencoder in the original (LDM) names, read as diffusers' `AutoencoderKL`.
     LdmAutoencoder,
+    /// A WAN transformer in Wan-AI's original names (ComfyUI's
+    /// `diffusion_models/wan2.2_*.safetensors`), read as `WanTransformer3DModel`'s.
+    WanTransformer,
 }
 
 /// Tensors a part leaves out even under its prefix: ComfyUI's marker of a scaled-FP8
@@ -46,14 +53,22 @@ impl CheckpointPart {
 
     /// The part a whole checkpoint is read as when nothing names one: an
     /// autoencoder in its original names (ComfyUI's `ae.safetensors`) is read in
-    /// diffusers'; any other checkpoint as it is (`None`).
+    /// diffusers', as is a WAN transformer in Wan-AI's (bare or under ComfyUI's
+    /// `model.diffusion_model.`); any other checkpoint as it is (`None`).
     pub fn implied(index: &super::ModelIndex) -> Option<Self> {
         let ldm = index.tensors.iter().any(|tensor| {
             let name = tensor.name.as_str();
             (name.starts_with("decoder.up.") || name.starts_with("encoder.down."))
                 && name.contains(".block.")
         });
-        ldm.then(|| Self::under("", PartNames::LdmAutoencoder))
+        if ldm {
+            return Some(Self::under("", PartNames::LdmAutoencoder));
+        }
+        let names = || index.tensors.iter().map(|tensor| tensor.name.as_str());
+        [COMFY_PREFIX, ""]
+            .into_iter()
+            .find(|prefix| is_original_wan(prefix, names()))
+            .map(|prefix| Self::under(prefix, PartNames::WanTransformer))
     }
 
     /// The part's tensors of one file's header, renamed (and, for the LDM
@@ -61,7 +76,7 @@ impl CheckpointPart {
     /// header's order.
     pub(crate) fn select(&self, tensors: Vec<HeaderTensor>) -> Vec<HeaderTensor> {
         let levels = match self.names {
-            PartNames::AsIs => 0,
+            PartNames::AsIs | PartNames::WanTransformer => 0,
             PartNames::LdmAutoencoder => ldm_up_levels(&self.prefix, &tensors),
         };
         tensors
@@ -75,6 +90,7 @@ impl CheckpointPart {
                 }
                 let name = match self.names {
                     PartNames::AsIs => local.to_string(),
+                    PartNames::WanTransformer => wan_to_diffusers(local),
                     PartNames::LdmAutoencoder => {
                         let (name, matrix) = ldm_to_diffusers(local, levels)?;
                         if matrix && tensor.shape.len() == 4 && tensor.shape[2..] == [1, 1] {

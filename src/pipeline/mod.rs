@@ -31,7 +31,9 @@ pub use files::PartFiles;
 pub use folder::{FluxParts, PipelinePart};
 pub use image::Picture;
 pub use png_input::{png_rgb, PngInputError, PNG_SIGNATURE};
-pub use video::{choose_vae_tile, generate_video, HandOver, Video, VideoRequest, WanParts};
+pub use video::{
+    choose_vae_tile, generate_video, HandOver, Video, VideoFiles, VideoRequest, WanParts,
+};
 #[cfg(feature = "mp4")]
 pub use video::{mp4_bytes, write_mp4, Mp4Error};
 

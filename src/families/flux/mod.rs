@@ -39,7 +39,7 @@ pub use input::{
 };
 pub use names::{Layout, COMFY_PREFIX};
 pub use quant::METADATA_KEY as QUANTIZATION_METADATA;
-pub use sampler::{first_step, mu, sigmas};
+pub use sampler::{euler_step, first_step, mu, sigmas};
 
 use self::names::Names;
 use self::weights::FluxWeights;

@@ -4,6 +4,9 @@
 //! e^μ / (e^μ + 1/σ − 1)), schnell unshifted; a final sigma of 0; each step
 //! `x ← x + (σ_next − σ)·v`. Image-to-image (`strength` s < 1) starts at step
 //! N − ⌊N·s⌋ of the same schedule from `σ·noise + (1 − σ)·image`.
+//!
+//! The step itself ([`euler_step`]) is the scheduler's whatever its schedule: WAN's
+//! flow-matching Euler (`families::wan::scheduler`) takes it from here.
 
 /// The resolution-dependent shift μ of Flux dev at `image_tokens`.
 pub fn mu(image_tokens: usize) -> f64 {
@@ -42,6 +45,15 @@ pub fn sigmas(steps: usize, image_tokens: usize, shifted: bool) -> Vec<f32> {
 pub fn first_step(steps: usize, strength: f64) -> usize {
     let init = (steps as f64 * strength).min(steps as f64);
     (steps as f64 - init).max(0.0) as usize
+}
+
+/// One step of `FlowMatchEulerDiscreteScheduler.step`: `x ← x + (σ_next − σ)·v`, in f32
+/// as diffusers computes it (the difference first, then one multiply-add an element).
+pub fn euler_step(sample: &mut [f32], velocity: &[f32], sigma: f32, next: f32) {
+    let dt = next - sigma;
+    for (value, velocity) in sample.iter_mut().zip(velocity) {
+        *value += dt * velocity;
+    }
 }
 
 #[cfg(test)]

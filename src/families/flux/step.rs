@@ -358,10 +358,7 @@ impl Family for Flux {
         }
         self.last(&cx, acts, blocks)?;
         let velocity = compute.read(&acts.out)?;
-        let dt = next - sigma;
-        for (value, velocity) in state.latent.iter_mut().zip(&velocity) {
-            *value += dt * velocity;
-        }
+        super::sampler::euler_step(&mut state.latent, &velocity, sigma, next);
         Ok(StepOutput {
             output: Some(state.latent.clone()),
             ..StepOutput::default()

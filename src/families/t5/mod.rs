@@ -21,7 +21,10 @@
 //! Blocks: the token table, one per T5 block, and the final norm. FP8 checkpoints
 //! with per-tensor scales (`t5xxl_fp8_e4m3fn_scaled`) compute on their stored bytes.
 
+mod demo;
 mod open;
+
+pub use demo::{Umt5Demo, Umt5Preset};
 
 use stagehand_actors::{BlockId, ModelLayout};
 

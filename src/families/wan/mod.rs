@@ -30,6 +30,7 @@ mod layers;
 mod open;
 mod sample;
 pub mod scheduler;
+mod single_file;
 mod step;
 mod weights;
 mod working_set;
@@ -40,6 +41,7 @@ pub use embed::Grid;
 pub use input::{Guidance, WanInput};
 pub use open::CLASS_NAME;
 pub use sample::{guided, high_noise_steps, WanSample};
+pub use single_file::HEAD_DIM_METADATA;
 pub use working_set::activations_at;
 
 use self::weights::WanWeights;

@@ -7,6 +7,7 @@ use stagehand_actors::ModelLayout;
 use super::config::WanConfig;
 use super::input::WanInput;
 use super::sample::WanSample;
+use super::single_file;
 use super::working_set::activations_at;
 use super::Wan;
 use crate::families::family::Facts;
@@ -75,16 +76,25 @@ impl Open for Wan {
         }))
     }
 
+    /// A `WanTransformer3DModel` folder, or one file of a WAN transformer's tensors
+    /// (read in diffusers' names: ComfyUI's files are renamed as they are opened).
     fn recognises(found: &Found<'_>) -> bool {
-        found.folder.is_some() && found.class_name() == Some(CLASS_NAME)
+        match found.folder {
+            Some(_) => found.class_name() == Some(CLASS_NAME),
+            None => single_file::is_wan(found.index),
+        }
     }
 
     fn open(request: &Request<'_>) -> Result<Self, FamilyError> {
-        let folder = request.folder("a WAN transformer")?;
-        let config = WanConfig::from_json(&folder.config_path(), &folder.config)?;
+        let config = match request.folder {
+            Some(folder) => WanConfig::from_json(&folder.config_path(), &folder.config)?,
+            None => {
+                WanConfig::from_json(request.path, &single_file::inferred_config(request.index)?)?
+            }
+        };
         check_layers(request.index, &config)?;
         if let Some(sample) = request.extras.input::<WanSample>() {
-            let Some(&first) = sample.solver.timesteps().get(sample.solver.steps_taken()) else {
+            let Some(first) = sample.solver.timestep(sample.solver.steps_taken()) else {
                 return Err(FamilyError::Model(
                     "the sampling's schedule has no step left".into(),
                 ));
@@ -98,7 +108,7 @@ impl Open for Wan {
                 )));
             }
             let input = WanInput {
-                timestep: first as f32,
+                timestep: first,
                 ..sample.input.clone()
             };
             return Wan::new(request.index, config, input, Some(sample.clone()));

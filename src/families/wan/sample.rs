@@ -1,18 +1,19 @@
 //! A WAN run that samples: its share of a schedule's denoising steps, each the
-//! (guided) velocity of the latent the step before left, stepped by the UniPC solver.
+//! (guided) velocity of the latent the step before left, stepped by the folder's
+//! solver (UniPC or flow-matching Euler).
 //! The run's step output is the step's velocity (after guidance), so whoever drives
 //! the run (the video pipeline) can replay the solver over them and hand the latent
 //! and the solver's state to the next expert at the boundary.
 
 use super::input::WanInput;
-use super::scheduler::UniPc;
+use super::scheduler::Solver;
 
 /// `steps` denoising steps from `input.latent`, with `solver` as the earlier steps
 /// left it (`input.timestep` is ignored: each step takes the solver's).
 #[derive(Debug, Clone)]
 pub struct WanSample {
     pub input: WanInput,
-    pub solver: UniPc,
+    pub solver: Solver,
     pub steps: usize,
 }
 
@@ -23,7 +24,7 @@ impl WanSample {
     pub fn replay<'a>(
         &self,
         velocities: impl IntoIterator<Item = &'a [f32]>,
-    ) -> Result<(Vec<f32>, UniPc), String> {
+    ) -> Result<(Vec<f32>, Solver), String> {
         let mut sampler = Sampler::new(self);
         let mut taken = 0;
         for velocity in velocities.into_iter().take(self.steps) {
@@ -41,20 +42,18 @@ impl WanSample {
 }
 
 /// Of `timesteps` (descending), how many the high-noise expert takes: those at or
-/// above `boundary_ratio × train_timesteps` (WanPipeline's `boundary_timestep`).
-pub fn high_noise_steps(timesteps: &[i64], boundary_ratio: f64, train_timesteps: usize) -> usize {
-    let boundary = boundary_ratio * train_timesteps as f64;
-    timesteps
-        .iter()
-        .take_while(|&&t| t as f64 >= boundary)
-        .count()
+/// above `boundary_ratio × train_timesteps` (WanPipeline's `boundary_timestep`),
+/// compared in f32 as torch compares a timestep tensor with a Python float.
+pub fn high_noise_steps(timesteps: &[f32], boundary_ratio: f64, train_timesteps: usize) -> usize {
+    let boundary = (boundary_ratio * train_timesteps as f64) as f32;
+    timesteps.iter().take_while(|&&t| t >= boundary).count()
 }
 
 /// A sampling run's latent and solver between its steps.
 #[derive(Debug, Clone)]
 pub struct Sampler {
     pub latent: Vec<f32>,
-    pub solver: UniPc,
+    pub solver: Solver,
     /// The solver's steps taken when the run's share began.
     first: usize,
 }
@@ -75,10 +74,7 @@ impl Sampler {
 
     /// The timestep the next step computes at.
     pub fn timestep(&self) -> Option<f32> {
-        self.solver
-            .timesteps()
-            .get(self.solver.steps_taken())
-            .map(|&t| t as f32)
+        self.solver.timestep(self.solver.steps_taken())
     }
 }
 

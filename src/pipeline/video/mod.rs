@@ -5,7 +5,8 @@
 //!
 //! What diffusers' `WanPipeline` computes, in the same order: the prompts' umT5
 //! states (padded to `max_sequence_length`, the padding masked and zeroed), the
-//! starting noise (given, or seeded), the UniPC steps of the folder's scheduler with
+//! starting noise (given, or seeded), the steps of the folder's scheduler (UniPC or
+//! flow-matching Euler) with
 //! classifier-free guidance when the guidance is above 1 (the prompt's and the
 //! negative prompt's passes under one acquire of each block), the high-noise expert
 //! for the timesteps at or above `boundary_ratio × 1000` and the low-noise expert
@@ -22,12 +23,14 @@
 
 mod condition;
 mod decode;
+mod files;
 mod folder;
 mod hand_over;
 #[cfg(feature = "mp4")]
 mod mp4;
 
 pub use decode::choose_vae_tile;
+pub use files::VideoFiles;
 pub use folder::WanParts;
 pub use hand_over::HandOver;
 #[cfg(feature = "mp4")]
@@ -37,7 +40,7 @@ use std::time::Instant;
 
 use super::{outputs, Picture, PipelineError, PipelineRun, Stage};
 use crate::families::flux::gaussian;
-use crate::families::wan::scheduler::{read_unipc, UniPc};
+use crate::families::wan::scheduler::{read_solver, Solver};
 use crate::families::wan::{high_noise_steps, Guidance, WanInput, WanSample};
 use crate::families::wan_vae::WanTile;
 use crate::families::{EncoderInput, Extras, PaddingMasked, PromptLength, WorkloadKind};
@@ -98,12 +101,12 @@ pub fn generate_video(
     run: &PipelineRun<'_>,
 ) -> Result<Video, PipelineError> {
     check(request, parts)?;
-    let config = read_unipc(&parts.scheduler).map_err(|error| PipelineError::Layout {
+    let config = read_solver(&parts.scheduler).map_err(|error| PipelineError::Layout {
         path: error.path,
         problem: error.problem,
     })?;
-    let train_timesteps = config.train_timesteps;
-    let solver = UniPc::new(config, request.steps);
+    let train_timesteps = config.train_timesteps();
+    let solver = config.solver(request.steps);
     let mut stages = Vec::with_capacity(4);
     let (context, negative) = encode(parts, request, run, &mut stages)?;
     let condition = condition::encode(parts, request, run, &mut stages)?;
@@ -116,7 +119,7 @@ pub fn generate_video(
         ),
     };
     let high = match (&parts.transformer_2, parts.boundary_ratio) {
-        (Some(_), Some(ratio)) => high_noise_steps(solver.timesteps(), ratio, train_timesteps),
+        (Some(_), Some(ratio)) => high_noise_steps(&solver.timesteps(), ratio, train_timesteps),
         _ => request.steps,
     };
     let input = WanInput {
@@ -152,7 +155,7 @@ pub fn generate_video(
 struct Sampling {
     input: WanInput,
     negative: Option<Vec<f32>>,
-    solver: UniPc,
+    solver: Solver,
     high: usize,
 }
 

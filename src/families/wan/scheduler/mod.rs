@@ -1,15 +1,20 @@
 //! The sampler a pipeline folder's `scheduler/scheduler_config.json` names. Wan 2.2's
-//! published folders name `UniPCMultistepScheduler` with flow sigmas; that is the one
-//! computed here ([`UniPc`]). Every key diffusers writes is known: one that changes
-//! the math to something not computed here (Karras sigmas, dynamic shifting,
-//! thresholding, an ε or v prediction) is refused by name, as is an unknown key.
+//! published folders name `UniPCMultistepScheduler` with flow sigmas ([`UniPc`]);
+//! `FlowMatchEulerDiscreteScheduler` with a static `shift` is the other one computed
+//! here ([`FlowEuler`]). Every key diffusers writes is known: one that changes the math
+//! to something not computed here (Karras sigmas, dynamic shifting, thresholding,
+//! stochastic sampling, an ε or v prediction) is refused by name, as is an unknown key.
 
+mod euler;
+mod solver;
 mod unipc;
 
 use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
 
+pub use euler::{EulerConfig, FlowEuler};
+pub use solver::{Solver, SolverConfig};
 pub use unipc::{FinalSigma, UniPc, UniPcConfig, Variant};
 
 /// A `scheduler_config.json` that is not one computed here, and why.
@@ -63,43 +68,143 @@ const READ_KEYS: &[&str] = &[
     "use_flow_sigmas",
 ];
 
+/// The keys of diffusers 0.42's `FlowMatchEulerDiscreteScheduler` config that leave a
+/// static shift's math alone (the dynamic shift's parameters).
+const EULER_INERT_KEYS: &[&str] = &[
+    "_class_name",
+    "_diffusers_version",
+    "base_image_seq_len",
+    "base_shift",
+    "max_image_seq_len",
+    "max_shift",
+    "time_shift_type",
+];
+
+/// Its keys read here, with the value that means "off" for the ones refused when on.
+const EULER_REFUSED_WHEN_SET: &[(&str, Value)] = &[
+    ("use_dynamic_shifting", Value::Bool(false)),
+    ("invert_sigmas", Value::Bool(false)),
+    ("shift_terminal", Value::Null),
+    ("use_karras_sigmas", Value::Bool(false)),
+    ("use_exponential_sigmas", Value::Bool(false)),
+    ("use_beta_sigmas", Value::Bool(false)),
+    ("stochastic_sampling", Value::Bool(false)),
+];
+
+const EULER_READ_KEYS: &[&str] = &["num_train_timesteps", "shift"];
+
+/// The keys one scheduler class's config may hold.
+struct Keys {
+    inert: &'static [&'static str],
+    read: &'static [&'static str],
+    refused_when_set: &'static [(&'static str, Value)],
+}
+
+/// The sampler `scheduler_config.json` at `path` configures: UniPC or flow-matching Euler.
+pub fn read_solver(path: &Path) -> Result<SolverConfig, SchedulerConfigError> {
+    let (config, layout) = read_config(path)?;
+    match class_of(&config) {
+        "UniPCMultistepScheduler" => unipc_config(&config, &layout).map(SolverConfig::UniPc),
+        "FlowMatchEulerDiscreteScheduler" => {
+            euler_config(&config, &layout).map(SolverConfig::Euler)
+        }
+        class => Err(layout(format!(
+            "_class_name is \"{class}\"; stagehand samples video with UniPCMultistepScheduler (flow sigmas, as the published Wan 2.2 folders configure it) or FlowMatchEulerDiscreteScheduler"
+        ))),
+    }
+}
+
 /// The UniPC solver `scheduler_config.json` at `path` configures.
 pub fn read_unipc(path: &Path) -> Result<UniPcConfig, SchedulerConfigError> {
-    let layout = |problem: String| SchedulerConfigError {
-        path: path.to_path_buf(),
-        problem,
-    };
-    let text = std::fs::read_to_string(path)
-        .map_err(|error| layout(format!("cannot be read ({error})")))?;
-    let config: Map<String, Value> = serde_json::from_str(&text)
-        .map_err(|error| layout(format!("is not a JSON object ({error})")))?;
-    let class = config
-        .get("_class_name")
-        .and_then(Value::as_str)
-        .unwrap_or("(none)");
+    let (config, layout) = read_config(path)?;
+    let class = class_of(&config);
     if class != "UniPCMultistepScheduler" {
         return Err(layout(format!(
-            "_class_name is \"{class}\"; stagehand samples video with UniPCMultistepScheduler (flow sigmas), as the published Wan 2.2 folders configure it"
+            "_class_name is \"{class}\", not UniPCMultistepScheduler"
         )));
     }
-    check_keys(&config, &layout)?;
-    solver_config(&config, &layout)
+    unipc_config(&config, &layout)
+}
+
+type Layout = Box<dyn Fn(String) -> SchedulerConfigError>;
+
+/// The JSON object at `path`, and the error maker that names it.
+fn read_config(path: &Path) -> Result<(Map<String, Value>, Layout), SchedulerConfigError> {
+    let owned = path.to_path_buf();
+    let layout: Layout = Box::new(move |problem: String| SchedulerConfigError {
+        path: owned.clone(),
+        problem,
+    });
+    let text = std::fs::read_to_string(path).map_err(|error| {
+        layout(format!(
+            "cannot be read ({error}); give a scheduler's scheduler_config.json"
+        ))
+    })?;
+    let config: Map<String, Value> = serde_json::from_str(&text)
+        .map_err(|error| layout(format!("is not a JSON object ({error})")))?;
+    Ok((config, layout))
+}
+
+fn class_of(config: &Map<String, Value>) -> &str {
+    config
+        .get("_class_name")
+        .and_then(Value::as_str)
+        .unwrap_or("(none)")
+}
+
+fn unipc_config(
+    config: &Map<String, Value>,
+    layout: &dyn Fn(String) -> SchedulerConfigError,
+) -> Result<UniPcConfig, SchedulerConfigError> {
+    let keys = Keys {
+        inert: INERT_KEYS,
+        read: READ_KEYS,
+        refused_when_set: REFUSED_WHEN_SET,
+    };
+    check_keys(config, &keys, layout)?;
+    solver_config(config, layout)
+}
+
+/// A static-shift flow-matching Euler's config (WanPipeline passes no `mu`).
+fn euler_config(
+    config: &Map<String, Value>,
+    layout: &dyn Fn(String) -> SchedulerConfigError,
+) -> Result<EulerConfig, SchedulerConfigError> {
+    let keys = Keys {
+        inert: EULER_INERT_KEYS,
+        read: EULER_READ_KEYS,
+        refused_when_set: EULER_REFUSED_WHEN_SET,
+    };
+    check_keys(config, &keys, layout)?;
+    let number =
+        |key: &str, default: f64| config.get(key).and_then(Value::as_f64).unwrap_or(default);
+    let (train_timesteps, shift) = (number("num_train_timesteps", 1000.0), number("shift", 1.0));
+    if train_timesteps < 1.0 || train_timesteps.fract() != 0.0 || shift.is_nan() || shift <= 0.0 {
+        return Err(layout(format!(
+            "\"num_train_timesteps\": {train_timesteps} and \"shift\": {shift} must be a whole number ≥ 1 and a positive number"
+        )));
+    }
+    Ok(EulerConfig {
+        train_timesteps: train_timesteps as usize,
+        shift,
+    })
 }
 
 /// Every key known, and none set to math not computed here.
 fn check_keys(
     config: &Map<String, Value>,
+    keys: &Keys,
     layout: &dyn Fn(String) -> SchedulerConfigError,
 ) -> Result<(), SchedulerConfigError> {
     for key in config.keys() {
-        let known = INERT_KEYS.contains(&key.as_str())
-            || READ_KEYS.contains(&key.as_str())
-            || REFUSED_WHEN_SET.iter().any(|(name, _)| name == key);
+        let known = keys.inert.contains(&key.as_str())
+            || keys.read.contains(&key.as_str())
+            || keys.refused_when_set.iter().any(|(name, _)| name == key);
         if !known {
             return Err(layout(format!("unknown key \"{key}\": stagehand does not know what it changes, so it does not guess")));
         }
     }
-    for (key, off) in REFUSED_WHEN_SET {
+    for (key, off) in keys.refused_when_set {
         if config.get(*key).is_some_and(|value| value != off) {
             return Err(layout(format!(
                 "\"{key}\": {} is not computed here (only {off})",

@@ -1,0 +1,228 @@
+//! A Wan pipeline from the files ComfyUI users have: the transformer's file
+//! (`diffusion_models/wan2.2_t2v_high_noise_14B_fp16.safetensors`, in Wan-AI's
+//! original names, bare or under `model.diffusion_model.`; diffusers' names read too)
+//! and, for Wan 2.2 A14B, the low-noise expert's (`--model-2`); umT5 as a file
+//! (`text_encoders/umt5_xxl_fp16.safetensors`, transformers' names) with its
+//! tokenizer's folder; the VAE's diffusers folder; and the scheduler's config. A part
+//! not given is refused naming the flag that gives it.
+//!
+//! What the files do not say is what the published pipelines say: two experts switch
+//! at `boundary_ratio` 0.875 for text-to-video and 0.9 for image-to-video (a
+//! transformer taking more channels than it gives), as Wan 2.2's `model_index.json`.
+
+use std::path::{Path, PathBuf};
+
+use super::super::{PipelineError, PipelinePart};
+use super::WanParts;
+use crate::model::{CheckpointPart, ModelIndex};
+
+/// The files given for a Wan pipeline's parts (`stagehand video --model-2 … --umt5 …
+/// --umt5-tokenizer … --vae … --scheduler …`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VideoFiles {
+    /// The low-noise expert (Wan 2.2 A14B's `transformer_2`).
+    pub model_2: Option<PathBuf>,
+    /// umT5's encoder, a file or a folder.
+    pub umt5: Option<PathBuf>,
+    /// umT5's tokenizer folder (`tokenizer.json`), for umT5 given as a file.
+    pub umt5_tokenizer: Option<PathBuf>,
+    /// The VAE (`AutoencoderKLWan`): its diffusers folder.
+    pub vae: Option<PathBuf>,
+    /// A `scheduler_config.json` (UniPC or flow-matching Euler).
+    pub scheduler: Option<PathBuf>,
+}
+
+impl VideoFiles {
+    /// Whether any part was given.
+    pub fn any(&self) -> bool {
+        [
+            &self.model_2,
+            &self.umt5,
+            &self.umt5_tokenizer,
+            &self.vae,
+            &self.scheduler,
+        ]
+        .iter()
+        .any(|file| file.is_some())
+    }
+}
+
+/// The published pipelines' boundaries between the experts.
+const T2V_BOUNDARY_RATIO: f64 = 0.875;
+const I2V_BOUNDARY_RATIO: f64 = 0.9;
+
+fn missing(
+    model: &Path,
+    part: &'static str,
+    flag: &'static str,
+    example: &'static str,
+) -> PipelineError {
+    PipelineError::MissingFile {
+        part,
+        model: model.to_path_buf(),
+        flag,
+        example,
+    }
+}
+
+impl WanParts {
+    /// The parts of `model` (a diffusers Wan pipeline folder, or the transformer's
+    /// file) with `files` for the rest; in a folder, a part given replaces its own.
+    pub fn locate(model: &Path, files: &VideoFiles) -> Result<Self, PipelineError> {
+        if model.is_dir() {
+            return Self::folder(model).and_then(|parts| parts.replaced(files));
+        }
+        if !model.exists() {
+            return Err(PipelineError::Layout {
+                path: model.to_path_buf(),
+                problem: "does not exist; give a diffusers Wan pipeline folder (model_index.json, transformer/, vae/ …) or a WAN transformer's file with --umt5, --umt5-tokenizer, --vae and --scheduler".into(),
+            });
+        }
+        let transformer = transformer_part(model)?;
+        let [in_channels, out_channels] = channels(&transformer)?;
+        let image_to_video = in_channels > out_channels;
+        let transformer_2 = match &files.model_2 {
+            Some(file) => Some(transformer_part(file)?),
+            None => None,
+        };
+        let boundary_ratio = transformer_2.as_ref().map(|_| match image_to_video {
+            true => I2V_BOUNDARY_RATIO,
+            false => T2V_BOUNDARY_RATIO,
+        });
+        let umt5 = files.umt5.clone().ok_or_else(|| {
+            missing(
+                model,
+                "umT5 text encoder",
+                "--umt5",
+                "ComfyUI's models/text_encoders/umt5_xxl_fp16.safetensors",
+            )
+        })?;
+        let tokenizer = files.umt5_tokenizer.clone().ok_or_else(|| {
+            missing(model, "umT5 tokenizer", "--umt5-tokenizer", "a folder with umT5's tokenizer.json (google/umt5-xxl's, or a Wan pipeline's tokenizer/)")
+        })?;
+        let vae = files.vae.clone().ok_or_else(|| {
+            missing(model, "WAN VAE", "--vae", "a Wan pipeline's vae/ folder (AutoencoderKLWan: config.json and diffusion_pytorch_model.safetensors)")
+        })?;
+        let scheduler = files.scheduler.clone().ok_or_else(|| {
+            missing(model, "scheduler", "--scheduler", "a Wan pipeline's scheduler/scheduler_config.json (UniPCMultistepScheduler or FlowMatchEulerDiscreteScheduler)")
+        })?;
+        let parts = Self {
+            dir: model.to_path_buf(),
+            text_encoder: PipelinePart {
+                tokenizer: Some(tokenizer),
+                ..PipelinePart::whole(umt5)
+            },
+            transformer,
+            transformer_2,
+            vae: vae_part(vae)?,
+            scheduler,
+            boundary_ratio,
+            latent_channels: out_channels,
+            image_to_video,
+        };
+        parts.check_files()?;
+        Ok(parts)
+    }
+
+    /// The folder's parts with the given ones in their place.
+    fn replaced(mut self, files: &VideoFiles) -> Result<Self, PipelineError> {
+        if let Some(file) = &files.model_2 {
+            if self.transformer_2.is_none() {
+                return Err(PipelineError::Layout {
+                    path: self.dir.clone(),
+                    problem: "--model-2 replaces a pipeline's transformer_2, and this one has none (no boundary_ratio); give the high-noise expert's file as --model instead".into(),
+                });
+            }
+            self.transformer_2 = Some(transformer_part(file)?);
+        }
+        if let Some(file) = &files.umt5 {
+            self.text_encoder.path = file.clone();
+        }
+        if let Some(dir) = &files.umt5_tokenizer {
+            self.text_encoder.tokenizer = Some(dir.clone());
+        }
+        if let Some(vae) = &files.vae {
+            self.vae = vae_part(vae.clone())?;
+        }
+        if let Some(file) = &files.scheduler {
+            self.scheduler = file.clone();
+        }
+        self.check_files()?;
+        Ok(self)
+    }
+
+    /// Every part given is there.
+    fn check_files(&self) -> Result<(), PipelineError> {
+        let paths = [
+            Some(&self.text_encoder.path),
+            self.text_encoder.tokenizer.as_ref(),
+            Some(&self.vae.path),
+            Some(&self.scheduler),
+        ];
+        match paths.into_iter().flatten().find(|path| !path.exists()) {
+            Some(path) => Err(PipelineError::Layout {
+                path: path.clone(),
+                problem: "does not exist".into(),
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A WAN transformer's file: in the original names (read renamed), or diffusers'.
+fn transformer_part(file: &Path) -> Result<PipelinePart, PipelineError> {
+    let layout = |problem: String| PipelineError::Layout {
+        path: file.to_path_buf(),
+        problem,
+    };
+    if !file.is_file() {
+        return Err(layout("is not a file; give a WAN transformer's .safetensors file (ComfyUI's models/diffusion_models/wan2.2_*.safetensors) or a diffusers Wan pipeline folder".into()));
+    }
+    let index = ModelIndex::open(file, None).map_err(|error| layout(error.to_string()))?;
+    let part = CheckpointPart::implied(&index);
+    let diffusers = index
+        .tensor("condition_embedder.time_proj.weight")
+        .is_some();
+    if part.is_none() && !diffusers {
+        return Err(layout("is not a WAN transformer: neither Wan-AI's names (head.head, blocks.0.self_attn.q, bare or under model.diffusion_model.) nor diffusers' (condition_embedder.time_proj)".into()));
+    }
+    Ok(PipelinePart {
+        part,
+        ..PipelinePart::whole(file.to_path_buf())
+    })
+}
+
+/// The VAE: its diffusers folder. The original single file is refused by name.
+fn vae_part(path: PathBuf) -> Result<PipelinePart, PipelineError> {
+    if path.is_file() {
+        return Err(PipelineError::Layout {
+            path,
+            problem: "is a file: the WAN VAE's single file (wan_2.1_vae.safetensors, in its original names) is not read yet; give the diffusers vae/ folder of a Wan pipeline (AutoencoderKLWan)".into(),
+        });
+    }
+    Ok(PipelinePart::whole(path))
+}
+
+/// A transformer part's channels in and out, from its patch embedding and output.
+fn channels(part: &PipelinePart) -> Result<[usize; 2], PipelineError> {
+    let layout = |problem: String| PipelineError::Layout {
+        path: part.path.clone(),
+        problem,
+    };
+    let index = match &part.part {
+        Some(within) => ModelIndex::open_part(&part.path, None, within),
+        None => ModelIndex::open(&part.path, None),
+    }
+    .map_err(|error| layout(error.to_string()))?;
+    let shape = |name: &str| index.tensor(name).map(|tensor| tensor.shape.clone());
+    match (shape("patch_embedding.weight"), shape("proj_out.weight")) {
+        (Some(patch), Some(out)) if patch.len() == 5 && out.len() == 2 => {
+            let size: usize = patch[2..].iter().product();
+            match size > 0 && out[0] % size == 0 {
+                true => Ok([patch[1], out[0] / size]),
+                false => Err(layout(format!("patch_embedding {patch:?} and proj_out {out:?} do not agree on a patch"))),
+            }
+        }
+        _ => Err(layout("has no patch_embedding [dim, channels, 1, 2, 2] and proj_out matrix: not a whole WAN transformer".into())),
+    }
+}
