@@ -54,6 +54,7 @@ fn sample(latent: Vec<f32>, solver: UniPc, (steps, scale): (usize, f32)) -> WanS
                 scale,
             }),
             condition: None,
+            first_frame: None,
         },
         solver,
         steps,

@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 
 use stagehand::families::flux::read_tensors;
-use stagehand::families::wan_vae::VideoLatentInput;
+use stagehand::families::wan_vae::{VideoInput, VideoLatentInput};
 use stagehand::families::Model;
 use stagehand::run::{
     execute, prepare_with, Budgets, Extras, Outcome, Prepared, RunPlan, WorkloadKind,
@@ -108,3 +108,38 @@ fn wan22_vae_decodes_diffusers_video_streamed_and_resident() {
     eprintln!("wan 2.2 vae: frames {difference:e} max abs from diffusers'");
     assert!(difference < TOLERANCE, "frames differ by {difference}");
 }
+
+#[test]
+fn wan22_vae_encodes_diffusers_latent_streamed_and_resident() {
+    // Proves Wan 2.2's encoder (frames patchified into 12 channels, residual down
+    // blocks with their AvgDown3D shortcuts over each chunk, zero-padded to whole
+    // groups of frames, 48 channels normalised) gives `(vae.encode(video).mode() −
+    // latents_mean) · (1 / latents_std)`, streamed under half the model as resident.
+    let (shape, video) = expected("encoder_video");
+    let input = VideoInput {
+        videos: vec![video],
+        frames: shape[2],
+        height: shape[3],
+        width: shape[4],
+    };
+    let extras = Extras::default().with(input);
+    let prepared = prepare("vae", WorkloadKind::ImageEncoder, &extras);
+    let (latent_shape, latent) = expected("encoder_latent");
+    let frames = latent_shape[2] as u64;
+    let steps = streamed_equal_to_resident(&prepared, frames, "encoder");
+    // Each step one latent frame [48, pixels]: as [48, frames, pixels].
+    let plane = latent_shape[3] * latent_shape[4];
+    let ours: Vec<f32> = (0..latent_shape[1])
+        .flat_map(|channel| {
+            steps
+                .iter()
+                .flat_map(move |step| step[channel * plane..][..plane].to_vec())
+        })
+        .collect();
+    let difference = largest_difference(&ours, &latent);
+    eprintln!("wan 2.2 vae: encoded latent {difference:e} max abs from diffusers'");
+    assert!(difference < TOLERANCE, "latent differs by {difference}");
+}
+
+#[path = "wan_ti2v/pipeline.rs"]
+mod pipeline;

@@ -13,7 +13,7 @@ use crate::compute::pipeline::Image;
 use crate::compute::Compute;
 use crate::families::FamilyError;
 
-use super::weights::DupUp;
+use super::weights::{AvgDown, DupUp};
 
 /// A tensor of `rows × cols` with `values` (none on a compute that holds no
 /// values: the simulator's recording).
@@ -67,6 +67,78 @@ pub fn dup_up<C: Compute>(
         }
     }
     Ok(out)
+}
+
+/// `AvgDown3D` of a chunk's frames (each `[pixels, input]` of `image`), zero frames
+/// put before them to make whole groups of `down.frames` (as diffusers pads each
+/// chunk): one frame per group, each `[pixels / side², out]`.
+pub fn avg_down<C: Compute>(
+    compute: &C,
+    down: &AvgDown,
+    frames: &[C::Tensor],
+    image: Image,
+) -> Result<Vec<C::Tensor>, FamilyError> {
+    let (side, width) = (down.side, image.width);
+    let small = Image {
+        height: image.height / side,
+        width: image.width / side,
+    };
+    let padding = (down.frames - frames.len() % down.frames) % down.frames;
+    let groups = (padding + frames.len()) / down.frames;
+    if compute.memory_space() == MemorySpace::Opaque {
+        return (0..groups)
+            .map(|_| written(compute, (small.pixels(), down.out), &[]))
+            .collect();
+    }
+    let zeros = vec![0.0; image.pixels() * down.input];
+    let mut values = vec![zeros; padding];
+    for frame in frames {
+        values.push(compute.read(frame)?);
+    }
+    let factor = down.frames * side * side;
+    let mut out = Vec::with_capacity(groups);
+    for group in values.chunks_exact(down.frames) {
+        let mut folded = vec![0.0; small.pixels() * down.out];
+        for (pixel, target) in folded.chunks_exact_mut(down.out).enumerate() {
+            let (row, col) = (pixel / small.width, pixel % small.width);
+            for (channel, value) in target.iter_mut().enumerate() {
+                let mut sum = 0.0f32;
+                for member in 0..down.group {
+                    let folded_channel = channel * down.group + member;
+                    let (source, rest) = (folded_channel / factor, folded_channel % factor);
+                    let (time, dy, dx) = (rest / (side * side), rest / side % side, rest % side);
+                    let at = (row * side + dy) * width + col * side + dx;
+                    sum += group[time][at * down.input + source];
+                }
+                *value = sum / down.group as f32;
+            }
+        }
+        out.push(written(compute, (small.pixels(), down.out), &folded)?);
+    }
+    Ok(out)
+}
+
+/// `patchify` of one frame `[channels, height, width]` into channels-last
+/// `[(height / patch) · (width / patch), channels · patch²]`: the inverse of
+/// [`unpatchify`].
+pub fn patchify_frame(
+    frame: &[f32],
+    channels: usize,
+    (height, width): (usize, usize),
+    patch: usize,
+) -> Vec<f32> {
+    let (small_width, cols) = (width / patch, channels * patch * patch);
+    let mut out = vec![0.0; frame.len()];
+    for channel in 0..channels {
+        let plane = &frame[channel * height * width..][..height * width];
+        for (pixel, &value) in plane.iter().enumerate() {
+            let (row, col) = (pixel / width, pixel % width);
+            let target = (row / patch) * small_width + col / patch;
+            let packed = (channel * patch + col % patch) * patch + row % patch;
+            out[target * cols + packed] = value;
+        }
+    }
+    out
 }
 
 /// `unpatchify` of a video `[channels · patch², frames, height, width]` into

@@ -273,11 +273,24 @@ pub struct Downsample {
 }
 
 /// One resolution of the encoder: its ResNet blocks and, but the last, a
-/// downsampling.
+/// downsampling; in Wan 2.2 a shortcut around them.
 #[derive(Debug, Clone)]
 pub struct DownLevel {
     pub resnets: Vec<Resnet>,
     pub downsample: Option<Downsample>,
+    pub shortcut: Option<AvgDown>,
+}
+
+/// `AvgDown3D`: the level's input with each group of `frames` frames and `side` ×
+/// `side` pixels folded into channels, and the mean of each `group` of those
+/// channels as one of the `out` channels; added to the level's output.
+#[derive(Debug, Clone, Copy)]
+pub struct AvgDown {
+    pub input: usize,
+    pub out: usize,
+    pub frames: usize,
+    pub side: usize,
+    pub group: usize,
 }
 
 /// The encoder's weights, placed.
@@ -308,11 +321,26 @@ impl Walk<'_> {
         let mut down = Vec::with_capacity(levels);
         let mut module = 0;
         for level in 0..levels {
-            self.source.block(&format!("encoder.down_blocks.{module}"));
+            let stem = format!(
+                "encoder.down_blocks.{}",
+                if config.is_residual { level } else { module }
+            );
+            self.source.block(&stem);
             if level == 0 {
-                conv_in = Some(self.conv("encoder.conv_in", [dims[0], 3, 3, 3])?);
+                let input = 3 * config.patch_size * config.patch_size;
+                conv_in = Some(self.conv("encoder.conv_in", [dims[0], input, 3, 3])?);
             }
-            let (mut input, out) = (dims[level], dims[level + 1]);
+            let temporal = level + 1 < levels && config.temporal_upsample[levels - 2 - level];
+            let (input, out) = (dims[level], dims[level + 1]);
+            if config.is_residual {
+                down.push(self.residual_level(
+                    &stem,
+                    [input, out],
+                    (level + 1 < levels, temporal),
+                )?);
+                continue;
+            }
+            let mut input = input;
             let mut resnets = Vec::with_capacity(config.num_res_blocks);
             for _ in 0..config.num_res_blocks {
                 let stem = format!("encoder.down_blocks.{module}");
@@ -323,22 +351,14 @@ impl Walk<'_> {
                 true => {
                     let stem = format!("encoder.down_blocks.{module}");
                     module += 1;
-                    let temporal = config.temporal_upsample[levels - 2 - level];
-                    Some(Downsample {
-                        conv: self.conv(&format!("{stem}.resample.1"), [out, out, 0, 3])?,
-                        time_conv: match temporal {
-                            true => {
-                                Some(self.conv(&format!("{stem}.time_conv"), [out, out, 3, 1])?)
-                            }
-                            false => None,
-                        },
-                    })
+                    Some(self.downsample(&stem, out, temporal)?)
                 }
                 false => None,
             };
             down.push(DownLevel {
                 resnets,
                 downsample,
+                shortcut: None,
             });
         }
         let top = dims[levels];
@@ -366,6 +386,63 @@ impl Walk<'_> {
                 bias: quant.bias.sub_vector(0, latent),
                 ..quant
             },
+        })
+    }
+}
+
+impl Walk<'_> {
+    /// `WanResample` downsampling of `channels` (`downsample3d` when `temporal`).
+    fn downsample(
+        &mut self,
+        stem: &str,
+        channels: usize,
+        temporal: bool,
+    ) -> Result<Downsample, FamilyError> {
+        Ok(Downsample {
+            conv: self.conv(&format!("{stem}.resample.1"), [channels, channels, 0, 3])?,
+            time_conv: match temporal {
+                true => Some(self.conv(&format!("{stem}.time_conv"), [channels, channels, 3, 1])?),
+                false => None,
+            },
+        })
+    }
+
+    /// Wan 2.2's `WanResidualDownBlock`: its ResNet blocks, its `downsampler` when
+    /// `down`, and the `AvgDown3D` shortcut.
+    fn residual_level(
+        &mut self,
+        stem: &str,
+        [input, out]: [usize; 2],
+        (down, temporal): (bool, bool),
+    ) -> Result<DownLevel, FamilyError> {
+        let mut resnets = Vec::with_capacity(self.config.num_res_blocks);
+        let mut channels = input;
+        for layer in 0..self.config.num_res_blocks {
+            resnets.push(self.resnet(&format!("{stem}.resnets.{layer}"), channels, out)?);
+            channels = out;
+        }
+        let downsample = match down {
+            true => Some(self.downsample(&format!("{stem}.downsampler"), out, temporal)?),
+            false => None,
+        };
+        let (frames, side) = (if temporal { 2 } else { 1 }, if down { 2 } else { 1 });
+        let folded = input * frames * side * side;
+        if out == 0 || folded % out != 0 {
+            return Err(FamilyError::Model(format!(
+                "a residual down block from {input} to {out} channels: AvgDown3D needs {input} · {} a multiple of {out}",
+                frames * side * side
+            )));
+        }
+        Ok(DownLevel {
+            resnets,
+            downsample,
+            shortcut: Some(AvgDown {
+                input,
+                out,
+                frames,
+                side,
+                group: folded / out,
+            }),
         })
     }
 }
