@@ -14,6 +14,8 @@ tokenizer/ are links to tests/fixtures/umt5's. Weights are bf16 values computed 
 expected.safetensors:
 - vae_latent [1, 48, 3, 2, 3] and vae_video [1, 3, 9, 32, 48]: WanPipeline's
   `vae.decode(latents / (1 / latents_std) + latents_mean).sample`;
+- vae_video_tiled: the same decoded by `tiled_decode` after `enable_tiling(32, 32,
+  16, 16)`: tiles of 2 latent positions every 1;
 - encoder_video [1, 3, 5, 32, 48] and encoder_latent [1, 48, 2, 2, 3]: `(vae.encode(video)
   .latent_dist.mode() - latents_mean) * (1 / latents_std)`;
 - tr_latent [1, 48, 3, 4, 6], tr_context [1, 10, 32], tr_timestep [1, 18] (the first
@@ -112,9 +114,16 @@ def vae_cases(vae, tensors):
     with torch.no_grad():
         video = vae.decode(latent / inverse_std + mean, return_dict=False)[0]
         encoded = (vae.encode(clip).latent_dist.mode() - mean) * inverse_std
+        # Tiles of 2 latent positions (32 pixels) every 1 (16): 2 x 3 tiles, the
+        # blend and the crop in the patches' space, unpatchified after.
+        vae.enable_tiling(32, 32, 16, 16)
+        tiled = vae.decode(latent / inverse_std + mean, return_dict=False)[0]
+        vae.use_tiling = False
     at_clamp = (video.abs() >= 1.0).float().mean().item()
     print(f"vae video {tuple(video.shape)} {at_clamp:.1%} at the clamp; encoded {tuple(encoded.shape)}")
-    tensors.update(vae_latent=latent, vae_video=video, encoder_video=clip, encoder_latent=encoded)
+    tensors.update(
+        vae_latent=latent, vae_video=video, vae_video_tiled=tiled, encoder_video=clip, encoder_latent=encoded
+    )
 
 
 def transformer_case(transformer, tensors):

@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 
 use stagehand::families::flux::read_tensors;
-use stagehand::families::wan_vae::{VideoInput, VideoLatentInput};
+use stagehand::families::wan_vae::{VideoInput, VideoLatentInput, WanTile};
 use stagehand::families::Model;
 use stagehand::run::{
     execute, prepare_with, Budgets, Extras, Outcome, Prepared, RunPlan, WorkloadKind,
@@ -83,30 +83,51 @@ fn largest_difference(ours: &[f32], theirs: &[f32]) -> f32 {
     (ours.iter().zip(theirs)).fold(0f32, |m, (a, b)| m.max((a - b).abs()))
 }
 
-#[test]
-fn wan22_vae_decodes_diffusers_video_streamed_and_resident() {
-    // Proves Wan 2.2's decoder (48 channels un-normalised, residual up blocks with
-    // their DupUp3D shortcuts, the first chunk's shortcut cut to its last frame, no
-    // halved widths, 12 channels unpatchified into 2 × 2 pixels, the clamp) gives
-    // AutoencoderKLWan's video, streamed under half the model as resident.
+/// Decodes the fixture's latent (in `tile`s, when given), streamed equal to
+/// resident, and compares the video with diffusers' `name`.
+fn decodes(tile: Option<WanTile>, name: &str) {
     let (shape, latent) = expected("vae_latent");
     let input = VideoLatentInput {
         latents: vec![latent],
         frames: shape[2],
         height: shape[3],
         width: shape[4],
-        tile: None,
+        tile,
     };
     let prepared = prepare("vae", WorkloadKind::Auto, &Extras::default().with(input));
     let Model::WanVae(vae) = &prepared.workload.model else {
         panic!("not the WAN VAE decoder");
     };
-    let chunks = streamed_equal_to_resident(&prepared, shape[2] as u64, "decoder");
+    let steps = vae.steps_per_video() as u64;
+    let chunks = streamed_equal_to_resident(&prepared, steps, name);
     let chunks: Vec<&[f32]> = chunks.iter().map(Vec::as_slice).collect();
-    let (_, video) = expected("vae_video");
+    let (_, video) = expected(name);
     let difference = largest_difference(&vae.assemble(&chunks), &video);
-    eprintln!("wan 2.2 vae: frames {difference:e} max abs from diffusers'");
-    assert!(difference < TOLERANCE, "frames differ by {difference}");
+    eprintln!("wan 2.2 vae: {name} {difference:e} max abs from diffusers' ({steps} steps)");
+    assert!(difference < TOLERANCE, "{name} differs by {difference}");
+}
+
+#[test]
+fn wan22_vae_decodes_diffusers_video_streamed_and_resident() {
+    // Proves Wan 2.2's decoder (48 channels un-normalised, residual up blocks with
+    // their DupUp3D shortcuts, the first chunk's shortcut cut to its last frame, no
+    // halved widths, 12 channels unpatchified into 2 × 2 pixels, the clamp) gives
+    // AutoencoderKLWan's video, streamed under half the model as resident.
+    decodes(None, "vae_video");
+}
+
+#[test]
+fn wan22_vae_decodes_in_tiles_as_tiled_decode() {
+    // Proves the tiles of Wan 2.2's VAE: cut, blended and cropped in the patches'
+    // space (8 of them a latent position) and unpatchified after, as `tiled_decode`
+    // does with patch_size 2 (tiles of 2 latent positions every 1: 2 × 3 tiles).
+    let tile = WanTile {
+        height: 2,
+        width: 2,
+        stride_height: 1,
+        stride_width: 1,
+    };
+    decodes(Some(tile), "vae_video_tiled");
 }
 
 #[test]

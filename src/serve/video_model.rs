@@ -53,6 +53,9 @@ pub struct VideoQueue {
     /// An image-to-video pipeline (`WanImageToVideoPipeline`): every job needs its
     /// first frame; a text-to-video one takes none.
     pub from_image: bool,
+    /// TI2V-5B (`expand_timesteps`): text to video, or from a first frame when
+    /// the job gives one.
+    pub image_optional: bool,
 }
 
 impl VideoQueue {
@@ -60,7 +63,7 @@ impl VideoQueue {
     /// fit the pipeline of `model`, before the job is queued: the pipeline would
     /// refuse it too, but as a failed job minutes later, in the CLI's words.
     pub fn check_image(&self, model: &str, given: bool) -> Result<(), ApiError> {
-        match (self.from_image, given) {
+        match (self.from_image, given && !self.image_optional) {
             (true, false) => Err(ApiError::bad_request(
                 "input_reference",
                 format!("`{model}` makes a video from an image (WanImageToVideoPipeline): the image is required; send its first frame as input_reference, a PNG of the video's size (a file part of a multipart/form-data body)"),
@@ -116,6 +119,7 @@ pub(super) fn load_videos(
         videos: Some(VideoQueue {
             jobs: videos,
             from_image: parts.image_to_video,
+            image_optional: parts.expand_timesteps,
         }),
         ..serving.model
     };
