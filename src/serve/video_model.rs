@@ -63,12 +63,12 @@ impl VideoQueue {
     /// fit the pipeline of `model`, before the job is queued: the pipeline would
     /// refuse it too, but as a failed job minutes later, in the CLI's words.
     pub fn check_image(&self, model: &str, given: bool) -> Result<(), ApiError> {
-        match (self.from_image, given && !self.image_optional) {
+        match (self.from_image, given) {
             (true, false) => Err(ApiError::bad_request(
                 "input_reference",
                 format!("`{model}` makes a video from an image (WanImageToVideoPipeline): the image is required; send its first frame as input_reference, a PNG of the video's size (a file part of a multipart/form-data body)"),
             )),
-            (false, true) => Err(ApiError::bad_request(
+            (false, true) if !self.image_optional => Err(ApiError::bad_request(
                 "input_reference",
                 format!("`{model}` makes videos from text (WanPipeline) and takes no input_reference: leave it out, or name an image-to-video model (a WanImageToVideoPipeline folder)"),
             )),
@@ -200,5 +200,27 @@ mod tests {
         assert_eq!(percent("transformer", (4, 4), 4), 90);
         assert_eq!(percent("vae", (1, 2), 4), 95);
         assert_eq!(percent("vae", (9, 2), 4), 100);
+    }
+}
+
+#[cfg(test)]
+mod queue_tests {
+    use super::{VideoJob, VideoQueue};
+
+    #[test]
+    fn a_ti2v_model_takes_a_first_frame_or_none() {
+        // Proves a TI2V (expand_timesteps) model's jobs may carry an input_reference
+        // or not, an I2V-A14B model's need one and a text-to-video model's take none.
+        let queue = |from_image, image_optional| VideoQueue {
+            jobs: flume::bounded::<VideoJob>(1).0,
+            from_image,
+            image_optional,
+        };
+        let ti2v = queue(false, true);
+        assert!(ti2v.check_image("ti2v", true).is_ok() && ti2v.check_image("ti2v", false).is_ok());
+        let i2v = queue(true, false);
+        assert!(i2v.check_image("i2v", true).is_ok() && i2v.check_image("i2v", false).is_err());
+        let t2v = queue(false, false);
+        assert!(t2v.check_image("t2v", false).is_ok() && t2v.check_image("t2v", true).is_err());
     }
 }
