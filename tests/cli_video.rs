@@ -6,7 +6,8 @@
 //! starting latent of the wrong size, an output that is not an MP4, a folder that is
 //! not a Wan pipeline, an image a pipeline cannot take) exit 2 with one line naming
 //! the problem. `--image`/`--last-image` run on the image-to-video pipeline of
-//! `tests/fixtures/wan_i2v_pipeline`.
+//! `tests/fixtures/wan_i2v_pipeline`, and TI2V-5B's text and image to video on
+//! `tests/fixtures/wan_ti2v`.
 
 mod common;
 
@@ -33,8 +34,41 @@ fn rows() -> Vec<Row> {
     let i2v = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/wan_i2v_pipeline");
     let (first, last) = (i2v.join("first.png"), i2v.join("last.png"));
     let [i2v, first, last] = [i2v, first, last].map(|path| path.display().to_string());
+    let ti2v = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/wan_ti2v");
+    let ti2v_first = ti2v.join("first.png").display().to_string();
+    let ti2v = ti2v.display().to_string();
     let mut rows = vec![
         row(&[], Expect::Ok("out.mp4")),
+        row(&["--model", &ti2v, "--width", "96"], Expect::Ok(ok)),
+        row(
+            &[
+                "--model",
+                &ti2v,
+                "--width",
+                "96",
+                "--frames",
+                "5",
+                "--image",
+                &ti2v_first,
+            ],
+            Expect::Ok(ok),
+        ),
+        row(
+            &[
+                "--model",
+                &ti2v,
+                "--width",
+                "96",
+                "--frames",
+                "5",
+                "--image",
+                &ti2v_first,
+                "--last-image",
+                &ti2v_first,
+            ],
+            Expect::Bad("leave out --last-image"),
+        ),
+        row(&["--model", &ti2v], Expect::Bad("multiples of 32")),
         row(&["--model", &i2v, "--image", &first], Expect::Ok(ok)),
         row(
             &[

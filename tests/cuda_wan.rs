@@ -47,6 +47,7 @@ fn input(variant: &str) -> WanInput {
         context: expected(variant, "encoder_hidden_states").1,
         guidance: None,
         condition: None,
+        first_frame: None,
     }
 }
 

@@ -53,6 +53,7 @@ fn input(variant: &str, suffix: &str) -> WanInput {
         context,
         guidance: None,
         condition: None,
+        first_frame: None,
     }
 }
 

@@ -60,6 +60,7 @@ fn sample(latent: Vec<f32>, solver: impl Into<Solver>, (steps, scale): (usize, f
                 scale,
             }),
             condition: None,
+            first_frame: None,
         },
         solver: solver.into(),
         steps,

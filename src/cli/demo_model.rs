@@ -111,7 +111,7 @@ pub struct DemoModelArgs {
     pub lora_dtype: LoraDtype,
     #[command(flatten)]
     pub flux: super::demo_flux::FluxArgs,
-    /// `--arch wan`: the shapes (tiny, small; a14b: one Wan 2.2 T2V-A14B expert, 26.6 GiB in BF16; i2v-a14b: the I2V expert, 36 channels in; ti2v5b: TI2V-5B).
+    /// `--arch wan`: the shapes (tiny, small; a14b: one Wan 2.2 T2V-A14B expert, 26.6 GiB in BF16; i2v-a14b: the I2V expert, 36 channels in; ti2v5b: TI2V-5B; ti2v-tiny: tiny with TI2V's 48 channels).
     #[arg(long, value_enum, default_value = "tiny")]
     pub wan_preset: WanPreset,
     /// `--arch umt5`: the shapes (tiny; xxl: umT5-XXL's encoder, Wan 2.2's text encoder, 10.6 GiB in BF16).

@@ -53,6 +53,9 @@ pub struct VideoQueue {
     /// An image-to-video pipeline (`WanImageToVideoPipeline`): every job needs its
     /// first frame; a text-to-video one takes none.
     pub from_image: bool,
+    /// TI2V-5B (`expand_timesteps`): text to video, or from a first frame when
+    /// the job gives one.
+    pub image_optional: bool,
 }
 
 impl VideoQueue {
@@ -65,7 +68,7 @@ impl VideoQueue {
                 "input_reference",
                 format!("`{model}` makes a video from an image (WanImageToVideoPipeline): the image is required; send its first frame as input_reference, a PNG of the video's size (a file part of a multipart/form-data body)"),
             )),
-            (false, true) => Err(ApiError::bad_request(
+            (false, true) if !self.image_optional => Err(ApiError::bad_request(
                 "input_reference",
                 format!("`{model}` makes videos from text (WanPipeline) and takes no input_reference: leave it out, or name an image-to-video model (a WanImageToVideoPipeline folder)"),
             )),
@@ -116,6 +119,7 @@ pub(super) fn load_videos(
         videos: Some(VideoQueue {
             jobs: videos,
             from_image: parts.image_to_video,
+            image_optional: parts.expand_timesteps,
         }),
         ..serving.model
     };
@@ -196,5 +200,27 @@ mod tests {
         assert_eq!(percent("transformer", (4, 4), 4), 90);
         assert_eq!(percent("vae", (1, 2), 4), 95);
         assert_eq!(percent("vae", (9, 2), 4), 100);
+    }
+}
+
+#[cfg(test)]
+mod queue_tests {
+    use super::{VideoJob, VideoQueue};
+
+    #[test]
+    fn a_ti2v_model_takes_a_first_frame_or_none() {
+        // Proves a TI2V (expand_timesteps) model's jobs may carry an input_reference
+        // or not, an I2V-A14B model's need one and a text-to-video model's take none.
+        let queue = |from_image, image_optional| VideoQueue {
+            jobs: flume::bounded::<VideoJob>(1).0,
+            from_image,
+            image_optional,
+        };
+        let ti2v = queue(false, true);
+        assert!(ti2v.check_image("ti2v", true).is_ok() && ti2v.check_image("ti2v", false).is_ok());
+        let i2v = queue(true, false);
+        assert!(i2v.check_image("i2v", true).is_ok() && i2v.check_image("i2v", false).is_err());
+        let t2v = queue(false, false);
+        assert!(t2v.check_image("t2v", false).is_ok() && t2v.check_image("t2v", true).is_err());
     }
 }

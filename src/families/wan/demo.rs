@@ -31,6 +31,8 @@ pub enum WanPreset {
     /// Wan 2.2 TI2V-5B: 30 blocks of width 3072 (24 heads of 128), FFN 14 336, 48
     /// latent channels in and out.
     Ti2v5b,
+    /// Tiny with TI2V-5B's 48 latent channels in and out (the 48-channel VAE's).
+    Ti2vTiny,
 }
 
 impl WanPreset {
@@ -68,6 +70,11 @@ impl WanPreset {
                 freq_dim: 64,
                 ffn_dim: 256,
                 layers: 4,
+                ..tiny
+            },
+            WanPreset::Ti2vTiny => WanConfig {
+                in_channels: 48,
+                out_channels: 48,
                 ..tiny
             },
             WanPreset::A14b => a14b,
@@ -263,5 +270,6 @@ mod tests {
         let ti2v = parameters(WanPreset::Ti2v5b);
         assert!((4_900_000_000..5_100_000_000).contains(&ti2v), "{ti2v}");
         assert!(parameters(WanPreset::Tiny) < 100_000);
+        assert!(parameters(WanPreset::Ti2vTiny) < 100_000);
     }
 }

@@ -13,6 +13,7 @@ use crate::families::FamilyError;
 
 use super::config::WanConfig;
 use super::embed::Grid;
+use super::first_frame::FirstFrame;
 
 /// One velocity to compute, given by the caller (a pipeline, a test).
 #[derive(Debug, Clone, PartialEq)]
@@ -33,6 +34,10 @@ pub struct WanInput {
     /// the latent's channels (an image-to-video pipeline's mask and encoded image);
     /// `None`: the latent is the model's whole input.
     pub condition: Option<Vec<f32>>,
+    /// TI2V-5B's image-to-video: the encoded image standing for the first latent
+    /// frame, whose tokens are at timestep 0 ([`FirstFrame`]); `None`: every token
+    /// at the step's timestep.
+    pub first_frame: Option<FirstFrame>,
 }
 
 /// The negative prompt's states (`[tokens, text_dim]`, as many tokens as the
@@ -57,6 +62,7 @@ impl WanInput {
             context: gaussian(tokens * config.text_dim, 11),
             guidance: None,
             condition: None,
+            first_frame: None,
         }
     }
 
@@ -124,6 +130,7 @@ impl WanInput {
                 config.rope_max_seq_len
             )));
         }
+        self.check_first_frame(config, plane)?;
         if !self.timestep.is_finite() {
             return Err(FamilyError::Model(format!(
                 "timestep {} is not a number",
@@ -134,12 +141,38 @@ impl WanInput {
     }
 
     /// The model's input for `latent` (this input's noise, or a sampling's later
-    /// one): the latent's channels, then the condition's.
+    /// one): the latent's channels, then the condition's; or the latent with its
+    /// first frame the image's (TI2V).
     pub fn joined<'a>(&self, latent: &'a [f32]) -> std::borrow::Cow<'a, [f32]> {
+        if let Some(first) = &self.first_frame {
+            let plane = self.height * self.width;
+            let channels = latent.len() / (self.frames * plane).max(1);
+            return std::borrow::Cow::Owned(first.replace(latent, (channels, self.frames)));
+        }
         match &self.condition {
             None => std::borrow::Cow::Borrowed(latent),
             Some(condition) => std::borrow::Cow::Owned([latent, condition].concat()),
         }
+    }
+
+    /// A first frame is one latent frame of the noise's channels, alone (no
+    /// channel condition), over a patch of one frame (its tokens are its own).
+    fn check_first_frame(&self, config: &WanConfig, plane: usize) -> Result<(), FamilyError> {
+        let Some(first) = &self.first_frame else {
+            return Ok(());
+        };
+        let frame = config.in_channels * self.height * self.width;
+        if first.latent.len() != frame || self.condition.is_some() || config.patch[0] != 1 {
+            return Err(FamilyError::Model(format!(
+                "a first frame of {} values (TI2V's image): [{}, {}, {}] is {frame}, with no channel condition and a patch of one frame (patch {:?}); {plane} positions a frame",
+                first.latent.len(),
+                config.in_channels,
+                self.height,
+                self.width,
+                config.patch
+            )));
+        }
+        Ok(())
     }
 
     /// Text tokens, checked against the model's `text_dim` (the negative prompt's as

@@ -25,6 +25,7 @@
 mod config;
 mod demo;
 mod embed;
+mod first_frame;
 mod input;
 mod layers;
 mod open;
@@ -38,6 +39,7 @@ mod working_set;
 pub use config::{WanConfig, QK_NORM};
 pub use demo::{WanDemo, WanPreset};
 pub use embed::Grid;
+pub use first_frame::FirstFrame;
 pub use input::{Guidance, WanInput};
 pub use open::CLASS_NAME;
 pub use sample::{guided, high_noise_steps, WanSample};
@@ -98,7 +100,18 @@ impl Wan {
 
     /// What a step reserves, and the working set of each kind of block.
     pub fn activations(&self) -> crate::families::Activations {
-        activations_at(&self.config, self.tokens, self.text, self.guided())
+        let mut activations = activations_at(&self.config, self.tokens, self.text, self.guided());
+        if let Some(rows) = self.first_frame_rows() {
+            activations.reserved_bytes += first_frame::first_time_bytes(rows, self.config.dim());
+        }
+        activations
+    }
+
+    /// Token rows of the first latent frame when they are at timestep 0 (TI2V's
+    /// image-to-video).
+    pub fn first_frame_rows(&self) -> Option<usize> {
+        let [_, rows, cols] = self.grid.patches();
+        self.input.first_frame.as_ref().map(|_| rows * cols)
     }
 
     /// The step runs the negative prompt's pass too.

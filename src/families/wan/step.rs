@@ -5,6 +5,7 @@
 use stagehand_actors::BlockId;
 
 use super::embed::timestep_embedding;
+use super::first_frame::FirstTime;
 use super::layers::Ctx;
 use super::sample::{guided, Sampler};
 use super::weights::AttentionWeights;
@@ -42,6 +43,8 @@ pub struct Acts<C: Compute> {
     table: C::Tensor,
     /// The negative prompt's pass, when guided.
     negative: Option<Negative<C>>,
+    /// The first frame's modulation at timestep 0 (TI2V's image-to-video).
+    first: Option<FirstTime<C>>,
 }
 
 /// What the negative prompt's pass keeps apart from the prompt's: its residual
@@ -85,7 +88,11 @@ impl<C: Compute> Acts<C> {
             out: next()?,
             table: next()?,
             negative: None,
+            first: None,
         };
+        if let Some(rows) = wan.first_frame_rows() {
+            acts.first = Some(FirstTime::new(compute, rows, wan.config.dim())?);
+        }
         if let Some(guidance) = &wan.input.guidance {
             let mut negative = Negative {
                 x: next()?,
@@ -153,25 +160,48 @@ impl Wan {
                 cx.kernels.gelu_tanh(&mut acts.text_a)?;
                 cx.linear(held, &head.text_2, 0, &acts.text_a, &mut acts.text)
             })?;
-            let frequencies = timestep_embedding(timestep, self.config.freq_dim);
-            compute.write(&mut acts.frequencies, &frequencies)?;
-            cx.linear(
-                held,
-                &head.time_1,
-                0,
-                &acts.frequencies,
-                &mut acts.temb_silu,
-            )?;
-            cx.kernels.silu(&mut acts.temb_silu)?;
-            cx.linear(held, &head.time_2, 0, &acts.temb_silu, &mut acts.temb)?;
-            compute.copy(&acts.temb, &mut acts.temb_silu)?;
-            cx.kernels.silu(&mut acts.temb_silu)?;
-            let dim = self.config.dim();
-            for (chunk, vector) in acts.time.iter_mut().enumerate() {
-                cx.linear(held, &head.time_proj, chunk * dim, &acts.temb_silu, vector)?;
+            let Acts {
+                frequencies,
+                temb_silu,
+                temb,
+                time,
+                first,
+                ..
+            } = acts;
+            let scratch = (&mut *frequencies, &mut *temb_silu);
+            self.time_embedding(cx, held, (timestep, scratch), (temb, time.as_mut_slice()))?;
+            if let Some(first) = first {
+                let scratch = (&mut *frequencies, &mut *temb_silu);
+                let out = (&mut first.temb, first.time.as_mut_slice());
+                self.time_embedding(cx, held, (0.0, scratch), out)?;
             }
             Ok(())
         })
+    }
+
+    /// `temb` and the six `time_proj` vectors of `timestep`.
+    fn time_embedding<C: Compute>(
+        &self,
+        cx: &Ctx<'_, C>,
+        held: &Held<C::Block>,
+        (timestep, (frequencies, silu)): (f32, (&mut C::Tensor, &mut C::Tensor)),
+        (temb, time): (&mut C::Tensor, &mut [C::Tensor]),
+    ) -> Result<(), FamilyError> {
+        let (compute, head) = (cx.compute, &self.weights.head);
+        compute.write(
+            frequencies,
+            &timestep_embedding(timestep, self.config.freq_dim),
+        )?;
+        cx.linear(held, &head.time_1, 0, frequencies, silu)?;
+        cx.kernels.silu(silu)?;
+        cx.linear(held, &head.time_2, 0, silu, temb)?;
+        compute.copy(temb, silu)?;
+        cx.kernels.silu(silu)?;
+        let dim = self.config.dim();
+        for (chunk, vector) in time.iter_mut().enumerate() {
+            cx.linear(held, &head.time_proj, chunk * dim, silu, vector)?;
+        }
+        Ok(())
     }
 
     /// One transformer block: modulated self-attention with rope, cross-attention to
@@ -201,12 +231,13 @@ impl Wan {
         let eps = self.config.eps;
         let time: Vec<&C::Tensor> = acts.time.iter().collect();
         cx.modulation(held, weights.scale_shift_table, &time, &mut acts.mods)?;
-        let mods = &acts.mods;
-        cx.kernels
-            .adaptive_norm(&acts.x, &mods[0], &mods[1], eps, &mut acts.normed)?;
+        if let Some(first) = &mut acts.first {
+            let time: Vec<&C::Tensor> = first.time.iter().collect();
+            cx.modulation(held, weights.scale_shift_table, &time, &mut first.mods)?;
+        }
+        self.modulated_norm(cx, acts, 0)?;
         self.self_attention(cx, held, &weights.attn1, acts)?;
-        cx.kernels
-            .add_gated(&mut acts.x, &acts.proj, &acts.mods[2])?;
+        self.gated_add(cx, acts, 2)?;
         match weights.norm2 {
             Some((weight, bias)) => {
                 let view = held.view(compute);
@@ -218,15 +249,60 @@ impl Wan {
         }
         self.cross_attention(cx, held, &weights.attn2, acts)?;
         compute.add(&mut acts.x, &acts.proj)?;
-        let mods = &acts.mods;
-        cx.kernels
-            .adaptive_norm(&acts.x, &mods[3], &mods[4], eps, &mut acts.normed)?;
+        self.modulated_norm(cx, acts, 3)?;
         cx.linear(held, &weights.ffn_in, 0, &acts.normed, &mut acts.hidden)?;
         cx.kernels.gelu_tanh(&mut acts.hidden)?;
         cx.linear(held, &weights.ffn_out, 0, &acts.hidden, &mut acts.proj)?;
+        self.gated_add(cx, acts, 5)
+    }
+
+    /// `normed ← LayerNorm(x)·(1 + mods[shift + 1]) + mods[shift]`, the first
+    /// frame's rows with its own vectors.
+    fn modulated_norm<C: Compute>(
+        &self,
+        cx: &Ctx<'_, C>,
+        acts: &mut Acts<C>,
+        shift: usize,
+    ) -> Result<(), FamilyError> {
+        let eps = self.config.eps;
+        let Acts {
+            x,
+            mods,
+            normed,
+            first,
+            ..
+        } = acts;
+        let (shift_vector, scale) = (&mods[shift], &mods[shift + 1]);
         cx.kernels
-            .add_gated(&mut acts.x, &acts.proj, &acts.mods[5])?;
-        Ok(())
+            .adaptive_norm(x, shift_vector, scale, eps, normed)?;
+        match first {
+            Some(first) => first.adaptive_norm(cx.compute, (x, shift, eps), normed),
+            None => Ok(()),
+        }
+    }
+
+    /// `x ← x + mods[gate]·proj`, the first frame's rows with its own gate.
+    fn gated_add<C: Compute>(
+        &self,
+        cx: &Ctx<'_, C>,
+        acts: &mut Acts<C>,
+        gate: usize,
+    ) -> Result<(), FamilyError> {
+        let Acts {
+            x,
+            proj,
+            mods,
+            first,
+            ..
+        } = acts;
+        if let Some(first) = first {
+            first.add_gated(cx.compute, (x, proj, gate))?;
+        }
+        cx.kernels.add_gated(x, proj, &mods[gate])?;
+        match first {
+            Some(first) => first.restore(cx.compute, x),
+            None => Ok(()),
+        }
     }
 
     /// `proj ← to_out(attention(q, k, v))` over the video tokens, q and k normed
@@ -285,16 +361,14 @@ impl Wan {
         let mut velocities = Vec::with_capacity(2);
         blocks.with_held(compute, id, |held, _| {
             acts.each_pass(|acts| {
+                let table = weights.scale_shift_table;
                 let mods = &mut acts.mods[..2];
-                cx.modulation(
-                    held,
-                    weights.scale_shift_table,
-                    &[&acts.temb, &acts.temb],
-                    mods,
-                )?;
-                let eps = self.config.eps;
-                cx.kernels
-                    .adaptive_norm(&acts.x, &mods[0], &mods[1], eps, &mut acts.normed)?;
+                cx.modulation(held, table, &[&acts.temb, &acts.temb], mods)?;
+                if let Some(first) = &mut acts.first {
+                    let mods = &mut first.mods[..2];
+                    cx.modulation(held, table, &[&first.temb, &first.temb], mods)?;
+                }
+                self.modulated_norm(cx, acts, 0)?;
                 cx.linear(held, &weights.proj_out, 0, &acts.normed, &mut acts.out)?;
                 let rows = compute.read(&acts.out)?;
                 velocities.push(self.grid.unpatchify(&rows, self.config.out_channels));

@@ -1,7 +1,8 @@
 //! The WAN video autoencoder's sizes, from diffusers' `vae/config.json`
 //! (`_class_name: AutoencoderKLWan`), checked against what stagehand computes: Wan
-//! 2.1's VAE (16 latent channels, used by Wan 2.1 and the Wan 2.2 A14B pipelines).
-//! Wan 2.2's 48-channel VAE (`is_residual`, `patch_size: 2`) is refused by name.
+//! 2.1's VAE (16 latent channels, used by Wan 2.1 and the Wan 2.2 A14B pipelines)
+//! and Wan 2.2's (48 channels, TI2V-5B's: `is_residual` blocks with their
+//! shortcuts, frames cut into 2 × 2 patches of 12 channels, `patch_size: 2`).
 
 use std::path::Path;
 
@@ -12,7 +13,10 @@ use crate::families::FamilyError;
 
 /// Every `config.json` key of `AutoencoderKLWan` (diffusers 0.42) stagehand reads or
 /// knows changes nothing the decoder computes (the encoder's, dropout at inference,
-/// the compression ratios it checks); another key is refused by name.
+/// the compression ratios it checks); another key is refused by name. `clip_output`
+/// (which Wan 2.2's converted config may write as false) is not read by diffusers
+/// 0.42, which clamps the decoded video to [−1, 1] whatever it says, as the original
+/// Wan 2.2 code clamps after its decode: so does stagehand.
 const KNOWN_KEYS: &[&str] = &[
     "_class_name",
     "_diffusers_version",
@@ -52,7 +56,16 @@ pub struct WanVaeConfig {
     /// A pipeline's latent is `(z − mean) / std` per channel of the VAE's own.
     pub latents_mean: Vec<f32>,
     pub latents_std: Vec<f32>,
+    /// The decoder's output channels (`out_channels`): 3, or 3 · patch² when the
+    /// frames are patched (12 in Wan 2.2).
     pub out_channels: usize,
+    /// Wan 2.2's residual blocks (`is_residual`): no channel halving after an
+    /// upsampling, and each level's shortcut (`DupUp3D` up, `AvgDown3D` down).
+    pub is_residual: bool,
+    /// The side of the square patches the frames are cut into (`patch_size`;
+    /// 1 when `null`): the decoder's output is unpatchified, the encoder's input
+    /// patchified.
+    pub patch_size: usize,
 }
 
 impl WanVaeConfig {
@@ -65,9 +78,21 @@ impl WanVaeConfig {
             .collect()
     }
 
-    /// Pixels per latent position along each side: 2 per up block but the last.
+    /// Positions of the decoder's output per latent position along each side: 2 per
+    /// up block but the last (the patches' grid when the frames are patched).
     pub fn spatial_scale(&self) -> usize {
         1 << (self.dim_mult.len() - 1)
+    }
+
+    /// Pixels per latent position along each side (`scale_factor_spatial`): the
+    /// decoder's scale times the patch (8 in Wan 2.1, 16 in Wan 2.2).
+    pub fn pixel_scale(&self) -> usize {
+        self.spatial_scale() * self.patch_size
+    }
+
+    /// Colour channels of a video (`out_channels` over the patch's area).
+    pub fn video_channels(&self) -> usize {
+        self.out_channels / (self.patch_size * self.patch_size)
     }
 
     /// Video frames of `latent_frames` latent frames: the first frame alone, each
@@ -88,7 +113,7 @@ impl WanVaeConfig {
                 "key `{key}` is not one AutoencoderKLWan reads; remove it or fix its name"
             )));
         }
-        refuse_wan22(path, &json, config)?;
+        let patch_size = patch_size(&json, config)?;
         if config
             .get("attn_scales")
             .and_then(Value::as_array)
@@ -110,9 +135,12 @@ impl WanVaeConfig {
             temporal_upsample: temporal.into_iter().rev().collect(),
             latents_mean: floats(&json, config, "latents_mean", z_dim)?,
             latents_std: floats(&json, config, "latents_std", z_dim)?,
-            out_channels: json.count("out_channels", Some(3))?,
+            out_channels: json.count("out_channels", Some(3 * patch_size * patch_size))?,
+            is_residual: json.flag("is_residual", false),
+            patch_size,
             dim_mult,
         };
+        parsed.check_channels(&json)?;
         parsed.check_scales(&json)?;
         Ok(parsed)
     }
@@ -122,7 +150,7 @@ impl WanVaeConfig {
     fn check_scales(&self, json: &ConfigJson<'_>) -> Result<(), FamilyError> {
         let temporal = self.video_frames(2) - 1;
         for (key, made) in [
-            ("scale_factor_spatial", self.spatial_scale()),
+            ("scale_factor_spatial", self.pixel_scale()),
             ("scale_factor_temporal", temporal),
         ] {
             let stated = json.count(key, Some(made))?;
@@ -139,29 +167,32 @@ impl WanVaeConfig {
     }
 }
 
-/// Wan 2.2's 48-channel VAE (residual up blocks, 2 × 2 patches): another decoder,
-/// refused as a model stagehand does not compute (a caller can match on it).
-fn refuse_wan22(path: &Path, json: &ConfigJson<'_>, config: &Value) -> Result<(), FamilyError> {
-    let residual = json.flag("is_residual", false);
-    let patched = config
-        .get("patch_size")
-        .is_some_and(|value| !value.is_null());
-    if residual || patched {
-        return Err(FamilyError::Unsupported {
-            path: path.to_path_buf(),
-            found: "Wan 2.2's 48-channel VAE".into(),
-            message: format!(
-                "{}: this is Wan 2.2's 48-channel VAE (`is_residual: true` / `patch_size` set, used by Wan2.2-TI2V-5B): stagehand computes Wan 2.1's 16-channel AutoencoderKLWan (the Wan 2.2 A14B pipelines' VAE) only",
-                path.display()
-            ),
-        });
+impl WanVaeConfig {
+    /// RGB in and out: `in_channels` and `out_channels` are 3 per patch position.
+    fn check_channels(&self, json: &ConfigJson<'_>) -> Result<(), FamilyError> {
+        let rgb = 3 * self.patch_size * self.patch_size;
+        let in_channels = json.count("in_channels", Some(rgb))?;
+        if in_channels != rgb || self.out_channels != rgb {
+            return Err(json.bad(format!(
+                "`in_channels` {in_channels} and `out_channels` {}: RGB frames in patches of {} are {rgb} channels (3 · patch_size²)",
+                self.out_channels, self.patch_size
+            )));
+        }
+        Ok(())
     }
-    if json.flag("clip_output", true) {
-        return Ok(());
+}
+
+/// `patch_size`: `null` (1) or 2, Wan 2.2's; another size is refused by name.
+fn patch_size(json: &ConfigJson<'_>, config: &Value) -> Result<usize, FamilyError> {
+    match config.get("patch_size") {
+        None | Some(Value::Null) => Ok(1),
+        Some(_) => match json.count("patch_size", None)? {
+            size @ (1 | 2) => Ok(size),
+            size => Err(json.bad(format!(
+                "`patch_size` is {size}: the published WAN VAEs have none (Wan 2.1) or 2 (Wan 2.2)"
+            ))),
+        },
     }
-    Err(json.bad(
-        "`clip_output` is false: diffusers' AutoencoderKLWan clamps its output to [-1, 1], and so does stagehand".into(),
-    ))
 }
 
 /// A list of `len` booleans under `key`.
@@ -230,21 +261,51 @@ mod tests {
         assert_eq!(config.spatial_scale(), 8);
     }
 
+    /// TI2V-5B's VAE config as diffusers' conversion writes it (means and stds
+    /// zero and one here).
+    fn wan22() -> Value {
+        json!({
+            "_class_name": "AutoencoderKLWan", "base_dim": 160, "decoder_base_dim": 256,
+            "z_dim": 48, "dim_mult": [1, 2, 4, 4], "num_res_blocks": 2, "attn_scales": [],
+            "temperal_downsample": [false, true, true], "dropout": 0.0,
+            "latents_mean": vec![0.0; 48], "latents_std": vec![1.0; 48],
+            "is_residual": true, "in_channels": 12, "out_channels": 12, "patch_size": 2,
+            "scale_factor_temporal": 4, "scale_factor_spatial": 16, "clip_output": false,
+        })
+    }
+
     #[test]
-    fn the_22_vae_and_unknown_keys_are_refused_by_name() {
-        // Proves the 48-channel VAE and a misspelt key are refused, each naming why.
+    fn wan22_config_gives_its_residual_stages_and_patches() {
+        // Proves Wan 2.2's VAE is read: no halved widths (1024 … 256), 16 pixels a
+        // latent position (8 of the decoder's times the patch of 2), RGB in 12 channels.
+        let config = WanVaeConfig::from_json(Path::new("vae/config.json"), &wan22())
+            .expect("reads Wan 2.2's config");
+        assert_eq!(config.dims(), [1024, 1024, 1024, 512, 256]);
+        assert_eq!(config.encoder_base_dim, 160);
+        assert!(config.is_residual);
+        assert_eq!((config.spatial_scale(), config.pixel_scale()), (8, 16));
+        assert_eq!((config.out_channels, config.video_channels()), (12, 3));
+        assert_eq!(config.video_frames(31), 121);
+    }
+
+    #[test]
+    fn bad_patches_and_unknown_keys_are_refused_by_name() {
+        // Proves a patch other than 2, channels that are not RGB in patches, a wrong
+        // scale and a misspelt key are refused, each naming why.
         let refuse = |config: Value| {
             WanVaeConfig::from_json(Path::new("vae/config.json"), &config)
                 .expect_err("refused")
                 .to_string()
         };
-        let mut wan22 = wan21();
-        wan22["is_residual"] = json!(true);
-        wan22["patch_size"] = json!(2);
-        let refusal = WanVaeConfig::from_json(Path::new("vae/config.json"), &wan22);
-        assert!(matches!(refusal, Err(FamilyError::Unsupported { .. })));
-        let message = refusal.err().map(|error| error.to_string());
-        assert!(message.is_some_and(|message| message.contains("Wan 2.2's 48-channel VAE")));
+        let mut patch = wan22();
+        patch["patch_size"] = json!(4);
+        assert!(refuse(patch).contains("`patch_size` is 4"));
+        let mut channels = wan22();
+        channels["out_channels"] = json!(3);
+        assert!(refuse(channels).contains("3 · patch_size²"));
+        let mut scale = wan22();
+        scale["scale_factor_spatial"] = json!(8);
+        assert!(refuse(scale).contains("scale_factor_spatial"));
         let mut misspelt = wan21();
         misspelt["temporal_downsample"] = json!([false, true, true]);
         assert!(refuse(misspelt).contains("`temporal_downsample`"));

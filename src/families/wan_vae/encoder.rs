@@ -82,18 +82,21 @@ impl WanVaeEncoder {
         (first, count): (usize, usize),
     ) -> Result<Vec<C::Tensor>, FamilyError> {
         let values = &self.input.videos[video];
-        let pixels = self.input.height * self.input.width;
-        let frames = self.input.frames;
+        let (height, width) = (self.input.height, self.input.width);
+        let (pixels, frames) = (height * width, self.input.frames);
+        let patch = self.config.patch_size;
         (first..first + count)
             .map(|frame| {
-                let mut channels_last = vec![0.0; 3 * pixels];
+                let mut planar = Vec::with_capacity(3 * pixels);
                 for channel in 0..3 {
-                    let plane = &values[(channel * frames + frame) * pixels..][..pixels];
-                    for (pixel, &value) in plane.iter().enumerate() {
-                        channels_last[pixel * 3 + channel] = value;
-                    }
+                    planar.extend_from_slice(
+                        &values[(channel * frames + frame) * pixels..][..pixels],
+                    );
                 }
-                let mut tensor = compute.tensor(pixels, 3)?;
+                // Wan 2.2's frames go in as 2 × 2 patches of 12 channels.
+                let channels_last =
+                    super::residual::patchify_frame(&planar, 3, (height, width), patch);
+                let mut tensor = compute.tensor(pixels / (patch * patch), 3 * patch * patch)?;
                 compute.write(&mut tensor, &channels_last)?;
                 Ok(tensor)
             })
@@ -109,9 +112,10 @@ impl WanVaeEncoder {
     ) -> Result<C::Tensor, FamilyError> {
         let layers = Layers { compute };
         let encoder = &self.encoder;
+        let patch = self.config.patch_size;
         let mut image = Image {
-            height: self.input.height,
-            width: self.input.width,
+            height: self.input.height / patch,
+            width: self.input.width / patch,
         };
         let mut x = x;
         for (number, level) in encoder.levels.iter().enumerate() {
@@ -120,13 +124,31 @@ impl WanVaeEncoder {
                 if number == 0 {
                     x = layers.causal_conv(held, &encoder.conv_in, x, (cache, image))?;
                 }
+                // Wan 2.2's shortcut of the level's input, added to its output.
+                let shortcut = match &level.shortcut {
+                    Some(down) => Some(super::residual::avg_down(compute, down, &x, image)?),
+                    None => None,
+                };
                 for resnet in &level.resnets {
                     x = layers.resnet(held, resnet, x, (cache, image))?;
                 }
-                match &level.downsample {
-                    Some(down) => layers.downsample(held, down, x, (cache, image)),
-                    None => Ok((x, image)),
+                let (mut x, small) = match &level.downsample {
+                    Some(down) => layers.downsample(held, down, x, (cache, image))?,
+                    None => (x, image),
+                };
+                if let Some(shortcut) = shortcut {
+                    if shortcut.len() != x.len() {
+                        return Err(FamilyError::Model(format!(
+                            "a residual down block made {} frames and its shortcut {}",
+                            x.len(),
+                            shortcut.len()
+                        )));
+                    }
+                    for (frame, shortcut) in x.iter_mut().zip(&shortcut) {
+                        compute.add(frame, shortcut)?;
+                    }
                 }
+                Ok((x, small))
             })?;
         }
         let middle = BlockId(encoder.levels.len() as u32);
@@ -257,7 +279,7 @@ impl Open for WanVaeEncoder {
                 height: 64,
                 width: 64,
             });
-        let scale = config.spatial_scale();
+        let scale = config.pixel_scale();
         let (frames, height, width) = (input.frames, input.height, input.width);
         let fits = frames % 4 == 1
             && height > 0

@@ -27,6 +27,7 @@ mod config;
 mod encoder;
 mod layers;
 mod open;
+mod residual;
 mod stack;
 #[cfg(test)]
 mod tests;
@@ -145,7 +146,9 @@ impl WanVaeDecoder {
 
     /// The video `[channels, frames, height, width]` of one latent's steps' outputs
     /// (each `[channels, frames of the chunk, height, width]` of a tile), in step
-    /// order: each tile's chunks joined, then the tiles blended.
+    /// order: each tile's chunks joined, then the tiles blended, then (Wan 2.2) the
+    /// patches' channels put back as pixels, as `_decode`/`tiled_decode` do after
+    /// the decoder and the blend.
     pub fn assemble(&self, chunks: &[&[f32]]) -> Vec<f32> {
         let channels = self.config.out_channels;
         let per_tile = self.input.frames.max(1);
@@ -154,7 +157,11 @@ impl WanVaeDecoder {
             .map(|chunks| join_chunks(chunks, channels))
             .collect();
         let frames = self.config.video_frames(self.input.frames);
-        self.tiling.assemble(tiles, (channels, frames))
+        let video = self.tiling.assemble(tiles, (channels, frames));
+        let scale = self.config.spatial_scale();
+        let size = (frames, self.input.height * scale, self.input.width * scale);
+        let patch = self.config.patch_size;
+        residual::unpatchify(&video, self.config.video_channels(), size, patch)
     }
 
     /// Latent frame `frame` of tile `tile` of video `video`, un-normalised as
@@ -206,14 +213,34 @@ impl WanVaeDecoder {
         for (number, up) in decoder.up.iter().enumerate() {
             let block = BlockId(number as u32 + 1);
             x = blocks.with_held(compute, block, |held, _| {
+                // Wan 2.2's shortcut of the block's input, added to its output.
+                let shortcut = match &up.shortcut {
+                    Some(dup) => {
+                        let first = cache.first_chunk();
+                        Some(residual::dup_up(compute, dup, &x, (image, first))?)
+                    }
+                    None => None,
+                };
                 let mut x = x;
                 for resnet in &up.resnets {
                     x = layers.resnet(held, resnet, x, (cache, image))?;
                 }
-                match &up.upsample {
-                    Some(upsample) => layers.upsample(held, upsample, x, (cache, image)),
-                    None => Ok(x),
+                if let Some(upsample) = &up.upsample {
+                    x = layers.upsample(held, upsample, x, (cache, image))?;
                 }
+                if let Some(shortcut) = shortcut {
+                    if shortcut.len() != x.len() {
+                        return Err(FamilyError::Model(format!(
+                            "a residual up block made {} frames and its shortcut {}",
+                            x.len(),
+                            shortcut.len()
+                        )));
+                    }
+                    for (frame, shortcut) in x.iter_mut().zip(&shortcut) {
+                        compute.add(frame, shortcut)?;
+                    }
+                }
+                Ok(x)
             })?;
             if up.upsample.is_some() {
                 image = Image {

@@ -61,6 +61,20 @@ pub struct Upsample {
 pub struct UpBlock {
     pub resnets: Vec<Resnet>,
     pub upsample: Option<Upsample>,
+    /// Wan 2.2's shortcut around an upsampling block (`DupUp3D`, no weights).
+    pub shortcut: Option<DupUp>,
+}
+
+/// `DupUp3D`: the block's input with each channel repeated `repeats` times, the
+/// copies laid out as 2 × 2 pixels (and `frames` frames where the block doubles the
+/// frames) of the `out` channels; added to the block's output.
+#[derive(Debug, Clone, Copy)]
+pub struct DupUp {
+    pub input: usize,
+    pub out: usize,
+    /// 2 where the block doubles the frames, else 1 (`factor_t`).
+    pub frames: usize,
+    pub repeats: usize,
 }
 
 /// The decoder's weights, placed.
@@ -145,15 +159,16 @@ impl Walk<'_> {
         })
     }
 
+    /// `WanResample` upsampling to `out` channels (half of `channels` in Wan 2.1,
+    /// all of them in Wan 2.2's residual blocks).
     fn upsample(
         &mut self,
         stem: &str,
-        channels: usize,
+        [channels, out]: [usize; 2],
         temporal: bool,
     ) -> Result<Upsample, FamilyError> {
-        let half = channels / 2;
         Ok(Upsample {
-            conv: self.conv(&format!("{stem}.resample.1"), [half, channels, 0, 3])?,
+            conv: self.conv(&format!("{stem}.resample.1"), [out, channels, 0, 3])?,
             time_conv: match temporal {
                 true => {
                     Some(self.conv(&format!("{stem}.time_conv"), [2 * channels, channels, 3, 1])?)
@@ -180,24 +195,32 @@ impl Walk<'_> {
         for number in 0..levels {
             let stem = format!("decoder.up_blocks.{number}");
             self.source.block(&stem);
-            // Every upsampling halves the channels, so a block after one takes half.
-            let (mut input, out) = match number {
-                0 => (dims[0], dims[1]),
-                _ => (dims[number] / 2, dims[number + 1]),
-            };
+            let (block_input, out) = up_channels(config, number);
+            let mut input = block_input;
             let mut resnets = Vec::with_capacity(config.num_res_blocks + 1);
             for layer in 0..=config.num_res_blocks {
                 resnets.push(self.resnet(&format!("{stem}.resnets.{layer}"), input, out)?);
                 input = out;
             }
-            let upsample = match number + 1 < levels {
-                true => {
-                    let temporal = config.temporal_upsample[number];
-                    Some(self.upsample(&format!("{stem}.upsamplers.0"), out, temporal)?)
+            let temporal = number + 1 < levels && config.temporal_upsample[number];
+            let (upsample, shortcut) = match (number + 1 < levels, config.is_residual) {
+                (false, _) => (None, None),
+                (true, false) => {
+                    let channels = [out, out / 2];
+                    let stem = format!("{stem}.upsamplers.0");
+                    (Some(self.upsample(&stem, channels, temporal)?), None)
                 }
-                false => None,
+                (true, true) => {
+                    let stem = format!("{stem}.upsampler");
+                    let upsample = self.upsample(&stem, [out, out], temporal)?;
+                    (Some(upsample), Some(dup_up(block_input, out, temporal)?))
+                }
             };
-            up.push(UpBlock { resnets, upsample });
+            up.push(UpBlock {
+                resnets,
+                upsample,
+                shortcut,
+            });
         }
         self.source.block("decoder.conv_out");
         let bottom = dims[levels];
@@ -213,6 +236,34 @@ impl Walk<'_> {
     }
 }
 
+/// The input and output channels of up block `number`: in Wan 2.1 every upsampling
+/// halves the channels, so a block after one takes half of the widths' list.
+pub fn up_channels(config: &WanVaeConfig, number: usize) -> (usize, usize) {
+    let dims = config.dims();
+    match number == 0 || config.is_residual {
+        true => (dims[number], dims[number + 1]),
+        false => (dims[number] / 2, dims[number + 1]),
+    }
+}
+
+/// The `DupUp3D` shortcut of a block from `input` to `out` channels.
+fn dup_up(input: usize, out: usize, temporal: bool) -> Result<DupUp, FamilyError> {
+    let frames = if temporal { 2 } else { 1 };
+    let copies = out * frames * 4;
+    if input == 0 || copies % input != 0 {
+        return Err(FamilyError::Model(format!(
+            "a residual up block from {input} to {out} channels: DupUp3D needs {out} · {} a multiple of {input}",
+            frames * 4
+        )));
+    }
+    Ok(DupUp {
+        input,
+        out,
+        frames,
+        repeats: copies / input,
+    })
+}
+
 /// `WanResample` downsampling: zero padding right and bottom, a 3×3 convolution at
 /// stride 2, then (`downsample3d`) a causal 3×1×1 `time_conv` at stride 2.
 #[derive(Debug, Clone, Copy)]
@@ -222,11 +273,24 @@ pub struct Downsample {
 }
 
 /// One resolution of the encoder: its ResNet blocks and, but the last, a
-/// downsampling.
+/// downsampling; in Wan 2.2 a shortcut around them.
 #[derive(Debug, Clone)]
 pub struct DownLevel {
     pub resnets: Vec<Resnet>,
     pub downsample: Option<Downsample>,
+    pub shortcut: Option<AvgDown>,
+}
+
+/// `AvgDown3D`: the level's input with each group of `frames` frames and `side` ×
+/// `side` pixels folded into channels, and the mean of each `group` of those
+/// channels as one of the `out` channels; added to the level's output.
+#[derive(Debug, Clone, Copy)]
+pub struct AvgDown {
+    pub input: usize,
+    pub out: usize,
+    pub frames: usize,
+    pub side: usize,
+    pub group: usize,
 }
 
 /// The encoder's weights, placed.
@@ -257,11 +321,26 @@ impl Walk<'_> {
         let mut down = Vec::with_capacity(levels);
         let mut module = 0;
         for level in 0..levels {
-            self.source.block(&format!("encoder.down_blocks.{module}"));
+            let stem = format!(
+                "encoder.down_blocks.{}",
+                if config.is_residual { level } else { module }
+            );
+            self.source.block(&stem);
             if level == 0 {
-                conv_in = Some(self.conv("encoder.conv_in", [dims[0], 3, 3, 3])?);
+                let input = 3 * config.patch_size * config.patch_size;
+                conv_in = Some(self.conv("encoder.conv_in", [dims[0], input, 3, 3])?);
             }
-            let (mut input, out) = (dims[level], dims[level + 1]);
+            let temporal = level + 1 < levels && config.temporal_upsample[levels - 2 - level];
+            let (input, out) = (dims[level], dims[level + 1]);
+            if config.is_residual {
+                down.push(self.residual_level(
+                    &stem,
+                    [input, out],
+                    (level + 1 < levels, temporal),
+                )?);
+                continue;
+            }
+            let mut input = input;
             let mut resnets = Vec::with_capacity(config.num_res_blocks);
             for _ in 0..config.num_res_blocks {
                 let stem = format!("encoder.down_blocks.{module}");
@@ -272,22 +351,14 @@ impl Walk<'_> {
                 true => {
                     let stem = format!("encoder.down_blocks.{module}");
                     module += 1;
-                    let temporal = config.temporal_upsample[levels - 2 - level];
-                    Some(Downsample {
-                        conv: self.conv(&format!("{stem}.resample.1"), [out, out, 0, 3])?,
-                        time_conv: match temporal {
-                            true => {
-                                Some(self.conv(&format!("{stem}.time_conv"), [out, out, 3, 1])?)
-                            }
-                            false => None,
-                        },
-                    })
+                    Some(self.downsample(&stem, out, temporal)?)
                 }
                 false => None,
             };
             down.push(DownLevel {
                 resnets,
                 downsample,
+                shortcut: None,
             });
         }
         let top = dims[levels];
@@ -315,6 +386,63 @@ impl Walk<'_> {
                 bias: quant.bias.sub_vector(0, latent),
                 ..quant
             },
+        })
+    }
+}
+
+impl Walk<'_> {
+    /// `WanResample` downsampling of `channels` (`downsample3d` when `temporal`).
+    fn downsample(
+        &mut self,
+        stem: &str,
+        channels: usize,
+        temporal: bool,
+    ) -> Result<Downsample, FamilyError> {
+        Ok(Downsample {
+            conv: self.conv(&format!("{stem}.resample.1"), [channels, channels, 0, 3])?,
+            time_conv: match temporal {
+                true => Some(self.conv(&format!("{stem}.time_conv"), [channels, channels, 3, 1])?),
+                false => None,
+            },
+        })
+    }
+
+    /// Wan 2.2's `WanResidualDownBlock`: its ResNet blocks, its `downsampler` when
+    /// `down`, and the `AvgDown3D` shortcut.
+    fn residual_level(
+        &mut self,
+        stem: &str,
+        [input, out]: [usize; 2],
+        (down, temporal): (bool, bool),
+    ) -> Result<DownLevel, FamilyError> {
+        let mut resnets = Vec::with_capacity(self.config.num_res_blocks);
+        let mut channels = input;
+        for layer in 0..self.config.num_res_blocks {
+            resnets.push(self.resnet(&format!("{stem}.resnets.{layer}"), channels, out)?);
+            channels = out;
+        }
+        let downsample = match down {
+            true => Some(self.downsample(&format!("{stem}.downsampler"), out, temporal)?),
+            false => None,
+        };
+        let (frames, side) = (if temporal { 2 } else { 1 }, if down { 2 } else { 1 });
+        let folded = input * frames * side * side;
+        if out == 0 || folded % out != 0 {
+            return Err(FamilyError::Model(format!(
+                "a residual down block from {input} to {out} channels: AvgDown3D needs {input} · {} a multiple of {out}",
+                frames * side * side
+            )));
+        }
+        Ok(DownLevel {
+            resnets,
+            downsample,
+            shortcut: Some(AvgDown {
+                input,
+                out,
+                frames,
+                side,
+                group: folded / out,
+            }),
         })
     }
 }

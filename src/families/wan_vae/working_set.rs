@@ -26,11 +26,7 @@ fn levels(config: &WanVaeConfig, pixels: u64) -> Vec<Level> {
     }];
     let (mut frames, mut pixels) = (1, pixels);
     for number in 0..dims.len() - 1 {
-        let input = if number == 0 {
-            dims[0]
-        } else {
-            dims[number] / 2
-        };
+        let input = super::weights::up_channels(config, number).0 as u64;
         levels.push(Level {
             frames,
             pixels,
@@ -95,7 +91,11 @@ pub fn working_set_bytes(config: &WanVaeConfig, height: usize, width: usize) -> 
         let resnet = frames * pixels * (2 * level.input + 2 * level.out + 3 * widest);
         // An upsampling: its input, stacked windows, the doubled frames, one frame
         // widened ×4 and the convolution's outputs at 4× the pixels.
-        let upsample = frames * pixels * level.out * 10 + 4 * pixels * level.out;
+        let mut upsample = frames * pixels * level.out * 10 + 4 * pixels * level.out;
+        if config.is_residual {
+            // Wan 2.2's shortcut: the block's frames doubled and widened ×4.
+            upsample += 2 * frames * 4 * pixels * level.out;
+        }
         peak = peak.max(resnet).max(upsample);
     }
     let last = &levels[levels.len() - 1];

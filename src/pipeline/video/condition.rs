@@ -7,6 +7,7 @@
 //! frames, H/8, W/8]`, is what every step's transformer input carries after the noise.
 
 use super::{VideoRequest, WanParts};
+use crate::families::wan::FirstFrame;
 use crate::families::wan_vae::VideoInput;
 use crate::families::{Extras, WorkloadKind};
 use crate::pipeline::{outputs, PipelineError, PipelineRun, Stage};
@@ -18,7 +19,11 @@ const FRAMES_PER_LATENT: usize = 4;
 /// first frame, a text-to-video one takes none, each image is `[3, height, width]`.
 pub(super) fn check(request: &VideoRequest, parts: &WanParts) -> Result<(), PipelineError> {
     let bad = |message: String| Err(PipelineError::BadRequest(message));
+    if parts.expand_timesteps && request.last_image.is_some() {
+        return bad("this is a TI2V pipeline (expand_timesteps): it makes a video from its first frame only (diffusers' WanImageToVideoPipeline ignores last_image there); leave out --last-image".into());
+    }
     match (parts.image_to_video, &request.image, &request.last_image) {
+        (false, Some(_), None) if parts.expand_timesteps => {}
         (true, None, _) => {
             return bad("this is an image-to-video pipeline (WanImageToVideoPipeline): give the first frame (--image)".into())
         }
@@ -49,16 +54,27 @@ pub(super) fn check(request: &VideoRequest, parts: &WanParts) -> Result<(), Pipe
 }
 
 /// The condition of `request`'s images through the VAE's encoder (a stage of its
-/// own), or `None` for a text-to-video request.
+/// own): the channels after the noise (Wan 2.2 I2V-A14B), or the first latent frame
+/// (TI2V, `expand_timesteps`: `WanImageToVideoPipeline` encodes the image alone);
+/// neither for a text-to-video request.
 pub(super) fn encode(
     parts: &WanParts,
     request: &VideoRequest,
     run: &PipelineRun<'_>,
     stages: &mut Vec<Stage>,
-) -> Result<Option<Vec<f32>>, PipelineError> {
+) -> Result<(Option<Vec<f32>>, Option<FirstFrame>), PipelineError> {
     let Some(first) = &request.image else {
-        return Ok(None);
+        return Ok((None, None));
     };
+    if parts.expand_timesteps {
+        let latent = encoded(parts, request, run, (first, 1), stages)?;
+        return Ok((
+            None,
+            Some(FirstFrame {
+                latent: latent.concat(),
+            }),
+        ));
+    }
     let (frames, height, width) = (request.frames, request.height, request.width);
     let plane = height * width;
     // [3, frames, H, W]: the image, black (zero) frames, the last image.
@@ -73,16 +89,43 @@ pub(super) fn encode(
     if let Some(last) = &request.last_image {
         place(last, frames - 1);
     }
+    let chunks = encoded(parts, request, run, (&video, frames), stages)?;
+    let [latent_frames, rows, columns] = request.latent_size(parts.vae_scale);
+    let pixels = rows * columns;
+    let channels = chunks
+        .first()
+        .map_or(0, |chunk| chunk.len() / pixels.max(1));
+    let mask = mask(request, pixels);
+    let mut condition = Vec::with_capacity(mask.len() + channels * latent_frames * pixels);
+    condition.extend_from_slice(&mask);
+    for channel in 0..channels {
+        for chunk in &chunks {
+            condition.extend_from_slice(&chunk[channel * pixels..(channel + 1) * pixels]);
+        }
+    }
+    Ok((Some(condition), None))
+}
+
+/// The latent frames of `video` (`[3, frames, H, W]`) through the VAE's encoder, a
+/// stage of its own: each `[z_dim, rows·columns]`, checked whole.
+fn encoded(
+    parts: &WanParts,
+    request: &VideoRequest,
+    run: &PipelineRun<'_>,
+    (video, frames): (&[f32], usize),
+    stages: &mut Vec<Stage>,
+) -> Result<Vec<Vec<f32>>, PipelineError> {
+    let (height, width) = (request.height, request.width);
     let extras = Extras::default().with(VideoInput {
-        videos: vec![video],
+        videos: vec![video.to_vec()],
         frames,
         height,
         width,
     });
-    let [latent_frames, rows, columns] = request.latent_size();
+    let [_, rows, columns] = request.latent_size(parts.vae_scale);
+    let latent_frames = (frames - 1) / FRAMES_PER_LATENT + 1;
     let kind = ("vae-encoder", WorkloadKind::ImageEncoder);
     let (_, stage) = run.stage(kind, &parts.vae, &extras, 1, |_| latent_frames as u64)?;
-    // Each step's output: one latent frame, `[z_dim, rows·columns]`.
     let chunks: Vec<Vec<f32>> = outputs(&stage).into_iter().cloned().collect();
     stages.push(stage);
     let pixels = rows * columns;
@@ -98,22 +141,14 @@ pub(super) fn encode(
             chunks.len()
         )));
     }
-    let mask = mask(request, pixels);
-    let mut condition = Vec::with_capacity(mask.len() + channels * latent_frames * pixels);
-    condition.extend_from_slice(&mask);
-    for channel in 0..channels {
-        for chunk in &chunks {
-            condition.extend_from_slice(&chunk[channel * pixels..(channel + 1) * pixels]);
-        }
-    }
-    Ok(Some(condition))
+    Ok(chunks)
 }
 
 /// `[4, latent frames, pixels]`: 1 where the latent frame's video frame was given
 /// (the first latent frame stands for the first frame alone, repeated 4 times; the
 /// last frame, when given, is the 4th of the last latent frame), else 0.
 fn mask(request: &VideoRequest, pixels: usize) -> Vec<f32> {
-    let [latent_frames, _, _] = request.latent_size();
+    let latent_frames = (request.frames - 1) / FRAMES_PER_LATENT + 1;
     let given = |channel: usize, latent: usize| match latent {
         0 => true,
         _ => {

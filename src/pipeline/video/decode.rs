@@ -18,7 +18,7 @@ pub(super) fn decode(
     run: &PipelineRun<'_>,
     latent: &[f32],
 ) -> Result<(Vec<Picture>, Stage), PipelineError> {
-    let [frames, height, width] = request.latent_size();
+    let [frames, height, width] = request.latent_size(parts.vae_scale);
     let input = |tile: Option<WanTile>| {
         Extras::default().with(VideoLatentInput {
             latents: vec![latent.to_vec()],
@@ -99,7 +99,7 @@ pub fn choose_vae_tile(
         return Ok(None);
     }
     let [_, height, width] = vae.latent_size();
-    let scale = vae.config.spatial_scale();
+    let (scale, pixels) = (vae.config.spatial_scale(), vae.config.pixel_scale());
     // A tile as large as the latent is the whole frame, which does not fit.
     let tile_bytes = |side: usize| {
         let tiling = WanTiling::new(height, width, Some(WanTile::square(side)), scale);
@@ -107,7 +107,7 @@ pub fn choose_vae_tile(
         (tiling.tile.is_some()).then(|| working_set_bytes(&vae.config, rows, cols))
     };
     let whole = TiledDecode {
-        pixels: [width * scale, height * scale],
+        pixels: [width * pixels, height * pixels],
         whole_bytes: vae.whole_frame_bytes(),
         room_bytes: room,
     };

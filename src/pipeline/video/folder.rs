@@ -33,8 +33,15 @@ pub struct WanParts {
     /// The noise's channels (the transformer's `out_channels`).
     pub latent_channels: usize,
     /// An image-to-video pipeline: the transformer's other `in_channels` are the
-    /// image's condition (4 of mask, the rest the encoded frames).
+    /// image's condition (4 of mask, the rest the encoded frames), or (with
+    /// `expand_timesteps`) the image stands for the first latent frame.
     pub image_to_video: bool,
+    /// TI2V-5B's `expand_timesteps`: a timestep per latent token, so that a given
+    /// first frame (`--image`) stays at timestep 0 while the others are denoised.
+    pub expand_timesteps: bool,
+    /// Pixels per latent position along each side (the VAE's
+    /// `scale_factor_spatial`: 8, or 16 for Wan 2.2's 48-channel VAE).
+    pub vae_scale: usize,
 }
 
 impl WanParts {
@@ -106,7 +113,10 @@ impl WanParts {
             });
         }
         let transformer = part("transformer")?;
-        let latent_channels = noise_channels(&transformer.path, &class)?;
+        let expand_timesteps = index.get("expand_timesteps").and_then(Value::as_bool) == Some(true);
+        let latent_channels = noise_channels(&transformer.path, &class, expand_timesteps)?;
+        let vae = part("vae")?;
+        let vae_scale = vae_scale(&vae.path)?;
         Ok(Self {
             dir: dir.to_path_buf(),
             text_encoder: PipelinePart {
@@ -115,11 +125,13 @@ impl WanParts {
             },
             transformer,
             transformer_2,
-            vae: part("vae")?,
+            vae,
             scheduler,
             boundary_ratio,
             latent_channels,
             image_to_video,
+            expand_timesteps,
+            vae_scale,
         })
     }
 }
@@ -154,23 +166,34 @@ fn read_index(dir: &Path, index_path: &Path) -> Result<(Value, String), Pipeline
     if image_encoder.is_some_and(|pair| pair.iter().any(|entry| !entry.is_null())) {
         return Err(layout(index_path, "names an image_encoder: Wan 2.1's CLIP image conditioning (image_embeds, the transformer's image_dim) is not computed; Wan 2.2 I2V-A14B needs none".into()));
     }
-    if index.get("expand_timesteps").and_then(Value::as_bool) == Some(true) {
-        return Err(layout(
-            index_path,
-            "\"expand_timesteps\": true (TI2V-5B's timestep per latent frame) is not computed yet"
-                .into(),
-        ));
-    }
     Ok((index, class))
 }
 
+/// Pixels per latent position of the `vae/` folder (its config's
+/// `scale_factor_spatial`, as the VAE family reads and checks it).
+fn vae_scale(vae: &Path) -> Result<usize, PipelineError> {
+    let path = vae.join("config.json");
+    let problem = |problem: String| PipelineError::Layout {
+        path: path.clone(),
+        problem,
+    };
+    let text = std::fs::read_to_string(&path)
+        .map_err(|error| problem(format!("cannot be read ({error})")))?;
+    let config: Value =
+        serde_json::from_str(&text).map_err(|error| problem(format!("is not JSON ({error})")))?;
+    let config = crate::families::wan_vae::WanVaeConfig::from_json(&path, &config)
+        .map_err(|error| problem(error.to_string()))?;
+    Ok(config.pixel_scale())
+}
+
 /// The noise's channels of a `class` pipeline's transformer folder: all its
-/// `in_channels` for text-to-video; for image-to-video the rest are the condition (a
-/// mask of 4 and the VAE's latent), so there are more than 4 of them.
-fn noise_channels(transformer: &Path, class: &str) -> Result<usize, PipelineError> {
+/// `in_channels` for text-to-video and TI2V (`expand_timesteps`: the image replaces
+/// the first frame); for image-to-video the rest are the condition (a mask of 4 and
+/// the VAE's latent), so there are more than 4 of them.
+fn noise_channels(transformer: &Path, class: &str, expand: bool) -> Result<usize, PipelineError> {
     let [in_channels, out_channels] = channels(transformer)?;
     let condition = in_channels.saturating_sub(out_channels);
-    let (fits, takes) = match class == "WanImageToVideoPipeline" {
+    let (fits, takes) = match class == "WanImageToVideoPipeline" && !expand {
         true => (
             condition > 4,
             "the noise and the image's condition (Wan 2.2 I2V: 36 = 16 + 4 + 16)",

@@ -77,9 +77,15 @@ pub struct VideoRequest {
 }
 
 impl VideoRequest {
-    /// Latent frames, rows and columns.
-    pub fn latent_size(&self) -> [usize; 3] {
-        [(self.frames - 1) / 4 + 1, self.height / 8, self.width / 8]
+    /// Latent frames, rows and columns under a VAE of `scale` pixels a latent
+    /// position (8; Wan 2.2's 48-channel VAE 16).
+    pub fn latent_size(&self, scale: usize) -> [usize; 3] {
+        let scale = scale.max(1);
+        [
+            (self.frames - 1) / 4 + 1,
+            self.height / scale,
+            self.width / scale,
+        ]
     }
 }
 
@@ -109,8 +115,8 @@ pub fn generate_video(
     let solver = config.solver(request.steps);
     let mut stages = Vec::with_capacity(4);
     let (context, negative) = encode(parts, request, run, &mut stages)?;
-    let condition = condition::encode(parts, request, run, &mut stages)?;
-    let [frames, height, width] = request.latent_size();
+    let (condition, first_frame) = condition::encode(parts, request, run, &mut stages)?;
+    let [frames, height, width] = request.latent_size(parts.vae_scale);
     let latent = match &request.latents {
         Some(noise) => noise.clone(),
         None => gaussian(
@@ -131,6 +137,7 @@ pub fn generate_video(
         context,
         guidance: None,
         condition,
+        first_frame,
     };
     let sampling = Sampling {
         input,
@@ -138,7 +145,13 @@ pub fn generate_video(
         solver,
         high,
     };
-    let (latent, hand_over) = sample(parts, request, run, sampling, &mut stages)?;
+    let first_frame = sampling.input.first_frame.clone();
+    let (mut latent, hand_over) = sample(parts, request, run, sampling, &mut stages)?;
+    if let Some(first) = first_frame {
+        // The solver moved the first frame too; the video's is the image's, as
+        // WanImageToVideoPipeline puts it back after the steps.
+        latent = first.replace(&latent, (parts.latent_channels, frames));
+    }
     let (pictures, vae) = decode(parts, request, run, &latent)?;
     stages.push(vae);
     Ok(Video {
@@ -276,8 +289,9 @@ fn check(request: &VideoRequest, parts: &WanParts) -> Result<(), PipelineError> 
         return bad("the prompt is empty; say what the video shows".into());
     }
     let (width, height) = (request.width, request.height);
-    if width == 0 || height == 0 || width % 16 != 0 || height % 16 != 0 {
-        return bad(format!("{width}×{height}: width and height must be positive multiples of 16 (the VAE's 8 × the transformer's patch of 2)"));
+    let multiple = 2 * parts.vae_scale;
+    if width == 0 || height == 0 || width % multiple != 0 || height % multiple != 0 {
+        return bad(format!("{width}×{height}: width and height must be positive multiples of {multiple} (the VAE's {} × the transformer's patch of 2)", parts.vae_scale));
     }
     if request.frames == 0 || request.frames % 4 != 1 {
         let lower = (request.frames.max(1) - 1) / 4 * 4 + 1;
@@ -292,7 +306,7 @@ fn check(request: &VideoRequest, parts: &WanParts) -> Result<(), PipelineError> 
     }
     condition::check(request, parts)?;
     if let Some(noise) = &request.latents {
-        let [frames, h, w] = request.latent_size();
+        let [frames, h, w] = request.latent_size(parts.vae_scale);
         let expected = parts.latent_channels * frames * h * w;
         if noise.len() != expected {
             return bad(format!(
