@@ -31,7 +31,8 @@
 # Environment (not STAGEHAND_*: those are settings): SOAK_BIN (default: build
 # target/release/stagehand),
 # SOAK_SAMPLE_SECONDS (default 60), SOAK_DIR (default target/soak/<time>),
-# SOAK_PORT (first of three ports, default 19464).
+# SOAK_PORT (first of three ports, default 19464), SOAK_CLIENTS (the server's clients,
+# default "embeddings completions chat images admin").
 #
 # The verdict: after warm-up (the first fifth of the samples, at least one), a
 # process is flat when its RSS grew by at most max(2 MiB, 2 %) from its lowest to its
@@ -167,7 +168,8 @@ count() { # name status wanted
 }
 
 # One client per kind of request, each back to back.
-clients=(embeddings completions chat images admin)
+# SOAK_CLIENTS: a subset, to find which kind of request a growth comes from.
+read -r -a clients <<<"${SOAK_CLIENTS:-embeddings completions chat images admin}"
 for kind in "${clients[@]}"; do
   (
     tally=([ok]=0 [c4]=0 [c5]=0 [none]=0)

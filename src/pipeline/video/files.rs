@@ -50,6 +50,8 @@ impl VideoFiles {
 /// The published pipelines' boundaries between the experts.
 const T2V_BOUNDARY_RATIO: f64 = 0.875;
 const I2V_BOUNDARY_RATIO: f64 = 0.9;
+/// The latent channels of Wan 2.2's VAE, TI2V-5B's (Wan 2.1's VAE has 16).
+const TI2V_CHANNELS: usize = 48;
 
 fn missing(
     model: &Path,
@@ -106,6 +108,12 @@ impl WanParts {
         let scheduler = files.scheduler.clone().ok_or_else(|| {
             missing(model, "scheduler", "--scheduler", "a Wan pipeline's scheduler/scheduler_config.json (UniPCMultistepScheduler or FlowMatchEulerDiscreteScheduler)")
         })?;
+        // A file carries no model_index.json: TI2V-5B is the one WAN whose noise has
+        // the 2.2 VAE's 48 channels and takes no image channels beside it, and every
+        // published one samples with its timestep per token.
+        let expand_timesteps = out_channels == TI2V_CHANNELS && in_channels == out_channels;
+        let vae = vae_part(vae)?;
+        let vae_scale = super::folder::vae_scale(&vae.path)?;
         let parts = Self {
             dir: model.to_path_buf(),
             text_encoder: PipelinePart {
@@ -114,11 +122,13 @@ impl WanParts {
             },
             transformer,
             transformer_2,
-            vae: vae_part(vae)?,
+            vae,
             scheduler,
             boundary_ratio,
             latent_channels: out_channels,
             image_to_video,
+            expand_timesteps,
+            vae_scale,
         };
         parts.check_files()?;
         Ok(parts)

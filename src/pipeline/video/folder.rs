@@ -171,7 +171,7 @@ fn read_index(dir: &Path, index_path: &Path) -> Result<(Value, String), Pipeline
 
 /// Pixels per latent position of the `vae/` folder (its config's
 /// `scale_factor_spatial`, as the VAE family reads and checks it).
-fn vae_scale(vae: &Path) -> Result<usize, PipelineError> {
+pub(super) fn vae_scale(vae: &Path) -> Result<usize, PipelineError> {
     let path = vae.join("config.json");
     let problem = |problem: String| PipelineError::Layout {
         path: path.clone(),
