@@ -56,3 +56,18 @@ pub fn flush_from_caches(bytes: &[u8]) {
     #[cfg(not(target_arch = "x86_64"))]
     let _ = bytes;
 }
+
+/// Gives the allocator's freed memory back to the kernel: glibc's malloc keeps what a
+/// job freed in its per-thread arenas (each stage's session starts threads that
+/// allocate there), so a server making one image or video after another grew by
+/// ~19 KiB a job in a soak (images alone: 69 → 84 MiB in 800 jobs) though nothing
+/// leaked — `malloc_trim(0)` then took it from 90 to 67 MiB. Costs about a
+/// millisecond; a no-op where the allocator is not glibc's.
+pub fn release_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: `malloc_trim` takes no pointer and only returns free pages of the
+    // allocator's own heaps to the kernel; it is safe to call from any thread.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}

@@ -10,7 +10,10 @@ pub use files::{
     create_regular, open_regular, read_regular, remove_stale_temporaries, write_atomically,
     FileStamp,
 };
-pub use memory::{advise_huge_pages, available_ram_bytes, flush_from_caches, total_ram_bytes};
+pub use memory::{
+    advise_huge_pages, available_ram_bytes, flush_from_caches, release_freed_memory,
+    total_ram_bytes,
+};
 pub use page_cache::{
     advise_dont_need, advise_will_need, cached_bytes, drop_page_cache, uncached_ranges,
     PageCacheView,

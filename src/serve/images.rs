@@ -254,6 +254,8 @@ pub(super) fn serve_images(
             })
             .and_then(|generated| pngs(&job.request, &parts.dir, &generated.pictures));
         let _ = job.reply.send(answer);
+        // The job's stages freed all they allocated; the allocator keeps it unless asked.
+        crate::os::release_freed_memory();
     }
     Ok(StatsSnapshot::default())
 }

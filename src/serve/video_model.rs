@@ -165,6 +165,8 @@ fn serve_videos(
                     .map_err(|error| RunError::Failed(error.to_string()))
             });
         let _ = job.reply.send(answer);
+        // The job's stages freed all they allocated; the allocator keeps it unless asked.
+        crate::os::release_freed_memory();
     }
     Ok(StatsSnapshot::default())
 }
