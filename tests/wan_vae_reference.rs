@@ -6,11 +6,13 @@
 //! model and fully resident alike, bit for bit; a decode that cannot run is a clear
 //! error and holds nothing.
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use stagehand::actors::{Observer, Tier, TierUsage};
+use common::usage::LastUsage;
 use stagehand::families::flux::read_tensors;
 use stagehand::families::wan_vae::{VideoInput, VideoLatentInput};
 use stagehand::run::{
@@ -64,27 +66,6 @@ fn prepare(input: VideoLatentInput) -> Result<Prepared, RunError> {
         false,
         &Extras::default().with(input),
     )
-}
-
-/// The bytes each tier last reported in use, and the most VRAM ever reported.
-#[derive(Default)]
-struct LastUsage {
-    vram: AtomicU64,
-    pinned: AtomicU64,
-    peak_vram: AtomicU64,
-}
-
-impl Observer for LastUsage {
-    fn tier_usage(&self, tier: Tier, usage: TierUsage) {
-        let used = usage.used_bytes();
-        match tier {
-            Tier::Vram => {
-                self.vram.store(used, Ordering::SeqCst);
-                self.peak_vram.fetch_max(used, Ordering::SeqCst);
-            }
-            Tier::Pinned => self.pinned.store(used, Ordering::SeqCst),
-        }
-    }
 }
 
 /// Runs `steps` of `prepared` under `vram` bytes, each step checked against the

@@ -5,14 +5,13 @@
 //! (umT5's is a 256 k-piece SentencePiece model): a run gives token ids, and
 //! `simulate` describes a step from the headers.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde_json::json;
 
 use super::T5Config;
 use crate::compute::DType;
-use crate::model::generated::{write_atomically, write_single, TensorSpec};
+use crate::model::generated::{write_model_folder, TensorSpec};
 
 /// Which shape `demo-model --arch umt5` writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,28 +147,12 @@ impl Umt5Demo {
     /// Writes `text_encoder/` with `config.json` and `model.safetensors` under `dir`;
     /// returns what `--model` takes.
     pub fn write(&self, dir: &Path) -> std::io::Result<PathBuf> {
-        if !matches!(self.dtype, DType::F32 | DType::F16 | DType::Bf16) {
-            return Err(std::io::Error::other(format!(
-                "a umT5 demo is written in F32, F16 or BF16, not {}",
-                self.dtype
-            )));
-        }
-        let folder = dir.join("text_encoder");
-        std::fs::create_dir_all(&folder)?;
-        let text =
-            serde_json::to_string_pretty(&self.config_json()).map_err(std::io::Error::other)?;
-        write_atomically(&folder.join("config.json"), |file| {
-            std::io::Write::write_all(file, text.as_bytes())
-        })?;
-        let mut metadata = BTreeMap::new();
-        metadata.insert("format".to_string(), "pt".to_string());
-        write_single(
-            &folder.join("model.safetensors"),
-            &self.tensors(),
-            self.dtype,
-            &metadata,
-        )?;
-        Ok(folder)
+        write_model_folder(
+            &dir.join("text_encoder"),
+            &self.config_json(),
+            ("model.safetensors", &self.tensors()),
+            (self.dtype, "umT5"),
+        )
     }
 }
 

@@ -3,7 +3,6 @@
 //! `diffusion_pytorch_model.safetensors`; no model hub is reachable offline): tiny
 //! and small ones for tests, and the published shapes for real-shape runs.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde_json::json;
@@ -11,7 +10,7 @@ use serde_json::json;
 use super::config::{WanConfig, QK_NORM};
 use super::open::CLASS_NAME;
 use crate::compute::DType;
-use crate::model::generated::{write_atomically, write_single, TensorSpec};
+use crate::model::generated::{write_model_folder, TensorSpec};
 
 /// Which shape `demo-model --arch wan` writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -223,24 +222,12 @@ impl WanDemo {
     /// Writes `transformer/` with `config.json` and
     /// `diffusion_pytorch_model.safetensors` under `dir`; returns what `--model` takes.
     pub fn write(&self, dir: &Path) -> std::io::Result<PathBuf> {
-        if !matches!(self.dtype, DType::F32 | DType::F16 | DType::Bf16) {
-            return Err(std::io::Error::other(format!(
-                "a WAN demo is written in F32, F16 or BF16, not {}",
-                self.dtype
-            )));
-        }
-        let folder = dir.join("transformer");
-        std::fs::create_dir_all(&folder)?;
-        let text =
-            serde_json::to_string_pretty(&self.config_json()).map_err(std::io::Error::other)?;
-        write_atomically(&folder.join("config.json"), |file| {
-            std::io::Write::write_all(file, text.as_bytes())
-        })?;
-        let mut metadata = BTreeMap::new();
-        metadata.insert("format".to_string(), "pt".to_string());
-        let path = folder.join("diffusion_pytorch_model.safetensors");
-        write_single(&path, &self.tensors(), self.dtype, &metadata)?;
-        Ok(folder)
+        write_model_folder(
+            &dir.join("transformer"),
+            &self.config_json(),
+            ("diffusion_pytorch_model.safetensors", &self.tensors()),
+            (self.dtype, "WAN"),
+        )
     }
 }
 

@@ -12,4 +12,6 @@ pub use quantized::{quantize_awq, quantize_int8, quantized_linear, QuantFormat, 
 pub use tokenizer::{
     byte_level_tokenizer_json, chat_tokenizer_config_json, minimum_vocabulary, tokenizer_json,
 };
-pub use writer::{write_atomically, write_checkpoint, write_single, TensorSpec, Values};
+pub use writer::{
+    write_atomically, write_checkpoint, write_model_folder, write_single, TensorSpec, Values,
+};

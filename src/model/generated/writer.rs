@@ -210,6 +210,31 @@ pub fn write_single(
     write_atomically(path, |file| write_shard(file, &all, dtype, metadata))
 }
 
+/// A model folder as Hugging Face libraries save one: `folder` with `config` as
+/// `config.json` and `tensors` in `dtype` as `file` (F32, F16 or BF16: a demo's
+/// `what` written in another is refused), PyTorch's `format` metadata; returns
+/// `folder`.
+pub fn write_model_folder(
+    folder: &Path,
+    config: &serde_json::Value,
+    (file, tensors): (&str, &[TensorSpec]),
+    (dtype, what): (DType, &str),
+) -> std::io::Result<PathBuf> {
+    if !matches!(dtype, DType::F32 | DType::F16 | DType::Bf16) {
+        return Err(std::io::Error::other(format!(
+            "a {what} demo is written in F32, F16 or BF16, not {dtype}"
+        )));
+    }
+    std::fs::create_dir_all(folder)?;
+    let text = serde_json::to_string_pretty(config).map_err(std::io::Error::other)?;
+    write_atomically(&folder.join("config.json"), |writer| {
+        writer.write_all(text.as_bytes())
+    })?;
+    let metadata = BTreeMap::from([("format".to_string(), "pt".to_string())]);
+    write_single(&folder.join(file), tensors, dtype, &metadata)?;
+    Ok(folder.to_path_buf())
+}
+
 /// Writes `path` through an unnamed file named once complete
 /// ([`crate::os::write_atomically`]), buffered.
 pub fn write_atomically(

@@ -53,19 +53,7 @@ impl FlowEuler {
     /// step's sigma. A finished schedule or an output of another length is an error.
     pub fn step(&mut self, output: &[f32], sample: &mut [f32]) -> Result<(), String> {
         let index = self.step_index;
-        if index >= self.timesteps.len() {
-            return Err(format!(
-                "the schedule has {} steps, all taken",
-                self.timesteps.len()
-            ));
-        }
-        if output.len() != sample.len() {
-            return Err(format!(
-                "the model's output has {} values, the sample {}",
-                output.len(),
-                sample.len()
-            ));
-        }
+        super::check_step(index, self.timesteps.len(), output.len(), sample.len())?;
         euler_step(sample, output, self.sigmas[index], self.sigmas[index + 1]);
         self.step_index += 1;
         Ok(())

@@ -307,3 +307,18 @@ fn solver_config(
         final_sigma,
     })
 }
+
+/// Whether a solver at step `index` of `steps` can take a step with an output of
+/// `output` values on a sample of `sample`: a finished schedule, or an output of
+/// another length, is an error (a solver never panics on what a model returned).
+fn check_step(index: usize, steps: usize, output: usize, sample: usize) -> Result<(), String> {
+    if index >= steps {
+        return Err(format!("the schedule has {steps} steps, all taken"));
+    }
+    if output != sample {
+        return Err(format!(
+            "the model's output has {output} values, the sample {sample}"
+        ));
+    }
+    Ok(())
+}

@@ -91,19 +91,7 @@ impl UniPc {
     /// that is not the sample's is an error.
     pub fn step(&mut self, output: &[f32], sample: &mut Vec<f32>) -> Result<(), String> {
         let index = self.step_index;
-        if index >= self.timesteps.len() {
-            return Err(format!(
-                "the schedule has {} steps, all taken",
-                self.timesteps.len()
-            ));
-        }
-        if output.len() != sample.len() {
-            return Err(format!(
-                "the model's output has {} values, the sample {}",
-                output.len(),
-                sample.len()
-            ));
-        }
+        super::check_step(index, self.timesteps.len(), output.len(), sample.len())?;
         let sigma = self.sigmas[index];
         let prediction: Vec<f32> = sample
             .iter()
