@@ -35,6 +35,25 @@ pub fn is_wan(index: &ModelIndex) -> bool {
     .all(|name| index.tensor(name).is_some())
 }
 
+/// The channels in and out of the WAN transformer `index` holds (in diffusers'
+/// names): its patch embedding's input channels, and its output projection's rows
+/// over the patch's positions; else what is wrong with them.
+pub fn transformer_channels(index: &ModelIndex) -> Result<[usize; 2], String> {
+    let shape = |name: &str| index.tensor(name).map(|tensor| tensor.shape.as_slice());
+    let (Some(&[_, in_channels, frames, rows, cols]), Some(&[patch_out, _])) =
+        (shape("patch_embedding.weight"), shape("proj_out.weight"))
+    else {
+        return Err("has no patch_embedding [dim, channels, frames, rows, columns] and proj_out matrix: not a whole WAN transformer".into());
+    };
+    let patch = frames * rows * cols;
+    if patch == 0 || patch_out % patch != 0 {
+        return Err(format!(
+            "proj_out's {patch_out} outputs are not whole patches of {patch}: not a WAN transformer's shapes"
+        ));
+    }
+    Ok([in_channels, patch_out / patch])
+}
+
 /// The `config.json` of the transformer `index` holds, from its shapes.
 pub fn inferred_config(index: &ModelIndex) -> Result<Value, FamilyError> {
     let bad = |message: String| FamilyError::Model(format!("{}: {message}", index.path.display()));
@@ -54,20 +73,19 @@ pub fn inferred_config(index: &ModelIndex) -> Result<Value, FamilyError> {
                 ))
             })
     };
-    let [dim, in_channels, frames, rows, cols] = shape("patch_embedding.weight")?[..] else {
+    let [dim, _, frames, rows, cols] = shape("patch_embedding.weight")?[..] else {
         return Err(bad("`patch_embedding.weight` is not a Conv3d kernel [dim, channels, frames, rows, columns]".into()));
     };
+    let [in_channels, out_channels] = transformer_channels(index).map_err(bad)?;
     let matrix = |name: &str| -> Result<[usize; 2], FamilyError> {
         match shape(name)? {
             &[out, inputs] => Ok([out, inputs]),
             other => Err(bad(format!("`{name}` is {other:?}, not a matrix"))),
         }
     };
-    let [patch_out, _] = matrix("proj_out.weight")?;
     let [_, text_dim] = matrix("condition_embedder.text_embedder.linear_1.weight")?;
     let [_, freq_dim] = matrix("condition_embedder.time_embedder.linear_1.weight")?;
     let [ffn_dim, _] = matrix("blocks.0.ffn.net.0.proj.weight")?;
-    let patch = frames * rows * cols;
     let layers = (0..)
         .take_while(|block| {
             index
@@ -83,9 +101,9 @@ pub fn inferred_config(index: &ModelIndex) -> Result<Value, FamilyError> {
             ))
         })?,
     };
-    if patch == 0 || patch_out % patch != 0 || head_dim == 0 || dim % head_dim != 0 {
+    if head_dim == 0 || dim % head_dim != 0 {
         return Err(bad(format!(
-            "width {dim} in heads of {head_dim}, {patch_out} outputs a patch of {patch}: not a WAN transformer's shapes (every published WAN has heads of 128; a file of another width says its head in metadata `{HEAD_DIM_METADATA}`)"
+            "width {dim} in heads of {head_dim}: not a WAN transformer's shapes (every published WAN has heads of 128; a file of another width says its head in metadata `{HEAD_DIM_METADATA}`)"
         )));
     }
     let image = index
@@ -97,7 +115,7 @@ pub fn inferred_config(index: &ModelIndex) -> Result<Value, FamilyError> {
         "num_attention_heads": dim / head_dim,
         "attention_head_dim": head_dim,
         "in_channels": in_channels,
-        "out_channels": patch_out / patch,
+        "out_channels": out_channels,
         "text_dim": text_dim,
         "freq_dim": freq_dim,
         "ffn_dim": ffn_dim,

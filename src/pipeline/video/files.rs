@@ -224,15 +224,5 @@ fn channels(part: &PipelinePart) -> Result<[usize; 2], PipelineError> {
         None => ModelIndex::open(&part.path, None),
     }
     .map_err(|error| layout(error.to_string()))?;
-    let shape = |name: &str| index.tensor(name).map(|tensor| tensor.shape.clone());
-    match (shape("patch_embedding.weight"), shape("proj_out.weight")) {
-        (Some(patch), Some(out)) if patch.len() == 5 && out.len() == 2 => {
-            let size: usize = patch[2..].iter().product();
-            match size > 0 && out[0] % size == 0 {
-                true => Ok([patch[1], out[0] / size]),
-                false => Err(layout(format!("patch_embedding {patch:?} and proj_out {out:?} do not agree on a patch"))),
-            }
-        }
-        _ => Err(layout("has no patch_embedding [dim, channels, 1, 2, 2] and proj_out matrix: not a whole WAN transformer".into())),
-    }
+    crate::families::wan::transformer_channels(&index).map_err(layout)
 }
