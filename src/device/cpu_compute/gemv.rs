@@ -272,8 +272,13 @@ unsafe fn dots_rows<L: Lanes, F: Format, const W: usize, const R: usize>(
                     line += 64;
                 }
             }
-            let widened: [(L, L); W] =
-                std::array::from_fn(|row| L::widen_pair::<F>(rows[row].add(at * F::BYTES)));
+            // Loops, not `array::from_fn`: its closure does not inherit the caller's
+            // target features, so every intrinsic in it became a call (AVX2 decode
+            // at 0.1 of the memory roofline).
+            let mut widened = [(L::zero(), L::zero()); W];
+            for (pair, row) in widened.iter_mut().zip(rows) {
+                *pair = L::widen_pair::<F>(row.add(at * F::BYTES));
+            }
             for (sums, x) in sums.iter_mut().zip(xs) {
                 let (first, second) = (L::load(x.add(at)), L::load(x.add(at + 16)));
                 for (sum, (low, high)) in sums.iter_mut().zip(widened) {
@@ -283,8 +288,10 @@ unsafe fn dots_rows<L: Lanes, F: Format, const W: usize, const R: usize>(
         }
         if chunks % 2 == 1 {
             let at = (chunks - 1) * 16;
-            let widened: [L; W] =
-                std::array::from_fn(|row| L::widen::<F>(rows[row].add(at * F::BYTES)));
+            let mut widened = [L::zero(); W];
+            for (lanes, row) in widened.iter_mut().zip(rows) {
+                *lanes = L::widen::<F>(row.add(at * F::BYTES));
+            }
             for (sums, x) in sums.iter_mut().zip(xs) {
                 let values = L::load(x.add(at));
                 for (sum, weight) in sums.iter_mut().zip(widened) {
