@@ -96,7 +96,7 @@ impl CheckpointPart {
         let names = WanVaeNames::of(self.local_names(tensors));
         tensors.iter().find_map(|tensor| {
             let local = tensor.name.strip_prefix(self.prefix.as_str())?;
-            let problem = names.to_diffusers(local).err()?;
+            let problem = names.diffusers_name(local).err()?;
             Some((tensor.name.clone(), problem))
         })
     }
@@ -123,7 +123,7 @@ impl CheckpointPart {
                     PartNames::AsIs => local.to_string(),
                     PartNames::WanTransformer => wan_to_diffusers(local),
                     // Names it has none for are refused before (`unknown_tensor`).
-                    PartNames::WanVae => wan_vae.to_diffusers(local).ok()?,
+                    PartNames::WanVae => wan_vae.diffusers_name(local).ok()?,
                     PartNames::LdmAutoencoder => {
                         let (name, matrix) = ldm_to_diffusers(local, levels)?;
                         if matrix && tensor.shape.len() == 4 && tensor.shape[2..] == [1, 1] {

@@ -51,13 +51,13 @@ impl WanVaeNames {
     }
 
     /// diffusers' name of the original tensor `name`, or why it is not one.
-    pub(crate) fn to_diffusers(&self, name: &str) -> Result<String, String> {
+    pub(crate) fn diffusers_name(self, name: &str) -> Result<String, String> {
         let unknown = || {
-            format!("is not a tensor of Wan-AI's VAE (diffusers' convert_vae/convert_vae_22 know encoder./decoder. conv1, downsamples/upsamples, middle.0-2 and head.0/2, and conv1/conv2 beside them); is this file a WAN VAE (ComfyUI's vae/wan_2.1_vae.safetensors or wan2.2_vae.safetensors)?")
+            "is not a tensor of Wan-AI's VAE (diffusers' convert_vae/convert_vae_22 know encoder./decoder. conv1, downsamples/upsamples, middle.0-2 and head.0/2, and conv1/conv2 beside them); is this file a WAN VAE (ComfyUI's vae/wan_2.1_vae.safetensors or wan2.2_vae.safetensors)?".to_string()
         };
         match name.split_once('.') {
-            Some(("conv1", tail)) => return Ok(format!("quant_conv.{tail}")),
-            Some(("conv2", tail)) => return Ok(format!("post_quant_conv.{tail}")),
+            Some(("conv1", tail)) => Ok(format!("quant_conv.{tail}")),
+            Some(("conv2", tail)) => Ok(format!("post_quant_conv.{tail}")),
             Some((coder @ ("encoder" | "decoder"), rest)) => self
                 .coder(coder, rest)
                 .map(|renamed| format!("{coder}.{renamed}"))
@@ -221,7 +221,7 @@ mod tests {
         ];
         for (original, diffusers) in cases {
             assert_eq!(
-                names.to_diffusers(original).as_deref(),
+                names.diffusers_name(original).as_deref(),
                 Ok(diffusers),
                 "{original}"
             );
@@ -254,7 +254,7 @@ mod tests {
         ];
         for (original, diffusers) in cases {
             assert_eq!(
-                names.to_diffusers(original).as_deref(),
+                names.diffusers_name(original).as_deref(),
                 Ok(diffusers),
                 "{original}"
             );
@@ -273,7 +273,7 @@ mod tests {
             "model.diffusion_model.head.head.weight",
             "vae.decoder.conv1.weight",
         ] {
-            let error = names.to_diffusers(name).expect_err(name);
+            let error = names.diffusers_name(name).expect_err(name);
             assert!(error.contains("Wan-AI's VAE"), "{name}: {error}");
         }
         assert!(is_original_wan_vae("", [MARKER].into_iter()));
