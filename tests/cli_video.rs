@@ -182,7 +182,7 @@ fn file_rows(fixtures: &common::cli_rows::Fixtures) -> Vec<Row> {
     let vae = text(pipeline().join("vae"));
     let scheduler = text(pipeline().join("scheduler/scheduler_config.json"));
     let euler = text(root.join("euler/wan-t2v/scheduler_config.json"));
-    let vae_file = text(pipeline().join("vae/diffusion_pytorch_model.safetensors"));
+    let vae_file = text(root.join("wan_vae_file/wan21/wan_2.1_vae_tiny.safetensors"));
     let every_part = [
         "--model",
         &high,
@@ -210,10 +210,8 @@ fn file_rows(fixtures: &common::cli_rows::Fixtures) -> Vec<Row> {
             Expect::Bad("does not exist"),
         ),
         row(&["--vae", &vae], Expect::Ok(".mp4")),
-        row(
-            &["--vae", &vae_file],
-            Expect::Bad("wan_2.1_vae.safetensors"),
-        ),
+        row(&["--vae", &vae_file], Expect::Ok(".mp4")),
+        row(&["--vae", &low], Expect::Bad("is not a WAN VAE")),
         row(&["--scheduler", &euler], Expect::Ok(".mp4")),
         row(&["--scheduler", &vae], Expect::Bad("scheduler_config")),
     ]

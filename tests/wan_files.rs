@@ -97,8 +97,8 @@ fn comfyui_files_make_the_folders_video_bit_for_bit() {
 
 #[test]
 fn a_part_no_file_gives_is_refused_by_its_flag() {
-    // Proves the transformer's file alone names each missing part's flag, and the
-    // VAE's single file (not read yet) is refused by name rather than misread.
+    // Proves the transformer's file alone names each missing part's flag, and a file
+    // given as the VAE that is none is refused by name rather than misread.
     let dir = tempfile::tempdir().expect("a temporary folder");
     let high = comfy("wan2.2_t2v_high_noise_tiny.safetensors");
     let full = files(dir.path());
@@ -139,14 +139,14 @@ fn a_part_no_file_gives_is_refused_by_its_flag() {
             "{flag}: {error}"
         );
     }
-    let vae_file = VideoFiles {
-        vae: Some(pipeline().join("vae/diffusion_pytorch_model.safetensors")),
+    let not_a_vae = VideoFiles {
+        vae: Some(comfy("wan2.2_t2v_low_noise_tiny.safetensors")),
         ..full
     };
-    let error = WanParts::locate(&high, &vae_file)
-        .expect_err("a VAE file")
+    let error = WanParts::locate(&high, &not_a_vae)
+        .expect_err("a transformer as the VAE")
         .to_string();
-    assert!(error.contains("wan_2.1_vae.safetensors"), "{error}");
+    assert!(error.contains("is not a WAN VAE"), "{error}");
 }
 
 #[test]

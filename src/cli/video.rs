@@ -41,8 +41,10 @@ pub struct VideoArgs {
     /// umT5's tokenizer folder (tokenizer.json), for umT5 given as a file.
     #[arg(long, value_name = "DIR")]
     pub umt5_tokenizer: Option<PathBuf>,
-    /// The WAN VAE's diffusers folder (AutoencoderKLWan: config.json and weights).
-    #[arg(long, value_name = "DIR")]
+    /// The WAN VAE: its single file (ComfyUI's vae/wan_2.1_vae.safetensors, or
+    /// wan2.2_vae.safetensors for TI2V-5B; Wan-AI's names, the config from its shapes)
+    /// or its diffusers folder (AutoencoderKLWan: config.json and weights).
+    #[arg(long, value_name = "PATH")]
     pub vae: Option<PathBuf>,
     /// The sampler's scheduler_config.json (UniPCMultistepScheduler or
     /// FlowMatchEulerDiscreteScheduler), for a model given as files.

@@ -410,10 +410,13 @@ families! {
     Wan => super::wan::Wan,
     Clip => super::clip::ClipText,
     T5 => super::t5::T5Encoder,
-    Vae => super::vae::VaeDecoder,
-    VaeEncoder => super::vae::VaeEncoder,
+    // Before the Flux VAE: a bare WAN VAE file has the diffusers prefixes the Flux
+    // VAE knows a bare file by (`decoder.up_blocks.0.`); the WAN VAE's own mark (its
+    // RMS norms) is not in a Flux VAE.
     WanVae => super::wan_vae::WanVaeDecoder,
     WanVaeEncoder => super::wan_vae::WanVaeEncoder,
+    Vae => super::vae::VaeDecoder,
+    VaeEncoder => super::vae::VaeEncoder,
     StreamVerify => super::stream_verify::StreamVerify,
 }
 

@@ -119,6 +119,13 @@ impl ModelIndex {
         }
         if let Some(part) = part {
             for header in &mut headers {
+                if let Some((tensor, problem)) = part.unknown_tensor(&header.tensors) {
+                    return Err(IndexError::Tensor {
+                        path: path.to_path_buf(),
+                        tensor,
+                        problem,
+                    });
+                }
                 header.tensors = part.select(std::mem::take(&mut header.tensors));
                 // A whole file's checksum says nothing of a part of it.
                 header.metadata.remove(super::DATA_CHECKSUM_KEY);

@@ -18,6 +18,7 @@ mod part;
 mod reader;
 mod source;
 mod wan_names;
+mod wan_vae_names;
 
 pub use crate::os::{create_regular, open_regular, read_regular, FileStamp};
 pub use checksum::{

@@ -12,6 +12,7 @@
 
 use super::header::HeaderTensor;
 use super::wan_names::{is_original_wan, wan_to_diffusers};
+use super::wan_vae_names::{is_original_wan_vae, WanVaeNames};
 
 /// ComfyUI's prefix of a diffusion model in its files.
 const COMFY_PREFIX: &str = "model.diffusion_model.";
@@ -35,6 +36,9 @@ pub enum PartNames {
     /// A WAN transformer in Wan-AI's original names (ComfyUI's
     /// `diffusion_models/wan2.2_*.safetensors`), read as `WanTransformer3DModel`'s.
     WanTransformer,
+    /// The WAN VAE in Wan-AI's original names (ComfyUI's `vae/wan_2.1_vae.safetensors`
+    /// and `vae/wan2.2_vae.safetensors`), read as `AutoencoderKLWan`'s.
+    WanVae,
 }
 
 /// Tensors a part leaves out even under its prefix: ComfyUI's marker of a scaled-FP8
@@ -65,10 +69,36 @@ impl CheckpointPart {
             return Some(Self::under("", PartNames::LdmAutoencoder));
         }
         let names = || index.tensors.iter().map(|tensor| tensor.name.as_str());
+        if is_original_wan_vae("", names()) {
+            return Some(Self::under("", PartNames::WanVae));
+        }
         [COMFY_PREFIX, ""]
             .into_iter()
             .find(|prefix| is_original_wan(prefix, names()))
             .map(|prefix| Self::under(prefix, PartNames::WanTransformer))
+    }
+
+    /// The names of `tensors` under the prefix, without it.
+    fn local_names<'a>(&'a self, tensors: &'a [HeaderTensor]) -> impl Iterator<Item = &'a str> {
+        let prefix = self.prefix.as_str();
+        tensors
+            .iter()
+            .filter_map(move |tensor| tensor.name.strip_prefix(prefix))
+    }
+
+    /// The first of a header's tensors under the prefix that the part's names have no
+    /// name for, with why (a WAN VAE's: diffusers' conversion would keep it and then
+    /// fail its strict load, so it is refused here by name).
+    pub(crate) fn unknown_tensor(&self, tensors: &[HeaderTensor]) -> Option<(String, String)> {
+        let PartNames::WanVae = self.names else {
+            return None;
+        };
+        let names = WanVaeNames::of(self.local_names(tensors));
+        tensors.iter().find_map(|tensor| {
+            let local = tensor.name.strip_prefix(self.prefix.as_str())?;
+            let problem = names.diffusers_name(local).err()?;
+            Some((tensor.name.clone(), problem))
+        })
     }
 
     /// The part's tensors of one file's header, renamed (and, for the LDM
@@ -76,9 +106,10 @@ impl CheckpointPart {
     /// header's order.
     pub(crate) fn select(&self, tensors: Vec<HeaderTensor>) -> Vec<HeaderTensor> {
         let levels = match self.names {
-            PartNames::AsIs | PartNames::WanTransformer => 0,
+            PartNames::AsIs | PartNames::WanTransformer | PartNames::WanVae => 0,
             PartNames::LdmAutoencoder => ldm_up_levels(&self.prefix, &tensors),
         };
+        let wan_vae = WanVaeNames::of(self.local_names(&tensors));
         tensors
             .into_iter()
             .filter_map(|mut tensor| {
@@ -91,6 +122,8 @@ impl CheckpointPart {
                 let name = match self.names {
                     PartNames::AsIs => local.to_string(),
                     PartNames::WanTransformer => wan_to_diffusers(local),
+                    // Names it has none for are refused before (`unknown_tensor`).
+                    PartNames::WanVae => wan_vae.diffusers_name(local).ok()?,
                     PartNames::LdmAutoencoder => {
                         let (name, matrix) = ldm_to_diffusers(local, levels)?;
                         if matrix && tensor.shape.len() == 4 && tensor.shape[2..] == [1, 1] {

@@ -267,8 +267,7 @@ impl Open for WanVaeEncoder {
     /// The encoder over the run's videos (an image-to-video pipeline's), or one
     /// seeded image of 64².
     fn open(request: &Request<'_>) -> Result<Self, FamilyError> {
-        let folder = request.folder("a WAN VAE")?;
-        let config = WanVaeConfig::from_json(&folder.config_path(), &folder.config)?;
+        let config = WanVaeConfig::of(request)?;
         let input = request
             .extras
             .input::<VideoInput>()

@@ -27,7 +27,9 @@ mod config;
 mod encoder;
 mod layers;
 mod open;
+mod published;
 mod residual;
+mod single_file;
 mod stack;
 #[cfg(test)]
 mod tests;
@@ -40,6 +42,8 @@ use stagehand_actors::{BlockId, ModelLayout};
 pub use config::WanVaeConfig;
 pub use encoder::{VideoInput, WanVaeEncoder};
 pub use open::CLASS_NAME;
+pub use published::latents_statistics;
+pub use single_file::{inferred_config, is_wan_vae};
 pub use tiles::{WanTile, WanTiling};
 pub use working_set::working_set_bytes;
 

@@ -29,16 +29,19 @@ impl Open for WanVaeDecoder {
         Ok(Some(1))
     }
 
-    /// diffusers' WAN VAE folder (a bare checkpoint names no class, and its tensors
-    /// are the Flux VAE's names: it needs its `config.json`).
+    /// diffusers' WAN VAE folder, or one file of a WAN VAE's tensors (read in
+    /// diffusers' names: ComfyUI's files are renamed as they are opened), known by
+    /// its RMS norms.
     fn recognises(found: &Found<'_>) -> bool {
-        found.folder.is_some() && found.class_name() == Some(CLASS_NAME)
+        match found.folder {
+            Some(_) => found.class_name() == Some(CLASS_NAME),
+            None => super::single_file::is_wan_vae(found.index),
+        }
     }
 
     /// The decoder over the run's latent videos, or one seeded latent.
     fn open(request: &Request<'_>) -> Result<Self, FamilyError> {
-        let folder = request.folder("a WAN VAE")?;
-        let config = WanVaeConfig::from_json(&folder.config_path(), &folder.config)?;
+        let config = WanVaeConfig::of(request)?;
         let input = match request.extras.input::<VideoLatentInput>() {
             Some(input) => input.clone(),
             None => {

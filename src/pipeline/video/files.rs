@@ -3,7 +3,8 @@
 //! original names, bare or under `model.diffusion_model.`; diffusers' names read too)
 //! and, for Wan 2.2 A14B, the low-noise expert's (`--model-2`); umT5 as a file
 //! (`text_encoders/umt5_xxl_fp16.safetensors`, transformers' names) with its
-//! tokenizer's folder; the VAE's diffusers folder; and the scheduler's config. A part
+//! tokenizer's folder; the VAE's file (`vae/wan_2.1_vae.safetensors`, or Wan 2.2's,
+//! in its original names) or diffusers folder; and the scheduler's config. A part
 //! not given is refused naming the flag that gives it.
 //!
 //! What the files do not say is what the published pipelines say: two experts switch
@@ -14,7 +15,8 @@ use std::path::{Path, PathBuf};
 
 use super::super::{PipelineError, PipelinePart};
 use super::WanParts;
-use crate::model::{CheckpointPart, ModelIndex};
+use crate::families::wan_vae::WanVaeConfig;
+use crate::model::{CheckpointPart, ModelIndex, PartNames};
 
 /// The files given for a Wan pipeline's parts (`stagehand video --model-2 … --umt5 …
 /// --umt5-tokenizer … --vae … --scheduler …`).
@@ -26,7 +28,7 @@ pub struct VideoFiles {
     pub umt5: Option<PathBuf>,
     /// umT5's tokenizer folder (`tokenizer.json`), for umT5 given as a file.
     pub umt5_tokenizer: Option<PathBuf>,
-    /// The VAE (`AutoencoderKLWan`): its diffusers folder.
+    /// The VAE (`AutoencoderKLWan`): its diffusers folder or its single file.
     pub vae: Option<PathBuf>,
     /// A `scheduler_config.json` (UniPC or flow-matching Euler).
     pub scheduler: Option<PathBuf>,
@@ -103,7 +105,7 @@ impl WanParts {
             missing(model, "umT5 tokenizer", "--umt5-tokenizer", "a folder with umT5's tokenizer.json (google/umt5-xxl's, or a Wan pipeline's tokenizer/)")
         })?;
         let vae = files.vae.clone().ok_or_else(|| {
-            missing(model, "WAN VAE", "--vae", "a Wan pipeline's vae/ folder (AutoencoderKLWan: config.json and diffusion_pytorch_model.safetensors)")
+            missing(model, "WAN VAE", "--vae", "ComfyUI's models/vae/wan_2.1_vae.safetensors (wan2.2_vae.safetensors for TI2V-5B), or a Wan pipeline's vae/ folder")
         })?;
         let scheduler = files.scheduler.clone().ok_or_else(|| {
             missing(model, "scheduler", "--scheduler", "a Wan pipeline's scheduler/scheduler_config.json (UniPCMultistepScheduler or FlowMatchEulerDiscreteScheduler)")
@@ -113,7 +115,7 @@ impl WanParts {
         // published one samples with its timestep per token.
         let expand_timesteps = out_channels == TI2V_CHANNELS && in_channels == out_channels;
         let vae = vae_part(vae)?;
-        let vae_scale = super::folder::vae_scale(&vae.path)?;
+        let vae_scale = vae_scale(&vae)?;
         let parts = Self {
             dir: model.to_path_buf(),
             text_encoder: PipelinePart {
@@ -158,6 +160,9 @@ impl WanParts {
             self.scheduler = file.clone();
         }
         self.check_files()?;
+        if files.vae.is_some() {
+            self.vae_scale = vae_scale(&self.vae)?;
+        }
         Ok(self)
     }
 
@@ -202,15 +207,52 @@ fn transformer_part(file: &Path) -> Result<PipelinePart, PipelineError> {
     })
 }
 
-/// The VAE: its diffusers folder. The original single file is refused by name.
+/// The VAE: its diffusers folder, or its single file — in Wan-AI's original names
+/// (ComfyUI's `vae/wan_2.1_vae.safetensors`, `vae/wan2.2_vae.safetensors`: read
+/// renamed, [`PartNames::WanVae`]) or diffusers' — whose config the family infers
+/// from its shapes. Another file is refused by name.
 fn vae_part(path: PathBuf) -> Result<PipelinePart, PipelineError> {
-    if path.is_file() {
-        return Err(PipelineError::Layout {
-            path,
-            problem: "is a file: the WAN VAE's single file (wan_2.1_vae.safetensors, in its original names) is not read yet; give the diffusers vae/ folder of a Wan pipeline (AutoencoderKLWan)".into(),
-        });
+    if !path.is_file() {
+        return Ok(PipelinePart::whole(path));
     }
-    Ok(PipelinePart::whole(path))
+    let layout = |problem: String| PipelineError::Layout {
+        path: path.clone(),
+        problem,
+    };
+    let index = ModelIndex::open(&path, None).map_err(|error| layout(error.to_string()))?;
+    let part = match CheckpointPart::implied(&index) {
+        Some(part) if part.names == PartNames::WanVae => Some(part),
+        _ if crate::families::wan_vae::is_wan_vae(&index) => None,
+        _ => return Err(layout("is not a WAN VAE: neither Wan-AI's names (decoder.middle.0.residual.0.gamma …: ComfyUI's vae/wan_2.1_vae.safetensors or wan2.2_vae.safetensors) nor diffusers' (decoder.norm_out.gamma …); give the VAE's file or a Wan pipeline's vae/ folder".into())),
+    };
+    Ok(PipelinePart {
+        part,
+        ..PipelinePart::whole(path)
+    })
+}
+
+/// Pixels per latent position of the VAE: its folder's config, or for a file the
+/// config the family infers from its shapes (a diffusers file beside its
+/// `config.json` is read with that, as a run reads it).
+fn vae_scale(vae: &PipelinePart) -> Result<usize, PipelineError> {
+    let folder = match vae.path.is_dir() {
+        true => Some(vae.path.as_path()),
+        false => (vae.path.parent())
+            .filter(|dir| vae.part.is_none() && dir.join("config.json").is_file()),
+    };
+    if let Some(folder) = folder {
+        return super::folder::vae_scale(folder);
+    }
+    let layout = |problem: String| PipelineError::Layout {
+        path: vae.path.clone(),
+        problem,
+    };
+    let index = crate::run::open_index(&vae.path, None, vae.part.as_ref(), true)
+        .map_err(|error| layout(error.to_string()))?;
+    let config = crate::families::wan_vae::inferred_config(&index)
+        .and_then(|json| WanVaeConfig::from_json(&vae.path, &json))
+        .map_err(|error| layout(error.to_string()))?;
+    Ok(config.pixel_scale())
 }
 
 /// A transformer part's channels in and out, from its patch embedding and output.
