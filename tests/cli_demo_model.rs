@@ -373,8 +373,8 @@ fn rows() -> Vec<Row> {
             Expect::Ok("WAN Small: 4 blocks of 128, 4 heads of 32"),
         ),
         row(
-            &["--arch", "wan", "--dtype", "fp8", "--out", &out("wan")],
-            Expect::Bad("for --arch wan"),
+            &["--arch", "wan", "--dtype", "fp8", "--out", &out("wan-fp8")],
+            Expect::Ok("wan2.2_tiny_fp8_scaled.safetensors (WAN Tiny"),
         ),
         row(
             &[

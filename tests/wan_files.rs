@@ -148,38 +148,3 @@ fn a_part_no_file_gives_is_refused_by_its_flag() {
         .to_string();
     assert!(error.contains("is not a WAN VAE"), "{error}");
 }
-
-#[test]
-fn a_scaled_fp8_transformer_file_is_refused_by_name() {
-    // Proves a WAN transformer file with FP8 weights (ComfyUI's `*_fp8_scaled`) is
-    // refused naming the format and the file to use instead, never computed unchecked.
-    use stagehand::compute::DType;
-    use stagehand::model::generated::{write_single, TensorSpec};
-    let dir = tempfile::tempdir().expect("a temporary folder");
-    let prefix = "model.diffusion_model.";
-    let shapes: [(&str, Vec<usize>); 4] = [
-        ("patch_embedding.weight", vec![32, 16, 1, 2, 2]),
-        ("time_projection.1.weight", vec![192, 32]),
-        ("blocks.0.self_attn.q.weight", vec![32, 32]),
-        ("head.head.weight", vec![64, 32]),
-    ];
-    let tensors: Vec<TensorSpec> = (shapes.into_iter().enumerate())
-        .map(|(seed, (name, shape))| {
-            TensorSpec::uniform(format!("{prefix}{name}"), shape, seed as u64, 0.0, 0.1)
-        })
-        .collect();
-    let high = dir
-        .path()
-        .join("wan2.2_t2v_high_noise_tiny_fp8_scaled.safetensors");
-    write_single(&high, &tensors, DType::F8E4M3, &Default::default()).expect("writes");
-    let parts = WanParts::locate(&high, &files(dir.path())).expect("the files");
-    let settings = Settings::default();
-    let error = generate_video(&parts, &request(), &PipelineRun::quiet(&settings))
-        .err()
-        .expect("refused")
-        .to_string();
-    assert!(
-        error.contains("scaled FP8") && error.contains("fp16"),
-        "{error}"
-    );
-}

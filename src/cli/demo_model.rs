@@ -49,7 +49,7 @@ pub enum DTypeArg {
     F32,
     F16,
     Bf16,
-    /// Decoders and Flux: linear weights in F8_E4M3 with per-tensor F32 scales.
+    /// Decoders, Flux and WAN: linear weights in F8_E4M3 with per-tensor F32 scales.
     Fp8,
     /// Flux: linear weights as ComfyUI's int8_tensorwise (I8, one F32 scale each).
     Int8,
@@ -85,7 +85,7 @@ pub struct DemoModelArgs {
     /// small; 1b = Llama-3.2-1B's, Qwen3-0.6B's for qwen3).
     #[arg(long, value_enum, default_value = "tiny")]
     pub decoder_preset: DecoderPreset,
-    /// Storage dtype of the weights (bert, decoders, flux); fp8 for decoders and flux, int8 and awq for flux.
+    /// Storage dtype of the weights (bert, decoders, flux, wan); fp8 for decoders, flux and wan, int8 and awq for flux.
     #[arg(long, value_enum, default_value = "f32")]
     pub dtype: DTypeArg,
     /// Number of blocks (the unit the scheduler streams).
@@ -235,7 +235,7 @@ fn check_arguments(args: &DemoModelArgs) -> CommandResult {
     }
     if matches!(args.dtype, DTypeArg::Int8 | DTypeArg::Awq) && args.arch != Arch::Flux {
         return refuse(
-            "--dtype int8 and awq write ComfyUI's integer formats for --arch flux only; use f32, f16, bf16 (or fp8 for decoders)"
+            "--dtype int8 and awq write ComfyUI's integer formats for --arch flux only; use f32, f16, bf16 (or fp8 for decoders, flux and wan)"
                 .to_string(),
         );
     }
@@ -335,13 +335,9 @@ fn write_decoder(args: &DemoModelArgs, arch: DecoderArch) -> CommandResult {
     Ok(())
 }
 
-/// `--arch wan`: a generated WAN transformer folder (`transformer/`).
+/// `--arch wan`: a generated WAN transformer folder (`transformer/`), or with
+/// `--dtype fp8` ComfyUI's scaled-FP8 file.
 fn write_wan(args: &DemoModelArgs) -> CommandResult {
-    if args.dtype == DTypeArg::Fp8 {
-        return Err(Failure::bad_input(anyhow::anyhow!(
-            "--dtype fp8 is for decoders and flux; use f32, f16 or bf16 for --arch wan"
-        )));
-    }
     let demo = WanDemo {
         preset: args.wan_preset,
         dtype: args.dtype.dtype(),

@@ -33,3 +33,4 @@ pub use known_checksums::KnownChecksums;
 pub use part::{CheckpointPart, PartNames};
 pub use reader::{BlockReadError, BlockReader};
 pub use source::{parse_index, ParsedIndex};
+pub(crate) use wan_names::diffusers_to_wan;

@@ -62,6 +62,19 @@ pub(crate) fn wan_to_diffusers(name: &str) -> String {
         .fold(name.to_string(), |name, (old, new)| name.replace(old, new))
 }
 
+/// Wan-AI's name of a diffusers WAN transformer tensor: the renames undone in reverse
+/// order, so that a message about a file in the original names names its tensor as
+/// the file does. The output layer's table is the one name two renames share.
+pub(crate) fn diffusers_to_wan(name: &str) -> String {
+    if name == "scale_shift_table" {
+        return "head.modulation".into();
+    }
+    RENAMES
+        .iter()
+        .rev()
+        .fold(name.to_string(), |name, (old, new)| name.replace(new, old))
+}
+
 /// Whether `names` (a checkpoint's, after `prefix`) are an original WAN transformer's.
 pub(crate) fn is_original_wan<'a>(prefix: &str, mut names: impl Iterator<Item = &'a str>) -> bool {
     let (head, query) = (
@@ -84,7 +97,7 @@ mod tests {
     #[test]
     fn original_names_become_diffusers_names() {
         // Proves the table maps each kind of original tensor to the name diffusers'
-        // conversion gives it (norm3 ↔ norm2 swapped, `.o.` to `to_out.0`).
+        // conversion gives it (norm3 ↔ norm2 swapped, `.o.` to `to_out.0`), and back.
         let cases = [
             ("patch_embedding.weight", "patch_embedding.weight"),
             (
@@ -114,6 +127,7 @@ mod tests {
         ];
         for (original, diffusers) in cases {
             assert_eq!(wan_to_diffusers(original), diffusers, "{original}");
+            assert_eq!(diffusers_to_wan(diffusers), original, "{diffusers}");
         }
         let names = ["head.head.weight", "blocks.0.self_attn.q.weight"];
         assert!(is_original_wan("", names.into_iter()));

@@ -1,7 +1,12 @@
 //! Generated WAN transformers with WAN's block structure and seeded weights, as
 //! diffusers lays them out (`transformer/config.json` and
 //! `diffusion_pytorch_model.safetensors`; no model hub is reachable offline): tiny
-//! and small ones for tests, and the published shapes for real-shape runs.
+//! and small ones for tests, and the published shapes for real-shape runs. In FP8
+//! (`F8E4M3`) a demo is ComfyUI's scaled-FP8 file instead: one
+//! `wan2.2_<preset>_fp8_scaled.safetensors` in Wan-AI's names under
+//! `model.diffusion_model.`, each block's Linear weights F8_E4M3 with an F32
+//! `scale_weight` (and a `scale_input` of 1), the `scaled_fp8` marker, and the rest
+//! BF16 — the same seeded values, quantised.
 
 use std::path::{Path, PathBuf};
 
@@ -9,8 +14,17 @@ use serde_json::json;
 
 use super::config::{WanConfig, QK_NORM};
 use super::open::CLASS_NAME;
+use super::single_file::HEAD_DIM_METADATA;
 use crate::compute::DType;
-use crate::model::generated::{write_model_folder, TensorSpec};
+use crate::model::diffusers_to_wan;
+use crate::model::generated::{write_model_folder, write_single, TensorSpec, Values};
+
+/// ComfyUI's prefix of a diffusion model's tensors in its files.
+const COMFY_PREFIX: &str = "model.diffusion_model.";
+/// Every published WAN's head width: a file of another says its own in metadata.
+const PUBLISHED_HEAD_DIM: usize = 128;
+/// E4M3's largest finite value: a quantised weight's codes span ± this.
+const E4M3_MAX: f32 = 448.0;
 
 /// Which shape `demo-model --arch wan` writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,7 +111,7 @@ impl WanPreset {
 #[derive(Debug, Clone, Copy)]
 pub struct WanDemo {
     pub preset: WanPreset,
-    /// F32, F16 or BF16.
+    /// F32, F16 or BF16; F8E4M3 for ComfyUI's scaled-FP8 file.
     pub dtype: DType,
     pub seed: u64,
 }
@@ -105,6 +119,8 @@ pub struct WanDemo {
 /// The tensors of a preset, in diffusers' names, each from its own seed.
 struct Tensors {
     seed: u64,
+    /// The blocks' Linear weights in F8_E4M3 with their scales.
+    fp8: bool,
     list: Vec<TensorSpec>,
 }
 
@@ -120,7 +136,26 @@ impl Tensors {
 
     fn linear(&mut self, stem: &str, rows: usize, cols: usize) {
         let spread = 1.0 / (cols as f32).sqrt();
-        self.push(format!("{stem}.weight"), vec![rows, cols], 0.0, spread);
+        if !(self.fp8 && stem.starts_with("blocks.")) {
+            self.push(format!("{stem}.weight"), vec![rows, cols], 0.0, spread);
+            self.push(format!("{stem}.bias"), vec![rows], 0.0, 0.02);
+            return;
+        }
+        // The same seeded stream over ± E4M3's range, times spread / 448: the BF16
+        // demo's weights, quantised.
+        self.push(format!("{stem}.weight"), vec![rows, cols], 0.0, E4M3_MAX);
+        if let Some(weight) = self.list.last_mut() {
+            weight.dtype = Some(DType::F8E4M3);
+        }
+        let scalar = |name: String, value: f32| TensorSpec {
+            name,
+            shape: vec![],
+            values: Values::Constant(value),
+            dtype: Some(DType::F32),
+        };
+        self.list
+            .push(scalar(format!("{stem}.scale_weight"), spread / E4M3_MAX));
+        self.list.push(scalar(format!("{stem}.scale_input"), 1.0));
         self.push(format!("{stem}.bias"), vec![rows], 0.0, 0.02);
     }
 
@@ -140,6 +175,7 @@ impl WanDemo {
         let (dim, [pt, ph, pw]) = (config.dim(), config.patch);
         let mut tensors = Tensors {
             seed: self.seed,
+            fp8: self.fp8(),
             list: Vec::new(),
         };
         let patch = vec![dim, config.in_channels, pt, ph, pw];
@@ -183,14 +219,39 @@ impl WanDemo {
             table_spread,
         );
         tensors.linear("proj_out", config.patch_out(), dim);
+        if !tensors.fp8 {
+            return tensors.list;
+        }
+        for tensor in &mut tensors.list {
+            tensor.name = format!("{COMFY_PREFIX}{}", diffusers_to_wan(&tensor.name));
+        }
+        tensors.list.push(TensorSpec {
+            name: format!("{COMFY_PREFIX}scaled_fp8"),
+            shape: vec![0],
+            values: Values::Constant(0.0),
+            dtype: Some(DType::F8E4M3),
+        });
         tensors.list
+    }
+
+    /// ComfyUI's scaled-FP8 file rather than a diffusers folder.
+    fn fp8(&self) -> bool {
+        self.dtype == DType::F8E4M3
+    }
+
+    /// The dtype of the tensors that name none: BF16 beside FP8 weights.
+    fn storage_dtype(&self) -> DType {
+        match self.fp8() {
+            true => DType::Bf16,
+            false => self.dtype,
+        }
     }
 
     /// Bytes of the weights written.
     pub fn weight_bytes(&self) -> u64 {
         self.tensors()
             .iter()
-            .map(|tensor| tensor.bytes(self.dtype))
+            .map(|tensor| tensor.bytes(self.storage_dtype()))
             .sum()
     }
 
@@ -220,14 +281,35 @@ impl WanDemo {
     }
 
     /// Writes `transformer/` with `config.json` and
-    /// `diffusion_pytorch_model.safetensors` under `dir`; returns what `--model` takes.
+    /// `diffusion_pytorch_model.safetensors` under `dir` (in FP8, the scaled-FP8 file);
+    /// returns what `--model` takes.
     pub fn write(&self, dir: &Path) -> std::io::Result<PathBuf> {
+        if self.fp8() {
+            return self.write_fp8(dir);
+        }
         write_model_folder(
             &dir.join("transformer"),
             &self.config_json(),
             ("diffusion_pytorch_model.safetensors", &self.tensors()),
             (self.dtype, "WAN"),
         )
+    }
+}
+
+impl WanDemo {
+    /// `dir/wan2.2_<preset>_fp8_scaled.safetensors`, with the head width in metadata
+    /// when it is not the published 128 (what the shapes cannot say).
+    fn write_fp8(&self, dir: &Path) -> std::io::Result<PathBuf> {
+        std::fs::create_dir_all(dir)?;
+        let preset = format!("{:?}", self.preset).to_lowercase();
+        let path = dir.join(format!("wan2.2_{preset}_fp8_scaled.safetensors"));
+        let head_dim = self.preset.config().head_dim;
+        let metadata = match head_dim == PUBLISHED_HEAD_DIM {
+            true => Default::default(),
+            false => [(HEAD_DIM_METADATA.to_string(), head_dim.to_string())].into(),
+        };
+        write_single(&path, &self.tensors(), DType::Bf16, &metadata)?;
+        Ok(path)
     }
 }
 
@@ -258,5 +340,46 @@ mod tests {
         assert!((4_900_000_000..5_100_000_000).contains(&ti2v), "{ti2v}");
         assert!(parameters(WanPreset::Tiny) < 100_000);
         assert!(parameters(WanPreset::Ti2vTiny) < 100_000);
+    }
+
+    #[test]
+    fn an_fp8_demo_is_a_scaled_fp8_file_the_family_reads() {
+        // Proves `--dtype fp8` writes ComfyUI's scaled-FP8 file (original names under
+        // model.diffusion_model., the marker, a scale per block Linear) that reads as
+        // the preset's config and places every weight, and that A14B's expert in it
+        // is 13.5 GiB: 13.1 GiB of FP8 block weights and 0.44 GiB of BF16 rest.
+        let dir = tempfile::tempdir().expect("a temporary folder");
+        let demo = WanDemo {
+            preset: WanPreset::Tiny,
+            dtype: DType::F8E4M3,
+            seed: 3,
+        };
+        let path = demo.write(dir.path()).expect("writes");
+        let index = crate::model::ModelIndex::open(&path, None).expect("opens");
+        let marker = index
+            .tensor("model.diffusion_model.scaled_fp8")
+            .expect("marker");
+        assert_eq!(marker.dtype, "F8_E4M3");
+        let part = crate::model::CheckpointPart::implied(&index).expect("original names");
+        let index = crate::model::ModelIndex::open_part(&path, None, &part).expect("renames");
+        assert_eq!(
+            index
+                .tensor("blocks.1.ffn.net.2.weight")
+                .expect("ffn")
+                .dtype,
+            "F8_E4M3"
+        );
+        assert!(index.tensor("blocks.1.ffn.net.2.scale_weight").is_some());
+        assert_eq!(index.tensor("proj_out.weight").expect("head").dtype, "BF16");
+        let config = super::super::single_file::inferred_config(&index).expect("a config");
+        let config = WanConfig::from_json(&path, &config).expect("reads");
+        assert_eq!(config, WanPreset::Tiny.config());
+        super::super::check_file(&index).expect("places every weight");
+        let a14b = WanDemo {
+            preset: WanPreset::A14b,
+            ..demo
+        };
+        let gib = a14b.weight_bytes() as f64 / (1u64 << 30) as f64;
+        assert!((13.5..13.6).contains(&gib), "{gib} GiB");
     }
 }

@@ -26,6 +26,7 @@ mod config;
 mod demo;
 mod embed;
 mod first_frame;
+mod fp8;
 mod input;
 mod layers;
 mod open;
@@ -43,7 +44,7 @@ pub use first_frame::FirstFrame;
 pub use input::{Guidance, WanInput};
 pub use open::CLASS_NAME;
 pub use sample::{guided, high_noise_steps, WanSample};
-pub use single_file::{transformer_channels, HEAD_DIM_METADATA};
+pub use single_file::{check_file, transformer_channels, HEAD_DIM_METADATA};
 pub use working_set::activations_at;
 
 use self::weights::WanWeights;

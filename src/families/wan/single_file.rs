@@ -10,7 +10,9 @@
 //! 128, which is taken unless the file's metadata says otherwise
 //! ([`HEAD_DIM_METADATA`], what stagehand's own tiny files carry). Nor the norms' ε
 //! (1e-6 in all of them) nor the rope's capacity (1024 positions an axis in all).
-//! Scaled FP8 files are refused: the WAN family's FP8 path is not checked.
+//! ComfyUI's scaled FP8 files read the same way: their shapes are the fp16 file's, the
+//! `scaled_fp8` marker and the `scale_input`s are left out by the part, and each FP8
+//! weight's `scale_weight` travels with it (see `fp8`).
 
 use serde_json::{json, Value};
 
@@ -57,12 +59,6 @@ pub fn transformer_channels(index: &ModelIndex) -> Result<[usize; 2], String> {
 /// The `config.json` of the transformer `index` holds, from its shapes.
 pub fn inferred_config(index: &ModelIndex) -> Result<Value, FamilyError> {
     let bad = |message: String| FamilyError::Model(format!("{}: {message}", index.path.display()));
-    if let Some(tensor) = index.tensors.iter().find(|t| t.dtype.starts_with("F8_")) {
-        return Err(bad(format!(
-            "tensor `{}` is {}: scaled FP8 WAN files are not computed (the WAN family's FP8 weights are not checked against ComfyUI's); use the fp16 or bf16 file (wan2.2_*_fp16.safetensors)",
-            tensor.name, tensor.dtype
-        )));
-    }
     let shape = |name: &str| -> Result<&[usize], FamilyError> {
         index
             .tensor(name)
@@ -128,4 +124,12 @@ pub fn inferred_config(index: &ModelIndex) -> Result<Value, FamilyError> {
         "rope_max_seq_len": 1024,
         "pos_embed_seq_len": null,
     }))
+}
+
+/// What opening the WAN transformer file `index` (in diffusers' names) would refuse,
+/// from its headers alone: its config from the shapes, and every tensor the family
+/// places — so that a pipeline refuses a file before its earlier stages run.
+pub fn check_file(index: &ModelIndex) -> Result<(), FamilyError> {
+    let config = super::WanConfig::from_json(&index.path, &inferred_config(index)?)?;
+    super::weights::WanWeights::place(index, &config).map(|_| ())
 }

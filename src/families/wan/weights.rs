@@ -9,6 +9,7 @@ use crate::families::FamilyError;
 use crate::model::ModelIndex;
 
 use super::config::WanConfig;
+use super::fp8;
 
 /// A linear's weight and bias, as slots are found by tensor index.
 #[derive(Debug, Clone, Copy)]
@@ -104,14 +105,15 @@ impl WanWeights {
     pub fn place(index: &ModelIndex, config: &WanConfig) -> Result<Self, FamilyError> {
         let mut placer = Placer {
             builder: PlacementBuilder::new(index),
+            index,
         };
         let (dim, ffn) = (config.dim(), config.ffn_dim);
         placer.builder.block("head");
         let [frames, rows, cols] = config.patch;
         let patch_shape = [dim, config.in_channels, frames, rows, cols];
         let patch_embedding = Linear {
-            weight: placer.builder.add("patch_embedding.weight", &patch_shape)?,
-            bias: placer.builder.add("patch_embedding.bias", &[dim])?,
+            weight: placer.add("patch_embedding.weight", &patch_shape)?,
+            bias: placer.add("patch_embedding.bias", &[dim])?,
             rows: dim,
             cols: config.patch_in(),
         };
@@ -138,14 +140,13 @@ impl WanWeights {
                 placer.builder.block(at.clone());
                 Ok(BlockWeights {
                     scale_shift_table: placer
-                        .builder
                         .add(&format!("{at}.scale_shift_table"), &[1, 6, dim])?,
                     attn1: placer.attention(&format!("{at}.attn1"), dim)?,
                     attn2: placer.attention(&format!("{at}.attn2"), dim)?,
                     norm2: match config.cross_attn_norm {
                         true => Some((
-                            placer.builder.add(&format!("{at}.norm2.weight"), &[dim])?,
-                            placer.builder.add(&format!("{at}.norm2.bias"), &[dim])?,
+                            placer.add(&format!("{at}.norm2.weight"), &[dim])?,
+                            placer.add(&format!("{at}.norm2.bias"), &[dim])?,
                         )),
                         false => None,
                     },
@@ -156,7 +157,7 @@ impl WanWeights {
             .collect::<Result<_, FamilyError>>()?;
         placer.builder.block("output");
         let output = OutputWeights {
-            scale_shift_table: placer.builder.add("scale_shift_table", &[1, 2, dim])?,
+            scale_shift_table: placer.add("scale_shift_table", &[1, 2, dim])?,
             proj_out: placer.linear("proj_out", config.patch_out(), dim)?,
         };
         Ok(Self {
@@ -170,15 +171,24 @@ impl WanWeights {
 
 struct Placer<'i> {
     builder: PlacementBuilder<'i>,
+    index: &'i ModelIndex,
 }
 
 impl Placer<'_> {
+    /// A tensor computed as stored: never FP8 (see [`fp8`]).
+    fn add(&mut self, name: &str, shape: &[usize]) -> Result<usize, FamilyError> {
+        fp8::check_stored(self.index, name)?;
+        self.builder.add(name, shape)
+    }
+
+    /// A Linear: its weight may be ComfyUI's scaled FP8, which the placement puts
+    /// beside its scale.
     fn linear(&mut self, stem: &str, rows: usize, cols: usize) -> Result<Linear, FamilyError> {
+        let weight = format!("{stem}.weight");
+        fp8::check_linear(self.index, &weight)?;
         Ok(Linear {
-            weight: self
-                .builder
-                .add_weight(&format!("{stem}.weight"), &[rows, cols], false)?,
-            bias: self.builder.add(&format!("{stem}.bias"), &[rows])?,
+            weight: self.builder.add_weight(&weight, &[rows, cols], true)?,
+            bias: self.add(&format!("{stem}.bias"), &[rows])?,
             rows,
             cols,
         })
@@ -190,8 +200,8 @@ impl Placer<'_> {
             to_k: self.linear(&format!("{at}.to_k"), dim, dim)?,
             to_v: self.linear(&format!("{at}.to_v"), dim, dim)?,
             to_out: self.linear(&format!("{at}.to_out.0"), dim, dim)?,
-            norm_q: self.builder.add(&format!("{at}.norm_q.weight"), &[dim])?,
-            norm_k: self.builder.add(&format!("{at}.norm_k.weight"), &[dim])?,
+            norm_q: self.add(&format!("{at}.norm_q.weight"), &[dim])?,
+            norm_k: self.add(&format!("{at}.norm_k.weight"), &[dim])?,
         })
     }
 }

@@ -49,6 +49,9 @@ impl VideoFiles {
     }
 }
 
+/// ComfyUI's marker of a scaled-FP8 file (`<prefix>scaled_fp8`).
+const MARKER: &str = "scaled_fp8";
+
 /// The published pipelines' boundaries between the experts.
 const T2V_BOUNDARY_RATIO: f64 = 0.875;
 const I2V_BOUNDARY_RATIO: f64 = 0.9;
@@ -201,10 +204,57 @@ fn transformer_part(file: &Path) -> Result<PipelinePart, PipelineError> {
     if part.is_none() && !diffusers {
         return Err(layout("is not a WAN transformer: neither Wan-AI's names (head.head, blocks.0.self_attn.q, bare or under model.diffusion_model.) nor diffusers' (condition_embedder.time_proj)".into()));
     }
+    check_marker(&index).map_err(layout)?;
+    // Refused here, not after the text encoder has run: what the family would refuse.
+    let named = match &part {
+        Some(within) => ModelIndex::open_part(file, None, within),
+        None => Ok(index),
+    }
+    .map_err(|error| layout(error.to_string()))?;
+    crate::families::wan::check_file(&named).map_err(|error| {
+        let message = error.to_string();
+        let prefix = format!("{}: ", file.display());
+        layout(
+            message
+                .strip_prefix(&prefix)
+                .unwrap_or(&message)
+                .to_string(),
+        )
+    })?;
     Ok(PipelinePart {
         part,
         ..PipelinePart::whole(file.to_path_buf())
     })
+}
+
+/// ComfyUI's `scaled_fp8` marker names the FP8 format of the file's weights (an F32
+/// marker reads as E4M3, as ComfyUI reads it), and ComfyUI makes every Linear weight
+/// that format as it loads: a weight stored in the other format would be converted
+/// there, not computed as stored, so such a file is refused.
+fn check_marker(index: &ModelIndex) -> Result<(), String> {
+    let is_marker = |name: &str| name == MARKER || name.ends_with(&format!(".{MARKER}"));
+    let Some(marker) = index.tensors.iter().find(|tensor| is_marker(&tensor.name)) else {
+        return Ok(());
+    };
+    let format = match marker.dtype.as_str() {
+        "F32" => "F8_E4M3",
+        other => other,
+    };
+    if !matches!(format, "F8_E4M3" | "F8_E5M2") {
+        return Err(format!(
+            "its marker `{}` is {}; ComfyUI's scaled_fp8 marker is an F8_E4M3 or F8_E5M2 tensor (or F32, read as F8_E4M3) naming the weights' format",
+            marker.name, marker.dtype
+        ));
+    }
+    let other = (index.tensors.iter())
+        .find(|tensor| tensor.dtype.starts_with("F8_") && tensor.dtype != format);
+    match other {
+        Some(tensor) => Err(format!(
+            "tensor `{}` is {} but the marker `{}` says the weights are {format}; ComfyUI would convert it to {format} as it loads, which is not computed here: use a file whose FP8 weights are the marker's format",
+            tensor.name, tensor.dtype, marker.name
+        )),
+        None => Ok(()),
+    }
 }
 
 /// The VAE: its diffusers folder, or its single file — in Wan-AI's original names
