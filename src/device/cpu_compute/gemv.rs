@@ -16,6 +16,7 @@
 
 use crate::compute::DType;
 
+use super::dots::{dots, dots_chunked, dots_rows};
 use super::pool::{share, Pool, SharedOut};
 use super::simd::{self, Format, Isa, Lanes, Portable};
 
@@ -38,9 +39,12 @@ const PARALLEL_MIN_MACS: usize = 1 << 16;
 const GROUP: usize = 4;
 
 /// Rows of `x` that share one widened weight chunk on AVX-512: `GROUP × 4`
-/// accumulators, the widened pairs and two `x` chunks fit its 32 registers. (AVX2's
-/// sixteen registers hold one row's.)
+/// accumulators, the widened pairs and two `x` chunks fit its 32 registers.
 const AVX512_ROWS: usize = 4;
+
+/// The same on AVX2, whose sixteen registers hold two rows' accumulators for half a
+/// group at a time ([`dots_chunked`]).
+const AVX2_ROWS: usize = 2;
 
 /// One few-rows product.
 pub(super) struct Gemv<'a> {
@@ -105,7 +109,9 @@ unsafe fn features(product: &Gemv<'_>, first: usize, end: usize, output: SharedO
                 #[cfg(target_arch = "x86_64")]
                 Isa::Avx2 => unsafe { features_avx2::<$format>(product, first, end, output) },
                 // SAFETY: portable lanes run everywhere; the range is the caller's.
-                _ => unsafe { features_on::<Portable, $format, 1>(product, first, end, output) },
+                _ => unsafe {
+                    features_on::<Portable, $format, 1, true>(product, first, end, output)
+                },
             }
         };
     }
@@ -133,7 +139,7 @@ unsafe fn features_avx512<F: Format>(
     output: SharedOut,
 ) {
     // SAFETY: the caller's contract.
-    unsafe { features_on::<simd::Avx512, F, AVX512_ROWS>(product, first, end, output) }
+    unsafe { features_on::<simd::Avx512, F, AVX512_ROWS, true>(product, first, end, output) }
 }
 
 /// # Safety
@@ -147,14 +153,15 @@ unsafe fn features_avx2<F: Format>(
     output: SharedOut,
 ) {
     // SAFETY: the caller's contract.
-    unsafe { features_on::<simd::Avx2, F, 1>(product, first, end, output) }
+    unsafe { features_on::<simd::Avx2, F, AVX2_ROWS, false>(product, first, end, output) }
 }
 
 /// # Safety
 /// As [`features`], with lanes `L` this CPU runs; `R` rows of `x` share each widened
-/// chunk of the weight (as many as the lanes' registers hold).
+/// chunk of the weight (as many as the lanes' registers hold); `PAIRED`: by
+/// [`dots_rows`], else by [`dots_chunked`] (see [`group_dots`]).
 #[inline(always)]
-unsafe fn features_on<L: Lanes, F: Format, const R: usize>(
+unsafe fn features_on<L: Lanes, F: Format, const R: usize, const PAIRED: bool>(
     product: &Gemv<'_>,
     first: usize,
     end: usize,
@@ -187,7 +194,7 @@ unsafe fn features_on<L: Lanes, F: Format, const R: usize>(
             while row + R <= product.rows {
                 // SAFETY: as above, for the R rows from `row`.
                 let sums = unsafe {
-                    dots_rows::<L, F, GROUP, R>(
+                    group_dots::<L, F, R, PAIRED>(
                         rows,
                         std::array::from_fn(|at| x_row(row + at)),
                         product.inner,
@@ -200,7 +207,8 @@ unsafe fn features_on<L: Lanes, F: Format, const R: usize>(
             }
             for row in row..product.rows {
                 // SAFETY: as above.
-                let sums = unsafe { dots::<L, F, GROUP>(rows, x_row(row), product.inner) };
+                let [sums] =
+                    unsafe { group_dots::<L, F, 1, PAIRED>(rows, [x_row(row)], product.inner) };
                 store(row, feature, &sums);
             }
         } else {
@@ -218,118 +226,41 @@ unsafe fn features_on<L: Lanes, F: Format, const R: usize>(
     }
 }
 
-/// The dot products of `W` weight rows (in format `F`) with one row of `inner`
-/// values, each in the fixed order of the module docs.
+/// The group's `GROUP` weight rows against `R` rows of `x`. `PAIRED`: in one pass of
+/// [`dots_rows`] (two widened chunks of every row live at once: AVX-512, portable);
+/// else by [`dots_chunked`], all four rows for one row of `x`, or two rows at a time
+/// for several (what AVX2's registers hold). Every dot gets the same bits either way.
 ///
 /// # Safety
-/// Each of `rows` is valid for `inner` elements of `F`, `x` for `inner` f32, and the
-/// CPU runs `L`.
+/// As [`dots_rows`].
 #[inline(always)]
-pub(super) unsafe fn dots<L: Lanes, F: Format, const W: usize>(
-    rows: [*const u8; W],
-    x: *const f32,
-    inner: usize,
-) -> [f32; W] {
-    // SAFETY: the caller's contract.
-    unsafe { dots_rows::<L, F, W, 1>(rows, [x], inner)[0] }
-}
-
-/// The dot products of `W` weight rows with each of `R` rows of `inner` values: every
-/// chunk of the weight is widened once for all `R` rows. Each accumulator still
-/// takes its chunks in increasing order, so every dot has the bits [`dots`] gives it
-/// alone.
-///
-/// # Safety
-/// As [`dots`], for every one of `xs`.
-#[inline(always)]
-unsafe fn dots_rows<L: Lanes, F: Format, const W: usize, const R: usize>(
-    rows: [*const u8; W],
+unsafe fn group_dots<L: Lanes, F: Format, const R: usize, const PAIRED: bool>(
+    rows: [*const u8; GROUP],
     xs: [*const f32; R],
     inner: usize,
-) -> [[f32; W]; R] {
-    let chunks = inner / 16;
-    // SAFETY: every read is inside the first `chunks·16` elements (the caller's contract).
+) -> [[f32; GROUP]; R] {
+    // SAFETY: the caller's contract, for each subset of the rows.
     unsafe {
-        let mut sums = [[L::zero(); W]; R];
-        // Two chunks at a time (the same lane order: chunk c, then c + 1).
-        for pair in 0..chunks / 2 {
-            let at = pair * 32;
-            // Ask for the next group's rows (`W` rows on) as far along as this one
-            // has read: each row is a stream the hardware prefetcher follows only
-            // after misses, and a decode step is nothing but those streams. FP8
-            // decode 101 → 70 ms a token, bf16 95 → 90 (1B, two threads). A
-            // prefetch past the weight's end is dropped by the CPU, never faults.
-            #[cfg(target_arch = "x86_64")]
-            {
-                let (start, end) = (at * F::BYTES, (at + 32) * F::BYTES);
-                let mut line = start.next_multiple_of(64);
-                while line < end {
-                    for row in rows {
-                        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                            row.wrapping_add(W * inner * F::BYTES + line) as *const i8,
-                        );
-                    }
-                    line += 64;
-                }
-            }
-            // Loops, not `array::from_fn`: its closure does not inherit the caller's
-            // target features, so every intrinsic in it became a call (AVX2 decode
-            // at 0.1 of the memory roofline).
-            let mut widened = [(L::zero(), L::zero()); W];
-            for (pair, row) in widened.iter_mut().zip(rows) {
-                *pair = L::widen_pair::<F>(row.add(at * F::BYTES));
-            }
-            for (sums, x) in sums.iter_mut().zip(xs) {
-                let (first, second) = (L::load(x.add(at)), L::load(x.add(at + 16)));
-                for (sum, (low, high)) in sums.iter_mut().zip(widened) {
-                    *sum = L::fma(high, second, L::fma(low, first, *sum));
-                }
-            }
+        if PAIRED {
+            return dots_rows::<L, F, GROUP, R>(rows, xs, inner);
         }
-        if chunks % 2 == 1 {
-            let at = (chunks - 1) * 16;
-            let mut widened = [L::zero(); W];
-            for (lanes, row) in widened.iter_mut().zip(rows) {
-                *lanes = L::widen::<F>(row.add(at * F::BYTES));
-            }
-            for (sums, x) in sums.iter_mut().zip(xs) {
-                let values = L::load(x.add(at));
-                for (sum, weight) in sums.iter_mut().zip(widened) {
-                    *sum = L::fma(weight, values, *sum);
-                }
-            }
+        if R == 1 {
+            return dots_chunked::<L, F, GROUP, R>(rows, xs, inner);
         }
-        let mut totals = [[0.0; W]; R];
-        for ((totals, sums), x) in totals.iter_mut().zip(sums).zip(xs) {
-            for ((total, sum), row) in totals.iter_mut().zip(sums).zip(rows) {
-                let mut lanes = [0f32; 16];
-                sum.store(lanes.as_mut_ptr());
-                for index in chunks * 16..inner {
-                    let lane = &mut lanes[index - chunks * 16];
-                    *lane = F::scalar(row.add(index * F::BYTES)).mul_add(*x.add(index), *lane);
-                }
-                *total = halving_sum(&mut lanes);
-            }
+        let [first, second, third, fourth] = rows;
+        let low = dots_chunked::<L, F, 2, R>([first, second], xs, inner);
+        let high = dots_chunked::<L, F, 2, R>([third, fourth], xs, inner);
+        let mut sums = [[0.0; GROUP]; R];
+        for ((sums, low), high) in sums.iter_mut().zip(low).zip(high) {
+            *sums = [low[0], low[1], high[0], high[1]];
         }
-        totals
+        sums
     }
-}
-
-/// The sixteen lanes added by halving: `l + 8`, then `+ 4`, `+ 2`, `+ 1`.
-#[inline(always)]
-pub(super) fn halving_sum(lanes: &mut [f32; 16]) -> f32 {
-    let mut width = 8;
-    while width > 0 {
-        for lane in 0..width {
-            lanes[lane] += lanes[lane + width];
-        }
-        width /= 2;
-    }
-    lanes[0]
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::dots::halving_sum;
     use super::*;
 
     /// The dot of `a` and `b` in the documented order, written out plainly.
@@ -370,6 +301,12 @@ mod tests {
                     assert!(
                         sums.iter().all(|sum| sum.to_bits() == expected),
                         "avx2 {length}"
+                    );
+                    // SAFETY: as above.
+                    let sums = unsafe { dots_chunked_avx2(rows, b.as_ptr(), length) };
+                    assert!(
+                        sums.iter().flatten().all(|sum| sum.to_bits() == expected),
+                        "avx2, a chunk at a time, {length}"
                     );
                 }
                 if isa == Isa::Avx512 {
@@ -443,6 +380,17 @@ mod tests {
     unsafe fn dots_avx2(rows: [*const u8; 4], x: *const f32, inner: usize) -> [f32; 4] {
         // SAFETY: the caller's contract.
         unsafe { dots::<simd::Avx2, simd::F32, 4>(rows, x, inner) }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dots_chunked_avx2(
+        rows: [*const u8; 4],
+        x: *const f32,
+        inner: usize,
+    ) -> [[f32; 2]; 2] {
+        // SAFETY: the caller's contract; both rows of x are `x`.
+        unsafe { dots_chunked::<simd::Avx2, simd::F32, 2, 2>([rows[0], rows[1]], [x, x], inner) }
     }
 
     #[cfg(target_arch = "x86_64")]

@@ -23,6 +23,7 @@ mod attention;
 mod checksum;
 mod convolution;
 mod diffusion;
+mod dots;
 mod elementwise;
 mod gemm;
 mod gemv;
