@@ -36,7 +36,8 @@
 #
 # The verdict: after warm-up (the first fifth of the samples, at least one), a
 # process is flat when its RSS grew by at most max(2 MiB, 2 %) from its lowest to its
-# last sample, its thread count never changed, its open files varied by at most 2 (a
+# last sample (the server: its lowest in the second half against the first half's, as
+# a sample may fall inside an image job), its thread count never changed, its open files varied by at most 2 (a
 # scrape's connection may be open at the instant of a sample), and its pinned bytes
 # never exceeded the first post-warm-up sample by more than a block.
 set -euo pipefail
