@@ -323,8 +323,8 @@ mod tests {
 
     #[test]
     fn a_row_gets_the_same_bits_in_a_product_of_many_rows_as_alone() {
-        // Proves that rows sharing a widened weight chunk (AVX-512's four at a time, AVX2's two)
-        // get the bits each gets in a one-row product — what lets decode rows of
+        // Proves that rows sharing a widened weight chunk (AVX-512's four at a time,
+        // AVX2's two) get the bits each gets in a one-row product — what lets decode rows of
         // several sequences stack into one product — for bf16 and f32 weights, every
         // row count up to GEMV_ROWS, and edges in both dimensions.
         let pool = Pool::new(2);
