@@ -55,7 +55,7 @@ impl<'a> Request<'a> {
     pub fn folder(&self, what: &str) -> Result<&'a ModelFolder, FamilyError> {
         self.folder.ok_or_else(|| {
             FamilyError::missing_file(
-                &self.path,
+                self.path,
                 format!(
                     "{}: {what} needs its Hugging Face folder (config.json beside the weights)",
                     self.path.display()

@@ -281,8 +281,19 @@ impl RunError {
     /// The same kind with `suffix` added to its message (a failed run says whether
     /// every budget came back).
     pub(crate) fn with_suffix(mut self, suffix: &str) -> Self {
-        match &mut self {
-            RunError::BadInput(message) | RunError::Failed(message) => message.push_str(suffix),
+        self.message_mut().push_str(suffix);
+        self
+    }
+
+    /// The same kind saying `message` (a pipeline's line, naming the stage).
+    pub(crate) fn with_message(mut self, message: String) -> Self {
+        *self.message_mut() = message;
+        self
+    }
+
+    fn message_mut(&mut self) -> &mut String {
+        match self {
+            RunError::BadInput(message) | RunError::Failed(message) => message,
             RunError::BudgetTooSmall { message, .. }
             | RunError::NotEnoughMemory { message, .. }
             | RunError::CorruptCheckpoint { message, .. }
@@ -295,9 +306,8 @@ impl RunError {
             | RunError::Device { message, .. }
             | RunError::Io { message, .. }
             | RunError::BadRequest { message, .. }
-            | RunError::Cancelled { message } => message.push_str(suffix),
+            | RunError::Cancelled { message } => message,
         }
-        self
     }
 
     /// A session that could not start or failed, by kind: a plan whose budgets are

@@ -56,7 +56,11 @@ impl Prepared {
         let place = |tensor: usize| facts.place(&self.index, tensor);
         let aliases = facts.lora_aliases();
         let set = LoraSet::load(&self.index, &aliases, specs, facts.layout().len(), &place)
-            .map_err(|error| RunError::BadInput(format!("adapter {name}: {error}")))?;
+            .map_err(|error| RunError::BadRequest {
+                field: "adapters".to_string(),
+                message: format!("adapter {name}: {error}"),
+                source: Some(Box::new(error)),
+            })?;
         self.adapters.push(NamedLora {
             name: name.to_string(),
             set,
@@ -221,8 +225,14 @@ fn lora_phase(
     }
     let place = |tensor: usize| facts.place(index, tensor);
     let aliases = facts.lora_aliases();
-    let set = LoraSet::load(index, &aliases, specs, facts.layout().len(), &place)
-        .map_err(|error| RunError::BadInput(error.to_string()))?;
+    let set =
+        LoraSet::load(index, &aliases, specs, facts.layout().len(), &place).map_err(|error| {
+            RunError::BadRequest {
+                field: "lora".to_string(),
+                message: error.to_string(),
+                source: Some(Box::new(error)),
+            }
+        })?;
     Ok(vec![LoraPhase { from_step: 0, set }])
 }
 
