@@ -57,8 +57,9 @@ pub enum FamilyError {
     },
     /// A value of the model's configuration is missing or refused: `key` names it as
     /// `config.json` does (`num_attention_heads`, `rope_scaling`); `None` where the
-    /// file as a whole is refused. `path` is the config (or, for a config inferred
-    /// from the shapes of a bare checkpoint, the checkpoint).
+    /// file as a whole is refused. `path` is the config (for a config inferred from
+    /// the shapes of a bare checkpoint, the checkpoint; a bare `config.json` where the
+    /// value is checked away from its file, as the WAN VAE's channels and T5's layers).
     #[error("{message}")]
     BadConfig {
         path: PathBuf,
@@ -69,8 +70,9 @@ pub enum FamilyError {
     /// looked for (a tokenizer, the Hugging Face folder of a bare checkpoint).
     #[error("{message}")]
     MissingFile { path: PathBuf, message: String },
-    /// A file of the model's folder at `path` cannot be read as what it is (a
-    /// tokenizer, a sentence-transformers module's config).
+    /// A file at `path` cannot be read as what it is: of the model's folder (a
+    /// tokenizer, a sentence-transformers module's config, the checkpoint's
+    /// quantization metadata) or one the caller gave (a file of text states).
     #[error("{message}")]
     BadFile { path: PathBuf, message: String },
     /// What is at `path` is a model type, layout or format no family computes (or not

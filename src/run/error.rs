@@ -269,6 +269,15 @@ impl RunError {
         }
     }
 
+    /// A refused request `field`.
+    pub(crate) fn request(field: &str, message: impl Into<String>) -> Self {
+        RunError::BadRequest {
+            field: field.to_string(),
+            message: message.into(),
+            source: None,
+        }
+    }
+
     /// Something the machine or build lacks.
     pub(crate) fn capability(capability: &str, message: impl Into<String>) -> Self {
         RunError::MissingCapability {
