@@ -258,7 +258,8 @@ fn refusal(model: &Path, cond: &Path, lora: &Path, module: &str, layout: Layout)
     let settings = stagehand::settings::Settings::default();
     let kind = stagehand::run::WorkloadKind::Auto;
     match stagehand::run::prepare_with(model, kind, 1, &settings, false, &extras) {
-        Err(RunError::BadInput(message)) => {
+        Err(RunError::BadRequest { field, message, .. }) => {
+            assert_eq!(field, "lora", "{message}");
             assert!(message.contains(module), "{layout:?}: {message}");
             assert!(!message.contains('\n'), "{message}");
             message

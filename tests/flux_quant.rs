@@ -278,7 +278,8 @@ fn a_lora_on_integer_weights_is_refused_by_name() {
         let settings = stagehand::settings::Settings::default();
         let kind = stagehand::run::WorkloadKind::Auto;
         match stagehand::run::prepare_with(&model, kind, 1, &settings, false, &extras) {
-            Err(stagehand::run::RunError::BadInput(message)) => {
+            Err(stagehand::run::RunError::BadRequest { field, message, .. }) => {
+                assert_eq!(field, "lora", "{message}");
                 assert!(message.contains("integer-quantized"), "{dtype}: {message}");
                 assert!(!message.contains('\n'), "{message}");
             }

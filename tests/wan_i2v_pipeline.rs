@@ -151,7 +151,9 @@ fn images_the_pipeline_cannot_take_are_refused_by_name() {
         &request,
         &PipelineRun::quiet(&settings),
     ) {
-        Err(PipelineError::BadRequest(message)) => message,
+        Err(PipelineError::BadField { message, .. } | PipelineError::BadRequest(message)) => {
+            message
+        }
         other => panic!("not refused as a bad request: {:?}", other.err()),
     };
     let without = refused(

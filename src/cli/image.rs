@@ -161,13 +161,11 @@ pub(super) fn pipeline_failure(error: PipelineError) -> Failure {
     // The line names the stage and says its run's error in words: the chain of
     // causes behind it is not printed again.
     let message = anyhow::anyhow!(error.to_string());
-    match &error {
-        // A stage that could not open what it was given: the user's input.
-        PipelineError::Stage { source, .. } if source.is_bad_input() => Failure::bad_input(message),
-        PipelineError::Stage { .. } | PipelineError::Failed(_) | PipelineError::Output { .. } => {
-            Failure::run_failed(message)
-        }
-        _ => Failure::bad_input(message),
+    // The kind says whose it is: a stage that could not open what it was given is
+    // the user's input, a stage that failed or computed nothing is the run's.
+    match error.is_bad_input() {
+        true => Failure::bad_input(message),
+        false => Failure::run_failed(message),
     }
 }
 

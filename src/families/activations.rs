@@ -99,7 +99,7 @@ pub fn allocator<C: crate::compute::Compute>(
         .into_iter();
     Ok(move || {
         tensors.next().ok_or_else(|| {
-            super::FamilyError::Model("activation shapes and tensors disagree".into())
+            super::FamilyError::internal("activation shapes and tensors disagree".into())
         })
     })
 }

@@ -141,7 +141,7 @@ impl<B> Held<B> {
         adapter: usize,
     ) -> Result<BlockView<'a>, FamilyError> {
         let missing = || {
-            FamilyError::Model(format!(
+            FamilyError::internal(format!(
                 "block {block}: the pack of LoRA adapter {adapter} is not held"
             ))
         };
@@ -238,7 +238,7 @@ impl<'s, C: Compute> Streamed<'s, C> {
         trace: Option<&'s crate::telemetry::TraceObserver>,
     ) -> Result<Self, FamilyError> {
         if session.memory_space() != compute.memory_space() {
-            return Err(FamilyError::Model(format!(
+            return Err(FamilyError::internal(format!(
                 "the {} compute cannot read blocks of a device in {:?}",
                 compute.name(),
                 session.memory_space()

@@ -17,26 +17,32 @@ pub struct ConfigJson<'a> {
 impl<'a> ConfigJson<'a> {
     pub fn new(path: &'a Path, config: &'a Value) -> Result<Self, FamilyError> {
         let object = config.as_object().ok_or_else(|| {
-            FamilyError::Model(format!("{}: is not a JSON object", path.display()))
+            FamilyError::config(
+                path,
+                None,
+                format!("{}: is not a JSON object", path.display()),
+            )
         })?;
         Ok(Self { path, object })
     }
 
     /// An error about `key`.
-    pub fn bad(&self, message: String) -> FamilyError {
-        FamilyError::Model(format!("{}: {message}", self.path.display()))
+    pub fn bad(&self, key: &str, message: String) -> FamilyError {
+        let message = format!("{}: {message}", self.path.display());
+        FamilyError::config(self.path, Some(key), message)
     }
 
     /// A positive whole number; `default` when the key is absent.
     pub fn count(&self, key: &str, default: Option<usize>) -> Result<usize, FamilyError> {
         match (self.object.get(key), default) {
             (None | Some(Value::Null), Some(default)) => Ok(default),
-            (None | Some(Value::Null), None) => Err(self.bad(format!("`{key}` is missing"))),
+            (None | Some(Value::Null), None) => Err(self.bad(key, format!("`{key}` is missing"))),
             (Some(value), _) => match value.as_u64() {
                 Some(number) if number > 0 => Ok(number as usize),
-                _ => Err(self.bad(format!(
-                    "`{key}` is {value}; a positive whole number is expected"
-                ))),
+                _ => Err(self.bad(
+                    key,
+                    format!("`{key}` is {value}; a positive whole number is expected"),
+                )),
             },
         }
     }
@@ -51,7 +57,10 @@ impl<'a> ConfigJson<'a> {
         });
         match numbers {
             Some(numbers) if !numbers.is_empty() => Ok(numbers),
-            _ => Err(self.bad(format!("`{key}` must be a list of positive whole numbers"))),
+            _ => Err(self.bad(
+                key,
+                format!("`{key}` must be a list of positive whole numbers"),
+            )),
         }
     }
 
@@ -61,7 +70,7 @@ impl<'a> ConfigJson<'a> {
             None | Some(Value::Null) => Ok(default),
             Some(value) => value
                 .as_f64()
-                .ok_or_else(|| self.bad(format!("`{key}` is {value}; a number is expected"))),
+                .ok_or_else(|| self.bad(key, format!("`{key}` is {value}; a number is expected"))),
         }
     }
 
@@ -90,14 +99,17 @@ impl<'a> ConfigJson<'a> {
     /// computes), naming what it is.
     pub fn require_text(&self, key: &str, computed: &[&str]) -> Result<(), FamilyError> {
         match self.object.get(key).and_then(Value::as_str) {
-            Some(value) if !computed.contains(&value) => Err(self.bad(format!(
-                "`{key}` is \"{value}\"; stagehand computes {}",
-                computed
-                    .iter()
-                    .map(|value| format!("\"{value}\""))
-                    .collect::<Vec<_>>()
-                    .join(" or ")
-            ))),
+            Some(value) if !computed.contains(&value) => Err(self.bad(
+                key,
+                format!(
+                    "`{key}` is \"{value}\"; stagehand computes {}",
+                    computed
+                        .iter()
+                        .map(|value| format!("\"{value}\""))
+                        .collect::<Vec<_>>()
+                        .join(" or ")
+                ),
+            )),
             _ => Ok(()),
         }
     }

@@ -50,10 +50,9 @@ impl<'a, C: Compute> FromFiles<'a, C> {
     }
 
     fn load(&mut self, compute: &C, block: BlockId) -> Result<Loaded<C::Block>, FamilyError> {
-        let layout = self
-            .layout
-            .block(block)
-            .ok_or_else(|| FamilyError::Model(format!("{block} is not a block of this model")))?;
+        let layout = self.layout.block(block).ok_or_else(|| {
+            FamilyError::internal(format!("{block} is not a block of this model"))
+        })?;
         let reader = self.reader;
         let lora = self.lora.filter(|set| set.touches(block.index()));
         // A block no LoRA is merged into is computed from the file's cached pages

@@ -20,10 +20,12 @@ impl HostTable {
     pub fn described(index: &ModelIndex, tensor: usize) -> Result<Self, FamilyError> {
         let info = &index.tensors[tensor];
         let dtype = DType::float_from_safetensors(&info.dtype).ok_or_else(|| {
-            FamilyError::Model(format!(
-                "{}: {} is not a float table",
-                info.name, info.dtype
-            ))
+            FamilyError::tensor_dtype(
+                &index.path,
+                &info.name,
+                &info.dtype,
+                format!("{}: {} is not a float table", info.name, info.dtype),
+            )
         })?;
         Ok(Self {
             bytes: Vec::new(),
@@ -37,19 +39,24 @@ impl HostTable {
     pub fn read(index: &ModelIndex, tensor: usize) -> Result<Self, FamilyError> {
         let info = &index.tensors[tensor];
         let dtype = DType::float_from_safetensors(&info.dtype).ok_or_else(|| {
-            FamilyError::Model(format!(
-                "{}: {} is not a float table",
-                info.name, info.dtype
-            ))
+            FamilyError::tensor_dtype(
+                &index.path,
+                &info.name,
+                &info.dtype,
+                format!("{}: {} is not a float table", info.name, info.dtype),
+            )
         })?;
         let reader = BlockReader::open(index)?;
         let mut bytes = Vec::new();
-        bytes.try_reserve_exact(info.bytes as usize).map_err(|_| {
-            FamilyError::Model(format!(
-                "{}: {} bytes do not fit in host memory",
-                info.name, info.bytes
-            ))
-        })?;
+        bytes
+            .try_reserve_exact(info.bytes as usize)
+            .map_err(|_| FamilyError::NotEnoughMemory {
+                needed_bytes: info.bytes,
+                message: format!(
+                    "{}: {} bytes do not fit in host memory",
+                    info.name, info.bytes
+                ),
+            })?;
         bytes.resize(info.bytes as usize, 0);
         let extent = stagehand_actors::Extent {
             file: stagehand_actors::FileId(info.file as u32),
@@ -82,9 +89,10 @@ impl HostTable {
                 continue; // described from the header: zeros
             }
             if id >= rows || (id + 1) * row_bytes > self.bytes.len() {
-                return Err(FamilyError::Model(format!(
-                    "token id {id} is outside the vocabulary of {rows}"
-                )));
+                return Err(FamilyError::request(
+                    "token_ids",
+                    format!("token id {id} is outside the vocabulary of {rows}"),
+                ));
             }
             self.dtype
                 .widen(&self.bytes[id * row_bytes..(id + 1) * row_bytes], row);

@@ -77,7 +77,7 @@ impl Patch {
             return Ok(None);
         }
         if rows.start < start || end < rows.end {
-            return Err(FamilyError::Model(format!(
+            return Err(FamilyError::request("lora", format!(
                 "a LoRA patch of rows {start}..{end} covers part of the rows {rows:?} computed together"
             )));
         }
@@ -305,7 +305,7 @@ impl LoraSet {
                 continue;
             }
             let pack = pack(adapter).ok_or_else(|| {
-                FamilyError::Model(format!(
+                FamilyError::internal(format!(
                     "block {block}: the pack of LoRA adapter {adapter} is missing"
                 ))
             })?;
@@ -373,10 +373,4 @@ fn unique_name(path: &Path, taken: &[Arc<Adapter>]) -> String {
         name = format!("{stem}#{number}");
     }
     name
-}
-
-impl From<LoraError> for FamilyError {
-    fn from(error: LoraError) -> Self {
-        FamilyError::Model(error.to_string())
-    }
 }

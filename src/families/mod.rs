@@ -28,6 +28,7 @@ pub mod bert;
 pub mod blocks;
 pub mod clip;
 mod config_json;
+mod error;
 pub mod family;
 pub mod flux;
 mod from_files;
@@ -66,70 +67,4 @@ pub use registry::{
     Found, Model, Open, Request, StepUnit, Visit, REGISTRY,
 };
 
-/// Why a family could not open a model or compute a step.
-///
-/// Match on the kind: [`Unsupported`](Self::Unsupported) (a model type, layout or
-/// format no family computes), [`Changed`](Self::Changed) (a file changed on disk
-/// since it was indexed), [`Io`](Self::Io), [`NoRoom`](Self::NoRoom),
-/// [`Session`](Self::Session) and [`Compute`](Self::Compute) (their causes, typed),
-/// [`Mismatch`](Self::Mismatch) and [`Corrupt`](Self::Corrupt) (a check of the bytes or
-/// the output failed); [`Model`](Self::Model) is any other problem with the model or
-/// the request, in words. New kinds may be added, so a `match` needs a `_` arm.
-#[non_exhaustive]
-#[derive(Debug, thiserror::Error)]
-pub enum FamilyError {
-    /// Any other problem with the model or the request, in words.
-    #[error("{0}")]
-    Model(String),
-    /// What is at `path` is a model type, layout or format no family computes (or not
-    /// the one asked for): `found` says what it is (`"gpt2"`, `"block-wise FP8"`).
-    #[error("{message}")]
-    Unsupported {
-        path: std::path::PathBuf,
-        found: String,
-        message: String,
-    },
-    /// A sequence's activations (its next KV pages) found no room in the budget now:
-    /// it took no step, its state is as it was, and it may fit once others leave.
-    #[error("{0}")]
-    NoRoom(String),
-    /// Reading a file of the model failed.
-    #[error("{path}: {reason}")]
-    Io { path: String, reason: String },
-    /// A file of the model changed on disk (rewritten, truncated) after it was indexed.
-    #[error("{path}: {reason}")]
-    Changed { path: String, reason: String },
-    #[error("{0}")]
-    Session(#[from] stagehand_actors::SessionError),
-    #[error("{0}")]
-    Compute(#[from] crate::compute::ComputeError),
-    #[error("output mismatch at step {step}: element {index} is {got}, the fully-resident reference has {expected}")]
-    Mismatch {
-        step: u64,
-        index: usize,
-        got: f32,
-        expected: f32,
-    },
-    #[error("{block}: bytes differ from the file at offset {offset} of the block")]
-    Corrupt { block: String, offset: u64 },
-}
-
-impl From<crate::model::BlockReadError> for FamilyError {
-    fn from(error: crate::model::BlockReadError) -> Self {
-        if error.interrupted {
-            // A stop request, not a fault of the file: the run ends at a safe point.
-            return FamilyError::Session(stagehand_actors::SessionError::Interrupted);
-        }
-        let path = error.path.display().to_string();
-        if error.changed {
-            return FamilyError::Changed {
-                path,
-                reason: error.reason,
-            };
-        }
-        FamilyError::Io {
-            path,
-            reason: error.reason,
-        }
-    }
-}
+pub use error::FamilyError;

@@ -62,34 +62,54 @@ impl<'i> PlacementBuilder<'i> {
         let position = self.find(name, shape)?;
         let dtype = &self.index.tensors[position].dtype;
         if dtype == "I8" {
-            return Err(self.bad(format!(
+            return Err(self.dtype(name, "I8", format!(
                 "tensor `{name}` is I8; stagehand computes I8 only as a quantized linear weight (int8_tensorwise with its weight_scale, or awq_w4a16)"
             )));
         }
         self.push(position)
     }
 
-    fn bad(&self, message: String) -> FamilyError {
-        FamilyError::Model(format!("{}: {message}", self.index.path.display()))
+    fn message(&self, problem: String) -> String {
+        format!("{}: {problem}", self.index.path.display())
+    }
+
+    /// Tensor `name` is missing from the checkpoint.
+    fn missing(&self, name: &str, problem: String) -> FamilyError {
+        FamilyError::missing_tensor(&self.index.path, name, self.message(problem))
+    }
+
+    /// Tensor `name` is `found`, not `expected` (empty: no one shape is).
+    fn shape(&self, name: &str, shapes: (&[usize], &[usize]), problem: String) -> FamilyError {
+        FamilyError::tensor_shape(&self.index.path, name, shapes, self.message(problem))
+    }
+
+    /// Tensor `name` is stored as `dtype`, which is not computed there.
+    fn dtype(&self, name: &str, dtype: &str, problem: String) -> FamilyError {
+        FamilyError::tensor_dtype(&self.index.path, name, dtype, self.message(problem))
     }
 
     /// The index of the tensor named `name`, checked to have `shape` and a dtype
     /// stagehand computes with.
     fn find(&self, name: &str, shape: &[usize]) -> Result<usize, FamilyError> {
         let position = self.position(name).ok_or_else(|| {
-            self.bad(format!(
-                "tensor `{name}` is missing (expected shape {shape:?})"
-            ))
+            self.missing(
+                name,
+                format!("tensor `{name}` is missing (expected shape {shape:?})"),
+            )
         })?;
         let tensor = &self.index.tensors[position];
         if tensor.shape != shape {
-            return Err(self.bad(format!(
-                "tensor `{name}` has shape {:?}, but config.json implies {shape:?}",
-                tensor.shape
-            )));
+            return Err(self.shape(
+                name,
+                (shape, &tensor.shape),
+                format!(
+                    "tensor `{name}` has shape {:?}, but config.json implies {shape:?}",
+                    tensor.shape
+                ),
+            ));
         }
         if DType::from_safetensors(&tensor.dtype).is_none() {
-            return Err(self.bad(format!(
+            return Err(self.dtype(name, &tensor.dtype, format!(
                 "tensor `{name}` is {}; stagehand computes with F32, F16 and BF16 weights (and FP8, int8 or awq_w4a16 quantized linear weights)",
                 tensor.dtype
             )));
@@ -109,7 +129,7 @@ impl<'i> PlacementBuilder<'i> {
         match self.blocks.last_mut() {
             Some((_, tensors)) => tensors.push(position),
             None => {
-                return Err(FamilyError::Model(
+                return Err(FamilyError::internal(
                     "a tensor was placed before any block was started".into(),
                 ))
             }
@@ -153,24 +173,31 @@ impl<'i> PlacementBuilder<'i> {
         .find_map(|candidate| self.position(&candidate));
         let Some(scale) = scale else {
             if scales_required || dtype == "I8" {
-                return Err(self.bad(format!(
-                    "{dtype} tensor `{name}` has no scale (`{stem}.weight_scale`){}",
-                    if dtype == "I8" {
-                        "; an int8 weight is stored divided by one"
-                    } else {
-                        ", while the checkpoint's other FP8 weights have one"
-                    }
-                )));
+                return Err(self.missing(
+                    &format!("{stem}.weight_scale"),
+                    format!(
+                        "{dtype} tensor `{name}` has no scale (`{stem}.weight_scale`){}",
+                        if dtype == "I8" {
+                            "; an int8 weight is stored divided by one"
+                        } else {
+                            ", while the checkpoint's other FP8 weights have one"
+                        }
+                    ),
+                ));
             }
             return Ok(tensor);
         };
         let scale_info = &self.index.tensors[scale];
         let values: usize = scale_info.shape.iter().product();
         if scale_info.dtype != "F32" || values != 1 {
-            return Err(self.bad(format!(
+            let message = format!(
                 "the scale `{}` of {dtype} tensor `{name}` is {} {:?}; a per-tensor scale is one F32 value (per-row int8 scales are not implemented)",
                 scale_info.name, scale_info.dtype, scale_info.shape
-            )));
+            );
+            return Err(match scale_info.dtype.as_str() {
+                "F32" => self.shape(&scale_info.name, (&[1], &scale_info.shape), message),
+                other => self.dtype(&scale_info.name, other, message),
+            });
         }
         self.push(scale)?;
         self.scales.push((tensor, scale));
@@ -187,29 +214,31 @@ impl<'i> PlacementBuilder<'i> {
         zero: usize,
     ) -> Result<usize, FamilyError> {
         let &[rows, cols] = shape else {
-            return Err(self.bad(format!("`{name}` is group-quantized but not a matrix")));
+            let problem = format!("`{name}` is group-quantized but not a matrix");
+            return Err(self.shape(name, (&[], shape), problem));
         };
         if cols % 2 != 0 {
-            return Err(self.bad(format!(
+            return Err(self.shape(name, (&[], shape), format!(
                 "`{name}` is awq_w4a16 with {cols} inputs; two 4-bit codes share a byte, so the inputs must be even"
             )));
         }
         let weight = self.find(name, &[rows, cols / 2])?;
-        if self.index.tensors[weight].dtype != "I8" {
-            return Err(self.bad(format!(
-                "`{name}` has group zeros (awq_w4a16) but is {}; its packed codes are I8",
-                self.index.tensors[weight].dtype
+        let weight_dtype = &self.index.tensors[weight].dtype;
+        if weight_dtype != "I8" {
+            return Err(self.dtype(name, weight_dtype, format!(
+                "`{name}` has group zeros (awq_w4a16) but is {weight_dtype}; its packed codes are I8"
             )));
         }
         let scale_name = format!("{stem}.weight_scale");
-        let scale = self
-            .position(&scale_name)
-            .ok_or_else(|| self.bad(format!("awq_w4a16 weight `{name}` has no `{scale_name}`")))?;
+        let scale = self.position(&scale_name).ok_or_else(|| {
+            let problem = format!("awq_w4a16 weight `{name}` has no `{scale_name}`");
+            self.missing(&scale_name, problem)
+        })?;
         let (scale_info, zero_info) = (&self.index.tensors[scale], &self.index.tensors[zero]);
         let groups = match scale_info.shape[..] {
             [groups, out] if out == rows && groups > 0 && cols % groups == 0 => groups,
             _ => {
-                return Err(self.bad(format!(
+                return Err(self.shape(&scale_name, (&[], &scale_info.shape), format!(
                     "`{scale_name}` has shape {:?}; an awq_w4a16 scale of a [{rows}, {cols}] weight is [inputs / group size, {rows}]",
                     scale_info.shape
                 )))
@@ -217,10 +246,18 @@ impl<'i> PlacementBuilder<'i> {
         };
         let float = matches!(scale_info.dtype.as_str(), "F32" | "F16" | "BF16");
         if !float || zero_info.shape != scale_info.shape || zero_info.dtype != scale_info.dtype {
-            return Err(self.bad(format!(
+            let message = format!(
                 "`{scale_name}` is {} {:?} and `{}` is {} {:?}; they must be one float dtype (F32, F16 or BF16) and one shape",
                 scale_info.dtype, scale_info.shape, zero_info.name, zero_info.dtype, zero_info.shape
-            )));
+            );
+            return Err(match (float, zero_info.shape == scale_info.shape) {
+                (false, _) => self.dtype(&scale_name, &scale_info.dtype, message),
+                (true, false) => {
+                    let shapes = (&scale_info.shape[..], &zero_info.shape[..]);
+                    self.shape(&zero_info.name, shapes, message)
+                }
+                (true, true) => self.dtype(&zero_info.name, &zero_info.dtype, message),
+            });
         }
         self.push(weight)?;
         self.push(scale)?;

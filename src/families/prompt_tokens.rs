@@ -54,7 +54,7 @@ impl PromptTokenizer {
                 .iter()
                 .map(|folder| folder.display().to_string())
                 .collect();
-            return Err(FamilyError::Model(format!(
+            return Err(FamilyError::missing_file(dir, format!(
                 "{}: no tokenizer (tokenizer.json, or vocab.json + merges.txt) in {}; give the text encoder's folder inside its pipeline, or put its tokenizer beside it",
                 dir.display(),
                 looked.join(" or ")
@@ -63,13 +63,17 @@ impl PromptTokenizer {
         let mut tokenizer = tokenizer?;
         let pad = pad_token(&folder).unwrap_or_else(|| fallback_pad.to_string());
         let Some(pad_id) = tokenizer.token_to_id(&pad) else {
-            return Err(FamilyError::Model(format!(
-                "{}: the pad token `{pad}` is not in the tokenizer's vocabulary",
-                folder.display()
-            )));
+            return Err(FamilyError::bad_file(
+                &folder,
+                format!(
+                    "{}: the pad token `{pad}` is not in the tokenizer's vocabulary",
+                    folder.display()
+                ),
+            ));
         };
-        let fail =
-            |error: tokenizers::Error| FamilyError::Model(format!("{}: {error}", folder.display()));
+        let fail = |error: tokenizers::Error| {
+            FamilyError::bad_file(&folder, format!("{}: {error}", folder.display()))
+        };
         tokenizer
             .with_truncation(Some(TruncationParams {
                 max_length: length,
@@ -92,10 +96,13 @@ impl PromptTokenizer {
     /// `text`'s ids, with the tokenizer's special tokens, cut and padded.
     pub fn encode(&self, text: &str) -> Result<PromptIds, FamilyError> {
         let encoding = self.tokenizer.encode(text, true).map_err(|error| {
-            FamilyError::Model(format!(
-                "{}: could not tokenize the prompt ({error})",
-                self.source.display()
-            ))
+            FamilyError::request(
+                "prompt",
+                format!(
+                    "{}: could not tokenize the prompt ({error})",
+                    self.source.display()
+                ),
+            )
         })?;
         let tokens = encoding
             .get_attention_mask()
@@ -120,7 +127,7 @@ pub struct PromptBatches {
 impl PromptBatches {
     pub fn new(prompts: Vec<PromptIds>, batch: usize) -> Result<Self, FamilyError> {
         if prompts.is_empty() {
-            return Err(FamilyError::Model("no prompt to encode".into()));
+            return Err(FamilyError::request("prompt", "no prompt to encode".into()));
         }
         let truncated = (prompts.iter().enumerate())
             .filter(|(_, prompt)| prompt.truncated)
@@ -176,7 +183,7 @@ pub fn prompts(
                 .iter()
                 .map(|ids| {
                     if ids.len() != length {
-                        return Err(FamilyError::Model(format!(
+                        return Err(FamilyError::request("token_ids", format!(
                             "--token-ids: a text encoder's prompt is {length} ids (padded as its tokenizer pads); got {}",
                             ids.len()
                         )));
@@ -194,7 +201,7 @@ pub fn prompts(
         None => vec![BUILT_IN_IMAGE_PROMPT.to_string()],
     };
     if texts.is_empty() {
-        return Err(FamilyError::Model("no prompt to encode".into()));
+        return Err(FamilyError::request("prompt", "no prompt to encode".into()));
     }
     let tokenizer = PromptTokenizer::for_encoder(dir, length, fallback_pad)?;
     texts.iter().map(|text| tokenizer.encode(text)).collect()
@@ -213,7 +220,7 @@ pub fn tokenizer_home(request: &super::registry::Request<'_>) -> Result<PathBuf,
     if let Some(EncoderInput::TokenIds(_)) = request.extras.input() {
         return Ok(PathBuf::new());
     }
-    Err(FamilyError::Model(format!(
+    Err(FamilyError::missing_file(request.path, format!(
         "{}: a text encoder given as a file (no config.json beside it) needs the folder of its tokenizer (tokenizer.json, or CLIP's vocab.json + merges.txt: ComfyUI keeps them in comfy/sd1_tokenizer and comfy/text_encoders/t5_tokenizer, a diffusers pipeline in tokenizer/ and tokenizer_2/)",
         request.path.display()
     )))
@@ -236,10 +243,13 @@ fn read_tokenizer(folder: &Path) -> Option<Result<Tokenizer, FamilyError>> {
     let json = folder.join("tokenizer.json");
     if json.is_file() {
         return Some(super::tokenizer_json::read(&json).map_err(|error| {
-            FamilyError::Model(format!(
-                "{}: is not a tokenizer Hugging Face's tokenizers can read ({error})",
-                json.display()
-            ))
+            FamilyError::bad_file(
+                &json,
+                format!(
+                    "{}: is not a tokenizer Hugging Face's tokenizers can read ({error})",
+                    json.display()
+                ),
+            )
         }));
     }
     if CLIP_FILES.iter().all(|name| folder.join(name).is_file()) {
@@ -271,7 +281,10 @@ fn clip_from_vocab(folder: &Path) -> Result<Tokenizer, FamilyError> {
         })
     };
     let bad = |name: &str, problem: String| {
-        FamilyError::Model(format!("{}: {problem}", folder.join(name).display()))
+        FamilyError::bad_file(
+            &folder.join(name),
+            format!("{}: {problem}", folder.join(name).display()),
+        )
     };
     let vocab: Value = serde_json::from_str(&read("vocab.json")?)
         .map_err(|error| bad("vocab.json", format!("is not JSON ({error})")))?;

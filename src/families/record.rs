@@ -93,7 +93,7 @@ impl Blocks<Recorder> for Recording<'_> {
     ) -> Result<Held<RecordedBlock>, FamilyError> {
         let index = block.index();
         let Some(&bytes) = self.bytes.get(index) else {
-            return Err(FamilyError::Model(format!(
+            return Err(FamilyError::internal(format!(
                 "block {index} is outside the layout's {} blocks",
                 self.bytes.len()
             )));

@@ -54,10 +54,13 @@ impl<'a> Request<'a> {
     /// The folder, or a bad-input error saying that this family needs one.
     pub fn folder(&self, what: &str) -> Result<&'a ModelFolder, FamilyError> {
         self.folder.ok_or_else(|| {
-            FamilyError::Model(format!(
-                "{}: {what} needs its Hugging Face folder (config.json beside the weights)",
-                self.path.display()
-            ))
+            FamilyError::missing_file(
+                self.path,
+                format!(
+                    "{}: {what} needs its Hugging Face folder (config.json beside the weights)",
+                    self.path.display()
+                ),
+            )
         })
     }
 }
@@ -327,7 +330,7 @@ pub fn find(kind: WorkloadKind, found: &Found<'_>) -> Result<&'static Entry, Fam
         return Ok(entry);
     }
     if found.folder.is_none() {
-        return Err(FamilyError::Model(format!(
+        return Err(FamilyError::missing_file(&found.index.path, format!(
             "{}: no config.json beside the weights, so this is a bare checkpoint; a model family needs its Hugging Face folder (config.json, weights, tokenizer.json)",
             found.index.path.display()
         )));

@@ -27,10 +27,8 @@ impl<'a> Shapes<'a> {
             .tensor(name)
             .map(|tensor| tensor.shape.as_slice())
             .ok_or_else(|| {
-                self.bad(format!(
-                    "tensor `{name}` is missing; is this {}?",
-                    self.what
-                ))
+                let problem = format!("tensor `{name}` is missing; is this {}?", self.what);
+                FamilyError::missing_tensor(&self.index.path, name, self.message(problem))
             })
     }
 
@@ -38,9 +36,17 @@ impl<'a> Shapes<'a> {
     pub fn matrix(&self, name: &str) -> Result<(usize, usize), FamilyError> {
         match self.shape(name)? {
             [rows, cols, ..] => Ok((*rows, *cols)),
-            other => Err(self.bad(format!(
-                "tensor `{name}` has shape {other:?}; expected a matrix"
-            ))),
+            other => {
+                let problem = format!("tensor `{name}` has shape {other:?}; expected a matrix");
+                let message = self.message(problem);
+                // A matrix of any size: no one shape is expected.
+                Err(FamilyError::tensor_shape(
+                    &self.index.path,
+                    name,
+                    (&[], other),
+                    message,
+                ))
+            }
         }
     }
 
@@ -57,11 +63,21 @@ impl<'a> Shapes<'a> {
             .map_or(0, |largest| largest + 1)
     }
 
+    /// The config the shapes imply is refused (no key: there is no `config.json`).
     pub fn bad(&self, problem: String) -> FamilyError {
-        FamilyError::Model(format!(
+        FamilyError::config(&self.index.path, None, self.message(problem))
+    }
+
+    /// What the shapes say is `found`, a model stagehand does not compute.
+    pub fn unsupported(&self, found: &str, problem: String) -> FamilyError {
+        FamilyError::unsupported(&self.index.path, found, self.message(problem))
+    }
+
+    fn message(&self, problem: String) -> String {
+        format!(
             "{}: {problem} (read as {} without a config.json)",
             self.index.path.display(),
             self.what
-        ))
+        )
     }
 }

@@ -45,7 +45,7 @@ impl Tensors for Placed<'_> {
         let position = (self.index.tensors.iter()).position(|tensor| tensor.name == name);
         let slot = position.and_then(|position| self.placement.slot_of(position));
         let Some((_, slot)) = slot else {
-            return Err(FamilyError::Model(format!(
+            return Err(FamilyError::internal(format!(
                 "tensor `{name}` was not placed"
             )));
         };

@@ -28,10 +28,13 @@ impl Picture {
     ) -> Result<Self, PipelineError> {
         let pixels_count = height * width;
         if planar.len() != 3 * pixels_count {
-            return Err(PipelineError::Failed(format!(
-                "the VAE gave {} values for a {width}×{height} RGB image",
-                planar.len()
-            )));
+            return Err(PipelineError::StageOutput {
+                stage: "vae",
+                message: format!(
+                    "the VAE gave {} values for a {width}×{height} RGB image",
+                    planar.len()
+                ),
+            });
         }
         let mut values = vec![0.0f32; planar.len()];
         for (channel, plane) in planar.chunks_exact(pixels_count).enumerate() {

@@ -15,6 +15,7 @@
 //! seeded), the latent un-scaled and decoded, the pixels rounded.
 
 mod check;
+mod error;
 mod files;
 mod folder;
 mod image;
@@ -22,11 +23,11 @@ mod png_input;
 mod vae;
 mod video;
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+pub use error::PipelineError;
 pub use files::PartFiles;
 pub use folder::{FluxParts, PipelinePart};
 pub use image::Picture;
@@ -47,47 +48,6 @@ use crate::run::{
 use crate::settings::{Settings, Verify};
 use crate::telemetry::{StageFigures, StageObserver};
 use stagehand_actors::Link;
-
-/// What went wrong making an image.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum PipelineError {
-    /// The folder is not a pipeline stagehand computes, or is malformed.
-    #[error("{}: {problem}", path.display())]
-    Layout { path: PathBuf, problem: String },
-    /// A model the pipeline needs is not there.
-    #[error("the pipeline's {part} is missing: expected {}", expected.display())]
-    MissingPart { part: String, expected: PathBuf },
-    /// A model given as files lacks a part no file holds.
-    #[error("the pipeline's {part} is missing: {} does not hold it; give {flag} ({example})", model.display())]
-    MissingFile {
-        part: &'static str,
-        model: PathBuf,
-        flag: &'static str,
-        example: &'static str,
-    },
-    /// A request the pipeline cannot compute (a size, a step count).
-    #[error("{0}")]
-    BadRequest(String),
-    /// A stage's run failed (its budgets released, as every failed run's are).
-    #[error("{stage}: {source}")]
-    Stage {
-        stage: &'static str,
-        #[source]
-        source: RunError,
-    },
-    /// The budget leaves a stage too little room, even at its smallest.
-    #[error("the VRAM budget is too small for the {stage} stage even in its smallest tiles: give --vram-budget {} or more", stagehand_actors::Bytes(*least_bytes))]
-    BudgetTooSmall {
-        stage: &'static str,
-        least_bytes: u64,
-    },
-    #[error("{0}")]
-    Failed(String),
-    /// The image could not be written.
-    #[error("{}: {reason}", path.display())]
-    Output { path: PathBuf, reason: String },
-}
 
 /// What to make.
 #[derive(Debug, Clone, PartialEq)]
@@ -395,9 +355,10 @@ fn denoise(
             });
         };
         let Some(packed) = outputs(&stage).last().map(|packed| flux.unpack(packed)) else {
-            return Err(PipelineError::Failed(
-                "the transformer computed no step".into(),
-            ));
+            return Err(PipelineError::StageOutput {
+                stage: "transformer",
+                message: "the transformer computed no step".into(),
+            });
         };
         latents.push(packed);
         stages.push(stage);
@@ -416,48 +377,72 @@ fn clip_pooled(prepared: &Prepared, clip: &Stage) -> Result<Vec<f32>, PipelineEr
     let hidden = encoder.config.hidden;
     match outputs(clip).first() {
         Some(values) if values.len() == encoder.output_values() => Ok(values[..hidden].to_vec()),
-        _ => Err(PipelineError::Failed(
-            "CLIP computed no pooled vector".into(),
-        )),
+        _ => Err(PipelineError::StageOutput {
+            stage: "clip",
+            message: "CLIP computed no pooled vector".into(),
+        }),
     }
 }
 
 fn check(request: &ImageRequest) -> Result<(), PipelineError> {
-    let bad = |message: String| Err(PipelineError::BadRequest(message));
+    let bad = |field, message: String| Err(PipelineError::field(field, message));
     if request.prompt.trim().is_empty() {
-        return bad("the prompt is empty; say what the image shows".into());
+        return bad(
+            "prompt",
+            "the prompt is empty; say what the image shows".into(),
+        );
     }
     if request.width == 0
         || request.height == 0
         || request.width % 16 != 0
         || request.height % 16 != 0
     {
-        return bad(format!(
-            "{}×{}: width and height must be positive multiples of 16",
-            request.width, request.height
-        ));
+        let field = if request.width == 0 || request.width % 16 != 0 {
+            "width"
+        } else {
+            "height"
+        };
+        return bad(
+            field,
+            format!(
+                "{}×{}: width and height must be positive multiples of 16",
+                request.width, request.height
+            ),
+        );
     }
     if request.steps == 0 || request.count == 0 || request.max_sequence_length == 0 {
-        return bad("steps, the image count and the sequence length must be at least 1".into());
+        let field = match (request.steps, request.count) {
+            (0, _) => "steps",
+            (_, 0) => "count",
+            _ => "max_sequence_length",
+        };
+        let message = "steps, the image count and the sequence length must be at least 1";
+        return bad(field, message.into());
     }
     if let Some(init) = &request.init {
         if request.latents.is_some() {
-            return bad("a starting latent and an image to start from both say where the first latent comes from; give one".into());
+            return bad("latents", "a starting latent and an image to start from both say where the first latent comes from; give one".into());
         }
         if !(init.strength > 0.0 && init.strength <= 1.0) {
-            return bad(format!(
-                "strength {}: give a value in (0, 1] (1 starts from pure noise)",
-                init.strength
-            ));
+            return bad(
+                "strength",
+                format!(
+                    "strength {}: give a value in (0, 1] (1 starts from pure noise)",
+                    init.strength
+                ),
+            );
         }
         if init.pixels.len() != 3 * request.width * request.height {
-            return bad(format!(
-                "the image to start from has {} values; a {}×{} RGB image has {}",
-                init.pixels.len(),
-                request.width,
-                request.height,
-                3 * request.width * request.height
-            ));
+            return bad(
+                "image",
+                format!(
+                    "the image to start from has {} values; a {}×{} RGB image has {}",
+                    init.pixels.len(),
+                    request.width,
+                    request.height,
+                    3 * request.width * request.height
+                ),
+            );
         }
     }
     Ok(())

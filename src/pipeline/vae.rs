@@ -27,7 +27,10 @@ pub(super) fn encode(
     let (_, stage) = run.stage(kind, &parts.vae, &extras, 1, |_| 1)?;
     let latent = outputs(&stage).first().map(|latent| latent.to_vec());
     stages.push(stage);
-    latent.ok_or_else(|| PipelineError::Failed("the VAE encoder computed no latent".into()))
+    latent.ok_or_else(|| PipelineError::StageOutput {
+        stage: "vae-encoder",
+        message: "the VAE encoder computed no latent".into(),
+    })
 }
 
 /// The VAE's stage: every latent decoded (in tiles when the budget leaves too little

@@ -61,18 +61,36 @@ impl Budget {
 /// |---|---|---|
 /// | [`BudgetTooSmall`](Self::BudgetTooSmall) | 2 | a budget below what the plan needs; `least_bytes` works |
 /// | [`NotEnoughMemory`](Self::NotEnoughMemory) | 2 | a buffer a setting sizes does not fit in the RAM the machine can spare |
-/// | [`CorruptCheckpoint`](Self::CorruptCheckpoint) | 2 | the checkpoint's header or tensor table is not a valid safetensors file |
+/// | [`CorruptCheckpoint`](Self::CorruptCheckpoint) | 2 | the checkpoint is not a valid safetensors file, or lacks a tensor its model needs, or holds one of another shape |
 /// | [`CheckpointChanged`](Self::CheckpointChanged) | 1 | a file changed on disk (rewritten, truncated) after it was indexed |
-/// | [`UnsupportedModel`](Self::UnsupportedModel) | 2 | a layout, model type or format stagehand does not compute |
-/// | [`MissingFile`](Self::MissingFile) | 2 | a file or folder the caller named does not exist |
-/// | [`Unreadable`](Self::Unreadable) | 2 | a file the caller named exists but cannot be read |
+/// | [`UnsupportedModel`](Self::UnsupportedModel) | 2 | a layout, model type, dtype or `config.json` value stagehand does not compute |
+/// | [`MissingFile`](Self::MissingFile) | 2 | a file or folder the caller named (or the model needs beside it, a tokenizer) does not exist |
+/// | [`Unreadable`](Self::Unreadable) | 2 | a file the caller named (or the model's tokenizer) exists but cannot be read as what it is |
 /// | [`BadSetting`](Self::BadSetting) | 2 | a setting's value is refused; `key` names it |
 /// | [`MissingCapability`](Self::MissingCapability) | 2 | the CPU, GPU or build cannot do what was asked |
 /// | [`Device`](Self::Device) | 1 | the device failed (a copy, a driver call, an allocation) |
 /// | [`Io`](Self::Io) | 1 | reading or writing failed while the run worked |
 /// | [`Cancelled`](Self::Cancelled) | 1 | the owner asked the run to stop (a signal, a stop flag) |
+/// | [`BadRequest`](Self::BadRequest) | 2 | the request is refused (a prompt too long, an input of the wrong size); `field` names it |
 /// | [`BadInput`](Self::BadInput) | 2 | any other input the caller must change |
-/// | [`Failed`](Self::Failed) | 1 | any other failure of the run |
+/// | [`Failed`](Self::Failed) | 1 | any other failure of the run, and stagehand's own bugs |
+///
+/// A model family's error ([`FamilyError`](crate::families::FamilyError)) becomes
+/// the kind of what it says, and stays the [`source`](std::error::Error::source) to
+/// downcast for its details (the tensor's name, the shapes):
+///
+/// | family kind | run kind |
+/// |---|---|
+/// | `MissingTensor`, `TensorShape` | [`CorruptCheckpoint`](Self::CorruptCheckpoint) with the checkpoint's path: the file is not the whole model its config describes |
+/// | `TensorDtype` | [`UnsupportedModel`](Self::UnsupportedModel), `found` the dtype |
+/// | `BadConfig` | [`UnsupportedModel`](Self::UnsupportedModel), `found` the `config.json` key (`"config.json"` for the whole file) |
+/// | `Unsupported` | [`UnsupportedModel`](Self::UnsupportedModel) |
+/// | `MissingFile` | [`MissingFile`](Self::MissingFile) |
+/// | `BadFile` | [`Unreadable`](Self::Unreadable) |
+/// | `BadRequest`, `Lora` | [`BadRequest`](Self::BadRequest) (`field` `"lora"` for a LoRA) |
+/// | `NotEnoughMemory` | [`NotEnoughMemory`](Self::NotEnoughMemory) |
+/// | `Internal` | [`Failed`](Self::Failed) |
+/// | `Io`, `Changed`, `Session`, a device's `Compute` | [`Io`](Self::Io), [`CheckpointChanged`](Self::CheckpointChanged), the session's kind, [`Device`](Self::Device) |
 #[non_exhaustive]
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -100,8 +118,13 @@ pub enum RunError {
         spare_bytes: Option<u64>,
         message: String,
     },
-    /// The checkpoint at `path` is not a valid safetensors file: a truncated or
-    /// unparsable header, tensors past the end of the file, shards that disagree.
+    /// The checkpoint at `path` is not a valid safetensors file (a truncated or
+    /// unparsable header, tensors past the end of the file, shards that disagree), or
+    /// is valid but not the whole model its config describes: a tensor missing or of
+    /// another shape (the source is the family's `MissingTensor` or `TensorShape`,
+    /// with the tensor's name). A missing tensor is taken for a damaged or partial
+    /// checkpoint, not for another model: a layout no family reads is refused by name
+    /// before its tensors are looked up ([`UnsupportedModel`](Self::UnsupportedModel)).
     #[error("{message}")]
     CorruptCheckpoint {
         path: PathBuf,
@@ -119,7 +142,8 @@ pub enum RunError {
         source: Option<Cause>,
     },
     /// What is at `path` is a layout, model type or format stagehand does not
-    /// compute: `found` says what it is (a `model_type`, a dtype, "diffusers pipeline").
+    /// compute: `found` says what it is (a `model_type`, a dtype, "diffusers pipeline",
+    /// or the `config.json` key whose value is refused, the family's `BadConfig`).
     #[error("{message}")]
     UnsupportedModel {
         path: PathBuf,
@@ -128,7 +152,8 @@ pub enum RunError {
         #[source]
         source: Option<Cause>,
     },
-    /// A file or folder the caller named does not exist.
+    /// A file or folder the caller named does not exist, or one the model needs
+    /// beside its weights (a tokenizer, the Hugging Face folder of a bare checkpoint).
     #[error("{message}")]
     MissingFile {
         path: PathBuf,
@@ -137,7 +162,8 @@ pub enum RunError {
         source: Option<Cause>,
     },
     /// A file the caller named exists but cannot be read (permissions, a folder where
-    /// a file was expected).
+    /// a file was expected), or a file of the model's folder is not what it is named
+    /// (a tokenizer its library cannot read, a module config that is not JSON).
     #[error("{message}")]
     Unreadable {
         path: PathBuf,
@@ -178,6 +204,16 @@ pub enum RunError {
     /// finished; every budget was released.
     #[error("{message}")]
     Cancelled { message: String },
+    /// The request is refused: `field` names what to change as a request spells it
+    /// (`prompt`, `max_tokens`, `width`, `strength`, `lora`), e.g. a prompt longer
+    /// than the model's context, an input of the wrong size, a value out of range.
+    #[error("{message}")]
+    BadRequest {
+        field: String,
+        message: String,
+        #[source]
+        source: Option<Cause>,
+    },
     /// Any other input the caller must change, in words.
     #[error("{0}")]
     BadInput(String),
@@ -233,6 +269,15 @@ impl RunError {
         }
     }
 
+    /// A refused request `field`.
+    pub(crate) fn request(field: &str, message: impl Into<String>) -> Self {
+        RunError::BadRequest {
+            field: field.to_string(),
+            message: message.into(),
+            source: None,
+        }
+    }
+
     /// Something the machine or build lacks.
     pub(crate) fn capability(capability: &str, message: impl Into<String>) -> Self {
         RunError::MissingCapability {
@@ -245,8 +290,19 @@ impl RunError {
     /// The same kind with `suffix` added to its message (a failed run says whether
     /// every budget came back).
     pub(crate) fn with_suffix(mut self, suffix: &str) -> Self {
-        match &mut self {
-            RunError::BadInput(message) | RunError::Failed(message) => message.push_str(suffix),
+        self.message_mut().push_str(suffix);
+        self
+    }
+
+    /// The same kind saying `message` (a pipeline's line, naming the stage).
+    pub(crate) fn with_message(mut self, message: String) -> Self {
+        *self.message_mut() = message;
+        self
+    }
+
+    fn message_mut(&mut self) -> &mut String {
+        match self {
+            RunError::BadInput(message) | RunError::Failed(message) => message,
             RunError::BudgetTooSmall { message, .. }
             | RunError::NotEnoughMemory { message, .. }
             | RunError::CorruptCheckpoint { message, .. }
@@ -258,9 +314,9 @@ impl RunError {
             | RunError::MissingCapability { message, .. }
             | RunError::Device { message, .. }
             | RunError::Io { message, .. }
-            | RunError::Cancelled { message } => message.push_str(suffix),
+            | RunError::BadRequest { message, .. }
+            | RunError::Cancelled { message } => message,
         }
-        self
     }
 
     /// A session that could not start or failed, by kind: a plan whose budgets are
@@ -341,42 +397,6 @@ impl RunError {
 }
 
 impl RunError {
-    /// A family's error by kind. `setup`: it came while the model was opened, before
-    /// the first step (bad input unless the kind says otherwise).
-    pub(crate) fn from_family(
-        error: crate::families::FamilyError,
-        setup: bool,
-        vram_budget_bytes: u64,
-    ) -> Self {
-        use crate::families::FamilyError;
-        let message = error.to_string();
-        match error {
-            FamilyError::Session(error) => RunError::from_session(error, setup, vram_budget_bytes),
-            FamilyError::Unsupported { path, found, .. } => RunError::UnsupportedModel {
-                path,
-                found,
-                message,
-                source: None,
-            },
-            FamilyError::Changed { ref path, .. } => RunError::CheckpointChanged {
-                path: PathBuf::from(path),
-                message,
-                source: Some(Box::new(error)),
-            },
-            FamilyError::Io { ref path, .. } => RunError::Io {
-                path: PathBuf::from(path),
-                message,
-                source: Some(Box::new(error)),
-            },
-            FamilyError::Compute(crate::compute::ComputeError::Device(_)) => RunError::Device {
-                message,
-                source: Some(Box::new(error)),
-            },
-            _ if setup => RunError::BadInput(message),
-            _ => RunError::Failed(message),
-        }
-    }
-
     /// The model index's refusal of a checkpoint, by kind: all of them bad input but a
     /// file that changed after it was indexed.
     pub(crate) fn from_index(error: crate::model::IndexError) -> Self {

@@ -28,13 +28,13 @@ pub fn verify_first_step(
 ) -> Result<(), FamilyError> {
     let workload = &prepared.workload;
     if !workload.lora.is_empty() {
-        return Err(FamilyError::Model(
+        return Err(FamilyError::internal(
             "a run with LoRA checks its first step as it runs, within the LoRA tolerance".into(),
         ));
     }
     let key = workload.model.visit(KeyOf(0));
     let Some(got) = outcome.report.outputs.get(&key) else {
-        return Err(FamilyError::Model(
+        return Err(FamilyError::internal(
             "the run kept no output of its first step to check".into(),
         ));
     };

@@ -10,6 +10,7 @@ mod effective;
 mod error;
 mod execute;
 mod first_step;
+mod from_family;
 pub mod loaded;
 pub mod memory;
 mod peak_rss;

@@ -56,7 +56,11 @@ impl Prepared {
         let place = |tensor: usize| facts.place(&self.index, tensor);
         let aliases = facts.lora_aliases();
         let set = LoraSet::load(&self.index, &aliases, specs, facts.layout().len(), &place)
-            .map_err(|error| RunError::BadInput(format!("adapter {name}: {error}")))?;
+            .map_err(|error| RunError::BadRequest {
+                field: "adapters".to_string(),
+                message: format!("adapter {name}: {error}"),
+                source: Some(Box::new(error)),
+            })?;
         self.adapters.push(NamedLora {
             name: name.to_string(),
             set,
@@ -121,10 +125,12 @@ pub fn prepare_with(
     let index = open_index(checkpoint, pattern, extras.part.as_ref(), folder.is_none())
         .map_err(RunError::from_index)?;
     if index.blocks.is_empty() {
-        return Err(RunError::BadInput(format!(
-            "{}: the model has no tensors to stream",
-            model.display()
-        )));
+        return Err(RunError::UnsupportedModel {
+            path: model.to_path_buf(),
+            found: "a checkpoint with no tensors".to_string(),
+            message: format!("{}: the model has no tensors to stream", model.display()),
+            source: None,
+        });
     }
     super::memory::check_largest_block(&index, settings)?;
     let found = Found {
@@ -195,8 +201,8 @@ fn open_error(error: FamilyError) -> RunError {
     RunError::from_family(error, true, 0)
 }
 
-/// A model folder that cannot be read as one: its `config.json` missing a key or not
-/// JSON is the folder's fault (bad input), a folder that is not there is missing.
+/// A model folder that cannot be read as one: its `config.json` unreadable or not a
+/// JSON object is unreadable (bad input), a folder that is not there is missing.
 fn folder_error(error: crate::model::FolderError) -> RunError {
     let message = error.to_string();
     if !error.path.exists() {
@@ -206,7 +212,11 @@ fn folder_error(error: crate::model::FolderError) -> RunError {
             source: Some(Box::new(error)),
         };
     }
-    RunError::BadInput(message)
+    RunError::Unreadable {
+        path: error.path.clone(),
+        message,
+        source: Some(Box::new(error)),
+    }
 }
 
 /// One LoRA phase from step 0 with `specs` placed where the family puts each target
@@ -221,8 +231,14 @@ fn lora_phase(
     }
     let place = |tensor: usize| facts.place(index, tensor);
     let aliases = facts.lora_aliases();
-    let set = LoraSet::load(index, &aliases, specs, facts.layout().len(), &place)
-        .map_err(|error| RunError::BadInput(error.to_string()))?;
+    let set =
+        LoraSet::load(index, &aliases, specs, facts.layout().len(), &place).map_err(|error| {
+            RunError::BadRequest {
+                field: "lora".to_string(),
+                message: error.to_string(),
+                source: Some(Box::new(error)),
+            }
+        })?;
     Ok(vec![LoraPhase { from_step: 0, set }])
 }
 

@@ -110,7 +110,7 @@ impl Recorder {
                 Recorded::Whole(values) => check(compute, reference, step, &values, low_rank),
                 Recorded::Hash { hash, length } => match reference.expected(compute, step) {
                     Ok(expected) if expected.len() != length || bits_hash(expected) != hash => {
-                        Err(FamilyError::Model(format!(
+                        Err(FamilyError::internal(format!(
                             "output mismatch at step {step}: its {length} values differ from the fully-resident reference's"
                         )))
                     }

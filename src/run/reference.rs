@@ -84,7 +84,7 @@ impl<'a, C: Compute, F: Family> Reference<'a, C, F> {
         if family.reference_is_sequential() {
             let next = self.sequential.as_ref().map_or(0, |(_, next)| *next);
             if step != next {
-                return Err(FamilyError::Model(format!(
+                return Err(FamilyError::internal(format!(
                     "the reference replays steps in order: asked for step {step}, next is {next}"
                 )));
             }

@@ -26,7 +26,7 @@ use serde::Deserialize;
 use serde_json::json;
 use stagehand_actors::{SharedBudget, StatsSnapshot};
 
-use crate::pipeline::{generate, FluxParts, ImageRequest, PipelineError, PipelineRun};
+use crate::pipeline::{generate, FluxParts, ImageRequest, PipelineRun};
 use crate::run::loaded::{Cancel, CancelOnDrop};
 use crate::run::RunError;
 use crate::settings::Settings;
@@ -248,10 +248,7 @@ pub(super) fn serve_images(
             stages: Some(Arc::clone(&stages) as Arc<dyn crate::telemetry::StageObserver>),
         };
         let answer = generate(&parts, &job.request, &run)
-            .map_err(|error| match error {
-                PipelineError::BadRequest(message) => RunError::BadInput(message),
-                other => RunError::Failed(other.to_string()),
-            })
+            .map_err(RunError::from)
             .and_then(|generated| pngs(&job.request, &parts.dir, &generated.pictures));
         let _ = job.reply.send(answer);
         // The job's stages freed all they allocated; the allocator keeps it unless asked.

@@ -18,9 +18,7 @@ use std::sync::Arc;
 
 use stagehand_actors::{SharedBudget, StatsSnapshot};
 
-use crate::pipeline::{
-    generate_video, mp4_bytes, PipelineError, PipelineRun, VideoRequest, WanParts,
-};
+use crate::pipeline::{generate_video, mp4_bytes, PipelineRun, VideoRequest, WanParts};
 use crate::run::loaded::Cancel;
 use crate::run::RunError;
 use crate::settings::Settings;
@@ -156,10 +154,7 @@ fn serve_videos(
             stages: Some(Arc::clone(&stages) as Arc<dyn crate::telemetry::StageObserver>),
         };
         let answer = generate_video(parts, &job.request, &run)
-            .map_err(|error| match error {
-                PipelineError::BadRequest(message) => RunError::BadInput(message),
-                other => RunError::Failed(other.to_string()),
-            })
+            .map_err(RunError::from)
             .and_then(|video| {
                 mp4_bytes(&video.frames, job.fps)
                     .map_err(|error| RunError::Failed(error.to_string()))

@@ -90,7 +90,11 @@ fn variant(
 impl BertConfig {
     pub fn from_json(path: &Path, config: &Value) -> Result<Self, FamilyError> {
         let bad = |key: &str, problem: String| {
-            FamilyError::Model(format!("{}: `{key}` {problem}", path.display()))
+            FamilyError::config(
+                path,
+                Some(key),
+                format!("{}: `{key}` {problem}", path.display()),
+            )
         };
         let size = |key: &str, limit: u64| -> Result<usize, FamilyError> {
             let value = config

@@ -232,7 +232,9 @@ impl Encoder {
     ) -> Result<(), FamilyError> {
         let slots = self.weights.embeddings;
         let Some(acts) = state.tensors.as_mut() else {
-            return Err(FamilyError::Model("activations were not allocated".into()));
+            return Err(FamilyError::internal(
+                "activations were not allocated".into(),
+            ));
         };
         let batch = &input.batch;
         match &self.host_table {
@@ -412,7 +414,9 @@ impl Family for Encoder {
         }
         self.embed(compute, input, state, blocks)?;
         let Some(acts) = state.tensors.as_mut() else {
-            return Err(FamilyError::Model("activations were not allocated".into()));
+            return Err(FamilyError::internal(
+                "activations were not allocated".into(),
+            ));
         };
         for layer in 0..self.config.layers {
             self.layer(compute, layer, &input.batch, acts, blocks)?;
@@ -445,7 +449,8 @@ fn step_inputs(
     batch: usize,
 ) -> Result<(Vec<StepInput>, Vec<usize>), FamilyError> {
     if tokens.is_empty() {
-        return Err(FamilyError::Model(
+        return Err(FamilyError::request(
+            "texts",
             "no text to embed: give one or more texts (or --file)".into(),
         ));
     }
@@ -456,11 +461,14 @@ fn step_inputs(
             .find(|&&id| id as usize >= config.vocab)
             .map(|&id| (text, id))
     }) {
-        return Err(FamilyError::Model(format!(
-            "text {}: token id {id} is outside the model's vocabulary of {}",
-            text + 1,
-            config.vocab
-        )));
+        return Err(FamilyError::request(
+            "texts",
+            format!(
+                "text {}: token id {id} is outside the model's vocabulary of {}",
+                text + 1,
+                config.vocab
+            ),
+        ));
     }
     let order = length_order(tokens);
     let inputs = batches(tokens, &order, batch, config.pad_token_id)

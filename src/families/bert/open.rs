@@ -43,7 +43,7 @@ impl Open for Encoder {
             return Ok(None);
         };
         if tokens_per_step > MAX_DESCRIBED_TOKENS {
-            return Err(FamilyError::Model(format!(
+            return Err(FamilyError::request("tokens_per_step", format!(
                 "--tokens-per-step {tokens_per_step}: an encoder step of at most {MAX_DESCRIBED_TOKENS} tokens is described (the token ids it embeds are made up to describe it)"
             )));
         }

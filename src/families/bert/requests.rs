@@ -21,12 +21,13 @@ pub fn input_tokens(
     match input {
         EncoderInput::Texts(texts) => {
             if texts.is_empty() {
-                return Err(FamilyError::Model(
+                return Err(FamilyError::request(
+                    "texts",
                     "no text to embed: give one or more texts, or --file".to_string(),
                 ));
             }
             let Some(tokenizer) = &folder.tokenizer else {
-                return Err(FamilyError::Model(format!(
+                return Err(FamilyError::missing_file(&folder.dir.join("tokenizer.json"), format!(
                     "{}: no tokenizer.json in the folder; add it, or give token ids with --token-ids 101,7592,102",
                     folder.dir.display()
                 )));
@@ -35,7 +36,8 @@ pub fn input_tokens(
         }
         EncoderInput::TokenIds(ids) => {
             if ids.is_empty() || ids.iter().any(Vec::is_empty) {
-                return Err(FamilyError::Model(
+                return Err(FamilyError::request(
+                    "token_ids",
                     "--token-ids: every text needs at least one id".to_string(),
                 ));
             }

@@ -124,7 +124,7 @@ pub fn read(dir: &Path, hidden: usize) -> Result<SentenceFolder, FamilyError> {
     let modules = json(&modules_path)?;
     let modules = modules
         .as_array()
-        .ok_or_else(|| bad(&modules_path, "must be a JSON list of modules".into()))?;
+        .ok_or_else(|| bad(&modules_path, None, "must be a JSON list of modules".into()))?;
     let mut head = SentenceHead::plain();
     let mut transformer = None;
     let mut pooled = false;
@@ -139,9 +139,7 @@ pub fn read(dir: &Path, hidden: usize) -> Result<SentenceFolder, FamilyError> {
             }
             "Normalize" => head.normalize = true,
             _ => {
-                return Err(bad(
-                    &modules_path,
-                    format!(
+                return Err(bad(&modules_path, None, format!(
                         "module `{kind}` changes the embedding and stagehand does not implement it (it runs a Transformer, a Pooling and a Normalize module)"
                     ),
                 ))
@@ -162,11 +160,12 @@ pub fn read(dir: &Path, hidden: usize) -> Result<SentenceFolder, FamilyError> {
 }
 
 fn json(path: &Path) -> Result<Value, FamilyError> {
-    read_json(path).map_err(|error| FamilyError::Model(error.to_string()))
+    read_json(path).map_err(|error| FamilyError::bad_file(path, error.to_string()))
 }
 
-fn bad(path: &Path, problem: String) -> FamilyError {
-    FamilyError::Model(format!("{}: {problem}", path.display()))
+/// The sentence-transformers config at `path` refuses `key` (`None`: the whole file).
+fn bad(path: &Path, key: Option<&str>, problem: String) -> FamilyError {
+    FamilyError::config(path, key, format!("{}: {problem}", path.display()))
 }
 
 /// The modes of a Pooling module's config (sentence-transformers' default, the mean,
@@ -177,7 +176,7 @@ fn pooling(path: &Path, hidden: usize) -> Result<Vec<Pooling>, FamilyError> {
     }
     let config = json(path)?;
     let Some(config) = config.as_object() else {
-        return Err(bad(path, "must be a JSON object".into()));
+        return Err(bad(path, None, "must be a JSON object".into()));
     };
     let mut named = None;
     let mut flagged = Vec::new();
@@ -185,9 +184,7 @@ fn pooling(path: &Path, hidden: usize) -> Result<Vec<Pooling>, FamilyError> {
         match key.as_str() {
             "embedding_dimension" | "word_embedding_dimension" => {
                 if value.as_u64() != Some(hidden as u64) {
-                    return Err(bad(
-                        path,
-                        format!("`{key}` is {value}, but the encoder's hidden_size is {hidden}"),
+                    return Err(bad(path, Some(key), format!("`{key}` is {value}, but the encoder's hidden_size is {hidden}"),
                     ));
                 }
             }
@@ -198,9 +195,7 @@ fn pooling(path: &Path, hidden: usize) -> Result<Vec<Pooling>, FamilyError> {
                 Some((_, _, mode)) if value.as_bool() == Some(true) => flagged.push(*mode),
                 Some(_) => {}
                 None => {
-                    return Err(bad(
-                        path,
-                        format!("`{key}` is not a pooling setting stagehand knows; the modes it implements are {}", mode_list()),
+                    return Err(bad(path, Some(key), format!("`{key}` is not a pooling setting stagehand knows; the modes it implements are {}", mode_list()),
                     ))
                 }
             },
@@ -238,6 +233,7 @@ fn mode_names(path: &Path, value: &Value) -> Result<Vec<Pooling>, FamilyError> {
                 .ok_or_else(|| {
                     bad(
                         path,
+                        Some("pooling_mode"),
                         format!(
                             "`pooling_mode` {name} is not a mode stagehand implements ({})",
                             mode_list()
@@ -256,7 +252,7 @@ fn transformer_config(dir: &Path) -> Result<(Option<MaxLength>, bool), FamilyErr
     }
     let config = json(&path)?;
     let Some(config) = config.as_object() else {
-        return Err(bad(&path, "must be a JSON object".into()));
+        return Err(bad(&path, None, "must be a JSON object".into()));
     };
     let mut max_length = None;
     let mut lower_case = false;
@@ -273,7 +269,7 @@ fn transformer_config(dir: &Path) -> Result<(Option<MaxLength>, bool), FamilyErr
             }
             "do_lower_case" => {
                 lower_case = value.as_bool().ok_or_else(|| {
-                    bad(&path, format!("`do_lower_case` is {value}; expected true or false"))
+                    bad(&path, Some("do_lower_case"), format!("`do_lower_case` is {value}; expected true or false"))
                 })?
             }
             "transformer_task" if value.as_str() == Some("feature-extraction") => {}
@@ -281,9 +277,7 @@ fn transformer_config(dir: &Path) -> Result<(Option<MaxLength>, bool), FamilyErr
             "processing_kwargs" | "tokenizer_args" if is_empty(value) => {}
             key if INERT_SENTENCE_KEYS.contains(&key) => {}
             _ => {
-                return Err(bad(
-                    &path,
-                    format!("`{key}` is {value}: stagehand embeds text through the model's last hidden state with no extra tokenizer settings, and does not implement this one"),
+                return Err(bad(&path, Some(key), format!("`{key}` is {value}: stagehand embeds text through the model's last hidden state with no extra tokenizer settings, and does not implement this one"),
                 ))
             }
         }
@@ -319,6 +313,7 @@ fn positive(path: &Path, key: &str, value: &Value) -> Result<usize, FamilyError>
         .ok_or_else(|| {
             bad(
                 path,
+                Some(key),
                 format!("`{key}` is {value}; expected a whole number of tokens"),
             )
         })

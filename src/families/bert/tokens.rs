@@ -56,7 +56,8 @@ pub fn tokenize(
     texts: &[String],
     limits: TextLimits,
 ) -> Result<Vec<Tokens>, FamilyError> {
-    let fail = |problem: String| FamilyError::Model(format!("{}: {problem}", path.display()));
+    let fail =
+        |problem: String| FamilyError::bad_file(path, format!("{}: {problem}", path.display()));
     let mut tokenizer = crate::families::tokenizer_json::read(path).map_err(|error| {
         fail(format!(
             "is not a tokenizer Hugging Face's tokenizers can read ({error})"
@@ -88,9 +89,10 @@ pub fn tokenize(
     } else {
         texts.iter().map(String::as_str).collect()
     };
-    let encodings = tokenizer
-        .encode_batch(inputs, true)
-        .map_err(|error| fail(format!("could not tokenize the input ({error})")))?;
+    let encodings = tokenizer.encode_batch(inputs, true).map_err(|error| {
+        let message = format!("{}: could not tokenize the input ({error})", path.display());
+        FamilyError::request("texts", message)
+    })?;
     Ok(encodings
         .into_iter()
         .map(|encoding| {

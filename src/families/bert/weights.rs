@@ -154,10 +154,14 @@ impl EncoderWeights {
             .iter()
             .position(|tensor| tensor.name == word_name)
             .ok_or_else(|| {
-                FamilyError::Model(format!(
-                    "{}: tensor `{word_name}` is missing; is this a BERT checkpoint?",
-                    index.path.display()
-                ))
+                FamilyError::missing_tensor(
+                    &index.path,
+                    &word_name,
+                    format!(
+                        "{}: tensor `{word_name}` is missing; is this a BERT checkpoint?",
+                        index.path.display()
+                    ),
+                )
             })?;
         let word = if word_streams {
             Some(placer.add("embeddings.word_embeddings.weight", &[config.vocab, hidden])?)
@@ -182,7 +186,7 @@ impl EncoderWeights {
             placement
                 .slot_of(tensor)
                 .map(|(_, slot)| slot)
-                .ok_or_else(|| FamilyError::Model(format!("tensor {tensor} was not placed")))
+                .ok_or_else(|| FamilyError::internal(format!("tensor {tensor} was not placed")))
         };
         let pair = |[weight, bias]: [usize; 2]| -> Result<Linear, FamilyError> {
             Ok(Linear {
@@ -229,20 +233,30 @@ impl EncoderWeights {
 fn check_shape(index: &ModelIndex, tensor: usize, shape: &[usize]) -> Result<(), FamilyError> {
     let info = &index.tensors[tensor];
     if info.shape != shape {
-        return Err(FamilyError::Model(format!(
-            "{}: tensor `{}` has shape {:?}, but config.json implies {shape:?}",
-            index.path.display(),
-            info.name,
-            info.shape
-        )));
+        return Err(FamilyError::tensor_shape(
+            &index.path,
+            &info.name,
+            (shape, &info.shape),
+            format!(
+                "{}: tensor `{}` has shape {:?}, but config.json implies {shape:?}",
+                index.path.display(),
+                info.name,
+                info.shape
+            ),
+        ));
     }
     if crate::compute::DType::float_from_safetensors(&info.dtype).is_none() {
-        return Err(FamilyError::Model(format!(
-            "{}: tensor `{}` is {}; stagehand computes with F32, F16 and BF16 weights",
-            index.path.display(),
-            info.name,
-            info.dtype
-        )));
+        return Err(FamilyError::tensor_dtype(
+            &index.path,
+            &info.name,
+            &info.dtype,
+            format!(
+                "{}: tensor `{}` is {}; stagehand computes with F32, F16 and BF16 weights",
+                index.path.display(),
+                info.name,
+                info.dtype
+            ),
+        ));
     }
     Ok(())
 }

@@ -184,10 +184,13 @@ impl ClipText {
     ) -> Result<Self, FamilyError> {
         let prompts = PromptBatches::new(prompts, batch)?;
         if let Some(id) = prompts.outside(config.vocab) {
-            return Err(FamilyError::Model(format!(
-                "token id {id} is outside the text encoder's vocabulary of {}",
-                config.vocab
-            )));
+            return Err(FamilyError::request(
+                "token_ids",
+                format!(
+                    "token id {id} is outside the text encoder's vocabulary of {}",
+                    config.vocab
+                ),
+            ));
         }
         let prefix = prefix_of(index).unwrap_or("");
         let (placement, slots) = walk::place(index, |tensors| {
@@ -373,7 +376,9 @@ impl Family for ClipText {
             state.sequences = sequences;
         }
         let Some(t) = state.tensors.as_mut() else {
-            return Err(FamilyError::Model("activations were not allocated".into()));
+            return Err(FamilyError::internal(
+                "activations were not allocated".into(),
+            ));
         };
         let ids: Vec<u32> = prompts
             .iter()

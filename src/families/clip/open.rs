@@ -25,9 +25,10 @@ impl ClipConfig {
         let hidden = json.count("hidden_size", Some(512))?;
         let heads = json.count("num_attention_heads", Some(8))?;
         if hidden % heads != 0 {
-            return Err(json.bad(format!(
-                "hidden_size {hidden} is not a multiple of num_attention_heads {heads}"
-            )));
+            return Err(json.bad(
+                "hidden_size",
+                format!("hidden_size {hidden} is not a multiple of num_attention_heads {heads}"),
+            ));
         }
         Ok(Self {
             vocab: json.count("vocab_size", Some(49408))?,

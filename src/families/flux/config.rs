@@ -51,8 +51,10 @@ pub struct FluxConfig {
     pub mlp: usize,
 }
 
-fn bad(path: &Path, message: String) -> FamilyError {
-    FamilyError::Model(format!("{}: {message}", path.display()))
+/// `config.json`'s `key` refused (`None`: the whole file, or a config inferred from a
+/// checkpoint's shapes at `path`).
+fn bad(path: &Path, key: Option<&str>, message: String) -> FamilyError {
+    FamilyError::config(path, key, format!("{}: {message}", path.display()))
 }
 
 impl FluxConfig {
@@ -66,14 +68,12 @@ impl FluxConfig {
     pub fn from_json(path: &Path, config: &Value) -> Result<Self, FamilyError> {
         let object = config
             .as_object()
-            .ok_or_else(|| bad(path, "is not a JSON object".into()))?;
+            .ok_or_else(|| bad(path, None, "is not a JSON object".into()))?;
         if let Some(key) = object
             .keys()
             .find(|key| !READ_KEYS.contains(&key.as_str()) && !IGNORED_KEYS.contains(&key.as_str()))
         {
-            return Err(bad(
-                path,
-                format!("key `{key}` is not one FluxTransformer2DModel reads; remove it or fix its name"),
+            return Err(bad(path, Some(key), format!("key `{key}` is not one FluxTransformer2DModel reads; remove it or fix its name"),
             ));
         }
         let number = |key: &str, default: Option<usize>| -> Result<usize, FamilyError> {
@@ -85,22 +85,24 @@ impl FluxConfig {
                     .ok_or_else(|| {
                         bad(
                             path,
+                            Some(key),
                             format!("`{key}` is {value}; it must be a positive integer"),
                         )
                     }),
-                None => default.ok_or_else(|| bad(path, format!("`{key}` is missing"))),
+                None => default.ok_or_else(|| bad(path, Some(key), format!("`{key}` is missing"))),
             }
         };
         let in_channels = number("in_channels", Some(64))?;
         if number("patch_size", Some(1))? != 1 {
             return Err(bad(
                 path,
+                Some("patch_size"),
                 "`patch_size` other than 1 is not Flux.1's; stagehand computes patch_size 1".into(),
             ));
         }
         if let Some(out) = object.get("out_channels").filter(|value| !value.is_null()) {
             if out.as_u64() != Some(in_channels as u64) {
-                return Err(bad(path, format!("`out_channels` {out} differs from `in_channels` {in_channels}; the sampler needs the same")));
+                return Err(bad(path, Some("out_channels"), format!("`out_channels` {out} differs from `in_channels` {in_channels}; the sampler needs the same")));
             }
         }
         let head_dim = number("attention_head_dim", Some(128))?;
@@ -108,6 +110,7 @@ impl FluxConfig {
             Some(value) => axes_of(value).ok_or_else(|| {
                 bad(
                     path,
+                    Some("axes_dims_rope"),
                     format!(
                         "`axes_dims_rope` is {value}; it must be a list of three even integers"
                     ),
@@ -116,9 +119,13 @@ impl FluxConfig {
             None => vec![16, 56, 56],
         };
         let guidance = match object.get("guidance_embeds") {
-            Some(value) => value
-                .as_bool()
-                .ok_or_else(|| bad(path, format!("`guidance_embeds` is {value}; true or false")))?,
+            Some(value) => value.as_bool().ok_or_else(|| {
+                bad(
+                    path,
+                    Some("guidance_embeds"),
+                    format!("`guidance_embeds` is {value}; true or false"),
+                )
+            })?,
             None => false,
         };
         let heads = number("num_attention_heads", Some(24))?;
@@ -146,13 +153,12 @@ impl FluxConfig {
                 .tensor(&names.full(name))
                 .map(|tensor| tensor.shape.clone())
                 .ok_or_else(|| {
-                    bad(
-                        path,
-                        format!(
-                            "tensor `{}` is missing; is this a Flux checkpoint?",
-                            names.full(name)
-                        ),
-                    )
+                    let name = names.full(name);
+                    let message = format!(
+                        "{}: tensor `{name}` is missing; is this a Flux checkpoint?",
+                        path.display()
+                    );
+                    FamilyError::missing_tensor(path, &name, message)
                 })
         };
         // An awq_w4a16 weight (it has group zeros) stores two inputs a byte.
@@ -168,13 +174,19 @@ impl FluxConfig {
             match shape(name)?[..] {
                 [rows, cols] if packed(name) => Ok((rows, 2 * cols)),
                 [rows, cols] => Ok((rows, cols)),
-                ref other => Err(bad(
-                    path,
-                    format!(
-                        "tensor `{}` has shape {other:?}; expected a matrix",
-                        names.full(name)
-                    ),
-                )),
+                ref other => {
+                    let name = names.full(name);
+                    let message = format!(
+                        "{}: tensor `{name}` has shape {other:?}; expected a matrix",
+                        path.display()
+                    );
+                    Err(FamilyError::tensor_shape(
+                        path,
+                        &name,
+                        (&[], other),
+                        message,
+                    ))
+                }
             }
         };
         let (hidden, in_channels) = matrix("img_in.weight")?;
@@ -185,6 +197,7 @@ impl FluxConfig {
         if head_dim == 0 || hidden % head_dim != 0 {
             return Err(bad(
                 path,
+                None,
                 format!(
                     "the query norm's {head_dim} values do not divide the hidden width {hidden}"
                 ),
@@ -198,6 +211,7 @@ impl FluxConfig {
                 .ok_or_else(|| {
                     bad(
                         path,
+                        None,
                         format!(
                             "metadata `{AXES_METADATA}` is `{text}`; a list of three even integers"
                         ),
@@ -205,7 +219,7 @@ impl FluxConfig {
                 })?,
             None if head_dim == 128 => vec![16, 56, 56],
             None => {
-                return Err(bad(path, format!("a head of {head_dim} is not Flux.1's 128, and the checkpoint does not say how its rope splits it (metadata `{AXES_METADATA}`); use a diffusers folder with axes_dims_rope")));
+                return Err(bad(path, None, format!("a head of {head_dim} is not Flux.1's 128, and the checkpoint does not say how its rope splits it (metadata `{AXES_METADATA}`); use a diffusers folder with axes_dims_rope")));
             }
         };
         let config = Self {
@@ -230,6 +244,7 @@ impl FluxConfig {
         if self.axes.iter().sum::<usize>() != self.head_dim {
             return Err(bad(
                 path,
+                None,
                 format!(
                     "rope axes {:?} sum to {}, but a head has {} values",
                     self.axes,

@@ -78,8 +78,9 @@ pub struct Conditioning {
     pub pooled: Vec<f32>,
 }
 
+/// A file of tensors the caller gave (text states, a latent) is not what it should be.
 fn bad(path: &Path, message: impl std::fmt::Display) -> FamilyError {
-    FamilyError::Model(format!("{}: {message}", path.display()))
+    FamilyError::bad_file(path, format!("{}: {message}", path.display()))
 }
 
 /// A tensor read to the host: its name, shape and values.
@@ -87,7 +88,10 @@ pub type HostTensor = (String, Vec<usize>, Vec<f32>);
 
 /// The tensors of a small safetensors file, as f32 with their shapes.
 pub fn read_tensors(path: &Path) -> Result<Vec<HostTensor>, FamilyError> {
-    let bytes = std::fs::read(path).map_err(|error| bad(path, error))?;
+    let bytes = std::fs::read(path).map_err(|error| FamilyError::Io {
+        path: path.display().to_string(),
+        reason: error.to_string(),
+    })?;
     let file = safetensors::SafeTensors::deserialize(&bytes)
         .map_err(|error| bad(path, format!("is not a safetensors file ({error})")))?;
     let mut tensors = Vec::new();
@@ -170,7 +174,7 @@ impl Conditioning {
                     && cond.context.len() == cond.tokens * context_dim
                     && cond.pooled.len() == pooled_dim;
                 if !fits {
-                    return Err(FamilyError::Model(format!(
+                    return Err(FamilyError::request("condition", format!(
                         "the text encoders gave {} states of {} values and a pooled vector of {}; the transformer takes states of {context_dim} (joint_attention_dim) and a pooled vector of {pooled_dim} (pooled_projection_dim): the pipeline's parts are of different models",
                         cond.tokens,
                         cond.context.len() / cond.tokens.max(1),

@@ -41,7 +41,7 @@ impl<C: Compute> Ctx<'_, C> {
             .iter()
             .find(|piece| piece.first <= first && first + rows <= piece.first + piece.rows)
             .ok_or_else(|| {
-                FamilyError::Model(format!(
+                FamilyError::internal(format!(
                     "output rows {first}..{} lie across two tensors",
                     first + rows
                 ))

@@ -91,19 +91,20 @@ impl Flux {
     ) -> Result<Self, FamilyError> {
         let weights = FluxWeights::place(index, names, &config)?;
         if plan.width == 0 || plan.height == 0 || plan.width % 16 != 0 || plan.height % 16 != 0 {
-            return Err(FamilyError::Model(format!(
+            return Err(FamilyError::request("width", format!(
                 "--width {} --height {}: both must be positive multiples of 16 (8 for the VAE × 2 for the patches)",
                 plan.width, plan.height
             )));
         }
         if plan.steps == 0 {
-            return Err(FamilyError::Model(
+            return Err(FamilyError::request(
+                "steps",
                 "--steps 0 samples nothing; give at least 1".into(),
             ));
         }
         let guidance = match (plan.guidance, config.guidance) {
             (Some(_), false) => {
-                return Err(FamilyError::Model(
+                return Err(FamilyError::request("guidance", 
                     "--guidance: this checkpoint has no guidance embedder (Flux schnell or another guidance-free model); drop --guidance".into(),
                 ))
             }
@@ -117,10 +118,13 @@ impl Flux {
         let strength = plan.strength.unwrap_or(1.0);
         let first = sampler::first_step(plan.steps, strength);
         if first >= plan.steps {
-            return Err(FamilyError::Model(format!(
-                "--strength {strength} with --steps {} runs no step; raise either",
-                plan.steps
-            )));
+            return Err(FamilyError::request(
+                "strength",
+                format!(
+                    "--strength {strength} with --steps {} runs no step; raise either",
+                    plan.steps
+                ),
+            ));
         }
         let noise = || embed::gaussian(channels * 4 * rows * cols, plan.seed);
         let latent = match (plan.init, plan.strength) {

@@ -51,13 +51,17 @@ impl Open for Flux {
     ) -> Result<Option<DescribedReserve>, FamilyError> {
         let config = FluxConfig::from_json(Path::new("[activations] config"), config)?;
         let need = |value, key| DescribedWorkload::needs(value, key, "flux");
-        let width = need(workload.width, "width").map_err(FamilyError::Model)?;
-        let height = need(workload.height, "height").map_err(FamilyError::Model)?;
-        let text_tokens = need(workload.text_tokens, "text_tokens").map_err(FamilyError::Model)?;
+        let width = need(workload.width, "width")
+            .map_err(|message| FamilyError::request("width", message))?;
+        let height = need(workload.height, "height")
+            .map_err(|message| FamilyError::request("height", message))?;
+        let text_tokens = need(workload.text_tokens, "text_tokens")
+            .map_err(|message| FamilyError::request("text_tokens", message))?;
         if width % 16 != 0 || height % 16 != 0 || width == 0 || height == 0 {
-            return Err(FamilyError::Model(format!(
-                "a {width}×{height} image: Flux takes sizes that are multiples of 16"
-            )));
+            return Err(FamilyError::request(
+                "width",
+                format!("a {width}×{height} image: Flux takes sizes that are multiples of 16"),
+            ));
         }
         let image_tokens = (width / 16) * (height / 16);
         Ok(Some(DescribedReserve {
@@ -80,7 +84,7 @@ impl Open for Flux {
     fn open(request: &Request<'_>) -> Result<Self, FamilyError> {
         let index = request.index;
         let names = Names::detect(index).ok_or_else(|| {
-            FamilyError::Model(format!(
+            FamilyError::unsupported(request.path, "not a Flux transformer", format!(
                 "{}: not a Flux transformer (no img_in/txt_in/double_blocks tensors, with or without model.diffusion_model., nor diffusers' x_embedder/context_embedder)",
                 request.path.display()
             ))
@@ -104,7 +108,7 @@ fn check_counts(index: &ModelIndex, names: &Names, config: &FluxConfig) -> Resul
     ] {
         let found = names.count(index, kind);
         if found != expected {
-            return Err(FamilyError::Model(format!(
+            return Err(FamilyError::config(&index.path, Some(key), format!(
                 "{}: the checkpoint has {found} {kind}, its config says {expected} ({key}); the file and the config are of different models",
                 index.path.display()
             )));
@@ -138,7 +142,7 @@ fn plan_of(request: &Request<'_>, config: &FluxConfig) -> Result<Plan, FamilyErr
         Start::Latent(latent) => {
             let expected = channels * (input.height / 8) * (input.width / 8);
             if latent.len() != expected {
-                return Err(FamilyError::Model(format!(
+                return Err(FamilyError::request("latents", format!(
                     "the starting latent has {} values; a {}×{} image starts from [{channels}, {}, {}]",
                     latent.len(),
                     input.width,
@@ -156,7 +160,7 @@ fn plan_of(request: &Request<'_>, config: &FluxConfig) -> Result<Plan, FamilyErr
         } => {
             let expected = channels * (input.height / 8) * (input.width / 8);
             if latent.len() != expected {
-                return Err(FamilyError::Model(format!(
+                return Err(FamilyError::request("image", format!(
                     "the encoded image has {} values; a {}×{} image's latent is [{channels}, {}, {}]",
                     latent.len(),
                     input.width,
@@ -181,9 +185,10 @@ fn plan_of(request: &Request<'_>, config: &FluxConfig) -> Result<Plan, FamilyErr
         }
     };
     if let Some(strength) = strength.filter(|strength| !(*strength > 0.0 && *strength <= 1.0)) {
-        return Err(FamilyError::Model(format!(
-            "--strength {strength}: give a value in (0, 1] (1 starts from pure noise)"
-        )));
+        return Err(FamilyError::request(
+            "strength",
+            format!("--strength {strength}: give a value in (0, 1] (1 starts from pure noise)"),
+        ));
     }
     Ok(Plan {
         cond,

@@ -55,8 +55,9 @@ pub const METADATA_KEY: &str = "_quantization_metadata";
 /// Largest `comfy_quant` JSON read (real ones are a few dozen bytes).
 const MAX_JSON_BYTES: u64 = 1 << 16;
 
+/// The checkpoint's quantization metadata is malformed or disagrees with itself.
 fn bad(index: &ModelIndex, message: String) -> FamilyError {
-    FamilyError::Model(format!("{}: {message}", index.path.display()))
+    FamilyError::bad_file(&index.path, format!("{}: {message}", index.path.display()))
 }
 
 /// A quantization `format` stagehand does not compute.
@@ -116,12 +117,16 @@ pub fn check(index: &ModelIndex, headers_only: bool) -> Result<(), FamilyError> 
             .tensor(&weight)
             .filter(|tensor| tensor.dtype != *dtype)
         {
-            return Err(bad(
-                index,
-                format!(
-                    "layer `{layer}` declares `{format}` but `{weight}` is {}",
-                    tensor.dtype
-                ),
+            let message = format!(
+                "{}: layer `{layer}` declares `{format}` but `{weight}` is {}",
+                index.path.display(),
+                tensor.dtype
+            );
+            return Err(FamilyError::tensor_dtype(
+                &index.path,
+                &weight,
+                &tensor.dtype,
+                message,
             ));
         }
         check_variant(index, &layer, format, &value)?;
@@ -173,10 +178,12 @@ fn check_variant(
         .iter()
         .any(|name| index.tensor(&format!("{layer}.{name}")).is_some());
     if !zeros {
-        return Err(bad(
-            index,
-            format!("layer `{layer}` is awq_w4a16 but has no `{layer}.weight_zeros`"),
-        ));
+        let message = format!(
+            "{}: layer `{layer}` is awq_w4a16 but has no `{layer}.weight_zeros`",
+            index.path.display()
+        );
+        let zeros = format!("{layer}.weight_zeros");
+        return Err(FamilyError::missing_tensor(&index.path, &zeros, message));
     }
     let (weight, scale) = (
         index.tensor(&format!("{layer}.weight")),

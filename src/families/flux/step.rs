@@ -335,7 +335,9 @@ impl Family for Flux {
             state.acts = Some(Acts::new(compute, self)?);
         }
         let Some(acts) = state.acts.as_mut() else {
-            return Err(FamilyError::Model("activations were not allocated".into()));
+            return Err(FamilyError::internal(
+                "activations were not allocated".into(),
+            ));
         };
         // A run longer than one sample starts the next from the same first latent.
         let position = (step % self.steps_per_sample() as u64) as usize;

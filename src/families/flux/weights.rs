@@ -103,7 +103,7 @@ impl FluxWeights {
         self.placement
             .slot_of(tensor)
             .map(|(_, slot)| slot)
-            .ok_or_else(|| FamilyError::Model(format!("tensor {tensor} was not placed")))
+            .ok_or_else(|| FamilyError::internal(format!("tensor {tensor} was not placed")))
     }
 
     pub fn place(

@@ -37,13 +37,16 @@ impl LinearStack {
     /// Recognises a generated demo model and locates each layer in its block.
     pub fn from_index(index: &ModelIndex, batch: usize) -> Result<Self, FamilyError> {
         let spec = DemoSpec::from_metadata(&index.metadata).ok_or_else(|| {
-            FamilyError::Model(format!(
+            FamilyError::unsupported(&index.path, "not a linear-stack demo model", format!(
                 "{} is not a linear-stack demo model (no stagehand.kind metadata); use `--workload stream-verify` for other checkpoints",
                 index.path.display()
             ))
         })?;
         if batch == 0 {
-            return Err(FamilyError::Model("batch must be at least 1".into()));
+            return Err(FamilyError::request(
+                "batch",
+                "batch must be at least 1".into(),
+            ));
         }
         let dim = spec.dim as usize;
         let layer_bytes = (dim * dim * 4) as u64;
@@ -53,22 +56,33 @@ impl LinearStack {
             for layer in 0..spec.layers_per_block {
                 let name = DemoSpec::tensor_name(block, layer);
                 let tensor = index.tensor(&name).ok_or_else(|| {
-                    FamilyError::Model(format!(
-                        "{}: tensor {name} is missing",
-                        index.path.display()
-                    ))
+                    FamilyError::missing_tensor(
+                        &index.path,
+                        &name,
+                        format!("{}: tensor {name} is missing", index.path.display()),
+                    )
                 })?;
                 if tensor.dtype != "F32" || tensor.bytes != layer_bytes {
-                    return Err(FamilyError::Model(format!(
+                    let message = format!(
                         "{name}: expected F32 [{dim}, {dim}], found {} {:?}",
                         tensor.dtype, tensor.shape
-                    )));
+                    );
+                    let wanted = ("F32", &[dim, dim][..]);
+                    return Err(FamilyError::tensor_not(
+                        &index.path,
+                        tensor,
+                        wanted,
+                        message,
+                    ));
                 }
                 if tensor.block != block as usize {
-                    return Err(FamilyError::Model(format!(
-                        "{name} was grouped into block {}, expected {block}",
-                        tensor.block
-                    )));
+                    return Err(FamilyError::bad_file(
+                        &index.path,
+                        format!(
+                            "{name} was grouped into block {}, expected {block}",
+                            tensor.block
+                        ),
+                    ));
                 }
                 slots.push(TensorSlot {
                     offset: tensor.block_offset,
@@ -139,9 +153,10 @@ fn checked_count(batch: usize, dim: usize) -> Result<usize, FamilyError> {
         .checked_mul(dim)
         .filter(|count| count.checked_mul(4).is_some())
         .ok_or_else(|| {
-            FamilyError::Model(format!(
-                "batch {batch} × dim {dim} is too large; lower --batch"
-            ))
+            FamilyError::request(
+                "batch",
+                format!("batch {batch} × dim {dim} is too large; lower --batch"),
+            )
         })
 }
 

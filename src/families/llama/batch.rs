@@ -42,7 +42,10 @@ impl Decoder {
         let rows = if step == 0 { prompt.len() } else { 1 };
         let length = state.position + rows;
         if let Some(refusal) = self.config.refuse_sequence(length) {
-            return Err(FamilyError::Model(format!("{refusal}; lower --max-tokens")));
+            return Err(FamilyError::request(
+                "max_tokens",
+                format!("{refusal}; lower --max-tokens"),
+            ));
         }
         if self.config.rope.depends_on_length() {
             state.inv_freq = self.config.rope.inv_freq(length);
@@ -90,7 +93,10 @@ impl Decoder {
     ) -> Result<(), FamilyError> {
         let length = state.position + 1;
         if let Some(refusal) = self.config.refuse_sequence(length) {
-            return Err(FamilyError::Model(format!("{refusal}; lower --max-tokens")));
+            return Err(FamilyError::request(
+                "max_tokens",
+                format!("{refusal}; lower --max-tokens"),
+            ));
         }
         self.grow_cache(compute, state, blocks, length, output)
     }
@@ -128,7 +134,13 @@ impl Decoder {
                     positions.push(rows);
                     outputs.push(Ok(output));
                 }
-                Err(error @ (FamilyError::Model(_) | FamilyError::NoRoom(_))) => {
+                // The sequence's own refusal (its length, its tokens) or no room for
+                // it now: it ends alone, the batch goes on.
+                Err(
+                    error @ (FamilyError::BadRequest { .. }
+                    | FamilyError::Internal { .. }
+                    | FamilyError::NoRoom(_)),
+                ) => {
                     positions.push(Vec::new());
                     outputs.push(Err(error));
                 }

@@ -72,17 +72,23 @@ pub(super) fn host_routers(
         .transpose()?;
     let read = |name: String| -> Result<Vec<f32>, FamilyError> {
         let tensor = index.tensor(&name).ok_or_else(|| {
-            FamilyError::Model(format!(
-                "{}: tensor `{name}` is missing",
-                index.path.display()
-            ))
+            FamilyError::missing_tensor(
+                &index.path,
+                &name,
+                format!("{}: tensor `{name}` is missing", index.path.display()),
+            )
         })?;
         let Some(reader) = &reader else {
             let elements: usize = tensor.shape.iter().product();
             return Ok(vec![0.0; elements]);
         };
         let dtype = DType::float_from_safetensors(&tensor.dtype).ok_or_else(|| {
-            FamilyError::Model(format!("{name}: {} is not a float tensor", tensor.dtype))
+            FamilyError::tensor_dtype(
+                &index.path,
+                &name,
+                &tensor.dtype,
+                format!("{name}: {} is not a float tensor", tensor.dtype),
+            )
         })?;
         let extent = stagehand_actors::Extent {
             file: stagehand_actors::FileId(tensor.file as u32),
@@ -128,7 +134,7 @@ impl Decoder {
         output: &mut StepOutput,
     ) -> Result<(), FamilyError> {
         let Some(experts) = &self.config.experts else {
-            return Err(FamilyError::Model("a dense model has no experts".into()));
+            return Err(FamilyError::internal("a dense model has no experts".into()));
         };
         let routes: Vec<Vec<(u32, f32)>> = router_logits
             .chunks_exact(experts.count)
@@ -152,7 +158,7 @@ impl Decoder {
                 .weights
                 .expert_block(layer, expert as usize)
                 .map(BlockId)
-                .ok_or_else(|| FamilyError::Model(format!("layer {layer} has no experts")))?;
+                .ok_or_else(|| FamilyError::internal(format!("layer {layer} has no experts")))?;
             let held = blocks.acquire(compute, block)?;
             output
                 .experts

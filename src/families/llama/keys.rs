@@ -80,7 +80,8 @@ impl<'a> Keys<'a> {
 
     /// An error about key `key`: "`key` problem".
     pub fn bad(&self, key: &str, problem: impl std::fmt::Display) -> FamilyError {
-        FamilyError::Model(format!("{}: `{key}` {problem}", self.path.display()))
+        let message = format!("{}: `{key}` {problem}", self.path.display());
+        FamilyError::config(self.path, Some(key), message)
     }
 
     /// Key `key` asks for `found`, which no family computes: "`key` problem".

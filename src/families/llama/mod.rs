@@ -136,18 +136,29 @@ impl Decoder {
         headers_only: bool,
     ) -> Result<Self, FamilyError> {
         if prompt.is_empty() {
-            return Err(FamilyError::Model("the prompt has no tokens".into()));
+            return Err(FamilyError::request(
+                "prompt",
+                "the prompt has no tokens".into(),
+            ));
         }
         if let Some(refusal) = config.refuse_sequence(prompt.len()) {
-            return Err(FamilyError::Model(format!("the prompt: {refusal}")));
+            return Err(FamilyError::request(
+                "prompt",
+                format!("the prompt: {refusal}"),
+            ));
         }
         if let Some(&id) = prompt.iter().find(|&&id| id as usize >= config.vocab) {
-            return Err(FamilyError::Model(format!(
-                "prompt token id {id} is outside the vocabulary of {}",
-                config.vocab
-            )));
+            return Err(FamilyError::request(
+                "prompt",
+                format!(
+                    "prompt token id {id} is outside the vocabulary of {}",
+                    config.vocab
+                ),
+            ));
         }
-        sampling.validate().map_err(FamilyError::Model)?;
+        sampling
+            .validate()
+            .map_err(|message| FamilyError::request("sampling", message))?;
         let weights = DecoderWeights::place(index, &config)?;
         let host_table = match (config.tie_embeddings, headers_only) {
             (true, _) => None,
@@ -416,7 +427,7 @@ impl Decoder {
 }
 
 fn unallocated() -> FamilyError {
-    FamilyError::Model("activations were not allocated".into())
+    FamilyError::internal("activations were not allocated".into())
 }
 
 impl Family for Decoder {

@@ -48,9 +48,12 @@ impl Open for Decoder {
             "context_tokens",
             "llama",
         )
-        .map_err(FamilyError::Model)?;
+        .map_err(|message| FamilyError::request("context_tokens", message))?;
         if let Some(refusal) = config.refuse_sequence(context_tokens as usize + 1) {
-            return Err(FamilyError::Model(format!("context_tokens: {refusal}")));
+            return Err(FamilyError::request(
+                "context_tokens",
+                format!("context_tokens: {refusal}"),
+            ));
         }
         Ok(Some(crate::families::DescribedReserve {
             kv_cache: Some(KvCache {
@@ -81,12 +84,13 @@ impl Open for Decoder {
             PromptInput::TokenIds(ids) => ids.clone(),
             PromptInput::Text(text) => {
                 let Some(tokenizer) = &folder.tokenizer else {
-                    return Err(FamilyError::Model(format!(
+                    return Err(FamilyError::missing_file(&folder.dir.join("tokenizer.json"), format!(
                         "{}: no tokenizer.json in the folder; add it, or give the prompt as --token-ids 1,2,3",
                         folder.dir.display()
                     )));
                 };
-                encode_prompt(tokenizer, text).map_err(FamilyError::Model)?
+                encode_prompt(tokenizer, text)
+                    .map_err(|message| FamilyError::request("prompt", message))?
             }
         };
         if !config.unread_keys.is_empty() {

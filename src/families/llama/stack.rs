@@ -146,7 +146,7 @@ impl Decoder {
         )?;
         match Self::feed_forward(compute, held, lora, &slots.ffn, acts)? {
             None => Ok(()),
-            Some(_) => Err(FamilyError::Model("a stacked layer has experts".into())),
+            Some(_) => Err(FamilyError::internal("a stacked layer has experts".into())),
         }
     }
 

@@ -318,7 +318,7 @@ fn refuse_block_scales(index: &ModelIndex) -> Result<(), FamilyError> {
         .iter()
         .find(|tensor| tensor.name.ends_with(".weight_scale_inv"))
     {
-        Some(tensor) => Err(FamilyError::Model(format!(
+        Some(tensor) => Err(FamilyError::unsupported(&index.path, "block-wise FP8", format!(
             "{}: tensor `{}` is a block-wise FP8 scale (`weight_scale_inv`); block-wise FP8 is not implemented (stagehand computes FP8 weights with one per-tensor `weight_scale`)",
             index.path.display(),
             tensor.name
@@ -336,7 +336,7 @@ fn check_heads(index: &ModelIndex, config: &DecoderConfig) -> Result<(), FamilyE
     if q.shape.first() == Some(&config.q_dim()) {
         return Ok(());
     }
-    Err(FamilyError::Model(format!(
+    Err(FamilyError::tensor_shape(&index.path, name, (&[config.q_dim()], &q.shape[..1]), format!(
         "{}: `head_dim` {} × `num_attention_heads` {} = {} rows of `{name}`, but the weights have shape {:?}",
         index.path.display(),
         config.head_dim,
@@ -355,17 +355,26 @@ fn embedding(index: &ModelIndex, config: &DecoderConfig) -> Result<usize, Family
         .iter()
         .position(|tensor| tensor.name == name)
         .ok_or_else(|| {
-            FamilyError::Model(format!(
-                "{}: tensor `{name}` is missing (expected shape {expected:?})",
-                index.path.display(),
-            ))
+            FamilyError::missing_tensor(
+                &index.path,
+                name,
+                format!(
+                    "{}: tensor `{name}` is missing (expected shape {expected:?})",
+                    index.path.display(),
+                ),
+            )
         })?;
     let shape = &index.tensors[position].shape;
     if shape[..] != expected {
-        return Err(FamilyError::Model(format!(
-            "{}: tensor `{name}` has shape {shape:?}, but config.json implies {expected:?}",
-            index.path.display(),
-        )));
+        return Err(FamilyError::tensor_shape(
+            &index.path,
+            name,
+            (&expected, shape),
+            format!(
+                "{}: tensor `{name}` has shape {shape:?}, but config.json implies {expected:?}",
+                index.path.display(),
+            ),
+        ));
     }
     Ok(position)
 }
@@ -378,7 +387,7 @@ impl Slots<'_> {
         self.0
             .slot_of(tensor)
             .map(|(_, slot)| slot)
-            .ok_or_else(|| FamilyError::Model(format!("tensor {tensor} was not placed")))
+            .ok_or_else(|| FamilyError::internal(format!("tensor {tensor} was not placed")))
     }
 }
 

@@ -21,17 +21,25 @@ impl MoeLayout {
     pub fn new(index: &ModelIndex, spec: MoeSpec) -> Result<Self, FamilyError> {
         let extent = |name: &str, shape: [u32; 2]| -> Result<Extent, FamilyError> {
             let tensor = index.tensor(name).ok_or_else(|| {
-                FamilyError::Model(format!(
-                    "{}: tensor {name} is missing",
-                    index.path.display()
-                ))
+                FamilyError::missing_tensor(
+                    &index.path,
+                    name,
+                    format!("{}: tensor {name} is missing", index.path.display()),
+                )
             })?;
             let expected = [shape[0] as usize, shape[1] as usize];
             if tensor.dtype != "F32" || tensor.shape != expected {
-                return Err(FamilyError::Model(format!(
+                let message = format!(
                     "{name}: expected F32 {expected:?}, found {} {:?}",
                     tensor.dtype, tensor.shape
-                )));
+                );
+                let wanted = ("F32", &expected[..]);
+                return Err(FamilyError::tensor_not(
+                    &index.path,
+                    tensor,
+                    wanted,
+                    message,
+                ));
             }
             Ok(Extent {
                 file: FileId(tensor.file as u32),

@@ -52,10 +52,16 @@ pub struct MoeState<C: Compute> {
 impl MoeRun {
     pub fn new(model: MoeLayout, batch: usize, hint: HintMode) -> Result<Self, FamilyError> {
         if batch == 0 {
-            return Err(FamilyError::Model("batch must be at least 1".into()));
+            return Err(FamilyError::request(
+                "batch",
+                "batch must be at least 1".into(),
+            ));
         }
         let count = batch.checked_mul(model.spec.dim as usize).ok_or_else(|| {
-            FamilyError::Model(format!("batch {batch} is too large; lower --batch"))
+            FamilyError::request(
+                "batch",
+                format!("batch {batch} is too large; lower --batch"),
+            )
         })?;
         Ok(Self {
             input: input_batch(model.spec.seed, count),
@@ -145,7 +151,7 @@ impl Open for MoeRun {
 
     fn open(request: &Request<'_>) -> Result<Self, FamilyError> {
         let spec = MoeSpec::from_metadata(&request.index.metadata).ok_or_else(|| {
-            FamilyError::Model(format!(
+            FamilyError::unsupported(request.path, "not a generated MoE model", format!(
                 "{} is not a generated MoE model (no stagehand.kind = moe metadata); run `stagehand run --workload moe` without --model to use the demo one",
                 request.path.display()
             ))

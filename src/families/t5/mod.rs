@@ -130,7 +130,9 @@ impl Walk<'_> {
         self.tensors.block("shared");
         let shared = self.tensors.tensor(shared, &[config.vocab, config.model])?;
         if config.layers == 0 {
-            return Err(FamilyError::Model(
+            return Err(FamilyError::config(
+                std::path::Path::new("config.json"),
+                Some("num_layers"),
                 "a T5 encoder needs at least one block".into(),
             ));
         }
@@ -209,10 +211,13 @@ impl T5Encoder {
     ) -> Result<Self, FamilyError> {
         let prompts = PromptBatches::new(prompts, batch)?;
         if let Some(id) = prompts.outside(config.vocab) {
-            return Err(FamilyError::Model(format!(
-                "token id {id} is outside the text encoder's vocabulary of {}",
-                config.vocab
-            )));
+            return Err(FamilyError::request(
+                "token_ids",
+                format!(
+                    "token id {id} is outside the text encoder's vocabulary of {}",
+                    config.vocab
+                ),
+            ));
         }
         let shared = ["shared.weight", "encoder.embed_tokens.weight"]
             .into_iter()
@@ -385,7 +390,9 @@ impl Family for T5Encoder {
             state.sequences = sequences;
         }
         let Some(t) = state.tensors.as_mut() else {
-            return Err(FamilyError::Model("activations were not allocated".into()));
+            return Err(FamilyError::internal(
+                "activations were not allocated".into(),
+            ));
         };
         let ids: Vec<u32> = prompts
             .iter()

@@ -28,7 +28,10 @@ impl T5Config {
         json.require_text("feed_forward_proj", &["gated-gelu"])?;
         json.require_text("dense_act_fn", &["gelu_new", "gelu_pytorch_tanh"])?;
         if json.flag("is_decoder", false) {
-            return Err(json.bad("`is_decoder` is true; stagehand computes T5's encoder".into()));
+            return Err(json.bad(
+                "is_decoder",
+                "`is_decoder` is true; stagehand computes T5's encoder".into(),
+            ));
         }
         let [vocab, feed_forward, layers, heads] = defaults;
         Ok(Self {
@@ -75,7 +78,8 @@ impl T5Config {
             .0;
         let feed_forward = "encoder.block.0.layer.1.DenseReluDense";
         if !shapes.has(&format!("{feed_forward}.wi_0.weight")) {
-            return Err(shapes.bad(
+            return Err(shapes.unsupported(
+                "T5 v1.0",
                 "its feed-forward is not gated (no `wi_0`): T5 v1.0, which stagehand does not compute (Flux's T5-XXL is v1.1)".into(),
             ));
         }
@@ -143,7 +147,8 @@ impl Open for T5Encoder {
             .input::<PromptLength>()
             .map_or(DEFAULT_PROMPT_LENGTH, |length| length.0);
         if length == 0 {
-            return Err(FamilyError::Model(
+            return Err(FamilyError::request(
+                "max_sequence_length",
                 "--max-sequence-length 0: a prompt needs at least one token".into(),
             ));
         }

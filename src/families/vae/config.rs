@@ -69,9 +69,10 @@ impl VaeConfig {
                 .keys()
                 .find(|key| !KNOWN_KEYS.contains(&key.as_str()))
         }) {
-            return Err(json.bad(format!(
-                "key `{key}` is not one AutoencoderKL reads; remove it or fix its name"
-            )));
+            return Err(json.bad(
+                key,
+                format!("key `{key}` is not one AutoencoderKL reads; remove it or fix its name"),
+            ));
         }
         json.require_text("act_fn", &["silu"])?;
         for (key, block) in [
@@ -80,7 +81,7 @@ impl VaeConfig {
         ] {
             let kinds = config.get(key).and_then(Value::as_array);
             if kinds.is_some_and(|kinds| kinds.iter().any(|kind| kind.as_str() != Some(block))) {
-                return Err(json.bad(format!(
+                return Err(json.bad(key, format!(
                     "`{key}` names a block other than {block}; stagehand computes AutoencoderKL's plain encoder and decoder blocks"
                 )));
             }
@@ -88,15 +89,19 @@ impl VaeConfig {
         let channels = json.counts("block_out_channels")?;
         let groups = json.count("norm_num_groups", Some(32))?;
         if let Some(width) = channels.iter().find(|&&width| width % groups != 0) {
-            return Err(json.bad(format!(
-                "block_out_channels has {width}, not a multiple of norm_num_groups {groups}"
-            )));
+            return Err(json.bad(
+                "block_out_channels",
+                format!(
+                    "block_out_channels has {width}, not a multiple of norm_num_groups {groups}"
+                ),
+            ));
         }
         if config
             .get("latents_mean")
             .is_some_and(|value| !value.is_null())
         {
             return Err(json.bad(
+                "latents_mean",
                 "`latents_mean` is set: a per-channel latent normalisation (Wan's VAE) is not computed here".into(),
             ));
         }

@@ -218,7 +218,7 @@ impl Open for VaeEncoder {
                 .iter()
                 .all(|image| image.len() == 3 * input.height * input.width);
         if !fits || input.images.is_empty() {
-            return Err(FamilyError::Model(format!(
+            return Err(FamilyError::request("images", format!(
                 "an image to encode is [3, height, width] with both multiples of {scale}; got {} values for {}×{}",
                 input.images.first().map_or(0, Vec::len),
                 input.width,

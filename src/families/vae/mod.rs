@@ -71,16 +71,22 @@ impl VaeDecoder {
     fn new(index: &ModelIndex, config: VaeConfig, input: LatentInput) -> Result<Self, FamilyError> {
         let expected = config.latent_channels * input.height * input.width;
         if input.latents.is_empty() || input.height == 0 || input.width == 0 {
-            return Err(FamilyError::Model("no latent to decode".into()));
+            return Err(FamilyError::request(
+                "latents",
+                "no latent to decode".into(),
+            ));
         }
         if let Some(latent) = input.latents.iter().find(|latent| latent.len() != expected) {
-            return Err(FamilyError::Model(format!(
-                "a latent of {} values is not [{}, {}, {}]",
-                latent.len(),
-                config.latent_channels,
-                input.height,
-                input.width
-            )));
+            return Err(FamilyError::request(
+                "latents",
+                format!(
+                    "a latent of {} values is not [{}, {}, {}]",
+                    latent.len(),
+                    config.latent_channels,
+                    input.height,
+                    input.width
+                ),
+            ));
         }
         let (placement, decoder) = weights::place_decoder(index, &config)?;
         let tiling = Tiling::new(input.height, input.width, input.tile, config.scale_factor());

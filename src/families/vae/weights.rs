@@ -239,7 +239,7 @@ impl Walk<'_> {
             false => None,
         };
         Ok(Encoder {
-            conv_in: conv_in.ok_or_else(|| FamilyError::Model("a VAE without blocks".into()))?,
+            conv_in: conv_in.ok_or_else(|| FamilyError::internal("a VAE without blocks".into()))?,
             down,
             mid,
             mid_attention,

@@ -85,9 +85,12 @@ impl WanConfig {
         let object = config.as_object().into_iter().flatten();
         for (key, value) in object {
             if !READ_KEYS.contains(&key.as_str()) && !IGNORED_KEYS.contains(&key.as_str()) {
-                return Err(json.bad(format!(
+                return Err(json.bad(
+                    key,
+                    format!(
                     "key `{key}` is not one WanTransformer3DModel reads; remove it or fix its name"
-                )));
+                ),
+                ));
             }
             // Wan 2.1's image-to-video and first-last-frame models condition on CLIP
             // image states through extra k/v projections; Wan 2.2's take the image as
@@ -97,25 +100,29 @@ impl WanConfig {
                 "image_dim" | "added_kv_proj_dim" | "pos_embed_seq_len"
             );
             if refused && !value.is_null() {
-                return Err(json.bad(format!(
+                return Err(json.bad(key, format!(
                     "`{key}` is {value}: the image embedder and the image k/v of Wan 2.1's image-to-video models are not computed; stagehand computes WAN transformers with `{key}: null` (Wan 2.2 T2V, I2V and TI2V)"
                 )));
             }
         }
         json.require_text("qk_norm", &[QK_NORM])?;
         if config.get("qk_norm").is_some_and(Value::is_null) {
-            return Err(json.bad(format!(
-                "`qk_norm` is null; stagehand computes \"{QK_NORM}\""
-            )));
+            return Err(json.bad(
+                "qk_norm",
+                format!("`qk_norm` is null; stagehand computes \"{QK_NORM}\""),
+            ));
         }
         let patch = match config.get("patch_size") {
             None | Some(Value::Null) => [1, 2, 2],
             Some(_) => match json.counts("patch_size")?[..] {
                 [frames, rows, cols] => [frames, rows, cols],
                 ref other => {
-                    return Err(json.bad(format!(
+                    return Err(json.bad(
+                        "patch_size",
+                        format!(
                     "`patch_size` is {other:?}; three numbers (frames, rows, columns) are expected"
-                )))
+                ),
+                    ))
                 }
             },
         };
@@ -136,13 +143,13 @@ impl WanConfig {
             rope_max_seq_len: json.count("rope_max_seq_len", Some(1024))?,
         };
         if config.head_dim % 2 != 0 || config.freq_dim % 2 != 0 {
-            return Err(json.bad(format!(
+            return Err(json.bad("attention_head_dim", format!(
                 "`attention_head_dim` {} and `freq_dim` {} must be even (rotary pairs, sine and cosine halves)",
                 config.head_dim, config.freq_dim
             )));
         }
         if config.eps.is_nan() || config.eps <= 0.0 {
-            return Err(json.bad(format!("`eps` is {}; a positive number", config.eps)));
+            return Err(json.bad("eps", format!("`eps` is {}; a positive number", config.eps)));
         }
         Ok(config)
     }

@@ -34,8 +34,10 @@ fn named(name: &str) -> String {
     }
 }
 
-fn bad(index: &ModelIndex, message: String) -> FamilyError {
-    FamilyError::Model(format!("{}: {message}", index.path.display()))
+/// Tensor `name` of `index` is stored as `dtype`, which is not computed there.
+fn bad(index: &ModelIndex, (name, dtype): (&str, &str), message: String) -> FamilyError {
+    let message = format!("{}: {message}", index.path.display());
+    FamilyError::tensor_dtype(&index.path, name, dtype, message)
 }
 
 /// A tensor the family computes as stored (a Conv3d kernel, a bias, a norm, a
@@ -50,6 +52,7 @@ pub(super) fn check_stored(index: &ModelIndex, name: &str) -> Result<(), FamilyE
     };
     Err(bad(
         index,
+        (name, &tensor.dtype),
         format!(
             "tensor {} is {}: {what}, so there is no reference for computing it; use a file with that tensor in F32, F16 or BF16 (the fp16 file, wan2.2_*_fp16.safetensors)",
             named(name),
@@ -68,6 +71,7 @@ pub(super) fn check_linear(index: &ModelIndex, name: &str) -> Result<(), FamilyE
             "F32" | "F16" | "BF16" => Ok(()),
             other => Err(bad(
                 index,
+                (name, other),
                 format!(
                     "tensor {} is {other}; the WAN family computes Linear weights in F32, F16, BF16 or ComfyUI's scaled FP8 (F8_E4M3 or F8_E5M2 with a scale_weight)",
                     named(name)
@@ -80,28 +84,35 @@ pub(super) fn check_linear(index: &ModelIndex, name: &str) -> Result<(), FamilyE
         .iter()
         .find_map(|suffix| index.tensor(&format!("{stem}.{suffix}")));
     let Some(scale) = scale else {
-        return Err(bad(
-            index,
-            format!(
+        let scale_name = format!("{stem}.scale_weight");
+        return Err(FamilyError::missing_tensor(&index.path, &scale_name, format!(
+            "{}: {}",
+            index.path.display(),
+            format_args!(
                 "tensor {} is {} with no scale (`{}.scale_weight` beside it): ComfyUI's scaled FP8 file gives every FP8 weight its F32 scale_weight, and an unscaled FP8 file is not computed; use the fp8_scaled or the fp16 file",
                 named(name),
                 tensor.dtype,
                 diffusers_to_wan(name).trim_end_matches(".weight")
             ),
-        ));
+        )));
     };
     let values: usize = scale.shape.iter().product();
     if scale.dtype != "F32" || values != 1 {
-        return Err(bad(
-            index,
-            format!(
-                "the scale {} of FP8 tensor {} is {} {:?}; ComfyUI's scaled FP8 scales a weight by one F32 value (shape [] or [1]); a per-row or block scale is not computed",
-                named(&scale.name),
-                named(name),
-                scale.dtype,
-                scale.shape
-            ),
-        ));
+        let problem = format!(
+            "the scale {} of FP8 tensor {} is {} {:?}; ComfyUI's scaled FP8 scales a weight by one F32 value (shape [] or [1]); a per-row or block scale is not computed",
+            named(&scale.name),
+            named(name),
+            scale.dtype,
+            scale.shape
+        );
+        return Err(match scale.dtype.as_str() {
+            "F32" => {
+                let message = format!("{}: {problem}", index.path.display());
+                let shapes = (&[1][..], &scale.shape[..]);
+                FamilyError::tensor_shape(&index.path, &scale.name, shapes, message)
+            }
+            other => bad(index, (&scale.name, other), problem),
+        });
     }
     Ok(())
 }

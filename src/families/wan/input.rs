@@ -92,7 +92,7 @@ impl WanInput {
         let plane: usize = sizes.iter().product();
         let condition = self.condition.as_ref().map_or(0, Vec::len);
         if self.latent.len() + condition != config.in_channels * plane {
-            return Err(FamilyError::Model(format!(
+            return Err(FamilyError::request("latent", format!(
                 "the latent has {} values and the condition {condition}; [{}, {}, {}, {}] (the model's in_channels, frames, height, width) has {}",
                 self.latent.len(),
                 config.in_channels,
@@ -103,7 +103,7 @@ impl WanInput {
             )));
         }
         if condition > 0 && self.latent.len() != config.out_channels * plane {
-            return Err(FamilyError::Model(format!(
+            return Err(FamilyError::request("latent", format!(
                 "the noise has {} values; with a condition it has the model's out_channels {} ({} values)",
                 self.latent.len(),
                 config.out_channels,
@@ -115,7 +115,7 @@ impl WanInput {
             .zip(config.patch)
             .all(|(&size, patch)| size > 0 && size % patch == 0);
         if !fits {
-            return Err(FamilyError::Model(format!(
+            return Err(FamilyError::request("latent", format!(
                 "a latent of {} frames, {} × {}: each must be a positive multiple of the patch {:?}",
                 self.frames, self.height, self.width, config.patch
             )));
@@ -125,17 +125,20 @@ impl WanInput {
             .into_iter()
             .find(|&patches| patches > config.rope_max_seq_len)
         {
-            return Err(FamilyError::Model(format!(
+            return Err(FamilyError::request(
+                "latent",
+                format!(
                 "{patches} patches along one axis: the rope has {} positions (rope_max_seq_len)",
                 config.rope_max_seq_len
-            )));
+            ),
+            ));
         }
         self.check_first_frame(config, plane)?;
         if !self.timestep.is_finite() {
-            return Err(FamilyError::Model(format!(
-                "timestep {} is not a number",
-                self.timestep
-            )));
+            return Err(FamilyError::request(
+                "timestep",
+                format!("timestep {} is not a number", self.timestep),
+            ));
         }
         Ok(grid)
     }
@@ -163,7 +166,7 @@ impl WanInput {
         };
         let frame = config.in_channels * self.height * self.width;
         if first.latent.len() != frame || self.condition.is_some() || config.patch[0] != 1 {
-            return Err(FamilyError::Model(format!(
+            return Err(FamilyError::request("image", format!(
                 "a first frame of {} values (TI2V's image): [{}, {}, {}] is {frame}, with no channel condition and a patch of one frame (patch {:?}); {plane} positions a frame",
                 first.latent.len(),
                 config.in_channels,
@@ -180,7 +183,7 @@ impl WanInput {
     pub fn text_tokens(&self, config: &WanConfig) -> Result<usize, FamilyError> {
         let tokens = self.context.len() / config.text_dim;
         if tokens == 0 || tokens * config.text_dim != self.context.len() {
-            return Err(FamilyError::Model(format!(
+            return Err(FamilyError::request("context", format!(
                 "the text states have {} values; whole rows of text_dim {} are expected (at least one)",
                 self.context.len(),
                 config.text_dim
@@ -188,7 +191,7 @@ impl WanInput {
         }
         if let Some(guidance) = &self.guidance {
             if guidance.negative.len() != self.context.len() || !guidance.scale.is_finite() {
-                return Err(FamilyError::Model(format!(
+                return Err(FamilyError::request("negative_prompt", format!(
                     "the negative prompt's states have {} values, the prompt's {}: both are padded to the same length (--max-sequence-length); the guidance scale is {}",
                     guidance.negative.len(),
                     self.context.len(),

@@ -29,7 +29,7 @@ impl<C: Compute> Ctx<'_, C> {
     ) -> Result<(), FamilyError> {
         let rows = self.compute.dims(y).1;
         if first + rows > linear.rows {
-            return Err(FamilyError::Model(format!(
+            return Err(FamilyError::internal(format!(
                 "output rows {first}..{} of a linear of {} rows",
                 first + rows,
                 linear.rows

@@ -54,13 +54,16 @@ impl Open for Wan {
     ) -> Result<Option<DescribedReserve>, FamilyError> {
         let config = WanConfig::from_json(Path::new("[activations] config"), config)?;
         let need = |value, key| DescribedWorkload::needs(value, key, "wan");
-        let width = need(workload.width, "width").map_err(FamilyError::Model)?;
-        let height = need(workload.height, "height").map_err(FamilyError::Model)?;
-        let text = need(workload.text_tokens, "text_tokens").map_err(FamilyError::Model)?;
+        let width = need(workload.width, "width")
+            .map_err(|message| FamilyError::request("width", message))?;
+        let height = need(workload.height, "height")
+            .map_err(|message| FamilyError::request("height", message))?;
+        let text = need(workload.text_tokens, "text_tokens")
+            .map_err(|message| FamilyError::request("text_tokens", message))?;
         let [pt, ph, pw] = config.patch.map(|patch| patch as u64);
         let tokens = latent_frames(81) / pt * (height / 8 / ph) * (width / 8 / pw);
         if tokens == 0 || width % (8 * pw) != 0 || height % (8 * ph) != 0 {
-            return Err(FamilyError::Model(format!(
+            return Err(FamilyError::request("width", format!(
                 "a {width}×{height} video: WAN takes sizes that are positive multiples of 8 (the VAE) × the patch {:?}",
                 config.patch
             )));
@@ -95,12 +98,13 @@ impl Open for Wan {
         check_layers(request.index, &config)?;
         if let Some(sample) = request.extras.input::<WanSample>() {
             let Some(first) = sample.solver.timestep(sample.solver.steps_taken()) else {
-                return Err(FamilyError::Model(
+                return Err(FamilyError::request(
+                    "steps",
                     "the sampling's schedule has no step left".into(),
                 ));
             };
             if config.in_channels != config.out_channels && sample.input.condition.is_none() {
-                return Err(FamilyError::Model(format!(
+                return Err(FamilyError::request("image", format!(
                     "this transformer takes {} channels and gives {}: it samples from an image (image-to-video), whose condition fills the other {}; give --image",
                     config.in_channels,
                     config.out_channels,
@@ -129,7 +133,7 @@ impl Open for Wan {
 fn check_layers(index: &ModelIndex, config: &WanConfig) -> Result<(), FamilyError> {
     let beyond = format!("blocks.{}.", config.layers);
     if let Some(tensor) = index.tensors.iter().find(|t| t.name.starts_with(&beyond)) {
-        return Err(FamilyError::Model(format!(
+        return Err(FamilyError::config(&index.path, Some("num_layers"), format!(
             "{}: tensor `{}` lies past the config's num_layers {}; the file and the config are of different models",
             index.path.display(),
             tensor.name,

@@ -58,15 +58,24 @@ pub fn transformer_channels(index: &ModelIndex) -> Result<[usize; 2], String> {
 
 /// The `config.json` of the transformer `index` holds, from its shapes.
 pub fn inferred_config(index: &ModelIndex) -> Result<Value, FamilyError> {
-    let bad = |message: String| FamilyError::Model(format!("{}: {message}", index.path.display()));
+    // The shapes say a config that is refused: no `config.json` key to name.
+    let bad = |message: String| {
+        FamilyError::config(
+            &index.path,
+            None,
+            format!("{}: {message}", index.path.display()),
+        )
+    };
     let shape = |name: &str| -> Result<&[usize], FamilyError> {
         index
             .tensor(name)
             .map(|tensor| tensor.shape.as_slice())
             .ok_or_else(|| {
-                bad(format!(
-                    "no tensor `{name}` (in diffusers' names): not a whole WAN transformer"
-                ))
+                let message = format!(
+                    "{}: no tensor `{name}` (in diffusers' names): not a whole WAN transformer",
+                    index.path.display()
+                );
+                FamilyError::missing_tensor(&index.path, name, message)
             })
     };
     let [dim, _, frames, rows, cols] = shape("patch_embedding.weight")?[..] else {

@@ -396,7 +396,7 @@ impl Wan {
                 Ok(guided(conditional, unconditional, guidance.scale))
             }
             (None, [velocity]) => Ok(velocity.clone()),
-            _ => Err(FamilyError::Model("a pass computed no velocity".into())),
+            _ => Err(FamilyError::internal("a pass computed no velocity".into())),
         }
     }
 }
@@ -428,7 +428,9 @@ impl Family for Wan {
             state.acts = Some(Acts::new(compute, self)?);
         }
         let Some(acts) = state.acts.as_mut() else {
-            return Err(FamilyError::Model("activations were not allocated".into()));
+            return Err(FamilyError::internal(
+                "activations were not allocated".into(),
+            ));
         };
         let Some(sample) = &self.sample else {
             let velocity = self.velocity(&cx, (acts, self.input.timestep), blocks)?;
@@ -442,7 +444,10 @@ impl Family for Wan {
             slot => slot.insert(Sampler::new(sample)),
         };
         let Some(timestep) = sampler.timestep() else {
-            return Err(FamilyError::Model("the schedule has no step left".into()));
+            return Err(FamilyError::request(
+                "steps",
+                "the schedule has no step left".into(),
+            ));
         };
         let rows = self.tokens.max(self.text);
         compute.write(
@@ -453,7 +458,7 @@ impl Family for Wan {
         sampler
             .solver
             .step(&velocity, &mut sampler.latent)
-            .map_err(FamilyError::Model)?;
+            .map_err(FamilyError::internal)?;
         Ok(StepOutput {
             output: Some(velocity),
             ..StepOutput::default()

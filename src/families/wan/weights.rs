@@ -76,7 +76,7 @@ impl WanWeights {
         self.placement
             .slot_of(tensor)
             .map(|(_, slot)| slot)
-            .ok_or_else(|| FamilyError::Model(format!("tensor {tensor} was not placed")))
+            .ok_or_else(|| FamilyError::internal(format!("tensor {tensor} was not placed")))
     }
 
     /// A linear's weight as the matrix it computes as.

@@ -50,7 +50,7 @@ impl<T> FeatureCache<T> {
     /// Ends a chunk: the next starts again at the first convolution.
     pub fn end_chunk(&mut self) -> Result<(), FamilyError> {
         if self.next != self.convolutions {
-            return Err(FamilyError::Model(format!(
+            return Err(FamilyError::internal(format!(
                 "a WAN VAE chunk reached {} of its {} causal convolutions",
                 self.next, self.convolutions
             )));
@@ -64,7 +64,7 @@ impl<T> FeatureCache<T> {
     pub fn next_entry(&mut self) -> Result<&mut Vec<T>, FamilyError> {
         let at = self.next;
         if at >= self.convolutions {
-            return Err(FamilyError::Model(format!(
+            return Err(FamilyError::internal(format!(
                 "a WAN VAE chunk asked for causal convolution {} of {}",
                 at + 1,
                 self.convolutions
@@ -122,7 +122,7 @@ impl<T> ChunkState<T> {
         }
         self.cache
             .take()
-            .ok_or_else(|| FamilyError::Model(missing()))
+            .ok_or_else(|| FamilyError::internal(missing()))
     }
 
     /// Puts a chunk's cache back for the next, unless it was the video's last.

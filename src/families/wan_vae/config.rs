@@ -109,9 +109,10 @@ impl WanVaeConfig {
                 .keys()
                 .find(|key| !KNOWN_KEYS.contains(&key.as_str()))
         }) {
-            return Err(json.bad(format!(
-                "key `{key}` is not one AutoencoderKLWan reads; remove it or fix its name"
-            )));
+            return Err(json.bad(
+                key,
+                format!("key `{key}` is not one AutoencoderKLWan reads; remove it or fix its name"),
+            ));
         }
         let patch_size = patch_size(&json, config)?;
         if config
@@ -120,6 +121,7 @@ impl WanVaeConfig {
             .is_some_and(|scales| !scales.is_empty())
         {
             return Err(json.bad(
+                "attn_scales",
                 "`attn_scales` is not empty: attention outside the middle block is not computed (every published WAN VAE has none)".into(),
             ));
         }
@@ -155,13 +157,19 @@ impl WanVaeConfig {
         ] {
             let stated = json.count(key, Some(made))?;
             if stated != made {
-                return Err(json.bad(format!(
-                    "`{key}` is {stated}, but dim_mult and temperal_downsample make {made}"
-                )));
+                return Err(json.bad(
+                    key,
+                    format!(
+                        "`{key}` is {stated}, but dim_mult and temperal_downsample make {made}"
+                    ),
+                ));
             }
         }
         if self.latents_std.iter().any(|&std| std <= 0.0) {
-            return Err(json.bad("`latents_std` has a value that is not positive".into()));
+            return Err(json.bad(
+                "latents_std",
+                "`latents_std` has a value that is not positive".into(),
+            ));
         }
         Ok(())
     }
@@ -173,7 +181,7 @@ impl WanVaeConfig {
         let rgb = 3 * self.patch_size * self.patch_size;
         let in_channels = json.count("in_channels", Some(rgb))?;
         if in_channels != rgb || self.out_channels != rgb {
-            return Err(json.bad(format!(
+            return Err(json.bad("in_channels", format!(
                 "`in_channels` {in_channels} and `out_channels` {}: RGB frames in patches of {} are {rgb} channels (3 · patch_size²)",
                 self.out_channels, self.patch_size
             )));
@@ -188,9 +196,12 @@ fn patch_size(json: &ConfigJson<'_>, config: &Value) -> Result<usize, FamilyErro
         None | Some(Value::Null) => Ok(1),
         Some(_) => match json.count("patch_size", None)? {
             size @ (1 | 2) => Ok(size),
-            size => Err(json.bad(format!(
+            size => Err(json.bad(
+                "patch_size",
+                format!(
                 "`patch_size` is {size}: the published WAN VAEs have none (Wan 2.1) or 2 (Wan 2.2)"
-            ))),
+            ),
+            )),
         },
     }
 }
@@ -208,9 +219,12 @@ fn flags(
         .and_then(|list| list.iter().map(Value::as_bool).collect());
     match values {
         Some(values) if values.len() >= len => Ok(values[..len].to_vec()),
-        _ => Err(json.bad(format!(
-            "`{key}` must be a list of at least {len} booleans (one per level but the last)"
-        ))),
+        _ => Err(json.bad(
+            key,
+            format!(
+                "`{key}` must be a list of at least {len} booleans (one per level but the last)"
+            ),
+        )),
     }
 }
 
@@ -227,9 +241,10 @@ fn floats(
         .and_then(|list| list.iter().map(|v| v.as_f64().map(|v| v as f32)).collect());
     match values {
         Some(values) if values.len() == len => Ok(values),
-        _ => Err(json.bad(format!(
-            "`{key}` must be a list of {len} numbers (one per latent channel, z_dim)"
-        ))),
+        _ => Err(json.bad(
+            key,
+            format!("`{key}` must be a list of {len} numbers (one per latent channel, z_dim)"),
+        )),
     }
 }
 

@@ -138,7 +138,7 @@ impl WanVaeEncoder {
                 };
                 if let Some(shortcut) = shortcut {
                     if shortcut.len() != x.len() {
-                        return Err(FamilyError::Model(format!(
+                        return Err(FamilyError::internal(format!(
                             "a residual down block made {} frames and its shortcut {}",
                             x.len(),
                             shortcut.len()
@@ -166,7 +166,7 @@ impl WanVaeEncoder {
         cache.end_chunk()?;
         match (mean.pop(), mean.is_empty()) {
             (Some(frame), true) => Ok(frame),
-            _ => Err(FamilyError::Model(
+            _ => Err(FamilyError::internal(
                 "a WAN VAE encoder chunk did not make one latent frame".into(),
             )),
         }
@@ -288,7 +288,7 @@ impl Open for WanVaeEncoder {
             && !input.videos.is_empty()
             && (input.videos.iter()).all(|video| video.len() == 3 * frames * height * width);
         if !fits {
-            return Err(FamilyError::Model(format!(
+            return Err(FamilyError::request("videos", format!(
                 "a video to encode is [3, frames, height, width] with frames one more than a multiple of 4 and both sizes multiples of {scale}; got {} values for {frames} frames of {width}×{height}",
                 input.videos.first().map_or(0, Vec::len),
             )));

@@ -102,7 +102,7 @@ impl<C: Compute> Layers<'_, C> {
         (cache, image): (&mut FeatureCache<C::Tensor>, Image),
     ) -> Result<Vec<C::Tensor>, FamilyError> {
         if conv.frames != CACHE_FRAMES + 1 {
-            return Err(FamilyError::Model(format!(
+            return Err(FamilyError::internal(format!(
                 "a causal convolution of {} temporal taps: the WAN VAE's have {}",
                 conv.frames,
                 CACHE_FRAMES + 1

@@ -96,13 +96,16 @@ impl WanVaeDecoder {
         } = input;
         let expected = config.z_dim * frames * height * width;
         if input.latents.is_empty() || expected == 0 {
-            return Err(FamilyError::Model(format!(
-                "no latent video to decode ({} latents of {frames} frames, {height} × {width})",
-                input.latents.len()
-            )));
+            return Err(FamilyError::request(
+                "latents",
+                format!(
+                    "no latent video to decode ({} latents of {frames} frames, {height} × {width})",
+                    input.latents.len()
+                ),
+            ));
         }
         if let Some(latent) = input.latents.iter().find(|latent| latent.len() != expected) {
-            return Err(FamilyError::Model(format!(
+            return Err(FamilyError::request("latents", format!(
                 "a latent video of {} values is not [{}, {frames}, {height}, {width}] (z_dim, frames, height, width)",
                 latent.len(),
                 config.z_dim,
@@ -234,7 +237,7 @@ impl WanVaeDecoder {
                 }
                 if let Some(shortcut) = shortcut {
                     if shortcut.len() != x.len() {
-                        return Err(FamilyError::Model(format!(
+                        return Err(FamilyError::internal(format!(
                             "a residual up block made {} frames and its shortcut {}",
                             x.len(),
                             shortcut.len()

@@ -43,13 +43,24 @@ impl WanVaeConfig {
 
 /// The `config.json` of the VAE `index` holds (in diffusers' names), from its shapes.
 pub fn inferred_config(index: &ModelIndex) -> Result<Value, FamilyError> {
-    let bad = |message: String| FamilyError::Model(format!("{}: {message}", index.path.display()));
+    // The shapes say a config that is refused: no `config.json` key to name.
+    let bad = |message: String| {
+        FamilyError::config(
+            &index.path,
+            None,
+            format!("{}: {message}", index.path.display()),
+        )
+    };
+    let missing = |name: &str, message: &str| {
+        let message = format!("{}: {message}", index.path.display());
+        FamilyError::missing_tensor(&index.path, name, message)
+    };
     let shape = |name: &str| index.tensor(name).map(|tensor| tensor.shape.as_slice());
     let out_width = |name: &str| shape(name).and_then(|shape| shape.first().copied());
     let z_dim = out_width("post_quant_conv.weight").ok_or_else(|| {
-        bad(
-            "no tensor `post_quant_conv.weight` (Wan-AI's `conv2.weight`): not a whole WAN VAE"
-                .into(),
+        missing(
+            "post_quant_conv.weight",
+            "no tensor `post_quant_conv.weight` (Wan-AI's `conv2.weight`): not a whole WAN VAE",
         )
     })?;
     let Some((latents_mean, latents_std)) = latents_statistics(z_dim) else {
@@ -64,8 +75,9 @@ pub fn inferred_config(index: &ModelIndex) -> Result<Value, FamilyError> {
     };
     let widths: Vec<usize> = (0..).map_while(|level| resnet(level, 0)).collect();
     let Some(&decoder_base) = widths.last().filter(|&&base| base > 0) else {
-        return Err(bad(
-            "no `decoder.up_blocks.0.resnets.0.conv2.weight`: not a whole WAN VAE decoder".into(),
+        return Err(missing(
+            "decoder.up_blocks.0.resnets.0.conv2.weight",
+            "no `decoder.up_blocks.0.resnets.0.conv2.weight`: not a whole WAN VAE decoder",
         ));
     };
     let dim_mult: Vec<usize> = widths
@@ -97,7 +109,7 @@ pub fn inferred_config(index: &ModelIndex) -> Result<Value, FamilyError> {
         })
         .collect();
     let out_channels = out_width("decoder.conv_out.weight")
-        .ok_or_else(|| bad("no tensor `decoder.conv_out.weight` (Wan-AI's `decoder.head.2.weight`): not a whole WAN VAE decoder".into()))?;
+        .ok_or_else(|| missing("decoder.conv_out.weight", "no tensor `decoder.conv_out.weight` (Wan-AI's `decoder.head.2.weight`): not a whole WAN VAE decoder"))?;
     let patch_size = match out_channels {
         3 => Value::Null,
         12 => json!(2),

@@ -29,7 +29,7 @@ impl Blocks<Recorder> for Counting {
         block: BlockId,
     ) -> Result<Held<RecordedBlock>, FamilyError> {
         if self.acquires_left == 0 {
-            return Err(FamilyError::Model(
+            return Err(FamilyError::internal(
                 "injected: the block's read failed".into(),
             ));
         }

@@ -50,7 +50,7 @@ impl WanTile {
         ];
         if sides.contains(&0) || self.stride_height > self.height || self.stride_width > self.width
         {
-            return Err(FamilyError::Model(format!(
+            return Err(FamilyError::request("tile", format!(
                 "a WAN VAE tile of {}×{} latent positions every {}×{}: tiles and strides must be positive and a stride no longer than its tile",
                 self.height, self.width, self.stride_height, self.stride_width
             )));

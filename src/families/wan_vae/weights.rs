@@ -5,6 +5,8 @@
 //! output norm and convolution. One walk lays the blocks out and gives the slots
 //! ([`crate::families::walk`]).
 
+use std::path::Path;
+
 use crate::compute::TensorSlot;
 use crate::families::placement::Placement;
 use crate::families::walk::{self, Tensors};
@@ -251,7 +253,8 @@ fn dup_up(input: usize, out: usize, temporal: bool) -> Result<DupUp, FamilyError
     let frames = if temporal { 2 } else { 1 };
     let copies = out * frames * 4;
     if input == 0 || copies % input != 0 {
-        return Err(FamilyError::Model(format!(
+        // The channels come from `config.json`'s `dim_mult`; its path is not at hand.
+        return Err(FamilyError::config(Path::new("config.json"), Some("dim_mult"), format!(
             "a residual up block from {input} to {out} channels: DupUp3D needs {out} · {} a multiple of {input}",
             frames * 4
         )));
@@ -375,7 +378,7 @@ impl Walk<'_> {
         let quant = self.conv("quant_conv", [moments, moments, 1, 1])?;
         Ok(Encoder {
             conv_in: conv_in
-                .ok_or_else(|| FamilyError::Model("a WAN VAE encoder without levels".into()))?,
+                .ok_or_else(|| FamilyError::internal("a WAN VAE encoder without levels".into()))?,
             levels: down,
             mid,
             attention,
@@ -428,7 +431,8 @@ impl Walk<'_> {
         let (frames, side) = (if temporal { 2 } else { 1 }, if down { 2 } else { 1 });
         let folded = input * frames * side * side;
         if out == 0 || folded % out != 0 {
-            return Err(FamilyError::Model(format!(
+            let config = Path::new("config.json");
+            return Err(FamilyError::config(config, Some("dim_mult"), format!(
                 "a residual down block from {input} to {out} channels: AvgDown3D needs {input} · {} a multiple of {out}",
                 frames * side * side
             )));

@@ -18,36 +18,43 @@ const FRAMES_PER_LATENT: usize = 4;
 /// The request's images against the pipeline: an image-to-video pipeline needs the
 /// first frame, a text-to-video one takes none, each image is `[3, height, width]`.
 pub(super) fn check(request: &VideoRequest, parts: &WanParts) -> Result<(), PipelineError> {
-    let bad = |message: String| Err(PipelineError::BadRequest(message));
+    let bad = |field, message: String| Err(PipelineError::field(field, message));
     if parts.expand_timesteps && request.last_image.is_some() {
-        return bad("this is a TI2V pipeline (expand_timesteps): it makes a video from its first frame only (diffusers' WanImageToVideoPipeline ignores last_image there); leave out --last-image".into());
+        return bad("last_image", "this is a TI2V pipeline (expand_timesteps): it makes a video from its first frame only (diffusers' WanImageToVideoPipeline ignores last_image there); leave out --last-image".into());
     }
     match (parts.image_to_video, &request.image, &request.last_image) {
         (false, Some(_), None) if parts.expand_timesteps => {}
         (true, None, _) => {
-            return bad("this is an image-to-video pipeline (WanImageToVideoPipeline): give the first frame (--image)".into())
+            return bad("image", "this is an image-to-video pipeline (WanImageToVideoPipeline): give the first frame (--image)".into())
         }
         (false, Some(_), _) | (false, _, Some(_)) => {
-            return bad("this pipeline makes videos from text (WanPipeline): an image needs a WanImageToVideoPipeline folder (Wan 2.2 I2V-A14B)".into())
+            let field = match request.image {
+                Some(_) => "image",
+                None => "last_image",
+            };
+            return bad(field, "this pipeline makes videos from text (WanPipeline): an image needs a WanImageToVideoPipeline folder (Wan 2.2 I2V-A14B)".into())
         }
         (true, _, Some(_)) if request.frames < 5 => {
-            return bad("a last image needs at least 5 frames (the first and the last are different frames)".into())
+            return bad("frames", "a last image needs at least 5 frames (the first and the last are different frames)".into())
         }
         _ => {}
     }
     let expected = 3 * request.height * request.width;
     let images = [
-        ("image", &request.image),
-        ("last image", &request.last_image),
+        ("image", "image", &request.image),
+        ("last_image", "last image", &request.last_image),
     ];
-    for (name, image) in images {
+    for (field, name, image) in images {
         if let Some(image) = image.as_ref().filter(|image| image.len() != expected) {
-            return bad(format!(
-                "the {name} has {} values; an RGB image of {}×{} has {expected}",
-                image.len(),
-                request.width,
-                request.height
-            ));
+            return bad(
+                field,
+                format!(
+                    "the {name} has {} values; an RGB image of {}×{} has {expected}",
+                    image.len(),
+                    request.width,
+                    request.height
+                ),
+            );
         }
     }
     Ok(())
@@ -136,10 +143,13 @@ fn encoded(
         && channels > 0
         && chunks.iter().all(|chunk| chunk.len() == channels * pixels);
     if !whole {
-        return Err(PipelineError::Failed(format!(
-            "the VAE's encoder gave {} latent frames; {latent_frames} of {rows}×{columns} were expected",
-            chunks.len()
-        )));
+        return Err(PipelineError::StageOutput {
+            stage: "vae-encoder",
+            message: format!(
+                "the VAE's encoder gave {} latent frames; {latent_frames} of {rows}×{columns} were expected",
+                chunks.len()
+            ),
+        });
     }
     Ok(chunks)
 }

@@ -58,14 +58,17 @@ fn pictures(video: &[f32], request: &VideoRequest) -> Result<Vec<Picture>, Pipel
     let plane = request.height * request.width;
     let count = video.len() / (3 * plane).max(1);
     if count != request.frames || video.len() != 3 * plane * count {
-        return Err(PipelineError::Failed(format!(
-            "the VAE gave {} values; {} frames of {}×{} RGB are {}",
-            video.len(),
-            request.frames,
-            request.width,
-            request.height,
-            3 * plane * request.frames
-        )));
+        return Err(PipelineError::StageOutput {
+            stage: "vae",
+            message: format!(
+                "the VAE gave {} values; {} frames of {}×{} RGB are {}",
+                video.len(),
+                request.frames,
+                request.width,
+                request.height,
+                3 * plane * request.frames
+            ),
+        });
     }
     // [3, frames, H, W] → each frame's [3, H, W].
     (0..count)

@@ -115,7 +115,7 @@ fn gather(
     let adapter = match loras.find(job.adapter.as_deref()) {
         Ok(adapter) => adapter,
         Err(refusal) => {
-            let _ = job.reply.send(Err(RunError::BadInput(refusal)));
+            let _ = job.reply.send(Err(RunError::request("adapter", refusal)));
             return None;
         }
     };
@@ -132,7 +132,8 @@ fn gather(
             adapter,
         }),
         Err(error) => {
-            let _ = job.reply.send(Err(RunError::BadInput(error.to_string())));
+            // The request's own refusal, by kind (a text too long names `texts`).
+            let _ = job.reply.send(Err(RunError::from_family(error, true, 0)));
             None
         }
     }
@@ -187,6 +188,8 @@ fn embed_batch(
         Err(error) if is_fatal(&error) => return Err(error),
         Err(error) => {
             for gathered in batch {
+                // A step's error is every text's of the batch; its kind is not
+                // copyable, so each job gets its words.
                 let _ = gathered
                     .job
                     .reply

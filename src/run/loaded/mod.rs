@@ -294,10 +294,14 @@ pub fn serve_jobs(
                 }
                 embed::run(encoder, folder.as_ref(), &mut context)
             }
-            other => Err(FamilyError::Model(format!(
-                "the {} family is not served (serve takes encoders and decoders)",
-                other.family_name()
-            ))),
+            other => Err(FamilyError::unsupported(
+                &prepared.index.path,
+                other.family_name(),
+                format!(
+                    "the {} family is not served (serve takes encoders and decoders)",
+                    other.family_name()
+                ),
+            )),
         }
     })();
     if let Some(ready) = ready.take() {
