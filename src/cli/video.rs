@@ -155,6 +155,8 @@ struct HandOverOutput {
     both_open_peak_pinned_bytes: Option<u64>,
     both_open_vram_budget_bytes: Option<u64>,
     both_open_pin_ceiling_bytes: Option<u64>,
+    /// The least VRAM each expert's plan runs in: two must fit for the prefetch.
+    expert_floor_vram_bytes: Option<u64>,
 }
 
 impl HandOverOutput {
@@ -175,6 +177,7 @@ impl HandOverOutput {
             both_open_peak_pinned_bytes: hand_over.both_open.map(|both| both.peak_pinned_bytes),
             both_open_vram_budget_bytes: hand_over.both_open.map(|both| both.vram_budget_bytes),
             both_open_pin_ceiling_bytes: hand_over.both_open.map(|both| both.pin_ceiling_bytes),
+            expert_floor_vram_bytes: (hand_over.both_open).map(|both| both.expert_floor_vram_bytes),
         }
     }
 }
