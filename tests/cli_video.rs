@@ -104,6 +104,18 @@ fn rows() -> Vec<Row> {
             &["--guidance", "4", "--guidance-2", "2.5", "--steps", "4"],
             Expect::Summary("hand-over"),
         ),
+        row(
+            &[
+                "--guidance",
+                "4",
+                "--guidance-2",
+                "2.5",
+                "--steps",
+                "4",
+                "--no-hand-over-prefetch",
+            ],
+            Expect::Summary("no prefetch"),
+        ),
         row(&["--guidance", "x"], Expect::Bad("--guidance")),
         row(&["--frames", "5"], Expect::Ok(ok)),
         row(&["--frames", "4"], Expect::Bad("give 1 or 5")),

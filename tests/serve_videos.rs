@@ -374,6 +374,7 @@ fn an_image_to_video_model_makes_the_pipelines_video_of_the_image_sent() {
         image: Some(image.expect("first.png reads")),
         last_image: None,
         vae_tile: None,
+        hand_over_prefetch: true,
     };
     let settings = stagehand::settings::Settings::default();
     let run = stagehand::pipeline::PipelineRun::quiet(&settings);

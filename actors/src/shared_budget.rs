@@ -8,7 +8,8 @@
 //! (its hot path is unchanged, and one model's bytes can never be counted in
 //! another's figures), and only the budget moves between them. What moves is decided
 //! block by block by the model that gives way (its resident blocks of lowest
-//! max-scatter priority first: a partial unload), inside its own allocator, where
+//! max-scatter priority first, in its last step those past their last use: a
+//! partial unload), inside its own allocator, where
 //! activations already win; the broker only says how much.
 //!
 //! ```no_run

@@ -111,6 +111,9 @@ pub struct VramState {
     /// VRAM held by LoRA factors: regions of the resident area, counted apart from
     /// model bytes, inside the budget.
     lora_bytes: u64,
+    /// The activation room the plan keeps (the session's `activation_reserve_bytes`):
+    /// a resize plans no block into it while activations have not taken it.
+    activation_room_bytes: u64,
     /// `(resident-area offset, bytes)` of each LoRA region.
     lora_regions: Vec<(u64, u64)>,
     /// Streamed blocks past the prefetch window named for disk read-ahead, at most.
@@ -159,6 +162,7 @@ impl VramState {
             last_declined: None,
             peak_used_bytes: 0,
             lora_bytes: 0,
+            activation_room_bytes: 0,
             lora_regions: Vec::new(),
             read_ahead_blocks: 0,
             experts: None,

@@ -106,6 +106,11 @@ pub struct VideoArgs {
     /// The MP4 to write.
     #[arg(long, value_name = "FILE.mp4")]
     pub out: PathBuf,
+    /// Open Wan 2.2 A14B's low-noise expert only once the high-noise expert has
+    /// given back every byte, instead of during its last step (both in one budget,
+    /// the second's first blocks loading meanwhile): to compare the two hand-overs.
+    #[arg(long)]
+    pub no_hand_over_prefetch: bool,
     /// Print the result and each stage's summary as JSON at the end.
     #[arg(long)]
     pub json: bool,
@@ -141,6 +146,17 @@ struct HandOverOutput {
     first_step_disk_to_pinned_bytes: u64,
     first_step_pinned_to_vram_bytes: u64,
     first_step_disk_to_vram_bytes: u64,
+    /// The second expert opened during the first's last step, both in one budget.
+    prefetched: bool,
+    /// Its model bytes in VRAM before its first step began.
+    prefetched_bytes: u64,
+    /// The most VRAM and pinned RAM both experts held at once, and the one budget.
+    both_open_peak_vram_bytes: Option<u64>,
+    both_open_peak_pinned_bytes: Option<u64>,
+    both_open_vram_budget_bytes: Option<u64>,
+    both_open_pin_ceiling_bytes: Option<u64>,
+    /// The least VRAM each expert's plan runs in: two must fit for the prefetch.
+    expert_floor_vram_bytes: Option<u64>,
 }
 
 impl HandOverOutput {
@@ -155,6 +171,13 @@ impl HandOverOutput {
             first_step_disk_to_pinned_bytes: disk_to_pinned,
             first_step_pinned_to_vram_bytes: pinned_to_vram,
             first_step_disk_to_vram_bytes: disk_to_vram,
+            prefetched: hand_over.both_open.is_some(),
+            prefetched_bytes: hand_over.both_open.map_or(0, |both| both.prefetched_bytes),
+            both_open_peak_vram_bytes: hand_over.both_open.map(|both| both.peak_vram_bytes),
+            both_open_peak_pinned_bytes: hand_over.both_open.map(|both| both.peak_pinned_bytes),
+            both_open_vram_budget_bytes: hand_over.both_open.map(|both| both.vram_budget_bytes),
+            both_open_pin_ceiling_bytes: hand_over.both_open.map(|both| both.pin_ceiling_bytes),
+            expert_floor_vram_bytes: (hand_over.both_open).map(|both| both.expert_floor_vram_bytes),
         }
     }
 }
@@ -169,8 +192,19 @@ fn hand_over_line(hand_over: &HandOver) -> String {
         }
         None => String::new(),
     };
+    let prefetch = match hand_over.both_open {
+        Some(both) => format!(
+            "; the second opened during the first's last step and loaded {} before its first step, both holding at most {} VRAM / {} pinned of one budget of {} / {}",
+            stagehand_actors::Bytes(both.prefetched_bytes),
+            stagehand_actors::Bytes(both.peak_vram_bytes),
+            stagehand_actors::Bytes(both.peak_pinned_bytes),
+            stagehand_actors::Bytes(both.vram_budget_bytes),
+            stagehand_actors::Bytes(both.pin_ceiling_bytes),
+        ),
+        None => "; the second opened after the first had given back every byte (no prefetch: turned off, or two experts' floors do not fit in the budget)".into(),
+    };
     format!(
-        "  hand-over     {:>8.2} s  not computing between the experts (closing the first {:.2} s; opening the second and its first blocks' waits {:.2} s) beside {:.2} s of compute a step; the second's first step read {disk_to_pinned} + {disk_to_vram} from disk, copied {pinned_to_vram} from pinned RAM{checks}",
+        "  hand-over     {:>8.2} s  not computing between the experts (closing the first {:.2} s; opening the second and its first blocks' waits {:.2} s) beside {:.2} s of compute a step; the second's first step read {disk_to_pinned} + {disk_to_vram} from disk, copied {pinned_to_vram} from pinned RAM{prefetch}{checks}",
         hand_over.stall_seconds(),
         hand_over.close_seconds,
         hand_over.open_stall_seconds,
@@ -242,6 +276,7 @@ pub fn execute(args: VideoArgs) -> CommandResult {
         image: image_of("--image", &args.image, &args)?,
         last_image: image_of("--last-image", &args.last_image, &args)?,
         vae_tile: args.vae_tile.map(WanTile::square),
+        hand_over_prefetch: !args.no_hand_over_prefetch,
     };
     let started = std::time::Instant::now();
     let quiet = args.quiet || args.json;

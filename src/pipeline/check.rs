@@ -72,6 +72,17 @@ impl PipelineRun<'_> {
     ) -> Result<(Stage, Option<FirstStepCheck>), PipelineError> {
         let started = Instant::now();
         let prepared = self.open((name, kind), model, extras, 1)?;
+        self.run_deferred((name, started), model, prepared, steps)
+    }
+
+    /// [`PipelineRun::stage_deferred`] of a model already opened (at `started`).
+    pub(super) fn run_deferred(
+        &self,
+        (name, started): (&'static str, Instant),
+        model: &PipelinePart,
+        prepared: Prepared,
+        steps: u64,
+    ) -> Result<(Stage, Option<FirstStepCheck>), PipelineError> {
         let verify = self.verify_for(steps);
         // A LoRA run's first step may take the low-rank path, checked within a
         // tolerance as it runs; `verify_first_step` checks bit for bit.

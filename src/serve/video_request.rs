@@ -231,6 +231,9 @@ fn video_request(body: &VideosBody, shape: Shape, image: Option<Vec<f32>>) -> Vi
         last_image: None,
         // Tiled only when the server's budget needs it.
         vae_tile: None,
+        // Both experts in the server's shared budget, the second's first blocks
+        // loaded during the first's last step.
+        hand_over_prefetch: true,
     }
 }
 

@@ -51,6 +51,7 @@ impl VramState {
     /// expert area). The resident area reaches to the budget's end, so a LoRA region
     /// (placed in it, unlike activations) finds that room.
     pub fn with_activation_room(mut self, bytes: u64) -> Self {
+        self.activation_room_bytes += bytes;
         self.budget_bytes += bytes;
         self.resident_area.grow(bytes);
         self
@@ -130,6 +131,27 @@ impl VramState {
                 .map_or(0, crate::plan::max_scatter_priority)
         })?;
         self.evict_resident(victim).then_some(victim)
+    }
+
+    /// The block that gives way to another model (a shrink of a shared budget): in
+    /// the run's last step, Belady's choice — a block whose next use is at or past the
+    /// step's end is never used again, so it goes first, then the block whose one use
+    /// left comes last; before the last step, as under activation pressure.
+    pub(super) fn evict_for_another(&mut self) -> Option<BlockId> {
+        let Some(end) = self.end else {
+            return self.evict_lowest_priority();
+        };
+        let victim = self.planned_resident().max_by_key(|&block| {
+            let distance = self.order.distance_to_next_use(self.cursor, block);
+            distance.map_or(end, |distance| (self.cursor + distance).min(end))
+        })?;
+        self.evict_resident(victim).then_some(victim)
+    }
+
+    /// The activation room the plan keeps that activations have not taken yet.
+    pub(super) fn kept_room_bytes(&self) -> u64 {
+        self.activation_room_bytes
+            .saturating_sub(self.activation_bytes)
     }
 
     /// Resident blocks that could give way now: placed, not loading, unheld, and small

@@ -2,8 +2,9 @@
 //! (see `shared_budget`), and the pool asks it to give way or hands it room.
 //!
 //! Giving way is a partial unload: resident blocks of the lowest max-scatter priority
-//! turn into streamed ones (as under activation pressure) until what the model commits
-//! fits the new budget; what cannot give way (the ring, held blocks, blocks larger
+//! turn into streamed ones (as under activation pressure) — in the run's last step,
+//! those past their last use first (Belady) — until what the model commits, and the
+//! activation room it keeps, fit the new budget; what cannot give way (the ring, held blocks, blocks larger
 //! than a ring slot, activations, LoRA regions) stays, and the budget granted says so.
 //! Taking room is the reverse: streamed blocks of the highest priority are planned
 //! resident again while they fit, and load as the order reaches them.
@@ -42,13 +43,15 @@ impl VramState {
     }
 
     /// Makes the budget `target_bytes` (at most the capacity): gives way block by
-    /// block in max-scatter order when it shrinks, plans blocks back when it grows.
+    /// block when it shrinks (`evict_for_another`), plans blocks back when it grows.
     pub fn resize(&mut self, target_bytes: u64) -> Resized {
         let target = target_bytes.min(self.capacity_bytes());
         let previous = self.budget_bytes;
         let mut resized = Resized::default();
-        while self.committed_bytes() > target {
-            if self.evict_lowest_priority().is_none() {
+        // The activation room stays free: a step's first reservation must not have
+        // to evict blocks that may be loading then (they cannot give way).
+        while self.committed_bytes() + self.kept_room_bytes() > target {
+            if self.evict_for_another().is_none() {
                 break;
             }
             resized.evicted += 1;
@@ -78,7 +81,7 @@ impl VramState {
                 continue;
             }
             let footprint = align_up(self.block_bytes[index]);
-            if self.committed_bytes() + footprint > self.budget_bytes {
+            if self.committed_bytes() + self.kept_room_bytes() + footprint > self.budget_bytes {
                 continue;
             }
             self.plan.resident[index] = true;

@@ -137,3 +137,77 @@ fn random_resizes_between_steps_never_exceed_the_budget_in_force() {
         assert_eq!(state.resize(everything).budget_bytes, everything);
     }
 }
+
+/// The compute thread's use of `positions` (from the session's start): each block
+/// demanded, its load landed, released.
+fn walk(state: &mut VramState, table: &ResidencyTable, positions: std::ops::Range<usize>) {
+    let blocks = state.order().len();
+    for position in positions {
+        let block = BlockId((position % blocks) as u32);
+        state.demanded_at(position);
+        let decisions = state.schedule(Some(block));
+        for load in decisions.loads {
+            if let Some((offset, streamed)) = state.loaded(load.block) {
+                table.publish_ready(load.block, crate::DevicePtr(offset), streamed);
+            }
+        }
+        state.released(block, position);
+    }
+}
+
+#[test]
+fn in_the_last_step_a_shrink_gives_way_the_blocks_past_their_last_use_first() {
+    // Proves the hand-over's choice (Belady): halfway through the run's last step,
+    // a model giving way to another unloads the blocks it has used for the last time
+    // (0..4 of 8), not those it still needs in that step, which stay resident.
+    let ring = 2 * align_up(BLOCK);
+    let everything = 8 * align_up(BLOCK) + ring;
+    let (mut state, table) = state(8, everything, everything);
+    walk(&mut state, &table, 0..8);
+    state.last_step(16);
+    walk(&mut state, &table, 8..12);
+    let resized = state.resize(4 * align_up(BLOCK) + ring);
+    assert_eq!(resized.evicted, 4);
+    let streamed = state.streamed_blocks();
+    let stayed: Vec<usize> = (0..8).filter(|&index| !streamed[index]).collect();
+    assert_eq!(stayed, vec![4, 5, 6, 7]);
+    walk(&mut state, &table, 12..16);
+    assert!(state.used_bytes() <= resized.budget_bytes);
+}
+
+#[test]
+fn a_shared_plan_keeps_the_activation_room_free() {
+    // Proves a session planned in a lease (a shared budget) leaves its activation
+    // room unplanned, as one planned alone does: the first reservation evicts
+    // nothing, so blocks loading when it comes (the session's first prefetch) never
+    // stand in its way.
+    let ring = 2 * align_up(BLOCK);
+    let room = 3 * align_up(BLOCK);
+    let everything = 8 * align_up(BLOCK) + ring;
+    let layout = ModelLayout {
+        blocks: (0..8)
+            .map(|index| {
+                let extent = Extent {
+                    file: FileId(0),
+                    offset: 0,
+                    length: BLOCK,
+                };
+                BlockLayout::new(format!("blocks.{index}"), vec![extent])
+            })
+            .collect(),
+    };
+    let table = Arc::new(ResidencyTable::new((0..8).map(|_| BLOCK)));
+    let order = StepOrder::new((0..8).map(BlockId).collect(), 8).unwrap();
+    let lease = everything;
+    let mut state = VramState::new(&layout, order, lease, 1, ResidencyPolicy::Planned, table)
+        .unwrap()
+        .with_activation_room(room)
+        .with_capacity(2 * everything);
+    let resized = state.resize(lease);
+    assert_eq!(resized.budget_bytes, lease);
+    // The session's first pass starts loads; none has landed when the step reserves.
+    let loads = state.schedule(None).loads;
+    assert!(!loads.is_empty());
+    assert_eq!(state.reserve_activations(room), Ok(Vec::new()));
+    assert!(state.used_bytes() <= lease);
+}

@@ -43,7 +43,7 @@ pub use embed::Grid;
 pub use first_frame::FirstFrame;
 pub use input::{Guidance, WanInput};
 pub use open::CLASS_NAME;
-pub use sample::{guided, high_noise_steps, WanSample};
+pub use sample::{guided, high_noise_steps, DeferredSample, NoStart, SampleStart, WanSample};
 pub use single_file::{check_file, transformer_channels, HEAD_DIM_METADATA};
 pub use working_set::activations_at;
 
@@ -56,8 +56,12 @@ pub struct Wan {
     pub config: WanConfig,
     weights: WanWeights,
     input: WanInput,
-    /// Sampling: the schedule's share this run takes.
+    /// Sampling: the schedule's share this run takes (its shape only, when its
+    /// start is deferred).
     sample: Option<WanSample>,
+    /// The share's start, given after the run opened (the video pipeline's low-noise
+    /// expert, opened during the high-noise expert's last step).
+    deferred: Option<DeferredSample>,
     pub grid: Grid,
     /// Video tokens, text tokens.
     pub tokens: usize,
@@ -86,6 +90,7 @@ impl Wan {
             weights,
             input,
             sample,
+            deferred: None,
             grid,
             tokens,
             text,
@@ -120,6 +125,39 @@ impl Wan {
         self.input.guidance.is_some()
     }
 
+    /// The same model whose share's start arrives through `deferred` before its first
+    /// step computes.
+    pub fn with_deferred(mut self, deferred: DeferredSample) -> Self {
+        self.deferred = Some(deferred);
+        self
+    }
+
+    /// The share the steps take: the deferred one once its start arrived.
+    fn share(&self) -> Option<&WanSample> {
+        let taken = self.deferred.as_ref().and_then(DeferredSample::taken);
+        taken.or(self.sample.as_ref())
+    }
+
+    /// Waits for a deferred share's start (once; at once when there is none).
+    fn take_start(&self) -> Result<(), FamilyError> {
+        let (Some(deferred), Some(shape)) = (&self.deferred, &self.sample) else {
+            return Ok(());
+        };
+        match deferred.take(shape) {
+            Ok(_) => Ok(()),
+            Err(NoStart::Stopped) => Err(FamilyError::Session(
+                stagehand_actors::SessionError::Interrupted,
+            )),
+            Err(NoStart::Abandoned) => Err(FamilyError::Model(
+                "the sampling's start never came: the steps before this share ended without it"
+                    .into(),
+            )),
+            Err(NoStart::Mismatched) => Err(FamilyError::Model(
+                "the sampling's start is a latent of another size than the share's".into(),
+            )),
+        }
+    }
+
     /// The run samples (a [`WanSample`]) rather than computing one velocity.
     pub fn sampling(&self) -> bool {
         self.sample.is_some()
@@ -127,6 +165,6 @@ impl Wan {
 
     /// Steps of one sample: the schedule's share a sampling run takes, else 1.
     pub fn steps_per_sample(&self) -> usize {
-        self.sample.as_ref().map_or(1, |sample| sample.steps)
+        self.share().map_or(1, |sample| sample.steps)
     }
 }

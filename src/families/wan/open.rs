@@ -6,7 +6,7 @@ use stagehand_actors::ModelLayout;
 
 use super::config::WanConfig;
 use super::input::WanInput;
-use super::sample::WanSample;
+use super::sample::{DeferredSample, WanSample};
 use super::single_file;
 use super::working_set::activations_at;
 use super::Wan;
@@ -115,7 +115,11 @@ impl Open for Wan {
                 timestep: first,
                 ..sample.input.clone()
             };
-            return Wan::new(request.index, config, input, Some(sample.clone()));
+            let wan = Wan::new(request.index, config, input, Some(sample.clone()))?;
+            return Ok(match request.extras.input::<DeferredSample>() {
+                Some(deferred) => wan.with_deferred(deferred.clone()),
+                None => wan,
+            });
         }
         let input = match request.extras.input::<WanInput>() {
             Some(input) => input.clone(),

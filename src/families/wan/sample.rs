@@ -5,6 +5,10 @@
 //! the run (the video pipeline) can replay the solver over them and hand the latent
 //! and the solver's state to the next expert at the boundary.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
 use super::input::WanInput;
 use super::scheduler::Solver;
 
@@ -85,4 +89,91 @@ pub fn guided(conditional: &[f32], unconditional: &[f32], scale: f32) -> Vec<f32
         .zip(unconditional)
         .map(|(c, u)| u + scale * (c - u))
         .collect()
+}
+
+/// Where a sampling run's share starts: the latent and the solver the steps before it
+/// left (the high-noise expert's last step, for the low-noise expert).
+#[derive(Debug, Clone)]
+pub struct SampleStart {
+    pub latent: Vec<f32>,
+    pub solver: Solver,
+}
+
+/// A [`WanSample`] whose start arrives after the run opened: the run is opened (its
+/// session started, its first blocks loading) with the share's shape — every input
+/// but the latent and the solver's state, which the expert before it is still
+/// computing — and its first step waits for the [`SampleStart`] through a one-shot
+/// channel. The wait ends early when `stop` is set or the sender is dropped (the
+/// expert before it stopped or failed). Once taken, the start is the run's for good:
+/// a check of the first step after the run computes from it too.
+#[derive(Clone)]
+pub struct DeferredSample {
+    inner: Arc<Deferred>,
+}
+
+struct Deferred {
+    start: flume::Receiver<SampleStart>,
+    stop: Arc<AtomicBool>,
+    taken: OnceLock<WanSample>,
+}
+
+/// How often the wait for the start looks at the stop flag.
+const STOP_POLL: Duration = Duration::from_millis(20);
+
+/// What the waiting run found instead of its start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoStart {
+    /// The stop flag was set.
+    Stopped,
+    /// The sender went away without sending (the expert before it failed).
+    Abandoned,
+    /// The start does not fit the share's shape (a latent of another size).
+    Mismatched,
+}
+
+impl DeferredSample {
+    /// A deferred start, and the sender that gives it.
+    pub fn channel(stop: Arc<AtomicBool>) -> (flume::Sender<SampleStart>, Self) {
+        let (sender, start) = flume::bounded(1);
+        let inner = Arc::new(Deferred {
+            start,
+            stop,
+            taken: OnceLock::new(),
+        });
+        (sender, Self { inner })
+    }
+
+    /// The share with its start, once taken.
+    pub fn taken(&self) -> Option<&WanSample> {
+        self.inner.taken.get()
+    }
+
+    /// The share `shape` with its start: waits for it the first time.
+    pub fn take(&self, shape: &WanSample) -> Result<&WanSample, NoStart> {
+        if let Some(sample) = self.inner.taken.get() {
+            return Ok(sample);
+        }
+        let start = loop {
+            if self.inner.stop.load(Ordering::SeqCst) {
+                return Err(NoStart::Stopped);
+            }
+            match self.inner.start.recv_timeout(STOP_POLL) {
+                Ok(start) => break start,
+                Err(flume::RecvTimeoutError::Timeout) => continue,
+                Err(flume::RecvTimeoutError::Disconnected) => return Err(NoStart::Abandoned),
+            }
+        };
+        if start.latent.len() != shape.input.latent.len() {
+            return Err(NoStart::Mismatched);
+        }
+        let sample = WanSample {
+            input: WanInput {
+                latent: start.latent,
+                ..shape.input.clone()
+            },
+            solver: start.solver,
+            steps: shape.steps,
+        };
+        Ok(self.inner.taken.get_or_init(|| sample))
+    }
 }

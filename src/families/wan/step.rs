@@ -407,6 +407,9 @@ impl Family for Wan {
     fn start<C: Compute>(&self, compute: &C) -> Result<WanState<C>, FamilyError> {
         // Refused here, before any block moves, on an adapter without the kernels.
         compute.diffusion()?;
+        // A deferred share's first step waits here for its start; the session has
+        // started already, so its first blocks load meanwhile.
+        self.take_start()?;
         Ok(WanState {
             acts: None,
             sampler: None,
@@ -432,7 +435,7 @@ impl Family for Wan {
                 "activations were not allocated".into(),
             ));
         };
-        let Some(sample) = &self.sample else {
+        let Some(sample) = self.share() else {
             let velocity = self.velocity(&cx, (acts, self.input.timestep), blocks)?;
             return Ok(StepOutput {
                 output: Some(velocity),

@@ -1,10 +1,10 @@
 //! The switch between Wan 2.2 A14B's two experts, measured: from the high-noise
 //! expert's last step to the low-noise expert's first, what the time went to and what
-//! the first step of the second expert moved. Today each expert's run gives back every
-//! byte before the next opens (the step's peak is one expert's), so the switch costs
-//! the first run's close (its session shut down), the second's open and its first
-//! blocks' waits; the figure says whether that stall is small beside one step's
-//! compute, the yardstick issue 41 sets. The experts' first-step checks are not part
+//! the first step of the second expert moved. The switch costs the first run's close
+//! (its session shut down), the second's open and its first blocks' waits — the last
+//! two taken off it when the second opens during the first's last step (`experts`,
+//! measured in [`super::BothOpen`]); the figure says whether that stall is small
+//! beside one step's compute, the yardstick issue 41 sets. The experts' first-step checks are not part
 //! of it: the pipeline makes them after sampling (`super::super::check`), and their
 //! time is given apart.
 
@@ -36,6 +36,10 @@ pub struct HandOver {
     /// sampling, off the switch; `None` when no check was deferred (`verify` set to
     /// something other than `first`). Not part of [`HandOver::stall_seconds`].
     pub first_step_checks_seconds: Option<f64>,
+    /// When the second expert opened during the first's last step (both in one
+    /// budget): what it loaded before its first step and what both held at once.
+    /// `None`: it opened after the first had given back every byte.
+    pub both_open: Option<super::BothOpen>,
 }
 
 impl HandOver {
@@ -121,6 +125,7 @@ impl SwitchClock {
             first_step_bytes: Link::ALL.map(|link| report.after_first_step.link(link).model_bytes),
             step_compute_seconds,
             first_step_checks_seconds: checks_seconds,
+            both_open: None,
         })
     }
 }

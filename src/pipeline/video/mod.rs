@@ -11,24 +11,28 @@
 //! negative prompt's passes under one acquire of each block), the high-noise expert
 //! for the timesteps at or above `boundary_ratio × 1000` and the low-noise expert
 //! (with `guidance_2`) for the rest, then the latent un-normalised and decoded chunk by
-//! chunk. At the switch the first expert's run has given back every byte of its
-//! budgets before the second opens, so the step's peak is one expert's, never both;
-//! each expert's first step is checked against its resident pass after both sampled,
-//! not at the switch (`check`).
+//! chunk. At the switch the second expert opens during the first's last step, both
+//! members of one budget, so its first blocks load meanwhile (`experts`); where two
+//! experts' floors do not fit in the budget, or `hand_over_prefetch` is off, the first
+//! gives back every byte before the second opens. Each expert's first step is checked
+//! against its resident pass after both sampled, not at the switch (`check`).
 //!
 //! From an image (`WanImageToVideoPipeline`, Wan 2.2 I2V-A14B), before the steps: the
 //! video of the image then black frames (and the last image last, when given) goes
 //! through the VAE's encoder, and its latent behind a mask of the given frames is the
 //! condition every step's transformer input carries after the noise.
 
+mod both_open;
 mod condition;
 mod decode;
+mod experts;
 mod files;
 mod folder;
 mod hand_over;
 #[cfg(feature = "mp4")]
 mod mp4;
 
+pub use both_open::BothOpen;
 pub use decode::choose_vae_tile;
 pub use files::VideoFiles;
 pub use folder::WanParts;
@@ -38,13 +42,15 @@ pub use mp4::{mp4_bytes, write_mp4, Mp4Error};
 
 use std::time::Instant;
 
+use super::check::FirstStepCheck;
 use super::{outputs, Picture, PipelineError, PipelineRun, Stage};
 use crate::families::flux::gaussian;
 use crate::families::wan::scheduler::{read_solver, Solver};
-use crate::families::wan::{high_noise_steps, Guidance, WanInput, WanSample};
+use crate::families::wan::{high_noise_steps, Guidance, SampleStart, WanInput, WanSample};
 use crate::families::wan_vae::WanTile;
 use crate::families::{EncoderInput, Extras, PaddingMasked, PromptLength, WorkloadKind};
 use decode::decode;
+use experts::Ran;
 
 /// What to make.
 #[derive(Debug, Clone, PartialEq)]
@@ -74,6 +80,10 @@ pub struct VideoRequest {
     /// Decode in tiles of space (diffusers' `enable_tiling`); `None`: the whole frame
     /// when the budget leaves room for it, else the largest tile that fits.
     pub vae_tile: Option<WanTile>,
+    /// At the switch between two experts, open the second during the first's last
+    /// step, both in one budget, so its first blocks load meanwhile (the default);
+    /// off: the second opens once the first has given back every byte.
+    pub hand_over_prefetch: bool,
 }
 
 impl VideoRequest {
@@ -174,6 +184,8 @@ struct Sampling {
 
 /// The experts' steps: the high-noise expert's, then the low-noise expert's from the
 /// latent and the solver's state it left; the final latent and the switch measured.
+/// With both taking steps and `hand_over_prefetch` on, the second opens during the
+/// first's last step, both in one budget (`experts`); else one after the other.
 fn sample(
     parts: &WanParts,
     request: &VideoRequest,
@@ -187,45 +199,82 @@ fn sample(
         solver,
         high,
     } = sampling;
-    let experts = [
-        ("transformer", &parts.transformer, high, request.guidance),
-        (
-            "transformer_2",
-            parts.transformer_2.as_ref().unwrap_or(&parts.transformer),
-            request.steps - high,
-            request.guidance_2.unwrap_or(request.guidance),
-        ),
-    ];
-    let (mut latent, mut solver) = (std::mem::take(&mut input.latent), solver);
+    let low = request.steps - high;
+    let latent = std::mem::take(&mut input.latent);
+    let share = |latent: Vec<f32>, solver: Solver, steps: usize, scale: f32| WanSample {
+        input: WanInput {
+            latent,
+            guidance: (negative.clone()).map(|negative| Guidance { negative, scale }),
+            ..input.clone()
+        },
+        solver,
+        steps,
+    };
     let clock = hand_over::SwitchClock::default();
     let timed = clock.timed(run, ["transformer", "transformer_2"]);
-    let mut deferred = Vec::with_capacity(experts.len());
-    for (name, part, steps, scale) in experts {
-        if steps == 0 {
-            continue;
-        }
-        let guidance = (negative.clone()).map(|negative| Guidance { negative, scale });
-        let share = WanSample {
-            input: WanInput {
-                latent,
-                guidance,
-                ..input.clone()
+    let second_part = parts.transformer_2.as_ref().unwrap_or(&parts.transformer);
+    let guidance_2 = request.guidance_2.unwrap_or(request.guidance);
+    let mut deferred = Vec::with_capacity(2);
+    let mut both_open = None;
+    let latent = if high > 0 && low > 0 && request.hand_over_prefetch {
+        let first = share(latent, solver.clone(), high, request.guidance);
+        let replayed = first.clone();
+        // Only its shape counts until its start arrives.
+        let shape = share(vec![0.0; first.input.latent.len()], solver, low, guidance_2);
+        let experts = [
+            experts::Expert {
+                name: "transformer",
+                part: &parts.transformer,
+                share: first,
             },
-            solver,
-            steps,
-        };
-        let extras = Extras::default().with(share.clone());
-        let kind = (name, WorkloadKind::Auto);
-        let (stage, check) = timed.stage_deferred(kind, part, &extras, steps as u64)?;
-        if name == "transformer" {
+            experts::Expert {
+                name: "transformer_2",
+                part: second_part,
+                share: shape,
+            },
+        ];
+        let paired = experts::run_paired(&timed, experts, |stage| {
             clock.first_closed();
+            let (latent, solver) = replay(&replayed, stage)?;
+            Ok(SampleStart { latent, solver })
+        })?;
+        push(stages, &mut deferred, paired.first);
+        both_open = paired.both_open;
+        let (second, share) = match paired.second {
+            Some(ran) => (ran, paired.second_share),
+            None => {
+                let kind = ("transformer_2", WorkloadKind::Auto);
+                let extras = Extras::default().with(paired.second_share.clone());
+                let steps = low as u64;
+                let ran = timed.stage_deferred(kind, second_part, &extras, steps)?;
+                (ran, paired.second_share)
+            }
+        };
+        let (latent, _) = replay(&share, &second.0)?;
+        push(stages, &mut deferred, second);
+        latent
+    } else {
+        let experts = [
+            ("transformer", &parts.transformer, high, request.guidance),
+            ("transformer_2", second_part, low, guidance_2),
+        ];
+        let (mut latent, mut solver) = (latent, solver);
+        for (name, part, steps, scale) in experts {
+            if steps == 0 {
+                continue;
+            }
+            let share = share(latent, solver, steps, scale);
+            let extras = Extras::default().with(share.clone());
+            let kind = (name, WorkloadKind::Auto);
+            let ran = timed.stage_deferred(kind, part, &extras, steps as u64)?;
+            if name == "transformer" {
+                clock.first_closed();
+            }
+            (latent, solver) = replay(&share, &ran.0)?;
+            push(stages, &mut deferred, ran);
         }
-        (latent, solver) = share
-            .replay(outputs(&stage).into_iter().map(Vec::as_slice))
-            .map_err(|problem| PipelineError::Failed(format!("{name}: {problem}")))?;
-        deferred.extend(check.map(|check| (stages.len(), check)));
-        stages.push(stage);
-    }
+        latent
+    };
     // Each expert's first step is checked here, after both sampled, not at the end of
     // its run: there the high-noise expert's check sat between its last step and the
     // low-noise expert's first (a whole resident step: most of the switch). Here no
@@ -241,9 +290,26 @@ fn sample(
         let next = stages
             .get(at + 1)
             .filter(|next| next.name == "transformer_2")?;
-        clock.hand_over(&stages[at], next, checks_seconds)
+        let hand_over = clock.hand_over(&stages[at], next, checks_seconds)?;
+        Some(HandOver {
+            both_open,
+            ..hand_over
+        })
     });
     Ok((latent, hand_over))
+}
+
+/// The latent and the solver after `share`'s steps, from its stage's outputs.
+fn replay(share: &WanSample, stage: &Stage) -> Result<(Vec<f32>, Solver), PipelineError> {
+    (share.replay(outputs(stage).into_iter().map(Vec::as_slice)))
+        .map_err(|problem| PipelineError::Failed(format!("{}: {problem}", stage.name)))
+}
+
+/// Keeps a stage, and its deferred check with the stage's place.
+fn push(stages: &mut Vec<Stage>, deferred: &mut Vec<(usize, FirstStepCheck)>, ran: Ran) {
+    let (stage, check) = ran;
+    deferred.extend(check.map(|check| (stages.len(), check)));
+    stages.push(stage);
 }
 
 /// umT5's states of the prompt and, when guided, of the negative prompt: one step
