@@ -151,9 +151,7 @@ fn images_the_pipeline_cannot_take_are_refused_by_name() {
         &request,
         &PipelineRun::quiet(&settings),
     ) {
-        Err(PipelineError::BadField { message, .. } | PipelineError::BadRequest(message)) => {
-            message
-        }
+        Err(PipelineError::BadField { message, .. }) => message,
         other => panic!("not refused as a bad request: {:?}", other.err()),
     };
     let without = refused(

@@ -229,7 +229,16 @@ fn what_the_pipeline_cannot_make_is_refused_by_name() {
     let error = generate_video(&parts, &latent, &PipelineRun::quiet(&settings))
         .err()
         .expect("refused");
-    assert!(matches!(error, PipelineError::BadRequest(_)), "{error}");
+    assert!(
+        matches!(
+            error,
+            PipelineError::BadField {
+                field: "latents",
+                ..
+            }
+        ),
+        "{error}"
+    );
     std::fs::remove_dir_all(folder.join("scheduler")).expect("removes");
     let error = WanParts::folder(&folder).expect_err("no scheduler");
     assert!(error.to_string().contains("scheduler"), "{error}");

@@ -15,7 +15,6 @@ use crate::run::{Budget, RunError};
 /// | [`Layout`](Self::Layout) | yes | the folder is not a pipeline stagehand computes |
 /// | [`MissingPart`](Self::MissingPart), [`MissingFile`](Self::MissingFile) | yes | a model the pipeline needs is not there |
 /// | [`BadField`](Self::BadField) | yes | a field of the request is refused; `field` names it |
-/// | [`BadRequest`](Self::BadRequest) | yes | a request refused, in words (the video request's checks) |
 /// | [`BudgetTooSmall`](Self::BudgetTooSmall) | yes | a stage does not fit the VRAM budget even at its smallest |
 /// | [`Stage`](Self::Stage) | as its run's | a stage's run could not start or failed: its [`RunError`] |
 /// | [`StageOutput`](Self::StageOutput) | no | a stage computed no output, or one of the wrong size: a bug |
@@ -46,10 +45,6 @@ pub enum PipelineError {
         field: &'static str,
         message: String,
     },
-    /// A request the pipeline cannot compute, in words: the video request's checks,
-    /// which are to name their field as [`BadField`](Self::BadField) does.
-    #[error("{0}")]
-    BadRequest(String),
     /// A stage's run failed (its budgets released, as every failed run's are).
     #[error("{stage}: {source}")]
     Stage {

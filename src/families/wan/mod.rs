@@ -148,11 +148,13 @@ impl Wan {
             Err(NoStart::Stopped) => Err(FamilyError::Session(
                 stagehand_actors::SessionError::Interrupted,
             )),
-            Err(NoStart::Abandoned) => Err(FamilyError::Model(
+            // The pipeline returns the first share's own error when it failed, so
+            // either of these reaching a caller is a fault of the pipeline's wiring.
+            Err(NoStart::Abandoned) => Err(FamilyError::internal(
                 "the sampling's start never came: the steps before this share ended without it"
                     .into(),
             )),
-            Err(NoStart::Mismatched) => Err(FamilyError::Model(
+            Err(NoStart::Mismatched) => Err(FamilyError::internal(
                 "the sampling's start is a latent of another size than the share's".into(),
             )),
         }

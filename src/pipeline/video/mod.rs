@@ -336,7 +336,10 @@ fn encode(
     stages.push(stage);
     let Some(states) = states.filter(|states| states.len() % batch == 0 && !states.is_empty())
     else {
-        return Err(PipelineError::Failed("umT5 computed no states".into()));
+        return Err(PipelineError::StageOutput {
+            stage: "umt5",
+            message: "umT5 computed no states".into(),
+        });
     };
     let each = states.len() / batch;
     let negative = guided.then(|| states[each..].to_vec());
@@ -350,36 +353,55 @@ fn clean(text: &str) -> String {
 }
 
 fn check(request: &VideoRequest, parts: &WanParts) -> Result<(), PipelineError> {
-    let bad = |message: String| Err(PipelineError::BadRequest(message));
+    let bad = |field, message: String| Err(PipelineError::field(field, message));
     if request.prompt.trim().is_empty() {
-        return bad("the prompt is empty; say what the video shows".into());
+        return bad(
+            "prompt",
+            "the prompt is empty; say what the video shows".into(),
+        );
     }
     let (width, height) = (request.width, request.height);
     let multiple = 2 * parts.vae_scale;
     if width == 0 || height == 0 || width % multiple != 0 || height % multiple != 0 {
-        return bad(format!("{width}×{height}: width and height must be positive multiples of {multiple} (the VAE's {} × the transformer's patch of 2)", parts.vae_scale));
+        let field = if width == 0 || width % multiple != 0 {
+            "width"
+        } else {
+            "height"
+        };
+        return bad(field, format!("{width}×{height}: width and height must be positive multiples of {multiple} (the VAE's {} × the transformer's patch of 2)", parts.vae_scale));
     }
     if request.frames == 0 || request.frames % 4 != 1 {
         let lower = (request.frames.max(1) - 1) / 4 * 4 + 1;
-        return bad(format!("--frames {}: WAN makes 4k + 1 frames (the VAE keeps the first and folds every 4 after it); give {lower} or {}", request.frames, lower + 4));
+        return bad("frames", format!("--frames {}: WAN makes 4k + 1 frames (the VAE keeps the first and folds every 4 after it); give {lower} or {}", request.frames, lower + 4));
     }
     if request.steps == 0 || request.max_sequence_length == 0 {
-        return bad("steps and the sequence length must be at least 1".into());
+        let field = if request.steps == 0 {
+            "steps"
+        } else {
+            "max_sequence_length"
+        };
+        return bad(
+            field,
+            "steps and the sequence length must be at least 1".into(),
+        );
     }
     let scales = [Some(request.guidance), request.guidance_2];
     if scales.iter().flatten().any(|scale| !scale.is_finite()) {
-        return bad("the guidance scales must be numbers".into());
+        return bad("guidance", "the guidance scales must be numbers".into());
     }
     condition::check(request, parts)?;
     if let Some(noise) = &request.latents {
         let [frames, h, w] = request.latent_size(parts.vae_scale);
         let expected = parts.latent_channels * frames * h * w;
         if noise.len() != expected {
-            return bad(format!(
-                "the starting latent has {} values; [{}, {frames}, {h}, {w}] has {expected}",
-                noise.len(),
-                parts.latent_channels
-            ));
+            return bad(
+                "latents",
+                format!(
+                    "the starting latent has {} values; [{}, {frames}, {h}, {w}] has {expected}",
+                    noise.len(),
+                    parts.latent_channels
+                ),
+            );
         }
     }
     Ok(())
