@@ -41,6 +41,7 @@ fn request() -> VideoRequest {
         image: None,
         last_image: None,
         vae_tile: None,
+        hand_over_prefetch: true,
     }
 }
 

@@ -175,6 +175,7 @@ fn request() -> VideoRequest {
         image: None,
         last_image: None,
         vae_tile: None,
+        hand_over_prefetch: true,
     }
 }
 

@@ -57,6 +57,7 @@ fn request() -> VideoRequest {
         image: Some(image("first.png")),
         last_image: None,
         vae_tile: None,
+        hand_over_prefetch: true,
     }
 }
 

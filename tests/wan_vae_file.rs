@@ -42,6 +42,7 @@ fn request(width: usize, height: usize, image: bool) -> VideoRequest {
         }),
         last_image: None,
         vae_tile: None,
+        hand_over_prefetch: true,
     }
 }
 

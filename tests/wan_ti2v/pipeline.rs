@@ -74,6 +74,7 @@ fn request(image: Option<Vec<f32>>) -> VideoRequest {
         image,
         last_image: None,
         vae_tile: None,
+        hand_over_prefetch: true,
     }
 }
 
