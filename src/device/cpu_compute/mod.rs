@@ -20,6 +20,7 @@
 
 mod amx;
 mod attention;
+mod block;
 mod checksum;
 mod convolution;
 mod diffusion;
@@ -33,13 +34,11 @@ mod kernels;
 mod pipeline;
 mod pool;
 mod products;
-mod weights;
-
-use weights::{as_f32, vector, weight_bytes, weight_scale};
-mod block;
 mod simd;
 mod spare;
 mod tensor;
+mod weights;
+use weights::{as_f32, vector, weight_bytes, weight_scale};
 
 pub use block::CpuBlock;
 pub use simd::kernel_path;

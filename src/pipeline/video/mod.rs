@@ -275,28 +275,39 @@ fn sample(
         }
         latent
     };
-    // Each expert's first step is checked here, after both sampled, not at the end of
-    // its run: there the high-noise expert's check sat between its last step and the
-    // low-noise expert's first (a whole resident step: most of the switch). Here no
-    // session holds a byte, and the latent is checked before the VAE decodes it.
+    let hand_over = checked_hand_over(run, stages, deferred, &clock, both_open)?;
+    Ok((latent, hand_over))
+}
+
+/// Each expert's first step checked, then the switch as measured. The checks are made
+/// here, after both sampled, not at the end of each run: there the high-noise
+/// expert's check sat between its last step and the low-noise expert's first (a whole
+/// resident step: most of the switch). Here no session holds a byte, and the latent
+/// is checked before the VAE decodes it.
+fn checked_hand_over(
+    run: &PipelineRun<'_>,
+    stages: &mut [Stage],
+    deferred: Vec<(usize, FirstStepCheck)>,
+    clock: &hand_over::SwitchClock,
+    both_open: Option<BothOpen>,
+) -> Result<Option<HandOver>, PipelineError> {
     let checked = Instant::now();
     let checks = deferred.len();
     for (at, check) in deferred {
         check.check(run, &mut stages[at])?;
     }
     let checks_seconds = (checks > 0).then(|| checked.elapsed().as_secs_f64());
-    let at = stages.iter().position(|stage| stage.name == "transformer");
-    let hand_over = at.and_then(|at| {
-        let next = stages
-            .get(at + 1)
-            .filter(|next| next.name == "transformer_2")?;
-        let hand_over = clock.hand_over(&stages[at], next, checks_seconds)?;
-        Some(HandOver {
-            both_open,
-            ..hand_over
-        })
-    });
-    Ok((latent, hand_over))
+    let Some(at) = stages.iter().position(|stage| stage.name == "transformer") else {
+        return Ok(None);
+    };
+    let next = stages
+        .get(at + 1)
+        .filter(|next| next.name == "transformer_2");
+    let hand_over = next.and_then(|next| clock.hand_over(&stages[at], next, checks_seconds));
+    Ok(hand_over.map(|hand_over| HandOver {
+        both_open,
+        ..hand_over
+    }))
 }
 
 /// The latent and the solver after `share`'s steps, from its stage's outputs.

@@ -252,14 +252,10 @@ pub fn serve_jobs(
         source: Some(Box::new(error)),
     })?;
     let layout = prepared.facts().layout().clone();
+    let verify = (options.settings.verify).unwrap_or(crate::settings::Verify::First);
     let outcome = (|| {
         let mut blocks = Streamed::new(&mut session, &compute, None)?;
-        if options
-            .settings
-            .verify
-            .unwrap_or(crate::settings::Verify::First)
-            != crate::settings::Verify::Off
-        {
+        if verify != crate::settings::Verify::Off {
             let known = KnownChecksums::open(&crate::run::default_cache_dir(), &prepared.index);
             blocks.landing = Some(LandingCheck::new(&files, &layout).with_known(known));
         }
