@@ -6,6 +6,10 @@
 #
 #   scripts/bench-real-shape-wan.sh [DIR] [VRAM_BUDGET] [PIN_CEILING]
 #
+# VIDEO_FLAGS (environment) are added to the `video` command, e.g.
+# VIDEO_FLAGS=--no-hand-over-prefetch to time the switch without the second expert
+# opening during the first's last step.
+#
 # DIR (default /tmp/wan-a14b-shapes) gets the pipeline folder: scripts/make-real-shape-wan.py
 # writes umT5 at umT5-XXL's width (2 layers), Wan 2.1's VAE, the scheduler and the
 # tokenizer; `stagehand demo-model --wan-preset a14b` the high-noise expert, and the
@@ -37,7 +41,7 @@ trap 'rm -f "$json"' EXIT
 /usr/bin/time -f '%e s wall, %M KiB peak RSS' "$bin" video --model "$dir" \
     --prompt "a red fox runs through the snow" --negative-prompt "blurry" \
     --frames 1 --width 16 --height 16 --steps 2 --max-sequence-length 64 \
-    --vram-budget "$vram" --pin-ceiling "$pins" --out "$dir/fox.mp4" --json >"$json"
+    --vram-budget "$vram" --pin-ceiling "$pins" --out "$dir/fox.mp4" --json ${VIDEO_FLAGS:-} >"$json"
 python3 - "$json" <<'PY'
 import json, sys
 video = json.load(open(sys.argv[1]))
