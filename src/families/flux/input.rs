@@ -88,9 +88,14 @@ pub type HostTensor = (String, Vec<usize>, Vec<f32>);
 
 /// The tensors of a small safetensors file, as f32 with their shapes.
 pub fn read_tensors(path: &Path) -> Result<Vec<HostTensor>, FamilyError> {
-    let bytes = std::fs::read(path).map_err(|error| FamilyError::Io {
-        path: path.display().to_string(),
-        reason: error.to_string(),
+    // A file the caller named: absent or unreadable is theirs to fix (exit 2), not
+    // a failure of the run.
+    let bytes = std::fs::read(path).map_err(|error| match error.kind() {
+        std::io::ErrorKind::NotFound => FamilyError::MissingFile {
+            path: path.to_path_buf(),
+            message: format!("{}: {error}", path.display()),
+        },
+        _ => bad(path, error),
     })?;
     let file = safetensors::SafeTensors::deserialize(&bytes)
         .map_err(|error| bad(path, format!("is not a safetensors file ({error})")))?;
