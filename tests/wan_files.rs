@@ -6,43 +6,17 @@
 //! one bare), umT5 as a bare file, its tokenizer's folder, the VAE's folder and the
 //! scheduler's config: the same latent and frames, bit for bit.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
-use stagehand::pipeline::{
-    generate_video, PipelineError, PipelineRun, VideoFiles, VideoRequest, WanParts,
-};
+use stagehand::pipeline::{generate_video, PipelineError, PipelineRun, VideoFiles, WanParts};
 use stagehand::settings::Settings;
 
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
-}
-
-fn pipeline() -> PathBuf {
-    fixtures().join("wan_pipeline")
-}
+use common::wan::{fixtures, pipeline, seeded_request as request};
 
 fn comfy(name: &str) -> PathBuf {
     fixtures().join("wan_comfy").join(name)
-}
-
-fn request() -> VideoRequest {
-    VideoRequest {
-        prompt: "a red fox runs through the snow at sunset".into(),
-        negative_prompt: "blurry, static".into(),
-        width: 48,
-        height: 64,
-        frames: 5,
-        steps: 4,
-        guidance: 4.0,
-        guidance_2: Some(2.5),
-        seed: 3,
-        latents: None,
-        max_sequence_length: 16,
-        image: None,
-        last_image: None,
-        vae_tile: None,
-        hand_over_prefetch: true,
-    }
 }
 
 /// umT5's weights as a file with no `config.json` beside it (ComfyUI's

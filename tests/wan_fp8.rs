@@ -6,17 +6,19 @@
 //! F8_E5M2, and the velocity diffusers' `WanTransformer3DModel` computes from each
 //! file's weights dequantised as ComfyUI dequantises them (`fp8 × scale` in f32).
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
 use stagehand::families::flux::read_tensors;
 use stagehand::families::wan::WanInput;
-use stagehand::pipeline::{
-    generate_video, PipelineError, PipelineRun, VideoFiles, VideoRequest, WanParts,
-};
+use stagehand::pipeline::{generate_video, PipelineError, PipelineRun, VideoFiles, WanParts};
 use stagehand::run::WorkloadKind;
 use stagehand::run::{execute, prepare_with, Budgets, Extras, Outcome, Prepared, RunPlan};
 use stagehand::settings::Settings;
+
+use common::wan::{fixtures, pipeline, seeded_request as request};
 
 /// Largest difference allowed, relative to the largest magnitude of diffusers'
 /// velocity. Both sides compute in f32 from the same dequantised weights (each FP8
@@ -32,10 +34,6 @@ const TOLERANCE: f32 = 1e-4;
 const STEPS: u64 = 2;
 
 const PREFIX: &str = "model.diffusion_model.";
-
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
-}
 
 fn fp8(name: &str) -> PathBuf {
     fixtures().join("wan_fp8").join(name)
@@ -152,30 +150,6 @@ fn scaled_fp8_experts_match_diffusers_on_their_dequantised_weights() {
             relative < TOLERANCE,
             "{file}: velocity differs by {relative}"
         );
-    }
-}
-
-fn pipeline() -> PathBuf {
-    fixtures().join("wan_pipeline")
-}
-
-fn request() -> VideoRequest {
-    VideoRequest {
-        prompt: "a red fox runs through the snow at sunset".into(),
-        negative_prompt: "blurry, static".into(),
-        width: 48,
-        height: 64,
-        frames: 5,
-        steps: 4,
-        guidance: 4.0,
-        guidance_2: Some(2.5),
-        seed: 3,
-        latents: None,
-        max_sequence_length: 16,
-        image: None,
-        last_image: None,
-        vae_tile: None,
-        hand_over_prefetch: true,
     }
 }
 

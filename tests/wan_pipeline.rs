@@ -7,78 +7,21 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::path::Path;
 
-use stagehand::families::flux::read_tensors;
 use stagehand::families::FamilyError;
 use stagehand::pipeline::{generate_video, PipelineError, PipelineRun, VideoRequest, WanParts};
 use stagehand::run::{
-    budgets_for, execute, prepare, verify_first_step, BudgetAsk, RunError, RunPlan, WorkloadKind,
+    budgets_for, execute, prepare, verify_first_step, BudgetAsk, RunPlan, WorkloadKind,
 };
 use stagehand::settings::{Settings, Verify};
 
 use common::reference::relative_difference;
-use common::usage::LastUsage;
+use common::wan::{assemble, expected, fixtures, reference_request};
 
 /// Relative to the largest magnitude: f32 on both sides through umT5, 4 guided steps
 /// of two experts and the VAE, in other summation orders.
 const TOLERANCE: f32 = 1e-4;
-
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
-}
-
-fn expected(name: &str) -> Vec<f32> {
-    read_tensors(&fixtures().join("wan_pipeline/expected.safetensors"))
-        .expect("reads")
-        .into_iter()
-        .find(|(found, ..)| found == name)
-        .unwrap_or_else(|| panic!("no {name}"))
-        .2
-}
-
-fn copy_folder(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).expect("a folder");
-    for entry in std::fs::read_dir(from).expect("reads the folder") {
-        let entry = entry.expect("an entry");
-        let target = to.join(entry.file_name());
-        if entry.path().is_dir() {
-            copy_folder(&entry.path(), &target);
-        } else if entry.file_name() != "expected.safetensors" {
-            std::fs::copy(entry.path(), target).expect("copies");
-        }
-    }
-}
-
-/// A copy of the pipeline folder in `dir` (its umT5, tokenizer and VAE are links to
-/// the umt5 and wan_vae fixtures; the copy holds their files).
-fn assemble(dir: &Path) -> PathBuf {
-    let folder = dir.join("wan");
-    copy_folder(&fixtures().join("wan_pipeline"), &folder);
-    folder
-}
-
-fn request() -> VideoRequest {
-    VideoRequest {
-        prompt: "a red fox runs through the snow at sunset".into(),
-        negative_prompt: "blurry, static".into(),
-        width: 48,
-        height: 64,
-        frames: 9,
-        steps: 4,
-        guidance: 4.0,
-        guidance_2: Some(2.5),
-        seed: 0,
-        latents: Some(expected("latent")),
-        max_sequence_length: 512,
-        image: None,
-        last_image: None,
-        vae_tile: None,
-        hand_over_prefetch: true,
-    }
-}
 
 #[test]
 fn a_prompt_becomes_wanpipelines_video() {
@@ -90,8 +33,8 @@ fn a_prompt_becomes_wanpipelines_video() {
     let parts = WanParts::folder(&assemble(dir.path())).expect("a Wan pipeline");
     assert_eq!(parts.boundary_ratio, Some(0.875));
     let settings = Settings::default();
-    let video =
-        generate_video(&parts, &request(), &PipelineRun::quiet(&settings)).expect("makes a video");
+    let video = generate_video(&parts, &reference_request(), &PipelineRun::quiet(&settings))
+        .expect("makes a video");
     let names: Vec<&str> = video.stages.iter().map(|stage| stage.name).collect();
     assert_eq!(names, ["umt5", "transformer", "transformer_2", "vae"]);
     let steps: Vec<u64> = video
@@ -216,7 +159,7 @@ fn what_the_pipeline_cannot_make_is_refused_by_name() {
     let settings = Settings::default();
     let frames = VideoRequest {
         frames: 10,
-        ..request()
+        ..reference_request()
     };
     let error = generate_video(&parts, &frames, &PipelineRun::quiet(&settings))
         .err()
@@ -224,7 +167,7 @@ fn what_the_pipeline_cannot_make_is_refused_by_name() {
     assert!(error.to_string().contains("give 9 or 13"), "{error}");
     let latent = VideoRequest {
         latents: Some(vec![0.0; 5]),
-        ..request()
+        ..reference_request()
     };
     let error = generate_video(&parts, &latent, &PipelineRun::quiet(&settings))
         .err()
@@ -314,7 +257,7 @@ fn stagehand_video_writes_the_frames_and_an_mp4_that_decodes_to_them() {
     // The fixture's `latent` tensor is diffusers' starting noise.
     let latents = fixtures().join("wan_pipeline/expected.safetensors");
     let (out, frames_dir) = (dir.path().join("fox.mp4"), dir.path().join("frames"));
-    let request = request();
+    let request = reference_request();
     let output = common::stagehand()
         .args(["video", "--model"])
         .arg(&folder)
@@ -384,138 +327,4 @@ fn stagehand_video_writes_the_frames_and_an_mp4_that_decodes_to_them() {
         least = least.min(psnr);
     }
     eprintln!("stagehand video: the MP4's frames decode within {least:.1} dB PSNR of the PNGs");
-}
-
-#[test]
-fn a_video_stopped_at_the_hand_over_gives_back_every_byte() {
-    // Proves a stop at the switch between the experts — as the first expert's last
-    // step begins (the second opening beside it), as it ends, as the second begins,
-    // after the second's first step — ends the
-    // pipeline Cancelled in the stage it reached, every budget of both experts given
-    // back (the last usage either tier reported is 0 B), and no later stage run.
-    let dir = tempfile::tempdir().expect("a temporary folder");
-    let parts = WanParts::folder(&assemble(dir.path())).expect("a Wan pipeline");
-    let settings = Settings::default();
-    let moments = [
-        // As the first expert's last step begins: the second opens beside it, in
-        // the one budget, and waits for its start.
-        ("transformer", 1, "transformer"),
-        ("transformer", 2, "transformer"),
-        ("transformer_2", 0, "transformer_2"),
-        ("transformer_2", 1, "transformer_2"),
-    ];
-    for (at, done, cancelled_in) in moments {
-        let usage = Arc::new(LastUsage::default());
-        let stop = Arc::new(AtomicBool::new(false));
-        let raise = Arc::clone(&stop);
-        let ran = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let stages = Arc::clone(&ran);
-        let run = PipelineRun {
-            observer: usage.clone(),
-            progress: Arc::new(move |stage, step, _| {
-                stages.lock().expect("not poisoned").push(stage);
-                if (stage, step) == (at, done) {
-                    raise.store(true, Ordering::SeqCst);
-                }
-            }),
-            stop,
-            ..PipelineRun::quiet(&settings)
-        };
-        let what = format!("stopped at {at} step {done}");
-        let Err(error) = generate_video(&parts, &request(), &run) else {
-            panic!("{what}: the video was made");
-        };
-        match &error {
-            PipelineError::Stage {
-                stage,
-                source: RunError::Cancelled { .. },
-            } => assert_eq!(*stage, cancelled_in, "{what}"),
-            other => panic!("{what}: not cancelled: {other}"),
-        }
-        let ran = ran.lock().expect("not poisoned");
-        assert!(!ran.contains(&"vae"), "{what}: the VAE ran: {ran:?}");
-        assert_eq!(usage.vram.load(Ordering::SeqCst), 0, "{what}: VRAM held");
-        assert_eq!(
-            usage.pinned.load(Ordering::SeqCst),
-            0,
-            "{what}: pinned held"
-        );
-    }
-}
-
-#[test]
-fn the_second_experts_first_blocks_load_during_the_first_experts_last_step() {
-    // Proves the hand-over's prefetch in one budget: the video is bit for bit the one
-    // made without the prefetch; the second expert's blocks reached VRAM before its
-    // first step; while both were open they held together at most the one budget;
-    // after the run neither tier holds a byte; and in a budget short of two floors
-    // the second opens after the first, the video the same. (On these fixtures a
-    // floor — the ring and a step's activations, 1.32 MiB — is larger than an
-    // expert's weights, 76 KiB, so a budget that holds two floors holds both experts
-    // whole: the budget cannot be below one expert here.)
-    let dir = tempfile::tempdir().expect("a temporary folder");
-    let parts = WanParts::folder(&assemble(dir.path())).expect("a Wan pipeline");
-    let made = |vram_budget: u64, hand_over_prefetch: bool| {
-        let settings = Settings {
-            vram_budget: Some(bytesize::ByteSize::b(vram_budget)),
-            ..Settings::default()
-        };
-        let usage = Arc::new(LastUsage::default());
-        let run = PipelineRun {
-            observer: usage.clone(),
-            ..PipelineRun::quiet(&settings)
-        };
-        let request = VideoRequest {
-            hand_over_prefetch,
-            ..request()
-        };
-        let video = generate_video(&parts, &request, &run).expect("makes a video");
-        assert_eq!(usage.vram.load(Ordering::SeqCst), 0, "VRAM held");
-        assert_eq!(usage.pinned.load(Ordering::SeqCst), 0, "pinned held");
-        video
-    };
-    // A budget with room for both to the full: each expert's floor, measured.
-    let roomy = made(64 << 20, true);
-    let floor = (roomy.hand_over.as_ref())
-        .and_then(|hand_over| hand_over.both_open)
-        .expect("the second opened beside the first")
-        .expert_floor_vram_bytes;
-    let expert_bytes = roomy.stages[1].outcome.model_bytes;
-    // Two floors and half an expert's weights.
-    let budget = 2 * floor + expert_bytes / 2;
-    let (with, without) = (made(budget, true), made(budget, false));
-    assert_eq!(with.latent, without.latent, "the latent differs");
-    for (a, b) in with.frames.iter().zip(&without.frames) {
-        assert_eq!(a.values, b.values, "a frame differs");
-    }
-    let hand_over = with.hand_over.as_ref().expect("a hand-over");
-    eprintln!("wan pipeline, prefetched: {hand_over:?}");
-    eprintln!("wan pipeline, not prefetched: {:?}", without.hand_over);
-    let both = hand_over
-        .both_open
-        .expect("the second opened beside the first");
-    assert_eq!(both.vram_budget_bytes, budget);
-    assert!(
-        both.prefetched_bytes > 0,
-        "nothing loaded before its first step"
-    );
-    assert!(
-        both.peak_vram_bytes <= budget,
-        "both held {} of VRAM, over the budget {budget}",
-        both.peak_vram_bytes
-    );
-    assert!(
-        both.peak_pinned_bytes <= both.pin_ceiling_bytes,
-        "both held {} pinned, over the ceiling {}",
-        both.peak_pinned_bytes,
-        both.pin_ceiling_bytes
-    );
-    let not_prefetched = without.hand_over.as_ref().expect("a hand-over");
-    assert!(not_prefetched.both_open.is_none());
-    // A byte short of two floors: the second does not fit beside the first, so it
-    // opens after the first has left, and the video is the same.
-    let apart = made(2 * floor - 1, true);
-    let hand_over = apart.hand_over.as_ref().expect("a hand-over");
-    assert!(hand_over.both_open.is_none(), "{hand_over:?}");
-    assert_eq!(apart.latent, without.latent, "the latent differs");
 }

@@ -17,6 +17,7 @@ pub mod sim;
 pub mod storage;
 pub mod threads;
 pub mod usage;
+pub mod wan;
 
 use std::collections::HashMap;
 use std::fs::File;
