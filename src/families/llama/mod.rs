@@ -199,6 +199,13 @@ impl Decoder {
         self.config.kv_bytes_per_token()
     }
 
+    /// The KV-page bytes `state` holds through the activation path: what a sequence
+    /// gives back when it leaves, however its steps ended (a step that failed after
+    /// its pages were reserved still holds them).
+    pub fn kv_reserved_bytes<C: Compute>(&self, state: &DecoderState<C>) -> u64 {
+        state.capacity as u64 * self.kv_bytes_per_token()
+    }
+
     /// The expert cache's slot size (one expert's bytes), for MoE models.
     pub fn expert_bytes(&self) -> Option<u64> {
         let experts = self.config.experts.as_ref()?;
@@ -315,10 +322,12 @@ impl Decoder {
         let decoded = output.decoded.get_or_insert_with(Decoded::default);
         decoded.kv_evicted.extend(gave_way);
         decoded.kv_reserved_bytes = added;
+        // The state owns the reservation from here on ([`Decoder::kv_reserved_bytes`]),
+        // whatever becomes of this step: a sequence gives back what its state holds.
+        state.capacity = capacity;
         for cache in state.k_cache.iter_mut().chain(state.v_cache.iter_mut()) {
             compute.resize_rows(cache, capacity)?;
         }
-        state.capacity = capacity;
         Ok(())
     }
 

@@ -9,9 +9,12 @@
 //!
 //! A sequence whose next KV pages find no room (a shared budget's lease is smaller
 //! than a full batch's want, other sequences hold the rest) waits: it took no step
-//! and is tried again next round, once others have left; only a round in which no
-//! sequence could step fails the ones that found no room (nothing would free it).
-//! An adapter switch that finds no room for the adapter's regions waits the same way.
+//! and is tried again next round, once others have left. An adapter switch that
+//! finds no room for the adapter's regions waits the same way. A round in which no
+//! sequence could step first asks the shared budget for room (another model may
+//! hold it: it gives way); only when no more can be had does a sequence fail — the
+//! newest one holding KV pages, which frees them for the others, or, when none holds
+//! any, those waiting (nothing would free room for them).
 
 use flume::TryRecvError;
 
@@ -31,8 +34,6 @@ struct Sequence {
     adapter: Option<usize>,
     state: DecoderState<CpuCompute>,
     step: u64,
-    /// KV-cache bytes reserved for this sequence, released when it leaves.
-    reserved_bytes: u64,
     generated: usize,
     finished: Option<FinishReason>,
     /// Why this round's step found no room for it (it waits for the next round).
@@ -43,6 +44,7 @@ struct Sequence {
 pub(super) fn run(decoder: &mut Decoder, context: &mut Context<'_, '_>) -> Result<(), FamilyError> {
     let mut active: Vec<Sequence> = Vec::new();
     let mut closed = false;
+    let mut stuck_rounds = 0;
     loop {
         if active.is_empty() {
             if closed {
@@ -63,8 +65,8 @@ pub(super) fn run(decoder: &mut Decoder, context: &mut Context<'_, '_>) -> Resul
         if active.is_empty() {
             continue;
         }
-        step_round(decoder, context, &mut active)?;
-        retire(context, &mut active);
+        step_round(decoder, context, &mut active, &mut stuck_rounds)?;
+        retire(decoder, context, &mut active);
     }
 }
 
@@ -82,12 +84,12 @@ pub(super) fn warm_up(
     if stepped.is_err() {
         let _ = context.blocks.drain(context.compute);
     }
-    let reserved = stepped?
-        .decoded
-        .map_or(0, |decoded| decoded.kv_reserved_bytes);
-    context.end_step()?;
-    context.blocks.session().release_activations(reserved);
-    Ok(())
+    let ended = stepped.and_then(|_| context.end_step());
+    context
+        .blocks
+        .session()
+        .release_activations(decoder.kv_reserved_bytes(&state));
+    ended
 }
 
 /// Starts a job's sequence, or answers it with why it cannot run.
@@ -126,7 +128,6 @@ fn admit(
         job,
         state,
         step: 0,
-        reserved_bytes: 0,
         generated: 0,
         finished: None,
         no_room: None,
@@ -155,11 +156,17 @@ fn check_job(decoder: &Decoder, job: &GenerateJob) -> Result<(), String> {
     job.sampling.validate()
 }
 
+/// Rounds in a row in which nothing stepped and the shared budget gave more room
+/// before the waiting sequences count as stuck: another model may take the room
+/// back before each round, so growing is not always progress.
+const STUCK_ROUNDS_MAX: u32 = 16;
+
 /// One step of every active sequence: one batch per adapter in use.
 fn step_round(
     decoder: &Decoder,
     context: &mut Context<'_, '_>,
     active: &mut [Sequence],
+    stuck_rounds: &mut u32,
 ) -> Result<(), FamilyError> {
     for sequence in active.iter_mut() {
         if sequence.job.cancel.is_cancelled() || sequence.job.events.is_disconnected() {
@@ -170,6 +177,11 @@ fn step_round(
     for adapter in round_order(context.loras.attached, active) {
         stepped += step_group(decoder, context, active, adapter)?;
     }
+    if stepped > 0 || active.iter().all(|sequence| sequence.no_room.is_none()) {
+        *stuck_rounds = 0;
+    } else {
+        *stuck_rounds += 1;
+    }
     if active.iter().all(|sequence| sequence.no_room.is_none()) {
         return Ok(());
     }
@@ -178,18 +190,67 @@ fn step_round(
         if let Some(member) = context.member {
             member.begin_use();
         }
-        for sequence in active.iter_mut() {
-            sequence.no_room = None;
-        }
+        active
+            .iter_mut()
+            .for_each(|sequence| sequence.no_room = None);
         return Ok(());
     }
-    for sequence in active.iter_mut() {
-        if let Some(why) = sequence.no_room.take() {
+    // Nothing stepped: a shrink for another model may have taken the room these
+    // sequences' pages and adapter regions need. Ask for it back before failing.
+    let grew = *stuck_rounds <= STUCK_ROUNDS_MAX
+        && context.member.is_some_and(|member| member.ask_for_room());
+    if grew {
+        active
+            .iter_mut()
+            .for_each(|sequence| sequence.no_room = None);
+        return Ok(());
+    }
+    *stuck_rounds = 0;
+    fail_for_room(decoder, active);
+    Ok(())
+}
+
+/// Nothing stepped and no more room can be had: the sequences [`who_fails`] names
+/// fail, the other waiting ones are tried again next round.
+fn fail_for_room(decoder: &Decoder, active: &mut [Sequence]) {
+    let waiting: Vec<Waiting> = active
+        .iter()
+        .map(|sequence| Waiting {
+            waits: sequence.no_room.is_some(),
+            holds_pages: decoder.kv_reserved_bytes(&sequence.state) > 0,
+        })
+        .collect();
+    for (sequence, fails) in active.iter_mut().zip(who_fails(&waiting)) {
+        let why = sequence.no_room.take();
+        if let (true, Some(why)) = (fails, why) {
             let _ = sequence.job.events.send(TokenEvent::Failed(why));
             sequence.finished = Some(FinishReason::Cancelled);
         }
     }
-    Ok(())
+}
+
+/// A sequence of a round in which nothing stepped, as [`who_fails`] sees it.
+#[derive(Debug, Clone, Copy)]
+struct Waiting {
+    /// It found no room this round.
+    waits: bool,
+    /// It holds KV pages (leaving frees them).
+    holds_pages: bool,
+}
+
+/// Which sequences of a stuck round fail, in the order they joined: the newest
+/// waiting one that holds KV pages (leaving, it frees them for the others), or,
+/// when none holds any, every waiting one (nothing would free room for them).
+fn who_fails(sequences: &[Waiting]) -> Vec<bool> {
+    let holder = sequences
+        .iter()
+        .rposition(|sequence| sequence.waits && sequence.holds_pages);
+    (0..sequences.len())
+        .map(|index| match holder {
+            Some(holder) => index == holder,
+            None => sequences[index].waits,
+        })
+        .collect()
 }
 
 /// The adapters of the sequences still running, the attached one first, the others
@@ -287,7 +348,6 @@ fn record(sequence: &mut Sequence, output: Result<StepOutput, FamilyError>) -> b
     };
     sequence.step += 1;
     let decoded = output.decoded.unwrap_or_default();
-    sequence.reserved_bytes += decoded.kv_reserved_bytes;
     sequence.generated += 1;
     let _ = sequence.job.events.send(TokenEvent::Token(decoded.token));
     if sequence.job.stop_tokens.contains(&decoded.token) {
@@ -299,15 +359,13 @@ fn record(sequence: &mut Sequence, output: Result<StepOutput, FamilyError>) -> b
 }
 
 /// Sequences that ended leave: their KV pages go back, their jobs are told.
-fn retire(context: &mut Context<'_, '_>, active: &mut Vec<Sequence>) {
+fn retire(decoder: &Decoder, context: &mut Context<'_, '_>, active: &mut Vec<Sequence>) {
     active.retain(|sequence| {
         let Some(reason) = sequence.finished else {
             return true;
         };
-        context
-            .blocks
-            .session()
-            .release_activations(sequence.reserved_bytes);
+        let reserved = decoder.kv_reserved_bytes(&sequence.state);
+        context.blocks.session().release_activations(reserved);
         let _ = sequence.job.events.send(TokenEvent::Finished(Finished {
             reason,
             prompt_tokens: sequence.prompt_tokens,
@@ -315,4 +373,30 @@ fn retire(context: &mut Context<'_, '_>, active: &mut Vec<Sequence>) {
         }));
         false
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{who_fails, Waiting};
+
+    fn waiting(flags: &[(bool, bool)]) -> Vec<Waiting> {
+        (flags.iter())
+            .map(|&(waits, holds_pages)| Waiting { waits, holds_pages })
+            .collect()
+    }
+
+    #[test]
+    fn a_stuck_round_fails_only_the_newest_sequence_that_holds_pages() {
+        // Proves one leaving frees room for the rest: the older holders and those
+        // without pages wait on (they failed all together before, on the CI machine).
+        let round = waiting(&[(true, true), (true, false), (true, true), (true, false)]);
+        assert_eq!(who_fails(&round), [false, false, true, false]);
+    }
+
+    #[test]
+    fn a_stuck_round_with_no_pages_held_fails_every_waiting_sequence() {
+        // Nothing would free room for them: each is told why now, not left to hang.
+        let round = waiting(&[(true, false), (false, false), (true, false)]);
+        assert_eq!(who_fails(&round), [true, false, true]);
+    }
 }

@@ -46,6 +46,26 @@ impl SharedMember {
         }
     }
 
+    /// The model found no room for any of its work: it is ranked first and grown
+    /// toward its want, as [`Self::begin_use`]. Returns whether its VRAM lease grew
+    /// (another model gave way); false when nothing more can be had now.
+    pub fn ask_for_room(&self) -> bool {
+        let lease = |pool: &SharedBudget| {
+            pool.snapshot()
+                .into_iter()
+                .find(|member| member.name == self.name)
+                .map_or(0, |member| member.lease.vram_bytes)
+        };
+        let before = lease(&self.pool);
+        match self.pool.begin_use(&self.name) {
+            Ok(after) => after.vram_bytes > before,
+            Err(error) => {
+                tracing::warn!("shared budget: {}: {error}", self.name);
+                false
+            }
+        }
+    }
+
     /// The model waits for a job: it gives way first.
     pub fn end_use(&self) {
         self.pool.end_use(&self.name);
