@@ -9,7 +9,9 @@
 #                                    cache.
 #   scripts/deploy-check.sh --ray    and the Ray Serve application end to end on the
 #                                    CPU (deploy/ray/test_ray_app.py): installs
-#                                    ray[serve] and openai, builds the release binary.
+#                                    ray[serve] and openai, builds the release binary
+#                                    unless DEPLOY_STAGEHAND_BIN names one already
+#                                    built (CI passes the suite's debug binary).
 #   scripts/deploy-check.sh --bench  and two replicas against one (deploy/ray/bench_ray.py).
 #
 # Python packages go to a venv in the cargo target folder (git ignores it):
@@ -71,8 +73,12 @@ if ! $ray; then
 fi
 echo "deploy-check: Ray Serve application (ray[serve] 2.60, CPU replicas)"
 pip -r deploy/ray/requirements.txt
-CARGO_TARGET_DIR="$target" cargo build --release --quiet --bin stagehand
-export DEPLOY_STAGEHAND_BIN="$target/release/stagehand"
+if [ -z "${DEPLOY_STAGEHAND_BIN:-}" ]; then
+    CARGO_TARGET_DIR="$target" cargo build --release --quiet --bin stagehand
+    DEPLOY_STAGEHAND_BIN="$target/release/stagehand"
+fi
+export DEPLOY_STAGEHAND_BIN
+echo "  with $DEPLOY_STAGEHAND_BIN"
 timeout 900 "$python" deploy/ray/test_ray_app.py
 if $bench; then
     timeout 1800 "$python" deploy/ray/bench_ray.py

@@ -231,6 +231,21 @@ def routed_to_where_resident(base_url: str, state_dir: Path, count: int) -> None
           f"{routed - len(bodies)} were 429s asked again)")
 
 
+def tokens_lasting(base_url: str, seconds: float) -> int:
+    """How many greedy llama tokens one request generates in about `seconds` with this
+    binary on this machine. The long requests below are sized by time, not by count:
+    a debug build (CI runs this test on the suite's debug binary) decodes several
+    times slower than a release one, and a request must be in flight when the test
+    acts on it yet end well within REQUEST_S."""
+    probe = 200
+    started = time.monotonic()
+    status, _, _ = http(base_url + "/v1/completions", {"model": "llama", "prompt": "t", "max_tokens": probe})
+    elapsed = time.monotonic() - started
+    check(status == 200, f"a {probe}-token request took {elapsed:.2f} s")
+    # At most 2600: the longest request below asks 1.5 times this, under max_tokens 4000.
+    return min(2600, max(20, int(seconds * probe / elapsed)))
+
+
 def full_queue_passes_429(base_url: str) -> None:
     print("3. a full queue's 429 reaches the client with Retry-After", flush=True)
     long_body = {"model": "llama", "prompt": "a", "max_tokens": 4000, "stream": True}
@@ -256,12 +271,12 @@ def full_queue_passes_429(base_url: str) -> None:
           f"6 requests behind a running one with a queue of 2: {statuses}, Retry-After {retry_after}")
 
 
-def killed_replica_loses_nothing(base_url: str, state_dir: Path) -> str:
+def killed_replica_loses_nothing(base_url: str, state_dir: Path, long_tokens: int) -> str:
     print("4. killing a replica's process mid-load: every request answered; the replica replaced", flush=True)
     (victim,) = [r for r in replicas(state_dir) if "llama" in r["models"]]
     # One runs, two wait in its queue, the others are 429s asked again: all in flight
-    # for seconds (2000 tokens each, one sequence at a time) when the process dies.
-    body = {"model": "llama", "prompt": "x", "max_tokens": 2000}
+    # for seconds (about 2 s each, one sequence at a time) when the process dies.
+    body = {"model": "llama", "prompt": "x", "max_tokens": long_tokens}
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         futures = [pool.submit(http_patient, base_url + "/v1/completions", body) for _ in range(8)]
         time.sleep(0.5)
@@ -294,7 +309,8 @@ def drained(state_dir: Path, skip: set[str]) -> None:
               f"replica {tag} drained: exit {report['exit_code']}, held {report['models']}")
 
 
-def scales_under_queue_pressure(serve, build_app, folders, state_dir: Path, port: int) -> None:
+def scales_under_queue_pressure(serve, build_app, folders, state_dir: Path, port: int,
+                                long_tokens: int) -> None:
     print("6. autoscaling on ongoing requests: 1 replica becomes 2 under queue pressure", flush=True)
     config = app_config(folders, state_dir, autoscaling={
         "min_replicas": 1, "max_replicas": 2, "initial_replicas": 1, "target_ongoing_requests": 1,
@@ -312,7 +328,7 @@ def scales_under_queue_pressure(serve, build_app, folders, state_dir: Path, port
 
     check(running() == 1, "starts with 1 replica")
     base_url = f"http://127.0.0.1:{port}"
-    body = {"model": "llama", "prompt": "z", "max_tokens": 1500}
+    body = {"model": "llama", "prompt": "z", "max_tokens": long_tokens * 3 // 2}
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         futures = [pool.submit(http, base_url + "/v1/completions", body, 240) for _ in range(8)]
         started = time.monotonic()
@@ -323,7 +339,7 @@ def scales_under_queue_pressure(serve, build_app, folders, state_dir: Path, port
     check(statuses.count(200) == 8, f"the 8 long requests answered {statuses}")
 
 
-def sigterm_of_the_launcher_drains(folders, work: Path) -> None:
+def sigterm_of_the_launcher_drains(folders, work: Path, long_tokens: int) -> None:
     print("7. SIGTERM of `python -m stagehand_ray`: the stream in flight ends, every replica drains", flush=True)
     import yaml
 
@@ -341,7 +357,7 @@ def sigterm_of_the_launcher_drains(folders, work: Path) -> None:
         while "listening on" not in line and time.monotonic() < deadline and launcher.poll() is None:
             line = launcher.stdout.readline()
         check("listening on" in line, f"the launcher serves: {line.strip()}")
-        body = {"model": "llama", "prompt": "s", "max_tokens": 300, "stream": True}
+        body = {"model": "llama", "prompt": "s", "max_tokens": long_tokens // 2, "stream": True}
         request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions",
                                          data=json.dumps(body).encode(),
                                          headers={"content-type": "application/json"})
@@ -386,18 +402,19 @@ def main() -> int:
         client = openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=REQUEST_S)
         answers_equal_a_lone_serve(client, folders, work / "lone")
         routed_to_where_resident(base_url, state_dir, count=20)
+        long_tokens = tokens_lasting(base_url, 2.0)
         full_queue_passes_429(base_url)
-        victim = killed_replica_loses_nothing(base_url, state_dir)
+        victim = killed_replica_loses_nothing(base_url, state_dir, long_tokens)
         print("5. removing the application drains every replica", flush=True)
         serve.delete("stagehand")
         drained(state_dir, skip={victim})
         scaled_dir = work / "scaled"
-        scales_under_queue_pressure(serve, build_app, folders, scaled_dir, port)
+        scales_under_queue_pressure(serve, build_app, folders, scaled_dir, port, long_tokens)
         serve.shutdown()
         drained(scaled_dir, skip=set())
     finally:
         ray.shutdown()
-    sigterm_of_the_launcher_drains(folders, work)
+    sigterm_of_the_launcher_drains(folders, work, long_tokens)
     print(f"all checks passed in {time.monotonic() - started:.1f} s")
     shutil.rmtree(work, ignore_errors=True)  # kept when a check fails, for its logs
     return 0
