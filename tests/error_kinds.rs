@@ -318,3 +318,32 @@ fn a_compute_dtype_cuda_cannot_do_is_a_missing_capability() {
         "{capability}"
     );
 }
+
+#[test]
+fn a_folder_of_several_index_files_is_an_unsupported_model_saying_so() {
+    // Proves a checkpoint the index cannot read as one model (here two index files to
+    // choose from) is `UnsupportedModel` with `found` saying what it is, exit 2: it
+    // was a `BadInput` string.
+    let dir = tempfile::tempdir().unwrap();
+    demo_model(dir.path());
+    let model = dir.path().to_path_buf();
+    for name in ["a.safetensors.index.json", "b.safetensors.index.json"] {
+        std::fs::write(model.join(name), r#"{"weight_map": {}}"#).unwrap();
+    }
+    let error = prepare(&model, WorkloadKind::Auto, 2, &settings(), false)
+        .err()
+        .expect("refused");
+    assert_eq!(error.exit_code(), 2);
+    let RunError::UnsupportedModel {
+        path,
+        found,
+        message,
+        ..
+    } = error
+    else {
+        panic!("expected an unsupported model, got {error:?}");
+    };
+    assert_eq!(path, model);
+    assert!(found.contains("2 index files"), "{found}");
+    assert!(message.contains("pass the one you mean"), "{message}");
+}

@@ -1,7 +1,8 @@
 //! A model family's refusals as an embedder sees them: a checkpoint lacking a tensor,
 //! a `config.json` value refused, a prompt longer than the model takes and a pipeline
 //! request out of range are told apart by kind and by the name they carry (the
-//! tensor, the key, the field), never by their words.
+//! tensor, the key, the field), never by their words; so are a step that found no
+//! room, stagehand's own bugs and a decoder asked to embed.
 
 use std::error::Error as _;
 use std::path::{Path, PathBuf};
@@ -168,4 +169,139 @@ fn a_pipeline_request_out_of_range_names_its_field() {
         panic!("expected a refused request, got {error:?}");
     };
     assert_eq!(field, "width");
+}
+
+#[test]
+fn a_steps_no_room_is_its_own_kind_and_a_detached_copy_keeps_it() {
+    // Proves a step that found no room in the budget is `NoRoom` (exit 1, not the
+    // caller's input: serve answers 503), and that the copy each job of an embedding
+    // batch gets keeps the kind, its figures and its words without the source chain
+    // (each job got a `BadInput` string).
+    let error = RunError::from(FamilyError::NoRoom("the KV cache does not fit".into()));
+    assert!(!error.is_bad_input());
+    assert_eq!(error.exit_code(), 1);
+    assert!(
+        error.source().is_some(),
+        "the family's error stays the source"
+    );
+    let copy = error.detached();
+    let RunError::NoRoom { message, source } = &copy else {
+        panic!("expected no room, got {copy:?}");
+    };
+    assert_eq!(message, "the KV cache does not fit");
+    assert!(source.is_none());
+    let starved = RunError::from(FamilyError::Session(
+        stagehand::actors::SessionError::Starved {
+            block: stagehand::actors::BlockId(3),
+            attempts: 4,
+        },
+    ));
+    assert!(matches!(starved.detached(), RunError::NoRoom { .. }));
+
+    let budget = RunError::from(FamilyError::Session(
+        stagehand::actors::SessionError::NoPlace {
+            block: stagehand::actors::BlockId(0),
+            bytes: 10,
+            reason: "held".into(),
+            needed: stagehand::actors::Bytes(4 << 20),
+        },
+    ));
+    let RunError::BudgetTooSmall {
+        least_bytes,
+        message,
+        ..
+    } = budget.detached()
+    else {
+        panic!("expected a budget refusal, got {budget:?}");
+    };
+    assert_eq!(message, budget.to_string());
+    assert!(least_bytes >= 4 << 20, "{least_bytes}");
+}
+
+#[test]
+fn a_broken_rule_of_stagehands_own_is_internal_not_the_callers_input() {
+    // Proves stagehand's own bugs (a shape its parts disagree on, a streamed result
+    // that is not the reference's, a session asked out of order) are `Internal`,
+    // exit 1, and an activation too large for memory is `NotEnoughMemory`: they were
+    // `Failed` or, while the model was opened, `BadInput` strings.
+    use stagehand::compute::ComputeError;
+    let bugs = [
+        FamilyError::Compute(ComputeError::Shape("q: [2, 3] vs [3, 2]".into())),
+        FamilyError::Mismatch {
+            step: 0,
+            index: 1,
+            got: 1.0,
+            expected: 2.0,
+        },
+        FamilyError::Session(stagehand::actors::SessionError::Stopped),
+    ];
+    for bug in bugs {
+        let words = bug.to_string();
+        let error = RunError::from(bug);
+        assert!(
+            matches!(&error, RunError::Internal { message, .. } if *message == words),
+            "{error:?}"
+        );
+        assert_eq!(error.exit_code(), 1);
+    }
+    let memory = RunError::from(FamilyError::Compute(ComputeError::OutOfMemory(
+        "an activation of 9 × 9 f32 does not fit in host memory; lower --batch".into(),
+    )));
+    assert!(
+        matches!(memory, RunError::NotEnoughMemory { .. }),
+        "{memory:?}"
+    );
+}
+
+#[test]
+fn a_decoder_asked_to_embed_refuses_the_model_field() {
+    // Proves a kept-loaded decoder sent an embedding job answers `BadRequest` naming
+    // `model` (exit 2, serve's 400), not a `BadInput` string, and keeps serving.
+    use stagehand::families::EncoderInput;
+    use stagehand::run::loaded::{
+        serve_jobs, BatchLimits, Cancel, EmbedJob, Job, LoadedOptions, NoBatchObserver,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let folder = tiny_decoder(dir.path());
+    let prepared = prepare(&folder, WorkloadKind::Auto, 1, &settings(), false).expect("opens");
+    let (jobs, queue) = flume::bounded(4);
+    let (ready, started) = flume::bounded(1);
+    let worker = std::thread::spawn(move || {
+        let settings = settings();
+        let options = LoadedOptions {
+            settings: &settings,
+            limits: BatchLimits {
+                max_sequences: 1,
+                max_batch_tokens: 64,
+                max_sequence_tokens: 16,
+            },
+            observer: stagehand::run::no_observer(),
+            batches: Box::new(NoBatchObserver),
+            shared: None,
+        };
+        serve_jobs(prepared, options, queue, |info| {
+            let _ = ready.send(info.map(|_| ()));
+        })
+    });
+    started.recv().unwrap().expect("the decoder runs");
+    let (reply, answer) = flume::bounded(1);
+    let job = EmbedJob {
+        input: EncoderInput::TokenIds(vec![vec![1, 2]]),
+        adapter: None,
+        reply,
+        cancel: Cancel::new(),
+    };
+    jobs.send(Job::Embed(job)).unwrap();
+    let Err(error) = answer.recv().unwrap() else {
+        panic!("the decoder embedded");
+    };
+    assert_eq!(error.exit_code(), 2);
+    let RunError::BadRequest { field, message, .. } = error else {
+        panic!("expected a refused request, got {error:?}");
+    };
+    assert_eq!(field, "model");
+    assert!(message.contains("it does not embed"), "{message}");
+    drop(jobs);
+    let stats = worker.join().unwrap().expect("the model stops cleanly");
+    assert_eq!((stats.vram.used_bytes, stats.pinned.used_bytes), (0, 0));
 }

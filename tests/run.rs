@@ -207,6 +207,8 @@ fn plan_for(settings: &Settings, steps: u64) -> RunPlan<'_> {
 
 #[test]
 fn a_failed_read_fails_the_run_and_releases_every_budget() {
+    // Proves a read that fails mid-run (an injected fault, which names no file) is
+    // the run's `Io`, exit 1, and that every budget came back.
     let dir = tempfile::tempdir().unwrap();
     let model = demo_model(dir.path());
     let settings = settings();
@@ -214,8 +216,9 @@ fn a_failed_read_fails_the_run_and_releases_every_budget() {
     let mut plan = plan_for(&settings, 5);
     plan.fail_after_reads = Some(12);
     let error = execute(&prepared, plan).err().expect("the run must fail");
-    let RunError::Failed(message) = error else {
-        panic!("expected a run failure, got {error:?}");
+    assert_eq!(error.exit_code(), 1);
+    let RunError::Io { message, .. } = error else {
+        panic!("expected a failed read, got {error:?}");
     };
     assert!(message.contains("injected"), "{message}");
     assert!(message.contains("every budget was released"), "{message}");

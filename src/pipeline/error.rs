@@ -134,8 +134,12 @@ impl From<PipelineError> for RunError {
                 message,
                 source: Some(Box::new(error)),
             },
-            other if other.is_bad_input() => RunError::BadInput(message),
-            _ => RunError::Failed(message),
+            // A stage's output of the wrong size, a thread that panicked, a replay
+            // that does not add up: stagehand's own.
+            PipelineError::StageOutput { .. } | PipelineError::Failed(_) => RunError::Internal {
+                message,
+                source: Some(Box::new(error)),
+            },
         }
     }
 }

@@ -12,12 +12,8 @@
 
 use std::path::PathBuf;
 
-use stagehand_actors::{Bytes, PlanError, SessionError};
-
-use super::refusal::{least_at_flag, vram_refusal};
-
 /// The cause of a run error, when it is an error of its own: the model index's
-/// [`crate::model::IndexError`], the actors' [`SessionError`], an [`std::io::Error`],
+/// [`crate::model::IndexError`], the actors' [`SessionError`](stagehand_actors::SessionError), an [`std::io::Error`],
 /// a CUDA error. Downcast it to look inside.
 pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
 
@@ -70,10 +66,10 @@ impl Budget {
 /// | [`MissingCapability`](Self::MissingCapability) | 2 | the CPU, GPU or build cannot do what was asked |
 /// | [`Device`](Self::Device) | 1 | the device failed (a copy, a driver call, an allocation) |
 /// | [`Io`](Self::Io) | 1 | reading or writing failed while the run worked |
-/// | [`Cancelled`](Self::Cancelled) | 1 | the owner asked the run to stop (a signal, a stop flag) |
-/// | [`BadRequest`](Self::BadRequest) | 2 | the request is refused (a prompt too long, an input of the wrong size); `field` names it |
-/// | [`BadInput`](Self::BadInput) | 2 | any other input the caller must change |
-/// | [`Failed`](Self::Failed) | 1 | any other failure of the run, and stagehand's own bugs |
+/// | [`Cancelled`](Self::Cancelled) | 1 | the owner asked the run to stop (a signal, a stop flag), or a loaded model stopped before a queued job ran |
+/// | [`BadRequest`](Self::BadRequest) | 2 | the request is refused (a prompt too long, an input of the wrong size, a model asked for what it does not do); `field` names it |
+/// | [`NoRoom`](Self::NoRoom) | 1 | the budget had no room now for a step's activations (KV pages, an adapter's regions) beside what others hold: a retry may fit |
+/// | [`Internal`](Self::Internal) | 1 | stagehand's own bug or an invariant that broke: report it |
 ///
 /// A model family's error ([`FamilyError`](crate::families::FamilyError)) becomes
 /// the kind of what it says, and stays the [`source`](std::error::Error::source) to
@@ -88,9 +84,20 @@ impl Budget {
 /// | `MissingFile` | [`MissingFile`](Self::MissingFile) |
 /// | `BadFile` | [`Unreadable`](Self::Unreadable) |
 /// | `BadRequest`, `Lora` | [`BadRequest`](Self::BadRequest) (`field` `"lora"` for a LoRA) |
-/// | `NotEnoughMemory` | [`NotEnoughMemory`](Self::NotEnoughMemory) |
-/// | `Internal` | [`Failed`](Self::Failed) |
+/// | `NotEnoughMemory`, a `Compute` out of memory | [`NotEnoughMemory`](Self::NotEnoughMemory) |
+/// | `NoRoom` | [`NoRoom`](Self::NoRoom) |
+/// | `Corrupt` (a block landed with other bytes than the file's) | [`Device`](Self::Device) |
+/// | `Internal`, `Mismatch`, a `Compute` shape error | [`Internal`](Self::Internal) |
 /// | `Io`, `Changed`, `Session`, a device's `Compute` | [`Io`](Self::Io), [`CheckpointChanged`](Self::CheckpointChanged), the session's kind, [`Device`](Self::Device) |
+///
+/// A [`SessionError`](stagehand_actors::SessionError) becomes: a plan's budget refusal, `NoPlace` and
+/// `LoraPinCeiling` [`BudgetTooSmall`](Self::BudgetTooSmall); `Activations` and
+/// `Starved` [`NoRoom`](Self::NoRoom); `TooManyAdapters` [`BadRequest`](Self::BadRequest)
+/// (`lora`); `Plan`'s `Zero` [`BadSetting`](Self::BadSetting); `Interrupted`
+/// [`Cancelled`](Self::Cancelled); `ReadFailed` [`CheckpointChanged`](Self::CheckpointChanged)
+/// or [`Io`](Self::Io); `Device`, `CopyFailed`, `PinFailed` [`Device`](Self::Device); the
+/// rest (an unknown block, a stopped session, a LoRA protocol error, an empty order)
+/// [`Internal`](Self::Internal).
 #[non_exhaustive]
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -109,8 +116,10 @@ pub enum RunError {
         source: Option<Cause>,
     },
     /// A buffer a setting sizes (`--batch`, the LoRA rank, the staging ring) needs
-    /// more RAM than the machine can spare (`MemAvailable` less `ram_floor`); `None`
-    /// for a size that overflows.
+    /// more RAM than the machine can spare (`MemAvailable` less `ram_floor`), or an
+    /// activation did not fit in the memory it is computed in (the family's
+    /// `Compute` out of memory: lower `--batch`); `None` for a size that overflows or
+    /// was not told.
     #[error("{message}")]
     NotEnoughMemory {
         needed_bytes: Option<u64>,
@@ -185,14 +194,17 @@ pub enum RunError {
         #[source]
         source: Option<Cause>,
     },
-    /// The device failed: a copy, a driver call, a device allocation.
+    /// The device failed: a copy, a driver call, a device allocation, a block whose
+    /// bytes landed other than the file's (the landing check), the calibration of the
+    /// copy and read rates.
     #[error("{message}")]
     Device {
         message: String,
         #[source]
         source: Option<Cause>,
     },
-    /// Reading or writing `path` failed while the run worked.
+    /// Reading or writing `path` failed while the run worked (`path` is empty where
+    /// the storage adapter did not name the file, as an injected fault).
     #[error("{message}")]
     Io {
         path: PathBuf,
@@ -201,7 +213,8 @@ pub enum RunError {
         source: Option<Cause>,
     },
     /// The owner asked the run to stop (a signal, the plan's stop flag) before it
-    /// finished; every budget was released.
+    /// finished; every budget was released. A kept-loaded model that stopped (its
+    /// queue closed, or it failed) cancels the jobs still queued, saying why.
     #[error("{message}")]
     Cancelled { message: String },
     /// The request is refused: `field` names what to change as a request spells it
@@ -214,12 +227,29 @@ pub enum RunError {
         #[source]
         source: Option<Cause>,
     },
-    /// Any other input the caller must change, in words.
-    #[error("{0}")]
-    BadInput(String),
-    /// Any other failure of the run, in words.
-    #[error("{0}")]
-    Failed(String),
+    /// The budget had no room now for what a step needs beside what is held: a
+    /// sequence's activations (its KV pages), an adapter's VRAM regions, a block that
+    /// kept being evicted before it could be used. The step gave back what it held;
+    /// a retry may fit once other work (another sequence, another model of a shared
+    /// budget) has left, and a larger budget does (the source, the session's
+    /// `Activations` error where there is one, says how much). serve answers 503
+    /// with `Retry-After`.
+    #[error("{message}")]
+    NoRoom {
+        message: String,
+        #[source]
+        source: Option<Cause>,
+    },
+    /// Stagehand's own bug, or one of its invariants that broke (a shape two of its
+    /// parts disagree on, a thread that panicked, a session asked out of order, a
+    /// result that differs from its reference): nothing the caller gave can fix it.
+    /// Report it, with the message.
+    #[error("{message}")]
+    Internal {
+        message: String,
+        #[source]
+        source: Option<Cause>,
+    },
 }
 
 impl RunError {
@@ -232,7 +262,8 @@ impl RunError {
                 | RunError::Device { .. }
                 | RunError::Io { .. }
                 | RunError::Cancelled { .. }
-                | RunError::Failed(_)
+                | RunError::NoRoom { .. }
+                | RunError::Internal { .. }
         )
     }
 
@@ -242,6 +273,76 @@ impl RunError {
             2
         } else {
             1
+        }
+    }
+
+    /// A copy of the kind, its figures and its message, without the source chain (a
+    /// source is not copyable): what each job of a batch gets of the batch's one
+    /// error, so that every caller can still match on what went wrong.
+    pub fn detached(&self) -> RunError {
+        let message = self.to_string();
+        match self {
+            RunError::BudgetTooSmall {
+                budget,
+                given_bytes,
+                least_bytes,
+                ..
+            } => RunError::budget(*budget, *given_bytes, *least_bytes, message),
+            RunError::NotEnoughMemory {
+                needed_bytes,
+                spare_bytes,
+                ..
+            } => RunError::NotEnoughMemory {
+                needed_bytes: *needed_bytes,
+                spare_bytes: *spare_bytes,
+                message,
+            },
+            RunError::CorruptCheckpoint { path, .. } => RunError::CorruptCheckpoint {
+                path: path.clone(),
+                message,
+                source: None,
+            },
+            RunError::CheckpointChanged { path, .. } => RunError::CheckpointChanged {
+                path: path.clone(),
+                message,
+                source: None,
+            },
+            RunError::UnsupportedModel { path, found, .. } => RunError::UnsupportedModel {
+                path: path.clone(),
+                found: found.clone(),
+                message,
+                source: None,
+            },
+            RunError::MissingFile { path, .. } => RunError::MissingFile {
+                path: path.clone(),
+                message,
+                source: None,
+            },
+            RunError::Unreadable { path, .. } => RunError::Unreadable {
+                path: path.clone(),
+                message,
+                source: None,
+            },
+            RunError::BadSetting { key, .. } => RunError::setting(key.clone(), message),
+            RunError::MissingCapability { capability, .. } => {
+                RunError::capability(capability, message)
+            }
+            RunError::Device { .. } => RunError::Device {
+                message,
+                source: None,
+            },
+            RunError::Io { path, .. } => RunError::Io {
+                path: path.clone(),
+                message,
+                source: None,
+            },
+            RunError::Cancelled { .. } => RunError::Cancelled { message },
+            RunError::BadRequest { field, .. } => RunError::request(field, message),
+            RunError::NoRoom { .. } => RunError::NoRoom {
+                message,
+                source: None,
+            },
+            RunError::Internal { .. } => RunError::internal(message),
         }
     }
 
@@ -278,6 +379,14 @@ impl RunError {
         }
     }
 
+    /// Stagehand's own bug: `message` says which rule broke.
+    pub(crate) fn internal(message: impl Into<String>) -> Self {
+        RunError::Internal {
+            message: message.into(),
+            source: None,
+        }
+    }
+
     /// Something the machine or build lacks.
     pub(crate) fn capability(capability: &str, message: impl Into<String>) -> Self {
         RunError::MissingCapability {
@@ -302,7 +411,6 @@ impl RunError {
 
     fn message_mut(&mut self) -> &mut String {
         match self {
-            RunError::BadInput(message) | RunError::Failed(message) => message,
             RunError::BudgetTooSmall { message, .. }
             | RunError::NotEnoughMemory { message, .. }
             | RunError::CorruptCheckpoint { message, .. }
@@ -315,165 +423,9 @@ impl RunError {
             | RunError::Device { message, .. }
             | RunError::Io { message, .. }
             | RunError::BadRequest { message, .. }
+            | RunError::NoRoom { message, .. }
+            | RunError::Internal { message, .. }
             | RunError::Cancelled { message } => message,
         }
     }
-
-    /// A session that could not start or failed, by kind: a plan whose budgets are
-    /// too small names the budget and the least that works. `setup`: refused before
-    /// the first step (bad input unless the kind says otherwise); `vram_budget_bytes`:
-    /// the session's VRAM budget.
-    pub(crate) fn from_session(error: SessionError, setup: bool, vram_budget_bytes: u64) -> Self {
-        let message = error.to_string();
-        let budget = |budget, given: Bytes, least: Bytes, error| RunError::BudgetTooSmall {
-            budget,
-            given_bytes: given.0,
-            least_bytes: least_at_flag(least),
-            message: message.clone(),
-            source: Some(Box::new(error) as Cause),
-        };
-        match error {
-            SessionError::Plan(PlanError::VramBudgetTooSmall {
-                budget: given,
-                needed,
-                fits_at_depth,
-                ..
-            })
-            | SessionError::Plan(PlanError::VramBudgetTooSmallForLargeBlocks {
-                budget: given,
-                needed,
-                fits_at_depth,
-                ..
-            }) => vram_refusal(error, given, needed, fits_at_depth, vram_budget_bytes),
-            SessionError::Plan(PlanError::PinCeilingTooSmall {
-                ceiling, needed, ..
-            }) => budget(Budget::PinCeiling, ceiling, needed, error),
-            SessionError::NoPlace { needed, .. } => {
-                budget(Budget::Vram, Bytes(vram_budget_bytes), needed, error)
-            }
-            SessionError::LoraPinCeiling {
-                requested_bytes,
-                available_bytes,
-                ceiling_bytes,
-            } => budget(
-                Budget::PinCeiling,
-                Bytes(ceiling_bytes),
-                Bytes(ceiling_bytes + requested_bytes.saturating_sub(available_bytes)),
-                error,
-            ),
-            SessionError::Plan(PlanError::Zero { what }) => RunError::setting(what, message),
-            SessionError::Interrupted => RunError::Cancelled { message },
-            SessionError::ReadFailed {
-                file: Some(ref path),
-                file_changed,
-                ..
-            } => {
-                let path = PathBuf::from(path);
-                let source = Some(Box::new(error) as Cause);
-                if file_changed {
-                    RunError::CheckpointChanged {
-                        path,
-                        message,
-                        source,
-                    }
-                } else {
-                    RunError::Io {
-                        path,
-                        message,
-                        source,
-                    }
-                }
-            }
-            SessionError::Device(_)
-            | SessionError::CopyFailed { .. }
-            | SessionError::PinFailed(_) => RunError::Device {
-                message,
-                source: Some(Box::new(error)),
-            },
-            _ if setup => RunError::BadInput(message),
-            _ => RunError::Failed(message),
-        }
-    }
-}
-
-impl RunError {
-    /// The model index's refusal of a checkpoint, by kind: all of them bad input but a
-    /// file that changed after it was indexed.
-    pub(crate) fn from_index(error: crate::model::IndexError) -> Self {
-        use crate::model::IndexError;
-        let message = error.to_string();
-        let path = match &error {
-            IndexError::Missing { path }
-            | IndexError::Io { path, .. }
-            | IndexError::EmptyDirectory { path }
-            | IndexError::NotSafetensors { path, .. }
-            | IndexError::Header { path, .. }
-            | IndexError::Tensor { path, .. }
-            | IndexError::Index { path, .. }
-            | IndexError::Model { path, .. }
-            | IndexError::Changed { path, .. }
-            | IndexError::Pipeline { path, .. }
-            | IndexError::ParentFolder { path, .. } => path.clone(),
-            IndexError::NotOneModel { dir, .. } => dir.clone(),
-            IndexError::BlockPattern { .. } => PathBuf::new(),
-        };
-        let found = match &error {
-            IndexError::Pipeline { class, .. } => format!("diffusers pipeline ({class})"),
-            IndexError::ParentFolder { .. } => "a folder of model folders".to_string(),
-            _ => "a folder with no safetensors files".to_string(),
-        };
-        let kind = match &error {
-            IndexError::Missing { .. } => IndexKind::Missing,
-            IndexError::Io { .. } => IndexKind::Unreadable,
-            IndexError::Changed { .. } => IndexKind::Changed,
-            IndexError::EmptyDirectory { .. }
-            | IndexError::Pipeline { .. }
-            | IndexError::ParentFolder { .. } => IndexKind::Unsupported,
-            IndexError::BlockPattern { .. } => IndexKind::Setting,
-            IndexError::Model { .. } => IndexKind::Other,
-            _ => IndexKind::Corrupt,
-        };
-        let source = Some(Box::new(error) as Cause);
-        match kind {
-            IndexKind::Missing => RunError::MissingFile {
-                path,
-                message,
-                source,
-            },
-            IndexKind::Unreadable => RunError::Unreadable {
-                path,
-                message,
-                source,
-            },
-            IndexKind::Changed => RunError::CheckpointChanged {
-                path,
-                message,
-                source,
-            },
-            IndexKind::Unsupported => RunError::UnsupportedModel {
-                path,
-                found,
-                message,
-                source,
-            },
-            IndexKind::Setting => RunError::setting("block_pattern", message),
-            IndexKind::Other => RunError::BadInput(message),
-            IndexKind::Corrupt => RunError::CorruptCheckpoint {
-                path,
-                message,
-                source,
-            },
-        }
-    }
-}
-
-/// Which kind of [`RunError`] an index error is.
-enum IndexKind {
-    Missing,
-    Unreadable,
-    Changed,
-    Unsupported,
-    Setting,
-    Other,
-    Corrupt,
 }

@@ -77,11 +77,10 @@ fn start_session(
             Session::start_with_experts(config, experts, layout, order, device, storage, observer)
         }
     };
-    let session =
-        started.map_err(|error| RunError::from_session(error, true, vram_budget_bytes))?;
+    let session = started.map_err(|error| RunError::from_session(error, vram_budget_bytes))?;
     if let Some(member) = shared {
         let attached = member.pool.attach(&member.name, session.budget_handle());
-        attached.map_err(|error| RunError::Failed(error.to_string()))?;
+        attached.map_err(super::loaded::pool_error)?;
         member.begin_use();
     }
     Ok(session)

@@ -3,16 +3,18 @@
 use std::path::PathBuf;
 
 use super::error::{Cause, RunError};
+use crate::compute::ComputeError;
 use crate::families::FamilyError;
 
 impl RunError {
-    /// A family's error by kind. `setup`: it came while the model was opened, before
-    /// the first step (bad input unless the kind says otherwise). The family's error
-    /// stays the source where it says more than the message (a tensor's name, a key).
-    pub(crate) fn from_family(error: FamilyError, setup: bool, vram_budget_bytes: u64) -> Self {
+    /// A family's error by kind, whether it came while the model was opened or while
+    /// it ran. The family's error stays the source where it says more than the
+    /// message (a tensor's name, a key). `vram_budget_bytes`: the session's VRAM
+    /// budget, for a session's refusal.
+    pub(crate) fn from_family(error: FamilyError, vram_budget_bytes: u64) -> Self {
         let message = error.to_string();
         match error {
-            FamilyError::Session(error) => RunError::from_session(error, setup, vram_budget_bytes),
+            FamilyError::Session(error) => RunError::from_session(error, vram_budget_bytes),
             FamilyError::Unsupported { path, found, .. } => RunError::UnsupportedModel {
                 path,
                 found,
@@ -68,7 +70,30 @@ impl RunError {
                 spare_bytes: None,
                 message,
             },
-            FamilyError::Internal { .. } => RunError::Failed(message),
+            FamilyError::NoRoom(_) => RunError::NoRoom {
+                message,
+                source: Some(Box::new(error)),
+            },
+            FamilyError::Compute(ComputeError::OutOfMemory(_)) => RunError::NotEnoughMemory {
+                needed_bytes: None,
+                spare_bytes: None,
+                message,
+            },
+            // The bytes a block landed with are not the file's, though the file has
+            // not changed (that is `Changed`): the copy to the device spoiled them.
+            FamilyError::Corrupt { .. } => RunError::Device {
+                message,
+                source: Some(Box::new(error)),
+            },
+            // Shapes stagehand's parts disagree on (a malformed model is refused by
+            // shape when it is opened), a streamed result that is not the resident
+            // reference's, a rule of its own broken: bugs to report.
+            FamilyError::Internal { .. }
+            | FamilyError::Mismatch { .. }
+            | FamilyError::Compute(ComputeError::Shape(_)) => RunError::Internal {
+                message,
+                source: Some(Box::new(error)),
+            },
             FamilyError::Changed { ref path, .. } => RunError::CheckpointChanged {
                 path: PathBuf::from(path),
                 message,
@@ -79,12 +104,10 @@ impl RunError {
                 message,
                 source: Some(Box::new(error)),
             },
-            FamilyError::Compute(crate::compute::ComputeError::Device(_)) => RunError::Device {
+            FamilyError::Compute(ComputeError::Device(_)) => RunError::Device {
                 message,
                 source: Some(Box::new(error)),
             },
-            _ if setup => RunError::BadInput(message),
-            _ => RunError::Failed(message),
         }
     }
 }

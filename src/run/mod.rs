@@ -11,6 +11,8 @@ mod error;
 mod execute;
 mod first_step;
 mod from_family;
+mod from_index;
+mod from_session;
 pub mod loaded;
 pub mod memory;
 mod peak_rss;
@@ -139,7 +141,17 @@ fn storage_error(error: stagehand_actors::StorageError) -> RunError {
             message,
             source: Some(Box::new(error)),
         },
-        _ => RunError::BadInput(message),
+        // An extent past the adapter's file table, a read past its buffer: the
+        // index and the adapter disagree, which stagehand's own code decides.
+        StorageError::UnknownFile(_) | StorageError::BufferTooSmall { .. } => RunError::Internal {
+            message,
+            source: Some(Box::new(error)),
+        },
+        StorageError::Injected(_) => RunError::Io {
+            path: PathBuf::new(),
+            message,
+            source: Some(Box::new(error)),
+        },
     }
 }
 
@@ -250,7 +262,7 @@ pub fn block_session(
         storage,
         no_observer(),
     )
-    .map_err(|error| RunError::from_session(error, true, budgets.vram_budget_bytes))
+    .map_err(|error| RunError::from_session(error, budgets.vram_budget_bytes))
 }
 
 /// What a run produced: its report, the rates and the bound.
@@ -289,7 +301,7 @@ pub struct Outcome {
 /// A run that failed, saying whether every budget came back (it must).
 pub fn failed_run(error: FamilyError, stats: &stagehand_actors::StatsSnapshot) -> RunError {
     let released = stats.vram.used_bytes == 0 && stats.pinned.used_bytes == 0;
-    RunError::from_family(error, false, stats.vram.budget_bytes).with_suffix(if released {
+    RunError::from_family(error, stats.vram.budget_bytes).with_suffix(if released {
         " (every budget was released)"
     } else {
         " (budgets NOT fully released)"
@@ -303,6 +315,6 @@ pub fn no_observer() -> Arc<dyn Observer> {
 impl From<FamilyError> for RunError {
     /// A family's error during a run, by kind.
     fn from(error: FamilyError) -> Self {
-        RunError::from_family(error, false, 0)
+        RunError::from_family(error, 0)
     }
 }

@@ -70,7 +70,12 @@ pub(super) fn physical_bound(
             }),
         None => measure_rates(device, storage, layout, read_from_disk),
     }
-    .map_err(RunError::Failed)?;
+    // Allocating, copying or reading for the calibration failed: the device's or
+    // the storage's fault, in their words.
+    .map_err(|message| RunError::Device {
+        message,
+        source: None,
+    })?;
     let streamed = report.plan.vram.streamed_bytes_per_step as f64;
     let disk = report.plan.pins.disk_bytes_per_step as f64;
     let Some(obtained) = obtained else {

@@ -198,7 +198,7 @@ pub fn open_index(
 /// A family that could not open its checkpoint, by kind: the user's input (exit 2),
 /// unless the files themselves could not be read (exit 1).
 fn open_error(error: FamilyError) -> RunError {
-    RunError::from_family(error, true, 0)
+    RunError::from_family(error, 0)
 }
 
 /// A model folder that cannot be read as one: its `config.json` unreadable or not a

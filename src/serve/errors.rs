@@ -199,6 +199,17 @@ impl ApiError {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
     }
 
+    /// A job's answer that is a run error, by kind: no room in the budget now is a
+    /// 503 with `Retry-After` (as a completion's KV pages are), the caller's mistake
+    /// a 400 naming `param`, anything else a 500.
+    pub fn of_run(error: &crate::run::RunError, param: &str) -> Self {
+        match error {
+            crate::run::RunError::NoRoom { .. } => Self::unavailable(error.to_string()),
+            _ if error.is_bad_input() => Self::bad_request(param, error.to_string()),
+            _ => Self::failed(error.to_string()),
+        }
+    }
+
     /// The `outcome` label of the request counter.
     pub fn outcome(&self) -> &'static str {
         match self.status {
@@ -232,5 +243,42 @@ impl IntoResponse for ApiError {
             }
         }
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::run::RunError;
+
+    #[test]
+    fn a_jobs_run_error_is_answered_by_its_kind() {
+        // Proves an embedding batch that found no room is a 503 with Retry-After (as a
+        // completion's), not the 400 every batch error was; a bad request stays a 400
+        // naming the field and a bug a 500.
+        let no_room = RunError::NoRoom {
+            message: "activations do not fit".into(),
+            source: None,
+        };
+        let answered = ApiError::of_run(&no_room.detached(), "input");
+        assert_eq!(answered.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(answered.retry_after_seconds, Some(5));
+        assert_eq!(answered.message, "activations do not fit");
+        let bad = RunError::BadRequest {
+            field: "model".into(),
+            message: "not an encoder".into(),
+            source: None,
+        };
+        let answered = ApiError::of_run(&bad, "input");
+        assert_eq!(answered.status, StatusCode::BAD_REQUEST);
+        assert_eq!(answered.param.as_deref(), Some("input"));
+        let bug = RunError::Internal {
+            message: "a bug".into(),
+            source: None,
+        };
+        assert_eq!(
+            ApiError::of_run(&bug, "input").status,
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
     }
 }

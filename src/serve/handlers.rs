@@ -303,7 +303,8 @@ async fn embed(
 }
 
 /// A queued job's one answer: a timeout is a 504, a stopped model a 500, the
-/// caller's mistake a 400 naming `param`, a failure a 500.
+/// caller's mistake a 400 naming `param`, no room in the budget now a 503 with
+/// `Retry-After` (as a completion's), a failure a 500.
 pub(super) async fn await_answer<T>(
     app: &AppState,
     model: &str,
@@ -313,10 +314,7 @@ pub(super) async fn await_answer<T>(
     match tokio::time::timeout(app.timeout(), replied.recv_async()).await {
         Err(_) => Err(ApiError::timeout(app.limits.request_timeout_seconds)),
         Ok(Err(_)) => Err(ApiError::failed(format!("the model `{model}` stopped"))),
-        Ok(Ok(Err(error))) if error.is_bad_input() => {
-            Err(ApiError::bad_request(param, error.to_string()))
-        }
-        Ok(Ok(Err(error))) => Err(ApiError::failed(error.to_string())),
+        Ok(Ok(Err(error))) => Err(ApiError::of_run(&error, param)),
         Ok(Ok(Ok(answer))) => Ok(answer),
     }
 }

@@ -274,7 +274,11 @@ fn pngs(
             .map(|(keyword, value)| (keyword.to_string(), value));
             picture
                 .png_bytes(&text)
-                .map_err(|error| RunError::Failed(error.to_string()))
+                // Encoding pictures in memory fails only where the encoder is wrong.
+                .map_err(|error| RunError::Internal {
+                    message: error.to_string(),
+                    source: Some(Box::new(error)),
+                })
         })
         .collect()
 }

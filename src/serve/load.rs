@@ -216,8 +216,14 @@ fn await_ready(
         }
         Err(_) => Err(match join(worker) {
             Err(ServeError::Run(error)) => failed(error),
-            Err(other) => failed(RunError::BadInput(other.to_string())),
-            Ok(_) => failed(RunError::BadInput("stopped while loading".to_string())),
+            // The thread panicked before it said whether the model runs.
+            Err(other) => failed(RunError::Internal {
+                message: other.to_string(),
+                source: Some(Box::new(other)),
+            }),
+            Ok(_) => failed(RunError::Cancelled {
+                message: "stopped while loading".to_string(),
+            }),
         }),
     }
 }

@@ -156,8 +156,11 @@ fn serve_videos(
         let answer = generate_video(parts, &job.request, &run)
             .map_err(RunError::from)
             .and_then(|video| {
-                mp4_bytes(&video.frames, job.fps)
-                    .map_err(|error| RunError::Failed(error.to_string()))
+                // Encoding frames in memory fails only where the encoder is wrong.
+                mp4_bytes(&video.frames, job.fps).map_err(|error| RunError::Internal {
+                    message: error.to_string(),
+                    source: Some(Box::new(error)),
+                })
             });
         let _ = job.reply.send(answer);
         // The job's stages freed all they allocated; the allocator keeps it unless asked.

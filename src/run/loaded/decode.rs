@@ -105,7 +105,7 @@ fn admit(
             let refusal = "this model is a decoder: it generates text, it does not embed";
             let _ = job
                 .reply
-                .send(Err(super::RunError::BadInput(refusal.into())));
+                .send(Err(super::RunError::request("model", refusal)));
             return Ok(());
         }
     };

@@ -120,9 +120,13 @@ fn gather(
         }
     };
     let Some(folder) = folder else {
-        let _ = job.reply.send(Err(RunError::BadInput(
-            "the encoder has no folder to tokenize with".into(),
-        )));
+        // Opened as a part of a checkpoint, the encoder has no folder beside it, and
+        // so no tokenizer: the file it lacks.
+        let _ = job.reply.send(Err(RunError::MissingFile {
+            path: "tokenizer.json".into(),
+            message: "the encoder has no folder to tokenize with".into(),
+            source: None,
+        }));
         return None;
     };
     match input_tokens(folder, &encoder.config, encoder.limits(), &job.input) {
@@ -133,7 +137,7 @@ fn gather(
         }),
         Err(error) => {
             // The request's own refusal, by kind (a text too long names `texts`).
-            let _ = job.reply.send(Err(RunError::from_family(error, true, 0)));
+            let _ = job.reply.send(Err(RunError::from_family(error, 0)));
             None
         }
     }
@@ -187,13 +191,11 @@ fn embed_batch(
         Ok(steps) => steps,
         Err(error) if is_fatal(&error) => return Err(error),
         Err(error) => {
+            // A step's error is every text's of the batch: each job gets its kind
+            // and words (no room now, a bad request, a bug), without its source.
+            let error = RunError::from(error);
             for gathered in batch {
-                // A step's error is every text's of the batch; its kind is not
-                // copyable, so each job gets its words.
-                let _ = gathered
-                    .job
-                    .reply
-                    .send(Err(RunError::BadInput(error.to_string())));
+                let _ = gathered.job.reply.send(Err(error.detached()));
             }
             return Ok(());
         }

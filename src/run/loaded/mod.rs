@@ -38,8 +38,8 @@ use super::{
     NamedLora, Prepared, RunError, RunPlan,
 };
 
-pub(crate) use shared::LeaveOnDrop;
 pub use shared::{open_shared_budget, pool_ask, shared_budgets, SharedMember};
+pub(crate) use shared::{pool_error, LeaveOnDrop};
 
 pub use jobs::{
     BatchLimits, Cancel, CancelOnDrop, EmbedJob, Embedded, FinishReason, Finished, GenerateJob,
@@ -236,12 +236,10 @@ pub fn serve_jobs(
     let (mut session, info, compute) = match started {
         Ok(started) => started,
         Err(error) => {
-            // The loader reads the kind from the ready reply; the thread's own result
-            // says it in words.
-            let message = error.to_string();
+            // The loader reads the ready reply; the thread's own result is the same
+            // kind, for whoever joins it.
             if let Some(ready) = ready.take() {
-                ready(Err(error));
-                return Err(RunError::BadInput(message));
+                ready(Err(error.detached()));
             }
             return Err(error);
         }
@@ -300,33 +298,49 @@ pub fn serve_jobs(
             )),
         }
     })();
-    if let Some(ready) = ready.take() {
-        let failure = match &outcome {
-            Err(error) => error.to_string(),
-            Ok(()) => "the model stopped before it was ready".to_string(),
-        };
-        ready(Err(RunError::BadInput(failure)));
-    }
-    // Jobs still queued are told the model stopped, not left to their timeout (the
-    // queue's senders outlive this thread, and so would the jobs in it).
-    let reason = match &outcome {
-        Err(error) => format!("the model stopped: {error}"),
-        Ok(()) => "the model stopped".to_string(),
-    };
-    for job in jobs.drain() {
-        refuse(job, &reason);
-    }
-    drop(jobs);
+    // The family's words, before the run's error adds whether the budgets came back.
+    let words = outcome.as_ref().err().map(ToString::to_string);
     let stats = session.finish();
-    outcome.map_err(|error| super::failed_run(error, &stats))?;
+    let outcome = outcome.map_err(|error| super::failed_run(error, &stats));
+    tell_stopped(ready, jobs, &outcome, words);
+    outcome?;
     Ok(stats)
 }
 
+/// The model stopped (`outcome`, the family's `words` when it failed): a loader
+/// still waiting for `ready` is told why, in the failure's kind; every job still
+/// queued is cancelled, saying why (not left to its timeout: the queue's senders
+/// outlive this thread, and so would the jobs in it). A queued job is not given the
+/// model's kind: a budget refusal that stopped the model is no fault of its request.
+fn tell_stopped(
+    ready: Option<impl FnOnce(Result<LoadedInfo, RunError>)>,
+    jobs: flume::Receiver<Job>,
+    outcome: &Result<(), RunError>,
+    words: Option<String>,
+) {
+    if let Some(ready) = ready {
+        ready(Err(match (outcome, &words) {
+            (Err(error), Some(words)) => error.detached().with_message(words.clone()),
+            // Each job loop calls `ready` once its warm-up stepped; it cannot end
+            // well before that.
+            _ => RunError::internal("the model stopped before it was ready"),
+        }));
+    }
+    let reason = match &words {
+        Some(words) => format!("the model stopped: {words}"),
+        None => "the model stopped".to_string(),
+    };
+    for job in jobs.drain() {
+        let message = reason.clone();
+        refuse(job, RunError::Cancelled { message });
+    }
+}
+
 /// Answers `job` with `reason` instead of computing it.
-fn refuse(job: Job, reason: &str) {
+fn refuse(job: Job, reason: RunError) {
     match job {
         Job::Embed(job) => {
-            let _ = job.reply.send(Err(RunError::Failed(reason.to_string())));
+            let _ = job.reply.send(Err(reason));
         }
         Job::Generate(job) => {
             let _ = job.events.send(TokenEvent::Failed(reason.to_string()));
@@ -400,7 +414,7 @@ fn start_session(
     let session = match (started, &options.shared) {
         (Ok(session), Some(member)) => {
             let attached = member.pool.attach(&member.name, session.budget_handle());
-            attached.map_err(|error| RunError::Failed(error.to_string()))?;
+            attached.map_err(pool_error)?;
             session
         }
         (Ok(session), None) => session,
@@ -408,11 +422,7 @@ fn start_session(
             if let Some(member) = shared {
                 let _ = member.pool.leave(&member.name);
             }
-            return Err(RunError::from_session(
-                error,
-                true,
-                budgets.vram_budget_bytes,
-            ));
+            return Err(RunError::from_session(error, budgets.vram_budget_bytes));
         }
     };
     let info = LoadedInfo {

@@ -11,7 +11,7 @@
 //! (every block resident beside the ring and the activations of a full batch;
 //! every block pinned).
 
-use stagehand_actors::{Lease, PoolAsk, SharedBudget};
+use stagehand_actors::{Lease, PoolAsk, PoolError, SharedBudget};
 
 use crate::run::{
     fitting_depth, lora_pack_bytes, lora_region_bytes, BudgetAsk, Budgets, Prepared, RunError,
@@ -100,7 +100,7 @@ pub fn open_shared_budget(vram_bytes: u64, pin_bytes: u64) -> Result<SharedBudge
         vram_bytes,
         pin_bytes,
     })
-    .map_err(|error| RunError::Failed(error.to_string()))
+    .map_err(pool_error)
 }
 
 /// The floor and want of `prepared` at prefetch `depth`, for `ask`'s steps.
@@ -156,11 +156,22 @@ pub fn shared_budgets(
     Ok((budgets, depth))
 }
 
-/// A model the shared budget refused: one that does not fit beside the others names
-/// the budget to raise and the least it needs.
-fn pool_error(error: stagehand_actors::PoolError) -> RunError {
-    let stagehand_actors::PoolError::DoesNotFit { total, needed, .. } = &error else {
-        return RunError::BadInput(error.to_string());
+/// What the shared budget refused, by kind: a model that does not fit beside the
+/// others names the budget to raise and the least it needs; a name already in the
+/// budget is the setting to change (serve's `models.name`, a [`SharedMember`]'s
+/// `name`); the rest (a name not in it, a lease past the budget, a broker that
+/// stopped or whose thread could not start) break the broker's protocol.
+pub(crate) fn pool_error(error: PoolError) -> RunError {
+    let message = error.to_string();
+    let (total, needed) = match &error {
+        PoolError::DoesNotFit { total, needed, .. } => (*total, *needed),
+        PoolError::Taken(_) => return RunError::setting("models.name", message),
+        _ => {
+            return RunError::Internal {
+                message,
+                source: Some(Box::new(error)),
+            }
+        }
     };
     let (budget, given_bytes, least_bytes) = if needed.vram_bytes > total.vram_bytes {
         (
@@ -179,7 +190,57 @@ fn pool_error(error: stagehand_actors::PoolError) -> RunError {
         budget,
         given_bytes,
         least_bytes,
-        message: error.to_string(),
+        message,
         source: Some(Box::new(error)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shared_budgets_refusal_keeps_its_kind() {
+        // Proves a shared budget's refusals are kinds, not words: one that does not fit
+        // names the budget and the least it needs, a name already in it is a setting,
+        // a broken protocol is stagehand's own bug (all three were `BadInput` or
+        // `Failed` strings).
+        let lease = |vram_bytes, pin_bytes| Lease {
+            vram_bytes,
+            pin_bytes,
+        };
+        let does_not_fit = pool_error(PoolError::DoesNotFit {
+            name: "a".into(),
+            total: lease(100, 100),
+            needed: lease(150, 10),
+        });
+        assert!(
+            matches!(
+                does_not_fit,
+                RunError::BudgetTooSmall {
+                    budget: crate::run::Budget::Vram,
+                    given_bytes: 100,
+                    least_bytes: 150,
+                    ..
+                }
+            ),
+            "{does_not_fit:?}"
+        );
+        let taken = pool_error(PoolError::Taken("a".into()));
+        assert!(
+            matches!(&taken, RunError::BadSetting { key, .. } if key == "models.name"),
+            "{taken:?}"
+        );
+        assert_eq!(taken.exit_code(), 2);
+        let exceeded = pool_error(PoolError::Exceeded {
+            name: "a".into(),
+            reported: lease(2, 0),
+            free: lease(1, 0),
+        });
+        assert!(
+            matches!(exceeded, RunError::Internal { .. }),
+            "{exceeded:?}"
+        );
+        assert_eq!(exceeded.exit_code(), 1);
     }
 }
