@@ -17,11 +17,17 @@ use stagehand::run::{execute_on, Budgets, Outcome, RunError, RunPlan, WorkloadKi
 use stagehand::settings::{Settings, Verify};
 
 /// The CPU device, but the `corrupt_copy`-th copy of a model block to the device (0:
-/// none) lands with its first byte flipped: a bus or a driver that damaged a block on
-/// its way. Copies smaller than a block (LoRA packs) are not counted. Which block the
+/// none) lands damaged: a bus or a driver that damaged a block on its way. The damage
+/// is the sign bit of every byte of its first KiB, which negates the first weight row
+/// whatever the dtype (f32, f16, bf16): a single flipped low byte, as before, could be
+/// absorbed by the step's rounding, so `full` (which compares outputs, not bytes)
+/// missed it in a CI run (2026-12-07). Copies smaller than a block (LoRA packs) are not counted. Which block the
 /// N-th copy carries may differ between runs (reads finish in any order), but every
 /// copy is used by a step that runs — none is made for a step that never comes, none
 /// gives way unused — so each check that looks at that step sees it.
+/// How much of a damaged block is damaged: one 256-wide f32 row of the demo model.
+const DAMAGED_BYTES: u64 = 1024;
+
 struct Corrupting {
     inner: CpuDevice,
     copies: AtomicU64,
@@ -69,10 +75,14 @@ impl Device for Corrupting {
         Box::pin(async move {
             let done = copy.await;
             if corrupt && done.is_ok() && bytes > 0 {
-                // SAFETY: the CPU device's memory is host memory, and the copy into
-                // `destination` has completed; no one reads the block until the
-                // allocator publishes it, which happens after this future resolves.
-                unsafe { *(destination.0 as *mut u8) ^= 0xff };
+                let damaged = bytes.min(DAMAGED_BYTES) as usize;
+                let first = destination.0 as *mut u8;
+                for offset in 0..damaged {
+                    // SAFETY: the CPU device's memory is host memory, the copy of
+                    // `bytes` into `destination` has completed, and no one reads the
+                    // block until the allocator publishes it, after this resolves.
+                    unsafe { *first.add(offset) ^= 0x80 };
+                }
             }
             done
         })
