@@ -177,36 +177,31 @@ fn step_round(
     for adapter in round_order(context.loras.attached, active) {
         stepped += step_group(decoder, context, active, adapter)?;
     }
-    if stepped > 0 || active.iter().all(|sequence| sequence.no_room.is_none()) {
-        *stuck_rounds = 0;
-    } else {
-        *stuck_rounds += 1;
-    }
     if active.iter().all(|sequence| sequence.no_room.is_none()) {
+        *stuck_rounds = 0;
         return Ok(());
     }
     if stepped > 0 {
         // Room comes back as the others leave; in a shared budget, ask for more now.
+        *stuck_rounds = 0;
         if let Some(member) = context.member {
             member.begin_use();
         }
-        active
-            .iter_mut()
-            .for_each(|sequence| sequence.no_room = None);
-        return Ok(());
+    } else {
+        // Nothing stepped: a shrink for another model may have taken the room these
+        // sequences' pages and adapter regions need. Ask for it back before failing.
+        *stuck_rounds += 1;
+        let grew = *stuck_rounds <= STUCK_ROUNDS_MAX
+            && context.member.is_some_and(|member| member.ask_for_room());
+        if !grew {
+            *stuck_rounds = 0;
+            fail_for_room(decoder, active);
+        }
     }
-    // Nothing stepped: a shrink for another model may have taken the room these
-    // sequences' pages and adapter regions need. Ask for it back before failing.
-    let grew = *stuck_rounds <= STUCK_ROUNDS_MAX
-        && context.member.is_some_and(|member| member.ask_for_room());
-    if grew {
-        active
-            .iter_mut()
-            .for_each(|sequence| sequence.no_room = None);
-        return Ok(());
-    }
-    *stuck_rounds = 0;
-    fail_for_room(decoder, active);
+    // The others wait for the next round.
+    active
+        .iter_mut()
+        .for_each(|sequence| sequence.no_room = None);
     Ok(())
 }
 

@@ -40,30 +40,23 @@ impl SharedMember {
     }
 
     /// The model is about to run a job: it is ranked first and grown toward its want.
-    pub fn begin_use(&self) {
-        if let Err(error) = self.pool.begin_use(&self.name) {
-            tracing::warn!("shared budget: {}: {error}", self.name);
-        }
+    /// Returns its lease now (`None`, logged, when the broker refused).
+    pub fn begin_use(&self) -> Option<Lease> {
+        self.pool
+            .begin_use(&self.name)
+            .inspect_err(|error| tracing::warn!("shared budget: {}: {error}", self.name))
+            .ok()
     }
 
-    /// The model found no room for any of its work: it is ranked first and grown
-    /// toward its want, as [`Self::begin_use`]. Returns whether its VRAM lease grew
-    /// (another model gave way); false when nothing more can be had now.
+    /// The model found no room for any of its work: [`Self::begin_use`]. Returns
+    /// whether its VRAM lease grew (another model gave way); false when nothing more
+    /// can be had now.
     pub fn ask_for_room(&self) -> bool {
-        let lease = |pool: &SharedBudget| {
-            pool.snapshot()
-                .into_iter()
-                .find(|member| member.name == self.name)
-                .map_or(0, |member| member.lease.vram_bytes)
-        };
-        let before = lease(&self.pool);
-        match self.pool.begin_use(&self.name) {
-            Ok(after) => after.vram_bytes > before,
-            Err(error) => {
-                tracing::warn!("shared budget: {}: {error}", self.name);
-                false
-            }
-        }
+        let before = (self.pool.snapshot().into_iter())
+            .find(|member| member.name == self.name)
+            .map_or(0, |member| member.lease.vram_bytes);
+        self.begin_use()
+            .is_some_and(|after| after.vram_bytes > before)
     }
 
     /// The model waits for a job: it gives way first.
